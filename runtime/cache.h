@@ -1,0 +1,78 @@
+// The compile cache on disk (DESIGN.md section 3). An entry is one directory named by its
+// key, holding the source, the PTX, the cubin and a manifest with their checksums:
+//   <dir>/<key>/{kernel.cu, kernel.ptx, kernel.cubin, manifest.json}
+// An entry is built in a private temporary directory and renamed into place, so a reader
+// sees either no entry or a whole one; a reader that finds a damaged entry (a checksum or
+// size that disagrees with the manifest) treats it as a miss, and the next store replaces it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "compiler.h"
+
+namespace ladle {
+
+struct CacheEntryInfo {
+  std::string key;
+  std::filesystem::path path;
+  std::uint64_t bytes = 0;
+  std::string arch;
+  std::string kernels;  // comma-separated kernel names
+  std::int64_t last_used_unix = 0;
+  bool valid = true;
+};
+
+class DiskCache {
+ public:
+  struct Settings {
+    std::filesystem::path dir;  // empty: no disk (memory only)
+    std::uint64_t max_bytes = std::uint64_t{2} << 30;  // LRU bound on the disk
+    bool disabled = false;      // neither memory nor disk
+  };
+
+  // Settings from the environment: LADLE_DISABLE_CACHE=1, LADLE_CACHE_DIR, else
+  // $XDG_CACHE_HOME/ladle, else ~/.cache/ladle; LADLE_CACHE_MAX_BYTES (suffix K/M/G ok).
+  static Settings settings_from_env();
+  // The process-wide cache built from settings_from_env().
+  static DiskCache& global();
+
+  explicit DiskCache(Settings settings);
+
+  // Key over everything that changes the compiled bytes.
+  static std::string make_key(const std::string& source, const std::vector<std::string>& options,
+                              const std::string& arch, const std::string& nvrtc_version);
+
+  std::optional<CompiledProgram> lookup(const std::string& key);
+  // Writes the entry (atomically) and evicts least recently used entries over the bound.
+  // Returns the entry path ("" if memory-only).
+  std::string store(const CompiledProgram& program);
+
+  bool disk_enabled() const { return !memory_only_ && !settings_.disabled; }
+  bool enabled() const { return !settings_.disabled; }
+  const std::filesystem::path& dir() const { return settings_.dir; }
+  std::uint64_t max_bytes() const { return settings_.max_bytes; }
+
+  std::vector<CacheEntryInfo> list() const;  // sorted by last use, newest first
+  std::uint64_t disk_bytes() const;
+  std::size_t clear();                        // removes every entry; returns how many
+  void evict_to(std::uint64_t max_bytes);
+  // Path where a failing source is written for the user (inside the cache dir, or /tmp).
+  std::filesystem::path failed_source_path(const std::string& key) const;
+
+ private:
+  std::optional<CompiledProgram> read_entry(const std::filesystem::path& entry) const;
+  void touch(const std::filesystem::path& entry) const;
+
+  Settings settings_;
+  bool memory_only_ = false;
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, CompiledProgram> memory_;
+};
+
+}  // namespace ladle

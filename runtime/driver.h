@@ -1,0 +1,170 @@
+// The CUDA driver API, opened at run time: devices, streams, events, device memory,
+// modules and launches. Every driver call is checked; a failure throws CudaError naming
+// the call. Nothing here needs libcuda to build: on a machine without a driver the first
+// use throws NoCudaDriver, and driver_available() answers false without throwing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ladle {
+
+struct CompiledProgram;
+
+// True when libcuda.so.1 opened, cuInit succeeded and at least one device exists.
+bool driver_available() noexcept;
+// Why driver_available() is false ("" when it is true).
+std::string driver_unavailable_reason();
+
+struct DeviceProperties {
+  int ordinal = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  std::size_t total_memory = 0;
+  int max_shared_per_block_optin = 0;  // bytes, after cuFuncSetAttribute
+  int max_shared_per_sm = 0;
+  int max_registers_per_block = 0;
+  int max_threads_per_block = 0;
+  int l2_bytes = 0;
+  int driver_version = 0;              // e.g. 13000
+  // "sm_90a" on Hopper (so wgmma is available), else "sm_<major><minor>".
+  std::string arch() const;
+};
+
+class Device {
+ public:
+  static int count();           // throws NoCudaDriver without a driver
+  static Device& get(int ordinal = 0);  // retains the primary context, makes it current
+  const DeviceProperties& properties() const { return props_; }
+  void make_current() const;
+  void synchronize() const;
+  void* context_handle() const { return context_; }
+
+ private:
+  explicit Device(int ordinal);
+  int ordinal_;
+  void* context_ = nullptr;
+  DeviceProperties props_;
+};
+
+class Stream {
+ public:
+  Stream();  // a new non-blocking stream on the current device
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  void synchronize() const;
+  void* handle() const { return stream_; }
+
+ private:
+  void* stream_ = nullptr;
+};
+
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(const Stream* stream = nullptr);
+  void synchronize() const;
+  // Milliseconds between two recorded events (start.elapsed_ms_to(stop)).
+  float elapsed_ms_to(const Event& stop) const;
+
+ private:
+  void* event_ = nullptr;
+};
+
+// Device memory; moves, never copies.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  std::uint64_t device_ptr() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+  // Bounds-checked copies: bytes + offset must fit in the buffer.
+  void copy_from_host(const void* src, std::size_t bytes, std::size_t offset = 0,
+                      const Stream* stream = nullptr);
+  void copy_to_host(void* dst, std::size_t bytes, std::size_t offset = 0,
+                    const Stream* stream = nullptr) const;
+  void copy_from(const DeviceBuffer& src, std::size_t bytes, const Stream* stream = nullptr);
+  void fill_bytes(unsigned char value, const Stream* stream = nullptr);
+
+ private:
+  std::uint64_t ptr_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// Builds a launch's argument array from values; each value is copied and must be trivially
+// copyable (pointers as std::uint64_t, ints, floats, structs matching the kernel's).
+class KernelArgs {
+ public:
+  template <class T>
+  KernelArgs& add(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>, "kernel arguments are copied bytewise");
+    auto storage = std::make_unique<std::byte[]>(sizeof(T));
+    std::memcpy(storage.get(), &value, sizeof(T));
+    pointers_.push_back(storage.get());
+    storage_.push_back(std::move(storage));
+    return *this;
+  }
+  KernelArgs& add(const DeviceBuffer& buffer) { return add(buffer.device_ptr()); }
+  void** data() { return pointers_.data(); }
+  std::size_t size() const { return pointers_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<std::byte[]>> storage_;
+  std::vector<void*> pointers_;
+};
+
+class Kernel {
+ public:
+  const std::string& name() const { return name_; }
+  // Raises the dynamic shared memory limit (needed past 48 KiB).
+  void set_max_dynamic_shared(int bytes);
+  int registers() const;           // as the driver reports them
+  int max_threads_per_block() const;
+  void launch(Dim3 grid, Dim3 block, KernelArgs& args, unsigned dynamic_shared = 0,
+              const Stream* stream = nullptr) const;
+  void* handle() const { return function_; }
+
+ private:
+  friend class Module;
+  Kernel(void* function, std::string name) : function_(function), name_(std::move(name)) {}
+  void* function_;
+  std::string name_;
+};
+
+// A loaded module: the cubin when the program was compiled for this device's arch,
+// otherwise its PTX (JIT-compiled by the driver).
+class Module {
+ public:
+  explicit Module(const CompiledProgram& program);
+  ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  Kernel kernel(const std::string& name) const;  // throws CudaError if no such kernel
+  bool loaded_from_cubin() const { return from_cubin_; }
+
+ private:
+  void* module_ = nullptr;
+  bool from_cubin_ = false;
+};
+
+}  // namespace ladle
