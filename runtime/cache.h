@@ -34,6 +34,17 @@ class DiskCache {
     std::filesystem::path dir;  // empty: no disk (memory only)
     std::uint64_t max_bytes = std::uint64_t{2} << 30;  // LRU bound on the disk
     bool disabled = false;      // neither memory nor disk
+
+    static Settings at(std::filesystem::path dir) {
+      Settings s;
+      s.dir = std::move(dir);
+      return s;
+    }
+    static Settings off() {
+      Settings s;
+      s.disabled = true;
+      return s;
+    }
   };
 
   // Settings from the environment: LADLE_DISABLE_CACHE=1, LADLE_CACHE_DIR, else
@@ -67,6 +78,7 @@ class DiskCache {
 
  private:
   std::optional<CompiledProgram> read_entry(const std::filesystem::path& entry) const;
+  std::vector<CacheEntryInfo> scan() const;  // sizes and times only, no checksums
   void touch(const std::filesystem::path& entry) const;
 
   Settings settings_;

@@ -1,0 +1,165 @@
+// Opens libnvrtc and libcuda at run time. Search order for NVRTC: $LADLE_NVRTC_LIBRARY,
+// the soname of the toolkit ladle was built against, then libnvrtc.so in the default
+// search path and under the CUDA root seen at build time ($CUDA_HOME overrides it).
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "error.h"
+#include "detail/api.h"
+
+#ifndef LADLE_DEFAULT_CUDA_ROOT
+#define LADLE_DEFAULT_CUDA_ROOT "/usr/local/cuda"
+#endif
+
+namespace ladle::detail {
+namespace {
+
+#define LADLE_STRINGIFY_EXPANDED(x) LADLE_STRINGIFY(x)
+#define LADLE_STRINGIFY(x) #x
+
+struct Opened {
+  void* handle = nullptr;
+  std::string path;
+  std::string errors;
+};
+
+Opened open_first(const std::vector<std::string>& candidates) {
+  Opened result;
+  for (const auto& candidate : candidates) {
+    if (candidate.empty()) continue;
+    dlerror();
+    if (void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      result.handle = handle;
+      result.path = candidate;
+      return result;
+    }
+    const char* why = dlerror();
+    result.errors += fmt::format("\n  {}: {}", candidate, why ? why : "not found");
+  }
+  return result;
+}
+
+template <class Fn>
+void bind(void* handle, const char* expanded_name, const char* plain_name, Fn& slot,
+          const std::string& library) {
+  void* symbol = dlsym(handle, expanded_name);
+  if (!symbol) symbol = dlsym(handle, plain_name);  // older library without the versioned name
+  if (!symbol) {
+    throw LibraryUnavailable(fmt::format("{} has no symbol {} (library too old for ladle?)",
+                                         library, expanded_name));
+  }
+  slot = reinterpret_cast<Fn>(symbol);
+}
+
+std::vector<std::string> nvrtc_candidates() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("LADLE_NVRTC_LIBRARY")) candidates.emplace_back(env);
+  const std::string major = std::to_string(CUDA_VERSION / 1000);
+  candidates.push_back("libnvrtc.so." + major);
+  candidates.push_back("libnvrtc.so");
+  std::vector<std::string> roots;
+  if (const char* env = std::getenv("CUDA_HOME")) roots.emplace_back(env);
+  roots.emplace_back(LADLE_DEFAULT_CUDA_ROOT);
+  roots.emplace_back("/usr/local/cuda");
+  for (const auto& root : roots) {
+    for (const char* lib : {"lib64", "lib", "targets/x86_64-linux/lib"}) {
+      candidates.push_back(fmt::format("{}/{}/libnvrtc.so.{}", root, lib, major));
+      candidates.push_back(fmt::format("{}/{}/libnvrtc.so", root, lib));
+    }
+  }
+  return candidates;
+}
+
+}  // namespace
+
+const NvrtcApi& nvrtc() {
+  static NvrtcApi api;
+  static std::string failure;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Opened lib = open_first(nvrtc_candidates());
+    if (!lib.handle) {
+      failure = "ladle could not open libnvrtc (the CUDA run-time compiler). Install the CUDA "
+                "toolkit or set LADLE_NVRTC_LIBRARY to the library's path. Tried:" + lib.errors;
+      return;
+    }
+    try {
+#define LADLE_BIND(name) \
+  bind(lib.handle, LADLE_STRINGIFY_EXPANDED(name), #name, api.name, lib.path);
+      LADLE_NVRTC_FUNCTIONS(LADLE_BIND)
+      api.library_path = lib.path;
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) throw LibraryUnavailable(failure);
+  return api;
+}
+
+const CudaApi& cuda() {
+  static CudaApi api;
+  static std::string failure;
+  static bool no_driver = false;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("LADLE_CUDA_DRIVER_LIBRARY")) candidates.emplace_back(env);
+    candidates.emplace_back("libcuda.so.1");
+    candidates.emplace_back("libcuda.so");
+    Opened lib = open_first(candidates);
+    if (!lib.handle) {
+      no_driver = true;
+      failure = "no CUDA driver: libcuda.so.1 could not be opened (no NVIDIA driver installed "
+                "on this machine?); GPU execution is unavailable, the CPU path still works. Tried:" +
+                lib.errors;
+      return;
+    }
+    try {
+      LADLE_CUDA_FUNCTIONS(LADLE_BIND)
+#undef LADLE_BIND
+      api.library_path = lib.path;
+      CUresult init = api.cuInit(0);
+      if (init != CUDA_SUCCESS) {
+        const char* name = nullptr;
+        api.cuGetErrorName(init, &name);
+        no_driver = true;
+        failure = fmt::format("no CUDA driver: cuInit failed with {} ({}); no usable GPU",
+                              name ? name : "unknown error", static_cast<int>(init));
+      }
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) {
+    if (no_driver) throw NoCudaDriver(failure);
+    throw LibraryUnavailable(failure);
+  }
+  return api;
+}
+
+void check_cuda(CUresult result, const char* call) {
+  if (result == CUDA_SUCCESS) return;
+  const auto& api = cuda();
+  const char* name = nullptr;
+  const char* text = nullptr;
+  api.cuGetErrorName(result, &name);
+  api.cuGetErrorString(result, &text);
+  throw CudaError(fmt::format("CUDA driver call failed: {} returned {} ({})", call,
+                              name ? name : "?", text ? text : "no description"),
+                  static_cast<int>(result));
+}
+
+void check_nvrtc(nvrtcResult result, const char* call) {
+  if (result == NVRTC_SUCCESS) return;
+  throw Error(fmt::format("NVRTC call failed: {} returned {}", call,
+                          nvrtc().nvrtcGetErrorString(result)));
+}
+
+}  // namespace ladle::detail
