@@ -359,7 +359,7 @@ std::size_t DiskCache::clear() {
   for (fs::directory_iterator it(settings_.dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (is_key(name)) ++removed;
-    if (is_key(name) || name.starts_with(".tmp-") || name.starts_with(".trash-") ||
+    if (is_key(name) || name.starts_with(".tmp-") || name.starts_with(".trash-") || name.starts_with(".note-") ||
         name == "failed")
       doomed.push_back(it->path());
   }
@@ -383,6 +383,23 @@ void DiskCache::evict_to(std::uint64_t max_bytes) {
     total -= oldest.bytes;
     entries.pop_back();
   }
+}
+
+std::optional<std::string> DiskCache::read_note(const std::string& name) const {
+  if (!disk_enabled()) return std::nullopt;
+  return read_file(settings_.dir / (".note-" + name));
+}
+
+void DiskCache::write_note(const std::string& name, const std::string& text) const {
+  if (!disk_enabled()) return;
+  const fs::path temp = settings_.dir / (".tmp-note-" + unique_suffix());
+  std::error_code ec;
+  try {
+    write_file(temp, text);
+    fs::rename(temp, settings_.dir / (".note-" + name), ec);
+  } catch (const Error&) {
+  }
+  fs::remove(temp, ec);
 }
 
 fs::path DiskCache::failed_source_path(const std::string& key) const {

@@ -73,6 +73,11 @@ class DiskCache {
   std::uint64_t disk_bytes() const;
   std::size_t clear();                        // removes every entry; returns how many
   void evict_to(std::uint64_t max_bytes);
+  // Small facts worth remembering across processes (e.g. which NVRTC version a library file
+  // is, so a warm start need not open NVRTC). Written atomically; nullopt when absent.
+  std::optional<std::string> read_note(const std::string& name) const;
+  void write_note(const std::string& name, const std::string& text) const;
+
   // Path where a failing source is written for the user (inside the cache dir, or /tmp).
   std::filesystem::path failed_source_path(const std::string& key) const;
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <regex>
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include "detail/api.h"
 #include "driver.h"
 #include "error.h"
+#include "hash.h"
 #include "log.h"
 
 #ifndef LADLE_DEFAULT_CUDA_ROOT
@@ -164,6 +166,31 @@ CompiledProgram run_nvrtc(const std::string& source, const CompileOptions& optio
   return program;
 }
 
+// The NVRTC version for the cache key, without opening NVRTC when an earlier process
+// already recorded the version of this exact library file (path, size, mtime): opening
+// libnvrtc costs ~8 ms, more than a whole warm kernel load.
+std::string nvrtc_version_for_key(DiskCache& cache) {
+  static std::mutex mutex;
+  static std::string remembered;
+  std::lock_guard lock(mutex);
+  if (!remembered.empty()) return remembered;
+  const std::string file = detail::nvrtc_library_file();
+  std::error_code ec;
+  const auto canonical = file.empty() ? std::filesystem::path() : std::filesystem::canonical(file, ec);
+  if (file.empty() || ec || !cache.disk_enabled()) return remembered = nvrtc_version();
+  const auto size = std::filesystem::file_size(canonical, ec);
+  const auto mtime = std::filesystem::last_write_time(canonical, ec).time_since_epoch().count();
+  if (ec) return remembered = nvrtc_version();
+  const std::string note =
+      "nvrtc-" + content_hash(fmt::format("{}|{}|{}", canonical.string(), size, mtime)).substr(0, 16);
+  static const std::regex version_pattern(R"(\d+\.\d+)");
+  if (auto known = cache.read_note(note); known && std::regex_match(*known, version_pattern))
+    return remembered = *known;
+  remembered = nvrtc_version();
+  cache.write_note(note, remembered);
+  return remembered;
+}
+
 }  // namespace
 
 std::string nvrtc_version() {
@@ -209,7 +236,7 @@ CompiledProgram compile(const std::string& source, const CompileOptions& options
   std::string keyed_source = source;
   for (const auto& [name, text] : options.headers)
     keyed_source += "\n//@header " + name + "\n" + text;
-  const std::string key = DiskCache::make_key(keyed_source, flags, arch, nvrtc_version());
+  const std::string key = DiskCache::make_key(keyed_source, flags, arch, nvrtc_version_for_key(cache));
 
   if (options.use_cache) {
     if (auto hit = cache.lookup(key)) {

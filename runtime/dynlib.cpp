@@ -60,7 +60,8 @@ void bind(void* handle, const char* expanded_name, const char* plain_name, Fn& s
 
 std::vector<std::string> nvrtc_candidates() {
   std::vector<std::string> candidates;
-  if (const char* env = std::getenv("LADLE_NVRTC_LIBRARY")) candidates.emplace_back(env);
+  // An explicit choice is the only candidate: falling back would hide the user's mistake.
+  if (const char* env = std::getenv("LADLE_NVRTC_LIBRARY"); env && *env) return {env};
   const std::string major = std::to_string(CUDA_VERSION / 1000);
   candidates.push_back("libnvrtc.so." + major);
   candidates.push_back("libnvrtc.so");
@@ -77,14 +78,49 @@ std::vector<std::string> nvrtc_candidates() {
   return candidates;
 }
 
+// The first candidate that exists as a file: LD_LIBRARY_PATH, then the toolkit roots, then
+// the distribution's library directories. Opening exactly this file keeps the identity used
+// for cache keys (nvrtc_library_file) and the library actually loaded the same.
+std::string resolve_nvrtc_file() {
+  std::vector<std::string> candidates = nvrtc_candidates();
+  if (const char* env = std::getenv("LADLE_NVRTC_LIBRARY"); env && *env) return env;
+  const std::string major = std::to_string(CUDA_VERSION / 1000);
+  std::vector<std::string> dirs;
+  if (const char* ld = std::getenv("LD_LIBRARY_PATH")) {
+    std::string list = ld;
+    for (std::size_t start = 0, end; start <= list.size(); start = end + 1) {
+      end = list.find(':', start);
+      if (end == std::string::npos) end = list.size();
+      if (end > start) dirs.push_back(list.substr(start, end - start));
+    }
+  }
+  std::vector<std::string> files;
+  for (const auto& dir : dirs) files.push_back(dir + "/libnvrtc.so." + major);
+  for (const auto& c : candidates)
+    if (c.find('/') != std::string::npos) files.push_back(c);
+  for (const char* dir : {"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"})
+    files.push_back(std::string(dir) + "/libnvrtc.so." + major);
+  for (const auto& f : files) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(f, ec)) return f;
+  }
+  return "";
+}
+
 }  // namespace
+
+std::string nvrtc_library_file() {
+  static const std::string file = resolve_nvrtc_file();
+  return file;
+}
 
 const NvrtcApi& nvrtc() {
   static NvrtcApi api;
   static std::string failure;
   static std::once_flag once;
   std::call_once(once, [] {
-    Opened lib = open_first(nvrtc_candidates());
+    const std::string resolved = nvrtc_library_file();
+    Opened lib = open_first(resolved.empty() ? nvrtc_candidates() : std::vector{resolved});
     if (!lib.handle) {
       failure = "ladle could not open libnvrtc (the CUDA run-time compiler). Install the CUDA "
                 "toolkit or set LADLE_NVRTC_LIBRARY to the library's path. Tried:" + lib.errors;
@@ -110,9 +146,12 @@ const CudaApi& cuda() {
   static std::once_flag once;
   std::call_once(once, [] {
     std::vector<std::string> candidates;
-    if (const char* env = std::getenv("LADLE_CUDA_DRIVER_LIBRARY")) candidates.emplace_back(env);
-    candidates.emplace_back("libcuda.so.1");
-    candidates.emplace_back("libcuda.so");
+    if (const char* env = std::getenv("LADLE_CUDA_DRIVER_LIBRARY"); env && *env) {
+      candidates.emplace_back(env);  // explicit: the only candidate
+    } else {
+      candidates.emplace_back("libcuda.so.1");
+      candidates.emplace_back("libcuda.so");
+    }
     Opened lib = open_first(candidates);
     if (!lib.handle) {
       no_driver = true;

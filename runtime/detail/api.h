@@ -40,6 +40,10 @@ struct CudaApi {
   std::string library_path;
 };
 
+// The libnvrtc file that nvrtc() opens, found without opening it ("" when only the dynamic
+// loader's own search could find it).
+std::string nvrtc_library_file();
+
 // Throw LibraryUnavailable (NoCudaDriver for libcuda) with the paths tried.
 const NvrtcApi& nvrtc();
 const CudaApi& cuda();  // also calls cuInit(0) once

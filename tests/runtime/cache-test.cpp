@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <ladle/runtime/cache.h>
 #include <ladle/runtime/compiler.h>
@@ -77,6 +78,21 @@ TEST_CASE("a second compile of the same source is a disk hit at least 20 times f
   std::printf("compile cache: miss %.2f ms, disk hit %.3f ms (%.0fx)\n", miss.compile_ms,
               hit.compile_ms, miss.compile_ms / hit.compile_ms);
   REQUIRE(miss.compile_ms >= 20 * hit.compile_ms);
+}
+
+TEST_CASE("a warm hit in a new process does not even open NVRTC") {
+  test::TempDir dir;
+  auto run = [&] {
+    const std::string command = std::string(LADLE_TEST_PROBE) + " compile " + dir.path().string();
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+    char line[256] = {};
+    REQUIRE(std::fgets(line, sizeof(line), pipe.get()) != nullptr);
+    return std::string(line);
+  };
+  const std::string cold = run(), warm = run();
+  INFO(cold << warm);
+  REQUIRE_THAT(cold, Catch::StartsWith("miss") && Catch::Contains("nvrtc_loaded=1"));
+  REQUIRE_THAT(warm, Catch::StartsWith("hit") && Catch::Contains("nvrtc_loaded=0"));
 }
 
 TEST_CASE("the key separates source, options, arch and NVRTC version") {

@@ -2,6 +2,8 @@
 //   ladle-test-probe compile <cache-dir> : compiles the vector add into that cache
 //   ladle-test-probe driver              : prints what the driver layer reports
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include <ladle/runtime/cache.h>
@@ -11,6 +13,15 @@
 
 #include "kernels.h"
 
+namespace {
+bool nvrtc_is_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  std::stringstream text;
+  text << maps.rdbuf();
+  return text.str().find("libnvrtc") != std::string::npos;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
@@ -19,7 +30,8 @@ int main(int argc, char** argv) {
       ladle::CompileOptions options;
       options.arch = "sm_90a";
       auto program = ladle::compile(ladle::test::vector_add_source, options, cache);
-      std::printf("%s %s\n", program.from_cache ? "hit" : "miss", program.key.c_str());
+      std::printf("%s %s nvrtc_loaded=%d\n", program.from_cache ? "hit" : "miss",
+                  program.key.c_str(), nvrtc_is_mapped() ? 1 : 0);
       return program.ptx.empty() || program.cubin.empty() ? 3 : 0;
     }
     if (mode == "driver") {

@@ -104,6 +104,19 @@ int main(int argc, char** argv) {
     const double init_ms = ms_since(main_start);
     Loaded add = load(kVectorAdd, "vector_add");
     ladle::Kernel add_kernel = add.module->kernel("vector_add");
+    {
+      // The first launch, on a tiny input, right after loading: what an application that
+      // starts from a warm cache waits for.
+      ladle::DeviceBuffer small(3 * 1024 * 4);
+      small.fill_bytes(0);
+      ladle::KernelArgs first;
+      first.add(small.device_ptr()).add(small.device_ptr() + 4096).add(small.device_ptr() + 8192)
+          .add(1024L);
+      add_kernel.launch({4}, {256}, first);
+      device.synchronize();
+    }
+    const double start_to_launch_ms =
+        t0_ns ? (unix_ns() - t0_ns) / 1e6 : ms_since(main_start);
 
     std::vector<float> a(n), b(n), c(n);
     std::mt19937 rng(1234);
@@ -119,8 +132,6 @@ int main(int argc, char** argv) {
     add_args.add(da).add(db).add(dc).add(n);
     add_kernel.launch({blocks}, {256}, add_args);
     device.synchronize();
-    const double start_to_launch_ms =
-        t0_ns ? (unix_ns() - t0_ns) / 1e6 : ms_since(main_start);
 
     Loaded red = load(kReduce, "reduce_sum");
     ladle::Kernel reduce_kernel = red.module->kernel("reduce_sum");
