@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: set up, build, then generate and compile kernels through
+# NVRTC (PTX, and cubin with resource usage), run them (on the GPU when there is one, else
+# on the CPU), and verify every result. Exit status 0 only when everything verified.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup-deps.sh
+build=${LADLE_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+cmake --build "$build" -j"$(nproc)"
+for job in "$build"/examples/*/example-*; do
+  [ -x "$job" ] || continue
+  echo "== $(basename "$job")"
+  "$job"
+done
+echo "== ladle-dump of the runtime example's kernel (resources for sm_90a)"
+"$build"/tools/ladle-dump/ladle-dump tools/ladle-dump/sample.cu --arch sm_90a --only resources

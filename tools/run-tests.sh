@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine and runs every test that needs no GPU: the Catch2 suite, then an
+# install and an application built against the installed package (find_package(ladle)).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup-deps.sh
+build=${LADLE_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLADLE_WERROR=ON
+cmake --build "$build" -j"$(nproc)"
+export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-$PWD/$build/test-cache}
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+
+echo "== install, then build an application against the installed package"
+rm -rf "$build/install" "$build/embed"
+cmake --install "$build" --prefix "$build/install" > /dev/null
+cmake -S examples/embed_runtime -B "$build/embed" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/$build/install" > /dev/null
+cmake --build "$build/embed"
+"$build/embed/example-embed-runtime"
+echo "all tests passed"
