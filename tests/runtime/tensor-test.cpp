@@ -78,7 +78,7 @@ std::string raw_bytes(std::initializer_list<T> values) {
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+         (a.bytes() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
 }
 
 }  // namespace
