@@ -7,10 +7,13 @@
 // Fortran-order data into row-major by assignment between layouts.
 #include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <optional>
+#include <limits>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -273,12 +276,17 @@ Tensor load_npy(const std::filesystem::path& path) {
   }
   std::string header_text(header_length, '\0');
   stream.read(header_text.data(), static_cast<std::streamsize>(header_length));
+  if (static_cast<std::size_t>(stream.gcount()) < header_length) {
+    throw Error(fmt::format("load_npy: reading the header of '{}' failed: {}", file,
+                            std::strerror(errno)));
+  }
 
   const NpyHeader header = HeaderParser(header_text, file).parse();
   const DType dtype = dtype_for_descr(header.descr, file);
+  // The bound leaves room to multiply by the element size (8 bytes at most).
   std::size_t count = 1;
   for (const std::size_t extent : header.shape) {
-    if (extent != 0 && count > std::numeric_limits<std::size_t>::max() / extent / 8) {
+    if (extent != 0 && count > std::numeric_limits<std::size_t>::max() / 8 / extent) {
       throw InvalidArgument(fmt::format("load_npy: '{}' has shape {}, too many elements to hold",
                                         file, python_tuple(header.shape)));
     }

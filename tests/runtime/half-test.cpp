@@ -59,9 +59,11 @@ TEST_CASE("half and bfloat16 keep a NaN a NaN, with its sign") {
   CHECK((half(-nan).bits() & 0x8000) != 0);
   CHECK((bfloat16(-nan).bits() & 0x8000) != 0);
   // A NaN whose payload sits only in bits that narrowing drops must not become infinity.
-  const float low_payload_nan = std::bit_cast<float>(0x7F800001u);
+  // (A double, since widening a float signaling NaN to double may already set the quiet bit.)
+  const double low_payload_nan = std::bit_cast<double>(std::uint64_t{0x7FF0000000000001});
   CHECK(std::isnan(static_cast<float>(half(low_payload_nan))));
   CHECK(std::isnan(static_cast<float>(bfloat16(low_payload_nan))));
+  CHECK(std::isnan(static_cast<float>(half(std::bit_cast<float>(0x7F800001u)))));
   CHECK(std::isnan(static_cast<float>(half(std::numeric_limits<double>::signaling_NaN()))));
 }
 
