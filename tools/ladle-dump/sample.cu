@@ -2,12 +2,12 @@
 extern "C" __global__ void softmax_rows(const float* x, float* y, int cols) {
   __shared__ float scratch[32];
   const float* row = x + blockIdx.x * (long)cols;
-  float local_max = -INFINITY;
+  float local_max = __int_as_float(0xff800000);  // -inf: NVRTC has no <cmath>
   for (int j = threadIdx.x; j < cols; j += blockDim.x) local_max = fmaxf(local_max, row[j]);
   for (int o = 16; o > 0; o /= 2) local_max = fmaxf(local_max, __shfl_xor_sync(~0u, local_max, o));
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = local_max;
   __syncthreads();
-  float row_max = -INFINITY;
+  float row_max = __int_as_float(0xff800000);
   for (int w = 0; w < blockDim.x / 32; ++w) row_max = fmaxf(row_max, scratch[w]);
   __syncthreads();
   float local_sum = 0;
