@@ -372,15 +372,16 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   c("");
   c("// The state tile S[i][j] for rows i = group + r * ROW_GROUPS, in registers, fp32.");
   c("float state[ROWS];");
-  c("for (int r = 0; r < ROWS; ++r) {");
-  c.in();
-  c("const int i = group + r * ROW_GROUPS;");
-  if (spec.initial_state)
+  if (spec.initial_state) {
+    c("for (int r = 0; r < ROWS; ++r) {");
+    c.in();
+    c("const int i = group + r * ROW_GROUPS;");
     c("state[r] = i < K && j < V ? ladle_load(initial_state + ((static_cast<long long>(n) * H + h) * K + i) * V + j) : 0.0f;");
-  else
-    c("state[r] = 0.0f;");
-  c.out();
-  c("}");
+    c.out();
+    c("}");
+  } else {
+    c("for (int r = 0; r < ROWS; ++r) state[r] = 0.0f;");
+  }
   if (variant.normalize) {
     c("float normaliser[KEY_ROWS];  // n_i for rows i = threadIdx.x + m * THREADS");
     c("for (int m = 0; m < KEY_ROWS; ++m) normaliser[m] = 0.0f;");
