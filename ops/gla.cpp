@@ -1,8 +1,8 @@
 #include "gla.h"
 
-#include <cmath>
-
 #include <ladle/dsl/dsl.h>
+
+#include "named_op.h"
 
 namespace ladle {
 
@@ -16,22 +16,16 @@ ir::Variant lower_gla(bool has_g_gamma) {
   return dsl::lower(dsl::read(state, dsl::q, scale), "gla");
 }
 
-VariantInputs named_inputs(const TensorView& q, const TensorView& g, const GlaOptions& options) {
-  VariantInputs inputs;
-  inputs.tensors.emplace("g", g);
-  if (options.g_gamma) inputs.tensors.emplace("g_gamma", *options.g_gamma);
-  const float k_dim = q.rank() > 0 && q.shape.back() > 0 ? static_cast<float>(q.shape.back()) : 1.0f;
-  inputs.scalars.emplace("scale", options.scale.value_or(1.0f / std::sqrt(k_dim)));
-  return inputs;
-}
-
-RunOptions run_options(const GlaOptions& options) {
-  RunOptions run;
-  run.initial_state = options.initial_state;
-  run.cu_seqlens = options.cu_seqlens;
-  run.reverse = options.reverse;
-  run.return_state = options.return_state;
-  return run;
+RecurrentOptions as_recurrent(const TensorView& g, const GlaOptions& options) {
+  RecurrentOptions o;
+  o.g = g;
+  o.g_gamma = options.g_gamma;
+  o.scale = options.scale;
+  o.initial_state = options.initial_state;
+  o.reverse = options.reverse;
+  o.cu_seqlens = options.cu_seqlens;
+  o.return_state = options.return_state;
+  return o;
 }
 
 }  // namespace
@@ -43,14 +37,14 @@ const ir::Variant& gla_variant(bool g_gamma) {
 
 RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                     const GlaOptions& options) {
-  return run_variant(gla_variant(options.g_gamma.has_value()), q, k, v, named_inputs(q, g, options),
-                     run_options(options));
+  const RecurrentOptions o = as_recurrent(g, options);
+  return run_variant(gla_variant(options.g_gamma.has_value()), q, k, v, ops::named_inputs(q, o), ops::run_options(o));
 }
 
 void gla_into(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
               const GlaOptions& options, const RecurrentOutputs& outputs) {
-  run_variant_into(gla_variant(options.g_gamma.has_value()), q, k, v, named_inputs(q, g, options),
-                   run_options(options), outputs);
+  const RecurrentOptions o = as_recurrent(g, options);
+  run_variant_into(gla_variant(options.g_gamma.has_value()), q, k, v, ops::named_inputs(q, o), ops::run_options(o), outputs);
 }
 
 }  // namespace ladle

@@ -5,6 +5,8 @@
 
 #include <ladle/dsl/dsl.h>
 
+#include "named_op.h"
+
 namespace ladle {
 
 namespace {
@@ -33,29 +35,6 @@ ir::Variant lower_recurrent(bool has_g, bool has_gk, bool has_gv, bool has_g_gam
   });
 }
 
-float default_scale(const TensorView& q) {
-  return q.rank() > 0 && q.shape.back() > 0 ? 1.0f / std::sqrt(static_cast<float>(q.shape.back())) : 1.0f;
-}
-
-VariantInputs named_inputs(const TensorView& q, const RecurrentOptions& options) {
-  VariantInputs inputs;
-  if (options.g) inputs.tensors.emplace("g", *options.g);
-  if (options.gk) inputs.tensors.emplace("gk", *options.gk);
-  if (options.gv) inputs.tensors.emplace("gv", *options.gv);
-  if (options.g_gamma) inputs.tensors.emplace("g_gamma", *options.g_gamma);
-  inputs.scalars.emplace("scale", options.scale.value_or(default_scale(q)));
-  return inputs;
-}
-
-RunOptions run_options(const RecurrentOptions& options) {
-  RunOptions run;
-  run.initial_state = options.initial_state;
-  run.cu_seqlens = options.cu_seqlens;
-  run.reverse = options.reverse;
-  run.return_state = options.return_state;
-  return run;
-}
-
 const ir::Variant& variant_for(const RecurrentOptions& o) {
   return recurrent_variant(o.g.has_value(), o.gk.has_value(), o.gv.has_value(), o.g_gamma.has_value());
 }
@@ -73,12 +52,36 @@ const ir::Variant& recurrent_variant(bool g, bool gk, bool gv, bool g_gamma) {
 
 RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v,
                           const RecurrentOptions& options) {
-  return run_variant(variant_for(options), q, k, v, named_inputs(q, options), run_options(options));
+  return run_variant(variant_for(options), q, k, v, ops::named_inputs(q, options), ops::run_options(options));
 }
 
 void recurrent_into(const TensorView& q, const TensorView& k, const TensorView& v,
                     const RecurrentOptions& options, const RecurrentOutputs& outputs) {
-  run_variant_into(variant_for(options), q, k, v, named_inputs(q, options), run_options(options), outputs);
+  run_variant_into(variant_for(options), q, k, v, ops::named_inputs(q, options), ops::run_options(options), outputs);
 }
+
+namespace ops {
+
+VariantInputs named_inputs(const TensorView& q, const RecurrentOptions& options) {
+  VariantInputs inputs;
+  if (options.g) inputs.tensors.emplace("g", *options.g);
+  if (options.gk) inputs.tensors.emplace("gk", *options.gk);
+  if (options.gv) inputs.tensors.emplace("gv", *options.gv);
+  if (options.g_gamma) inputs.tensors.emplace("g_gamma", *options.g_gamma);
+  const float k_dim = q.rank() > 0 && q.shape.back() > 0 ? static_cast<float>(q.shape.back()) : 1.0f;
+  inputs.scalars.emplace("scale", options.scale.value_or(1.0f / std::sqrt(k_dim)));
+  return inputs;
+}
+
+RunOptions run_options(const RecurrentOptions& options) {
+  RunOptions run;
+  run.initial_state = options.initial_state;
+  run.cu_seqlens = options.cu_seqlens;
+  run.reverse = options.reverse;
+  run.return_state = options.return_state;
+  return run;
+}
+
+}  // namespace ops
 
 }  // namespace ladle
