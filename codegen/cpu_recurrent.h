@@ -1,0 +1,38 @@
+// The CPU path of the recurrent family: runs any lowered ir::Variant, not only the named
+// ops, so an application without a GPU gets correct results and CI checks every variant.
+// Threads split the (sequence, head) pairs; each keeps its state [K,V] in fp32; inputs may
+// be f32, f16 or bf16 (converted on load), the output is stored in its own type.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <ladle/dsl/ir.h>
+
+#include "tensor_view.h"
+
+namespace ladle::cpu {
+
+// Everything a run needs, already checked (the ops' argument checking builds this).
+struct RecurrentArgs {
+  // One entry per variant.inputs, by index. Tensors use canonical ranks:
+  //   token_key / token_value [B,T,Hx,D], token_head [B,T,Hx], head [B,H] (stride 0 over B
+  //   broadcasts an [H] parameter). An input with Hx heads serves query head h at h*Hx/H.
+  // Scalar inputs take their value from `scalars` (the tensor entry is unused).
+  std::vector<TensorView> tensors;
+  std::vector<float> scalars;
+  std::int64_t batch = 0, tokens = 0, heads = 0, key_dim = 0, value_dim = 0;
+  // Packed sequences: offsets [N+1] into the token axis of batch row 0; empty: each batch
+  // row is one sequence (N = B).
+  std::vector<std::int64_t> cu_seqlens;
+  std::optional<TensorView> initial_state;  // [N,H,K,V], any floating type
+  bool reverse = false;
+  TensorView output;                       // [B,T,H,V]
+  std::optional<TensorView> final_state;   // [N,H,K,V], f32
+  int threads = 0;                         // 0: one per hardware thread
+};
+
+void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args);
+
+}  // namespace ladle::cpu

@@ -1,0 +1,490 @@
+#include "cuda_recurrent.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <ladle/runtime/error.h>
+
+#include "render_c.h"
+
+namespace ladle::cuda {
+
+namespace {
+
+bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+int next_power_of_two(std::int64_t x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+const char* storage_type(ElementType type) {
+  switch (type) {
+    case ElementType::f16: return "ladle_f16";
+    case ElementType::bf16: return "ladle_bf16";
+    default: return "float";
+  }
+}
+
+bool floating(ElementType t) { return t == ElementType::f32 || t == ElementType::f16 || t == ElementType::bf16; }
+
+// Identifiers the kernel template uses; an input whose name (or a name derived from it)
+// would clash with one of these, or with C++, is renamed.
+const std::set<std::string>& reserved() {
+  static const std::set<std::string> names = {
+      // the template's own
+      "BLOCK_K", "BLOCK_V", "THREADS", "ROW_GROUPS", "ROWS", "KEY_ROWS", "REVERSE", "q_feature", "k_feature",
+      "decay_k", "v_feature", "decay_v", "o_partial", "q_normaliser", "column", "group", "j", "jv", "n", "h", "b",
+      "bos", "eos", "state", "normaliser", "step", "t", "i", "m", "r", "c", "o_part", "o_sum", "z", "read_scale",
+      "head_log_decay", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
+      "cu_seqlens", "B", "T", "H", "K", "V", "rg", "in_range", "jv_local",
+      // C++ words a name could plausibly be
+      "auto", "bool", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
+      "extern", "float", "for", "goto", "if", "inline", "int", "long", "new", "delete", "register", "return",
+      "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void",
+      "volatile", "while", "class", "namespace", "template", "this", "true", "false", "private", "public",
+      "operator", "asm", "export", "final", "override", "try", "catch", "throw", "using", "virtual", "friend",
+      "mutable", "explicit", "typename", "constexpr", "nullptr", "threadIdx", "blockIdx", "blockDim", "gridDim",
+      "warpSize"};
+  return names;
+}
+
+// One C identifier per input: its name where that is safe and readable, else in<i>_<name>.
+std::vector<std::string> identifiers(const ir::Variant& variant) {
+  const auto sanitize = [](const std::string& name) {
+    std::string id;
+    for (char c : name) id += std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? c : '_';
+    if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0]))) id = "_" + id;
+    return id;
+  };
+  const auto derived = [](const std::string& id) {
+    return std::vector<std::string>{id,           id + "_row",      id + "_head",     id + "_value",    id + "_heads",
+                                    id + "_i",    id + "_j",        id + "_t",        id + "_stride_b", id + "_stride_t", id + "_stride_h",
+                                    id + "_stride_d"};
+  };
+  std::vector<std::string> ids;
+  for (const ir::Input& in : variant.inputs) ids.push_back(sanitize(in.name));
+  // An input keeps its own name unless a name derived from it is taken (by the template or
+  // another input) or looks like a renamed one.
+  std::map<std::string, int> uses;
+  for (const std::string& id : ids)
+    for (const std::string& name : derived(id)) ++uses[name];
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    bool clash = ids[i].rfind("ladle_", 0) == 0 ||
+                 (ids[i].rfind("in", 0) == 0 && ids[i].size() > 2 && std::isdigit(static_cast<unsigned char>(ids[i][2])));
+    for (const std::string& name : derived(ids[i])) clash = clash || uses[name] > 1 || reserved().count(name) > 0;
+    if (clash) ids[i] = "in" + std::to_string(i) + "_" + ids[i];
+  }
+  return ids;
+}
+
+// Lines with indentation.
+class Code {
+ public:
+  Code& operator()(const std::string& line) {
+    if (!line.empty()) text_ += std::string(static_cast<std::size_t>(indent_) * 2, ' ');
+    text_ += line + "\n";
+    return *this;
+  }
+  void in() { ++indent_; }
+  void out() { --indent_; }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+  int indent_ = 0;
+};
+
+// Host-independent helpers every kernel of the family uses: 16-bit storage types without
+// cuda_fp16.h (so NVRTC needs no include path) and typed loads/stores through float.
+const char* helpers = R"(#ifndef LADLE_RECURRENT_HELPERS
+#define LADLE_RECURRENT_HELPERS
+struct ladle_f16 { unsigned short bits; };   // IEEE binary16
+struct ladle_bf16 { unsigned short bits; };  // bfloat16
+
+__device__ __forceinline__ float ladle_load(const float* p) { return *p; }
+__device__ __forceinline__ float ladle_load(const ladle_bf16* p) { return __uint_as_float(static_cast<unsigned>(p->bits) << 16); }
+__device__ __forceinline__ float ladle_load(const ladle_f16* p) {
+  float value;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(p->bits));
+  return value;
+}
+__device__ __forceinline__ void ladle_store(float* p, float value) { *p = value; }
+__device__ __forceinline__ void ladle_store(ladle_f16* p, float value) {
+  unsigned short bits;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+  p->bits = bits;
+}
+__device__ __forceinline__ void ladle_store(ladle_bf16* p, float value) {
+  const unsigned x = __float_as_uint(value);  // round to nearest even; NaN stays quiet
+  p->bits = (x & 0x7fffffffu) > 0x7f800000u ? static_cast<unsigned short>((x >> 16) | 0x40u)
+                                              : static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+#endif  // LADLE_RECURRENT_HELPERS
+)";
+
+std::string comment_block(const std::string& text) {
+  std::string out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) out += line.empty() ? "//\n" : "// " + line + "\n";
+  return out;
+}
+
+std::uint64_t fnv1a(const std::string& bytes, std::uint64_t h = 0xcbf29ce484222325ull) {
+  for (char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+std::string hex(std::uint64_t value) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, value >>= 4) out[i] = digits[value & 15];
+  return out;
+}
+
+}  // namespace
+
+RecurrentTile default_tile(std::int64_t key_dim, std::int64_t value_dim) {
+  RecurrentTile tile;
+  tile.block_k = std::max(16, next_power_of_two(key_dim));
+  tile.block_v = std::clamp(next_power_of_two(value_dim), 8, 32);
+  tile.warps = tile.block_k >= 256 ? 8 : 4;
+  return tile;
+}
+
+std::string to_string(const RecurrentTile& tile) {
+  return "block_k=" + std::to_string(tile.block_k) + " block_v=" + std::to_string(tile.block_v) +
+         " warps=" + std::to_string(tile.warps);
+}
+
+namespace {
+
+std::vector<std::string> tile_rules(const RecurrentTile& tile) {
+  std::vector<std::string> problems;
+  const int threads = 32 * tile.warps;
+  if (tile.warps != 1 && tile.warps != 2 && tile.warps != 4 && tile.warps != 8)
+    problems.push_back("warps = " + std::to_string(tile.warps) + ", expected 1, 2, 4 or 8");
+  if (!power_of_two(tile.block_k) || tile.block_k > 256)
+    problems.push_back("block_k = " + std::to_string(tile.block_k) + ", expected a power of two up to 256");
+  if (!power_of_two(tile.block_v) || tile.block_v > threads)
+    problems.push_back("block_v = " + std::to_string(tile.block_v) + ", expected a power of two up to the " +
+                       std::to_string(threads) + " threads");
+  if (problems.empty()) {
+    const int rows = (tile.block_k + threads / tile.block_v - 1) / (threads / tile.block_v);
+    if (rows > 64)
+      problems.push_back("each thread would keep " + std::to_string(rows) +
+                         " state rows in registers (block_k * block_v / threads), expected at most 64");
+  }
+  return problems;
+}
+
+}  // namespace
+
+std::vector<std::string> validate_tile(const RecurrentTile& tile, std::int64_t key_dim, std::int64_t value_dim) {
+  std::vector<std::string> problems = tile_rules(tile);
+  if (key_dim > tile.block_k)
+    problems.push_back("K = " + std::to_string(key_dim) + " exceeds block_k = " + std::to_string(tile.block_k));
+  if (key_dim < 1 || value_dim < 1) problems.push_back("K and V must be at least 1");
+  return problems;
+}
+
+RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKernelSpec& spec) {
+  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_recurrent: " + what); };
+  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
+  if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
+  if (spec.input_types.size() != variant.inputs.size())
+    fail("input_types has " + std::to_string(spec.input_types.size()) + " entries, expected one per input (" +
+         std::to_string(variant.inputs.size()) + ")");
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
+    if (variant.inputs[i].kind != ir::InputKind::scalar && !floating(spec.input_types[i]))
+      fail("input " + variant.inputs[i].name + " has dtype " + element_type_name(spec.input_types[i]) +
+           ", expected f32, f16 or bf16");
+  if (!floating(spec.output_type)) fail(std::string("output_type ") + element_type_name(spec.output_type) + ", expected f32, f16 or bf16");
+  if (spec.initial_state && !floating(spec.initial_state_type))
+    fail(std::string("initial_state_type ") + element_type_name(spec.initial_state_type) + ", expected f32, f16 or bf16");
+  if (spec.varlen && spec.cu_seqlens_type != ElementType::i32 && spec.cu_seqlens_type != ElementType::i64)
+    fail(std::string("cu_seqlens_type ") + element_type_name(spec.cu_seqlens_type) + ", expected i32 or i64");
+
+  const RecurrentTile& tile = spec.tile;
+  const int threads = 32 * tile.warps;
+  const std::vector<std::string> id = identifiers(variant);
+  const auto& inputs = variant.inputs;
+  const auto has = [&](ir::Slot s) { return variant.has(s); };
+  const auto varies_over_tokens = [&](ir::Slot s) { return ir::extent(variant, variant.slot(s)).token; };
+  const bool decays_k = has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head);
+  const bool decays_v = has(ir::Slot::log_decay_v);
+
+  // Which inputs the slots read: all of them, and those of the key and value sides.
+  std::vector<bool> used(inputs.size(), false), key_side(inputs.size(), false), value_side(inputs.size(), false);
+  for (std::size_t s = 0; s < ir::slot_count; ++s) {
+    const ir::Slot slot = static_cast<ir::Slot>(s);
+    const bool key = slot == ir::Slot::q_feature || slot == ir::Slot::k_feature || slot == ir::Slot::log_decay_k;
+    const bool value = slot == ir::Slot::v || slot == ir::Slot::log_decay_v;
+    for (const ir::Node& node : variant.slots[s].nodes)
+      if (node.op == ir::Op::input) {
+        used[node.input] = true;
+        key_side[node.input] = key_side[node.input] || key;
+        value_side[node.input] = value_side[node.input] || value;
+      }
+  }
+
+  // Inputs as render_c sees them: each is loaded once into a named local first (x_i at key
+  // row i, x_j at value column jv, x_t for this token, x_value once per head), scalars as given.
+  const auto loads_at = [&](const std::string& suffix) {
+    return [&, suffix](const ir::Input& in, std::int32_t k) -> std::string {
+      switch (in.kind) {
+        case ir::InputKind::token_key:
+        case ir::InputKind::token_value: return id[k] + suffix;
+        case ir::InputKind::token_head: return id[k] + "_t";
+        case ir::InputKind::head: return id[k] + "_value";
+        case ir::InputKind::scalar: return id[k];
+      }
+      return "0.0f";
+    };
+  };
+  const auto row_load = [&](std::size_t k, const std::string& index) {
+    return "ladle_load(" + id[k] + " + " + id[k] + "_row + " + index + " * " + id[k] + "_stride_d)";
+  };
+  const auto render = [&](ir::Slot s, const std::string& suffix) {
+    return ir::render_c(variant, variant.slot(s), loads_at(suffix));
+  };
+
+  // Kernel name: the variant's hash and everything the spec changes in the source.
+  std::string spec_key = to_string(tile) + (spec.reverse ? " R" : "") + (spec.varlen ? " L" : "") +
+                         (spec.initial_state ? " I" : "") + (spec.final_state ? " F" : "") +
+                         element_type_name(spec.output_type) + element_type_name(spec.initial_state_type) +
+                         element_type_name(spec.cu_seqlens_type);
+  for (ElementType t : spec.input_types) spec_key += element_type_name(t);
+  RecurrentKernel kernel;
+  kernel.name = "ladle_recurrent_" + hex(fnv1a(spec_key, ir::hash(variant)));
+  kernel.threads = static_cast<unsigned>(threads);
+  kernel.block_v = tile.block_v;
+
+  // ---- Parameters
+  using Role = KernelParam::Role;
+  using Type = KernelParam::Type;
+  std::vector<std::string> declarations;
+  const auto param = [&](const std::string& c_type, const std::string& name, Type type, Role role, int input = -1) {
+    declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
+    kernel.params.push_back({name, c_type, type, role, input});
+  };
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    const ir::Input& in = inputs[k];
+    const std::string& name = id[k];
+    const int index = static_cast<int>(k);
+    if (in.kind == ir::InputKind::scalar) {
+      param("float", name, Type::f32, Role::input, index);
+      continue;
+    }
+    param(std::string("const ") + storage_type(spec.input_types[k]) + "*", name, Type::pointer, Role::input, index);
+    param("long long", name + "_stride_b", Type::i64, Role::input_stride_b, index);
+    if (in.kind != ir::InputKind::head) param("long long", name + "_stride_t", Type::i64, Role::input_stride_t, index);
+    param("long long", name + "_stride_h", Type::i64, Role::input_stride_h, index);
+    if (in.kind == ir::InputKind::token_key || in.kind == ir::InputKind::token_value)
+      param("long long", name + "_stride_d", Type::i64, Role::input_stride_d, index);
+    param("int", name + "_heads", Type::i32, Role::input_heads, index);
+  }
+  param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
+  param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
+  param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
+  param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
+  param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
+  if (spec.initial_state)
+    param(std::string("const ") + storage_type(spec.initial_state_type) + "*", "initial_state", Type::pointer, Role::initial_state);
+  if (spec.final_state) param("float*", "final_state", Type::pointer, Role::final_state);
+  if (spec.varlen)
+    param(spec.cu_seqlens_type == ElementType::i32 ? "const int*" : "const long long*", "cu_seqlens", Type::pointer, Role::cu_seqlens);
+  param("int", "B", Type::i32, Role::batch);
+  param("int", "T", Type::i32, Role::tokens);
+  param("int", "H", Type::i32, Role::heads);
+  param("int", "K", Type::i32, Role::key_dim);
+  param("int", "V", Type::i32, Role::value_dim);
+
+  // ---- Header
+  std::string types;
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].kind != ir::InputKind::scalar) types += id[k] + " " + element_type_name(spec.input_types[k]) + ", ";
+  types += std::string("o ") + element_type_name(spec.output_type) + ", state f32";
+  if (spec.initial_state) types += std::string(" (initial_state ") + element_type_name(spec.initial_state_type) + ")";
+  std::string header = "ladle: fused recurrent kernel " + kernel.name + "\nGenerated by codegen/cuda_recurrent.cpp; do not edit.\n\n";
+  header += ir::to_string(variant);
+  header += "\nconfig: " + to_string(tile) + " (" + std::to_string(threads) + " threads); requires K <= " +
+            std::to_string(tile.block_k) + "\n";
+  header += "launch: grid (ceil(V / " + std::to_string(tile.block_v) + "), N * H), block (" + std::to_string(threads) + ")\n";
+  header += "types: " + types + "\n";
+  header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
+            " initial_state=" + (spec.initial_state ? "1" : "0") + " final_state=" + (spec.final_state ? "1" : "0") + "\n";
+  header += "GQA: an input with X heads serves query head h from head h * X / H.\n";
+
+  Code c;
+  c(comment_block(header) + "\n" + helpers);
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
+  c.in(), c.in();
+  for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
+  c.out();
+  c("constexpr int BLOCK_K = " + std::to_string(tile.block_k) + ", BLOCK_V = " + std::to_string(tile.block_v) +
+    ", THREADS = " + std::to_string(threads) + ";");
+  c("constexpr int ROW_GROUPS = THREADS / BLOCK_V;                     // threads sharing one value column");
+  c("constexpr int ROWS = (BLOCK_K + ROW_GROUPS - 1) / ROW_GROUPS;     // state rows each thread keeps");
+  c("constexpr int KEY_ROWS = (BLOCK_K + THREADS - 1) / THREADS;       // key-side rows each thread computes");
+  c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
+  c("");
+  c("// This token's key and value sides, shared by the block.");
+  c("__shared__ float q_feature[BLOCK_K], k_feature[BLOCK_K];");
+  if (decays_k) c("__shared__ float decay_k[BLOCK_K];");
+  c("__shared__ float v_feature[BLOCK_V];");
+  if (decays_v) c("__shared__ float decay_v[BLOCK_V];");
+  c("__shared__ float o_partial[ROW_GROUPS][BLOCK_V];");
+  if (variant.normalize) c("__shared__ float q_normaliser[BLOCK_K];");
+  c("");
+  c("const int column = threadIdx.x % BLOCK_V, group = threadIdx.x / BLOCK_V;");
+  c("const int j = blockIdx.x * BLOCK_V + column;  // this thread's value column");
+  c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
+  if (spec.varlen) {
+    c("const int b = 0;");
+    c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
+  } else {
+    c("const int b = n;");
+    c("const long long bos = 0, eos = T;");
+  }
+  c("");
+  bool any_head_note = false;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (!used[k] || inputs[k].kind == ir::InputKind::scalar) continue;
+    if (!any_head_note) c("// The head of each input that serves query head h.");
+    any_head_note = true;
+    c("const int " + id[k] + "_head = h * " + id[k] + "_heads / H;");
+  }
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (used[k] && inputs[k].kind == ir::InputKind::head)
+      c("const float " + id[k] + "_value = ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + " + id[k] + "_head * " +
+        id[k] + "_stride_h);");
+  // Slots over no features and no tokens are computed once.
+  const auto no_feature_slot = [&](ir::Slot s, const std::string& local) {
+    c("const float " + local + " = " + (has(s) ? render(s, "") : std::string(s == ir::Slot::scale ? "1.0f" : "0.0f")) + ";");
+  };
+  if (!varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
+  if (!varies_over_tokens(ir::Slot::scale)) no_feature_slot(ir::Slot::scale, "read_scale");
+  c("");
+  c("// The state tile S[i][j] for rows i = group + r * ROW_GROUPS, in registers, fp32.");
+  c("float state[ROWS];");
+  if (spec.initial_state) {
+    c("for (int r = 0; r < ROWS; ++r) {");
+    c.in();
+    c("const int i = group + r * ROW_GROUPS;");
+    c("state[r] = i < K && j < V ? ladle_load(initial_state + ((static_cast<long long>(n) * H + h) * K + i) * V + j) : 0.0f;");
+    c.out();
+    c("}");
+  } else {
+    c("for (int r = 0; r < ROWS; ++r) state[r] = 0.0f;");
+  }
+  if (variant.normalize) {
+    c("float normaliser[KEY_ROWS];  // n_i for rows i = threadIdx.x + m * THREADS");
+    c("for (int m = 0; m < KEY_ROWS; ++m) normaliser[m] = 0.0f;");
+  }
+  c("");
+  c("for (long long step = 0; step < eos - bos; ++step) {");
+  c.in();
+  c("const long long t = REVERSE ? eos - 1 - step : bos + step;");
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    const auto kind = inputs[k].kind;
+    if (!used[k] || kind == ir::InputKind::head || kind == ir::InputKind::scalar) continue;
+    c("const long long " + id[k] + "_row = b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] + "_head * " +
+      id[k] + "_stride_h;");
+  }
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (used[k] && inputs[k].kind == ir::InputKind::token_head)
+      c("const float " + id[k] + "_t = ladle_load(" + id[k] + " + " + id[k] + "_row);");
+  if (varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
+  if (varies_over_tokens(ir::Slot::scale)) no_feature_slot(ir::Slot::scale, "read_scale");
+  c("");
+  c("// 1. The key side (q, k features and decay over i) and the value side (v, decay over j).");
+  c("for (int m = 0; m < KEY_ROWS; ++m) {");
+  c.in();
+  c("const int i = threadIdx.x + m * THREADS;");
+  c("if (i >= BLOCK_K) break;");
+  c("const bool in_range = i < K;");
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (key_side[k] && inputs[k].kind == ir::InputKind::token_key)
+      c("const float " + id[k] + "_i = in_range ? " + row_load(k, "i") + " : 0.0f;");
+  c("q_feature[i] = in_range ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f;");
+  c("k_feature[i] = in_range ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f;");
+  if (decays_k) {
+    std::string log_a = has(ir::Slot::log_decay_k) ? render(ir::Slot::log_decay_k, "_i") : "";
+    if (has(ir::Slot::log_decay_head)) log_a = log_a.empty() ? "head_log_decay" : log_a + " + head_log_decay";
+    c("decay_k[i] = in_range ? expf(" + log_a + ") : 1.0f;");
+  }
+  if (variant.normalize) {
+    c("normaliser[m] = normaliser[m]" + std::string(decays_k ? " * decay_k[i]" : "") + " + k_feature[i];");
+    c("q_normaliser[i] = q_feature[i] * normaliser[m];");
+  }
+  c.out();
+  c("}");
+  c("for (int jv_local = threadIdx.x; jv_local < BLOCK_V; jv_local += THREADS) {");
+  c.in();
+  c("const int jv = blockIdx.x * BLOCK_V + jv_local;");
+  c("const bool in_range = jv < V;");
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (value_side[k] && inputs[k].kind == ir::InputKind::token_value)
+      c("const float " + id[k] + "_j = in_range ? " + row_load(k, "jv") + " : 0.0f;");
+  c("v_feature[jv_local] = in_range ? " + render(ir::Slot::v, "_j") + " : 0.0f;");
+  if (decays_v) c("decay_v[jv_local] = in_range ? expf(" + render(ir::Slot::log_decay_v, "_j") + ") : 1.0f;");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  c("");
+  c("// 2. S = diag(decay_k) S diag(decay_v) + k v^T on this thread's rows, and their part of q^T S.");
+  c("float o_part = 0.0f;");
+  c("for (int r = 0; r < ROWS; ++r) {");
+  c.in();
+  c("const int i = group + r * ROW_GROUPS;");
+  c("if (i >= BLOCK_K) break;");
+  std::string decayed = "state[r]";
+  if (decays_k) decayed += " * decay_k[i]";
+  if (decays_v) decayed += " * decay_v[column]";
+  c("state[r] = " + decayed + " + k_feature[i] * v_feature[column];");
+  c("o_part += q_feature[i] * state[r];");
+  c.out();
+  c("}");
+  c("o_partial[group][column] = o_part;");
+  if (variant.normalize) {
+    c("float z = 0.0f;  // q^T n, summed by the threads that store");
+    c("if (group == 0)");
+    c("  for (int i = 0; i < BLOCK_K; ++i) z += q_normaliser[i];");
+  }
+  c("__syncthreads();");
+  c("");
+  c("// 3. Sum the row groups, scale, store o_t.");
+  c("if (group == 0 && j < V) {");
+  c.in();
+  c("float o_sum = 0.0f;");
+  c("for (int rg = 0; rg < ROW_GROUPS; ++rg) o_sum += o_partial[rg][column];");
+  if (variant.normalize)
+    c("o_sum = read_scale * o_sum / (read_scale * z + " + ir::render_c_literal(variant.normalize_eps) + ");");
+  else
+    c("o_sum *= read_scale;");
+  c("ladle_store(o + b * o_stride_b + t * o_stride_t + h * o_stride_h + j * o_stride_d, o_sum);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  if (spec.final_state) {
+    c("");
+    c("for (int r = 0; r < ROWS; ++r) {");
+    c.in();
+    c("const int i = group + r * ROW_GROUPS;");
+    c("if (i < K && j < V) final_state[((static_cast<long long>(n) * H + h) * K + i) * V + j] = state[r];");
+    c.out();
+    c("}");
+  }
+  c.out();
+  c("}");
+  kernel.source = c.text();
+  return kernel;
+}
+
+}  // namespace ladle::cuda

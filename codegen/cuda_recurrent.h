@@ -1,0 +1,92 @@
+// The fused recurrent kernel family in CUDA C++: one ir::Variant and one tile
+// configuration in, one readable kernel source out (compiled by the runtime through NVRTC;
+// nothing here compiles or launches). One thread block owns the state tile [K, block_v] of
+// one (sequence, query head) in registers and walks the tokens in order; the gate math of
+// each slot is emitted inline through render_c, so a gate written as logsigmoid(x) / tau in
+// the DSL is computed from x next to its load.
+//
+// Launch: grid (ceil(V / block_v), N * H), block (32 * warps); K <= block_k. The kernel's
+// parameters, in order, are listed by RecurrentKernel::params.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ladle/dsl/ir.h>
+
+#include "tensor_view.h"
+
+namespace ladle::cuda {
+
+struct RecurrentTile {
+  int block_k = 64;  // key rows of the state per block: covers all of K (K <= block_k)
+  int block_v = 32;  // value columns of the state per block (grid.x = ceil(V / block_v))
+  int warps = 4;     // 32 * warps threads share the tile: block_v columns x row groups
+  friend bool operator==(const RecurrentTile&, const RecurrentTile&) = default;
+};
+
+// What the source is specialised for besides the variant: dtypes and launch-time choices
+// that change the code (compile-time constants in the kernel).
+struct RecurrentKernelSpec {
+  RecurrentTile tile;
+  std::vector<ElementType> input_types;  // one per variant input: f32, f16 or bf16 (scalars: ignored)
+  ElementType output_type = ElementType::f32;
+  bool reverse = false;
+  bool varlen = false;                   // cu_seqlens [N+1]
+  ElementType cu_seqlens_type = ElementType::i64;
+  bool initial_state = false;            // [N,H,K,V] contiguous
+  ElementType initial_state_type = ElementType::f32;
+  bool final_state = false;              // [N,H,K,V] contiguous f32
+};
+
+// One kernel parameter and what a launcher passes for it.
+struct KernelParam {
+  enum class Type { pointer, i64, i32, f32 };
+  enum class Role {
+    input,            // the data pointer of variant input `input` (a float for a scalar input)
+    input_stride_b,   // its strides in elements, as in the canonical views of the CPU path:
+    input_stride_t,   //   token_key/value [B,T,X,D], token_head [B,T,X], head [B,H] (stride_b 0
+    input_stride_h,   //   for an [H] parameter)
+    input_stride_d,
+    input_heads,      // X, its number of heads
+    output,           // o and its strides [B,T,H,V]
+    output_stride_b,
+    output_stride_t,
+    output_stride_h,
+    output_stride_d,
+    initial_state,    // [N,H,K,V], contiguous
+    final_state,      // [N,H,K,V], contiguous, f32
+    cu_seqlens,       // [N+1]
+    batch,            // B, T, H, K, V
+    tokens,
+    heads,
+    key_dim,
+    value_dim,
+  };
+  std::string name;
+  std::string c_type;  // "const ladle_bf16*", "long long", "float", ...
+  Type type;
+  Role role;
+  int input = -1;      // for the input roles: index into Variant::inputs
+};
+
+struct RecurrentKernel {
+  std::string name;                 // the extern "C" symbol
+  std::string source;
+  std::vector<KernelParam> params;  // the kernel's parameters, in order
+  unsigned threads = 0;             // block size
+  int block_v = 0;                  // grid.x = ceil(V / block_v), grid.y = N * H
+};
+
+// A reasonable tile for these sizes (block_k: K rounded up to a power of two, at least 16).
+RecurrentTile default_tile(std::int64_t key_dim, std::int64_t value_dim);
+// What is wrong with a tile for these sizes (empty: usable).
+std::vector<std::string> validate_tile(const RecurrentTile& tile, std::int64_t key_dim, std::int64_t value_dim);
+std::string to_string(const RecurrentTile& tile);  // "block_k=64 block_v=32 warps=4"
+
+// Throws InvalidArgument for a malformed variant, a tile that fails validate_tile's
+// size-independent rules, or input_types of the wrong length.
+RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKernelSpec& spec);
+
+}  // namespace ladle::cuda

@@ -1,0 +1,26 @@
+// Renders one IR expression as a C/CUDA float expression, so that a generated kernel
+// computes gate math inline, next to the loads it needs (logsigmoid(x) / 16 costs no pass
+// over memory). The caller names each input load; everything else is plain C math
+// (expf, log1pf, fminf, ...) that both nvcc/NVRTC and a host C compiler accept.
+// logsigmoid and softplus use forms that neither overflow nor lose the small tail for
+// large |x|: logsigmoid(x) = min(x, 0) - log1p(exp(-|x|)).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <ladle/dsl/ir.h>
+
+namespace ladle::ir {
+
+// Returns the C expression that reads `input` (variant.inputs[index]) at the current
+// token, head and feature index, e.g. "load_f32(g, off + i)" or "x_t[i]".
+using LoadFn = std::function<std::string(const Input& input, std::int32_t index)>;
+
+std::string render_c(const Variant& variant, const Expr& expr, const LoadFn& load);
+
+// A float as a C literal that reads back exactly: 0.0625f, -2.5f, 1e-10f. Finite values only.
+std::string render_c_literal(float value);
+
+}  // namespace ladle::ir

@@ -1,0 +1,68 @@
+// A non-owning view of a host tensor (pointer, element type, shape, strides in elements):
+// what the CPU path reads and writes and what the ops take. It stands in until
+// ladle::Tensor (runtime/tensor.h) is merged; the ops will then gain Tensor overloads that
+// make one of these, so nothing below the ops needs to change. The enumerators follow
+// ladle::DType's order so that the mapping is a cast.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ladle {
+
+enum class ElementType : std::uint8_t { f32, f16, bf16, f64, i32, i64, u8 };
+
+constexpr const char* element_type_name(ElementType type) {
+  switch (type) {
+    case ElementType::f32: return "f32";
+    case ElementType::f16: return "f16";
+    case ElementType::bf16: return "bf16";
+    case ElementType::f64: return "f64";
+    case ElementType::i32: return "i32";
+    case ElementType::i64: return "i64";
+    case ElementType::u8: return "u8";
+  }
+  return "?";
+}
+
+constexpr std::size_t element_size(ElementType type) {
+  switch (type) {
+    case ElementType::f64:
+    case ElementType::i64: return 8;
+    case ElementType::f32:
+    case ElementType::i32: return 4;
+    case ElementType::f16:
+    case ElementType::bf16: return 2;
+    case ElementType::u8: return 1;
+  }
+  return 0;
+}
+
+struct TensorView {
+  // Inputs are only read through a view; the const is dropped so that one type serves both.
+  void* data = nullptr;
+  ElementType type = ElementType::f32;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;  // in elements; may be 0 (broadcast) or negative
+
+  int rank() const { return static_cast<int>(shape.size()); }
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (std::int64_t s : shape) n *= s;
+    return n;
+  }
+
+  // A dense row-major view.
+  static TensorView contiguous(const void* data, ElementType type, std::vector<std::int64_t> shape) {
+    TensorView view;
+    view.data = const_cast<void*>(data);
+    view.type = type;
+    view.strides.assign(shape.size(), 1);
+    for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) view.strides[d] = view.strides[d + 1] * shape[d + 1];
+    view.shape = std::move(shape);
+    return view;
+  }
+};
+
+}  // namespace ladle

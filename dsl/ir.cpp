@@ -1,0 +1,434 @@
+#include "ir.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace ladle::ir {
+
+bool is_unary(Op op) { return op >= Op::neg && op <= Op::silu; }
+bool is_binary(Op op) { return op >= Op::add && op <= Op::pow; }
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::constant: return "constant";
+    case Op::input: return "input";
+    case Op::neg: return "neg";
+    case Op::abs: return "abs";
+    case Op::exp: return "exp";
+    case Op::log: return "log";
+    case Op::sqrt: return "sqrt";
+    case Op::sigmoid: return "sigmoid";
+    case Op::logsigmoid: return "logsigmoid";
+    case Op::softplus: return "softplus";
+    case Op::tanh: return "tanh";
+    case Op::elu: return "elu";
+    case Op::relu: return "relu";
+    case Op::silu: return "silu";
+    case Op::add: return "add";
+    case Op::sub: return "sub";
+    case Op::mul: return "mul";
+    case Op::div: return "div";
+    case Op::min: return "min";
+    case Op::max: return "max";
+    case Op::pow: return "pow";
+  }
+  return "?";
+}
+
+const char* slot_name(Slot slot) {
+  switch (slot) {
+    case Slot::q_feature: return "q_feature";
+    case Slot::k_feature: return "k_feature";
+    case Slot::v: return "v";
+    case Slot::log_decay_k: return "log_decay_k";
+    case Slot::log_decay_v: return "log_decay_v";
+    case Slot::log_decay_head: return "log_decay_head";
+    case Slot::scale: return "scale";
+    case Slot::count: break;
+  }
+  return "?";
+}
+
+const char* kind_name(InputKind kind) {
+  switch (kind) {
+    case InputKind::token_key: return "token_key";
+    case InputKind::token_value: return "token_value";
+    case InputKind::token_head: return "token_head";
+    case InputKind::head: return "head";
+    case InputKind::scalar: return "scalar";
+  }
+  return "?";
+}
+
+const char* role_name(Role role) {
+  switch (role) {
+    case Role::query: return "query";
+    case Role::key: return "key";
+    case Role::value: return "value";
+    case Role::other: return "other";
+  }
+  return "?";
+}
+
+std::string shape_of(InputKind kind, Role role) {
+  const bool kv = role == Role::key || role == Role::value;
+  const std::string heads = kv ? "H_kv" : "H";
+  switch (kind) {
+    case InputKind::token_key: return "[B,T," + heads + ",K]";
+    case InputKind::token_value: return "[B,T," + heads + ",V]";
+    case InputKind::token_head: return "[B,T," + heads + "]";
+    case InputKind::head: return "[H] or [B,H]";
+    case InputKind::scalar: return "scalar";
+  }
+  return "?";
+}
+
+int Variant::find_input(const std::string& input_name) const {
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].name == input_name) return static_cast<int>(i);
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------
+// Extents
+
+namespace {
+
+bool operands_valid(const Expr& expr, std::size_t i) {
+  const Node& n = expr.nodes[i];
+  const auto before = [&](std::int32_t j) { return j >= 0 && static_cast<std::size_t>(j) < i; };
+  if (n.op == Op::constant || n.op == Op::input) return n.a < 0 && n.b < 0;
+  if (is_unary(n.op)) return before(n.a) && n.b < 0;
+  return before(n.a) && before(n.b);
+}
+
+}  // namespace
+
+Extent extent(const Variant& variant, const Expr& expr) {
+  std::vector<Extent> of(expr.nodes.size());
+  for (std::size_t i = 0; i < expr.nodes.size(); ++i) {
+    const Node& n = expr.nodes[i];
+    if (!operands_valid(expr, i)) return {true, true, Feature::both};
+    if (n.op == Op::input) {
+      if (n.input < 0 || static_cast<std::size_t>(n.input) >= variant.inputs.size())
+        return {true, true, Feature::both};
+      of[i] = extent_of(variant.inputs[n.input].kind);
+    } else if (n.op == Op::constant) {
+      of[i] = {};
+    } else if (is_unary(n.op)) {
+      of[i] = of[n.a];
+    } else {
+      of[i] = join(of[n.a], of[n.b]);
+    }
+  }
+  return of.empty() ? Extent{} : of.back();
+}
+
+// ---------------------------------------------------------------------------------------
+// Hash: FNV-1a 64 over a canonical encoding. Every field is written explicitly, integers
+// little-endian, so the value depends on nothing but the variant's content.
+
+namespace {
+
+class Fnv1a {
+ public:
+  void byte(std::uint8_t b) {
+    state_ ^= b;
+    state_ *= 0x100000001b3ull;
+  }
+  void u32(std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) byte(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  void i32(std::int32_t v) { u32(static_cast<std::uint32_t>(v)); }
+  void f32(float v) { u32(std::bit_cast<std::uint32_t>(v)); }
+  void str(const std::string& s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    for (char c : s) byte(static_cast<std::uint8_t>(c));
+  }
+  std::uint64_t value() const { return state_; }
+
+ private:
+  std::uint64_t state_ = 0xcbf29ce484222325ull;
+};
+
+}  // namespace
+
+std::uint64_t hash(const Variant& variant) {
+  Fnv1a h;
+  h.str("ladle.ir.recurrent.v1");
+  h.u32(static_cast<std::uint32_t>(variant.inputs.size()));
+  for (const Input& in : variant.inputs) {
+    h.str(in.name);
+    h.byte(static_cast<std::uint8_t>(in.kind));
+    h.byte(static_cast<std::uint8_t>(in.role));
+  }
+  for (const Expr& expr : variant.slots) {
+    h.u32(static_cast<std::uint32_t>(expr.nodes.size()));
+    for (const Node& n : expr.nodes) {
+      h.byte(static_cast<std::uint8_t>(n.op));
+      h.i32(n.a);
+      h.i32(n.b);
+      h.i32(n.input);
+      h.f32(n.op == Op::constant ? n.value : 0.0f);
+    }
+  }
+  h.byte(variant.normalize ? 1 : 0);
+  h.f32(variant.normalize ? variant.normalize_eps : 0.0f);
+  return h.value();
+}
+
+std::string hash_hex(const Variant& variant) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash(variant)));
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------
+// Printing
+
+namespace {
+
+// The shortest decimal that reads back as the same float.
+std::string shortest(float value) {
+  char text[32];
+  for (int precision = 1; precision <= 9; ++precision) {
+    std::snprintf(text, sizeof text, "%.*g", precision, static_cast<double>(value));
+    if (std::strtof(text, nullptr) == value) break;
+  }
+  return text;
+}
+
+// Precedence of what a node prints as: 1 for + -, 2 for * /, 3 for a prefix minus (and
+// negative literals), 4 for names, calls and non-negative literals.
+int precedence(const Node& n) {
+  switch (n.op) {
+    case Op::add:
+    case Op::sub: return 1;
+    case Op::mul:
+    case Op::div: return 2;
+    case Op::neg: return 3;
+    case Op::constant: return std::signbit(n.value) ? 3 : 4;
+    default: return 4;
+  }
+}
+
+std::string print(const Variant& variant, const Expr& expr, std::int32_t i) {
+  const Node& n = expr.nodes[i];
+  switch (n.op) {
+    case Op::constant: return shortest(n.value);
+    case Op::input:
+      return n.input >= 0 && static_cast<std::size_t>(n.input) < variant.inputs.size()
+                 ? variant.inputs[n.input].name
+                 : "<input " + std::to_string(n.input) + ">";
+    case Op::neg: {
+      const std::string a = print(variant, expr, n.a);
+      return precedence(expr.nodes[n.a]) <= 3 ? "-(" + a + ")" : "-" + a;
+    }
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div: {
+      const int p = precedence(n);
+      std::string a = print(variant, expr, n.a), b = print(variant, expr, n.b);
+      if (precedence(expr.nodes[n.a]) < p) a = "(" + a + ")";
+      if (precedence(expr.nodes[n.b]) <= p) b = "(" + b + ")";
+      const char* sign = n.op == Op::add ? " + " : n.op == Op::sub ? " - " : n.op == Op::mul ? " * " : " / ";
+      return a + sign + b;
+    }
+    case Op::min:
+    case Op::max:
+    case Op::pow:
+      return std::string(op_name(n.op)) + "(" + print(variant, expr, n.a) + ", " +
+             print(variant, expr, n.b) + ")";
+    default: return std::string(op_name(n.op)) + "(" + print(variant, expr, n.a) + ")";
+  }
+}
+
+}  // namespace
+
+std::string to_string(const Variant& variant, const Expr& expr) {
+  if (expr.empty()) return "(none)";
+  for (std::size_t i = 0; i < expr.nodes.size(); ++i)
+    if (!operands_valid(expr, i)) return "<malformed expression>";
+  return print(variant, expr, expr.root());
+}
+
+std::string to_string(const Variant& variant) {
+  std::string out = "variant " + (variant.name.empty() ? std::string("(unnamed)") : variant.name) +
+                    "  hash " + hash_hex(variant) + "\n";
+  out += "inputs:\n";
+  for (const Input& in : variant.inputs) {
+    std::string name = in.name;
+    name.resize(std::max<std::size_t>(name.size(), 10), ' ');
+    std::string role = role_name(in.role);
+    role.resize(7, ' ');
+    out += "  " + name + " " + role + shape_of(in.kind, in.role) + "\n";
+  }
+  const auto has = [&](Slot s) { return variant.has(s); };
+  out += "recurrence (per sequence and query head; S is [K,V], fp32):\n  S_t = ";
+  if (has(Slot::log_decay_k)) out += "diag(exp(log_decay_k)) ";
+  out += "S_{t-1}";
+  if (has(Slot::log_decay_v)) out += " diag(exp(log_decay_v))";
+  if (has(Slot::log_decay_head)) out += " exp(log_decay_head)";
+  out += " + k_feature v^T\n";
+  const std::string q = has(Slot::scale) ? "(scale q_feature)" : "q_feature";
+  out += "  o_t = " + q + "^T S_t";
+  if (variant.normalize) {
+    out += " / (" + q + "^T n_t + " + shortest(variant.normalize_eps) + ")\n  n_t = ";
+    if (has(Slot::log_decay_k)) out += "diag(exp(log_decay_k)) ";
+    out += "n_{t-1}";
+    if (has(Slot::log_decay_head)) out += " exp(log_decay_head)";
+    out += " + k_feature";
+  }
+  out += "\nwhere:\n";
+  for (std::size_t s = 0; s < slot_count; ++s) {
+    std::string name = slot_name(static_cast<Slot>(s));
+    name.resize(14, ' ');
+    out += "  " + name + " = " + to_string(variant, variant.slots[s]) + "\n";
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Validation
+
+std::vector<std::string> validate(const Variant& variant) {
+  std::vector<std::string> problems;
+  const auto& inputs = variant.inputs;
+
+  int role_count[4] = {0, 0, 0, 0};
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Input& in = inputs[i];
+    if (in.name.empty()) problems.push_back("input " + std::to_string(i) + " has no name");
+    for (std::size_t j = 0; j < i; ++j)
+      if (inputs[j].name == in.name)
+        problems.push_back("input name '" + in.name + "' is used twice, as " + shape_of(inputs[j].kind, inputs[j].role) +
+                           " (" + role_name(inputs[j].role) + ") and as " + shape_of(in.kind, in.role) + " (" +
+                           role_name(in.role) + ")");
+    ++role_count[static_cast<int>(in.role)];
+    const bool key_axis = in.kind == InputKind::token_key, value_axis = in.kind == InputKind::token_value;
+    if ((in.role == Role::query || in.role == Role::key) && !key_axis)
+      problems.push_back("input '" + in.name + "' has role " + role_name(in.role) + " but is not [B,T,H,K]");
+    if (in.role == Role::value && !value_axis)
+      problems.push_back("input '" + in.name + "' has role value but is not [B,T,H,V]");
+  }
+  for (Role r : {Role::query, Role::key, Role::value})
+    if (role_count[static_cast<int>(r)] > 1)
+      problems.push_back(std::string("more than one input has role ") + role_name(r));
+
+  for (std::size_t s = 0; s < slot_count; ++s) {
+    const Slot slot = static_cast<Slot>(s);
+    const Expr& expr = variant.slots[s];
+    const std::string where = std::string("slot ") + slot_name(slot);
+    if (expr.empty()) {
+      if (slot == Slot::q_feature || slot == Slot::k_feature || slot == Slot::v)
+        problems.push_back(where + " is required but empty");
+      continue;
+    }
+    bool nodes_ok = true;
+    for (std::size_t i = 0; i < expr.nodes.size(); ++i) {
+      const Node& n = expr.nodes[i];
+      if (!operands_valid(expr, i)) {
+        problems.push_back(where + ": node " + std::to_string(i) + " (" + op_name(n.op) +
+                           ") has operands that are missing or not earlier nodes");
+        nodes_ok = false;
+      } else if (n.op == Op::input && (n.input < 0 || static_cast<std::size_t>(n.input) >= inputs.size())) {
+        problems.push_back(where + ": node " + std::to_string(i) + " reads input " + std::to_string(n.input) +
+                           ", which does not exist");
+        nodes_ok = false;
+      } else if (n.op == Op::constant && !std::isfinite(n.value)) {
+        problems.push_back(where + ": constant " + shortest(n.value) + " is not finite");
+      }
+    }
+    if (!nodes_ok) continue;
+    const Extent e = extent(variant, expr);
+    const std::string text = where + " = " + to_string(variant, expr);
+    if (e.feature == Feature::both) {
+      problems.push_back(text + " mixes the key features [..,K] and the value features [..,V]");
+      continue;
+    }
+    switch (slot) {
+      case Slot::q_feature:
+      case Slot::k_feature:
+        if (e.feature != Feature::key) problems.push_back(text + " must vary over the key features [..,K]");
+        break;
+      case Slot::v:
+        if (e.feature != Feature::value) problems.push_back(text + " must vary over the value features [..,V]");
+        break;
+      case Slot::log_decay_k:
+        if (e.feature == Feature::value) problems.push_back(text + " is a key-side decay over the value features");
+        break;
+      case Slot::log_decay_v:
+        if (e.feature == Feature::key) problems.push_back(text + " is a value-side decay over the key features");
+        break;
+      case Slot::log_decay_head:
+      case Slot::scale:
+        if (e.feature != Feature::none) problems.push_back(text + " must not vary over features");
+        break;
+      case Slot::count: break;
+    }
+  }
+  if (variant.normalize && variant.has(Slot::log_decay_v))
+    problems.push_back("normalisation of the read is defined only without a value-side decay");
+  if (variant.normalize && !(variant.normalize_eps >= 0 && std::isfinite(variant.normalize_eps)))
+    problems.push_back("normalize_eps must be finite and non-negative");
+  return problems;
+}
+
+// ---------------------------------------------------------------------------------------
+// Builder
+
+std::int32_t ExprBuilder::add(const Node& node) {
+  for (std::size_t i = 0; i < expr_.nodes.size(); ++i) {
+    const Node& n = expr_.nodes[i];
+    // Constants compare by bits, so that 0 and -0 (and each NaN) stay distinct.
+    const bool same = n.op == node.op && n.a == node.a && n.b == node.b && n.input == node.input &&
+                      std::bit_cast<std::uint32_t>(n.value) == std::bit_cast<std::uint32_t>(node.value);
+    if (same) return static_cast<std::int32_t>(i);
+  }
+  expr_.nodes.push_back(node);
+  return expr_.root();
+}
+
+std::int32_t ExprBuilder::input(const char* input_name, InputKind kind, Role role) {
+  Input wanted{input_name, kind, role};
+  std::int32_t index = -1;
+  for (std::size_t i = 0; i < variant_.inputs.size() && index < 0; ++i)
+    if (variant_.inputs[i] == wanted) index = static_cast<std::int32_t>(i);
+  if (index < 0) {
+    // A name reused with another kind is kept as a second input; validate() reports it.
+    variant_.inputs.push_back(std::move(wanted));
+    index = static_cast<std::int32_t>(variant_.inputs.size()) - 1;
+  }
+  Node n;
+  n.op = Op::input;
+  n.input = index;
+  return add(n);
+}
+
+std::int32_t ExprBuilder::constant(float value) {
+  Node n;
+  n.op = Op::constant;
+  n.value = value;
+  return add(n);
+}
+
+std::int32_t ExprBuilder::unary(Op op, std::int32_t a) {
+  Node n;
+  n.op = op;
+  n.a = a;
+  return add(n);
+}
+
+std::int32_t ExprBuilder::binary(Op op, std::int32_t a, std::int32_t b) {
+  Node n;
+  n.op = op;
+  n.a = a;
+  n.b = b;
+  return add(n);
+}
+
+}  // namespace ladle::ir

@@ -1,0 +1,179 @@
+// The kernel IR of one recurrent-attention variant: what the DSL lowers to and what every
+// backend (the CPU path, the CUDA generator) walks. It is small and closed on purpose: a
+// list of named inputs, and for each slot of the recurrence one elementwise expression DAG
+// evaluated per (token, head, feature index). Users never build it by hand; they write DSL.
+//
+// The recurrence every variant computes (DESIGN.md section 1), per sequence and query head:
+//   S_t = diag(exp(log_decay_k)) S_{t-1} diag(exp(log_decay_v)) exp(log_decay_head)
+//         + k_feature v^T
+//   o_t = (scale q_feature)^T S_t               [ / ((scale q_feature)^T n_t + eps) ]
+// where n_t, present only when `normalize` is set, follows S with v = 1 and no value decay.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ladle::ir {
+
+// What an input varies over, which fixes its shape. H is the number of query heads; the
+// inputs with role key or value have H_kv heads instead (H_kv divides H, GQA).
+enum class InputKind : std::uint8_t {
+  token_key,    // [B,T,H,K]: per token, per head, over the key features
+  token_value,  // [B,T,H,V]: per token, per head, over the value features
+  token_head,   // [B,T,H]:   per token, per head
+  head,         // [H] or [B,H]: a per-head parameter
+  scalar,       // one float, passed by value
+};
+
+// Why the recurrence needs an input: q sets H, k and v set H_kv, everything else (gates,
+// raw gate inputs, parameters) is `other` and is indexed by the query head.
+enum class Role : std::uint8_t { query, key, value, other };
+
+struct Input {
+  std::string name;
+  InputKind kind = InputKind::scalar;
+  Role role = Role::other;
+  friend bool operator==(const Input&, const Input&) = default;
+};
+
+enum class Op : std::uint8_t {
+  constant,
+  input,
+  // unary
+  neg,
+  abs,
+  exp,
+  log,
+  sqrt,
+  sigmoid,
+  logsigmoid,
+  softplus,
+  tanh,
+  elu,
+  relu,
+  silu,
+  // binary
+  add,
+  sub,
+  mul,
+  div,
+  min,
+  max,
+  pow,
+};
+
+bool is_unary(Op op);
+bool is_binary(Op op);
+const char* op_name(Op op);  // "logsigmoid", "add", ...
+
+struct Node {
+  Op op = Op::constant;
+  std::int32_t a = -1, b = -1;  // operands: indices of earlier nodes of the same Expr
+  std::int32_t input = -1;      // Op::input: index into Variant::inputs
+  float value = 0;              // Op::constant
+  friend bool operator==(const Node&, const Node&) = default;
+};
+
+// One elementwise expression, a DAG in topological order (operands before their users);
+// the root is the last node. No nodes: the slot is absent.
+struct Expr {
+  std::vector<Node> nodes;
+  bool empty() const { return nodes.empty(); }
+  std::int32_t root() const { return static_cast<std::int32_t>(nodes.size()) - 1; }
+  friend bool operator==(const Expr&, const Expr&) = default;
+};
+
+// The slots of the recurrence. q_feature, k_feature and v are required; an absent decay is
+// 0 in log space, an absent scale is 1.
+enum class Slot : std::uint8_t {
+  q_feature,       // over the key features
+  k_feature,       // over the key features
+  v,               // over the value features
+  log_decay_k,     // over the key features (or broadcast over them)
+  log_decay_v,     // over the value features (or broadcast over them)
+  log_decay_head,  // per head, possibly per token; never over features
+  scale,           // never over features
+  count,
+};
+inline constexpr std::size_t slot_count = static_cast<std::size_t>(Slot::count);
+const char* slot_name(Slot slot);  // "log_decay_k", ...
+
+struct Variant {
+  std::string name;           // for printouts and kernel names; not part of the hash
+  std::vector<Input> inputs;  // each name once, in order of first use (slot order)
+  std::array<Expr, slot_count> slots;
+  bool normalize = false;     // divide the read by the read of the normaliser n_t
+  float normalize_eps = 1e-10f;
+
+  const Expr& slot(Slot s) const { return slots[static_cast<std::size_t>(s)]; }
+  Expr& slot(Slot s) { return slots[static_cast<std::size_t>(s)]; }
+  bool has(Slot s) const { return !slot(s).empty(); }
+  // Index of the input of that name, or -1.
+  int find_input(const std::string& input_name) const;
+};
+
+// What an expression varies over, from the inputs it reads.
+enum class Feature : std::uint8_t { none, key, value, both /* ill-formed */ };
+struct Extent {
+  bool token = false;
+  bool head = false;
+  Feature feature = Feature::none;
+  friend bool operator==(const Extent&, const Extent&) = default;
+};
+constexpr Extent extent_of(InputKind kind) {
+  switch (kind) {
+    case InputKind::token_key: return {true, true, Feature::key};
+    case InputKind::token_value: return {true, true, Feature::value};
+    case InputKind::token_head: return {true, true, Feature::none};
+    case InputKind::head: return {false, true, Feature::none};
+    case InputKind::scalar: break;
+  }
+  return {};
+}
+// Of two operands of one elementwise operation.
+constexpr Extent join(Extent a, Extent b) {
+  const Feature f = a.feature == Feature::none                        ? b.feature
+                    : b.feature == Feature::none || a.feature == b.feature ? a.feature
+                                                                       : Feature::both;
+  return {a.token || b.token, a.head || b.head, f};
+}
+Extent extent(const Variant& variant, const Expr& expr);
+
+// Same variant (name aside) -> same value, on every run and machine: FNV-1a over a
+// canonical byte encoding (floats by their bits, strings with their lengths).
+std::uint64_t hash(const Variant& variant);
+std::string hash_hex(const Variant& variant);  // 16 lowercase hex digits
+
+// Readable printouts, as the dump tool and the generated kernel's header show them.
+std::string to_string(const Variant& variant, const Expr& expr);  // infix, "logsigmoid(x) / tau"
+std::string to_string(const Variant& variant);                    // the whole variant, many lines
+std::string shape_of(InputKind kind, Role role);                  // "[B,T,H_kv,K]", ...
+const char* kind_name(InputKind kind);
+const char* role_name(Role role);
+
+// Everything wrong with a variant (an empty list: it is well formed): required slots
+// missing, a slot over the wrong axis, operands out of order, one input name used with two
+// kinds, non-finite constants, normalisation together with a value-side decay. The DSL
+// makes most of these impossible; the ops turn the rest into InvalidArgument.
+std::vector<std::string> validate(const Variant& variant);
+
+// Builds one Expr, sharing identical subexpressions, and registers the inputs it reads in
+// the variant. The DSL's lowering drives it; so may another front end.
+class ExprBuilder {
+ public:
+  explicit ExprBuilder(Variant& variant) : variant_(variant) {}
+  std::int32_t input(const char* input_name, InputKind kind, Role role);
+  std::int32_t constant(float value);
+  std::int32_t unary(Op op, std::int32_t a);
+  std::int32_t binary(Op op, std::int32_t a, std::int32_t b);
+  Expr take() { return std::move(expr_); }
+
+ private:
+  std::int32_t add(const Node& node);
+  Variant& variant_;
+  Expr expr_;
+};
+
+}  // namespace ladle::ir

@@ -1,0 +1,294 @@
+#include "bind.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <ladle/runtime/error.h>
+
+namespace ladle::ops {
+
+std::vector<std::int64_t> RecurrentDims::output_shape() const {
+  if (packed) return {T, H, V};
+  return {B, T, H, V};
+}
+
+std::vector<std::int64_t> RecurrentDims::state_shape() const { return {N, H, K, V}; }
+
+namespace {
+
+// One named axis of an expected shape; a value of -1 leaves it free (any size >= 1).
+struct Axis {
+  const char* name;
+  std::int64_t value;
+};
+using Pattern = std::vector<Axis>;
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+// "[B,T,H,K] = [2,64,8,128]"; a free axis shows its name among the values.
+std::string pattern_text(const Pattern& pattern) {
+  std::string names = "[", values = "[";
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (i) {
+      names += ',';
+      values += ',';
+    }
+    names += pattern[i].name;
+    values += pattern[i].value < 0 ? std::string(pattern[i].name) : std::to_string(pattern[i].value);
+  }
+  return names + "] = " + values + "]";
+}
+
+bool matches(const TensorView& view, const Pattern& pattern) {
+  if (view.rank() != static_cast<int>(pattern.size())) return false;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const std::int64_t want = pattern[i].value;
+    if (want < 0 ? view.shape[i] < 1 : view.shape[i] != want) return false;
+  }
+  return true;
+}
+
+class Checker {
+ public:
+  explicit Checker(std::string_view op) : op_(op) {}
+
+  [[noreturn]] void fail(const std::string& message) const { throw InvalidArgument(std::string(op_) + ": " + message); }
+
+  void shape(const char* name, const TensorView& view, const Pattern& pattern) const {
+    if (view.strides.size() != view.shape.size())
+      fail(std::string(name) + " has " + std::to_string(view.strides.size()) + " strides for its " +
+           std::to_string(view.shape.size()) + " dimensions");
+    if (!matches(view, pattern))
+      fail(std::string(name) + " has shape " + shape_text(view.shape) + ", expected " + pattern_text(pattern));
+  }
+  void shape_either(const char* name, const TensorView& view, const Pattern& a, const Pattern& b) const {
+    if (view.strides.size() == view.shape.size() && (matches(view, a) || matches(view, b))) return;
+    fail(std::string(name) + " has shape " + shape_text(view.shape) + ", expected " + pattern_text(a) + " or " +
+         pattern_text(b));
+  }
+  void floating(const char* name, const TensorView& view) const {
+    const ElementType t = view.type;
+    if (t != ElementType::f32 && t != ElementType::f16 && t != ElementType::bf16)
+      fail(std::string(name) + " has dtype " + element_type_name(t) + ", expected f32, f16 or bf16");
+  }
+  void type(const char* name, const TensorView& view, ElementType want, const char* why) const {
+    if (view.type != want)
+      fail(std::string(name) + " has dtype " + element_type_name(view.type) + ", expected " + why + " (" +
+           element_type_name(want) + ")");
+  }
+  void data(const char* name, const TensorView& view) const {
+    if (view.data == nullptr && view.numel() > 0)
+      fail(std::string(name) + " has " + std::to_string(view.numel()) + " elements but no data (a null pointer)");
+  }
+
+ private:
+  std::string_view op_;
+};
+
+// A canonical view for the CPU path: `rank` dimensions, size-1 axes added in front.
+TensorView lead_with_ones(TensorView view, int rank) {
+  while (view.rank() < rank) {
+    view.shape.insert(view.shape.begin(), 1);
+    view.strides.insert(view.strides.begin(), 0);
+  }
+  return view;
+}
+
+std::int64_t integer_at(const TensorView& view, std::int64_t i) {
+  const auto* base = static_cast<const std::byte*>(view.data) + i * view.strides[0] * static_cast<std::int64_t>(element_size(view.type));
+  if (view.type == ElementType::i32) {
+    std::int32_t value;
+    std::memcpy(&value, base, sizeof value);
+    return value;
+  }
+  std::int64_t value;
+  std::memcpy(&value, base, sizeof value);
+  return value;
+}
+
+std::string names_read(const ir::Variant& variant) {
+  std::string out;
+  for (const ir::Input& in : variant.inputs) out += (out.empty() ? "" : ", ") + in.name;
+  return out;
+}
+
+}  // namespace
+
+BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const VariantInputs& inputs,
+                        const RunOptions& options) {
+  const Checker check(op);
+  if (const std::vector<std::string> problems = ir::validate(variant); !problems.empty()) {
+    std::string all;
+    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
+    check.fail("the variant is malformed: " + all);
+  }
+
+  // dtypes: q, k, v share one of f32, f16, bf16.
+  check.floating("q", q);
+  check.type("k", k, q.type, "the dtype of q");
+  check.type("v", v, q.type, "the dtype of q");
+
+  // Ranks: [B,T,H,D], or [T,H,D] for packed sequences.
+  BoundInputs bound;
+  RecurrentDims& d = bound.dims;
+  const bool varlen = options.cu_seqlens.has_value();
+  if (q.rank() == 3 && !varlen)
+    check.fail("q has shape " + shape_text(q.shape) + ", expected [B,T,H,K] (the 3-dimensional [T,H,K] needs cu_seqlens)");
+  if (q.rank() != 4 && q.rank() != 3)
+    check.fail("q has shape " + shape_text(q.shape) + ", expected [B,T,H,K]" + (varlen ? " or [T,H,K]" : ""));
+  d.packed = q.rank() == 3;
+  d.type = q.type;
+  d.B = d.packed ? 1 : q.shape[0];
+  d.T = q.shape[q.rank() - 3];
+  d.H = q.shape[q.rank() - 2];
+  d.K = q.shape[q.rank() - 1];
+  const auto token_pattern = [&](std::int64_t heads, const char* heads_name, std::int64_t features,
+                                 const char* features_name) {
+    Pattern p;
+    if (!d.packed) p.push_back({"B", d.B});
+    p.push_back({"T", d.T});
+    p.push_back({heads_name, heads});
+    if (features_name) p.push_back({features_name, features});
+    return p;
+  };
+  check.shape("q", q, token_pattern(-1, "H", -1, "K"));
+  check.shape("k", k, token_pattern(-1, "H_kv", d.K, "K"));
+  d.H_kv = k.shape[k.rank() - 2];
+  check.shape("v", v, token_pattern(d.H_kv, "H_kv", -1, "V"));
+  d.V = v.shape[v.rank() - 1];
+  if (d.H % d.H_kv != 0)
+    check.fail("q has " + std::to_string(d.H) + " heads, which the " + std::to_string(d.H_kv) +
+               " heads of k and v do not divide (GQA needs H % H_kv == 0)");
+  check.data("q", q);
+  check.data("k", k);
+  check.data("v", v);
+
+  // cu_seqlens [N+1]: batch 1, starts at 0, non-decreasing, ends at T.
+  cpu::RecurrentArgs& args = bound.args;
+  d.N = d.B;
+  if (varlen) {
+    const TensorView& cu = *options.cu_seqlens;
+    if (cu.type != ElementType::i32 && cu.type != ElementType::i64)
+      check.fail(std::string("cu_seqlens has dtype ") + element_type_name(cu.type) + ", expected i32 or i64");
+    if (cu.rank() != 1 || cu.shape[0] < 1 || cu.strides.size() != 1)
+      check.fail("cu_seqlens has shape " + shape_text(cu.shape) + ", expected [N+1] with N >= 0");
+    if (d.B != 1)
+      check.fail("cu_seqlens needs batch 1, but q has batch " + std::to_string(d.B) +
+                 " (pack the sequences into [1,total,H,K])");
+    check.data("cu_seqlens", cu);
+    args.cu_seqlens.resize(static_cast<std::size_t>(cu.shape[0]));
+    for (std::int64_t i = 0; i < cu.shape[0]; ++i) args.cu_seqlens[i] = integer_at(cu, i);
+    const std::vector<std::int64_t>& offsets = args.cu_seqlens;
+    if (offsets[0] != 0) check.fail("cu_seqlens must start at 0, but cu_seqlens[0] = " + std::to_string(offsets[0]));
+    for (std::size_t i = 1; i < offsets.size(); ++i)
+      if (offsets[i] < offsets[i - 1])
+        check.fail("cu_seqlens must be non-decreasing, but cu_seqlens[" + std::to_string(i) + "] = " +
+                   std::to_string(offsets[i]) + " < cu_seqlens[" + std::to_string(i - 1) + "] = " +
+                   std::to_string(offsets[i - 1]));
+    if (offsets.back() > d.T)
+      check.fail("cu_seqlens ends at " + std::to_string(offsets.back()) + ", past the token count T = " + std::to_string(d.T));
+    if (offsets.back() < d.T)
+      check.fail("cu_seqlens ends at " + std::to_string(offsets.back()) + ", before the token count T = " +
+                 std::to_string(d.T) + " (every token must belong to a sequence)");
+    d.N = static_cast<std::int64_t>(offsets.size()) - 1;
+  }
+
+  // The variant's inputs: q, k, v by role, the rest by name.
+  args.tensors.resize(variant.inputs.size());
+  args.scalars.assign(variant.inputs.size(), 0.0f);
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    const ir::Input& in = variant.inputs[i];
+    const char* name = in.name.c_str();
+    if (in.role == ir::Role::query) args.tensors[i] = q;
+    if (in.role == ir::Role::key) args.tensors[i] = k;
+    if (in.role == ir::Role::value) args.tensors[i] = v;
+    if (in.role != ir::Role::other) {
+      args.tensors[i] = lead_with_ones(args.tensors[i], 4);
+      continue;
+    }
+    if (in.kind == ir::InputKind::scalar) {
+      const auto found = inputs.scalars.find(in.name);
+      if (found == inputs.scalars.end())
+        check.fail("the variant reads the scalar " + in.name + ", which was not given" +
+                   (inputs.tensors.count(in.name) ? " (it was given as a tensor; pass it among the scalars)" : ""));
+      args.scalars[i] = found->second;
+      continue;
+    }
+    const auto found = inputs.tensors.find(in.name);
+    if (found == inputs.tensors.end())
+      check.fail("the variant reads " + in.name + " " + ir::shape_of(in.kind, in.role) + ", which was not given" +
+                 (inputs.scalars.count(in.name) ? " (it was given as a scalar; pass it among the tensors)" : ""));
+    const TensorView& view = found->second;
+    check.floating(name, view);
+    switch (in.kind) {
+      case ir::InputKind::token_key: check.shape(name, view, token_pattern(d.H, "H", d.K, "K")); break;
+      case ir::InputKind::token_value: check.shape(name, view, token_pattern(d.H, "H", d.V, "V")); break;
+      case ir::InputKind::token_head: check.shape(name, view, token_pattern(d.H, "H", 0, nullptr)); break;
+      case ir::InputKind::head: check.shape_either(name, view, {{"H", d.H}}, {{"B", d.B}, {"H", d.H}}); break;
+      case ir::InputKind::scalar: break;
+    }
+    check.data(name, view);
+    const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
+    args.tensors[i] = lead_with_ones(view, rank);
+    if (in.kind == ir::InputKind::head) args.tensors[i].shape[0] = d.B;  // [H] broadcasts over B
+  }
+  const auto known = [&](const std::string& name) {
+    const int index = variant.find_input(name);
+    if (index < 0) check.fail(name + " is not an input of the variant (it reads " + names_read(variant) + ")");
+    if (variant.inputs[index].role != ir::Role::other)
+      check.fail(name + " is given among the named inputs, but the variant takes it as " +
+                 ir::role_name(variant.inputs[index].role) + " (the q, k, v arguments)");
+  };
+  for (const auto& entry : inputs.tensors) known(entry.first);
+  for (const auto& entry : inputs.scalars) known(entry.first);
+
+  if (options.initial_state) {
+    const TensorView& h0 = *options.initial_state;
+    check.floating("initial_state", h0);
+    check.shape("initial_state", h0, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
+    check.data("initial_state", h0);
+    args.initial_state = h0;
+  }
+
+  args.batch = d.B;
+  args.tokens = d.T;
+  args.heads = d.H;
+  args.key_dim = d.K;
+  args.value_dim = d.V;
+  args.reverse = options.reverse;
+  args.threads = options.threads;
+  return bound;
+}
+
+void bind_outputs(std::string_view op, const RunOptions& options, const RecurrentOutputs& outputs,
+                  BoundInputs& bound) {
+  const Checker check(op);
+  const RecurrentDims& d = bound.dims;
+  check.type("o", outputs.o, d.type, "the dtype of q");
+  Pattern o_pattern;
+  if (!d.packed) o_pattern.push_back({"B", d.B});
+  o_pattern.insert(o_pattern.end(), {{"T", d.T}, {"H", d.H}, {"V", d.V}});
+  check.shape("o", outputs.o, o_pattern);
+  check.data("o", outputs.o);
+  bound.args.output = lead_with_ones(outputs.o, 4);
+  if (options.return_state && !outputs.final_state)
+    check.fail("return_state is set but no final_state output was given");
+  if (outputs.final_state) {
+    const TensorView& ht = *outputs.final_state;
+    check.type("final_state", ht, ElementType::f32, "the fp32 state");
+    check.shape("final_state", ht, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
+    check.data("final_state", ht);
+    bound.args.final_state = ht;
+  }
+}
+
+}  // namespace ladle::ops

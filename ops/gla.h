@@ -1,0 +1,29 @@
+// Gated linear attention: recurrent() with the key-side gate g [B,T,H,K] only (plus an
+// optional per-head g_gamma), written as its own DSL expression:
+//   read(scan(k, v).decay_k(g)[.decay_head(g_gamma)], q, scale)
+// Same shapes, dtypes and defaults as recurrent.h.
+#pragma once
+
+#include <optional>
+
+#include "variant.h"
+
+namespace ladle {
+
+struct GlaOptions {
+  std::optional<TensorView> g_gamma;        // [H] or [B,H]
+  std::optional<float> scale;               // default 1/sqrt(K)
+  std::optional<TensorView> initial_state;  // [N,H,K,V]
+  bool reverse = false;
+  std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64
+  bool return_state = false;                // final_state [N,H,K,V] f32
+};
+
+RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                    const GlaOptions& options = {});
+void gla_into(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+              const GlaOptions& options, const RecurrentOutputs& outputs);
+
+const ir::Variant& gla_variant(bool g_gamma);
+
+}  // namespace ladle

@@ -1,0 +1,87 @@
+#include "recurrent.h"
+
+#include <array>
+#include <cmath>
+
+#include <ladle/dsl/dsl.h>
+
+#include "named_op.h"
+
+namespace ladle {
+
+namespace {
+
+// Calls next(decay(state)) or next(state): each set of present gates is its own expression
+// type, so the choice made at run time picks one of the instantiations.
+template <class State, class Decay, class Next>
+ir::Variant optionally(bool on, const State& state, Decay decay, Next next) {
+  return on ? next(decay(state)) : next(state);
+}
+
+ir::Variant lower_recurrent(bool has_g, bool has_gk, bool has_gv, bool has_g_gamma) {
+  constexpr auto g = dsl::token_key("g");
+  constexpr auto gk = dsl::token_key("gk");
+  constexpr auto gv = dsl::token_value("gv");
+  constexpr auto g_gamma = dsl::head_param("g_gamma");
+  constexpr auto scale = dsl::scalar("scale");
+  return optionally(has_g, dsl::scan(dsl::k, dsl::v), [&](const auto& s) { return s.decay_k(g); }, [&](const auto& s1) {
+    return optionally(has_gk, s1, [&](const auto& s) { return s.decay_k(gk); }, [&](const auto& s2) {
+      return optionally(has_gv, s2, [&](const auto& s) { return s.decay_v(gv); }, [&](const auto& s3) {
+        return optionally(has_g_gamma, s3, [&](const auto& s) { return s.decay_head(g_gamma); }, [&](const auto& s4) {
+          return dsl::lower(dsl::read(s4, dsl::q, scale), "recurrent");
+        });
+      });
+    });
+  });
+}
+
+const ir::Variant& variant_for(const RecurrentOptions& o) {
+  return recurrent_variant(o.g.has_value(), o.gk.has_value(), o.gv.has_value(), o.g_gamma.has_value());
+}
+
+}  // namespace
+
+const ir::Variant& recurrent_variant(bool g, bool gk, bool gv, bool g_gamma) {
+  static const std::array<ir::Variant, 16> variants = [] {
+    std::array<ir::Variant, 16> all;
+    for (unsigned bits = 0; bits < 16; ++bits) all[bits] = lower_recurrent(bits & 1, bits & 2, bits & 4, bits & 8);
+    return all;
+  }();
+  return variants[(g ? 1 : 0) | (gk ? 2 : 0) | (gv ? 4 : 0) | (g_gamma ? 8 : 0)];
+}
+
+RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const RecurrentOptions& options) {
+  return run_variant(variant_for(options), q, k, v, ops::named_inputs(q, options), ops::run_options(options));
+}
+
+void recurrent_into(const TensorView& q, const TensorView& k, const TensorView& v,
+                    const RecurrentOptions& options, const RecurrentOutputs& outputs) {
+  run_variant_into(variant_for(options), q, k, v, ops::named_inputs(q, options), ops::run_options(options), outputs);
+}
+
+namespace ops {
+
+VariantInputs named_inputs(const TensorView& q, const RecurrentOptions& options) {
+  VariantInputs inputs;
+  if (options.g) inputs.tensors.emplace("g", *options.g);
+  if (options.gk) inputs.tensors.emplace("gk", *options.gk);
+  if (options.gv) inputs.tensors.emplace("gv", *options.gv);
+  if (options.g_gamma) inputs.tensors.emplace("g_gamma", *options.g_gamma);
+  const float k_dim = q.rank() > 0 && q.shape.back() > 0 ? static_cast<float>(q.shape.back()) : 1.0f;
+  inputs.scalars.emplace("scale", options.scale.value_or(1.0f / std::sqrt(k_dim)));
+  return inputs;
+}
+
+RunOptions run_options(const RecurrentOptions& options) {
+  RunOptions run;
+  run.initial_state = options.initial_state;
+  run.cu_seqlens = options.cu_seqlens;
+  run.reverse = options.reverse;
+  run.return_state = options.return_state;
+  return run;
+}
+
+}  // namespace ops
+
+}  // namespace ladle

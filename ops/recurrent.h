@@ -1,0 +1,40 @@
+// recurrent attention (DESIGN.md section 1), on the CPU path for now:
+//   S_t = diag(exp(g_t + gk_t)) S_{t-1} diag(exp(gv_t)) exp(g_gamma[h]) + k_t v_t^T
+//   o_t = (scale q_t)^T S_t
+// q [B,T,H,K]; k [B,T,H_kv,K] and v [B,T,H_kv,V] with H_kv dividing H (GQA); g, gk
+// [B,T,H,K]; gv [B,T,H,V]; g_gamma [H] or [B,H]; every gate optional and in log space.
+// scale defaults to 1/sqrt(K). Inputs f32, f16 or bf16; state and accumulation fp32; o in
+// the dtype of q. With cu_seqlens [N+1] the batch is 1 (inputs [1,T,H,D] or [T,H,D]) and
+// each sequence runs from its own initial_state[n] to its own final_state[n].
+// The op is a DSL expression: read(scan(k, v).decay_k(g).decay_k(gk).decay_v(gv)
+// .decay_head(g_gamma), q, scale), with the absent gates left out.
+#pragma once
+
+#include <optional>
+
+#include "variant.h"
+
+namespace ladle {
+
+struct RecurrentOptions {
+  std::optional<TensorView> g;              // [B,T,H,K]
+  std::optional<TensorView> g_gamma;        // [H] or [B,H]
+  std::optional<TensorView> gk;             // [B,T,H,K]
+  std::optional<TensorView> gv;             // [B,T,H,V]
+  std::optional<float> scale;               // default 1/sqrt(K)
+  std::optional<TensorView> initial_state;  // [N,H,K,V]
+  bool reverse = false;
+  std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64
+  bool return_state = false;                // final_state [N,H,K,V] f32
+};
+
+RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const RecurrentOptions& options = {});
+// Writes into caller-owned outputs (o, and final_state when given or asked for).
+void recurrent_into(const TensorView& q, const TensorView& k, const TensorView& v,
+                    const RecurrentOptions& options, const RecurrentOutputs& outputs);
+
+// The lowered expression recurrent() runs for this set of gates (for dumps and codegen).
+const ir::Variant& recurrent_variant(bool g, bool gk, bool gv, bool g_gamma);
+
+}  // namespace ladle

@@ -1,0 +1,54 @@
+// Runs any recurrent variant built with the DSL: q, k and v by position, every further
+// input by the name the expression gave it. The named ops (recurrent, gla) are thin
+// wrappers over this; so is a researcher's new gate:
+//   auto variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(x) / tau),
+//                                       dsl::q, dsl::scalar("scale")), "custom_gate");
+//   auto result = ladle::run_variant(variant, q, k, v, {{{"x", x}, {"tau", tau}}, {{"scale", 0.125f}}});
+// Shapes follow DESIGN.md section 1: q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V], per-token
+// inputs [B,T,H,K|V] or [B,T,H], per-head inputs [H] or [B,H]; with cu_seqlens the batch is
+// 1 and per-token inputs may drop it. Every mismatch throws InvalidArgument naming the input.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include <ladle/dsl/ir.h>
+
+#include "host_tensor.h"
+
+namespace ladle {
+
+struct VariantInputs {
+  std::map<std::string, TensorView> tensors;  // by input name
+  std::map<std::string, float> scalars;       // by input name
+};
+
+struct RunOptions {
+  std::optional<TensorView> initial_state;  // [N,H,K,V], f32 (f16, bf16 are widened)
+  std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64: packed sequences
+  bool reverse = false;                     // t = T..1
+  bool return_state = false;                // also return final_state [N,H,K,V] f32
+  int threads = 0;                          // CPU threads; 0: one per hardware thread
+};
+
+struct RecurrentResult {
+  HostTensor o;                            // [B,T,H,V] (the rank of q), the dtype of q
+  std::optional<HostTensor> final_state;   // [N,H,K,V] f32, when return_state
+};
+
+// Caller-owned outputs: o must match q's layout with V features and q's dtype;
+// final_state, when given, is written (and must be given when return_state is set).
+struct RecurrentOutputs {
+  TensorView o;
+  std::optional<TensorView> final_state;
+};
+
+RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const VariantInputs& inputs = {},
+                            const RunOptions& options = {});
+void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                      const RecurrentOutputs& outputs);
+
+}  // namespace ladle

@@ -1,0 +1,125 @@
+// The generated CUDA kernels the codegen-cuda_recurrent test checks: every gate
+// combination, 16-bit types, packed sequences with states, GQA, masked K and V, several
+// tiles, user variants, awkward input names. cuda_emit renders them at build time for the
+// host emulation; the test renders them again for nvcc and checks the names agree.
+#pragma once
+
+#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/dsl/dsl.h>
+#include <ladle/ops/recurrent.h>
+
+#include <string>
+#include <vector>
+
+namespace cuda_cases {
+
+struct Case {
+  std::string name;
+  ladle::ir::Variant variant;
+  ladle::cuda::RecurrentKernelSpec spec;
+  int B = 2, T = 7, H = 4, H_kv = 2, K = 8, V = 12;
+  std::vector<std::int64_t> cu_seqlens;  // packed sequences when not empty (then B = 1)
+};
+
+inline std::vector<Case> all() {
+  using namespace ladle;
+  using E = ElementType;
+  std::vector<Case> cases;
+  // Fills the spec's types (q, k, v and o in `io`, other tensors in `gates`) and the tile.
+  const auto add = [&](Case c, E io, E gates, const cuda::RecurrentTile* tile = nullptr) {
+    c.spec.input_types.clear();
+    for (const ir::Input& in : c.variant.inputs)
+      c.spec.input_types.push_back(in.kind == ir::InputKind::scalar ? E::f32 : in.role == ir::Role::other ? gates : io);
+    c.spec.output_type = io;
+    c.spec.tile = tile ? *tile : cuda::default_tile(c.K, c.V);
+    c.spec.varlen = !c.cu_seqlens.empty();
+    if (c.spec.varlen) c.B = 1, c.T = static_cast<int>(c.cu_seqlens.back());
+    cases.push_back(std::move(c));
+  };
+
+  for (unsigned gates = 0; gates < 16; ++gates) {
+    Case c;
+    c.name = "recurrent gates " + std::to_string(gates);
+    c.variant = recurrent_variant(gates & 1, gates & 2, gates & 4, gates & 8);
+    c.spec.reverse = gates % 2 == 1;
+    c.spec.initial_state = c.spec.final_state = gates % 3 == 0;
+    add(c, E::f32, E::f32);
+  }
+  {
+    Case c;
+    c.name = "f16, packed, i32 offsets, states";
+    c.variant = recurrent_variant(true, true, true, true);
+    c.cu_seqlens = {0, 3, 3, 9};
+    c.spec.cu_seqlens_type = E::i32;
+    c.spec.initial_state = c.spec.final_state = true;
+    add(c, E::f16, E::f16);
+    c.name = "bf16, packed, reverse, bf16 initial state";
+    c.spec.cu_seqlens_type = E::i64;
+    c.spec.reverse = true;
+    c.spec.initial_state_type = E::bf16;
+    add(c, E::bf16, E::f32);
+  }
+  {
+    const cuda::RecurrentTile one_warp{16, 8, 1}, wide{32, 32, 2}, one_group{16, 64, 2}, tall{64, 4, 1};
+    Case c;
+    c.variant = recurrent_variant(true, false, true, true);
+    c.spec.initial_state = c.spec.final_state = true;
+    c.name = "GQA 6/3, K=5 V=7 masked, one warp";
+    c.H = 6, c.H_kv = 3, c.K = 5, c.V = 7;
+    add(c, E::f32, E::f32, &one_warp);
+    c.name = "K=32 V=40 over two value blocks";
+    c.H = 2, c.H_kv = 1, c.K = 32, c.V = 40;
+    add(c, E::f32, E::bf16, &wide);
+    c.name = "one row group";
+    c.K = 16, c.V = 20;
+    add(c, E::bf16, E::bf16, &one_group);
+    c.name = "more key rows than threads";
+    c.K = 40, c.V = 6;
+    c.spec.reverse = true;
+    add(c, E::f16, E::f32, &tall);
+  }
+  {
+    const auto x = dsl::token_key("x");
+    const auto tau = dsl::head_param("tau");
+    Case c;
+    c.name = "custom gate logsigmoid(x) / tau";
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(x) / tau), dsl::q, dsl::scalar("scale")), "custom_gate");
+    add(c, E::f32, E::f32);
+    add(c, E::bf16, E::f32);
+  }
+  {
+    Case c;
+    c.name = "feature maps, normalised read, packed";
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::elu(dsl::k) + 1, dsl::v).decay_k(dsl::token_key("g")), dsl::elu(dsl::q) + 1,
+                                     dsl::scalar("scale"))
+                               .normalized(1e-6f),
+                           "normalised");
+    c.cu_seqlens = {0, 4, 10};
+    c.spec.final_state = true;
+    add(c, E::f32, E::f32);
+  }
+  {
+    Case c;
+    c.name = "token gate per head, value-side raw gate, per-head and per-token scale";
+    const auto u = dsl::token_value("u");
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v * dsl::sigmoid(u))
+                                         .decay_head(dsl::token_head("g_t"))
+                                         .decay_v(-dsl::softplus(dsl::token_value("y"))),
+                                     dsl::q, dsl::scalar("scale") * dsl::head_param("s") * dsl::exp(dsl::token_head("g_t"))),
+                           "mixed");
+    c.spec.initial_state = true;
+    add(c, E::f32, E::f16);
+  }
+  {
+    Case c;
+    c.name = "input names that clash with the template or C++";
+    c.variant = dsl::lower(
+        dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("state") / dsl::head_param("int") + dsl::token_key("x-y") * 0),
+                  dsl::q, dsl::scalar("read_scale")),
+        "clashing");
+    add(c, E::f32, E::f32);
+  }
+  return cases;
+}
+
+}  // namespace cuda_cases

@@ -1,0 +1,309 @@
+// The fused recurrent CUDA generator. Its kernels are checked three ways without a GPU:
+// the text (header, names), a host emulation of the CUDA execution model that runs every
+// kernel of cuda_cases.h against the CPU path (itself checked against the fp64 reference),
+// and nvcc, which must compile every kernel to PTX for sm_90a.
+#include <catch2/catch.hpp>
+
+#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/ops/bind.h>
+#include <ladle/runtime/error.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "cuda_cases.h"
+#include "cuda_emulation.h"
+#include "emulated_kernels.inc"
+#include "support/tensors.h"
+
+using namespace ladle;
+
+namespace {
+
+std::string find_case_source(const std::string& name) {
+  for (const cuda_cases::Case& c : cuda_cases::all())
+    if (c.name == name) return cuda::generate_recurrent(c.variant, c.spec).source;
+  FAIL("no case " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("the source opens with the printed variant and the config, and uses the expression's names", "[codegen][cuda]") {
+  const cuda_cases::Case c = cuda_cases::all()[17];  // bf16, packed, reverse, states
+  const cuda::RecurrentKernel kernel = cuda::generate_recurrent(c.variant, c.spec);
+  INFO(kernel.source);
+  std::istringstream printed(ir::to_string(c.variant));
+  for (std::string line; std::getline(printed, line);) CHECK_THAT(kernel.source, Catch::Contains("// " + line + "\n"));
+  CHECK_THAT(kernel.source, Catch::StartsWith("// ladle: fused recurrent kernel " + kernel.name + "\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("// config: block_k=16 block_v=16 warps=4 (128 threads); requires K <= 16\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("// reverse=1 varlen=1 initial_state=1 final_state=1\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("// types: q bf16, k bf16, v bf16, g f32, gk f32, gv f32, g_gamma f32, o bf16, state f32 (initial_state bf16)\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("extern \"C\" __global__ void __launch_bounds__(128) " + kernel.name + "("));
+  CHECK_THAT(kernel.source, Catch::Contains("decay_k[i] = in_range ? expf((g_i + gk_i) + head_log_decay) : 1.0f;"));
+  CHECK_THAT(kernel.source, Catch::Contains("decay_v[jv_local] = in_range ? expf(gv_j) : 1.0f;"));
+  CHECK_THAT(kernel.source, Catch::Contains("state[r] = state[r] * decay_k[i] * decay_v[column] + k_feature[i] * v_feature[column];"));
+  CHECK_THAT(kernel.source, Catch::Contains("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];"));
+  CHECK_THAT(kernel.source, Catch::Contains("const ladle_bf16* __restrict__ initial_state,"));
+  CHECK(kernel.threads == 128);
+  CHECK(kernel.block_v == 16);
+
+  // The parameters are declared in the order params lists them.
+  std::size_t at = kernel.source.find(kernel.name + "(");
+  for (const cuda::KernelParam& p : kernel.params) {
+    const std::size_t next = kernel.source.find(" " + p.name + (&p == &kernel.params.back() ? ")" : ","), at);
+    INFO(p.name);
+    REQUIRE(next != std::string::npos);
+    at = next;
+  }
+}
+
+TEST_CASE("the same variant and spec give the same source; each spec change renames the kernel", "[codegen][cuda]") {
+  const cuda_cases::Case c = cuda_cases::all()[5];
+  const cuda::RecurrentKernel a = cuda::generate_recurrent(c.variant, c.spec);
+  CHECK(cuda::generate_recurrent(c.variant, c.spec).source == a.source);
+  std::vector<cuda::RecurrentKernelSpec> specs(6, c.spec);
+  specs[0].reverse = !specs[0].reverse;
+  specs[1].tile.warps = 2;
+  specs[2].output_type = ElementType::bf16;
+  specs[3].input_types[0] = ElementType::f16;
+  specs[4].final_state = !specs[4].final_state;
+  specs[5].varlen = !specs[5].varlen;
+  std::set<std::string> names = {a.name};
+  for (const auto& spec : specs) CHECK(names.insert(cuda::generate_recurrent(c.variant, spec).name).second);
+}
+
+TEST_CASE("inputs named like the template's locals or C++ words are renamed, the others keep their names", "[codegen][cuda]") {
+  const std::string source = find_case_source("input names that clash with the template or C++");
+  CHECK_THAT(source, Catch::Contains("const float* __restrict__ in3_state,"));
+  CHECK_THAT(source, Catch::Contains("const float* __restrict__ in4_int,"));
+  CHECK_THAT(source, Catch::Contains("const float* __restrict__ x_y,"));
+  CHECK_THAT(source, Catch::Contains("float in6_read_scale,"));
+  CHECK_THAT(source, Catch::Contains("const float* __restrict__ q,"));
+}
+
+TEST_CASE("tiles are validated", "[codegen][cuda]") {
+  CHECK(cuda::validate_tile({64, 32, 4}, 64, 64).empty());
+  CHECK(cuda::validate_tile(cuda::default_tile(256, 256), 256, 256).empty());
+  CHECK(cuda::validate_tile(cuda::default_tile(5, 3), 5, 3).empty());
+  CHECK(cuda::validate_tile({64, 32, 4}, 65, 8) == std::vector<std::string>{"K = 65 exceeds block_k = 64"});
+  CHECK(cuda::validate_tile({64, 32, 3}, 8, 8).front() == "warps = 3, expected 1, 2, 4 or 8");
+  CHECK(cuda::validate_tile({48, 32, 4}, 8, 8).front() == "block_k = 48, expected a power of two up to 256");
+  CHECK(cuda::validate_tile({64, 64, 1}, 8, 8).front() == "block_v = 64, expected a power of two up to the 32 threads");
+  CHECK_THAT(cuda::validate_tile({256, 32, 1}, 8, 8).front(), Catch::Contains("each thread would keep 256 state rows"));
+
+  const cuda_cases::Case c = cuda_cases::all()[0];
+  cuda::RecurrentKernelSpec bad = c.spec;
+  bad.tile.warps = 3;
+  REQUIRE_THROWS_AS(cuda::generate_recurrent(c.variant, bad), InvalidArgument);
+  bad = c.spec;
+  bad.input_types.pop_back();
+  REQUIRE_THROWS_WITH(cuda::generate_recurrent(c.variant, bad), Catch::Contains("input_types has 3 entries, expected one per input (4)"));
+  bad = c.spec;
+  bad.output_type = ElementType::f64;
+  REQUIRE_THROWS_WITH(cuda::generate_recurrent(c.variant, bad), Catch::Contains("output_type f64"));
+}
+
+namespace {
+
+// Random inputs for every input of a case, bound as the ops bind them.
+struct Bound {
+  std::deque<HostTensor> store;
+  ops::BoundInputs inputs;
+  RunOptions options;
+  int sequences = 0;
+};
+
+Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
+  Bound bound;
+  std::mt19937_64 rng(seed);
+  const auto keep = [&](test::Filled f) { return bound.store.emplace_back(std::move(f.tensor)).view(); };
+  const ir::Variant& variant = c.variant;
+  TensorView q, k, v;
+  VariantInputs named;
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    const ir::Input& in = variant.inputs[i];
+    const ElementType type = c.spec.input_types[i];
+    const int heads = in.role == ir::Role::key || in.role == ir::Role::value ? c.H_kv : c.H;
+    const std::int64_t features = in.kind == ir::InputKind::token_value ? c.V : c.K;
+    std::vector<std::int64_t> shape = {c.B, c.T, heads, features};
+    if (in.kind == ir::InputKind::token_head) shape.pop_back();
+    if (in.kind == ir::InputKind::head) shape = {c.H};
+    const bool gate = in.name == "g" || in.name == "gk" || in.name == "gv" || in.name == "g_t" || in.name == "state";
+    std::uniform_real_distribution<double> positive(in.name == "tau" ? 4.0 : 0.5, in.name == "tau" ? 32.0 : 1.5);
+    if (in.kind == ir::InputKind::scalar) {
+      named.scalars[in.name] = 0.4f;
+    } else if (in.name == "g_gamma") {
+      named.tensors[in.name] = keep(test::filled(type, shape, [] { return -0.05; }));
+    } else if (in.kind == ir::InputKind::head) {
+      named.tensors[in.name] = keep(test::filled(type, shape, [&] { return positive(rng); }));
+    } else {
+      const TensorView view = keep(gate ? test::log_gate(rng, type, shape) : test::normal(rng, type, shape));
+      if (in.role == ir::Role::query) q = view;
+      else if (in.role == ir::Role::key) k = view;
+      else if (in.role == ir::Role::value) v = view;
+      else named.tensors[in.name] = view;
+    }
+  }
+  bound.sequences = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
+  if (!c.cu_seqlens.empty()) {
+    HostTensor& offsets = bound.store.emplace_back(ElementType::i64, std::vector<std::int64_t>{std::int64_t(c.cu_seqlens.size())});
+    std::memcpy(offsets.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
+    bound.options.cu_seqlens = offsets.view();
+  }
+  if (c.spec.initial_state)
+    bound.options.initial_state = keep(test::normal(rng, c.spec.initial_state_type, {bound.sequences, c.H, c.K, c.V}));
+  bound.options.reverse = c.spec.reverse;
+  bound.options.return_state = c.spec.final_state;
+  bound.inputs = ops::bind_inputs(c.name, variant, q, k, v, named, bound.options);
+  return bound;
+}
+
+// The kernel's argument array, packed from the bound arguments as a launcher packs it.
+class Arguments {
+ public:
+  Arguments(const cuda::RecurrentKernel& kernel, const cuda_cases::Case& c, const cpu::RecurrentArgs& args) {
+    using Role = cuda::KernelParam::Role;
+    for (const cuda::KernelParam& p : kernel.params) {
+      const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
+      const bool head_param = p.input >= 0 && c.variant.inputs[p.input].kind == ir::InputKind::head;
+      switch (p.role) {
+        case Role::input:
+          if (p.type == cuda::KernelParam::Type::f32) push(args.scalars[p.input]);
+          else push(static_cast<const void*>(view->data));
+          break;
+        case Role::input_stride_b: push(static_cast<long long>(view->strides[0])); break;
+        case Role::input_stride_t: push(static_cast<long long>(view->strides[1])); break;
+        case Role::input_stride_h: push(static_cast<long long>(view->strides[head_param ? 1 : 2])); break;
+        case Role::input_stride_d: push(static_cast<long long>(view->strides[3])); break;
+        case Role::input_heads: push(static_cast<int>(view->shape[head_param ? 1 : 2])); break;
+        case Role::output: push(static_cast<const void*>(args.output.data)); break;
+        case Role::output_stride_b: push(static_cast<long long>(args.output.strides[0])); break;
+        case Role::output_stride_t: push(static_cast<long long>(args.output.strides[1])); break;
+        case Role::output_stride_h: push(static_cast<long long>(args.output.strides[2])); break;
+        case Role::output_stride_d: push(static_cast<long long>(args.output.strides[3])); break;
+        case Role::initial_state: push(static_cast<const void*>(args.initial_state->data)); break;
+        case Role::final_state: push(static_cast<const void*>(args.final_state->data)); break;
+        case Role::cu_seqlens:
+          offsets32_.assign(args.cu_seqlens.begin(), args.cu_seqlens.end());
+          push(c.spec.cu_seqlens_type == ElementType::i32 ? static_cast<const void*>(offsets32_.data())
+                                                          : static_cast<const void*>(args.cu_seqlens.data()));
+          break;
+        case Role::batch: push(static_cast<int>(args.batch)); break;
+        case Role::tokens: push(static_cast<int>(args.tokens)); break;
+        case Role::heads: push(static_cast<int>(args.heads)); break;
+        case Role::key_dim: push(static_cast<int>(args.key_dim)); break;
+        case Role::value_dim: push(static_cast<int>(args.value_dim)); break;
+      }
+    }
+    for (auto& value : values_) pointers_.push_back(value.data());
+  }
+  void** data() { return pointers_.data(); }
+
+ private:
+  template <class T>
+  void push(const T& value) {
+    std::vector<std::byte>& bytes = values_.emplace_back(sizeof(T));
+    std::memcpy(bytes.data(), &value, sizeof(T));
+  }
+  std::deque<std::vector<std::byte>> values_;
+  std::vector<void*> pointers_;
+  std::vector<std::int32_t> offsets32_;
+};
+
+}  // namespace
+
+TEST_CASE("every generated kernel, run on a host emulation of CUDA, computes what the CPU path computes", "[codegen][cuda][emulation]") {
+  const auto cases = cuda_cases::all();
+  REQUIRE(std::size(emulated_kernels) == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const cuda_cases::Case& c = cases[i];
+    const cuda::RecurrentKernel kernel = cuda::generate_recurrent(c.variant, c.spec);
+    INFO(c.name << " (" << kernel.name << ")");
+    REQUIRE(kernel.name == emulated_kernels[i].name);  // the build-time sources are this generator's
+    REQUIRE(cuda::validate_tile(c.spec.tile, c.K, c.V).empty());
+
+    Bound bound = bind_case(c, 1000 + i);
+    const std::vector<std::int64_t> o_shape = {c.B, c.T, c.H, c.V}, state_shape = {bound.sequences, c.H, c.K, c.V};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    HostTensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
+    HostTensor final_cpu(ElementType::f32, state_shape, nan), final_gpu(ElementType::f32, state_shape, nan);
+    const auto outputs = [&](HostTensor& o, HostTensor& final_state) {
+      RecurrentOutputs out{o.view(), std::nullopt};
+      if (c.spec.final_state) out.final_state = final_state.view();
+      return out;
+    };
+
+    ops::BoundInputs cpu_run = bound.inputs;
+    ops::bind_outputs(c.name, bound.options, outputs(o_cpu, final_cpu), cpu_run);
+    cpu::run_recurrent(c.variant, cpu_run.args);
+
+    ops::BoundInputs gpu_run = bound.inputs;
+    ops::bind_outputs(c.name, bound.options, outputs(o_gpu, final_gpu), gpu_run);
+    Arguments arguments(kernel, c, gpu_run.args);
+    const unsigned grid_x = static_cast<unsigned>((c.V + kernel.block_v - 1) / kernel.block_v);
+    cuda_emulation::launch(grid_x, static_cast<unsigned>(bound.sequences * c.H), kernel.threads,
+                           [&] { emulated_kernels[i].launch(arguments.data()); });
+
+    const double tolerance = c.spec.output_type == ElementType::f32 ? 1e-5 : 1e-2;
+    CHECK(test::relative_error(o_gpu, test::values_of(o_cpu)) < tolerance);
+    if (c.spec.final_state) CHECK(test::relative_error(final_gpu, test::values_of(final_cpu)) < 1e-5);
+  }
+}
+
+namespace {
+
+// Runs nvcc on `source`; returns its log, empty when it succeeded.
+std::string nvcc_ptx(const std::string& source, const std::string& arch, const std::filesystem::path& dir, const std::string& stem) {
+  const std::filesystem::path cu = dir / (stem + ".cu"), ptx = dir / (stem + ".ptx"), log = dir / (stem + ".log");
+  std::ofstream(cu) << source;
+  const std::string command = std::string("\"") + LADLE_TEST_NVCC + "\" --ptx -arch=" + arch + " -std=c++17 \"" + cu.string() +
+                              "\" -o \"" + ptx.string() + "\" > \"" + log.string() + "\" 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return status == 0 ? std::string() : "nvcc failed (" + std::to_string(status) + "):\n" + text;
+}
+
+}  // namespace
+
+TEST_CASE("nvcc compiles every generated kernel to PTX for sm_90a", "[codegen][cuda][nvcc]") {
+  if (std::string(LADLE_TEST_NVCC).empty()) {
+    WARN("nvcc not found at configure time: the generated kernels were not compiled");
+    return;
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("ladle-cuda-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto cases = cuda_cases::all();
+
+  // All kernels in one translation unit (the helpers are guarded), so one nvcc run checks them.
+  std::string all;
+  std::vector<std::string> names;
+  for (const cuda_cases::Case& c : cases) {
+    const cuda::RecurrentKernel kernel = cuda::generate_recurrent(c.variant, c.spec);
+    all += kernel.source + "\n";
+    names.push_back(kernel.name);
+  }
+  const std::string log = nvcc_ptx(all, "sm_90a", dir, "all");
+  INFO(log);
+  REQUIRE(log.empty());
+  std::ifstream ptx(dir / "all.ptx");
+  const std::string text((std::istreambuf_iterator<char>(ptx)), std::istreambuf_iterator<char>());
+  for (const std::string& name : names) CHECK_THAT(text, Catch::Contains(".entry " + name));
+
+  // Each source stands alone too, and does not need Hopper.
+  for (const std::size_t i : {std::size_t{16}, cases.size() - 1}) {
+    INFO(cases[i].name);
+    CHECK(nvcc_ptx(cuda::generate_recurrent(cases[i].variant, cases[i].spec).source, "sm_90a", dir, "alone" + std::to_string(i)).empty());
+  }
+  CHECK(nvcc_ptx(cuda::generate_recurrent(cases[17].variant, cases[17].spec).source, "sm_80", dir, "sm80").empty());
+  std::filesystem::remove_all(dir);
+}

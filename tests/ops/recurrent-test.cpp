@@ -1,0 +1,292 @@
+// recurrent() on the CPU path against the fp64 reference: every gate combination, reverse,
+// packed sequences with initial states and an empty sequence, GQA, K != V, f32/f16/bf16.
+#include <catch2/catch.hpp>
+
+#include <ladle/ops/gla.h>
+#include <ladle/ops/recurrent.h>
+
+#include <sstream>
+
+#include "reference/recurrent_reference.h"
+#include "support/tensors.h"
+
+using ladle::ElementType;
+using ladle::HostTensor;
+
+namespace {
+
+struct Case {
+  int B = 2, T = 9, H = 4, H_kv = 2, K = 8, V = 12;
+  bool g = false, gk = false, gv = false, g_gamma = false;
+  bool gamma_per_batch = false;  // g_gamma [B,H] instead of [H]
+  bool reverse = false;
+  ElementType type = ElementType::f32;
+  ElementType gate_type = ElementType::f32;
+  std::vector<std::int64_t> cu_seqlens;  // packed sequences (then B = 1, T = the last offset)
+  bool packed_rank3 = false;             // inputs [T,H,D] instead of [1,T,H,D]
+  bool initial_state = false;
+  std::optional<float> scale;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "B=" << B << " T=" << T << " H=" << H << " H_kv=" << H_kv << " K=" << K << " V=" << V << " gates:"
+      << (g ? " g" : "") << (gk ? " gk" : "") << (gv ? " gv" : "") << (g_gamma ? (gamma_per_batch ? " g_gamma[B,H]" : " g_gamma[H]") : "")
+      << " reverse=" << reverse << " dtype=" << ladle::element_type_name(type)
+      << " gates=" << ladle::element_type_name(gate_type) << " varlen=" << cu_seqlens.size()
+      << " rank3=" << packed_rank3 << " h0=" << initial_state;
+    return s.str();
+  }
+};
+
+std::uint64_t seed_of(const Case& c) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char ch : c.describe()) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return h;
+}
+
+// Runs one case through recurrent_into with NaN-poisoned outputs and compares o and the
+// final state with the reference.
+void check_case(Case c) {
+  if (!c.cu_seqlens.empty()) {
+    c.B = 1;
+    c.T = static_cast<int>(c.cu_seqlens.back());
+  }
+  INFO(c.describe());
+  std::mt19937_64 rng(seed_of(c));
+  const auto token_shape = [&](int heads, int features) {
+    if (c.packed_rank3) return std::vector<std::int64_t>{c.T, heads, features};
+    return std::vector<std::int64_t>{c.B, c.T, heads, features};
+  };
+  const int N = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
+
+  test::Filled q = test::normal(rng, c.type, token_shape(c.H, c.K));
+  test::Filled k = test::normal(rng, c.type, token_shape(c.H_kv, c.K));
+  test::Filled v = test::normal(rng, c.type, token_shape(c.H_kv, c.V));
+  reference::Recurrent ref;
+  ref.B = c.B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V;
+  ref.q = q.values, ref.k = k.values, ref.v = v.values;
+  ref.reverse = c.reverse;
+  ref.scale = c.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.K)));
+  ref.cu_seqlens = c.cu_seqlens;
+
+  ladle::RecurrentOptions options;
+  options.reverse = c.reverse;
+  options.scale = c.scale;
+  options.return_state = true;
+  std::optional<test::Filled> g, gk, gv, g_gamma, h0;
+  if (c.g) g = test::log_gate(rng, c.gate_type, token_shape(c.H, c.K)), options.g = g->tensor.view(), ref.g = g->values;
+  if (c.gk) gk = test::log_gate(rng, c.gate_type, token_shape(c.H, c.K)), options.gk = gk->tensor.view(), ref.gk = gk->values;
+  if (c.gv) gv = test::log_gate(rng, c.gate_type, token_shape(c.H, c.V)), options.gv = gv->tensor.view(), ref.gv = gv->values;
+  if (c.g_gamma) {
+    std::uniform_real_distribution<double> decay(-0.3, -0.01);
+    std::vector<std::int64_t> shape = c.gamma_per_batch ? std::vector<std::int64_t>{c.B, c.H} : std::vector<std::int64_t>{c.H};
+    g_gamma = test::filled(c.gate_type, shape, [&] { return decay(rng); });
+    options.g_gamma = g_gamma->tensor.view();
+    ref.g_gamma = g_gamma->values;
+  }
+  if (c.initial_state) {
+    h0 = test::normal(rng, ElementType::f32, {N, c.H, c.K, c.V});
+    options.initial_state = h0->tensor.view();
+    ref.initial_state = h0->values;
+  }
+  HostTensor cu_seqlens;
+  if (!c.cu_seqlens.empty()) {
+    cu_seqlens = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    std::memcpy(cu_seqlens.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
+    options.cu_seqlens = cu_seqlens.view();
+  }
+
+  // Poisoned outputs: an element the op does not write stays NaN and fails the comparison.
+  std::vector<std::int64_t> o_shape = token_shape(c.H, c.V);
+  HostTensor o(c.type, o_shape, std::numeric_limits<float>::quiet_NaN());
+  HostTensor final_state(ElementType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
+  ladle::recurrent_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, {o.view(), final_state.view()});
+
+  const reference::RecurrentOutput expected = reference::recurrent(ref);
+  const double tolerance = test::tolerance(c.type);
+  const double o_error = test::relative_error(o, expected.o);
+  const double state_error = test::relative_error(final_state, expected.final_state);
+  INFO("o error " << o_error << ", final_state error " << state_error);
+  CHECK(o_error < tolerance);
+  CHECK(state_error < tolerance);
+
+  // A sequence with no tokens leaves its state exactly as it came in.
+  for (std::size_t n = 0; n + 1 < c.cu_seqlens.size(); ++n) {
+    if (c.cu_seqlens[n] != c.cu_seqlens[n + 1]) continue;
+    const std::int64_t size = std::int64_t{c.H} * c.K * c.V;
+    for (std::int64_t i = 0; i < size; ++i)
+      REQUIRE(final_state.get(n * size + i) == (c.initial_state ? h0->tensor.get(n * size + i) : 0.0f));
+  }
+}
+
+const ElementType all_types[] = {ElementType::f32, ElementType::f16, ElementType::bf16};
+
+}  // namespace
+
+TEST_CASE("recurrent matches the fp64 reference for every gate combination, direction and dtype", "[ops][recurrent]") {
+  for (ElementType type : all_types)
+    for (unsigned gates = 0; gates < 16; ++gates)
+      for (bool reverse : {false, true}) {
+        Case c;
+        c.type = c.gate_type = type;
+        c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
+        c.reverse = reverse;
+        c.initial_state = gates % 3 == 0;
+        check_case(c);
+      }
+}
+
+TEST_CASE("recurrent handles packed sequences with initial states and an empty sequence", "[ops][recurrent][varlen]") {
+  for (ElementType type : all_types)
+    for (bool reverse : {false, true})
+      for (bool rank3 : {false, true})
+        for (bool h0 : {false, true}) {
+          Case c;
+          c.type = c.gate_type = type;
+          c.cu_seqlens = {0, 5, 5, 12, 13, 20};
+          c.packed_rank3 = rank3;
+          c.initial_state = h0;
+          c.reverse = reverse;
+          c.g = c.gv = c.g_gamma = true;
+          check_case(c);
+        }
+}
+
+TEST_CASE("recurrent handles a packed batch of only empty sequences", "[ops][recurrent][varlen]") {
+  Case c;
+  c.cu_seqlens = {0, 0, 0};
+  c.initial_state = true;
+  c.gk = true;
+  check_case(c);
+}
+
+TEST_CASE("recurrent supports GQA and K != V", "[ops][recurrent][gqa]") {
+  struct Heads {
+    int H, H_kv, K, V;
+  };
+  for (const Heads& s : {Heads{4, 1, 8, 12}, Heads{4, 2, 12, 4}, Heads{4, 4, 16, 16}, Heads{6, 3, 5, 7}, Heads{3, 1, 1, 3}})
+    for (ElementType type : all_types) {
+      Case c;
+      c.H = s.H, c.H_kv = s.H_kv, c.K = s.K, c.V = s.V;
+      c.type = c.gate_type = type;
+      c.g = c.gk = c.gv = c.g_gamma = true;
+      c.initial_state = true;
+      check_case(c);
+    }
+}
+
+TEST_CASE("recurrent takes g_gamma per batch, gates in another dtype, and an explicit scale", "[ops][recurrent]") {
+  Case c;
+  c.g_gamma = c.gamma_per_batch = true;
+  c.gk = true;
+  check_case(c);
+  c.type = ElementType::bf16;  // 16-bit q, k, v with fp32 gates
+  c.gate_type = ElementType::f32;
+  c.scale = 0.5f;
+  check_case(c);
+  c.type = ElementType::f32;  // and the other way round
+  c.gate_type = ElementType::f16;
+  c.B = 3;
+  check_case(c);
+}
+
+TEST_CASE("recurrent allocates its outputs and returns the final state only when asked", "[ops][recurrent]") {
+  std::mt19937_64 rng(7);
+  const auto q = test::normal(rng, ElementType::f16, {1, 5, 2, 4});
+  const auto k = test::normal(rng, ElementType::f16, {1, 5, 2, 4});
+  const auto v = test::normal(rng, ElementType::f16, {1, 5, 2, 3});
+  ladle::RecurrentResult without = ladle::recurrent(q.tensor.view(), k.tensor.view(), v.tensor.view());
+  CHECK(without.o.type() == ElementType::f16);
+  CHECK(without.o.shape() == std::vector<std::int64_t>{1, 5, 2, 3});
+  CHECK_FALSE(without.final_state.has_value());
+
+  ladle::RecurrentOptions options;
+  options.return_state = true;
+  ladle::RecurrentResult with = ladle::recurrent(q.tensor.view(), k.tensor.view(), v.tensor.view(), options);
+  REQUIRE(with.final_state.has_value());
+  CHECK(with.final_state->type() == ElementType::f32);
+  CHECK(with.final_state->shape() == std::vector<std::int64_t>{1, 2, 4, 3});
+  CHECK(test::values_of(with.o) == test::values_of(without.o));
+}
+
+TEST_CASE("recurrent reads strided views", "[ops][recurrent]") {
+  // q, k, v are the first K (or V) features of wider tensors; g is a [B,T,H,K] view whose
+  // head axis is the slowest in memory.
+  std::mt19937_64 rng(11);
+  const int B = 2, T = 6, H = 2, K = 4, V = 3;
+  const auto wide_q = test::normal(rng, ElementType::f32, {B, T, H, 2 * K});
+  const auto wide_k = test::normal(rng, ElementType::f32, {B, T, H, 2 * K});
+  const auto wide_v = test::normal(rng, ElementType::f32, {B, T, H, 2 * V});
+  const auto g_hbtk = test::log_gate(rng, ElementType::f32, {H, B, T, K});
+  const auto narrow = [](const ladle::HostTensor& t, int features) {
+    ladle::TensorView view = t.view();
+    view.shape.back() = features;
+    return view;
+  };
+  ladle::TensorView g = g_hbtk.tensor.view();
+  g.shape = {B, T, H, K};
+  g.strides = {T * K, K, B * T * K, 1};
+
+  reference::Recurrent ref;
+  ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H, ref.K = K, ref.V = V;
+  ref.scale = 1.0 / std::sqrt(double(K));
+  const auto dense = [&](const test::Filled& f, int width, int features) {
+    std::vector<double> out;
+    for (std::size_t i = 0; i < f.values.size(); ++i)
+      if (static_cast<int>(i % width) < features) out.push_back(f.values[i]);
+    return out;
+  };
+  ref.q = dense(wide_q, 2 * K, K), ref.k = dense(wide_k, 2 * K, K), ref.v = dense(wide_v, 2 * V, V);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < K; ++i) ref.g.push_back(g_hbtk.values[((h * B + b) * T + t) * K + i]);
+
+  ladle::RecurrentOptions options;
+  options.g = g;
+  const auto result = ladle::recurrent(narrow(wide_q.tensor, K), narrow(wide_k.tensor, K), narrow(wide_v.tensor, V), options);
+  CHECK(test::relative_error(result.o, reference::recurrent(ref).o) < 1e-5);
+}
+
+TEST_CASE("gla is recurrent with g only, and lowers to the same variant", "[ops][gla]") {
+  CHECK(ladle::ir::hash(ladle::gla_variant(false)) == ladle::ir::hash(ladle::recurrent_variant(true, false, false, false)));
+  CHECK(ladle::ir::hash(ladle::gla_variant(true)) == ladle::ir::hash(ladle::recurrent_variant(true, false, false, true)));
+  CHECK(ladle::gla_variant(true).name == "gla");
+
+  for (ElementType type : all_types) {
+    INFO(ladle::element_type_name(type));
+    std::mt19937_64 rng(3 + static_cast<int>(type));
+    const int B = 1, T = 12, H = 4, H_kv = 2, K = 8, V = 6;
+    const auto q = test::normal(rng, type, {B, T, H, K});
+    const auto k = test::normal(rng, type, {B, T, H_kv, K});
+    const auto v = test::normal(rng, type, {B, T, H_kv, V});
+    const auto g = test::log_gate(rng, type, {B, T, H, K});
+    const auto gamma = test::filled(ElementType::f32, {H}, [] { return -0.05; });
+    const auto h0 = test::normal(rng, ElementType::f32, {2, H, K, V});
+    const auto cu = [] {
+      HostTensor t(ElementType::i32, {3});
+      const std::int32_t offsets[] = {0, 7, 12};
+      std::memcpy(t.data(), offsets, sizeof offsets);
+      return t;
+    }();
+    ladle::GlaOptions options;
+    options.g_gamma = gamma.tensor.view();
+    options.initial_state = h0.tensor.view();
+    options.cu_seqlens = cu.view();
+    options.reverse = true;
+    options.return_state = true;
+    const auto out = ladle::gla(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), options);
+
+    reference::Recurrent ref;
+    ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
+    ref.q = q.values, ref.k = k.values, ref.v = v.values, ref.g = g.values, ref.g_gamma = gamma.values;
+    ref.initial_state = h0.values;
+    ref.cu_seqlens = {0, 7, 12};
+    ref.reverse = true;
+    ref.scale = 1.0 / std::sqrt(double(K));
+    const auto expected = reference::recurrent(ref);
+    CHECK(test::relative_error(out.o, expected.o) < test::tolerance(type));
+    REQUIRE(out.final_state.has_value());
+    CHECK(test::relative_error(*out.final_state, expected.final_state) < test::tolerance(type));
+  }
+}
