@@ -31,7 +31,7 @@ export LADLE_CACHE_DIR=$(mktemp -d)
 if ctest --test-dir build-gpu --output-on-failure -j4 >> "$log" 2>&1; then
   note "ctest (GPU machine): all passed"
 else
-  note "ctest (GPU machine): FAILURES"; grep -E "Failed|FAILED|\*\*\*" "$log" | tail -20
+  note "ctest (GPU machine): FAILURES"; grep -E "Failed|FAILED|\*\*\*|with expansion|error" -A3 "$log" | tail -40
 fi
 
 if [ "$what" = runtime ] || [ "$what" = all ]; then
@@ -55,6 +55,25 @@ if [ "$what" = runtime ] || [ "$what" = all ]; then
   note "runtime, warm cache (3rd warm process):"; grep -E "check|compile|module|per kernel|start|launch|driver init" "$out/runtime-warm3.txt" | tee -a "$summary"
   note "warm start -> first launch, processes 1..3: $(grep -h 'process start' "$out"/runtime-warm*.txt | awk '{print $(NF-1)}' | paste -sd' ') ms"
 fi
+if [ "$what" = recurrent ] || [ "$what" = all ]; then
+  step "recurrent: compute-sanitizer memcheck on the fused-recurrent family (GPU op test)"
+  if compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/ops-gpu "without a driver*" > "$out/sanitizer-recurrent.txt" 2>&1; then
+    note "compute-sanitizer memcheck (fused recurrent): clean"
+  else
+    note "compute-sanitizer memcheck (fused recurrent): ERRORS"; tail -30 "$out/sanitizer-recurrent.txt"
+  fi
+  step "recurrent: GLA forward, ladle (tile sweep) and fla in one run"
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >> "$log" 2>&1
+    export PYTHONPATH=/tmp/site
+  fi
+  shape=${LADLE_BENCH_SHAPE:-"-B 8 -T 4096 -H 16 -K 128 -V 128"}
+  "$bin/ladle-bench-recurrent" $shape ${LADLE_BENCH_TILES:---tile 128,32,4 --tile 128,16,4 --tile 128,64,4 --tile 128,32,8 --tile 128,16,2} > "$out/recurrent-ladle.jsonl" 2>> "$log"
+  "$bin/ladle-bench-recurrent" $shape > "$out/recurrent-ladle-heuristic.jsonl" 2>> "$log"
+  PYTHONUNBUFFERED=1 python3 bench/fla_bench.py --ops fused_recurrent_gla --shapes 8x4096x16x128x128 > "$out/recurrent-fla.jsonl" 2>> "$log"
+  cat "$out"/recurrent-*.jsonl | python3 bench/table.py | tee -a "$summary"
+fi
+
 echo
 echo "=================== summary ==================="
 cat "$summary"

@@ -25,6 +25,7 @@ RecurrentOptions as_recurrent(const TensorView& g, const GlaOptions& options) {
   o.reverse = options.reverse;
   o.cu_seqlens = options.cu_seqlens;
   o.return_state = options.return_state;
+  o.backend = options.backend;
   return o;
 }
 

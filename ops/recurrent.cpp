@@ -79,6 +79,7 @@ RunOptions run_options(const RecurrentOptions& options) {
   run.cu_seqlens = options.cu_seqlens;
   run.reverse = options.reverse;
   run.return_state = options.return_state;
+  run.backend = options.backend;
   return run;
 }
 

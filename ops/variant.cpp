@@ -1,15 +1,43 @@
 #include "variant.h"
 
+#include <cstring>
+
+#include <ladle/runtime/driver.h>
+
 #include "bind.h"
+#include "gpu_recurrent.h"
 
 namespace ladle {
 
 namespace {
+bool use_gpu(const RunOptions& options) {
+  return options.backend == Backend::gpu ||
+         (options.backend == Backend::automatic && driver_available());
+}
+
+// A dense result into a caller's (possibly strided) view of the same type.
+void store_into(const HostTensor& dense, const TensorView& out) {
+  const std::size_t size = element_size(out.type);
+  std::vector<std::int64_t> index(out.shape.size(), 0);
+  auto* base = static_cast<std::byte*>(out.data);
+  const auto* src = static_cast<const std::byte*>(dense.data());
+  for (std::int64_t i = 0; i < dense.numel(); ++i) {
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d < index.size(); ++d) offset += index[d] * out.strides[d];
+    std::memcpy(base + offset * static_cast<std::int64_t>(size), src + i * size, size);
+    for (int d = static_cast<int>(index.size()) - 1; d >= 0; --d) {
+      if (++index[d] < out.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
 std::string op_name(const ir::Variant& variant) { return variant.name.empty() ? "variant" : variant.name; }
 }  // namespace
 
 RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                             const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
+  if (use_gpu(options)) return gpu::run_variant(variant, q, k, v, inputs, options);
   const std::string op = op_name(variant);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   RecurrentResult result{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt};
@@ -29,6 +57,14 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   const std::string op = op_name(variant);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_outputs(op, options, outputs, bound);
+  if (use_gpu(options)) {
+    RunOptions with_state = options;
+    with_state.return_state = outputs.final_state.has_value();
+    const RecurrentResult result = gpu::run_variant(variant, q, k, v, inputs, with_state);
+    store_into(result.o, outputs.o);
+    if (outputs.final_state) store_into(*result.final_state, *outputs.final_state);
+    return;
+  }
   cpu::run_recurrent(variant, bound.args);
 }
 

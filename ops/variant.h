@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/dsl/ir.h>
 
 #include "host_tensor.h"
@@ -24,12 +25,19 @@ struct VariantInputs {
   std::map<std::string, float> scalars;       // by input name
 };
 
+// Where a call on host tensors runs. automatic: the GPU when a CUDA driver and device are
+// present, else the CPU. Device-resident tensors go through ladle::gpu (gpu_recurrent.h).
+enum class Backend { automatic, cpu, gpu };
+
 struct RunOptions {
   std::optional<TensorView> initial_state;  // [N,H,K,V], f32 (f16, bf16 are widened)
   std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64: packed sequences
   bool reverse = false;                     // t = T..1
   bool return_state = false;                // also return final_state [N,H,K,V] f32
   int threads = 0;                          // CPU threads; 0: one per hardware thread
+  Backend backend = Backend::automatic;
+  // The fused-recurrent tile on the GPU (block_k, block_v, warps); empty: the heuristic.
+  std::optional<cuda::RecurrentTile> tile;
 };
 
 struct RecurrentResult {

@@ -9,6 +9,7 @@
 
 #include "reference/recurrent_reference.h"
 #include "support/tensors.h"
+#include "support/backends.h"
 
 using ladle::ElementType;
 using ladle::HostTensor;
@@ -96,26 +97,30 @@ void check_case(Case c) {
     options.cu_seqlens = cu_seqlens.view();
   }
 
-  // Poisoned outputs: an element the op does not write stays NaN and fails the comparison.
-  std::vector<std::int64_t> o_shape = token_shape(c.H, c.V);
-  HostTensor o(c.type, o_shape, std::numeric_limits<float>::quiet_NaN());
-  HostTensor final_state(ElementType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
-  ladle::recurrent_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, {o.view(), final_state.view()});
-
   const reference::RecurrentOutput expected = reference::recurrent(ref);
-  const double tolerance = test::tolerance(c.type);
-  const double o_error = test::relative_error(o, expected.o);
-  const double state_error = test::relative_error(final_state, expected.final_state);
-  INFO("o error " << o_error << ", final_state error " << state_error);
-  CHECK(o_error < tolerance);
-  CHECK(state_error < tolerance);
+  for (ladle::Backend backend : test::backends()) {
+    options.backend = backend;
+    INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
+    // Poisoned outputs: an element the op does not write stays NaN and fails the comparison.
+    std::vector<std::int64_t> o_shape = token_shape(c.H, c.V);
+    HostTensor o(c.type, o_shape, std::numeric_limits<float>::quiet_NaN());
+    HostTensor final_state(ElementType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
+    ladle::recurrent_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, {o.view(), final_state.view()});
 
-  // A sequence with no tokens leaves its state exactly as it came in.
-  for (std::size_t n = 0; n + 1 < c.cu_seqlens.size(); ++n) {
-    if (c.cu_seqlens[n] != c.cu_seqlens[n + 1]) continue;
-    const std::int64_t size = std::int64_t{c.H} * c.K * c.V;
-    for (std::int64_t i = 0; i < size; ++i)
-      REQUIRE(final_state.get(n * size + i) == (c.initial_state ? h0->tensor.get(n * size + i) : 0.0f));
+    const double tolerance = test::tolerance(c.type);
+    const double o_error = test::relative_error(o, expected.o);
+    const double state_error = test::relative_error(final_state, expected.final_state);
+    INFO("o error " << o_error << ", final_state error " << state_error);
+    CHECK(o_error < tolerance);
+    CHECK(state_error < tolerance);
+
+    // A sequence with no tokens leaves its state exactly as it came in.
+    for (std::size_t n = 0; n + 1 < c.cu_seqlens.size(); ++n) {
+      if (c.cu_seqlens[n] != c.cu_seqlens[n + 1]) continue;
+      const std::int64_t size = std::int64_t{c.H} * c.K * c.V;
+      for (std::int64_t i = 0; i < size; ++i)
+        REQUIRE(final_state.get(n * size + i) == (c.initial_state ? h0->tensor.get(n * size + i) : 0.0f));
+    }
   }
 }
 

@@ -1,0 +1,72 @@
+"""Times the peers ladle is compared with, on the GPU, in the same run as ladle's own
+benchmarks (bench/gpu-check.sh calls this). Prints one JSON object per line:
+  {"op": ..., "impl": "fla", "shape": "B8 T4096 H16 K128 V128 bf16", "ms": ...}
+plus the measured copy bandwidth used for the byte floor. Inputs are random (never zeros);
+timings are medians of triton.testing.do_bench (CUDA events, warm-up first)."""
+import argparse
+import json
+import sys
+
+import torch
+import triton
+
+
+def bench(fn, warmup=50, rep=300):
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def copy_bandwidth():
+    n = 1 << 30  # 1 GiB each way
+    src = torch.randn(n // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    return 2 * n / (ms * 1e-3) / 1e9  # GB/s, bytes read + written
+
+
+def gla_inputs(B, T, H, K, V, dtype, gate):
+    torch.manual_seed(0)
+    q = torch.randn(B, T, H, K, device="cuda", dtype=dtype)
+    k = torch.randn(B, T, H, K, device="cuda", dtype=dtype)
+    v = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
+    # GLA's gate: logsigmoid of a raw input over 16, as the GLA paper and fla's layer do.
+    g = (torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).to(dtype) if gate else None
+    return q, k, v, g
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", default="fused_recurrent_gla")
+    parser.add_argument("--shapes", default="8x4096x16x128x128")
+    parser.add_argument("--dtype", default="bf16")
+    args = parser.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    print(json.dumps({"metric": "copy_bandwidth_GBps", "value": copy_bandwidth()}), flush=True)
+    try:
+        from fla.ops.gla import chunk_gla, fused_recurrent_gla
+        from fla.ops.simple_gla import chunk_simple_gla
+    except Exception as e:  # noqa: BLE001 - report any import failure and keep going
+        print(json.dumps({"error": f"fla import failed: {e!r}"}), flush=True)
+        return 1
+    for shape in args.shapes.split(","):
+        B, T, H, K, V = map(int, shape.split("x"))
+        label = f"B{B} T{T} H{H} K{K} V{V} {args.dtype}"
+        for op in args.ops.split(","):
+            q, k, v, g = gla_inputs(B, T, H, K, V, dtype, gate=op != "chunk_simple_gla")
+            if op == "fused_recurrent_gla":
+                fn = lambda: fused_recurrent_gla(q, k, v, gk=g)
+            elif op == "chunk_gla":
+                fn = lambda: chunk_gla(q, k, v, g)
+            elif op == "chunk_simple_gla":
+                g_gamma = -torch.rand(H, device="cuda", dtype=torch.float32) * 0.1 - 0.01
+                fn = lambda: chunk_simple_gla(q, k, v, g_gamma=g_gamma)
+            else:
+                print(json.dumps({"error": f"unknown op {op}"}), flush=True)
+                continue
+            fn()  # compile / autotune outside the timing
+            torch.cuda.synchronize()
+            print(json.dumps({"op": op, "impl": "fla", "shape": label, "ms": bench(fn)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

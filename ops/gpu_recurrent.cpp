@@ -1,0 +1,240 @@
+#include "gpu_recurrent.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+
+namespace ladle::gpu {
+namespace {
+
+using Role = cuda::KernelParam::Role;
+
+std::string op_name(const ir::Variant& variant) {
+  return variant.name.empty() ? "variant" : variant.name;
+}
+
+bool is_contiguous(const TensorView& view) {
+  std::int64_t expected = 1;
+  for (int d = view.rank() - 1; d >= 0; --d) {
+    if (view.shape[d] != 1 && view.strides[d] != expected) return false;
+    expected *= view.shape[d];
+  }
+  return true;
+}
+
+std::string spec_key(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
+                     const std::string& arch) {
+  std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
+  for (ElementType t : spec.input_types) key += element_type_name(t);
+  key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse,
+                     spec.varlen, element_type_name(spec.cu_seqlens_type), spec.initial_state,
+                     element_type_name(spec.initial_state_type), spec.final_state);
+  return key;
+}
+
+// Loaded kernels of this process, by (variant, spec, arch): a repeated call skips source
+// generation and the cache lookup entirely.
+struct LoadedKernel {
+  cuda::RecurrentKernel kernel;
+  std::unique_ptr<Module> module;
+  std::optional<Kernel> function;
+};
+
+const LoadedKernel& loaded_kernel(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<LoadedKernel>> kernels;
+  const std::string arch = Device::get().properties().arch();
+  const std::string key = spec_key(variant, spec, arch);
+  std::lock_guard lock(mutex);
+  auto& slot = kernels[key];
+  if (!slot) {
+    auto compiled = compile_recurrent(variant, spec, arch);
+    auto loaded = std::make_unique<LoadedKernel>();
+    loaded->kernel = std::move(compiled.kernel);
+    loaded->module = std::make_unique<Module>(compiled.program);
+    loaded->function.emplace(loaded->module->kernel(loaded->kernel.name));
+    slot = std::move(loaded);
+  }
+  return *slot;
+}
+
+// Host strided view -> dense bytes in row-major order.
+std::vector<std::byte> pack_dense(const TensorView& view) {
+  const std::size_t size = element_size(view.type);
+  const std::int64_t n = view.numel();
+  std::vector<std::byte> out(static_cast<std::size_t>(n) * size);
+  std::vector<std::int64_t> index(view.shape.size(), 0);
+  const auto* base = static_cast<const std::byte*>(view.data);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d < index.size(); ++d) offset += index[d] * view.strides[d];
+    std::memcpy(out.data() + i * size, base + offset * static_cast<std::int64_t>(size), size);
+    for (int d = static_cast<int>(index.size()) - 1; d >= 0; --d) {
+      if (++index[d] < view.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
+struct Uploaded {
+  DeviceBuffer buffer;
+  TensorView view;
+};
+
+Uploaded upload(const TensorView& host) {
+  Uploaded u;
+  auto bytes = pack_dense(host);
+  u.buffer = DeviceBuffer(bytes.size());
+  u.buffer.copy_from_host(bytes.data(), bytes.size());
+  u.view = TensorView::contiguous(reinterpret_cast<const void*>(u.buffer.device_ptr()), host.type,
+                                  host.shape);
+  return u;
+}
+
+}  // namespace
+
+cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                      const RunOptions& options) {
+  const auto& args = bound.args;
+  cuda::RecurrentKernelSpec spec;
+  spec.tile = options.tile.value_or(cuda::default_tile(args.key_dim, args.value_dim));
+  if (auto problems = cuda::validate_tile(spec.tile, args.key_dim, args.value_dim); !problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw InvalidArgument(fmt::format("{}: tile ({}) does not fit K={} V={}: {}", op_name(variant),
+                                      cuda::to_string(spec.tile), args.key_dim, args.value_dim, all));
+  }
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32
+                                                                               : args.tensors[i].type);
+  }
+  spec.output_type = bound.dims.type;
+  spec.reverse = args.reverse;
+  spec.varlen = !args.cu_seqlens.empty();
+  spec.cu_seqlens_type = ElementType::i64;
+  spec.initial_state = args.initial_state.has_value();
+  if (args.initial_state) spec.initial_state_type = args.initial_state->type;
+  spec.final_state = options.return_state;
+  return spec;
+}
+
+CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
+                                    const std::string& arch) {
+  CompiledRecurrent out;
+  out.kernel = cuda::generate_recurrent(variant, spec);
+  CompileOptions options;
+  options.arch = arch;
+  options.program_name = out.kernel.name + ".cu";
+  out.program = compile(out.kernel.source, options);
+  return out;
+}
+
+void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                      const RecurrentOutputs& outputs, const LaunchOptions& launch) {
+  const std::string op = op_name(variant);
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
+  ops::bind_outputs(op, options, outputs, bound);
+  const auto& args = bound.args;
+  if (args.initial_state && !is_contiguous(*args.initial_state))
+    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
+  if (args.final_state && !is_contiguous(*args.final_state))
+    throw InvalidArgument(op + ": final_state must be contiguous [N,H,K,V] on the GPU");
+  if (args.output.numel() == 0) return;
+
+  const cuda::RecurrentKernelSpec spec = kernel_spec(variant, bound, options);
+  const LoadedKernel& loaded = loaded_kernel(variant, spec);
+
+  DeviceBuffer offsets;
+  if (spec.varlen) {
+    offsets = DeviceBuffer(args.cu_seqlens.size() * sizeof(std::int64_t));
+    offsets.copy_from_host(args.cu_seqlens.data(), offsets.bytes(), 0, launch.stream);
+  }
+  KernelArgs packed;
+  auto ptr = [](const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); };
+  for (const cuda::KernelParam& p : loaded.kernel.params) {
+    const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
+    const bool head_param = p.input >= 0 && variant.inputs[p.input].kind == ir::InputKind::head;
+    switch (p.role) {
+      case Role::input:
+        if (p.type == cuda::KernelParam::Type::f32) packed.add(args.scalars[p.input]);
+        else packed.add(ptr(view->data));
+        break;
+      case Role::input_stride_b: packed.add(static_cast<long long>(view->strides[0])); break;
+      case Role::input_stride_t: packed.add(static_cast<long long>(view->strides[1])); break;
+      case Role::input_stride_h: packed.add(static_cast<long long>(view->strides[head_param ? 1 : 2])); break;
+      case Role::input_stride_d: packed.add(static_cast<long long>(view->strides[3])); break;
+      case Role::input_heads: packed.add(static_cast<int>(view->shape[head_param ? 1 : 2])); break;
+      case Role::output: packed.add(ptr(args.output.data)); break;
+      case Role::output_stride_b: packed.add(static_cast<long long>(args.output.strides[0])); break;
+      case Role::output_stride_t: packed.add(static_cast<long long>(args.output.strides[1])); break;
+      case Role::output_stride_h: packed.add(static_cast<long long>(args.output.strides[2])); break;
+      case Role::output_stride_d: packed.add(static_cast<long long>(args.output.strides[3])); break;
+      case Role::initial_state: packed.add(ptr(args.initial_state->data)); break;
+      case Role::final_state: packed.add(ptr(args.final_state->data)); break;
+      case Role::cu_seqlens: packed.add(offsets.device_ptr()); break;
+      case Role::batch: packed.add(static_cast<int>(args.batch)); break;
+      case Role::tokens: packed.add(static_cast<int>(args.tokens)); break;
+      case Role::heads: packed.add(static_cast<int>(args.heads)); break;
+      case Role::key_dim: packed.add(static_cast<int>(args.key_dim)); break;
+      case Role::value_dim: packed.add(static_cast<int>(args.value_dim)); break;
+    }
+  }
+  const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
+  const unsigned grid_y = static_cast<unsigned>(bound.dims.N * args.heads);
+  loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed, 0, launch.stream);
+  if (spec.varlen) {
+    // The offsets buffer is freed on return: wait until the kernel has read it.
+    if (launch.stream) launch.stream->synchronize();
+    else Device::get().synchronize();
+  }
+}
+
+RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
+  const std::string op = op_name(variant);
+  // Check everything on the host first, so bad input never reaches the device.
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
+  (void)kernel_spec(variant, bound, options);  // a bad tile is bad input: refuse it before any GPU work
+  Device::get();
+  std::vector<Uploaded> keep;
+  auto put = [&](const TensorView& host) {
+    keep.push_back(upload(host));
+    return keep.back().view;
+  };
+  const TensorView dq = put(q), dk = put(k), dv = put(v);
+  VariantInputs device_inputs;
+  device_inputs.scalars = inputs.scalars;
+  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = put(view);
+  RunOptions device_options = options;
+  if (options.initial_state) device_options.initial_state = put(*options.initial_state);
+
+  RecurrentResult result{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt};
+  DeviceBuffer o(static_cast<std::size_t>(result.o.numel()) * element_size(bound.dims.type));
+  o.fill_bytes(0xff);  // NaN in every float type: an element the kernel skips stands out
+  RecurrentOutputs outputs{TensorView::contiguous(reinterpret_cast<const void*>(o.device_ptr()),
+                                                  bound.dims.type, bound.dims.output_shape()),
+                           std::nullopt};
+  DeviceBuffer state;
+  if (options.return_state) {
+    result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
+    state = DeviceBuffer(static_cast<std::size_t>(result.final_state->numel()) * 4);
+    state.fill_bytes(0xff);
+    outputs.final_state = TensorView::contiguous(reinterpret_cast<const void*>(state.device_ptr()),
+                                                 ElementType::f32, bound.dims.state_shape());
+  }
+  gpu::run_variant_into(variant, dq, dk, dv, device_inputs, device_options, outputs);
+  Device::get().synchronize();
+  o.copy_to_host(result.o.data(), o.bytes());
+  if (result.final_state) state.copy_to_host(result.final_state->data(), state.bytes());
+  return result;
+}
+
+}  // namespace ladle::gpu

@@ -1,0 +1,49 @@
+// The GPU path of every recurrent variant: the same argument checking as the CPU path,
+// then the fused-recurrent kernel generated for this variant, dtypes and tile, compiled
+// through the cache (once per process and kernel), and launched on a stream.
+//   ladle::gpu::run_variant_into(variant, q, k, v, inputs, options, outputs, {&stream});
+// Tensor views passed here hold *device* pointers (DeviceBuffer::device_ptr()), except
+// options.cu_seqlens, which is read on the host to check it and then uploaded.
+#pragma once
+
+#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/runtime/compiler.h>
+
+#include "bind.h"
+#include "variant.h"
+
+namespace ladle {
+class Stream;
+}
+
+namespace ladle::gpu {
+
+struct LaunchOptions {
+  const Stream* stream = nullptr;  // nullptr: the default stream
+};
+
+// The kernel spec a call needs (dtypes of every input, reverse, varlen, states, tile).
+cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                      const RunOptions& options);
+
+// Generates and compiles (through the cache) without launching: what ladle-dump shows and
+// what CI compiles for every variant. arch empty: this GPU, else the default target.
+struct CompiledRecurrent {
+  cuda::RecurrentKernel kernel;
+  CompiledProgram program;
+};
+CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
+                                    const std::string& arch = "");
+
+// Device-resident inputs and outputs (see the header comment).
+void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                      const RecurrentOutputs& outputs, const LaunchOptions& launch = {});
+
+// Host tensors in and out: uploads, runs on the GPU, downloads. Throws NoCudaDriver
+// without a GPU.
+RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const VariantInputs& inputs = {},
+                            const RunOptions& options = {});
+
+}  // namespace ladle::gpu

@@ -1,0 +1,139 @@
+// ladle-bench-recurrent: the fused-recurrent GLA forward on the GPU at one shape, for the
+// side-by-side table with fla (bench/gpu-check.sh runs both in one call). Inputs are
+// random on the device (a fill kernel compiled through ladle): q, k, v ~ N(0,1)-ish,
+// g = logsigmoid(x)/16 as GLA uses it. Prints one JSON line per tile tried:
+//   {"op":"fused_recurrent_gla","impl":"ladle","tile":"...","ms":...,"GBps":...}
+// plus the measured device copy bandwidth for the byte floor.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <ladle/ops/gpu_recurrent.h>
+#include <ladle/ops/gla.h>
+#include <ladle/runtime/compiler.h>
+#include <ladle/runtime/driver.h>
+
+namespace {
+
+const char* kFill = R"(
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+__device__ float hashed_normal(unsigned long long i, unsigned seed) {
+  // Two 32-bit hashes -> Box-Muller: cheap, deterministic, never all zeros.
+  unsigned a = (unsigned)(i * 2654435761ull) ^ seed, b = (unsigned)((i + 0x9e3779b9ull) * 40503ull) ^ (seed * 7919u);
+  a ^= a >> 16; a *= 0x7feb352du; a ^= a >> 15; a *= 0x846ca68bu; a ^= a >> 16;
+  b ^= b >> 16; b *= 0x7feb352du; b ^= b >> 15; b *= 0x846ca68bu; b ^= b >> 16;
+  float u1 = (a >> 8) * (1.0f / 16777216.0f) + 1e-7f, u2 = (b >> 8) * (1.0f / 16777216.0f);
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+extern "C" __global__ void fill_bf16(__nv_bfloat16* x, long long n, unsigned seed, int gate) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float r = hashed_normal(i, seed);
+    if (gate) r = (fminf(r, 0.0f) - log1pf(expf(-fabsf(r)))) / 16.0f;
+    x[i] = __float2bfloat16(r);
+  }
+}
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ladle-bench-recurrent"};
+  int B = 8, T = 4096, H = 16, K = 128, V = 128, reps = 20;
+  std::vector<std::string> tiles;
+  app.add_option("-B", B);
+  app.add_option("-T", T);
+  app.add_option("-H", H);
+  app.add_option("-K", K);
+  app.add_option("-V", V);
+  app.add_option("--reps", reps);
+  app.add_option("--tile", tiles, "block_k,block_v,warps (repeatable); default: the heuristic");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    auto& device = ladle::Device::get();
+    ladle::CompileOptions fill_options;
+    auto fill_program = ladle::compile(kFill, fill_options);
+    ladle::Module fill_module(fill_program);
+    auto fill = fill_module.kernel("fill_bf16");
+    const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
+    ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_k * 2), o(n_v * 2);
+    unsigned seed = 1;
+    for (auto* buf : {&q, &k, &v, &g}) {
+      ladle::KernelArgs a;
+      const long long n = static_cast<long long>(buf->bytes() / 2);
+      a.add(*buf).add(n).add(seed++).add(buf == &g ? 1 : 0);
+      fill.launch({static_cast<unsigned>(device.properties().sm_count * 16)}, {256}, a);
+    }
+    device.synchronize();
+
+    // Device copy bandwidth (bytes read + written), for the floor.
+    ladle::Stream stream;
+    ladle::Event e0, e1;
+    ladle::DeviceBuffer big_a(1ull << 30), big_b(1ull << 30);
+    std::vector<float> copy_ms;
+    for (int i = 0; i < 10; ++i) {
+      e0.record(&stream);
+      big_b.copy_from(big_a, big_a.bytes(), &stream);
+      e1.record(&stream);
+      e1.synchronize();
+      copy_ms.push_back(e0.elapsed_ms_to(e1));
+    }
+    std::sort(copy_ms.begin(), copy_ms.end());
+    const double copy_gbps = 2.0 * (1ull << 30) / (copy_ms[copy_ms.size() / 2] * 1e-3) / 1e9;
+    std::printf("{\"metric\":\"ladle_copy_bandwidth_GBps\",\"value\":%.1f}\n", copy_gbps);
+
+    auto view = [](const ladle::DeviceBuffer& b, std::vector<std::int64_t> shape) {
+      return ladle::TensorView::contiguous(reinterpret_cast<const void*>(b.device_ptr()), ladle::ElementType::bf16,
+                                           std::move(shape));
+    };
+    const auto qv = view(q, {B, T, H, K}), kv = view(k, {B, T, H, K}), vv = view(v, {B, T, H, V}),
+               gv = view(g, {B, T, H, K}), ov = view(o, {B, T, H, V});
+    const double bytes = 2.0 * (3.0 * n_k + 2.0 * n_v);  // q, k, g, v read once; o written once
+    if (tiles.empty()) tiles.push_back("");
+    for (const auto& tile_text : tiles) {
+      ladle::RunOptions options;
+      if (!tile_text.empty()) {
+        ladle::cuda::RecurrentTile tile;
+        if (std::sscanf(tile_text.c_str(), "%d,%d,%d", &tile.block_k, &tile.block_v, &tile.warps) != 3) {
+          std::fprintf(stderr, "--tile expects block_k,block_v,warps, got '%s'\n", tile_text.c_str());
+          return 1;
+        }
+        options.tile = tile;
+      }
+      ladle::VariantInputs inputs;
+      inputs.tensors.emplace("g", gv);
+      inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
+      const auto& variant = ladle::gla_variant(false);
+      ladle::gpu::LaunchOptions launch{&stream};
+      try {
+        for (int i = 0; i < 3; ++i) ladle::gpu::run_variant_into(variant, qv, kv, vv, inputs, options, {ov, std::nullopt}, launch);
+        std::vector<float> ms;
+        for (int i = 0; i < reps; ++i) {
+          e0.record(&stream);
+          ladle::gpu::run_variant_into(variant, qv, kv, vv, inputs, options, {ov, std::nullopt}, launch);
+          e1.record(&stream);
+          e1.synchronize();
+          ms.push_back(e0.elapsed_ms_to(e1));
+        }
+        std::sort(ms.begin(), ms.end());
+        const double median = ms[ms.size() / 2];
+        std::printf("{\"op\":\"fused_recurrent_gla\",\"impl\":\"ladle\",\"shape\":\"B%d T%d H%d K%d V%d bf16\","
+                    "\"tile\":\"%s\",\"ms\":%.4f,\"GBps\":%.1f,\"floor_ms\":%.4f}\n",
+                    B, T, H, K, V, tile_text.empty() ? "heuristic" : tile_text.c_str(), median,
+                    bytes / (median * 1e-3) / 1e9, bytes / (copy_gbps * 1e9) * 1e3);
+      } catch (const std::exception& e) {
+        std::printf("{\"op\":\"fused_recurrent_gla\",\"impl\":\"ladle\",\"tile\":\"%s\",\"error\":\"%s\"}\n",
+                    tile_text.c_str(), e.what());
+      }
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ladle-bench-recurrent: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
