@@ -101,7 +101,14 @@ class Code {
 
 // Host-independent helpers every kernel of the family uses: 16-bit storage types without
 // cuda_fp16.h (so NVRTC needs no include path) and typed loads/stores through float.
-const char* helpers = R"(#ifndef LADLE_RECURRENT_HELPERS
+const char* helpers = R"(#ifndef LADLE_UNROLL
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define LADLE_UNROLL _Pragma("unroll")
+#else
+#define LADLE_UNROLL
+#endif
+#endif
+#ifndef LADLE_RECURRENT_HELPERS
 #define LADLE_RECURRENT_HELPERS
 struct ladle_f16 { unsigned short bits; };   // IEEE binary16
 struct ladle_bf16 { unsigned short bits; };  // bfloat16
@@ -333,16 +340,29 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   c("constexpr int KEY_ROWS = (BLOCK_K + THREADS - 1) / THREADS;       // key-side rows each thread computes");
   c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
   c("");
-  c("// This token's key and value sides, shared by the block.");
-  c("__shared__ float q_feature[BLOCK_K], k_feature[BLOCK_K];");
-  if (decays_k) c("__shared__ float decay_k[BLOCK_K];");
-  c("__shared__ float v_feature[BLOCK_V];");
-  if (decays_v) c("__shared__ float decay_v[BLOCK_V];");
-  c("__shared__ float o_partial[ROW_GROUPS][BLOCK_V];");
-  if (variant.normalize) c("__shared__ float q_normaliser[BLOCK_K];");
+  // Tokens are staged CHUNK at a time: every load of a chunk is in flight together, and
+  // the block synchronises twice per chunk instead of twice per token. CHUNK is the largest
+  // power of two up to 16 whose staging fits in 40 KiB of static shared memory.
+  const int row_groups = threads / tile.block_v;
+  const int smem_per_token = 4 * ((variant.normalize ? 4 : 3) * tile.block_k + 2 * tile.block_v +
+                                  row_groups * tile.block_v + 1);
+  int chunk = 16;
+  while (chunk > 1 && chunk * smem_per_token > 40 * 1024) chunk /= 2;
+  c("constexpr int CHUNK = " + std::to_string(chunk) + ";  // tokens staged in shared memory at a time");
+  c("");
+  c("// The key and value sides of CHUNK tokens, shared by the block.");
+  c("__shared__ float q_feature[CHUNK][BLOCK_K], k_feature[CHUNK][BLOCK_K];");
+  if (decays_k) c("__shared__ float decay_k[CHUNK][BLOCK_K];");
+  c("__shared__ float v_feature[CHUNK][BLOCK_V];");
+  if (decays_v) c("__shared__ float decay_v[CHUNK][BLOCK_V];");
+  c("__shared__ float o_partial[CHUNK][ROW_GROUPS][BLOCK_V];");
+  if (variant.normalize) c("__shared__ float q_normaliser[CHUNK][BLOCK_K];");
+  const bool scale_per_token = varies_over_tokens(ir::Slot::scale);
+  if (scale_per_token) c("__shared__ float token_scale[CHUNK];");
   c("");
   c("const int column = threadIdx.x % BLOCK_V, group = threadIdx.x / BLOCK_V;");
   c("const int j = blockIdx.x * BLOCK_V + column;  // this thread's value column");
+  if (!spec.initial_state && !spec.final_state) c("(void)j;");
   c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
   if (spec.varlen) {
     c("const int b = 0;");
@@ -368,115 +388,146 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
     c("const float " + local + " = " + (has(s) ? render(s, "") : std::string(s == ir::Slot::scale ? "1.0f" : "0.0f")) + ";");
   };
   if (!varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
-  if (!varies_over_tokens(ir::Slot::scale)) no_feature_slot(ir::Slot::scale, "read_scale");
+  if (!scale_per_token) no_feature_slot(ir::Slot::scale, "read_scale");
   c("");
-  c("// The state tile S[i][j] for rows i = group + r * ROW_GROUPS, in registers, fp32.");
+  c("// The state tile S[i][j] for this thread's rows i = group * ROWS + r, in registers, fp32.");
   c("float state[ROWS];");
   if (spec.initial_state) {
-    c("for (int r = 0; r < ROWS; ++r) {");
+    c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
     c.in();
-    c("const int i = group + r * ROW_GROUPS;");
+    c("const int i = group * ROWS + r;");
     c("state[r] = i < K && j < V ? ladle_load(initial_state + ((static_cast<long long>(n) * H + h) * K + i) * V + j) : 0.0f;");
     c.out();
     c("}");
   } else {
-    c("for (int r = 0; r < ROWS; ++r) state[r] = 0.0f;");
+    c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) state[r] = 0.0f;");
   }
   if (variant.normalize) {
     c("float normaliser[KEY_ROWS];  // n_i for rows i = threadIdx.x + m * THREADS");
     c("for (int m = 0; m < KEY_ROWS; ++m) normaliser[m] = 0.0f;");
   }
+  // The token of chunk position `cpos` and what it reads: row offsets, per-token scalars.
+  const auto token_locals = [&](const std::string& cpos) {
+    c("const long long step = base + " + cpos + ";");
+    c("const bool live = step < length;  // past the end: no update, no output");
+    c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      const auto kind = inputs[k].kind;
+      if (!used[k] || kind == ir::InputKind::head || kind == ir::InputKind::scalar) continue;
+      // (void): the key-side loop reads only key-side rows, the value-side loop value-side.
+      c("const long long " + id[k] + "_row = b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] +
+        "_head * " + id[k] + "_stride_h; (void)" + id[k] + "_row;");
+    }
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (used[k] && inputs[k].kind == ir::InputKind::token_head)
+        c("const float " + id[k] + "_t = ladle_load(" + id[k] + " + " + id[k] + "_row); (void)" + id[k] + "_t;");
+    if (varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) {
+      no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
+      c("(void)head_log_decay;");
+    }
+  };
   c("");
-  c("for (long long step = 0; step < eos - bos; ++step) {");
+  c("const long long length = eos - bos;");
+  c("for (long long base = 0; base < length; base += CHUNK) {");
   c.in();
-  c("const long long t = REVERSE ? eos - 1 - step : bos + step;");
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    const auto kind = inputs[k].kind;
-    if (!used[k] || kind == ir::InputKind::head || kind == ir::InputKind::scalar) continue;
-    c("const long long " + id[k] + "_row = b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] + "_head * " +
-      id[k] + "_stride_h;");
-  }
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (used[k] && inputs[k].kind == ir::InputKind::token_head)
-      c("const float " + id[k] + "_t = ladle_load(" + id[k] + " + " + id[k] + "_row);");
-  if (varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
-  if (varies_over_tokens(ir::Slot::scale)) no_feature_slot(ir::Slot::scale, "read_scale");
-  c("");
-  c("// 1. The key side (q, k features and decay over i) and the value side (v, decay over j).");
+  c("// 1. Stage the chunk: the key side (q, k features and decay over i; each thread walks");
+  c("//    its rows through the chunk in order) and the value side (v, decay over j).");
   c("for (int m = 0; m < KEY_ROWS; ++m) {");
   c.in();
   c("const int i = threadIdx.x + m * THREADS;");
   c("if (i >= BLOCK_K) break;");
   c("const bool in_range = i < K;");
+  c("LADLE_UNROLL for (int cpos = 0; cpos < CHUNK; ++cpos) {");
+  c.in();
+  token_locals("cpos");
+  c("const bool use = live && in_range;");
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (key_side[k] && inputs[k].kind == ir::InputKind::token_key)
-      c("const float " + id[k] + "_i = in_range ? " + row_load(k, "i") + " : 0.0f;");
-  c("q_feature[i] = in_range ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f;");
-  c("k_feature[i] = in_range ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f;");
+      c("const float " + id[k] + "_i = use ? " + row_load(k, "i") + " : 0.0f;");
+  c("q_feature[cpos][i] = use ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f;");
+  c("k_feature[cpos][i] = use ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f;");
   if (decays_k) {
     std::string log_a = has(ir::Slot::log_decay_k) ? render(ir::Slot::log_decay_k, "_i") : "";
     if (has(ir::Slot::log_decay_head)) log_a = log_a.empty() ? "head_log_decay" : log_a + " + head_log_decay";
-    c("decay_k[i] = in_range ? expf(" + log_a + ") : 1.0f;");
+    c("decay_k[cpos][i] = use ? expf(" + log_a + ") : 1.0f;");
   }
   if (variant.normalize) {
-    c("normaliser[m] = normaliser[m]" + std::string(decays_k ? " * decay_k[i]" : "") + " + k_feature[i];");
-    c("q_normaliser[i] = q_feature[i] * normaliser[m];");
+    c("normaliser[m] = normaliser[m]" + std::string(decays_k ? " * decay_k[cpos][i]" : "") + " + k_feature[cpos][i];");
+    c("q_normaliser[cpos][i] = q_feature[cpos][i] * normaliser[m];");
   }
   c.out();
   c("}");
-  c("for (int jv_local = threadIdx.x; jv_local < BLOCK_V; jv_local += THREADS) {");
+  c.out();
+  c("}");
+  c("for (int slot = threadIdx.x; slot < CHUNK * BLOCK_V; slot += THREADS) {");
   c.in();
+  c("const int cpos = slot / BLOCK_V, jv_local = slot % BLOCK_V;");
+  token_locals("cpos");
   c("const int jv = blockIdx.x * BLOCK_V + jv_local;");
-  c("const bool in_range = jv < V;");
+  c("const bool use = live && jv < V;");
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (value_side[k] && inputs[k].kind == ir::InputKind::token_value)
-      c("const float " + id[k] + "_j = in_range ? " + row_load(k, "jv") + " : 0.0f;");
-  c("v_feature[jv_local] = in_range ? " + render(ir::Slot::v, "_j") + " : 0.0f;");
-  if (decays_v) c("decay_v[jv_local] = in_range ? expf(" + render(ir::Slot::log_decay_v, "_j") + ") : 1.0f;");
-  c.out();
-  c("}");
-  c("__syncthreads();");
-  c("");
-  c("// 2. S = diag(decay_k) S diag(decay_v) + k v^T on this thread's rows, and their part of q^T S.");
-  c("float o_part = 0.0f;");
-  c("for (int r = 0; r < ROWS; ++r) {");
-  c.in();
-  c("const int i = group + r * ROW_GROUPS;");
-  c("if (i >= BLOCK_K) break;");
-  std::string decayed = "state[r]";
-  if (decays_k) decayed += " * decay_k[i]";
-  if (decays_v) decayed += " * decay_v[column]";
-  c("state[r] = " + decayed + " + k_feature[i] * v_feature[column];");
-  c("o_part += q_feature[i] * state[r];");
-  c.out();
-  c("}");
-  c("o_partial[group][column] = o_part;");
-  if (variant.normalize) {
-    c("float z = 0.0f;  // q^T n, summed by the threads that store");
-    c("if (group == 0)");
-    c("  for (int i = 0; i < BLOCK_K; ++i) z += q_normaliser[i];");
+      c("const float " + id[k] + "_j = use ? " + row_load(k, "jv") + " : 0.0f;");
+  c("v_feature[cpos][jv_local] = use ? " + render(ir::Slot::v, "_j") + " : 0.0f;");
+  if (decays_v) c("decay_v[cpos][jv_local] = use ? expf(" + render(ir::Slot::log_decay_v, "_j") + ") : 1.0f;");
+  if (scale_per_token) {
+    c("if (jv_local == 0) token_scale[cpos] = " + render(ir::Slot::scale, "") + ";");
   }
-  c("__syncthreads();");
-  c("");
-  c("// 3. Sum the row groups, scale, store o_t.");
-  c("if (group == 0 && j < V) {");
-  c.in();
-  c("float o_sum = 0.0f;");
-  c("for (int rg = 0; rg < ROW_GROUPS; ++rg) o_sum += o_partial[rg][column];");
-  if (variant.normalize)
-    c("o_sum = read_scale * o_sum / (read_scale * z + " + ir::render_c_literal(variant.normalize_eps) + ");");
-  else
-    c("o_sum *= read_scale;");
-  c("ladle_store(o + b * o_stride_b + t * o_stride_t + h * o_stride_h + j * o_stride_d, o_sum);");
   c.out();
   c("}");
+  c("__syncthreads();");
+  c("");
+  c("// 2. Token by token: S = diag(decay_k) S diag(decay_v) + k v^T on this thread's rows,");
+  c("//    and their part of q^T S. Positions past the end have k = 0 and decay 1.");
+  c("for (int cpos = 0; cpos < CHUNK; ++cpos) {");
+  c.in();
+  c("const float v_j = v_feature[cpos][column];");
+  if (decays_v) c("const float decay_j = decay_v[cpos][column];");
+  c("float o_part = 0.0f;");
+  c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
+  c.in();
+  c("const int i = group * ROWS + r;");
+  std::string decayed = "state[r]";
+  if (decays_k) decayed += " * decay_k[cpos][i]";
+  if (decays_v) decayed += " * decay_j";
+  c("state[r] = " + decayed + " + k_feature[cpos][i] * v_j;");
+  c("o_part += q_feature[cpos][i] * state[r];");
+  c.out();
+  c("}");
+  c("o_partial[cpos][group][column] = o_part;");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  c("");
+  c("// 3. Sum the row groups, scale, store o for the chunk's live tokens.");
+  c("for (int slot = threadIdx.x; slot < CHUNK * BLOCK_V; slot += THREADS) {");
+  c.in();
+  c("const int cpos = slot / BLOCK_V, col = slot % BLOCK_V;");
+  c("const int jo = blockIdx.x * BLOCK_V + col;");
+  c("const long long step = base + cpos;");
+  c("if (step >= length || jo >= V) continue;");
+  c("const long long t = REVERSE ? eos - 1 - step : bos + step;");
+  c("float o_sum = 0.0f;");
+  c("for (int rg = 0; rg < ROW_GROUPS; ++rg) o_sum += o_partial[cpos][rg][col];");
+  const std::string scale_expr = scale_per_token ? "token_scale[cpos]" : "read_scale";
+  if (variant.normalize) {
+    c("float z = 0.0f;  // q^T n");
+    c("for (int i = 0; i < BLOCK_K; ++i) z += q_normaliser[cpos][i];");
+    c("o_sum = " + scale_expr + " * o_sum / (" + scale_expr + " * z + " + ir::render_c_literal(variant.normalize_eps) + ");");
+  } else {
+    c("o_sum *= " + scale_expr + ";");
+  }
+  c("ladle_store(o + b * o_stride_b + t * o_stride_t + h * o_stride_h + jo * o_stride_d, o_sum);");
+  c.out();
+  c("}");
+  c("__syncthreads();  // the next chunk overwrites the staging arrays");
   c.out();
   c("}");
   if (spec.final_state) {
     c("");
-    c("for (int r = 0; r < ROWS; ++r) {");
+    c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
     c.in();
-    c("const int i = group + r * ROW_GROUPS;");
+    c("const int i = group * ROWS + r;");
     c("if (i < K && j < V) final_state[((static_cast<long long>(n) * H + h) * K + i) * V + j] = state[r];");
     c.out();
     c("}");

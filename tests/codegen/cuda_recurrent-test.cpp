@@ -48,9 +48,9 @@ TEST_CASE("the source opens with the printed variant and the config, and uses th
   CHECK_THAT(kernel.source, Catch::Contains("// reverse=1 varlen=1 initial_state=1 final_state=1\n"));
   CHECK_THAT(kernel.source, Catch::Contains("// types: q bf16, k bf16, v bf16, g f32, gk f32, gv f32, g_gamma f32, o bf16, state f32 (initial_state bf16)\n"));
   CHECK_THAT(kernel.source, Catch::Contains("extern \"C\" __global__ void __launch_bounds__(128) " + kernel.name + "("));
-  CHECK_THAT(kernel.source, Catch::Contains("decay_k[i] = in_range ? expf((g_i + gk_i) + head_log_decay) : 1.0f;"));
-  CHECK_THAT(kernel.source, Catch::Contains("decay_v[jv_local] = in_range ? expf(gv_j) : 1.0f;"));
-  CHECK_THAT(kernel.source, Catch::Contains("state[r] = state[r] * decay_k[i] * decay_v[column] + k_feature[i] * v_feature[column];"));
+  CHECK_THAT(kernel.source, Catch::Contains("decay_k[cpos][i] = use ? expf((g_i + gk_i) + head_log_decay) : 1.0f;"));
+  CHECK_THAT(kernel.source, Catch::Contains("decay_v[cpos][jv_local] = use ? expf(gv_j) : 1.0f;"));
+  CHECK_THAT(kernel.source, Catch::Contains("state[r] = state[r] * decay_k[cpos][i] * decay_j + k_feature[cpos][i] * v_j;"));
   CHECK_THAT(kernel.source, Catch::Contains("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];"));
   CHECK_THAT(kernel.source, Catch::Contains("const ladle_bf16* __restrict__ initial_state,"));
   CHECK(kernel.threads == 128);

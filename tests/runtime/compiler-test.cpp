@@ -37,6 +37,7 @@ TEST_CASE("a real arch yields PTX, a cubin and the resource usage of each kernel
   REQUIRE(program.cubin.size() > 4);
   REQUIRE(program.cubin.substr(0, 4) == "\x7f" "ELF");
   const KernelResources* r = program.resources("block_sum");
+  INFO("NVRTC " << nvrtc_version() << " log:\n" << program.log);
   REQUIRE(r != nullptr);
   CHECK(r->registers > 0);
   CHECK(r->shared_bytes == 64 * 4);
