@@ -159,6 +159,20 @@ CompiledProgram run_nvrtc(const std::string& source, const CompileOptions& optio
     program.cubin.assign(cubin_size, '\0');
     if (cubin_size) LADLE_NVRTC(api.nvrtcGetCUBIN(handle.program, program.cubin.data()));
     program.kernels = parse_ptxas_info(log);
+    if (program.kernels.empty()) {
+      // Some NVRTC builds return no ptxas report; ask the driver when the cubin is for
+      // this very GPU. Spills then show as local memory (stack_frame_bytes).
+      program.kernels = entries_from_ptx(program.ptx);
+      if (driver_available() && Device::get().properties().arch() == arch) {
+        Module module(program);
+        for (auto& k : program.kernels) {
+          Kernel function = module.kernel(k.name);
+          k.registers = function.registers();
+          k.stack_frame_bytes = function.local_bytes();
+          k.shared_bytes = function.static_shared_bytes();
+        }
+      }
+    }
   } else {
     program.kernels = entries_from_ptx(program.ptx);
   }

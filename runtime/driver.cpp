@@ -225,6 +225,20 @@ int Kernel::registers() const {
   return value;
 }
 
+int Kernel::local_bytes() const {
+  int value = 0;
+  LADLE_CU(api().cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                    static_cast<CUfunction>(function_)));
+  return value;
+}
+
+int Kernel::static_shared_bytes() const {
+  int value = 0;
+  LADLE_CU(api().cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                    static_cast<CUfunction>(function_)));
+  return value;
+}
+
 int Kernel::max_threads_per_block() const {
   int value = 0;
   LADLE_CU(api().cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,

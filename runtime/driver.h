@@ -139,6 +139,8 @@ class Kernel {
   // Raises the dynamic shared memory limit (needed past 48 KiB).
   void set_max_dynamic_shared(int bytes);
   int registers() const;           // as the driver reports them
+  int local_bytes() const;         // per thread: stack frame and spills
+  int static_shared_bytes() const;
   int max_threads_per_block() const;
   void launch(Dim3 grid, Dim3 block, KernelArgs& args, unsigned dynamic_shared = 0,
               const Stream* stream = nullptr) const;
