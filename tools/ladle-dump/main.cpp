@@ -1,6 +1,8 @@
 // ladle-dump: shows everything ladle generates for a kernel: the CUDA source, the PTX,
 // the resource usage ptxas reported, the cache entry, and the SASS when cuobjdump exists.
-//   ladle-dump kernel.cu [--arch sm_90a] [--sass] [--only source|ptx|resources]
+//   ladle-dump kernel.cu [--arch sm_90a] [--sass] [--only source|ptx|resources|path]
+//   ladle-dump --op gla|recurrent [--gates g,gk,gv,g_gamma] [--dtype bf16] [-K 128 -V 128]
+//              [--tile 128,64,8] [--reverse] [--varlen] [--states]   (the generated kernel)
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +13,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <ladle/ops/gla.h>
+#include <ladle/ops/gpu_recurrent.h>
+#include <ladle/ops/recurrent.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
@@ -69,7 +74,21 @@ int main(int argc, char** argv) {
   std::string file, arch, only;
   std::vector<std::string> defines;
   bool sass = false;
-  app.add_option("file", file, "a CUDA C++ source file (.cu)")->required()->check(CLI::ExistingFile);
+  std::string op, gates, dtype = "bf16", tile_text;
+  int key_dim = 128, value_dim = 128;
+  bool reverse = false, varlen = false, states = false;
+  auto* file_option = app.add_option("file", file, "a CUDA C++ source file (.cu)")->check(CLI::ExistingFile);
+  auto* op_option = app.add_option("--op", op, "show the kernel ladle generates for an op")
+                        ->check(CLI::IsMember({"gla", "recurrent"}));
+  file_option->excludes(op_option);
+  app.add_option("--gates", gates, "recurrent: comma-separated gates among g,gk,gv,g_gamma; gla: g_gamma adds it");
+  app.add_option("--dtype", dtype, "input and output dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  app.add_option("-K", key_dim, "key head dim");
+  app.add_option("-V", value_dim, "value head dim");
+  app.add_option("--tile", tile_text, "block_k,block_v,warps (default: the heuristic for K and V)");
+  app.add_flag("--reverse", reverse, "t = T..1");
+  app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
+  app.add_flag("--states", states, "initial and final states");
   app.add_option("--arch", arch,
                  "target, e.g. sm_90a or compute_80 (default: this GPU, else sm_80)");
   app.add_option("-D,--define", defines, "preprocessor definitions passed to NVRTC (NAME=VALUE)");
@@ -77,16 +96,44 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "print one part only")
       ->check(CLI::IsMember({"source", "ptx", "resources", "path"}));
   CLI11_PARSE(app, argc, argv);
+  if (file.empty() && op.empty()) {
+    std::cerr << "ladle-dump: give a .cu file or --op\n" << app.help();
+    return 2;
+  }
 
   try {
-    std::ifstream in(file);
-    std::stringstream text;
-    text << in.rdbuf();
-    ladle::CompileOptions options;
-    options.arch = arch;
-    options.program_name = fs::path(file).filename().string();
-    for (const auto& d : defines) options.flags.push_back("-D" + d);
-    const ladle::CompiledProgram program = ladle::compile(text.str(), options);
+    ladle::CompiledProgram program;
+    if (!op.empty()) {
+      auto has = [&](const char* gate) { return ("," + gates + ",").find(std::string(",") + gate + ",") != std::string::npos; };
+      const ladle::ir::Variant& variant = op == "gla" ? ladle::gla_variant(has("g_gamma"))
+                                                      : ladle::recurrent_variant(has("g"), has("gk"), has("gv"), has("g_gamma"));
+      const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
+      ladle::cuda::RecurrentKernelSpec spec;
+      spec.tile = ladle::cuda::default_tile(key_dim, value_dim);
+      if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d", &spec.tile.block_k, &spec.tile.block_v, &spec.tile.warps) != 3)
+        throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_k,block_v,warps");
+      if (auto problems = ladle::cuda::validate_tile(spec.tile, key_dim, value_dim); !problems.empty())
+        throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
+      for (const auto& input : variant.inputs)
+        spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ladle::ElementType::f32 : type);
+      spec.output_type = type;
+      spec.reverse = reverse;
+      spec.varlen = varlen;
+      spec.initial_state = spec.final_state = states;
+      program = ladle::gpu::compile_recurrent(variant, spec, arch).program;
+      std::cout << fmt::format("op {} ({} variant {}), tile {}, K={} V={} {}\n", op, variant.name,
+                               ladle::ir::hash_hex(variant), ladle::cuda::to_string(spec.tile), key_dim,
+                               value_dim, dtype);
+    } else {
+      std::ifstream in(file);
+      std::stringstream text;
+      text << in.rdbuf();
+      ladle::CompileOptions options;
+      options.arch = arch;
+      options.program_name = fs::path(file).filename().string();
+      for (const auto& d : defines) options.flags.push_back("-D" + d);
+      program = ladle::compile(text.str(), options);
+    }
 
     auto want = [&](const char* part) { return only.empty() || only == part; };
     if (want("source")) {
