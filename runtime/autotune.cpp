@@ -179,8 +179,39 @@ Tuner::Tuner(SearchSpace space, DeviceLimits device, Config heuristic)
   heuristic_ = space_.normalize(heuristic_);
 }
 
+std::optional<TuneResult> Tuner::cached(TunedCache& cache, const TunedKey& key, bool report) const {
+  auto hit = cache.lookup(key);
+  if (!hit) return std::nullopt;
+  if (auto reason = space_.why_invalid(hit->best, device_)) {
+    if (report) {
+      log::warn(fmt::format("tuned-config cache: the stored config '{}' for [{}] is not valid "
+                            "any more ({}); tuning again",
+                            hit->best.to_string(), key.to_string(), *reason));
+    }
+    return std::nullopt;
+  }
+  hit->best = space_.normalize(hit->best);
+  log::debug(fmt::format("tuned config for [{}] from the cache: {}", key.to_string(),
+                         hit->best.to_string()));
+  return hit;
+}
+
 TuneResult Tuner::tune(const TunedKey& key, Candidate& candidate,
                        const TuneOptions& options) const {
+  return apply_policy(key, options, [&] { return run(key, candidate, options); });
+}
+
+TuneResult Tuner::tune(const TunedKey& key, const CandidateFactory& make_candidate,
+                       const TuneOptions& options) const {
+  return apply_policy(key, options, [&] {
+    std::unique_ptr<Candidate> candidate = make_candidate ? make_candidate() : nullptr;
+    if (!candidate) throw Error(fmt::format("tuning [{}]: the family built no candidate", key.to_string()));
+    return run(key, *candidate, options);
+  });
+}
+
+TuneResult Tuner::apply_policy(const TunedKey& key, const TuneOptions& options,
+                               const std::function<TuneResult()>& tune_now) const {
   const Policy policy = options.policy ? *options.policy : policy_from_env();
   if (policy == Policy::heuristic) {
     TuneResult result;
@@ -189,29 +220,15 @@ TuneResult Tuner::tune(const TunedKey& key, Candidate& candidate,
     return result;
   }
   TunedCache& cache = options.cache ? *options.cache : TunedCache::global();
-  auto usable_hit = [&]() -> std::optional<TuneResult> {
-    auto hit = cache.lookup(key);
-    if (!hit) return std::nullopt;
-    if (auto reason = space_.why_invalid(hit->best, device_)) {
-      log::warn(fmt::format("tuned-config cache: the stored config '{}' for [{}] is not valid "
-                            "any more ({}); tuning again",
-                            hit->best.to_string(), key.to_string(), *reason));
-      return std::nullopt;
-    }
-    hit->best = space_.normalize(hit->best);
-    log::debug(fmt::format("tuned config for [{}] from the cache: {}", key.to_string(),
-                           hit->best.to_string()));
-    return hit;
-  };
   if (policy == Policy::cached) {
-    if (auto hit = usable_hit()) return *hit;
+    if (auto hit = cached(cache, key, true)) return *hit;
   }
   std::lock_guard lock(tuning_mutex());
   // Another thread may have tuned this key while this one waited for its turn.
   if (policy == Policy::cached) {
-    if (auto hit = usable_hit()) return *hit;
+    if (auto hit = cached(cache, key, false)) return *hit;
   }
-  TuneResult result = run(key, candidate, options);
+  TuneResult result = tune_now();
   cache.store(key, result);
   return result;
 }

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -118,6 +119,10 @@ struct TuneOptions {
   double progress_interval_ms = 1000;
 };
 
+// Builds a family's Candidate only when a tuning really runs: a cache hit or policy
+// heuristic then costs no input buffers, no reference run.
+using CandidateFactory = std::function<std::unique_ptr<Candidate>()>;
+
 class Tuner {
  public:
   // The heuristic must be valid on device (else InvalidArgument).
@@ -125,6 +130,9 @@ class Tuner {
 
   // Applies the policy (options.policy, else LADLE_AUTOTUNE) for key.
   TuneResult tune(const TunedKey& key, Candidate& candidate, const TuneOptions& options = {}) const;
+  // The same, building the candidate only when the policy and the cache call for tuning.
+  TuneResult tune(const TunedKey& key, const CandidateFactory& make_candidate,
+                  const TuneOptions& options = {}) const;
   // Measures every planned candidate now, whatever the policy, and stores nothing (ladle-tune
   // stores what it chooses to).
   TuneResult measure(const TunedKey& key, Candidate& candidate, const TuneOptions& options = {}) const;
@@ -138,10 +146,31 @@ class Tuner {
 
  private:
   TuneResult run(const TunedKey& key, Candidate& candidate, const TuneOptions& options) const;
+  std::optional<TuneResult> cached(TunedCache& cache, const TunedKey& key, bool report) const;
+  TuneResult apply_policy(const TunedKey& key, const TuneOptions& options,
+                          const std::function<TuneResult()>& tune_now) const;
 
   SearchSpace space_;
   DeviceLimits device_;
   Config heuristic_;
+};
+
+// What a kernel family hands over for one problem (an op's call, or ladle-tune's command
+// line): the key, the tuner, and how to build the candidate. An op then runs
+//   const Config config = job.tune().best;
+// and ladle-tune runs job.measure() and prints format_table() of the result.
+struct TuneJob {
+  TunedKey key;
+  Tuner tuner;
+  CandidateFactory make_candidate;
+
+  TuneResult tune(const TuneOptions& options = {}) const {
+    return tuner.tune(key, make_candidate, options);
+  }
+  TuneResult measure(const TuneOptions& options = {}) const {
+    auto candidate = make_candidate();
+    return tuner.measure(key, *candidate, options);
+  }
 };
 
 }  // namespace ladle

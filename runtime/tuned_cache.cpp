@@ -229,18 +229,21 @@ std::optional<TuneResult> TunedCache::lookup(const TunedKey& key) {
   auto text = detail::read_file(path);
   if (!text) return std::nullopt;
   TunedEntry entry;
+  std::string problem;
   try {
     entry = from_json(*text);
+    if (!(entry.key == key)) {
+      problem = fmt::format("holds [{}], not [{}]", entry.key.to_string(), key.to_string());
+    }
   } catch (const Error& e) {
-    log::warn(fmt::format("tuned-config cache: '{}' is damaged ({}); treated as a miss, it will "
-                          "be replaced",
-                          path.string(), e.what()));
-    return std::nullopt;
+    problem = fmt::format("is damaged ({})", e.what());
   }
-  if (!(entry.key == key)) {
-    log::warn(fmt::format("tuned-config cache: '{}' holds [{}], not [{}]; treated as a miss, it "
-                          "will be replaced",
-                          path.string(), entry.key.to_string(), key.to_string()));
+  if (!problem.empty()) {
+    std::lock_guard lock(mutex_);
+    if (reported_.insert(hash).second) {  // once, not on every lookup until the next store
+      log::warn(fmt::format("tuned-config cache: '{}' {}; treated as a miss, it will be replaced",
+                            path.string(), problem));
+    }
     return std::nullopt;
   }
   entry.path = path;
@@ -266,6 +269,7 @@ fs::path TunedCache::store(const TunedKey& key, const TuneResult& result) {
   }
   std::lock_guard lock(mutex_);
   memory_.insert_or_assign(key.hash(), entry);
+  reported_.erase(key.hash());
   return entry.path;
 }
 

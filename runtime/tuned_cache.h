@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -104,6 +105,7 @@ class TunedCache {
   std::filesystem::path dir_;
   mutable std::mutex mutex_;
   std::map<std::string, TunedEntry> memory_;  // by key hash
+  std::set<std::string> reported_;            // hashes whose damaged file was reported
 };
 
 }  // namespace ladle

@@ -5,10 +5,16 @@
 #include <future>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include <ladle/runtime/autotune.h>
+#include <ladle/runtime/cache.h>
+#include <ladle/runtime/compiler.h>
 #include <ladle/runtime/error.h>
+#include <ladle/runtime/log.h>
 #include <ladle/runtime/tuned_cache.h>
 
+#include "capture_stderr.h"
 #include "scoped_env.h"
 #include "temp_dir.h"
 #include "tune_fixtures.h"
@@ -458,4 +464,129 @@ TEST_CASE("the summary names best and heuristic with the gain") {
   REQUIRE(format_summary(r) ==
           "best BK=128 BV=32 warps=2 stages=2 0.5000 ms, heuristic BK=32 BV=32 warps=2 stages=1 "
           "0.7500 ms (1.50x); 4 candidates (1 valid) in 2.5 s");
+}
+
+TEST_CASE("a candidate factory is called only when a tuning runs") {
+  Fixture f;
+  int built = 0;
+  auto factory = [&] {
+    ++built;
+    return std::unique_ptr<Candidate>(std::make_unique<FakeCandidate>());
+  };
+  const Tuner tuner = tile_tuner();
+  f.options.policy = Policy::heuristic;
+  REQUIRE(tuner.tune(tile_key(), factory, f.options).source == TuneSource::heuristic);
+  REQUIRE(built == 0);
+  f.options.policy = Policy::cached;
+  REQUIRE(tuner.tune(tile_key(), factory, f.options).source == TuneSource::tuned);
+  REQUIRE(built == 1);
+  REQUIRE(tuner.tune(tile_key(), factory, f.options).source == TuneSource::cache);
+  REQUIRE(built == 1);
+  REQUIRE_THROWS_WITH(tuner.tune(tile_key(), CandidateFactory([] { return nullptr; }),
+                                 [&] { auto o = f.options; o.policy = Policy::force; return o; }()),
+                      Catch::Contains("built no candidate"));
+}
+
+TEST_CASE("a tune job bundles what a family hands to an op or to ladle-tune") {
+  Fixture f;
+  int built = 0;
+  TuneJob job{tile_key(), tile_tuner(), [&] {
+                ++built;
+                return std::unique_ptr<Candidate>(std::make_unique<FakeCandidate>());
+              }};
+  f.options.policy = Policy::cached;
+  const Config chosen = job.tune(f.options).best;
+  REQUIRE(chosen == tile(128, 32, 2, 2));
+  REQUIRE(job.tune(f.options).source == TuneSource::cache);
+  TuneResult table = job.measure(f.options);
+  REQUIRE(table.candidates.size() == 16);
+  REQUIRE(built == 2);
+}
+
+namespace {
+
+// A family whose prepare really generates and compiles CUDA through the compile cache;
+// its "time" is read back from what ptxas reported, so each config's program must exist.
+class CompilingCandidate : public Candidate {
+ public:
+  explicit CompilingCandidate(DiskCache& cache) : cache_(cache) {}
+  PerConfig<CompiledProgram> programs;
+
+  void prepare(const Config& c) override {
+    const std::string source = fmt::format(R"(
+#define TILE {}
+#define STAGES {}
+extern "C" __global__ void tile_copy(const float* x, float* y, int n) {{
+  __shared__ float buffer[STAGES][TILE];
+  for (int s = 0; s < STAGES; ++s) buffer[s][threadIdx.x % TILE] = x[(blockIdx.x * STAGES + s) * TILE + threadIdx.x % TILE];
+  __syncthreads();
+  float sum = 0.0f;
+  for (int s = 0; s < STAGES; ++s) sum += buffer[s][(threadIdx.x + 1) % TILE];
+  y[blockIdx.x * blockDim.x + threadIdx.x] = sum;
+}}
+)",
+                                           c["BK"], c["stages"]);
+    CompileOptions options;
+    options.arch = "sm_90a";
+    programs.put(c, compile(source, options, cache_));
+  }
+  void record_reference(const Config&) override {}
+  Check matches_reference(const Config&) override { return Check::pass(); }
+  double time_ms(const Config& c) override {
+    return 1.0 + programs.at(c).kernels.at(0).shared_bytes / 1000.0;
+  }
+
+ private:
+  DiskCache& cache_;
+};
+
+}  // namespace
+
+TEST_CASE("prepare compiles candidates through the compile cache on several threads") {
+  Fixture f;
+  test::TempDir compile_dir;
+  DiskCache compile_cache(DiskCache::Settings::at(compile_dir.path()));
+  SearchSpace space;
+  space.param("BK", {32, 64, 128}).param("stages", {1, 2});
+  const Tuner tuner(space, small_device(), Config{{"BK", 64}, {"stages", 2}});
+  f.options.policy = Policy::force;
+  f.options.prepare_threads = 3;
+
+  CompilingCandidate cold(compile_cache);
+  TuneResult result = tuner.tune(tile_key(), cold, f.options);
+  REQUIRE(result.measured() == 6);
+  REQUIRE(result.best == Config{{"BK", 32}, {"stages", 1}});  // the least shared memory
+  REQUIRE(*result.best_ms == Approx(1.128));                  // 32 floats
+  std::set<std::string> keys;
+  for (const auto& row : result.candidates) {
+    const CompiledProgram& program = cold.programs.at(row.config);
+    REQUIRE_FALSE(program.from_cache);
+    REQUIRE(program.kernels.at(0).shared_bytes == 4 * row.config["BK"] * row.config["stages"]);
+    keys.insert(program.key);
+  }
+  REQUIRE(keys.size() == 6);
+  REQUIRE(compile_cache.list().size() == 6);
+
+  CompilingCandidate warm(compile_cache);  // a second tuning compiles nothing
+  REQUIRE(tuner.tune(tile_key(), warm, f.options).best == result.best);
+  for (const auto& row : result.candidates) REQUIRE(warm.programs.at(row.config).from_cache);
+}
+
+TEST_CASE("by default progress goes to the log at info level, silent above it") {
+  Fixture f;
+  f.options.on_progress = nullptr;  // the default sink
+  f.options.progress_interval_ms = 0;
+  f.options.policy = Policy::force;
+  FakeCandidate fake;
+  test::CaptureStderr captured;
+  tile_tuner().tune(tile_key(), fake, f.options);
+  const std::string text = captured.text();
+  if (log::enabled(log::Level::info)) {  // LADLE_LOG unset or info (ctest)
+    REQUIRE_THAT(text, Catch::Contains("ladle [info] tuning tiles B1-T1024 bf16: 1/16 candidates, best "));
+    REQUIRE_THAT(text, Catch::Contains("ladle [info] tuning tiles B1-T1024 bf16: 15/16 candidates"));
+    REQUIRE_THAT(text, Catch::Contains("ladle [info] tuned [tiles variant-1 B1-T1024 bf16") &&
+                           Catch::Contains("best BK=128 BV=32 warps=2 stages=2 1.3825 ms"));
+  } else {  // LADLE_LOG=warn: nothing
+    REQUIRE(text.find("tun") == std::string::npos);
+  }
 }

@@ -11,6 +11,7 @@
 #include <ladle/runtime/tuned_cache.h>
 #include <ladle/runtime/version.h>
 
+#include "capture_stderr.h"
 #include "scoped_env.h"
 #include "temp_dir.h"
 #include "tune_fixtures.h"
@@ -338,4 +339,16 @@ TEST_CASE("stores racing on one key from many threads leave one whole file") {
   REQUIRE(hit.has_value());
   REQUIRE(*hit->best_ms >= 1);
   REQUIRE(*hit->best_ms <= 8);
+}
+
+TEST_CASE("a damaged file is reported once, not on every lookup") {
+  test::TempDir dir;
+  TunedCache cache(TunedCache::Settings::at(dir.path()));
+  write(cache.path_for(key()), "{ torn");
+  test::CaptureStderr captured;
+  REQUIRE_FALSE(cache.lookup(key()).has_value());
+  REQUIRE_FALSE(cache.lookup(key()).has_value());
+  const std::string text = captured.text();
+  REQUIRE_THAT(text, Catch::Contains("is damaged") && Catch::Contains(key().hash()));
+  REQUIRE(text.find("is damaged") == text.rfind("is damaged"));
 }

@@ -20,6 +20,7 @@ int main() {
   const Tuner tuner(tile_space(128, 96), small_device(), tile(32, 32, 2, 1));
   TuneOptions options;
   options.policy = Policy::force;
+  options.progress_interval_ms = 0;  // a progress line per candidate, for the log tests
   FakeCandidate bf16;
   bf16.fail_prepare = {tile(128, 32, 2, 2)};  // the fastest: the next one wins
   tuner.tune(TunedKey::make("tiles", "variant-1", "B1-T1024", "bf16", small_device()), bf16, options);
