@@ -122,6 +122,52 @@ Reason check_time(double ms) {
   return fmt::format("time_ms returned {}, not a positive time", ms);
 }
 
+// The heuristic config's time, after recording its output as the reference. Without a
+// working heuristic there is nothing to compare with, and the op would fail untuned too:
+// that is the family's bug, reported as such rather than skipped.
+double measure_heuristic(const TunedKey& key, Candidate& candidate, const Preparer::Slot& slot,
+                         const Config& heuristic) {
+  auto failure = [&](std::string_view what, const std::string& detail) {
+    return Error(fmt::format("tuning [{}]: the heuristic config '{}' {}: {}", key.to_string(),
+                             heuristic.to_string(), what, detail));
+  };
+  if (slot.state == Preparer::State::failed) throw failure("failed to prepare", slot.error);
+  double ms = 0;
+  try {
+    candidate.record_reference(heuristic);
+    ms = candidate.time_ms(heuristic);
+  } catch (...) {
+    throw failure("failed to run", describe(std::current_exception()));
+  }
+  if (auto reason = check_time(ms)) throw failure("has no time", *reason);
+  return ms;
+}
+
+// Checks, then times, one prepared candidate; any failure makes it invalid with the reason.
+// A wrong output is not timed: its speed means nothing.
+void measure_candidate(Candidate& candidate, const Preparer::Slot& slot, CandidateRecord& record) {
+  if (slot.state == Preparer::State::failed) {
+    record.reason = "prepare: " + first_line(slot.error);
+    return;
+  }
+  try {
+    const Check check = candidate.matches_reference(record.config);
+    if (!check.ok) {
+      record.reason = "output differs from the heuristic's: " + check.reason;
+      return;
+    }
+    const double ms = candidate.time_ms(record.config);
+    if (auto reason = check_time(ms)) {
+      record.reason = *reason;
+      return;
+    }
+    record.ms = ms;
+    record.valid = true;
+  } catch (...) {
+    record.reason = "run: " + first_line(describe(std::current_exception()));
+  }
+}
+
 }  // namespace
 
 const char* to_string(Policy policy) {
@@ -291,47 +337,11 @@ TuneResult Tuner::run(const TunedKey& key, Candidate& candidate, const TuneOptio
       CandidateRecord& record = result.candidates[i];
       record.prepare_ms = slot->prepare_ms;
       if (i == 0) {
-        // Without a working heuristic there is nothing to compare with, and the op would
-        // fail without tuning too: that is the family's bug, reported as such.
-        if (slot->state == Preparer::State::failed) {
-          throw Error(fmt::format("tuning [{}]: the heuristic config '{}' failed to prepare: {}",
-                                  key.to_string(), heuristic_.to_string(), slot->error));
-        }
-        double ms = 0;
-        try {
-          candidate.record_reference(heuristic_);
-          ms = candidate.time_ms(heuristic_);
-        } catch (...) {
-          throw Error(fmt::format("tuning [{}]: the heuristic config '{}' failed to run: {}",
-                                  key.to_string(), heuristic_.to_string(),
-                                  describe(std::current_exception())));
-        }
-        if (auto reason = check_time(ms)) {
-          throw Error(fmt::format("tuning [{}]: the heuristic config '{}': {}", key.to_string(),
-                                  heuristic_.to_string(), *reason));
-        }
-        record.ms = ms;
+        record.ms = measure_heuristic(key, candidate, *slot, heuristic_);
         record.valid = true;
-        result.heuristic_ms = ms;
-      } else if (slot->state == Preparer::State::failed) {
-        record.reason = "prepare: " + first_line(slot->error);
+        result.heuristic_ms = record.ms;
       } else {
-        try {
-          const Check check = candidate.matches_reference(record.config);
-          if (!check.ok) {
-            record.reason = "output differs from the heuristic's: " + check.reason;
-          } else {
-            const double ms = candidate.time_ms(record.config);
-            if (auto reason = check_time(ms)) {
-              record.reason = *reason;
-            } else {
-              record.ms = ms;
-              record.valid = true;
-            }
-          }
-        } catch (...) {
-          record.reason = "run: " + first_line(describe(std::current_exception()));
-        }
+        measure_candidate(candidate, *slot, record);
       }
       if (record.valid && (!best || *record.ms < *result.candidates[*best].ms)) best = i;
       ++done;
