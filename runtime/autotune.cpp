@@ -1,5 +1,7 @@
 #include "autotune.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -8,8 +10,6 @@
 #include <cstdlib>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "error.h"
 #include "log.h"
@@ -172,9 +172,12 @@ void measure_candidate(Candidate& candidate, const Preparer::Slot& slot, Candida
 
 const char* to_string(Policy policy) {
   switch (policy) {
-    case Policy::heuristic: return "heuristic";
-    case Policy::cached: return "cached";
-    case Policy::force: return "force";
+    case Policy::heuristic:
+      return "heuristic";
+    case Policy::cached:
+      return "cached";
+    case Policy::force:
+      return "force";
   }
   return "?";
 }
@@ -183,9 +186,10 @@ Policy parse_policy(std::string_view text, std::string_view source) {
   if (text == "heuristic") return Policy::heuristic;
   if (text == "cached") return Policy::cached;
   if (text == "force") return Policy::force;
-  throw InvalidArgument(fmt::format("{}='{}' is not a tuning policy; expected heuristic (never "
-                                    "tune), cached (tune once per key, the default) or force",
-                                    source, text));
+  throw InvalidArgument(
+      fmt::format("{}='{}' is not a tuning policy; expected heuristic (never "
+                  "tune), cached (tune once per key, the default) or force",
+                  source, text));
 }
 
 Policy policy_from_env() {
@@ -207,9 +211,9 @@ double budget_ms_from_env() {
 }
 
 std::string format_progress(const TuneProgress& p) {
-  std::string out = fmt::format("tuning {} {} {}: {}/{} candidates",
-                                p.key ? p.key->family : "?", p.key ? p.key->shape_bucket : "",
-                                p.key ? p.key->dtype : "", p.done, p.total);
+  std::string out =
+      fmt::format("tuning {} {} {}: {}/{} candidates", p.key ? p.key->family : "?",
+                  p.key ? p.key->shape_bucket : "", p.key ? p.key->dtype : "", p.done, p.total);
   if (p.best && p.best->ms) {
     out += fmt::format(", best {:.4f} ms ({})", *p.best->ms, p.best->config.to_string());
   }
@@ -230,9 +234,10 @@ std::optional<TuneResult> Tuner::cached(TunedCache& cache, const TunedKey& key, 
   if (!hit) return std::nullopt;
   if (auto reason = space_.why_invalid(hit->best, device_)) {
     if (report) {
-      log::warn(fmt::format("tuned-config cache: the stored config '{}' for [{}] is not valid "
-                            "any more ({}); tuning again",
-                            hit->best.to_string(), key.to_string(), *reason));
+      log::warn(
+          fmt::format("tuned-config cache: the stored config '{}' for [{}] is not valid "
+                      "any more ({}); tuning again",
+                      hit->best.to_string(), key.to_string(), *reason));
     }
     return std::nullopt;
   }
@@ -251,7 +256,8 @@ TuneResult Tuner::tune(const TunedKey& key, const CandidateFactory& make_candida
                        const TuneOptions& options) const {
   return apply_policy(key, options, [&] {
     std::unique_ptr<Candidate> candidate = make_candidate ? make_candidate() : nullptr;
-    if (!candidate) throw Error(fmt::format("tuning [{}]: the family built no candidate", key.to_string()));
+    if (!candidate)
+      throw Error(fmt::format("tuning [{}]: the family built no candidate", key.to_string()));
     return run(key, *candidate, options);
   });
 }
@@ -302,7 +308,8 @@ TuneResult Tuner::run(const TunedKey& key, Candidate& candidate, const TuneOptio
   result.space_valid = plan.valid;
   result.pruned = plan.pruned;
   result.source = TuneSource::tuned;
-  for (const auto& config : plan.configs) result.candidates.push_back({config, {}, false, {}, {}, false});
+  for (const auto& config : plan.configs)
+    result.candidates.push_back({config, {}, false, {}, {}, false});
   result.candidates[0].heuristic = true;
   const std::size_t total = plan.configs.size();
 

@@ -96,8 +96,8 @@ class PerConfig {
 
 struct TuneProgress {
   const TunedKey* key = nullptr;
-  std::size_t done = 0;   // candidates measured or rejected
-  std::size_t total = 0;  // candidates planned
+  std::size_t done = 0;                   // candidates measured or rejected
+  std::size_t total = 0;                  // candidates planned
   const CandidateRecord* best = nullptr;  // best so far (null before the first valid one)
   double elapsed_ms = 0;
   bool finished = false;  // the last report of this tuning
@@ -110,8 +110,8 @@ struct TuneOptions {
   std::optional<double> budget_ms;  // default: LADLE_AUTOTUNE_BUDGET, else 15 s
   // With a cost model, measure at most this many configs besides the heuristic.
   std::size_t max_candidates = 64;
-  unsigned prepare_threads = 0;     // 0: the hardware's threads, at most 8
-  TunedCache* cache = nullptr;      // null: TunedCache::global()
+  unsigned prepare_threads = 0;  // 0: the hardware's threads, at most 8
+  TunedCache* cache = nullptr;   // null: TunedCache::global()
   // A monotonic clock in milliseconds, for the budget and the progress rate (tests inject one).
   std::function<double()> clock_ms;
   // Called at most once per progress_interval_ms, and once at the end. Default: log::info.
@@ -135,7 +135,8 @@ class Tuner {
                   const TuneOptions& options = {}) const;
   // Measures every planned candidate now, whatever the policy, and stores nothing (ladle-tune
   // stores what it chooses to).
-  TuneResult measure(const TunedKey& key, Candidate& candidate, const TuneOptions& options = {}) const;
+  TuneResult measure(const TunedKey& key, Candidate& candidate,
+                     const TuneOptions& options = {}) const;
 
   const SearchSpace& space() const { return space_; }
   const DeviceLimits& device() const { return device_; }

@@ -1,9 +1,9 @@
 #include "event_timer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <memory>
-
-#include <fmt/format.h>
 
 #include "driver.h"
 #include "error.h"
@@ -16,7 +16,8 @@ double median(std::vector<double> values) {
   std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
   const double upper = values[mid];
   if (values.size() % 2 == 1) return upper;
-  const double lower = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
+  const double lower =
+      *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
   return (lower + upper) / 2;
 }
 

@@ -13,9 +13,9 @@ namespace ladle {
 class Stream;
 
 struct TimingOptions {
-  int warmup = 3;       // untimed launches first
-  int repeats = 20;     // timed launches; the median is reported
-  int input_sets = 1;   // launch(i) for i = 0, 1, ..., input_sets - 1, 0, 1, ...
+  int warmup = 3;      // untimed launches first
+  int repeats = 20;    // timed launches; the median is reported
+  int input_sets = 1;  // launch(i) for i = 0, 1, ..., input_sets - 1, 0, 1, ...
 };
 
 // The median of the values (the mean of the middle two for an even count); throws

@@ -1,16 +1,19 @@
 #include "tune_result.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace ladle {
 
 const char* to_string(TuneSource source) {
   switch (source) {
-    case TuneSource::heuristic: return "heuristic";
-    case TuneSource::cache: return "cache";
-    case TuneSource::tuned: return "tuned";
+    case TuneSource::heuristic:
+      return "heuristic";
+    case TuneSource::cache:
+      return "cache";
+    case TuneSource::tuned:
+      return "tuned";
   }
   return "?";
 }
@@ -28,19 +31,23 @@ std::size_t TuneResult::measured() const {
 std::string format_table(const TuneResult& result) {
   std::vector<const CandidateRecord*> rows;
   for (const auto& c : result.candidates) rows.push_back(&c);
-  auto rank = [](const CandidateRecord* r) { return r->valid ? 0 : r->ms || r->prepare_ms ? 1 : 2; };
+  auto rank = [](const CandidateRecord* r) {
+    return r->valid ? 0 : r->ms || r->prepare_ms ? 1 : 2;
+  };
   std::stable_sort(rows.begin(), rows.end(), [&](const auto* a, const auto* b) {
     if (rank(a) != rank(b)) return rank(a) < rank(b);
     return a->valid && *a->ms < *b->ms;
   });
   std::size_t width = 6;
   for (const auto* r : rows) width = std::max(width, r->config.to_string().size());
-  std::string out = fmt::format("{:<{}}  {:>9}  {:<5}  {}\n", "config", width, "ms", "valid", "note");
+  std::string out =
+      fmt::format("{:<{}}  {:>9}  {:<5}  {}\n", "config", width, "ms", "valid", "note");
   for (const auto* r : rows) {
     std::string note = r->reason;
     if (r->valid && r->config == result.best) note = "best";
     if (r->heuristic) note = note.empty() ? "heuristic" : "heuristic; " + note;
-    if (const auto eol = note.find('\n'); eol != std::string::npos) note = note.substr(0, eol) + " ...";
+    if (const auto eol = note.find('\n'); eol != std::string::npos)
+      note = note.substr(0, eol) + " ...";
     out += fmt::format("{:<{}}  {:>9}  {:<5}  {}\n", r->config.to_string(), width,
                        r->ms ? fmt::format("{:.4f}", *r->ms) : "-", r->valid ? "yes" : "no", note);
   }

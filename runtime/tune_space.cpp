@@ -1,14 +1,14 @@
 #include "tune_space.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
-#include <numeric>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "driver.h"
 #include "error.h"
@@ -75,9 +75,10 @@ Config Config::parse(std::string_view text) {
   Config config;
   std::size_t i = 0;
   auto fail = [&](const std::string& why) {
-    return InvalidArgument(fmt::format("config '{}': {}; expected NAME=INT pairs such as "
-                                       "'BK=64 BV=32 warps=4'",
-                                       std::string(text), why));
+    return InvalidArgument(
+        fmt::format("config '{}': {}; expected NAME=INT pairs such as "
+                    "'BK=64 BV=32 warps=4'",
+                    std::string(text), why));
   };
   while (i < text.size()) {
     while (i < text.size() && (std::isspace(static_cast<unsigned char>(text[i])) || text[i] == ','))
@@ -139,7 +140,9 @@ bool operator==(const Config& a, const Config& b) {
   return a.size() == b.size() && sorted(a.values_) == sorted(b.values_);
 }
 
-bool operator<(const Config& a, const Config& b) { return sorted(a.values_) < sorted(b.values_); }
+bool operator<(const Config& a, const Config& b) {
+  return sorted(a.values_) < sorted(b.values_);
+}
 
 // ---- DeviceLimits and rules ----
 
@@ -208,9 +211,8 @@ SearchSpace& SearchSpace::param(std::string name, std::vector<int> values) {
   auto copy = values;
   std::sort(copy.begin(), copy.end());
   if (std::adjacent_find(copy.begin(), copy.end()) != copy.end()) {
-    throw InvalidArgument(
-        fmt::format("search space: parameter '{}' lists the value {} twice", name,
-                    *std::adjacent_find(copy.begin(), copy.end())));
+    throw InvalidArgument(fmt::format("search space: parameter '{}' lists the value {} twice", name,
+                                      *std::adjacent_find(copy.begin(), copy.end())));
   }
   params_.push_back({std::move(name), std::move(values)});
   return *this;
@@ -240,7 +242,8 @@ std::vector<Config> SearchSpace::all() const {
   std::vector<std::size_t> index(params_.size(), 0);
   for (std::size_t k = 0; k < n; ++k) {
     Config config;
-    for (std::size_t p = 0; p < params_.size(); ++p) config.set(params_[p].name, params_[p].values[index[p]]);
+    for (std::size_t p = 0; p < params_.size(); ++p)
+      config.set(params_[p].name, params_[p].values[index[p]]);
     out.push_back(std::move(config));
     // Odometer: the last parameter turns fastest.
     for (std::size_t p = params_.size(); p-- > 0;) {
@@ -309,7 +312,8 @@ TunePlan SearchSpace::plan(const DeviceLimits& device, const Config& heuristic,
     const double heuristic_cost = cost_of(heuristic);
     const auto better_than_heuristic = static_cast<std::size_t>(
         std::count_if(cost.begin(), cost.end(), [&](double c) { return c < heuristic_cost; }));
-    if (keep > 0 && better_than_heuristic < max_candidates) keep = std::min(keep, max_candidates - 1);
+    if (keep > 0 && better_than_heuristic < max_candidates)
+      keep = std::min(keep, max_candidates - 1);
     std::vector<Config> ranked;
     for (std::size_t i = 0; i < keep; ++i) ranked.push_back(std::move(valid[order[i]]));
     plan.pruned = valid.size() - ranked.size();

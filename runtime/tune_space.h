@@ -51,13 +51,13 @@ class Config {
 // The limits a validity rule checks a config against. Built from the running device, or by
 // hand (tests, and enumerating a space for another GPU).
 struct DeviceLimits {
-  std::string name;                 // "NVIDIA H100 80GB HBM3"
-  std::string arch;                 // "sm_90a"
+  std::string name;  // "NVIDIA H100 80GB HBM3"
+  std::string arch;  // "sm_90a"
   int sm_count = 0;
-  int max_shared_per_block = 0;     // bytes a kernel may ask for (the opt-in maximum)
+  int max_shared_per_block = 0;  // bytes a kernel may ask for (the opt-in maximum)
   int max_shared_per_sm = 0;
-  int max_registers_per_block = 0;  // 32-bit registers
-  int max_registers_per_sm = 65536; // the same on every architecture since sm_50
+  int max_registers_per_block = 0;   // 32-bit registers
+  int max_registers_per_sm = 65536;  // the same on every architecture since sm_50
   int max_threads_per_block = 0;
 
   static DeviceLimits from(const DeviceProperties& properties);

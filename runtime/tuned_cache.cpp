@@ -1,11 +1,11 @@
 #include "tuned_cache.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cache.h"
@@ -41,13 +41,16 @@ Config config_from(const json& object) {
   if (!object.is_object()) throw Error("a config is not an object");
   Config config;
   for (const auto& [name, value] : object.items()) {
-    if (!value.is_number_integer()) throw Error(fmt::format("config value '{}' is not an integer", name));
+    if (!value.is_number_integer())
+      throw Error(fmt::format("config value '{}' is not an integer", name));
     config.set(name, value.get<int>());
   }
   return config;
 }
 
-json optional_ms(const std::optional<double>& ms) { return ms ? json(*ms) : json(nullptr); }
+json optional_ms(const std::optional<double>& ms) {
+  return ms ? json(*ms) : json(nullptr);
+}
 
 std::optional<double> ms_from(const json& value, std::string_view what) {
   if (value.is_null()) return std::nullopt;
@@ -134,7 +137,8 @@ std::string TunedCache::to_json(const TunedKey& key, const TuneResult& result) {
        {{"config", config_json(result.heuristic)}, {"ms", optional_ms(result.heuristic_ms)}}},
       {"wall_ms", result.wall_ms},
       {"budget_exhausted", result.budget_exhausted},
-      {"space", {{"size", result.space_size}, {"valid", result.space_valid}, {"pruned", result.pruned}}},
+      {"space",
+       {{"size", result.space_size}, {"valid", result.space_valid}, {"pruned", result.pruned}}},
       {"created_unix", result.created_unix},
       {"candidates", candidates},
   };
@@ -264,7 +268,8 @@ fs::path TunedCache::store(const TunedKey& key, const TuneResult& result) {
       detail::write_file_atomically(path, to_json(key, entry.result));
       entry.path = path;
     } catch (const std::exception& e) {
-      log::warn(fmt::format("tuned-config cache: could not store {}: {}", key.to_string(), e.what()));
+      log::warn(
+          fmt::format("tuned-config cache: could not store {}: {}", key.to_string(), e.what()));
     }
   }
   std::lock_guard lock(mutex_);
@@ -303,7 +308,8 @@ std::vector<TunedFileInfo> TunedCache::list() const {
     return info.entry ? std::make_pair(info.entry->key.family, info.entry->key.to_string())
                       : std::make_pair(std::string("~"), info.path.string());
   };
-  std::sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return order(a) < order(b); });
+  std::sort(out.begin(), out.end(),
+            [&](const auto& a, const auto& b) { return order(a) < order(b); });
   return out;
 }
 

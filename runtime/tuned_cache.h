@@ -40,19 +40,20 @@ std::int64_t bucket_pow2(std::int64_t n);
 std::string shape_bucket(std::initializer_list<std::pair<std::string_view, std::int64_t>> sizes);
 
 struct TunedKey {
-  std::string family;        // "chunked", "fused_recurrent", "softmax"
-  std::string variant;       // the variant's hash (what the expression computes)
-  std::string shape_bucket;  // from shape_bucket()
-  std::string dtype;         // "bf16"
-  std::string gpu;           // the device name
-  int sm_count = 0;          // same name, different SM count (MIG, cut-down parts): another key
-  std::string ladle_version; // empty: filled with version() by make()
+  std::string family;         // "chunked", "fused_recurrent", "softmax"
+  std::string variant;        // the variant's hash (what the expression computes)
+  std::string shape_bucket;   // from shape_bucket()
+  std::string dtype;          // "bf16"
+  std::string gpu;            // the device name
+  int sm_count = 0;           // same name, different SM count (MIG, cut-down parts): another key
+  std::string ladle_version;  // empty: filled with version() by make()
 
   // A key for this device: gpu and sm_count from the limits, ladle_version from version().
   static TunedKey make(std::string family, std::string variant, std::string shape_bucket,
                        std::string dtype, const DeviceLimits& device);
-  std::string hash() const;       // 32 hex digits over every field: the file name
-  std::string to_string() const;  // "chunked 1a2b3c4d B8-T4096-H16-K128 bf16 on NVIDIA H100 (132 SMs)"
+  std::string hash() const;  // 32 hex digits over every field: the file name
+  std::string to_string()
+      const;  // "chunked 1a2b3c4d B8-T4096-H16-K128 bf16 on NVIDIA H100 (132 SMs)"
   friend bool operator==(const TunedKey&, const TunedKey&) = default;
 };
 

@@ -6,6 +6,8 @@
 
 namespace ladle {
 
-std::string version() { return LADLE_VERSION_STRING; }
+std::string version() {
+  return LADLE_VERSION_STRING;
+}
 
 }  // namespace ladle

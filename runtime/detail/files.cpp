@@ -1,13 +1,12 @@
 #include "files.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "../error.h"
 

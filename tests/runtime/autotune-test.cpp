@@ -1,18 +1,16 @@
-#include <catch2/catch.hpp>
-
-#include <chrono>
-#include <filesystem>
-#include <future>
-#include <thread>
-
 #include <fmt/format.h>
-
 #include <ladle/runtime/autotune.h>
 #include <ladle/runtime/cache.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/error.h>
 #include <ladle/runtime/log.h>
 #include <ladle/runtime/tuned_cache.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
 
 #include "capture_stderr.h"
 #include "scoped_env.h"
@@ -30,9 +28,13 @@ using test::tile_space;
 namespace {
 
 // The tile family at K=128, V=96 on the small device: 16 valid configs.
-Tuner tile_tuner() { return Tuner(tile_space(128, 96), small_device(), tile(32, 32, 2, 1)); }
+Tuner tile_tuner() {
+  return Tuner(tile_space(128, 96), small_device(), tile(32, 32, 2, 1));
+}
 
-TunedKey tile_key() { return TunedKey::make("tiles", "variant-1", "B1-T1024", "bf16", small_device()); }
+TunedKey tile_key() {
+  return TunedKey::make("tiles", "variant-1", "B1-T1024", "bf16", small_device());
+}
 
 // A private cache and a quiet, generous tuning unless a test says otherwise.
 struct Fixture {
@@ -75,9 +77,9 @@ TEST_CASE("the policy comes from LADLE_AUTOTUNE, cached by default") {
   {
     ScopedEnv env("LADLE_AUTOTUNE", "fast");
     REQUIRE_THROWS_AS(policy_from_env(), InvalidArgument);
-    REQUIRE_THROWS_WITH(policy_from_env(), Catch::Contains("LADLE_AUTOTUNE='fast'") &&
-                                               Catch::Contains("heuristic") &&
-                                               Catch::Contains("cached") && Catch::Contains("force"));
+    REQUIRE_THROWS_WITH(policy_from_env(),
+                        Catch::Contains("LADLE_AUTOTUNE='fast'") && Catch::Contains("heuristic") &&
+                            Catch::Contains("cached") && Catch::Contains("force"));
   }
   REQUIRE(parse_policy("cached") == Policy::cached);
   REQUIRE_THROWS_WITH(parse_policy("Force", "--policy"), Catch::StartsWith("--policy='Force'"));
@@ -195,12 +197,14 @@ TEST_CASE("candidates that fail to compile, to run or to match the reference are
   REQUIRE_FALSE(row(no_launch).valid);
   REQUIRE_THAT(row(no_launch).reason, Catch::Contains("run: cuLaunchKernel: too many resources"));
   REQUIRE_FALSE(row(wrong).valid);
-  REQUIRE_THAT(row(wrong).reason, Catch::Contains("output differs") && Catch::Contains("0.5 > 1e-05"));
+  REQUIRE_THAT(row(wrong).reason,
+               Catch::Contains("output differs") && Catch::Contains("0.5 > 1e-05"));
   REQUIRE_FALSE(row(wrong).ms.has_value());  // a wrong kernel is not timed
   REQUIRE(result.measured() == 13);
 
   auto valid = tile_tuner().space().enumerate(small_device());
-  std::erase_if(valid, [&](const Config& c) { return c == no_compile || c == no_launch || c == wrong; });
+  std::erase_if(valid,
+                [&](const Config& c) { return c == no_compile || c == no_launch || c == wrong; });
   REQUIRE(result.best == fastest(fake, valid));
   REQUIRE(result.best == tile(64, 32, 2, 3));
 
@@ -208,7 +212,7 @@ TEST_CASE("candidates that fail to compile, to run or to match the reference are
   REQUIRE_THAT(table, Catch::Contains("BK=64 BV=32 warps=2 stages=3") && Catch::Contains("best"));
   REQUIRE_THAT(table, Catch::Contains("prepare: NVRTC could not compile"));
   REQUIRE(table.find("best") < table.find("prepare:"));  // measured rows first
-  REQUIRE(table.find("line 2") == std::string::npos);     // one line per row
+  REQUIRE(table.find("line 2") == std::string::npos);    // one line per row
 }
 
 TEST_CASE("a time that is not a positive number rejects the candidate") {
@@ -231,9 +235,10 @@ TEST_CASE("a failing heuristic config is an error, not a silent fallback") {
   SECTION("it does not compile") {
     FakeCandidate fake;
     fake.fail_prepare = {tile(32, 32, 2, 1)};
-    REQUIRE_THROWS_WITH(tile_tuner().tune(tile_key(), fake, f.options),
-                        Catch::Contains("heuristic config 'BK=32 BV=32 warps=2 stages=1' failed to prepare") &&
-                            Catch::Contains("NVRTC could not compile"));
+    REQUIRE_THROWS_WITH(
+        tile_tuner().tune(tile_key(), fake, f.options),
+        Catch::Contains("heuristic config 'BK=32 BV=32 warps=2 stages=1' failed to prepare") &&
+            Catch::Contains("NVRTC could not compile"));
   }
   SECTION("it does not launch") {
     FakeCandidate fake;
@@ -245,7 +250,8 @@ TEST_CASE("a failing heuristic config is an error, not a silent fallback") {
 }
 
 TEST_CASE("the tuner refuses a heuristic that its own space calls invalid") {
-  REQUIRE_THROWS_AS(Tuner(tile_space(128, 96), small_device(), tile(64, 64, 4, 1)), InvalidArgument);
+  REQUIRE_THROWS_AS(Tuner(tile_space(128, 96), small_device(), tile(64, 64, 4, 1)),
+                    InvalidArgument);
 }
 
 TEST_CASE("policy cached tunes once per key, then returns the stored result") {
@@ -287,7 +293,9 @@ TEST_CASE("policy force tunes again and replaces the stored result") {
   const Config first_best = tile_tuner().tune(tile_key(), first, f.options).best;
 
   FakeCandidate second;  // the GPU changed its mind: small stages are now fastest
-  second.time_of = [](const Config& c) { return 1.0 + c["stages"] + 0.01 * c["BK"] + 0.1 * c["warps"]; };
+  second.time_of = [](const Config& c) {
+    return 1.0 + c["stages"] + 0.01 * c["BK"] + 0.1 * c["warps"];
+  };
   f.options.policy = Policy::force;
   TuneResult forced = tile_tuner().tune(tile_key(), second, f.options);
   REQUIRE(second.prepares == 16);
@@ -323,7 +331,9 @@ TEST_CASE("the time budget stops tuning early and keeps the best so far") {
   f.options.clock_ms = clock.fn();
   f.options.budget_ms = 5000;
   // The best config comes last in the plan; the budget never reaches it.
-  fake.time_of = [](const Config& c) { return c == tile(128, 32, 4, 2) ? 0.1 : 10.0 - 0.1 * c["BK"] / 32 - 0.01 * c["stages"]; };
+  fake.time_of = [](const Config& c) {
+    return c == tile(128, 32, 4, 2) ? 0.1 : 10.0 - 0.1 * c["BK"] / 32 - 0.01 * c["stages"];
+  };
   TuneResult result = tile_tuner().tune(tile_key(), fake, f.options);
 
   REQUIRE(result.budget_exhausted);
@@ -366,7 +376,8 @@ TEST_CASE("prepare runs on several threads at once") {
   f.options.prepare_threads = 4;
   const auto start = std::chrono::steady_clock::now();
   TuneResult result = tile_tuner().tune(tile_key(), fake, f.options);
-  const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double wall =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   REQUIRE(fake.prepares == 16);
   REQUIRE(fake.max_in_flight >= 2);
   REQUIRE(fake.max_in_flight <= 4);
@@ -410,13 +421,15 @@ TEST_CASE("progress is reported at most once per interval, and once at the end")
   REQUIRE(reports.back().done == 16);
   REQUIRE(reports.back().elapsed_ms == 4800);
   REQUIRE_THAT(lines[0], Catch::StartsWith("tuning tiles B1-T1024 bf16: 4/16 candidates, best "));
-  REQUIRE_THAT(lines[0], Catch::Matches(R"(.*best \d+\.\d{4} ms \(BK=\d+ BV=\d+ warps=\d+ stages=\d\))"));
+  REQUIRE_THAT(lines[0],
+               Catch::Matches(R"(.*best \d+\.\d{4} ms \(BK=\d+ BV=\d+ warps=\d+ stages=\d\))"));
 }
 
 TEST_CASE("with a cost model only the most promising configs are prepared") {
   Fixture f;
   SearchSpace space = tile_space(128, 96);
-  space.cost_model([](const Config& c, const DeviceLimits&) { return -1.0 * c["BK"] * c["stages"]; });
+  space.cost_model(
+      [](const Config& c, const DeviceLimits&) { return -1.0 * c["BK"] * c["stages"]; });
   Tuner tuner(space, small_device(), tile(32, 32, 2, 1));
   FakeCandidate fake;
   f.options.policy = Policy::force;
@@ -435,7 +448,8 @@ TEST_CASE("two threads asking for the same key under cached tune it once") {
   a.prepare_sleep = b.prepare_sleep = std::chrono::milliseconds(5);
   const Tuner tuner = tile_tuner();
   auto first = std::async(std::launch::async, [&] { return tuner.tune(tile_key(), a, f.options); });
-  auto second = std::async(std::launch::async, [&] { return tuner.tune(tile_key(), b, f.options); });
+  auto second =
+      std::async(std::launch::async, [&] { return tuner.tune(tile_key(), b, f.options); });
   TuneResult ra = first.get(), rb = second.get();
   REQUIRE(a.prepares + b.prepares == 16);
   REQUIRE(ra.best == rb.best);
@@ -483,7 +497,11 @@ TEST_CASE("a candidate factory is called only when a tuning runs") {
   REQUIRE(tuner.tune(tile_key(), factory, f.options).source == TuneSource::cache);
   REQUIRE(built == 1);
   REQUIRE_THROWS_WITH(tuner.tune(tile_key(), CandidateFactory([] { return nullptr; }),
-                                 [&] { auto o = f.options; o.policy = Policy::force; return o; }()),
+                                 [&] {
+                                   auto o = f.options;
+                                   o.policy = Policy::force;
+                                   return o;
+                                 }()),
                       Catch::Contains("built no candidate"));
 }
 
@@ -582,8 +600,10 @@ TEST_CASE("by default progress goes to the log at info level, silent above it") 
   tile_tuner().tune(tile_key(), fake, f.options);
   const std::string text = captured.text();
   if (log::enabled(log::Level::info)) {  // LADLE_LOG unset or info (ctest)
-    REQUIRE_THAT(text, Catch::Contains("ladle [info] tuning tiles B1-T1024 bf16: 1/16 candidates, best "));
-    REQUIRE_THAT(text, Catch::Contains("ladle [info] tuning tiles B1-T1024 bf16: 15/16 candidates"));
+    REQUIRE_THAT(
+        text, Catch::Contains("ladle [info] tuning tiles B1-T1024 bf16: 1/16 candidates, best "));
+    REQUIRE_THAT(text,
+                 Catch::Contains("ladle [info] tuning tiles B1-T1024 bf16: 15/16 candidates"));
     REQUIRE_THAT(text, Catch::Contains("ladle [info] tuned [tiles variant-1 B1-T1024 bf16") &&
                            Catch::Contains("best BK=128 BV=32 warps=2 stages=2 1.3825 ms"));
   } else {  // LADLE_LOG=warn: nothing

@@ -1,11 +1,10 @@
-#include <catch2/catch.hpp>
-
-#include <vector>
-
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 #include <ladle/runtime/event_timer.h>
+
+#include <catch2/catch.hpp>
+#include <vector>
 
 #include "kernels.h"
 
@@ -40,12 +39,15 @@ TEST_CASE("time_launches rotates the input sets and times each repeat on the GPU
   timing.warmup = 2;
   timing.repeats = 7;
   timing.input_sets = 3;
-  const double ms = time_launches(stream, [&](int set) {
-    launched.push_back(set);
-    KernelArgs args;
-    args.add(inputs[set]).add(inputs[(set + 1) % 3]).add(out).add(n);
-    kernel.launch({static_cast<unsigned>(n / 256)}, {256}, args, 0, &stream);
-  }, timing);
+  const double ms = time_launches(
+      stream,
+      [&](int set) {
+        launched.push_back(set);
+        KernelArgs args;
+        args.add(inputs[set]).add(inputs[(set + 1) % 3]).add(out).add(n);
+        kernel.launch({static_cast<unsigned>(n / 256)}, {256}, args, 0, &stream);
+      },
+      timing);
   REQUIRE(launched == std::vector<int>{0, 1, 2, 0, 1, 2, 0, 1, 2});
   REQUIRE(ms > 0);
   REQUIRE(ms < 100);  // 48 MiB moved: well under a millisecond on a current GPU

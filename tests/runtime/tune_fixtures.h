@@ -4,19 +4,18 @@
 // was called. No GPU and no compiler needed.
 #pragma once
 
+#include <ladle/runtime/autotune.h>
+#include <ladle/runtime/error.h>
+
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
-
-#include <catch2/catch.hpp>
-
-#include <ladle/runtime/autotune.h>
-#include <ladle/runtime/error.h>
 
 namespace ladle::test {
 
@@ -47,9 +46,9 @@ inline SearchSpace tile_space(int K, int V) {
       .param("warps", {2, 4, 8})
       .param("stages", {1, 2, 3})
       .rule([K, V](const Config& c, const DeviceLimits& d) {
-        return rule::first({rule::divides("BK", c["BK"], "K", K), rule::divides("BV", c["BV"], "V", V),
-                            rule::threads(32LL * c["warps"], d),
-                            rule::shared_memory(tile_shared_bytes(c), d)});
+        return rule::first(
+            {rule::divides("BK", c["BK"], "K", K), rule::divides("BV", c["BV"], "V", V),
+             rule::threads(32LL * c["warps"], d), rule::shared_memory(tile_shared_bytes(c), d)});
       });
   return space;
 }
@@ -115,7 +114,8 @@ class FakeCandidate : public Candidate {
 
   double time_ms(const Config& config) override {
     require_prepared(config);
-    if (fail_run.count(config)) throw CudaError("cuLaunchKernel: too many resources requested", 701);
+    if (fail_run.count(config))
+      throw CudaError("cuLaunchKernel: too many resources requested", 701);
     if (clock) clock->now += clock_ms_per_time;
     std::lock_guard lock(mutex);
     timed.push_back(config);
@@ -126,7 +126,8 @@ class FakeCandidate : public Candidate {
  private:
   void require_prepared(const Config& config) {
     std::lock_guard lock(mutex);
-    if (!prepared_.count(config)) throw std::logic_error("used before prepare: " + config.to_string());
+    if (!prepared_.count(config))
+      throw std::logic_error("used before prepare: " + config.to_string());
   }
 
   std::atomic<int> in_flight_{0};

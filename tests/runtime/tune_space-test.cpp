@@ -1,10 +1,9 @@
-#include <catch2/catch.hpp>
-
-#include <algorithm>
-
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 #include <ladle/runtime/tune_space.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
 
 #include "tune_fixtures.h"
 
@@ -40,14 +39,16 @@ TEST_CASE("configs are equal whatever their order, and ordered for maps") {
 
 TEST_CASE("malformed configs are rejected with the offending text") {
   REQUIRE_THROWS_AS(Config({{"BK", 64}, {"BK", 32}}), InvalidArgument);
-  REQUIRE_THROWS_WITH(Config::parse("BK=64 BV=big"), Catch::Contains("'BV'") && Catch::Contains("'big'"));
+  REQUIRE_THROWS_WITH(Config::parse("BK=64 BV=big"),
+                      Catch::Contains("'BV'") && Catch::Contains("'big'"));
   REQUIRE_THROWS_WITH(Config::parse("BK64"), Catch::Contains("no '='"));
   REQUIRE_THROWS_WITH(Config::parse("BK=1 BK=2"), Catch::Contains("twice"));
   REQUIRE_THROWS_WITH(Config::from_json(R"({"BK":"64"})"), Catch::Contains("'BK' is not an int"));
   REQUIRE_THROWS_WITH(Config::from_json("[1,2]"), Catch::Contains("not an object"));
   REQUIRE_THROWS_WITH(Config::from_json("{"), Catch::Contains("does not parse"));
-  REQUIRE_THROWS_WITH(tile(64, 32, 4, 2)["chunk"],
-                      Catch::Contains("BK=64 BV=32 warps=4 stages=2") && Catch::Contains("'chunk'"));
+  REQUIRE_THROWS_WITH(
+      tile(64, 32, 4, 2)["chunk"],
+      Catch::Contains("BK=64 BV=32 warps=4 stages=2") && Catch::Contains("'chunk'"));
 }
 
 TEST_CASE("a space enumerates every combination, the first parameter slowest") {
@@ -81,7 +82,8 @@ TEST_CASE("validity: divisibility, threads per block and shared memory") {
   }));
 
   REQUIRE(space.why_invalid(tile(64, 64, 2, 1), device) == "BV=64 does not divide V=96");
-  REQUIRE(space.why_invalid(tile(64, 32, 8, 1), device) == "256 threads > 128 per block on Test GPU");
+  REQUIRE(space.why_invalid(tile(64, 32, 8, 1), device) ==
+          "256 threads > 128 per block on Test GPU");
   REQUIRE(space.why_invalid(tile(128, 32, 2, 3), device) ==
           "shared memory 60 KiB > 48 KiB per block on Test GPU");
   REQUIRE_FALSE(space.why_invalid(tile(128, 32, 4, 2), device).has_value());
@@ -94,7 +96,8 @@ TEST_CASE("validity: divisibility, threads per block and shared memory") {
 
   auto explained = space.explain(device);
   REQUIRE(explained.size() == 81);
-  REQUIRE(std::count_if(explained.begin(), explained.end(), [](auto& e) { return !e.second; }) == 16);
+  REQUIRE(std::count_if(explained.begin(), explained.end(), [](auto& e) { return !e.second; }) ==
+          16);
 }
 
 TEST_CASE("a config must name exactly the space's parameters") {
@@ -111,7 +114,8 @@ TEST_CASE("a config must name exactly the space's parameters") {
 TEST_CASE("the rule helpers name the limit and the numbers") {
   const DeviceLimits d = small_device();
   REQUIRE_FALSE(rule::shared_memory(48 * 1024, d));
-  REQUIRE(rule::shared_memory(48 * 1024 + 1, d) == "shared memory 49153 B > 48 KiB per block on Test GPU");
+  REQUIRE(rule::shared_memory(48 * 1024 + 1, d) ==
+          "shared memory 49153 B > 48 KiB per block on Test GPU");
   REQUIRE_FALSE(rule::threads(128, d));
   REQUIRE(rule::threads(0, d).has_value());
   REQUIRE_FALSE(rule::registers(255, 128, d));
@@ -157,7 +161,8 @@ TEST_CASE("device limits come from the device's properties") {
 TEST_CASE("without a cost model the plan is the heuristic, then every other valid config") {
   SearchSpace space = tile_space(128, 96);
   const Config heuristic = tile(64, 32, 4, 2);
-  TunePlan plan = space.plan(small_device(), Config{{"stages", 2}, {"warps", 4}, {"BV", 32}, {"BK", 64}}, 3);
+  TunePlan plan =
+      space.plan(small_device(), Config{{"stages", 2}, {"warps", 4}, {"BV", 32}, {"BK", 64}}, 3);
   REQUIRE(plan.space_size == 81);
   REQUIRE(plan.valid == 16);
   REQUIRE(plan.pruned == 0);

@@ -1,15 +1,12 @@
-#include <catch2/catch.hpp>
-
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
-#include <thread>
-
-#include <nlohmann/json.hpp>
-
 #include <ladle/runtime/tuned_cache.h>
 #include <ladle/runtime/version.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "capture_stderr.h"
 #include "scoped_env.h"
@@ -24,7 +21,9 @@ using test::tile;
 
 namespace {
 
-TunedKey key() { return TunedKey::make("chunked", "3f2a9c", "B8-T4096-H16-K128-V128", "bf16", small_device()); }
+TunedKey key() {
+  return TunedKey::make("chunked", "3f2a9c", "B8-T4096-H16-K128-V128", "bf16", small_device());
+}
 
 TuneResult result(double best_ms = 0.41) {
   TuneResult r;
@@ -39,8 +38,10 @@ TuneResult result(double best_ms = 0.41) {
   r.created_unix = 1700000000;
   r.candidates.push_back({tile(32, 32, 2, 1), 0.52, true, "", 120.5, true});
   r.candidates.push_back({tile(64, 32, 4, 2), 0.41, true, "", 98.0, false});
-  r.candidates.push_back({tile(128, 32, 4, 1), std::nullopt, false, "prepare: NVRTC failed", 33.0, false});
-  r.candidates.push_back({tile(128, 32, 2, 1), std::nullopt, false, "not measured: budget", std::nullopt, false});
+  r.candidates.push_back(
+      {tile(128, 32, 4, 1), std::nullopt, false, "prepare: NVRTC failed", 33.0, false});
+  r.candidates.push_back(
+      {tile(128, 32, 2, 1), std::nullopt, false, "not measured: budget", std::nullopt, false});
   return r;
 }
 
@@ -51,7 +52,9 @@ std::vector<fs::path> files_in(const fs::path& dir) {
   return out;
 }
 
-void write(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+void write(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
 
 std::string read(const fs::path& path) {
   std::ifstream in(path);
@@ -68,7 +71,8 @@ TEST_CASE("sizes bucket to the next power of two") {
   REQUIRE(bucket_pow2(4097) == 8192);
   REQUIRE(bucket_pow2(0) == 0);
   REQUIRE(bucket_pow2(-5) == 0);
-  REQUIRE(shape_bucket({{"B", 8}, {"T", bucket_pow2(3000)}, {"H", 16}, {"K", 128}}) == "B8-T4096-H16-K128");
+  REQUIRE(shape_bucket({{"B", 8}, {"T", bucket_pow2(3000)}, {"H", 16}, {"K", 128}}) ==
+          "B8-T4096-H16-K128");
 }
 
 TEST_CASE("a key is made for a device and this ladle") {
@@ -78,7 +82,8 @@ TEST_CASE("a key is made for a device and this ladle") {
   REQUIRE(k.ladle_version == version());
   REQUIRE(k.hash().size() == 32);
   REQUIRE(k.hash() == key().hash());  // stable
-  REQUIRE_THAT(k.to_string(), Catch::Contains("chunked") && Catch::Contains("B8-T4096-H16-K128-V128") &&
+  REQUIRE_THAT(k.to_string(), Catch::Contains("chunked") &&
+                                  Catch::Contains("B8-T4096-H16-K128-V128") &&
                                   Catch::Contains("bf16") && Catch::Contains("Test GPU (16 SMs)"));
 }
 
@@ -187,10 +192,20 @@ TEST_CASE("a damaged file is a miss, reported, and replaced by the next store") 
   }();
   const std::string good = read(path);
 
-  SECTION("truncated") { write(path, good.substr(0, good.size() / 2)); }
-  SECTION("empty") { write(path, ""); }
-  SECTION("garbage") { write(path, "\x7f" "ELF not json at all"); }
-  SECTION("not an object") { write(path, "[1, 2, 3]"); }
+  SECTION("truncated") {
+    write(path, good.substr(0, good.size() / 2));
+  }
+  SECTION("empty") {
+    write(path, "");
+  }
+  SECTION("garbage") {
+    write(path,
+          "\x7f"
+          "ELF not json at all");
+  }
+  SECTION("not an object") {
+    write(path, "[1, 2, 3]");
+  }
   SECTION("a field missing") {
     auto document = nlohmann::json::parse(good);
     document.erase("best");

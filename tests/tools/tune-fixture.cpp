@@ -1,10 +1,10 @@
 // Fills the tuned-config cache ($LADLE_CACHE_DIR/tuned) the way tunings would, with the
 // pretend tile family of the runtime tests (no GPU), plus one damaged file, so that the
 // ladle-cache tests have entries to show and to clear.
+#include <ladle/runtime/autotune.h>
+
 #include <fstream>
 #include <iostream>
-
-#include <ladle/runtime/autotune.h>
 
 #include "runtime/tune_fixtures.h"
 
@@ -23,9 +23,11 @@ int main() {
   options.progress_interval_ms = 0;  // a progress line per candidate, for the log tests
   FakeCandidate bf16;
   bf16.fail_prepare = {tile(128, 32, 2, 2)};  // the fastest: the next one wins
-  tuner.tune(TunedKey::make("tiles", "variant-1", "B1-T1024", "bf16", small_device()), bf16, options);
+  tuner.tune(TunedKey::make("tiles", "variant-1", "B1-T1024", "bf16", small_device()), bf16,
+             options);
   FakeCandidate fp16;
-  tuner.tune(TunedKey::make("tiles", "variant-1", "B2-T2048", "fp16", small_device()), fp16, options);
+  tuner.tune(TunedKey::make("tiles", "variant-1", "B2-T2048", "fp16", small_device()), fp16,
+             options);
   std::ofstream(cache.dir() / (std::string(32, '0') + ".json")) << "{\"format\": 1, \"key\"";
   return 0;
 }

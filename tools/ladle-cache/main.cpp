@@ -35,8 +35,9 @@ std::string ms(const std::optional<double>& value) {
 // One line per tuned entry; with `verbose`, each entry's candidate table under it.
 void show_tuned(const ladle::TunedCache& cache, bool verbose) {
   const auto files = cache.list();
-  std::cout << fmt::format("{:<16} {:<24} {:<5} {:<28} {:>9} {:>9} {:>6}  {:<16}  {}\n", "family",
-                           "shape", "dtype", "gpu", "best ms", "heur. ms", "gain", "tuned", "best config");
+  std::cout << fmt::format("{:<16} {:<24} {:<5} {:<28} {:>9} {:>9} {:>6}  {:<16}  {}\n",
+                           "family", "shape", "dtype", "gpu", "best ms", "heur. ms", "gain",
+                           "tuned", "best config");
   for (const auto& file : files) {
     if (!file.entry) {
       std::cout << fmt::format("DAMAGED {}: {}\n", file.path.string(), file.problem);
@@ -48,7 +49,8 @@ void show_tuned(const ladle::TunedCache& cache, bool verbose) {
                              key.family, key.shape_bucket, key.dtype,
                              fmt::format("{} ({} SMs)", key.gpu, key.sm_count), ms(r.best_ms),
                              ms(r.heuristic_ms), r.speedup(), when(r.created_unix),
-                             r.best.to_string(), file.problem.empty() ? "" : "  [" + file.problem + "]");
+                             r.best.to_string(),
+                             file.problem.empty() ? "" : "  [" + file.problem + "]");
     if (verbose) {
       std::cout << fmt::format("  variant {}, ladle {}, {}\n  file {}\n", key.variant,
                                key.ladle_version, ladle::format_summary(r), file.path.string());
@@ -67,7 +69,8 @@ void show_tuned(const ladle::TunedCache& cache, bool verbose) {
 int main(int argc, char** argv) {
   CLI::App app{"ladle-cache: inspect the compile cache and the tuned-config cache"};
   app.require_subcommand(1);
-  auto* list = app.add_subcommand("list", "one line per compiled entry: key, arch, size, last use, kernels");
+  auto* list = app.add_subcommand(
+      "list", "one line per compiled entry: key, arch, size, last use, kernels");
   auto* size = app.add_subcommand("size", "total bytes on disk and the bound");
   auto* clear = app.add_subcommand("clear", "remove every compiled entry and every tuned config");
   bool only_compiled = false, only_tuned = false;
