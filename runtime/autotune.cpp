@@ -375,4 +375,12 @@ TuneResult Tuner::run(const TunedKey& key, Candidate& candidate, const TuneOptio
   return result;
 }
 
+TuneResult TuneJob::measure(const TuneOptions& options) const {
+  std::unique_ptr<Candidate> candidate = make_candidate ? make_candidate() : nullptr;
+  if (!candidate) {
+    throw Error(fmt::format("tuning [{}]: the family built no candidate", key.to_string()));
+  }
+  return tuner.measure(key, *candidate, options);
+}
+
 }  // namespace ladle

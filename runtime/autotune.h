@@ -57,8 +57,9 @@ class Candidate {
   // thread-safe and goes through the compile cache). Called on several threads at once,
   // for different configs, while the tuner's thread calls the methods below for configs
   // already prepared, so it must be thread-safe (PerConfig below holds the results).
-  // Keep it to host work: load modules lazily in the methods below, which the tuner calls
-  // on its own thread, where the device context is current.
+  // Keep it to host work, compiling for DeviceLimits::arch (the worker threads have no
+  // device context): load modules lazily in the methods below, which the tuner calls on its
+  // own thread, where the device context is current.
   virtual void prepare(const Config& config) = 0;
   // Runs the heuristic config once and keeps its output as the reference. Called once,
   // before any matches_reference() or time_ms().
@@ -168,10 +169,7 @@ struct TuneJob {
   TuneResult tune(const TuneOptions& options = {}) const {
     return tuner.tune(key, make_candidate, options);
   }
-  TuneResult measure(const TuneOptions& options = {}) const {
-    auto candidate = make_candidate();
-    return tuner.measure(key, *candidate, options);
-  }
+  TuneResult measure(const TuneOptions& options = {}) const;
 };
 
 }  // namespace ladle
