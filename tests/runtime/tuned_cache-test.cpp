@@ -1,3 +1,4 @@
+#include <ladle/runtime/log.h>
 #include <ladle/runtime/tuned_cache.h>
 #include <ladle/runtime/version.h>
 #include <unistd.h>
@@ -364,6 +365,10 @@ TEST_CASE("a damaged file is reported once, not on every lookup") {
   REQUIRE_FALSE(cache.lookup(key()).has_value());
   REQUIRE_FALSE(cache.lookup(key()).has_value());
   const std::string text = captured.text();
+  if (!log::enabled(log::Level::warn)) {  // LADLE_LOG=error: nothing at all
+    REQUIRE(text.empty());
+    return;
+  }
   REQUIRE_THAT(text, Catch::Contains("is damaged") && Catch::Contains(key().hash()));
   REQUIRE(text.find("is damaged") == text.rfind("is damaged"));
 }
