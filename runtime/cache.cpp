@@ -1,19 +1,14 @@
 #include "cache.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <regex>
-#include <sstream>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "detail/files.h"
 #include "error.h"
 #include "hash.h"
 #include "log.h"
@@ -28,6 +23,10 @@ using nlohmann::json;
 namespace ladle {
 namespace {
 
+using detail::read_file;
+using detail::unique_suffix;
+using detail::write_file;
+
 constexpr int kManifestFormat = 1;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kSource = "kernel.cu";
@@ -37,30 +36,6 @@ constexpr const char* kCubin = "kernel.cubin";
 bool is_key(const std::string& name) {
   return name.size() == 32 &&
          std::all_of(name.begin(), name.end(), [](char c) { return std::isxdigit(c) != 0; });
-}
-
-std::optional<std::string> read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return std::move(out).str();
-}
-
-void write_file(const fs::path& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) throw Error(fmt::format("cache: could not write '{}'", path.string()));
-}
-
-// A name no other process or thread will pick, for temporary and trash directories.
-std::string unique_suffix() {
-  static std::atomic<unsigned> counter{0};
-  return fmt::format("{}-{}-{}", ::getpid(),
-                     std::hash<std::thread::id>{}(std::this_thread::get_id()) % 100000,
-                     counter.fetch_add(1));
 }
 
 std::uint64_t parse_size(const std::string& text) {
@@ -142,19 +117,7 @@ DiskCache::DiskCache(Settings settings) : settings_(std::move(settings)) {
     log::warn("compile cache: no cache directory (set LADLE_CACHE_DIR or HOME); memory only");
     return;
   }
-  // Probe by writing: permissions alone don't tell (root, read-only mounts, ACLs).
-  std::error_code ec;
-  fs::create_directories(settings_.dir, ec);
-  fs::path probe = settings_.dir / (".probe-" + unique_suffix());
-  bool writable = false;
-  if (!ec) {
-    std::ofstream out(probe);
-    out << "ladle";
-    out.close();
-    writable = static_cast<bool>(out);
-    fs::remove(probe, ec);
-  }
-  if (!writable) {
+  if (!detail::is_writable_directory(settings_.dir)) {
     memory_only_ = true;
     log::warn(fmt::format(
         "compile cache: '{}' is not writable; kernels are cached in memory only for this "
@@ -392,14 +355,11 @@ std::optional<std::string> DiskCache::read_note(const std::string& name) const {
 
 void DiskCache::write_note(const std::string& name, const std::string& text) const {
   if (!disk_enabled()) return;
-  const fs::path temp = settings_.dir / (".tmp-note-" + unique_suffix());
-  std::error_code ec;
   try {
-    write_file(temp, text);
-    fs::rename(temp, settings_.dir / (".note-" + name), ec);
+    detail::write_file_atomically(settings_.dir / (".note-" + name), text);
   } catch (const Error&) {
+    // A note is only a shortcut; without it the next process asks NVRTC again.
   }
-  fs::remove(temp, ec);
 }
 
 fs::path DiskCache::failed_source_path(const std::string& key) const {

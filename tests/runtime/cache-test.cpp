@@ -16,12 +16,14 @@
 #include <ladle/runtime/error.h>
 
 #include "kernels.h"
+#include "scoped_env.h"
 #include "temp_dir.h"
 
 extern char** environ;
 
 using namespace ladle;
 namespace fs = std::filesystem;
+using test::ScopedEnv;
 
 namespace {
 
@@ -37,20 +39,6 @@ std::vector<fs::path> entry_dirs(const fs::path& dir) {
     if (e.is_directory() && e.path().filename().string().size() == 32) out.push_back(e.path());
   return out;
 }
-
-// Restores one environment variable when the test ends.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    value ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 }  // namespace
 
