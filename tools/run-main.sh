@@ -13,5 +13,7 @@ for job in "$build"/examples/*/example-*; do
   echo "== $(basename "$job")"
   "$job"
 done
-echo "== ladle-dump of the runtime example's kernel (resources for sm_90a)"
+echo "== the GLA kernel ladle generates, compiled for Hopper (resources)"
+"$build"/tools/ladle-dump/ladle-dump --op gla --arch sm_90a --only resources
+echo "== ladle-dump of a hand-written kernel (resources for sm_90a)"
 "$build"/tools/ladle-dump/ladle-dump tools/ladle-dump/sample.cu --arch sm_90a --only resources
