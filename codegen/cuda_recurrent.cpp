@@ -179,8 +179,8 @@ namespace {
 std::vector<std::string> tile_rules(const RecurrentTile& tile) {
   std::vector<std::string> problems;
   const int threads = 32 * tile.warps;
-  if (tile.warps != 1 && tile.warps != 2 && tile.warps != 4 && tile.warps != 8)
-    problems.push_back("warps = " + std::to_string(tile.warps) + ", expected 1, 2, 4 or 8");
+  if (tile.warps != 1 && tile.warps != 2 && tile.warps != 4 && tile.warps != 8 && tile.warps != 16)
+    problems.push_back("warps = " + std::to_string(tile.warps) + ", expected 1, 2, 4, 8 or 16");
   if (!power_of_two(tile.block_k) || tile.block_k > 256)
     problems.push_back("block_k = " + std::to_string(tile.block_k) + ", expected a power of two up to 256");
   if (!power_of_two(tile.block_v) || tile.block_v > threads)

@@ -95,7 +95,7 @@ TEST_CASE("tiles are validated", "[codegen][cuda]") {
   CHECK(cuda::validate_tile(cuda::default_tile(256, 256), 256, 256).empty());
   CHECK(cuda::validate_tile(cuda::default_tile(5, 3), 5, 3).empty());
   CHECK(cuda::validate_tile({64, 32, 4}, 65, 8) == std::vector<std::string>{"K = 65 exceeds block_k = 64"});
-  CHECK(cuda::validate_tile({64, 32, 3}, 8, 8).front() == "warps = 3, expected 1, 2, 4 or 8");
+  CHECK(cuda::validate_tile({64, 32, 3}, 8, 8).front() == "warps = 3, expected 1, 2, 4, 8 or 16");
   CHECK(cuda::validate_tile({48, 32, 4}, 8, 8).front() == "block_k = 48, expected a power of two up to 256");
   CHECK(cuda::validate_tile({64, 64, 1}, 8, 8).front() == "block_v = 64, expected a power of two up to the 32 threads");
   CHECK_THAT(cuda::validate_tile({256, 32, 1}, 8, 8).front(), Catch::Contains("each thread would keep 256 state rows"));
