@@ -110,6 +110,16 @@ const char* helpers = R"(#ifndef LADLE_UNROLL
 #define LADLE_UNROLL_4
 #endif
 #endif
+#ifndef LADLE_VECTOR4
+#define LADLE_VECTOR4
+// Four consecutive state rows' operands in one 16-byte shared-memory load.
+struct alignas(16) ladle_f4 { float x, y, z, w; };
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__device__ __forceinline__ ladle_f4 ladle_ld4(const float* p) { return *reinterpret_cast<const ladle_f4*>(p); }
+#else
+inline ladle_f4 ladle_ld4(const float* p) { return ladle_f4{p[0], p[1], p[2], p[3]}; }
+#endif
+#endif
 #ifndef LADLE_RECURRENT_HELPERS
 #define LADLE_RECURRENT_HELPERS
 struct ladle_f16 { unsigned short bits; };   // IEEE binary16
@@ -358,8 +368,9 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   c("constexpr int CHUNK = " + std::to_string(chunk) + ";  // tokens staged in shared memory at a time");
   c("");
   c("// The key and value sides of CHUNK tokens, shared by the block.");
-  c("__shared__ float q_feature[CHUNK][BLOCK_K], k_feature[CHUNK][BLOCK_K];");
-  if (decays_k) c("__shared__ float decay_k[CHUNK][BLOCK_K];");
+  c("alignas(16) __shared__ float q_feature[CHUNK][BLOCK_K];");
+  c("alignas(16) __shared__ float k_feature[CHUNK][BLOCK_K];");
+  if (decays_k) c("alignas(16) __shared__ float decay_k[CHUNK][BLOCK_K];");
   c("__shared__ float v_feature[CHUNK][BLOCK_V];");
   if (decays_v) c("__shared__ float decay_v[CHUNK][BLOCK_V];");
   c("__shared__ float o_partial[CHUNK][ROW_GROUPS][BLOCK_V];");
@@ -511,16 +522,37 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   c("const float v_j = v_feature[cpos][column];");
   if (decays_v) c("const float decay_j = decay_v[cpos][column];");
   c("float o_part = 0.0f;");
-  c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
-  c.in();
-  c("const int i = group * ROWS + r;");
-  std::string decayed = "state[r]";
-  if (decays_k) decayed += " * decay_k[cpos][i]";
-  if (decays_v) decayed += " * decay_j";
-  c("state[r] = " + decayed + " + k_feature[cpos][i] * v_j;");
-  c("o_part += q_feature[cpos][i] * state[r];");
-  c.out();
-  c("}");
+  const int rows = (tile.block_k + row_groups - 1) / row_groups;
+  if (rows % 4 == 0 && rows * row_groups == tile.block_k) {
+    // Rows in fours: one 16-byte shared load per operand for four state rows.
+    c("LADLE_UNROLL for (int r4 = 0; r4 < ROWS / 4; ++r4) {");
+    c.in();
+    c("const int i = group * ROWS + 4 * r4;");
+    c("const ladle_f4 q4 = ladle_ld4(&q_feature[cpos][i]), k4 = ladle_ld4(&k_feature[cpos][i]);");
+    if (decays_k) c("const ladle_f4 a4 = ladle_ld4(&decay_k[cpos][i]);");
+    for (const char* lane : {"x", "y", "z", "w"}) {
+      const std::string r = std::string("state[4 * r4 + ") + std::to_string(lane[0] == 'w' ? 3 : lane[0] - 'x') + "]";
+      std::string decayed = r;
+      if (decays_k) decayed += std::string(" * a4.") + lane;
+      if (decays_v) decayed += " * decay_j";
+      c(r + " = " + decayed + " + k4." + lane + " * v_j;");
+      c("o_part += q4." + std::string(lane) + " * " + r + ";");
+    }
+    c.out();
+    c("}");
+  } else {
+    c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
+    c.in();
+    c("const int i = group * ROWS + r;");
+    c("if (i >= BLOCK_K) break;");
+    std::string decayed = "state[r]";
+    if (decays_k) decayed += " * decay_k[cpos][i]";
+    if (decays_v) decayed += " * decay_j";
+    c("state[r] = " + decayed + " + k_feature[cpos][i] * v_j;");
+    c("o_part += q_feature[cpos][i] * state[r];");
+    c.out();
+    c("}");
+  }
   c("o_partial[cpos][group][column] = o_part;");
   c.out();
   c("}");
