@@ -524,7 +524,9 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   c("float o_part = 0.0f;");
   const int rows = (tile.block_k + row_groups - 1) / row_groups;
   if (rows % 4 == 0 && rows * row_groups == tile.block_k) {
-    // Rows in fours: one 16-byte shared load per operand for four state rows.
+    // Rows in fours: one 16-byte shared load per operand for four state rows, and four
+    // independent partial sums for the read, so its FMA chain is ROWS / 4 long, not ROWS.
+    c("float o_lane[4] = {0.0f, 0.0f, 0.0f, 0.0f};");
     c("LADLE_UNROLL for (int r4 = 0; r4 < ROWS / 4; ++r4) {");
     c.in();
     c("const int i = group * ROWS + 4 * r4;");
@@ -536,10 +538,11 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
       if (decays_k) decayed += std::string(" * a4.") + lane;
       if (decays_v) decayed += " * decay_j";
       c(r + " = " + decayed + " + k4." + lane + " * v_j;");
-      c("o_part += q4." + std::string(lane) + " * " + r + ";");
+      c("o_lane[" + std::to_string(lane[0] == 'w' ? 3 : lane[0] - 'x') + "] += q4." + std::string(lane) + " * " + r + ";");
     }
     c.out();
     c("}");
+    c("o_part = (o_lane[0] + o_lane[1]) + (o_lane[2] + o_lane[3]);");
   } else {
     c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
     c.in();
