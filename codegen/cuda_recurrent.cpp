@@ -526,7 +526,8 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   if (rows % 4 == 0 && rows * row_groups == tile.block_k) {
     // Rows in fours: one 16-byte shared load per operand for four state rows, and four
     // independent partial sums for the read, so its FMA chain is ROWS / 4 long, not ROWS.
-    c("float o_lane[4] = {0.0f, 0.0f, 0.0f, 0.0f};");
+    const bool split_read = rows >= 32;  // shorter rows: the chain is short and ptxas spills
+    if (split_read) c("float o_x = 0.0f, o_y = 0.0f, o_z = 0.0f, o_w = 0.0f;");
     c("LADLE_UNROLL for (int r4 = 0; r4 < ROWS / 4; ++r4) {");
     c.in();
     c("const int i = group * ROWS + 4 * r4;");
@@ -538,11 +539,11 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
       if (decays_k) decayed += std::string(" * a4.") + lane;
       if (decays_v) decayed += " * decay_j";
       c(r + " = " + decayed + " + k4." + lane + " * v_j;");
-      c("o_lane[" + std::to_string(lane[0] == 'w' ? 3 : lane[0] - 'x') + "] += q4." + std::string(lane) + " * " + r + ";");
+      c((split_read ? "o_" + std::string(lane) : std::string("o_part")) + " += q4." + std::string(lane) + " * " + r + ";");
     }
     c.out();
     c("}");
-    c("o_part = (o_lane[0] + o_lane[1]) + (o_lane[2] + o_lane[3]);");
+    if (split_read) c("o_part = (o_x + o_y) + (o_z + o_w);");
   } else {
     c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
     c.in();
