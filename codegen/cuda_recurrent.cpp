@@ -105,9 +105,7 @@ const char* helpers = R"(#ifndef LADLE_UNROLL
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define LADLE_UNROLL _Pragma("unroll")
 #define LADLE_UNROLL_4 _Pragma("unroll 4")
-#define LADLE_UNROLL_2 _Pragma("unroll 2")
 #else
-#define LADLE_UNROLL_2
 #define LADLE_UNROLL
 #define LADLE_UNROLL_4
 #endif
@@ -519,10 +517,7 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   c("");
   c("// 2. Token by token: S = diag(decay_k) S diag(decay_v) + k v^T on this thread's rows,");
   c("//    and their part of q^T S. Positions past the end have k = 0 and decay 1.");
-  // Unrolled by two: the next token's shared-memory operands do not depend on the state,
-  // so their loads can be issued under this token's arithmetic (ncu: the top stall was
-  // waiting on shared loads).
-  c("LADLE_UNROLL_2 for (int cpos = 0; cpos < CHUNK; ++cpos) {");
+  c("for (int cpos = 0; cpos < CHUNK; ++cpos) {");
   c.in();
   c("const float v_j = v_feature[cpos][column];");
   if (decays_v) c("const float decay_j = decay_v[cpos][column];");
