@@ -96,3 +96,25 @@ TEST_CASE("without a driver the GPU backend says so; with one it agrees with the
   auto cpu = ladle::gla(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), options);
   REQUIRE(test::relative_error(gpu.o, test::values_of(cpu.o)) < 1e-2);
 }
+
+TEST_CASE("at K = V = 128 the shape-chosen GPU tile agrees with the CPU path", "[gpu]") {
+  std::mt19937_64 rng(5);
+  auto q = test::normal(rng, ElementType::bf16, {1, 70, 2, 128});
+  auto k = test::normal(rng, ElementType::bf16, {1, 70, 2, 128});
+  auto v = test::normal(rng, ElementType::bf16, {1, 70, 2, 128});
+  auto g = test::log_gate(rng, ElementType::bf16, {1, 70, 2, 128});
+  ladle::GlaOptions options;
+  options.backend = ladle::Backend::gpu;
+  options.return_state = true;
+  if (!ladle::driver_available()) {
+    WARN("no GPU: " << ladle::driver_unavailable_reason());
+    REQUIRE_THROWS_AS(ladle::gla(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), options),
+                      ladle::NoCudaDriver);
+    return;
+  }
+  auto gpu = ladle::gla(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), options);
+  options.backend = ladle::Backend::cpu;
+  auto cpu = ladle::gla(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), options);
+  CHECK(test::relative_error(gpu.o, test::values_of(cpu.o)) < 1e-2);
+  CHECK(test::relative_error(*gpu.final_state, test::values_of(*cpu.final_state)) < 1e-5);
+}
