@@ -213,38 +213,26 @@ void DeviceBuffer::fill_bytes(unsigned char value, const Stream* stream) {
                                  stream_of(stream)));
 }
 
+namespace {
+int function_attribute(void* function, CUfunction_attribute which) {
+  int value = 0;
+  LADLE_CU(api().cuFuncGetAttribute(&value, which, static_cast<CUfunction>(function)));
+  return value;
+}
+}  // namespace
+
 void Kernel::set_max_dynamic_shared(int bytes) {
   LADLE_CU(api().cuFuncSetAttribute(static_cast<CUfunction>(function_),
                                     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
 }
 
-int Kernel::registers() const {
-  int value = 0;
-  LADLE_CU(api().cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS,
-                                    static_cast<CUfunction>(function_)));
-  return value;
-}
+int Kernel::registers() const { return function_attribute(function_, CU_FUNC_ATTRIBUTE_NUM_REGS); }
 
-int Kernel::local_bytes() const {
-  int value = 0;
-  LADLE_CU(api().cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
-                                    static_cast<CUfunction>(function_)));
-  return value;
-}
+int Kernel::local_bytes() const { return function_attribute(function_, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES); }
 
-int Kernel::static_shared_bytes() const {
-  int value = 0;
-  LADLE_CU(api().cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-                                    static_cast<CUfunction>(function_)));
-  return value;
-}
+int Kernel::static_shared_bytes() const { return function_attribute(function_, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES); }
 
-int Kernel::max_threads_per_block() const {
-  int value = 0;
-  LADLE_CU(api().cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-                                    static_cast<CUfunction>(function_)));
-  return value;
-}
+int Kernel::max_threads_per_block() const { return function_attribute(function_, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK); }
 
 void Kernel::launch(Dim3 grid, Dim3 block, KernelArgs& args, unsigned dynamic_shared,
                     const Stream* stream) const {
