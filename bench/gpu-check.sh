@@ -68,8 +68,12 @@ if [ "$what" = recurrent ] || [ "$what" = all ]; then
     export PYTHONPATH=/tmp/site
   fi
   shape=${LADLE_BENCH_SHAPE:-"-B 8 -T 4096 -H 16 -K 128 -V 128"}
-  "$bin/ladle-bench-recurrent" $shape ${LADLE_BENCH_TILES:---tile 128,32,4 --tile 128,16,4 --tile 128,64,4 --tile 128,32,8 --tile 128,16,2} > "$out/recurrent-ladle.jsonl" 2>> "$log"
-  "$bin/ladle-bench-recurrent" $shape > "$out/recurrent-ladle-heuristic.jsonl" 2>> "$log"
+  LADLE_AUTOTUNE=heuristic "$bin/ladle-bench-recurrent" $shape ${LADLE_BENCH_TILES:---tile 128,64,8 --tile 128,128,16 --tile 128,32,16 --tile 128,32,8} > "$out/recurrent-ladle.jsonl" 2>> "$log"
+  LADLE_AUTOTUNE=heuristic "$bin/ladle-bench-recurrent" $shape > "$out/recurrent-ladle-heuristic.jsonl" 2>> "$log"
+  # The autotuner: a forced tuning (first call = tuning wall time), then a new process that
+  # reuses the stored result (first call without tuning).
+  LADLE_AUTOTUNE=force "$bin/ladle-bench-recurrent" $shape > "$out/recurrent-ladle-tuned.jsonl" 2>> "$log"
+  LADLE_AUTOTUNE=cached "$bin/ladle-bench-recurrent" $shape > "$out/recurrent-ladle-cached.jsonl" 2>> "$log"
   PYTHONUNBUFFERED=1 python3 bench/fla_bench.py --ops fused_recurrent_gla --shapes 8x4096x16x128x128 > "$out/recurrent-fla.jsonl" 2>> "$log"
   cat "$out"/recurrent-*.jsonl | python3 bench/table.py | tee -a "$summary"
 fi

@@ -1,5 +1,7 @@
 #include "gpu_recurrent.h"
 
+#include "tune_recurrent.h"
+
 #include <cstring>
 #include <map>
 #include <memory>
@@ -166,7 +168,10 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   // No tokens still means work: each sequence's final state is its initial state.
   if (bound.dims.N * args.heads * args.value_dim == 0) return;
 
-  const cuda::RecurrentKernelSpec spec = kernel_spec(variant, bound, options);
+  // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means shape_tile).
+  RunOptions tiled = options;
+  if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, shape_tile(bound));
+  const cuda::RecurrentKernelSpec spec = kernel_spec(variant, bound, tiled);
   const LoadedKernel& loaded = loaded_kernel(variant, spec);
 
   DeviceBuffer offsets;
