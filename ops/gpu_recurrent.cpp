@@ -100,11 +100,13 @@ Uploaded upload(const TensorView& host) {
   return u;
 }
 
+}  // namespace
+
 // The heuristic tile for this call's shape. Few (sequence, head) pairs leave most SMs idle
 // with wide tiles; narrow ones give more blocks. Measured on H100 at K=V=128 (GLA bf16):
 // B2 T16384 H16: 128,32,16 6.2 ms vs 128,64,8 11.4 ms; B8 T4096 H16: 128,64,8 3.35 ms vs
 // 128,32,16 3.79 ms. Without a device (dump, CI) the size-only heuristic applies.
-cuda::RecurrentTile shape_tile(const ops::BoundInputs& bound) {
+cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound) {
   const auto& args = bound.args;
   cuda::RecurrentTile tile = cuda::default_tile(args.key_dim, args.value_dim);
   if (tile.block_k != 128 || !driver_available()) return tile;
@@ -116,13 +118,11 @@ cuda::RecurrentTile shape_tile(const ops::BoundInputs& bound) {
   return tile;
 }
 
-}  // namespace
-
 cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                       const RunOptions& options) {
   const auto& args = bound.args;
   cuda::RecurrentKernelSpec spec;
-  spec.tile = options.tile.value_or(shape_tile(bound));
+  spec.tile = options.tile.value_or(heuristic_tile(bound));
   if (auto problems = cuda::validate_tile(spec.tile, args.key_dim, args.value_dim); !problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
@@ -168,9 +168,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   // No tokens still means work: each sequence's final state is its initial state.
   if (bound.dims.N * args.heads * args.value_dim == 0) return;
 
-  // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means shape_tile).
+  // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
   RunOptions tiled = options;
-  if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, shape_tile(bound));
+  if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, heuristic_tile(bound));
   const cuda::RecurrentKernelSpec spec = kernel_spec(variant, bound, tiled);
   const LoadedKernel& loaded = loaded_kernel(variant, spec);
 

@@ -22,6 +22,10 @@ struct LaunchOptions {
   const Stream* stream = nullptr;  // nullptr: the default stream
 };
 
+// The tile used without tuning: by K and V, and on a GPU also by the number of blocks the
+// shape gives (narrow tiles when wide ones would leave SMs idle).
+cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound);
+
 // The kernel spec a call needs (dtypes of every input, reverse, varlen, states, tile).
 cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                       const RunOptions& options);

@@ -19,27 +19,11 @@
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 
+#include "device_fill.h"
+
 namespace {
 
-const char* kFill = R"(
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-__device__ float hashed_normal(unsigned long long i, unsigned seed) {
-  // Two 32-bit hashes -> Box-Muller: cheap, deterministic, never all zeros.
-  unsigned a = (unsigned)(i * 2654435761ull) ^ seed, b = (unsigned)((i + 0x9e3779b9ull) * 40503ull) ^ (seed * 7919u);
-  a ^= a >> 16; a *= 0x7feb352du; a ^= a >> 15; a *= 0x846ca68bu; a ^= a >> 16;
-  b ^= b >> 16; b *= 0x7feb352du; b ^= b >> 15; b *= 0x846ca68bu; b ^= b >> 16;
-  float u1 = (a >> 8) * (1.0f / 16777216.0f) + 1e-7f, u2 = (b >> 8) * (1.0f / 16777216.0f);
-  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-}
-extern "C" __global__ void fill_bf16(__nv_bfloat16* x, long long n, unsigned seed, int gate) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    float r = hashed_normal(i, seed);
-    if (gate) r = (fminf(r, 0.0f) - log1pf(expf(-fabsf(r)))) / 16.0f;
-    x[i] = __float2bfloat16(r);
-  }
-}
-)";
+
 
 }  // namespace
 
@@ -57,19 +41,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     auto& device = ladle::Device::get();
-    ladle::CompileOptions fill_options;
-    auto fill_program = ladle::compile(kFill, fill_options);
-    ladle::Module fill_module(fill_program);
-    auto fill = fill_module.kernel("fill_bf16");
     const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
     ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_k * 2), o(n_v * 2);
-    unsigned seed = 1;
-    for (auto* buf : {&q, &k, &v, &g}) {
-      ladle::KernelArgs a;
-      const long long n = static_cast<long long>(buf->bytes() / 2);
-      a.add(*buf).add(n).add(seed++).add(buf == &g ? 1 : 0);
-      fill.launch({static_cast<unsigned>(device.properties().sm_count * 16)}, {256}, a);
-    }
+    ladle::bench::fill_bf16(q, 1, false);
+    ladle::bench::fill_bf16(k, 2, false);
+    ladle::bench::fill_bf16(v, 3, false);
+    ladle::bench::fill_bf16(g, 4, true);
     device.synchronize();
 
     // Device copy bandwidth (bytes read + written), for the floor.
