@@ -65,4 +65,21 @@ struct TensorView {
   }
 };
 
+// Calls f(i, offset) for every element in row-major order: i counts elements 0..numel-1,
+// offset is the element's position in the view's storage (in elements, from strides).
+template <class F>
+void for_each_offset(const TensorView& view, F&& f) {
+  std::vector<std::int64_t> index(view.shape.size(), 0);
+  const std::int64_t n = view.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d < index.size(); ++d) offset += index[d] * view.strides[d];
+    f(i, offset);
+    for (int d = static_cast<int>(index.size()) - 1; d >= 0; --d) {
+      if (++index[d] < view.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
 }  // namespace ladle

@@ -71,17 +71,10 @@ std::vector<std::byte> pack_dense(const TensorView& view) {
   const std::size_t size = element_size(view.type);
   const std::int64_t n = view.numel();
   std::vector<std::byte> out(static_cast<std::size_t>(n) * size);
-  std::vector<std::int64_t> index(view.shape.size(), 0);
   const auto* base = static_cast<const std::byte*>(view.data);
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::int64_t offset = 0;
-    for (std::size_t d = 0; d < index.size(); ++d) offset += index[d] * view.strides[d];
+  for_each_offset(view, [&](std::int64_t i, std::int64_t offset) {
     std::memcpy(out.data() + i * size, base + offset * static_cast<std::int64_t>(size), size);
-    for (int d = static_cast<int>(index.size()) - 1; d >= 0; --d) {
-      if (++index[d] < view.shape[d]) break;
-      index[d] = 0;
-    }
-  }
+  });
   return out;
 }
 

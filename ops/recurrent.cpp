@@ -4,6 +4,9 @@
 #include <cmath>
 
 #include <ladle/dsl/dsl.h>
+#include <ladle/runtime/error.h>
+
+#include "gla.h"
 
 #include "named_op.h"
 
@@ -48,6 +51,28 @@ const ir::Variant& recurrent_variant(bool g, bool gk, bool gv, bool g_gamma) {
     return all;
   }();
   return variants[(g ? 1 : 0) | (gk ? 2 : 0) | (gv ? 4 : 0) | (g_gamma ? 8 : 0)];
+}
+
+const ir::Variant& named_variant(std::string_view op, std::string_view gates) {
+  bool g = false, gk = false, gv = false, g_gamma = false;
+  for (std::size_t start = 0; start < gates.size();) {
+    std::size_t end = gates.find(',', start);
+    if (end == std::string_view::npos) end = gates.size();
+    const std::string_view gate = gates.substr(start, end - start);
+    if (gate == "g") g = true;
+    else if (gate == "gk") gk = true;
+    else if (gate == "gv") gv = true;
+    else if (gate == "g_gamma") g_gamma = true;
+    else if (!gate.empty())
+      throw InvalidArgument("named_variant: gate '" + std::string(gate) + "', expected g, gk, gv or g_gamma");
+    start = end + 1;
+  }
+  if (op == "gla") {
+    if (gk || gv) throw InvalidArgument("named_variant: gla takes only g (always) and g_gamma");
+    return gla_variant(g_gamma);
+  }
+  if (op == "recurrent") return recurrent_variant(g, gk, gv, g_gamma);
+  throw InvalidArgument("named_variant: op '" + std::string(op) + "', expected gla or recurrent");
 }
 
 RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v,

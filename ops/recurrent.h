@@ -11,6 +11,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include "variant.h"
 
@@ -28,6 +29,11 @@ struct RecurrentOptions {
   bool return_state = false;                // final_state [N,H,K,V] f32
   Backend backend = Backend::automatic;     // GPU when there is one, else CPU
 };
+
+// The variant of a named op by name, with gates named as in the tools' --gates flag:
+// "recurrent" with any of g,gk,gv,g_gamma (comma-separated); "gla" (always g) with an
+// optional g_gamma. Unknown ops or gates throw InvalidArgument naming them.
+const ir::Variant& named_variant(std::string_view op, std::string_view gates = "");
 
 RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v,
                           const RecurrentOptions& options = {});

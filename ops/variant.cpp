@@ -18,18 +18,11 @@ bool use_gpu(const RunOptions& options) {
 // A dense result into a caller's (possibly strided) view of the same type.
 void store_into(const HostTensor& dense, const TensorView& out) {
   const std::size_t size = element_size(out.type);
-  std::vector<std::int64_t> index(out.shape.size(), 0);
   auto* base = static_cast<std::byte*>(out.data);
   const auto* src = static_cast<const std::byte*>(dense.data());
-  for (std::int64_t i = 0; i < dense.numel(); ++i) {
-    std::int64_t offset = 0;
-    for (std::size_t d = 0; d < index.size(); ++d) offset += index[d] * out.strides[d];
+  for_each_offset(out, [&](std::int64_t i, std::int64_t offset) {
     std::memcpy(base + offset * static_cast<std::int64_t>(size), src + i * size, size);
-    for (int d = static_cast<int>(index.size()) - 1; d >= 0; --d) {
-      if (++index[d] < out.shape[d]) break;
-      index[d] = 0;
-    }
-  }
+  });
 }
 
 std::string op_name(const ir::Variant& variant) { return variant.name.empty() ? "variant" : variant.name; }

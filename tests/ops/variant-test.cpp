@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <ladle/dsl/dsl.h>
+#include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/variant.h>
 
@@ -205,4 +206,15 @@ TEST_CASE("the result does not depend on the number of threads", "[ops][variant]
   const auto b = run_variant(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(), inputs, many);
   CHECK(test::values_of(a.o) == test::values_of(b.o));
   CHECK(test::values_of(*a.final_state) == test::values_of(*b.final_state));
+}
+
+TEST_CASE("named_variant picks the named op's variant and names a bad op or gate", "[ops]") {
+  CHECK(ladle::ir::hash(ladle::named_variant("gla")) == ladle::ir::hash(ladle::gla_variant(false)));
+  CHECK(ladle::ir::hash(ladle::named_variant("gla", "g_gamma")) == ladle::ir::hash(ladle::gla_variant(true)));
+  CHECK(ladle::ir::hash(ladle::named_variant("recurrent", "gk,g_gamma")) ==
+        ladle::ir::hash(ladle::recurrent_variant(false, true, false, true)));
+  CHECK(ladle::ir::hash(ladle::named_variant("recurrent")) != ladle::ir::hash(ladle::named_variant("recurrent", "g")));
+  REQUIRE_THROWS_WITH(ladle::named_variant("recurrent", "g,decay"), Catch::Contains("gate 'decay'"));
+  REQUIRE_THROWS_WITH(ladle::named_variant("retnet"), Catch::Contains("op 'retnet'"));
+  REQUIRE_THROWS_WITH(ladle::named_variant("gla", "gv"), Catch::Contains("gla takes only"));
 }

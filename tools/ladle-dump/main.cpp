@@ -104,9 +104,7 @@ int main(int argc, char** argv) {
   try {
     ladle::CompiledProgram program;
     if (!op.empty()) {
-      auto has = [&](const char* gate) { return ("," + gates + ",").find(std::string(",") + gate + ",") != std::string::npos; };
-      const ladle::ir::Variant& variant = op == "gla" ? ladle::gla_variant(has("g_gamma"))
-                                                      : ladle::recurrent_variant(has("g"), has("gk"), has("gv"), has("g_gamma"));
+      const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
       const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
       ladle::cuda::RecurrentKernelSpec spec;
       spec.tile = ladle::cuda::default_tile(key_dim, value_dim);

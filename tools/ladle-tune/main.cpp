@@ -35,10 +35,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     auto& device = ladle::Device::get();
-    auto has = [&](const char* gate) { return ("," + gates + ",").find(std::string(",") + gate + ",") != std::string::npos; };
-    const bool g = op == "gla" || has("g");
-    const ladle::ir::Variant& variant =
-        op == "gla" ? ladle::gla_variant(has("g_gamma")) : ladle::recurrent_variant(g, has("gk"), has("gv"), has("g_gamma"));
+    const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
     std::vector<ladle::DeviceBuffer> buffers;
     ladle::VariantInputs inputs;
     inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
