@@ -8,164 +8,12 @@
 
 #include <ladle/runtime/error.h>
 
+#include "detail/cuda_source.h"
 #include "render_c.h"
 
 namespace ladle::cuda {
 
-namespace {
-
-bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
-
-int next_power_of_two(std::int64_t x) {
-  int p = 1;
-  while (p < x) p *= 2;
-  return p;
-}
-
-const char* storage_type(ElementType type) {
-  switch (type) {
-    case ElementType::f16: return "ladle_f16";
-    case ElementType::bf16: return "ladle_bf16";
-    default: return "float";
-  }
-}
-
-bool floating(ElementType t) { return t == ElementType::f32 || t == ElementType::f16 || t == ElementType::bf16; }
-
-// Identifiers the kernel template uses; an input whose name (or a name derived from it)
-// would clash with one of these, or with C++, is renamed.
-const std::set<std::string>& reserved() {
-  static const std::set<std::string> names = {
-      // the template's own
-      "BLOCK_K", "BLOCK_V", "THREADS", "ROW_GROUPS", "ROWS", "KEY_ROWS", "REVERSE", "q_feature", "k_feature",
-      "decay_k", "v_feature", "decay_v", "o_partial", "q_normaliser", "column", "group", "j", "jv", "n", "h", "b",
-      "bos", "eos", "state", "normaliser", "step", "t", "i", "m", "r", "c", "o_part", "o_sum", "z", "read_scale",
-      "head_log_decay", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
-      "cu_seqlens", "B", "T", "H", "K", "V", "rg", "in_range", "jv_local",
-      // C++ words a name could plausibly be
-      "auto", "bool", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
-      "extern", "float", "for", "goto", "if", "inline", "int", "long", "new", "delete", "register", "return",
-      "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void",
-      "volatile", "while", "class", "namespace", "template", "this", "true", "false", "private", "public",
-      "operator", "asm", "export", "final", "override", "try", "catch", "throw", "using", "virtual", "friend",
-      "mutable", "explicit", "typename", "constexpr", "nullptr", "threadIdx", "blockIdx", "blockDim", "gridDim",
-      "warpSize"};
-  return names;
-}
-
-// One C identifier per input: its name where that is safe and readable, else in<i>_<name>.
-std::vector<std::string> identifiers(const ir::Variant& variant) {
-  const auto sanitize = [](const std::string& name) {
-    std::string id;
-    for (char c : name) id += std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? c : '_';
-    if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0]))) id = "_" + id;
-    return id;
-  };
-  const auto derived = [](const std::string& id) {
-    return std::vector<std::string>{id,           id + "_row",      id + "_head",     id + "_value",    id + "_heads",
-                                    id + "_i",    id + "_j",        id + "_t",        id + "_stride_b", id + "_stride_t", id + "_stride_h",
-                                    id + "_stride_d"};
-  };
-  std::vector<std::string> ids;
-  for (const ir::Input& in : variant.inputs) ids.push_back(sanitize(in.name));
-  // An input keeps its own name unless a name derived from it is taken (by the template or
-  // another input) or looks like a renamed one.
-  std::map<std::string, int> uses;
-  for (const std::string& id : ids)
-    for (const std::string& name : derived(id)) ++uses[name];
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    bool clash = ids[i].rfind("ladle_", 0) == 0 ||
-                 (ids[i].rfind("in", 0) == 0 && ids[i].size() > 2 && std::isdigit(static_cast<unsigned char>(ids[i][2])));
-    for (const std::string& name : derived(ids[i])) clash = clash || uses[name] > 1 || reserved().count(name) > 0;
-    if (clash) ids[i] = "in" + std::to_string(i) + "_" + ids[i];
-  }
-  return ids;
-}
-
-// Lines with indentation.
-class Code {
- public:
-  Code& operator()(const std::string& line) {
-    if (!line.empty()) text_ += std::string(static_cast<std::size_t>(indent_) * 2, ' ');
-    text_ += line + "\n";
-    return *this;
-  }
-  void in() { ++indent_; }
-  void out() { --indent_; }
-  const std::string& text() const { return text_; }
-
- private:
-  std::string text_;
-  int indent_ = 0;
-};
-
-// Host-independent helpers every kernel of the family uses: 16-bit storage types without
-// cuda_fp16.h (so NVRTC needs no include path) and typed loads/stores through float.
-const char* helpers = R"(#ifndef LADLE_UNROLL
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define LADLE_UNROLL _Pragma("unroll")
-#define LADLE_UNROLL_4 _Pragma("unroll 4")
-#else
-#define LADLE_UNROLL
-#define LADLE_UNROLL_4
-#endif
-#endif
-#ifndef LADLE_VECTOR4
-#define LADLE_VECTOR4
-// Four consecutive state rows' operands in one 16-byte shared-memory load.
-struct alignas(16) ladle_f4 { float x, y, z, w; };
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-__device__ __forceinline__ ladle_f4 ladle_ld4(const float* p) { return *reinterpret_cast<const ladle_f4*>(p); }
-#else
-inline ladle_f4 ladle_ld4(const float* p) { return ladle_f4{p[0], p[1], p[2], p[3]}; }
-#endif
-#endif
-#ifndef LADLE_RECURRENT_HELPERS
-#define LADLE_RECURRENT_HELPERS
-struct ladle_f16 { unsigned short bits; };   // IEEE binary16
-struct ladle_bf16 { unsigned short bits; };  // bfloat16
-
-__device__ __forceinline__ float ladle_load(const float* p) { return *p; }
-__device__ __forceinline__ float ladle_load(const ladle_bf16* p) { return __uint_as_float(static_cast<unsigned>(p->bits) << 16); }
-__device__ __forceinline__ float ladle_load(const ladle_f16* p) {
-  float value;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(p->bits));
-  return value;
-}
-__device__ __forceinline__ void ladle_store(float* p, float value) { *p = value; }
-__device__ __forceinline__ void ladle_store(ladle_f16* p, float value) {
-  unsigned short bits;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-  p->bits = bits;
-}
-__device__ __forceinline__ void ladle_store(ladle_bf16* p, float value) {
-  const unsigned x = __float_as_uint(value);  // round to nearest even; NaN stays quiet
-  p->bits = (x & 0x7fffffffu) > 0x7f800000u ? static_cast<unsigned short>((x >> 16) | 0x40u)
-                                              : static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-#endif  // LADLE_RECURRENT_HELPERS
-)";
-
-std::string comment_block(const std::string& text) {
-  std::string out;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) out += line.empty() ? "//\n" : "// " + line + "\n";
-  return out;
-}
-
-std::uint64_t fnv1a(const std::string& bytes, std::uint64_t h = 0xcbf29ce484222325ull) {
-  for (char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  return h;
-}
-
-std::string hex(std::uint64_t value) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, value >>= 4) out[i] = digits[value & 15];
-  return out;
-}
-
-}  // namespace
+using namespace detail;
 
 RecurrentTile default_tile(std::int64_t key_dim, std::int64_t value_dim) {
   RecurrentTile tile;
@@ -219,22 +67,11 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_recurrent: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
   if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
-  if (spec.input_types.size() != variant.inputs.size())
-    fail("input_types has " + std::to_string(spec.input_types.size()) + " entries, expected one per input (" +
-         std::to_string(variant.inputs.size()) + ")");
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-    if (variant.inputs[i].kind != ir::InputKind::scalar && !floating(spec.input_types[i]))
-      fail("input " + variant.inputs[i].name + " has dtype " + element_type_name(spec.input_types[i]) +
-           ", expected f32, f16 or bf16");
-  if (!floating(spec.output_type)) fail(std::string("output_type ") + element_type_name(spec.output_type) + ", expected f32, f16 or bf16");
-  if (spec.initial_state && !floating(spec.initial_state_type))
-    fail(std::string("initial_state_type ") + element_type_name(spec.initial_state_type) + ", expected f32, f16 or bf16");
-  if (spec.varlen && spec.cu_seqlens_type != ElementType::i32 && spec.cu_seqlens_type != ElementType::i64)
-    fail(std::string("cu_seqlens_type ") + element_type_name(spec.cu_seqlens_type) + ", expected i32 or i64");
+  check_types("generate_recurrent", variant, spec);
 
   const RecurrentTile& tile = spec.tile;
   const int threads = 32 * tile.warps;
-  const std::vector<std::string> id = identifiers(variant);
+  const std::vector<std::string> id = identifiers(variant, {});
   const auto& inputs = variant.inputs;
   const auto has = [&](ir::Slot s) { return variant.has(s); };
   const auto varies_over_tokens = [&](ir::Slot s) { return ir::extent(variant, variant.slot(s)).token; };
@@ -277,62 +114,18 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   };
 
   // Kernel name: the variant's hash and everything the spec changes in the source.
-  std::string spec_key = to_string(tile) + (spec.reverse ? " R" : "") + (spec.varlen ? " L" : "") +
-                         (spec.initial_state ? " I" : "") + (spec.final_state ? " F" : "") +
-                         element_type_name(spec.output_type) + element_type_name(spec.initial_state_type) +
-                         element_type_name(spec.cu_seqlens_type);
-  for (ElementType t : spec.input_types) spec_key += element_type_name(t);
+  const std::string spec_key = to_string(tile) + types_key(spec);
   RecurrentKernel kernel;
   kernel.name = "ladle_recurrent_" + hex(fnv1a(spec_key, ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(threads);
   kernel.block_v = tile.block_v;
 
   // ---- Parameters
-  using Role = KernelParam::Role;
-  using Type = KernelParam::Type;
   std::vector<std::string> declarations;
-  const auto param = [&](const std::string& c_type, const std::string& name, Type type, Role role, int input = -1) {
-    declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
-    kernel.params.push_back({name, c_type, type, role, input});
-  };
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    const ir::Input& in = inputs[k];
-    const std::string& name = id[k];
-    const int index = static_cast<int>(k);
-    if (in.kind == ir::InputKind::scalar) {
-      param("float", name, Type::f32, Role::input, index);
-      continue;
-    }
-    param(std::string("const ") + storage_type(spec.input_types[k]) + "*", name, Type::pointer, Role::input, index);
-    param("long long", name + "_stride_b", Type::i64, Role::input_stride_b, index);
-    if (in.kind != ir::InputKind::head) param("long long", name + "_stride_t", Type::i64, Role::input_stride_t, index);
-    param("long long", name + "_stride_h", Type::i64, Role::input_stride_h, index);
-    if (in.kind == ir::InputKind::token_key || in.kind == ir::InputKind::token_value)
-      param("long long", name + "_stride_d", Type::i64, Role::input_stride_d, index);
-    param("int", name + "_heads", Type::i32, Role::input_heads, index);
-  }
-  param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
-  param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
-  param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
-  param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
-  param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
-  if (spec.initial_state)
-    param(std::string("const ") + storage_type(spec.initial_state_type) + "*", "initial_state", Type::pointer, Role::initial_state);
-  if (spec.final_state) param("float*", "final_state", Type::pointer, Role::final_state);
-  if (spec.varlen)
-    param(spec.cu_seqlens_type == ElementType::i32 ? "const int*" : "const long long*", "cu_seqlens", Type::pointer, Role::cu_seqlens);
-  param("int", "B", Type::i32, Role::batch);
-  param("int", "T", Type::i32, Role::tokens);
-  param("int", "H", Type::i32, Role::heads);
-  param("int", "K", Type::i32, Role::key_dim);
-  param("int", "V", Type::i32, Role::value_dim);
+  declare_params(variant, id, spec, declarations, kernel.params);
 
   // ---- Header
-  std::string types;
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind != ir::InputKind::scalar) types += id[k] + " " + element_type_name(spec.input_types[k]) + ", ";
-  types += std::string("o ") + element_type_name(spec.output_type) + ", state f32";
-  if (spec.initial_state) types += std::string(" (initial_state ") + element_type_name(spec.initial_state_type) + ")";
+  const std::string types = types_line(variant, id, spec);
   std::string header = "ladle: fused recurrent kernel " + kernel.name + "\nGenerated by codegen/cuda_recurrent.cpp; do not edit.\n\n";
   header += ir::to_string(variant);
   header += "\nconfig: " + to_string(tile) + " (" + std::to_string(threads) + " threads); requires K <= " +
@@ -344,7 +137,7 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   header += "GQA: an input with X heads serves query head h from head h * X / H.\n";
 
   Code c;
-  c(comment_block(header) + "\n" + helpers);
+  c(comment_block(header) + "\n" + storage_helpers);
   c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));

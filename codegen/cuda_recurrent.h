@@ -26,10 +26,10 @@ struct RecurrentTile {
   friend bool operator==(const RecurrentTile&, const RecurrentTile&) = default;
 };
 
-// What the source is specialised for besides the variant: dtypes and launch-time choices
-// that change the code (compile-time constants in the kernel).
-struct RecurrentKernelSpec {
-  RecurrentTile tile;
+// What a kernel is specialised for besides the variant and its tile: dtypes and
+// launch-time choices that change the code (compile-time constants in the kernel). Shared by
+// the fused-recurrent and chunked families.
+struct KernelTypes {
   std::vector<ElementType> input_types;  // one per variant input: f32, f16 or bf16 (scalars: ignored)
   ElementType output_type = ElementType::f32;
   bool reverse = false;
@@ -38,6 +38,10 @@ struct RecurrentKernelSpec {
   bool initial_state = false;            // [N,H,K,V] contiguous
   ElementType initial_state_type = ElementType::f32;
   bool final_state = false;              // [N,H,K,V] contiguous f32
+};
+
+struct RecurrentKernelSpec : KernelTypes {
+  RecurrentTile tile;
 };
 
 // One kernel parameter and what a launcher passes for it.

@@ -1,0 +1,64 @@
+// What the CUDA kernel families of codegen/ share while building source text: C names
+// for the variant's inputs, the 16-bit storage helpers, the kernel parameter list and an
+// indenting line writer. Internal to codegen (not installed).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <ladle/dsl/ir.h>
+
+#include "../cuda_recurrent.h"
+
+namespace ladle::cuda::detail {
+
+bool power_of_two(int x);
+int next_power_of_two(std::int64_t x);
+const char* storage_type(ElementType type);  // ladle_f16, ladle_bf16 or float
+bool floating(ElementType t);
+
+// One C identifier per input: its name where that is safe and readable, else in<i>_<name>.
+// `reserved` lists the template's own names (C++ words are always reserved).
+std::vector<std::string> identifiers(const ir::Variant& variant, const std::set<std::string>& reserved);
+
+// The 16-bit storage types and typed loads/stores through float (no cuda_fp16.h, so NVRTC
+// needs no include path), plus LADLE_UNROLL.
+extern const char* const storage_helpers;
+
+std::string comment_block(const std::string& text);  // "// " before every line
+std::uint64_t fnv1a(const std::string& bytes, std::uint64_t h = 0xcbf29ce484222325ull);
+std::string hex(std::uint64_t value);
+
+// Checks the dtypes of a spec against the variant (throws InvalidArgument prefixed `who`).
+void check_types(const std::string& who, const ir::Variant& variant, const KernelTypes& types);
+// "|R L I F ..." for a kernel name: everything in `types` that changes the source.
+std::string types_key(const KernelTypes& types);
+// "q bf16, k bf16, ..., o bf16, state f32 (initial_state bf16)"
+std::string types_line(const ir::Variant& variant, const std::vector<std::string>& ids, const KernelTypes& types);
+
+// The parameters of every kernel of the recurrence families, in order: the inputs (data,
+// strides, heads), o and its strides, the states, cu_seqlens, B T H K V. Appends the C
+// declarations and the launcher's description.
+void declare_params(const ir::Variant& variant, const std::vector<std::string>& ids, const KernelTypes& types,
+                    std::vector<std::string>& declarations, std::vector<KernelParam>& params);
+
+// Lines with indentation.
+class Code {
+ public:
+  Code& operator()(const std::string& line) {
+    if (!line.empty()) text_ += std::string(static_cast<std::size_t>(indent_) * 2, ' ');
+    text_ += line + "\n";
+    return *this;
+  }
+  void in() { ++indent_; }
+  void out() { --indent_; }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+  int indent_ = 0;
+};
+
+}  // namespace ladle::cuda::detail
