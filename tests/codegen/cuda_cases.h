@@ -19,6 +19,7 @@ struct Case {
   ladle::cuda::RecurrentKernelSpec spec;
   int B = 2, T = 7, H = 4, H_kv = 2, K = 8, V = 12;
   std::vector<std::int64_t> cu_seqlens;  // packed sequences when not empty (then B = 1)
+  double gate_level = 0;                 // not 0: log gates within 2 of this per token (g_gamma: this)
 };
 
 inline std::vector<Case> all() {

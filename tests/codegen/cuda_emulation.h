@@ -1,10 +1,17 @@
 // Runs generated CUDA kernels on the host, so that CI without a GPU checks what they
 // compute: each CUDA thread of a block is a std::thread, __syncthreads is a std::barrier,
-// __shared__ arrays are static (blocks run one after another), and the 16-bit helpers are
-// the host ones. Include it before the generated source.
+// __shared__ arrays are static (blocks run one after another), dynamic shared memory is a
+// buffer per block, and the 16-bit helpers are the host ones. The warp-wide tensor-core
+// operations of the chunked family (ldmatrix, mma.sync m16n8k16) are emulated through a
+// per-warp exchange: every lane posts its operands, a 32-thread barrier, every lane computes
+// its own fragment of the result exactly as the PTX ISA defines the fragment layouts.
+// Include it before the generated source.
 #pragma once
 
+#include <atomic>
 #include <barrier>
+#include <cstring>
+#include <memory>
 #include <cmath>
 #include <functional>
 #include <math.h>
@@ -20,17 +27,34 @@ struct Index {
 inline thread_local Index thread_index, block_index;
 inline thread_local std::barrier<>* barrier = nullptr;
 
+// What the lanes of one warp post for a warp-wide operation.
+struct WarpExchange {
+  std::barrier<> barrier{32};
+  const unsigned short* address[32] = {};
+  unsigned a[32][4] = {};
+  unsigned b[32][2] = {};
+};
+inline thread_local WarpExchange* warp_exchange = nullptr;
+inline thread_local unsigned char* shared_buffer = nullptr;
+inline constexpr std::size_t dynamic_shared_bytes = 256 * 1024;
+
 // Runs every block of a (grid_x, grid_y) grid of `threads`-thread blocks, block by block.
 inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std::function<void()>& kernel) {
   for (unsigned by = 0; by < grid_y; ++by)
     for (unsigned bx = 0; bx < grid_x; ++bx) {
       std::barrier<> block_barrier(static_cast<std::ptrdiff_t>(threads));
+      std::vector<std::unique_ptr<WarpExchange>> warps;
+      for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<WarpExchange>());
+      // Dynamic shared memory starts as garbage on a GPU: NaN bytes here.
+      std::vector<unsigned char> shared(dynamic_shared_bytes, 0xff);
       std::vector<std::thread> block;
       for (unsigned tx = 0; tx < threads; ++tx)
         block.emplace_back([&, tx] {
           thread_index = {tx, 0, 0};
           block_index = {bx, by, 0};
           barrier = &block_barrier;
+          warp_exchange = warps[tx / 32].get();
+          shared_buffer = shared.data();
           kernel();
         });
       for (std::thread& t : block) t.join();
@@ -58,6 +82,81 @@ inline float ladle_load(const ladle_bf16* p) { return ladle::narrow_float::from_
 inline void ladle_store(float* p, float value) { *p = value; }
 inline void ladle_store(ladle_f16* p, float value) { p->bits = ladle::narrow_float::to_f16(value); }
 inline void ladle_store(ladle_bf16* p, float value) { p->bits = ladle::narrow_float::to_bf16(value); }
+
+// The chunked family's device helpers, on the host.
+#define LADLE_CHUNKED_HELPERS
+#define LADLE_DYNAMIC_SHARED(name) unsigned char* const name = ::cuda_emulation::shared_buffer
+inline float ladle_exp2(float x) { return std::exp2(x); }
+inline unsigned ladle_float_bits(float x) {
+  unsigned bits;
+  std::memcpy(&bits, &x, 4);
+  return bits;
+}
+inline float ladle_bits_float(unsigned x) {
+  float value;
+  std::memcpy(&value, &x, 4);
+  return value;
+}
+inline float ladle_bf16_float(unsigned short bits) { return ladle::narrow_float::from_bf16(bits); }
+inline unsigned short ladle_bf16_bits(float value) { return ladle::narrow_float::to_bf16(value); }
+inline unsigned ladle_pack_bf16(float lo, float hi) {
+  return static_cast<unsigned>(ladle_bf16_bits(lo)) | (static_cast<unsigned>(ladle_bf16_bits(hi)) << 16);
+}
+inline unsigned atomicMax(unsigned* address, unsigned value) {
+  std::atomic_ref<unsigned> target(*address);
+  unsigned seen = target.load();
+  while (seen < value && !target.compare_exchange_weak(seen, value)) {
+  }
+  return seen;
+}
+namespace cuda_emulation {
+inline unsigned lane() { return thread_index.x % 32; }
+// ldmatrix .x4: lane l receives, of matrix i (rows posted by lanes 8i..8i+7), row l / 4,
+// columns 2 (l % 4) and +1; with .trans, column l / 4 of rows 2 (l % 4) and +1.
+inline void ldmatrix(unsigned (&r)[4], const unsigned short* p, bool trans) {
+  WarpExchange& x = *warp_exchange;
+  x.address[lane()] = p;
+  x.barrier.arrive_and_wait();
+  const unsigned l = lane();
+  for (unsigned i = 0; i < 4; ++i) {
+    unsigned short lo, hi;
+    if (trans) {
+      lo = x.address[8 * i + 2 * (l % 4)][l / 4];
+      hi = x.address[8 * i + 2 * (l % 4) + 1][l / 4];
+    } else {
+      lo = x.address[8 * i + l / 4][2 * (l % 4)];
+      hi = x.address[8 * i + l / 4][2 * (l % 4) + 1];
+    }
+    r[i] = static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
+  }
+  x.barrier.arrive_and_wait();
+}
+inline float half_of(unsigned pair, unsigned k) { return ladle_bf16_float(static_cast<unsigned short>(k % 2 ? pair >> 16 : pair & 0xffffu)); }
+// mma.m16n8k16 row.col: A[r][k] is in lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8);
+// B[k][n] in lane n * 4 + (k % 8) / 2, register k >= 8; D[r][c]: lane (r % 8) * 4 + c / 2,
+// element (r >= 8) * 2 + c % 2.
+inline void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  WarpExchange& x = *warp_exchange;
+  const unsigned l = lane();
+  for (int i = 0; i < 4; ++i) x.a[l][i] = a[i];
+  x.b[l][0] = b0, x.b[l][1] = b1;
+  x.barrier.arrive_and_wait();
+  for (unsigned e = 0; e < 4; ++e) {
+    const unsigned row = l / 4 + (e >= 2 ? 8 : 0), col = 2 * (l % 4) + e % 2;
+    float sum = d[e];
+    for (unsigned k = 0; k < 16; ++k) {
+      const float av = half_of(x.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
+      const float bv = half_of(x.b[col * 4 + (k % 8) / 2][k >= 8 ? 1 : 0], k);
+      sum += av * bv;
+    }
+    d[e] = sum;
+  }
+  x.barrier.arrive_and_wait();
+}
+}  // namespace cuda_emulation
+inline void ladle_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) { cuda_emulation::ldmatrix(r, p, false); }
+inline void ladle_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) { cuda_emulation::ldmatrix(r, p, true); }
+inline void ladle_mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { cuda_emulation::mma(d, a, b0, b1); }
 
 struct EmulatedKernel {
   const char* name;

@@ -19,6 +19,8 @@
 
 #include <unistd.h>
 
+#include "case_binding.h"
+using namespace case_binding;
 #include "cuda_cases.h"
 #include "cuda_emulation.h"
 #include "emulated_kernels.inc"
@@ -112,115 +114,6 @@ TEST_CASE("tiles are validated", "[codegen][cuda]") {
   REQUIRE_THROWS_WITH(cuda::generate_recurrent(c.variant, bad), Catch::Contains("output_type f64"));
 }
 
-namespace {
-
-// Random inputs for every input of a case, bound as the ops bind them.
-struct Bound {
-  std::deque<HostTensor> store;
-  ops::BoundInputs inputs;
-  RunOptions options;
-  int sequences = 0;
-};
-
-Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
-  Bound bound;
-  std::mt19937_64 rng(seed);
-  const auto keep = [&](test::Filled f) { return bound.store.emplace_back(std::move(f.tensor)).view(); };
-  const ir::Variant& variant = c.variant;
-  TensorView q, k, v;
-  VariantInputs named;
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    const ir::Input& in = variant.inputs[i];
-    const ElementType type = c.spec.input_types[i];
-    const int heads = in.role == ir::Role::key || in.role == ir::Role::value ? c.H_kv : c.H;
-    const std::int64_t features = in.kind == ir::InputKind::token_value ? c.V : c.K;
-    std::vector<std::int64_t> shape = {c.B, c.T, heads, features};
-    if (in.kind == ir::InputKind::token_head) shape.pop_back();
-    if (in.kind == ir::InputKind::head) shape = {c.H};
-    const bool gate = in.name == "g" || in.name == "gk" || in.name == "gv" || in.name == "g_t" || in.name == "state";
-    std::uniform_real_distribution<double> positive(in.name == "tau" ? 4.0 : 0.5, in.name == "tau" ? 32.0 : 1.5);
-    if (in.kind == ir::InputKind::scalar) {
-      named.scalars[in.name] = 0.4f;
-    } else if (in.name == "g_gamma") {
-      named.tensors[in.name] = keep(test::filled(type, shape, [] { return -0.05; }));
-    } else if (in.kind == ir::InputKind::head) {
-      named.tensors[in.name] = keep(test::filled(type, shape, [&] { return positive(rng); }));
-    } else {
-      const TensorView view = keep(gate ? test::log_gate(rng, type, shape) : test::normal(rng, type, shape));
-      if (in.role == ir::Role::query) q = view;
-      else if (in.role == ir::Role::key) k = view;
-      else if (in.role == ir::Role::value) v = view;
-      else named.tensors[in.name] = view;
-    }
-  }
-  bound.sequences = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
-  if (!c.cu_seqlens.empty()) {
-    HostTensor& offsets = bound.store.emplace_back(ElementType::i64, std::vector<std::int64_t>{std::int64_t(c.cu_seqlens.size())});
-    std::memcpy(offsets.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
-    bound.options.cu_seqlens = offsets.view();
-  }
-  if (c.spec.initial_state)
-    bound.options.initial_state = keep(test::normal(rng, c.spec.initial_state_type, {bound.sequences, c.H, c.K, c.V}));
-  bound.options.reverse = c.spec.reverse;
-  bound.options.return_state = c.spec.final_state;
-  bound.inputs = ops::bind_inputs(c.name, variant, q, k, v, named, bound.options);
-  return bound;
-}
-
-// The kernel's argument array, packed from the bound arguments as a launcher packs it.
-class Arguments {
- public:
-  Arguments(const cuda::RecurrentKernel& kernel, const cuda_cases::Case& c, const cpu::RecurrentArgs& args) {
-    using Role = cuda::KernelParam::Role;
-    for (const cuda::KernelParam& p : kernel.params) {
-      const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
-      const bool head_param = p.input >= 0 && c.variant.inputs[p.input].kind == ir::InputKind::head;
-      switch (p.role) {
-        case Role::input:
-          if (p.type == cuda::KernelParam::Type::f32) push(args.scalars[p.input]);
-          else push(static_cast<const void*>(view->data));
-          break;
-        case Role::input_stride_b: push(static_cast<long long>(view->strides[0])); break;
-        case Role::input_stride_t: push(static_cast<long long>(view->strides[1])); break;
-        case Role::input_stride_h: push(static_cast<long long>(view->strides[head_param ? 1 : 2])); break;
-        case Role::input_stride_d: push(static_cast<long long>(view->strides[3])); break;
-        case Role::input_heads: push(static_cast<int>(view->shape[head_param ? 1 : 2])); break;
-        case Role::output: push(static_cast<const void*>(args.output.data)); break;
-        case Role::output_stride_b: push(static_cast<long long>(args.output.strides[0])); break;
-        case Role::output_stride_t: push(static_cast<long long>(args.output.strides[1])); break;
-        case Role::output_stride_h: push(static_cast<long long>(args.output.strides[2])); break;
-        case Role::output_stride_d: push(static_cast<long long>(args.output.strides[3])); break;
-        case Role::initial_state: push(static_cast<const void*>(args.initial_state->data)); break;
-        case Role::final_state: push(static_cast<const void*>(args.final_state->data)); break;
-        case Role::cu_seqlens:
-          offsets32_.assign(args.cu_seqlens.begin(), args.cu_seqlens.end());
-          push(c.spec.cu_seqlens_type == ElementType::i32 ? static_cast<const void*>(offsets32_.data())
-                                                          : static_cast<const void*>(args.cu_seqlens.data()));
-          break;
-        case Role::batch: push(static_cast<int>(args.batch)); break;
-        case Role::tokens: push(static_cast<int>(args.tokens)); break;
-        case Role::heads: push(static_cast<int>(args.heads)); break;
-        case Role::key_dim: push(static_cast<int>(args.key_dim)); break;
-        case Role::value_dim: push(static_cast<int>(args.value_dim)); break;
-      }
-    }
-    for (auto& value : values_) pointers_.push_back(value.data());
-  }
-  void** data() { return pointers_.data(); }
-
- private:
-  template <class T>
-  void push(const T& value) {
-    std::vector<std::byte>& bytes = values_.emplace_back(sizeof(T));
-    std::memcpy(bytes.data(), &value, sizeof(T));
-  }
-  std::deque<std::vector<std::byte>> values_;
-  std::vector<void*> pointers_;
-  std::vector<std::int32_t> offsets32_;
-};
-
-}  // namespace
-
 TEST_CASE("every generated kernel, run on a host emulation of CUDA, computes what the CPU path computes", "[codegen][cuda][emulation]") {
   const auto cases = cuda_cases::all();
   REQUIRE(std::size(emulated_kernels) == cases.size());
@@ -248,7 +141,7 @@ TEST_CASE("every generated kernel, run on a host emulation of CUDA, computes wha
 
     ops::BoundInputs gpu_run = bound.inputs;
     ops::bind_outputs(c.name, bound.options, outputs(o_gpu, final_gpu), gpu_run);
-    Arguments arguments(kernel, c, gpu_run.args);
+    Arguments arguments(kernel.params, c, gpu_run.args);
     const unsigned grid_x = static_cast<unsigned>((c.V + kernel.block_v - 1) / kernel.block_v);
     cuda_emulation::launch(grid_x, static_cast<unsigned>(bound.sequences * c.H), kernel.threads,
                            [&] { emulated_kernels[i].launch(arguments.data()); });

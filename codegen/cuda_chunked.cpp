@@ -1,0 +1,705 @@
+#include "cuda_chunked.h"
+
+#include <algorithm>
+#include <functional>
+
+#include <ladle/runtime/error.h>
+
+#include "detail/cuda_source.h"
+#include "render_c.h"
+
+namespace ladle::cuda {
+
+using namespace detail;
+
+namespace {
+
+// How the gates enter the chunk: per key dimension (GLA), one per-token scalar on the key
+// side (g_gamma, a per-token head gate), none; and per value dimension or none.
+enum class KeyGate { none, scalar, vector };
+
+KeyGate key_gate(const ir::Variant& variant) {
+  if (variant.has(ir::Slot::log_decay_k)) return KeyGate::vector;
+  return variant.has(ir::Slot::log_decay_head) ? KeyGate::scalar : KeyGate::none;
+}
+
+bool per_token_scale(const ir::Variant& variant) {
+  return ir::extent(variant, variant.slot(ir::Slot::scale)).token;
+}
+
+int align16(int bytes) { return (bytes + 15) / 16 * 16; }
+
+// The template's own names (an input with one of these names is renamed).
+const std::set<std::string>& template_names() {
+  static const std::set<std::string> names = {
+      "C", "BK", "BV", "THREADS", "WARPS", "MT", "CG", "OCOLS", "SMT", "S_MPW", "S_WPM", "SCOLS", "QLD", "VLD",
+      "LOG2E", "FIT_LIMIT", "REVERSE", "smem", "qs", "ks", "vs", "st", "kg", "hg", "vg", "token_scale", "fit",
+      "lane", "warp", "gid", "tig", "n", "h", "b", "v0", "bos", "eos", "length", "base", "valid", "t0", "t1", "tm",
+      "te", "span", "checks", "sacc", "acc", "aacc", "afrag", "bfrag", "worst", "fits", "e", "i", "t", "cpos",
+      "step", "live", "use", "col", "row0", "mi", "cg", "s_mt", "s_c0", "kk", "f", "o", "read_scale",
+      "head_log_decay", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
+      "cu_seqlens", "B", "T", "H", "K", "V", "q_feature", "k_feature", "v_feature", "jv", "run", "s", "p", "ld", "d",
+      "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt"};
+  return names;
+}
+
+// Device helpers of the family (a host emulation defines its own before including a kernel).
+const char* const chunked_helpers = R"(#ifndef LADLE_CHUNKED_HELPERS
+#define LADLE_CHUNKED_HELPERS
+#define LADLE_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+// 2^x on the special function unit (ex2.approx: 2 ulp); x is a difference of log2 gates.
+__device__ __forceinline__ float ladle_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ unsigned ladle_float_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ float ladle_bits_float(unsigned x) { return __uint_as_float(x); }
+__device__ __forceinline__ float ladle_bf16_float(unsigned short bits) { return __uint_as_float(static_cast<unsigned>(bits) << 16); }
+__device__ __forceinline__ unsigned short ladle_bf16_bits(float value) {
+  const unsigned x = __float_as_uint(value);  // round to nearest even; NaN stays quiet
+  return (x & 0x7fffffffu) > 0x7f800000u ? static_cast<unsigned short>((x >> 16) | 0x40u)
+                                           : static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ unsigned ladle_pack_bf16(float lo, float hi) {
+  return static_cast<unsigned>(ladle_bf16_bits(lo)) | (static_cast<unsigned>(ladle_bf16_bits(hi)) << 16);
+}
+__device__ __forceinline__ unsigned ladle_shared_address(const void* p) {
+  unsigned address;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+  return address;
+}
+// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ladle_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ladle_shared_address(p)));
+}
+__device__ __forceinline__ void ladle_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ladle_shared_address(p)));
+}
+// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void ladle_mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif  // LADLE_CHUNKED_HELPERS
+)";
+
+// How the warps share the work of a tile: o by 16-row tiles x column groups, the state by
+// 16-row tiles x column groups (warps past o_warps / s_warps sit those parts out).
+struct Layout {
+  int mt = 0, cg = 0, ocols = 0, o_warps = 0;
+  int smt = 0, s_mpw = 0, s_wpm = 0, scols = 0, s_warps = 0;
+  int state_registers = 0;
+};
+
+int largest_split(int warps, int column_tiles) {  // a power of two <= warps dividing column_tiles
+  int split = 1;
+  while (split * 2 <= warps && column_tiles % (split * 2) == 0) split *= 2;
+  return split;
+}
+
+Layout layout(const ChunkedTile& tile) {
+  Layout l;
+  l.mt = tile.chunk / 16;
+  l.cg = largest_split(std::max(1, tile.warps / l.mt), tile.block_v / 16);
+  l.ocols = tile.block_v / l.cg;
+  l.o_warps = l.mt * l.cg;
+  l.smt = tile.block_k / 16;
+  if (l.smt >= tile.warps) {
+    l.s_wpm = 1;
+    l.s_mpw = (l.smt + tile.warps - 1) / tile.warps;
+    l.s_warps = tile.warps;
+  } else {
+    l.s_wpm = largest_split(tile.warps / l.smt, tile.block_v / 16);
+    l.s_mpw = 1;
+    l.s_warps = l.smt * l.s_wpm;
+  }
+  l.scols = tile.block_v / l.s_wpm;
+  l.state_registers = l.s_mpw * l.scols / 2;
+  return l;
+}
+
+std::vector<std::string> tile_rules(const ChunkedTile& tile) {
+  std::vector<std::string> problems;
+  const auto say = [&](const std::string& what) { problems.push_back(what); };
+  if (tile.warps != 2 && tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 2, 4 or 8");
+  if (tile.chunk != 16 && tile.chunk != 32 && tile.chunk != 64) say("chunk = " + std::to_string(tile.chunk) + ", expected 16, 32 or 64");
+  if (tile.block_k < 16 || tile.block_k > 256 || tile.block_k % 16 != 0)
+    say("block_k = " + std::to_string(tile.block_k) + ", expected a multiple of 16 up to 256");
+  if (tile.block_v < 16 || tile.block_v > 128 || tile.block_v % 16 != 0)
+    say("block_v = " + std::to_string(tile.block_v) + ", expected a multiple of 16 up to 128");
+  if (!problems.empty()) return problems;
+  const Layout l = layout(tile);
+  if (l.mt > tile.warps)
+    say("chunk = " + std::to_string(tile.chunk) + " needs at least " + std::to_string(l.mt) + " warps (one per 16 rows)");
+  if (l.state_registers > 64)
+    say("each thread would keep " + std::to_string(l.state_registers) +
+        " state values in registers (block_k * block_v / threads), expected at most 64");
+  return problems;
+}
+
+}  // namespace
+
+std::string chunked_unsupported(const ir::Variant& variant) {
+  if (variant.normalize) return "the chunked family has no normaliser (normalize); use the fused-recurrent algorithm";
+  return {};
+}
+
+int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile) {
+  const int c = tile.chunk, bk = tile.block_k, bv = tile.block_v;
+  int bytes = 2 * align16(c * (bk + 8) * 2) + align16(c * (bv + 8) * 2) + align16(bk * (bv + 8) * 2);
+  const KeyGate gate = key_gate(variant);
+  if (gate == KeyGate::vector) bytes += align16(c * bk * 4);
+  if (gate == KeyGate::scalar) bytes += align16(c * 4);
+  if (variant.has(ir::Slot::log_decay_v)) bytes += align16(c * bv * 4);
+  if (per_token_scale(variant)) bytes += align16(c * 4);
+  return bytes + 16;  // the fit check's two words
+}
+
+ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim) {
+  ChunkedTile tile;
+  tile.block_k = static_cast<int>(std::clamp<std::int64_t>((key_dim + 15) / 16 * 16, 16, 256));
+  tile.block_v = static_cast<int>(std::clamp<std::int64_t>((value_dim + 15) / 16 * 16, 16, 64));
+  if (tile.block_k > 128) tile.block_v = std::min(tile.block_v, 32);  // 64 state values per thread at most
+  tile.chunk = 64;
+  tile.warps = 8;
+  while (!tile_rules(tile).empty() && tile.block_v < 128) tile.block_v += 16;
+  return tile;
+}
+
+std::string to_string(const ChunkedTile& tile) {
+  return "block_k=" + std::to_string(tile.block_k) + " chunk=" + std::to_string(tile.chunk) +
+         " block_v=" + std::to_string(tile.block_v) + " warps=" + std::to_string(tile.warps);
+}
+
+std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir::Variant& variant,
+                                               std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes) {
+  std::vector<std::string> problems = tile_rules(tile);
+  if (key_dim > tile.block_k)
+    problems.push_back("K = " + std::to_string(key_dim) + " exceeds block_k = " + std::to_string(tile.block_k));
+  if (key_dim < 1 || value_dim < 1) problems.push_back("K and V must be at least 1");
+  if (max_shared_bytes > 0 && chunked_shared_bytes(variant, tile) > max_shared_bytes)
+    problems.push_back("needs " + std::to_string(chunked_shared_bytes(variant, tile)) +
+                       " bytes of shared memory, the device allows " + std::to_string(max_shared_bytes));
+  return problems;
+}
+
+ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked: " + what); };
+  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
+  if (const std::string why = chunked_unsupported(variant); !why.empty()) fail(why);
+  if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
+  check_types("generate_chunked", variant, spec);
+
+  const ChunkedTile& tile = spec.tile;
+  const int threads = 32 * tile.warps;
+  const std::vector<std::string> id = identifiers(variant, template_names());
+  const auto& inputs = variant.inputs;
+  const auto has = [&](ir::Slot s) { return variant.has(s); };
+  const auto varies_over_tokens = [&](ir::Slot s) { return ir::extent(variant, variant.slot(s)).token; };
+  const KeyGate kgate = key_gate(variant);
+  const bool vgate = has(ir::Slot::log_decay_v);
+  const bool check_fit = kgate == KeyGate::vector || vgate;
+  const bool scale_per_token = per_token_scale(variant);
+
+  std::vector<bool> used(inputs.size(), false), key_side(inputs.size(), false), value_side(inputs.size(), false);
+  for (std::size_t s = 0; s < ir::slot_count; ++s) {
+    const ir::Slot slot = static_cast<ir::Slot>(s);
+    const bool key = slot == ir::Slot::q_feature || slot == ir::Slot::k_feature || slot == ir::Slot::log_decay_k;
+    const bool value = slot == ir::Slot::v || slot == ir::Slot::log_decay_v;
+    for (const ir::Node& node : variant.slots[s].nodes)
+      if (node.op == ir::Op::input) {
+        used[node.input] = true;
+        key_side[node.input] = key_side[node.input] || key;
+        value_side[node.input] = value_side[node.input] || value;
+      }
+  }
+  const auto loads_at = [&](const std::string& suffix) {
+    return [&, suffix](const ir::Input& in, std::int32_t k) -> std::string {
+      switch (in.kind) {
+        case ir::InputKind::token_key:
+        case ir::InputKind::token_value: return id[k] + suffix;
+        case ir::InputKind::token_head: return id[k] + "_t";
+        case ir::InputKind::head: return id[k] + "_value";
+        case ir::InputKind::scalar: return id[k];
+      }
+      return "0.0f";
+    };
+  };
+  const auto row_load = [&](std::size_t k, const std::string& index) {
+    return "ladle_load(" + id[k] + " + " + id[k] + "_row + " + index + " * " + id[k] + "_stride_d)";
+  };
+  const auto render = [&](ir::Slot s, const std::string& suffix) {
+    return ir::render_c(variant, variant.slot(s), loads_at(suffix));
+  };
+
+  ChunkedKernel kernel;
+  kernel.name = "ladle_chunked_" + hex(fnv1a(to_string(tile) + types_key(spec), ir::hash(variant)));
+  kernel.threads = static_cast<unsigned>(threads);
+  kernel.block_v = tile.block_v;
+  kernel.shared_bytes = chunked_shared_bytes(variant, tile);
+
+  std::vector<std::string> declarations;
+  declare_params(variant, id, spec, declarations, kernel.params);
+
+  // ---- Header
+  std::string header = "ladle: chunked kernel " + kernel.name + "\nGenerated by codegen/cuda_chunked.cpp; do not edit.\n\n";
+  header += ir::to_string(variant);
+  header += "\nconfig: " + to_string(tile) + " (" + std::to_string(threads) + " threads); requires K <= " +
+            std::to_string(tile.block_k) + "\n";
+  header += "launch: grid (ceil(V / " + std::to_string(tile.block_v) + "), N * H), block (" + std::to_string(threads) +
+            "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
+  header += "types: " + types_line(variant, id, spec) + "; tensor-core operands bf16, accumulation fp32\n";
+  header += std::string("gates: key side ") +
+            (kgate == KeyGate::vector ? "per dimension" : kgate == KeyGate::scalar ? "per-token scalar" : "none") +
+            ", value side " + (vgate ? "per dimension" : "none") + "\n";
+  header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
+            " initial_state=" + (spec.initial_state ? "1" : "0") + " final_state=" + (spec.final_state ? "1" : "0") + "\n";
+  header += "GQA: an input with X heads serves query head h from head h * X / H.\n";
+  header += "bytes per token and value tile: q, k, v, gates read once, o written once; the state once per sequence.\n";
+
+  Code c;
+  c(comment_block(header) + "\n" + storage_helpers + chunked_helpers);
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
+  c.in(), c.in();
+  for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
+  c.out();
+  c("constexpr int C = " + std::to_string(tile.chunk) + ", BK = " + std::to_string(tile.block_k) + ", BV = " +
+    std::to_string(tile.block_v) + ", WARPS = " + std::to_string(tile.warps) + ", THREADS = 32 * WARPS;");
+  const Layout l = layout(tile);
+  c("constexpr int MT = " + std::to_string(l.mt) + ", CG = " + std::to_string(l.cg) + ", OCOLS = " + std::to_string(l.ocols) +
+    ";  // o: 16-row tiles, column groups, columns per warp");
+  c("constexpr int SMT = " + std::to_string(l.smt) + ", S_MPW = " + std::to_string(l.s_mpw) + ", S_WPM = " +
+    std::to_string(l.s_wpm) + ", SCOLS = " + std::to_string(l.scols) + ", S_WARPS = " + std::to_string(l.s_warps) +
+    ";  // the state: row tiles, per warp, warps per row tile, columns per warp, warps");
+  c("constexpr int QLD = BK + 8, VLD = BV + 8;  // padded rows: conflict-free ldmatrix");
+  c("constexpr float LOG2E = 1.4426950408889634f;");
+  c("constexpr float FIT_LIMIT = 100.0f;     // |log2 factor| allowed against one reference token");
+  c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
+  c("(void)FIT_LIMIT; (void)LOG2E;");
+  c("");
+  c("LADLE_DYNAMIC_SHARED(smem);");
+  int offset = 0;
+  const auto carve = [&](const std::string& type, const std::string& name, int elements, int element_bytes, const std::string& what) {
+    c(type + "* const " + name + " = reinterpret_cast<" + type + "*>(smem + " + std::to_string(offset) + ");  // " + what);
+    offset += align16(elements * element_bytes);
+  };
+  carve("unsigned short", "qs", tile.chunk * (tile.block_k + 8), 2, "[C][QLD] bf16: q features, then q~");
+  carve("unsigned short", "ks", tile.chunk * (tile.block_k + 8), 2, "[C][QLD] bf16: k features, then k~, then k_up");
+  carve("unsigned short", "vs", tile.chunk * (tile.block_v + 8), 2, "[C][VLD] bf16: v, then v~, then v_up");
+  carve("unsigned short", "st", tile.block_k * (tile.block_v + 8), 2, "[BK][VLD] bf16: the state, scaled for the read");
+  if (kgate == KeyGate::vector) carve("float", "kg", tile.chunk * tile.block_k, 4, "[C][BK]: cumulative log2 key gates");
+  if (kgate == KeyGate::scalar) carve("float", "hg", tile.chunk, 4, "[C]: cumulative log2 head gate");
+  if (vgate) carve("float", "vg", tile.chunk * tile.block_v, 4, "[C][BV]: cumulative log2 value gates");
+  if (scale_per_token) carve("float", "token_scale", tile.chunk, 4, "[C]: the read scale per token");
+  carve("unsigned", "fit", 2, 4, "the fit check's running maximum (two, alternating)");
+  c("");
+  c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;");
+  c("const int gid = lane / 4, tig = lane % 4;  // mma fragment coordinates");
+  c("const int v0 = blockIdx.x * BV;          // first value column of the block");
+  c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
+  if (spec.varlen) {
+    c("const int b = 0;");
+    c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
+  } else {
+    c("const int b = n;");
+    c("const long long bos = 0, eos = T;");
+  }
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (used[k] && inputs[k].kind != ir::InputKind::scalar) c("const int " + id[k] + "_head = h * " + id[k] + "_heads / H;");
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (used[k] && inputs[k].kind == ir::InputKind::head)
+      c("const float " + id[k] + "_value = ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + " + id[k] + "_head * " +
+        id[k] + "_stride_h);");
+  const auto no_feature_slot = [&](ir::Slot s, const std::string& local) {
+    c("const float " + local + " = " + (has(s) ? render(s, "") : std::string(s == ir::Slot::scale ? "1.0f" : "0.0f")) + ";");
+  };
+  if (!varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
+  if (!scale_per_token) no_feature_slot(ir::Slot::scale, "read_scale");
+  c("if (threadIdx.x == 0) fit[0] = fit[1] = 0u;");
+  c("int checks = 0;");
+  c("(void)checks;");
+  c("");
+  c("// The state tile in mma accumulator layout: warp row tile(s) s_mt (+ m * WARPS), columns from s_c0.");
+  c("const int s_mt = S_WPM == 1 ? warp : warp / S_WPM, s_c0 = S_WPM == 1 ? 0 : (warp % S_WPM) * SCOLS;");
+  c("float sacc[S_MPW][SCOLS / 8][4] = {};");
+  const auto for_state = [&](const std::function<void()>& body) {
+    c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m)");
+    c.in();
+    c("if (warp < S_WARPS && s_mt + m * WARPS < SMT)");
+    c.in();
+    c("LADLE_UNROLL for (int nt = 0; nt < SCOLS / 8; ++nt)");
+    c.in();
+    c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c.in();
+    c("const int kk = (s_mt + m * WARPS) * 16 + gid + (r >= 2 ? 8 : 0), col = s_c0 + nt * 8 + tig * 2 + (r & 1);");
+    body();
+    c.out();
+    c("}");
+    c.out();
+    c.out();
+    c.out();
+  };
+  for_state([&] {
+    if (spec.initial_state)
+      c("sacc[m][nt][r] = kk < K && v0 + col < V ? ladle_load(initial_state + ((static_cast<long long>(n) * H + h) * K + kk) * V + v0 + col) : 0.0f;");
+    else
+      c("sacc[m][nt][r] = 0.0f; (void)kk; (void)col;");
+  });
+  c("");
+
+  const auto token_locals = [&](const std::string& cpos) {
+    c("const long long step = base + " + cpos + ";");
+    c("const bool live = " + cpos + " < valid;");
+    c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      const auto kind = inputs[k].kind;
+      if (!used[k] || kind == ir::InputKind::head || kind == ir::InputKind::scalar) continue;
+      c("const long long " + id[k] + "_row = b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] +
+        "_head * " + id[k] + "_stride_h; (void)" + id[k] + "_row;");
+    }
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (used[k] && inputs[k].kind == ir::InputKind::token_head)
+        c("const float " + id[k] + "_t = live ? ladle_load(" + id[k] + " + " + id[k] + "_row) : 0.0f; (void)" + id[k] + "_t;");
+    if (varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) {
+      no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
+      c("(void)head_log_decay;");
+    }
+  };
+  // Index expressions of the gate arrays, "0" past the front.
+  const auto kg_at = [](const std::string& row, const std::string& col) { return "kg[(" + row + ") * BK + " + col + "]"; };
+  const auto vg_at = [](const std::string& row, const std::string& col) { return "vg[(" + row + ") * BV + " + col + "]"; };
+  const auto before = [](const std::string& array_at) { return "(t0 > 0 ? " + array_at + " : 0.0f)"; };
+
+  c("const long long length = eos - bos;");
+  c("for (long long base = 0; base < length; base += C) {");
+  c.in();
+  c("const int valid = static_cast<int>(length - base < C ? length - base : C);");
+  c("");
+  c("// 1. Stage the chunk: q and k features (bf16), v (bf16), log2 gates (fp32). Rows past");
+  c("//    the end are zero.");
+  c("for (int e = threadIdx.x; e < C * BK; e += THREADS) {");
+  c.in();
+  c("const int cpos = e / BK, i = e % BK;");
+  token_locals("cpos");
+  c("const bool use = live && i < K;");
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (key_side[k] && inputs[k].kind == ir::InputKind::token_key)
+      c("const float " + id[k] + "_i = use ? " + row_load(k, "i") + " : 0.0f;");
+  c("qs[cpos * QLD + i] = ladle_bf16_bits(use ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f);");
+  c("ks[cpos * QLD + i] = ladle_bf16_bits(use ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f);");
+  if (kgate == KeyGate::vector) {
+    std::string log_a = render(ir::Slot::log_decay_k, "_i");
+    if (has(ir::Slot::log_decay_head)) log_a = "(" + log_a + ") + head_log_decay";
+    c("kg[cpos * BK + i] = use ? LOG2E * (" + log_a + ") : 0.0f;");
+  }
+  c.out();
+  c("}");
+  if (kgate == KeyGate::scalar || scale_per_token) {
+    c("for (int cpos = threadIdx.x; cpos < C; cpos += THREADS) {");
+    c.in();
+    token_locals("cpos");
+    if (kgate == KeyGate::scalar) c("hg[cpos] = live ? LOG2E * head_log_decay : 0.0f;");
+    if (scale_per_token) c("token_scale[cpos] = live ? " + render(ir::Slot::scale, "") + " : 0.0f;");
+    c.out();
+    c("}");
+  }
+  c("for (int e = threadIdx.x; e < C * BV; e += THREADS) {");
+  c.in();
+  c("const int cpos = e / BV, jv = e % BV;");
+  token_locals("cpos");
+  c("const bool use = live && v0 + jv < V;");
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (value_side[k] && inputs[k].kind == ir::InputKind::token_value)
+      c("const float " + id[k] + "_j = use ? " + row_load(k, "(v0 + jv)") + " : 0.0f;");
+  c("vs[cpos * VLD + jv] = ladle_bf16_bits(use ? " + render(ir::Slot::v, "_j") + " : 0.0f);");
+  if (vgate) c("vg[cpos * BV + jv] = use ? LOG2E * (" + render(ir::Slot::log_decay_v, "_j") + ") : 0.0f;");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  if (kgate != KeyGate::none || vgate) {
+    c("");
+    c("// 2. Cumulative log2 gates within the chunk, one column per thread.");
+    std::string columns;
+    if (kgate == KeyGate::vector) columns = "BK";
+    if (kgate == KeyGate::scalar) columns = "1";
+    if (vgate) columns += columns.empty() ? "BV" : " + BV";
+    c("for (int col = threadIdx.x; col < " + columns + "; col += THREADS) {");
+    c.in();
+    std::string pointer;
+    if (kgate == KeyGate::vector) pointer = vgate ? "col < BK ? kg + col : vg + (col - BK)" : "kg + col";
+    if (kgate == KeyGate::scalar) pointer = vgate ? "col < 1 ? hg : vg + (col - 1)" : "hg";
+    if (kgate == KeyGate::none) pointer = "vg + col";
+    std::string ld = kgate == KeyGate::vector ? "BK" : "1";
+    if (vgate) ld = kgate == KeyGate::none ? "BV" : "(" + pointer.substr(0, pointer.find('?')) + "? " + ld + " : BV)";
+    c("float* const p = " + pointer + ";");
+    c("const int ld = " + ld + ";");
+    c("float run = 0.0f;");
+    c("LADLE_UNROLL for (int cpos = 0; cpos < C; ++cpos) {");
+    c.in();
+    c("run += p[cpos * ld];");
+    c("p[cpos * ld] = run;");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+  }
+  c("");
+  c("// 3. Steps over the chunk: the whole chunk when its gate factors fit one reference token");
+  c("//    tm, else 16-token steps, else single tokens (which always fit).");
+  c("for (int t0 = 0; t0 < valid;) {");
+  c.in();
+  c("if (t0 > 0) __syncthreads();  // the last step's update has read its rows");
+  c("int span = C, t1 = valid, tm = 0;");
+  if (check_fit) c("span = t0 == 0 ? C : t0 % 16 == 0 ? 16 : 1;");
+  c("for (;;) {");
+  c.in();
+  c("t1 = t0 + span < valid ? t0 + span : valid;");
+  c("tm = t0 + (t1 - t0 - 1) / 2;");
+  if (check_fit) {
+    c("if (span == 1) break;");
+    c("float worst = 0.0f;");
+    if (kgate == KeyGate::vector) {
+      c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS)");
+      c("  worst = fmaxf(worst, fabsf(" + kg_at("t0 + e / BK", "e % BK") + " - " + kg_at("tm", "e % BK") + "));");
+    }
+    if (vgate) {
+      c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS)");
+      c("  worst = fmaxf(worst, fabsf(" + vg_at("t0 + e / BV", "e % BV") + " - " + vg_at("tm", "e % BV") + "));");
+    }
+    c("atomicMax(&fit[checks & 1], ladle_float_bits(worst));");
+    c("__syncthreads();");
+    c("const bool fits = ladle_bits_float(fit[checks & 1]) <= FIT_LIMIT;");
+    c("if (threadIdx.x == 0) fit[(checks + 1) & 1] = 0u;");
+    c("++checks;");
+    c("if (fits) break;");
+    c("__syncthreads();  // the next check's maximum starts after the reset");
+    c("span = span > 16 ? 16 : 1;");
+  } else {
+    c("break;");
+  }
+  c.out();
+  c("}");
+  c("const int te = t1 - 1;");
+  c("(void)te; (void)tm;");
+  c("");
+  c("// 3a. Factors against tm, in place for rows t0..t1: q~ = q 2^(G_t - G_tm), k~ = k 2^(G_tm - G_t),");
+  c("//     v~ = v 2^(Gv_tm - Gv_t); the state for the read, S 2^(G_tm - G_t0-1) 2^(Gv_tm - Gv_t0-1).");
+  if (kgate == KeyGate::vector) {
+    c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
+    c.in();
+    c("const int t = t0 + e / BK, i = e % BK;");
+    c("const float d = " + kg_at("t", "i") + " - " + kg_at("tm", "i") + ";");
+    c("qs[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(qs[t * QLD + i]) * ladle_exp2(d));");
+    c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(-d));");
+    c.out();
+    c("}");
+  }
+  if (vgate) {
+    c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
+    c.in();
+    c("const int t = t0 + e / BV, jv = e % BV;");
+    c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + vg_at("tm", "jv") + " - " +
+      vg_at("t", "jv") + "));");
+    c.out();
+    c("}");
+  }
+  for_state([&] {
+    std::string factor;
+    if (kgate == KeyGate::vector) factor += " * ladle_exp2(" + kg_at("tm", "kk") + " - " + before(kg_at("t0 - 1", "kk")) + ")";
+    if (vgate) factor += " * ladle_exp2(" + vg_at("tm", "col") + " - " + before(vg_at("t0 - 1", "col")) + ")";
+    c("if ((r & 1) == 0) {");
+    c.in();
+    c("const float f0 = 1.0f" + factor + ";");
+    std::string factor1 = factor;
+    for (std::size_t at = factor1.find("col"); at != std::string::npos; at = factor1.find("col", at + 9))
+      factor1.replace(at, 3, "(col + 1)");
+    c("const float f1 = 1.0f" + factor1 + ";");
+    c("*reinterpret_cast<unsigned*>(&st[kk * VLD + col]) = ladle_pack_bf16(sacc[m][nt][r] * f0, sacc[m][nt][r + 1] * f1);");
+    c.out();
+    c("}");
+  });
+  c("__syncthreads();");
+  c("");
+  c("// 3b. o for rows t0..t1: each warp one 16-row tile and OCOLS columns.");
+  c("{");
+  c.in();
+  c("const int mi = warp % MT, cg = warp / MT, row0 = mi * 16;");
+  c("if (warp < MT * CG && row0 < t1 && row0 + 16 > t0) {");
+  c.in();
+  c("float acc[OCOLS / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;");
+  c("// The inter-chunk read: q~ [16 x BK] * st [BK x OCOLS].");
+  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
+  c.in();
+  c("unsigned afrag[4];");
+  c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
+  c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
+  c.in();
+  c("unsigned bfrag[4];");
+  c("ladle_ldmatrix_x4_trans(bfrag, &st[(kt * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
+  c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
+  c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  if (kgate == KeyGate::scalar) {
+    c("{  // the head gate from the step's start to each row");
+    c.in();
+    c("const float g_start = " + before("hg[t0 - 1]") + ";");
+    c("const int ra = row0 + gid < C - 1 ? row0 + gid : C - 1, rb = row0 + gid + 8 < C - 1 ? row0 + gid + 8 : C - 1;");
+    c("const float fa = ladle_exp2(hg[ra] - g_start), fb = ladle_exp2(hg[rb] - g_start);");
+    c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) acc[nt][0] *= fa, acc[nt][1] *= fa, acc[nt][2] *= fb, acc[nt][3] *= fb;");
+    c.out();
+    c("}");
+  }
+  c("// The intra-chunk attention for these rows: q~ k~^T over the 16-column tiles up to the diagonal.");
+  c("float aacc[2 * MT][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt) aacc[nt][0] = aacc[nt][1] = aacc[nt][2] = aacc[nt][3] = 0.0f;");
+  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
+  c.in();
+  c("unsigned afrag[4];");
+  c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
+  c("LADLE_UNROLL for (int sp = 0; sp < MT; ++sp) {");
+  c.in();
+  c("if (sp < t0 / 16 || sp > mi) continue;");
+  c("unsigned bfrag[4];");
+  c("ladle_ldmatrix_x4(bfrag, &ks[(sp * 16 + lane % 8 + (lane / 16) * 8) * QLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+  c("ladle_mma_bf16(aacc[2 * sp], afrag, bfrag[0], bfrag[1]);");
+  c("ladle_mma_bf16(aacc[2 * sp + 1], afrag, bfrag[2], bfrag[3]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("// Causal mask within the step (s in t0..t, t < t1)" +
+    std::string(kgate == KeyGate::scalar ? ", times the head gate from s to t." : "."));
+  c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt)");
+  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+  c("    const int t = row0 + gid + (r >= 2 ? 8 : 0), s = nt * 8 + tig * 2 + (r & 1);");
+  if (kgate == KeyGate::scalar)
+    c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] * ladle_exp2(hg[t] - hg[s]) : 0.0f;");
+  else
+    c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] : 0.0f;");
+  c("  }");
+  c("// ... times v~ [16 x OCOLS]; the accumulator layout of two column tiles is the A operand.");
+  c("LADLE_UNROLL for (int j = 0; j < MT; ++j) {");
+  c.in();
+  c("if (j < t0 / 16 || j > mi) continue;");
+  c("const unsigned afrag[4] = {ladle_pack_bf16(aacc[2 * j][0], aacc[2 * j][1]), ladle_pack_bf16(aacc[2 * j][2], aacc[2 * j][3]),");
+  c("                           ladle_pack_bf16(aacc[2 * j + 1][0], aacc[2 * j + 1][1]), ladle_pack_bf16(aacc[2 * j + 1][2], aacc[2 * j + 1][3])};");
+  c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
+  c.in();
+  c("unsigned bfrag[4];");
+  c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
+  c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
+  c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("// Store the rows of the step" + std::string(vgate ? ", with the value gate from tm to t." : "."));
+  c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt)");
+  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+  c.in();
+  c("  const int t = row0 + gid + (r >= 2 ? 8 : 0), col = cg * OCOLS + nt * 8 + tig * 2 + (r & 1);");
+  c("  if (t < t0 || t >= t1 || v0 + col >= V) continue;");
+  c("  const long long tt = REVERSE ? eos - 1 - (base + t) : bos + base + t;");
+  std::string value = "acc[nt][r] * " + std::string(scale_per_token ? "token_scale[t]" : "read_scale");
+  if (vgate) value += " * ladle_exp2(" + vg_at("t", "col") + " - " + vg_at("tm", "col") + ")";
+  c("  ladle_store(o + b * o_stride_b + tt * o_stride_t + h * o_stride_h + (v0 + col) * o_stride_d, " + value + ");");
+  c.out();
+  c("  }");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  const bool update_factors = kgate != KeyGate::none || vgate;
+  if (update_factors) {
+    c("__syncthreads();");
+    c("");
+    c("// 3c. The update's factors, in place: k_up = k 2^(G_te - G_t), v_up = v 2^(Gv_te - Gv_t).");
+    if (kgate == KeyGate::vector) {
+      c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
+      c.in();
+      c("const int t = t0 + e / BK, i = e % BK;");
+      c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(" + kg_at("te", "i") + " - " +
+        kg_at("tm", "i") + "));");
+      c.out();
+      c("}");
+    }
+    if (vgate || kgate == KeyGate::scalar) {
+      c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
+      c.in();
+      c("const int t = t0 + e / BV, jv = e % BV;");
+      std::string log2_factor;
+      if (vgate) log2_factor = vg_at("te", "jv") + " - " + vg_at("tm", "jv");
+      if (kgate == KeyGate::scalar) log2_factor += std::string(vgate ? " + " : "") + "hg[te] - hg[t]";
+      c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + log2_factor + "));");
+      c.out();
+      c("}");
+    }
+  }
+  c("__syncthreads();");
+  c("");
+  c("// 3d. The state: S = S * decay(t0-1 -> te) + k_up^T v_up over rows t0..t1.");
+  for_state([&] {
+    std::string log2_decay;
+    const auto add = [&](const std::string& term) { log2_decay += (log2_decay.empty() ? "" : " + ") + term; };
+    if (kgate == KeyGate::vector) add(kg_at("te", "kk") + " - " + before(kg_at("t0 - 1", "kk")));
+    if (kgate == KeyGate::scalar) add("hg[te] - " + before("hg[t0 - 1]"));
+    if (vgate) add(vg_at("te", "col") + " - " + before(vg_at("t0 - 1", "col")));
+    if (log2_decay.empty()) c("(void)kk; (void)col;");
+    else c("sacc[m][nt][r] *= ladle_exp2(" + log2_decay + ");");
+  });
+  c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) {");
+  c.in();
+  c("if (warp >= S_WARPS || s_mt + m * WARPS >= SMT) continue;");
+  c("const int k0 = (s_mt + m * WARPS) * 16;");
+  c("for (int j = t0 / 16; j <= (t1 - 1) / 16; ++j) {");
+  c.in();
+  c("unsigned afrag[4];");
+  c("ladle_ldmatrix_x4_trans(afrag, &ks[(j * 16 + lane % 8 + (lane / 16) * 8) * QLD + k0 + ((lane / 8) & 1) * 8]);");
+  c("if (j * 16 < t0 || j * 16 + 16 > t1) {  // a partial tile: rows outside the step count zero");
+  c.in();
+  c("const int s = j * 16 + tig * 2;");
+  c("const unsigned lo = (s >= t0 && s < t1 ? 0xffffu : 0u) | (s + 1 >= t0 && s + 1 < t1 ? 0xffff0000u : 0u);");
+  c("const unsigned hi = (s + 8 >= t0 && s + 8 < t1 ? 0xffffu : 0u) | (s + 9 >= t0 && s + 9 < t1 ? 0xffff0000u : 0u);");
+  c("afrag[0] &= lo, afrag[1] &= lo, afrag[2] &= hi, afrag[3] &= hi;");
+  c.out();
+  c("}");
+  c("LADLE_UNROLL for (int np = 0; np < SCOLS / 16; ++np) {");
+  c.in();
+  c("unsigned bfrag[4];");
+  c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + s_c0 + np * 16 + (lane / 16) * 8]);");
+  c("ladle_mma_bf16(sacc[m][2 * np], afrag, bfrag[0], bfrag[1]);");
+  c("ladle_mma_bf16(sacc[m][2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("t0 = t1;");
+  c.out();
+  c("}");
+  c("__syncthreads();  // the next chunk overwrites the staged rows");
+  c.out();
+  c("}");
+  if (spec.final_state) {
+    c("");
+    for_state([&] {
+      c("if (kk < K && v0 + col < V) final_state[((static_cast<long long>(n) * H + h) * K + kk) * V + v0 + col] = sacc[m][nt][r];");
+    });
+  }
+  c.out();
+  c("}");
+  kernel.source = c.text();
+  return kernel;
+}
+
+}  // namespace ladle::cuda

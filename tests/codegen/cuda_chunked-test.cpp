@@ -1,0 +1,104 @@
+// The chunked CUDA generator. Without a GPU its kernels are checked by running them on the
+// host emulation of CUDA (tensor-core fragments included) against the CPU path, and by
+// NVRTC, which must compile the family for every variant and a sweep of tiles, for sm_80 (PTX)
+// and sm_90a (cubin, no spills).
+#include <catch2/catch.hpp>
+
+#include <ladle/codegen/cuda_chunked.h>
+#include <ladle/codegen/cpu_recurrent.h>
+#include <ladle/ops/bind.h>
+#include <ladle/runtime/compiler.h>
+#include <ladle/runtime/error.h>
+
+#include <limits>
+#include <sstream>
+
+#include "case_binding.h"
+#include "chunked_cases.h"
+#include "cuda_emulation.h"
+#include "chunked_kernels.inc"
+
+using namespace ladle;
+using namespace case_binding;
+
+TEST_CASE("chunked: the source opens with the variant, config, launch and gate modes", "[codegen][chunked]") {
+  const auto cases = chunked_cases::all();
+  const chunked_cases::Case& c = cases.back();  // g_gamma, reverse
+  const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.c.variant, c.spec());
+  INFO(kernel.source);
+  std::istringstream printed(ir::to_string(c.c.variant));
+  for (std::string line; std::getline(printed, line);) CHECK_THAT(kernel.source, Catch::Contains("// " + line + "\n"));
+  CHECK_THAT(kernel.source, Catch::StartsWith("// ladle: chunked kernel " + kernel.name + "\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("// config: block_k=16 chunk=32 block_v=16 warps=2 (64 threads); requires K <= 16\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("// gates: key side per-token scalar, value side none\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes"));
+  CHECK_THAT(kernel.source, Catch::Contains("ladle_mma_bf16("));
+  CHECK(kernel.shared_bytes == cuda::chunked_shared_bytes(c.c.variant, c.tile));
+  CHECK(kernel.threads == 64);
+  CHECK(kernel.block_v == 16);
+  // Another tile, another name; the same inputs, the same source.
+  chunked_cases::Case other = c;
+  other.tile.chunk = 16;
+  CHECK(cuda::generate_chunked(other.c.variant, other.spec()).name != kernel.name);
+  CHECK(cuda::generate_chunked(c.c.variant, c.spec()).source == kernel.source);
+}
+
+TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
+  const ir::Variant& gla = recurrent_variant(true, false, false, false);
+  CHECK(cuda::validate_chunked_tile({128, 64, 64, 8}, gla, 128, 128).empty());
+  CHECK(cuda::validate_chunked_tile(cuda::default_chunked_tile(256, 256), gla, 256, 256).empty());
+  CHECK(cuda::validate_chunked_tile(cuda::default_chunked_tile(64, 64), gla, 64, 64).empty());
+  CHECK_THAT(cuda::validate_chunked_tile({128, 48, 64, 8}, gla, 128, 128).front(), Catch::Contains("chunk = 48, expected 16, 32 or 64"));
+  CHECK_THAT(cuda::validate_chunked_tile({128, 64, 64, 2}, gla, 128, 128).front(), Catch::Contains("needs at least 4 warps"));
+  CHECK_THAT(cuda::validate_chunked_tile({256, 64, 128, 4}, gla, 256, 128).front(), Catch::Contains("state values in registers"));
+  CHECK_THAT(cuda::validate_chunked_tile({64, 64, 64, 8}, gla, 128, 128).front(), Catch::Contains("K = 128 exceeds block_k = 64"));
+  CHECK_THAT(cuda::validate_chunked_tile({128, 64, 24, 8}, gla, 128, 128).front(), Catch::Contains("block_v = 24"));
+  CHECK_THAT(cuda::validate_chunked_tile({256, 64, 64, 8}, gla, 256, 64, 163 * 1024).front(), Catch::Contains("bytes of shared memory"));
+
+  const auto normalised = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v), dsl::q, dsl::scalar("scale")).normalized(1e-6f), "n");
+  CHECK_THAT(cuda::chunked_unsupported(normalised), Catch::Contains("normaliser"));
+  cuda::ChunkedKernelSpec spec;
+  spec.input_types.assign(normalised.inputs.size(), ElementType::bf16);
+  REQUIRE_THROWS_AS(cuda::generate_chunked(normalised, spec), InvalidArgument);
+  spec.input_types.assign(gla.inputs.size(), ElementType::bf16);
+  spec.tile.warps = 3;
+  REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("warps = 3"));
+}
+
+TEST_CASE("chunked: every kernel, run on the host emulation of CUDA, computes what the CPU path computes", "[codegen][chunked][emulation]") {
+  const auto cases = chunked_cases::all();
+  REQUIRE(std::size(emulated_kernels) == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const cuda_cases::Case& c = cases[i].c;
+    const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.variant, cases[i].spec());
+    INFO(c.name << " (" << kernel.name << ", " << cuda::to_string(cases[i].tile) << ")");
+    REQUIRE(kernel.name == emulated_kernels[i].name);
+    REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V).empty());
+    REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
+
+    Bound bound = bind_case(c, 2000 + i);
+    const std::vector<std::int64_t> o_shape = {c.B, c.T, c.H, c.V}, state_shape = {bound.sequences, c.H, c.K, c.V};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    HostTensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
+    HostTensor final_cpu(ElementType::f32, state_shape, nan), final_gpu(ElementType::f32, state_shape, nan);
+    const auto outputs = [&](HostTensor& o, HostTensor& final_state) {
+      RecurrentOutputs out{o.view(), std::nullopt};
+      if (c.spec.final_state) out.final_state = final_state.view();
+      return out;
+    };
+    ops::BoundInputs cpu_run = bound.inputs;
+    ops::bind_outputs(c.name, bound.options, outputs(o_cpu, final_cpu), cpu_run);
+    cpu::run_recurrent(c.variant, cpu_run.args);
+
+    ops::BoundInputs gpu_run = bound.inputs;
+    ops::bind_outputs(c.name, bound.options, outputs(o_gpu, final_gpu), gpu_run);
+    Arguments arguments(kernel.params, c, gpu_run.args);
+    const unsigned grid_x = static_cast<unsigned>((c.V + kernel.block_v - 1) / kernel.block_v);
+    cuda_emulation::launch(grid_x, static_cast<unsigned>(bound.sequences * c.H), kernel.threads,
+                           [&] { emulated_kernels[i].launch(arguments.data()); });
+
+    // bf16 tensor-core operands: 1e-2 whatever the input type.
+    CHECK(test::relative_error(o_gpu, test::values_of(o_cpu)) < 1e-2);
+    if (c.spec.final_state) CHECK(test::relative_error(final_gpu, test::values_of(final_cpu)) < 1e-2);
+  }
+}
