@@ -18,6 +18,7 @@ struct GlaOptions {
   std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64
   bool return_state = false;                // final_state [N,H,K,V] f32
   Backend backend = Backend::automatic;     // GPU when there is one, else CPU
+  Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
 };
 
 RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,

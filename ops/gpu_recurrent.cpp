@@ -30,8 +30,8 @@ bool is_contiguous(const TensorView& view) {
   return true;
 }
 
-std::string spec_key(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
-                     const std::string& arch) {
+template <class Spec>
+std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::string& arch) {
   std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
   for (ElementType t : spec.input_types) key += element_type_name(t);
   key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse,
@@ -42,28 +42,85 @@ std::string spec_key(const ir::Variant& variant, const cuda::RecurrentKernelSpec
 
 // Loaded kernels of this process, by (variant, spec, arch): a repeated call skips source
 // generation and the cache lookup entirely.
+template <class Generated>
 struct LoadedKernel {
-  cuda::RecurrentKernel kernel;
+  Generated kernel;
   std::unique_ptr<Module> module;
   std::optional<Kernel> function;
 };
 
-const LoadedKernel& loaded_kernel(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec) {
+template <class Spec, class Compile>
+const auto& loaded_kernel(const ir::Variant& variant, const Spec& spec, Compile compile_family) {
+  using Generated = decltype(compile_family(variant, spec, std::string()).kernel);
   static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<LoadedKernel>> kernels;
+  static std::map<std::string, std::unique_ptr<LoadedKernel<Generated>>> kernels;
   const std::string arch = Device::get().properties().arch();
   const std::string key = spec_key(variant, spec, arch);
   std::lock_guard lock(mutex);
   auto& slot = kernels[key];
   if (!slot) {
-    auto compiled = compile_recurrent(variant, spec, arch);
-    auto loaded = std::make_unique<LoadedKernel>();
+    auto compiled = compile_family(variant, spec, arch);
+    auto loaded = std::make_unique<LoadedKernel<Generated>>();
     loaded->kernel = std::move(compiled.kernel);
     loaded->module = std::make_unique<Module>(compiled.program);
     loaded->function.emplace(loaded->module->kernel(loaded->kernel.name));
+    if constexpr (requires { loaded->kernel.shared_bytes; })
+      if (loaded->kernel.shared_bytes > 48 * 1024) loaded->function->set_max_dynamic_shared(loaded->kernel.shared_bytes);
     slot = std::move(loaded);
   }
   return *slot;
+}
+
+// The argument array of a kernel of the recurrence families, by parameter role.
+KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir::Variant& variant,
+                          const cpu::RecurrentArgs& args, std::uint64_t offsets) {
+  KernelArgs packed;
+  auto ptr = [](const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); };
+  for (const cuda::KernelParam& p : params) {
+    const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
+    const bool head_param = p.input >= 0 && variant.inputs[p.input].kind == ir::InputKind::head;
+    switch (p.role) {
+      case Role::input:
+        if (p.type == cuda::KernelParam::Type::f32) packed.add(args.scalars[p.input]);
+        else packed.add(ptr(view->data));
+        break;
+      case Role::input_stride_b: packed.add(static_cast<long long>(view->strides[0])); break;
+      case Role::input_stride_t: packed.add(static_cast<long long>(view->strides[1])); break;
+      case Role::input_stride_h: packed.add(static_cast<long long>(view->strides[head_param ? 1 : 2])); break;
+      case Role::input_stride_d: packed.add(static_cast<long long>(view->strides[3])); break;
+      case Role::input_heads: packed.add(static_cast<int>(view->shape[head_param ? 1 : 2])); break;
+      case Role::output: packed.add(ptr(args.output.data)); break;
+      case Role::output_stride_b: packed.add(static_cast<long long>(args.output.strides[0])); break;
+      case Role::output_stride_t: packed.add(static_cast<long long>(args.output.strides[1])); break;
+      case Role::output_stride_h: packed.add(static_cast<long long>(args.output.strides[2])); break;
+      case Role::output_stride_d: packed.add(static_cast<long long>(args.output.strides[3])); break;
+      case Role::initial_state: packed.add(ptr(args.initial_state->data)); break;
+      case Role::final_state: packed.add(ptr(args.final_state->data)); break;
+      case Role::cu_seqlens: packed.add(offsets); break;
+      case Role::batch: packed.add(static_cast<int>(args.batch)); break;
+      case Role::tokens: packed.add(static_cast<int>(args.tokens)); break;
+      case Role::heads: packed.add(static_cast<int>(args.heads)); break;
+      case Role::key_dim: packed.add(static_cast<int>(args.key_dim)); break;
+      case Role::value_dim: packed.add(static_cast<int>(args.value_dim)); break;
+    }
+  }
+  return packed;
+}
+
+void fill_types(cuda::KernelTypes& spec, const ir::Variant& variant, const ops::BoundInputs& bound,
+                const RunOptions& options) {
+  const auto& args = bound.args;
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32
+                                                                               : args.tensors[i].type);
+  }
+  spec.output_type = bound.dims.type;
+  spec.reverse = args.reverse;
+  spec.varlen = !args.cu_seqlens.empty();
+  spec.cu_seqlens_type = ElementType::i64;
+  spec.initial_state = args.initial_state.has_value();
+  if (args.initial_state) spec.initial_state_type = args.initial_state->type;
+  spec.final_state = options.return_state;
 }
 
 // Host strided view -> dense bytes in row-major order.
@@ -122,18 +179,75 @@ cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::Bou
     throw InvalidArgument(fmt::format("{}: tile ({}) does not fit K={} V={}: {}", op_name(variant),
                                       cuda::to_string(spec.tile), args.key_dim, args.value_dim, all));
   }
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32
-                                                                               : args.tensors[i].type);
-  }
-  spec.output_type = bound.dims.type;
-  spec.reverse = args.reverse;
-  spec.varlen = !args.cu_seqlens.empty();
-  spec.cu_seqlens_type = ElementType::i64;
-  spec.initial_state = args.initial_state.has_value();
-  if (args.initial_state) spec.initial_state_type = args.initial_state->type;
-  spec.final_state = options.return_state;
+  fill_types(spec, variant, bound, options);
   return spec;
+}
+
+Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options) {
+  const auto& args = bound.args;
+  const std::string why = cuda::chunked_unsupported(variant);
+  if (options.algorithm == Algorithm::chunked) {
+    if (!why.empty()) throw InvalidArgument(op_name(variant) + ": algorithm chunked: " + why);
+    if (args.key_dim > 256)
+      throw InvalidArgument(fmt::format("{}: algorithm chunked: K = {}, expected at most 256", op_name(variant), args.key_dim));
+    return Algorithm::chunked;
+  }
+  if (options.algorithm == Algorithm::recurrent) return Algorithm::recurrent;
+  if (!why.empty() || args.key_dim > 256) return Algorithm::recurrent;
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    const ir::Role role = variant.inputs[i].role;
+    if ((role == ir::Role::query || role == ir::Role::key || role == ir::Role::value) &&
+        args.tensors[i].type != ElementType::f16 && args.tensors[i].type != ElementType::bf16)
+      return Algorithm::recurrent;  // fp32 inputs keep fp32 products
+  }
+  const std::int64_t sequences = std::max<std::int64_t>(1, bound.dims.N);
+  const std::int64_t tokens = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back();
+  return tokens / sequences >= chunked_min_tokens ? Algorithm::chunked : Algorithm::recurrent;
+}
+
+// Measured on H100 (bench/RESULTS.md, issue 4): see heuristic comments there.
+cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound) {
+  const auto& args = bound.args;
+  cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
+  int max_shared = 227 * 1024, sms = 132;
+  if (driver_available()) {
+    max_shared = Device::get().properties().max_shared_per_block_optin;
+    sms = Device::get().properties().sm_count;
+  }
+  // Few (sequence, head) pairs: narrower value tiles give more blocks.
+  while (tile.block_v > 32 && bound.dims.N * args.heads * ((args.value_dim + tile.block_v - 1) / tile.block_v) < sms &&
+         cuda::validate_chunked_tile({tile.block_k, tile.chunk, tile.block_v / 2, tile.warps}, variant, args.key_dim,
+                                     args.value_dim, max_shared).empty())
+    tile.block_v /= 2;
+  if (!cuda::validate_chunked_tile(tile, variant, args.key_dim, args.value_dim, max_shared).empty()) tile.chunk = 32;
+  return tile;
+}
+
+cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                            const RunOptions& options) {
+  const auto& args = bound.args;
+  cuda::ChunkedKernelSpec spec;
+  spec.tile = options.chunked_tile.value_or(heuristic_chunked_tile(variant, bound));
+  const int max_shared = driver_available() ? Device::get().properties().max_shared_per_block_optin : 0;
+  if (auto problems = cuda::validate_chunked_tile(spec.tile, variant, args.key_dim, args.value_dim, max_shared);
+      !problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw InvalidArgument(fmt::format("{}: chunked_tile ({}) does not fit K={} V={}: {}", op_name(variant),
+                                      cuda::to_string(spec.tile), args.key_dim, args.value_dim, all));
+  }
+  fill_types(spec, variant, bound, options);
+  return spec;
+}
+
+CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedKernelSpec& spec, const std::string& arch) {
+  CompiledChunked out;
+  out.kernel = cuda::generate_chunked(variant, spec);
+  CompileOptions options;
+  options.arch = arch;
+  options.program_name = out.kernel.name + ".cu";
+  out.program = compile(out.kernel.source, options);
+  return out;
 }
 
 CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
@@ -161,51 +275,31 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   // No tokens still means work: each sequence's final state is its initial state.
   if (bound.dims.N * args.heads * args.value_dim == 0) return;
 
-  // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
-  RunOptions tiled = options;
-  if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, heuristic_tile(bound));
-  const cuda::RecurrentKernelSpec spec = kernel_spec(variant, bound, tiled);
-  const LoadedKernel& loaded = loaded_kernel(variant, spec);
-
+  const Algorithm algorithm = choose_algorithm(variant, bound, options);
   DeviceBuffer offsets;
-  if (spec.varlen) {
+  if (!args.cu_seqlens.empty()) {
     offsets = DeviceBuffer(args.cu_seqlens.size() * sizeof(std::int64_t));
     offsets.copy_from_host(args.cu_seqlens.data(), offsets.bytes(), 0, launch.stream);
   }
-  KernelArgs packed;
-  auto ptr = [](const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); };
-  for (const cuda::KernelParam& p : loaded.kernel.params) {
-    const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
-    const bool head_param = p.input >= 0 && variant.inputs[p.input].kind == ir::InputKind::head;
-    switch (p.role) {
-      case Role::input:
-        if (p.type == cuda::KernelParam::Type::f32) packed.add(args.scalars[p.input]);
-        else packed.add(ptr(view->data));
-        break;
-      case Role::input_stride_b: packed.add(static_cast<long long>(view->strides[0])); break;
-      case Role::input_stride_t: packed.add(static_cast<long long>(view->strides[1])); break;
-      case Role::input_stride_h: packed.add(static_cast<long long>(view->strides[head_param ? 1 : 2])); break;
-      case Role::input_stride_d: packed.add(static_cast<long long>(view->strides[3])); break;
-      case Role::input_heads: packed.add(static_cast<int>(view->shape[head_param ? 1 : 2])); break;
-      case Role::output: packed.add(ptr(args.output.data)); break;
-      case Role::output_stride_b: packed.add(static_cast<long long>(args.output.strides[0])); break;
-      case Role::output_stride_t: packed.add(static_cast<long long>(args.output.strides[1])); break;
-      case Role::output_stride_h: packed.add(static_cast<long long>(args.output.strides[2])); break;
-      case Role::output_stride_d: packed.add(static_cast<long long>(args.output.strides[3])); break;
-      case Role::initial_state: packed.add(ptr(args.initial_state->data)); break;
-      case Role::final_state: packed.add(ptr(args.final_state->data)); break;
-      case Role::cu_seqlens: packed.add(offsets.device_ptr()); break;
-      case Role::batch: packed.add(static_cast<int>(args.batch)); break;
-      case Role::tokens: packed.add(static_cast<int>(args.tokens)); break;
-      case Role::heads: packed.add(static_cast<int>(args.heads)); break;
-      case Role::key_dim: packed.add(static_cast<int>(args.key_dim)); break;
-      case Role::value_dim: packed.add(static_cast<int>(args.value_dim)); break;
-    }
-  }
-  const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
   const unsigned grid_y = static_cast<unsigned>(bound.dims.N * args.heads);
-  loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed, 0, launch.stream);
-  if (spec.varlen) {
+  if (algorithm == Algorithm::chunked) {
+    const cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, options);
+    const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
+    KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
+    const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
+    loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed,
+                            static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+  } else {
+    // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
+    RunOptions tiled = options;
+    if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, heuristic_tile(bound));
+    const cuda::RecurrentKernelSpec spec = kernel_spec(variant, bound, tiled);
+    const auto& loaded = loaded_kernel(variant, spec, compile_recurrent);
+    KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
+    const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
+    loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed, 0, launch.stream);
+  }
+  if (!args.cu_seqlens.empty()) {
     // The offsets buffer is freed on return: wait until the kernel has read it.
     if (launch.stream) launch.stream->synchronize();
     else Device::get().synchronize();
@@ -217,7 +311,9 @@ RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, con
   const std::string op = op_name(variant);
   // Check everything on the host first, so bad input never reaches the device.
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
-  (void)kernel_spec(variant, bound, options);  // a bad tile is bad input: refuse it before any GPU work
+  // A bad tile or algorithm is bad input: refuse it before any GPU work.
+  if (choose_algorithm(variant, bound, options) == Algorithm::chunked) (void)chunked_kernel_spec(variant, bound, options);
+  else (void)kernel_spec(variant, bound, options);
   Device::get();
   std::vector<Uploaded> keep;
   auto put = [&](const TensorView& host) {

@@ -39,6 +39,22 @@ struct CompiledRecurrent {
 CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
                                     const std::string& arch = "");
 
+// The family a call runs (RunOptions::algorithm resolved by shape and dtype). Throws
+// InvalidArgument when chunked is forced on a variant or dtype it cannot run.
+Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options);
+
+// The chunked tile without tuning: by K and V, the device's shared memory, and the number
+// of blocks the shape gives.
+cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound);
+cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                            const RunOptions& options);
+struct CompiledChunked {
+  cuda::ChunkedKernel kernel;
+  CompiledProgram program;
+};
+CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedKernelSpec& spec,
+                                const std::string& arch = "");
+
 // Device-resident inputs and outputs (see the header comment).
 void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,

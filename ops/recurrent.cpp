@@ -105,6 +105,7 @@ RunOptions run_options(const RecurrentOptions& options) {
   run.reverse = options.reverse;
   run.return_state = options.return_state;
   run.backend = options.backend;
+  run.algorithm = options.algorithm;
   return run;
 }
 

@@ -28,6 +28,7 @@ struct RecurrentOptions {
   std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64
   bool return_state = false;                // final_state [N,H,K,V] f32
   Backend backend = Backend::automatic;     // GPU when there is one, else CPU
+  Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
 };
 
 // The variant of a named op by name, with gates named as in the tools' --gates flag:

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include <ladle/codegen/cuda_chunked.h>
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/dsl/ir.h>
 
@@ -29,6 +30,13 @@ struct VariantInputs {
 // present, else the CPU. Device-resident tensors go through ladle::gpu (gpu_recurrent.h).
 enum class Backend { automatic, cpu, gpu };
 
+// Which kernel family runs a call on the GPU. automatic: chunked (tensor cores) for 16-bit
+// q/k/v and sequences of at least `chunked_min_tokens` tokens on average, the fused
+// recurrent kernel otherwise (decode-sized calls, fp32 inputs, normalised variants). The CPU
+// path is the sequential oracle whatever is chosen here.
+enum class Algorithm { automatic, recurrent, chunked };
+inline constexpr std::int64_t chunked_min_tokens = 64;
+
 struct RunOptions {
   std::optional<TensorView> initial_state;  // [N,H,K,V], f32 (f16, bf16 are widened)
   std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64: packed sequences
@@ -36,8 +44,11 @@ struct RunOptions {
   bool return_state = false;                // also return final_state [N,H,K,V] f32
   int threads = 0;                          // CPU threads; 0: one per hardware thread
   Backend backend = Backend::automatic;
-  // The fused-recurrent tile on the GPU (block_k, block_v, warps); empty: the heuristic.
+  Algorithm algorithm = Algorithm::automatic;
+  // The fused-recurrent tile on the GPU (block_k, block_v, warps); empty: tuned/heuristic.
   std::optional<cuda::RecurrentTile> tile;
+  // The chunked tile on the GPU (block_k, chunk, block_v, warps); empty: the heuristic.
+  std::optional<cuda::ChunkedTile> chunked_tile;
 };
 
 struct RecurrentResult {

@@ -27,6 +27,8 @@ struct Case {
   bool packed_rank3 = false;             // inputs [T,H,D] instead of [1,T,H,D]
   bool initial_state = false;
   std::optional<float> scale;
+  ladle::Algorithm algorithm = ladle::Algorithm::automatic;  // the GPU's family
+  double gate_level = 0;  // not 0: every gate (and g_gamma) within 1 of this per token
 
   std::string describe() const {
     std::ostringstream s;
@@ -34,7 +36,9 @@ struct Case {
       << (g ? " g" : "") << (gk ? " gk" : "") << (gv ? " gv" : "") << (g_gamma ? (gamma_per_batch ? " g_gamma[B,H]" : " g_gamma[H]") : "")
       << " reverse=" << reverse << " dtype=" << ladle::element_type_name(type)
       << " gates=" << ladle::element_type_name(gate_type) << " varlen=" << cu_seqlens.size()
-      << " rank3=" << packed_rank3 << " h0=" << initial_state;
+      << " rank3=" << packed_rank3 << " h0=" << initial_state
+      << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto")
+      << " gate_level=" << gate_level;
     return s.str();
   }
 };
@@ -74,12 +78,18 @@ void check_case(Case c) {
   options.reverse = c.reverse;
   options.scale = c.scale;
   options.return_state = true;
+  options.algorithm = c.algorithm;
   std::optional<test::Filled> g, gk, gv, g_gamma, h0;
-  if (c.g) g = test::log_gate(rng, c.gate_type, token_shape(c.H, c.K)), options.g = g->tensor.view(), ref.g = g->values;
-  if (c.gk) gk = test::log_gate(rng, c.gate_type, token_shape(c.H, c.K)), options.gk = gk->tensor.view(), ref.gk = gk->values;
-  if (c.gv) gv = test::log_gate(rng, c.gate_type, token_shape(c.H, c.V)), options.gv = gv->tensor.view(), ref.gv = gv->values;
+  std::uniform_real_distribution<double> strong(c.gate_level - 1, c.gate_level + 1);
+  const auto gate = [&](std::vector<std::int64_t> shape) {
+    if (c.gate_level == 0) return test::log_gate(rng, c.gate_type, std::move(shape));
+    return test::filled(c.gate_type, std::move(shape), [&] { return strong(rng); });
+  };
+  if (c.g) g = gate(token_shape(c.H, c.K)), options.g = g->tensor.view(), ref.g = g->values;
+  if (c.gk) gk = gate(token_shape(c.H, c.K)), options.gk = gk->tensor.view(), ref.gk = gk->values;
+  if (c.gv) gv = gate(token_shape(c.H, c.V)), options.gv = gv->tensor.view(), ref.gv = gv->values;
   if (c.g_gamma) {
-    std::uniform_real_distribution<double> decay(-0.3, -0.01);
+    std::uniform_real_distribution<double> decay(c.gate_level == 0 ? -0.3 : c.gate_level - 1, c.gate_level == 0 ? -0.01 : c.gate_level + 1);
     std::vector<std::int64_t> shape = c.gamma_per_batch ? std::vector<std::int64_t>{c.B, c.H} : std::vector<std::int64_t>{c.H};
     g_gamma = test::filled(c.gate_type, shape, [&] { return decay(rng); });
     options.g_gamma = g_gamma->tensor.view();
@@ -294,4 +304,81 @@ TEST_CASE("gla is recurrent with g only, and lowers to the same variant", "[ops]
     REQUIRE(out.final_state.has_value());
     CHECK(test::relative_error(*out.final_state, expected.final_state) < test::tolerance(type));
   }
+}
+
+// The chunked tensor-core family (issue 4): forced with Algorithm::chunked it runs on the GPU
+// backend (the CPU backend is the sequential path whatever the algorithm, so on a machine
+// without a GPU these cases check the CPU path and the reference at the same sizes).
+TEST_CASE("chunked: every gate combination, direction and 16-bit dtype over several chunks", "[ops][chunked]") {
+  for (ElementType type : {ElementType::f16, ElementType::bf16})
+    for (unsigned gates = 0; gates < 16; ++gates)
+      for (bool reverse : {false, true}) {
+        Case c;
+        c.algorithm = ladle::Algorithm::chunked;
+        c.T = 150;
+        c.K = 32, c.V = 48;
+        c.type = c.gate_type = type;
+        c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
+        c.reverse = reverse;
+        c.initial_state = gates % 3 == 0;
+        check_case(c);
+      }
+}
+
+TEST_CASE("chunked: K and V of 64, 128 and 256, GQA, packed uneven sequences", "[ops][chunked]") {
+  for (int dim : {64, 128, 256}) {
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 1, c.T = 200, c.H = 2, c.H_kv = 1, c.K = c.V = dim;
+    c.type = ElementType::bf16;
+    c.g = true;
+    c.initial_state = true;
+    check_case(c);
+    c.g = false, c.g_gamma = true;  // simple GLA
+    check_case(c);
+  }
+  for (ElementType type : {ElementType::f16, ElementType::bf16})
+    for (bool reverse : {false, true}) {
+      Case c;
+      c.algorithm = ladle::Algorithm::chunked;
+      c.type = c.gate_type = type;
+      c.cu_seqlens = {0, 1, 70, 70, 200, 329};
+      c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
+      c.g = c.gv = true;
+      c.initial_state = true;
+      c.reverse = reverse;
+      check_case(c);
+    }
+}
+
+TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither overflows nor loses accuracy", "[ops][chunked][stability]") {
+  for (unsigned gates : {1u, 4u, 8u, 15u}) {  // g, gv, g_gamma, all
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 1, c.T = 65536, c.H = 2, c.H_kv = 2, c.K = 16, c.V = 16;
+    c.type = ElementType::bf16;
+    c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
+    c.gate_level = -10;
+    c.initial_state = true;
+    check_case(c);
+  }
+  Case c;  // moderate: 16-token steps
+  c.algorithm = ladle::Algorithm::chunked;
+  c.B = 1, c.T = 4096, c.H = 2, c.K = 64, c.V = 64;
+  c.type = ElementType::bf16;
+  c.g = c.gv = true;
+  c.gate_level = -2.5;
+  check_case(c);
+}
+
+TEST_CASE("chunked: bad requests are refused by name", "[ops][chunked]") {
+  std::mt19937_64 rng(11);
+  const auto q = test::normal(rng, ElementType::bf16, {1, 80, 2, 300});
+  const auto v = test::normal(rng, ElementType::bf16, {1, 80, 2, 16});
+  ladle::RecurrentOptions options;
+  options.algorithm = ladle::Algorithm::chunked;
+  options.backend = ladle::Backend::gpu;
+  // Checked on the host before any device work, so it holds with or without a GPU.
+  REQUIRE_THROWS_WITH(ladle::recurrent(q.tensor.view(), q.tensor.view(), v.tensor.view(), options),
+                      Catch::Contains("algorithm chunked: K = 300, expected at most 256"));
 }

@@ -1,8 +1,11 @@
-// ladle-bench-recurrent: the fused-recurrent GLA forward on the GPU at one shape, for the
+// ladle-bench-recurrent: a linear-attention forward on the GPU at one shape, for the
 // side-by-side table with fla (bench/gpu-check.sh runs both in one call). Inputs are
 // random on the device (a fill kernel compiled through ladle): q, k, v ~ N(0,1)-ish,
-// g = logsigmoid(x)/16 as GLA uses it. Prints one JSON line per tile tried:
-//   {"op":"fused_recurrent_gla","impl":"ladle","tile":"...","ms":...,"GBps":...}
+// g = logsigmoid(x)/16 as GLA uses it. --op gla (g [B,T,H,K]), simple_gla (g_gamma [H]),
+// or user (a variant fla has no kernel for: key gate logsigmoid(x)/tau with a per-head tau,
+// plus a value gate -softplus(y)/16); --algo recurrent or chunked. Prints one JSON line per
+// tile tried:
+//   {"op":"chunk_gla","impl":"ladle","tile":"...","ms":...,"GBps":...,"floor_ms":...}
 // plus the measured device copy bandwidth for the byte floor.
 #include <algorithm>
 #include <chrono>
@@ -15,7 +18,9 @@
 #include <fmt/format.h>
 
 #include <ladle/ops/gpu_recurrent.h>
+#include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
+#include <ladle/ops/recurrent.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 
@@ -37,16 +42,23 @@ int main(int argc, char** argv) {
   app.add_option("-K", K);
   app.add_option("-V", V);
   app.add_option("--reps", reps);
-  app.add_option("--tile", tiles, "block_k,block_v,warps (repeatable); default: the heuristic");
+  app.add_option("--tile", tiles, "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps (repeatable); default: the heuristic");
+  std::string op = "gla", algo = "recurrent";
+  app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user"}));
+  app.add_option("--algo", algo)->check(CLI::IsMember({"recurrent", "chunked"}));
   CLI11_PARSE(app, argc, argv);
   try {
     auto& device = ladle::Device::get();
     const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
-    ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_k * 2), o(n_v * 2);
+    ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_k * 2), o(n_v * 2), y(n_v * 2), heads(H * 4);
     ladle::bench::fill_bf16(q, 1, false);
     ladle::bench::fill_bf16(k, 2, false);
     ladle::bench::fill_bf16(v, 3, false);
     ladle::bench::fill_bf16(g, 4, true);
+    if (op == "user") ladle::bench::fill_bf16(y, 5, false);
+    std::vector<float> per_head(H);
+    for (int h = 0; h < H; ++h) per_head[h] = op == "user" ? 16.0f : std::log(1.0f - std::exp2(-5.0f - h * 0.5f));
+    heads.copy_from_host(per_head.data(), per_head.size() * 4);
     device.synchronize();
 
     // Device copy bandwidth (bytes read + written), for the floor.
@@ -71,7 +83,19 @@ int main(int argc, char** argv) {
     };
     const auto qv = view(q, {B, T, H, K}), kv = view(k, {B, T, H, K}), vv = view(v, {B, T, H, V}),
                gv = view(g, {B, T, H, K}), ov = view(o, {B, T, H, V});
-    const double bytes = 2.0 * (3.0 * n_k + 2.0 * n_v);  // q, k, g, v read once; o written once
+    // The floor: every input read once, o written once.
+    const double bytes = op == "gla" ? 2.0 * (3.0 * n_k + 2.0 * n_v) : op == "simple_gla" ? 2.0 * (2.0 * n_k + 2.0 * n_v)
+                                                                                         : 2.0 * (3.0 * n_k + 3.0 * n_v);
+    const std::string label = (algo == "chunked" ? "chunk_" : "fused_recurrent_") + std::string(op == "user" ? "user_gk_gv" : op);
+    const ladle::ir::Variant user_variant = ladle::dsl::lower(
+        ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v)
+                             .decay_k(ladle::dsl::logsigmoid(ladle::dsl::token_key("x")) / ladle::dsl::head_param("tau"))
+                             .decay_v(-ladle::dsl::softplus(ladle::dsl::token_value("y")) / 16.0f),
+                         ladle::dsl::q, ladle::dsl::scalar("scale")),
+        "user_gk_gv");
+    const ladle::ir::Variant& variant = op == "gla" ? ladle::gla_variant(false)
+                                        : op == "simple_gla" ? ladle::recurrent_variant(false, false, false, true)
+                                                             : user_variant;
     if (tiles.empty()) tiles.push_back("");
     const char* policy = std::getenv("LADLE_AUTOTUNE");
     const std::string untiled_label = !policy || std::string(policy) != "heuristic"
@@ -79,7 +103,15 @@ int main(int argc, char** argv) {
                                           : "heuristic";
     for (const auto& tile_text : tiles) {
       ladle::RunOptions options;
-      if (!tile_text.empty()) {
+      options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
+      if (!tile_text.empty() && algo == "chunked") {
+        ladle::cuda::ChunkedTile tile;
+        if (std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &tile.block_k, &tile.chunk, &tile.block_v, &tile.warps) != 4) {
+          std::fprintf(stderr, "--tile expects block_k,chunk,block_v,warps, got '%s'\n", tile_text.c_str());
+          return 1;
+        }
+        options.chunked_tile = tile;
+      } else if (!tile_text.empty()) {
         ladle::cuda::RecurrentTile tile;
         if (std::sscanf(tile_text.c_str(), "%d,%d,%d", &tile.block_k, &tile.block_v, &tile.warps) != 3) {
           std::fprintf(stderr, "--tile expects block_k,block_v,warps, got '%s'\n", tile_text.c_str());
@@ -89,9 +121,17 @@ int main(int argc, char** argv) {
       }
       double first_call_ms = 0;
       ladle::VariantInputs inputs;
-      inputs.tensors.emplace("g", gv);
       inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
-      const auto& variant = ladle::gla_variant(false);
+      if (op == "gla") inputs.tensors.emplace("g", gv);
+      if (op == "simple_gla")
+        inputs.tensors.emplace("g_gamma", ladle::TensorView::contiguous(reinterpret_cast<const void*>(heads.device_ptr()),
+                                                                        ladle::ElementType::f32, {H}));
+      if (op == "user") {
+        inputs.tensors.emplace("x", gv);
+        inputs.tensors.emplace("y", view(y, {B, T, H, V}));
+        inputs.tensors.emplace("tau", ladle::TensorView::contiguous(reinterpret_cast<const void*>(heads.device_ptr()),
+                                                                    ladle::ElementType::f32, {H}));
+      }
       ladle::gpu::LaunchOptions launch{&stream};
       try {
         // The first call includes tuning when no tile is named and LADLE_AUTOTUNE is not
@@ -111,12 +151,12 @@ int main(int argc, char** argv) {
         }
         std::sort(ms.begin(), ms.end());
         const double median = ms[ms.size() / 2];
-        std::printf("{\"op\":\"fused_recurrent_gla\",\"impl\":\"ladle\",\"shape\":\"B%d T%d H%d K%d V%d bf16\","
+        std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"B%d T%d H%d K%d V%d bf16\","
                     "\"tile\":\"%s\",\"ms\":%.4f,\"GBps\":%.1f,\"floor_ms\":%.4f,\"first_call_ms\":%.1f}\n",
-                    B, T, H, K, V, tile_text.empty() ? untiled_label.c_str() : tile_text.c_str(), median,
+                    label.c_str(), B, T, H, K, V, tile_text.empty() ? untiled_label.c_str() : tile_text.c_str(), median,
                     bytes / (median * 1e-3) / 1e9, bytes / (copy_gbps * 1e9) * 1e3, first_call_ms);
       } catch (const std::exception& e) {
-        std::printf("{\"op\":\"fused_recurrent_gla\",\"impl\":\"ladle\",\"tile\":\"%s\",\"error\":\"%s\"}\n",
+        std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"tile\":\"%s\",\"error\":\"%s\"}\n", label.c_str(),
                     tile_text.c_str(), e.what());
       }
       std::fflush(stdout);

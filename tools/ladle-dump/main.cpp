@@ -2,7 +2,8 @@
 // the resource usage ptxas reported, the cache entry, and the SASS when cuobjdump exists.
 //   ladle-dump kernel.cu [--arch sm_90a] [--sass] [--only source|ptx|resources|path]
 //   ladle-dump --op gla|recurrent [--gates g,gk,gv,g_gamma] [--dtype bf16] [-K 128 -V 128]
-//              [--tile 128,64,8] [--reverse] [--varlen] [--states]   (the generated kernel)
+//              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
+//              [--reverse] [--varlen] [--states]   (the generated kernel)
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -85,7 +86,11 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "input and output dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("-K", key_dim, "key head dim");
   app.add_option("-V", value_dim, "value head dim");
-  app.add_option("--tile", tile_text, "block_k,block_v,warps (default: the heuristic for K and V)");
+  std::string algo = "recurrent";
+  app.add_option("--algo", algo, "the kernel family: recurrent (token by token) or chunked (tensor cores)")
+      ->check(CLI::IsMember({"recurrent", "chunked"}));
+  app.add_option("--tile", tile_text,
+                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps (default: the heuristic for K and V)");
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--states", states, "initial and final states");
@@ -106,22 +111,38 @@ int main(int argc, char** argv) {
     if (!op.empty()) {
       const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
       const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
-      ladle::cuda::RecurrentKernelSpec spec;
-      spec.tile = ladle::cuda::default_tile(key_dim, value_dim);
-      if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d", &spec.tile.block_k, &spec.tile.block_v, &spec.tile.warps) != 3)
-        throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_k,block_v,warps");
-      if (auto problems = ladle::cuda::validate_tile(spec.tile, key_dim, value_dim); !problems.empty())
-        throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
+      ladle::cuda::KernelTypes types;
       for (const auto& input : variant.inputs)
-        spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ladle::ElementType::f32 : type);
-      spec.output_type = type;
-      spec.reverse = reverse;
-      spec.varlen = varlen;
-      spec.initial_state = spec.final_state = states;
-      program = ladle::gpu::compile_recurrent(variant, spec, arch).program;
-      std::cout << fmt::format("op {} ({} variant {}), tile {}, K={} V={} {}\n", op, variant.name,
-                               ladle::ir::hash_hex(variant), ladle::cuda::to_string(spec.tile), key_dim,
-                               value_dim, dtype);
+        types.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ladle::ElementType::f32 : type);
+      types.output_type = type;
+      types.reverse = reverse;
+      types.varlen = varlen;
+      types.initial_state = types.final_state = states;
+      std::string tile_name;
+      if (algo == "chunked") {
+        ladle::cuda::ChunkedKernelSpec spec;
+        static_cast<ladle::cuda::KernelTypes&>(spec) = types;
+        spec.tile = ladle::cuda::default_chunked_tile(key_dim, value_dim);
+        if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &spec.tile.block_k, &spec.tile.chunk,
+                                              &spec.tile.block_v, &spec.tile.warps) != 4)
+          throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_k,chunk,block_v,warps");
+        if (auto problems = ladle::cuda::validate_chunked_tile(spec.tile, variant, key_dim, value_dim); !problems.empty())
+          throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
+        program = ladle::gpu::compile_chunked(variant, spec, arch).program;
+        tile_name = ladle::cuda::to_string(spec.tile);
+      } else {
+        ladle::cuda::RecurrentKernelSpec spec;
+        static_cast<ladle::cuda::KernelTypes&>(spec) = types;
+        spec.tile = ladle::cuda::default_tile(key_dim, value_dim);
+        if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d", &spec.tile.block_k, &spec.tile.block_v, &spec.tile.warps) != 3)
+          throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_k,block_v,warps");
+        if (auto problems = ladle::cuda::validate_tile(spec.tile, key_dim, value_dim); !problems.empty())
+          throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
+        program = ladle::gpu::compile_recurrent(variant, spec, arch).program;
+        tile_name = ladle::cuda::to_string(spec.tile);
+      }
+      std::cout << fmt::format("op {} ({} variant {}), {} tile {}, K={} V={} {}\n", op, variant.name,
+                               ladle::ir::hash_hex(variant), algo, tile_name, key_dim, value_dim, dtype);
     } else {
       std::ifstream in(file);
       std::stringstream text;
