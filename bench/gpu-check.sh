@@ -78,6 +78,31 @@ if [ "$what" = recurrent ] || [ "$what" = all ]; then
   cat "$out"/recurrent-*.jsonl | python3 bench/table.py | tee -a "$summary"
 fi
 
+if [ "$what" = chunked ] || [ "$what" = all ]; then
+  step "chunked: compute-sanitizer memcheck and racecheck on the chunked op tests"
+  for tool in memcheck racecheck; do
+    if timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/ops-recurrent "chunked: every gate*" > "$out/sanitizer-chunked-$tool.txt" 2>&1; then
+      note "compute-sanitizer $tool (chunked, 64 kernels): clean ($(grep -c 'ERROR SUMMARY: 0' "$out/sanitizer-chunked-$tool.txt") summaries)"
+    else
+      note "compute-sanitizer $tool (chunked): ERRORS or timeout"; grep -m5 -E "ERROR|Race|Invalid" "$out/sanitizer-chunked-$tool.txt" | tee -a "$summary"; tail -5 "$out/sanitizer-chunked-$tool.txt"
+    fi
+  done
+  step "chunked: ladle vs fla chunk_gla / chunk_simple_gla, H16 K=V=128 bf16"
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >> "$log" 2>&1
+    export PYTHONPATH=/tmp/site
+  fi
+  for bt in "32 1024" "8 4096" "2 16384"; do
+    set -- $bt
+    for op in gla simple_gla user; do
+      LADLE_AUTOTUNE=heuristic "$bin/ladle-bench-recurrent" --algo chunked --op $op -B $1 -T $2 -H 16 -K 128 -V 128 ${LADLE_CHUNKED_TILES:-} >> "$out/chunked-ladle.jsonl" 2>> "$log"
+    done
+  done
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/fla_bench.py --ops chunk_gla,chunk_simple_gla \
+    --shapes 32x1024x16x128x128,8x4096x16x128x128,2x16384x16x128x128 > "$out/chunked-fla.jsonl" 2>> "$log"
+  cat "$out"/chunked-*.jsonl | python3 bench/table.py | tee -a "$summary"
+fi
+
 echo
 echo "=================== summary ==================="
 cat "$summary"
