@@ -200,12 +200,15 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
         args.tensors[i].type != ElementType::f16 && args.tensors[i].type != ElementType::bf16)
       return Algorithm::recurrent;  // fp32 inputs keep fp32 products
   }
-  const std::int64_t sequences = std::max<std::int64_t>(1, bound.dims.N);
-  const std::int64_t tokens = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back();
-  return tokens / sequences >= chunked_min_tokens ? Algorithm::chunked : Algorithm::recurrent;
+  // Tokens per sequence: T, or the mean length of the packed sequences.
+  const std::int64_t per_sequence =
+      args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back() / std::max<std::int64_t>(1, bound.dims.N);
+  return per_sequence >= chunked_min_tokens ? Algorithm::chunked : Algorithm::recurrent;
 }
 
-// Measured on H100 (bench/RESULTS.md, issue 4): see heuristic comments there.
+// Not yet measured on a GPU (bench/RESULTS.md, issue 4): K=V=128 takes chunk 64, block_v 64,
+// 8 warps (226 registers, 104 KiB of shared memory: one block per SM), narrower value tiles
+// when the shape gives fewer blocks than SMs.
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound) {
   const auto& args = bound.args;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);

@@ -14,7 +14,19 @@
 
 using ladle::ElementType;
 
+#include <ladle/dsl/dsl.h>
+
 namespace {
+
+ladle::cuda::ChunkedKernelSpec chunked_spec_for(const ladle::ir::Variant& variant, ElementType type, int K, int V) {
+  ladle::cuda::ChunkedKernelSpec spec;
+  spec.tile = ladle::cuda::default_chunked_tile(K, V);
+  for (const auto& input : variant.inputs)
+    spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar || input.role == ladle::ir::Role::other
+                                   ? ElementType::f32 : type);
+  spec.output_type = type;
+  return spec;
+}
 
 ladle::cuda::RecurrentKernelSpec spec_for(const ladle::ir::Variant& variant, ElementType type,
                                           int K, int V) {
@@ -88,6 +100,7 @@ static void check_gla_gpu_against_cpu(std::uint64_t seed, std::vector<std::int64
   auto g = test::log_gate(rng, ElementType::bf16, shape);
   ladle::GlaOptions options;
   options.backend = ladle::Backend::gpu;
+  options.algorithm = ladle::Algorithm::recurrent;  // the fused family (chunked: recurrent-test.cpp)
   options.return_state = return_state;
   if (!ladle::driver_available()) {
     WARN("no GPU: " << ladle::driver_unavailable_reason());
@@ -108,4 +121,95 @@ TEST_CASE("without a driver the GPU backend says so; with one it agrees with the
 
 TEST_CASE("at K = V = 128 the shape-chosen GPU tile agrees with the CPU path", "[gpu]") {
   check_gla_gpu_against_cpu(5, {1, 70, 2, 128}, true);
+}
+
+TEST_CASE("NVRTC compiles the chunked kernel of every gate combination, 16-bit dtype and mode", "[gpu][nvrtc][chunked]") {
+  int compiled = 0;
+  for (ElementType type : {ElementType::f16, ElementType::bf16})
+    for (unsigned gates = 0; gates < 16; ++gates) {
+      const auto& variant = ladle::recurrent_variant(gates & 1, gates & 2, gates & 4, gates & 8);
+      for (int mode = 0; mode < 2; ++mode) {
+        auto spec = chunked_spec_for(variant, type, 64, 64);
+        spec.reverse = spec.varlen = spec.initial_state = spec.final_state = mode == 1;
+        INFO(ladle::ir::to_string(variant) << " " << ladle::element_type_name(type) << " mode " << mode);
+        auto result = ladle::gpu::compile_chunked(variant, spec, "compute_80");
+        REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
+        REQUIRE(result.program.ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos);
+        ++compiled;
+      }
+    }
+  CHECK(compiled == 2 * 16 * 2);
+}
+
+TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V = 64, 128, 256, fit without spills", "[gpu][nvrtc][chunked]") {
+  const auto& gla = ladle::gla_variant(false);
+  const auto& simple = ladle::recurrent_variant(false, false, false, true);
+  const auto user = ladle::dsl::lower(
+      ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v)
+                           .decay_k(ladle::dsl::logsigmoid(ladle::dsl::token_key("x")) / ladle::dsl::head_param("tau"))
+                           .decay_v(-ladle::dsl::softplus(ladle::dsl::token_value("y")) / 16.0f),
+                       ladle::dsl::q, ladle::dsl::scalar("scale")),
+      "user_gk_gv");
+  struct Item {
+    const ladle::ir::Variant* variant;
+    int D;
+    ladle::cuda::ChunkedTile tile;
+  };
+  std::vector<Item> items;
+  for (int D : {64, 128, 256})
+    for (const ladle::ir::Variant* v : {&gla, &simple, &user}) items.push_back({v, D, ladle::cuda::default_chunked_tile(D, D)});
+  for (int chunk : {32, 64})
+    for (int block_v : {32, 64, 128})
+      for (int warps : {4, 8}) {
+        const ladle::cuda::ChunkedTile tile{128, chunk, block_v, warps};
+        if (ladle::cuda::validate_chunked_tile(tile, gla, 128, 128, 227 * 1024).empty()) items.push_back({&gla, 128, tile});
+      }
+  CHECK(items.size() >= 15);
+  for (const Item& item : items) {
+    auto spec = chunked_spec_for(*item.variant, ElementType::bf16, item.D, item.D);
+    spec.tile = item.tile;
+    spec.initial_state = spec.final_state = true;
+    auto result = ladle::gpu::compile_chunked(*item.variant, spec, "sm_90a");
+    const auto* r = result.program.resources(result.kernel.name);
+    REQUIRE(r != nullptr);
+    INFO(item.variant->name << " D=" << item.D << " " << ladle::cuda::to_string(item.tile) << ": " << r->registers
+                            << " registers, " << r->spill_store_bytes << " bytes spilled, " << result.kernel.shared_bytes
+                            << " bytes of shared memory");
+    CHECK(r->registers > 0);
+    CHECK(r->spill_store_bytes == 0);
+    CHECK(result.kernel.shared_bytes <= 227 * 1024);
+  }
+  // The sm_80 path: the same instructions, an sm_80 cubin within its 163 KiB of shared memory.
+  auto spec = chunked_spec_for(gla, ElementType::bf16, 128, 128);
+  REQUIRE(ladle::cuda::validate_chunked_tile(spec.tile, gla, 128, 128, 163 * 1024).empty());
+  auto result = ladle::gpu::compile_chunked(gla, spec, "sm_80");
+  REQUIRE(result.program.resources(result.kernel.name) != nullptr);
+  CHECK(result.program.resources(result.kernel.name)->spill_store_bytes == 0);
+}
+
+TEST_CASE("the algorithm follows the shape and dtype unless forced", "[gpu][chunked]") {
+  std::mt19937_64 rng(9);
+  const auto& gla = ladle::gla_variant(false);
+  const auto choose = [&](ElementType type, std::int64_t T, ladle::Algorithm forced, const ladle::ir::Variant& variant) {
+    auto q = test::normal(rng, type, {2, T, 2, 16});
+    auto g = test::log_gate(rng, type, {2, T, 2, 16});
+    ladle::VariantInputs inputs;
+    inputs.scalars["scale"] = 0.25f;
+    if (!variant.inputs.empty() && variant.inputs.size() > 4) inputs.tensors["g"] = g.tensor.view();
+    ladle::RunOptions options;
+    options.algorithm = forced;
+    const auto bound = ladle::ops::bind_inputs("test", variant, q.tensor.view(), q.tensor.view(), q.tensor.view(), inputs, options);
+    return ladle::gpu::choose_algorithm(variant, bound, options);
+  };
+  using A = ladle::Algorithm;
+  CHECK(choose(ElementType::bf16, 64, A::automatic, gla) == A::chunked);
+  CHECK(choose(ElementType::f16, 200, A::automatic, gla) == A::chunked);
+  CHECK(choose(ElementType::bf16, 16, A::automatic, gla) == A::recurrent);  // decode-sized
+  CHECK(choose(ElementType::f32, 200, A::automatic, gla) == A::recurrent);  // fp32 keeps fp32 products
+  CHECK(choose(ElementType::bf16, 16, A::chunked, gla) == A::chunked);
+  CHECK(choose(ElementType::bf16, 200, A::recurrent, gla) == A::recurrent);
+  const auto normalised = ladle::dsl::lower(
+      ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v), ladle::dsl::q, ladle::dsl::scalar("scale")).normalized(1e-6f), "n");
+  CHECK(choose(ElementType::bf16, 200, A::automatic, normalised) == A::recurrent);
+  REQUIRE_THROWS_WITH(choose(ElementType::bf16, 200, A::chunked, normalised), Catch::Contains("algorithm chunked") && Catch::Contains("normaliser"));
 }
