@@ -15,5 +15,8 @@ for job in "$build"/examples/*/example-*; do
 done
 echo "== the GLA kernel ladle generates, compiled for Hopper (resources)"
 "$build"/tools/ladle-dump/ladle-dump --op gla --arch sm_90a --only resources
+echo "== ladle-dump --op gla --algo chunked (the tensor-core family; resources for sm_90a and sm_80)"
+"$build"/tools/ladle-dump/ladle-dump --op gla --algo chunked --arch sm_90a --only resources
+"$build"/tools/ladle-dump/ladle-dump --op gla --algo chunked --arch sm_80 --only resources
 echo "== ladle-dump of a hand-written kernel (resources for sm_90a)"
 "$build"/tools/ladle-dump/ladle-dump tools/ladle-dump/sample.cu --arch sm_90a --only resources
