@@ -78,40 +78,11 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   const bool decays_k = has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head);
   const bool decays_v = has(ir::Slot::log_decay_v);
 
-  // Which inputs the slots read: all of them, and those of the key and value sides.
-  std::vector<bool> used(inputs.size(), false), key_side(inputs.size(), false), value_side(inputs.size(), false);
-  for (std::size_t s = 0; s < ir::slot_count; ++s) {
-    const ir::Slot slot = static_cast<ir::Slot>(s);
-    const bool key = slot == ir::Slot::q_feature || slot == ir::Slot::k_feature || slot == ir::Slot::log_decay_k;
-    const bool value = slot == ir::Slot::v || slot == ir::Slot::log_decay_v;
-    for (const ir::Node& node : variant.slots[s].nodes)
-      if (node.op == ir::Op::input) {
-        used[node.input] = true;
-        key_side[node.input] = key_side[node.input] || key;
-        value_side[node.input] = value_side[node.input] || value;
-      }
-  }
+  const InputUse use_of = input_use(variant);
+  const std::vector<bool>&used = use_of.used, &key_side = use_of.key_side, &value_side = use_of.value_side;
 
-  // Inputs as render_c sees them: each is loaded once into a named local first (x_i at key
-  // row i, x_j at value column jv, x_t for this token, x_value once per head), scalars as given.
-  const auto loads_at = [&](const std::string& suffix) {
-    return [&, suffix](const ir::Input& in, std::int32_t k) -> std::string {
-      switch (in.kind) {
-        case ir::InputKind::token_key:
-        case ir::InputKind::token_value: return id[k] + suffix;
-        case ir::InputKind::token_head: return id[k] + "_t";
-        case ir::InputKind::head: return id[k] + "_value";
-        case ir::InputKind::scalar: return id[k];
-      }
-      return "0.0f";
-    };
-  };
-  const auto row_load = [&](std::size_t k, const std::string& index) {
-    return "ladle_load(" + id[k] + " + " + id[k] + "_row + " + index + " * " + id[k] + "_stride_d)";
-  };
-  const auto render = [&](ir::Slot s, const std::string& suffix) {
-    return ir::render_c(variant, variant.slot(s), loads_at(suffix));
-  };
+  const auto row_load = [&](std::size_t k, const std::string& index) { return detail::row_load(id, k, index); };
+  const auto render = [&](ir::Slot s, const std::string& suffix) { return render_slot(variant, id, s, suffix); };
 
   // Kernel name: the variant's hash and everything the spec changes in the source.
   const std::string spec_key = to_string(tile) + types_key(spec);

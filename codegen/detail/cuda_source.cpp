@@ -6,6 +6,8 @@
 
 #include <ladle/runtime/error.h>
 
+#include "../render_c.h"
+
 namespace ladle::cuda::detail {
 
 
@@ -217,6 +219,41 @@ void declare_params(const ir::Variant& variant, const std::vector<std::string>& 
   param("int", "H", Type::i32, Role::heads);
   param("int", "K", Type::i32, Role::key_dim);
   param("int", "V", Type::i32, Role::value_dim);
+}
+
+InputUse input_use(const ir::Variant& variant) {
+  const std::size_t n = variant.inputs.size();
+  InputUse use{std::vector<bool>(n, false), std::vector<bool>(n, false), std::vector<bool>(n, false)};
+  for (std::size_t s = 0; s < ir::slot_count; ++s) {
+    const ir::Slot slot = static_cast<ir::Slot>(s);
+    const bool key = slot == ir::Slot::q_feature || slot == ir::Slot::k_feature || slot == ir::Slot::log_decay_k;
+    const bool value = slot == ir::Slot::v || slot == ir::Slot::log_decay_v;
+    for (const ir::Node& node : variant.slots[s].nodes)
+      if (node.op == ir::Op::input) {
+        use.used[node.input] = true;
+        use.key_side[node.input] = use.key_side[node.input] || key;
+        use.value_side[node.input] = use.value_side[node.input] || value;
+      }
+  }
+  return use;
+}
+
+std::string render_slot(const ir::Variant& variant, const std::vector<std::string>& ids, ir::Slot slot,
+                        const std::string& suffix) {
+  return ir::render_c(variant, variant.slot(slot), [&](const ir::Input& in, std::int32_t k) -> std::string {
+    switch (in.kind) {
+      case ir::InputKind::token_key:
+      case ir::InputKind::token_value: return ids[k] + suffix;
+      case ir::InputKind::token_head: return ids[k] + "_t";
+      case ir::InputKind::head: return ids[k] + "_value";
+      case ir::InputKind::scalar: return ids[k];
+    }
+    return "0.0f";
+  });
+}
+
+std::string row_load(const std::vector<std::string>& ids, std::size_t k, const std::string& index) {
+  return "ladle_load(" + ids[k] + " + " + ids[k] + "_row + " + index + " * " + ids[k] + "_stride_d)";
 }
 
 }  // namespace ladle::cuda::detail

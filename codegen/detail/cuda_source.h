@@ -44,6 +44,21 @@ std::string types_line(const ir::Variant& variant, const std::vector<std::string
 void declare_params(const ir::Variant& variant, const std::vector<std::string>& ids, const KernelTypes& types,
                     std::vector<std::string>& declarations, std::vector<KernelParam>& params);
 
+// Which inputs the slots read: all of them, and those of the key side (q, k features, key
+// gate) and of the value side (v, value gate).
+struct InputUse {
+  std::vector<bool> used, key_side, value_side;
+};
+InputUse input_use(const ir::Variant& variant);
+
+// A slot's expression as C, reading each input from the generator's locals: token_key and
+// token_value inputs as <id><suffix> (x_i at a key row, x_j at a value column), token_head
+// as <id>_t, head as <id>_value, scalars as the parameter.
+std::string render_slot(const ir::Variant& variant, const std::vector<std::string>& ids, ir::Slot slot,
+                        const std::string& suffix);
+// The load of input k's feature `index` at the current token: ladle_load(x + x_row + index * x_stride_d).
+std::string row_load(const std::vector<std::string>& ids, std::size_t k, const std::string& index);
+
 // Lines with indentation.
 class Code {
  public:
