@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
 #include <vector>
 
 #include <ladle/dsl/ir.h>
@@ -16,6 +18,10 @@ namespace ladle::cpu {
 class InputLoader {
  public:
   virtual void load(std::int32_t index, float* out, std::int64_t n) const = 0;
+  // An attention leaf (score, an index), n values or 1 as the program was built to expect.
+  virtual void load_leaf(ir::Op leaf, float* /*out*/, std::int64_t /*n*/) const {
+    throw std::logic_error(std::string("RowProgram: no value for leaf ") + ir::op_name(leaf));
+  }
 
  protected:
   ~InputLoader() = default;
@@ -24,12 +30,16 @@ class InputLoader {
 class RowProgram {
  public:
   RowProgram() = default;
+  // A recurrence slot: the row is the K or V features of one token.
   RowProgram(const ir::Variant& variant, const ir::Expr& expr, std::int64_t width);
+  // Any row: `varies` says which leaves (inputs, attention leaves) take `width` values
+  // along the row (an attention score row: the keys j of one query i) and which take one.
+  RowProgram(const ir::Expr& expr, std::int64_t width, const std::function<bool(const ir::Node&)>& varies);
 
   bool empty() const { return nodes_.empty(); }
-  bool varies_over_tokens() const { return extent_.token; }
+  bool varies_over_tokens() const { return varies_over_tokens_; }
   // The result has `width` values when true, one value otherwise.
-  bool varies_over_features() const { return extent_.feature != ir::Feature::none; }
+  bool varies_over_features() const { return varies_over_row_; }
   // Floats of scratch space one evaluation needs.
   std::size_t scratch_size() const { return scratch_size_; }
 
@@ -43,7 +53,8 @@ class RowProgram {
     std::size_t offset = 0;   // into scratch
   };
   std::vector<Step> nodes_;
-  ir::Extent extent_;
+  bool varies_over_tokens_ = false;
+  bool varies_over_row_ = false;
   std::size_t scratch_size_ = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <vector>
 
 namespace ladle::ir {
@@ -41,6 +42,12 @@ std::string call(const char* f, const std::string& a, const std::string& b) {
 }  // namespace
 
 std::string render_c(const Variant& variant, const Expr& expr, const LoadFn& load) {
+  return render_c(variant.inputs, expr, load, [](Op leaf) -> std::string {
+    throw std::logic_error(std::string("render_c: a recurrence has no ") + op_name(leaf));
+  });
+}
+
+std::string render_c(const std::vector<Input>& inputs, const Expr& expr, const LoadFn& load, const LeafFn& leaf) {
   std::vector<std::string> text(expr.nodes.size());
   for (std::size_t i = 0; i < expr.nodes.size(); ++i) {
     const Node& n = expr.nodes[i];
@@ -54,7 +61,7 @@ std::string render_c(const Variant& variant, const Expr& expr, const LoadFn& loa
         break;
       }
       case Op::input: {
-        const std::string loaded = load(variant.inputs.at(n.input), n.input);
+        const std::string loaded = load(inputs.at(n.input), n.input);
         out = is_primary(loaded) ? loaded : "(" + loaded + ")";
         break;
       }
@@ -77,6 +84,23 @@ std::string render_c(const Variant& variant, const Expr& expr, const LoadFn& loa
       case Op::min: out = call("fminf", a, b); break;
       case Op::max: out = call("fmaxf", a, b); break;
       case Op::pow: out = call("powf", a, b); break;
+      case Op::score:
+      case Op::query_index:
+      case Op::key_index:
+      case Op::head_index:
+      case Op::batch_index: {
+        const std::string loaded = leaf(n.op);
+        out = is_primary(loaded) ? loaded : "(" + loaded + ")";
+        break;
+      }
+      // Comparisons and logic as floats, 1.0f or 0.0f, so they mix with arithmetic.
+      case Op::less: out = "(" + a + " < " + b + " ? 1.0f : 0.0f)"; break;
+      case Op::less_equal: out = "(" + a + " <= " + b + " ? 1.0f : 0.0f)"; break;
+      case Op::equal: out = "(" + a + " == " + b + " ? 1.0f : 0.0f)"; break;
+      case Op::not_equal: out = "(" + a + " != " + b + " ? 1.0f : 0.0f)"; break;
+      case Op::logical_and: out = "(" + a + " != 0.0f && " + b + " != 0.0f ? 1.0f : 0.0f)"; break;
+      case Op::logical_or: out = "(" + a + " != 0.0f || " + b + " != 0.0f ? 1.0f : 0.0f)"; break;
+      case Op::logical_not: out = "(" + a + " == 0.0f ? 1.0f : 0.0f)"; break;
     }
   }
   return text.empty() ? std::string("0.0f") : text.back();

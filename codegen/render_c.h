@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <ladle/dsl/ir.h>
 
@@ -19,6 +20,13 @@ namespace ladle::ir {
 using LoadFn = std::function<std::string(const Input& input, std::int32_t index)>;
 
 std::string render_c(const Variant& variant, const Expr& expr, const LoadFn& load);
+
+// Returns the C expression of an attention leaf (Op::score, Op::query_index, ...) at the
+// current (query, key) pair, e.g. "s" or "(float)(q_row + i)".
+using LeafFn = std::function<std::string(Op leaf)>;
+// Any expression over `inputs`, attention leaves included; comparisons and logic render as
+// 1.0f / 0.0f.
+std::string render_c(const std::vector<Input>& inputs, const Expr& expr, const LoadFn& load, const LeafFn& leaf);
 
 // A float as a C literal that reads back exactly: 0.0625f, -2.5f, 1e-10f. Finite values only.
 std::string render_c_literal(float value);

@@ -12,3 +12,4 @@
 #include "lower.h"
 #include "math.h"
 #include "recurrence.h"
+#include "softmax.h"

@@ -6,10 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "detail/ir_common.h"
+
 namespace ladle::ir {
 
-bool is_unary(Op op) { return op >= Op::neg && op <= Op::silu; }
-bool is_binary(Op op) { return op >= Op::add && op <= Op::pow; }
+bool is_unary(Op op) { return (op >= Op::neg && op <= Op::silu) || op == Op::logical_not; }
+bool is_binary(Op op) { return (op >= Op::add && op <= Op::pow) || (op >= Op::less && op <= Op::logical_or); }
+bool is_attention_leaf(Op op) { return op >= Op::score && op <= Op::batch_index; }
+bool is_attention_only(Op op) { return op >= Op::score && op <= Op::logical_not; }
 
 const char* op_name(Op op) {
   switch (op) {
@@ -34,6 +38,18 @@ const char* op_name(Op op) {
     case Op::min: return "min";
     case Op::max: return "max";
     case Op::pow: return "pow";
+    case Op::score: return "score";
+    case Op::query_index: return "i";
+    case Op::key_index: return "j";
+    case Op::head_index: return "h";
+    case Op::batch_index: return "b";
+    case Op::less: return "less";
+    case Op::less_equal: return "less_equal";
+    case Op::equal: return "equal";
+    case Op::not_equal: return "not_equal";
+    case Op::logical_and: return "and";
+    case Op::logical_or: return "or";
+    case Op::logical_not: return "not";
   }
   return "?";
 }
@@ -59,6 +75,7 @@ const char* kind_name(InputKind kind) {
     case InputKind::token_head: return "token_head";
     case InputKind::head: return "head";
     case InputKind::scalar: return "scalar";
+    case InputKind::pair: return "pair";
   }
   return "?";
 }
@@ -82,6 +99,7 @@ std::string shape_of(InputKind kind, Role role) {
     case InputKind::token_head: return "[B,T," + heads + "]";
     case InputKind::head: return "[H] or [B,H]";
     case InputKind::scalar: return "scalar";
+    case InputKind::pair: return "[B,H,Tq,Tk] (broadcastable)";
   }
   return "?";
 }
@@ -95,17 +113,14 @@ int Variant::find_input(const std::string& input_name) const {
 // ---------------------------------------------------------------------------------------
 // Extents
 
-namespace {
-
 bool operands_valid(const Expr& expr, std::size_t i) {
   const Node& n = expr.nodes[i];
   const auto before = [&](std::int32_t j) { return j >= 0 && static_cast<std::size_t>(j) < i; };
-  if (n.op == Op::constant || n.op == Op::input) return n.a < 0 && n.b < 0;
+  if (n.op == Op::constant || n.op == Op::input || is_attention_leaf(n.op)) return n.a < 0 && n.b < 0;
   if (is_unary(n.op)) return before(n.a) && n.b < 0;
   return before(n.a) && before(n.b);
 }
 
-}  // namespace
 
 Extent extent(const Variant& variant, const Expr& expr) {
   std::vector<Extent> of(expr.nodes.size());
@@ -118,6 +133,8 @@ Extent extent(const Variant& variant, const Expr& expr) {
       of[i] = extent_of(variant.inputs[n.input].kind);
     } else if (n.op == Op::constant) {
       of[i] = {};
+    } else if (is_attention_leaf(n.op)) {
+      of[i] = {true, true, Feature::none};
     } else if (is_unary(n.op)) {
       of[i] = of[n.a];
     } else {
@@ -131,130 +148,101 @@ Extent extent(const Variant& variant, const Expr& expr) {
 // Hash: FNV-1a 64 over a canonical encoding. Every field is written explicitly, integers
 // little-endian, so the value depends on nothing but the variant's content.
 
-namespace {
-
-class Fnv1a {
- public:
-  void byte(std::uint8_t b) {
-    state_ ^= b;
-    state_ *= 0x100000001b3ull;
-  }
-  void u32(std::uint32_t v) {
-    for (int i = 0; i < 4; ++i) byte(static_cast<std::uint8_t>(v >> (8 * i)));
-  }
-  void i32(std::int32_t v) { u32(static_cast<std::uint32_t>(v)); }
-  void f32(float v) { u32(std::bit_cast<std::uint32_t>(v)); }
-  void str(const std::string& s) {
-    u32(static_cast<std::uint32_t>(s.size()));
-    for (char c : s) byte(static_cast<std::uint8_t>(c));
-  }
-  std::uint64_t value() const { return state_; }
-
- private:
-  std::uint64_t state_ = 0xcbf29ce484222325ull;
-};
-
-}  // namespace
 
 std::uint64_t hash(const Variant& variant) {
   Fnv1a h;
   h.str("ladle.ir.recurrent.v1");
-  h.u32(static_cast<std::uint32_t>(variant.inputs.size()));
-  for (const Input& in : variant.inputs) {
-    h.str(in.name);
-    h.byte(static_cast<std::uint8_t>(in.kind));
-    h.byte(static_cast<std::uint8_t>(in.role));
-  }
-  for (const Expr& expr : variant.slots) {
-    h.u32(static_cast<std::uint32_t>(expr.nodes.size()));
-    for (const Node& n : expr.nodes) {
-      h.byte(static_cast<std::uint8_t>(n.op));
-      h.i32(n.a);
-      h.i32(n.b);
-      h.i32(n.input);
-      h.f32(n.op == Op::constant ? n.value : 0.0f);
-    }
-  }
+  h.inputs(variant.inputs);
+  for (const Expr& expr : variant.slots) h.expr(expr);
   h.byte(variant.normalize ? 1 : 0);
   h.f32(variant.normalize ? variant.normalize_eps : 0.0f);
   return h.value();
 }
 
-std::string hash_hex(const Variant& variant) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash(variant)));
-  return text;
-}
+std::string hash_hex(const Variant& variant) { return hex16(hash(variant)); }
 
 // ---------------------------------------------------------------------------------------
 // Printing
 
 namespace {
 
-// The shortest decimal that reads back as the same float.
-std::string shortest(float value) {
-  char text[32];
-  for (int precision = 1; precision <= 9; ++precision) {
-    std::snprintf(text, sizeof text, "%.*g", precision, static_cast<double>(value));
-    if (std::strtof(text, nullptr) == value) break;
-  }
-  return text;
-}
-
-// Precedence of what a node prints as: 1 for + -, 2 for * /, 3 for a prefix minus (and
-// negative literals), 4 for names, calls and non-negative literals.
+// Precedence of what a node prints as, C's order: || < && < == != < < <= < + - < * / <
+// prefix minus and ! (and negative literals) < names, calls and non-negative literals.
 int precedence(const Node& n) {
   switch (n.op) {
+    case Op::logical_or: return 1;
+    case Op::logical_and: return 2;
+    case Op::equal:
+    case Op::not_equal: return 3;
+    case Op::less:
+    case Op::less_equal: return 4;
     case Op::add:
-    case Op::sub: return 1;
+    case Op::sub: return 5;
     case Op::mul:
-    case Op::div: return 2;
-    case Op::neg: return 3;
-    case Op::constant: return std::signbit(n.value) ? 3 : 4;
-    default: return 4;
+    case Op::div: return 6;
+    case Op::neg:
+    case Op::logical_not: return 7;
+    case Op::constant: return std::signbit(n.value) ? 7 : 8;
+    default: return 8;
   }
 }
 
-std::string print(const Variant& variant, const Expr& expr, std::int32_t i) {
+const char* infix(Op op) {
+  switch (op) {
+    case Op::add: return " + ";
+    case Op::sub: return " - ";
+    case Op::mul: return " * ";
+    case Op::div: return " / ";
+    case Op::less: return " < ";
+    case Op::less_equal: return " <= ";
+    case Op::equal: return " == ";
+    case Op::not_equal: return " != ";
+    case Op::logical_and: return " && ";
+    case Op::logical_or: return " || ";
+    default: return nullptr;
+  }
+}
+
+std::string print(const std::vector<Input>& inputs, const Expr& expr, std::int32_t i) {
   const Node& n = expr.nodes[i];
+  if (is_attention_leaf(n.op)) return op_name(n.op);
+  if (const char* sign = infix(n.op)) {
+    const int p = precedence(n);
+    std::string a = print(inputs, expr, n.a), b = print(inputs, expr, n.b);
+    if (precedence(expr.nodes[n.a]) < p) a = "(" + a + ")";
+    if (precedence(expr.nodes[n.b]) <= p) b = "(" + b + ")";
+    return a + sign + b;
+  }
   switch (n.op) {
     case Op::constant: return shortest(n.value);
     case Op::input:
-      return n.input >= 0 && static_cast<std::size_t>(n.input) < variant.inputs.size()
-                 ? variant.inputs[n.input].name
+      return n.input >= 0 && static_cast<std::size_t>(n.input) < inputs.size()
+                 ? inputs[n.input].name
                  : "<input " + std::to_string(n.input) + ">";
-    case Op::neg: {
-      const std::string a = print(variant, expr, n.a);
-      return precedence(expr.nodes[n.a]) <= 3 ? "-(" + a + ")" : "-" + a;
-    }
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::div: {
-      const int p = precedence(n);
-      std::string a = print(variant, expr, n.a), b = print(variant, expr, n.b);
-      if (precedence(expr.nodes[n.a]) < p) a = "(" + a + ")";
-      if (precedence(expr.nodes[n.b]) <= p) b = "(" + b + ")";
-      const char* sign = n.op == Op::add ? " + " : n.op == Op::sub ? " - " : n.op == Op::mul ? " * " : " / ";
-      return a + sign + b;
+    case Op::neg:
+    case Op::logical_not: {
+      const std::string a = print(inputs, expr, n.a);
+      const char* prefix = n.op == Op::neg ? "-" : "!";
+      return precedence(expr.nodes[n.a]) <= 7 ? prefix + ("(" + a + ")") : prefix + a;
     }
     case Op::min:
     case Op::max:
     case Op::pow:
-      return std::string(op_name(n.op)) + "(" + print(variant, expr, n.a) + ", " +
-             print(variant, expr, n.b) + ")";
-    default: return std::string(op_name(n.op)) + "(" + print(variant, expr, n.a) + ")";
+      return std::string(op_name(n.op)) + "(" + print(inputs, expr, n.a) + ", " + print(inputs, expr, n.b) + ")";
+    default: return std::string(op_name(n.op)) + "(" + print(inputs, expr, n.a) + ")";
   }
 }
 
 }  // namespace
 
-std::string to_string(const Variant& variant, const Expr& expr) {
+std::string to_string(const std::vector<Input>& inputs, const Expr& expr) {
   if (expr.empty()) return "(none)";
   for (std::size_t i = 0; i < expr.nodes.size(); ++i)
     if (!operands_valid(expr, i)) return "<malformed expression>";
-  return print(variant, expr, expr.root());
+  return print(inputs, expr, expr.root());
 }
+
+std::string to_string(const Variant& variant, const Expr& expr) { return to_string(variant.inputs, expr); }
 
 std::string to_string(const Variant& variant) {
   std::string out = "variant " + (variant.name.empty() ? std::string("(unnamed)") : variant.name) +
@@ -314,6 +302,8 @@ std::vector<std::string> validate(const Variant& variant) {
       problems.push_back("input '" + in.name + "' has role " + role_name(in.role) + " but is not [B,T,H,K]");
     if (in.role == Role::value && !value_axis)
       problems.push_back("input '" + in.name + "' has role value but is not [B,T,H,V]");
+    if (in.kind == InputKind::pair)
+      problems.push_back("input '" + in.name + "' is a per-(query, key) pair input, which only softmax attention has");
   }
   for (Role r : {Role::query, Role::key, Role::value})
     if (role_count[static_cast<int>(r)] > 1)
@@ -341,6 +331,10 @@ std::vector<std::string> validate(const Variant& variant) {
         nodes_ok = false;
       } else if (n.op == Op::constant && !std::isfinite(n.value)) {
         problems.push_back(where + ": constant " + shortest(n.value) + " is not finite");
+      } else if (is_attention_only(n.op)) {
+        problems.push_back(where + ": node " + std::to_string(i) + " (" + op_name(n.op) +
+                           ") belongs to softmax attention, not to a recurrence");
+        nodes_ok = false;
       }
     }
     if (!nodes_ok) continue;
@@ -396,16 +390,22 @@ std::int32_t ExprBuilder::add(const Node& node) {
 std::int32_t ExprBuilder::input(const char* input_name, InputKind kind, Role role) {
   Input wanted{input_name, kind, role};
   std::int32_t index = -1;
-  for (std::size_t i = 0; i < variant_.inputs.size() && index < 0; ++i)
-    if (variant_.inputs[i] == wanted) index = static_cast<std::int32_t>(i);
+  for (std::size_t i = 0; i < inputs_.size() && index < 0; ++i)
+    if (inputs_[i] == wanted) index = static_cast<std::int32_t>(i);
   if (index < 0) {
     // A name reused with another kind is kept as a second input; validate() reports it.
-    variant_.inputs.push_back(std::move(wanted));
-    index = static_cast<std::int32_t>(variant_.inputs.size()) - 1;
+    inputs_.push_back(std::move(wanted));
+    index = static_cast<std::int32_t>(inputs_.size()) - 1;
   }
   Node n;
   n.op = Op::input;
   n.input = index;
+  return add(n);
+}
+
+std::int32_t ExprBuilder::leaf(Op op) {
+  Node n;
+  n.op = op;
   return add(n);
 }
 

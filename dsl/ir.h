@@ -25,6 +25,7 @@ enum class InputKind : std::uint8_t {
   token_head,   // [B,T,H]:   per token, per head
   head,         // [H] or [B,H]: a per-head parameter
   scalar,       // one float, passed by value
+  pair,         // [B,H,Tq,Tk], B and H broadcastable: per (query, key) pair (attention only)
 };
 
 // Why the recurrence needs an input: q sets H, k and v set H_kv, everything else (gates,
@@ -62,10 +63,28 @@ enum class Op : std::uint8_t {
   min,
   max,
   pow,
+  // Softmax attention only (attention_ir.h): the leaves a score expression reads besides
+  // its inputs, and predicates. Comparisons and logic give 1 for true and 0 for false.
+  score,        // q_i . k_j, the raw dot product of one (query, key) pair
+  query_index,  // i, from the start of the query's sequence
+  key_index,    // j, from the start of the key's sequence
+  head_index,   // h, the query head
+  batch_index,  // b, the batch row (the sequence under cu_seqlens)
+  less,
+  less_equal,
+  equal,
+  not_equal,
+  logical_and,
+  logical_or,
+  logical_not,
 };
 
 bool is_unary(Op op);
 bool is_binary(Op op);
+// The attention leaves (score, the indices): no operands, no input.
+bool is_attention_leaf(Op op);
+// Ops that only a softmax-attention expression may hold (leaves, comparisons, logic).
+bool is_attention_only(Op op);
 const char* op_name(Op op);  // "logsigmoid", "add", ...
 
 struct Node {
@@ -128,6 +147,7 @@ constexpr Extent extent_of(InputKind kind) {
     case InputKind::token_value: return {true, true, Feature::value};
     case InputKind::token_head: return {true, true, Feature::none};
     case InputKind::head: return {false, true, Feature::none};
+    case InputKind::pair: return {true, true, Feature::none};
     case InputKind::scalar: break;
   }
   return {};
@@ -148,6 +168,7 @@ std::string hash_hex(const Variant& variant);  // 16 lowercase hex digits
 
 // Readable printouts, as the dump tool and the generated kernel's header show them.
 std::string to_string(const Variant& variant, const Expr& expr);  // infix, "logsigmoid(x) / tau"
+std::string to_string(const std::vector<Input>& inputs, const Expr& expr);  // the same, by input list
 std::string to_string(const Variant& variant);                    // the whole variant, many lines
 std::string shape_of(InputKind kind, Role role);                  // "[B,T,H_kv,K]", ...
 const char* kind_name(InputKind kind);
@@ -163,16 +184,18 @@ std::vector<std::string> validate(const Variant& variant);
 // the variant. The DSL's lowering drives it; so may another front end.
 class ExprBuilder {
  public:
-  explicit ExprBuilder(Variant& variant) : variant_(variant) {}
+  explicit ExprBuilder(Variant& variant) : inputs_(variant.inputs) {}
+  explicit ExprBuilder(std::vector<Input>& inputs) : inputs_(inputs) {}
   std::int32_t input(const char* input_name, InputKind kind, Role role);
   std::int32_t constant(float value);
+  std::int32_t leaf(Op op);  // an attention leaf: Op::score, Op::query_index, ...
   std::int32_t unary(Op op, std::int32_t a);
   std::int32_t binary(Op op, std::int32_t a, std::int32_t b);
   Expr take() { return std::move(expr_); }
 
  private:
   std::int32_t add(const Node& node);
-  Variant& variant_;
+  std::vector<Input>& inputs_;
   Expr expr_;
 };
 

@@ -234,7 +234,8 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
       case ir::InputKind::token_value: check.shape(name, view, token_pattern(d.H, "H", d.V, "V")); break;
       case ir::InputKind::token_head: check.shape(name, view, token_pattern(d.H, "H", 0, nullptr)); break;
       case ir::InputKind::head: check.shape_either(name, view, {{"H", d.H}}, {{"B", d.B}, {"H", d.H}}); break;
-      case ir::InputKind::scalar: break;
+      case ir::InputKind::scalar:
+      case ir::InputKind::pair: break;  // validate() keeps pair inputs out of recurrences
     }
     check.data(name, view);
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;

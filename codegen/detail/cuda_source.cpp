@@ -247,6 +247,7 @@ std::string render_slot(const ir::Variant& variant, const std::vector<std::strin
       case ir::InputKind::token_head: return ids[k] + "_t";
       case ir::InputKind::head: return ids[k] + "_value";
       case ir::InputKind::scalar: return ids[k];
+      case ir::InputKind::pair: break;  // validate() keeps pair inputs out of recurrences
     }
     return "0.0f";
   });
