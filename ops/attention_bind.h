@@ -9,46 +9,14 @@
 #include <string_view>
 #include <vector>
 
+#include <ladle/codegen/attention_args.h>
+
 #include "attention.h"
 
 namespace ladle::ops {
 
-// Canonical views: every tensor at a fixed rank, broadcast axes with stride 0. Pointers are
-// whatever the caller gave (host for the CPU path, device for the GPU path), except the
-// cu_seqlens, which are read on the host and kept here.
-struct AttentionArgs {
-  bool packed = false;                  // q was [T,H,D] (with cu_seqlens)
-  ElementType type = ElementType::f32;  // of q, k, v and o
-  std::int64_t B = 0;                   // batch (1 under cu_seqlens)
-  std::int64_t N = 0;                   // sequences: B, or the number of packed sequences
-  std::int64_t Tq = 0, Tk = 0;          // tokens of q and of k/v (totals under cu_seqlens)
-  std::int64_t H = 0, H_kv = 0, D = 0, Dv = 0;
-  TensorView q, k, v;                   // [B,Tq,H,D], [B,Tk,H_kv,D], [B,Tk,H_kv,Dv]
-  // Per variant input, index-aligned with variant.inputs: q, k, v again; pair inputs as
-  // [B,H,Tq,Tk] (stride 0 on broadcast axes); per-head inputs as [B,H]; scalars in `scalars`.
-  std::vector<TensorView> tensors;
-  std::vector<float> scalars;
-  std::vector<std::int64_t> cu_seqlens_q, cu_seqlens_k;  // [N+1] each, or both empty
-  std::optional<TensorView> q_segment_ids, kv_segment_ids;  // [B,Tq], [B,Tk] i32/i64
-  std::optional<TensorView> softmax_aux;                    // [H,S] (stride 0 on H for [S])
-  std::int64_t sinks = 0;                                   // S
-  std::int64_t window_left = -1, window_right = -1;         // -1: unbounded
-  float dropout_p = 0;
-  std::uint64_t seed = 0;
-  int threads = 0;
-  TensorView o;                   // [B,Tq,H,Dv]
-  std::optional<TensorView> lse;  // [B,H,Tq] f32 (packed: [1,H,total_q])
-
-  std::vector<std::int64_t> output_shape() const;  // o as the caller sees it ([T,H,Dv] when packed)
-  std::vector<std::int64_t> lse_shape() const;     // [B,H,Tq], or [H,total_q] when packed
-  // Sequence n's first token and length, of q and of k.
-  std::int64_t q_begin(std::int64_t n) const { return cu_seqlens_q.empty() ? 0 : cu_seqlens_q[n]; }
-  std::int64_t k_begin(std::int64_t n) const { return cu_seqlens_k.empty() ? 0 : cu_seqlens_k[n]; }
-  std::int64_t q_length(std::int64_t n) const { return cu_seqlens_q.empty() ? Tq : cu_seqlens_q[n + 1] - cu_seqlens_q[n]; }
-  std::int64_t k_length(std::int64_t n) const { return cu_seqlens_k.empty() ? Tk : cu_seqlens_k[n + 1] - cu_seqlens_k[n]; }
-  // The batch row of sequence n (0 when packed).
-  std::int64_t batch_of(std::int64_t n) const { return cu_seqlens_q.empty() ? n : 0; }
-};
+// The canonical arguments every backend reads (codegen/attention_args.h).
+using AttentionArgs = cpu::AttentionArgs;
 
 // Checks inputs and options; throws InvalidArgument("<op>: ...") at the first problem.
 AttentionArgs bind_attention(std::string_view op, const ir::AttentionVariant& variant, const TensorView& q,
