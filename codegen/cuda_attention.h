@@ -1,0 +1,124 @@
+// The softmax-attention kernel family in CUDA C++ (flash-attention-2 style forward): one
+// ir::AttentionVariant and one tile in, one readable kernel out. The score and keep
+// expressions are rendered inline into the tile loop, so a soft cap, a bias, an ALiBi slope or
+// a user predicate costs a few instructions per score and no pass over memory.
+//
+// One thread block owns block_m query rows of one (sequence, query head); each of its warps
+// owns 16 rows, keeps their q fragments in registers and walks the key tiles the structured
+// masks leave (causal, sliding window: the loop bounds come from the range, so a window costs
+// work in proportion to its width and only the boundary tiles test the mask per element):
+//   score = q k^T                     mma.sync m16n8k16, 16-bit operands, fp32 accumulation
+//   logit = <score expression>        masked entries -inf
+//   online softmax in fp32 (base 2, log2 e folded into the logit), P in registers as the
+//   A operand of o_acc += P V (V through ldmatrix.trans)
+// K and V tiles are staged in shared memory with cp.async (16-bit inputs with a contiguous
+// head dimension), double-buffered when stages = 2. fp32 inputs are split into two bf16
+// halves (x = hi + lo) and multiplied as hi*hi + hi*lo + lo*hi: about 16 bits of mantissa,
+// well inside DESIGN.md's 2e-3 for fp32 through tensor cores. Hopper's wgmma is not used yet:
+// mma.sync runs on sm_80 and sm_90 alike.
+//
+// Launch: grid (ceil(Tq / block_m), N * H), block (32 * warps), dynamic shared memory
+// AttentionKernel::shared_bytes. The parameters are listed by AttentionKernel::params.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ladle/dsl/attention_ir.h>
+
+#include "tensor_view.h"
+
+namespace ladle::cuda {
+
+struct AttentionTile {
+  int block_m = 128;  // query rows per block: 16 per warp (64 or 128)
+  int block_n = 64;   // keys per tile: 32, 64 or 128
+  int warps = 8;      // 4 or 8; block_m = 16 * warps
+  int stages = 2;     // K/V tiles in flight: 1 or 2 (double-buffered)
+  friend bool operator==(const AttentionTile&, const AttentionTile&) = default;
+};
+
+// What a kernel is specialised for besides the variant and the tile.
+struct AttentionKernelSpec {
+  std::vector<ElementType> input_types;  // one per variant input: f32, f16 or bf16 (scalars: ignored)
+  ElementType output_type = ElementType::bf16;
+  int D = 128, Dv = 128;                 // head dims (compile-time constants; multiples of 8, at most 256)
+  bool varlen = false;                   // cu_seqlens_q / cu_seqlens_k, int64 [N+1]
+  bool lse = false;                      // also write lse [B,H,Tq] f32
+  ElementType segment_ids_type = ElementType::i64;  // q/kv segment ids (i32 or i64) when the variant has them
+  // q, k, v rows are 16-byte aligned with unit stride over the head dimension, so K/V tiles
+  // can be copied with cp.async (16-bit inputs only; the launcher checks the pointers).
+  bool async_copy = true;
+  AttentionTile tile;
+};
+
+// One kernel parameter and what a launcher passes for it.
+struct AttentionParam {
+  enum class Type { pointer, i64, i32, f32, u64 };
+  enum class Role {
+    input,            // data pointer of variant input `input` (a float for a scalar input)
+    input_stride_b,   // strides in elements of the canonical views (ops/attention_bind.h):
+    input_stride_t,   //   q/k/v [B,T,X,D]: b, t, h, d; pair [B,H,Tq,Tk]: b, h, i (stride_t),
+    input_stride_h,   //   j (stride_d); head [B,H]: b, h
+    input_stride_d,
+    input_heads,      // q/k/v: the number of heads (H or H_kv)
+    output,           // o [B,Tq,H,Dv] and its strides
+    output_stride_b,
+    output_stride_t,
+    output_stride_h,
+    output_stride_d,
+    lse,              // [B,H,Tq] f32, contiguous (packed: [1,H,total_q])
+    q_segment_ids,    // [B,Tq] and its strides b, t
+    q_segment_stride_b,
+    q_segment_stride_t,
+    kv_segment_ids,   // [B,Tk]
+    kv_segment_stride_b,
+    kv_segment_stride_t,
+    softmax_aux,      // [H,S] f32 logits and the stride over H (0 for [S])
+    softmax_aux_stride_h,
+    sinks,            // S
+    cu_seqlens_q,     // int64 [N+1] each
+    cu_seqlens_k,
+    window_left,      // keys before / after the diagonal, -1 unbounded
+    window_right,
+    dropout_p,
+    seed,
+    batch,            // B, Tq, Tk, H
+    q_tokens,
+    k_tokens,
+    heads,
+  };
+  std::string name;
+  std::string c_type;
+  Type type;
+  Role role;
+  int input = -1;  // for the input roles: index into AttentionVariant::inputs
+};
+
+struct AttentionKernel {
+  std::string name;  // the extern "C" symbol
+  std::string source;
+  std::vector<AttentionParam> params;
+  unsigned threads = 0;  // block size
+  int block_m = 0;       // grid.x = ceil(Tq / block_m) (varlen: of the longest sequence), grid.y = N * H
+  int shared_bytes = 0;  // dynamic shared memory per block
+};
+
+// Dynamic shared memory a block needs: the K/V stages (the q tile borrows them at the start).
+int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_f32);
+// A reasonable tile for these head dims (128 x 64, 8 warps, 2 stages; narrower past D = 128).
+AttentionTile default_attention_tile(int D, int Dv);
+// What is wrong with a tile for these head dims (empty: usable). max_shared_bytes: the
+// device's opt-in limit per block (0: not checked).
+std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int D, int Dv, int max_shared_bytes = 0,
+                                                 bool split_f32 = false);
+std::string to_string(const AttentionTile& tile);  // "block_m=128 block_n=64 warps=8 stages=2"
+// Whether q, k, v of these types go through the tensor cores as split bf16 pairs (fp32 inputs).
+bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
+
+// Throws InvalidArgument for a malformed variant, a tile that fails the rules, or input_types
+// of the wrong length.
+AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
+
+}  // namespace ladle::cuda

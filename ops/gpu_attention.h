@@ -1,0 +1,42 @@
+// The GPU path of every softmax-attention variant: the tile kernel of codegen/cuda_attention.h
+// generated for this variant, dtypes and head dims, compiled through the cache (once per
+// process and kernel), and launched on a stream. ops/attention.cpp binds and checks the
+// arguments (ops/attention_bind.h) and calls run_attention_into with *device* pointers in
+// every view (the cu_seqlens stay host vectors in AttentionArgs and are uploaded here).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <ladle/codegen/cuda_attention.h>
+#include <ladle/runtime/compiler.h>
+
+#include "attention_bind.h"
+#include "gpu_recurrent.h"  // LaunchOptions
+
+namespace ladle::gpu {
+
+// The tile used without tuning: by head dims and, on a GPU, by the number of blocks the
+// shape gives (64-row tiles when 128-row ones would leave SMs idle).
+cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args);
+
+// The kernel spec a call needs (every input's dtype, head dims, varlen, lse, tile); `tile`
+// empty: heuristic_attention_tile. Throws InvalidArgument for a tile that does not fit.
+cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                                const std::optional<cuda::AttentionTile>& tile = std::nullopt);
+
+// Generates and compiles (through the cache) without launching: what ladle-dump shows and
+// what CI compiles. arch empty: this GPU, else the default target.
+struct CompiledAttention {
+  cuda::AttentionKernel kernel;
+  CompiledProgram program;
+};
+CompiledAttention compile_attention(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
+                                    const std::string& arch = "");
+
+// Runs the variant on bound arguments whose views hold device pointers. Throws NoCudaDriver
+// without a GPU.
+void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                        const LaunchOptions& launch = {});
+
+}  // namespace ladle::gpu
