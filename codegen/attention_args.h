@@ -36,8 +36,16 @@ struct AttentionArgs {
   TensorView o;                   // [B,Tq,H,Dv]
   std::optional<TensorView> lse;  // [B,H,Tq] f32 (packed: [1,H,total_q])
 
-  std::vector<std::int64_t> output_shape() const;  // o as the caller sees it ([T,H,Dv] when packed)
-  std::vector<std::int64_t> lse_shape() const;     // [B,H,Tq], or [H,total_q] when packed
+  // o as the caller sees it: [B,Tq,H,Dv], or [Tq,H,Dv] when packed.
+  std::vector<std::int64_t> output_shape() const {
+    if (packed) return {Tq, H, Dv};
+    return {B, Tq, H, Dv};
+  }
+  // lse as the caller sees it: [B,H,Tq], or [H,Tq] when packed.
+  std::vector<std::int64_t> lse_shape() const {
+    if (packed) return {H, Tq};
+    return {B, H, Tq};
+  }
   // Sequence n's first token and length, of q and of k.
   std::int64_t q_begin(std::int64_t n) const { return cu_seqlens_q.empty() ? 0 : cu_seqlens_q[n]; }
   std::int64_t k_begin(std::int64_t n) const { return cu_seqlens_k.empty() ? 0 : cu_seqlens_k[n]; }

@@ -5,10 +5,12 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 
 #include "cpu_expr.h"
+#include "detail/parallel.h"
 #include "float16.h"
 
 namespace ladle::cpu {
@@ -212,29 +214,11 @@ void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args) {
       args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
   const std::int64_t pairs = sequences * args.heads;
   if (pairs <= 0) return;
-  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
-  const std::int64_t wanted = args.threads > 0 ? args.threads : static_cast<std::int64_t>(hardware);
-  const int threads = static_cast<int>(std::min(wanted, pairs));
-
-  std::atomic<std::int64_t> next{0};
-  std::mutex failure_mutex;
-  std::exception_ptr failure;
-  const auto work = [&] {
-    try {
-      Worker worker(variant, args, programs);
-      for (std::int64_t p = next++; p < pairs; p = next++) worker.run(p / args.heads, p % args.heads);
-    } catch (...) {
-      next = pairs;  // the others stop at their next pair
-      const std::lock_guard lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<std::size_t>(threads - 1));
-  for (int i = 0; i < threads - 1; ++i) pool.emplace_back(work);
-  work();
-  for (std::thread& thread : pool) thread.join();
-  if (failure) std::rethrow_exception(failure);
+  detail::parallel_items(pairs, args.threads, [&] {
+    return [worker = std::make_shared<Worker>(variant, args, programs), &args](std::int64_t p) {
+      worker->run(p / args.heads, p % args.heads);
+    };
+  });
 }
 
 }  // namespace ladle::cpu

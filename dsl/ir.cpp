@@ -222,8 +222,10 @@ std::string print(const std::vector<Input>& inputs, const Expr& expr, std::int32
     case Op::neg:
     case Op::logical_not: {
       const std::string a = print(inputs, expr, n.a);
-      const char* prefix = n.op == Op::neg ? "-" : "!";
-      return precedence(expr.nodes[n.a]) <= 7 ? prefix + ("(" + a + ")") : prefix + a;
+      std::string out = n.op == Op::neg ? "-" : "!";
+      if (precedence(expr.nodes[n.a]) <= 7) out += "(" + a + ")";
+      else out += a;
+      return out;
     }
     case Op::min:
     case Op::max:

@@ -1,0 +1,288 @@
+#include "cpu_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cpu_expr.h"
+#include "detail/parallel.h"
+#include "float16.h"
+
+namespace ladle::cpu {
+
+KeyRange key_range(const ir::AttentionVariant& variant, std::int64_t i, std::int64_t q_length, std::int64_t k_length,
+                   std::int64_t window_left, std::int64_t window_right) {
+  const std::int64_t diagonal = i + (k_length - q_length);  // the key aligned with query i
+  KeyRange r{0, k_length};
+  if (variant.causal) r.end = std::min(r.end, diagonal + 1);
+  if (variant.window) {
+    if (window_right >= 0) r.end = std::min(r.end, diagonal + window_right + 1);
+    if (window_left >= 0) r.begin = std::max(r.begin, diagonal - window_left);
+  }
+  r.end = std::max(r.end, r.begin);
+  return r;
+}
+
+double dropout_uniform(std::uint64_t seed, std::uint64_t sequence, std::uint64_t head, std::uint64_t i,
+                       std::uint64_t j) {
+  std::uint64_t x = seed ^ (sequence * 0x9E3779B97F4A7C15ull) ^ (head * 0xC2B2AE3D27D4EB4Full) ^
+                    (i * 0x165667B19E3779F9ull) ^ (j * 0xD6E8FEB86659FD93ull);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x = x ^ (x >> 31);
+  return static_cast<double>(x >> 40) * 0x1p-24;
+}
+
+namespace {
+
+constexpr std::int64_t key_chunk = 64;  // keys per evaluation of the score program
+constexpr std::int64_t query_block = 32;  // query rows per work item
+
+// Any element as float (pair inputs may be u8 masks).
+float element(const TensorView& view, std::int64_t offset) {
+  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));
+  switch (view.type) {
+    case ElementType::u8: return static_cast<float>(*reinterpret_cast<const std::uint8_t*>(p));
+    case ElementType::i32: {
+      std::int32_t x;
+      std::memcpy(&x, p, sizeof x);
+      return static_cast<float>(x);
+    }
+    case ElementType::i64: {
+      std::int64_t x;
+      std::memcpy(&x, p, sizeof x);
+      return static_cast<float>(x);
+    }
+    case ElementType::f64: {
+      double x;
+      std::memcpy(&x, p, sizeof x);
+      return static_cast<float>(x);
+    }
+    default: return narrow_float::load(p, view.type);
+  }
+}
+
+std::int64_t integer(const TensorView& view, std::int64_t offset) {
+  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));
+  if (view.type == ElementType::i32) {
+    std::int32_t x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+  }
+  std::int64_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+// Where the score and keep programs are: one query row, a chunk of keys.
+struct Position {
+  std::int64_t b = 0, n = 0, h = 0;
+  std::int64_t i = 0;            // query, in its sequence
+  std::int64_t q_global = 0;     // query, on the packed axis
+  std::int64_t k_global0 = 0;    // first key of the chunk, on the packed axis
+  std::int64_t j0 = 0;           // first key of the chunk, in its sequence
+  std::int64_t last = 0;         // the chunk's last valid key offset (later lanes repeat it)
+  const float* scores = nullptr;  // the chunk's q_i . k_j
+};
+
+class Loader final : public InputLoader {
+ public:
+  Loader(const ir::AttentionVariant& variant, const AttentionArgs& args, const Position& at)
+      : variant_(variant), args_(args), at_(at) {}
+
+  void load(std::int32_t index, float* out, std::int64_t n) const override {
+    const TensorView& t = args_.tensors[index];
+    switch (variant_.inputs[index].kind) {
+      case ir::InputKind::scalar: out[0] = args_.scalars[index]; return;
+      case ir::InputKind::head: out[0] = element(t, at_.b * t.strides[0] + at_.h * t.strides[1]); return;
+      case ir::InputKind::pair: {
+        const std::int64_t row = at_.b * t.strides[0] + at_.h * t.strides[1] + at_.q_global * t.strides[2];
+        for (std::int64_t c = 0; c < n; ++c)
+          out[c] = element(t, row + (at_.k_global0 + std::min(c, at_.last)) * t.strides[3]);
+        return;
+      }
+      default: out[0] = 0; return;  // validate() keeps q, k, v out of expressions
+    }
+  }
+  void load_leaf(ir::Op leaf, float* out, std::int64_t n) const override {
+    switch (leaf) {
+      case ir::Op::score: std::copy(at_.scores, at_.scores + n, out); return;
+      case ir::Op::key_index:
+        for (std::int64_t c = 0; c < n; ++c) out[c] = static_cast<float>(at_.j0 + std::min(c, at_.last));
+        return;
+      case ir::Op::query_index: out[0] = static_cast<float>(at_.i); return;
+      case ir::Op::head_index: out[0] = static_cast<float>(at_.h); return;
+      case ir::Op::batch_index: out[0] = static_cast<float>(at_.n); return;
+      default: out[0] = 0; return;
+    }
+  }
+
+ private:
+  const ir::AttentionVariant& variant_;
+  const AttentionArgs& args_;
+  const Position& at_;
+};
+
+bool varies_over_keys(const ir::AttentionVariant& variant, const ir::Node& leaf) {
+  if (leaf.op == ir::Op::input) return variant.inputs[leaf.input].kind == ir::InputKind::pair;
+  return leaf.op == ir::Op::score || leaf.op == ir::Op::key_index;
+}
+
+// One thread's state: the programs' scratch, a widened copy of q's row, keys and values.
+class Worker {
+ public:
+  Worker(const ir::AttentionVariant& variant, const AttentionArgs& args)
+      : variant_(variant), args_(args),
+        score_(variant.score, key_chunk, [&](const ir::Node& n) { return varies_over_keys(variant, n); }) {
+    if (!variant.keep.empty())
+      keep_ = RowProgram(variant.keep, key_chunk, [&](const ir::Node& n) { return varies_over_keys(variant, n); });
+    scratch_.resize(std::max(score_.scratch_size(), keep_.scratch_size()));
+    q_row_.resize(static_cast<std::size_t>(args.D));
+    chunk_scores_.resize(key_chunk);
+    o_row_.resize(static_cast<std::size_t>(args.Dv));
+  }
+
+  // Query rows [block * query_block, ...) of sequence n, head h.
+  void run(std::int64_t n, std::int64_t h, std::int64_t block) {
+    const AttentionArgs& a = args_;
+    const std::int64_t hk = h / (a.H / a.H_kv);
+    const std::int64_t b = a.batch_of(n), q0 = a.q_begin(n), k0 = a.k_begin(n);
+    const std::int64_t Lq = a.q_length(n), Lk = a.k_length(n);
+    const std::int64_t first = block * query_block, stop = std::min(Lq, first + query_block);
+    if (first >= stop) return;
+    widen_keys(b, hk, k0, Lk);
+    Position at;
+    at.b = b;
+    at.n = n;
+    at.h = h;
+    for (std::int64_t i = first; i < stop; ++i) {
+      at.i = i;
+      at.q_global = q0 + i;
+      const std::int64_t q_offset = b * a.q.strides[0] + (q0 + i) * a.q.strides[1] + h * a.q.strides[2];
+      for (std::int64_t d = 0; d < a.D; ++d) q_row_[d] = element(a.q, q_offset + d * a.q.strides[3]);
+      const KeyRange range = key_range(variant_, i, Lq, Lk, a.window_left, a.window_right);
+      logits_.assign(static_cast<std::size_t>(range.end - range.begin), -std::numeric_limits<float>::infinity());
+      for (std::int64_t j0 = range.begin; j0 < range.end; j0 += key_chunk) {
+        const std::int64_t count = std::min(key_chunk, range.end - j0);
+        for (std::int64_t c = 0; c < key_chunk; ++c) {
+          const float* key = &keys_[static_cast<std::size_t>((j0 + std::min(c, count - 1)) * a.D)];
+          float dot = 0;
+          for (std::int64_t d = 0; d < a.D; ++d) dot += q_row_[d] * key[d];
+          chunk_scores_[c] = dot;
+        }
+        at.j0 = j0;
+        at.k_global0 = k0 + j0;
+        at.last = count - 1;
+        at.scores = chunk_scores_.data();
+        const Loader loader(variant_, a, at);
+        const float* logit = score_.evaluate(loader, scratch_.data());
+        const bool logit_row = score_.varies_over_features();
+        for (std::int64_t c = 0; c < count; ++c) logits_[j0 - range.begin + c] = logit[logit_row ? c : 0];
+        if (!keep_.empty()) {
+          const float* keep = keep_.evaluate(loader, scratch_.data());
+          const bool keep_row = keep_.varies_over_features();
+          for (std::int64_t c = 0; c < count; ++c)
+            if (keep[keep_row ? c : 0] == 0.0f) logits_[j0 - range.begin + c] = -std::numeric_limits<float>::infinity();
+        }
+      }
+      if (variant_.segment_ids) {
+        const TensorView& qs = *a.q_segment_ids;
+        const TensorView& ks = *a.kv_segment_ids;
+        const std::int64_t mine = integer(qs, b * qs.strides[0] + (q0 + i) * qs.strides[1]);
+        for (std::int64_t j = range.begin; j < range.end; ++j)
+          if (integer(ks, b * ks.strides[0] + (k0 + j) * ks.strides[1]) != mine)
+            logits_[j - range.begin] = -std::numeric_limits<float>::infinity();
+      }
+      finish_row(n, h, b, q0 + i, i, range);
+    }
+  }
+
+ private:
+  // k and v rows of (b, hk) as fp32, once per work item.
+  void widen_keys(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t Lk) {
+    const AttentionArgs& a = args_;
+    keys_.resize(static_cast<std::size_t>(Lk * a.D));
+    values_.resize(static_cast<std::size_t>(Lk * a.Dv));
+    for (std::int64_t j = 0; j < Lk; ++j) {
+      const std::int64_t k_offset = b * a.k.strides[0] + (k0 + j) * a.k.strides[1] + hk * a.k.strides[2];
+      for (std::int64_t d = 0; d < a.D; ++d) keys_[j * a.D + d] = element(a.k, k_offset + d * a.k.strides[3]);
+      const std::int64_t v_offset = b * a.v.strides[0] + (k0 + j) * a.v.strides[1] + hk * a.v.strides[2];
+      for (std::int64_t d = 0; d < a.Dv; ++d) values_[j * a.Dv + d] = element(a.v, v_offset + d * a.v.strides[3]);
+    }
+  }
+
+  // Softmax over the row's logits (sinks in the denominator), dropout, P V, lse.
+  void finish_row(std::int64_t n, std::int64_t h, std::int64_t b, std::int64_t q_global, std::int64_t i,
+                  const KeyRange& range) {
+    const AttentionArgs& a = args_;
+    constexpr float minus_inf = -std::numeric_limits<float>::infinity();
+    float row_max = minus_inf;
+    for (float x : logits_) row_max = std::max(row_max, x);
+    std::vector<float> sinks;
+    if (variant_.sinks) {
+      const TensorView& aux = *a.softmax_aux;
+      for (std::int64_t s = 0; s < a.sinks; ++s) {
+        sinks.push_back(element(aux, h * aux.strides[0] + s * aux.strides[1]));
+        row_max = std::max(row_max, sinks.back());
+      }
+    }
+    std::fill(o_row_.begin(), o_row_.end(), 0.0f);
+    float lse = minus_inf;
+    if (row_max != minus_inf) {
+      float row_sum = 0;
+      for (float& x : logits_) {
+        x = std::exp(x - row_max);  // p before normalisation
+        row_sum += x;
+      }
+      for (float s : sinks) row_sum += std::exp(s - row_max);
+      lse = row_max + std::log(row_sum);
+      const float keep_scale = variant_.dropout ? 1.0f / (1.0f - a.dropout_p) : 1.0f;
+      for (std::int64_t j = range.begin; j < range.end; ++j) {
+        float p = logits_[j - range.begin] / row_sum;
+        if (p == 0.0f) continue;
+        if (variant_.dropout && a.dropout_p > 0) {
+          if (dropout_uniform(a.seed, n, h, i, j) < a.dropout_p) continue;
+          p *= keep_scale;
+        }
+        const float* value = &values_[static_cast<std::size_t>(j * a.Dv)];
+        for (std::int64_t d = 0; d < a.Dv; ++d) o_row_[d] += p * value[d];
+      }
+    }
+    const auto* base = static_cast<std::byte*>(a.o.data);
+    const std::size_t size = element_size(a.o.type);
+    const std::int64_t o_offset = b * a.o.strides[0] + q_global * a.o.strides[1] + h * a.o.strides[2];
+    for (std::int64_t d = 0; d < a.Dv; ++d)
+      narrow_float::store(const_cast<std::byte*>(base) + (o_offset + d * a.o.strides[3]) * static_cast<std::int64_t>(size),
+                          a.o.type, o_row_[d]);
+    if (a.lse) {
+      const TensorView& l = *a.lse;
+      auto* out = static_cast<float*>(l.data) + b * l.strides[0] + h * l.strides[1] + q_global * l.strides[2];
+      *out = lse;
+    }
+  }
+
+  const ir::AttentionVariant& variant_;
+  const AttentionArgs& args_;
+  RowProgram score_, keep_;
+  std::vector<float> scratch_, q_row_, chunk_scores_, o_row_, keys_, values_, logits_;
+};
+
+}  // namespace
+
+void run_attention(const ir::AttentionVariant& variant, const AttentionArgs& args) {
+  std::int64_t longest = 0;
+  for (std::int64_t n = 0; n < args.N; ++n) longest = std::max(longest, args.q_length(n));
+  const std::int64_t blocks = (longest + query_block - 1) / query_block;
+  const std::int64_t items = args.N * args.H * blocks;
+  detail::parallel_items(items, args.threads, [&] {
+    return [worker = std::make_shared<Worker>(variant, args), &args, blocks](std::int64_t item) {
+      const std::int64_t block = item % blocks, pair = item / blocks;
+      worker->run(pair / args.H, pair % args.H, block);
+    };
+  });
+}
+
+}  // namespace ladle::cpu

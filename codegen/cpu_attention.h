@@ -1,0 +1,30 @@
+// The CPU path of softmax attention: runs any lowered ir::AttentionVariant, so that an
+// application without a GPU gets correct results and CI checks every mask and modifier.
+// Threads split (sequence, head, block of query rows); scores, softmax and accumulation are
+// fp32 (inputs f32, f16 or bf16 are widened on load); o is stored in its own type. Only the
+// keys a structured mask (causal, window) leaves are visited, as the GPU kernel does.
+#pragma once
+
+#include <cstdint>
+
+#include <ladle/dsl/attention_ir.h>
+
+#include "attention_args.h"
+
+namespace ladle::cpu {
+
+void run_attention(const ir::AttentionVariant& variant, const AttentionArgs& args);
+
+// The keys [begin, end) that query i of a sequence may see under the variant's causal and
+// window masks (offset = Tk - Tq of the sequence); empty when begin >= end.
+struct KeyRange {
+  std::int64_t begin = 0, end = 0;
+};
+KeyRange key_range(const ir::AttentionVariant& variant, std::int64_t i, std::int64_t q_length, std::int64_t k_length,
+                   std::int64_t window_left, std::int64_t window_right);
+
+// The dropout draw of ops/attention.h: u in [0, 1) for (seed, sequence, head, i, j).
+double dropout_uniform(std::uint64_t seed, std::uint64_t sequence, std::uint64_t head, std::uint64_t i,
+                       std::uint64_t j);
+
+}  // namespace ladle::cpu

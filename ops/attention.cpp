@@ -1,0 +1,243 @@
+#include "attention.h"
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include <ladle/codegen/cpu_attention.h>
+#include <ladle/dsl/softmax.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+
+#include "attention_bind.h"
+#include "device_upload.h"
+#include "gpu_attention.h"
+
+namespace ladle {
+
+double dropout_uniform(std::uint64_t seed, std::uint64_t sequence, std::uint64_t head, std::uint64_t i,
+                       std::uint64_t j) {
+  return cpu::dropout_uniform(seed, sequence, head, i, j);
+}
+
+namespace {
+
+std::string op_name(const ir::AttentionVariant& variant) { return variant.name.empty() ? "attention" : variant.name; }
+
+bool use_gpu(Backend backend) { return backend == Backend::gpu || (backend == Backend::automatic && driver_available()); }
+
+// A dense result into a caller's (possibly strided) view of the same type.
+void store_into(const HostTensor& dense, const TensorView& out) {
+  const std::size_t size = element_size(out.type);
+  auto* base = static_cast<std::byte*>(out.data);
+  const auto* src = static_cast<const std::byte*>(dense.data());
+  for_each_offset(out, [&](std::int64_t i, std::int64_t offset) {
+    std::memcpy(base + offset * static_cast<std::int64_t>(size), src + i * size, size);
+  });
+}
+
+// Host tensors in, host tensors out, the kernel on the GPU: every input is checked on the
+// host first, so bad input never reaches the device.
+AttentionResult run_on_gpu(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
+                           const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
+  const std::string op = op_name(variant);
+  const ops::AttentionArgs host = ops::bind_attention(op, variant, q, k, v, inputs, options);
+  Device::get();
+  std::deque<gpu::Uploaded> keep;
+  const auto put = [&](const TensorView& view) {
+    keep.push_back(gpu::upload(view));
+    return keep.back().view;
+  };
+  VariantInputs device_inputs;
+  device_inputs.scalars = inputs.scalars;
+  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = put(view);
+  AttentionRunOptions device_options = options;  // cu_seqlens stay on the host: bind reads them there
+  if (options.q_segment_ids) device_options.q_segment_ids = put(*options.q_segment_ids);
+  if (options.kv_segment_ids) device_options.kv_segment_ids = put(*options.kv_segment_ids);
+  if (options.softmax_aux) device_options.softmax_aux = put(*options.softmax_aux);
+  const TensorView dq = put(q), dk = put(k), dv = put(v);
+  ops::AttentionArgs device = ops::bind_attention(op, variant, dq, dk, dv, device_inputs, device_options);
+
+  AttentionResult result{HostTensor(host.type, host.output_shape()), std::nullopt};
+  gpu::Uploaded o = gpu::poisoned(host.type, host.output_shape());
+  AttentionOutputs outputs{o.view, std::nullopt};
+  std::optional<gpu::Uploaded> lse;
+  if (options.return_lse) {
+    result.lse.emplace(ElementType::f32, host.lse_shape());
+    lse = gpu::poisoned(ElementType::f32, host.lse_shape());
+    outputs.lse = lse->view;
+  }
+  ops::bind_attention_outputs(op, options, outputs, device);
+  gpu::run_attention_into(variant, device);
+  Device::get().synchronize();
+  o.buffer.copy_to_host(result.o.data(), o.buffer.bytes());
+  if (lse) lse->buffer.copy_to_host(result.lse->data(), lse->buffer.bytes());
+  return result;
+}
+
+}  // namespace
+
+AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
+  if (use_gpu(options.backend)) return run_on_gpu(variant, q, k, v, inputs, options);
+  const std::string op = op_name(variant);
+  ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, options);
+  AttentionResult result{HostTensor(args.type, args.output_shape()), std::nullopt};
+  AttentionOutputs outputs{result.o.view(), std::nullopt};
+  if (options.return_lse) {
+    result.lse.emplace(ElementType::f32, args.lse_shape());
+    outputs.lse = result.lse->view();
+  }
+  ops::bind_attention_outputs(op, options, outputs, args);
+  cpu::run_attention(variant, args);
+  return result;
+}
+
+void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options,
+                        const AttentionOutputs& outputs) {
+  const std::string op = op_name(variant);
+  ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, options);
+  ops::bind_attention_outputs(op, options, outputs, args);
+  if (use_gpu(options.backend)) {
+    AttentionRunOptions with_lse = options;
+    with_lse.return_lse = outputs.lse.has_value();
+    const AttentionResult result = run_on_gpu(variant, q, k, v, inputs, with_lse);
+    store_into(result.o, outputs.o);
+    if (outputs.lse) store_into(*result.lse, *outputs.lse);
+    return;
+  }
+  cpu::run_attention(variant, args);
+}
+
+// ---------------------------------------------------------------------------------------
+// The named op
+
+namespace {
+
+template <class Logit>
+ir::AttentionVariant lower_with(const Logit& logit, const AttentionFeatures& f) {
+  dsl::SoftmaxFlags flags;
+  flags.causal = f.causal;
+  flags.window = f.window;
+  flags.segment_ids = f.segment_ids;
+  flags.sinks = f.sinks;
+  flags.dropout = f.dropout;
+  const dsl::Softmax<Logit> softmax(logit, {}, flags);
+  if (f.mask) return dsl::lower(softmax.mask(dsl::pair("attention_mask") != 0), "attention");
+  return dsl::lower(softmax, "attention");
+}
+
+ir::AttentionVariant build_variant(const AttentionFeatures& f) {
+  const auto scaled = dsl::score * dsl::scalar("scale");
+  const auto bias = dsl::pair("bias");
+  const auto cap = dsl::scalar("logits_soft_cap");
+  if (f.bias && f.soft_cap) return lower_with(dsl::soft_cap(scaled + bias, cap), f);
+  if (f.bias) return lower_with(scaled + bias, f);
+  if (f.soft_cap) return lower_with(dsl::soft_cap(scaled, cap), f);
+  return lower_with(scaled, f);
+}
+
+AttentionFeatures features_of(const AttentionOptions& o) {
+  AttentionFeatures f;
+  f.bias = o.bias.has_value();
+  f.soft_cap = o.logits_soft_cap.has_value();
+  f.causal = o.causal;
+  f.window = o.sliding_window.has_value();
+  f.mask = o.attention_mask.has_value();
+  f.segment_ids = o.q_segment_ids.has_value() || o.kv_segment_ids.has_value();
+  f.sinks = o.softmax_aux.has_value();
+  f.dropout = o.dropout_p != 0;
+  return f;
+}
+
+void named_arguments(const TensorView& q, const AttentionOptions& options, VariantInputs& inputs,
+                     AttentionRunOptions& run) {
+  const std::int64_t D = q.rank() >= 1 ? q.shape.back() : 0;
+  const float scale = options.scale.value_or(D > 0 ? 1.0f / std::sqrt(static_cast<float>(D)) : 1.0f);
+  if (!std::isfinite(scale)) throw InvalidArgument(fmt::format("attention: scale = {}, expected a finite number", scale));
+  inputs.scalars["scale"] = scale;
+  if (options.bias) inputs.tensors["bias"] = *options.bias;
+  if (options.logits_soft_cap) {
+    const float cap = *options.logits_soft_cap;
+    if (!(cap > 0 && std::isfinite(cap)))
+      throw InvalidArgument(fmt::format("attention: logits_soft_cap = {}, expected a finite number > 0", cap));
+    inputs.scalars["logits_soft_cap"] = cap;
+  }
+  if (options.attention_mask) inputs.tensors["attention_mask"] = *options.attention_mask;
+  if (options.sliding_window) {
+    run.window_left = options.sliding_window->first;
+    run.window_right = options.sliding_window->second;
+  }
+  run.q_segment_ids = options.q_segment_ids;
+  run.kv_segment_ids = options.kv_segment_ids;
+  run.softmax_aux = options.softmax_aux;
+  run.cu_seqlens_q = options.cu_seqlens_q;
+  run.cu_seqlens_k = options.cu_seqlens_k;
+  run.dropout_p = options.dropout_p;
+  run.seed = options.seed;
+  run.return_lse = options.return_lse;
+  run.threads = options.threads;
+  run.backend = options.backend;
+}
+
+}  // namespace
+
+const ir::AttentionVariant& attention_variant(const AttentionFeatures& features) {
+  static std::mutex mutex;
+  static std::deque<std::pair<AttentionFeatures, ir::AttentionVariant>> built;  // deque: references stay valid
+  const std::lock_guard lock(mutex);
+  for (const auto& [f, variant] : built)
+    if (f == features) return variant;
+  built.emplace_back(features, build_variant(features));
+  return built.back().second;
+}
+
+AttentionFeatures parse_attention_features(std::string_view list) {
+  AttentionFeatures f;
+  const std::pair<const char*, bool AttentionFeatures::*> names[] = {
+      {"causal", &AttentionFeatures::causal},   {"window", &AttentionFeatures::window},
+      {"mask", &AttentionFeatures::mask},       {"segments", &AttentionFeatures::segment_ids},
+      {"sinks", &AttentionFeatures::sinks},     {"dropout", &AttentionFeatures::dropout},
+      {"bias", &AttentionFeatures::bias},       {"softcap", &AttentionFeatures::soft_cap}};
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view name = list.substr(start, comma - start);
+    start = comma + 1;
+    if (name.empty()) continue;
+    bool found = false;
+    for (const auto& [text, member] : names)
+      if (name == text) {
+        f.*member = true;
+        found = true;
+      }
+    if (!found)
+      throw InvalidArgument(fmt::format("attention features: unknown '{}', expected any of "
+                                        "causal,window,mask,segments,sinks,dropout,bias,softcap",
+                                        name));
+  }
+  return f;
+}
+
+AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const AttentionOptions& options) {
+  VariantInputs inputs;
+  AttentionRunOptions run;
+  named_arguments(q, options, inputs, run);
+  return run_attention(attention_variant(features_of(options)), q, k, v, inputs, run);
+}
+
+void attention_into(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                    const AttentionOutputs& outputs) {
+  VariantInputs inputs;
+  AttentionRunOptions run;
+  named_arguments(q, options, inputs, run);
+  run_attention_into(attention_variant(features_of(options)), q, k, v, inputs, run, outputs);
+}
+
+}  // namespace ladle
