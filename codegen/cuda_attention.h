@@ -46,7 +46,9 @@ struct AttentionKernelSpec {
   int D = 128, Dv = 128;                 // head dims (compile-time constants; multiples of 8, at most 256)
   bool varlen = false;                   // cu_seqlens_q / cu_seqlens_k, int64 [N+1]
   bool lse = false;                      // also write lse [B,H,Tq] f32
-  ElementType segment_ids_type = ElementType::i64;  // q/kv segment ids (i32 or i64) when the variant has them
+  ElementType q_segment_ids_type = ElementType::i64;  // i32 or i64, when the variant has segment ids
+  ElementType kv_segment_ids_type = ElementType::i64;
+  ElementType sinks_type = ElementType::f32;          // softmax_aux, when the variant has sinks
   // q, k, v rows are 16-byte aligned with unit stride over the head dimension, so K/V tiles
   // can be copied with cp.async (16-bit inputs only; the launcher checks the pointers).
   bool async_copy = true;
@@ -75,8 +77,9 @@ struct AttentionParam {
     kv_segment_ids,   // [B,Tk]
     kv_segment_stride_b,
     kv_segment_stride_t,
-    softmax_aux,      // [H,S] f32 logits and the stride over H (0 for [S])
+    softmax_aux,      // [H,S] logits and its strides over H (0 for [S]) and S
     softmax_aux_stride_h,
+    softmax_aux_stride_s,
     sinks,            // S
     cu_seqlens_q,     // int64 [N+1] each
     cu_seqlens_k,

@@ -43,50 +43,6 @@ const std::set<std::string>& template_names() {
   return names;
 }
 
-// Device helpers of the family (a host emulation defines its own before including a kernel).
-const char* const chunked_helpers = R"(#ifndef LADLE_CHUNKED_HELPERS
-#define LADLE_CHUNKED_HELPERS
-#define LADLE_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
-// 2^x on the special function unit (ex2.approx: 2 ulp); x is a difference of log2 gates.
-__device__ __forceinline__ float ladle_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ unsigned ladle_float_bits(float x) { return __float_as_uint(x); }
-__device__ __forceinline__ float ladle_bits_float(unsigned x) { return __uint_as_float(x); }
-__device__ __forceinline__ float ladle_bf16_float(unsigned short bits) { return __uint_as_float(static_cast<unsigned>(bits) << 16); }
-__device__ __forceinline__ unsigned short ladle_bf16_bits(float value) {
-  const unsigned x = __float_as_uint(value);  // round to nearest even; NaN stays quiet
-  return (x & 0x7fffffffu) > 0x7f800000u ? static_cast<unsigned short>((x >> 16) | 0x40u)
-                                           : static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-__device__ __forceinline__ unsigned ladle_pack_bf16(float lo, float hi) {
-  return static_cast<unsigned>(ladle_bf16_bits(lo)) | (static_cast<unsigned>(ladle_bf16_bits(hi)) << 16);
-}
-__device__ __forceinline__ unsigned ladle_shared_address(const void* p) {
-  unsigned address;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
-  return address;
-}
-// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ladle_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ladle_shared_address(p)));
-}
-__device__ __forceinline__ void ladle_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ladle_shared_address(p)));
-}
-// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void ladle_mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#endif  // LADLE_CHUNKED_HELPERS
-)";
-
 // How the warps share the work of a tile: o by 16-row tiles x column groups, the state by
 // 16-row tiles x column groups (warps past o_warps / s_warps sit those parts out).
 struct Layout {
@@ -236,7 +192,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   header += "bytes per token and value tile: q, k, v, gates read once, o written once; the state once per sequence.\n";
 
   Code c;
-  c(comment_block(header) + "\n" + storage_helpers + chunked_helpers);
+  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers);
   c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));

@@ -1,23 +1,186 @@
 #include "gpu_attention.h"
 
+#include <algorithm>
+#include <cstdint>
+
+#include <fmt/format.h>
+
 #include <ladle/runtime/error.h>
 
+#include "detail/loaded_kernel.h"
+
 namespace ladle::gpu {
+namespace {
 
-// Intermediate: the generator lands next; these fail clearly until then.
-cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs&) { return {}; }
+using Role = cuda::AttentionParam::Role;
 
-cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant&, const ops::AttentionArgs&,
-                                                const std::optional<cuda::AttentionTile>&) {
-  throw InvalidArgument("attention: the GPU kernel family is not built yet");
+std::string op_name(const ir::AttentionVariant& variant) { return variant.name.empty() ? "attention" : variant.name; }
+
+std::uint64_t address(const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
+// cp.async copies 16 bytes: every q, k, v row must start 16-byte aligned, with unit stride
+// over the head dimension.
+bool rows_aligned(const TensorView& view) {
+  if (view.strides[3] != 1 && view.shape[3] != 1) return false;
+  if (address(view.data) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (view.shape[d] > 1 && view.strides[d] % 8 != 0) return false;
+  return true;
 }
 
-CompiledAttention compile_attention(const ir::AttentionVariant&, const cuda::AttentionKernelSpec&, const std::string&) {
-  throw InvalidArgument("attention: the GPU kernel family is not built yet");
+std::int64_t longest(const std::vector<std::int64_t>& offsets, std::int64_t fallback) {
+  if (offsets.empty()) return fallback;
+  std::int64_t most = 0;
+  for (std::size_t n = 0; n + 1 < offsets.size(); ++n) most = std::max(most, offsets[n + 1] - offsets[n]);
+  return most;
 }
 
-void run_attention_into(const ir::AttentionVariant&, const ops::AttentionArgs&, const LaunchOptions&) {
-  throw InvalidArgument("attention: the GPU kernel family is not built yet");
+std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec) {
+  std::string key = ir::hash_hex(variant) + "|" + cuda::to_string(spec.tile);
+  for (ElementType t : spec.input_types) key += element_type_name(t);
+  key += fmt::format("|{}|{}|{}|{}|{}|{}|{}|{}|{}", element_type_name(spec.output_type), spec.D, spec.Dv, spec.varlen,
+                     spec.lse, spec.async_copy, element_type_name(spec.q_segment_ids_type),
+                     element_type_name(spec.kv_segment_ids_type), element_type_name(spec.sinks_type));
+  return key;
+}
+
+}  // namespace
+
+// 128-row tiles (8 warps) keep K/V reuse high; when the shape gives fewer such blocks than
+// the GPU has SMs (short or few sequences), 64-row tiles double the blocks. Not yet measured
+// on a GPU (bench/RESULTS.md).
+cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args) {
+  cuda::AttentionTile tile = cuda::default_attention_tile(static_cast<int>(args.D), static_cast<int>(args.Dv));
+  int sms = 132;
+  if (driver_available()) sms = Device::get().properties().sm_count;
+  const std::int64_t rows = longest(args.cu_seqlens_q, args.Tq);
+  if (args.N * args.H * ((rows + 127) / 128) < sms) tile.block_m = 64, tile.warps = 4;
+  return tile;
+}
+
+cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                                const std::optional<cuda::AttentionTile>& tile) {
+  cuda::AttentionKernelSpec spec;
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
+    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32 : args.tensors[i].type);
+  spec.output_type = args.o.data ? args.o.type : args.type;
+  spec.D = static_cast<int>(args.D);
+  spec.Dv = static_cast<int>(args.Dv);
+  spec.varlen = !args.cu_seqlens_q.empty();
+  spec.lse = args.lse.has_value();
+  if (args.q_segment_ids) spec.q_segment_ids_type = args.q_segment_ids->type;
+  if (args.kv_segment_ids) spec.kv_segment_ids_type = args.kv_segment_ids->type;
+  if (args.softmax_aux) spec.sinks_type = args.softmax_aux->type;
+  spec.async_copy = rows_aligned(args.q) && rows_aligned(args.k) && rows_aligned(args.v);
+  spec.tile = tile.value_or(heuristic_attention_tile(args));
+  const int max_shared = driver_available() ? Device::get().properties().max_shared_per_block_optin : 0;
+  const bool split = cuda::attention_split_f32(variant, spec);
+  if (auto problems = cuda::validate_attention_tile(spec.tile, spec.D, spec.Dv, max_shared, split); !problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw InvalidArgument(fmt::format("{}: tile ({}) does not fit D={} Dv={}: {}", op_name(variant),
+                                      cuda::to_string(spec.tile), spec.D, spec.Dv, all));
+  }
+  return spec;
+}
+
+CompiledAttention compile_attention(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
+                                    const std::string& arch) {
+  CompiledAttention out;
+  out.kernel = cuda::generate_attention(variant, spec);
+  CompileOptions options;
+  options.arch = arch;
+  options.program_name = out.kernel.name + ".cu";
+  out.program = compile(out.kernel.source, options);
+  return out;
+}
+
+KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
+                                    const void* cu_seqlens_q, const void* cu_seqlens_k) {
+  KernelArgs packed;
+  const auto i64 = [&](std::int64_t value) { packed.add(static_cast<long long>(value)); };
+  const auto i32 = [&](std::int64_t value) { packed.add(static_cast<int>(value)); };
+  for (const cuda::AttentionParam& p : params) {
+    const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
+    switch (p.role) {
+      case Role::input:
+        if (p.type == cuda::AttentionParam::Type::f32) packed.add(args.scalars[p.input]);
+        else packed.add(address(view->data));
+        break;
+      // q, k, v [B,T,X,D]; pair inputs [B,H,Tq,Tk] (i as "t", j as "d"); head inputs [B,H].
+      case Role::input_stride_b: i64(view->strides[0]); break;
+      case Role::input_stride_t: i64(view->strides[p.input < 3 ? 1 : 2]); break;
+      case Role::input_stride_h: i64(view->strides[p.input < 3 ? 2 : 1]); break;
+      case Role::input_stride_d: i64(view->strides[3]); break;
+      case Role::input_heads: i32(view->shape[2]); break;
+      case Role::output: packed.add(address(args.o.data)); break;
+      case Role::output_stride_b: i64(args.o.strides[0]); break;
+      case Role::output_stride_t: i64(args.o.strides[1]); break;
+      case Role::output_stride_h: i64(args.o.strides[2]); break;
+      case Role::output_stride_d: i64(args.o.strides[3]); break;
+      case Role::lse: packed.add(address(args.lse->data)); break;
+      case Role::q_segment_ids: packed.add(address(args.q_segment_ids->data)); break;
+      case Role::q_segment_stride_b: i64(args.q_segment_ids->strides[0]); break;
+      case Role::q_segment_stride_t: i64(args.q_segment_ids->strides[1]); break;
+      case Role::kv_segment_ids: packed.add(address(args.kv_segment_ids->data)); break;
+      case Role::kv_segment_stride_b: i64(args.kv_segment_ids->strides[0]); break;
+      case Role::kv_segment_stride_t: i64(args.kv_segment_ids->strides[1]); break;
+      case Role::softmax_aux: packed.add(address(args.softmax_aux->data)); break;
+      case Role::softmax_aux_stride_h: i64(args.softmax_aux->strides[0]); break;
+      case Role::softmax_aux_stride_s: i64(args.softmax_aux->strides[1]); break;
+      case Role::sinks: i32(args.sinks); break;
+      case Role::cu_seqlens_q: packed.add(address(cu_seqlens_q)); break;
+      case Role::cu_seqlens_k: packed.add(address(cu_seqlens_k)); break;
+      case Role::window_left: i64(args.window_left); break;
+      case Role::window_right: i64(args.window_right); break;
+      case Role::dropout_p: packed.add(args.dropout_p); break;
+      case Role::seed: packed.add(static_cast<unsigned long long>(args.seed)); break;
+      case Role::batch: i32(args.B); break;
+      case Role::q_tokens: i32(args.Tq); break;
+      case Role::k_tokens: i32(args.Tk); break;
+      case Role::heads: i32(args.H); break;
+    }
+  }
+  return packed;
+}
+
+void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch) {
+  const std::string op = op_name(variant);
+  if (args.lse) {
+    const TensorView& lse = *args.lse;
+    const bool dense = lse.strides.back() == 1 && (lse.rank() < 2 || lse.strides[lse.rank() - 2] == lse.shape.back());
+    if (!dense) throw InvalidArgument(op + ": lse must be contiguous on the GPU");
+  }
+  if (args.softmax_aux && args.softmax_aux->rank() != 2)
+    throw InvalidArgument(op + ": softmax_aux must be bound as [H,S] on the GPU");
+  const std::int64_t rows = longest(args.cu_seqlens_q, args.Tq);
+  if (args.N * args.H == 0 || rows == 0) return;
+  if (args.Tq > INT32_MAX || args.Tk > INT32_MAX)
+    throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernel indexes tokens with 32-bit ints", op, args.Tq, args.Tk));
+
+  const cuda::AttentionKernelSpec spec = attention_kernel_spec(variant, args);
+  const std::string arch = Device::get().properties().arch();
+  const auto& loaded = detail::loaded_kernel<cuda::AttentionKernel>(
+      spec_key(variant, spec), arch, [&](const std::string& target) { return compile_attention(variant, spec, target); });
+
+  DeviceBuffer offsets_q, offsets_k;
+  if (spec.varlen) {
+    offsets_q = DeviceBuffer(args.cu_seqlens_q.size() * sizeof(std::int64_t));
+    offsets_q.copy_from_host(args.cu_seqlens_q.data(), offsets_q.bytes(), 0, launch.stream);
+    offsets_k = DeviceBuffer(args.cu_seqlens_k.size() * sizeof(std::int64_t));
+    offsets_k.copy_from_host(args.cu_seqlens_k.data(), offsets_k.bytes(), 0, launch.stream);
+  }
+  KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, reinterpret_cast<const void*>(offsets_q.device_ptr()),
+                                               reinterpret_cast<const void*>(offsets_k.device_ptr()));
+  const unsigned grid_x = static_cast<unsigned>((rows + loaded.kernel.block_m - 1) / loaded.kernel.block_m);
+  const unsigned grid_y = static_cast<unsigned>(args.N * args.H);
+  loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed,
+                          static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+  if (spec.varlen) {
+    // The offsets are freed on return: wait until the kernel has read them.
+    if (launch.stream) launch.stream->synchronize();
+    else Device::get().synchronize();
+  }
 }
 
 }  // namespace ladle::gpu

@@ -8,8 +8,11 @@
 #include <optional>
 #include <string>
 
+#include <cstdint>
+
 #include <ladle/codegen/cuda_attention.h>
 #include <ladle/runtime/compiler.h>
+#include <ladle/runtime/driver.h>
 
 #include "attention_bind.h"
 #include "gpu_recurrent.h"  // LaunchOptions
@@ -33,6 +36,12 @@ struct CompiledAttention {
 };
 CompiledAttention compile_attention(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
                                     const std::string& arch = "");
+
+// The argument array of an attention kernel, by parameter role, from bound arguments whose
+// pointers the kernel can read (device pointers on a GPU; host pointers on the host
+// emulation of tests/codegen). cu_seqlens_q / cu_seqlens_k: where the int64 offsets are.
+KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
+                                    const void* cu_seqlens_q, const void* cu_seqlens_k);
 
 // Runs the variant on bound arguments whose views hold device pointers. Throws NoCudaDriver
 // without a GPU.

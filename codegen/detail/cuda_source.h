@@ -26,6 +26,10 @@ std::vector<std::string> identifiers(const ir::Variant& variant, const std::set<
 // The 16-bit storage types and typed loads/stores through float (no cuda_fp16.h, so NVRTC
 // needs no include path), plus LADLE_UNROLL.
 extern const char* const storage_helpers;
+// The tensor-core helpers of the chunked and attention families (ldmatrix, mma.sync
+// m16n8k16 bf16, ex2, bf16 packing), guarded by LADLE_CHUNKED_HELPERS; a host emulation
+// defines its own before including a kernel.
+extern const char* const tensor_core_helpers;
 
 std::string comment_block(const std::string& text);  // "// " before every line
 std::uint64_t fnv1a(const std::string& bytes, std::uint64_t h = 0xcbf29ce484222325ull);

@@ -1,0 +1,548 @@
+#include "cuda_attention.h"
+
+#include <set>
+
+#include <ladle/runtime/error.h>
+
+#include "detail/attention_helpers.h"
+#include "detail/cuda_source.h"
+#include "render_c.h"
+
+namespace ladle::cuda {
+
+using namespace detail;
+
+namespace {
+
+// The template's own names (an input with one of these names, or a derived one, is renamed).
+const std::set<std::string>& template_names() {
+  static const std::set<std::string> names = {
+      "BM", "BN", "WARPS", "THREADS", "D", "DV", "KLD", "VLD", "STAGES", "LOG2E", "LN2", "smem", "q_tile", "k_tile",
+      "v_tile", "q_tile_lo", "k_tile_lo", "v_tile_lo", "lane", "warp", "gid", "tig", "n", "h", "b", "hk", "m0",
+      "q_bos", "k_bos", "q_len", "k_len", "diagonal", "row_last", "key_begin", "key_end", "tile_begin", "tile_end",
+      "tile", "stage", "j0", "boundary", "q_frag", "q_frag_lo", "k_frag", "v_frag", "score", "logit", "p", "p_frag",
+      "p_frag_lo", "o_acc", "row_max", "row_sum", "row_live", "q_segment", "i", "j", "e", "r", "c", "nt", "np", "kt",
+      "kk", "half", "attend", "tile_max", "new_max", "base", "rescale", "keep_scale", "sum", "top", "scale_o",
+      "sink", "inv", "col", "q_seq", "k_seq", "v_seq", "o_row", "stage_tile", "stage_rows", "src", "dst", "x",
+      "hi", "lo", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "lse", "q_segment_ids",
+      "q_segment_stride_b", "q_segment_stride_t", "kv_segment_ids", "kv_segment_stride_b", "kv_segment_stride_t",
+      "softmax_aux", "softmax_aux_stride_h", "softmax_aux_stride_s", "sinks", "cu_seqlens_q", "cu_seqlens_k",
+      "window_left", "window_right", "dropout_p", "seed", "B", "Tq", "Tk", "H", "u", "s", "with_sinks", "k_s", "v_s",
+      "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s"};
+  return names;
+}
+
+bool sixteen_bit(ElementType t) { return t == ElementType::f16 || t == ElementType::bf16; }
+
+// The 16-bit operand type of a product: f16 when both factors are f16, else bf16 (fp32
+// inputs are split into two bf16 halves).
+struct Operands {
+  bool qk_f16 = false, pv_f16 = false;
+  bool split = false;  // fp32 q, k or v: hi + lo bf16 pairs
+  bool async = false;  // cp.async: q, k, v of one 16-bit type, unit stride over the head dim
+};
+
+Operands operands(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
+  const ElementType q = spec.input_types[0], k = spec.input_types[1], v = spec.input_types[2];
+  Operands o;
+  o.split = attention_split_f32(variant, spec);
+  o.qk_f16 = !o.split && q == ElementType::f16 && k == ElementType::f16;
+  o.pv_f16 = !o.split && v == ElementType::f16;
+  o.async = spec.async_copy && sixteen_bit(q) && q == k && k == v;
+  return o;
+}
+
+}  // namespace
+
+bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
+  (void)variant;
+  for (int i = 0; i < 3 && i < static_cast<int>(spec.input_types.size()); ++i)
+    if (spec.input_types[i] == ElementType::f32) return true;
+  return false;
+}
+
+AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
+  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_attention: " + what); };
+  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
+  if (spec.input_types.size() != variant.inputs.size())
+    fail("input_types has " + std::to_string(spec.input_types.size()) + " entries, expected one per input (" +
+         std::to_string(variant.inputs.size()) + ")");
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    const ElementType t = spec.input_types[i];
+    const bool mask_like = variant.inputs[i].kind == ir::InputKind::pair && t == ElementType::u8;
+    if (variant.inputs[i].kind != ir::InputKind::scalar && !floating(t) && !mask_like)
+      fail("input " + variant.inputs[i].name + " has dtype " + element_type_name(t) + ", expected f32, f16 or bf16");
+  }
+  if (!floating(spec.output_type)) fail(std::string("output_type ") + element_type_name(spec.output_type) + ", expected f32, f16 or bf16");
+  for (ElementType t : {spec.q_segment_ids_type, spec.kv_segment_ids_type})
+    if (t != ElementType::i32 && t != ElementType::i64)
+      fail(std::string("segment ids of dtype ") + element_type_name(t) + ", expected i32 or i64");
+  if (!floating(spec.sinks_type)) fail(std::string("sinks_type ") + element_type_name(spec.sinks_type) + ", expected f32, f16 or bf16");
+  const Operands ops = operands(variant, spec);
+  if (const auto problems = validate_attention_tile(spec.tile, spec.D, spec.Dv, 0, ops.split); !problems.empty())
+    fail("tile " + to_string(spec.tile) + " at D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ": " +
+         problems.front());
+
+  const AttentionTile& tile = spec.tile;
+  const int threads = 32 * tile.warps;
+  ir::Variant named;  // identifiers() reads only the inputs
+  named.inputs = variant.inputs;
+  const std::vector<std::string> id = identifiers(named, template_names());
+  const auto& inputs = variant.inputs;
+
+  AttentionKernel kernel;
+  std::string key = to_string(tile) + "|" + std::to_string(spec.D) + "," + std::to_string(spec.Dv) +
+                    (spec.varlen ? " L" : "") + (spec.lse ? " E" : "") + (ops.async ? " A" : "") +
+                    element_type_name(spec.output_type) + element_type_name(spec.q_segment_ids_type) +
+                    element_type_name(spec.kv_segment_ids_type) + element_type_name(spec.sinks_type);
+  for (ElementType t : spec.input_types) key += element_type_name(t);
+  kernel.name = "ladle_attention_" + hex(fnv1a(key, ir::hash(variant)));
+  kernel.threads = static_cast<unsigned>(threads);
+  kernel.block_m = tile.block_m;
+  kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);
+
+  // ---- Parameters
+  std::vector<std::string> declarations;
+  using Role = AttentionParam::Role;
+  using Type = AttentionParam::Type;
+  const auto param = [&](const std::string& c_type, const std::string& name, Type type, Role role, int input = -1) {
+    declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
+    kernel.params.push_back({name, c_type, type, role, input});
+  };
+  const auto storage = [&](ElementType t) -> std::string { return t == ElementType::u8 ? "unsigned char" : storage_type(t); };
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    const ir::Input& in = inputs[k];
+    const int index = static_cast<int>(k);
+    const std::string& name = id[k];
+    if (in.kind == ir::InputKind::scalar) {
+      param("float", name, Type::f32, Role::input, index);
+      continue;
+    }
+    param("const " + storage(spec.input_types[k]) + "*", name, Type::pointer, Role::input, index);
+    param("long long", name + "_stride_b", Type::i64, Role::input_stride_b, index);
+    if (in.kind != ir::InputKind::head) param("long long", name + "_stride_t", Type::i64, Role::input_stride_t, index);
+    param("long long", name + "_stride_h", Type::i64, Role::input_stride_h, index);
+    if (in.kind != ir::InputKind::head) param("long long", name + "_stride_d", Type::i64, Role::input_stride_d, index);
+    if (in.role == ir::Role::key) param("int", name + "_heads", Type::i32, Role::input_heads, index);
+  }
+  param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
+  param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
+  param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
+  param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
+  param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
+  if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
+  const auto segment_type = [](ElementType t) { return t == ElementType::i32 ? "const int*" : "const long long*"; };
+  if (variant.segment_ids) {
+    param(segment_type(spec.q_segment_ids_type), "q_segment_ids", Type::pointer, Role::q_segment_ids);
+    param("long long", "q_segment_stride_b", Type::i64, Role::q_segment_stride_b);
+    param("long long", "q_segment_stride_t", Type::i64, Role::q_segment_stride_t);
+    param(segment_type(spec.kv_segment_ids_type), "kv_segment_ids", Type::pointer, Role::kv_segment_ids);
+    param("long long", "kv_segment_stride_b", Type::i64, Role::kv_segment_stride_b);
+    param("long long", "kv_segment_stride_t", Type::i64, Role::kv_segment_stride_t);
+  }
+  if (variant.sinks) {
+    param("const " + storage(spec.sinks_type) + "*", "softmax_aux", Type::pointer, Role::softmax_aux);
+    param("long long", "softmax_aux_stride_h", Type::i64, Role::softmax_aux_stride_h);
+    param("long long", "softmax_aux_stride_s", Type::i64, Role::softmax_aux_stride_s);
+    param("int", "sinks", Type::i32, Role::sinks);
+  }
+  if (spec.varlen) {
+    param("const long long*", "cu_seqlens_q", Type::pointer, Role::cu_seqlens_q);
+    param("const long long*", "cu_seqlens_k", Type::pointer, Role::cu_seqlens_k);
+  }
+  if (variant.window) {
+    param("long long", "window_left", Type::i64, Role::window_left);
+    param("long long", "window_right", Type::i64, Role::window_right);
+  }
+  if (variant.dropout) {
+    param("float", "dropout_p", Type::f32, Role::dropout_p);
+    param("unsigned long long", "seed", Type::u64, Role::seed);
+  }
+  param("int", "B", Type::i32, Role::batch);
+  param("int", "Tq", Type::i32, Role::q_tokens);
+  param("int", "Tk", Type::i32, Role::k_tokens);
+  param("int", "H", Type::i32, Role::heads);
+
+  // ---- The expressions, rendered at one (i, j) of the tile
+  const auto load = [&](const ir::Input& in, std::int32_t k) -> std::string {
+    switch (in.kind) {
+      case ir::InputKind::pair:
+        return "ladle_load(" + id[k] + "_row[r / 2] + (k_bos + j) * " + id[k] + "_stride_d)";
+      case ir::InputKind::head: return id[k] + "_value";
+      case ir::InputKind::scalar: return id[k];
+      default: break;  // validate() keeps token inputs other than q, k, v out of the expressions
+    }
+    return "0.0f";
+  };
+  const auto leaf = [&](ir::Op op) -> std::string {
+    switch (op) {
+      case ir::Op::score: return "score[nt][r]";
+      case ir::Op::query_index: return "static_cast<float>(i)";
+      case ir::Op::key_index: return "static_cast<float>(j)";
+      case ir::Op::head_index: return "static_cast<float>(h)";
+      case ir::Op::batch_index: return "static_cast<float>(n)";
+      default: break;
+    }
+    return "0.0f";
+  };
+  const std::string logit_expression = ir::render_c(inputs, variant.score, load, leaf);
+  const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf);
+  std::vector<bool> used(inputs.size(), false);
+  for (const ir::Expr* e : {&variant.score, &variant.keep})
+    for (const ir::Node& node : e->nodes)
+      if (node.op == ir::Op::input) used[node.input] = true;
+
+  // ---- Header
+  const std::string qk_type = ops.split ? "bf16 hi+lo (fp32 inputs split)" : ops.qk_f16 ? "f16" : "bf16";
+  const std::string pv_type = ops.split ? "bf16 hi+lo (fp32 inputs split)" : ops.pv_f16 ? "f16" : "bf16";
+  std::string header = "ladle: attention kernel " + kernel.name + "\nGenerated by codegen/cuda_attention.cpp; do not edit.\n\n";
+  header += ir::to_string(variant);
+  header += "\nlogit = " + ir::to_string(inputs, variant.score) + "\n";
+  if (!variant.keep.empty()) header += "keep  = " + ir::to_string(inputs, variant.keep) + "\n";
+  header += "config: " + to_string(tile) + " (" + std::to_string(threads) + " threads), D=" + std::to_string(spec.D) +
+            " Dv=" + std::to_string(spec.Dv) + "\n";
+  header += "launch: grid (ceil(Tq / " + std::to_string(tile.block_m) + "), N * H), block (" + std::to_string(threads) +
+            "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
+  std::string types;
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].kind != ir::InputKind::scalar) types += id[k] + " " + element_type_name(spec.input_types[k]) + ", ";
+  header += "types: " + types + "o " + element_type_name(spec.output_type) + "; score = q k^T with " + qk_type +
+            " operands, o_acc += P V with " + pv_type + " operands, fp32 accumulation and softmax\n";
+  header += "tensor cores: mma.sync m16n8k16 (sm_80 and later); Hopper wgmma is not used yet\n";
+  header += std::string("K/V staging: ") + (ops.async ? "cp.async, 16 bytes per copy" : "loads converted in registers") +
+            (tile.stages == 2 ? ", double-buffered" : ", single buffer") + "\n";
+  header += std::string("varlen=") + (spec.varlen ? "1" : "0") + " lse=" + (spec.lse ? "1" : "0") + "\n";
+  header += "GQA: query head h reads key/value head h / (H / H_kv).\n";
+
+  Code c;
+  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + attention_helpers);
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
+  c.in(), c.in();
+  for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
+  c.out();
+  c("constexpr int BM = " + std::to_string(tile.block_m) + ", BN = " + std::to_string(tile.block_n) + ", WARPS = " +
+    std::to_string(tile.warps) + ", THREADS = 32 * WARPS, STAGES = " + std::to_string(tile.stages) + ";");
+  c("constexpr int D = " + std::to_string(spec.D) + ", DV = " + std::to_string(spec.Dv) +
+    ", KLD = D + 8, VLD = DV + 8;  // padded rows: conflict-free ldmatrix");
+  c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
+  c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
+  c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = blockIdx.x * BM;");
+  c("");
+  c("// The sequence: its first query and key, their counts, the batch row.");
+  if (spec.varlen) {
+    c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
+    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
+    c("const int b = 0;");
+  } else {
+    c("const long long q_bos = 0, k_bos = 0;");
+    c("const int q_len = Tq, k_len = Tk, b = n;");
+  }
+  c("(void)B;");
+  c("if (m0 >= q_len) return;");
+  c("const int hk = h / (H / " + id[1] + "_heads);");
+  c("");
+  c("// The keys any row of this block may attend: the causal / window range of rows m0..row_last");
+  c("// around the diagonal j = i + (k_len - q_len). Tiles outside it are never loaded.");
+  c("const int diagonal = k_len - q_len, row_last = (m0 + BM < q_len ? m0 + BM : q_len) - 1;");
+  c("long long key_begin = 0, key_end = k_len;");
+  if (variant.causal) c("if (row_last + diagonal + 1 < key_end) key_end = row_last + diagonal + 1;");
+  if (variant.window) {
+    c("if (window_right >= 0 && row_last + diagonal + window_right + 1 < key_end) key_end = row_last + diagonal + window_right + 1;");
+    c("if (window_left >= 0 && m0 + diagonal - window_left > key_begin) key_begin = m0 + diagonal - window_left;");
+  }
+  c("const int tile_begin = static_cast<int>(key_begin / BN);");
+  c("const int tile_end = key_end > key_begin ? static_cast<int>((key_end + BN - 1) / BN) : tile_begin;");
+  c("");
+  const std::string qt = storage_type(spec.input_types[0]), kt = storage_type(spec.input_types[1]),
+                    vt = storage_type(spec.input_types[2]);
+  c("const " + qt + "* const q_seq = " + id[0] + " + b * " + id[0] + "_stride_b + q_bos * " + id[0] + "_stride_t + h * " +
+    id[0] + "_stride_h;");
+  c("const " + kt + "* const k_seq = " + id[1] + " + b * " + id[1] + "_stride_b + k_bos * " + id[1] + "_stride_t + hk * " +
+    id[1] + "_stride_h;");
+  c("const " + vt + "* const v_seq = " + id[2] + " + b * " + id[2] + "_stride_b + k_bos * " + id[2] + "_stride_t + hk * " +
+    id[2] + "_stride_h;");
+  c("");
+  c("LADLE_DYNAMIC_SHARED(smem);");
+  const int k_bytes = (tile.block_n * (spec.D + 8) * 2 + 15) / 16 * 16, v_bytes = (tile.block_n * (spec.Dv + 8) * 2 + 15) / 16 * 16;
+  const int stage_bytes = (k_bytes + v_bytes) * (ops.split ? 2 : 1);
+  const auto offset = [](const std::string& base, int bytes) {
+    return "reinterpret_cast<unsigned short*>(smem + " + base + std::to_string(bytes) + ")";
+  };
+  c("// Per stage: the K tile [BN][KLD] and the V tile [BN][VLD], 16-bit" +
+    std::string(ops.split ? ", each as hi then lo halves." : "."));
+  c("unsigned short* const k_tile = " + offset("", 0) + ";");
+  c("unsigned short* const v_tile = " + offset("", k_bytes) + ";");
+  if (ops.split) {
+    c("unsigned short* const k_tile_lo = " + offset("", k_bytes + v_bytes) + ";");
+    c("unsigned short* const v_tile_lo = " + offset("", 2 * k_bytes + v_bytes) + ";");
+  }
+  c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
+  c("// The q tile [BM][KLD] borrows the stages before the key loop.");
+  c("unsigned short* const q_tile = " + offset("", 0) + ";");
+  if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (spec.D + 8) * 2 + 15) / 16 * 16) + ";");
+  c("");
+
+  // Staging of `rows` rows of a [T, X, width] input into a 16-bit tile.
+  const auto operand_bits = [&](bool f16) { return f16 ? std::string("ladle_f16_bits") : std::string("ladle_bf16_bits"); };
+  const auto stage_rows = [&](const std::string& src, const std::string& input, const std::string& dst, const std::string& dst_lo,
+                              const std::string& first_row, const std::string& limit, const std::string& rows,
+                              const std::string& width, const std::string& ld, bool f16) {
+    if (ops.async) {
+      c("for (int e = threadIdx.x; e < " + rows + " * (" + width + " / 8); e += THREADS) {");
+      c.in();
+      c("const int r = e / (" + width + " / 8), col = e % (" + width + " / 8) * 8;");
+      c("unsigned short* const dst = " + dst + " + r * " + ld + " + col;");
+      c("if (" + first_row + " + r < " + limit + ") ladle_cp_async_16(dst, " + src + " + (" + first_row + " + r) * " + input +
+        "_stride_t + col);");
+      c("else ladle_zero_16(dst);  // past the sequence: zero, never garbage (0 * NaN would reach o)");
+      c.out();
+      c("}");
+      return;
+    }
+    c("for (int e = threadIdx.x; e < " + rows + " * " + width + "; e += THREADS) {");
+    c.in();
+    c("const int r = e / " + width + ", col = e % " + width + ";");
+    c("const float x = " + first_row + " + r < " + limit + " ? ladle_load(" + src + " + (" + first_row + " + r) * " + input +
+      "_stride_t + col * " + input + "_stride_d) : 0.0f;");
+    if (ops.split) {
+      c("const unsigned short hi = ladle_bf16_bits(x);");
+      c(dst + "[r * " + ld + " + col] = hi;");
+      c(dst_lo + "[r * " + ld + " + col] = ladle_bf16_bits(x - ladle_bf16_float(hi));");
+    } else {
+      c(dst + "[r * " + ld + " + col] = " + operand_bits(f16) + "(x);");
+    }
+    c.out();
+    c("}");
+  };
+
+  c("// 1. The q fragments of this warp's 16 rows, kept in registers for the whole key loop.");
+  stage_rows("q_seq", id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "KLD", ops.qk_f16);
+  if (ops.async) {
+    c("ladle_cp_async_commit();");
+    c("ladle_cp_async_wait<0>();");
+  }
+  c("__syncthreads();");
+  c("unsigned q_frag[D / 16][4];");
+  if (ops.split) c("unsigned q_frag_lo[D / 16][4];");
+  c("LADLE_UNROLL for (int kt = 0; kt < D / 16; ++kt) {");
+  c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+  if (ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+  c("}");
+  c("__syncthreads();  // the stages reuse the q tile's memory");
+  c("");
+
+  c("// Per row of this thread (gid and gid + 8 of the warp's 16): whether it exists, its");
+  c("// running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DV / 8][4].");
+  c("const int row0 = m0 + warp * 16 + gid;");
+  c("const bool row_live[2] = {row0 < q_len, row0 + 8 < q_len};");
+  c("float row_max[2] = {ladle_neg_inf(), ladle_neg_inf()}, row_sum[2] = {0.0f, 0.0f};");
+  c("float o_acc[DV / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < DV / 8; ++nt) o_acc[nt][0] = o_acc[nt][1] = o_acc[nt][2] = o_acc[nt][3] = 0.0f;");
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (!used[k]) continue;
+    if (inputs[k].kind == ir::InputKind::head)
+      c("const float " + id[k] + "_value = ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + h * " + id[k] + "_stride_h);");
+    if (inputs[k].kind == ir::InputKind::pair) {
+      c("// " + inputs[k].name + " at (b, h, this thread's rows), indexed by packed positions");
+      c("const " + storage(spec.input_types[k]) + "* const " + id[k] + "_row[2] = {");
+      c("    " + id[k] + " + b * " + id[k] + "_stride_b + h * " + id[k] + "_stride_h + (q_bos + row0) * " + id[k] + "_stride_t,");
+      c("    " + id[k] + " + b * " + id[k] + "_stride_b + h * " + id[k] + "_stride_h + (q_bos + row0 + 8) * " + id[k] + "_stride_t};");
+    }
+  }
+  if (variant.segment_ids) {
+    c("const long long q_segment[2] = {");
+    c("    row_live[0] ? static_cast<long long>(q_segment_ids[b * q_segment_stride_b + (q_bos + row0) * q_segment_stride_t]) : 0,");
+    c("    row_live[1] ? static_cast<long long>(q_segment_ids[b * q_segment_stride_b + (q_bos + row0 + 8) * q_segment_stride_t]) : 0};");
+  }
+  if (variant.dropout) c("const float keep_scale = 1.0f / (1.0f - dropout_p);");
+  c("");
+
+  c("// 2. K and V tiles into shared memory, stage by stage.");
+  c("const auto stage_tile = [&](int tile, int stage) {");
+  c.in();
+  c("const int j0 = tile * BN;");
+  stage_rows("k_seq", id[1], "(k_tile + stage * STAGE_ELEMENTS)", "(k_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
+             "D", "KLD", ops.qk_f16);
+  stage_rows("v_seq", id[2], "(v_tile + stage * STAGE_ELEMENTS)", "(v_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
+             "DV", "VLD", ops.pv_f16);
+  if (ops.async) c("ladle_cp_async_commit();");
+  c.out();
+  c("};");
+  c("if (tile_begin < tile_end) stage_tile(tile_begin, 0);");
+  c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
+  c.in();
+  if (tile.stages == 2) {
+    c("const int stage = (tile - tile_begin) & 1;");
+    c("if (tile + 1 < tile_end) {  // the next tile streams in while this one is computed");
+    c("  stage_tile(tile + 1, stage ^ 1);");
+    if (ops.async) c("  ladle_cp_async_wait<1>();");
+    c("} else {");
+    if (ops.async) c("  ladle_cp_async_wait<0>();");
+    c("}");
+  } else {
+    c("const int stage = 0;");
+    c("if (tile > tile_begin) stage_tile(tile, 0);");
+    if (ops.async) c("ladle_cp_async_wait<0>();");
+  }
+  c("__syncthreads();");
+  c("const int j0 = tile * BN;");
+  c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS;");
+  c("const unsigned short* const v_s = v_tile + stage * STAGE_ELEMENTS;");
+  if (ops.split) {
+    c("const unsigned short* const k_s_lo = k_tile_lo + stage * STAGE_ELEMENTS;");
+    c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS;");
+  }
+  c("");
+  const std::string qk_mma = ops.qk_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+  const std::string pv_mma = ops.pv_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+  c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
+  c("float score[BN / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
+  c("LADLE_UNROLL for (int kt = 0; kt < D / 16; ++kt)");
+  c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
+  c.in();
+  c("  unsigned k_frag[4];");
+  c("  ladle_ldmatrix_x4(k_frag, &k_s[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+  c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);");
+  c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
+  if (ops.split) {
+    c("  " + qk_mma + "(score[2 * np], q_frag_lo[kt], k_frag[0], k_frag[1]);  // lo q x hi k");
+    c("  " + qk_mma + "(score[2 * np + 1], q_frag_lo[kt], k_frag[2], k_frag[3]);");
+    c("  ladle_ldmatrix_x4(k_frag, &k_s_lo[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+    c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);  // hi q x lo k");
+    c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
+  }
+  c.out();
+  c("  }");
+  c("");
+  std::string structured;  // the per-element range test of boundary tiles
+  structured = "j < k_len";
+  if (variant.causal) structured += " && j <= i + diagonal";
+  if (variant.window)
+    structured += " && (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right)";
+  std::string interior = "j0 + BN <= k_len";
+  if (variant.causal) interior += " && j0 + BN - 1 <= m0 + diagonal";
+  if (variant.window)
+    interior += " && (window_left < 0 || j0 >= row_last + diagonal - window_left) && (window_right < 0 || j0 + BN - 1 <= m0 + diagonal + window_right)";
+  c("// 4. logit = " + ir::to_string(inputs, variant.score) + " (in log2 units), -inf where masked. Only a");
+  c("//    tile that crosses the edge of the sequence or of the causal / window range tests it per element.");
+  c("const bool boundary = !(" + interior + ");");
+  c("float logit[BN / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
+  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+  c.in();
+  c("  const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
+  std::string attend = "row_live[r / 2] && (!boundary || (" + structured + "))";
+  if (variant.segment_ids)
+    attend += " && q_segment[r / 2] == static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + j) * kv_segment_stride_t])";
+  if (!keep_expression.empty()) attend += " && (" + keep_expression + ") != 0.0f";
+  c("  const bool attend = " + attend + ";");
+  c("  logit[nt][r] = attend ? LOG2E * (" + logit_expression + ") : ladle_neg_inf();");
+  c.out();
+  c("  }");
+  c("");
+  c("// 5. Online softmax per row: the new maximum, the rescale of what came before, p = 2^(logit - max).");
+  c("float p[BN / 8][4];");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("float tile_max = ladle_neg_inf();");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(logit[nt][2 * half], logit[nt][2 * half + 1]));");
+  c("const float new_max = fmaxf(row_max[half], ladle_quad_max(tile_max));");
+  c("const float base = new_max == ladle_neg_inf() ? 0.0f : new_max;  // nothing attended yet: p = 0, no NaN");
+  c("const float rescale = ladle_exp2(row_max[half] - base);");
+  c("row_max[half] = new_max;");
+  c("row_sum[half] *= rescale;");
+  c("LADLE_UNROLL for (int nt = 0; nt < DV / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
+  c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
+  c("    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
+  c("    row_sum[half] += p[nt][r];");
+  if (variant.dropout) {
+    c("    // dropout: the denominator keeps p, the product with V sees the kept values, rescaled");
+    c("    const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
+    c("    const float u = ladle_dropout_uniform(seed, n, h, i, j);");
+    c("    p[nt][r] = u >= dropout_p ? p[nt][r] * keep_scale : 0.0f;");
+  }
+  c("  }");
+  c.out();
+  c("}");
+  c("");
+  c("// 6. o_acc += P V: P's accumulator layout is the A operand of the next product.");
+  const std::string pack = ops.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
+  c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
+  c.in();
+  if (ops.split) {
+    c("float p_hi[2][4], p_lo[2][4];");
+    c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
+    c("  p_hi[e / 4][e % 4] = ladle_bf16_float(ladle_bf16_bits(p[2 * kk + e / 4][e % 4]));");
+    c("  p_lo[e / 4][e % 4] = p[2 * kk + e / 4][e % 4] - p_hi[e / 4][e % 4];");
+    c("}");
+    c("const unsigned p_frag[4] = {ladle_pack_bf16(p_hi[0][0], p_hi[0][1]), ladle_pack_bf16(p_hi[0][2], p_hi[0][3]),");
+    c("                            ladle_pack_bf16(p_hi[1][0], p_hi[1][1]), ladle_pack_bf16(p_hi[1][2], p_hi[1][3])};");
+    c("const unsigned p_frag_lo[4] = {ladle_pack_bf16(p_lo[0][0], p_lo[0][1]), ladle_pack_bf16(p_lo[0][2], p_lo[0][3]),");
+    c("                               ladle_pack_bf16(p_lo[1][0], p_lo[1][1]), ladle_pack_bf16(p_lo[1][2], p_lo[1][3])};");
+  } else {
+    c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
+    c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
+  }
+  c("LADLE_UNROLL for (int np = 0; np < DV / 16; ++np) {");
+  c.in();
+  c("unsigned v_frag[4];");
+  c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+  c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);");
+  c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+  if (ops.split) {
+    c(pv_mma + "(o_acc[2 * np], p_frag_lo, v_frag[0], v_frag[1]);  // lo p x hi v");
+    c(pv_mma + "(o_acc[2 * np + 1], p_frag_lo, v_frag[2], v_frag[3]);");
+    c("ladle_ldmatrix_x4_trans(v_frag, &v_s_lo[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+    c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);  // hi p x lo v");
+    c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+  }
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("__syncthreads();  // the next tile's copy reuses this stage");
+  c.out();
+  c("}");
+  c("");
+  c("// 7. Normalise and store: the row sum over the quad" + std::string(variant.sinks ? ", the sink logits join the denominator" : "") +
+    "; a row with nothing");
+  c("//    attended gets o = 0" + std::string(spec.lse ? " and lse = -inf." : "."));
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("float sum = ladle_quad_sum(row_sum[half]), top = row_max[half], scale_o = 1.0f;");
+  if (variant.sinks) {
+    c("{");
+    c.in();
+    c("float with_sinks = top;");
+    c("for (int s = 0; s < sinks; ++s) with_sinks = fmaxf(with_sinks, LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s));");
+    c("scale_o = with_sinks > top ? ladle_exp2(top - with_sinks) : 1.0f;");
+    c("sum *= scale_o;");
+    c("for (int s = 0; s < sinks; ++s) sum += ladle_exp2(LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s) - with_sinks);");
+    c("top = with_sinks;");
+    c.out();
+    c("}");
+  }
+  c("const int i = row0 + half * 8;");
+  c("if (!row_live[half]) continue;");
+  c("const float inv = sum > 0.0f ? scale_o / sum : 0.0f;");
+  c(std::string(storage_type(spec.output_type)) + "* const o_row = o + b * o_stride_b + (q_bos + i) * o_stride_t + h * o_stride_h;");
+  c("LADLE_UNROLL for (int nt = 0; nt < DV / 8; ++nt) {");
+  c("  const int col = nt * 8 + tig * 2;");
+  c("  ladle_store(o_row + col * o_stride_d, o_acc[nt][2 * half] * inv);");
+  c("  ladle_store(o_row + (col + 1) * o_stride_d, o_acc[nt][2 * half + 1] * inv);");
+  c("}");
+  if (spec.lse)
+    c("if (tig == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");
+  else
+    c("(void)top; (void)LN2;");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  kernel.source = c.text();
+  return kernel;
+}
+
+}  // namespace ladle::cuda

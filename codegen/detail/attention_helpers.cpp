@@ -1,0 +1,64 @@
+// The device helpers of the softmax-attention family, as source text the generated kernels
+// open with. Two blocks: the portable one (plain C over the CUDA intrinsics the host emulation
+// also provides: __shfl_xor_sync) and the device one (inline PTX: f16 tensor cores, cp.async),
+// which a host emulation replaces by defining LADLE_ATTENTION_HELPERS first.
+#include "attention_helpers.h"
+
+namespace ladle::cuda::detail {
+
+const char* const attention_helpers = R"(#ifndef LADLE_ATTENTION_PORTABLE
+#define LADLE_ATTENTION_PORTABLE
+// Row statistics of an mma accumulator: the four lanes of a quad hold one row's columns.
+__device__ __forceinline__ float ladle_quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float ladle_quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+// The dropout uniform of ops/attention.h: splitmix64's finaliser over the seed mixed with
+// (sequence, head, i, j), top 24 bits, in [0, 1).
+__device__ __forceinline__ float ladle_dropout_uniform(unsigned long long seed, unsigned long long sequence,
+                                                       unsigned long long head, unsigned long long i,
+                                                       unsigned long long j) {
+  unsigned long long x = seed ^ (sequence * 0x9E3779B97F4A7C15ull) ^ (head * 0xC2B2AE3D27D4EB4Full) ^
+                         (i * 0x165667B19E3779F9ull) ^ (j * 0xD6E8FEB86659FD93ull);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x = x ^ (x >> 31);
+  return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+}
+__device__ __forceinline__ float ladle_load(const unsigned char* p) { return static_cast<float>(*p); }
+#endif  // LADLE_ATTENTION_PORTABLE
+#ifndef LADLE_ATTENTION_HELPERS
+#define LADLE_ATTENTION_HELPERS
+__device__ __forceinline__ unsigned short ladle_f16_bits(float value) {
+  unsigned short bits;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+  return bits;
+}
+__device__ __forceinline__ unsigned ladle_pack_f16(float lo, float hi) {
+  return static_cast<unsigned>(ladle_f16_bits(lo)) | (static_cast<unsigned>(ladle_f16_bits(hi)) << 16);
+}
+// d += a (16x16, row) * b (16x8, col), f16 in, fp32 accumulate.
+__device__ __forceinline__ void ladle_mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 16 bytes global -> shared without passing through registers; complete after the wait.
+__device__ __forceinline__ void ladle_cp_async_16(void* shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ladle_shared_address(shared)), "l"(global));
+}
+__device__ __forceinline__ void ladle_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int Pending>
+__device__ __forceinline__ void ladle_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(Pending)); }
+__device__ __forceinline__ void ladle_zero_16(void* shared) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(ladle_shared_address(shared)), "r"(0u));
+}
+__device__ __forceinline__ float ladle_neg_inf() { return __int_as_float(0xff800000); }
+#endif  // LADLE_ATTENTION_HELPERS
+)";
+
+}  // namespace ladle::cuda::detail
