@@ -21,7 +21,7 @@ int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_
 
 AttentionTile default_attention_tile(int D, int Dv) {
   AttentionTile tile;
-  if (D > 128 || Dv > 128) tile.block_n = 32;  // o_acc and q fragments fill the registers
+  if (D > 128 || Dv > 128) tile.block_n = 32;  // o_acc and q fragments fill the registers (D = Dv = 256 does not fit)
   return tile;
 }
 

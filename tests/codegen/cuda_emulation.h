@@ -2,9 +2,11 @@
 // compute: each CUDA thread of a block is a std::thread, __syncthreads is a std::barrier,
 // __shared__ arrays are static (blocks run one after another), dynamic shared memory is a
 // buffer per block, and the 16-bit helpers are the host ones. The warp-wide tensor-core
-// operations of the chunked family (ldmatrix, mma.sync m16n8k16) are emulated through a
-// per-warp exchange: every lane posts its operands, a 32-thread barrier, every lane computes
-// its own fragment of the result exactly as the PTX ISA defines the fragment layouts.
+// operations of the chunked and attention families (ldmatrix, mma.sync m16n8k16 with bf16 or
+// f16 operands, __shfl_xor_sync) are emulated through a per-warp exchange: every lane posts
+// its operands, a 32-thread barrier, every lane computes its own fragment of the result
+// exactly as the PTX ISA defines the fragment layouts. cp.async copies at once (a valid
+// schedule: the ISA only promises completion by the matching wait_group).
 // Include it before the generated source.
 #pragma once
 
@@ -14,6 +16,7 @@
 #include <memory>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <math.h>
 #include <thread>
 #include <vector>
@@ -33,6 +36,7 @@ struct WarpExchange {
   const unsigned short* address[32] = {};
   unsigned a[32][4] = {};
   unsigned b[32][2] = {};
+  float value[32] = {};
 };
 inline thread_local WarpExchange* warp_exchange = nullptr;
 inline thread_local unsigned char* shared_buffer = nullptr;
@@ -63,6 +67,8 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
 }  // namespace cuda_emulation
 
 #define __global__
+#define __device__
+#define __forceinline__ inline
 #define __launch_bounds__(threads)
 #define __shared__ static
 #define __syncthreads() ::cuda_emulation::barrier->arrive_and_wait()
@@ -131,11 +137,14 @@ inline void ldmatrix(unsigned (&r)[4], const unsigned short* p, bool trans) {
   }
   x.barrier.arrive_and_wait();
 }
-inline float half_of(unsigned pair, unsigned k) { return ladle_bf16_float(static_cast<unsigned short>(k % 2 ? pair >> 16 : pair & 0xffffu)); }
+inline float half_of(unsigned pair, unsigned k, bool f16 = false) {
+  const unsigned short bits = static_cast<unsigned short>(k % 2 ? pair >> 16 : pair & 0xffffu);
+  return f16 ? ladle::narrow_float::from_f16(bits) : ladle_bf16_float(bits);
+}
 // mma.m16n8k16 row.col: A[r][k] is in lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8);
 // B[k][n] in lane n * 4 + (k % 8) / 2, register k >= 8; D[r][c]: lane (r % 8) * 4 + c / 2,
 // element (r >= 8) * 2 + c % 2.
-inline void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+inline void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, bool f16 = false) {
   WarpExchange& x = *warp_exchange;
   const unsigned l = lane();
   for (int i = 0; i < 4; ++i) x.a[l][i] = a[i];
@@ -145,18 +154,55 @@ inline void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
     const unsigned row = l / 4 + (e >= 2 ? 8 : 0), col = 2 * (l % 4) + e % 2;
     float sum = d[e];
     for (unsigned k = 0; k < 16; ++k) {
-      const float av = half_of(x.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
-      const float bv = half_of(x.b[col * 4 + (k % 8) / 2][k >= 8 ? 1 : 0], k);
+      const float av = half_of(x.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16);
+      const float bv = half_of(x.b[col * 4 + (k % 8) / 2][k >= 8 ? 1 : 0], k, f16);
       sum += av * bv;
     }
     d[e] = sum;
   }
   x.barrier.arrive_and_wait();
 }
+// __shfl_xor_sync over the full warp: lane l reads the value lane l ^ lane_mask posted.
+inline float shfl_xor(float value, int lane_mask) {
+  WarpExchange& x = *warp_exchange;
+  const unsigned l = lane();
+  x.value[l] = value;
+  x.barrier.arrive_and_wait();
+  const float other = x.value[(l ^ static_cast<unsigned>(lane_mask)) % 32];
+  x.barrier.arrive_and_wait();
+  return other;
+}
 }  // namespace cuda_emulation
+inline float __shfl_xor_sync(unsigned /*full mask*/, float value, int lane_mask) {
+  return cuda_emulation::shfl_xor(value, lane_mask);
+}
 inline void ladle_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) { cuda_emulation::ldmatrix(r, p, false); }
 inline void ladle_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) { cuda_emulation::ldmatrix(r, p, true); }
 inline void ladle_mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { cuda_emulation::mma(d, a, b0, b1); }
+
+// The attention family's device helpers, on the host. A test may define LADLE_COUNT_STAGED()
+// before including this file to count the 16-byte chunks staged into shared memory.
+#ifndef LADLE_COUNT_STAGED
+#define LADLE_COUNT_STAGED()
+#endif
+#define LADLE_ATTENTION_HELPERS
+inline unsigned short ladle_f16_bits(float value) { return ladle::narrow_float::to_f16(value); }
+inline unsigned ladle_pack_f16(float lo, float hi) {
+  return static_cast<unsigned>(ladle_f16_bits(lo)) | (static_cast<unsigned>(ladle_f16_bits(hi)) << 16);
+}
+inline void ladle_mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { cuda_emulation::mma(d, a, b0, b1, true); }
+inline void ladle_cp_async_16(void* shared, const void* global) {
+  LADLE_COUNT_STAGED();
+  std::memcpy(shared, global, 16);
+}
+inline void ladle_cp_async_commit() {}
+template <int Pending>
+inline void ladle_cp_async_wait() {}
+inline void ladle_zero_16(void* shared) {
+  LADLE_COUNT_STAGED();
+  std::memset(shared, 0, 16);
+}
+inline float ladle_neg_inf() { return -std::numeric_limits<float>::infinity(); }
 
 struct EmulatedKernel {
   const char* name;

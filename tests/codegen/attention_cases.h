@@ -1,0 +1,170 @@
+// The softmax-attention kernels the codegen-cuda_attention test runs on the host emulation:
+// every mask and modifier of the op, a user score modifier and predicate, GQA, varlen with an
+// empty sequence, D = 64 / 128 with Dv != D, f16 / bf16 / f32, and a sweep of tiles. Sizes
+// are small (one std::thread per CUDA thread) but span several tiles and partial ones.
+// attention_emit renders them at build time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ladle/codegen/cuda_attention.h>
+#include <ladle/dsl/dsl.h>
+#include <ladle/ops/attention.h>
+
+namespace attention_cases {
+
+using ladle::ElementType;
+
+struct Case {
+  std::string name;
+  ladle::ir::AttentionVariant variant;
+  ElementType type = ElementType::bf16;  // q, k, v and o
+  int B = 1, Tq = 48, Tk = 48, H = 2, H_kv = 2, D = 64, Dv = 64;
+  ladle::cuda::AttentionTile tile{64, 32, 4, 2};
+  bool lse = true;
+  std::vector<std::int64_t> cu_seqlens_q, cu_seqlens_k;  // both or neither
+  std::int64_t window_left = -1, window_right = -1;
+  int sinks = 0;
+  float dropout_p = 0;
+  ElementType segment_type = ElementType::i64;
+  bool user_alibi = false;  // the user variant below (slope, keep predicate)
+  bool async_copy = true;   // cp.async staging (16-bit inputs only)
+
+  ladle::cuda::AttentionKernelSpec spec() const {
+    ladle::cuda::AttentionKernelSpec s;
+    for (const ladle::ir::Input& in : variant.inputs)
+      s.input_types.push_back(in.kind == ladle::ir::InputKind::scalar ? ElementType::f32
+                              : in.role != ladle::ir::Role::other     ? type
+                              : in.name == "attention_mask"           ? ElementType::u8
+                                                                      : ElementType::f32);
+    s.output_type = type;
+    s.D = D;
+    s.Dv = Dv;
+    s.varlen = !cu_seqlens_q.empty();
+    s.lse = lse;
+    s.q_segment_ids_type = s.kv_segment_ids_type = segment_type;
+    s.async_copy = async_copy;
+    s.tile = tile;
+    return s;
+  }
+};
+
+// ALiBi as a user writes it, with a user predicate over the indices, the head and the batch:
+//   logit = score * scale - slope[h] * (i - j);  keep j < 2 i + 3 || h + b == 1
+inline ladle::ir::AttentionVariant user_alibi() {
+  namespace dsl = ladle::dsl;
+  const auto logit = dsl::score * dsl::scalar("scale") - dsl::head_param("slope") * (dsl::query_index - dsl::key_index);
+  const auto keep = dsl::key_index < dsl::query_index * 2.0f + 3.0f || dsl::head_index + dsl::batch_index == 1.0f;
+  return dsl::lower(dsl::softmax(logit).mask(keep), "user_alibi");
+}
+
+inline Case make(std::string name, ladle::ir::AttentionVariant variant) {
+  Case c;
+  c.name = std::move(name);
+  c.variant = std::move(variant);
+  return c;
+}
+
+inline std::vector<Case> all() {
+  const auto variant = [](const char* list) { return ladle::attention_variant(ladle::parse_attention_features(list)); };
+  std::vector<Case> cases;
+  const auto add = [&](Case c) { cases.push_back(std::move(c)); };
+  {
+    Case c = make("plain, bf16, D=64, two batch rows", variant(""));
+    c.B = 2, c.Tq = 50, c.Tk = 50;
+    add(c);
+  }
+  {
+    Case c = make("causal, Tq == Tk, f16", variant("causal"));
+    c.type = ElementType::f16, c.Tq = c.Tk = 70;
+    add(c);
+  }
+  {
+    Case c = make("causal, Tq < Tk (queries at the end), single stage", variant("causal"));
+    c.Tq = 20, c.Tk = 75, c.tile.stages = 1;
+    add(c);
+  }
+  {
+    Case c = make("causal, Tq > Tk (early rows see nothing)", variant("causal"));
+    c.Tq = 75, c.Tk = 20;
+    add(c);
+  }
+  {
+    Case c = make("sliding window (5, 3), smaller than a tile", variant("window"));
+    c.Tq = c.Tk = 90, c.window_left = 5, c.window_right = 3;
+    add(c);
+  }
+  {
+    Case c = make("causal + sliding window (40, -1) spanning tiles, f16", variant("causal,window"));
+    c.type = ElementType::f16, c.Tq = c.Tk = 110, c.window_left = 40;
+    add(c);
+  }
+  {
+    Case c = make("soft cap + bias, Tq != Tk", variant("bias,softcap"));
+    c.Tq = 40, c.Tk = 56;
+    add(c);
+  }
+  {
+    Case c = make("user ALiBi score and keep predicate, f16, two batch rows", user_alibi());
+    c.type = ElementType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
+    add(c);
+  }
+  {
+    Case c = make("attention_mask (u8) and segment ids (i32)", variant("mask,segments"));
+    c.Tq = c.Tk = 60, c.segment_type = ElementType::i32;
+    add(c);
+  }
+  {
+    Case c = make("segment ids (i64), causal", variant("causal,segments"));
+    c.Tq = c.Tk = 60;
+    add(c);
+  }
+  {
+    Case c = make("sinks (3), causal, Tq > Tk", variant("causal,sinks"));
+    c.Tq = 50, c.Tk = 30, c.sinks = 3;
+    add(c);
+  }
+  {
+    Case c = make("dropout 0.25, causal", variant("causal,dropout"));
+    c.Tq = c.Tk = 45, c.dropout_p = 0.25f;
+    add(c);
+  }
+  {
+    Case c = make("GQA 4:2, D=128, Dv=64, 128x64 tile, 8 warps", variant("causal"));
+    c.H = 4, c.H_kv = 2, c.D = 128, c.Dv = 64, c.Tq = c.Tk = 140, c.tile = {128, 64, 8, 2};
+    add(c);
+  }
+  {
+    Case c = make("GQA 4:1, D=128, Dv=128, f16, 64x128 tile", variant("sinks"));
+    c.type = ElementType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = 150, c.tile = {64, 128, 4, 2};
+    c.sinks = 2;
+    add(c);
+  }
+  {
+    Case c = make("varlen, uneven lengths and an empty sequence, causal", variant("causal"));
+    c.cu_seqlens_q = {0, 30, 30, 100, 101}, c.cu_seqlens_k = {0, 45, 45, 115, 140};
+    c.Tq = 101, c.Tk = 140;
+    add(c);
+  }
+  {
+    Case c = make("varlen with bias, window and dropout, D=32 Dv=48", variant("bias,window,dropout"));
+    c.cu_seqlens_q = {0, 40, 77}, c.cu_seqlens_k = {0, 33, 90};
+    c.Tq = 77, c.Tk = 90, c.D = 32, c.Dv = 48, c.window_left = 12, c.window_right = 20, c.dropout_p = 0.1f;
+    add(c);
+  }
+  {
+    Case c = make("f32 inputs (split bf16 operands), causal", variant("causal,softcap"));
+    c.type = ElementType::f32, c.Tq = c.Tk = 40, c.D = 32, c.Dv = 32;
+    add(c);
+  }
+  {
+    Case c = make("bf16 without cp.async (strided copy path), window", variant("window"));
+    c.Tq = c.Tk = 70, c.window_left = 20, c.window_right = 20, c.async_copy = false;
+    add(c);
+  }
+  return cases;
+}
+
+}  // namespace attention_cases

@@ -1,0 +1,361 @@
+// The softmax-attention CUDA generator. Without a GPU its kernels are checked by running them
+// on the host emulation of CUDA (tensor-core fragments, quad shuffles and cp.async included)
+// against the fp64 reference, with arguments bound by the op's own checks and packed by the
+// GPU launcher's own packing; and by NVRTC, which must compile the family for every flag
+// combination (PTX) and a sweep of tiles for sm_90a without spills.
+#include <catch2/catch.hpp>
+
+#include <ladle/codegen/cuda_attention.h>
+#include <ladle/ops/attention_bind.h>
+#include <ladle/ops/gpu_attention.h>
+#include <ladle/runtime/compiler.h>
+#include <ladle/runtime/error.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "reference/attention_reference.h"
+#include "support/tensors.h"
+
+namespace cuda_emulation {
+// 16-byte chunks staged into shared memory (copied or zero-filled): what tile skipping saves.
+inline std::atomic<long long> staged_chunks{0};
+}  // namespace cuda_emulation
+#define LADLE_COUNT_STAGED() ::cuda_emulation::staged_chunks.fetch_add(1, std::memory_order_relaxed)
+#include "cuda_emulation.h"
+
+#include "attention_cases.h"
+#include "attention_kernels.inc"
+
+using namespace ladle;
+using attention_cases::Case;
+
+namespace {
+
+// Random inputs of a case, bound as the op binds them, and the fp64 reference's view of them.
+struct Bound {
+  std::deque<HostTensor> store;
+  ops::AttentionArgs args;
+  reference::Attention ref;
+  HostTensor o, lse;
+};
+
+HostTensor integers(ElementType type, std::vector<std::int64_t> shape, const std::vector<std::int64_t>& values) {
+  HostTensor t(type, std::move(shape), 0.0f);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (type == ElementType::i64) std::memcpy(static_cast<char*>(t.data()) + 8 * i, &values[i], 8);
+    else {
+      const std::int32_t v = static_cast<std::int32_t>(values[i]);
+      std::memcpy(static_cast<char*>(t.data()) + 4 * i, &v, 4);
+    }
+  }
+  return t;
+}
+
+Bound bind(const Case& c, std::uint64_t seed) {
+  Bound bound;
+  std::mt19937_64 rng(seed);
+  auto& ref = bound.ref;
+  ref.B = c.B, ref.Tq = c.Tq, ref.Tk = c.Tk, ref.H = c.H, ref.H_kv = c.H_kv, ref.D = c.D, ref.Dv = c.Dv;
+  const auto keep = [&](test::Filled f, std::vector<double>* values) {
+    if (values) *values = std::move(f.values);
+    return bound.store.emplace_back(std::move(f.tensor)).view();
+  };
+  const TensorView q = keep(test::normal(rng, c.type, {c.B, c.Tq, c.H, c.D}), &ref.q);
+  const TensorView k = keep(test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.D}), &ref.k);
+  const TensorView v = keep(test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.Dv}), &ref.v);
+  VariantInputs inputs;
+  AttentionRunOptions options;
+  const float scale = 1.5f / std::sqrt(static_cast<float>(c.D));  // logits of a few units: softmax not flat
+  ref.scale = scale;
+  std::vector<double> slopes;
+  for (const ir::Input& in : c.variant.inputs) {
+    if (in.name == "scale") inputs.scalars["scale"] = scale;
+    if (in.name == "logits_soft_cap") inputs.scalars[in.name] = 2.0f, ref.soft_cap = 2.0f;
+    if (in.name == "bias") inputs.tensors[in.name] = keep(test::normal(rng, ElementType::f32, {c.B, c.H, c.Tq, c.Tk}), &ref.bias);
+    if (in.name == "slope") {
+      inputs.tensors[in.name] = keep(test::filled(ElementType::f32, {c.H}, [&, h = 0]() mutable { return 0.05 * ++h; }), &slopes);
+      ref.score_mod = [slopes](double s, int, int h, int i, int j) { return s - static_cast<float>(slopes[h]) * static_cast<float>(i - j); };
+      ref.keep = [](int b, int h, int i, int j) { return j < 2 * i + 3 || h + b == 1; };
+    }
+    if (in.name == "attention_mask") {
+      std::bernoulli_distribution attend(0.8);
+      HostTensor mask(ElementType::u8, {c.B, 1, c.Tq, c.Tk}, 0.0f);
+      auto* bytes = static_cast<unsigned char*>(mask.data());
+      ref.mask.assign(std::size_t(c.B) * c.H * c.Tq * c.Tk, false);
+      for (std::int64_t e = 0; e < mask.numel(); ++e) bytes[e] = attend(rng) ? 1 : 0;
+      for (int b = 0; b < c.B; ++b)
+        for (int h = 0; h < c.H; ++h)
+          for (std::int64_t e = 0; e < std::int64_t(c.Tq) * c.Tk; ++e)
+            ref.mask[(std::size_t(b) * c.H + h) * c.Tq * c.Tk + e] = bytes[b * std::int64_t(c.Tq) * c.Tk + e] != 0;
+      inputs.tensors[in.name] = bound.store.emplace_back(std::move(mask)).view();
+    }
+  }
+  if (c.variant.window) options.window_left = c.window_left, options.window_right = c.window_right;
+  ref.window = c.variant.window, ref.window_left = c.window_left, ref.window_right = c.window_right;
+  ref.causal = c.variant.causal;
+  if (c.variant.segment_ids) {
+    const auto segments = [&](int T, int run) {
+      std::vector<std::int64_t> ids;
+      for (int b = 0; b < c.B; ++b)
+        for (int t = 0; t < T; ++t) ids.push_back(t / run + b);
+      return ids;
+    };
+    ref.q_segment_ids = segments(c.Tq, 20), ref.kv_segment_ids = segments(c.Tk, 20);
+    options.q_segment_ids = bound.store.emplace_back(integers(c.segment_type, {c.B, c.Tq}, ref.q_segment_ids)).view();
+    options.kv_segment_ids = bound.store.emplace_back(integers(c.segment_type, {c.B, c.Tk}, ref.kv_segment_ids)).view();
+  }
+  if (c.variant.sinks) {
+    options.softmax_aux = keep(test::normal(rng, ElementType::f32, {c.H, c.sinks}), &ref.sinks);
+    ref.S = c.sinks;
+  }
+  if (c.variant.dropout) {
+    options.dropout_p = c.dropout_p, options.seed = seed * 7 + 1;
+    ref.dropout_p = c.dropout_p, ref.seed = options.seed;
+  }
+  if (!c.cu_seqlens_q.empty()) {
+    const auto n = static_cast<std::int64_t>(c.cu_seqlens_q.size());
+    options.cu_seqlens_q = bound.store.emplace_back(integers(ElementType::i64, {n}, c.cu_seqlens_q)).view();
+    options.cu_seqlens_k = bound.store.emplace_back(integers(ElementType::i64, {n}, c.cu_seqlens_k)).view();
+    ref.cu_seqlens_q = c.cu_seqlens_q, ref.cu_seqlens_k = c.cu_seqlens_k;
+  }
+  options.return_lse = c.lse;
+  bound.args = ops::bind_attention(c.name, c.variant, q, k, v, inputs, options);
+  bound.o = HostTensor(c.type, bound.args.output_shape());  // NaN: a skipped element stands out
+  AttentionOutputs outputs{bound.o.view(), std::nullopt};
+  if (c.lse) {
+    bound.lse = HostTensor(ElementType::f32, bound.args.lse_shape());
+    outputs.lse = bound.lse.view();
+  }
+  ops::bind_attention_outputs(c.name, options, outputs, bound.args);
+  return bound;
+}
+
+void run_emulated(std::size_t index, const cuda::AttentionKernel& kernel, const ops::AttentionArgs& args) {
+  KernelArgs packed = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data());
+  std::int64_t rows = args.Tq;
+  if (!args.cu_seqlens_q.empty()) {
+    rows = 0;
+    for (std::size_t n = 0; n + 1 < args.cu_seqlens_q.size(); ++n) rows = std::max(rows, args.cu_seqlens_q[n + 1] - args.cu_seqlens_q[n]);
+  }
+  const unsigned grid_x = static_cast<unsigned>((rows + kernel.block_m - 1) / kernel.block_m);
+  cuda_emulation::launch(grid_x, static_cast<unsigned>(args.N * args.H), kernel.threads,
+                         [&] { emulated_kernels[index].launch(packed.data()); });
+}
+
+}  // namespace
+
+TEST_CASE("attention: the source opens with the variant, its expressions, config and launch", "[codegen][attention]") {
+  const Case c = attention_cases::all()[7];  // the user ALiBi variant
+  const cuda::AttentionKernel kernel = cuda::generate_attention(c.variant, c.spec());
+  INFO(kernel.source);
+  CHECK_THAT(kernel.source, Catch::StartsWith("// ladle: attention kernel " + kernel.name + "\n"));
+  std::istringstream printed(ir::to_string(c.variant));
+  for (std::string line; std::getline(printed, line);) CHECK_THAT(kernel.source, Catch::Contains("// " + line + "\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("// logit = "));
+  CHECK_THAT(kernel.source, Catch::Contains("// keep  = "));
+  CHECK_THAT(kernel.source, Catch::Contains("// config: block_m=64 block_n=32 warps=4 stages=2 (128 threads), D=64 Dv=64\n"));
+  CHECK_THAT(kernel.source, Catch::Contains("Hopper wgmma is not used yet"));
+  CHECK_THAT(kernel.source, Catch::Contains("dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes"));
+  CHECK_THAT(kernel.source, Catch::Contains("ladle_mma_f16("));
+  CHECK_THAT(kernel.source, Catch::Contains("row_max"));
+  CHECK_THAT(kernel.source, Catch::Contains("o_acc"));
+  CHECK_THAT(kernel.source, Catch::Contains("slope_value"));
+  CHECK(kernel.threads == 128);
+  CHECK(kernel.block_m == 64);
+  CHECK(kernel.shared_bytes == cuda::attention_shared_bytes(c.tile, 64, 64, false));
+  Case other = c;
+  other.tile.stages = 1;
+  CHECK(cuda::generate_attention(other.variant, other.spec()).name != kernel.name);
+  CHECK(cuda::generate_attention(c.variant, c.spec()).source == kernel.source);
+}
+
+TEST_CASE("attention: tiles are validated", "[codegen][attention]") {
+  CHECK(cuda::validate_attention_tile({128, 64, 8, 2}, 128, 128).empty());
+  CHECK(cuda::validate_attention_tile(cuda::default_attention_tile(256, 64), 256, 64).empty());
+  // D = Dv = 256 would keep 64 q values and 128 o values per thread in registers: it spills.
+  CHECK_THAT(cuda::validate_attention_tile(cuda::default_attention_tile(256, 256), 256, 256).front(), Catch::Contains("registers"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 64, 4, 2}, 128, 128).front(), Catch::Contains("block_m = 16 * warps"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 48, 8, 2}, 128, 128).front(), Catch::Contains("block_n = 48"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 3}, 128, 128).front(), Catch::Contains("stages = 3"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 2}, 72, 64).front(), Catch::Contains("D = 72"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2}, 256, 256).front(), Catch::Contains("registers"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2}, 128, 128, 100 * 1024).front(), Catch::Contains("shared memory"));
+  cuda::AttentionKernelSpec spec = attention_cases::all()[0].spec();
+  spec.tile.warps = 3;
+  REQUIRE_THROWS_WITH(cuda::generate_attention(attention_cases::all()[0].variant, spec), Catch::Contains("warps = 3"));
+  spec = attention_cases::all()[0].spec();
+  spec.input_types.pop_back();
+  REQUIRE_THROWS_AS(cuda::generate_attention(attention_cases::all()[0].variant, spec), InvalidArgument);
+}
+
+TEST_CASE("attention: every kernel, run on the host emulation of CUDA, matches the fp64 reference", "[codegen][attention][emulation]") {
+  const auto cases = attention_cases::all();
+  REQUIRE(std::size(emulated_kernels) == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const cuda::AttentionKernel kernel = cuda::generate_attention(c.variant, c.spec());
+    INFO(c.name << " (" << kernel.name << ", " << cuda::to_string(c.tile) << ")");
+    REQUIRE(kernel.name == emulated_kernels[i].name);
+    REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
+    Bound bound = bind(c, 3000 + i);
+    run_emulated(i, kernel, bound.args);
+    const reference::AttentionOutput want = reference::attention(bound.ref);
+    // 16-bit inputs: 1e-2; fp32 inputs through split bf16 operands: DESIGN.md's 2e-3 for
+    // fp32 through tensor cores.
+    const double tolerance = c.type == ElementType::f32 ? 2e-3 : 1e-2;
+    const double error = test::relative_error(bound.o, want.o);
+    INFO("relative error of o: " << error);
+    CHECK(error < tolerance);
+    if (c.lse) {
+      const std::vector<double> got = test::values_of(bound.lse);
+      int wrong = 0, empty_rows = 0;
+      for (std::size_t e = 0; e < got.size(); ++e) {
+        if (std::isinf(want.lse[e])) {
+          ++empty_rows;
+          wrong += !(std::isinf(got[e]) && got[e] < 0);
+        } else {
+          wrong += !(std::abs(got[e] - want.lse[e]) <= 2e-2 * std::max(1.0, std::abs(want.lse[e])));
+        }
+      }
+      INFO("rows with nothing attended: " << empty_rows);
+      CHECK(wrong == 0);
+    }
+  }
+}
+
+TEST_CASE("attention: a sliding window stages only the key tiles its rows can reach", "[codegen][attention][emulation]") {
+  const auto cases = attention_cases::all();
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    if (!c.variant.window && !c.variant.causal) continue;
+    if (!c.cu_seqlens_q.empty() || !c.async_copy || c.type == ElementType::f32) continue;
+    INFO(c.name);
+    const cuda::AttentionKernel kernel = cuda::generate_attention(c.variant, c.spec());
+    Bound bound = bind(c, 4000 + i);
+    cuda_emulation::staged_chunks = 0;
+    run_emulated(i, kernel, bound.args);
+    // The tiles with at least one attended key for some row of the block, by definition.
+    const int diagonal = c.Tk - c.Tq, bm = c.tile.block_m, bn = c.tile.block_n;
+    long long expected = 0, all_tiles = 0;
+    for (int m0 = 0; m0 < c.Tq; m0 += bm) {
+      expected += static_cast<long long>(bm) * c.D / 8;  // the q tile
+      all_tiles += static_cast<long long>(bm) * c.D / 8;
+      for (int j0 = 0; j0 < c.Tk; j0 += bn) {
+        bool needed = false;
+        for (int row = m0; row < std::min(m0 + bm, c.Tq) && !needed; ++row)
+          for (int j = j0; j < std::min(j0 + bn, c.Tk) && !needed; ++j) {
+            bool in = true;
+            if (c.variant.causal && j > row + diagonal) in = false;
+            if (c.variant.window && c.window_left >= 0 && j < row + diagonal - c.window_left) in = false;
+            if (c.variant.window && c.window_right >= 0 && j > row + diagonal + c.window_right) in = false;
+            needed = in;
+          }
+        const long long chunks = static_cast<long long>(bn) * (c.D + c.Dv) / 8;
+        expected += needed ? chunks : 0;
+        all_tiles += chunks;
+      }
+    }
+    expected *= c.B * c.H, all_tiles *= c.B * c.H;
+    INFO("staged " << cuda_emulation::staged_chunks << " chunks; every tile would be " << all_tiles);
+    CHECK(cuda_emulation::staged_chunks == expected);
+  }
+}
+
+// ---- NVRTC
+
+namespace {
+
+cuda::AttentionKernelSpec spec_for(const ir::AttentionVariant& variant, ElementType type, int D, int Dv) {
+  cuda::AttentionKernelSpec spec;
+  for (const ir::Input& in : variant.inputs)
+    spec.input_types.push_back(in.role != ir::Role::other ? type : in.name == "attention_mask" ? ElementType::u8 : ElementType::f32);
+  spec.output_type = type;
+  spec.D = D, spec.Dv = Dv;
+  spec.tile = cuda::default_attention_tile(D, Dv);
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("attention: NVRTC compiles the family for every mask and modifier combination (PTX)", "[codegen][attention][nvrtc]") {
+  const char* names[] = {"causal", "window", "segments", "mask", "sinks", "dropout", "bias", "softcap"};
+  int compiled = 0;
+  for (int bits = 0; bits < 64; ++bits) {
+    std::string list;
+    for (int f = 0; f < 6; ++f)
+      if (bits & (1 << f)) list += std::string(list.empty() ? "" : ",") + names[f];
+    if (bits % 2 == 0) list += std::string(list.empty() ? "" : ",") + "bias";
+    if (bits % 3 == 0) list += std::string(list.empty() ? "" : ",") + "softcap";
+    const ir::AttentionVariant& variant = attention_variant(parse_attention_features(list));
+    auto spec = spec_for(variant, bits % 4 == 1 ? ElementType::f16 : ElementType::bf16, 128, 128);
+    spec.varlen = bits % 5 == 0;
+    spec.lse = bits % 2 == 1;
+    INFO(list);
+    const auto result = gpu::compile_attention(variant, spec, "compute_80");
+    REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
+    REQUIRE(result.program.ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos);
+    REQUIRE(result.program.ptx.find("cp.async") != std::string::npos);
+    ++compiled;
+  }
+  const auto user = gpu::compile_attention(attention_cases::user_alibi(), spec_for(attention_cases::user_alibi(), ElementType::f16, 64, 64), "compute_80");
+  CHECK(user.program.ptx.find(".entry " + user.kernel.name) != std::string::npos);
+  CHECK(compiled == 64);
+}
+
+TEST_CASE("attention: sm_90a cubins at D = 64 and 128 and over a sweep of tiles fit without spills; sm_80 too", "[codegen][attention][nvrtc]") {
+  struct Item {
+    const char* features;
+    ElementType type;
+    int D, Dv;
+    cuda::AttentionTile tile;
+  };
+  std::vector<Item> items;
+  for (int D : {64, 128})
+    for (const char* f : {"causal", "window,softcap", "causal,sinks", "bias,mask,segments,dropout"})
+      items.push_back({f, ElementType::bf16, D, D, cuda::default_attention_tile(D, D)});
+  items.push_back({"causal", ElementType::f16, 128, 128, cuda::default_attention_tile(128, 128)});
+  items.push_back({"causal", ElementType::f32, 128, 128, {128, 32, 8, 2}});
+  items.push_back({"causal", ElementType::bf16, 256, 64, cuda::default_attention_tile(256, 64)});
+  items.push_back({"causal", ElementType::bf16, 128, 64, cuda::default_attention_tile(128, 64)});
+  for (int block_m : {64, 128})
+    for (int block_n : {32, 64, 128})
+      for (int stages : {1, 2}) {
+        const cuda::AttentionTile tile{block_m, block_n, block_m / 16, stages};
+        if (cuda::validate_attention_tile(tile, 128, 128, 227 * 1024).empty()) items.push_back({"causal", ElementType::bf16, 128, 128, tile});
+      }
+  CHECK(items.size() >= 20);
+  for (const Item& item : items) {
+    const ir::AttentionVariant& variant = attention_variant(parse_attention_features(item.features));
+    auto spec = spec_for(variant, item.type, item.D, item.Dv);
+    spec.tile = item.tile;
+    spec.lse = true;
+    const auto result = gpu::compile_attention(variant, spec, "sm_90a");
+    const auto* r = result.program.resources(result.kernel.name);
+    REQUIRE(r != nullptr);
+    const std::string line = std::string(item.features) + " " + element_type_name(item.type) + " D=" + std::to_string(item.D) +
+                             " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) + ": " +
+                             std::to_string(r->registers) + " registers, " + std::to_string(r->spill_store_bytes) +
+                             " bytes spilled, " + std::to_string(result.kernel.shared_bytes) + " bytes of shared memory";
+    std::cout << "sm_90a " << line << "\n";
+    INFO(line);
+    CHECK(r->registers > 0);
+    CHECK(r->spill_store_bytes == 0);
+    CHECK(result.kernel.shared_bytes <= 227 * 1024);
+  }
+  const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
+  auto spec = spec_for(causal, ElementType::bf16, 128, 128);
+  REQUIRE(cuda::validate_attention_tile(spec.tile, 128, 128, 163 * 1024).empty());
+  const auto result = gpu::compile_attention(causal, spec, "sm_80");
+  const auto* r = result.program.resources(result.kernel.name);
+  REQUIRE(r != nullptr);
+  std::cout << "sm_80 causal bf16 D=128 " << cuda::to_string(spec.tile) << ": " << r->registers << " registers, "
+            << r->spill_store_bytes << " bytes spilled\n";
+  CHECK(r->spill_store_bytes == 0);
+}
