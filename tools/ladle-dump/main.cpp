@@ -4,6 +4,9 @@
 //   ladle-dump --op gla|recurrent [--gates g,gk,gv,g_gamma] [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states]   (the generated kernel)
+//   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
+//              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2] [--varlen] [--lse]
+//              (with --op attention, -D is the head dim; otherwise a preprocessor definition)
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,7 +17,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <ladle/ops/attention.h>
 #include <ladle/ops/gla.h>
+#include <ladle/ops/gpu_attention.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/compiler.h>
@@ -80,7 +85,7 @@ int main(int argc, char** argv) {
   bool reverse = false, varlen = false, states = false;
   auto* file_option = app.add_option("file", file, "a CUDA C++ source file (.cu)")->check(CLI::ExistingFile);
   auto* op_option = app.add_option("--op", op, "show the kernel ladle generates for an op")
-                        ->check(CLI::IsMember({"gla", "recurrent"}));
+                        ->check(CLI::IsMember({"gla", "recurrent", "attention"}));
   file_option->excludes(op_option);
   app.add_option("--gates", gates, "recurrent: comma-separated gates among g,gk,gv,g_gamma; gla: g_gamma adds it");
   app.add_option("--dtype", dtype, "input and output dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
@@ -90,13 +95,20 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo, "the kernel family: recurrent (token by token) or chunked (tensor cores)")
       ->check(CLI::IsMember({"recurrent", "chunked"}));
   app.add_option("--tile", tile_text,
-                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps (default: the heuristic for K and V)");
+                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps; attention: block_m,block_n,warps,stages (default: the heuristic)");
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--states", states, "initial and final states");
+  std::string masks, mods;
+  int value_head_dim = 0;
+  bool lse = false;
+  app.add_option("--mask", masks, "attention: comma-separated among causal,window,segments,mask,sinks,dropout");
+  app.add_option("--mods", mods, "attention: comma-separated score modifiers among bias,softcap");
+  app.add_option("--dv", value_head_dim, "attention: the value head dim (default: D)");
+  app.add_flag("--lse", lse, "attention: also write the log-sum-exp");
   app.add_option("--arch", arch,
                  "target, e.g. sm_90a or compute_80 (default: this GPU, else sm_80)");
-  app.add_option("-D,--define", defines, "preprocessor definitions passed to NVRTC (NAME=VALUE)");
+  app.add_option("-D,--define", defines, "preprocessor definitions passed to NVRTC (NAME=VALUE); with --op attention: the head dim");
   app.add_flag("--sass", sass, "also disassemble the cubin with cuobjdump");
   app.add_option("--only", only, "print one part only")
       ->check(CLI::IsMember({"source", "ptx", "resources", "path"}));
@@ -108,7 +120,36 @@ int main(int argc, char** argv) {
 
   try {
     ladle::CompiledProgram program;
-    if (!op.empty()) {
+    if (op == "attention") {
+      // -D is the head dim here (as the op's docs write it), a definition for .cu files.
+      int head_dim = 128;
+      if (defines.size() > 1 || (defines.size() == 1 && defines[0].find_first_not_of("0123456789") != std::string::npos))
+        throw ladle::InvalidArgument("ladle-dump: with --op attention, -D takes the head dim (e.g. -D 128)");
+      if (!defines.empty()) head_dim = std::stoi(defines[0]);
+      const int dv = value_head_dim > 0 ? value_head_dim : head_dim;
+      const std::string list = masks + (!masks.empty() && !mods.empty() ? "," : "") + mods;
+      const ladle::ir::AttentionVariant& variant = ladle::attention_variant(ladle::parse_attention_features(list));
+      const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
+      ladle::cuda::AttentionKernelSpec spec;
+      for (const auto& input : variant.inputs)
+        spec.input_types.push_back(input.role != ladle::ir::Role::other ? type
+                                   : input.name == "attention_mask"     ? ladle::ElementType::u8
+                                                                        : ladle::ElementType::f32);
+      spec.output_type = type;
+      spec.D = head_dim, spec.Dv = dv;
+      spec.varlen = varlen;
+      spec.lse = lse;
+      spec.tile = ladle::cuda::default_attention_tile(head_dim, dv);
+      if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &spec.tile.block_m, &spec.tile.block_n,
+                                            &spec.tile.warps, &spec.tile.stages) != 4)
+        throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_m,block_n,warps,stages");
+      if (auto problems = ladle::cuda::validate_attention_tile(spec.tile, head_dim, dv, 0, ladle::cuda::attention_split_f32(variant, spec));
+          !problems.empty())
+        throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
+      program = ladle::gpu::compile_attention(variant, spec, arch).program;
+      std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}\n", ladle::ir::hash_hex(variant),
+                               ladle::cuda::to_string(spec.tile), head_dim, dv, dtype);
+    } else if (!op.empty()) {
       const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
       const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
       ladle::cuda::KernelTypes types;
