@@ -144,7 +144,10 @@ KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& par
   return packed;
 }
 
-void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch) {
+namespace {
+
+void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch,
+                      const std::optional<cuda::AttentionTile>& tile) {
   const std::string op = op_name(variant);
   if (args.lse) {
     const TensorView& lse = *args.lse;
@@ -158,7 +161,7 @@ void run_attention_into(const ir::AttentionVariant& variant, const ops::Attentio
   if (args.Tq > INT32_MAX || args.Tk > INT32_MAX)
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernel indexes tokens with 32-bit ints", op, args.Tq, args.Tk));
 
-  const cuda::AttentionKernelSpec spec = attention_kernel_spec(variant, args);
+  const cuda::AttentionKernelSpec spec = attention_kernel_spec(variant, args, tile);
   const std::string arch = Device::get().properties().arch();
   const auto& loaded = detail::loaded_kernel<cuda::AttentionKernel>(
       spec_key(variant, spec), arch, [&](const std::string& target) { return compile_attention(variant, spec, target); });
@@ -181,6 +184,17 @@ void run_attention_into(const ir::AttentionVariant& variant, const ops::Attentio
     if (launch.stream) launch.stream->synchronize();
     else Device::get().synchronize();
   }
+}
+
+}  // namespace
+
+void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch) {
+  launch_attention(variant, args, launch, std::nullopt);
+}
+
+void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch,
+                        const cuda::AttentionTile& tile) {
+  launch_attention(variant, args, launch, tile);
 }
 
 }  // namespace ladle::gpu

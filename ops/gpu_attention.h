@@ -47,5 +47,8 @@ KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& par
 // without a GPU.
 void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                         const LaunchOptions& launch = {});
+// The same with a named tile (benchmarks, the autotuner) instead of the heuristic one.
+void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch,
+                        const cuda::AttentionTile& tile);
 
 }  // namespace ladle::gpu

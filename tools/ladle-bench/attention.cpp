@@ -1,0 +1,146 @@
+// ladle-bench-attention: the softmax-attention forward on the GPU at one shape, for the
+// side-by-side table with PyTorch SDPA and FlexAttention (bench/attention_bench.py; both run
+// in one call of bench/gpu-check.sh attention). Inputs are random bf16 on the device.
+//   --case causal            causal, H = H_kv
+//   --case window_softcap    sliding window (1024, 0) + soft cap 30
+//   --case sinks_gqa         causal + 4 sinks, GQA H:H_kv = 16:2
+// Prints one JSON line per tile tried:
+//   {"op":"attention_causal","impl":"ladle","shape":"B8 T4096 H16 D128 bf16","tile":"...","ms":...,"TFLOPs":...}
+// where TFLOP/s counts 4 * D flops per attended (query, key) pair (q k^T and P V).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <ladle/ops/attention.h>
+#include <ladle/ops/attention_bind.h>
+#include <ladle/ops/gpu_attention.h>
+#include <ladle/runtime/driver.h>
+
+#include "device_fill.h"
+
+namespace {
+
+// Attended (query, key) pairs of one sequence and head: causal keeps j <= i, the window
+// keeps i - left <= j <= i + right (Tq = Tk).
+double attended_pairs(long long T, bool causal, long long left, long long right) {
+  double pairs = 0;
+  for (long long i = 0; i < T; ++i) {
+    long long lo = 0, hi = T - 1;
+    if (causal) hi = std::min(hi, i);
+    if (left >= 0) lo = std::max(lo, i - left);
+    if (right >= 0) hi = std::min(hi, i + right);
+    pairs += static_cast<double>(std::max(0LL, hi - lo + 1));
+  }
+  return pairs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ladle-bench-attention"};
+  int B = 8, T = 4096, H = 16, D = 128, reps = 20, window = 1024, sinks = 4, H_kv_gqa = 2;
+  std::string which = "causal";
+  std::vector<std::string> tiles;
+  app.add_option("-B", B);
+  app.add_option("-T", T);
+  app.add_option("-H", H);
+  app.add_option("-D", D, "head dim (D = Dv)");
+  app.add_option("--reps", reps);
+  app.add_option("--case", which)->check(CLI::IsMember({"causal", "window_softcap", "sinks_gqa"}));
+  app.add_option("--window", window, "window_softcap: keys before the diagonal");
+  app.add_option("--tile", tiles, "block_m,block_n,warps,stages (repeatable); default: the heuristic");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (!ladle::driver_available()) {
+      std::fprintf(stderr, "ladle-bench-attention: needs a GPU: %s\n", ladle::driver_unavailable_reason().c_str());
+      return 1;
+    }
+    auto& device = ladle::Device::get();
+    const int H_kv = which == "sinks_gqa" ? H_kv_gqa : H;
+    const long long n_q = 1LL * B * T * H * D, n_kv = 1LL * B * T * H_kv * D;
+    ladle::DeviceBuffer q(n_q * 2), k(n_kv * 2), v(n_kv * 2), o(n_q * 2), aux(static_cast<std::size_t>(H) * sinks * 4);
+    ladle::bench::fill_bf16(q, 1, false);
+    ladle::bench::fill_bf16(k, 2, false);
+    ladle::bench::fill_bf16(v, 3, false);
+    std::vector<float> sink_logits(static_cast<std::size_t>(H) * sinks);
+    for (std::size_t s = 0; s < sink_logits.size(); ++s) sink_logits[s] = 0.5f * static_cast<float>(s % 4);
+    aux.copy_from_host(sink_logits.data(), sink_logits.size() * 4);
+    device.synchronize();
+
+    const auto view = [](const ladle::DeviceBuffer& b, ladle::ElementType type, std::vector<std::int64_t> shape) {
+      return ladle::TensorView::contiguous(reinterpret_cast<const void*>(b.device_ptr()), type, std::move(shape));
+    };
+    const auto bf16 = ladle::ElementType::bf16;
+    const auto qv = view(q, bf16, {B, T, H, D}), kv = view(k, bf16, {B, T, H_kv, D}), vv = view(v, bf16, {B, T, H_kv, D});
+    const auto ov = view(o, bf16, {B, T, H, D});
+
+    ladle::AttentionFeatures features;
+    ladle::VariantInputs inputs;
+    inputs.scalars["scale"] = 1.0f / std::sqrt(static_cast<float>(D));
+    ladle::AttentionRunOptions options;
+    double pairs = 0;
+    if (which == "causal") {
+      features.causal = true;
+      pairs = attended_pairs(T, true, -1, -1);
+    } else if (which == "window_softcap") {
+      features.window = features.soft_cap = true;
+      inputs.scalars["logits_soft_cap"] = 30.0f;
+      options.window_left = window, options.window_right = 0;
+      pairs = attended_pairs(T, false, window, 0);
+    } else {
+      features.causal = features.sinks = true;
+      options.softmax_aux = view(aux, ladle::ElementType::f32, {H, sinks});
+      pairs = attended_pairs(T, true, -1, -1);
+    }
+    const ladle::ir::AttentionVariant& variant = ladle::attention_variant(features);
+    const double flops = 4.0 * D * pairs * B * H;
+    const std::string label = "attention_" + which;
+    const std::string shape = "B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) +
+                              (H_kv != H ? ":" + std::to_string(H_kv) : "") + " D" + std::to_string(D) + " bf16";
+
+    ladle::ops::AttentionArgs args = ladle::ops::bind_attention(label, variant, qv, kv, vv, inputs, options);
+    ladle::ops::bind_attention_outputs(label, options, {ov, std::nullopt}, args);
+    ladle::Stream stream;
+    ladle::Event e0, e1;
+    const ladle::gpu::LaunchOptions launch{&stream};
+    if (tiles.empty()) tiles.push_back("");
+    for (const auto& tile_text : tiles) {
+      try {
+        std::optional<ladle::cuda::AttentionTile> tile;
+        if (!tile_text.empty()) {
+          ladle::cuda::AttentionTile t;
+          if (std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &t.block_m, &t.block_n, &t.warps, &t.stages) != 4)
+            throw ladle::InvalidArgument("--tile expects block_m,block_n,warps,stages, got '" + tile_text + "'");
+          tile = t;
+        }
+        const ladle::cuda::AttentionKernelSpec spec = ladle::gpu::attention_kernel_spec(variant, args, tile);
+        for (int i = 0; i < 3; ++i) ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
+        std::vector<float> ms;
+        for (int i = 0; i < reps; ++i) {
+          e0.record(&stream);
+          ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
+          e1.record(&stream);
+          e1.synchronize();
+          ms.push_back(e0.elapsed_ms_to(e1));
+        }
+        std::sort(ms.begin(), ms.end());
+        const double median = ms[ms.size() / 2];
+        std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
+                    label.c_str(), shape.c_str(), ladle::cuda::to_string(spec.tile).c_str(), median,
+                    flops / (median * 1e-3) / 1e12);
+      } catch (const std::exception& e) {
+        std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"error\":\"%s\"}\n", label.c_str(),
+                    shape.c_str(), tile_text.c_str(), e.what());
+      }
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ladle-bench-attention: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
