@@ -36,11 +36,11 @@ void read_offsets(const Checker& check, const char* name, const TensorView& cu, 
 TensorView pair_view(const Checker& check, const std::string& name, const TensorView& view, const AttentionArgs& a) {
   const std::vector<std::int64_t> full = {a.B, a.H, a.Tq, a.Tk};
   const char* axes[4] = {"B", "H", "Tq", "Tk"};
-  bool ok = view.rank() >= 2 && view.rank() <= 4 && view.strides.size() == view.shape.size();
+  bool ok = view.rank() >= 1 && view.rank() <= 4 && view.strides.size() == view.shape.size();
   TensorView out = ok ? lead_with_ones(view, 4) : view;
   for (int d = 0; ok && d < 4; ++d) {
     if (out.shape[d] == full[d]) continue;
-    if (out.shape[d] == 1 && d < 2) {
+    if (out.shape[d] == 1) {
       out.shape[d] = full[d];
       out.strides[d] = 0;
       continue;
@@ -48,8 +48,9 @@ TensorView pair_view(const Checker& check, const std::string& name, const Tensor
     ok = false;
   }
   if (!ok) {
-    check.fail(fmt::format("{} has shape {}, expected [{}|1,{}|1,{},{}] = {} (B and H may be 1)", name,
-                           shape_text(view.shape), axes[0], axes[1], axes[2], axes[3], shape_text(full)));
+    check.fail(fmt::format("{} has shape {}, expected one that broadcasts to [{},{},{},{}] = {} (each axis its size "
+                           "or 1, leading axes may be left out)",
+                           name, shape_text(view.shape), axes[0], axes[1], axes[2], axes[3], shape_text(full)));
   }
   check.data(name.c_str(), view);
   return out;
