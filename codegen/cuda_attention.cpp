@@ -32,6 +32,8 @@ const std::set<std::string>& template_names() {
   return names;
 }
 
+int pad16(int x) { return (x + 15) / 16 * 16; }
+
 bool sixteen_bit(ElementType t) { return t == ElementType::f16 || t == ElementType::bf16; }
 
 // The 16-bit operand type of a product: f16 when both factors are f16, else bf16 (fp32
@@ -48,7 +50,7 @@ Operands operands(const ir::AttentionVariant& variant, const AttentionKernelSpec
   o.split = attention_split_f32(variant, spec);
   o.qk_f16 = !o.split && q == ElementType::f16 && k == ElementType::f16;
   o.pv_f16 = !o.split && v == ElementType::f16;
-  o.async = spec.async_copy && sixteen_bit(q) && q == k && k == v;
+  o.async = spec.async_copy && sixteen_bit(q) && q == k && k == v && spec.D % 8 == 0 && spec.Dv % 8 == 0;
   return o;
 }
 
@@ -223,7 +225,10 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("constexpr int BM = " + std::to_string(tile.block_m) + ", BN = " + std::to_string(tile.block_n) + ", WARPS = " +
     std::to_string(tile.warps) + ", THREADS = 32 * WARPS, STAGES = " + std::to_string(tile.stages) + ";");
   c("constexpr int D = " + std::to_string(spec.D) + ", DV = " + std::to_string(spec.Dv) +
-    ", KLD = D + 8, VLD = DV + 8;  // padded rows: conflict-free ldmatrix");
+    ";  // head dims");
+  c("constexpr int DP = " + std::to_string(pad16(spec.D)) + ", DVP = " + std::to_string(pad16(spec.Dv)) +
+    ";  // rounded up to the tensor-core step (zero columns past D, DV)");
+  c("constexpr int KLD = DP + 8, VLD = DVP + 8;  // padded rows: conflict-free ldmatrix");
   c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
   c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = blockIdx.x * BM;");
@@ -263,7 +268,8 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     id[2] + "_stride_h;");
   c("");
   c("LADLE_DYNAMIC_SHARED(smem);");
-  const int k_bytes = (tile.block_n * (spec.D + 8) * 2 + 15) / 16 * 16, v_bytes = (tile.block_n * (spec.Dv + 8) * 2 + 15) / 16 * 16;
+  const int k_bytes = (tile.block_n * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16,
+            v_bytes = (tile.block_n * (pad16(spec.Dv) + 8) * 2 + 15) / 16 * 16;
   const int stage_bytes = (k_bytes + v_bytes) * (ops.split ? 2 : 1);
   const auto offset = [](const std::string& base, int bytes) {
     return "reinterpret_cast<unsigned short*>(smem + " + base + std::to_string(bytes) + ")";
@@ -279,30 +285,30 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
   c("// The q tile [BM][KLD] borrows the stages before the key loop.");
   c("unsigned short* const q_tile = " + offset("", 0) + ";");
-  if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (spec.D + 8) * 2 + 15) / 16 * 16) + ";");
+  if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16) + ";");
   c("");
 
   // Staging of `rows` rows of a [T, X, width] input into a 16-bit tile.
   const auto operand_bits = [&](bool f16) { return f16 ? std::string("ladle_f16_bits") : std::string("ladle_bf16_bits"); };
   const auto stage_rows = [&](const std::string& src, const std::string& input, const std::string& dst, const std::string& dst_lo,
                               const std::string& first_row, const std::string& limit, const std::string& rows,
-                              const std::string& width, const std::string& ld, bool f16) {
+                              const std::string& width, const std::string& padded, const std::string& ld, bool f16) {
     if (ops.async) {
-      c("for (int e = threadIdx.x; e < " + rows + " * (" + width + " / 8); e += THREADS) {");
+      c("for (int e = threadIdx.x; e < " + rows + " * (" + padded + " / 8); e += THREADS) {");
       c.in();
-      c("const int r = e / (" + width + " / 8), col = e % (" + width + " / 8) * 8;");
+      c("const int r = e / (" + padded + " / 8), col = e % (" + padded + " / 8) * 8;");
       c("unsigned short* const dst = " + dst + " + r * " + ld + " + col;");
-      c("if (" + first_row + " + r < " + limit + ") ladle_cp_async_16(dst, " + src + " + (" + first_row + " + r) * " + input +
+      c("if (" + first_row + " + r < " + limit + " && col < " + width + ") ladle_cp_async_16(dst, " + src + " + (" + first_row + " + r) * " + input +
         "_stride_t + col);");
-      c("else ladle_zero_16(dst);  // past the sequence: zero, never garbage (0 * NaN would reach o)");
+      c("else ladle_zero_16(dst);  // past the sequence or the head dim: zero, never garbage (0 * NaN would reach o)");
       c.out();
       c("}");
       return;
     }
-    c("for (int e = threadIdx.x; e < " + rows + " * " + width + "; e += THREADS) {");
+    c("for (int e = threadIdx.x; e < " + rows + " * " + padded + "; e += THREADS) {");
     c.in();
-    c("const int r = e / " + width + ", col = e % " + width + ";");
-    c("const float x = " + first_row + " + r < " + limit + " ? ladle_load(" + src + " + (" + first_row + " + r) * " + input +
+    c("const int r = e / " + padded + ", col = e % " + padded + ";");
+    c("const float x = " + first_row + " + r < " + limit + " && col < " + width + " ? ladle_load(" + src + " + (" + first_row + " + r) * " + input +
       "_stride_t + col * " + input + "_stride_d) : 0.0f;");
     if (ops.split) {
       c("const unsigned short hi = ladle_bf16_bits(x);");
@@ -316,15 +322,15 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   };
 
   c("// 1. The q fragments of this warp's 16 rows, kept in registers for the whole key loop.");
-  stage_rows("q_seq", id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "KLD", ops.qk_f16);
+  stage_rows("q_seq", id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "DP", "KLD", ops.qk_f16);
   if (ops.async) {
     c("ladle_cp_async_commit();");
     c("ladle_cp_async_wait<0>();");
   }
   c("__syncthreads();");
-  c("unsigned q_frag[D / 16][4];");
-  if (ops.split) c("unsigned q_frag_lo[D / 16][4];");
-  c("LADLE_UNROLL for (int kt = 0; kt < D / 16; ++kt) {");
+  c("unsigned q_frag[DP / 16][4];");
+  if (ops.split) c("unsigned q_frag_lo[DP / 16][4];");
+  c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt) {");
   c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
   if (ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
   c("}");
@@ -332,12 +338,12 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("");
 
   c("// Per row of this thread (gid and gid + 8 of the warp's 16): whether it exists, its");
-  c("// running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DV / 8][4].");
+  c("// running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DVP / 8][4].");
   c("const int row0 = m0 + warp * 16 + gid;");
   c("const bool row_live[2] = {row0 < q_len, row0 + 8 < q_len};");
   c("float row_max[2] = {ladle_neg_inf(), ladle_neg_inf()}, row_sum[2] = {0.0f, 0.0f};");
-  c("float o_acc[DV / 8][4];");
-  c("LADLE_UNROLL for (int nt = 0; nt < DV / 8; ++nt) o_acc[nt][0] = o_acc[nt][1] = o_acc[nt][2] = o_acc[nt][3] = 0.0f;");
+  c("float o_acc[DVP / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][0] = o_acc[nt][1] = o_acc[nt][2] = o_acc[nt][3] = 0.0f;");
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     if (!used[k]) continue;
     if (inputs[k].kind == ir::InputKind::head)
@@ -362,9 +368,9 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c.in();
   c("const int j0 = tile * BN;");
   stage_rows("k_seq", id[1], "(k_tile + stage * STAGE_ELEMENTS)", "(k_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
-             "D", "KLD", ops.qk_f16);
+             "D", "DP", "KLD", ops.qk_f16);
   stage_rows("v_seq", id[2], "(v_tile + stage * STAGE_ELEMENTS)", "(v_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
-             "DV", "VLD", ops.pv_f16);
+             "DV", "DVP", "VLD", ops.pv_f16);
   if (ops.async) c("ladle_cp_async_commit();");
   c.out();
   c("};");
@@ -398,7 +404,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
   c("float score[BN / 8][4];");
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
-  c("LADLE_UNROLL for (int kt = 0; kt < D / 16; ++kt)");
+  c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
   c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
   c.in();
   c("  unsigned k_frag[4];");
@@ -452,7 +458,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("const float rescale = ladle_exp2(row_max[half] - base);");
   c("row_max[half] = new_max;");
   c("row_sum[half] *= rescale;");
-  c("LADLE_UNROLL for (int nt = 0; nt < DV / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
   c("    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
@@ -485,7 +491,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
     c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
   }
-  c("LADLE_UNROLL for (int np = 0; np < DV / 16; ++np) {");
+  c("LADLE_UNROLL for (int np = 0; np < DVP / 16; ++np) {");
   c.in();
   c("unsigned v_frag[4];");
   c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
@@ -528,10 +534,10 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("if (!row_live[half]) continue;");
   c("const float inv = sum > 0.0f ? scale_o / sum : 0.0f;");
   c(std::string(storage_type(spec.output_type)) + "* const o_row = o + b * o_stride_b + (q_bos + i) * o_stride_t + h * o_stride_h;");
-  c("LADLE_UNROLL for (int nt = 0; nt < DV / 8; ++nt) {");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) {");
   c("  const int col = nt * 8 + tig * 2;");
-  c("  ladle_store(o_row + col * o_stride_d, o_acc[nt][2 * half] * inv);");
-  c("  ladle_store(o_row + (col + 1) * o_stride_d, o_acc[nt][2 * half + 1] * inv);");
+  c("  if (col < DV) ladle_store(o_row + col * o_stride_d, o_acc[nt][2 * half] * inv);");
+  c("  if (col + 1 < DV) ladle_store(o_row + (col + 1) * o_stride_d, o_acc[nt][2 * half + 1] * inv);");
   c("}");
   if (spec.lse)
     c("if (tig == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");

@@ -9,9 +9,11 @@ namespace ladle::cuda {
 
 namespace {
 int align16(int bytes) { return (bytes + 15) / 16 * 16; }
+int pad16(int dim) { return (dim + 15) / 16 * 16; }  // head dims round up to the tensor-core step
 }  // namespace
 
 int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_f32) {
+  D = pad16(D), Dv = pad16(Dv);
   const int halves = split_f32 ? 2 : 1;  // split fp32: a hi and a lo copy of every operand
   const int stage = align16(tile.block_n * (D + 8) * 2) + align16(tile.block_n * (Dv + 8) * 2);
   const int stages = tile.stages * stage * halves;
@@ -42,11 +44,11 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
   if (tile.block_n != 32 && tile.block_n != 64 && tile.block_n != 128)
     say("block_n = " + std::to_string(tile.block_n) + ", expected 32, 64 or 128");
   if (tile.stages != 1 && tile.stages != 2) say("stages = " + std::to_string(tile.stages) + ", expected 1 or 2");
-  if (D < 16 || D > 256 || D % 16 != 0) say("D = " + std::to_string(D) + ", expected a multiple of 16 up to 256");
-  if (Dv < 16 || Dv > 256 || Dv % 16 != 0) say("Dv = " + std::to_string(Dv) + ", expected a multiple of 16 up to 256");
+  if (D < 1 || D > 256) say("D = " + std::to_string(D) + ", expected 1 to 256");
+  if (Dv < 1 || Dv > 256) say("Dv = " + std::to_string(Dv) + ", expected 1 to 256");
   if (!problems.empty()) return problems;
   // Registers per thread: q fragments D/4 (x2 split), scores block_n/2, o_acc Dv/2.
-  const int registers = D / 4 * (split_f32 ? 2 : 1) + tile.block_n / 2 + Dv / 2;
+  const int registers = pad16(D) / 4 * (split_f32 ? 2 : 1) + tile.block_n / 2 + pad16(Dv) / 2;
   if (registers > 160)
     say("each thread would hold " + std::to_string(registers) +
         " fragment values in registers (D/4 + block_n/2 + Dv/2), expected at most 160");

@@ -164,6 +164,16 @@ inline std::vector<Case> all() {
     c.Tq = c.Tk = 70, c.window_left = 20, c.window_right = 20, c.async_copy = false;
     add(c);
   }
+  {
+    Case c = make("head dims D=40 Dv=24, padded to 48 and 32 (cp.async, zero columns), causal", variant("causal"));
+    c.D = 40, c.Dv = 24, c.Tq = c.Tk = 50;
+    add(c);
+  }
+  {
+    Case c = make("head dims D=20 Dv=12 (not multiples of 8: converted loads), f16, sinks", variant("sinks"));
+    c.type = ElementType::f16, c.D = 20, c.Dv = 12, c.Tq = 30, c.Tk = 44, c.sinks = 1;
+    add(c);
+  }
   return cases;
 }
 

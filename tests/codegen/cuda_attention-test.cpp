@@ -184,7 +184,8 @@ TEST_CASE("attention: tiles are validated", "[codegen][attention]") {
   CHECK_THAT(cuda::validate_attention_tile({128, 64, 4, 2}, 128, 128).front(), Catch::Contains("block_m = 16 * warps"));
   CHECK_THAT(cuda::validate_attention_tile({128, 48, 8, 2}, 128, 128).front(), Catch::Contains("block_n = 48"));
   CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 3}, 128, 128).front(), Catch::Contains("stages = 3"));
-  CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 2}, 72, 64).front(), Catch::Contains("D = 72"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 2}, 300, 64).front(), Catch::Contains("D = 300, expected 1 to 256"));
+  CHECK(cuda::validate_attention_tile({128, 64, 8, 2}, 72, 40).empty());  // padded to 80 and 48 inside
   CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2}, 256, 256).front(), Catch::Contains("registers"));
   CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2}, 128, 128, 100 * 1024).front(), Catch::Contains("shared memory"));
   cuda::AttentionKernelSpec spec = attention_cases::all()[0].spec();
@@ -243,10 +244,11 @@ TEST_CASE("attention: a sliding window stages only the key tiles its rows can re
     run_emulated(i, kernel, bound.args);
     // The tiles with at least one attended key for some row of the block, by definition.
     const int diagonal = c.Tk - c.Tq, bm = c.tile.block_m, bn = c.tile.block_n;
+    const int dp = (c.D + 15) / 16 * 16, dvp = (c.Dv + 15) / 16 * 16;  // head dims padded to the tensor-core step
     long long expected = 0, all_tiles = 0;
     for (int m0 = 0; m0 < c.Tq; m0 += bm) {
-      expected += static_cast<long long>(bm) * c.D / 8;  // the q tile
-      all_tiles += static_cast<long long>(bm) * c.D / 8;
+      expected += static_cast<long long>(bm) * dp / 8;  // the q tile
+      all_tiles += static_cast<long long>(bm) * dp / 8;
       for (int j0 = 0; j0 < c.Tk; j0 += bn) {
         bool needed = false;
         for (int row = m0; row < std::min(m0 + bm, c.Tq) && !needed; ++row)
@@ -257,7 +259,7 @@ TEST_CASE("attention: a sliding window stages only the key tiles its rows can re
             if (c.variant.window && c.window_right >= 0 && j > row + diagonal + c.window_right) in = false;
             needed = in;
           }
-        const long long chunks = static_cast<long long>(bn) * (c.D + c.Dv) / 8;
+        const long long chunks = static_cast<long long>(bn) * (dp + dvp) / 8;
         expected += needed ? chunks : 0;
         all_tiles += chunks;
       }
