@@ -2,7 +2,7 @@
 # The one script for the lent GPU machine: builds ladle there, runs the test suite with a
 # GPU present, checks numerics, runs compute-sanitizer, times, and prints one short table
 # last. Full logs go to $OUT (or ./gpu-out). Run from the repository root:
-#   bench/gpu-check.sh [runtime|all]
+#   bench/gpu-check.sh [runtime|recurrent|chunked|attention|all]
 # Needs .deps (shared/device/deps.sh) carried along; fla's wheels in .whl for the
 # comparisons of the attention benchmarks.
 set -uo pipefail
@@ -101,6 +101,33 @@ if [ "$what" = chunked ] || [ "$what" = all ]; then
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/fla_bench.py --ops chunk_gla,chunk_simple_gla \
     --shapes 32x1024x16x128x128,8x4096x16x128x128,2x16384x16x128x128 > "$out/chunked-fla.jsonl" 2>> "$log"
   cat "$out"/chunked-*.jsonl | python3 bench/table.py | tee -a "$summary"
+fi
+
+if [ "$what" = attention ] || [ "$what" = all ]; then
+  step "attention: the op tests and the family's emulation/NVRTC tests with the GPU present"
+  for t in ops-attention codegen-cuda_attention; do
+    if build-gpu/tests/$t > "$out/attention-$t.txt" 2>&1; then
+      note "$t (GPU machine): all passed"
+    else
+      note "$t (GPU machine): FAILURES"; grep -E "FAILED|with expansion|error" -A3 "$out/attention-$t.txt" | tail -30
+    fi
+  done
+  step "attention: compute-sanitizer memcheck on the attention op tests (GPU kernels)"
+  if timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/ops-attention > "$out/sanitizer-attention.txt" 2>&1; then
+    note "compute-sanitizer memcheck (attention): clean"
+  else
+    note "compute-sanitizer memcheck (attention): ERRORS or timeout"; grep -m5 -E "ERROR|Invalid" "$out/sanitizer-attention.txt" | tee -a "$summary"
+  fi
+  step "attention: ladle vs PyTorch SDPA (flash, cuDNN) and FlexAttention, H16 D128 bf16"
+  : > "$out/attention.jsonl"
+  for bt in "8 4096" "2 16384"; do
+    set -- $bt
+    for c in causal window_softcap sinks_gqa; do
+      LADLE_AUTOTUNE=heuristic "$bin/ladle-bench-attention" --case $c -B $1 -T $2 -H 16 -D 128 ${LADLE_ATTENTION_TILES:---tile 128,64,8,2 --tile 128,128,8,2 --tile 64,64,4,2 --tile 128,32,8,2} >> "$out/attention.jsonl" 2>> "$log"
+    done
+  done
+  PYTHONUNBUFFERED=1 timeout 900 python3 bench/attention_bench.py --shapes 8x4096,2x16384 >> "$out/attention.jsonl" 2>> "$log"
+  python3 bench/attention_bench.py --table < "$out/attention.jsonl" | tee -a "$summary"
 fi
 
 echo
