@@ -107,9 +107,11 @@ KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir
   return packed;
 }
 
-void fill_types(cuda::KernelTypes& spec, const ir::Variant& variant, const ops::BoundInputs& bound,
-                const RunOptions& options) {
+}  // namespace
+
+cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options) {
   const auto& args = bound.args;
+  cuda::KernelTypes spec;
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32
                                                                                : args.tensors[i].type);
@@ -121,7 +123,10 @@ void fill_types(cuda::KernelTypes& spec, const ir::Variant& variant, const ops::
   spec.initial_state = args.initial_state.has_value();
   if (args.initial_state) spec.initial_state_type = args.initial_state->type;
   spec.final_state = options.return_state;
+  return spec;
 }
+
+namespace {
 
 // Host strided view -> dense bytes in row-major order.
 std::vector<std::byte> pack_dense(const TensorView& view) {
@@ -179,7 +184,7 @@ cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::Bou
     throw InvalidArgument(fmt::format("{}: tile ({}) does not fit K={} V={}: {}", op_name(variant),
                                       cuda::to_string(spec.tile), args.key_dim, args.value_dim, all));
   }
-  fill_types(spec, variant, bound, options);
+  static_cast<cuda::KernelTypes&>(spec) = kernel_types(variant, bound, options);
   return spec;
 }
 
@@ -239,7 +244,7 @@ cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const op
     throw InvalidArgument(fmt::format("{}: chunked_tile ({}) does not fit K={} V={}: {}", op_name(variant),
                                       cuda::to_string(spec.tile), args.key_dim, args.value_dim, all));
   }
-  fill_types(spec, variant, bound, options);
+  static_cast<cuda::KernelTypes&>(spec) = kernel_types(variant, bound, options);
   return spec;
 }
 
@@ -286,7 +291,11 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   }
   const unsigned grid_y = static_cast<unsigned>(bound.dims.N * args.heads);
   if (algorithm == Algorithm::chunked) {
-    const cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, options);
+    // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_chunked_tile).
+    RunOptions tiled = options;
+    if (!tiled.chunked_tile)
+      tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic_chunked_tile(variant, bound));
+    const cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, tiled);
     const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
     KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
     const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);

@@ -26,6 +26,10 @@ struct LaunchOptions {
 // shape gives (narrow tiles when wide ones would leave SMs idle).
 cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound);
 
+// The dtypes and flags of the kernel a call needs, whichever family runs it (every input's
+// dtype, the output's, reverse, varlen, states): what both specs and the tuned keys hold.
+cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options);
+
 // The kernel spec a call needs (dtypes of every input, reverse, varlen, states, tile).
 cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                       const RunOptions& options);

@@ -1,7 +1,9 @@
 #include "tune_recurrent.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -15,19 +17,42 @@
 namespace ladle::gpu {
 namespace {
 
-Config to_config(const cuda::RecurrentTile& tile) {
-  Config c;
-  c.set("block_k", tile.block_k).set("block_v", tile.block_v).set("warps", tile.warps);
-  return c;
-}
+// What differs between the two families' candidates: which tile field of RunOptions a
+// config sets (with the algorithm forced, so that ladle-tune --algo runs that family
+// whatever the shape would choose), how a config compiles, and the output tolerance.
+struct RecurrentFamily {
+  static void set_tile(RunOptions& options, const Config& config) {
+    options.algorithm = Algorithm::recurrent;
+    options.tile = to_recurrent_tile(config);
+  }
+  static void compile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                      const std::string& arch) {
+    compile_recurrent(variant, kernel_spec(variant, bound, options), arch);
+  }
+  // fp32 throughout: only the summation order differs between tiles.
+  static double tolerance(ElementType output) { return output == ElementType::f32 ? 1e-4 : 1e-2; }
+};
 
-cuda::RecurrentTile to_tile(const Config& c) { return {c.at("block_k"), c.at("block_v"), c.at("warps")}; }
+struct ChunkedFamily {
+  static void set_tile(RunOptions& options, const Config& config) {
+    options.algorithm = Algorithm::chunked;
+    options.chunked_tile = to_chunked_tile(config);
+  }
+  static void compile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                      const std::string& arch) {
+    compile_chunked(variant, chunked_kernel_spec(variant, bound, options), arch);
+  }
+  // bf16 tensor-core operands whatever the output type: another chunk length or reference
+  // token rounds different products, so an fp32 output gets the 16-bit tolerance too.
+  static double tolerance(ElementType) { return 1e-2; }
+};
 
 // Everything a run needs besides the tile: the caller's device inputs, fresh outputs.
-class RecurrentCandidate : public Candidate {
+template <class Family>
+class TileCandidate : public Candidate {
  public:
-  RecurrentCandidate(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
-                     TensorView q, TensorView k, TensorView v, VariantInputs inputs)
+  TileCandidate(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, TensorView q,
+                TensorView k, TensorView v, VariantInputs inputs)
       : variant_(variant), bound_(bound), options_(options), q_(q), k_(k), v_(v), inputs_(std::move(inputs)),
         arch_(Device::get().properties().arch()) {
     const auto& dims = bound.dims;
@@ -45,9 +70,7 @@ class RecurrentCandidate : public Candidate {
   }
 
   void prepare(const Config& config) override {
-    RunOptions with_tile = options_;
-    with_tile.tile = to_tile(config);
-    compile_recurrent(variant_, kernel_spec(variant_, bound_, with_tile), arch_);  // warms the compile cache
+    Family::compile(variant_, bound_, with_tile(config), arch_);  // warms the compile cache
   }
 
   void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
@@ -60,25 +83,28 @@ class RecurrentCandidate : public Candidate {
       norm += double(reference_[i]) * reference_[i];
     }
     const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-    const double tolerance = bound_.dims.type == ElementType::f32 ? 1e-4 : 1e-2;
+    const double tolerance = Family::tolerance(bound_.dims.type);
     if (!(error <= tolerance)) return Check::fail(fmt::format("relative L2 error {:.2e} > {:.0e}", error, tolerance));
     return Check::pass();
   }
 
   double time_ms(const Config& config) override {
-    RunOptions with_tile = options_;
-    with_tile.tile = to_tile(config);
+    const RunOptions options = with_tile(config);
     return time_launches(stream_, [&](int) {
-      run_variant_into(variant_, q_, k_, v_, inputs_, with_tile, outputs_, {&stream_});
+      run_variant_into(variant_, q_, k_, v_, inputs_, options, outputs_, {&stream_});
     });
   }
 
  private:
+  RunOptions with_tile(const Config& config) const {
+    RunOptions options = options_;
+    Family::set_tile(options, config);
+    return options;
+  }
+
   std::vector<float> run(const Config& config) {
-    RunOptions with_tile = options_;
-    with_tile.tile = to_tile(config);
     o_.fill_bytes(0xff);
-    run_variant_into(variant_, q_, k_, v_, inputs_, with_tile, outputs_, {&stream_});
+    run_variant_into(variant_, q_, k_, v_, inputs_, with_tile(config), outputs_, {&stream_});
     stream_.synchronize();
     std::vector<std::byte> bytes(o_.bytes());
     o_.copy_to_host(bytes.data(), bytes.size());
@@ -100,30 +126,10 @@ class RecurrentCandidate : public Candidate {
   std::vector<float> reference_;
 };
 
-}  // namespace
-
-TuneJob recurrent_tune_job(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
-                           const cuda::RecurrentTile& heuristic) {
-  const auto& args = bound.args;
-  const DeviceLimits device = DeviceLimits::from(Device::get().properties());
-  SearchSpace space;
-  const std::int64_t K = args.key_dim, V = args.value_dim;
-  space.param("block_k", {heuristic.block_k}).param("block_v", {16, 32, 64, 128}).param("warps", {4, 8, 16});
-  space.rule([K, V](const Config& c, const DeviceLimits& d) -> Reason {
-    if (auto problems = cuda::validate_tile(to_tile(c), K, V); !problems.empty()) return problems.front();
-    return rule::threads(32LL * c.at("warps"), d);
-  });
-  RunOptions base = options;
-  base.tile.reset();
-  const auto spec = kernel_spec(variant, bound, base);
-  std::string what = ir::hash_hex(variant) + fmt::format("-r{}v{}i{}f{}", spec.reverse, spec.varlen, spec.initial_state,
-                                                         spec.final_state);
-  for (ElementType t : spec.input_types) what += std::string("-") + element_type_name(t);
-  const std::string bucket = shape_bucket({{"N", bucket_pow2(bound.dims.N)}, {"T", bucket_pow2(args.tokens)},
-                                           {"H", args.heads}, {"K", K}, {"V", V}});
-  TunedKey key = TunedKey::make("fused_recurrent", what, bucket, element_type_name(bound.dims.type), device);
-  // The candidate runs on the caller's device inputs (bound.args holds canonical views).
-  CandidateFactory factory = [&variant, &bound, options] {
+// The candidate runs on the caller's device inputs (bound.args holds canonical views).
+template <class Family>
+CandidateFactory candidate_factory(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options) {
+  return [&variant, &bound, options] {
     const auto& a = bound.args;
     auto find = [&](ir::Role role) {
       for (std::size_t i = 0; i < variant.inputs.size(); ++i)
@@ -139,37 +145,186 @@ TuneJob recurrent_tune_job(const ir::Variant& variant, const ops::BoundInputs& b
     }
     RunOptions run = options;
     run.initial_state = a.initial_state;
-    return std::make_unique<RecurrentCandidate>(variant, bound, run, find(ir::Role::query), find(ir::Role::key),
-                                                find(ir::Role::value), std::move(named));
+    return std::make_unique<TileCandidate<Family>>(variant, bound, run, find(ir::Role::query), find(ir::Role::key),
+                                                   find(ir::Role::value), std::move(named));
   };
-  return TuneJob{std::move(key), Tuner(std::move(space), device, to_config(heuristic)), std::move(factory)};
+}
+
+// Per process: one tuning (or cache read) per key, then a map lookup per call. Under force
+// the first call of the process tunes again (and replaces the stored result); the calls
+// after it reuse that tuning rather than tuning on every call.
+Config tuned_config(const TuneJob& job, Policy policy, const TuneOptions& tune_options) {
+  struct Choice {
+    Config config;
+    bool tuned_here = false;
+  };
+  static std::mutex mutex;
+  static std::map<std::string, Choice> chosen;  // by key hash: the family is in the key
+  const std::string memo = job.key.hash();
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = chosen.find(memo); it != chosen.end() && (policy == Policy::cached || it->second.tuned_here))
+      return it->second.config;
+  }
+  TuneOptions with_policy = tune_options;
+  with_policy.policy = policy;
+  const TuneResult result = job.tune(with_policy);
+  const bool tuned_here = result.source == TuneSource::tuned;
+  std::lock_guard lock(mutex);
+  chosen.insert_or_assign(memo, Choice{result.best, tuned_here});
+  return result.best;
+}
+
+std::string joined(const std::vector<std::string>& problems) {
+  std::string all;
+  for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+  return all;
+}
+
+// A rough time of a chunked tile in SM cycles (only the ranking matters). Per chunk a block
+// does the mma.sync work of o = q~S~ + mask(q~k~^T)v~ and S += k^T v (about 1024 bf16 FMA per
+// cycle per SM, at full rate from 8 resident warps), elementwise gate factors and the state's
+// decay (about 64 per cycle), and waits a fixed latency for barriers and the next chunk's
+// loads (not prefetched), which is what makes 64-token chunks pay. An SM runs its share of
+// the blocks in rounds of those that fit at once (shared memory, registers estimated from the
+// state values a thread keeps, threads); fewer blocks than SMs leave SMs idle. Not yet
+// calibrated on a GPU (bench/RESULTS.md): at B8 T4096 and B2 T16384, H16 K=V=128 it ranks
+// heuristic_chunked_tile first.
+double chunked_cycles(const ir::Variant& variant, const TuneShape& shape, const cuda::ChunkedTile& tile,
+                      const DeviceLimits& device) {
+  const double C = tile.chunk, bk = tile.block_k, bv = tile.block_v;
+  const int threads = 32 * tile.warps;
+  const double mma = C * (2 * bk * bv + C * (bk + bv)) / 1024;
+  const double elementwise = (2 * C * bk + C * bv + C * C + bk * bv) / 64;
+  const double latency = 1500;
+  const std::int64_t blocks = shape.N * shape.H * ((shape.V + tile.block_v - 1) / tile.block_v);
+  const int sms = std::max(1, device.sm_count);
+  const std::int64_t per_sm = std::max<std::int64_t>(1, (blocks + sms - 1) / sms);
+  // 226 registers at 32 state values per thread (K=V=128, tile 128,64,64,8), 198-202 at 32
+  // with fewer gates: a base plus two per state value. Past 255 the rest spills to local
+  // memory, read and written every chunk.
+  const int wanted = 160 + 2 * static_cast<int>(bk * bv / threads);
+  const int registers = std::min(255, wanted);
+  const double spills = wanted > 255 ? 2.0 : 1.0;
+  const int shared = std::max(1, cuda::chunked_shared_bytes(variant, tile));
+  const int by_shared = device.max_shared_per_sm > 0 ? device.max_shared_per_sm / shared : 1;
+  const int by_registers = device.max_registers_per_sm / (registers * threads);
+  const int by_threads = 2048 / threads;
+  const std::int64_t fit = std::max(1, std::min({by_shared, by_registers, by_threads}));
+  const std::int64_t together = std::min(fit, per_sm);
+  const double rate = std::min(1.0, static_cast<double>(tile.warps * together) / 8);
+  const double chunks = std::ceil(static_cast<double>(std::max<std::int64_t>(1, shape.tokens_per_sequence)) / C);
+  const double rounds = std::ceil(static_cast<double>(per_sm) / together);
+  return spills * rounds * chunks * (together * (mma + elementwise) / rate + latency);
+}
+
+}  // namespace
+
+TuneShape TuneShape::of(const ops::BoundInputs& bound) {
+  const auto& args = bound.args;
+  TuneShape shape;
+  shape.N = bound.dims.N;
+  shape.T = args.tokens;
+  shape.tokens_per_sequence =
+      args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back() / std::max<std::int64_t>(1, bound.dims.N);
+  shape.H = args.heads;
+  shape.K = args.key_dim;
+  shape.V = args.value_dim;
+  return shape;
+}
+
+Config to_config(const cuda::RecurrentTile& tile) {
+  Config c;
+  c.set("block_k", tile.block_k).set("block_v", tile.block_v).set("warps", tile.warps);
+  return c;
+}
+
+Config to_config(const cuda::ChunkedTile& tile) {
+  Config c;
+  c.set("block_k", tile.block_k).set("chunk", tile.chunk).set("block_v", tile.block_v).set("warps", tile.warps);
+  return c;
+}
+
+cuda::RecurrentTile to_recurrent_tile(const Config& c) { return {c.at("block_k"), c.at("block_v"), c.at("warps")}; }
+
+cuda::ChunkedTile to_chunked_tile(const Config& c) {
+  return {c.at("block_k"), c.at("chunk"), c.at("block_v"), c.at("warps")};
+}
+
+SearchSpace recurrent_search_space(const TuneShape& shape, const cuda::RecurrentTile& heuristic) {
+  SearchSpace space;
+  const std::int64_t K = shape.K, V = shape.V;
+  space.param("block_k", {heuristic.block_k}).param("block_v", {16, 32, 64, 128}).param("warps", {4, 8, 16});
+  space.rule([K, V](const Config& c, const DeviceLimits& d) -> Reason {
+    if (auto problems = cuda::validate_tile(to_recurrent_tile(c), K, V); !problems.empty()) return problems.front();
+    return rule::threads(32LL * c.at("warps"), d);
+  });
+  return space;
+}
+
+SearchSpace chunked_search_space(const ir::Variant& variant, const TuneShape& shape, const cuda::ChunkedTile& heuristic) {
+  SearchSpace space;
+  space.param("block_k", {heuristic.block_k})
+      .param("chunk", {16, 32, 64})
+      .param("block_v", {16, 32, 64, 128})
+      .param("warps", {2, 4, 8});
+  // A copy: a space may outlive the call that built it (ladle-tune, tests).
+  auto held = std::make_shared<const ir::Variant>(variant);
+  space.rule([held, shape](const Config& c, const DeviceLimits& d) -> Reason {
+    const auto problems =
+        cuda::validate_chunked_tile(to_chunked_tile(c), *held, shape.K, shape.V, d.max_shared_per_block);
+    if (!problems.empty()) return joined(problems);  // every limit a tile breaks, shared memory included
+    return rule::threads(32LL * c.at("warps"), d);
+  });
+  space.cost_model([held, shape](const Config& c, const DeviceLimits& d) {
+    return chunked_cycles(*held, shape, to_chunked_tile(c), d);
+  });
+  return space;
+}
+
+TunedKey tune_key(std::string_view family, const ir::Variant& variant, const cuda::KernelTypes& types,
+                  const TuneShape& shape, const DeviceLimits& device) {
+  std::string what = ir::hash_hex(variant) +
+                     fmt::format("-r{}v{}i{}f{}", types.reverse, types.varlen, types.initial_state, types.final_state);
+  for (ElementType t : types.input_types) what += std::string("-") + element_type_name(t);
+  const std::string bucket = shape_bucket({{"N", bucket_pow2(shape.N)},
+                                           {"T", bucket_pow2(shape.T)},
+                                           {"H", shape.H},
+                                           {"K", shape.K},
+                                           {"V", shape.V}});
+  return TunedKey::make(std::string(family), what, bucket, element_type_name(types.output_type), device);
+}
+
+TuneJob recurrent_tune_job(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                           const cuda::RecurrentTile& heuristic) {
+  const DeviceLimits device = DeviceLimits::from(Device::get().properties());
+  const TuneShape shape = TuneShape::of(bound);
+  TunedKey key = tune_key(recurrent_family, variant, kernel_types(variant, bound, options), shape, device);
+  return TuneJob{std::move(key), Tuner(recurrent_search_space(shape, heuristic), device, to_config(heuristic)),
+                 candidate_factory<RecurrentFamily>(variant, bound, options)};
+}
+
+TuneJob chunked_tune_job(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                         const cuda::ChunkedTile& heuristic) {
+  const DeviceLimits device = DeviceLimits::from(Device::get().properties());
+  const TuneShape shape = TuneShape::of(bound);
+  TunedKey key = tune_key(chunked_family, variant, kernel_types(variant, bound, options), shape, device);
+  return TuneJob{std::move(key), Tuner(chunked_search_space(variant, shape, heuristic), device, to_config(heuristic)),
+                 candidate_factory<ChunkedFamily>(variant, bound, options)};
 }
 
 cuda::RecurrentTile tuned_tile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                                const cuda::RecurrentTile& heuristic, const TuneOptions& tune_options) {
   const Policy policy = tune_options.policy.value_or(policy_from_env());
   if (policy == Policy::heuristic) return heuristic;
-  TuneJob job = recurrent_tune_job(variant, bound, options, heuristic);
-  // Per process: one tuning (or cache read) per key, then a map lookup per call. Under
-  // force the first call of the process tunes again (and replaces the stored result); the
-  // calls after it reuse that tuning rather than tuning on every call.
-  struct Choice {
-    cuda::RecurrentTile tile;
-    bool tuned_here = false;
-  };
-  static std::mutex mutex;
-  static std::map<std::string, Choice> chosen;
-  const std::string memo = job.key.hash();
-  {
-    std::lock_guard lock(mutex);
-    if (auto it = chosen.find(memo); it != chosen.end() && (policy == Policy::cached || it->second.tuned_here))
-      return it->second.tile;
-  }
-  const TuneResult result = job.tune(tune_options);
-  const bool tuned_here = result.source == TuneSource::tuned;
-  std::lock_guard lock(mutex);
-  chosen.insert_or_assign(memo, Choice{to_tile(result.best), tuned_here});
-  return to_tile(result.best);
+  return to_recurrent_tile(tuned_config(recurrent_tune_job(variant, bound, options, heuristic), policy, tune_options));
+}
+
+cuda::ChunkedTile tuned_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                                     const cuda::ChunkedTile& heuristic, const TuneOptions& tune_options) {
+  const Policy policy = tune_options.policy.value_or(policy_from_env());
+  if (policy == Policy::heuristic) return heuristic;
+  return to_chunked_tile(tuned_config(chunked_tune_job(variant, bound, options, heuristic), policy, tune_options));
 }
 
 }  // namespace ladle::gpu

@@ -1,9 +1,16 @@
-// The fused-recurrent family in the autotuner: its search space (block_v x warps at the
-// heuristic block_k), its validity rule (validate_tile and the device's thread limit), and
-// a Candidate that compiles in prepare() and runs each tile into its own output buffers.
-// The op layer asks it for a tile when the call names none (policy from LADLE_AUTOTUNE).
+// The recurrence families in the autotuner. Fused recurrent: block_v x warps at the heuristic
+// block_k, valid by validate_tile and the device's thread limit. Chunked: chunk x block_v x
+// warps at the heuristic block_k, valid by validate_chunked_tile (the device's shared memory
+// included) and the thread limit, ranked by a cost model and pruned to max_candidates. Both
+// share one Candidate (compiles in prepare(), runs each tile into its own output buffers),
+// one key builder and one per-process memo. The op layer asks for a tile when the call names
+// none (policy from LADLE_AUTOTUNE).
 #pragma once
 
+#include <cstdint>
+#include <string_view>
+
+#include <ladle/codegen/cuda_chunked.h>
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/runtime/autotune.h>
 
@@ -12,14 +19,54 @@
 
 namespace ladle::gpu {
 
-// The tile for this call: the heuristic under policy heuristic, else the tuned one (tuned
-// now on a miss under cached, always under force). Bound views hold device pointers.
+// The families' names in the tuned-config cache.
+inline constexpr std::string_view recurrent_family = "fused_recurrent";
+inline constexpr std::string_view chunked_family = "chunked";
+
+// The sizes a tile is chosen for. Pure data, so that spaces and keys are built (and tested)
+// without a device.
+struct TuneShape {
+  std::int64_t N = 0;                    // sequences
+  std::int64_t T = 0;                    // tokens (packed: all of them): bucketed in the key
+  std::int64_t tokens_per_sequence = 0;  // T, or the packed sequences' mean: the cost model's
+  std::int64_t H = 0, K = 0, V = 0;      // query heads, key and value dims
+  static TuneShape of(const ops::BoundInputs& bound);
+};
+
+Config to_config(const cuda::RecurrentTile& tile);  // block_k, block_v, warps
+Config to_config(const cuda::ChunkedTile& tile);    // block_k, chunk, block_v, warps
+cuda::RecurrentTile to_recurrent_tile(const Config& config);
+cuda::ChunkedTile to_chunked_tile(const Config& config);
+
+// The search spaces, for any device (the rules read the DeviceLimits they are given).
+SearchSpace recurrent_search_space(const TuneShape& shape, const cuda::RecurrentTile& heuristic);
+// The cost model predicts a block's time from its mma and elementwise work per chunk, a fixed
+// latency per chunk (barriers, the unprefetched loads of the next chunk), the blocks each SM
+// runs after the others' share (blocks vs SMs) and how many of them fit at once (shared
+// memory, registers): rough, it only ranks.
+SearchSpace chunked_search_space(const ir::Variant& variant, const TuneShape& shape,
+                                 const cuda::ChunkedTile& heuristic);
+
+// A family's key: the variant's hash, the kernel's flags and input dtypes, the shape bucket
+// (N and T by powers of two, H, K, V exact), the output dtype and the device.
+TunedKey tune_key(std::string_view family, const ir::Variant& variant, const cuda::KernelTypes& types,
+                  const TuneShape& shape, const DeviceLimits& device);
+
+// The tile for this call: the heuristic under policy heuristic (nothing built), else the
+// tuned one (tuned now on a miss under cached, always under force). Bound views hold device
+// pointers.
 cuda::RecurrentTile tuned_tile(const ir::Variant& variant, const ops::BoundInputs& bound,
                                const RunOptions& options, const cuda::RecurrentTile& heuristic,
                                const TuneOptions& tune_options = {});
+cuda::ChunkedTile tuned_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                     const RunOptions& options, const cuda::ChunkedTile& heuristic,
+                                     const TuneOptions& tune_options = {});
 
-// The job itself, for ladle-tune and the benchmarks (measure() prints the whole table).
+// The jobs themselves, for ladle-tune and the benchmarks (measure() prints the whole table).
+// They read this GPU's limits (Device::get()).
 TuneJob recurrent_tune_job(const ir::Variant& variant, const ops::BoundInputs& bound,
                            const RunOptions& options, const cuda::RecurrentTile& heuristic);
+TuneJob chunked_tune_job(const ir::Variant& variant, const ops::BoundInputs& bound,
+                         const RunOptions& options, const cuda::ChunkedTile& heuristic);
 
 }  // namespace ladle::gpu

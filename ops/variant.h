@@ -47,7 +47,7 @@ struct RunOptions {
   Algorithm algorithm = Algorithm::automatic;
   // The fused-recurrent tile on the GPU (block_k, block_v, warps); empty: tuned/heuristic.
   std::optional<cuda::RecurrentTile> tile;
-  // The chunked tile on the GPU (block_k, chunk, block_v, warps); empty: the heuristic.
+  // The chunked tile on the GPU (block_k, chunk, block_v, warps); empty: tuned/heuristic.
   std::optional<cuda::ChunkedTile> chunked_tile;
 };
 

@@ -1,14 +1,19 @@
-// Random bf16 inputs made on the device (a host RNG takes seconds at benchmark sizes):
+// Random bf16 or f16 inputs made on the device (a host RNG takes seconds at benchmark sizes):
 // q, k, v ~ N(0,1) by a hashed Box-Muller, gates as GLA makes them, logsigmoid(x)/16.
 // Shared by ladle-bench-recurrent and ladle-tune.
 #pragma once
 
+#include <string>
+
+#include <ladle/codegen/tensor_view.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
 
 namespace ladle::bench {
 
-inline void fill_bf16(const DeviceBuffer& buffer, unsigned seed, bool gate) {
+// type: bf16 or f16 (two bytes an element); anything else throws InvalidArgument.
+inline void fill(const DeviceBuffer& buffer, ElementType type, unsigned seed, bool gate) {
   static const char* source = R"(
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,13 +32,27 @@ extern "C" __global__ void fill_bf16(__nv_bfloat16* x, long long n, unsigned see
     x[i] = __float2bfloat16(r);
   }
 }
+extern "C" __global__ void fill_f16(__half* x, long long n, unsigned seed, int gate) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float r = hashed_normal(i, seed);
+    if (gate) r = (fminf(r, 0.0f) - log1pf(expf(-fabsf(r)))) / 16.0f;
+    x[i] = __float2half(r);
+  }
+}
 )";
+  if (type != ElementType::bf16 && type != ElementType::f16)
+    throw InvalidArgument(std::string("fill: dtype ") + element_type_name(type) + ", expected bf16 or f16");
   static const CompiledProgram program = compile(source);
   static const Module module(program);
-  static const Kernel fill = module.kernel("fill_bf16");
+  static const Kernel fill_bf16 = module.kernel("fill_bf16"), fill_f16 = module.kernel("fill_f16");
   KernelArgs args;
   args.add(buffer).add(static_cast<long long>(buffer.bytes() / 2)).add(seed).add(gate ? 1 : 0);
-  fill.launch({static_cast<unsigned>(Device::get().properties().sm_count * 16)}, {256}, args);
+  (type == ElementType::bf16 ? fill_bf16 : fill_f16)
+      .launch({static_cast<unsigned>(Device::get().properties().sm_count * 16)}, {256}, args);
+}
+
+inline void fill_bf16(const DeviceBuffer& buffer, unsigned seed, bool gate) {
+  fill(buffer, ElementType::bf16, seed, gate);
 }
 
 }  // namespace ladle::bench

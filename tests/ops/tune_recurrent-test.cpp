@@ -1,0 +1,352 @@
+// The recurrence families in the autotuner, without a GPU: the chunked family's search space
+// (enumeration, validity against an H100's and an A100's limits, the cost model's ranking and
+// pruning), the heuristic tile's place in it, the tuned-config keys of both families, and a
+// tuning of the chunked space through the Tuner with a fake candidate and clock.
+#include <catch2/catch.hpp>
+
+#include <ladle/ops/gpu_recurrent.h>
+#include <ladle/ops/recurrent.h>
+#include <ladle/ops/tune_recurrent.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "runtime/tune_fixtures.h"
+
+using namespace ladle;
+using gpu::chunked_search_space;
+using gpu::to_chunked_tile;
+using gpu::to_config;
+using gpu::TuneShape;
+
+namespace {
+
+DeviceLimits h100() {
+  DeviceLimits d;
+  d.name = "NVIDIA H100 80GB HBM3";
+  d.arch = "sm_90a";
+  d.sm_count = 132;
+  d.max_shared_per_block = 232448;  // 227 KiB opt-in
+  d.max_shared_per_sm = 233472;
+  d.max_registers_per_block = 65536;
+  d.max_threads_per_block = 1024;
+  return d;
+}
+
+DeviceLimits a100() {
+  DeviceLimits d;
+  d.name = "NVIDIA A100-SXM4-80GB";
+  d.arch = "sm_80";
+  d.sm_count = 108;
+  d.max_shared_per_block = 166912;  // 163 KiB opt-in
+  d.max_shared_per_sm = 167936;
+  d.max_registers_per_block = 65536;
+  d.max_threads_per_block = 1024;
+  return d;
+}
+
+// The limits heuristic_chunked_tile() read: this GPU's when there is one, else (CI) the H100
+// figures it assumes without a device.
+DeviceLimits heuristic_device() {
+  return driver_available() ? DeviceLimits::from(Device::get().properties()) : h100();
+}
+
+// A call's bound inputs at any size without the memory: every tensor is one element seen
+// through zero strides (binding checks shapes and dtypes, never reads the data).
+struct Call {
+  const ir::Variant& variant;
+  ElementType type;
+  float element = 0;
+  VariantInputs inputs;
+  RunOptions options;
+  ops::BoundInputs bound;
+
+  Call(const ir::Variant& v, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t K, std::int64_t V,
+       ElementType t = ElementType::bf16)
+      : variant(v), type(t) {
+    auto view = [&](std::vector<std::int64_t> shape) {
+      TensorView broadcast;
+      broadcast.data = &element;
+      broadcast.type = type;
+      broadcast.strides.assign(shape.size(), 0);
+      broadcast.shape = std::move(shape);
+      return broadcast;
+    };
+    inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
+    for (const auto& input : variant.inputs) {
+      if (input.role != ir::Role::other || input.kind == ir::InputKind::scalar) continue;
+      if (input.kind == ir::InputKind::token_key) inputs.tensors.emplace(input.name, view({B, T, H, K}));
+      else if (input.kind == ir::InputKind::token_value) inputs.tensors.emplace(input.name, view({B, T, H, V}));
+      else if (input.kind == ir::InputKind::head) inputs.tensors.emplace(input.name, view({H}));
+    }
+    bound = ops::bind_inputs(variant.name, variant, view({B, T, H, K}), view({B, T, H, K}), view({B, T, H, V}),
+                             inputs, options);
+  }
+
+  TuneShape shape() const { return TuneShape::of(bound); }
+  cuda::ChunkedTile heuristic() const { return gpu::heuristic_chunked_tile(variant, bound); }
+  SearchSpace space() const { return chunked_search_space(variant, shape(), heuristic()); }
+  TunedKey key(std::string_view family, const DeviceLimits& device = h100()) const {
+    return gpu::tune_key(family, variant, gpu::kernel_types(variant, bound, options), shape(), device);
+  }
+};
+
+const ir::Variant& gla() { return named_variant("gla"); }
+const ir::Variant& gk_gv() { return named_variant("recurrent", "gk,gv"); }
+
+Config chunked(int block_k, int chunk, int block_v, int warps) {
+  return to_config(cuda::ChunkedTile{block_k, chunk, block_v, warps});
+}
+
+}  // namespace
+
+TEST_CASE("chunked configs name block_k, chunk, block_v and warps, and convert back to the tile") {
+  const cuda::ChunkedTile tile{128, 32, 64, 4};
+  const Config config = to_config(tile);
+  REQUIRE(config.to_string() == "block_k=128 chunk=32 block_v=64 warps=4");
+  REQUIRE(to_chunked_tile(config) == tile);
+  REQUIRE(gpu::to_recurrent_tile(to_config(cuda::RecurrentTile{128, 32, 16})) == cuda::RecurrentTile{128, 32, 16});
+  REQUIRE_THROWS_WITH(to_chunked_tile(gpu::to_config(cuda::RecurrentTile{128, 32, 16})), Catch::Contains("'chunk'"));
+}
+
+TEST_CASE("the chunked space is chunk x block_v x warps at the heuristic block_k") {
+  const Call call(gla(), 8, 4096, 16, 128, 128);
+  const SearchSpace space = call.space();
+  REQUIRE(space.size() == 3 * 4 * 3);
+  REQUIRE(space.has_cost_model());
+  for (const Config& c : space.all()) {
+    REQUIRE(c["block_k"] == 128);
+    REQUIRE(std::set<int>{16, 32, 64}.count(c["chunk"]));
+    REQUIRE(std::set<int>{16, 32, 64, 128}.count(c["block_v"]));
+    REQUIRE(std::set<int>{2, 4, 8}.count(c["warps"]));
+  }
+  const Call wide(gla(), 8, 4096, 16, 256, 256);
+  for (const Config& c : wide.space().all()) REQUIRE(c["block_k"] == 256);
+}
+
+TEST_CASE("the chunked space's validity is validate_chunked_tile with the device's shared memory") {
+  const std::vector<std::pair<const ir::Variant*, int>> cases{{&gla(), 64}, {&gla(), 128}, {&gla(), 256}, {&gk_gv(), 128}, {&gk_gv(), 256}};
+  for (const auto& [variant, K] : cases) {
+    for (const DeviceLimits& device : {h100(), a100()}) {
+      const Call call(*variant, 8, 4096, 16, K, K);
+      const SearchSpace space = call.space();
+      std::size_t valid = 0;
+      for (const auto& [config, reason] : space.explain(device)) {
+        const auto problems = cuda::validate_chunked_tile(to_chunked_tile(config), *variant, K, K,
+                                                          device.max_shared_per_block);
+        INFO(variant->name << " K=V=" << K << " on " << device.name << ": " << config.to_string());
+        REQUIRE(reason.has_value() == !problems.empty());
+        if (reason) REQUIRE_THAT(*reason, Catch::Contains(problems.front()));
+        valid += !reason;
+      }
+      REQUIRE(valid > 0);
+      REQUIRE(valid < space.size());
+    }
+  }
+  // At K=V=128 with GLA on an H100: 8 warps for every chunk-64 tile (one warp per 16 rows), at
+  // most 64 state values per thread; shared memory never binds.
+  const Call call(gla(), 8, 4096, 16, 128, 128);
+  const SearchSpace space = call.space();
+  REQUIRE(space.enumerate(h100()).size() == 25);
+  REQUIRE_THAT(*space.why_invalid(chunked(128, 64, 64, 2), h100()), Catch::Contains("needs at least 4 warps"));
+  REQUIRE_THAT(*space.why_invalid(chunked(128, 16, 128, 2), h100()), Catch::Contains("state values"));
+  REQUIRE_FALSE(space.why_invalid(chunked(128, 64, 64, 8), h100()));
+}
+
+TEST_CASE("a tile that needs more shared memory than the device allows is invalid, naming the limit") {
+  SECTION("gk and gv at K=V=256, chunk 64, block_v 128: over an H100's 227 KiB") {
+    const Call call(gk_gv(), 8, 4096, 16, 256, 256);
+    const Config config = chunked(256, 64, 128, 8);
+    REQUIRE(cuda::chunked_shared_bytes(gk_gv(), to_chunked_tile(config)) > 232448);
+    const auto reason = call.space().why_invalid(config, h100());
+    REQUIRE(reason);
+    REQUIRE_THAT(*reason, Catch::Contains("shared memory") && Catch::Contains("232448"));
+  }
+  SECTION("GLA at K=V=256, chunk 64, block_v 64: fits an H100, not an A100's 163 KiB") {
+    const Call call(gla(), 8, 4096, 16, 256, 256);
+    const Config config = chunked(256, 64, 64, 8);
+    const int bytes = cuda::chunked_shared_bytes(gla(), to_chunked_tile(config));
+    REQUIRE(bytes > 166912);
+    REQUIRE(bytes <= 232448);
+    REQUIRE_FALSE(call.space().why_invalid(config, h100()));
+    const auto reason = call.space().why_invalid(config, a100());
+    REQUIRE(reason);
+    REQUIRE_THAT(*reason, Catch::Contains("shared memory") && Catch::Contains("166912"));
+    REQUIRE(call.space().enumerate(a100()).size() < call.space().enumerate(h100()).size());
+  }
+  SECTION("gk and gv at K=V=256 on an A100: chunk 64 misses by a few bytes, chunk 32 fits") {
+    const Call call(gk_gv(), 8, 4096, 16, 256, 256);
+    REQUIRE(call.space().why_invalid(chunked(256, 64, 32, 8), a100()));
+    REQUIRE_FALSE(call.space().why_invalid(chunked(256, 32, 32, 8), a100()));
+  }
+  SECTION("more threads than the device allows") {
+    DeviceLimits small = h100();
+    small.max_threads_per_block = 128;
+    const Call call(gla(), 8, 4096, 16, 128, 128);
+    REQUIRE_THAT(*call.space().why_invalid(chunked(128, 64, 64, 8), small), Catch::Contains("256 threads > 128"));
+  }
+}
+
+TEST_CASE("the heuristic chunked tile is in the valid set at K=V=64, 128 and 256") {
+  const DeviceLimits device = heuristic_device();
+  for (const ir::Variant* variant : {&gla(), &gk_gv(), &named_variant("gla", "g_gamma")}) {
+    for (int K : {64, 128, 256}) {
+      for (const auto& [B, T] : std::vector<std::pair<int, int>>{{32, 1024}, {8, 4096}, {2, 16384}, {1, 128}}) {
+        const Call call(*variant, B, T, 16, K, K);
+        const Config heuristic = to_config(call.heuristic());
+        INFO(variant->name << " B" << B << " T" << T << " K=V=" << K << ": " << heuristic.to_string());
+        REQUIRE_FALSE(call.space().why_invalid(heuristic, device));
+        const auto valid = call.space().enumerate(device);
+        REQUIRE(std::find(valid.begin(), valid.end(), heuristic) != valid.end());
+        REQUIRE_NOTHROW(Tuner(call.space(), device, heuristic));
+      }
+    }
+  }
+}
+
+TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and prunes the rest") {
+  // Planned from a poor start, the model's own best comes right after it.
+  const Config poor = chunked(128, 16, 16, 2);
+  for (const auto& [B, T] : std::vector<std::pair<int, int>>{{32, 1024}, {8, 4096}, {2, 16384}}) {
+    const Call call(gla(), B, T, 16, 128, 128);
+    INFO("B" << B << " T" << T);
+    const SearchSpace space = call.space();
+    REQUIRE_FALSE(space.why_invalid(poor, h100()));
+    const TunePlan from_poor = space.plan(h100(), poor, 64);
+    REQUIRE(from_poor.configs.size() == 25);
+    REQUIRE(from_poor.configs[1] == to_config(call.heuristic()));
+  }
+  SECTION("the plan from the heuristic keeps max_candidates, the heuristic among them") {
+    const Call call(gla(), 8, 4096, 16, 128, 128);
+    const Config heuristic = to_config(call.heuristic());
+    REQUIRE(heuristic == chunked(128, 64, 64, 8));
+    const TunePlan plan = call.space().plan(h100(), heuristic, 8);
+    REQUIRE(plan.space_size == 36);
+    REQUIRE(plan.valid == 25);
+    // The model ranks the heuristic among the 8 best, so it takes one of the 8 places.
+    REQUIRE(plan.configs.size() == 8);
+    REQUIRE(plan.pruned == 25 - 8);
+    REQUIRE(plan.configs.front() == heuristic);
+    REQUIRE(std::set<Config>(plan.configs.begin(), plan.configs.end()).size() == plan.configs.size());
+    const TunePlan all = call.space().plan(h100(), heuristic, 64);
+    REQUIRE(all.pruned == 0);
+    REQUIRE(std::equal(plan.configs.begin(), plan.configs.end(), all.configs.begin()));  // a prefix of the order
+    // Pruned: the slowest by the model, e.g. 16-token chunks at 2 warps.
+    REQUIRE(std::find(plan.configs.begin(), plan.configs.end(), poor) == plan.configs.end());
+  }
+  SECTION("64-token chunks rank before shorter ones of the same block_v and warps") {
+    const Call call(gla(), 8, 4096, 16, 128, 128);
+    const auto order = call.space().plan(h100(), chunked(128, 16, 16, 2), 64).configs;
+    auto rank = [&](const Config& c) { return std::find(order.begin(), order.end(), c) - order.begin(); };
+    REQUIRE(rank(chunked(128, 64, 64, 8)) < rank(chunked(128, 32, 64, 8)));
+    REQUIRE(rank(chunked(128, 32, 64, 8)) < rank(chunked(128, 16, 64, 8)));
+    REQUIRE(rank(chunked(128, 64, 32, 8)) < rank(chunked(128, 16, 32, 8)));
+  }
+  SECTION("few (sequence, head) pairs: narrow value tiles rank first, for more blocks than SMs") {
+    const Call call(gla(), 1, 4096, 16, 128, 128);  // 16 pairs, 132 SMs
+    const auto order = call.space().plan(h100(), poor, 64).configs;
+    REQUIRE(order[1]["block_v"] <= 32);
+    const Call many(gla(), 8, 4096, 16, 128, 128);
+    REQUIRE(many.space().plan(h100(), poor, 64).configs[1]["block_v"] == 64);
+  }
+}
+
+TEST_CASE("chunked and fused-recurrent keys differ, and differ by dtype and shape bucket") {
+  const Call call(gla(), 8, 4096, 16, 128, 128);
+  const TunedKey chunked_key = call.key(gpu::chunked_family);
+  const TunedKey recurrent_key = call.key(gpu::recurrent_family);
+  REQUIRE(chunked_key.family == "chunked");
+  REQUIRE(recurrent_key.family == "fused_recurrent");
+  REQUIRE(chunked_key.hash() != recurrent_key.hash());
+  REQUIRE(chunked_key.variant == recurrent_key.variant);  // the same variant and types
+  // The fused-recurrent key's form is what earlier versions stored: keep it.
+  REQUIRE(recurrent_key.variant == ir::hash_hex(gla()) + "-rfalsevfalseifalseffalse-bf16-bf16-bf16-bf16-f32");
+  // The kernel's flags are in the key: a reverse call is another kernel.
+  cuda::KernelTypes reversed = gpu::kernel_types(gla(), call.bound, call.options);
+  reversed.reverse = true;
+  const TunedKey reversed_key = gpu::tune_key(gpu::chunked_family, gla(), reversed, call.shape(), h100());
+  REQUIRE(reversed_key.variant == ir::hash_hex(gla()) + "-rtruevfalseifalseffalse-bf16-bf16-bf16-bf16-f32");
+  REQUIRE(reversed_key.hash() != chunked_key.hash());
+  REQUIRE(chunked_key.shape_bucket == "N8-T4096-H16-K128-V128");
+  REQUIRE(chunked_key.dtype == "bf16");
+  REQUIRE(chunked_key.gpu == "NVIDIA H100 80GB HBM3");
+  REQUIRE(chunked_key.sm_count == 132);
+
+  const Call f16(gla(), 8, 4096, 16, 128, 128, ElementType::f16);
+  REQUIRE(f16.key(gpu::chunked_family).dtype == "f16");
+  REQUIRE(f16.key(gpu::chunked_family).hash() != chunked_key.hash());
+  // Within a bucket: one key (T and N by powers of two).
+  REQUIRE(Call(gla(), 8, 3000, 16, 128, 128).key(gpu::chunked_family) == chunked_key);
+  REQUIRE(Call(gla(), 6, 4096, 16, 128, 128).key(gpu::chunked_family) == chunked_key);
+  // Another bucket, head count, head dim or device: another key.
+  for (const TunedKey& other :
+       {Call(gla(), 8, 8192, 16, 128, 128).key(gpu::chunked_family), Call(gla(), 16, 4096, 16, 128, 128).key(gpu::chunked_family),
+        Call(gla(), 8, 4096, 8, 128, 128).key(gpu::chunked_family), Call(gla(), 8, 4096, 16, 64, 64).key(gpu::chunked_family),
+        call.key(gpu::chunked_family, a100()), Call(gk_gv(), 8, 4096, 16, 128, 128).key(gpu::chunked_family)}) {
+    INFO(other.to_string());
+    REQUIRE(other.hash() != chunked_key.hash());
+  }
+}
+
+TEST_CASE("policy heuristic returns the heuristic chunked tile without a device or a job") {
+  const Call call(gla(), 8, 4096, 16, 128, 128);
+  TuneOptions options;
+  options.policy = Policy::heuristic;
+  const cuda::ChunkedTile odd{128, 32, 32, 4};  // whatever the caller passes is returned
+  REQUIRE(gpu::tuned_chunked_tile(gla(), call.bound, call.options, odd, options) == odd);
+  if (!driver_available()) {
+    options.policy = Policy::cached;
+    REQUIRE_THROWS_AS(gpu::tuned_chunked_tile(gla(), call.bound, call.options, odd, options), NoCudaDriver);
+  }
+}
+
+TEST_CASE("tuning the chunked space picks the fastest valid candidate and rejects a mismatching one") {
+  const Call call(gla(), 8, 4096, 16, 128, 128);
+  const Config heuristic = to_config(call.heuristic());
+  const Tuner tuner(call.space(), h100(), heuristic);
+  test::FakeCandidate fake;
+  // The "GPU": longer chunks, narrower value tiles and fewer warps are faster.
+  fake.time_of = [](const Config& c) { return 1.0 + 16.0 / c["chunk"] + 0.001 * c["block_v"] + 0.01 * c["warps"]; };
+  const auto valid = call.space().enumerate(h100());
+  auto by_time = valid;
+  std::stable_sort(by_time.begin(), by_time.end(),
+                   [&](const Config& a, const Config& b) { return fake.time_of(a) < fake.time_of(b); });
+  const Config fastest = by_time[0], second = by_time[1];
+  REQUIRE(fastest == chunked(128, 64, 16, 4));
+  REQUIRE(second == chunked(128, 64, 32, 4));
+  REQUIRE(fake.time_of(heuristic) > fake.time_of(second));
+  fake.fail_check.insert(fastest);  // its output differs from the heuristic's
+
+  test::FakeClock clock;
+  fake.clock = &clock;
+  fake.clock_ms_per_time = 1;
+  TunedCache cache(TunedCache::Settings::memory_only());
+  TuneOptions options;
+  options.policy = Policy::force;
+  options.cache = &cache;
+  options.budget_ms = 60'000;
+  options.clock_ms = clock.fn();
+  options.on_progress = [](const TuneProgress&) {};
+  const TunedKey key = call.key(gpu::chunked_family);
+  const TuneResult result = tuner.tune(key, fake, options);
+
+  REQUIRE(result.source == TuneSource::tuned);
+  REQUIRE(result.best == second);
+  REQUIRE(result.heuristic == heuristic);
+  REQUIRE(result.space_size == 36);
+  REQUIRE(result.space_valid == valid.size());
+  REQUIRE(result.candidates.size() == valid.size());  // 25 < max_candidates: nothing pruned
+  REQUIRE(fake.prepares == static_cast<int>(valid.size()));
+  for (const Config& timed : fake.timed) REQUIRE_FALSE(call.space().why_invalid(timed, h100()));
+  const auto rejected = std::find_if(result.candidates.begin(), result.candidates.end(),
+                                     [&](const CandidateRecord& r) { return r.config == fastest; });
+  REQUIRE(rejected != result.candidates.end());
+  REQUIRE_FALSE(rejected->valid);
+  REQUIRE_THAT(rejected->reason, Catch::Contains("relative L2 error"));
+  // Stored under the chunked key, not the fused-recurrent one.
+  REQUIRE(cache.lookup(key)->best == second);
+  REQUIRE_FALSE(cache.lookup(call.key(gpu::recurrent_family)));
+}
