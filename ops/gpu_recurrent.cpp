@@ -1,5 +1,7 @@
 #include "gpu_recurrent.h"
 
+#include "detail/loaded_kernel.h"
+#include "device_upload.h"
 #include "tune_recurrent.h"
 
 #include <cstring>
@@ -40,35 +42,14 @@ std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::st
   return key;
 }
 
-// Loaded kernels of this process, by (variant, spec, arch): a repeated call skips source
-// generation and the cache lookup entirely.
-template <class Generated>
-struct LoadedKernel {
-  Generated kernel;
-  std::unique_ptr<Module> module;
-  std::optional<Kernel> function;
-};
-
+// The loaded kernel of (variant, spec) on this GPU, compiled on the first call.
 template <class Spec, class Compile>
 const auto& loaded_kernel(const ir::Variant& variant, const Spec& spec, Compile compile_family) {
   using Generated = decltype(compile_family(variant, spec, std::string()).kernel);
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<LoadedKernel<Generated>>> kernels;
   const std::string arch = Device::get().properties().arch();
-  const std::string key = spec_key(variant, spec, arch);
-  std::lock_guard lock(mutex);
-  auto& slot = kernels[key];
-  if (!slot) {
-    auto compiled = compile_family(variant, spec, arch);
-    auto loaded = std::make_unique<LoadedKernel<Generated>>();
-    loaded->kernel = std::move(compiled.kernel);
-    loaded->module = std::make_unique<Module>(compiled.program);
-    loaded->function.emplace(loaded->module->kernel(loaded->kernel.name));
-    if constexpr (requires { loaded->kernel.shared_bytes; })
-      if (loaded->kernel.shared_bytes > 48 * 1024) loaded->function->set_max_dynamic_shared(loaded->kernel.shared_bytes);
-    slot = std::move(loaded);
-  }
-  return *slot;
+  return detail::loaded_kernel<Generated>(spec_key(variant, spec, arch), arch, [&](const std::string& target) {
+    return compile_family(variant, spec, target);
+  });
 }
 
 // The argument array of a kernel of the recurrence families, by parameter role.
@@ -125,37 +106,6 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
   spec.final_state = options.return_state;
   return spec;
 }
-
-namespace {
-
-// Host strided view -> dense bytes in row-major order.
-std::vector<std::byte> pack_dense(const TensorView& view) {
-  const std::size_t size = element_size(view.type);
-  const std::int64_t n = view.numel();
-  std::vector<std::byte> out(static_cast<std::size_t>(n) * size);
-  const auto* base = static_cast<const std::byte*>(view.data);
-  for_each_offset(view, [&](std::int64_t i, std::int64_t offset) {
-    std::memcpy(out.data() + i * size, base + offset * static_cast<std::int64_t>(size), size);
-  });
-  return out;
-}
-
-struct Uploaded {
-  DeviceBuffer buffer;
-  TensorView view;
-};
-
-Uploaded upload(const TensorView& host) {
-  Uploaded u;
-  auto bytes = pack_dense(host);
-  u.buffer = DeviceBuffer(bytes.size());
-  u.buffer.copy_from_host(bytes.data(), bytes.size());
-  u.view = TensorView::contiguous(reinterpret_cast<const void*>(u.buffer.device_ptr()), host.type,
-                                  host.shape);
-  return u;
-}
-
-}  // namespace
 
 // The heuristic tile for this call's shape. Few (sequence, head) pairs leave most SMs idle
 // with wide tiles; narrow ones give more blocks. Measured on H100 at K=V=128 (GLA bf16):
