@@ -43,7 +43,8 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
                                     const void* cu_seqlens_q, const void* cu_seqlens_k);
 
-// Runs the variant on bound arguments whose views hold device pointers. Throws NoCudaDriver
+// Runs the variant on bound arguments whose views hold device pointers, with the tile
+// tuned_attention_tile gives (ops/tune_attention.h: LADLE_AUTOTUNE). Throws NoCudaDriver
 // without a GPU.
 void run_attention_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                         const LaunchOptions& launch = {});

@@ -150,31 +150,6 @@ CandidateFactory candidate_factory(const ir::Variant& variant, const ops::BoundI
   };
 }
 
-// Per process: one tuning (or cache read) per key, then a map lookup per call. Under force
-// the first call of the process tunes again (and replaces the stored result); the calls
-// after it reuse that tuning rather than tuning on every call.
-Config tuned_config(const TuneJob& job, Policy policy, const TuneOptions& tune_options) {
-  struct Choice {
-    Config config;
-    bool tuned_here = false;
-  };
-  static std::mutex mutex;
-  static std::map<std::string, Choice> chosen;  // by key hash: the family is in the key
-  const std::string memo = job.key.hash();
-  {
-    std::lock_guard lock(mutex);
-    if (auto it = chosen.find(memo); it != chosen.end() && (policy == Policy::cached || it->second.tuned_here))
-      return it->second.config;
-  }
-  TuneOptions with_policy = tune_options;
-  with_policy.policy = policy;
-  const TuneResult result = job.tune(with_policy);
-  const bool tuned_here = result.source == TuneSource::tuned;
-  std::lock_guard lock(mutex);
-  chosen.insert_or_assign(memo, Choice{result.best, tuned_here});
-  return result.best;
-}
-
 std::string joined(const std::vector<std::string>& problems) {
   std::string all;
   for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
@@ -282,17 +257,45 @@ SearchSpace chunked_search_space(const ir::Variant& variant, const TuneShape& sh
   return space;
 }
 
+TunedKey tune_key(std::string_view family, std::string what, const std::vector<ElementType>& input_types,
+                  std::string bucket, ElementType output_type, const DeviceLimits& device) {
+  for (ElementType t : input_types) what += std::string("-") + element_type_name(t);
+  return TunedKey::make(std::string(family), std::move(what), std::move(bucket), element_type_name(output_type),
+                        device);
+}
+
 TunedKey tune_key(std::string_view family, const ir::Variant& variant, const cuda::KernelTypes& types,
                   const TuneShape& shape, const DeviceLimits& device) {
-  std::string what = ir::hash_hex(variant) +
-                     fmt::format("-r{}v{}i{}f{}", types.reverse, types.varlen, types.initial_state, types.final_state);
-  for (ElementType t : types.input_types) what += std::string("-") + element_type_name(t);
-  const std::string bucket = shape_bucket({{"N", bucket_pow2(shape.N)},
-                                           {"T", bucket_pow2(shape.T)},
-                                           {"H", shape.H},
-                                           {"K", shape.K},
-                                           {"V", shape.V}});
-  return TunedKey::make(std::string(family), what, bucket, element_type_name(types.output_type), device);
+  const std::string what = ir::hash_hex(variant) + fmt::format("-r{}v{}i{}f{}", types.reverse, types.varlen,
+                                                               types.initial_state, types.final_state);
+  std::string bucket = shape_bucket({{"N", bucket_pow2(shape.N)},
+                                     {"T", bucket_pow2(shape.T)},
+                                     {"H", shape.H},
+                                     {"K", shape.K},
+                                     {"V", shape.V}});
+  return tune_key(family, what, types.input_types, std::move(bucket), types.output_type, device);
+}
+
+Config tuned_config(const TuneJob& job, Policy policy, const TuneOptions& tune_options) {
+  struct Choice {
+    Config config;
+    bool tuned_here = false;
+  };
+  static std::mutex mutex;
+  static std::map<std::string, Choice> chosen;  // by key hash: the family is in the key
+  const std::string memo = job.key.hash();
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = chosen.find(memo); it != chosen.end() && (policy == Policy::cached || it->second.tuned_here))
+      return it->second.config;
+  }
+  TuneOptions with_policy = tune_options;
+  with_policy.policy = policy;
+  const TuneResult result = job.tune(with_policy);
+  const bool tuned_here = result.source == TuneSource::tuned;
+  std::lock_guard lock(mutex);
+  chosen.insert_or_assign(memo, Choice{result.best, tuned_here});
+  return result.best;
 }
 
 TuneJob recurrent_tune_job(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,

@@ -3,12 +3,15 @@
 // warps at the heuristic block_k, valid by validate_chunked_tile (the device's shared memory
 // included) and the thread limit, ranked by a cost model and pruned to max_candidates. Both
 // share one Candidate (compiles in prepare(), runs each tile into its own output buffers),
-// one key builder and one per-process memo. The op layer asks for a tile when the call names
+// one key builder and one per-process memo (the softmax-attention family, ops/tune_attention.h,
+// uses the key builder and the memo too). The op layer asks for a tile when the call names
 // none (policy from LADLE_AUTOTUNE).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include <ladle/codegen/cuda_chunked.h>
 #include <ladle/codegen/cuda_recurrent.h>
@@ -51,6 +54,16 @@ SearchSpace chunked_search_space(const ir::Variant& variant, const TuneShape& sh
 // (N and T by powers of two, H, K, V exact), the output dtype and the device.
 TunedKey tune_key(std::string_view family, const ir::Variant& variant, const cuda::KernelTypes& types,
                   const TuneShape& shape, const DeviceLimits& device);
+// What every family's key is made of (the softmax-attention family's too): `what` (the
+// variant's hash and the kernel's flags) with "-<dtype>" per input type appended, the shape
+// bucket, the output dtype and the device.
+TunedKey tune_key(std::string_view family, std::string what, const std::vector<ElementType>& input_types,
+                  std::string bucket, ElementType output_type, const DeviceLimits& device);
+
+// The per-process memo every family's op goes through: one tuning (or cache read) per key,
+// then a map lookup per call. Under force the first call of the process tunes again (and
+// replaces the stored result); the calls after it reuse that tuning.
+Config tuned_config(const TuneJob& job, Policy policy, const TuneOptions& tune_options);
 
 // The tile for this call: the heuristic under policy heuristic (nothing built), else the
 // tuned one (tuned now on a miss under cached, always under force). Bound views hold device

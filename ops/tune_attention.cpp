@@ -1,0 +1,279 @@
+#include "tune_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <ladle/codegen/float16.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/event_timer.h>
+
+#include "gpu_attention.h"
+#include "tune_recurrent.h"  // the key builder and the memo
+
+namespace ladle::gpu {
+namespace {
+
+using Tile = cuda::AttentionTile;
+
+// The tile's tunable fields, in the space's order: the name in a Config, the values the space
+// tries, and how a Config reads and writes the field. A new field of AttentionTile is one line
+// here (e.g. {"mma", {0, 1}, ...} once AttentionTile::mma lands; its validity, wgmma on sm_90a
+// only, is validate_attention_tile's, given the DeviceLimits' arch).
+struct TileField {
+  std::string_view name;
+  std::vector<int> values;
+  int (*get)(const Tile&);
+  void (*set)(Tile&, int);
+};
+
+const std::vector<TileField>& tile_fields() {
+  static const std::vector<TileField> fields{
+      {"block_m", {64, 128}, [](const Tile& t) { return t.block_m; }, [](Tile& t, int v) { t.block_m = v; }},
+      {"block_n", {32, 64, 128}, [](const Tile& t) { return t.block_n; }, [](Tile& t, int v) { t.block_n = v; }},
+      {"warps", {4, 8}, [](const Tile& t) { return t.warps; }, [](Tile& t, int v) { t.warps = v; }},
+      {"stages", {1, 2}, [](const Tile& t) { return t.stages; }, [](Tile& t, int v) { t.stages = v; }},
+  };
+  return fields;
+}
+
+std::string joined(const std::vector<std::string>& problems) {
+  std::string all;
+  for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+  return all;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+int pad16(std::int64_t dim) { return static_cast<int>((dim + 15) / 16 * 16); }
+
+// A rough time of one call in SM cycles (only the ranking matters). Per key tile a block does
+// the mma.sync work of q k^T and P V (about 1024 16-bit FMA per cycle per SM; split fp32 three
+// products), the softmax's exp on the MUFU (16 per cycle) and a few more elementwise operations
+// per score, issues the cp.async copies of the next K/V tile (16 bytes an instruction, 4 a
+// cycle: what 128-row tiles halve per query row), and waits at the tile's barriers and row
+// shuffles; with one stage also for the copy itself. The tensor cores reach full rate only
+// with enough resident warps (w / (w + 4)); past 128 fragment values per thread the registers
+// left no longer hold the next fragments, so the mma slows towards the guard's 160. An SM
+// runs the blocks that fit at once (shared memory, registers estimated as 48 + the fragment
+// values, threads) and overlaps their waits; the call takes the longer of the total work over
+// the SMs and the longest block alone (fewer blocks than SMs leave SMs idle). Not yet
+// calibrated on a GPU (bench/RESULTS.md): at H16 D128 bf16 causal, B8 T4096 and B2 T16384,
+// and at D64, it ranks heuristic_attention_tile first.
+double attention_cycles(const AttentionTuneShape& s, bool split, const Tile& tile, const DeviceLimits& device) {
+  const int Dp = pad16(s.D), Dvp = pad16(s.Dv);
+  const double bm = tile.block_m, bn = tile.block_n;
+  const double pairs = bm * bn;
+  const double mma = pairs * (Dp + Dvp) * (split ? 3 : 1) / 1024;
+  const double elementwise = pairs * (1.0 / 16 + 6.0 / 128);
+  const double copy = bn * (Dp + Dvp) * 2 * (split ? 2 : 1) / 64;
+  const double waits = 300 + (tile.stages == 1 ? 700 : 0);
+  const double per_block = 1000;  // the q tile, the first K/V tile, o's epilogue
+  const int fragments = Dp / 4 * (split ? 2 : 1) + tile.block_n / 2 + Dvp / 2;
+  const double pressure = 1 + std::max(0, fragments - 128) / 128.0;
+  const int threads = 32 * tile.warps;
+  const int registers = (std::min(255, 48 + fragments) + 7) / 8 * 8;
+  const int shared = std::max(1, cuda::attention_shared_bytes(tile, s.D, s.Dv, split));
+  const int by_shared = device.max_shared_per_sm > 0 ? device.max_shared_per_sm / shared : 1;
+  const int by_registers = device.max_registers_per_sm / (registers * threads);
+  const int by_threads = 2048 / threads;
+  const std::int64_t fit = std::max(1, std::min({by_shared, by_registers, by_threads}));
+
+  // Key tiles per row block: the causal / window range of its rows, in whole tiles.
+  const std::int64_t Tq = std::max<std::int64_t>(1, s.mean_q), Tk = std::max<std::int64_t>(1, s.mean_k);
+  const std::int64_t row_blocks = ceil_div(Tq, tile.block_m), offset = Tk - Tq;
+  double tiles = 0, longest = 0;
+  for (std::int64_t b = 0; b < row_blocks; ++b) {
+    const std::int64_t first = b * tile.block_m, last = std::min(Tq, first + tile.block_m) - 1;
+    std::int64_t lo = 0, hi = Tk - 1;
+    if (s.causal) hi = std::min(hi, last + offset);
+    if (s.window_left >= 0) lo = std::max(lo, first + offset - s.window_left);
+    if (s.window_right >= 0) hi = std::min(hi, last + offset + s.window_right);
+    const double n = hi < lo ? 0 : static_cast<double>(hi / tile.block_n - lo / tile.block_n + 1);
+    tiles += n;
+    longest = std::max(longest, n);
+  }
+  const std::int64_t heads = std::max<std::int64_t>(1, s.N * s.H);
+  const std::int64_t blocks = heads * row_blocks;
+  const int sms = std::max(1, device.sm_count);
+  const std::int64_t together = std::min(fit, std::max<std::int64_t>(1, ceil_div(blocks, sms)));
+  const auto rate = [&](std::int64_t resident) {
+    const double warps = static_cast<double>(resident * tile.warps);
+    return warps / (warps + 4);
+  };
+  const double compute = mma * pressure + elementwise;
+  const double shared_tile = compute / rate(together) + copy + waits / static_cast<double>(together);
+  const double alone_tile = compute / rate(1) + copy + waits;
+  const double all = (static_cast<double>(heads) * tiles * shared_tile + blocks * per_block / together) / sms;
+  return std::max(all, longest * alone_tile + per_block);
+}
+
+// Runs tiles on the caller's device inputs into outputs of its own (poisoned before each
+// checked run, so that a tile that skips a row shows NaN).
+class AttentionCandidate : public Candidate {
+ public:
+  AttentionCandidate(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                     const cuda::AttentionKernelSpec& spec, double tolerance)
+      : variant_(variant), args_(args), spec_(spec), tolerance_(tolerance), arch_(Device::get().properties().arch()) {
+    Device::get().synchronize();  // the caller's inputs may still be in flight on its stream
+    std::int64_t n = 1;
+    for (auto d : args.o.shape) n *= d;
+    o_ = DeviceBuffer(static_cast<std::size_t>(n) * element_size(args.o.type));
+    args_.o = TensorView::contiguous(reinterpret_cast<const void*>(o_.device_ptr()), args.o.type, args.o.shape);
+    if (args.lse) {
+      std::int64_t m = 1;
+      for (auto d : args.lse->shape) m *= d;
+      lse_ = DeviceBuffer(static_cast<std::size_t>(m) * 4);
+      args_.lse = TensorView::contiguous(reinterpret_cast<const void*>(lse_.device_ptr()), ElementType::f32,
+                                         args.lse->shape);
+    }
+  }
+
+  void prepare(const Config& config) override {
+    cuda::AttentionKernelSpec spec = spec_;  // built on the caller's thread: no device here
+    spec.tile = to_attention_tile(config);
+    compile_attention(variant_, spec, arch_);  // warms the compile cache
+  }
+
+  void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
+
+  Check matches_reference(const Config& config) override {
+    const std::vector<float> out = run(config);
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      diff += (double(out[i]) - reference_[i]) * (double(out[i]) - reference_[i]);
+      norm += double(reference_[i]) * reference_[i];
+    }
+    const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    if (!(error <= tolerance_)) return Check::fail(fmt::format("relative L2 error {:.2e} > {:.0e}", error, tolerance_));
+    return Check::pass();
+  }
+
+  double time_ms(const Config& config) override {
+    const Tile tile = to_attention_tile(config);
+    return time_launches(stream_, [&](int) { run_attention_into(variant_, args_, LaunchOptions{&stream_}, tile); });
+  }
+
+ private:
+  std::vector<float> run(const Config& config) {
+    o_.fill_bytes(0xff, &stream_);
+    run_attention_into(variant_, args_, LaunchOptions{&stream_}, to_attention_tile(config));
+    stream_.synchronize();
+    std::vector<std::byte> bytes(o_.bytes());
+    o_.copy_to_host(bytes.data(), bytes.size());
+    const std::size_t size = element_size(args_.o.type);
+    std::vector<float> values(bytes.size() / size);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = narrow_float::load(bytes.data() + i * size, args_.o.type);
+    return values;
+  }
+
+  const ir::AttentionVariant& variant_;
+  ops::AttentionArgs args_;  // the caller's inputs, this candidate's outputs
+  cuda::AttentionKernelSpec spec_;
+  double tolerance_;
+  std::string arch_;
+  Stream stream_;
+  DeviceBuffer o_, lse_;
+  std::vector<float> reference_;
+};
+
+}  // namespace
+
+AttentionTuneShape AttentionTuneShape::of(const ir::AttentionVariant& variant, const ops::AttentionArgs& args) {
+  AttentionTuneShape shape;
+  shape.N = args.N;
+  const auto longest = [&](const std::vector<std::int64_t>& offsets, std::int64_t all) {
+    std::int64_t most = 0;
+    for (std::size_t n = 0; n + 1 < offsets.size(); ++n) most = std::max(most, offsets[n + 1] - offsets[n]);
+    return offsets.empty() ? all : most;
+  };
+  const auto mean = [&](const std::vector<std::int64_t>& offsets, std::int64_t all) {
+    return offsets.empty() ? all : offsets.back() / std::max<std::int64_t>(1, args.N);
+  };
+  shape.Tq = longest(args.cu_seqlens_q, args.Tq);
+  shape.Tk = longest(args.cu_seqlens_k, args.Tk);
+  shape.mean_q = mean(args.cu_seqlens_q, args.Tq);
+  shape.mean_k = mean(args.cu_seqlens_k, args.Tk);
+  shape.H = args.H;
+  shape.H_kv = args.H_kv;
+  shape.D = args.D;
+  shape.Dv = args.Dv;
+  shape.causal = variant.causal;
+  if (variant.window) shape.window_left = args.window_left, shape.window_right = args.window_right;
+  return shape;
+}
+
+Config to_config(const cuda::AttentionTile& tile) {
+  Config c;
+  for (const TileField& field : tile_fields()) c.set(field.name, field.get(tile));
+  return c;
+}
+
+cuda::AttentionTile to_attention_tile(const Config& config) {
+  Tile tile;
+  for (const TileField& field : tile_fields()) field.set(tile, config.at(field.name));
+  return tile;
+}
+
+SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands) {
+  SearchSpace space;
+  for (const TileField& field : tile_fields()) space.param(std::string(field.name), field.values);
+  const bool split = operands == ElementType::f32;
+  const int D = static_cast<int>(shape.D), Dv = static_cast<int>(shape.Dv);
+  space.rule([D, Dv, split](const Config& c, const DeviceLimits& d) -> Reason {
+    // Every limit a tile breaks: warps vs block_m, the register guard, the opt-in shared memory.
+    const auto problems = cuda::validate_attention_tile(to_attention_tile(c), D, Dv, d.max_shared_per_block, split);
+    if (!problems.empty()) return joined(problems);
+    return rule::threads(32LL * c.at("warps"), d);
+  });
+  space.cost_model([shape, split](const Config& c, const DeviceLimits& d) {
+    return attention_cycles(shape, split, to_attention_tile(c), d);
+  });
+  return space;
+}
+
+TunedKey attention_tune_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
+                            const AttentionTuneShape& shape, const DeviceLimits& device) {
+  std::vector<ElementType> types = spec.input_types;
+  if (variant.segment_ids) types.insert(types.end(), {spec.q_segment_ids_type, spec.kv_segment_ids_type});
+  if (variant.sinks) types.push_back(spec.sinks_type);
+  std::string bucket = shape_bucket({{"N", bucket_pow2(shape.N)},
+                                     {"Tq", bucket_pow2(shape.Tq)},
+                                     {"Tk", bucket_pow2(shape.Tk)},
+                                     {"H", shape.H},
+                                     {"Hkv", shape.H_kv},
+                                     {"D", shape.D},
+                                     {"Dv", shape.Dv}});
+  return tune_key(attention_family, ir::hash_hex(variant) + fmt::format("-v{}l{}a{}", spec.varlen, spec.lse, spec.async_copy),
+                  types, std::move(bucket), spec.output_type, device);
+}
+
+TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                           const cuda::AttentionTile& heuristic) {
+  // The launcher's spec, checks and errors (a heuristic that does not fit throws here).
+  const cuda::AttentionKernelSpec spec = attention_kernel_spec(variant, args, heuristic);
+  const DeviceLimits device = DeviceLimits::from(Device::get().properties());
+  const AttentionTuneShape shape = AttentionTuneShape::of(variant, args);
+  const bool split = cuda::attention_split_f32(variant, spec);
+  TunedKey key = attention_tune_key(variant, spec, shape, device);
+  // fp32 inputs through split bf16 pairs keep about 16 bits: DESIGN.md's fp32 tolerance.
+  const double tolerance = split ? 2e-3 : 1e-2;
+  CandidateFactory factory = [&variant, &args, spec, tolerance] {
+    return std::make_unique<AttentionCandidate>(variant, args, spec, tolerance);
+  };
+  return TuneJob{std::move(key),
+                 Tuner(attention_search_space(shape, split ? ElementType::f32 : spec.input_types.at(0)), device,
+                       to_config(heuristic)),
+                 std::move(factory)};
+}
+
+cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                         const cuda::AttentionTile& heuristic, const TuneOptions& tune_options) {
+  const Policy policy = tune_options.policy.value_or(policy_from_env());
+  if (policy == Policy::heuristic) return heuristic;
+  return to_attention_tile(tuned_config(attention_tune_job(variant, args, heuristic), policy, tune_options));
+}
+
+}  // namespace ladle::gpu

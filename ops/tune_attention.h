@@ -1,0 +1,70 @@
+// The softmax-attention family in the autotuner: block_m x block_n x warps x stages (warps
+// must agree with block_m: 16 query rows per warp), valid by validate_attention_tile (the
+// device's opt-in shared memory and the register guard included) and the thread limit, ranked
+// by a cost model and pruned to max_candidates. The key builder and the per-process memo are
+// the recurrence families' (ops/tune_recurrent.h). gpu::run_attention_into asks for a tile
+// when the call names none (policy from LADLE_AUTOTUNE).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include <ladle/codegen/cuda_attention.h>
+#include <ladle/runtime/autotune.h>
+
+#include "attention_bind.h"
+
+namespace ladle::gpu {
+
+// The family's name in the tuned-config cache.
+inline constexpr std::string_view attention_family = "attention";
+
+// The sizes a tile is chosen for. Pure data, so that spaces and keys are built (and tested)
+// without a device.
+struct AttentionTuneShape {
+  std::int64_t N = 0;            // sequences
+  std::int64_t Tq = 0, Tk = 0;   // tokens per sequence (packed: the longest): bucketed in the key
+  std::int64_t mean_q = 0;       // tokens per sequence, Tq or the packed sequences' mean: the
+  std::int64_t mean_k = 0;       //   cost model's
+  std::int64_t H = 0, H_kv = 0, D = 0, Dv = 0;
+  // The mask's structure, for the cost model's count of key tiles per block (a window's sizes
+  // are run-time values: not in the key).
+  bool causal = false;
+  std::int64_t window_left = -1, window_right = -1;  // -1: unbounded (or no window)
+  static AttentionTuneShape of(const ir::AttentionVariant& variant, const ops::AttentionArgs& args);
+};
+
+Config to_config(const cuda::AttentionTile& tile);  // block_m, block_n, warps, stages
+cuda::AttentionTile to_attention_tile(const Config& config);
+
+// The search space, for any device (the rules read the DeviceLimits they are given).
+// operands: the type q, k and v go through the tensor cores as (f32 when any of them is f32:
+// split into bf16 pairs, twice the shared memory and the q fragments; else f16 or bf16). The
+// cost model predicts an SM's cycles from the key tiles every block visits (the causal or
+// window range, per row block), the mma and softmax work per tile at the rate the resident
+// warps reach, the copies' issue cost (K/V reuse: 64-row tiles copy twice per query row),
+// the per-tile barriers (and, with one stage, the copy's latency), a register-pressure factor
+// near the register guard, the blocks that fit on an SM at once (shared memory, registers,
+// threads) and the blocks vs SMs: rough, it only ranks.
+SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands);
+
+// The family's key: the variant's hash, the kernel's flags (varlen, lse, cp.async) and input
+// dtypes (segment ids and sinks too when the variant has them), the shape bucket (N, Tq and Tk
+// by powers of two; H, H_kv, D, Dv exact), the output dtype and the device.
+TunedKey attention_tune_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
+                            const AttentionTuneShape& shape, const DeviceLimits& device);
+
+// The job for one call, for ladle-tune and the benchmarks (measure() prints the whole table).
+// Reads this GPU's limits (Device::get()); args (device pointers) must outlive the job. The
+// candidate runs each tile on args' inputs into fresh poisoned outputs and compares o with the
+// heuristic tile's within 1e-2 relative L2 (2e-3 for f32 inputs). Throws InvalidArgument, as
+// the launcher does, when the heuristic tile does not fit.
+TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                           const cuda::AttentionTile& heuristic);
+
+// The tile for this call: the heuristic under policy heuristic (nothing built, no device
+// touched), else the tuned one (tuned now on a miss under cached, always under force).
+cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                         const cuda::AttentionTile& heuristic, const TuneOptions& tune_options = {});
+
+}  // namespace ladle::gpu
