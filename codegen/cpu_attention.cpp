@@ -65,18 +65,6 @@ float element(const TensorView& view, std::int64_t offset) {
   }
 }
 
-std::int64_t integer(const TensorView& view, std::int64_t offset) {
-  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));
-  if (view.type == ElementType::i32) {
-    std::int32_t x;
-    std::memcpy(&x, p, sizeof x);
-    return x;
-  }
-  std::int64_t x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-
 // Where the score and keep programs are: one query row, a chunk of keys.
 struct Position {
   std::int64_t b = 0, n = 0, h = 0;
@@ -191,9 +179,9 @@ class Worker {
       if (variant_.segment_ids) {
         const TensorView& qs = *a.q_segment_ids;
         const TensorView& ks = *a.kv_segment_ids;
-        const std::int64_t mine = integer(qs, b * qs.strides[0] + (q0 + i) * qs.strides[1]);
+        const std::int64_t mine = load_integer(qs, b * qs.strides[0] + (q0 + i) * qs.strides[1]);
         for (std::int64_t j = range.begin; j < range.end; ++j)
-          if (integer(ks, b * ks.strides[0] + (k0 + j) * ks.strides[1]) != mine)
+          if (load_integer(ks, b * ks.strides[0] + (k0 + j) * ks.strides[1]) != mine)
             logits_[j - range.begin] = -std::numeric_limits<float>::infinity();
       }
       finish_row(n, h, b, q0 + i, i, range);

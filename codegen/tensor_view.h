@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace ladle {
@@ -64,6 +65,19 @@ struct TensorView {
     return view;
   }
 };
+
+// The i32 or i64 element at `offset` (in elements) of an integer view, as int64.
+inline std::int64_t load_integer(const TensorView& view, std::int64_t offset) {
+  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));
+  if (view.type == ElementType::i32) {
+    std::int32_t x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+  }
+  std::int64_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
 
 // Calls f(i, offset) for every element in row-major order: i counts elements 0..numel-1,
 // offset is the element's position in the view's storage (in elements, from strides).

@@ -30,15 +30,6 @@ std::string op_name(const ir::AttentionVariant& variant) { return variant.name.e
 
 bool use_gpu(Backend backend) { return backend == Backend::gpu || (backend == Backend::automatic && driver_available()); }
 
-// A dense result into a caller's (possibly strided) view of the same type.
-void store_into(const HostTensor& dense, const TensorView& out) {
-  const std::size_t size = element_size(out.type);
-  auto* base = static_cast<std::byte*>(out.data);
-  const auto* src = static_cast<const std::byte*>(dense.data());
-  for_each_offset(out, [&](std::int64_t i, std::int64_t offset) {
-    std::memcpy(base + offset * static_cast<std::int64_t>(size), src + i * size, size);
-  });
-}
 
 // Host tensors in, host tensors out, the kernel on the GPU: every input is checked on the
 // host first, so bad input never reaches the device.

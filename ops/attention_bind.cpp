@@ -12,26 +12,6 @@ using namespace detail;
 
 namespace {
 
-// Reads offsets [N+1] into `out` and checks them against the token count of the packed axis.
-void read_offsets(const Checker& check, const char* name, const TensorView& cu, std::int64_t tokens,
-                  const char* tokens_name, std::vector<std::int64_t>& out) {
-  if (cu.type != ElementType::i32 && cu.type != ElementType::i64)
-    check.fail(fmt::format("{} has dtype {}, expected i32 or i64", name, element_type_name(cu.type)));
-  if (cu.rank() != 1 || cu.shape[0] < 1 || cu.strides.size() != 1)
-    check.fail(fmt::format("{} has shape {}, expected [N+1] with N >= 0", name, shape_text(cu.shape)));
-  check.data(name, cu);
-  out.resize(static_cast<std::size_t>(cu.shape[0]));
-  for (std::int64_t i = 0; i < cu.shape[0]; ++i) out[i] = integer_at(cu, i);
-  if (out[0] != 0) check.fail(fmt::format("{} must start at 0, but {}[0] = {}", name, name, out[0]));
-  for (std::size_t i = 1; i < out.size(); ++i)
-    if (out[i] < out[i - 1])
-      check.fail(fmt::format("{} must be non-decreasing, but {}[{}] = {} < {}[{}] = {}", name, name, i, out[i], name,
-                             i - 1, out[i - 1]));
-  if (out.back() != tokens)
-    check.fail(fmt::format("{} ends at {}, expected the token count {} = {} (every token in one sequence)", name,
-                           out.back(), tokens_name, tokens));
-}
-
 // A tensor broadcastable to [B,H,Tq,Tk] (numpy rules: missing leading axes, or size 1).
 TensorView pair_view(const Checker& check, const std::string& name, const TensorView& view, const AttentionArgs& a) {
   const std::vector<std::int64_t> full = {a.B, a.H, a.Tq, a.Tk};
@@ -128,8 +108,8 @@ AttentionArgs bind_attention(std::string_view op, const ir::AttentionVariant& va
   if (varlen) {
     if (a.B != 1)
       check.fail(fmt::format("cu_seqlens_q needs batch 1, but q has batch {} (pack the sequences into [1,total,H,D])", a.B));
-    read_offsets(check, "cu_seqlens_q", *options.cu_seqlens_q, a.Tq, "Tq", a.cu_seqlens_q);
-    read_offsets(check, "cu_seqlens_k", *options.cu_seqlens_k, a.Tk, "Tk", a.cu_seqlens_k);
+    a.cu_seqlens_q = read_offsets(check, "cu_seqlens_q", *options.cu_seqlens_q, a.Tq, "Tq");
+    a.cu_seqlens_k = read_offsets(check, "cu_seqlens_k", *options.cu_seqlens_k, a.Tk, "Tk");
     if (a.cu_seqlens_q.size() != a.cu_seqlens_k.size())
       check.fail(fmt::format("cu_seqlens_q has {} sequences but cu_seqlens_k has {}; they must agree",
                              a.cu_seqlens_q.size() - 1, a.cu_seqlens_k.size() - 1));

@@ -83,29 +83,11 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
   cpu::RecurrentArgs& args = bound.args;
   d.N = d.B;
   if (varlen) {
-    const TensorView& cu = *options.cu_seqlens;
-    if (cu.type != ElementType::i32 && cu.type != ElementType::i64)
-      check.fail(std::string("cu_seqlens has dtype ") + element_type_name(cu.type) + ", expected i32 or i64");
-    if (cu.rank() != 1 || cu.shape[0] < 1 || cu.strides.size() != 1)
-      check.fail("cu_seqlens has shape " + shape_text(cu.shape) + ", expected [N+1] with N >= 0");
     if (d.B != 1)
       check.fail("cu_seqlens needs batch 1, but q has batch " + std::to_string(d.B) +
                  " (pack the sequences into [1,total,H,K])");
-    check.data("cu_seqlens", cu);
-    args.cu_seqlens.resize(static_cast<std::size_t>(cu.shape[0]));
-    for (std::int64_t i = 0; i < cu.shape[0]; ++i) args.cu_seqlens[i] = integer_at(cu, i);
+    args.cu_seqlens = read_offsets(check, "cu_seqlens", *options.cu_seqlens, d.T, "T");
     const std::vector<std::int64_t>& offsets = args.cu_seqlens;
-    if (offsets[0] != 0) check.fail("cu_seqlens must start at 0, but cu_seqlens[0] = " + std::to_string(offsets[0]));
-    for (std::size_t i = 1; i < offsets.size(); ++i)
-      if (offsets[i] < offsets[i - 1])
-        check.fail("cu_seqlens must be non-decreasing, but cu_seqlens[" + std::to_string(i) + "] = " +
-                   std::to_string(offsets[i]) + " < cu_seqlens[" + std::to_string(i - 1) + "] = " +
-                   std::to_string(offsets[i - 1]));
-    if (offsets.back() > d.T)
-      check.fail("cu_seqlens ends at " + std::to_string(offsets.back()) + ", past the token count T = " + std::to_string(d.T));
-    if (offsets.back() < d.T)
-      check.fail("cu_seqlens ends at " + std::to_string(offsets.back()) + ", before the token count T = " +
-                 std::to_string(d.T) + " (every token must belong to a sequence)");
     d.N = static_cast<std::int64_t>(offsets.size()) - 1;
   }
 

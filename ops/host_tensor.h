@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -42,5 +43,15 @@ class HostTensor {
   std::vector<std::int64_t> shape_;
   std::vector<std::byte> bytes_;
 };
+
+// A dense result into a caller's (possibly strided) view of the same type.
+inline void store_into(const HostTensor& dense, const TensorView& out) {
+  const std::size_t size = element_size(out.type);
+  auto* base = static_cast<std::byte*>(out.data);
+  const auto* src = static_cast<const std::byte*>(dense.data());
+  for_each_offset(out, [&](std::int64_t i, std::int64_t offset) {
+    std::memcpy(base + offset * static_cast<std::int64_t>(size), src + i * size, size);
+  });
+}
 
 }  // namespace ladle

@@ -15,15 +15,6 @@ bool use_gpu(const RunOptions& options) {
          (options.backend == Backend::automatic && driver_available());
 }
 
-// A dense result into a caller's (possibly strided) view of the same type.
-void store_into(const HostTensor& dense, const TensorView& out) {
-  const std::size_t size = element_size(out.type);
-  auto* base = static_cast<std::byte*>(out.data);
-  const auto* src = static_cast<const std::byte*>(dense.data());
-  for_each_offset(out, [&](std::int64_t i, std::int64_t offset) {
-    std::memcpy(base + offset * static_cast<std::int64_t>(size), src + i * size, size);
-  });
-}
 
 std::string op_name(const ir::Variant& variant) { return variant.name.empty() ? "variant" : variant.name; }
 }  // namespace

@@ -98,16 +98,31 @@ inline TensorView lead_with_ones(TensorView view, int rank) {
   return view;
 }
 
-inline std::int64_t integer_at(const TensorView& view, std::int64_t i) {
-  const auto* base = static_cast<const std::byte*>(view.data) + i * view.strides[0] * static_cast<std::int64_t>(element_size(view.type));
-  if (view.type == ElementType::i32) {
-    std::int32_t value;
-    std::memcpy(&value, base, sizeof value);
-    return value;
-  }
-  std::int64_t value;
-  std::memcpy(&value, base, sizeof value);
-  return value;
+inline std::int64_t integer_at(const TensorView& view, std::int64_t i) { return load_integer(view, i * view.strides[0]); }
+
+// Offsets [N+1] of packed sequences, read on the host: i32 or i64, starting at 0,
+// non-decreasing, ending at the token count of the packed axis (`tokens_name` = tokens).
+inline std::vector<std::int64_t> read_offsets(const Checker& check, const std::string& name, const TensorView& cu,
+                                              std::int64_t tokens, const std::string& tokens_name) {
+  if (cu.type != ElementType::i32 && cu.type != ElementType::i64)
+    check.fail(name + " has dtype " + element_type_name(cu.type) + ", expected i32 or i64");
+  if (cu.rank() != 1 || cu.shape[0] < 1 || cu.strides.size() != 1)
+    check.fail(name + " has shape " + shape_text(cu.shape) + ", expected [N+1] with N >= 0");
+  check.data(name.c_str(), cu);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(cu.shape[0]));
+  for (std::int64_t i = 0; i < cu.shape[0]; ++i) out[i] = integer_at(cu, i);
+  if (out[0] != 0) check.fail(name + " must start at 0, but " + name + "[0] = " + std::to_string(out[0]));
+  for (std::size_t i = 1; i < out.size(); ++i)
+    if (out[i] < out[i - 1])
+      check.fail(name + " must be non-decreasing, but " + name + "[" + std::to_string(i) + "] = " + std::to_string(out[i]) +
+                 " < " + name + "[" + std::to_string(i - 1) + "] = " + std::to_string(out[i - 1]));
+  if (out.back() > tokens)
+    check.fail(name + " ends at " + std::to_string(out.back()) + ", past the token count " + tokens_name + " = " +
+               std::to_string(tokens));
+  if (out.back() < tokens)
+    check.fail(name + " ends at " + std::to_string(out.back()) + ", before the token count " + tokens_name + " = " +
+               std::to_string(tokens) + " (every token must belong to a sequence)");
+  return out;
 }
 
 }  // namespace ladle::ops::detail
