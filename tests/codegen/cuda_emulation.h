@@ -6,7 +6,12 @@
 // f16 operands, __shfl_xor_sync) are emulated through a per-warp exchange: every lane posts
 // its operands, a 32-thread barrier, every lane computes its own fragment of the result
 // exactly as the PTX ISA defines the fragment layouts. cp.async copies at once (a valid
-// schedule: the ISA only promises completion by the matching wait_group).
+// schedule: the ISA only promises completion by the matching wait_group). Hopper's
+// wgmma.mma_async m64nNk16 (f16/bf16, fp32 accumulators) is emulated the same way per
+// warpgroup of 128 threads: operands from shared memory are read through the matrix descriptor
+// as the ISA decodes it (no-swizzle canonical layouts, K-major or MN-major), the register A
+// operand and the accumulator D through their fragment layouts; the product completes at once
+// (the ISA promises it by the matching wait_group), so fences, commit and wait are no-ops.
 // Include it before the generated source.
 #pragma once
 
@@ -15,6 +20,8 @@
 #include <cstring>
 #include <memory>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <math.h>
@@ -39,6 +46,13 @@ struct WarpExchange {
   float value[32] = {};
 };
 inline thread_local WarpExchange* warp_exchange = nullptr;
+// What the threads of one warpgroup (4 warps) post for a wgmma.
+struct WarpgroupExchange {
+  std::barrier<> barrier{128};
+  unsigned a[128][4] = {};
+  unsigned long long a_desc[128] = {}, b_desc[128] = {};
+};
+inline thread_local WarpgroupExchange* warpgroup_exchange = nullptr;
 inline thread_local unsigned char* shared_buffer = nullptr;
 inline constexpr std::size_t dynamic_shared_bytes = 256 * 1024;
 
@@ -49,6 +63,8 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
       std::barrier<> block_barrier(static_cast<std::ptrdiff_t>(threads));
       std::vector<std::unique_ptr<WarpExchange>> warps;
       for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<WarpExchange>());
+      std::vector<std::unique_ptr<WarpgroupExchange>> groups;  // whole warpgroups only
+      for (unsigned g = 0; g < threads / 128; ++g) groups.push_back(std::make_unique<WarpgroupExchange>());
       // Dynamic shared memory starts as garbage on a GPU: NaN bytes here.
       std::vector<unsigned char> shared(dynamic_shared_bytes, 0xff);
       std::vector<std::thread> block;
@@ -58,6 +74,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
           block_index = {bx, by, 0};
           barrier = &block_barrier;
           warp_exchange = warps[tx / 32].get();
+          warpgroup_exchange = tx / 128 < groups.size() ? groups[tx / 128].get() : nullptr;
           shared_buffer = shared.data();
           kernel();
         });
@@ -203,6 +220,104 @@ inline void ladle_zero_16(void* shared) {
   std::memset(shared, 0, 16);
 }
 inline float ladle_neg_inf() { return -std::numeric_limits<float>::infinity(); }
+
+// ---- Hopper's wgmma (sm_90a), per warpgroup
+namespace cuda_emulation {
+[[noreturn]] inline void wgmma_fault(const char* what) {
+  std::fprintf(stderr, "emulated wgmma: %s\n", what);
+  std::abort();
+}
+// A matrix descriptor as the PTX ISA lays it out (9.7.15.5.1.2.2): bits 0-13 start address,
+// 16-29 leading dimension byte offset, 32-45 stride dimension byte offset (each stored >> 4),
+// 49-51 base offset, 62-63 swizzle mode.
+struct MatrixDescriptor {
+  unsigned start, leading, stride, base_offset, swizzle;
+};
+inline MatrixDescriptor decode_descriptor(unsigned long long d) {
+  return {static_cast<unsigned>(d & 0x3fffu) << 4, static_cast<unsigned>((d >> 16) & 0x3fffu) << 4,
+          static_cast<unsigned>((d >> 32) & 0x3fffu) << 4, static_cast<unsigned>((d >> 49) & 7u), static_cast<unsigned>(d >> 62)};
+}
+// Element (mn, k) of a 16-bit operand (mn: the row of A or the column of B) under the
+// no-swizzle canonical layouts (PTX ISA 9.7.15.5.1.2.1.3; T = 8 elements = 16 bytes):
+//   K-major  ((8,m),(T,2k)):((1T,SBO),(1,LBO))    -> mn%8 * 16 + mn/8 * SBO + k%8 * 2 + k/8 * LBO bytes
+//   MN-major ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)) -> mn%8 * 2 + mn/8 * SBO + k%8 * 16 + k/8 * LBO bytes
+inline unsigned short descriptor_element(const MatrixDescriptor& d, unsigned mn, unsigned k, bool mn_major) {
+  if (d.swizzle != 0) wgmma_fault("only the no-swizzle layout is emulated");
+  if (d.start % 16 != 0) wgmma_fault("matrix start address not 16-byte aligned");
+  const std::size_t byte = d.start + (mn_major ? mn % 8 * 2 + k % 8 * 16 : mn % 8 * 16 + k % 8 * 2) +
+                           std::size_t(mn / 8) * d.stride + std::size_t(k / 8) * d.leading;
+  if (byte + 2 > dynamic_shared_bytes) wgmma_fault("operand past the end of shared memory");
+  unsigned short bits;
+  std::memcpy(&bits, shared_buffer + byte, 2);
+  return bits;
+}
+inline float operand_value(unsigned short bits, bool f16) {
+  return f16 ? ladle::narrow_float::from_f16(bits) : ladle::narrow_float::from_bf16(bits);
+}
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16} with scale-d = 1: d += A B.
+//   A: 64 x 16, from a K-major descriptor (a_regs null) or from registers: thread t of the
+//      warpgroup holds, in a_regs[r], rows 16 (t / 32) + (t % 32) / 4 (+ 8 for r = 1, 3) at
+//      columns 2 (t % 4) and + 1 (+ 8 for r = 2, 3), low half first.
+//   B: 16 x N from a descriptor, K-major (trans_b false) or N-major (trans_b true).
+//   D: thread t's d[i / 4][i % 4] is row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
+//      column 8 (i / 4) + 2 (t % 4) + i % 2.
+template <int N>
+inline void wgmma(float (&d)[N / 8][4], const unsigned* a_regs, unsigned long long a_desc, unsigned long long b_desc,
+                  bool trans_b, bool f16) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N = 8, 16, ..., 256");
+  if (!warpgroup_exchange) wgmma_fault("the block is not made of whole warpgroups");
+  WarpgroupExchange& x = *warpgroup_exchange;
+  const unsigned t = thread_index.x % 128;
+  if (a_regs)
+    for (int r = 0; r < 4; ++r) x.a[t][r] = a_regs[r];
+  x.a_desc[t] = a_desc, x.b_desc[t] = b_desc;
+  x.barrier.arrive_and_wait();
+  for (unsigned u = 0; u < 128; ++u)
+    if (x.b_desc[u] != b_desc || (!a_regs && x.a_desc[u] != a_desc)) wgmma_fault("the threads of a warpgroup gave different descriptors");
+  const MatrixDescriptor da = decode_descriptor(a_desc), db = decode_descriptor(b_desc);
+  const unsigned warp = t / 32, l = t % 32;
+  for (unsigned i = 0; i < N / 2; ++i) {
+    const unsigned row = 16 * warp + l / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+    float sum = d[i / 4][i % 4];
+    for (unsigned k = 0; k < 16; ++k) {
+      const float a = a_regs ? half_of(x.a[32 * (row / 16) + 4 * (row % 8) + (k % 8) / 2][(row % 16 >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16)
+                             : operand_value(descriptor_element(da, row, k, false), f16);
+      const float b = operand_value(descriptor_element(db, col, k, trans_b), f16);
+      sum += a * b;
+    }
+    d[i / 4][i % 4] = sum;
+  }
+  x.barrier.arrive_and_wait();
+}
+}  // namespace cuda_emulation
+inline unsigned ladle_shared_address(const void* p) {
+  return static_cast<unsigned>(static_cast<const unsigned char*>(p) - ::cuda_emulation::shared_buffer);
+}
+#define LADLE_WGMMA_HELPERS
+#define LADLE_WGMMA_EMULATED
+inline void ladle_wgmma_fence() {}
+inline void ladle_wgmma_commit() {}
+template <int Pending>
+inline void ladle_wgmma_wait() {}
+inline void ladle_fence_proxy_async() {}
+template <int N>
+inline void ladle_wgmma_fence_operand(float (&)[N / 8][4]) {}
+template <int N>
+inline void ladle_wgmma_ss_bf16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {
+  cuda_emulation::wgmma<N>(d, nullptr, a, b, false, false);
+}
+template <int N>
+inline void ladle_wgmma_ss_f16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {
+  cuda_emulation::wgmma<N>(d, nullptr, a, b, false, true);
+}
+template <int N>
+inline void ladle_wgmma_rs_bf16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {
+  cuda_emulation::wgmma<N>(d, a, 0, b, true, false);
+}
+template <int N>
+inline void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {
+  cuda_emulation::wgmma<N>(d, a, 0, b, true, true);
+}
 
 struct EmulatedKernel {
   const char* name;
