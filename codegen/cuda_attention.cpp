@@ -5,6 +5,7 @@
 #include <ladle/runtime/error.h>
 
 #include "detail/attention_helpers.h"
+#include "detail/attention_parts.h"
 #include "detail/cuda_source.h"
 #include "render_c.h"
 
@@ -28,7 +29,7 @@ const std::set<std::string>& template_names() {
       "q_segment_stride_b", "q_segment_stride_t", "kv_segment_ids", "kv_segment_stride_b", "kv_segment_stride_t",
       "softmax_aux", "softmax_aux_stride_h", "softmax_aux_stride_s", "sinks", "cu_seqlens_q", "cu_seqlens_k",
       "window_left", "window_right", "dropout_p", "seed", "B", "Tq", "Tk", "H", "u", "s", "with_sinks", "k_s", "v_s",
-      "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s"};
+      "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup"};
   return names;
 }
 
@@ -81,11 +82,12 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
       fail(std::string("segment ids of dtype ") + element_type_name(t) + ", expected i32 or i64");
   if (!floating(spec.sinks_type)) fail(std::string("sinks_type ") + element_type_name(spec.sinks_type) + ", expected f32, f16 or bf16");
   const Operands ops = operands(variant, spec);
-  if (const auto problems = validate_attention_tile(spec.tile, spec.D, spec.Dv, 0, ops.split); !problems.empty())
+  if (const auto problems = validate_attention_tile(spec.tile, spec.D, spec.Dv, 0, ops.split, spec.arch); !problems.empty())
     fail("tile " + to_string(spec.tile) + " at D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ": " +
          problems.front());
 
   const AttentionTile& tile = spec.tile;
+  const bool wgmma = tile.mma == AttentionMma::wgmma;
   const int threads = 32 * tile.warps;
   ir::Variant named;  // identifiers() reads only the inputs
   named.inputs = variant.inputs;
@@ -189,6 +191,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   };
   const std::string logit_expression = ir::render_c(inputs, variant.score, load, leaf);
   const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf);
+  const AttentionParts parts{variant, spec, logit_expression, keep_expression, ops.qk_f16, ops.pv_f16};
   std::vector<bool> used(inputs.size(), false);
   for (const ir::Expr* e : {&variant.score, &variant.keep})
     for (const ir::Node& node : e->nodes)
@@ -210,14 +213,17 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     if (inputs[k].kind != ir::InputKind::scalar) types += id[k] + " " + element_type_name(spec.input_types[k]) + ", ";
   header += "types: " + types + "o " + element_type_name(spec.output_type) + "; score = q k^T with " + qk_type +
             " operands, o_acc += P V with " + pv_type + " operands, fp32 accumulation and softmax\n";
-  header += "tensor cores: mma.sync m16n8k16 (sm_80 and later); Hopper wgmma is not used yet\n";
+  header += wgmma ? "tensor cores: wgmma.mma_async m64n" + std::to_string(tile.block_n) + "k16 (q, k from shared memory) and m64n" +
+                        std::to_string(pad16(spec.Dv)) + "k16 (P from registers, V N-major), sm_90a; one warpgroup per 64 rows\n"
+                  : std::string("tensor cores: mma.sync m16n8k16 (sm_80 and later)\n");
   header += std::string("K/V staging: ") + (ops.async ? "cp.async, 16 bytes per copy" : "loads converted in registers") +
             (tile.stages == 2 ? ", double-buffered" : ", single buffer") + "\n";
   header += std::string("varlen=") + (spec.varlen ? "1" : "0") + " lse=" + (spec.lse ? "1" : "0") + "\n";
   header += "GQA: query head h reads key/value head h / (H / H_kv).\n";
 
   Code c;
-  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + attention_helpers);
+  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + attention_helpers +
+    (wgmma ? wgmma_helpers(tile.block_n, pad16(spec.Dv), ops.qk_f16, ops.pv_f16) : std::string()));
   c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
@@ -228,9 +234,11 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     ";  // head dims");
   c("constexpr int DP = " + std::to_string(pad16(spec.D)) + ", DVP = " + std::to_string(pad16(spec.Dv)) +
     ";  // rounded up to the tensor-core step (zero columns past D, DV)");
-  c("constexpr int KLD = DP + 8, VLD = DVP + 8;  // padded rows: conflict-free ldmatrix");
+  if (wgmma) c("constexpr int KLD = DP, VLD = DVP;  // tiles of 8 x 8 core matrices, no padding");
+  else c("constexpr int KLD = DP + 8, VLD = DVP + 8;  // padded rows: conflict-free ldmatrix");
   c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
+  if (wgmma) c("const int warpgroup = warp / 4;  // owns rows 64 * warpgroup.. of the block; warp owns 16 of them");
   c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = blockIdx.x * BM;");
   c("");
   c("// The sequence: its first query and key, their counts, the batch row.");
@@ -268,24 +276,36 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     id[2] + "_stride_h;");
   c("");
   c("LADLE_DYNAMIC_SHARED(smem);");
-  const int k_bytes = (tile.block_n * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16,
-            v_bytes = (tile.block_n * (pad16(spec.Dv) + 8) * 2 + 15) / 16 * 16;
-  const int stage_bytes = (k_bytes + v_bytes) * (ops.split ? 2 : 1);
   const auto offset = [](const std::string& base, int bytes) {
     return "reinterpret_cast<unsigned short*>(smem + " + base + std::to_string(bytes) + ")";
   };
-  c("// Per stage: the K tile [BN][KLD] and the V tile [BN][VLD], 16-bit" +
-    std::string(ops.split ? ", each as hi then lo halves." : "."));
-  c("unsigned short* const k_tile = " + offset("", 0) + ";");
-  c("unsigned short* const v_tile = " + offset("", k_bytes) + ";");
-  if (ops.split) {
-    c("unsigned short* const k_tile_lo = " + offset("", k_bytes + v_bytes) + ";");
-    c("unsigned short* const v_tile_lo = " + offset("", 2 * k_bytes + v_bytes) + ";");
+  if (wgmma) {
+    const auto align128 = [](int bytes) { return (bytes + 127) / 128 * 128; };
+    const int q_bytes = align128(tile.block_m * pad16(spec.D) * 2), k_bytes = align128(tile.block_n * pad16(spec.D) * 2),
+              v_bytes = align128(tile.block_n * pad16(spec.Dv) * 2);
+    c("// The q tile [BM][DP] for the whole key loop, then per stage the K tile [BN][DP] and the V tile");
+    c("// [BN][DVP], 16-bit, each as 8 x 8 core matrices of 128 contiguous bytes (wgmma's no-swizzle layout).");
+    c("unsigned short* const q_tile = " + offset("", 0) + ";");
+    c("unsigned short* const k_tile = " + offset("", q_bytes) + ";");
+    c("unsigned short* const v_tile = " + offset("", q_bytes + k_bytes) + ";");
+    c("constexpr int STAGE_ELEMENTS = " + std::to_string((k_bytes + v_bytes) / 2) + ";  // 16-bit elements between stages");
+  } else {
+    const int k_bytes = (tile.block_n * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16,
+              v_bytes = (tile.block_n * (pad16(spec.Dv) + 8) * 2 + 15) / 16 * 16;
+    const int stage_bytes = (k_bytes + v_bytes) * (ops.split ? 2 : 1);
+    c("// Per stage: the K tile [BN][KLD] and the V tile [BN][VLD], 16-bit" +
+      std::string(ops.split ? ", each as hi then lo halves." : "."));
+    c("unsigned short* const k_tile = " + offset("", 0) + ";");
+    c("unsigned short* const v_tile = " + offset("", k_bytes) + ";");
+    if (ops.split) {
+      c("unsigned short* const k_tile_lo = " + offset("", k_bytes + v_bytes) + ";");
+      c("unsigned short* const v_tile_lo = " + offset("", 2 * k_bytes + v_bytes) + ";");
+    }
+    c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
+    c("// The q tile [BM][KLD] borrows the stages before the key loop.");
+    c("unsigned short* const q_tile = " + offset("", 0) + ";");
+    if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16) + ";");
   }
-  c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
-  c("// The q tile [BM][KLD] borrows the stages before the key loop.");
-  c("unsigned short* const q_tile = " + offset("", 0) + ";");
-  if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16) + ";");
   c("");
 
   // Staging of `rows` rows of a [T, X, width] input into a 16-bit tile.
@@ -293,11 +313,13 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   const auto stage_rows = [&](const std::string& src, const std::string& input, const std::string& dst, const std::string& dst_lo,
                               const std::string& first_row, const std::string& limit, const std::string& rows,
                               const std::string& width, const std::string& padded, const std::string& ld, bool f16) {
+    // Where (r, col) of the tile lives: padded rows of `ld`, or wgmma's core matrices.
+    const std::string at = wgmma ? core_matrix_offset("r", "col", padded) : "r * " + ld + " + col";
     if (ops.async) {
       c("for (int e = threadIdx.x; e < " + rows + " * (" + padded + " / 8); e += THREADS) {");
       c.in();
       c("const int r = e / (" + padded + " / 8), col = e % (" + padded + " / 8) * 8;");
-      c("unsigned short* const dst = " + dst + " + r * " + ld + " + col;");
+      c("unsigned short* const dst = " + dst + " + " + at + ";");
       c("if (" + first_row + " + r < " + limit + " && col < " + width + ") ladle_cp_async_16(dst, " + src + " + (" + first_row + " + r) * " + input +
         "_stride_t + col);");
       c("else ladle_zero_16(dst);  // past the sequence or the head dim: zero, never garbage (0 * NaN would reach o)");
@@ -312,31 +334,37 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
       "_stride_t + col * " + input + "_stride_d) : 0.0f;");
     if (ops.split) {
       c("const unsigned short hi = ladle_bf16_bits(x);");
-      c(dst + "[r * " + ld + " + col] = hi;");
-      c(dst_lo + "[r * " + ld + " + col] = ladle_bf16_bits(x - ladle_bf16_float(hi));");
+      c(dst + "[" + at + "] = hi;");
+      c(dst_lo + "[" + at + "] = ladle_bf16_bits(x - ladle_bf16_float(hi));");
     } else {
-      c(dst + "[r * " + ld + " + col] = " + operand_bits(f16) + "(x);");
+      c(dst + "[" + at + "] = " + operand_bits(f16) + "(x);");
     }
     c.out();
     c("}");
   };
 
-  c("// 1. The q fragments of this warp's 16 rows, kept in registers for the whole key loop.");
-  stage_rows("q_seq", id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "DP", "KLD", ops.qk_f16);
-  if (ops.async) {
-    c("ladle_cp_async_commit();");
-    c("ladle_cp_async_wait<0>();");
+  if (wgmma) {
+    c("// 1. The q tile into shared memory, where the score products read it for the whole key loop.");
+    stage_rows("q_seq", id[0], "q_tile", "", "m0", "q_len", "BM", "D", "DP", "KLD", ops.qk_f16);
+    if (ops.async) c("ladle_cp_async_commit();");
+    c("");
+  } else {
+    c("// 1. The q fragments of this warp's 16 rows, kept in registers for the whole key loop.");
+    stage_rows("q_seq", id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "DP", "KLD", ops.qk_f16);
+    if (ops.async) {
+      c("ladle_cp_async_commit();");
+      c("ladle_cp_async_wait<0>();");
+    }
+    c("__syncthreads();");
+    c("unsigned q_frag[DP / 16][4];");
+    if (ops.split) c("unsigned q_frag_lo[DP / 16][4];");
+    c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt) {");
+    c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+    if (ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+    c("}");
+    c("__syncthreads();  // the stages reuse the q tile's memory");
+    c("");
   }
-  c("__syncthreads();");
-  c("unsigned q_frag[DP / 16][4];");
-  if (ops.split) c("unsigned q_frag_lo[DP / 16][4];");
-  c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt) {");
-  c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
-  if (ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
-  c("}");
-  c("__syncthreads();  // the stages reuse the q tile's memory");
-  c("");
-
   c("// Per row of this thread (gid and gid + 8 of the warp's 16): whether it exists, its");
   c("// running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DVP / 8][4].");
   c("const int row0 = m0 + warp * 16 + gid;");
@@ -390,6 +418,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     c("if (tile > tile_begin) stage_tile(tile, 0);");
     if (ops.async) c("ladle_cp_async_wait<0>();");
   }
+  if (wgmma) c("ladle_fence_proxy_async();  // this thread's shared-memory writes, visible to wgmma's async proxy");
   c("__syncthreads();");
   c("const int j0 = tile * BN;");
   c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS;");
@@ -399,154 +428,78 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS;");
   }
   c("");
-  const std::string qk_mma = ops.qk_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
-  const std::string pv_mma = ops.pv_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
-  c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
-  c("float score[BN / 8][4];");
-  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
-  c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
-  c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
-  c.in();
-  c("  unsigned k_frag[4];");
-  c("  ladle_ldmatrix_x4(k_frag, &k_s[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
-  c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);");
-  c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
-  if (ops.split) {
-    c("  " + qk_mma + "(score[2 * np], q_frag_lo[kt], k_frag[0], k_frag[1]);  // lo q x hi k");
-    c("  " + qk_mma + "(score[2 * np + 1], q_frag_lo[kt], k_frag[2], k_frag[3]);");
-    c("  ladle_ldmatrix_x4(k_frag, &k_s_lo[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
-    c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);  // hi q x lo k");
-    c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
-  }
-  c.out();
-  c("  }");
-  c("");
-  std::string structured;  // the per-element range test of boundary tiles
-  structured = "j < k_len";
-  if (variant.causal) structured += " && j <= i + diagonal";
-  if (variant.window)
-    structured += " && (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right)";
-  std::string interior = "j0 + BN <= k_len";
-  if (variant.causal) interior += " && j0 + BN - 1 <= m0 + diagonal";
-  if (variant.window)
-    interior += " && (window_left < 0 || j0 >= row_last + diagonal - window_left) && (window_right < 0 || j0 + BN - 1 <= m0 + diagonal + window_right)";
-  c("// 4. logit = " + ir::to_string(inputs, variant.score) + " (in log2 units), -inf where masked. Only a");
-  c("//    tile that crosses the edge of the sequence or of the causal / window range tests it per element.");
-  c("const bool boundary = !(" + interior + ");");
-  c("float logit[BN / 8][4];");
-  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
-  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-  c.in();
-  c("  const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
-  std::string attend = "row_live[r / 2] && (!boundary || (" + structured + "))";
-  if (variant.segment_ids)
-    attend += " && q_segment[r / 2] == static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + j) * kv_segment_stride_t])";
-  if (!keep_expression.empty()) attend += " && (" + keep_expression + ") != 0.0f";
-  c("  const bool attend = " + attend + ";");
-  c("  logit[nt][r] = attend ? LOG2E * (" + logit_expression + ") : ladle_neg_inf();");
-  c.out();
-  c("  }");
-  c("");
-  c("// 5. Online softmax per row: the new maximum, the rescale of what came before, p = 2^(logit - max).");
-  c("float p[BN / 8][4];");
-  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c.in();
-  c("float tile_max = ladle_neg_inf();");
-  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(logit[nt][2 * half], logit[nt][2 * half + 1]));");
-  c("const float new_max = fmaxf(row_max[half], ladle_quad_max(tile_max));");
-  c("const float base = new_max == ladle_neg_inf() ? 0.0f : new_max;  // nothing attended yet: p = 0, no NaN");
-  c("const float rescale = ladle_exp2(row_max[half] - base);");
-  c("row_max[half] = new_max;");
-  c("row_sum[half] *= rescale;");
-  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
-  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
-  c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
-  c("    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
-  c("    row_sum[half] += p[nt][r];");
-  if (variant.dropout) {
-    c("    // dropout: the denominator keeps p, the product with V sees the kept values, rescaled");
-    c("    const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
-    c("    const float u = ladle_dropout_uniform(seed, n, h, i, j);");
-    c("    p[nt][r] = u >= dropout_p ? p[nt][r] * keep_scale : 0.0f;");
-  }
-  c("  }");
-  c.out();
-  c("}");
-  c("");
-  c("// 6. o_acc += P V: P's accumulator layout is the A operand of the next product.");
-  const std::string pack = ops.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
-  c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
-  c.in();
-  if (ops.split) {
-    c("float p_hi[2][4], p_lo[2][4];");
-    c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
-    c("  p_hi[e / 4][e % 4] = ladle_bf16_float(ladle_bf16_bits(p[2 * kk + e / 4][e % 4]));");
-    c("  p_lo[e / 4][e % 4] = p[2 * kk + e / 4][e % 4] - p_hi[e / 4][e % 4];");
-    c("}");
-    c("const unsigned p_frag[4] = {ladle_pack_bf16(p_hi[0][0], p_hi[0][1]), ladle_pack_bf16(p_hi[0][2], p_hi[0][3]),");
-    c("                            ladle_pack_bf16(p_hi[1][0], p_hi[1][1]), ladle_pack_bf16(p_hi[1][2], p_hi[1][3])};");
-    c("const unsigned p_frag_lo[4] = {ladle_pack_bf16(p_lo[0][0], p_lo[0][1]), ladle_pack_bf16(p_lo[0][2], p_lo[0][3]),");
-    c("                               ladle_pack_bf16(p_lo[1][0], p_lo[1][1]), ladle_pack_bf16(p_lo[1][2], p_lo[1][3])};");
+  if (wgmma) {
+    emit_wgmma_scores(c, parts);
   } else {
-    c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
-    c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
+    const std::string qk_mma = ops.qk_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+    c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
+    c("float score[BN / 8][4];");
+    c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
+    c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
+    c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
+    c.in();
+    c("  unsigned k_frag[4];");
+    c("  ladle_ldmatrix_x4(k_frag, &k_s[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+    c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);");
+    c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
+    if (ops.split) {
+      c("  " + qk_mma + "(score[2 * np], q_frag_lo[kt], k_frag[0], k_frag[1]);  // lo q x hi k");
+      c("  " + qk_mma + "(score[2 * np + 1], q_frag_lo[kt], k_frag[2], k_frag[3]);");
+      c("  ladle_ldmatrix_x4(k_frag, &k_s_lo[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+      c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);  // hi q x lo k");
+      c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
+    }
+    c.out();
+    c("  }");
+    c("");
   }
-  c("LADLE_UNROLL for (int np = 0; np < DVP / 16; ++np) {");
-  c.in();
-  c("unsigned v_frag[4];");
-  c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
-  c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);");
-  c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
-  if (ops.split) {
-    c(pv_mma + "(o_acc[2 * np], p_frag_lo, v_frag[0], v_frag[1]);  // lo p x hi v");
-    c(pv_mma + "(o_acc[2 * np + 1], p_frag_lo, v_frag[2], v_frag[3]);");
-    c("ladle_ldmatrix_x4_trans(v_frag, &v_s_lo[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
-    c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);  // hi p x lo v");
+  emit_logits(c, parts);
+  emit_online_softmax(c, parts);
+  if (wgmma) {
+    emit_wgmma_pv(c, parts);
+  } else {
+    const std::string pv_mma = ops.pv_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+    c("// 6. o_acc += P V: P's accumulator layout is the A operand of the next product.");
+    const std::string pack = ops.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
+    c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
+    c.in();
+    if (ops.split) {
+      c("float p_hi[2][4], p_lo[2][4];");
+      c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
+      c("  p_hi[e / 4][e % 4] = ladle_bf16_float(ladle_bf16_bits(p[2 * kk + e / 4][e % 4]));");
+      c("  p_lo[e / 4][e % 4] = p[2 * kk + e / 4][e % 4] - p_hi[e / 4][e % 4];");
+      c("}");
+      c("const unsigned p_frag[4] = {ladle_pack_bf16(p_hi[0][0], p_hi[0][1]), ladle_pack_bf16(p_hi[0][2], p_hi[0][3]),");
+      c("                            ladle_pack_bf16(p_hi[1][0], p_hi[1][1]), ladle_pack_bf16(p_hi[1][2], p_hi[1][3])};");
+      c("const unsigned p_frag_lo[4] = {ladle_pack_bf16(p_lo[0][0], p_lo[0][1]), ladle_pack_bf16(p_lo[0][2], p_lo[0][3]),");
+      c("                               ladle_pack_bf16(p_lo[1][0], p_lo[1][1]), ladle_pack_bf16(p_lo[1][2], p_lo[1][3])};");
+    } else {
+      c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
+      c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
+    }
+    c("LADLE_UNROLL for (int np = 0; np < DVP / 16; ++np) {");
+    c.in();
+    c("unsigned v_frag[4];");
+    c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+    c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);");
     c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+    if (ops.split) {
+      c(pv_mma + "(o_acc[2 * np], p_frag_lo, v_frag[0], v_frag[1]);  // lo p x hi v");
+      c(pv_mma + "(o_acc[2 * np + 1], p_frag_lo, v_frag[2], v_frag[3]);");
+      c("ladle_ldmatrix_x4_trans(v_frag, &v_s_lo[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+      c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);  // hi p x lo v");
+      c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+    }
+    c.out();
+    c("}");
+    c.out();
+    c("}");
   }
-  c.out();
-  c("}");
-  c.out();
-  c("}");
   c("__syncthreads();  // the next tile's copy reuses this stage");
   c.out();
   c("}");
   c("");
-  c("// 7. Normalise and store: the row sum over the quad" + std::string(variant.sinks ? ", the sink logits join the denominator" : "") +
-    "; a row with nothing");
-  c("//    attended gets o = 0" + std::string(spec.lse ? " and lse = -inf." : "."));
-  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c.in();
-  c("float sum = ladle_quad_sum(row_sum[half]), top = row_max[half], scale_o = 1.0f;");
-  if (variant.sinks) {
-    c("{");
-    c.in();
-    c("float with_sinks = top;");
-    c("for (int s = 0; s < sinks; ++s) with_sinks = fmaxf(with_sinks, LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s));");
-    c("scale_o = with_sinks > top ? ladle_exp2(top - with_sinks) : 1.0f;");
-    c("sum *= scale_o;");
-    c("for (int s = 0; s < sinks; ++s) sum += ladle_exp2(LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s) - with_sinks);");
-    c("top = with_sinks;");
-    c.out();
-    c("}");
-  }
-  c("const int i = row0 + half * 8;");
-  c("if (!row_live[half]) continue;");
-  c("const float inv = sum > 0.0f ? scale_o / sum : 0.0f;");
-  c(std::string(storage_type(spec.output_type)) + "* const o_row = o + b * o_stride_b + (q_bos + i) * o_stride_t + h * o_stride_h;");
-  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) {");
-  c("  const int col = nt * 8 + tig * 2;");
-  c("  if (col < DV) ladle_store(o_row + col * o_stride_d, o_acc[nt][2 * half] * inv);");
-  c("  if (col + 1 < DV) ladle_store(o_row + (col + 1) * o_stride_d, o_acc[nt][2 * half + 1] * inv);");
-  c("}");
-  if (spec.lse)
-    c("if (tig == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");
-  else
-    c("(void)top; (void)LN2;");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
+  emit_epilogue(c, parts);
   kernel.source = c.text();
   return kernel;
 }

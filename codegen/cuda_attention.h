@@ -14,8 +14,15 @@
 // K and V tiles are staged in shared memory with cp.async (16-bit inputs with a contiguous
 // head dimension), double-buffered when stages = 2. fp32 inputs are split into two bf16
 // halves (x = hi + lo) and multiplied as hi*hi + hi*lo + lo*hi: about 16 bits of mantissa,
-// well inside DESIGN.md's 2e-3 for fp32 through tensor cores. Hopper's wgmma is not used yet:
-// mma.sync runs on sm_80 and sm_90 alike.
+// well inside DESIGN.md's 2e-3 for fp32 through tensor cores.
+//
+// AttentionTile::mma picks the tensor-core instruction. `sync` (the default, sm_80 and later)
+// is the above. `wgmma` (sm_90a only; 16-bit q, k, v) gives each warpgroup (4 warps) 64 query
+// rows: score = q k^T is one wgmma.mma_async m64n<block_n>k16 per 16 of D with q and k read
+// from shared memory through matrix descriptors (no-swizzle core-matrix layout: 8 rows x 16
+// bytes contiguous), o_acc += P V one m64n<Dv>k16 per 16 keys with P from registers and V
+// N-major through its descriptor. Its accumulators have the mma.sync fragment layout per warp,
+// so the logit, mask, online softmax and epilogue text is the same for both.
 //
 // Launch: grid (ceil(Tq / block_m), N * H), block (32 * warps), dynamic shared memory
 // AttentionKernel::shared_bytes. The parameters are listed by AttentionKernel::params.
@@ -31,11 +38,16 @@
 
 namespace ladle::cuda {
 
+// The tensor-core instruction of a tile: mma.sync m16n8k16 (sm_80 and later), or Hopper's
+// wgmma.mma_async (sm_90a only). wgmma becomes the sm_90a default once measured on a GPU.
+enum class AttentionMma { sync, wgmma };
+
 struct AttentionTile {
   int block_m = 128;  // query rows per block: 16 per warp (64 or 128)
   int block_n = 64;   // keys per tile: 32, 64 or 128
-  int warps = 8;      // 4 or 8; block_m = 16 * warps
+  int warps = 8;      // 4 or 8; block_m = 16 * warps (wgmma: one warpgroup per 64 rows)
   int stages = 2;     // K/V tiles in flight: 1 or 2 (double-buffered)
+  AttentionMma mma = AttentionMma::sync;
   friend bool operator==(const AttentionTile&, const AttentionTile&) = default;
 };
 
@@ -54,6 +66,9 @@ struct AttentionKernelSpec {
   // checks the pointers).
   bool async_copy = true;
   AttentionTile tile;
+  // The target the kernel is compiled for ("sm_90a", "compute_80", ...; empty: unknown). A wgmma
+  // tile needs sm_90a / compute_90a; mma.sync kernels do not depend on it.
+  std::string arch;
 };
 
 // One kernel parameter and what a launcher passes for it.
@@ -109,15 +124,20 @@ struct AttentionKernel {
   int shared_bytes = 0;  // dynamic shared memory per block
 };
 
-// Dynamic shared memory a block needs: the K/V stages (the q tile borrows them at the start).
+// Dynamic shared memory a block needs: the K/V stages (sync: the q tile borrows them at the
+// start; wgmma: the q tile stays beside them, read by every score product).
 int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_f32);
 // A reasonable tile for these head dims (128 x 64, 8 warps, 2 stages; narrower past D = 128).
 AttentionTile default_attention_tile(int D, int Dv);
 // What is wrong with a tile for these head dims (empty: usable). max_shared_bytes: the
-// device's opt-in limit per block (0: not checked).
+// device's opt-in limit per block (0: not checked). arch: the target (a wgmma tile needs
+// sm_90a or compute_90a, and 16-bit inputs: split_f32 false; empty arch: no wgmma).
 std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int D, int Dv, int max_shared_bytes = 0,
-                                                 bool split_f32 = false);
-std::string to_string(const AttentionTile& tile);  // "block_m=128 block_n=64 warps=8 stages=2"
+                                                 bool split_f32 = false, const std::string& arch = "");
+// "block_m=128 block_n=64 warps=8 stages=2" (a wgmma tile adds " mma=wgmma")
+std::string to_string(const AttentionTile& tile);
+// Whether wgmma runs on this target: sm_90a or compute_90a.
+bool attention_wgmma_arch(const std::string& arch);
 // Whether q, k, v of these types go through the tensor cores as split bf16 pairs (fp32 inputs).
 bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
 

@@ -49,7 +49,8 @@ std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionK
 
 // 128-row tiles (8 warps) keep K/V reuse high; when the shape gives fewer such blocks than
 // the GPU has SMs (short or few sequences), 64-row tiles double the blocks. Not yet measured
-// on a GPU (bench/RESULTS.md).
+// on a GPU (bench/RESULTS.md). mma.sync on every arch: the wgmma tiles (sm_90a) are open to the
+// autotuner, and wgmma becomes the sm_90a default here once it has been measured on a GPU.
 cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args) {
   cuda::AttentionTile tile = cuda::default_attention_tile(static_cast<int>(args.D), static_cast<int>(args.Dv));
   int sms = 132;
@@ -74,9 +75,10 @@ cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& vari
   if (args.softmax_aux) spec.sinks_type = args.softmax_aux->type;
   spec.async_copy = rows_aligned(args.q) && rows_aligned(args.k) && rows_aligned(args.v);
   spec.tile = tile.value_or(heuristic_attention_tile(args));
+  if (driver_available()) spec.arch = Device::get().properties().arch();
   const int max_shared = driver_available() ? Device::get().properties().max_shared_per_block_optin : 0;
   const bool split = cuda::attention_split_f32(variant, spec);
-  if (auto problems = cuda::validate_attention_tile(spec.tile, spec.D, spec.Dv, max_shared, split); !problems.empty()) {
+  if (auto problems = cuda::validate_attention_tile(spec.tile, spec.D, spec.Dv, max_shared, split, spec.arch); !problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
     throw InvalidArgument(fmt::format("{}: tile ({}) does not fit D={} Dv={}: {}", op_name(variant),
@@ -88,7 +90,9 @@ cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& vari
 CompiledAttention compile_attention(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
                                     const std::string& arch) {
   CompiledAttention out;
-  out.kernel = cuda::generate_attention(variant, spec);
+  cuda::AttentionKernelSpec target = spec;  // the kernel is generated for the arch it is compiled for
+  if (target.arch.empty()) target.arch = arch;
+  out.kernel = cuda::generate_attention(variant, target);
   CompileOptions options;
   options.arch = arch;
   options.program_name = out.kernel.name + ".cu";

@@ -9,11 +9,14 @@ namespace ladle::cuda {
 
 namespace {
 int align16(int bytes) { return (bytes + 15) / 16 * 16; }
+int align128(int bytes) { return (bytes + 127) / 128 * 128; }
 int pad16(int dim) { return (dim + 15) / 16 * 16; }  // head dims round up to the tensor-core step
 }  // namespace
 
 int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_f32) {
   D = pad16(D), Dv = pad16(Dv);
+  if (tile.mma == AttentionMma::wgmma)  // core-matrix tiles, no padding: q [BM][D] beside the K/V stages
+    return align128(tile.block_m * D * 2) + tile.stages * (align128(tile.block_n * D * 2) + align128(tile.block_n * Dv * 2));
   const int halves = split_f32 ? 2 : 1;  // split fp32: a hi and a lo copy of every operand
   const int stage = align16(tile.block_n * (D + 8) * 2) + align16(tile.block_n * (Dv + 8) * 2);
   const int stages = tile.stages * stage * halves;
@@ -29,11 +32,14 @@ AttentionTile default_attention_tile(int D, int Dv) {
 
 std::string to_string(const AttentionTile& tile) {
   return "block_m=" + std::to_string(tile.block_m) + " block_n=" + std::to_string(tile.block_n) +
-         " warps=" + std::to_string(tile.warps) + " stages=" + std::to_string(tile.stages);
+         " warps=" + std::to_string(tile.warps) + " stages=" + std::to_string(tile.stages) +
+         (tile.mma == AttentionMma::wgmma ? " mma=wgmma" : "");
 }
 
+bool attention_wgmma_arch(const std::string& arch) { return arch == "sm_90a" || arch == "compute_90a"; }
+
 std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int D, int Dv, int max_shared_bytes,
-                                                 bool split_f32) {
+                                                 bool split_f32, const std::string& arch) {
   std::vector<std::string> problems;
   const auto say = [&](const std::string& what) { problems.push_back(what); };
   if (tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 4 or 8");
@@ -46,12 +52,21 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
   if (tile.stages != 1 && tile.stages != 2) say("stages = " + std::to_string(tile.stages) + ", expected 1 or 2");
   if (D < 1 || D > 256) say("D = " + std::to_string(D) + ", expected 1 to 256");
   if (Dv < 1 || Dv > 256) say("Dv = " + std::to_string(Dv) + ", expected 1 to 256");
+  if (tile.mma != AttentionMma::sync && tile.mma != AttentionMma::wgmma) say("mma is neither sync nor wgmma");
+  if (tile.mma == AttentionMma::wgmma) {
+    if (!attention_wgmma_arch(arch))
+      say("mma=wgmma needs the target sm_90a (wgmma.mma_async), the target is " + (arch.empty() ? std::string("not given") : arch));
+    if (split_f32) say("mma=wgmma takes f16/bf16 q, k, v (fp32 inputs: mma=sync)");
+  }
   if (!problems.empty()) return problems;
-  // Registers per thread: q fragments D/4 (x2 split), scores block_n/2, o_acc Dv/2.
-  const int registers = pad16(D) / 4 * (split_f32 ? 2 : 1) + tile.block_n / 2 + pad16(Dv) / 2;
+  // Registers per thread. sync: q fragments D/4 (x2 split), scores block_n/2, o_acc Dv/2.
+  // wgmma: q stays in shared memory; scores block_n/2, P packed block_n/4, o_acc Dv/2.
+  const bool wgmma = tile.mma == AttentionMma::wgmma;
+  const int registers = wgmma ? tile.block_n / 2 + tile.block_n / 4 + pad16(Dv) / 2
+                              : pad16(D) / 4 * (split_f32 ? 2 : 1) + tile.block_n / 2 + pad16(Dv) / 2;
   if (registers > 160)
-    say("each thread would hold " + std::to_string(registers) +
-        " fragment values in registers (D/4 + block_n/2 + Dv/2), expected at most 160");
+    say("each thread would hold " + std::to_string(registers) + " fragment values in registers (" +
+        (wgmma ? "3 block_n/4 + Dv/2" : "D/4 + block_n/2 + Dv/2") + "), expected at most 160");
   if (max_shared_bytes > 0 && attention_shared_bytes(tile, D, Dv, split_f32) > max_shared_bytes)
     say("needs " + std::to_string(attention_shared_bytes(tile, D, Dv, split_f32)) +
         " bytes of shared memory, the device allows " + std::to_string(max_shared_bytes));

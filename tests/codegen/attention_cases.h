@@ -1,7 +1,8 @@
 // The softmax-attention kernels the codegen-cuda_attention test runs on the host emulation:
 // every mask and modifier of the op, a user score modifier and predicate, GQA, varlen with an
 // empty sequence, D = 64 / 128 with Dv != D, f16 / bf16 / f32, and a sweep of tiles. Sizes
-// are small (one std::thread per CUDA thread) but span several tiles and partial ones.
+// are small (one std::thread per CUDA thread) but span several tiles and partial ones. The
+// last ones (wgmma()) run the Hopper path (mma = wgmma, sm_90a) over the same kinds of cases.
 // attention_emit renders them at build time.
 #pragma once
 
@@ -47,6 +48,7 @@ struct Case {
     s.q_segment_ids_type = s.kv_segment_ids_type = segment_type;
     s.async_copy = async_copy;
     s.tile = tile;
+    if (tile.mma == ladle::cuda::AttentionMma::wgmma) s.arch = "sm_90a";
     return s;
   }
 };
@@ -65,6 +67,87 @@ inline Case make(std::string name, ladle::ir::AttentionVariant variant) {
   c.name = std::move(name);
   c.variant = std::move(variant);
   return c;
+}
+
+// The wgmma path (one warpgroup per 64 rows, sm_90a) over a subset: plain, causal Tq < Tk,
+// window, soft cap + bias, user ALiBi + predicate, sinks, dropout, GQA, varlen, f16 and bf16,
+// D = 64 and 128, block_m 64 and 128, block_n 32 to 128, one and two stages, both staging paths.
+inline std::vector<Case> wgmma() {
+  const auto variant = [](const char* list) { return ladle::attention_variant(ladle::parse_attention_features(list)); };
+  std::vector<Case> cases;
+  const auto add = [&](Case c, ladle::cuda::AttentionTile tile) {
+    c.name = "wgmma: " + c.name;
+    c.tile = tile;
+    c.tile.mma = ladle::cuda::AttentionMma::wgmma;
+    cases.push_back(std::move(c));
+  };
+  {
+    Case c = make("plain, bf16, D=64, two batch rows", variant(""));
+    c.B = 2, c.Tq = 70, c.Tk = 50;
+    add(c, {64, 32, 4, 2});
+  }
+  {
+    Case c = make("causal, Tq < Tk, f16, single stage", variant("causal"));
+    c.type = ElementType::f16, c.Tq = 20, c.Tk = 75;
+    add(c, {64, 64, 4, 1});
+  }
+  {
+    Case c = make("sliding window (5, 3), 128 rows (two warpgroups)", variant("window"));
+    c.Tq = c.Tk = 150, c.window_left = 5, c.window_right = 3;
+    add(c, {128, 32, 8, 2});
+  }
+  {
+    Case c = make("soft cap + bias, Tq != Tk", variant("bias,softcap"));
+    c.Tq = 40, c.Tk = 56;
+    add(c, {64, 32, 4, 2});
+  }
+  {
+    Case c = make("user ALiBi score and keep predicate, f16, two batch rows", user_alibi());
+    c.type = ElementType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
+    add(c, {64, 32, 4, 2});
+  }
+  {
+    Case c = make("sinks (3), causal, Tq > Tk", variant("causal,sinks"));
+    c.Tq = 80, c.Tk = 30, c.sinks = 3;
+    add(c, {64, 32, 4, 2});
+  }
+  {
+    Case c = make("dropout 0.25, causal, mask and segment ids", variant("causal,dropout,mask,segments"));
+    c.Tq = c.Tk = 45, c.dropout_p = 0.25f;
+    add(c, {64, 32, 4, 2});
+  }
+  {
+    Case c = make("GQA 4:2, causal, D=128, Dv=64, bf16", variant("causal"));
+    c.H = 4, c.H_kv = 2, c.D = 128, c.Dv = 64, c.Tq = c.Tk = 140;
+    add(c, {128, 64, 8, 2});
+  }
+  {
+    Case c = make("GQA 4:1, sinks, D=Dv=128, f16, block_n 128", variant("sinks"));
+    c.type = ElementType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = 150, c.sinks = 2;
+    add(c, {64, 128, 4, 2});
+  }
+  {
+    Case c = make("causal, D=Dv=128, bf16, 128 x 128 tile", variant("causal"));
+    c.D = c.Dv = 128, c.Tq = c.Tk = 130;
+    add(c, {128, 128, 8, 2});
+  }
+  {
+    Case c = make("varlen, uneven lengths and an empty sequence, causal", variant("causal"));
+    c.cu_seqlens_q = {0, 30, 30, 100, 101}, c.cu_seqlens_k = {0, 45, 45, 115, 140};
+    c.Tq = 101, c.Tk = 140;
+    add(c, {64, 64, 4, 2});
+  }
+  {
+    Case c = make("bf16 without cp.async (converted stores), window", variant("window"));
+    c.Tq = c.Tk = 70, c.window_left = 20, c.window_right = 20, c.async_copy = false;
+    add(c, {64, 32, 4, 2});
+  }
+  {
+    Case c = make("head dims D=40 Dv=24, padded to 48 and 32, causal", variant("causal"));
+    c.D = 40, c.Dv = 24, c.Tq = c.Tk = 50;
+    add(c, {64, 32, 4, 2});
+  }
+  return cases;
 }
 
 inline std::vector<Case> all() {
@@ -174,6 +257,7 @@ inline std::vector<Case> all() {
     c.type = ElementType::f16, c.D = 20, c.Dv = 12, c.Tq = 30, c.Tk = 44, c.sinks = 1;
     add(c);
   }
+  for (Case& c : wgmma()) cases.push_back(std::move(c));
   return cases;
 }
 

@@ -161,7 +161,8 @@ TEST_CASE("attention: the source opens with the variant, its expressions, config
   CHECK_THAT(kernel.source, Catch::Contains("// logit = "));
   CHECK_THAT(kernel.source, Catch::Contains("// keep  = "));
   CHECK_THAT(kernel.source, Catch::Contains("// config: block_m=64 block_n=32 warps=4 stages=2 (128 threads), D=64 Dv=64\n"));
-  CHECK_THAT(kernel.source, Catch::Contains("Hopper wgmma is not used yet"));
+  CHECK_THAT(kernel.source, Catch::Contains("tensor cores: mma.sync m16n8k16"));
+  CHECK_THAT(kernel.source, !Catch::Contains("wgmma"));
   CHECK_THAT(kernel.source, Catch::Contains("dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes"));
   CHECK_THAT(kernel.source, Catch::Contains("ladle_mma_f16("));
   CHECK_THAT(kernel.source, Catch::Contains("row_max"));
@@ -188,7 +189,27 @@ TEST_CASE("attention: tiles are validated", "[codegen][attention]") {
   CHECK(cuda::validate_attention_tile({128, 64, 8, 2}, 72, 40).empty());  // padded to 80 and 48 inside
   CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2}, 256, 256).front(), Catch::Contains("registers"));
   CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2}, 128, 128, 100 * 1024).front(), Catch::Contains("shared memory"));
+  // wgmma: sm_90a only, 16-bit inputs only; the tile's name says so.
+  cuda::AttentionTile wgmma{128, 64, 8, 2, cuda::AttentionMma::wgmma};
+  CHECK(cuda::to_string(wgmma) == "block_m=128 block_n=64 warps=8 stages=2 mma=wgmma");
+  CHECK(cuda::validate_attention_tile(wgmma, 128, 128, 227 * 1024, false, "sm_90a").empty());
+  CHECK(cuda::validate_attention_tile(wgmma, 128, 128, 227 * 1024, false, "compute_90a").empty());
+  CHECK_THAT(cuda::validate_attention_tile(wgmma, 128, 128).front(), Catch::Contains("needs the target sm_90a"));
+  CHECK_THAT(cuda::validate_attention_tile(wgmma, 128, 128, 0, false, "sm_80").front(), Catch::Contains("the target is sm_80"));
+  CHECK_THAT(cuda::validate_attention_tile(wgmma, 128, 128, 0, false, "sm_90").front(), Catch::Contains("needs the target sm_90a"));
+  CHECK_THAT(cuda::validate_attention_tile(wgmma, 128, 128, 0, true, "sm_90a").front(), Catch::Contains("f16/bf16"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 64, 4, 2, cuda::AttentionMma::wgmma}, 128, 128, 0, false, "sm_90a").front(),
+             Catch::Contains("block_m = 16 * warps"));
+  CHECK(cuda::attention_shared_bytes(wgmma, 128, 128, false) == 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2);  // q + 2 stages of K, V
   cuda::AttentionKernelSpec spec = attention_cases::all()[0].spec();
+  spec.tile.mma = cuda::AttentionMma::wgmma;
+  REQUIRE_THROWS_WITH(cuda::generate_attention(attention_cases::all()[0].variant, spec), Catch::Contains("sm_90a"));
+  spec.arch = "sm_90a";
+  const cuda::AttentionKernel hopper = cuda::generate_attention(attention_cases::all()[0].variant, spec);
+  CHECK_THAT(hopper.source, Catch::Contains("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16"));
+  CHECK_THAT(hopper.source, Catch::Contains("mma=wgmma"));
+  CHECK(hopper.name != cuda::generate_attention(attention_cases::all()[0].variant, attention_cases::all()[0].spec()).name);
+  spec = attention_cases::all()[0].spec();
   spec.tile.warps = 3;
   REQUIRE_THROWS_WITH(cuda::generate_attention(attention_cases::all()[0].variant, spec), Catch::Contains("warps = 3"));
   spec = attention_cases::all()[0].spec();
@@ -360,4 +381,53 @@ TEST_CASE("attention: sm_90a cubins at D = 64 and 128 and over a sweep of tiles 
   std::cout << "sm_80 causal bf16 D=128 " << cuda::to_string(spec.tile) << ": " << r->registers << " registers, "
             << r->spill_store_bytes << " bytes spilled\n";
   CHECK(r->spill_store_bytes == 0);
+}
+
+TEST_CASE("attention: wgmma kernels compile for sm_90a without spills, and their PTX holds wgmma.mma_async", "[codegen][attention][nvrtc][wgmma]") {
+  struct Item {
+    const char* features;
+    ElementType type;
+    int D, Dv;
+    cuda::AttentionTile tile;
+  };
+  std::vector<Item> items;
+  for (int D : {64, 128})
+    for (const char* f : {"causal", "window,softcap", "causal,sinks", "bias,mask,segments,dropout"})
+      items.push_back({f, ElementType::bf16, D, D, {128, 64, 8, 2}});
+  items.push_back({"causal", ElementType::f16, 128, 128, {128, 64, 8, 2}});
+  items.push_back({"causal", ElementType::bf16, 256, 64, {128, 64, 8, 2}});
+  items.push_back({"causal", ElementType::bf16, 128, 64, {128, 128, 8, 2}});
+  for (int block_m : {64, 128})
+    for (int block_n : {32, 64, 128})
+      for (int stages : {1, 2}) items.push_back({"causal", ElementType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
+  for (Item& item : items) item.tile.mma = cuda::AttentionMma::wgmma;
+  for (const Item& item : items) {
+    if (!cuda::validate_attention_tile(item.tile, item.D, item.Dv, 227 * 1024, false, "sm_90a").empty()) continue;
+    const ir::AttentionVariant& variant = attention_variant(parse_attention_features(item.features));
+    auto spec = spec_for(variant, item.type, item.D, item.Dv);
+    spec.tile = item.tile;
+    spec.lse = true;
+    const auto result = gpu::compile_attention(variant, spec, "sm_90a");
+    const auto* r = result.program.resources(result.kernel.name);
+    REQUIRE(r != nullptr);
+    const std::string line = std::string(item.features) + " " + element_type_name(item.type) + " D=" + std::to_string(item.D) +
+                             " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) + ": " +
+                             std::to_string(r->registers) + " registers, " + std::to_string(r->spill_store_bytes) +
+                             " bytes spilled, " + std::to_string(result.kernel.shared_bytes) + " bytes of shared memory";
+    std::cout << "sm_90a " << line << "\n";
+    INFO(line);
+    CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(item.tile.block_n) + "k16") != std::string::npos);
+    CHECK(result.program.ptx.find("wgmma.fence.sync.aligned") != std::string::npos);
+    CHECK(result.program.ptx.find("wgmma.commit_group.sync.aligned") != std::string::npos);
+    CHECK(result.program.ptx.find("wgmma.wait_group.sync.aligned") != std::string::npos);
+    CHECK(result.program.ptx.find("mma.sync") == std::string::npos);
+    CHECK(r->registers > 0);
+    CHECK(r->spill_store_bytes == 0);
+    CHECK(result.kernel.shared_bytes <= 227 * 1024);
+  }
+  // A wgmma tile is refused for sm_80.
+  const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
+  auto spec = spec_for(causal, ElementType::bf16, 128, 128);
+  spec.tile.mma = cuda::AttentionMma::wgmma;
+  REQUIRE_THROWS_WITH(gpu::compile_attention(causal, spec, "sm_80"), Catch::Contains("sm_90a"));
 }

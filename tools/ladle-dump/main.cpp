@@ -5,7 +5,7 @@
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states]   (the generated kernel)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
-//              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2] [--varlen] [--lse]
+//              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma]] [--varlen] [--lse]
 //              (with --op attention, -D is the head dim; otherwise a preprocessor definition)
 #include <cstdio>
 #include <cstdlib>
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo, "the kernel family: recurrent (token by token) or chunked (tensor cores)")
       ->check(CLI::IsMember({"recurrent", "chunked"}));
   app.add_option("--tile", tile_text,
-                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps; attention: block_m,block_n,warps,stages (default: the heuristic)");
+                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps; attention: block_m,block_n,warps,stages[,sync|wgmma] (wgmma: --arch sm_90a; default: the heuristic)");
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--states", states, "initial and final states");
@@ -140,10 +140,16 @@ int main(int argc, char** argv) {
       spec.varlen = varlen;
       spec.lse = lse;
       spec.tile = ladle::cuda::default_attention_tile(head_dim, dv);
-      if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &spec.tile.block_m, &spec.tile.block_n,
-                                            &spec.tile.warps, &spec.tile.stages) != 4)
-        throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_m,block_n,warps,stages");
-      if (auto problems = ladle::cuda::validate_attention_tile(spec.tile, head_dim, dv, 0, ladle::cuda::attention_split_f32(variant, spec));
+      if (!tile_text.empty()) {
+        char mma[16] = {};
+        const int fields = std::sscanf(tile_text.c_str(), "%d,%d,%d,%d,%15s", &spec.tile.block_m, &spec.tile.block_n,
+                                       &spec.tile.warps, &spec.tile.stages, mma);
+        if ((fields != 4 && fields != 5) || (fields == 5 && std::string(mma) != "sync" && std::string(mma) != "wgmma"))
+          throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_m,block_n,warps,stages[,sync|wgmma]");
+        if (std::string(mma) == "wgmma") spec.tile.mma = ladle::cuda::AttentionMma::wgmma;
+      }
+      spec.arch = arch;
+      if (auto problems = ladle::cuda::validate_attention_tile(spec.tile, head_dim, dv, 0, ladle::cuda::attention_split_f32(variant, spec), arch);
           !problems.empty())
         throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
       program = ladle::gpu::compile_attention(variant, spec, arch).program;

@@ -1,0 +1,113 @@
+// The text both tensor-core paths of the softmax-attention family share (codegen/cuda_attention.h):
+// the logit and keep expressions with the masks (step 4), the online softmax (step 5) and the
+// normalised store (step 7). They read score[BN / 8][4] and o_acc[DVP / 8][4] in the mma.sync
+// m16n8 accumulator layout, per warp: row gid (+ 8 for elements 2, 3), columns 2 tig and + 1 of
+// each 8 columns. wgmma's m64nNk16 accumulator gives each warp of a warpgroup 16 rows in that
+// same layout, so the text is one for both.
+#include "attention_parts.h"
+
+namespace ladle::cuda::detail {
+
+void emit_logits(Code& c, const AttentionParts& parts) {
+  const ir::AttentionVariant& variant = parts.variant;
+  const std::string& logit_expression = parts.logit_expression;
+  const std::string& keep_expression = parts.keep_expression;
+  std::string structured;  // the per-element range test of boundary tiles
+  structured = "j < k_len";
+  if (variant.causal) structured += " && j <= i + diagonal";
+  if (variant.window)
+    structured += " && (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right)";
+  std::string interior = "j0 + BN <= k_len";
+  if (variant.causal) interior += " && j0 + BN - 1 <= m0 + diagonal";
+  if (variant.window)
+    interior += " && (window_left < 0 || j0 >= row_last + diagonal - window_left) && (window_right < 0 || j0 + BN - 1 <= m0 + diagonal + window_right)";
+  c("// 4. logit = " + ir::to_string(variant.inputs, variant.score) + " (in log2 units), -inf where masked. Only a");
+  c("//    tile that crosses the edge of the sequence or of the causal / window range tests it per element.");
+  c("const bool boundary = !(" + interior + ");");
+  c("float logit[BN / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
+  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+  c.in();
+  c("  const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
+  std::string attend = "row_live[r / 2] && (!boundary || (" + structured + "))";
+  if (variant.segment_ids)
+    attend += " && q_segment[r / 2] == static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + j) * kv_segment_stride_t])";
+  if (!keep_expression.empty()) attend += " && (" + keep_expression + ") != 0.0f";
+  c("  const bool attend = " + attend + ";");
+  c("  logit[nt][r] = attend ? LOG2E * (" + logit_expression + ") : ladle_neg_inf();");
+  c.out();
+  c("  }");
+  c("");
+}
+
+void emit_online_softmax(Code& c, const AttentionParts& parts) {
+  const ir::AttentionVariant& variant = parts.variant;
+  c("// 5. Online softmax per row: the new maximum, the rescale of what came before, p = 2^(logit - max).");
+  c("float p[BN / 8][4];");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("float tile_max = ladle_neg_inf();");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(logit[nt][2 * half], logit[nt][2 * half + 1]));");
+  c("const float new_max = fmaxf(row_max[half], ladle_quad_max(tile_max));");
+  c("const float base = new_max == ladle_neg_inf() ? 0.0f : new_max;  // nothing attended yet: p = 0, no NaN");
+  c("const float rescale = ladle_exp2(row_max[half] - base);");
+  c("row_max[half] = new_max;");
+  c("row_sum[half] *= rescale;");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
+  c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
+  c("    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
+  c("    row_sum[half] += p[nt][r];");
+  if (variant.dropout) {
+    c("    // dropout: the denominator keeps p, the product with V sees the kept values, rescaled");
+    c("    const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
+    c("    const float u = ladle_dropout_uniform(seed, n, h, i, j);");
+    c("    p[nt][r] = u >= dropout_p ? p[nt][r] * keep_scale : 0.0f;");
+  }
+  c("  }");
+  c.out();
+  c("}");
+  c("");
+}
+
+void emit_epilogue(Code& c, const AttentionParts& parts) {
+  const ir::AttentionVariant& variant = parts.variant;
+  const AttentionKernelSpec& spec = parts.spec;
+  c("// 7. Normalise and store: the row sum over the quad" + std::string(variant.sinks ? ", the sink logits join the denominator" : "") +
+    "; a row with nothing");
+  c("//    attended gets o = 0" + std::string(spec.lse ? " and lse = -inf." : "."));
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("float sum = ladle_quad_sum(row_sum[half]), top = row_max[half], scale_o = 1.0f;");
+  if (variant.sinks) {
+    c("{");
+    c.in();
+    c("float with_sinks = top;");
+    c("for (int s = 0; s < sinks; ++s) with_sinks = fmaxf(with_sinks, LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s));");
+    c("scale_o = with_sinks > top ? ladle_exp2(top - with_sinks) : 1.0f;");
+    c("sum *= scale_o;");
+    c("for (int s = 0; s < sinks; ++s) sum += ladle_exp2(LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s) - with_sinks);");
+    c("top = with_sinks;");
+    c.out();
+    c("}");
+  }
+  c("const int i = row0 + half * 8;");
+  c("if (!row_live[half]) continue;");
+  c("const float inv = sum > 0.0f ? scale_o / sum : 0.0f;");
+  c(std::string(storage_type(spec.output_type)) + "* const o_row = o + b * o_stride_b + (q_bos + i) * o_stride_t + h * o_stride_h;");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) {");
+  c("  const int col = nt * 8 + tig * 2;");
+  c("  if (col < DV) ladle_store(o_row + col * o_stride_d, o_acc[nt][2 * half] * inv);");
+  c("  if (col + 1 < DV) ladle_store(o_row + (col + 1) * o_stride_d, o_acc[nt][2 * half + 1] * inv);");
+  c("}");
+  if (spec.lse)
+    c("if (tig == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");
+  else
+    c("(void)top; (void)LN2;");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+}
+
+}  // namespace ladle::cuda::detail

@@ -1,0 +1,44 @@
+// The pieces of a softmax-attention kernel's text (codegen/cuda_attention.h) that live outside
+// cuda_attention.cpp: the steps both tensor-core paths share (attention_parts.cpp) and the
+// Hopper wgmma path's own (attention_wgmma.cpp). Internal to codegen (not installed).
+#pragma once
+
+#include <string>
+
+#include "../cuda_attention.h"
+#include "cuda_source.h"
+
+namespace ladle::cuda::detail {
+
+// What the pieces read of the kernel being generated.
+struct AttentionParts {
+  const ir::AttentionVariant& variant;
+  const AttentionKernelSpec& spec;
+  std::string logit_expression;  // rendered at (i, j) of score[nt][r]
+  std::string keep_expression;   // empty: no user predicate
+  bool qk_f16 = false, pv_f16 = false;  // f16 operands (else bf16)
+};
+
+// Step 4: logit[BN / 8][4] (log2 units, -inf where masked) from score[BN / 8][4].
+void emit_logits(Code& c, const AttentionParts& parts);
+// Step 5: the online softmax of this tile's rows: p[BN / 8][4], row_max, row_sum, o_acc rescaled.
+void emit_online_softmax(Code& c, const AttentionParts& parts);
+// Step 7: o = o_acc / row_sum (sinks in the denominator), lse.
+void emit_epilogue(Code& c, const AttentionParts& parts);
+
+// ---- wgmma (sm_90a)
+
+// The device helpers of the wgmma path: matrix descriptors, fences, and one wgmma.mma_async per
+// shape the kernel uses (m64n<score_n>k16 from shared memory, m64n<out_n>k16 with A from
+// registers). A host emulation defines LADLE_WGMMA_HELPERS and LADLE_WGMMA_EMULATED first.
+std::string wgmma_helpers(int score_n, int out_n, bool qk_f16, bool pv_f16);
+// The 16-bit element offset of (row, col) in a tile stored as 8 x 8 core matrices (8 rows of
+// 16 contiguous bytes each, 128 bytes a matrix), core matrices row-major over the tile whose
+// rows have `padded` columns: the no-swizzle layout wgmma's descriptors address.
+std::string core_matrix_offset(const std::string& row, const std::string& col, const std::string& padded);
+// Step 3 on wgmma: score[BN / 8][4] = q k^T for this warpgroup's 64 rows.
+void emit_wgmma_scores(Code& c, const AttentionParts& parts);
+// Step 6 on wgmma: o_acc += P V with P packed from p[BN / 8][4].
+void emit_wgmma_pv(Code& c, const AttentionParts& parts);
+
+}  // namespace ladle::cuda::detail
