@@ -21,8 +21,7 @@ using Tile = cuda::AttentionTile;
 
 // The tile's tunable fields, in the space's order: the name in a Config, the values the space
 // tries, and how a Config reads and writes the field. A new field of AttentionTile is one line
-// here (e.g. {"mma", {0, 1}, ...} once AttentionTile::mma lands; its validity, wgmma on sm_90a
-// only, is validate_attention_tile's, given the DeviceLimits' arch).
+// here (its validity is validate_attention_tile's). mma: 0 = sync, 1 = wgmma (sm_90a only).
 struct TileField {
   std::string_view name;
   std::vector<int> values;
@@ -36,6 +35,8 @@ const std::vector<TileField>& tile_fields() {
       {"block_n", {32, 64, 128}, [](const Tile& t) { return t.block_n; }, [](Tile& t, int v) { t.block_n = v; }},
       {"warps", {4, 8}, [](const Tile& t) { return t.warps; }, [](Tile& t, int v) { t.warps = v; }},
       {"stages", {1, 2}, [](const Tile& t) { return t.stages; }, [](Tile& t, int v) { t.stages = v; }},
+      {"mma", {0, 1}, [](const Tile& t) { return static_cast<int>(t.mma); },
+       [](Tile& t, int v) { t.mma = v ? cuda::AttentionMma::wgmma : cuda::AttentionMma::sync; }},
   };
   return fields;
 }
@@ -52,27 +53,33 @@ int pad16(std::int64_t dim) { return static_cast<int>((dim + 15) / 16 * 16); }
 // A rough time of one call in SM cycles (only the ranking matters). Per key tile a block does
 // the mma.sync work of q k^T and P V (about 1024 16-bit FMA per cycle per SM; split fp32 three
 // products), the softmax's exp on the MUFU (16 per cycle) and a few more elementwise operations
-// per score, issues the cp.async copies of the next K/V tile (16 bytes an instruction, 4 a
-// cycle: what 128-row tiles halve per query row), and waits at the tile's barriers and row
-// shuffles; with one stage also for the copy itself. The tensor cores reach full rate only
-// with enough resident warps (w / (w + 4)); past 128 fragment values per thread the registers
-// left no longer hold the next fragments, so the mma slows towards the guard's 160. An SM
+// per score, issues the cp.async copies of the next K/V tile (16 bytes an instruction, about 2
+// a cycle with their address arithmetic: what 128-row tiles halve per query row), and waits
+// at the tile's barriers and row shuffles; with one stage also for the copy itself. The tensor
+// cores reach full rate only with enough resident warps (w / (w + 2)); past 128 fragment
+// values per thread the registers left no longer hold the next fragments, so the mma slows
+// (x1.5 at the guard's 160). wgmma is modelled at mma.sync's rate until it is measured: it
+// differs by its registers (q stays in shared memory) and its shared memory only, and a tie
+// keeps mma.sync first (the enumeration order). An SM
 // runs the blocks that fit at once (shared memory, registers estimated as 48 + the fragment
 // values, threads) and overlaps their waits; the call takes the longer of the total work over
 // the SMs and the longest block alone (fewer blocks than SMs leave SMs idle). Not yet
-// calibrated on a GPU (bench/RESULTS.md): at H16 D128 bf16 causal, B8 T4096 and B2 T16384,
-// and at D64, it ranks heuristic_attention_tile first.
+// calibrated on a GPU (bench/RESULTS.md): at H16 bf16, B8 T4096 and B2 T16384, D128 and D64,
+// causal or a 1024-key window, it ranks heuristic_attention_tile first (and its 64-row tiles
+// for few blocks, its 32-key tiles at D192).
 double attention_cycles(const AttentionTuneShape& s, bool split, const Tile& tile, const DeviceLimits& device) {
   const int Dp = pad16(s.D), Dvp = pad16(s.Dv);
   const double bm = tile.block_m, bn = tile.block_n;
   const double pairs = bm * bn;
   const double mma = pairs * (Dp + Dvp) * (split ? 3 : 1) / 1024;
   const double elementwise = pairs * (1.0 / 16 + 6.0 / 128);
-  const double copy = bn * (Dp + Dvp) * 2 * (split ? 2 : 1) / 64;
-  const double waits = 300 + (tile.stages == 1 ? 700 : 0);
+  const double copy = bn * (Dp + Dvp) * 2 * (split ? 2 : 1) / 32;
+  const double waits = 500 + (tile.stages == 1 ? 700 : 0);
   const double per_block = 1000;  // the q tile, the first K/V tile, o's epilogue
-  const int fragments = Dp / 4 * (split ? 2 : 1) + tile.block_n / 2 + Dvp / 2;
-  const double pressure = 1 + std::max(0, fragments - 128) / 128.0;
+  const bool wgmma = tile.mma == cuda::AttentionMma::wgmma;  // the register guard's count
+  const int fragments = wgmma ? tile.block_n / 2 + tile.block_n / 4 + Dvp / 2
+                              : Dp / 4 * (split ? 2 : 1) + tile.block_n / 2 + Dvp / 2;
+  const double pressure = 1 + std::max(0, fragments - 128) / 64.0;
   const int threads = 32 * tile.warps;
   const int registers = (std::min(255, 48 + fragments) + 7) / 8 * 8;
   const int shared = std::max(1, cuda::attention_shared_bytes(tile, s.D, s.Dv, split));
@@ -101,7 +108,7 @@ double attention_cycles(const AttentionTuneShape& s, bool split, const Tile& til
   const std::int64_t together = std::min(fit, std::max<std::int64_t>(1, ceil_div(blocks, sms)));
   const auto rate = [&](std::int64_t resident) {
     const double warps = static_cast<double>(resident * tile.warps);
-    return warps / (warps + 4);
+    return warps / (warps + 2);
   };
   const double compute = mma * pressure + elementwise;
   const double shared_tile = compute / rate(together) + copy + waits / static_cast<double>(together);
@@ -223,8 +230,10 @@ SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType 
   const bool split = operands == ElementType::f32;
   const int D = static_cast<int>(shape.D), Dv = static_cast<int>(shape.Dv);
   space.rule([D, Dv, split](const Config& c, const DeviceLimits& d) -> Reason {
-    // Every limit a tile breaks: warps vs block_m, the register guard, the opt-in shared memory.
-    const auto problems = cuda::validate_attention_tile(to_attention_tile(c), D, Dv, d.max_shared_per_block, split);
+    // Every limit a tile breaks: warps vs block_m, wgmma off sm_90a or with fp32 inputs, the
+    // register guard, the opt-in shared memory.
+    const auto problems =
+        cuda::validate_attention_tile(to_attention_tile(c), D, Dv, d.max_shared_per_block, split, d.arch);
     if (!problems.empty()) return joined(problems);
     return rule::threads(32LL * c.at("warps"), d);
   });

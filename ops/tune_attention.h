@@ -1,9 +1,10 @@
-// The softmax-attention family in the autotuner: block_m x block_n x warps x stages (warps
-// must agree with block_m: 16 query rows per warp), valid by validate_attention_tile (the
-// device's opt-in shared memory and the register guard included) and the thread limit, ranked
-// by a cost model and pruned to max_candidates. The key builder and the per-process memo are
-// the recurrence families' (ops/tune_recurrent.h). gpu::run_attention_into asks for a tile
-// when the call names none (policy from LADLE_AUTOTUNE).
+// The softmax-attention family in the autotuner: block_m x block_n x warps x stages x mma
+// (warps must agree with block_m: 16 query rows per warp; mma 0 = sync, 1 = wgmma), valid by
+// validate_attention_tile (the device's arch for wgmma, its opt-in shared memory and the
+// register guard included) and the thread limit, ranked by a cost model and pruned to
+// max_candidates. The key builder and the per-process memo are the recurrence families'
+// (ops/tune_recurrent.h). gpu::run_attention_into asks for a tile when the call names none
+// (policy from LADLE_AUTOTUNE).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,7 @@ struct AttentionTuneShape {
   static AttentionTuneShape of(const ir::AttentionVariant& variant, const ops::AttentionArgs& args);
 };
 
-Config to_config(const cuda::AttentionTile& tile);  // block_m, block_n, warps, stages
+Config to_config(const cuda::AttentionTile& tile);  // block_m, block_n, warps, stages, mma (0 sync, 1 wgmma)
 cuda::AttentionTile to_attention_tile(const Config& config);
 
 // The search space, for any device (the rules read the DeviceLimits they are given).
@@ -45,7 +46,7 @@ cuda::AttentionTile to_attention_tile(const Config& config);
 // warps reach, the copies' issue cost (K/V reuse: 64-row tiles copy twice per query row),
 // the per-tile barriers (and, with one stage, the copy's latency), a register-pressure factor
 // near the register guard, the blocks that fit on an SM at once (shared memory, registers,
-// threads) and the blocks vs SMs: rough, it only ranks.
+// threads) and the blocks vs SMs; wgmma at mma.sync's rate until measured: rough, it only ranks.
 SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands);
 
 // The family's key: the variant's hash, the kernel's flags (varlen, lse, cp.async) and input
