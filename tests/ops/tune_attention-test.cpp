@@ -1,0 +1,430 @@
+// The softmax-attention family in the autotuner, without a GPU: its search space (enumeration,
+// validity against an H100's and an A100's limits with reasons that name the limit, the cost
+// model's ranking and pruning), the heuristic tile's place in it, the tuned-config keys (apart
+// from the recurrence families', and by flags, dtype, shape bucket, head dims and device), the
+// heuristic policy without a device, and a tuning through the Tuner with a fake candidate and
+// clock.
+#include <catch2/catch.hpp>
+
+#include <ladle/ops/attention.h>
+#include <ladle/ops/attention_bind.h>
+#include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/tune_attention.h>
+#include <ladle/ops/tune_recurrent.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "runtime/tune_fixtures.h"
+
+using namespace ladle;
+using gpu::AttentionTuneShape;
+using gpu::to_attention_tile;
+using gpu::to_config;
+
+namespace {
+
+DeviceLimits h100() {
+  DeviceLimits d;
+  d.name = "NVIDIA H100 80GB HBM3";
+  d.arch = "sm_90a";
+  d.sm_count = 132;
+  d.max_shared_per_block = 232448;  // 227 KiB opt-in
+  d.max_shared_per_sm = 233472;
+  d.max_registers_per_block = 65536;
+  d.max_threads_per_block = 1024;
+  return d;
+}
+
+DeviceLimits a100() {
+  DeviceLimits d;
+  d.name = "NVIDIA A100-SXM4-80GB";
+  d.arch = "sm_80";
+  d.sm_count = 108;
+  d.max_shared_per_block = 166912;  // 163 KiB opt-in
+  d.max_shared_per_sm = 167936;
+  d.max_registers_per_block = 65536;
+  d.max_threads_per_block = 1024;
+  return d;
+}
+
+// The limits heuristic_attention_tile() read: this GPU's when there is one, else (CI) the
+// 132 SMs it assumes without a device.
+DeviceLimits heuristic_device() {
+  return driver_available() ? DeviceLimits::from(Device::get().properties()) : h100();
+}
+
+constexpr auto mma_sync = cuda::AttentionMma::sync;
+constexpr auto wgmma = cuda::AttentionMma::wgmma;
+
+Config tile(int block_m, int block_n, int warps, int stages, cuda::AttentionMma mma = mma_sync) {
+  cuda::AttentionTile t;
+  t.block_m = block_m, t.block_n = block_n, t.warps = warps, t.stages = stages, t.mma = mma;
+  return to_config(t);
+}
+
+// A call's bound arguments at any size without the memory: every tensor is one element seen
+// through zero strides (binding checks shapes and dtypes, never reads the data).
+struct Call {
+  AttentionFeatures features;
+  ElementType type;
+  alignas(16) float element[4] = {};
+  VariantInputs inputs;
+  AttentionRunOptions options;
+  ops::AttentionArgs args;
+
+  Call(std::int64_t B, std::int64_t Tq, std::int64_t H, std::int64_t D, AttentionFeatures f = causal(),
+       ElementType t = ElementType::bf16, std::int64_t H_kv = 0, std::int64_t Dv = 0, std::int64_t Tk = 0)
+      : features(f), type(t) {
+    if (!H_kv) H_kv = H;
+    if (!Dv) Dv = D;
+    if (!Tk) Tk = Tq;
+    auto view = [&](ElementType of, std::vector<std::int64_t> shape) {
+      TensorView broadcast;
+      broadcast.data = element;
+      broadcast.type = of;
+      broadcast.strides.assign(shape.size(), 0);
+      broadcast.shape = std::move(shape);
+      return broadcast;
+    };
+    inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(D)));
+    if (f.soft_cap) inputs.scalars.emplace("logits_soft_cap", 30.0f);
+    if (f.bias) inputs.tensors.emplace("bias", view(type, {B, H, Tq, Tk}));
+    if (f.mask) inputs.tensors.emplace("attention_mask", view(ElementType::u8, {B, H, Tq, Tk}));
+    if (f.window) options.window_left = 1024, options.window_right = 0;
+    if (f.segment_ids) {
+      options.q_segment_ids = view(ElementType::i32, {B, Tq});
+      options.kv_segment_ids = view(ElementType::i32, {B, Tk});
+    }
+    if (f.sinks) options.softmax_aux = view(ElementType::f32, {H, 4});
+    if (f.dropout) options.dropout_p = 0.1f;
+    args = ops::bind_attention("attention", variant(), view(type, {B, Tq, H, D}), view(type, {B, Tk, H_kv, D}),
+                               view(type, {B, Tk, H_kv, Dv}), inputs, options);
+  }
+
+  static AttentionFeatures causal() {
+    AttentionFeatures f;
+    f.causal = true;
+    return f;
+  }
+  const ir::AttentionVariant& variant() const { return attention_variant(features); }
+  AttentionTuneShape shape() const { return AttentionTuneShape::of(variant(), args); }
+  cuda::AttentionTile heuristic() const { return gpu::heuristic_attention_tile(args); }
+  cuda::AttentionKernelSpec spec() const { return gpu::attention_kernel_spec(variant(), args, heuristic()); }
+  SearchSpace space() const { return gpu::attention_search_space(shape(), type); }
+  TunedKey key(const DeviceLimits& device = h100()) const {
+    return gpu::attention_tune_key(variant(), spec(), shape(), device);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("attention configs name block_m, block_n, warps, stages and mma, and convert back to the tile") {
+  cuda::AttentionTile t;
+  t.block_m = 64, t.block_n = 128, t.warps = 4, t.stages = 1;
+  const Config config = to_config(t);
+  REQUIRE(config.to_string() == "block_m=64 block_n=128 warps=4 stages=1 mma=0");
+  REQUIRE(to_attention_tile(config) == t);
+  t.mma = wgmma;
+  REQUIRE(to_config(t).to_string() == "block_m=64 block_n=128 warps=4 stages=1 mma=1");
+  REQUIRE(to_attention_tile(to_config(t)) == t);
+  REQUIRE(to_attention_tile(to_config(cuda::AttentionTile{})) == cuda::AttentionTile{});
+  REQUIRE_THROWS_WITH(to_attention_tile(Config{{"block_m", 64}}), Catch::Contains("'block_n'"));
+}
+
+TEST_CASE("the attention space is block_m x block_n x warps x stages x mma, warps agreeing with block_m") {
+  const Call call(8, 4096, 16, 128);
+  const SearchSpace space = call.space();
+  REQUIRE(space.size() == 2 * 3 * 2 * 2 * 2);
+  REQUIRE(space.has_cost_model());
+  for (const Config& c : space.all()) {
+    REQUIRE(std::set<int>{64, 128}.count(c["block_m"]));
+    REQUIRE(std::set<int>{32, 64, 128}.count(c["block_n"]));
+    REQUIRE(std::set<int>{4, 8}.count(c["warps"]));
+    REQUIRE(std::set<int>{1, 2}.count(c["stages"]));
+    REQUIRE(std::set<int>{0, 1}.count(c["mma"]));
+  }
+  // Half the combinations put 16 rows on other than one warp: 24 left, all valid at D=128 on an
+  // H100; an A100 has no wgmma: 12.
+  const auto valid = space.enumerate(h100());
+  REQUIRE(valid.size() == 24);
+  for (const Config& c : valid) REQUIRE(c["block_m"] == 16 * c["warps"]);
+  REQUIRE_THAT(*space.why_invalid(tile(128, 64, 4, 2), h100()), Catch::Contains("block_m = 16 * warps"));
+  const auto on_a100 = space.enumerate(a100());
+  REQUIRE(on_a100.size() == 12);
+  for (const Config& c : on_a100) REQUIRE(c["mma"] == 0);
+  REQUIRE_THAT(*space.why_invalid(tile(128, 64, 8, 2, wgmma), a100()), Catch::Contains("needs the target sm_90a") && Catch::Contains("sm_80"));
+  // fp32 inputs go through split bf16 pairs on mma.sync only.
+  const Call f32(8, 4096, 16, 64, Call::causal(), ElementType::f32);
+  REQUIRE_THAT(*f32.space().why_invalid(tile(128, 64, 8, 2, wgmma), h100()), Catch::Contains("fp32 inputs"));
+}
+
+TEST_CASE("the attention space's validity is validate_attention_tile with the device's shared memory") {
+  struct Dims {
+    int D, Dv;
+    ElementType type;
+  };
+  for (const Dims dims : {Dims{64, 64, ElementType::bf16}, Dims{128, 128, ElementType::bf16}, Dims{128, 128, ElementType::f16},
+                          Dims{256, 64, ElementType::bf16}, Dims{192, 192, ElementType::bf16}, Dims{128, 64, ElementType::f32},
+                          Dims{80, 80, ElementType::f32}}) {
+    for (const DeviceLimits& device : {h100(), a100()}) {
+      const Call call(8, 4096, 16, dims.D, Call::causal(), dims.type, 16, dims.Dv);
+      const bool split = dims.type == ElementType::f32;
+      std::size_t valid = 0;
+      for (const auto& [config, reason] : call.space().explain(device)) {
+        const auto problems = cuda::validate_attention_tile(to_attention_tile(config), dims.D, dims.Dv,
+                                                            device.max_shared_per_block, split, device.arch);
+        INFO("D=" << dims.D << " Dv=" << dims.Dv << " " << element_type_name(dims.type) << " on " << device.name << ": "
+                  << config.to_string());
+        REQUIRE(reason.has_value() == !problems.empty());
+        if (reason) REQUIRE_THAT(*reason, Catch::Contains(problems.front()));
+        valid += !reason;
+      }
+      REQUIRE(valid > 0);
+      REQUIRE(valid < call.space().size());
+    }
+  }
+  SECTION("the register guard: 128-key tiles at D=Dv=192, mma.sync at D=Dv=256") {
+    const Call wide(8, 4096, 16, 192);
+    REQUIRE_THAT(*wide.space().why_invalid(tile(128, 128, 8, 2), h100()),
+                 Catch::Contains("fragment values") && Catch::Contains("at most 160"));
+    REQUIRE_FALSE(wide.space().why_invalid(tile(128, 32, 8, 2), h100()));
+    REQUIRE(Call(8, 4096, 16, 256).space().enumerate(a100()).empty());
+    for (const Config& c : Call(8, 4096, 16, 256).space().enumerate(h100())) REQUIRE(c["mma"] == 1);  // q in shared memory
+  }
+  SECTION("D=256 Dv=64, 128-key tiles, 2 stages: fit an H100's 227 KiB, not an A100's 163 KiB") {
+    const Call call(8, 4096, 16, 256, Call::causal(), ElementType::bf16, 16, 64);
+    const Config config = tile(128, 128, 8, 2);
+    const int bytes = cuda::attention_shared_bytes(to_attention_tile(config), 256, 64, false);
+    REQUIRE(bytes > 166912);
+    REQUIRE(bytes <= 232448);
+    REQUIRE_FALSE(call.space().why_invalid(config, h100()));
+    const auto reason = call.space().why_invalid(config, a100());
+    REQUIRE(reason);
+    REQUIRE_THAT(*reason, Catch::Contains("shared memory") && Catch::Contains("166912"));
+    REQUIRE_FALSE(call.space().why_invalid(tile(128, 128, 8, 1), a100()));
+    REQUIRE(call.space().enumerate(a100()).size() < call.space().enumerate(h100()).size() / 2);
+  }
+  SECTION("fp32 inputs split into bf16 pairs: twice the shared memory, past a small device's limit") {
+    const Call f32(8, 4096, 16, 128, Call::causal(), ElementType::f32, 16, 64);
+    const Call bf16(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 64);
+    const Config config = tile(128, 128, 8, 2);
+    REQUIRE(cuda::attention_shared_bytes(to_attention_tile(config), 128, 64, true) == 212992);
+    REQUIRE_FALSE(f32.space().why_invalid(config, h100()));
+    REQUIRE_THAT(*f32.space().why_invalid(config, a100()), Catch::Contains("166912"));
+    REQUIRE_FALSE(bf16.space().why_invalid(config, a100()));
+  }
+  SECTION("more threads than the device allows") {
+    DeviceLimits small = h100();
+    small.max_threads_per_block = 128;
+    const Call call(8, 4096, 16, 128);
+    REQUIRE_THAT(*call.space().why_invalid(tile(128, 64, 8, 2), small), Catch::Contains("256 threads > 128"));
+    REQUIRE_FALSE(call.space().why_invalid(tile(64, 64, 4, 2), small));
+  }
+}
+
+TEST_CASE("the heuristic attention tile is valid and in the space at D=64, 128 and 192") {
+  const DeviceLimits device = heuristic_device();
+  for (int D : {64, 128, 192}) {
+    for (const auto& [B, T] : std::vector<std::pair<int, int>>{{8, 4096}, {2, 16384}, {1, 1024}, {1, 128}}) {
+      for (ElementType type : {ElementType::bf16, ElementType::f16}) {
+        const Call call(B, T, 16, D, Call::causal(), type);
+        const Config heuristic = to_config(call.heuristic());
+        INFO("B" << B << " T" << T << " D" << D << " " << element_type_name(type) << ": " << heuristic.to_string());
+        REQUIRE_FALSE(call.space().why_invalid(heuristic, device));
+        const auto valid = call.space().enumerate(device);
+        REQUIRE(std::find(valid.begin(), valid.end(), heuristic) != valid.end());
+        REQUIRE_NOTHROW(Tuner(call.space(), device, heuristic));
+      }
+    }
+  }
+}
+
+TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and at D=64, and prunes") {
+  // Planned from a poor start, the model's own best comes right after it.
+  const Config poor = tile(64, 32, 4, 1);
+  struct Shape {
+    int B, T, D;
+  };
+  for (const Shape s : {Shape{8, 4096, 128}, Shape{2, 16384, 128}, Shape{8, 4096, 64}, Shape{2, 16384, 64}}) {
+    for (const DeviceLimits& device : {h100(), a100()}) {
+      const Call call(s.B, s.T, 16, s.D);
+      INFO("B" << s.B << " T" << s.T << " D" << s.D << " on " << device.name);
+      const TunePlan from_poor = call.space().plan(device, poor, 64);
+      REQUIRE(from_poor.configs.size() == (device.arch == "sm_90a" ? 24u : 12u));
+      REQUIRE(from_poor.configs[1] == to_config(call.heuristic()));
+      REQUIRE(call.heuristic() == cuda::AttentionTile{});  // 128 x 64, 8 warps, 2 stages
+    }
+  }
+  SECTION("the sliding window + soft cap and the sinks + GQA benchmark cases too") {
+    AttentionFeatures window;
+    window.window = window.soft_cap = true;
+    AttentionFeatures sinks = Call::causal();
+    sinks.sinks = true;
+    const Call windowed(8, 4096, 16, 128, window), gqa(8, 4096, 16, 128, sinks, ElementType::bf16, 2);
+    REQUIRE(windowed.space().plan(h100(), poor, 64).configs[1] == to_config(windowed.heuristic()));
+    REQUIRE(gqa.space().plan(h100(), poor, 64).configs[1] == to_config(gqa.heuristic()));
+  }
+  SECTION("wgmma, modelled at mma.sync's rate until measured, ranks right after its mma.sync twin") {
+    const Call call(8, 4096, 16, 128);
+    const auto order = call.space().plan(h100(), poor, 64).configs;
+    REQUIRE(order[1] == tile(128, 64, 8, 2, mma_sync));
+    REQUIRE(order[2] == tile(128, 64, 8, 2, wgmma));
+    // At D=192 mma.sync holds 160 fragment values a thread, wgmma (q in shared memory) 120.
+    const Call wide(8, 4096, 16, 192);
+    REQUIRE(wide.space().plan(h100(), tile(64, 32, 4, 1), 64).configs[1] == tile(128, 32, 8, 2, wgmma));
+  }
+  SECTION("few (sequence, head) pairs: 64-row tiles rank first, as the heuristic picks them") {
+    const Call call(1, 1024, 8, 128);  // 8 x 8 blocks of 128 rows, 132 SMs
+    const cuda::AttentionTile heuristic = call.heuristic();
+    REQUIRE(heuristic.block_m == 64);
+    REQUIRE(heuristic.warps == 4);
+    REQUIRE(call.space().plan(h100(), poor, 64).configs[1] == to_config(heuristic));
+  }
+  SECTION("the plan from the heuristic keeps max_candidates, the heuristic among them") {
+    const Call call(8, 4096, 16, 128);
+    const Config heuristic = to_config(call.heuristic());
+    const TunePlan plan = call.space().plan(h100(), heuristic, 4);
+    REQUIRE(plan.space_size == 48);
+    REQUIRE(plan.valid == 24);
+    REQUIRE(plan.configs.size() == 4);
+    REQUIRE(plan.pruned == 24 - 4);
+    REQUIRE(plan.configs.front() == heuristic);
+    REQUIRE(std::set<Config>(plan.configs.begin(), plan.configs.end()).size() == plan.configs.size());
+    const TunePlan all = call.space().plan(h100(), heuristic, 64);
+    REQUIRE(all.pruned == 0);
+    REQUIRE(std::equal(plan.configs.begin(), plan.configs.end(), all.configs.begin()));  // a prefix of the order
+    // Pruned: the slowest by the model, e.g. 64 x 32 tiles with one stage.
+    REQUIRE(std::find(plan.configs.begin(), plan.configs.end(), poor) == plan.configs.end());
+  }
+  SECTION("two stages rank before one, unless the second stage costs a resident block") {
+    const Call call(8, 4096, 16, 128);
+    const auto order = call.space().plan(h100(), to_config(call.heuristic()), 64).configs;
+    auto rank = [&](const Config& c) { return std::find(order.begin(), order.end(), c) - order.begin(); };
+    for (int block_n : {32, 64, 128}) REQUIRE(rank(tile(128, block_n, 8, 2)) < rank(tile(128, block_n, 8, 1)));
+    for (int block_n : {32, 64}) REQUIRE(rank(tile(64, block_n, 4, 2)) < rank(tile(64, block_n, 4, 1)));
+    // 64 x 128 at D=128: two stages take 136 KiB, one block per SM; one stage lets two in.
+    REQUIRE(rank(tile(64, 128, 4, 1)) < rank(tile(64, 128, 4, 2)));
+  }
+}
+
+TEST_CASE("attention keys are apart from the recurrence families' and differ by flags, dtype, bucket, dims, device") {
+  const Call call(8, 4096, 16, 128);
+  const TunedKey key = call.key();
+  REQUIRE(key.family == "attention");
+  REQUIRE(key.shape_bucket == "N8-Tq4096-Tk4096-H16-Hkv16-D128-Dv128");
+  REQUIRE(key.dtype == "bf16");
+  REQUIRE(key.gpu == "NVIDIA H100 80GB HBM3");
+  REQUIRE(key.sm_count == 132);
+  REQUIRE_THAT(key.variant, Catch::StartsWith(ir::hash_hex(call.variant()) + "-vfalselfalse"));
+  REQUIRE_THAT(key.variant, Catch::EndsWith("-bf16-bf16-bf16-f32"));  // q, k, v, scale
+  // Another family of the same bucket, dtype and device: another key.
+  for (std::string_view family : {gpu::recurrent_family, gpu::chunked_family}) {
+    const TunedKey other = TunedKey::make(std::string(family), key.variant, key.shape_bucket, key.dtype, h100());
+    REQUIRE(other.hash() != key.hash());
+  }
+  // The kernel's flags: varlen, lse, cp.async.
+  for (auto flip : {+[](cuda::AttentionKernelSpec& s) { s.varlen = !s.varlen; },
+                    +[](cuda::AttentionKernelSpec& s) { s.lse = !s.lse; },
+                    +[](cuda::AttentionKernelSpec& s) { s.async_copy = !s.async_copy; },
+                    +[](cuda::AttentionKernelSpec& s) { s.output_type = ElementType::f32; }}) {
+    cuda::AttentionKernelSpec spec = call.spec();
+    flip(spec);
+    REQUIRE(gpu::attention_tune_key(call.variant(), spec, call.shape(), h100()).hash() != key.hash());
+  }
+  // The tile is not in the key.
+  cuda::AttentionKernelSpec other_tile = call.spec();
+  other_tile.tile.block_n = 32;
+  REQUIRE(gpu::attention_tune_key(call.variant(), other_tile, call.shape(), h100()) == key);
+
+  const Call f16(8, 4096, 16, 128, Call::causal(), ElementType::f16);
+  REQUIRE(f16.key().dtype == "f16");
+  REQUIRE(f16.key().hash() != key.hash());
+  // Within a bucket: one key (N, Tq and Tk by powers of two).
+  REQUIRE(Call(8, 3000, 16, 128).key() == key);
+  REQUIRE(Call(6, 4096, 16, 128).key() == key);
+  AttentionFeatures plain;
+  AttentionFeatures sinks = Call::causal();
+  sinks.sinks = true;
+  // Another bucket, head count, head dim, variant or device: another key.
+  for (const TunedKey& other :
+       {Call(8, 8192, 16, 128).key(), Call(16, 4096, 16, 128).key(), Call(8, 4096, 8, 128).key(),
+        Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 2).key(),
+        Call(8, 4096, 16, 64).key(), Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 64).key(),
+        Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 128, 8192).key(), call.key(a100()),
+        Call(8, 4096, 16, 128, plain).key(), Call(8, 4096, 16, 128, sinks).key()}) {
+    INFO(other.to_string());
+    REQUIRE(other.hash() != key.hash());
+  }
+  REQUIRE(Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 128, 8192).key().shape_bucket ==
+          "N8-Tq4096-Tk8192-H16-Hkv16-D128-Dv128");
+  REQUIRE_THAT(Call(8, 4096, 16, 128, sinks).key().variant, Catch::EndsWith("-f32-f32"));  // scale, then sinks
+}
+
+TEST_CASE("policy heuristic returns the heuristic attention tile without a device or a job") {
+  const Call call(8, 4096, 16, 128);
+  TuneOptions options;
+  options.policy = Policy::heuristic;
+  cuda::AttentionTile odd;  // whatever the caller passes is returned
+  odd.block_m = 64, odd.block_n = 32, odd.warps = 4, odd.stages = 1;
+  REQUIRE(gpu::tuned_attention_tile(call.variant(), call.args, odd, options) == odd);
+  if (!driver_available()) {
+    options.policy = Policy::cached;
+    REQUIRE_THROWS_AS(gpu::tuned_attention_tile(call.variant(), call.args, odd, options), NoCudaDriver);
+  }
+}
+
+TEST_CASE("tuning the attention space picks the fastest valid candidate and rejects a mismatching one") {
+  const Call call(8, 4096, 16, 128);
+  const Config heuristic = to_config(call.heuristic());
+  const Tuner tuner(call.space(), h100(), heuristic);
+  test::FakeCandidate fake;
+  // The "GPU": wider key tiles, two stages, 64-row blocks and wgmma are faster.
+  fake.time_of = [](const Config& c) {
+    return 1.0 + 16.0 / c["block_n"] + 0.1 / c["stages"] + 0.0001 * c["block_m"] - 0.01 * c["mma"];
+  };
+  const auto valid = call.space().enumerate(h100());
+  auto by_time = valid;
+  std::stable_sort(by_time.begin(), by_time.end(),
+                   [&](const Config& a, const Config& b) { return fake.time_of(a) < fake.time_of(b); });
+  const Config fastest = by_time[0], second = by_time[1];
+  REQUIRE(fastest == tile(64, 128, 4, 2, wgmma));
+  REQUIRE(second == tile(128, 128, 8, 2, wgmma));
+  REQUIRE(fake.time_of(heuristic) > fake.time_of(second));
+  fake.fail_check.insert(fastest);  // its output differs from the heuristic's
+
+  test::FakeClock clock;
+  fake.clock = &clock;
+  fake.clock_ms_per_time = 1;
+  TunedCache cache(TunedCache::Settings::memory_only());
+  TuneOptions options;
+  options.policy = Policy::force;
+  options.cache = &cache;
+  options.budget_ms = 60'000;
+  options.clock_ms = clock.fn();
+  options.on_progress = [](const TuneProgress&) {};
+  const TunedKey key = call.key();
+  const TuneResult result = tuner.tune(key, fake, options);
+
+  REQUIRE(result.source == TuneSource::tuned);
+  REQUIRE(result.best == second);
+  REQUIRE(result.heuristic == heuristic);
+  REQUIRE(result.space_size == 48);
+  REQUIRE(result.space_valid == valid.size());
+  REQUIRE(result.candidates.size() == valid.size());  // 24 < max_candidates: nothing pruned
+  REQUIRE(fake.prepares == static_cast<int>(valid.size()));
+  for (const Config& timed : fake.timed) REQUIRE_FALSE(call.space().why_invalid(timed, h100()));
+  const auto rejected = std::find_if(result.candidates.begin(), result.candidates.end(),
+                                     [&](const CandidateRecord& r) { return r.config == fastest; });
+  REQUIRE(rejected != result.candidates.end());
+  REQUIRE_FALSE(rejected->valid);
+  REQUIRE_THAT(rejected->reason, Catch::Contains("relative L2 error"));
+  // Stored under the attention key only: not under a recurrence family's key of the same parts.
+  REQUIRE(cache.lookup(key)->best == second);
+  REQUIRE(cache.list().size() == 1);
+  for (std::string_view family : {gpu::recurrent_family, gpu::chunked_family})
+    REQUIRE_FALSE(cache.lookup(TunedKey::make(std::string(family), key.variant, key.shape_bucket, key.dtype, h100())));
+}
