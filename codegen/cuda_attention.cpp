@@ -239,7 +239,13 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
   if (wgmma) c("const int warpgroup = warp / 4;  // owns rows 64 * warpgroup.. of the block; warp owns 16 of them");
-  c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = blockIdx.x * BM;");
+  if (variant.causal && !spec.varlen) {
+    // Under a causal mask the last row blocks see the most keys: they start first, so that the
+    // light ones fill the tail of the grid instead of the heavy ones.
+    c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = (gridDim.x - 1 - blockIdx.x) * BM;");
+  } else {
+    c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = blockIdx.x * BM;");
+  }
   c("");
   c("// The sequence: its first query and key, their counts, the batch row.");
   if (spec.varlen) {

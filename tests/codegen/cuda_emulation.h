@@ -34,7 +34,7 @@ namespace cuda_emulation {
 struct Index {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local Index thread_index, block_index;
+inline thread_local Index thread_index, block_index, grid_dim;
 inline thread_local std::barrier<>* barrier = nullptr;
 
 // What the lanes of one warp post for a warp-wide operation.
@@ -72,6 +72,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
         block.emplace_back([&, tx] {
           thread_index = {tx, 0, 0};
           block_index = {bx, by, 0};
+          grid_dim = {grid_x, grid_y, 1};
           barrier = &block_barrier;
           warp_exchange = warps[tx / 32].get();
           warpgroup_exchange = tx / 128 < groups.size() ? groups[tx / 128].get() : nullptr;
@@ -91,6 +92,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
 #define __syncthreads() ::cuda_emulation::barrier->arrive_and_wait()
 #define threadIdx ::cuda_emulation::thread_index
 #define blockIdx ::cuda_emulation::block_index
+#define gridDim ::cuda_emulation::grid_dim
 
 #define LADLE_RECURRENT_HELPERS
 struct ladle_f16 {
