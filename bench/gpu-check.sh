@@ -143,7 +143,7 @@ if [ "$what" = attention ] || [ "$what" = all ]; then
   for bt in "8 4096" "2 16384"; do
     set -- $bt
     for c in causal window_softcap sinks_gqa; do
-      LADLE_AUTOTUNE=heuristic "$bin/ladle-bench-attention" --case $c -B $1 -T $2 -H 16 -D 128 ${LADLE_ATTENTION_TILES:---tile 128,64,8,2 --tile 128,128,8,2 --tile 64,64,4,2 --tile 128,32,8,2} >> "$out/attention.jsonl" 2>> "$log"
+      LADLE_AUTOTUNE=heuristic "$bin/ladle-bench-attention" --case $c -B $1 -T $2 -H 16 -D 128 ${LADLE_ATTENTION_TILES:---tile 128,64,8,2 --tile 128,128,8,2 --tile 64,64,4,2 --tile 128,32,8,2 --tile 128,64,8,2,wgmma --tile 128,128,8,1,wgmma --tile 128,128,8,2,wgmma} >> "$out/attention.jsonl" 2>> "$log"
     done
   done
   PYTHONUNBUFFERED=1 timeout 900 python3 bench/attention_bench.py --shapes 8x4096,2x16384 >> "$out/attention.jsonl" 2>> "$log"

@@ -136,6 +136,9 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
                                                  bool split_f32 = false, const std::string& arch = "");
 // "block_m=128 block_n=64 warps=8 stages=2" (a wgmma tile adds " mma=wgmma")
 std::string to_string(const AttentionTile& tile);
+// Reads the tools' form "block_m,block_n,warps,stages[,sync|wgmma]"; throws InvalidArgument
+// quoting the text otherwise.
+AttentionTile parse_attention_tile(const std::string& text);
 // Whether wgmma runs on this target: sm_90a or compute_90a.
 bool attention_wgmma_arch(const std::string& arch);
 // Whether q, k, v of these types go through the tensor cores as split bf16 pairs (fp32 inputs).

@@ -1,7 +1,10 @@
 // The tile rules of the softmax-attention family (codegen/cuda_attention.h): which tiles are
 // valid for which head dims, and what shared memory they take.
+#include <cstdio>
 #include <string>
 #include <vector>
+
+#include <ladle/runtime/error.h>
 
 #include "../cuda_attention.h"
 
@@ -27,6 +30,18 @@ int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_
 AttentionTile default_attention_tile(int D, int Dv) {
   AttentionTile tile;
   if (D > 128 || Dv > 128) tile.block_n = 32;  // o_acc and q fragments fill the registers (D = Dv = 256 does not fit)
+  return tile;
+}
+
+AttentionTile parse_attention_tile(const std::string& text) {
+  AttentionTile tile;
+  char mma[16] = {};
+  const int fields =
+      std::sscanf(text.c_str(), "%d,%d,%d,%d,%15s", &tile.block_m, &tile.block_n, &tile.warps, &tile.stages, mma);
+  const std::string kind = mma;
+  if ((fields != 4 && fields != 5) || (fields == 5 && kind != "sync" && kind != "wgmma"))
+    throw InvalidArgument("attention tile '" + text + "', expected block_m,block_n,warps,stages[,sync|wgmma]");
+  if (kind == "wgmma") tile.mma = AttentionMma::wgmma;
   return tile;
 }
 

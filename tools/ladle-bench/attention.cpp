@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps);
   app.add_option("--case", which)->check(CLI::IsMember({"causal", "window_softcap", "sinks_gqa"}));
   app.add_option("--window", window, "window_softcap: keys before the diagonal");
-  app.add_option("--tile", tiles, "block_m,block_n,warps,stages (repeatable); default: the heuristic");
+  app.add_option("--tile", tiles, "block_m,block_n,warps,stages[,sync|wgmma] (repeatable); default: the heuristic");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!ladle::driver_available()) {
@@ -112,10 +112,7 @@ int main(int argc, char** argv) {
       try {
         std::optional<ladle::cuda::AttentionTile> tile;
         if (!tile_text.empty()) {
-          ladle::cuda::AttentionTile t;
-          if (std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &t.block_m, &t.block_n, &t.warps, &t.stages) != 4)
-            throw ladle::InvalidArgument("--tile expects block_m,block_n,warps,stages, got '" + tile_text + "'");
-          tile = t;
+          tile = ladle::cuda::parse_attention_tile(tile_text);
         }
         const ladle::cuda::AttentionKernelSpec spec = ladle::gpu::attention_kernel_spec(variant, args, tile);
         for (int i = 0; i < 3; ++i) ladle::gpu::run_attention_into(variant, args, launch, spec.tile);

@@ -141,12 +141,7 @@ int main(int argc, char** argv) {
       spec.lse = lse;
       spec.tile = ladle::cuda::default_attention_tile(head_dim, dv);
       if (!tile_text.empty()) {
-        char mma[16] = {};
-        const int fields = std::sscanf(tile_text.c_str(), "%d,%d,%d,%d,%15s", &spec.tile.block_m, &spec.tile.block_n,
-                                       &spec.tile.warps, &spec.tile.stages, mma);
-        if ((fields != 4 && fields != 5) || (fields == 5 && std::string(mma) != "sync" && std::string(mma) != "wgmma"))
-          throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_m,block_n,warps,stages[,sync|wgmma]");
-        if (std::string(mma) == "wgmma") spec.tile.mma = ladle::cuda::AttentionMma::wgmma;
+        spec.tile = ladle::cuda::parse_attention_tile(tile_text);
       }
       spec.arch = arch;
       if (auto problems = ladle::cuda::validate_attention_tile(spec.tile, head_dim, dv, 0, ladle::cuda::attention_split_f32(variant, spec), arch);
