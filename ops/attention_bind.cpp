@@ -55,11 +55,7 @@ AttentionArgs bind_attention(std::string_view op, const ir::AttentionVariant& va
                              const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                              const AttentionRunOptions& options) {
   const Checker check(op);
-  if (const std::vector<std::string> problems = ir::validate(variant); !problems.empty()) {
-    std::string all;
-    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
-    check.fail("the variant is malformed: " + all);
-  }
+  check.well_formed(ir::validate(variant));
   check.floating("q", q);
   check.type("k", k, q.type, "the dtype of q");
   check.type("v", v, q.type, "the dtype of q");

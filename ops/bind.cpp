@@ -33,11 +33,7 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
                         const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                         const RunOptions& options) {
   const Checker check(op);
-  if (const std::vector<std::string> problems = ir::validate(variant); !problems.empty()) {
-    std::string all;
-    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
-    check.fail("the variant is malformed: " + all);
-  }
+  check.well_formed(ir::validate(variant));
 
   // dtypes: q, k, v share one of f32, f16, bf16.
   check.floating("q", q);

@@ -147,15 +147,7 @@ class AttentionCandidate : public Candidate {
   void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
 
   Check matches_reference(const Config& config) override {
-    const std::vector<float> out = run(config);
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      diff += (double(out[i]) - reference_[i]) * (double(out[i]) - reference_[i]);
-      norm += double(reference_[i]) * reference_[i];
-    }
-    const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-    if (!(error <= tolerance_)) return Check::fail(fmt::format("relative L2 error {:.2e} > {:.0e}", error, tolerance_));
-    return Check::pass();
+    return compare_outputs(run(config), reference_, tolerance_);
   }
 
   double time_ms(const Config& config) override {

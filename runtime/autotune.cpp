@@ -15,6 +15,20 @@
 #include "log.h"
 
 namespace ladle {
+
+Check compare_outputs(const std::vector<float>& out, const std::vector<float>& reference, double tolerance) {
+  if (out.size() != reference.size())
+    return Check::fail("output has " + std::to_string(out.size()) + " values, the reference " +
+                       std::to_string(reference.size()));
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    diff += (double(out[i]) - reference[i]) * (double(out[i]) - reference[i]);
+    norm += double(reference[i]) * reference[i];
+  }
+  const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  if (!(error <= tolerance)) return Check::fail(fmt::format("relative L2 error {:.2e} > {:.0e}", error, tolerance));
+  return Check::pass();
+}
 namespace {
 
 constexpr double kDefaultBudgetMs = 15000;

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tune_result.h"
 #include "tune_space.h"
@@ -46,6 +47,10 @@ struct Check {
   static Check pass() { return {}; }
   static Check fail(std::string reason) { return {false, std::move(reason)}; }
 };
+
+// A candidate's output against the reference's: passes when the relative L2 distance is
+// within tolerance ("relative L2 error 3.1e-02 > 1e-02" otherwise; NaN never passes).
+Check compare_outputs(const std::vector<float>& out, const std::vector<float>& reference, double tolerance);
 
 // What a kernel family implements so that the tuner can try its configs. Any method may
 // throw (a compile error, a launch failure): the config is then recorded as invalid with

@@ -57,6 +57,13 @@ class Checker {
   explicit Checker(std::string_view op) : op_(op) {}
 
   [[noreturn]] void fail(const std::string& message) const { throw InvalidArgument(std::string(op_) + ": " + message); }
+  // A variant's validate() list: fails with every problem when there is one.
+  void well_formed(const std::vector<std::string>& problems) const {
+    if (problems.empty()) return;
+    std::string all;
+    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
+    fail("the variant is malformed: " + all);
+  }
 
   void shape(const char* name, const TensorView& view, const Pattern& pattern) const {
     if (view.strides.size() != view.shape.size())

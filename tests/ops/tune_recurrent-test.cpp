@@ -24,29 +24,8 @@ using gpu::TuneShape;
 
 namespace {
 
-DeviceLimits h100() {
-  DeviceLimits d;
-  d.name = "NVIDIA H100 80GB HBM3";
-  d.arch = "sm_90a";
-  d.sm_count = 132;
-  d.max_shared_per_block = 232448;  // 227 KiB opt-in
-  d.max_shared_per_sm = 233472;
-  d.max_registers_per_block = 65536;
-  d.max_threads_per_block = 1024;
-  return d;
-}
-
-DeviceLimits a100() {
-  DeviceLimits d;
-  d.name = "NVIDIA A100-SXM4-80GB";
-  d.arch = "sm_80";
-  d.sm_count = 108;
-  d.max_shared_per_block = 166912;  // 163 KiB opt-in
-  d.max_shared_per_sm = 167936;
-  d.max_registers_per_block = 65536;
-  d.max_threads_per_block = 1024;
-  return d;
-}
+using ladle::test::a100;
+using ladle::test::h100;
 
 // The limits heuristic_chunked_tile() read: this GPU's when there is one, else (CI) the H100
 // figures it assumes without a device.

@@ -19,6 +19,31 @@
 
 namespace ladle::test {
 
+// Real GPUs' limits, written by hand, for enumerating a family's space without a device.
+inline DeviceLimits h100() {
+  DeviceLimits d;
+  d.name = "NVIDIA H100 80GB HBM3";
+  d.arch = "sm_90a";
+  d.sm_count = 132;
+  d.max_shared_per_block = 232448;  // 227 KiB opt-in
+  d.max_shared_per_sm = 233472;
+  d.max_registers_per_block = 65536;
+  d.max_threads_per_block = 1024;
+  return d;
+}
+
+inline DeviceLimits a100() {
+  DeviceLimits d;
+  d.name = "NVIDIA A100-SXM4-80GB";
+  d.arch = "sm_80";
+  d.sm_count = 108;
+  d.max_shared_per_block = 166912;  // 163 KiB opt-in
+  d.max_shared_per_sm = 167936;
+  d.max_registers_per_block = 65536;
+  d.max_threads_per_block = 1024;
+  return d;
+}
+
 // 48 KiB of shared memory and 128 threads per block: warps=8 and the big tiles do not fit.
 inline DeviceLimits small_device() {
   DeviceLimits d;
