@@ -33,13 +33,13 @@ int align16(int bytes) { return (bytes + 15) / 16 * 16; }
 const std::set<std::string>& template_names() {
   static const std::set<std::string> names = {
       "C", "BK", "BV", "THREADS", "WARPS", "MT", "CG", "OCOLS", "SMT", "S_MPW", "S_WPM", "SCOLS", "QLD", "VLD",
-      "LOG2E", "FIT_LIMIT", "REVERSE", "smem", "qs", "ks", "vs", "st", "kg", "hg", "vg", "token_scale", "fit",
+      "LOG2E", "FIT_LIMIT", "GATE_FLOOR", "REVERSE", "smem", "qs", "ks", "vs", "st", "kg", "hg", "vg", "token_scale", "fit",
       "lane", "warp", "gid", "tig", "n", "h", "b", "v0", "bos", "eos", "length", "base", "valid", "t0", "t1", "tm",
       "te", "span", "checks", "sacc", "acc", "aacc", "afrag", "bfrag", "worst", "fits", "e", "i", "t", "cpos",
       "step", "live", "use", "col", "row0", "mi", "cg", "s_mt", "s_c0", "kk", "f", "o", "read_scale",
       "head_log_decay", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
       "cu_seqlens", "B", "T", "H", "K", "V", "q_feature", "k_feature", "v_feature", "jv", "run", "s", "p", "ld", "d",
-      "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt"};
+      "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt", "lg", "floors"};
   return names;
 }
 
@@ -208,8 +208,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("constexpr int QLD = BK + 8, VLD = BV + 8;  // padded rows: conflict-free ldmatrix");
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("constexpr float FIT_LIMIT = 100.0f;     // |log2 factor| allowed against one reference token");
+  c("constexpr float GATE_FLOOR = -256.0f;   // log2 gates below it (-inf: a hard reset) count as it");
   c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
-  c("(void)FIT_LIMIT; (void)LOG2E;");
+  c("(void)FIT_LIMIT; (void)GATE_FLOOR; (void)LOG2E;");
   c("");
   c("LADLE_DYNAMIC_SHARED(smem);");
   int offset = 0;
@@ -352,7 +353,28 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("__syncthreads();");
   if (kgate != KeyGate::none || vgate) {
     c("");
-    c("// 2. Cumulative log2 gates within the chunk, one column per thread.");
+    // A log2 gate below GATE_FLOOR (-inf: a hard reset, exp(-inf) = 0) counts as GATE_FLOOR:
+    // 2^-256 is 0 in fp32 (so is exp of any natural-log gate below about -104 on the CPU path),
+    // so the state is still wiped exactly, but no sum is -inf and no difference is
+    // (-inf) - (-inf) = NaN. Nothing else changes, because the steps already handle it: a step
+    // with a floored gate after its first token spans a log2 difference of at least 256 >
+    // FIT_LIMIT (decays: gates <= 0), so it fails the fit check and is walked in 16-token steps,
+    // then single tokens; a step that starts at a floored gate reads and decays the state by
+    // 2^(<= -256) = 0, as it should. A per-head scalar gate is not checked and needs no check:
+    // its factors 2^(G_t - G_s), s <= t, are all <= 1, and 0 across a floored gate.
+    // Precision: a single running sum would carry each floor (-256 per reset in the chunk) into
+    // every later sum and round the small gates after it at that magnitude, token after token.
+    // So the sum since the last floored gate (run) is kept apart from the sums before it and the
+    // floors (floors): each stored value, floors + run, is rounded once at that magnitude, so a
+    // difference of two of them is off by one fp32 spacing there (plus run's own rounding, as in
+    // any chunk), however many tokens lie between. A chunk without a floored gate has floors = 0
+    // and stores run exactly as before: its cost is a compare and an add per gate in this loop
+    // and nothing anywhere else (a branch per chunk, or a reset flag per column read by the
+    // factors, would cost every chunk to help rare ones).
+    c("// 2. Cumulative log2 gates within the chunk, one column per thread. A gate below GATE_FLOOR");
+    c("//    (-inf: a hard reset) counts as GATE_FLOOR: 2^-256 = 0 still wipes the state, and no");
+    c("//    sum is -inf; a step with one after its first token fails the fit check. The sum since");
+    c("//    the last floored gate is kept apart, so the small gates after it keep their precision.");
     std::string columns;
     if (kgate == KeyGate::vector) columns = "BK";
     if (kgate == KeyGate::scalar) columns = "1";
@@ -367,11 +389,13 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     if (vgate) ld = kgate == KeyGate::none ? "BV" : "(" + pointer.substr(0, pointer.find('?')) + "? " + ld + " : BV)";
     c("float* const p = " + pointer + ";");
     c("const int ld = " + ld + ";");
-    c("float run = 0.0f;");
+    c("float floors = 0.0f, run = 0.0f;");
     c("LADLE_UNROLL for (int cpos = 0; cpos < C; ++cpos) {");
     c.in();
-    c("run += p[cpos * ld];");
-    c("p[cpos * ld] = run;");
+    c("const float lg = p[cpos * ld];");
+    c("if (lg < GATE_FLOOR) floors += run + GATE_FLOOR, run = 0.0f;");
+    c("else run += lg;  // NaN stays NaN");
+    c("p[cpos * ld] = floors + run;");
     c.out();
     c("}");
     c.out();

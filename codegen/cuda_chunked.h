@@ -13,7 +13,10 @@
 // per token across half a chunk) is walked in 16-token steps, and those in single tokens: no
 // overflow for any gate strength, at the price of speed only where it is needed. A per-head
 // scalar decay (g_gamma, or a per-token head gate) needs no reference: its factors are
-// applied exactly per (t, s) pair and per row.
+// applied exactly per (t, s) pair and per row. A log2 gate below -256 (-inf: a hard reset,
+// exp(-inf) = 0) counts as -256: 2^-256 = 0 in fp32 wipes the state exactly, a step with one
+// after its first token fails the check, and the sums after it are kept apart from it so the
+// small gates that follow keep their precision (normal chunks: one compare and add per gate).
 //
 // Bytes: q, k, v, the gates and o cross global memory once per value tile (block_v = V: once),
 // the state once in and once out per sequence; nothing per chunk.

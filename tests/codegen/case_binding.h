@@ -43,17 +43,32 @@ inline Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
     if (in.kind == ir::InputKind::head) shape = {c.H};
     const bool gate = in.name == "g" || in.name == "gk" || in.name == "gv" || in.name == "g_t" || in.name == "state";
     std::uniform_real_distribution<double> positive(in.name == "tau" ? 4.0 : 0.5, in.name == "tau" ? 32.0 : 1.5);
+    // A hard_reset case's value goes into the gates where cuda_cases::hard_reset_at says, into x
+    // (logsigmoid(-inf) = -inf) and, negated, into y (-softplus(+inf) = -inf); g_gamma takes it
+    // for head 0, so that every token of that head resets.
+    const auto plant = [&](test::Filled f) {
+      if (c.hard_reset == 0) return f;
+      if (in.name == "g_gamma") {
+        f.tensor.set(0, static_cast<float>(c.hard_reset));
+      } else if (gate || in.name == "x" || in.name == "y") {
+        const std::int64_t width = in.kind == ir::InputKind::token_head ? 1 : features;
+        for (std::int64_t e = 0; e < f.tensor.numel(); ++e)
+          if (cuda_cases::hard_reset_at(e / (width * heads) % c.T, e % width))
+            f.tensor.set(e, static_cast<float>(in.name == "y" ? -c.hard_reset : c.hard_reset));
+      }
+      return f;
+    };
     if (in.kind == ir::InputKind::scalar) {
       named.scalars[in.name] = 0.4f;
     } else if (in.name == "g_gamma") {
-      named.tensors[in.name] = keep(test::filled(type, shape, [&] { return c.gate_level != 0 ? c.gate_level : -0.05; }));
+      named.tensors[in.name] = keep(plant(test::filled(type, shape, [&] { return c.gate_level != 0 ? c.gate_level : -0.05; })));
     } else if (gate && c.gate_level != 0) {
       std::uniform_real_distribution<double> strong(c.gate_level - 2, c.gate_level + 2);
-      named.tensors[in.name] = keep(test::filled(type, shape, [&] { return strong(rng); }));
+      named.tensors[in.name] = keep(plant(test::filled(type, shape, [&] { return strong(rng); })));
     } else if (in.kind == ir::InputKind::head) {
       named.tensors[in.name] = keep(test::filled(type, shape, [&] { return positive(rng); }));
     } else {
-      const TensorView view = keep(gate ? test::log_gate(rng, type, shape) : test::normal(rng, type, shape));
+      const TensorView view = keep(plant(gate ? test::log_gate(rng, type, shape) : test::normal(rng, type, shape)));
       if (in.role == ir::Role::query) q = view;
       else if (in.role == ir::Role::key) k = view;
       else if (in.role == ir::Role::value) v = view;

@@ -1,10 +1,14 @@
 // The chunked kernels the codegen-cuda_chunked test runs on the host emulation: every case of
 // cuda_cases.h the family supports (no normaliser), over sequences long enough for several
 // chunks and partial ones, with a sweep of tiles; plus gates strong enough to force 16-token
-// and single-token steps. chunked_emit renders them at build time.
+// and single-token steps, and hard resets (gates of -inf). chunked_emit renders them at build
+// time.
 #pragma once
 
 #include <ladle/codegen/cuda_chunked.h>
+
+#include <limits>
+#include <string>
 
 #include "cuda_cases.h"
 
@@ -35,13 +39,59 @@ inline std::vector<Case> all() {
   }
   // Gate strength: near -2.5 per token a 64-token chunk no longer fits one reference token
   // (16-token steps); near -10 neither does a 16-token step (single tokens).
-  const auto retype = [](cuda_cases::Case& c) {  // bf16 q, k, v and o; f32 gates
+  const auto retype = [](cuda_cases::Case& c, ladle::ElementType gates = ladle::ElementType::f32) {  // bf16 q, k, v and o
     using E = ladle::ElementType;
     c.spec.input_types.clear();
     for (const ladle::ir::Input& in : c.variant.inputs)
-      c.spec.input_types.push_back(in.kind == ladle::ir::InputKind::scalar || in.role == ladle::ir::Role::other ? E::f32 : E::bf16);
+      c.spec.input_types.push_back(in.kind == ladle::ir::InputKind::scalar ? E::f32 : in.role == ladle::ir::Role::other ? gates : E::bf16);
     c.spec.output_type = E::bf16;
   };
+  // Hard resets: log gates of -inf (or finite, below what fp32 can tell from -inf after exp)
+  // where cuda_cases::hard_reset_at says: chunk starts, middles, ends and runs of tokens, over
+  // 150 tokens in chunks of 16, 32 and 64, forward and reverse; per key dimension, per value
+  // dimension, a per-token head gate, and g_gamma of -inf for head 0 (every token resets).
+  {
+    using ladle::recurrent_variant;
+    namespace dsl = ladle::dsl;
+    const double inf = std::numeric_limits<double>::infinity();
+    const ladle::ir::Variant head_gate =
+        dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_head(dsl::token_head("g_t")), dsl::q, dsl::scalar("scale")), "head_gate");
+    struct Reset {
+      const char* name;
+      ladle::ir::Variant variant;
+      double value;
+      bool reverse, states;
+      ladle::ElementType gates;
+      ChunkedTile tile;
+    };
+    using E = ladle::ElementType;
+    const Reset resets[] = {
+        {"GLA, -inf per key dimension", recurrent_variant(true, false, false, false), -inf, false, true, E::f32, {16, 64, 16, 4}},
+        {"GLA, -inf per key dimension, bf16 gates, reverse", recurrent_variant(true, false, false, false), -inf, true, false, E::bf16, {16, 16, 16, 2}},
+        {"-inf per value dimension", recurrent_variant(false, false, true, false), -inf, false, true, E::f32, {16, 32, 16, 2}},
+        {"-inf per value dimension, reverse", recurrent_variant(false, false, true, false), -inf, true, false, E::f16, {16, 64, 16, 8}},
+        {"a per-token head gate of -inf", head_gate, -inf, false, true, E::f32, {16, 64, 32, 4}},
+        {"a per-token head gate of -inf, reverse", head_gate, -inf, true, true, E::bf16, {16, 16, 16, 2}},
+        {"g_gamma of -inf for head 0", recurrent_variant(false, false, false, true), -inf, true, true, E::f32, {16, 32, 16, 2}},
+        {"-inf in g, gk, gv and g_gamma", recurrent_variant(true, true, true, true), -inf, false, true, E::f32, {16, 64, 16, 4}},
+        {"-inf in g, gk, gv and g_gamma, reverse", recurrent_variant(true, true, true, true), -inf, true, true, E::f32, {16, 32, 16, 2}},
+        {"GLA and gv, gates of -1e4", recurrent_variant(true, false, true, false), -1e4, false, true, E::f32, {16, 64, 16, 4}},
+        {"every gate of -1e30", recurrent_variant(true, true, true, true), -1e30, false, true, E::f32, {16, 16, 16, 2}},
+        {"GLA, gates of -200 (log2 -289)", recurrent_variant(true, false, false, true), -200, false, true, E::f32, {16, 64, 16, 8}},
+        {"GLA, gates of -100 (finite, strong)", recurrent_variant(true, false, false, false), -100, false, true, E::f32, {16, 64, 16, 4}},
+    };
+    for (const Reset& r : resets) {
+      cuda_cases::Case c = cuda_cases::all()[0];
+      c.name = std::string("hard resets: ") + r.name;
+      c.variant = r.variant;
+      c.hard_reset = r.value;
+      c.T = 150;
+      c.spec.reverse = r.reverse;
+      c.spec.initial_state = c.spec.final_state = r.states;
+      retype(c, r.gates);
+      cases.push_back({c, r.tile});
+    }
+  }
   for (const double level : {-2.5, -10.0}) {
     cuda_cases::Case c = cuda_cases::all()[0];
     c.variant = ladle::recurrent_variant(true, true, true, true);  // g, gk, gv, g_gamma

@@ -8,6 +8,8 @@
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/recurrent.h>
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,7 +22,20 @@ struct Case {
   int B = 2, T = 7, H = 4, H_kv = 2, K = 8, V = 12;
   std::vector<std::int64_t> cu_seqlens;  // packed sequences when not empty (then B = 1)
   double gate_level = 0;                 // not 0: log gates within 2 of this per token (g_gamma: this)
+  double hard_reset = 0;                 // not 0: gates of this value (-inf: a hard reset) where hard_reset_at says
 };
+
+// Where a hard_reset case plants its gate value (case_binding.h): at tokens that start, split
+// and end chunks of 16, 32 and 64 (0, 16, 32, 64, 128; 9, 40, 100; 15, 31, 47, 63, 127, 149)
+// and runs of consecutive tokens (0-2, 31-33, 70-72); there, in the key or value dimensions i
+// with (t + i) % 3 != 1, and in all of them at tokens 33 and 70-72. Token t counts along the
+// tensor's T axis (packed: across sequences).
+inline bool hard_reset_at(std::int64_t t, std::int64_t i) {
+  static const std::int64_t tokens[] = {0, 1, 2, 9, 15, 16, 31, 32, 33, 40, 47, 63, 64, 70, 71, 72, 100, 127, 128, 149};
+  bool listed = false;
+  for (std::int64_t x : tokens) listed = listed || x == t;
+  return listed && ((t + i) % 3 != 1 || t == 33 || (t >= 70 && t <= 72));
+}
 
 inline std::vector<Case> all() {
   using namespace ladle;
@@ -119,6 +134,40 @@ inline std::vector<Case> all() {
                   dsl::q, dsl::scalar("read_scale")),
         "clashing");
     add(c, E::f32, E::f32);
+  }
+  {
+    // Hard resets: log gates of -inf (exp(-inf) = 0 wipes the state), planted by
+    // hard_reset_at, directly and through gate expressions.
+    Case c;
+    c.T = 40;
+    c.hard_reset = -std::numeric_limits<double>::infinity();
+    c.name = "hard resets: -inf in g, gk, gv, and g_gamma of head 0";
+    c.variant = recurrent_variant(true, true, true, true);
+    c.spec.initial_state = c.spec.final_state = true;
+    add(c, E::f32, E::f32);
+    c.name = "hard resets: -inf in g, gk, gv, g_gamma, bf16, reverse";
+    c.spec.reverse = true;
+    add(c, E::bf16, E::bf16);
+    c.name = "hard resets: -inf in g and gv, f16";
+    c.variant = recurrent_variant(true, false, true, false);
+    c.spec.reverse = false;
+    add(c, E::f16, E::f16);
+    c.spec.initial_state = c.spec.final_state = false;
+    c.spec.reverse = true;
+    c.name = "hard resets through logsigmoid(x) / tau at x = -inf, reverse";
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")),
+                                     dsl::q, dsl::scalar("scale")),
+                           "custom_gate");
+    add(c, E::bf16, E::f32);
+    c.name = "hard resets: a per-token head gate of -inf, -softplus(y) at y = +inf";
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v)
+                                         .decay_head(dsl::token_head("g_t"))
+                                         .decay_v(-dsl::softplus(dsl::token_value("y"))),
+                                     dsl::q, dsl::scalar("scale")),
+                           "head_gate");
+    c.spec.initial_state = true;
+    c.spec.reverse = false;
+    add(c, E::f32, E::f16);
   }
   return cases;
 }

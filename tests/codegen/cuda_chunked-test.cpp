@@ -33,6 +33,9 @@ TEST_CASE("chunked: the source opens with the variant, config, launch and gate m
   CHECK_THAT(kernel.source, Catch::Contains("// gates: key side per-token scalar, value side none\n"));
   CHECK_THAT(kernel.source, Catch::Contains("dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes"));
   CHECK_THAT(kernel.source, Catch::Contains("ladle_mma_bf16("));
+  // Log2 gates below the floor (-inf: a hard reset) count as the floor in the cumulative sums.
+  CHECK_THAT(kernel.source, Catch::Contains("constexpr float GATE_FLOOR = -256.0f;"));
+  CHECK_THAT(kernel.source, Catch::Contains("if (lg < GATE_FLOOR) floors += run + GATE_FLOOR, run = 0.0f;"));
   CHECK(kernel.shared_bytes == cuda::chunked_shared_bytes(c.c.variant, c.tile));
   CHECK(kernel.threads == 64);
   CHECK(kernel.block_v == 16);

@@ -8,6 +8,7 @@
 #include <ladle/ops/bind.h>
 #include <ladle/runtime/error.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -182,6 +183,7 @@ TEST_CASE("nvcc compiles every generated kernel to PTX for sm_90a", "[codegen][c
   std::vector<std::string> names;
   for (const cuda_cases::Case& c : cases) {
     const cuda::RecurrentKernel kernel = cuda::generate_recurrent(c.variant, c.spec);
+    if (std::find(names.begin(), names.end(), kernel.name) != names.end()) continue;  // cases that differ only in their inputs
     all += kernel.source + "\n";
     names.push_back(kernel.name);
   }

@@ -5,6 +5,8 @@
 #include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
 
+#include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "reference/recurrent_reference.h"
@@ -29,6 +31,7 @@ struct Case {
   std::optional<float> scale;
   ladle::Algorithm algorithm = ladle::Algorithm::automatic;  // the GPU's family
   double gate_level = 0;  // not 0: every gate (and g_gamma) within 1 of this per token
+  double hard_reset = 0;  // not 0: g, gk, gv take this value (-inf: a hard reset) where reset_at says; g_gamma for head 0
 
   std::string describe() const {
     std::ostringstream s;
@@ -38,10 +41,30 @@ struct Case {
       << " gates=" << ladle::element_type_name(gate_type) << " varlen=" << cu_seqlens.size()
       << " rank3=" << packed_rank3 << " h0=" << initial_state
       << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto")
-      << " gate_level=" << gate_level;
+      << " gate_level=" << gate_level << " hard_reset=" << hard_reset;
     return s.str();
   }
 };
+
+// Where a hard_reset case plants its value: tokens at chunk starts, middles and ends (chunks of
+// 16, 32, 64) and runs of consecutive tokens; there, dimensions i with (t + i) % 3 != 1, and all
+// of them at tokens 33 and 70-72. t counts along the T axis (packed: across sequences).
+bool reset_at(std::int64_t t, std::int64_t i) {
+  static const std::int64_t tokens[] = {0, 1, 2, 9, 15, 16, 31, 32, 33, 40, 47, 63, 64, 70, 71, 72, 100, 127, 128, 149};
+  bool listed = false;
+  for (std::int64_t x : tokens) listed = listed || x == t;
+  return listed && ((t + i) % 3 != 1 || t == 33 || (t >= 70 && t <= 72));
+}
+
+// Plants c.hard_reset into a [.., T, heads, features] gate (and its fp64 copy).
+void plant_resets(const Case& c, test::Filled& gate, std::int64_t heads, std::int64_t features) {
+  if (c.hard_reset == 0) return;
+  for (std::int64_t e = 0; e < gate.tensor.numel(); ++e)
+    if (reset_at(e / (heads * features) % c.T, e % features)) {
+      gate.tensor.set(e, static_cast<float>(c.hard_reset));
+      gate.values[e] = gate.tensor.get(e);
+    }
+}
 
 std::uint64_t seed_of(const Case& c) {
   std::uint64_t h = 1469598103934665603ull;
@@ -85,13 +108,14 @@ void check_case(Case c) {
     if (c.gate_level == 0) return test::log_gate(rng, c.gate_type, std::move(shape));
     return test::filled(c.gate_type, std::move(shape), [&] { return strong(rng); });
   };
-  if (c.g) g = gate(token_shape(c.H, c.K)), options.g = g->tensor.view(), ref.g = g->values;
-  if (c.gk) gk = gate(token_shape(c.H, c.K)), options.gk = gk->tensor.view(), ref.gk = gk->values;
-  if (c.gv) gv = gate(token_shape(c.H, c.V)), options.gv = gv->tensor.view(), ref.gv = gv->values;
+  if (c.g) g = gate(token_shape(c.H, c.K)), plant_resets(c, *g, c.H, c.K), options.g = g->tensor.view(), ref.g = g->values;
+  if (c.gk) gk = gate(token_shape(c.H, c.K)), plant_resets(c, *gk, c.H, c.K), options.gk = gk->tensor.view(), ref.gk = gk->values;
+  if (c.gv) gv = gate(token_shape(c.H, c.V)), plant_resets(c, *gv, c.H, c.V), options.gv = gv->tensor.view(), ref.gv = gv->values;
   if (c.g_gamma) {
     std::uniform_real_distribution<double> decay(c.gate_level == 0 ? -0.3 : c.gate_level - 1, c.gate_level == 0 ? -0.01 : c.gate_level + 1);
     std::vector<std::int64_t> shape = c.gamma_per_batch ? std::vector<std::int64_t>{c.B, c.H} : std::vector<std::int64_t>{c.H};
     g_gamma = test::filled(c.gate_type, shape, [&] { return decay(rng); });
+    if (c.hard_reset != 0) g_gamma->tensor.set(0, static_cast<float>(c.hard_reset)), g_gamma->values[0] = g_gamma->tensor.get(0);
     options.g_gamma = g_gamma->tensor.view();
     ref.g_gamma = g_gamma->values;
   }
@@ -381,4 +405,77 @@ TEST_CASE("chunked: bad requests are refused by name", "[ops][chunked]") {
   // Checked on the host before any device work, so it holds with or without a GPU.
   REQUIRE_THROWS_WITH(ladle::recurrent(q.tensor.view(), q.tensor.view(), v.tensor.view(), options),
                       Catch::Contains("algorithm chunked: K = 300, expected at most 256"));
+}
+
+// Hard resets: a log gate of -inf wipes the state at its token (exp(-inf) = 0), in the
+// dimensions it covers; so does a finite gate below what fp32 tells apart from -inf after exp.
+// The chunked kernel once gave NaN there ((-inf) - (-inf) in its cumulative gates), and the ops
+// choose it by themselves for 16-bit inputs with 64 tokens or more.
+TEST_CASE("the fp64 reference wipes the state at a gate of -inf", "[ops][recurrent][reset]") {
+  std::mt19937_64 rng(5);
+  const int T = 6, K = 3, V = 2, r = 3;  // every dimension of token r resets
+  reference::Recurrent ref;
+  ref.T = T, ref.K = K, ref.V = V;
+  ref.q = test::normal(rng, ElementType::f32, {1, T, 1, K}).values;
+  ref.k = test::normal(rng, ElementType::f32, {1, T, 1, K}).values;
+  ref.v = test::normal(rng, ElementType::f32, {1, T, 1, V}).values;
+  ref.g = test::log_gate(rng, ElementType::f32, {1, T, 1, K}).values;
+  ref.gv = test::log_gate(rng, ElementType::f32, {1, T, 1, V}).values;
+  ref.initial_state = test::normal(rng, ElementType::f32, {1, 1, K, V}).values;
+  for (int i = 0; i < K; ++i) ref.g[r * K + i] = -std::numeric_limits<double>::infinity();
+  const reference::RecurrentOutput out = reference::recurrent(ref);
+  for (double x : out.o) REQUIRE(std::isfinite(x));
+  for (int j = 0; j < V; ++j) {  // o_r = (scale q_r . k_r) v_r: nothing from before r
+    double qk = 0;
+    for (int i = 0; i < K; ++i) qk += ref.q[r * K + i] * ref.k[r * K + i];
+    CHECK(out.o[r * V + j] == Approx(qk * ref.v[r * V + j]).epsilon(1e-12));
+  }
+  // Tokens before r and the initial state change nothing from r on.
+  reference::Recurrent other = ref;
+  for (int t = 0; t < r; ++t)
+    for (int i = 0; i < K; ++i) other.k[t * K + i] += 1.0;
+  for (double& x : other.initial_state) x = -x;
+  const reference::RecurrentOutput again = reference::recurrent(other);
+  for (int t = r; t < T; ++t)
+    for (int j = 0; j < V; ++j) CHECK(again.o[t * V + j] == out.o[t * V + j]);
+  CHECK(again.final_state == out.final_state);
+}
+
+TEST_CASE("chunked: hard resets (gates of -inf, or finite below fp32's reach) wipe the state exactly", "[ops][chunked][reset]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (ElementType type : {ElementType::f16, ElementType::bf16})
+    for (unsigned gates : {1u, 4u, 8u, 9u, 15u})  // g, gv, g_gamma (head 0: every token), g and g_gamma, all
+      for (bool reverse : {false, true}) {
+        Case c;
+        c.algorithm = ladle::Algorithm::chunked;
+        c.T = 150;
+        c.K = 32, c.V = 48;
+        c.type = c.gate_type = type;
+        c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
+        c.reverse = reverse;
+        c.initial_state = true;
+        c.hard_reset = -inf;
+        check_case(c);
+      }
+  for (double value : {-1e4, -300.0}) {  // finite: below the kernel's floor (-256 in log2, about -177)
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.T = 150;
+    c.K = 32, c.V = 48;
+    c.type = ElementType::bf16;
+    c.gate_type = ElementType::f32;
+    c.g = c.gv = c.g_gamma = true;
+    c.initial_state = true;
+    c.hard_reset = value;
+    check_case(c);
+  }
+  Case c;  // packed sequences: resets at sequence starts, middles and ends
+  c.algorithm = ladle::Algorithm::chunked;
+  c.type = c.gate_type = ElementType::bf16;
+  c.cu_seqlens = {0, 1, 70, 70, 150};
+  c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
+  c.g = c.gv = true;
+  c.initial_state = true;
+  c.hard_reset = -inf;
+  check_case(c);
 }
