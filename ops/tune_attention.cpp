@@ -247,6 +247,13 @@ TunedKey attention_tune_key(const ir::AttentionVariant& variant, const cuda::Att
                                      {"Hkv", shape.H_kv},
                                      {"D", shape.D},
                                      {"Dv", shape.Dv}});
+  if (variant.window) {
+    // The keys a row may see decide the work per block (a 1024-key window is not an 8192-key
+    // one): power-of-two buckets of the keys beside the diagonal, an unbounded side counting as Tk.
+    const auto side = [&](std::int64_t w) { return w < 0 ? shape.Tk : std::min(w, shape.Tk); };
+    const std::string span = shape_bucket({{"W", bucket_pow2(std::max<std::int64_t>(1, side(shape.window_left) + side(shape.window_right)))}});
+    bucket.append(1, '-').append(span);
+  }
   return tune_key(attention_family, ir::hash_hex(variant) + fmt::format("-v{}l{}a{}", spec.varlen, spec.lse, spec.async_copy),
                   types, std::move(bucket), spec.output_type, device);
 }

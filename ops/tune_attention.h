@@ -28,8 +28,8 @@ struct AttentionTuneShape {
   std::int64_t mean_q = 0;       // tokens per sequence, Tq or the packed sequences' mean: the
   std::int64_t mean_k = 0;       //   cost model's
   std::int64_t H = 0, H_kv = 0, D = 0, Dv = 0;
-  // The mask's structure, for the cost model's count of key tiles per block (a window's sizes
-  // are run-time values: not in the key).
+  // The mask's structure, for the cost model's count of key tiles per block; a window's span
+  // is in the key by power-of-two bucket.
   bool causal = false;
   std::int64_t window_left = -1, window_right = -1;  // -1: unbounded (or no window)
   static AttentionTuneShape of(const ir::AttentionVariant& variant, const ops::AttentionArgs& args);

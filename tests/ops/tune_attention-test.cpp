@@ -56,7 +56,8 @@ struct Call {
   ops::AttentionArgs args;
 
   Call(std::int64_t B, std::int64_t Tq, std::int64_t H, std::int64_t D, AttentionFeatures f = causal(),
-       ElementType t = ElementType::bf16, std::int64_t H_kv = 0, std::int64_t Dv = 0, std::int64_t Tk = 0)
+       ElementType t = ElementType::bf16, std::int64_t H_kv = 0, std::int64_t Dv = 0, std::int64_t Tk = 0,
+       std::int64_t window_left = 1024)
       : features(f), type(t) {
     if (!H_kv) H_kv = H;
     if (!Dv) Dv = D;
@@ -73,7 +74,7 @@ struct Call {
     if (f.soft_cap) inputs.scalars.emplace("logits_soft_cap", 30.0f);
     if (f.bias) inputs.tensors.emplace("bias", view(type, {B, H, Tq, Tk}));
     if (f.mask) inputs.tensors.emplace("attention_mask", view(ElementType::u8, {B, H, Tq, Tk}));
-    if (f.window) options.window_left = 1024, options.window_right = 0;
+    if (f.window) options.window_left = window_left, options.window_right = 0;
     if (f.segment_ids) {
       options.q_segment_ids = view(ElementType::i32, {B, Tq});
       options.kv_segment_ids = view(ElementType::i32, {B, Tk});
@@ -288,6 +289,19 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
     // 64 x 128 at D=128: two stages take 136 KiB, one block per SM; one stage lets two in.
     REQUIRE(rank(tile(64, 128, 4, 1)) < rank(tile(64, 128, 4, 2)));
   }
+}
+
+TEST_CASE("a sliding window's span is in the attention key, by power-of-two bucket") {
+  AttentionFeatures window;
+  window.window = window.soft_cap = true;
+  const auto key = [&](std::int64_t left) {
+    return Call(8, 4096, 16, 128, window, ElementType::bf16, 0, 0, 0, left).key();
+  };
+  REQUIRE_THAT(key(1024).shape_bucket, Catch::EndsWith("-W1024"));  // 1024 keys left of the diagonal, 0 right
+  REQUIRE(key(1000) == key(1024));
+  REQUIRE(key(1024).hash() != key(8192).hash());
+  REQUIRE(key(-1).hash() != key(1024).hash());  // unbounded on the left: every key up to i
+  REQUIRE_THAT(Call(8, 4096, 16, 128).key().shape_bucket, !Catch::Contains("-W"));  // no window, no span
 }
 
 TEST_CASE("attention keys are apart from the recurrence families' and differ by flags, dtype, bucket, dims, device") {
