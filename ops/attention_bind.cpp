@@ -122,18 +122,11 @@ AttentionArgs bind_attention(std::string_view op, const ir::AttentionVariant& va
       continue;
     }
     if (in.kind == ir::InputKind::scalar) {
-      const auto found = inputs.scalars.find(in.name);
-      if (found == inputs.scalars.end())
-        check.fail("the variant reads the scalar " + in.name + ", which was not given" +
-                   (inputs.tensors.count(in.name) ? " (it was given as a tensor; pass it among the scalars)" : ""));
-      a.scalars[i] = found->second;
+      a.scalars[i] = named_scalar(check, in.name, inputs.scalars, inputs.tensors);
       continue;
     }
-    const auto found = inputs.tensors.find(in.name);
-    if (found == inputs.tensors.end())
-      check.fail("the variant reads " + in.name + " " + ir::shape_of(in.kind, in.role) + ", which was not given" +
-                 (inputs.scalars.count(in.name) ? " (it was given as a scalar; pass it among the tensors)" : ""));
-    const TensorView& view = found->second;
+    const TensorView& view =
+        named_tensor(check, in.name, ir::shape_of(in.kind, in.role), inputs.scalars, inputs.tensors);
     if (view.type != ElementType::u8) check.floating(in.name.c_str(), view);
     if (in.kind == ir::InputKind::pair) {
       a.tensors[i] = pair_view(check, in.name, view, a);

@@ -101,18 +101,11 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
       continue;
     }
     if (in.kind == ir::InputKind::scalar) {
-      const auto found = inputs.scalars.find(in.name);
-      if (found == inputs.scalars.end())
-        check.fail("the variant reads the scalar " + in.name + ", which was not given" +
-                   (inputs.tensors.count(in.name) ? " (it was given as a tensor; pass it among the scalars)" : ""));
-      args.scalars[i] = found->second;
+      args.scalars[i] = named_scalar(check, in.name, inputs.scalars, inputs.tensors);
       continue;
     }
-    const auto found = inputs.tensors.find(in.name);
-    if (found == inputs.tensors.end())
-      check.fail("the variant reads " + in.name + " " + ir::shape_of(in.kind, in.role) + ", which was not given" +
-                 (inputs.scalars.count(in.name) ? " (it was given as a scalar; pass it among the tensors)" : ""));
-    const TensorView& view = found->second;
+    const TensorView& view =
+        named_tensor(check, in.name, ir::shape_of(in.kind, in.role), inputs.scalars, inputs.tensors);
     check.floating(name, view);
     switch (in.kind) {
       case ir::InputKind::token_key: check.shape(name, view, token_pattern(d.H, "H", d.K, "K")); break;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,26 @@ inline TensorView lead_with_ones(TensorView view, int rank) {
     view.strides.insert(view.strides.begin(), 0);
   }
   return view;
+}
+
+// A variant input given by name: the scalar, or the tensor, with an error that names it
+// (and says so when it was given as the other kind).
+inline float named_scalar(const Checker& check, const std::string& name, const std::map<std::string, float>& scalars,
+                          const std::map<std::string, TensorView>& tensors) {
+  const auto found = scalars.find(name);
+  if (found == scalars.end())
+    check.fail("the variant reads the scalar " + name + ", which was not given" +
+               (tensors.count(name) ? " (it was given as a tensor; pass it among the scalars)" : ""));
+  return found->second;
+}
+inline const TensorView& named_tensor(const Checker& check, const std::string& name, const std::string& shape,
+                                      const std::map<std::string, float>& scalars,
+                                      const std::map<std::string, TensorView>& tensors) {
+  const auto found = tensors.find(name);
+  if (found == tensors.end())
+    check.fail("the variant reads " + name + " " + shape + ", which was not given" +
+               (scalars.count(name) ? " (it was given as a scalar; pass it among the tensors)" : ""));
+  return found->second;
 }
 
 inline std::int64_t integer_at(const TensorView& view, std::int64_t i) { return load_integer(view, i * view.strides[0]); }
