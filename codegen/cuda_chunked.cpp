@@ -286,15 +286,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("const long long step = base + " + cpos + ";");
     c("const bool live = " + cpos + " < valid;");
     c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
-    for (std::size_t k = 0; k < inputs.size(); ++k) {
-      const auto kind = inputs[k].kind;
-      if (!used[k] || kind == ir::InputKind::head || kind == ir::InputKind::scalar) continue;
-      c("const long long " + id[k] + "_row = b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] +
-        "_head * " + id[k] + "_stride_h; (void)" + id[k] + "_row;");
-    }
-    for (std::size_t k = 0; k < inputs.size(); ++k)
-      if (used[k] && inputs[k].kind == ir::InputKind::token_head)
-        c("const float " + id[k] + "_t = live ? ladle_load(" + id[k] + " + " + id[k] + "_row) : 0.0f; (void)" + id[k] + "_t;");
+    token_rows(c, variant, id, used, true);
     if (varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) {
       no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
       c("(void)head_log_decay;");

@@ -193,16 +193,7 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
     c("const long long step = base + " + cpos + ";");
     c("const bool live = step < length;  // past the end: no update, no output");
     c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
-    for (std::size_t k = 0; k < inputs.size(); ++k) {
-      const auto kind = inputs[k].kind;
-      if (!used[k] || kind == ir::InputKind::head || kind == ir::InputKind::scalar) continue;
-      // (void): the key-side loop reads only key-side rows, the value-side loop value-side.
-      c("const long long " + id[k] + "_row = b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] +
-        "_head * " + id[k] + "_stride_h; (void)" + id[k] + "_row;");
-    }
-    for (std::size_t k = 0; k < inputs.size(); ++k)
-      if (used[k] && inputs[k].kind == ir::InputKind::token_head)
-        c("const float " + id[k] + "_t = ladle_load(" + id[k] + " + " + id[k] + "_row); (void)" + id[k] + "_t;");
+    token_rows(c, variant, id, used, false);
     if (varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) {
       no_feature_slot(ir::Slot::log_decay_head, "head_log_decay");
       c("(void)head_log_decay;");

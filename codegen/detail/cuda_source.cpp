@@ -300,4 +300,22 @@ std::string row_load(const std::vector<std::string>& ids, std::size_t k, const s
   return "ladle_load(" + ids[k] + " + " + ids[k] + "_row + " + index + " * " + ids[k] + "_stride_d)";
 }
 
+void token_rows(Code& c, const ir::Variant& variant, const std::vector<std::string>& ids, const std::vector<bool>& used,
+                bool guard_live) {
+  const auto& inputs = variant.inputs;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    const auto kind = inputs[k].kind;
+    if (!used[k] || kind == ir::InputKind::head || kind == ir::InputKind::scalar) continue;
+    // (void): the key-side loop reads only key-side rows, the value-side loop value-side.
+    c("const long long " + ids[k] + "_row = b * " + ids[k] + "_stride_b + t * " + ids[k] + "_stride_t + " + ids[k] +
+      "_head * " + ids[k] + "_stride_h; (void)" + ids[k] + "_row;");
+  }
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (used[k] && inputs[k].kind == ir::InputKind::token_head) {
+      const std::string load = "ladle_load(" + ids[k] + " + " + ids[k] + "_row)";
+      c("const float " + ids[k] + "_t = " + (guard_live ? "live ? " + load + " : 0.0f" : load) + "; (void)" + ids[k] +
+        "_t;");
+    }
+}
+
 }  // namespace ladle::cuda::detail

@@ -63,6 +63,13 @@ std::string render_slot(const ir::Variant& variant, const std::vector<std::strin
 // The load of input k's feature `index` at the current token: ladle_load(x + x_row + index * x_stride_d).
 std::string row_load(const std::vector<std::string>& ids, std::size_t k, const std::string& index);
 
+class Code;
+// The per-token locals every recurrence generator needs once `t` is known: the row offset
+// <id>_row of every token input it reads, and the value <id>_t of every per-token head input
+// (0 where `live` is false, when `guard_live` is set: a chunk's padding tokens).
+void token_rows(Code& c, const ir::Variant& variant, const std::vector<std::string>& ids, const std::vector<bool>& used,
+                bool guard_live);
+
 // Lines with indentation.
 class Code {
  public:
