@@ -332,14 +332,37 @@ TEST_CASE("attention: NVRTC compiles the family for every mask and modifier comb
   CHECK(compiled == 64);
 }
 
+// One kernel of the NVRTC sweeps: compiled for sm_90a with lse, its resources printed, and
+// checked to fit (registers, no spills, shared memory within the H100's opt-in limit).
+struct SweepItem {
+  const char* features;
+  ElementType type;
+  int D, Dv;
+  cuda::AttentionTile tile;
+};
+
+static gpu::CompiledAttention compile_sm90a(const SweepItem& item) {
+    const ir::AttentionVariant& variant = attention_variant(parse_attention_features(item.features));
+    auto spec = spec_for(variant, item.type, item.D, item.Dv);
+    spec.tile = item.tile;
+    spec.lse = true;
+    const auto result = gpu::compile_attention(variant, spec, "sm_90a");
+    const auto* r = result.program.resources(result.kernel.name);
+    REQUIRE(r != nullptr);
+    const std::string line = std::string(item.features) + " " + element_type_name(item.type) + " D=" + std::to_string(item.D) +
+                             " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) + ": " +
+                             std::to_string(r->registers) + " registers, " + std::to_string(r->spill_store_bytes) +
+                             " bytes spilled, " + std::to_string(result.kernel.shared_bytes) + " bytes of shared memory";
+    std::cout << "sm_90a " << line << "\n";
+    INFO(line);
+    CHECK(r->registers > 0);
+    CHECK(r->spill_store_bytes == 0);
+    CHECK(result.kernel.shared_bytes <= 227 * 1024);
+  return result;
+}
+
 TEST_CASE("attention: sm_90a cubins at D = 64 and 128 and over a sweep of tiles fit without spills; sm_80 too", "[codegen][attention][nvrtc]") {
-  struct Item {
-    const char* features;
-    ElementType type;
-    int D, Dv;
-    cuda::AttentionTile tile;
-  };
-  std::vector<Item> items;
+  std::vector<SweepItem> items;
   for (int D : {64, 128})
     for (const char* f : {"causal", "window,softcap", "causal,sinks", "bias,mask,segments,dropout"})
       items.push_back({f, ElementType::bf16, D, D, cuda::default_attention_tile(D, D)});
@@ -354,23 +377,8 @@ TEST_CASE("attention: sm_90a cubins at D = 64 and 128 and over a sweep of tiles 
         if (cuda::validate_attention_tile(tile, 128, 128, 227 * 1024).empty()) items.push_back({"causal", ElementType::bf16, 128, 128, tile});
       }
   CHECK(items.size() >= 20);
-  for (const Item& item : items) {
-    const ir::AttentionVariant& variant = attention_variant(parse_attention_features(item.features));
-    auto spec = spec_for(variant, item.type, item.D, item.Dv);
-    spec.tile = item.tile;
-    spec.lse = true;
-    const auto result = gpu::compile_attention(variant, spec, "sm_90a");
-    const auto* r = result.program.resources(result.kernel.name);
-    REQUIRE(r != nullptr);
-    const std::string line = std::string(item.features) + " " + element_type_name(item.type) + " D=" + std::to_string(item.D) +
-                             " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) + ": " +
-                             std::to_string(r->registers) + " registers, " + std::to_string(r->spill_store_bytes) +
-                             " bytes spilled, " + std::to_string(result.kernel.shared_bytes) + " bytes of shared memory";
-    std::cout << "sm_90a " << line << "\n";
-    INFO(line);
-    CHECK(r->registers > 0);
-    CHECK(r->spill_store_bytes == 0);
-    CHECK(result.kernel.shared_bytes <= 227 * 1024);
+  for (const SweepItem& item : items) {
+    compile_sm90a(item);
   }
   const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
   auto spec = spec_for(causal, ElementType::bf16, 128, 128);
@@ -384,13 +392,7 @@ TEST_CASE("attention: sm_90a cubins at D = 64 and 128 and over a sweep of tiles 
 }
 
 TEST_CASE("attention: wgmma kernels compile for sm_90a without spills, and their PTX holds wgmma.mma_async", "[codegen][attention][nvrtc][wgmma]") {
-  struct Item {
-    const char* features;
-    ElementType type;
-    int D, Dv;
-    cuda::AttentionTile tile;
-  };
-  std::vector<Item> items;
+  std::vector<SweepItem> items;
   for (int D : {64, 128})
     for (const char* f : {"causal", "window,softcap", "causal,sinks", "bias,mask,segments,dropout"})
       items.push_back({f, ElementType::bf16, D, D, {128, 64, 8, 2}});
@@ -400,30 +402,15 @@ TEST_CASE("attention: wgmma kernels compile for sm_90a without spills, and their
   for (int block_m : {64, 128})
     for (int block_n : {32, 64, 128})
       for (int stages : {1, 2}) items.push_back({"causal", ElementType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
-  for (Item& item : items) item.tile.mma = cuda::AttentionMma::wgmma;
-  for (const Item& item : items) {
+  for (SweepItem& item : items) item.tile.mma = cuda::AttentionMma::wgmma;
+  for (const SweepItem& item : items) {
     if (!cuda::validate_attention_tile(item.tile, item.D, item.Dv, 227 * 1024, false, "sm_90a").empty()) continue;
-    const ir::AttentionVariant& variant = attention_variant(parse_attention_features(item.features));
-    auto spec = spec_for(variant, item.type, item.D, item.Dv);
-    spec.tile = item.tile;
-    spec.lse = true;
-    const auto result = gpu::compile_attention(variant, spec, "sm_90a");
-    const auto* r = result.program.resources(result.kernel.name);
-    REQUIRE(r != nullptr);
-    const std::string line = std::string(item.features) + " " + element_type_name(item.type) + " D=" + std::to_string(item.D) +
-                             " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) + ": " +
-                             std::to_string(r->registers) + " registers, " + std::to_string(r->spill_store_bytes) +
-                             " bytes spilled, " + std::to_string(result.kernel.shared_bytes) + " bytes of shared memory";
-    std::cout << "sm_90a " << line << "\n";
-    INFO(line);
+    const auto result = compile_sm90a(item);
     CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(item.tile.block_n) + "k16") != std::string::npos);
     CHECK(result.program.ptx.find("wgmma.fence.sync.aligned") != std::string::npos);
     CHECK(result.program.ptx.find("wgmma.commit_group.sync.aligned") != std::string::npos);
     CHECK(result.program.ptx.find("wgmma.wait_group.sync.aligned") != std::string::npos);
     CHECK(result.program.ptx.find("mma.sync") == std::string::npos);
-    CHECK(r->registers > 0);
-    CHECK(r->spill_store_bytes == 0);
-    CHECK(result.kernel.shared_bytes <= 227 * 1024);
   }
   // A wgmma tile is refused for sm_80.
   const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
