@@ -389,35 +389,14 @@ TEST_CASE("tuning the attention space picks the fastest valid candidate and reje
   REQUIRE(fake.time_of(heuristic) > fake.time_of(second));
   fake.fail_check.insert(fastest);  // its output differs from the heuristic's
 
-  test::FakeClock clock;
-  fake.clock = &clock;
-  fake.clock_ms_per_time = 1;
-  TunedCache cache(TunedCache::Settings::memory_only());
-  TuneOptions options;
-  options.policy = Policy::force;
-  options.cache = &cache;
-  options.budget_ms = 60'000;
-  options.clock_ms = clock.fn();
-  options.on_progress = [](const TuneProgress&) {};
+  test::FakeTuning tuning(fake);
   const TunedKey key = call.key();
-  const TuneResult result = tuner.tune(key, fake, options);
-
-  REQUIRE(result.source == TuneSource::tuned);
-  REQUIRE(result.best == second);
+  const TuneResult result = tuner.tune(key, fake, tuning.options);
+  tuning.check_second_wins(result, fake, key, fastest, second, valid.size());
   REQUIRE(result.heuristic == heuristic);
   REQUIRE(result.space_size == 48);
-  REQUIRE(result.space_valid == valid.size());
-  REQUIRE(result.candidates.size() == valid.size());  // 24 < max_candidates: nothing pruned
-  REQUIRE(fake.prepares == static_cast<int>(valid.size()));
   for (const Config& timed : fake.timed) REQUIRE_FALSE(call.space().why_invalid(timed, h100()));
-  const auto rejected = std::find_if(result.candidates.begin(), result.candidates.end(),
-                                     [&](const CandidateRecord& r) { return r.config == fastest; });
-  REQUIRE(rejected != result.candidates.end());
-  REQUIRE_FALSE(rejected->valid);
-  REQUIRE_THAT(rejected->reason, Catch::Contains("relative L2 error"));
-  // Stored under the attention key only: not under a recurrence family's key of the same parts.
-  REQUIRE(cache.lookup(key)->best == second);
-  REQUIRE(cache.list().size() == 1);
+  REQUIRE(tuning.cache.list().size() == 1);
   for (std::string_view family : {gpu::recurrent_family, gpu::chunked_family})
-    REQUIRE_FALSE(cache.lookup(TunedKey::make(std::string(family), key.variant, key.shape_bucket, key.dtype, h100())));
+    REQUIRE_FALSE(tuning.cache.lookup(TunedKey::make(std::string(family), key.variant, key.shape_bucket, key.dtype, h100())));
 }

@@ -299,33 +299,12 @@ TEST_CASE("tuning the chunked space picks the fastest valid candidate and reject
   REQUIRE(fake.time_of(heuristic) > fake.time_of(second));
   fake.fail_check.insert(fastest);  // its output differs from the heuristic's
 
-  test::FakeClock clock;
-  fake.clock = &clock;
-  fake.clock_ms_per_time = 1;
-  TunedCache cache(TunedCache::Settings::memory_only());
-  TuneOptions options;
-  options.policy = Policy::force;
-  options.cache = &cache;
-  options.budget_ms = 60'000;
-  options.clock_ms = clock.fn();
-  options.on_progress = [](const TuneProgress&) {};
+  test::FakeTuning tuning(fake);
   const TunedKey key = call.key(gpu::chunked_family);
-  const TuneResult result = tuner.tune(key, fake, options);
-
-  REQUIRE(result.source == TuneSource::tuned);
-  REQUIRE(result.best == second);
+  const TuneResult result = tuner.tune(key, fake, tuning.options);
+  tuning.check_second_wins(result, fake, key, fastest, second, valid.size());
   REQUIRE(result.heuristic == heuristic);
   REQUIRE(result.space_size == 36);
-  REQUIRE(result.space_valid == valid.size());
-  REQUIRE(result.candidates.size() == valid.size());  // 25 < max_candidates: nothing pruned
-  REQUIRE(fake.prepares == static_cast<int>(valid.size()));
   for (const Config& timed : fake.timed) REQUIRE_FALSE(call.space().why_invalid(timed, h100()));
-  const auto rejected = std::find_if(result.candidates.begin(), result.candidates.end(),
-                                     [&](const CandidateRecord& r) { return r.config == fastest; });
-  REQUIRE(rejected != result.candidates.end());
-  REQUIRE_FALSE(rejected->valid);
-  REQUIRE_THAT(rejected->reason, Catch::Contains("relative L2 error"));
-  // Stored under the chunked key, not the fused-recurrent one.
-  REQUIRE(cache.lookup(key)->best == second);
-  REQUIRE_FALSE(cache.lookup(call.key(gpu::recurrent_family)));
+  REQUIRE_FALSE(tuning.cache.lookup(call.key(gpu::recurrent_family)));
 }

@@ -159,6 +159,40 @@ class FakeCandidate : public Candidate {
   std::set<Config> prepared_;
 };
 
+// A forced tuning of a family's real space with a FakeCandidate on a fake clock, the result
+// kept in memory: what the families' tests run to see the tuner reject a wrong config.
+struct FakeTuning {
+  FakeClock clock;
+  TunedCache cache{TunedCache::Settings::memory_only()};
+  TuneOptions options;
+  explicit FakeTuning(FakeCandidate& fake) {
+    fake.clock = &clock;
+    fake.clock_ms_per_time = 1;
+    options.policy = Policy::force;
+    options.cache = &cache;
+    options.budget_ms = 60'000;
+    options.clock_ms = clock.fn();
+    options.on_progress = [](const TuneProgress&) {};
+  }
+
+  // The fastest config failed its output check, so the second fastest won, every valid config
+  // was prepared and measured, and the winner is stored under `key`.
+  void check_second_wins(const TuneResult& result, const FakeCandidate& fake, const TunedKey& key, const Config& fastest,
+                         const Config& second, std::size_t valid) {
+    REQUIRE(result.source == TuneSource::tuned);
+    REQUIRE(result.best == second);
+    REQUIRE(result.space_valid == valid);
+    REQUIRE(result.candidates.size() == valid);  // fewer than max_candidates: nothing pruned
+    REQUIRE(fake.prepares == static_cast<int>(valid));
+    const auto rejected = std::find_if(result.candidates.begin(), result.candidates.end(),
+                                       [&](const CandidateRecord& r) { return r.config == fastest; });
+    REQUIRE(rejected != result.candidates.end());
+    REQUIRE_FALSE(rejected->valid);
+    REQUIRE_THAT(rejected->reason, Catch::Contains("relative L2 error"));
+    REQUIRE(cache.lookup(key)->best == second);
+  }
+};
+
 }  // namespace ladle::test
 
 // Failed comparisons print configs as "BK=64 BV=32 ...".
