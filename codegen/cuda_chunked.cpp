@@ -1,6 +1,7 @@
 #include "cuda_chunked.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 
 #include <ladle/runtime/error.h>
@@ -39,7 +40,8 @@ const std::set<std::string>& template_names() {
       "step", "live", "use", "col", "row0", "mi", "cg", "s_mt", "s_c0", "kk", "f", "o", "read_scale",
       "head_log_decay", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
       "cu_seqlens", "B", "T", "H", "K", "V", "q_feature", "k_feature", "v_feature", "jv", "run", "s", "p", "ld", "d",
-      "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt", "lg", "floors"};
+      "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt", "lg", "floors",
+      "key0", "chunk_states", "chunk_offsets", "N", "gc", "VT", "chunks", "lo_n", "hi_n", "mid", "c_of", "state_at", "first_chunk"};
   return names;
 }
 
@@ -78,8 +80,34 @@ Layout layout(const ChunkedTile& tile) {
   return l;
 }
 
-std::vector<std::string> tile_rules(const ChunkedTile& tile) {
+// The tile the split form's state pass runs with: its key rows, value columns and warps.
+ChunkedTile state_tile(const ChunkedTile& tile) {
+  return {tile.state_block_k, tile.chunk, tile.state_block_v, tile.state_warps};
+}
+
+std::vector<std::string> state_tile_rules(const ChunkedTile& tile) {
   std::vector<std::string> problems;
+  const auto say = [&](const std::string& what) { problems.push_back(what); };
+  if (!tile.split()) {
+    if (tile.state_block_v != 0 || tile.state_warps != 0 || tile.state_f32)
+      say("state_block_v, state_warps and state_f32 need state_block_k > 0 (the split form)");
+    return problems;
+  }
+  const int w = tile.state_warps;
+  if (w != 1 && w != 2 && w != 4 && w != 8) say("state_warps = " + std::to_string(w) + ", expected 1, 2, 4 or 8");
+  if (tile.state_block_k < 16 || tile.state_block_k > 256 || tile.state_block_k % 16 != 0)
+    say("state_block_k = " + std::to_string(tile.state_block_k) + ", expected a multiple of 16 up to 256");
+  if (tile.state_block_v < 16 || tile.state_block_v > 128 || tile.state_block_v % 16 != 0)
+    say("state_block_v = " + std::to_string(tile.state_block_v) + ", expected a multiple of 16 up to 128");
+  if (!problems.empty()) return problems;
+  if (const Layout l = layout(state_tile(tile)); l.state_registers > 64)
+    say("each thread of the state pass would keep " + std::to_string(l.state_registers) +
+        " state values in registers (state_block_k * state_block_v / threads), expected at most 64");
+  return problems;
+}
+
+std::vector<std::string> tile_rules(const ChunkedTile& tile) {
+  std::vector<std::string> problems = state_tile_rules(tile);
   const auto say = [&](const std::string& what) { problems.push_back(what); };
   if (tile.warps != 2 && tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 2, 4 or 8");
   if (tile.chunk != 16 && tile.chunk != 32 && tile.chunk != 64) say("chunk = " + std::to_string(tile.chunk) + ", expected 16, 32 or 64");
@@ -104,14 +132,25 @@ std::string chunked_unsupported(const ir::Variant& variant) {
   return {};
 }
 
-int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile) {
+const char* to_string(ChunkedPhase phase) {
+  switch (phase) {
+    case ChunkedPhase::states: return "states";
+    case ChunkedPhase::outputs: return "outputs";
+    default: return "serial";
+  }
+}
+
+int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
+  const bool states = phase == ChunkedPhase::states;
+  const ChunkedTile tile = states ? state_tile(full) : full;
   const int c = tile.chunk, bk = tile.block_k, bv = tile.block_v;
-  int bytes = 2 * align16(c * (bk + 8) * 2) + align16(c * (bv + 8) * 2) + align16(bk * (bv + 8) * 2);
+  int bytes = align16(c * (bk + 8) * 2) + align16(c * (bv + 8) * 2);          // ks, vs
+  if (!states) bytes += align16(c * (bk + 8) * 2) + align16(bk * (bv + 8) * 2);  // qs, st
   const KeyGate gate = key_gate(variant);
   if (gate == KeyGate::vector) bytes += align16(c * bk * 4);
   if (gate == KeyGate::scalar) bytes += align16(c * 4);
   if (variant.has(ir::Slot::log_decay_v)) bytes += align16(c * bv * 4);
-  if (per_token_scale(variant)) bytes += align16(c * 4);
+  if (per_token_scale(variant) && !states) bytes += align16(c * 4);
   return bytes + 16;  // the fit check's two words
 }
 
@@ -127,8 +166,35 @@ ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim) {
 }
 
 std::string to_string(const ChunkedTile& tile) {
-  return "block_k=" + std::to_string(tile.block_k) + " chunk=" + std::to_string(tile.chunk) +
-         " block_v=" + std::to_string(tile.block_v) + " warps=" + std::to_string(tile.warps);
+  std::string text = "block_k=" + std::to_string(tile.block_k) + " chunk=" + std::to_string(tile.chunk) +
+                     " block_v=" + std::to_string(tile.block_v) + " warps=" + std::to_string(tile.warps);
+  if (tile.split())
+    text += " states=" + std::to_string(tile.state_block_k) + "x" + std::to_string(tile.state_block_v) + "x" +
+            std::to_string(tile.state_warps) + (tile.state_f32 ? " f32" : "");
+  return text;
+}
+
+ChunkedTile parse_chunked_tile(const std::string& text) {
+  ChunkedTile tile;
+  char precision[8] = {};
+  const int fields = std::sscanf(text.c_str(), "%d,%d,%d,%d,%d,%d,%d,%7s", &tile.block_k, &tile.chunk, &tile.block_v,
+                                 &tile.warps, &tile.state_block_k, &tile.state_block_v, &tile.state_warps, precision);
+  if ((fields != 4 && fields != 7 && fields != 8) || (fields == 8 && std::string(precision) != "f32"))
+    throw InvalidArgument("chunked tile '" + text +
+                          "', expected block_k,chunk,block_v,warps[,state_block_k,state_block_v,state_warps[,f32]]");
+  tile.state_f32 = fields == 8;
+  return tile;
+}
+
+ChunkedGrid chunked_grid(const ChunkedKernel& kernel, std::int64_t sequences, std::int64_t heads, std::int64_t key_dim,
+                         std::int64_t value_dim, std::int64_t chunks) {
+  const auto u = [](std::int64_t x) { return static_cast<unsigned>(x); };
+  const std::int64_t value_tiles = (value_dim + kernel.block_v - 1) / kernel.block_v;
+  switch (kernel.phase) {
+    case ChunkedPhase::states: return {u(value_tiles), u((key_dim + kernel.block_k - 1) / kernel.block_k), u(sequences * heads)};
+    case ChunkedPhase::outputs: return {u(chunks * value_tiles), u(heads), 1};
+    default: return {u(value_tiles), u(sequences * heads), 1};
+  }
 }
 
 std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir::Variant& variant,
@@ -149,8 +215,13 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (const std::string why = chunked_unsupported(variant); !why.empty()) fail(why);
   if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
   check_types("generate_chunked", variant, spec);
+  const ChunkedPhase phase = spec.phase;
+  if ((phase == ChunkedPhase::serial) == spec.tile.split())
+    fail(std::string("phase ") + to_string(phase) + (spec.tile.split() ? " with a split tile (" : " needs a split tile, got (") +
+         to_string(spec.tile) + ")");
+  const bool states = phase == ChunkedPhase::states, outputs = phase == ChunkedPhase::outputs;
 
-  const ChunkedTile& tile = spec.tile;
+  const ChunkedTile tile = states ? state_tile(spec.tile) : spec.tile;
   const int threads = 32 * tile.warps;
   const std::vector<std::string> id = identifiers(variant, template_names());
   const auto& inputs = variant.inputs;
@@ -167,21 +238,50 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const auto render = [&](ir::Slot s, const std::string& suffix) { return render_slot(variant, id, s, suffix); };
 
   ChunkedKernel kernel;
-  kernel.name = "ladle_chunked_" + hex(fnv1a(to_string(tile) + types_key(spec), ir::hash(variant)));
+  const std::string phase_name = phase == ChunkedPhase::serial ? "" : std::string("_") + to_string(phase);
+  kernel.name = "ladle_chunked" + phase_name + "_" + hex(fnv1a(to_string(spec.tile) + types_key(spec), ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(threads);
   kernel.block_v = tile.block_v;
-  kernel.shared_bytes = chunked_shared_bytes(variant, tile);
+  kernel.block_k = tile.block_k;
+  kernel.phase = phase;
+  kernel.shared_bytes = chunked_shared_bytes(variant, spec.tile, phase);
 
   std::vector<std::string> declarations;
   declare_params(variant, id, spec, declarations, kernel.params);
+  if (phase != ChunkedPhase::serial) {
+    using Type = KernelParam::Type;
+    using Role = KernelParam::Role;
+    const std::string state_type = spec.tile.state_f32 ? "float*" : "ladle_bf16*";
+    const auto param = [&](const std::string& c_type, const std::string& name, Type type, Role role) {
+      declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
+      kernel.params.push_back({name, c_type, type, role, -1});
+    };
+    param(state_type, "chunk_states", Type::pointer, Role::chunk_states);
+    if (spec.varlen) param("const long long*", "chunk_offsets", Type::pointer, Role::chunk_offsets);
+    param("int", "N", Type::i32, Role::sequences);
+  }
 
   // ---- Header
   std::string header = "ladle: chunked kernel " + kernel.name + "\nGenerated by codegen/cuda_chunked.cpp; do not edit.\n\n";
+  if (states)
+    header += "The split form's state pass: walks the chunks of one sequence and head for a key tile x value tile\n"
+              "of the state, writes the state entering every chunk to chunk_states (and the final state); no output.\n\n";
+  if (outputs)
+    header += "The split form's output pass: one chunk per block, all chunks in parallel, from the state entering\n"
+              "the chunk (chunk_states, written by the state pass).\n\n";
   header += ir::to_string(variant);
-  header += "\nconfig: " + to_string(tile) + " (" + std::to_string(threads) + " threads); requires K <= " +
-            std::to_string(tile.block_k) + "\n";
-  header += "launch: grid (ceil(V / " + std::to_string(tile.block_v) + "), N * H), block (" + std::to_string(threads) +
-            "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
+  header += "\nconfig: " + to_string(spec.tile) + " (" + std::to_string(threads) + " threads)" +
+            (states ? std::string("; key rows per block ") + std::to_string(tile.block_k)
+                    : "; requires K <= " + std::to_string(tile.block_k)) + "\n";
+  const std::string grid = states ? "ceil(V / " + std::to_string(tile.block_v) + "), ceil(K / " + std::to_string(tile.block_k) + "), N * H"
+                           : outputs ? "chunks * ceil(V / " + std::to_string(tile.block_v) + "), H"
+                                     : "ceil(V / " + std::to_string(tile.block_v) + "), N * H";
+  header += "launch: grid (" + grid + "), block (" + std::to_string(threads) + "), dynamic shared memory " +
+            std::to_string(kernel.shared_bytes) + " bytes\n";
+  if (phase != ChunkedPhase::serial)
+    header += std::string("chunk_states: [chunks][H][K][V] ") + (spec.tile.state_f32 ? "fp32" : "bf16") +
+              ", the state entering each chunk (chunks = N * ceil(T / " + std::to_string(tile.chunk) +
+              ")" + (spec.varlen ? ", or chunk_offsets[N] packed" : "") + ")\n";
   header += "types: " + types_line(variant, id, spec) + "; tensor-core operands bf16, accumulation fp32\n";
   header += std::string("gates: key side ") +
             (kgate == KeyGate::vector ? "per dimension" : kgate == KeyGate::scalar ? "per-token scalar" : "none") +
@@ -218,26 +318,62 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c(type + "* const " + name + " = reinterpret_cast<" + type + "*>(smem + " + std::to_string(offset) + ");  // " + what);
     offset += align16(elements * element_bytes);
   };
-  carve("unsigned short", "qs", tile.chunk * (tile.block_k + 8), 2, "[C][QLD] bf16: q features, then q~");
-  carve("unsigned short", "ks", tile.chunk * (tile.block_k + 8), 2, "[C][QLD] bf16: k features, then k~, then k_up");
-  carve("unsigned short", "vs", tile.chunk * (tile.block_v + 8), 2, "[C][VLD] bf16: v, then v~, then v_up");
-  carve("unsigned short", "st", tile.block_k * (tile.block_v + 8), 2, "[BK][VLD] bf16: the state, scaled for the read");
+  if (!states) carve("unsigned short", "qs", tile.chunk * (tile.block_k + 8), 2, "[C][QLD] bf16: q features, then q~");
+  carve("unsigned short", "ks", tile.chunk * (tile.block_k + 8), 2,
+        states ? "[C][QLD] bf16: k features, then k_up" : "[C][QLD] bf16: k features, then k~, then k_up");
+  carve("unsigned short", "vs", tile.chunk * (tile.block_v + 8), 2,
+        states ? "[C][VLD] bf16: v, then v_up" : "[C][VLD] bf16: v, then v~, then v_up");
+  if (!states) carve("unsigned short", "st", tile.block_k * (tile.block_v + 8), 2, "[BK][VLD] bf16: the state, scaled for the read");
   if (kgate == KeyGate::vector) carve("float", "kg", tile.chunk * tile.block_k, 4, "[C][BK]: cumulative log2 key gates");
   if (kgate == KeyGate::scalar) carve("float", "hg", tile.chunk, 4, "[C]: cumulative log2 head gate");
   if (vgate) carve("float", "vg", tile.chunk * tile.block_v, 4, "[C][BV]: cumulative log2 value gates");
-  if (scale_per_token) carve("float", "token_scale", tile.chunk, 4, "[C]: the read scale per token");
+  if (scale_per_token && !states) carve("float", "token_scale", tile.chunk, 4, "[C]: the read scale per token");
   carve("unsigned", "fit", 2, 4, "the fit check's running maximum (two, alternating)");
   c("");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;");
   c("const int gid = lane / 4, tig = lane % 4;  // mma fragment coordinates");
-  c("const int v0 = blockIdx.x * BV;          // first value column of the block");
-  c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
+  if (states) {
+    c("const int v0 = blockIdx.x * BV;          // first value column of the block");
+    c("const int key0 = blockIdx.y * BK;        // first key row of the block");
+    c("const int n = blockIdx.z / H, h = blockIdx.z % H;");
+  } else if (outputs) {
+    c("// The block's chunk (over all sequences), value tile and head; the chunk's sequence n and");
+    c("// its index c_of within it.");
+    c("const int VT = (V + BV - 1) / BV;");
+    c("const long long gc = blockIdx.x / VT;");
+    c("const int v0 = static_cast<int>(blockIdx.x % VT) * BV;");
+    c("const int h = blockIdx.y;");
+    c("constexpr int key0 = 0;");
+    if (spec.varlen) {
+      c("int lo_n = 0, hi_n = N - 1;  // the last sequence whose first chunk is at or before gc");
+      c("while (lo_n < hi_n) {");
+      c("  const int mid = (lo_n + hi_n + 1) / 2;");
+      c("  if (chunk_offsets[mid] <= gc) lo_n = mid;");
+      c("  else hi_n = mid - 1;");
+      c("}");
+      c("const int n = lo_n;");
+      c("const long long c_of = gc - chunk_offsets[n];");
+    } else {
+      c("const long long chunks = (T + C - 1) / C;  // per sequence");
+      c("const int n = static_cast<int>(gc / chunks);");
+      c("const long long c_of = gc % chunks;");
+    }
+  } else {
+    c("const int v0 = blockIdx.x * BV;          // first value column of the block");
+    c("constexpr int key0 = 0;");
+    c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
+  }
   if (spec.varlen) {
     c("const int b = 0;");
     c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
   } else {
     c("const int b = n;");
     c("const long long bos = 0, eos = T;");
+  }
+  if (phase != ChunkedPhase::serial) {
+    c("// Where the state entering chunk c of this sequence is kept: chunk_states[first chunk + c][h].");
+    c(std::string("const long long first_chunk = ") + (spec.varlen ? "chunk_offsets[n]" : "static_cast<long long>(n) * ((T + C - 1) / C)") + ";");
+    c("(void)N;");
   }
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (used[k] && inputs[k].kind != ir::InputKind::scalar) c("const int " + id[k] + "_head = h * " + id[k] + "_heads / H;");
@@ -256,7 +392,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("");
   c("// The state tile in mma accumulator layout: warp row tile(s) s_mt (+ m * WARPS), columns from s_c0.");
   c("const int s_mt = S_WPM == 1 ? warp : warp / S_WPM, s_c0 = S_WPM == 1 ? 0 : (warp % S_WPM) * SCOLS;");
-  c("float sacc[S_MPW][SCOLS / 8][4] = {};");
+  if (!outputs) c("float sacc[S_MPW][SCOLS / 8][4] = {};");
   const auto for_state = [&](const std::function<void()>& body) {
     c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m)");
     c.in();
@@ -274,9 +410,15 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c.out();
     c.out();
   };
-  for_state([&] {
+  // Element (key0 + kk, v0 + col) of a [K][V] state of this head: the states of chunk gc at
+  // chunk_states + state_at(gc).
+  const auto state_at = [](const std::string& chunk) {
+    return "((" + chunk + " * H + h) * K + key0 + kk) * V + v0 + col";
+  };
+  if (outputs) c("// The state entering the chunk is read from chunk_states where it is needed (3a, 3d).");
+  else for_state([&] {
     if (spec.initial_state)
-      c("sacc[m][nt][r] = kk < K && v0 + col < V ? ladle_load(initial_state + ((static_cast<long long>(n) * H + h) * K + kk) * V + v0 + col) : 0.0f;");
+      c("sacc[m][nt][r] = key0 + kk < K && v0 + col < V ? ladle_load(initial_state + " + state_at("static_cast<long long>(n)") + ") : 0.0f;");
     else
       c("sacc[m][nt][r] = 0.0f; (void)kk; (void)col;");
   });
@@ -298,9 +440,16 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const auto before = [](const std::string& array_at) { return "(t0 > 0 ? " + array_at + " : 0.0f)"; };
 
   c("const long long length = eos - bos;");
-  c("for (long long base = 0; base < length; base += C) {");
+  if (outputs) c("for (long long base = c_of * C; base < length && base == c_of * C; base += C) {  // this chunk only");
+  else c("for (long long base = 0; base < length; base += C) {");
   c.in();
   c("const int valid = static_cast<int>(length - base < C ? length - base : C);");
+  if (states) {
+    c("// The state entering this chunk, for the output pass.");
+    for_state([&] {
+      c("if (key0 + kk < K && v0 + col < V) ladle_store(chunk_states + " + state_at("(first_chunk + base / C)") + ", sacc[m][nt][r]);");
+    });
+  }
   c("");
   c("// 1. Stage the chunk: q and k features (bf16), v (bf16), log2 gates (fp32). Rows past");
   c("//    the end are zero.");
@@ -308,11 +457,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c.in();
   c("const int cpos = e / BK, i = e % BK;");
   token_locals("cpos");
-  c("const bool use = live && i < K;");
+  c(states ? "const bool use = live && key0 + i < K;" : "const bool use = live && i < K;");
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (key_side[k] && inputs[k].kind == ir::InputKind::token_key)
-      c("const float " + id[k] + "_i = use ? " + row_load(k, "i") + " : 0.0f;");
-  c("qs[cpos * QLD + i] = ladle_bf16_bits(use ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f);");
+      c("const float " + id[k] + "_i = use ? " + row_load(k, states ? "(key0 + i)" : "i") + " : 0.0f;");
+  if (!states) c("qs[cpos * QLD + i] = ladle_bf16_bits(use ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f);");
   c("ks[cpos * QLD + i] = ladle_bf16_bits(use ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f);");
   if (kgate == KeyGate::vector) {
     std::string log_a = render(ir::Slot::log_decay_k, "_i");
@@ -321,12 +470,12 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   }
   c.out();
   c("}");
-  if (kgate == KeyGate::scalar || scale_per_token) {
+  if (kgate == KeyGate::scalar || (scale_per_token && !states)) {
     c("for (int cpos = threadIdx.x; cpos < C; cpos += THREADS) {");
     c.in();
     token_locals("cpos");
     if (kgate == KeyGate::scalar) c("hg[cpos] = live ? LOG2E * head_log_decay : 0.0f;");
-    if (scale_per_token) c("token_scale[cpos] = live ? " + render(ir::Slot::scale, "") + " : 0.0f;");
+    if (scale_per_token && !states) c("token_scale[cpos] = live ? " + render(ir::Slot::scale, "") + " : 0.0f;");
     c.out();
     c("}");
   }
@@ -395,251 +544,300 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("__syncthreads();");
   }
   c("");
-  c("// 3. Steps over the chunk: the whole chunk when its gate factors fit one reference token");
-  c("//    tm, else 16-token steps, else single tokens (which always fit).");
-  c("for (int t0 = 0; t0 < valid;) {");
-  c.in();
-  c("if (t0 > 0) __syncthreads();  // the last step's update has read its rows");
-  c("int span = C, t1 = valid, tm = 0;");
-  if (check_fit) c("span = t0 == 0 ? C : t0 % 16 == 0 ? 16 : 1;");
-  c("for (;;) {");
-  c.in();
-  c("t1 = t0 + span < valid ? t0 + span : valid;");
-  c("tm = t0 + (t1 - t0 - 1) / 2;");
-  if (check_fit) {
-    c("if (span == 1) break;");
-    c("float worst = 0.0f;");
-    if (kgate == KeyGate::vector) {
-      c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS)");
-      c("  worst = fmaxf(worst, fabsf(" + kg_at("t0 + e / BK", "e % BK") + " - " + kg_at("tm", "e % BK") + "));");
+  // 3c and 3d: the state update over rows t0..t1. `reference` is the token the staged k and v
+  // are relative to: tm after the read (k~, v~), t where they are still raw.
+  const auto emit_update = [&](const std::string& reference) {
+    const bool update_factors = kgate != KeyGate::none || vgate;
+    if (update_factors) {
+      c("__syncthreads();");
+      c("");
+      c("// 3c. The update's factors, in place: k_up = k 2^(G_te - G_t), v_up = v 2^(Gv_te - Gv_t)" +
+        std::string(reference == "tm" ? " (k~ and v~ hold the factors against tm)." : "."));
+      if (kgate == KeyGate::vector) {
+        c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
+        c.in();
+        c("const int t = t0 + e / BK, i = e % BK;");
+        c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(" + kg_at("te", "i") + " - " +
+          kg_at(reference, "i") + "));");
+        c.out();
+        c("}");
+      }
+      if (vgate || kgate == KeyGate::scalar) {
+        c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
+        c.in();
+        c("const int t = t0 + e / BV, jv = e % BV;");
+        std::string log2_factor;
+        if (vgate) log2_factor = vg_at("te", "jv") + " - " + vg_at(reference, "jv");
+        if (kgate == KeyGate::scalar) log2_factor += std::string(vgate ? " + " : "") + "hg[te] - hg[t]";
+        c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + log2_factor + "));");
+        c.out();
+        c("}");
+      }
     }
-    if (vgate) {
-      c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS)");
-      c("  worst = fmaxf(worst, fabsf(" + vg_at("t0 + e / BV", "e % BV") + " - " + vg_at("tm", "e % BV") + "));");
-    }
-    c("atomicMax(&fit[checks & 1], ladle_float_bits(worst));");
-    c("__syncthreads();");
-    c("const bool fits = ladle_bits_float(fit[checks & 1]) <= FIT_LIMIT;");
-    c("if (threadIdx.x == 0) fit[(checks + 1) & 1] = 0u;");
-    c("++checks;");
-    c("if (fits) break;");
-    c("__syncthreads();  // the next check's maximum starts after the reset");
-    c("span = span > 16 ? 16 : 1;");
-  } else {
-    c("break;");
-  }
-  c.out();
-  c("}");
-  c("const int te = t1 - 1;");
-  c("(void)te; (void)tm;");
-  c("");
-  c("// 3a. Factors against tm, in place for rows t0..t1: q~ = q 2^(G_t - G_tm), k~ = k 2^(G_tm - G_t),");
-  c("//     v~ = v 2^(Gv_tm - Gv_t); the state for the read, S 2^(G_tm - G_t0-1) 2^(Gv_tm - Gv_t0-1).");
-  if (kgate == KeyGate::vector) {
-    c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
-    c.in();
-    c("const int t = t0 + e / BK, i = e % BK;");
-    c("const float d = " + kg_at("t", "i") + " - " + kg_at("tm", "i") + ";");
-    c("qs[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(qs[t * QLD + i]) * ladle_exp2(d));");
-    c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(-d));");
-    c.out();
-    c("}");
-  }
-  if (vgate) {
-    c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
-    c.in();
-    c("const int t = t0 + e / BV, jv = e % BV;");
-    c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + vg_at("tm", "jv") + " - " +
-      vg_at("t", "jv") + "));");
-    c.out();
-    c("}");
-  }
-  for_state([&] {
-    std::string factor;
-    if (kgate == KeyGate::vector) factor += " * ladle_exp2(" + kg_at("tm", "kk") + " - " + before(kg_at("t0 - 1", "kk")) + ")";
-    if (vgate) factor += " * ladle_exp2(" + vg_at("tm", "col") + " - " + before(vg_at("t0 - 1", "col")) + ")";
-    c("if ((r & 1) == 0) {");
-    c.in();
-    c("const float f0 = 1.0f" + factor + ";");
-    std::string factor1 = factor;
-    for (std::size_t at = factor1.find("col"); at != std::string::npos; at = factor1.find("col", at + 9))
-      factor1.replace(at, 3, "(col + 1)");
-    c("const float f1 = 1.0f" + factor1 + ";");
-    c("*reinterpret_cast<unsigned*>(&st[kk * VLD + col]) = ladle_pack_bf16(sacc[m][nt][r] * f0, sacc[m][nt][r + 1] * f1);");
-    c.out();
-    c("}");
-  });
-  c("__syncthreads();");
-  c("");
-  c("// 3b. o for rows t0..t1: each warp one 16-row tile and OCOLS columns.");
-  c("{");
-  c.in();
-  c("const int mi = warp % MT, cg = warp / MT, row0 = mi * 16;");
-  c("if (warp < MT * CG && row0 < t1 && row0 + 16 > t0) {");
-  c.in();
-  c("float acc[OCOLS / 8][4];");
-  c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;");
-  c("// The inter-chunk read: q~ [16 x BK] * st [BK x OCOLS].");
-  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
-  c.in();
-  c("unsigned afrag[4];");
-  c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
-  c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
-  c.in();
-  c("unsigned bfrag[4];");
-  c("ladle_ldmatrix_x4_trans(bfrag, &st[(kt * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
-  c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
-  c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
-  if (kgate == KeyGate::scalar) {
-    c("{  // the head gate from the step's start to each row");
-    c.in();
-    c("const float g_start = " + before("hg[t0 - 1]") + ";");
-    c("const int ra = row0 + gid < C - 1 ? row0 + gid : C - 1, rb = row0 + gid + 8 < C - 1 ? row0 + gid + 8 : C - 1;");
-    c("const float fa = ladle_exp2(hg[ra] - g_start), fb = ladle_exp2(hg[rb] - g_start);");
-    c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) acc[nt][0] *= fa, acc[nt][1] *= fa, acc[nt][2] *= fb, acc[nt][3] *= fb;");
-    c.out();
-    c("}");
-  }
-  c("// The intra-chunk attention for these rows: q~ k~^T over the 16-column tiles up to the diagonal.");
-  c("float aacc[2 * MT][4];");
-  c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt) aacc[nt][0] = aacc[nt][1] = aacc[nt][2] = aacc[nt][3] = 0.0f;");
-  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
-  c.in();
-  c("unsigned afrag[4];");
-  c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
-  c("LADLE_UNROLL for (int sp = 0; sp < MT; ++sp) {");
-  c.in();
-  c("if (sp < t0 / 16 || sp > mi) continue;");
-  c("unsigned bfrag[4];");
-  c("ladle_ldmatrix_x4(bfrag, &ks[(sp * 16 + lane % 8 + (lane / 16) * 8) * QLD + kt * 16 + ((lane / 8) & 1) * 8]);");
-  c("ladle_mma_bf16(aacc[2 * sp], afrag, bfrag[0], bfrag[1]);");
-  c("ladle_mma_bf16(aacc[2 * sp + 1], afrag, bfrag[2], bfrag[3]);");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
-  c("// Causal mask within the step (s in t0..t, t < t1)" +
-    std::string(kgate == KeyGate::scalar ? ", times the head gate from s to t." : "."));
-  c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt)");
-  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-  c("    const int t = row0 + gid + (r >= 2 ? 8 : 0), s = nt * 8 + tig * 2 + (r & 1);");
-  if (kgate == KeyGate::scalar)
-    c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] * ladle_exp2(hg[t] - hg[s]) : 0.0f;");
-  else
-    c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] : 0.0f;");
-  c("  }");
-  c("// ... times v~ [16 x OCOLS]; the accumulator layout of two column tiles is the A operand.");
-  c("LADLE_UNROLL for (int j = 0; j < MT; ++j) {");
-  c.in();
-  c("if (j < t0 / 16 || j > mi) continue;");
-  c("const unsigned afrag[4] = {ladle_pack_bf16(aacc[2 * j][0], aacc[2 * j][1]), ladle_pack_bf16(aacc[2 * j][2], aacc[2 * j][3]),");
-  c("                           ladle_pack_bf16(aacc[2 * j + 1][0], aacc[2 * j + 1][1]), ladle_pack_bf16(aacc[2 * j + 1][2], aacc[2 * j + 1][3])};");
-  c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
-  c.in();
-  c("unsigned bfrag[4];");
-  c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
-  c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
-  c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
-  c("// Store the rows of the step" + std::string(vgate ? ", with the value gate from tm to t." : "."));
-  c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt)");
-  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-  c.in();
-  c("  const int t = row0 + gid + (r >= 2 ? 8 : 0), col = cg * OCOLS + nt * 8 + tig * 2 + (r & 1);");
-  c("  if (t < t0 || t >= t1 || v0 + col >= V) continue;");
-  c("  const long long tt = REVERSE ? eos - 1 - (base + t) : bos + base + t;");
-  std::string value = "acc[nt][r] * " + std::string(scale_per_token ? "token_scale[t]" : "read_scale");
-  if (vgate) value += " * ladle_exp2(" + vg_at("t", "col") + " - " + vg_at("tm", "col") + ")";
-  c("  ladle_store(o + b * o_stride_b + tt * o_stride_t + h * o_stride_h + (v0 + col) * o_stride_d, " + value + ");");
-  c.out();
-  c("  }");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
-  const bool update_factors = kgate != KeyGate::none || vgate;
-  if (update_factors) {
     c("__syncthreads();");
     c("");
-    c("// 3c. The update's factors, in place: k_up = k 2^(G_te - G_t), v_up = v 2^(Gv_te - Gv_t).");
+    c("// 3d. The state: S = S * decay(t0-1 -> te) + k_up^T v_up over rows t0..t1.");
+    if (outputs) {
+      c("// The output pass keeps the chunk's state in its own slice of chunk_states (no other block reads");
+      c("// it): in registers only for this update.");
+      c("float sacc[S_MPW][SCOLS / 8][4];");
+      for_state([&] { c("sacc[m][nt][r] = kk < K && v0 + col < V ? ladle_load(chunk_states + " + state_at("(first_chunk + c_of)") + ") : 0.0f;"); });
+    }
+    for_state([&] {
+      std::string log2_decay;
+      const auto add = [&](const std::string& term) { log2_decay += (log2_decay.empty() ? "" : " + ") + term; };
+      if (kgate == KeyGate::vector) add(kg_at("te", "kk") + " - " + before(kg_at("t0 - 1", "kk")));
+      if (kgate == KeyGate::scalar) add("hg[te] - " + before("hg[t0 - 1]"));
+      if (vgate) add(vg_at("te", "col") + " - " + before(vg_at("t0 - 1", "col")));
+      if (log2_decay.empty()) c("(void)kk; (void)col;");
+      else c("sacc[m][nt][r] *= ladle_exp2(" + log2_decay + ");");
+    });
+    c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) {");
+    c.in();
+    c("if (warp >= S_WARPS || s_mt + m * WARPS >= SMT) continue;");
+    c("const int k0 = (s_mt + m * WARPS) * 16;");
+    c("for (int j = t0 / 16; j <= (t1 - 1) / 16; ++j) {");
+    c.in();
+    c("unsigned afrag[4];");
+    c("ladle_ldmatrix_x4_trans(afrag, &ks[(j * 16 + lane % 8 + (lane / 16) * 8) * QLD + k0 + ((lane / 8) & 1) * 8]);");
+    c("if (j * 16 < t0 || j * 16 + 16 > t1) {  // a partial tile: rows outside the step count zero");
+    c.in();
+    c("const int s = j * 16 + tig * 2;");
+    c("const unsigned lo = (s >= t0 && s < t1 ? 0xffffu : 0u) | (s + 1 >= t0 && s + 1 < t1 ? 0xffff0000u : 0u);");
+    c("const unsigned hi = (s + 8 >= t0 && s + 8 < t1 ? 0xffffu : 0u) | (s + 9 >= t0 && s + 9 < t1 ? 0xffff0000u : 0u);");
+    c("afrag[0] &= lo, afrag[1] &= lo, afrag[2] &= hi, afrag[3] &= hi;");
+    c.out();
+    c("}");
+    c("LADLE_UNROLL for (int np = 0; np < SCOLS / 16; ++np) {");
+    c.in();
+    c("unsigned bfrag[4];");
+    c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + s_c0 + np * 16 + (lane / 16) * 8]);");
+    c("ladle_mma_bf16(sacc[m][2 * np], afrag, bfrag[0], bfrag[1]);");
+    c("ladle_mma_bf16(sacc[m][2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    if (outputs)
+      for_state([&] {
+        c("if (kk < K && v0 + col < V) ladle_store(chunk_states + " + state_at("(first_chunk + c_of)") + ", sacc[m][nt][r]);");
+      });
+  };
+  if (states) {
+    c("// 3. The state update over the whole chunk: no read, so no reference token and no fit check;");
+    c("//    every factor 2^(G_te - G_t) is a decay (at most 1), and a floored gate wipes exactly.");
+    c("{");
+    c.in();
+    c("const int t0 = 0, t1 = valid, te = valid - 1;");
+    emit_update("t");
+    c.out();
+    c("}");
+  } else {
+    c("// 3. Steps over the chunk: the whole chunk when its gate factors fit one reference token");
+    c("//    tm, else 16-token steps, else single tokens (which always fit).");
+    c("for (int t0 = 0; t0 < valid;) {");
+    c.in();
+    c("if (t0 > 0) __syncthreads();  // the last step's update has read its rows");
+    c("int span = C, t1 = valid, tm = 0;");
+    if (check_fit) c("span = t0 == 0 ? C : t0 % 16 == 0 ? 16 : 1;");
+    c("for (;;) {");
+    c.in();
+    c("t1 = t0 + span < valid ? t0 + span : valid;");
+    c("tm = t0 + (t1 - t0 - 1) / 2;");
+    if (check_fit) {
+      c("if (span == 1) break;");
+      c("float worst = 0.0f;");
+      if (kgate == KeyGate::vector) {
+        c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS)");
+        c("  worst = fmaxf(worst, fabsf(" + kg_at("t0 + e / BK", "e % BK") + " - " + kg_at("tm", "e % BK") + "));");
+      }
+      if (vgate) {
+        c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS)");
+        c("  worst = fmaxf(worst, fabsf(" + vg_at("t0 + e / BV", "e % BV") + " - " + vg_at("tm", "e % BV") + "));");
+      }
+      c("atomicMax(&fit[checks & 1], ladle_float_bits(worst));");
+      c("__syncthreads();");
+      c("const bool fits = ladle_bits_float(fit[checks & 1]) <= FIT_LIMIT;");
+      c("if (threadIdx.x == 0) fit[(checks + 1) & 1] = 0u;");
+      c("++checks;");
+      c("if (fits) break;");
+      c("__syncthreads();  // the next check's maximum starts after the reset");
+      c("span = span > 16 ? 16 : 1;");
+    } else {
+      c("break;");
+    }
+    c.out();
+    c("}");
+    c("const int te = t1 - 1;");
+    c("(void)te; (void)tm;");
+    c("");
+    c("// 3a. Factors against tm, in place for rows t0..t1: q~ = q 2^(G_t - G_tm), k~ = k 2^(G_tm - G_t),");
+    c("//     v~ = v 2^(Gv_tm - Gv_t); the state for the read, S 2^(G_tm - G_t0-1) 2^(Gv_tm - Gv_t0-1).");
     if (kgate == KeyGate::vector) {
       c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
       c.in();
       c("const int t = t0 + e / BK, i = e % BK;");
-      c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(" + kg_at("te", "i") + " - " +
-        kg_at("tm", "i") + "));");
+      c("const float d = " + kg_at("t", "i") + " - " + kg_at("tm", "i") + ";");
+      c("qs[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(qs[t * QLD + i]) * ladle_exp2(d));");
+      c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(-d));");
       c.out();
       c("}");
     }
-    if (vgate || kgate == KeyGate::scalar) {
+    if (vgate) {
       c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
       c.in();
       c("const int t = t0 + e / BV, jv = e % BV;");
-      std::string log2_factor;
-      if (vgate) log2_factor = vg_at("te", "jv") + " - " + vg_at("tm", "jv");
-      if (kgate == KeyGate::scalar) log2_factor += std::string(vgate ? " + " : "") + "hg[te] - hg[t]";
-      c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + log2_factor + "));");
+      c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + vg_at("tm", "jv") + " - " +
+        vg_at("t", "jv") + "));");
       c.out();
       c("}");
     }
+    std::string factor;
+    if (kgate == KeyGate::vector) factor += " * ladle_exp2(" + kg_at("tm", "kk") + " - " + before(kg_at("t0 - 1", "kk")) + ")";
+    if (vgate) factor += " * ladle_exp2(" + vg_at("tm", "col") + " - " + before(vg_at("t0 - 1", "col")) + ")";
+    std::string factor1 = factor;
+    for (std::size_t at = factor1.find("col"); at != std::string::npos; at = factor1.find("col", at + 9))
+      factor1.replace(at, 3, "(col + 1)");
+    if (outputs) {
+      c("for (int e = threadIdx.x; e < BK * (BV / 2); e += THREADS) {  // two columns per thread");
+      c.in();
+      c("const int kk = e / (BV / 2), col = e % (BV / 2) * 2;");
+      c("const bool row = kk < K;");
+      c("const float s0 = row && v0 + col < V ? ladle_load(chunk_states + " + state_at("(first_chunk + c_of)") + ") : 0.0f;");
+      c("const float s1 = row && v0 + col + 1 < V ? ladle_load(chunk_states + " + state_at("(first_chunk + c_of)") + " + 1) : 0.0f;");
+      c("const float f0 = 1.0f" + factor + ";");
+      c("const float f1 = 1.0f" + factor1 + ";");
+      c("*reinterpret_cast<unsigned*>(&st[kk * VLD + col]) = ladle_pack_bf16(s0 * f0, s1 * f1);");
+      c.out();
+      c("}");
+    } else {
+      for_state([&] {
+        c("if ((r & 1) == 0) {");
+        c.in();
+        c("const float f0 = 1.0f" + factor + ";");
+        c("const float f1 = 1.0f" + factor1 + ";");
+        c("*reinterpret_cast<unsigned*>(&st[kk * VLD + col]) = ladle_pack_bf16(sacc[m][nt][r] * f0, sacc[m][nt][r + 1] * f1);");
+        c.out();
+        c("}");
+      });
+    }
+    c("__syncthreads();");
+    c("");
+    c("// 3b. o for rows t0..t1: each warp one 16-row tile and OCOLS columns.");
+    c("{");
+    c.in();
+    c("const int mi = warp % MT, cg = warp / MT, row0 = mi * 16;");
+    c("if (warp < MT * CG && row0 < t1 && row0 + 16 > t0) {");
+    c.in();
+    c("float acc[OCOLS / 8][4];");
+    c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;");
+    c("// The inter-chunk read: q~ [16 x BK] * st [BK x OCOLS].");
+    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
+    c.in();
+    c("unsigned afrag[4];");
+    c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
+    c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
+    c.in();
+    c("unsigned bfrag[4];");
+    c("ladle_ldmatrix_x4_trans(bfrag, &st[(kt * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
+    c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
+    c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    if (kgate == KeyGate::scalar) {
+      c("{  // the head gate from the step's start to each row");
+      c.in();
+      c("const float g_start = " + before("hg[t0 - 1]") + ";");
+      c("const int ra = row0 + gid < C - 1 ? row0 + gid : C - 1, rb = row0 + gid + 8 < C - 1 ? row0 + gid + 8 : C - 1;");
+      c("const float fa = ladle_exp2(hg[ra] - g_start), fb = ladle_exp2(hg[rb] - g_start);");
+      c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) acc[nt][0] *= fa, acc[nt][1] *= fa, acc[nt][2] *= fb, acc[nt][3] *= fb;");
+      c.out();
+      c("}");
+    }
+    c("// The intra-chunk attention for these rows: q~ k~^T over the 16-column tiles up to the diagonal.");
+    c("float aacc[2 * MT][4];");
+    c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt) aacc[nt][0] = aacc[nt][1] = aacc[nt][2] = aacc[nt][3] = 0.0f;");
+    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
+    c.in();
+    c("unsigned afrag[4];");
+    c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
+    c("LADLE_UNROLL for (int sp = 0; sp < MT; ++sp) {");
+    c.in();
+    c("if (sp < t0 / 16 || sp > mi) continue;");
+    c("unsigned bfrag[4];");
+    c("ladle_ldmatrix_x4(bfrag, &ks[(sp * 16 + lane % 8 + (lane / 16) * 8) * QLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+    c("ladle_mma_bf16(aacc[2 * sp], afrag, bfrag[0], bfrag[1]);");
+    c("ladle_mma_bf16(aacc[2 * sp + 1], afrag, bfrag[2], bfrag[3]);");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    c("// Causal mask within the step (s in t0..t, t < t1)" +
+      std::string(kgate == KeyGate::scalar ? ", times the head gate from s to t." : "."));
+    c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("    const int t = row0 + gid + (r >= 2 ? 8 : 0), s = nt * 8 + tig * 2 + (r & 1);");
+    if (kgate == KeyGate::scalar)
+      c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] * ladle_exp2(hg[t] - hg[s]) : 0.0f;");
+    else
+      c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] : 0.0f;");
+    c("  }");
+    c("// ... times v~ [16 x OCOLS]; the accumulator layout of two column tiles is the A operand.");
+    c("LADLE_UNROLL for (int j = 0; j < MT; ++j) {");
+    c.in();
+    c("if (j < t0 / 16 || j > mi) continue;");
+    c("const unsigned afrag[4] = {ladle_pack_bf16(aacc[2 * j][0], aacc[2 * j][1]), ladle_pack_bf16(aacc[2 * j][2], aacc[2 * j][3]),");
+    c("                           ladle_pack_bf16(aacc[2 * j + 1][0], aacc[2 * j + 1][1]), ladle_pack_bf16(aacc[2 * j + 1][2], aacc[2 * j + 1][3])};");
+    c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
+    c.in();
+    c("unsigned bfrag[4];");
+    c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
+    c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
+    c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    c("// Store the rows of the step" + std::string(vgate ? ", with the value gate from tm to t." : "."));
+    c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c.in();
+    c("  const int t = row0 + gid + (r >= 2 ? 8 : 0), col = cg * OCOLS + nt * 8 + tig * 2 + (r & 1);");
+    c("  if (t < t0 || t >= t1 || v0 + col >= V) continue;");
+    c("  const long long tt = REVERSE ? eos - 1 - (base + t) : bos + base + t;");
+    std::string value = "acc[nt][r] * " + std::string(scale_per_token ? "token_scale[t]" : "read_scale");
+    if (vgate) value += " * ladle_exp2(" + vg_at("t", "col") + " - " + vg_at("tm", "col") + ")";
+    c("  ladle_store(o + b * o_stride_b + tt * o_stride_t + h * o_stride_h + (v0 + col) * o_stride_d, " + value + ");");
+    c.out();
+    c("  }");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    if (outputs) {
+      c("if (t1 < valid) {  // the state is needed past this step only inside a chunk split into steps");
+      c.in();
+      emit_update("tm");
+      c.out();
+      c("}");
+    } else {
+      emit_update("tm");
+    }
+    c("t0 = t1;");
+    c.out();
+    c("}");
   }
-  c("__syncthreads();");
-  c("");
-  c("// 3d. The state: S = S * decay(t0-1 -> te) + k_up^T v_up over rows t0..t1.");
-  for_state([&] {
-    std::string log2_decay;
-    const auto add = [&](const std::string& term) { log2_decay += (log2_decay.empty() ? "" : " + ") + term; };
-    if (kgate == KeyGate::vector) add(kg_at("te", "kk") + " - " + before(kg_at("t0 - 1", "kk")));
-    if (kgate == KeyGate::scalar) add("hg[te] - " + before("hg[t0 - 1]"));
-    if (vgate) add(vg_at("te", "col") + " - " + before(vg_at("t0 - 1", "col")));
-    if (log2_decay.empty()) c("(void)kk; (void)col;");
-    else c("sacc[m][nt][r] *= ladle_exp2(" + log2_decay + ");");
-  });
-  c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) {");
-  c.in();
-  c("if (warp >= S_WARPS || s_mt + m * WARPS >= SMT) continue;");
-  c("const int k0 = (s_mt + m * WARPS) * 16;");
-  c("for (int j = t0 / 16; j <= (t1 - 1) / 16; ++j) {");
-  c.in();
-  c("unsigned afrag[4];");
-  c("ladle_ldmatrix_x4_trans(afrag, &ks[(j * 16 + lane % 8 + (lane / 16) * 8) * QLD + k0 + ((lane / 8) & 1) * 8]);");
-  c("if (j * 16 < t0 || j * 16 + 16 > t1) {  // a partial tile: rows outside the step count zero");
-  c.in();
-  c("const int s = j * 16 + tig * 2;");
-  c("const unsigned lo = (s >= t0 && s < t1 ? 0xffffu : 0u) | (s + 1 >= t0 && s + 1 < t1 ? 0xffff0000u : 0u);");
-  c("const unsigned hi = (s + 8 >= t0 && s + 8 < t1 ? 0xffffu : 0u) | (s + 9 >= t0 && s + 9 < t1 ? 0xffff0000u : 0u);");
-  c("afrag[0] &= lo, afrag[1] &= lo, afrag[2] &= hi, afrag[3] &= hi;");
-  c.out();
-  c("}");
-  c("LADLE_UNROLL for (int np = 0; np < SCOLS / 16; ++np) {");
-  c.in();
-  c("unsigned bfrag[4];");
-  c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + s_c0 + np * 16 + (lane / 16) * 8]);");
-  c("ladle_mma_bf16(sacc[m][2 * np], afrag, bfrag[0], bfrag[1]);");
-  c("ladle_mma_bf16(sacc[m][2 * np + 1], afrag, bfrag[2], bfrag[3]);");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
-  c("t0 = t1;");
-  c.out();
-  c("}");
   c("__syncthreads();  // the next chunk overwrites the staged rows");
   c.out();
   c("}");
-  if (spec.final_state) {
+  if (spec.final_state && !outputs) {
     c("");
     for_state([&] {
-      c("if (kk < K && v0 + col < V) final_state[((static_cast<long long>(n) * H + h) * K + kk) * V + v0 + col] = sacc[m][nt][r];");
+      c("if (key0 + kk < K && v0 + col < V) final_state[" + state_at("static_cast<long long>(n)") + "] = sacc[m][nt][r];");
     });
   }
   c.out();

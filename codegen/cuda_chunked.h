@@ -21,8 +21,25 @@
 // Bytes: q, k, v, the gates and o cross global memory once per value tile (block_v = V: once),
 // the state once in and once out per sequence; nothing per chunk.
 //
-// Launch: grid (ceil(V / block_v), N * H), block (32 * warps), dynamic shared memory
-// ChunkedKernel::shared_bytes. The parameters are those of the fused-recurrent family.
+// That serial form walks the chunks of a sequence one after the other, so its parallelism is
+// N * H * (V / block_v) blocks whatever T is. The split form (a tile with state_block_k > 0)
+// runs the same recurrence as two kernels:
+//   states:  one block per (sequence, head, key tile, value tile) walks the chunks and does
+//            only the state update (no output, no fit check: its factors 2^(G_end - G_t) are
+//            decays, at most 1), writing the state entering every chunk to chunk_states
+//            ([chunks][H][K][V], bf16 or fp32) and the final state;
+//   outputs: one block per (chunk, head, value tile), all chunks at once, reads the state
+//            entering its chunk and forms o as the serial form does (the same steps, fit
+//            check and fallbacks); it updates the state only between the steps of a chunk
+//            too strong for one reference token.
+// Bytes of the split form: q, k, v, the gates and o as above (k, v and the gates twice),
+// plus the per-chunk states written once and read once (bf16: K * V * 2 bytes per chunk).
+//
+// Launch: serial: grid (ceil(V / block_v), N * H); states: grid (ceil(V / state_block_v),
+// ceil(K / state_block_k), N * H); outputs: grid (chunks * ceil(V / block_v), H), where chunks
+// = N * ceil(T / chunk), or the sum over packed sequences; block (32 * warps); dynamic shared
+// memory ChunkedKernel::shared_bytes. The parameters are those of the fused-recurrent family,
+// plus chunk_states, chunk_offsets (varlen) and N for the split form's kernels.
 #pragma once
 
 #include <cstdint>
@@ -40,11 +57,23 @@ struct ChunkedTile {
   int chunk = 64;     // tokens per chunk: 16, 32 or 64
   int block_v = 64;   // value columns per block: a multiple of 16 up to 128
   int warps = 8;      // 2, 4 or 8
+  // The split form's state pass (0: the serial form): key rows and value columns of the
+  // state per block (multiples of 16; the key rows need not cover K) and its warps (1..8).
+  int state_block_k = 0;
+  int state_block_v = 0;
+  int state_warps = 0;
+  bool state_f32 = false;  // the per-chunk states in global memory: bf16 (false) or fp32
+  bool split() const { return state_block_k > 0; }
   friend bool operator==(const ChunkedTile&, const ChunkedTile&) = default;
 };
 
+// Which kernel of the family: the serial form, or one of the split form's two.
+enum class ChunkedPhase { serial, states, outputs };
+const char* to_string(ChunkedPhase phase);
+
 struct ChunkedKernelSpec : KernelTypes {
   ChunkedTile tile;
+  ChunkedPhase phase = ChunkedPhase::serial;  // states and outputs need a split tile, serial one without
 };
 
 struct ChunkedKernel {
@@ -52,15 +81,26 @@ struct ChunkedKernel {
   std::string source;
   std::vector<KernelParam> params;  // the kernel's parameters, in order
   unsigned threads = 0;             // block size
-  int block_v = 0;                  // grid.x = ceil(V / block_v), grid.y = N * H
+  int block_v = 0;                  // value columns per block
+  int block_k = 0;                  // key rows per block (the states kernel: grid.y = ceil(K / block_k))
   int shared_bytes = 0;             // dynamic shared memory per block
+  ChunkedPhase phase = ChunkedPhase::serial;
 };
+
+// The grid of a kernel of the family for these sizes: chunks is the number of chunks over
+// all sequences (N * ceil(T / chunk), or the sum over packed sequences).
+struct ChunkedGrid {
+  unsigned x = 1, y = 1, z = 1;
+};
+ChunkedGrid chunked_grid(const ChunkedKernel& kernel, std::int64_t sequences, std::int64_t heads, std::int64_t key_dim,
+                         std::int64_t value_dim, std::int64_t chunks);
 
 // Why the chunked family cannot run this variant (empty: it can). It needs no normaliser.
 std::string chunked_unsupported(const ir::Variant& variant);
 
-// Dynamic shared memory a block of this variant and tile needs, in bytes.
-int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile);
+// Dynamic shared memory a block of this variant, tile and phase needs, in bytes.
+int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile,
+                         ChunkedPhase phase = ChunkedPhase::serial);
 
 ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim);
 // What is wrong with a tile for these sizes (empty: usable). max_shared_bytes: the device's
@@ -68,7 +108,11 @@ ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim);
 std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir::Variant& variant,
                                                std::int64_t key_dim, std::int64_t value_dim,
                                                int max_shared_bytes = 0);
-std::string to_string(const ChunkedTile& tile);  // "block_k=128 chunk=64 block_v=64 warps=8"
+// "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split.
+std::string to_string(const ChunkedTile& tile);
+// The tools' form: "block_k,chunk,block_v,warps" (serial) or
+// "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]" (split).
+ChunkedTile parse_chunked_tile(const std::string& text);
 
 // Throws InvalidArgument for a malformed or unsupported variant, a tile that fails the
 // size-independent rules, or input_types of the wrong length.

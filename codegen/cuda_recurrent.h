@@ -67,6 +67,10 @@ struct KernelParam {
     heads,
     key_dim,
     value_dim,
+    chunk_states,     // the chunked family's split form: the state entering every chunk,
+                      //   [chunks][H][K][V] contiguous (bf16 or f32)
+    chunk_offsets,    // [N+1] long long: the first chunk of each packed sequence (varlen)
+    sequences,        // N
   };
   std::string name;
   std::string c_type;  // "const ladle_bf16*", "long long", "float", ...

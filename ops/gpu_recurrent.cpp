@@ -35,6 +35,7 @@ bool is_contiguous(const TensorView& view) {
 template <class Spec>
 std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::string& arch) {
   std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
+  if constexpr (requires { spec.phase; }) key += std::string("|") + cuda::to_string(spec.phase);
   for (ElementType t : spec.input_types) key += element_type_name(t);
   key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse,
                      spec.varlen, element_type_name(spec.cu_seqlens_type), spec.initial_state,
@@ -52,9 +53,16 @@ const auto& loaded_kernel(const ir::Variant& variant, const Spec& spec, Compile 
   });
 }
 
+// What the split chunked form's kernels take besides a call's arguments.
+struct SplitArguments {
+  std::uint64_t chunk_states = 0;   // device [chunks][H][K][V]
+  std::uint64_t chunk_offsets = 0;  // device [N+1] (varlen)
+  std::int64_t sequences = 0;
+};
+
 // The argument array of a kernel of the recurrence families, by parameter role.
 KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir::Variant& variant,
-                          const cpu::RecurrentArgs& args, std::uint64_t offsets) {
+                          const cpu::RecurrentArgs& args, std::uint64_t offsets, const SplitArguments& split = {}) {
   KernelArgs packed;
   auto ptr = [](const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); };
   for (const cuda::KernelParam& p : params) {
@@ -83,6 +91,9 @@ KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir
       case Role::heads: packed.add(static_cast<int>(args.heads)); break;
       case Role::key_dim: packed.add(static_cast<int>(args.key_dim)); break;
       case Role::value_dim: packed.add(static_cast<int>(args.value_dim)); break;
+      case Role::chunk_states: packed.add(split.chunk_states); break;
+      case Role::chunk_offsets: packed.add(split.chunk_offsets); break;
+      case Role::sequences: packed.add(static_cast<int>(split.sequences)); break;
     }
   }
   return packed;
@@ -245,12 +256,47 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     RunOptions tiled = options;
     if (!tiled.chunked_tile)
       tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic_chunked_tile(variant, bound));
-    const cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, tiled);
-    const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
-    KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
-    const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
-    loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed,
-                            static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+    cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, tiled);
+    const std::int64_t N = bound.dims.N;
+    const auto run = [&](const SplitArguments& split, std::int64_t chunks) {
+      const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
+      KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr(), split);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, N, args.heads, args.key_dim, args.value_dim, chunks);
+      if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+      loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
+                              static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+    };
+    if (!spec.tile.split()) {
+      run({}, 0);
+    } else {
+      // The split form: the state pass writes the state entering every chunk, then every
+      // chunk's output is formed in parallel. The per-chunk states live on the call's stream.
+      const int C = spec.tile.chunk;
+      std::vector<std::int64_t> chunk_offsets{0};
+      if (args.cu_seqlens.empty()) {
+        chunk_offsets.push_back(N * ((args.tokens + C - 1) / C));
+      } else {
+        for (std::size_t n = 0; n + 1 < args.cu_seqlens.size(); ++n)
+          chunk_offsets.push_back(chunk_offsets.back() + (args.cu_seqlens[n + 1] - args.cu_seqlens[n] + C - 1) / C);
+      }
+      const std::int64_t chunks = chunk_offsets.back();
+      const std::size_t state_bytes = static_cast<std::size_t>(chunks * args.heads * args.key_dim * args.value_dim) *
+                                      (spec.tile.state_f32 ? 4 : 2);
+      DeviceBuffer states = DeviceBuffer::on_stream(state_bytes, launch.stream);
+      DeviceBuffer device_offsets;
+      SplitArguments split{states.device_ptr(), 0, N};
+      if (!args.cu_seqlens.empty()) {
+        device_offsets = DeviceBuffer::on_stream(chunk_offsets.size() * sizeof(std::int64_t), launch.stream);
+        device_offsets.copy_from_host(chunk_offsets.data(), device_offsets.bytes(), 0, launch.stream);
+        split.chunk_offsets = device_offsets.device_ptr();
+      }
+      spec.phase = cuda::ChunkedPhase::states;
+      run(split, chunks);
+      if (chunks > 0) {
+        spec.phase = cuda::ChunkedPhase::outputs;
+        run(split, chunks);
+      }
+    }
   } else {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
     RunOptions tiled = options;

@@ -155,18 +155,40 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   ptr_ = ptr;
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) api().cuMemFree(static_cast<CUdeviceptr>(ptr_));
+DeviceBuffer DeviceBuffer::on_stream(std::size_t bytes, const Stream* stream) {
+  Device::get();
+  DeviceBuffer buffer;
+  buffer.bytes_ = bytes;
+  if (bytes == 0) return buffer;
+  CUdeviceptr ptr = 0;
+  LADLE_CU(api().cuMemAllocAsync(&ptr, bytes, stream_of(stream)));
+  buffer.ptr_ = ptr;
+  buffer.stream_ordered_ = true;
+  buffer.stream_ = stream_of(stream);
+  return buffer;
 }
 
+void DeviceBuffer::release() noexcept {
+  if (!ptr_) return;
+  if (stream_ordered_) api().cuMemFreeAsync(static_cast<CUdeviceptr>(ptr_), static_cast<CUstream>(stream_));
+  else api().cuMemFree(static_cast<CUdeviceptr>(ptr_));
+}
+
+DeviceBuffer::~DeviceBuffer() { release(); }
+
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : ptr_(std::exchange(other.ptr_, 0)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : ptr_(std::exchange(other.ptr_, 0)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      stream_ordered_(std::exchange(other.stream_ordered_, false)),
+      stream_(std::exchange(other.stream_, nullptr)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    if (ptr_) api().cuMemFree(static_cast<CUdeviceptr>(ptr_));
+    release();
     ptr_ = std::exchange(other.ptr_, 0);
     bytes_ = std::exchange(other.bytes_, 0);
+    stream_ordered_ = std::exchange(other.stream_ordered_, false);
+    stream_ = std::exchange(other.stream_, nullptr);
   }
   return *this;
 }

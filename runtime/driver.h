@@ -86,6 +86,10 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(std::size_t bytes);
+  // Stream-ordered memory (cuMemAllocAsync): usable by work on `stream` after this call, and
+  // given back on that stream when the buffer dies, so neither waits for the device. For
+  // scratch memory between the kernels of one call.
+  static DeviceBuffer on_stream(std::size_t bytes, const Stream* stream);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
@@ -105,6 +109,9 @@ class DeviceBuffer {
  private:
   std::uint64_t ptr_ = 0;
   std::size_t bytes_ = 0;
+  bool stream_ordered_ = false;
+  void* stream_ = nullptr;  // stream_ordered_: the stream it is freed on
+  void release() noexcept;
 };
 
 struct Dim3 {

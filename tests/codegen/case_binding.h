@@ -89,10 +89,18 @@ inline Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
   return bound;
 }
 
+// What the split chunked form's kernels take besides the call's arguments (host memory here).
+struct SplitArguments {
+  void* chunk_states = nullptr;
+  const std::int64_t* chunk_offsets = nullptr;
+  int sequences = 0;
+};
+
 // The kernel's argument array, packed from the bound arguments as a launcher packs it.
 class Arguments {
  public:
-  Arguments(const std::vector<cuda::KernelParam>& params, const cuda_cases::Case& c, const cpu::RecurrentArgs& args) {
+  Arguments(const std::vector<cuda::KernelParam>& params, const cuda_cases::Case& c, const cpu::RecurrentArgs& args,
+            const SplitArguments& split = {}) {
     using Role = cuda::KernelParam::Role;
     for (const cuda::KernelParam& p : params) {
       const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
@@ -124,6 +132,9 @@ class Arguments {
         case Role::heads: push(static_cast<int>(args.heads)); break;
         case Role::key_dim: push(static_cast<int>(args.key_dim)); break;
         case Role::value_dim: push(static_cast<int>(args.value_dim)); break;
+        case Role::chunk_states: push(static_cast<const void*>(split.chunk_states)); break;
+        case Role::chunk_offsets: push(static_cast<const void*>(split.chunk_offsets)); break;
+        case Role::sequences: push(split.sequences); break;
       }
     }
     for (auto& value : values_) pointers_.push_back(value.data());

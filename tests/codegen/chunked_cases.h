@@ -114,4 +114,28 @@ inline std::vector<Case> all() {
   return cases;
 }
 
+// The split form (a state pass, then every chunk's output in parallel) on every case above,
+// with state tiles that cover K or split it (K = 32, 40), one to four warps, bf16 and fp32
+// per-chunk states.
+inline std::vector<Case> split() {
+  std::vector<Case> cases;
+  int i = 0;
+  for (Case c : all()) {
+    const int full = c.tile.block_k;
+    struct StateTile {
+      int block_k, block_v, warps;
+      bool f32;
+    };
+    const StateTile tiles[] = {{16, 16, 1, false}, {full, 32, 2, true}, {16, 16, 4, false}, {full, 16, 2, false}};
+    const StateTile& t = tiles[i++ % 4];
+    c.tile.state_block_k = t.block_k;
+    c.tile.state_block_v = t.block_v;
+    c.tile.state_warps = t.warps;
+    c.tile.state_f32 = t.f32;
+    c.c.name += " (split)";
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 }  // namespace chunked_cases

@@ -26,6 +26,28 @@ int main(int argc, char** argv) {
     out << ");\n}\n\n";
     table += "    {\"" + kernel.name + "\", launch_" + std::to_string(i) + "},\n";
   }
-  out << "static const EmulatedKernel emulated_kernels[] = {\n" << table << "};\n";
+  out << "static const EmulatedKernel emulated_kernels[] = {\n" << table << "};\n\n";
+
+  // The split form: a state pass and an output pass per case.
+  const auto split = chunked_cases::split();
+  std::string split_table;
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    std::string entry;
+    for (const auto phase : {ladle::cuda::ChunkedPhase::states, ladle::cuda::ChunkedPhase::outputs}) {
+      ladle::cuda::ChunkedKernelSpec spec = split[i].spec();
+      spec.phase = phase;
+      const ladle::cuda::ChunkedKernel kernel = ladle::cuda::generate_chunked(split[i].c.variant, spec);
+      if (written.insert(kernel.name).second) out << kernel.source;
+      const std::string launcher = "launch_split_" + std::to_string(i) + "_" + ladle::cuda::to_string(phase);
+      out << "\nstatic void " << launcher << "(void** args) {\n  " << kernel.name << "(";
+      for (std::size_t p = 0; p < kernel.params.size(); ++p)
+        out << (p ? ",\n      " : "") << "*static_cast<" << kernel.params[p].c_type << "*>(args[" << p << "])";
+      out << ");\n}\n\n";
+      entry += std::string(entry.empty() ? "" : ", ") + "{\"" + kernel.name + "\", " + launcher + "}";
+    }
+    split_table += "    {" + entry + "},\n";
+  }
+  out << "struct EmulatedSplit {\n  EmulatedKernel states, outputs;\n};\n";
+  out << "static const EmulatedSplit emulated_split_kernels[] = {\n" << split_table << "};\n";
   return out ? 0 : 1;
 }

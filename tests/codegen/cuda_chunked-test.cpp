@@ -10,6 +10,9 @@
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/error.h>
 
+#include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -68,6 +71,38 @@ TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
   REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("warps = 3"));
 }
 
+namespace {
+
+// Runs case c through the CPU path and through `emulate` (given the bound GPU-side
+// arguments), and checks o and the final state against the CPU's.
+void check_against_cpu(const chunked_cases::Case& cc, std::uint64_t seed,
+                       const std::function<void(const ops::BoundInputs& gpu_run, const Bound& bound)>& emulate) {
+  const cuda_cases::Case& c = cc.c;
+  Bound bound = bind_case(c, seed);
+  const std::vector<std::int64_t> o_shape = {c.B, c.T, c.H, c.V}, state_shape = {bound.sequences, c.H, c.K, c.V};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  HostTensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
+  HostTensor final_cpu(ElementType::f32, state_shape, nan), final_gpu(ElementType::f32, state_shape, nan);
+  const auto outputs = [&](HostTensor& o, HostTensor& final_state) {
+    RecurrentOutputs out{o.view(), std::nullopt};
+    if (c.spec.final_state) out.final_state = final_state.view();
+    return out;
+  };
+  ops::BoundInputs cpu_run = bound.inputs;
+  ops::bind_outputs(c.name, bound.options, outputs(o_cpu, final_cpu), cpu_run);
+  cpu::run_recurrent(c.variant, cpu_run.args);
+
+  ops::BoundInputs gpu_run = bound.inputs;
+  ops::bind_outputs(c.name, bound.options, outputs(o_gpu, final_gpu), gpu_run);
+  emulate(gpu_run, bound);
+
+  // bf16 tensor-core operands: 1e-2 whatever the input type.
+  CHECK(test::relative_error(o_gpu, test::values_of(o_cpu)) < 1e-2);
+  if (c.spec.final_state) CHECK(test::relative_error(final_gpu, test::values_of(final_cpu)) < 1e-2);
+}
+
+}  // namespace
+
 TEST_CASE("chunked: every kernel, run on the host emulation of CUDA, computes what the CPU path computes", "[codegen][chunked][emulation]") {
   const auto cases = chunked_cases::all();
   REQUIRE(std::size(emulated_kernels) == cases.size());
@@ -78,30 +113,53 @@ TEST_CASE("chunked: every kernel, run on the host emulation of CUDA, computes wh
     REQUIRE(kernel.name == emulated_kernels[i].name);
     REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V).empty());
     REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
+    check_against_cpu(cases[i], 2000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+      Arguments arguments(kernel.params, c, gpu_run.args);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
+      cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_kernels[i].launch(arguments.data()); });
+    });
+  }
+}
 
-    Bound bound = bind_case(c, 2000 + i);
-    const std::vector<std::int64_t> o_shape = {c.B, c.T, c.H, c.V}, state_shape = {bound.sequences, c.H, c.K, c.V};
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    HostTensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
-    HostTensor final_cpu(ElementType::f32, state_shape, nan), final_gpu(ElementType::f32, state_shape, nan);
-    const auto outputs = [&](HostTensor& o, HostTensor& final_state) {
-      RecurrentOutputs out{o.view(), std::nullopt};
-      if (c.spec.final_state) out.final_state = final_state.view();
-      return out;
-    };
-    ops::BoundInputs cpu_run = bound.inputs;
-    ops::bind_outputs(c.name, bound.options, outputs(o_cpu, final_cpu), cpu_run);
-    cpu::run_recurrent(c.variant, cpu_run.args);
-
-    ops::BoundInputs gpu_run = bound.inputs;
-    ops::bind_outputs(c.name, bound.options, outputs(o_gpu, final_gpu), gpu_run);
-    Arguments arguments(kernel.params, c, gpu_run.args);
-    const unsigned grid_x = static_cast<unsigned>((c.V + kernel.block_v - 1) / kernel.block_v);
-    cuda_emulation::launch(grid_x, static_cast<unsigned>(bound.sequences * c.H), kernel.threads,
-                           [&] { emulated_kernels[i].launch(arguments.data()); });
-
-    // bf16 tensor-core operands: 1e-2 whatever the input type.
-    CHECK(test::relative_error(o_gpu, test::values_of(o_cpu)) < 1e-2);
-    if (c.spec.final_state) CHECK(test::relative_error(final_gpu, test::values_of(final_cpu)) < 1e-2);
+TEST_CASE("chunked: the split form (state pass, then every chunk at once) computes what the CPU path computes",
+          "[codegen][chunked][emulation]") {
+  const auto cases = chunked_cases::split();
+  REQUIRE(std::size(emulated_split_kernels) == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const cuda_cases::Case& c = cases[i].c;
+    cuda::ChunkedKernelSpec spec = cases[i].spec();
+    spec.phase = cuda::ChunkedPhase::states;
+    const cuda::ChunkedKernel states = cuda::generate_chunked(c.variant, spec);
+    spec.phase = cuda::ChunkedPhase::outputs;
+    const cuda::ChunkedKernel outputs = cuda::generate_chunked(c.variant, spec);
+    INFO(c.name << " (" << cuda::to_string(cases[i].tile) << ")");
+    REQUIRE(states.name == emulated_split_kernels[i].states.name);
+    REQUIRE(outputs.name == emulated_split_kernels[i].outputs.name);
+    REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V).empty());
+    REQUIRE(static_cast<std::size_t>(outputs.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
+    CHECK(states.shared_bytes == cuda::chunked_shared_bytes(c.variant, cases[i].tile, cuda::ChunkedPhase::states));
+    check_against_cpu(cases[i], 3000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+      // The chunks of every sequence, numbered as the launcher numbers them.
+      const int C = cases[i].tile.chunk;
+      std::vector<std::int64_t> offsets{0};
+      for (int n = 0; n < bound.sequences; ++n) {
+        const std::int64_t length = c.cu_seqlens.empty() ? c.T : c.cu_seqlens[n + 1] - c.cu_seqlens[n];
+        offsets.push_back(offsets.back() + (length + C - 1) / C);
+      }
+      const std::int64_t chunks = offsets.back();
+      const std::size_t element = cases[i].tile.state_f32 ? 4 : 2;
+      std::vector<unsigned char> chunk_states(static_cast<std::size_t>(chunks * c.H * c.K * c.V) * element, 0xff);  // NaN
+      SplitArguments split{chunk_states.data(), offsets.data(), bound.sequences};
+      for (const auto* kernel : {&states, &outputs}) {
+        Arguments arguments(kernel->params, c, gpu_run.args, split);
+        const auto& launcher = kernel == &states ? emulated_split_kernels[i].states : emulated_split_kernels[i].outputs;
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(*kernel, bound.sequences, c.H, c.K, c.V, chunks);
+        cuda_emulation::launch(grid.x, grid.y, grid.z, kernel->threads, [&] { launcher.launch(arguments.data()); });
+      }
+      // The state pass wrote the state entering every chunk: nothing is left NaN.
+      HostTensor written(element == 4 ? ElementType::f32 : ElementType::bf16, {std::int64_t(chunk_states.size() / element)});
+      std::memcpy(written.data(), chunk_states.data(), chunk_states.size());
+      for (const double x : test::values_of(written)) REQUIRE(!std::isnan(x));
+    });
   }
 }

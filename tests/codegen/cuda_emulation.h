@@ -56,8 +56,9 @@ inline thread_local WarpgroupExchange* warpgroup_exchange = nullptr;
 inline thread_local unsigned char* shared_buffer = nullptr;
 inline constexpr std::size_t dynamic_shared_bytes = 256 * 1024;
 
-// Runs every block of a (grid_x, grid_y) grid of `threads`-thread blocks, block by block.
-inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std::function<void()>& kernel) {
+// Runs every block of a (grid_x, grid_y, grid_z) grid of `threads`-thread blocks, block by block.
+inline void launch(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads, const std::function<void()>& kernel) {
+  for (unsigned bz = 0; bz < grid_z; ++bz)
   for (unsigned by = 0; by < grid_y; ++by)
     for (unsigned bx = 0; bx < grid_x; ++bx) {
       std::barrier<> block_barrier(static_cast<std::ptrdiff_t>(threads));
@@ -71,8 +72,8 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
       for (unsigned tx = 0; tx < threads; ++tx)
         block.emplace_back([&, tx] {
           thread_index = {tx, 0, 0};
-          block_index = {bx, by, 0};
-          grid_dim = {grid_x, grid_y, 1};
+          block_index = {bx, by, bz};
+          grid_dim = {grid_x, grid_y, grid_z};
           barrier = &block_barrier;
           warp_exchange = warps[tx / 32].get();
           warpgroup_exchange = tx / 128 < groups.size() ? groups[tx / 128].get() : nullptr;
@@ -81,6 +82,9 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
         });
       for (std::thread& t : block) t.join();
     }
+}
+inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std::function<void()>& kernel) {
+  launch(grid_x, grid_y, 1, threads, kernel);
 }
 }  // namespace cuda_emulation
 

@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
 
   try {
     ladle::CompiledProgram program;
+    std::vector<ladle::CompiledProgram> programs;  // the kernels before `program` (a family of several)
     if (op == "attention") {
       // -D is the head dim here (as the op's docs write it), a definition for .cu files.
       int head_dim = 128;
@@ -165,11 +166,14 @@ int main(int argc, char** argv) {
         ladle::cuda::ChunkedKernelSpec spec;
         static_cast<ladle::cuda::KernelTypes&>(spec) = types;
         spec.tile = ladle::cuda::default_chunked_tile(key_dim, value_dim);
-        if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &spec.tile.block_k, &spec.tile.chunk,
-                                              &spec.tile.block_v, &spec.tile.warps) != 4)
-          throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_k,chunk,block_v,warps");
+        if (!tile_text.empty()) spec.tile = ladle::cuda::parse_chunked_tile(tile_text);
         if (auto problems = ladle::cuda::validate_chunked_tile(spec.tile, variant, key_dim, value_dim); !problems.empty())
           throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
+        if (spec.tile.split()) {  // the family's two kernels: the state pass, then the output pass
+          spec.phase = ladle::cuda::ChunkedPhase::states;
+          programs.push_back(ladle::gpu::compile_chunked(variant, spec, arch).program);
+          spec.phase = ladle::cuda::ChunkedPhase::outputs;
+        }
         program = ladle::gpu::compile_chunked(variant, spec, arch).program;
         tile_name = ladle::cuda::to_string(spec.tile);
       } else {
@@ -197,38 +201,42 @@ int main(int argc, char** argv) {
     }
 
     auto want = [&](const char* part) { return only.empty() || only == part; };
-    if (want("source")) {
-      section("source");
-      std::cout << program.source;
-    }
-    if (want("ptx")) {
-      section(fmt::format("PTX ({})", program.arch));
-      std::cout << program.ptx;
-    }
-    if (want("resources")) {
-      section("resource usage");
-      print_resources(program);
-    }
-    if (want("path")) {
-      section("cache");
-      std::cout << fmt::format("key:   {}\nentry: {}\nhit:   {}\noptions:", program.key,
-                               program.entry_path.empty() ? "(memory only)" : program.entry_path,
-                               program.from_cache ? "yes" : "no (compiled now)");
-      for (const auto& o : program.options) std::cout << ' ' << o;
-      std::cout << '\n';
-    }
-    if (sass) {
-      section("SASS");
-      const std::string tool = find_cuobjdump();
-      if (program.cubin.empty()) {
-        std::cout << "(no cubin: compile for a real arch, e.g. --arch sm_90a)\n";
-      } else if (tool.empty()) {
-        std::cout << "(cuobjdump not found on PATH or in $CUDA_HOME/bin)\n";
-      } else {
-        fs::path cubin = fs::temp_directory_path() / ("ladle-dump-" + program.key + ".cubin");
-        std::ofstream(cubin, std::ios::binary) << program.cubin;
-        std::cout << run_capture(fmt::format("'{}' -sass '{}' 2>&1", tool, cubin.string()));
-        fs::remove(cubin);
+    programs.push_back(std::move(program));
+    for (const ladle::CompiledProgram& shown : programs) {
+      if (programs.size() > 1) std::cout << fmt::format("\n##### kernel {}\n", shown.kernels.empty() ? shown.key : shown.kernels.front().name);
+      if (want("source")) {
+        section("source");
+        std::cout << shown.source;
+      }
+      if (want("ptx")) {
+        section(fmt::format("PTX ({})", shown.arch));
+        std::cout << shown.ptx;
+      }
+      if (want("resources")) {
+        section("resource usage");
+        print_resources(shown);
+      }
+      if (want("path")) {
+        section("cache");
+        std::cout << fmt::format("key:   {}\nentry: {}\nhit:   {}\noptions:", shown.key,
+                                 shown.entry_path.empty() ? "(memory only)" : shown.entry_path,
+                                 shown.from_cache ? "yes" : "no (compiled now)");
+        for (const auto& o : shown.options) std::cout << ' ' << o;
+        std::cout << '\n';
+      }
+      if (sass) {
+        section("SASS");
+        const std::string tool = find_cuobjdump();
+        if (shown.cubin.empty()) {
+          std::cout << "(no cubin: compile for a real arch, e.g. --arch sm_90a)\n";
+        } else if (tool.empty()) {
+          std::cout << "(cuobjdump not found on PATH or in $CUDA_HOME/bin)\n";
+        } else {
+          fs::path cubin = fs::temp_directory_path() / ("ladle-dump-" + shown.key + ".cubin");
+          std::ofstream(cubin, std::ios::binary) << shown.cubin;
+          std::cout << run_capture(fmt::format("'{}' -sass '{}' 2>&1", tool, cubin.string()));
+          fs::remove(cubin);
+        }
       }
     }
     if (!ladle::driver_available())
