@@ -293,7 +293,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
 
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers);
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
+  // The state pass is a serial walk over chunks: several blocks per SM hide its latency, so ptxas
+  // is asked to fit 128 registers per thread (without the hint it chose 80 and spilled).
+  const std::string bounds = states ? std::to_string(threads) + ", " + std::to_string(std::max(1, 512 / threads))
+                                    : std::to_string(threads);
+  c("extern \"C\" __global__ void __launch_bounds__(" + bounds + ") " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();

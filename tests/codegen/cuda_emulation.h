@@ -91,7 +91,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(threads)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __syncthreads() ::cuda_emulation::barrier->arrive_and_wait()
 #define threadIdx ::cuda_emulation::thread_index

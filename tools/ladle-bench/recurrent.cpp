@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   app.add_option("-K", K);
   app.add_option("-V", V);
   app.add_option("--reps", reps);
-  app.add_option("--tile", tiles, "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps (repeatable); default: the heuristic");
+  app.add_option("--tile", tiles, "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,state_block_k,state_block_v,state_warps[,f32]] (repeatable); default: the heuristic");
   std::string op = "gla", algo = "recurrent";
   app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user"}));
   app.add_option("--algo", algo)->check(CLI::IsMember({"recurrent", "chunked"}));
@@ -105,11 +105,7 @@ int main(int argc, char** argv) {
       ladle::RunOptions options;
       options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
       if (!tile_text.empty() && algo == "chunked") {
-        ladle::cuda::ChunkedTile tile;
-        if (std::sscanf(tile_text.c_str(), "%d,%d,%d,%d", &tile.block_k, &tile.chunk, &tile.block_v, &tile.warps) != 4) {
-          std::fprintf(stderr, "--tile expects block_k,chunk,block_v,warps, got '%s'\n", tile_text.c_str());
-          return 1;
-        }
+        const ladle::cuda::ChunkedTile tile = ladle::cuda::parse_chunked_tile(tile_text);
         options.chunked_tile = tile;
       } else if (!tile_text.empty()) {
         ladle::cuda::RecurrentTile tile;
