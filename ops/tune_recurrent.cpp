@@ -208,13 +208,25 @@ Config to_config(const cuda::RecurrentTile& tile) {
 Config to_config(const cuda::ChunkedTile& tile) {
   Config c;
   c.set("block_k", tile.block_k).set("chunk", tile.chunk).set("block_v", tile.block_v).set("warps", tile.warps);
+  if (tile.split())
+    c.set("state_block_k", tile.state_block_k)
+        .set("state_block_v", tile.state_block_v)
+        .set("state_warps", tile.state_warps)
+        .set("state_f32", tile.state_f32 ? 1 : 0);
   return c;
 }
 
 cuda::RecurrentTile to_recurrent_tile(const Config& c) { return {c.at("block_k"), c.at("block_v"), c.at("warps")}; }
 
 cuda::ChunkedTile to_chunked_tile(const Config& c) {
-  return {c.at("block_k"), c.at("chunk"), c.at("block_v"), c.at("warps")};
+  cuda::ChunkedTile tile{c.at("block_k"), c.at("chunk"), c.at("block_v"), c.at("warps")};
+  if (c.contains("state_block_k")) {
+    tile.state_block_k = c.at("state_block_k");
+    tile.state_block_v = c.at("state_block_v");
+    tile.state_warps = c.at("state_warps");
+    tile.state_f32 = c.find("state_f32").value_or(0) != 0;
+  }
+  return tile;
 }
 
 SearchSpace recurrent_search_space(const TuneShape& shape, const cuda::RecurrentTile& heuristic) {

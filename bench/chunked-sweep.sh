@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The chunked family on the lent GPU in one call (issue 11): builds only what it needs, runs
+# the chunked op tests with the GPU present (the heuristic tile: the split form), times ladle
+# (tiles from LADLE_CHUNKED_TILES, else the list below, plus the heuristic) beside fla's
+# chunk_gla / chunk_simple_gla at the three benchmark shapes, and profiles the heuristic's
+# kernels at B8 T4096 with Nsight Compute. Logs and JSON lines go to $OUT (or ./gpu-out).
+#   bench/chunked-sweep.sh [tests|bench|ncu|all]      (carry .deps and .whl)
+set -uo pipefail
+what=${1:-all}
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+log="$out/chunked.log"
+: > "$log"
+prefix=""
+[ -d .deps/root/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr"
+build=${LADLE_GPU_BUILD:-/tmp/build-gpu}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$log"
+if ! { cmake -S . -B "$build" -G Ninja $prefix -DCMAKE_BUILD_TYPE=Release >> "$log" 2>&1 &&
+       cmake --build "$build" -j"$(nproc)" --target ladle-bench-recurrent ops-recurrent ladle-dump >> "$log" 2>&1; }; then
+  tail -40 "$log"; echo "BUILD FAILED"; exit 1
+fi
+bench="$build/tools/ladle-bench/ladle-bench-recurrent"
+export LADLE_CACHE_DIR=$(mktemp -d)
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  echo "== chunked op tests with the GPU (heuristic tile)"
+  LADLE_AUTOTUNE=heuristic timeout 300 "$build/tests/ops-recurrent" "[chunked]" > "$out/ops-chunked.txt" 2>&1
+  echo "ops-recurrent [chunked] rc=$? $(tail -2 "$out/ops-chunked.txt" | tr '\n' ' ')"
+  grep -m 20 -B3 -A8 "FAILED" "$out/ops-chunked.txt"
+fi
+
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >> "$log" 2>&1
+    export PYTHONPATH=/tmp/site
+  fi
+  tiles=${LADLE_CHUNKED_TILES:-"128,64,64,8 128,64,64,8,64,64,4 128,64,32,4,64,64,4 128,64,64,4,64,64,4 128,32,64,4,64,64,4 128,64,64,8,128,64,8 128,64,64,8,32,64,2 128,64,64,8,64,64,4,f32"}
+  : > "$out/chunked-ladle.jsonl"
+  for bt in "32 1024" "8 4096" "2 16384"; do
+    set -- $bt
+    for op in gla simple_gla; do
+      args=""
+      for t in $tiles; do args="$args --tile $t"; done
+      LADLE_AUTOTUNE=heuristic "$bench" --algo chunked --op $op -B $1 -T $2 -H 16 -K 128 -V 128 $args >> "$out/chunked-ladle.jsonl" 2>> "$log"
+      LADLE_AUTOTUNE=heuristic "$bench" --algo chunked --op $op -B $1 -T $2 -H 16 -K 128 -V 128 >> "$out/chunked-ladle.jsonl" 2>> "$log"
+    done
+  done
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/fla_bench.py --ops chunk_gla,chunk_simple_gla \
+    --shapes 32x1024x16x128x128,8x4096x16x128x128,2x16384x16x128x128 > "$out/chunked-fla.jsonl" 2>> "$log"
+  cat "$out"/chunked-*.jsonl | python3 bench/table.py
+fi
+
+if [ "$what" = ncu ] || [ "$what" = all ]; then
+  echo "== Nsight Compute: the heuristic's kernels, GLA B8 T4096"
+  LADLE_AUTOTUNE=heuristic timeout 200 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis -k regex:ladle_chunked --launch-count 2 \
+    "$bench" --algo chunked --op gla -B 8 -T 4096 -H 16 -K 128 -V 128 --reps 1 > "$out/ncu-gla.txt" 2>&1
+  grep -E "ladle_chunked|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Compute \(SM\) Throughput|Memory Throughput|Eligible Warps|No Eligible|Block Limit|Dynamic Shared|Issue Slots Busy|Executed Ipc A" "$out/ncu-gla.txt"
+fi
