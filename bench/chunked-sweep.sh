@@ -5,6 +5,7 @@
 # chunk_gla / chunk_simple_gla at the three benchmark shapes, and profiles the heuristic's
 # kernels at B8 T4096 with Nsight Compute. Logs and JSON lines go to $OUT (or ./gpu-out).
 #   bench/chunked-sweep.sh [tests|bench|ncu|all]      (carry .deps and .whl)
+# LADLE_CHUNKED_SHAPES="8x4096 2x16384" narrows the shapes, LADLE_NO_FLA=1 skips fla.
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-$PWD/gpu-out}
@@ -36,8 +37,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   fi
   tiles=${LADLE_CHUNKED_TILES:-"128,64,64,8 128,64,64,8,64,64,4 128,64,32,4,64,64,4 128,64,64,4,64,64,4 128,32,64,4,64,64,4 128,64,64,8,128,64,8 128,64,64,8,32,64,2 128,64,64,8,64,64,4,f32"}
   : > "$out/chunked-ladle.jsonl"
-  for bt in "32 1024" "8 4096" "2 16384"; do
-    set -- $bt
+  for bt in ${LADLE_CHUNKED_SHAPES:-"32x1024" "8x4096" "2x16384"}; do
+    set -- ${bt/x/ }
     for op in gla simple_gla; do
       args=""
       for t in $tiles; do args="$args --tile $t"; done
@@ -45,7 +46,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
       LADLE_AUTOTUNE=heuristic "$bench" --algo chunked --op $op -B $1 -T $2 -H 16 -K 128 -V 128 >> "$out/chunked-ladle.jsonl" 2>> "$log"
     done
   done
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/fla_bench.py --ops chunk_gla,chunk_simple_gla \
+  [ -n "${LADLE_NO_FLA:-}" ] || PYTHONUNBUFFERED=1 timeout 300 python3 bench/fla_bench.py --ops chunk_gla,chunk_simple_gla \
     --shapes 32x1024x16x128x128,8x4096x16x128x128,2x16384x16x128x128 > "$out/chunked-fla.jsonl" 2>> "$log"
   cat "$out"/chunked-*.jsonl | python3 bench/table.py
 fi

@@ -294,8 +294,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers);
   // The state pass is a serial walk over chunks: several blocks per SM hide its latency, so ptxas
-  // is asked to fit 128 registers per thread (without the hint it chose 80 and spilled).
-  const std::string bounds = states ? std::to_string(threads) + ", " + std::to_string(std::max(1, 512 / threads))
+  // is asked to fit 3 blocks of 128 threads per SM (without the hint it chose 80 registers and spilled).
+  const std::string bounds = states ? std::to_string(threads) + ", " + std::to_string(std::max(1, 384 / threads))
                                     : std::to_string(threads);
   c("extern \"C\" __global__ void __launch_bounds__(" + bounds + ") " + kernel.name + "(");
   c.in(), c.in();
@@ -457,7 +457,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("");
   c("// 1. Stage the chunk: q and k features (bf16), v (bf16), log2 gates (fp32). Rows past");
   c("//    the end are zero.");
-  c("for (int e = threadIdx.x; e < C * BK; e += THREADS) {");
+  c("LADLE_UNROLL_8 for (int e = threadIdx.x; e < C * BK; e += THREADS) {");
   c.in();
   c("const int cpos = e / BK, i = e % BK;");
   token_locals("cpos");
@@ -483,7 +483,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c.out();
     c("}");
   }
-  c("for (int e = threadIdx.x; e < C * BV; e += THREADS) {");
+  c("LADLE_UNROLL_8 for (int e = threadIdx.x; e < C * BV; e += THREADS) {");
   c.in();
   c("const int cpos = e / BV, jv = e % BV;");
   token_locals("cpos");
@@ -558,7 +558,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("// 3c. The update's factors, in place: k_up = k 2^(G_te - G_t), v_up = v 2^(Gv_te - Gv_t)" +
         std::string(reference == "tm" ? " (k~ and v~ hold the factors against tm)." : "."));
       if (kgate == KeyGate::vector) {
-        c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
+        c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
         c.in();
         c("const int t = t0 + e / BK, i = e % BK;");
         c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(" + kg_at("te", "i") + " - " +
@@ -567,7 +567,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
         c("}");
       }
       if (vgate || kgate == KeyGate::scalar) {
-        c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
+        c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
         c.in();
         c("const int t = t0 + e / BV, jv = e % BV;");
         std::string log2_factor;
@@ -680,7 +680,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("// 3a. Factors against tm, in place for rows t0..t1: q~ = q 2^(G_t - G_tm), k~ = k 2^(G_tm - G_t),");
     c("//     v~ = v 2^(Gv_tm - Gv_t); the state for the read, S 2^(G_tm - G_t0-1) 2^(Gv_tm - Gv_t0-1).");
     if (kgate == KeyGate::vector) {
-      c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
+      c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
       c.in();
       c("const int t = t0 + e / BK, i = e % BK;");
       c("const float d = " + kg_at("t", "i") + " - " + kg_at("tm", "i") + ";");
@@ -690,7 +690,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("}");
     }
     if (vgate) {
-      c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
+      c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
       c.in();
       c("const int t = t0 + e / BV, jv = e % BV;");
       c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + vg_at("tm", "jv") + " - " +
@@ -705,7 +705,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     for (std::size_t at = factor1.find("col"); at != std::string::npos; at = factor1.find("col", at + 9))
       factor1.replace(at, 3, "(col + 1)");
     if (outputs) {
-      c("for (int e = threadIdx.x; e < BK * (BV / 2); e += THREADS) {  // two columns per thread");
+      c("LADLE_UNROLL_8 for (int e = threadIdx.x; e < BK * (BV / 2); e += THREADS) {  // two columns per thread");
       c.in();
       c("const int kk = e / (BV / 2), col = e % (BV / 2) * 2;");
       c("const bool row = kk < K;");

@@ -86,9 +86,11 @@ const char* const storage_helpers = R"(#ifndef LADLE_UNROLL
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define LADLE_UNROLL _Pragma("unroll")
 #define LADLE_UNROLL_4 _Pragma("unroll 4")
+#define LADLE_UNROLL_8 _Pragma("unroll 8")
 #else
 #define LADLE_UNROLL
 #define LADLE_UNROLL_4
+#define LADLE_UNROLL_8
 #endif
 #endif
 #ifndef LADLE_VECTOR4
