@@ -27,6 +27,7 @@ RecurrentOptions as_recurrent(const TensorView& g, const GlaOptions& options) {
   o.return_state = options.return_state;
   o.backend = options.backend;
   o.algorithm = options.algorithm;
+  o.chunked_tile = options.chunked_tile;
   return o;
 }
 

@@ -19,6 +19,7 @@ struct GlaOptions {
   bool return_state = false;                // final_state [N,H,K,V] f32
   Backend backend = Backend::automatic;     // GPU when there is one, else CPU
   Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
+  std::optional<cuda::ChunkedTile> chunked_tile;  // the chunked family's tile on the GPU; empty: tuned/heuristic
 };
 
 RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,

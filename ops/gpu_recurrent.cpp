@@ -172,18 +172,34 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
   return per_sequence >= chunked_min_tokens ? Algorithm::chunked : Algorithm::recurrent;
 }
 
-// The split form (a state pass, then every chunk's output in parallel): its parallelism grows
-// with the number of chunks, so one tile serves every shape. Outputs: the default tile (chunk
-// 64, block_v 64, 8 warps at K=V=128); the state pass: 64 x 64 state tiles of 4 warps
-// (smaller where K or V is), bf16 per-chunk states.
+// The serial form with the default tile (K=V=128: chunk 64, block_v 64, 8 warps; 226 registers:
+// one block per SM), narrower value tiles when the shape gives fewer blocks than SMs. Measured
+// on the H100 (bench/RESULTS.md, issue 11): the split form (parallel over chunks) is correct but
+// slower at every benchmark shape today (GLA B8 T4096: 7.8 vs 4.9 ms), because a chunk costs the
+// same ~40 us in either form and the split form adds a state pass; the tuner may still pick it.
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound) {
   const auto& args = bound.args;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
-  int max_shared = 227 * 1024;
-  if (driver_available()) max_shared = Device::get().properties().max_shared_per_block_optin;
+  int max_shared = 227 * 1024, sms = 132;
+  if (driver_available()) {
+    max_shared = Device::get().properties().max_shared_per_block_optin;
+    sms = Device::get().properties().sm_count;
+  }
+  // Few (sequence, head) pairs: narrower value tiles give more blocks.
+  while (tile.block_v > 32 && bound.dims.N * args.heads * ((args.value_dim + tile.block_v - 1) / tile.block_v) < sms &&
+         cuda::validate_chunked_tile({tile.block_k, tile.chunk, tile.block_v / 2, tile.warps}, variant, args.key_dim,
+                                     args.value_dim, max_shared).empty())
+    tile.block_v /= 2;
   if (!cuda::validate_chunked_tile(tile, variant, args.key_dim, args.value_dim, max_shared).empty()) tile.chunk = 32;
+  return tile;
+}
+
+// The split form's default for these sizes: the heuristic's output tile at block_v 64, state
+// tiles of 64 x 64 (smaller where K or V is) with 4 warps, bf16 per-chunk states.
+cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim) {
+  cuda::ChunkedTile tile = serial;
   tile.state_block_k = std::min(64, tile.block_k);
-  tile.state_block_v = std::min<int>(64, static_cast<int>((args.value_dim + 15) / 16 * 16));
+  tile.state_block_v = std::min<int>(64, static_cast<int>((value_dim + 15) / 16 * 16));
   tile.state_warps = 4;
   return tile;
 }

@@ -50,6 +50,8 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // The chunked tile without tuning: by K and V, the device's shared memory, and the number
 // of blocks the shape gives.
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound);
+// The split form of a serial tile (state tiles 64 x 64 of 4 warps, bf16 per-chunk states).
+cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim);
 cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                             const RunOptions& options);
 struct CompiledChunked {

@@ -106,6 +106,7 @@ RunOptions run_options(const RecurrentOptions& options) {
   run.return_state = options.return_state;
   run.backend = options.backend;
   run.algorithm = options.algorithm;
+  run.chunked_tile = options.chunked_tile;
   return run;
 }
 

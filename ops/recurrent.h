@@ -29,6 +29,7 @@ struct RecurrentOptions {
   bool return_state = false;                // final_state [N,H,K,V] f32
   Backend backend = Backend::automatic;     // GPU when there is one, else CPU
   Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
+  std::optional<cuda::ChunkedTile> chunked_tile;  // the chunked family's tile on the GPU (serial or split form); empty: tuned/heuristic
 };
 
 // The variant of a named op by name, with gates named as in the tools' --gates flag:

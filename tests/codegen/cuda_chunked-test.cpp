@@ -61,6 +61,29 @@ TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
   CHECK_THAT(cuda::validate_chunked_tile({128, 64, 24, 8}, gla, 128, 128).front(), Catch::Contains("block_v = 24"));
   CHECK_THAT(cuda::validate_chunked_tile({256, 64, 64, 8}, gla, 256, 64, 163 * 1024).front(), Catch::Contains("bytes of shared memory"));
 
+  // The split form's state tile.
+  CHECK(cuda::validate_chunked_tile({128, 64, 64, 8, 64, 64, 4, false}, gla, 128, 128).empty());
+  CHECK(cuda::validate_chunked_tile({128, 64, 64, 8, 32, 16, 1, true}, gla, 128, 128).empty());
+  CHECK_THAT(cuda::validate_chunked_tile({128, 64, 64, 8, 64, 64, 3, false}, gla, 128, 128).front(), Catch::Contains("state_warps = 3"));
+  CHECK_THAT(cuda::validate_chunked_tile({128, 64, 64, 8, 24, 64, 4, false}, gla, 128, 128).front(), Catch::Contains("state_block_k = 24"));
+  CHECK_THAT(cuda::validate_chunked_tile({128, 64, 64, 8, 0, 64, 4, false}, gla, 128, 128).front(), Catch::Contains("need state_block_k > 0"));
+  CHECK_THAT(cuda::validate_chunked_tile({128, 64, 64, 8, 128, 128, 1, false}, gla, 128, 128).front(),
+             Catch::Contains("state pass would keep 512 state values"));
+  CHECK(cuda::to_string(cuda::ChunkedTile{128, 64, 64, 8, 64, 32, 4, true}) == "block_k=128 chunk=64 block_v=64 warps=8 states=64x32x4 f32");
+  CHECK(cuda::parse_chunked_tile("128,64,64,8,64,32,4,f32") == cuda::ChunkedTile{128, 64, 64, 8, 64, 32, 4, true});
+  CHECK(cuda::parse_chunked_tile("128,64,64,8") == cuda::ChunkedTile{128, 64, 64, 8});
+  CHECK_THROWS_WITH(cuda::parse_chunked_tile("128,64,64"), Catch::Contains("expected block_k,chunk,block_v,warps"));
+  CHECK_THROWS_WITH(cuda::parse_chunked_tile("128,64,64,8,64,32,4,f16"), Catch::Contains("'128,64,64,8,64,32,4,f16'"));
+  {
+    cuda::ChunkedKernelSpec split;
+    split.input_types.assign(gla.inputs.size(), ElementType::bf16);
+    split.tile = {128, 64, 64, 8, 64, 64, 4, false};
+    REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, split), Catch::Contains("phase serial with a split tile"));
+    split.tile = {128, 64, 64, 8};
+    split.phase = cuda::ChunkedPhase::outputs;
+    REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, split), Catch::Contains("phase outputs needs a split tile"));
+  }
+
   const auto normalised = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v), dsl::q, dsl::scalar("scale")).normalized(1e-6f), "n");
   CHECK_THAT(cuda::chunked_unsupported(normalised), Catch::Contains("normaliser"));
   cuda::ChunkedKernelSpec spec;

@@ -30,6 +30,7 @@ struct Case {
   bool initial_state = false;
   std::optional<float> scale;
   ladle::Algorithm algorithm = ladle::Algorithm::automatic;  // the GPU's family
+  std::optional<ladle::cuda::ChunkedTile> chunked_tile;       // the chunked family's tile (else the heuristic)
   double gate_level = 0;  // not 0: every gate (and g_gamma) within 1 of this per token
   double hard_reset = 0;  // not 0: g, gk, gv take this value (-inf: a hard reset) where reset_at says; g_gamma for head 0
 
@@ -41,7 +42,8 @@ struct Case {
       << " gates=" << ladle::element_type_name(gate_type) << " varlen=" << cu_seqlens.size()
       << " rank3=" << packed_rank3 << " h0=" << initial_state
       << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto")
-      << " gate_level=" << gate_level << " hard_reset=" << hard_reset;
+      << " gate_level=" << gate_level << " hard_reset=" << hard_reset
+      << " chunked_tile=" << (chunked_tile ? ladle::cuda::to_string(*chunked_tile) : "heuristic");
     return s.str();
   }
 };
@@ -102,6 +104,7 @@ void check_case(Case c) {
   options.scale = c.scale;
   options.return_state = true;
   options.algorithm = c.algorithm;
+  options.chunked_tile = c.chunked_tile;
   std::optional<test::Filled> g, gk, gv, g_gamma, h0;
   std::uniform_real_distribution<double> strong(c.gate_level - 1, c.gate_level + 1);
   const auto gate = [&](std::vector<std::int64_t> shape) {
@@ -373,6 +376,48 @@ TEST_CASE("chunked: K and V of 64, 128 and 256, GQA, packed uneven sequences", "
       c.reverse = reverse;
       check_case(c);
     }
+}
+
+// The split form (a state pass writing the state entering every chunk, then every chunk's
+// output at once) through the op: state tiles that split K, fp32 and bf16 per-chunk states,
+// packed sequences with an empty one, GQA, reverse, strong gates (16-token and single-token
+// steps inside the output pass). On a GPU machine these run the two generated kernels.
+TEST_CASE("chunked: the split form over every gate combination, packed sequences and strong gates", "[ops][chunked][split]") {
+  for (unsigned gates = 0; gates < 16; ++gates) {
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.T = 150;
+    c.K = 32, c.V = 48;
+    c.type = c.gate_type = gates % 2 ? ElementType::bf16 : ElementType::f16;
+    c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
+    c.reverse = gates % 3 == 1;
+    c.initial_state = gates % 3 != 2;
+    c.chunked_tile = ladle::cuda::ChunkedTile{32, gates % 4 == 0 ? 32 : 64, 32, 4, 16, 32, 2, gates % 5 == 0};
+    check_case(c);
+  }
+  for (bool reverse : {false, true}) {
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.type = c.gate_type = ElementType::bf16;
+    c.cu_seqlens = {0, 1, 70, 70, 200, 329};
+    c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
+    c.g = c.gv = true;
+    c.initial_state = true;
+    c.reverse = reverse;
+    c.chunked_tile = ladle::cuda::ChunkedTile{64, 64, 32, 4, 32, 32, 4, reverse};
+    check_case(c);
+  }
+  for (double level : {-2.5, -10.0}) {
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 1, c.T = 1000, c.H = 2, c.H_kv = 2, c.K = 64, c.V = 64;
+    c.type = ElementType::bf16;
+    c.g = c.gv = c.g_gamma = true;
+    c.gate_level = level;
+    c.initial_state = true;
+    c.chunked_tile = ladle::cuda::ChunkedTile{64, 64, 64, 8, 64, 64, 4, false};
+    check_case(c);
+  }
 }
 
 TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither overflows nor loses accuracy", "[ops][chunked][stability]") {
