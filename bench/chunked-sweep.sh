@@ -28,6 +28,13 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   LADLE_AUTOTUNE=heuristic timeout 300 "$build/tests/ops-recurrent" "[chunked]" > "$out/ops-chunked.txt" 2>&1
   echo "ops-recurrent [chunked] rc=$? $(tail -2 "$out/ops-chunked.txt" | tr '\n' ' ')"
   grep -m 20 -B3 -A8 "FAILED" "$out/ops-chunked.txt"
+  # compute-sanitizer on the split form's op test (20 calls, both kernels each; the kernels are
+  # already in the compile cache from the run above, so the time goes to the checked launches).
+  for tool in memcheck racecheck; do
+    LADLE_AUTOTUNE=heuristic timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/ops-recurrent" "[split]" \
+      > "$out/sanitizer-split-$tool.txt" 2>&1
+    echo "compute-sanitizer $tool (split form, [split] op test): rc=$? $(grep -m1 'ERROR SUMMARY' "$out/sanitizer-split-$tool.txt") $(grep -m1 'RACECHECK SUMMARY' "$out/sanitizer-split-$tool.txt")"
+  done
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ]; then
