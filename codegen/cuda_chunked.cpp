@@ -458,7 +458,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("");
   c("// 1. Stage the chunk: q and k features (bf16), v (bf16), log2 gates (fp32). Rows past");
   c("//    the end are zero.");
-  const std::string staging_unroll = states ? "" : "LADLE_UNROLL_8 ";  // loads in flight (measured: outputs -10%)
+  // Loads in flight (measured: the output pass -10%); not in the state pass, whose registers it
+  // raised past 4 blocks per SM (1.9x slower), and by 4 only at block_k 256 (by 8 it spilled).
+  const std::string staging_unroll = states ? "" : tile.block_k > 128 ? "LADLE_UNROLL_4 " : "LADLE_UNROLL_8 ";
   c(staging_unroll + "for (int e = threadIdx.x; e < C * BK; e += THREADS) {");
   c.in();
   c("const int cpos = e / BK, i = e % BK;");

@@ -179,6 +179,23 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
     CHECK(r->spill_store_bytes == 0);
     CHECK(result.kernel.shared_bytes <= 227 * 1024);
   }
+  // The split form: both kernels (state pass, output pass) of every variant and head dim.
+  for (int D : {64, 128, 256})
+    for (const ladle::ir::Variant* v : {&gla, &simple, &user}) {
+      auto spec = chunked_spec_for(*v, ElementType::bf16, D, D);
+      spec.tile = ladle::gpu::split_chunked_tile(ladle::cuda::default_chunked_tile(D, D), D);
+      spec.initial_state = spec.final_state = true;
+      for (const auto phase : {ladle::cuda::ChunkedPhase::states, ladle::cuda::ChunkedPhase::outputs}) {
+        spec.phase = phase;
+        auto result = ladle::gpu::compile_chunked(*v, spec, "sm_90a");
+        const auto* r = result.program.resources(result.kernel.name);
+        REQUIRE(r != nullptr);
+        INFO(v->name << " D=" << D << " " << ladle::cuda::to_string(spec.tile) << " " << ladle::cuda::to_string(phase) << ": "
+                     << r->registers << " registers, " << r->spill_store_bytes << " bytes spilled");
+        CHECK(r->spill_store_bytes == 0);
+        CHECK(result.kernel.shared_bytes <= 227 * 1024);
+      }
+    }
   // The sm_80 path: the same instructions, an sm_80 cubin within its 163 KiB of shared memory.
   auto spec = chunked_spec_for(gla, ElementType::bf16, 128, 128);
   REQUIRE(ladle::cuda::validate_chunked_tile(spec.tile, gla, 128, 128, 163 * 1024).empty());
