@@ -175,8 +175,8 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // The serial form with the default tile (K=V=128: chunk 64, block_v 64, 8 warps; 226 registers:
 // one block per SM), narrower value tiles when the shape gives fewer blocks than SMs. Measured
 // on the H100 (bench/RESULTS.md, issue 11): the split form (parallel over chunks) is correct but
-// slower at every benchmark shape today (GLA B8 T4096: 7.8 vs 4.9 ms), because a chunk costs the
-// same ~40 us in either form and the split form adds a state pass; the tuner may still pick it.
+// slower at every benchmark shape today (GLA B8 T4096: 4.44 vs 2.65 ms), because a chunk costs the
+// same in either form and the split form adds a state pass; a split tile is used only when named.
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound) {
   const auto& args = bound.args;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
