@@ -238,7 +238,10 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   // (padding tokens, features past K or V), so that no branch keeps the unrolled loads from being
   // issued together (the profile of the serial form: 46% of its stall samples waited on staging
   // loads issued one at a time inside divergent branches); the value is masked where it is used.
+  // The state pass keeps its branchy loads: it is not unrolled, and unconditional ones spilled
+  // there at its 128-register budget.
   const auto guarded_load = [&](std::size_t k, const std::string& index) {
+    if (states) return "use ? " + detail::row_load(id, k, index) + " : 0.0f";
     return "ladle_load(" + id[k] + " + (use ? " + id[k] + "_row + " + index + " * " + id[k] + "_stride_d : 0))";
   };
   const auto render = [&](ir::Slot s, const std::string& suffix) { return render_slot(variant, id, s, suffix); };
@@ -303,7 +306,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   // is asked to fit 128 registers per thread (without the hint it chose 80 and spilled); measured on
   // the H100: 3 blocks of 168 registers with the staging unrolled ran 1.9x slower than 4 of 127.
   const std::string bounds = states ? std::to_string(threads) + ", " + std::to_string(std::max(1, 512 / threads))
-                                    : std::to_string(threads);
+                                    : std::to_string(threads) + ", 1";  // ptxas otherwise picked 168 and spilled
   c("extern \"C\" __global__ void __launch_bounds__(" + bounds + ") " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
@@ -466,7 +469,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("//    the end are zero.");
   // Loads in flight (measured: the output pass -10%); not in the state pass, whose registers it
   // raised past 4 blocks per SM (1.9x slower), and by 4 only at block_k 256 (by 8 it spilled).
-  const std::string staging_unroll = states ? "" : tile.block_k > 128 ? "LADLE_UNROLL_4 " : "LADLE_UNROLL_8 ";
+  // By 4: by 8 the unconditional loads spilled on sm_80 (140 bytes at the default tile).
+  const std::string staging_unroll = states ? "" : "LADLE_UNROLL_4 ";
   c(staging_unroll + "for (int e = threadIdx.x; e < C * BK; e += THREADS) {");
   c.in();
   c("const int cpos = e / BK, i = e % BK;");
