@@ -2,11 +2,14 @@
 // kernel argument array a launcher would pack from them (for the host emulation).
 #pragma once
 
+#include <ladle/codegen/cpu_recurrent.h>
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/ops/bind.h>
 
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -152,5 +155,37 @@ class Arguments {
   std::vector<std::int32_t> offsets32_;
 };
 
+
+// Runs case c through the CPU path and through `emulate` (a generated kernel on the host
+// emulation, given the bound GPU-side arguments), both into NaN-poisoned outputs, and returns
+// the relative errors of o and of the final state (0 when the case returns none) against the CPU.
+struct Errors {
+  double o = 0, final_state = 0;
+};
+inline Errors emulated_against_cpu(const cuda_cases::Case& c, std::uint64_t seed,
+                                   const std::function<void(const ops::BoundInputs& gpu_run, const Bound& bound)>& emulate) {
+  Bound bound = bind_case(c, seed);
+  const std::vector<std::int64_t> o_shape = {c.B, c.T, c.H, c.V}, state_shape = {bound.sequences, c.H, c.K, c.V};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  HostTensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
+  HostTensor final_cpu(ElementType::f32, state_shape, nan), final_gpu(ElementType::f32, state_shape, nan);
+  const auto outputs = [&](HostTensor& o, HostTensor& final_state) {
+    RecurrentOutputs out{o.view(), std::nullopt};
+    if (c.spec.final_state) out.final_state = final_state.view();
+    return out;
+  };
+  ops::BoundInputs cpu_run = bound.inputs;
+  ops::bind_outputs(c.name, bound.options, outputs(o_cpu, final_cpu), cpu_run);
+  cpu::run_recurrent(c.variant, cpu_run.args);
+
+  ops::BoundInputs gpu_run = bound.inputs;
+  ops::bind_outputs(c.name, bound.options, outputs(o_gpu, final_gpu), gpu_run);
+  emulate(gpu_run, bound);
+
+  Errors errors;
+  errors.o = test::relative_error(o_gpu, test::values_of(o_cpu));
+  if (c.spec.final_state) errors.final_state = test::relative_error(final_gpu, test::values_of(final_cpu));
+  return errors;
+}
 
 }  // namespace case_binding

@@ -96,32 +96,13 @@ TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
 
 namespace {
 
-// Runs case c through the CPU path and through `emulate` (given the bound GPU-side
-// arguments), and checks o and the final state against the CPU's.
+// Case c on the host emulation (`emulate`) against the CPU path: bf16 tensor-core operands,
+// so 1e-2 whatever the input type.
 void check_against_cpu(const chunked_cases::Case& cc, std::uint64_t seed,
                        const std::function<void(const ops::BoundInputs& gpu_run, const Bound& bound)>& emulate) {
-  const cuda_cases::Case& c = cc.c;
-  Bound bound = bind_case(c, seed);
-  const std::vector<std::int64_t> o_shape = {c.B, c.T, c.H, c.V}, state_shape = {bound.sequences, c.H, c.K, c.V};
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  HostTensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
-  HostTensor final_cpu(ElementType::f32, state_shape, nan), final_gpu(ElementType::f32, state_shape, nan);
-  const auto outputs = [&](HostTensor& o, HostTensor& final_state) {
-    RecurrentOutputs out{o.view(), std::nullopt};
-    if (c.spec.final_state) out.final_state = final_state.view();
-    return out;
-  };
-  ops::BoundInputs cpu_run = bound.inputs;
-  ops::bind_outputs(c.name, bound.options, outputs(o_cpu, final_cpu), cpu_run);
-  cpu::run_recurrent(c.variant, cpu_run.args);
-
-  ops::BoundInputs gpu_run = bound.inputs;
-  ops::bind_outputs(c.name, bound.options, outputs(o_gpu, final_gpu), gpu_run);
-  emulate(gpu_run, bound);
-
-  // bf16 tensor-core operands: 1e-2 whatever the input type.
-  CHECK(test::relative_error(o_gpu, test::values_of(o_cpu)) < 1e-2);
-  if (c.spec.final_state) CHECK(test::relative_error(final_gpu, test::values_of(final_cpu)) < 1e-2);
+  const Errors errors = emulated_against_cpu(cc.c, seed, emulate);
+  CHECK(errors.o < 1e-2);
+  if (cc.c.spec.final_state) CHECK(errors.final_state < 1e-2);
 }
 
 }  // namespace
