@@ -41,7 +41,9 @@ const std::set<std::string>& template_names() {
       "head_log_decay", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
       "cu_seqlens", "B", "T", "H", "K", "V", "q_feature", "k_feature", "v_feature", "jv", "run", "s", "p", "ld", "d",
       "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt", "lg", "floors",
-      "key0", "chunk_states", "chunk_offsets", "N", "gc", "VT", "chunks", "lo_n", "hi_n", "mid", "c_of", "state_at", "first_chunk"};
+      "key0", "chunk_states", "chunk_offsets", "N", "gc", "VT", "chunks", "lo_n", "hi_n", "mid", "c_of", "state_at", "first_chunk",
+      "i0", "j0", "u", "key_count", "value_count", "qv8", "kv8", "kg8", "vv8", "vg8", "gt8", "gm8", "ge8", "hf", "half", "odd", "decay_row",
+      "decay_col", "decay_head", "read_row", "read_col", "read_head", "next", "next_valid"};
   return names;
 }
 
@@ -140,9 +142,10 @@ const char* to_string(ChunkedPhase phase) {
   }
 }
 
-int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
-  const bool states = phase == ChunkedPhase::states;
-  const ChunkedTile tile = states ? state_tile(full) : full;
+namespace {
+
+// Shared memory of a block without the prefetch buffers.
+int base_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile, bool states) {
   const int c = tile.chunk, bk = tile.block_k, bv = tile.block_v;
   int bytes = align16(c * (bk + 8) * 2) + align16(c * (bv + 8) * 2);          // ks, vs
   if (!states) bytes += align16(c * (bk + 8) * 2) + align16(bk * (bv + 8) * 2);  // qs, st
@@ -152,6 +155,44 @@ int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, Ch
   if (variant.has(ir::Slot::log_decay_v)) bytes += align16(c * bv * 4);
   if (per_token_scale(variant) && !states) bytes += align16(c * 4);
   return bytes + 16;  // the fit check's two words
+}
+
+// The prefetch buffers: the next chunk's raw rows of every staged per-token input, 16-bit
+// storage ([C][BK] key side, [C][BV] value side); fp32 inputs are loaded when staged instead.
+int prefetch_bytes(const ir::Variant& variant, const ChunkedTile& tile) {
+  const InputUse use = input_use(variant);
+  int bytes = 0;
+  for (std::size_t k = 0; k < variant.inputs.size(); ++k) {
+    if (!use.used[k]) continue;
+    if (use.key_side[k] && variant.inputs[k].kind == ir::InputKind::token_key) bytes += align16(tile.chunk * tile.block_k * 2);
+    if (use.value_side[k] && variant.inputs[k].kind == ir::InputKind::token_value) bytes += align16(tile.chunk * tile.block_v * 2);
+  }
+  return bytes;
+}
+
+// A tile prefetches only where the buffers keep it within 160 KiB (an A100 allows 163 KiB per
+// block): a tile that fits without them still fits everywhere it did.
+constexpr int prefetch_shared_limit = 160 * 1024;
+
+ChunkedTile phase_tile(const ChunkedTile& full, ChunkedPhase phase) {
+  return phase == ChunkedPhase::states ? state_tile(full) : full;
+}
+
+}  // namespace
+
+// Threads that keep more than 32 state values in registers have no room left for the
+// prefetch's addresses (128,64,64,4 spilled 72 bytes on sm_90a with it, none without).
+bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
+  const ChunkedTile tile = phase_tile(full, phase);
+  const int raw = prefetch_bytes(variant, tile);
+  return raw > 0 && layout(tile).state_registers <= 32 &&
+         base_shared_bytes(variant, tile, phase == ChunkedPhase::states) + raw <= prefetch_shared_limit;
+}
+
+int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
+  const ChunkedTile tile = phase_tile(full, phase);
+  return base_shared_bytes(variant, tile, phase == ChunkedPhase::states) +
+         (chunked_prefetch(variant, full, phase) ? prefetch_bytes(variant, tile) : 0);
 }
 
 ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim) {
@@ -234,16 +275,6 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
 
   const InputUse use_of = input_use(variant);
   const std::vector<bool>&used = use_of.used, &key_side = use_of.key_side, &value_side = use_of.value_side;
-  // A staged element's load: unconditional, from the tensor's first element where `use` is false
-  // (padding tokens, features past K or V), so that no branch keeps the unrolled loads from being
-  // issued together (the profile of the serial form: 46% of its stall samples waited on staging
-  // loads issued one at a time inside divergent branches); the value is masked where it is used.
-  // The state pass keeps its branchy loads: it is not unrolled, and unconditional ones spilled
-  // there at its 128-register budget.
-  const auto guarded_load = [&](std::size_t k, const std::string& index) {
-    if (states) return "use ? " + detail::row_load(id, k, index) + " : 0.0f";
-    return "ladle_load(" + id[k] + " + (use ? " + id[k] + "_row + " + index + " * " + id[k] + "_stride_d : 0))";
-  };
   const auto render = [&](ir::Slot s, const std::string& suffix) { return render_slot(variant, id, s, suffix); };
 
   ChunkedKernel kernel;
@@ -343,6 +374,28 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (vgate) carve("float", "vg", tile.chunk * tile.block_v, 4, "[C][BV]: cumulative log2 value gates");
   if (scale_per_token && !states) carve("float", "token_scale", tile.chunk, 4, "[C]: the read scale per token");
   carve("unsigned", "fit", 2, 4, "the fit check's running maximum (two, alternating)");
+  // The prefetch buffers (chunked_prefetch): the next chunk's raw rows of each staged per-token
+  // input, copied by cp.async while this chunk computes; an fp32 input keeps its buffer unused
+  // and is loaded when staged.
+  const bool prefetch = chunked_prefetch(variant, spec.tile, phase);
+  std::vector<bool> async(inputs.size(), false);
+  for (std::size_t k = 0; prefetch && k < inputs.size(); ++k) {
+    const bool key_row = key_side[k] && inputs[k].kind == ir::InputKind::token_key;
+    const bool value_row = value_side[k] && inputs[k].kind == ir::InputKind::token_value;
+    if (!key_row && !value_row) continue;
+    // The state pass reads no q: an input only the query feature reads is not copied there.
+    bool needed = !states;
+    for (const ir::Slot slot : {ir::Slot::k_feature, ir::Slot::log_decay_k, ir::Slot::v, ir::Slot::log_decay_v})
+      for (const ir::Node& node : variant.slots[static_cast<std::size_t>(slot)].nodes)
+        needed = needed || (node.op == ir::Op::input && node.input == static_cast<std::int32_t>(k));
+    async[k] = needed && spec.input_types[k] != ElementType::f32;
+    const int elements = tile.chunk * (key_row ? tile.block_k : tile.block_v);
+    if (async[k])
+      carve(storage_type(spec.input_types[k]), id[k] + "_raw", elements, 2,
+            std::string(key_row ? "[C][BK]" : "[C][BV]") + ": the next chunk's raw " + id[k] + " rows");
+    else
+      offset += align16(elements * 2);
+  }
   c("");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;");
   c("const int gid = lane / 4, tig = lane % 4;  // mma fragment coordinates");
@@ -438,9 +491,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   });
   c("");
 
-  const auto token_locals = [&](const std::string& cpos) {
-    c("const long long step = base + " + cpos + ";");
-    c("const bool live = " + cpos + " < valid;");
+  const auto token_locals = [&](const std::string& cpos, const std::string& base = "base", const std::string& valid = "valid") {
+    c("const long long step = " + base + " + " + cpos + ";");
+    c("const bool live = " + cpos + " < " + valid + ";");
     c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
     token_rows(c, variant, id, used, true);
     if (varies_over_tokens(ir::Slot::log_decay_head) && has(ir::Slot::log_decay_head)) {
@@ -452,12 +505,87 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const auto kg_at = [](const std::string& row, const std::string& col) { return "kg[(" + row + ") * BK + " + col + "]"; };
   const auto vg_at = [](const std::string& row, const std::string& col) { return "vg[(" + row + ") * BV + " + col + "]"; };
   const auto before = [](const std::string& array_at) { return "(t0 > 0 ? " + array_at + " : 0.0f)"; };
+  // The state's factor from the step's start (t0 - 1) to token `at`, for the state tile this
+  // thread holds: one per key row (2 per row tile) times one per value column (2 per column
+  // tile), so 2^x is taken per row and per column, not per element. Returns the factor of
+  // element sacc[m][nt][r] ("" when the variant has no gate that varies over keys or values).
+  const auto state_factors = [&](const std::string& at, const std::string& name,
+                                  bool head_gate) -> std::function<std::string(const std::string&)> {
+    std::vector<std::string> row, column;  // factor text before and after the element's r
+    if (kgate == KeyGate::vector) {
+      c("float " + name + "_row[S_MPW][2];");
+      c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m)");
+      c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+      c("    const int kk = (s_mt + m * WARPS) * 16 + gid + 8 * half;");
+      c("    " + name + "_row[m][half] = s_mt + m * WARPS < SMT ? ladle_exp2(" + kg_at(at, "kk") + " - " +
+        before(kg_at("t0 - 1", "kk")) + ") : 1.0f;");
+      c("  }");
+      row = {name + "_row[m][", " >> 1]"};
+    }
+    std::string head;
+    if (kgate == KeyGate::scalar && head_gate) {
+      c("const float " + name + "_head = ladle_exp2(hg[" + at + "] - " + before("hg[t0 - 1]") + ");");
+      head = name + "_head";
+    }
+    if (vgate) {
+      c("float " + name + "_col[SCOLS / 8][2];");
+      c("LADLE_UNROLL for (int nt = 0; nt < SCOLS / 8; ++nt)");
+      c("  LADLE_UNROLL for (int odd = 0; odd < 2; ++odd) {");
+      c("    const int col = s_c0 + nt * 8 + tig * 2 + odd;");
+      c("    " + name + "_col[nt][odd] = ladle_exp2(" + vg_at(at, "col") + " - " + before(vg_at("t0 - 1", "col")) + ");");
+      c("  }");
+      column = {name + "_col[nt][", " & 1]"};
+    }
+    if (row.empty() && head.empty() && column.empty()) return {};
+    return [row, head, column](const std::string& r) {
+      std::string factor = head;
+      if (!row.empty()) factor += (factor.empty() ? "" : " * ") + row[0] + r + row[1];
+      if (!column.empty()) factor += (factor.empty() ? "" : " * ") + column[0] + r + column[1];
+      return factor;
+    };
+  };
 
   c("const long long length = eos - bos;");
+  // The raw rows of the chunk at `first` into the prefetch buffers, then one commit.
+  const auto emit_prefetch = [&](const std::string& first) {
+    c("{  // Prefetch the raw rows of the chunk at " + first + " (cp.async where a row is contiguous and aligned).");
+    c.in();
+    c("const long long next = " + first + ";");
+    c("const int next_valid = static_cast<int>(length - next < C ? length - next : C);");
+    const auto rows = [&](ir::InputKind kind, const std::vector<bool>& side) {
+      const bool key = kind == ir::InputKind::token_key;
+      const std::string cols = key ? "BK" : "BV", first_col = key ? "i0" : "j0", count = key ? "key_count" : "value_count";
+      bool any = false;
+      for (std::size_t k = 0; k < inputs.size(); ++k) any = any || (async[k] && side[k] && inputs[k].kind == kind);
+      if (!any) return;
+      c("for (int e = threadIdx.x; e < C * (" + cols + " / 8); e += THREADS) {");
+      c.in();
+      c("const int cpos = e / (" + cols + " / 8), " + first_col + " = e % (" + cols + " / 8) * 8;");
+      token_locals("cpos", "next", "next_valid");
+      c("const int " + count + " = live ? " + (key ? "K - (key0 + i0)" : "V - (v0 + j0)") + " : 0;");
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        if (async[k] && side[k] && inputs[k].kind == kind)
+          c("ladle_prefetch8(&" + id[k] + "_raw[cpos * " + cols + " + " + first_col + "], " + id[k] + " + (" + count + " > 0 ? " +
+            id[k] + "_row + " + (key ? "(key0 + i0)" : "(v0 + j0)") + " * " + id[k] + "_stride_d : 0), " + id[k] +
+            "_stride_d, " + count + ");");
+      c.out();
+      c("}");
+    };
+    rows(ir::InputKind::token_key, key_side);
+    rows(ir::InputKind::token_value, value_side);
+    c("ladle_cp_async_commit();");
+    c.out();
+    c("}");
+  };
+  if (prefetch) emit_prefetch(outputs ? "c_of * C" : "0");
   if (outputs) c("for (long long base = c_of * C; base < length && base == c_of * C; base += C) {  // this chunk only");
   else c("for (long long base = 0; base < length; base += C) {");
   c.in();
   c("const int valid = static_cast<int>(length - base < C ? length - base : C);");
+  if (prefetch) {
+    c("ladle_cp_async_wait<0>();  // this chunk's raw rows");
+    c("__syncthreads();");
+  }
   if (states) {
     c("// The state entering this chunk, for the output pass.");
     for_state([&] {
@@ -467,25 +595,48 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("");
   c("// 1. Stage the chunk: q and k features (bf16), v (bf16), log2 gates (fp32). Rows past");
   c("//    the end are zero.");
-  // Loads in flight (measured: the output pass -10%); not in the state pass, whose registers it
-  // raised past 4 blocks per SM (1.9x slower), and by 4 only at block_k 256 (by 8 it spilled).
-  // By 4: by 8 the unconditional loads spilled on sm_80 (140 bytes at the default tile).
-  const std::string staging_unroll = states ? "" : "LADLE_UNROLL_4 ";
-  c(staging_unroll + "for (int e = threadIdx.x; e < C * BK; e += THREADS) {");
+  // Eight consecutive features per item: one row offset, one 16-byte load per tensor where the
+  // row is contiguous and aligned (ladle_load8), one 16-byte shared store per staged array.
+  // Two items in flight at 8 warps; at 4 or fewer, each thread holds twice the state and o, and
+  // unrolled staging spilled (112 bytes at 128,64,64,4 on sm_90a).
+  const std::string staging_unroll = tile.warps >= 8 ? "LADLE_UNROLL_2 " : "";
+  const auto stage8 = [&](const std::vector<bool>& side, ir::InputKind kind, const std::string& count,
+                          const std::string& first, const std::string& suffix) {
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (side[k] && inputs[k].kind == kind) {
+        c("float " + id[k] + "_x8[8];");
+        if (async[k])
+          c("ladle_load8(" + id[k] + "_x8, &" + id[k] + "_raw[cpos * " + (kind == ir::InputKind::token_key ? "BK" : "BV") +
+            " + " + (kind == ir::InputKind::token_key ? "i0" : "j0") + "], 1, 8);  // prefetched");
+        else
+          c("ladle_load8(" + id[k] + "_x8, " + id[k] + " + (" + count + " > 0 ? " + id[k] + "_row + " + first + " * " + id[k] +
+            "_stride_d : 0), " + id[k] + "_stride_d, " + count + ");");
+      }
+    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
+    c.in();
+    c("const bool use = u < " + count + ";");
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (side[k] && inputs[k].kind == kind) c("const float " + id[k] + suffix + " = " + id[k] + "_x8[u];");
+  };
+  c(staging_unroll + "for (int e = threadIdx.x; e < C * (BK / 8); e += THREADS) {");
   c.in();
-  c("const int cpos = e / BK, i = e % BK;");
+  c("const int cpos = e / (BK / 8), i0 = e % (BK / 8) * 8;");
   token_locals("cpos");
-  c(states ? "const bool use = live && key0 + i < K;" : "const bool use = live && i < K;");
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (key_side[k] && inputs[k].kind == ir::InputKind::token_key)
-      c("const float " + id[k] + "_i = " + guarded_load(k, states ? "(key0 + i)" : "i") + ";");
-  if (!states) c("qs[cpos * QLD + i] = ladle_bf16_bits(use ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f);");
-  c("ks[cpos * QLD + i] = ladle_bf16_bits(use ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f);");
+  c("const int key_count = live ? K - (key0 + i0) : 0;  // features of this item inside K (<= 0: none)");
+  c(std::string("float ") + (states ? "" : "qv8[8], ") + "kv8[8]" + (kgate == KeyGate::vector ? ", kg8[8]" : "") + ";");
+  stage8(key_side, ir::InputKind::token_key, "key_count", "(key0 + i0)", "_i");
+  if (!states) c("qv8[u] = use ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f;");
+  c("kv8[u] = use ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f;");
   if (kgate == KeyGate::vector) {
     std::string log_a = render(ir::Slot::log_decay_k, "_i");
     if (has(ir::Slot::log_decay_head)) log_a = "(" + log_a + ") + head_log_decay";
-    c("kg[cpos * BK + i] = use ? LOG2E * (" + log_a + ") : 0.0f;");
+    c("kg8[u] = use ? LOG2E * (" + log_a + ") : 0.0f;");
   }
+  c.out();
+  c("}");
+  if (!states) c("ladle_store8_bf16(&qs[cpos * QLD + i0], qv8);");
+  c("ladle_store8_bf16(&ks[cpos * QLD + i0], kv8);");
+  if (kgate == KeyGate::vector) c("ladle_store8_f32(&kg[cpos * BK + i0], kg8);");
   c.out();
   c("}");
   if (kgate == KeyGate::scalar || (scale_per_token && !states)) {
@@ -497,19 +648,28 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c.out();
     c("}");
   }
-  c(staging_unroll + "for (int e = threadIdx.x; e < C * BV; e += THREADS) {");
+  c(staging_unroll + "for (int e = threadIdx.x; e < C * (BV / 8); e += THREADS) {");
   c.in();
-  c("const int cpos = e / BV, jv = e % BV;");
+  c("const int cpos = e / (BV / 8), j0 = e % (BV / 8) * 8;");
   token_locals("cpos");
-  c("const bool use = live && v0 + jv < V;");
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (value_side[k] && inputs[k].kind == ir::InputKind::token_value)
-      c("const float " + id[k] + "_j = " + guarded_load(k, "(v0 + jv)") + ";");
-  c("vs[cpos * VLD + jv] = ladle_bf16_bits(use ? " + render(ir::Slot::v, "_j") + " : 0.0f);");
-  if (vgate) c("vg[cpos * BV + jv] = use ? LOG2E * (" + render(ir::Slot::log_decay_v, "_j") + ") : 0.0f;");
+  c("const int value_count = live ? V - (v0 + j0) : 0;  // columns of this item inside V (<= 0: none)");
+  c(std::string("float vv8[8]") + (vgate ? ", vg8[8]" : "") + ";");
+  stage8(value_side, ir::InputKind::token_value, "value_count", "(v0 + j0)", "_j");
+  c("vv8[u] = use ? " + render(ir::Slot::v, "_j") + " : 0.0f;");
+  if (vgate) c("vg8[u] = use ? LOG2E * (" + render(ir::Slot::log_decay_v, "_j") + ") : 0.0f;");
+  c.out();
+  c("}");
+  c("ladle_store8_bf16(&vs[cpos * VLD + j0], vv8);");
+  if (vgate) c("ladle_store8_f32(&vg[cpos * BV + j0], vg8);");
   c.out();
   c("}");
   c("__syncthreads();");
+  // Every thread has read the prefetch buffers: the next chunk's rows may land in them while
+  // this chunk computes (the serial form and the state pass; the output pass has one chunk).
+  if (prefetch && !outputs) {
+    c("if (base + C < length)");
+    emit_prefetch("base + C");
+  }
   if (kgate != KeyGate::none || vgate) {
     c("");
     // A log2 gate below GATE_FLOOR (-inf: a hard reset, exp(-inf) = 0) counts as GATE_FLOOR:
@@ -572,22 +732,34 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("// 3c. The update's factors, in place: k_up = k 2^(G_te - G_t), v_up = v 2^(Gv_te - Gv_t)" +
         std::string(reference == "tm" ? " (k~ and v~ hold the factors against tm)." : "."));
       if (kgate == KeyGate::vector) {
-        c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
+        c(staging_unroll + "for (int e = threadIdx.x; e < (t1 - t0) * (BK / 8); e += THREADS) {");
         c.in();
-        c("const int t = t0 + e / BK, i = e % BK;");
-        c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(" + kg_at("te", "i") + " - " +
-          kg_at(reference, "i") + "));");
+        c("const int t = t0 + e / (BK / 8), i0 = e % (BK / 8) * 8;");
+        c("float kv8[8], ge8[8], gt8[8];");
+        c("ladle_load8_bf16(kv8, &ks[t * QLD + i0]);");
+        c("ladle_load8_f32(ge8, &kg[te * BK + i0]);");
+        c("ladle_load8_f32(gt8, &kg[" + reference + " * BK + i0]);");
+        c("LADLE_UNROLL for (int u = 0; u < 8; ++u) kv8[u] *= ladle_exp2(ge8[u] - gt8[u]);");
+        c("ladle_store8_bf16(&ks[t * QLD + i0], kv8);");
         c.out();
         c("}");
       }
       if (vgate || kgate == KeyGate::scalar) {
-        c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
+        c(staging_unroll + "for (int e = threadIdx.x; e < (t1 - t0) * (BV / 8); e += THREADS) {");
         c.in();
-        c("const int t = t0 + e / BV, jv = e % BV;");
-        std::string log2_factor;
-        if (vgate) log2_factor = vg_at("te", "jv") + " - " + vg_at(reference, "jv");
-        if (kgate == KeyGate::scalar) log2_factor += std::string(vgate ? " + " : "") + "hg[te] - hg[t]";
-        c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + log2_factor + "));");
+        c("const int t = t0 + e / (BV / 8), j0 = e % (BV / 8) * 8;");
+        c("float vv8[8];");
+        c("ladle_load8_bf16(vv8, &vs[t * VLD + j0]);");
+        c(kgate == KeyGate::scalar ? "const float hf = hg[te] - hg[t];" : "constexpr float hf = 0.0f;");
+        std::string log2_factor = "hf";
+        if (vgate) {
+          c("float ge8[8], gt8[8];");
+          c("ladle_load8_f32(ge8, &vg[te * BV + j0]);");
+          c("ladle_load8_f32(gt8, &vg[" + reference + " * BV + j0]);");
+          log2_factor = "ge8[u] - gt8[u] + hf";
+        }
+        c("LADLE_UNROLL for (int u = 0; u < 8; ++u) vv8[u] *= ladle_exp2(" + log2_factor + ");");
+        c("ladle_store8_bf16(&vs[t * VLD + j0], vv8);");
         c.out();
         c("}");
       }
@@ -601,15 +773,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("float sacc[S_MPW][SCOLS / 8][4];");
       for_state([&] { c("sacc[m][nt][r] = kk < K && v0 + col < V ? ladle_load(chunk_states + " + state_at("(first_chunk + c_of)") + ") : 0.0f;"); });
     }
-    for_state([&] {
-      std::string log2_decay;
-      const auto add = [&](const std::string& term) { log2_decay += (log2_decay.empty() ? "" : " + ") + term; };
-      if (kgate == KeyGate::vector) add(kg_at("te", "kk") + " - " + before(kg_at("t0 - 1", "kk")));
-      if (kgate == KeyGate::scalar) add("hg[te] - " + before("hg[t0 - 1]"));
-      if (vgate) add(vg_at("te", "col") + " - " + before(vg_at("t0 - 1", "col")));
-      if (log2_decay.empty()) c("(void)kk; (void)col;");
-      else c("sacc[m][nt][r] *= ladle_exp2(" + log2_decay + ");");
-    });
+    if (const auto decay = state_factors("te", "decay", true))
+      for_state([&] { c("sacc[m][nt][r] *= " + decay("r") + "; (void)kk; (void)col;"); });
     c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) {");
     c.in();
     c("if (warp >= S_WARPS || s_mt + m * WARPS >= SMT) continue;");
@@ -667,15 +832,21 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     if (check_fit) {
       c("if (span == 1) break;");
       c("float worst = 0.0f;");
-      if (kgate == KeyGate::vector) {
-        c("for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS)");
-        c("  worst = fmaxf(worst, fabsf(" + kg_at("t0 + e / BK", "e % BK") + " - " + kg_at("tm", "e % BK") + "));");
-      }
-      if (vgate) {
-        c("for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS)");
-        c("  worst = fmaxf(worst, fabsf(" + vg_at("t0 + e / BV", "e % BV") + " - " + vg_at("tm", "e % BV") + "));");
-      }
-      c("atomicMax(&fit[checks & 1], ladle_float_bits(worst));");
+      const auto worst_over = [&](const std::string& gates, const std::string& columns) {
+        c("for (int e = threadIdx.x; e < (t1 - t0) * (" + columns + " / 8); e += THREADS) {");
+        c.in();
+        c("const int t = t0 + e / (" + columns + " / 8), i0 = e % (" + columns + " / 8) * 8;");
+        c("float gt8[8], gm8[8];");
+        c("ladle_load8_f32(gt8, &" + gates + "[t * " + columns + " + i0]);");
+        c("ladle_load8_f32(gm8, &" + gates + "[tm * " + columns + " + i0]);");
+        c("LADLE_UNROLL for (int u = 0; u < 8; ++u) worst = fmaxf(worst, fabsf(gt8[u] - gm8[u]));");
+        c.out();
+        c("}");
+      };
+      if (kgate == KeyGate::vector) worst_over("kg", "BK");
+      if (vgate) worst_over("vg", "BV");
+      c("LADLE_UNROLL for (int d = 16; d > 0; d /= 2) worst = fmaxf(worst, __shfl_xor_sync(0xffffffffu, worst, d));");
+      c("if (lane == 0) atomicMax(&fit[checks & 1], ladle_float_bits(worst));");
       c("__syncthreads();");
       c("const bool fits = ladle_bits_float(fit[checks & 1]) <= FIT_LIMIT;");
       c("if (threadIdx.x == 0) fit[(checks + 1) & 1] = 0u;");
@@ -694,21 +865,34 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("// 3a. Factors against tm, in place for rows t0..t1: q~ = q 2^(G_t - G_tm), k~ = k 2^(G_tm - G_t),");
     c("//     v~ = v 2^(Gv_tm - Gv_t); the state for the read, S 2^(G_tm - G_t0-1) 2^(Gv_tm - Gv_t0-1).");
     if (kgate == KeyGate::vector) {
-      c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BK; e += THREADS) {");
+      c(staging_unroll + "for (int e = threadIdx.x; e < (t1 - t0) * (BK / 8); e += THREADS) {");
       c.in();
-      c("const int t = t0 + e / BK, i = e % BK;");
-      c("const float d = " + kg_at("t", "i") + " - " + kg_at("tm", "i") + ";");
-      c("qs[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(qs[t * QLD + i]) * ladle_exp2(d));");
-      c("ks[t * QLD + i] = ladle_bf16_bits(ladle_bf16_float(ks[t * QLD + i]) * ladle_exp2(-d));");
+      c("const int t = t0 + e / (BK / 8), i0 = e % (BK / 8) * 8;");
+      c("float qv8[8], kv8[8], gt8[8], gm8[8];");
+      c("ladle_load8_bf16(qv8, &qs[t * QLD + i0]);");
+      c("ladle_load8_bf16(kv8, &ks[t * QLD + i0]);");
+      c("ladle_load8_f32(gt8, &kg[t * BK + i0]);");
+      c("ladle_load8_f32(gm8, &kg[tm * BK + i0]);");
+      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
+      c("  const float d = gt8[u] - gm8[u];");
+      c("  qv8[u] *= ladle_exp2(d);");
+      c("  kv8[u] *= ladle_exp2(-d);");
+      c("}");
+      c("ladle_store8_bf16(&qs[t * QLD + i0], qv8);");
+      c("ladle_store8_bf16(&ks[t * QLD + i0], kv8);");
       c.out();
       c("}");
     }
     if (vgate) {
-      c("LADLE_UNROLL_4 for (int e = threadIdx.x; e < (t1 - t0) * BV; e += THREADS) {");
+      c(staging_unroll + "for (int e = threadIdx.x; e < (t1 - t0) * (BV / 8); e += THREADS) {");
       c.in();
-      c("const int t = t0 + e / BV, jv = e % BV;");
-      c("vs[t * VLD + jv] = ladle_bf16_bits(ladle_bf16_float(vs[t * VLD + jv]) * ladle_exp2(" + vg_at("tm", "jv") + " - " +
-        vg_at("t", "jv") + "));");
+      c("const int t = t0 + e / (BV / 8), j0 = e % (BV / 8) * 8;");
+      c("float vv8[8], gt8[8], gm8[8];");
+      c("ladle_load8_bf16(vv8, &vs[t * VLD + j0]);");
+      c("ladle_load8_f32(gt8, &vg[t * BV + j0]);");
+      c("ladle_load8_f32(gm8, &vg[tm * BV + j0]);");
+      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) vv8[u] *= ladle_exp2(gm8[u] - gt8[u]);");
+      c("ladle_store8_bf16(&vs[t * VLD + j0], vv8);");
       c.out();
       c("}");
     }
@@ -731,12 +915,13 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c.out();
       c("}");
     } else {
+      // The head gate (a per-token scalar) enters the read per row in 3b instead.
+      const auto read = state_factors("tm", "read", false);
       for_state([&] {
         c("if ((r & 1) == 0) {");
         c.in();
-        c("const float f0 = 1.0f" + factor + ";");
-        c("const float f1 = 1.0f" + factor1 + ";");
-        c("*reinterpret_cast<unsigned*>(&st[kk * VLD + col]) = ladle_pack_bf16(sacc[m][nt][r] * f0, sacc[m][nt][r + 1] * f1);");
+        c("*reinterpret_cast<unsigned*>(&st[kk * VLD + col]) = ladle_pack_bf16(sacc[m][nt][r]" +
+          (read ? " * " + read("r") : "") + ", sacc[m][nt][r + 1]" + (read ? " * " + read("(r + 1)") : "") + ");");
         c.out();
         c("}");
       });

@@ -102,6 +102,11 @@ std::string chunked_unsupported(const ir::Variant& variant);
 int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile,
                          ChunkedPhase phase = ChunkedPhase::serial);
 
+// Whether a block of this variant, tile and phase copies the next chunk's raw 16-bit rows into
+// shared memory (cp.async) while it computes the current chunk: where the buffers keep the
+// block within 160 KiB of shared memory.
+bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& tile, ChunkedPhase phase = ChunkedPhase::serial);
+
 ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim);
 // What is wrong with a tile for these sizes (empty: usable). max_shared_bytes: the device's
 // opt-in limit per block (0: not checked).

@@ -47,13 +47,6 @@ __device__ __forceinline__ void ladle_mma_f16(float (&d)[4], const unsigned (&a)
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// 16 bytes global -> shared without passing through registers; complete after the wait.
-__device__ __forceinline__ void ladle_cp_async_16(void* shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ladle_shared_address(shared)), "l"(global));
-}
-__device__ __forceinline__ void ladle_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int Pending>
-__device__ __forceinline__ void ladle_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(Pending)); }
 __device__ __forceinline__ void ladle_zero_16(void* shared) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(ladle_shared_address(shared)), "r"(0u));
 }

@@ -214,6 +214,7 @@ inline unsigned ladle_pack_f16(float lo, float hi) {
   return static_cast<unsigned>(ladle_f16_bits(lo)) | (static_cast<unsigned>(ladle_f16_bits(hi)) << 16);
 }
 inline void ladle_mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { cuda_emulation::mma(d, a, b0, b1, true); }
+#define LADLE_CP_ASYNC_HELPERS
 inline void ladle_cp_async_16(void* shared, const void* global) {
   LADLE_COUNT_STAGED();
   std::memcpy(shared, global, 16);
