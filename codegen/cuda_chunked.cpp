@@ -43,7 +43,7 @@ const std::set<std::string>& template_names() {
       "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt", "lg", "floors",
       "key0", "chunk_states", "chunk_offsets", "N", "gc", "VT", "chunks", "lo_n", "hi_n", "mid", "c_of", "state_at", "first_chunk",
       "i0", "j0", "u", "key_count", "value_count", "qv8", "kv8", "kg8", "vv8", "vg8", "gt8", "gm8", "ge8", "hf", "half", "odd", "decay_row",
-      "decay_col", "decay_head", "read_row", "read_col", "read_head", "next", "next_valid"};
+      "decay_col", "decay_head", "read_row", "read_col", "read_head", "next", "next_valid", "qs_at", "ks_at", "vs_at", "st_at"};
   return names;
 }
 
@@ -397,6 +397,10 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       offset += align16(elements * 2);
   }
   c("");
+  // 32-bit shared-memory addresses of the tensor-core operands (ldmatrix), so that no operand
+  // address is formed in 64-bit generic arithmetic.
+  c(std::string("const unsigned ") + (states ? "" : "qs_at = ladle_shared_address(qs), st_at = ladle_shared_address(st), ") +
+    "ks_at = ladle_shared_address(ks), vs_at = ladle_shared_address(vs);");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;");
   c("const int gid = lane / 4, tig = lane % 4;  // mma fragment coordinates");
   if (states) {
@@ -782,7 +786,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("for (int j = t0 / 16; j <= (t1 - 1) / 16; ++j) {");
     c.in();
     c("unsigned afrag[4];");
-    c("ladle_ldmatrix_x4_trans(afrag, &ks[(j * 16 + lane % 8 + (lane / 16) * 8) * QLD + k0 + ((lane / 8) & 1) * 8]);");
+    c("ladle_ldmatrix_x4_trans_at(afrag, ks_at + 2u * ((j * 16 + lane % 8 + (lane / 16) * 8) * QLD + k0 + ((lane / 8) & 1) * 8));");
     c("if (j * 16 < t0 || j * 16 + 16 > t1) {  // a partial tile: rows outside the step count zero");
     c.in();
     c("const int s = j * 16 + tig * 2;");
@@ -794,7 +798,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("LADLE_UNROLL for (int np = 0; np < SCOLS / 16; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + s_c0 + np * 16 + (lane / 16) * 8]);");
+    c("ladle_ldmatrix_x4_trans_at(bfrag, vs_at + 2u * ((j * 16 + lane % 16) * VLD + s_c0 + np * 16 + (lane / 16) * 8));");
     c("ladle_mma_bf16(sacc[m][2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(sacc[m][2 * np + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();
@@ -940,11 +944,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
     c.in();
     c("unsigned afrag[4];");
-    c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
+    c("ladle_ldmatrix_x4_at(afrag, qs_at + 2u * ((row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8));");
     c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans(bfrag, &st[(kt * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
+    c("ladle_ldmatrix_x4_trans_at(bfrag, st_at + 2u * ((kt * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8));");
     c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();
@@ -967,12 +971,12 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
     c.in();
     c("unsigned afrag[4];");
-    c("ladle_ldmatrix_x4(afrag, &qs[(row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8]);");
+    c("ladle_ldmatrix_x4_at(afrag, qs_at + 2u * ((row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8));");
     c("LADLE_UNROLL for (int sp = 0; sp < MT; ++sp) {");
     c.in();
     c("if (sp < t0 / 16 || sp > mi) continue;");
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4(bfrag, &ks[(sp * 16 + lane % 8 + (lane / 16) * 8) * QLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+    c("ladle_ldmatrix_x4_at(bfrag, ks_at + 2u * ((sp * 16 + lane % 8 + (lane / 16) * 8) * QLD + kt * 16 + ((lane / 8) & 1) * 8));");
     c("ladle_mma_bf16(aacc[2 * sp], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(aacc[2 * sp + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();
@@ -998,7 +1002,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans(bfrag, &vs[(j * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8]);");
+    c("ladle_ldmatrix_x4_trans_at(bfrag, vs_at + 2u * ((j * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8));");
     c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();

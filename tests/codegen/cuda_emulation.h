@@ -202,6 +202,12 @@ inline float __shfl_xor_sync(unsigned /*full mask*/, float value, int lane_mask)
 inline void ladle_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) { cuda_emulation::ldmatrix(r, p, false); }
 inline void ladle_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) { cuda_emulation::ldmatrix(r, p, true); }
 inline void ladle_mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { cuda_emulation::mma(d, a, b0, b1); }
+inline void ladle_ldmatrix_x4_at(unsigned (&r)[4], unsigned address) {
+  cuda_emulation::ldmatrix(r, reinterpret_cast<const unsigned short*>(::cuda_emulation::shared_buffer + address), false);
+}
+inline void ladle_ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned address) {
+  cuda_emulation::ldmatrix(r, reinterpret_cast<const unsigned short*>(::cuda_emulation::shared_buffer + address), true);
+}
 
 // The attention family's device helpers, on the host. A test may define LADLE_COUNT_STAGED()
 // before including this file to count the 16-byte chunks staged into shared memory.
