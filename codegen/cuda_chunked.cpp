@@ -180,12 +180,13 @@ ChunkedTile phase_tile(const ChunkedTile& full, ChunkedPhase phase) {
 
 }  // namespace
 
-// Threads that keep more than 32 state values in registers have no room left for the
-// prefetch's addresses (128,64,64,4 spilled 72 bytes on sm_90a with it, none without).
+// Threads of a 4-warp tile that keep more than 32 state values in registers have no room left
+// for the prefetch's addresses (128,64,64,4 spilled 72 bytes on sm_90a with it, none without;
+// 128,64,128,8 holds as many state values and fits).
 bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
   const ChunkedTile tile = phase_tile(full, phase);
   const int raw = prefetch_bytes(variant, tile);
-  return raw > 0 && layout(tile).state_registers <= 32 &&
+  return raw > 0 && (layout(tile).state_registers <= 32 || tile.warps >= 8) &&
          base_shared_bytes(variant, tile, phase == ChunkedPhase::states) + raw <= prefetch_shared_limit;
 }
 

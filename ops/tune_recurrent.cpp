@@ -147,29 +147,30 @@ std::string joined(const std::vector<std::string>& problems) {
   return all;
 }
 
-// A rough time of a chunked tile in SM cycles (only the ranking matters). Per chunk a block
-// does the mma.sync work of o = q~S~ + mask(q~k~^T)v~ and S += k^T v (about 1024 bf16 FMA per
-// cycle per SM, at full rate from 8 resident warps), elementwise gate factors and the state's
-// decay (about 64 per cycle), and waits a fixed latency for barriers and the next chunk's
-// loads (not prefetched), which is what makes 64-token chunks pay. An SM runs its share of
-// the blocks in rounds of those that fit at once (shared memory, registers estimated from the
-// state values a thread keeps, threads); fewer blocks than SMs leave SMs idle. Not yet
-// calibrated on a GPU (bench/RESULTS.md): at B8 T4096 and B2 T16384, H16 K=V=128 it ranks
-// heuristic_chunked_tile first.
+// A rough time of a chunked tile in SM cycles (only the ranking matters), fitted to the H100's
+// measurements of GLA at H16 K=V=128 (bench/RESULTS.md, issue 11): per chunk a block pays a fixed
+// part (barriers, the serial sum of the gates: ~1.9 us), the staging and products that scale with
+// the chunk's keys (C x block_k) and values (C x block_v), and, where the next chunk's rows are not
+// prefetched (chunked_prefetch), the latency of loading them (~5.4 us). An SM runs its share of the
+// blocks in rounds of those that fit at once (shared memory, registers estimated from the state
+// values a thread keeps, threads); fewer blocks than SMs leave SMs idle. It ranks the measured
+// tiles in their measured order at B32 T1024, B8 T4096 and B2 T16384 (block_v 128 at 32-token
+// chunks first where the (sequence, head) pairs fill the GPU, block_v 32 at B2 T16384), which is
+// heuristic_chunked_tile's choice.
 double chunked_cycles(const ir::Variant& variant, const TuneShape& shape, const cuda::ChunkedTile& tile,
                       const DeviceLimits& device) {
   const double C = tile.chunk, bk = tile.block_k, bv = tile.block_v;
   const int threads = 32 * tile.warps;
-  const double mma = C * (2 * bk * bv + C * (bk + bv)) / 1024;
-  const double elementwise = (2 * C * bk + C * bv + C * C + bk * bv) / 64;
-  const double latency = 1500;
+  const double fixed = 2800, per_key = 1.1, per_value = 1.2, unprefetched = 8000;
+  const double chunk_cycles =
+      fixed + per_key * C * bk + per_value * C * bv + (cuda::chunked_prefetch(variant, tile) ? 0.0 : unprefetched);
   const std::int64_t blocks = shape.N * shape.H * ((shape.V + tile.block_v - 1) / tile.block_v);
   const int sms = std::max(1, device.sm_count);
   const std::int64_t per_sm = std::max<std::int64_t>(1, (blocks + sms - 1) / sms);
-  // 226 registers at 32 state values per thread (K=V=128, tile 128,64,64,8), 198-202 at 32
-  // with fewer gates: a base plus two per state value. Past 255 the rest spills to local
-  // memory, read and written every chunk.
-  const int wanted = 160 + 2 * static_cast<int>(bk * bv / threads);
+  // 207 registers at 32 state values per thread (K=V=128, tile 128,64,64,8, sm_90a), 219 at 64
+  // (128,32,128,8): a base plus one per state value. Past 255 the rest spills to local memory,
+  // read and written every chunk.
+  const int wanted = 175 + static_cast<int>(bk * bv / threads);
   const int registers = std::min(255, wanted);
   const double spills = wanted > 255 ? 2.0 : 1.0;
   const int shared = std::max(1, cuda::chunked_shared_bytes(variant, tile));
@@ -181,7 +182,7 @@ double chunked_cycles(const ir::Variant& variant, const TuneShape& shape, const 
   const double rate = std::min(1.0, static_cast<double>(tile.warps * together) / 8);
   const double chunks = std::ceil(static_cast<double>(std::max<std::int64_t>(1, shape.tokens_per_sequence)) / C);
   const double rounds = std::ceil(static_cast<double>(per_sm) / together);
-  return spills * rounds * chunks * (together * (mma + elementwise) / rate + latency);
+  return spills * rounds * chunks * together * chunk_cycles / rate;
 }
 
 }  // namespace

@@ -201,7 +201,7 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
   SECTION("the plan from the heuristic keeps max_candidates, the heuristic among them") {
     const Call call(gla(), 8, 4096, 16, 128, 128);
     const Config heuristic = to_config(call.heuristic());
-    REQUIRE(heuristic == chunked(128, 64, 64, 8));
+    REQUIRE(heuristic == chunked(128, 32, 128, 8));  // the fastest measured on the H100 (bench/RESULTS.md)
     const TunePlan plan = call.space().plan(h100(), heuristic, 8);
     REQUIRE(plan.space_size == 36);
     REQUIRE(plan.valid == 25);
@@ -229,7 +229,7 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
     const auto order = call.space().plan(h100(), poor, 64).configs;
     REQUIRE(order[1]["block_v"] <= 32);
     const Call many(gla(), 8, 4096, 16, 128, 128);
-    REQUIRE(many.space().plan(h100(), poor, 64).configs[1]["block_v"] == 64);
+    REQUIRE(many.space().plan(h100(), poor, 64).configs[1]["block_v"] == 128);
   }
 }
 
