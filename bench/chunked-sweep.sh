@@ -38,7 +38,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
       name=$(echo "$subset" | tr -cd 'a-z')
       LADLE_AUTOTUNE=heuristic timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/ops-recurrent" "$subset" \
         > "$out/sanitizer-$name-$tool.txt" 2>&1
-      echo "compute-sanitizer $tool ($subset): rc=$? $(grep -m1 'ERROR SUMMARY' "$out/sanitizer-$name-$tool.txt") $(grep -m1 'RACECHECK SUMMARY' "$out/sanitizer-$name-$tool.txt") $(grep -m1 'test cases' "$out/sanitizer-$name-$tool.txt")"
+      echo "compute-sanitizer $tool ($subset): rc=$? $(grep -m1 'ERROR SUMMARY' "$out/sanitizer-$name-$tool.txt") $(grep -m1 'RACECHECK SUMMARY' "$out/sanitizer-$name-$tool.txt") $(grep -m1 -o 'All tests passed.*' "$out/sanitizer-$name-$tool.txt")"
     done
   done
 fi

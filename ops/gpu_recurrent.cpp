@@ -203,11 +203,14 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   while (tile.block_v > 32 && 2 * blocks(tile.block_v) <= sms &&
          valid({tile.block_k, tile.chunk, tile.block_v / 2, tile.warps}))
     tile.block_v /= 2;
-  // 64-token chunks where the next chunk's prefetch fits beside them, else 32-token ones with it
-  // (block_v 128: 1.30 ms at 64 without the prefetch, 1.03 at 32 with it).
+  // 64-token chunks where the next chunk's prefetch fits beside them and a thread keeps at most
+  // 32 state values, else 32-token ones (block_v 128 at 8 warps, 64 state values a thread: GLA
+  // 1.30 ms at 64 without the prefetch, 1.03 at 32 with it; simple GLA spilled 40 bytes at 64).
   cuda::ChunkedTile shorter = tile;
   shorter.chunk = 32;
-  if ((!valid(tile) || !cuda::chunked_prefetch(variant, tile)) && valid(shorter) && cuda::chunked_prefetch(variant, shorter))
+  const bool crowded = tile.block_k * tile.block_v / (32 * tile.warps) > 32;
+  if ((!valid(tile) || crowded || !cuda::chunked_prefetch(variant, tile)) && valid(shorter) &&
+      cuda::chunked_prefetch(variant, shorter))
     tile = shorter;
   if (!valid(tile)) tile.chunk = 32;
   return tile;

@@ -158,6 +158,8 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   std::vector<Item> items;
   for (int D : {64, 128, 256})
     for (const ladle::ir::Variant* v : {&gla, &simple, &user}) items.push_back({v, D, ladle::cuda::default_chunked_tile(D, D)});
+  // The heuristic's tile where the (sequence, head) pairs fill the GPU (B8 T4096 H16 K=V=128).
+  for (const ladle::ir::Variant* v : {&gla, &simple, &user}) items.push_back({v, 128, ladle::cuda::ChunkedTile{128, 32, 128, 8}});
   for (int chunk : {32, 64})
     for (int block_v : {32, 64, 128})
       for (int warps : {4, 8}) {
