@@ -512,8 +512,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const auto before = [](const std::string& array_at) { return "(t0 > 0 ? " + array_at + " : 0.0f)"; };
   // The state's factor from the step's start (t0 - 1) to token `at`, for the state tile this
   // thread holds: one per key row (2 per row tile) times one per value column (2 per column
-  // tile), so 2^x is taken per row and per column, not per element. Returns the factor of
-  // element sacc[m][nt][r] ("" when the variant has no gate that varies over keys or values).
+  // tile), so 2^x is taken per row and per column, not per element. Returns the factor's text
+  // for element sacc[m][nt][<r>] given the text of <r> (empty when the variant has no such gate).
   const auto state_factors = [&](const std::string& at, const std::string& name,
                                   bool head_gate) -> std::function<std::string(const std::string&)> {
     std::vector<std::string> row, column;  // factor text before and after the element's r

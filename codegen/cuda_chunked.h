@@ -21,6 +21,11 @@
 // Bytes: q, k, v, the gates and o cross global memory once per value tile (block_v = V: once),
 // the state once in and once out per sequence; nothing per chunk.
 //
+// Staging works on 8 consecutive features at a time (one 16-byte load where a row is contiguous
+// and aligned, per element otherwise), and the next chunk's raw 16-bit rows are copied into
+// shared memory by cp.async while the current chunk computes (chunked_prefetch: where the
+// buffers keep a block within 160 KiB), so a chunk does not wait for its loads.
+//
 // That serial form walks the chunks of a sequence one after the other, so its parallelism is
 // N * H * (V / block_v) blocks whatever T is. The split form (a tile with state_block_k > 0)
 // runs the same recurrence as two kernels:
