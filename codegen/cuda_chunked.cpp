@@ -44,7 +44,7 @@ const std::set<std::string>& template_names() {
       "key0", "chunk_states", "chunk_offsets", "N", "gc", "VT", "chunks", "lo_n", "hi_n", "mid", "c_of", "state_at", "first_chunk",
       "i0", "j0", "u", "key_count", "value_count", "qv8", "kv8", "kg8", "vv8", "vg8", "gt8", "gm8", "ge8", "hf", "half", "odd", "decay_row",
       "decay_col", "decay_head", "read_row", "read_col", "read_head", "next", "next_valid", "qs_at", "ks_at", "vs_at", "st_at",
-      "chunk_worst", "g_lo", "g_hi", "g_tm"};
+      "chunk_worst", "g_lo", "g_hi", "g_tm", "ps", "PLD", "ps_at", "blk", "bi", "bj", "pacc", "p0", "p1"};
   return names;
 }
 
@@ -149,7 +149,7 @@ namespace {
 int base_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile, bool states) {
   const int c = tile.chunk, bk = tile.block_k, bv = tile.block_v;
   int bytes = align16(c * (bk + 8) * 2) + align16(c * (bv + 8) * 2);          // ks, vs
-  if (!states) bytes += align16(c * (bk + 8) * 2) + align16(bk * (bv + 8) * 2);  // qs, st
+  if (!states) bytes += align16(c * (bk + 8) * 2) + align16(bk * (bv + 8) * 2) + align16(c * (c + 8) * 2);  // qs, st, ps
   const KeyGate gate = key_gate(variant);
   if (gate == KeyGate::vector) bytes += align16(c * bk * 4);
   if (gate == KeyGate::scalar) bytes += align16(c * 4);
@@ -352,7 +352,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("constexpr int SMT = " + std::to_string(l.smt) + ", S_MPW = " + std::to_string(l.s_mpw) + ", S_WPM = " +
     std::to_string(l.s_wpm) + ", SCOLS = " + std::to_string(l.scols) + ", S_WARPS = " + std::to_string(l.s_warps) +
     ";  // the state: row tiles, per warp, warps per row tile, columns per warp, warps");
-  c("constexpr int QLD = BK + 8, VLD = BV + 8;  // padded rows: conflict-free ldmatrix");
+  c("constexpr int QLD = BK + 8, VLD = BV + 8, PLD = C + 8;  // padded rows: conflict-free ldmatrix");
+  c("(void)PLD;");
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("constexpr float FIT_LIMIT = 100.0f;     // |log2 factor| allowed against one reference token");
   c("constexpr float GATE_FLOOR = -256.0f;   // log2 gates below it (-inf: a hard reset) count as it");
@@ -371,6 +372,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   carve("unsigned short", "vs", tile.chunk * (tile.block_v + 8), 2,
         states ? "[C][VLD] bf16: v, then v_up" : "[C][VLD] bf16: v, then v~, then v_up");
   if (!states) carve("unsigned short", "st", tile.block_k * (tile.block_v + 8), 2, "[BK][VLD] bf16: the state, scaled for the read");
+  if (!states) carve("unsigned short", "ps", tile.chunk * (tile.chunk + 8), 2, "[C][PLD] bf16: the step's masked intra-chunk scores");
   if (kgate == KeyGate::vector) carve("float", "kg", tile.chunk * tile.block_k, 4, "[C][BK]: cumulative log2 key gates");
   if (kgate == KeyGate::scalar) carve("float", "hg", tile.chunk, 4, "[C]: cumulative log2 head gate");
   if (vgate) carve("float", "vg", tile.chunk * tile.block_v, 4, "[C][BV]: cumulative log2 value gates");
@@ -401,7 +403,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("");
   // 32-bit shared-memory addresses of the tensor-core operands (ldmatrix), so that no operand
   // address is formed in 64-bit generic arithmetic.
-  c(std::string("const unsigned ") + (states ? "" : "qs_at = ladle_shared_address(qs), st_at = ladle_shared_address(st), ") +
+  c(std::string("const unsigned ") +
+    (states ? "" : "qs_at = ladle_shared_address(qs), st_at = ladle_shared_address(st), ps_at = ladle_shared_address(ps), ") +
     "ks_at = ladle_shared_address(ks), vs_at = ladle_shared_address(vs);");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;");
   c("const int gid = lane / 4, tig = lane % 4;  // mma fragment coordinates");
@@ -958,6 +961,42 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     }
     c("__syncthreads();");
     c("");
+    c("// 3b0. The step's intra-chunk scores P = mask(q~ k~^T)" +
+      std::string(kgate == KeyGate::scalar ? " times the head gate from s to t" : "") +
+      ", each 16 x 16 block on or");
+    c("//     below the diagonal formed once, by one warp, into ps: the CG warps that share a row tile");
+    c("//     read it there instead of each forming it.");
+    c("LADLE_UNROLL_1 for (int blk = warp; blk < MT * MT; blk += WARPS) {  // one block at a time: unrolled, it spilled at K = 256");
+    c.in();
+    c("const int bi = blk / MT, bj = blk % MT;");
+    c("if (bj > bi || bj < t0 / 16 || bi * 16 >= t1) continue;");
+    c("float pacc[2][4] = {};");
+    // At block_k 256 the fully unrolled products spilled (4 to 84 bytes) beside the state.
+    c(std::string(tile.block_k > 128 ? "LADLE_UNROLL_4" : "LADLE_UNROLL") + " for (int kt = 0; kt < BK / 16; ++kt) {");
+    c.in();
+    c("unsigned afrag[4], bfrag[4];");
+    c("ladle_ldmatrix_x4_at(afrag, qs_at + 2u * ((bi * 16 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8));");
+    c("ladle_ldmatrix_x4_at(bfrag, ks_at + 2u * ((bj * 16 + lane % 8 + (lane / 16) * 8) * QLD + kt * 16 + ((lane / 8) & 1) * 8));");
+    c("ladle_mma_bf16(pacc[0], afrag, bfrag[0], bfrag[1]);");
+    c("ladle_mma_bf16(pacc[1], afrag, bfrag[2], bfrag[3]);");
+    c.out();
+    c("}");
+    c("LADLE_UNROLL for (int nt = 0; nt < 2; ++nt)");
+    c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("    const int t = bi * 16 + gid + 8 * half, s = bj * 16 + nt * 8 + tig * 2;");
+    if (kgate == KeyGate::scalar) {
+      c("    const float p0 = s >= t0 && s <= t && t < t1 ? pacc[nt][2 * half] * ladle_exp2(hg[t] - hg[s]) : 0.0f;");
+      c("    const float p1 = s + 1 >= t0 && s + 1 <= t && t < t1 ? pacc[nt][2 * half + 1] * ladle_exp2(hg[t] - hg[s + 1]) : 0.0f;");
+    } else {
+      c("    const float p0 = s >= t0 && s <= t && t < t1 ? pacc[nt][2 * half] : 0.0f;");
+      c("    const float p1 = s + 1 >= t0 && s + 1 <= t && t < t1 ? pacc[nt][2 * half + 1] : 0.0f;");
+    }
+    c("    *reinterpret_cast<unsigned*>(&ps[t * PLD + s]) = ladle_pack_bf16(p0, p1);");
+    c("  }");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+    c("");
     c("// 3b. o for rows t0..t1: each warp one 16-row tile and OCOLS columns.");
     c("{");
     c.in();
@@ -991,40 +1030,12 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c.out();
       c("}");
     }
-    c("// The intra-chunk attention for these rows: q~ k~^T over the 16-column tiles up to the diagonal.");
-    c("float aacc[2 * MT][4];");
-    c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt) aacc[nt][0] = aacc[nt][1] = aacc[nt][2] = aacc[nt][3] = 0.0f;");
-    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt) {");
-    c.in();
-    c("unsigned afrag[4];");
-    c("ladle_ldmatrix_x4_at(afrag, qs_at + 2u * ((row0 + lane % 16) * QLD + kt * 16 + (lane / 16) * 8));");
-    c("LADLE_UNROLL for (int sp = 0; sp < MT; ++sp) {");
-    c.in();
-    c("if (sp < t0 / 16 || sp > mi) continue;");
-    c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_at(bfrag, ks_at + 2u * ((sp * 16 + lane % 8 + (lane / 16) * 8) * QLD + kt * 16 + ((lane / 8) & 1) * 8));");
-    c("ladle_mma_bf16(aacc[2 * sp], afrag, bfrag[0], bfrag[1]);");
-    c("ladle_mma_bf16(aacc[2 * sp + 1], afrag, bfrag[2], bfrag[3]);");
-    c.out();
-    c("}");
-    c.out();
-    c("}");
-    c("// Causal mask within the step (s in t0..t, t < t1)" +
-      std::string(kgate == KeyGate::scalar ? ", times the head gate from s to t." : "."));
-    c("LADLE_UNROLL for (int nt = 0; nt < 2 * MT; ++nt)");
-    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c("    const int t = row0 + gid + (r >= 2 ? 8 : 0), s = nt * 8 + tig * 2 + (r & 1);");
-    if (kgate == KeyGate::scalar)
-      c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] * ladle_exp2(hg[t] - hg[s]) : 0.0f;");
-    else
-      c("    aacc[nt][r] = s >= t0 && s <= t && t < t1 ? aacc[nt][r] : 0.0f;");
-    c("  }");
-    c("// ... times v~ [16 x OCOLS]; the accumulator layout of two column tiles is the A operand.");
+    c("// The intra-chunk attention for these rows: P (ps) times v~ [16 x OCOLS].");
     c("LADLE_UNROLL for (int j = 0; j < MT; ++j) {");
     c.in();
     c("if (j < t0 / 16 || j > mi) continue;");
-    c("const unsigned afrag[4] = {ladle_pack_bf16(aacc[2 * j][0], aacc[2 * j][1]), ladle_pack_bf16(aacc[2 * j][2], aacc[2 * j][3]),");
-    c("                           ladle_pack_bf16(aacc[2 * j + 1][0], aacc[2 * j + 1][1]), ladle_pack_bf16(aacc[2 * j + 1][2], aacc[2 * j + 1][3])};");
+    c("unsigned afrag[4];");
+    c("ladle_ldmatrix_x4_at(afrag, ps_at + 2u * ((row0 + lane % 16) * PLD + j * 16 + (lane / 16) * 8));");
     c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
     c.in();
     c("unsigned bfrag[4];");

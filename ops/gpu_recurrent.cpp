@@ -176,8 +176,8 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // The serial form (8 warps, one block per SM): the widest value tile K allows, narrowed while the
 // narrower grid still runs in one wave, at 64-token chunks or 32 where 64 would crowd the
 // registers or leave no room for the prefetch. Measured on the H100 (bench/RESULTS.md, issue 11,
-// third step), H16 K=V=128: 128,32,128,8 at B32 T1024 and B8 T4096 (GLA 1.05 ms), 128,64,32,8 at
-// B2 T16384 (2.52 ms), each within 4 % of the tuned tile. The split form (parallel over chunks) is
+// third step), H16 K=V=128: 128,32,128,8 at B32 T1024 and B8 T4096 (GLA 1.01-1.03 ms), 128,64,32,8
+// at B2 T16384 (2.43 ms), each the tuner's choice too. The split form (parallel over chunks) is
 // correct but slower at every benchmark shape (GLA B8 T4096: 3.48 vs 1.05 ms), so a split tile is
 // used only when named.
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound) {

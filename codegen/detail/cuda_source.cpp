@@ -85,11 +85,13 @@ std::vector<std::string> identifiers(const ir::Variant& variant, const std::set<
 const char* const storage_helpers = R"(#ifndef LADLE_UNROLL
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define LADLE_UNROLL _Pragma("unroll")
+#define LADLE_UNROLL_1 _Pragma("unroll 1")
 #define LADLE_UNROLL_2 _Pragma("unroll 2")
 #define LADLE_UNROLL_4 _Pragma("unroll 4")
 #define LADLE_UNROLL_8 _Pragma("unroll 8")
 #else
 #define LADLE_UNROLL
+#define LADLE_UNROLL_1
 #define LADLE_UNROLL_2
 #define LADLE_UNROLL_4
 #define LADLE_UNROLL_8
