@@ -587,6 +587,25 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("}");
   };
   if (prefetch) emit_prefetch(outputs ? "c_of * C" : "0");
+  // The output pass's state tile (bf16 chunk_states) lands in st by cp.async together with the
+  // chunk's rows and is scaled in place in 3a: read there from global memory, element by
+  // element, its loads were 47 % of the pass's stall samples.
+  const bool state_async = outputs && !spec.tile.state_f32;
+  if (state_async) {
+    c("{  // The state entering the chunk into st (cp.async where a row segment is contiguous and aligned).");
+    c.in();
+    c("for (int e = threadIdx.x; e < BK * (BV / 8); e += THREADS) {");
+    c.in();
+    c("const int kk = e / (BV / 8), col = e % (BV / 8) * 8;");
+    c("const int count = key0 + kk < K ? V - (v0 + col) : 0;  // columns inside the state (<= 0: none, zeroed in 3a)");
+    c("ladle_prefetch8(reinterpret_cast<ladle_bf16*>(&st[kk * VLD + col]), chunk_states + (count > 0 ? " +
+      state_at("(first_chunk + c_of)") + " : 0), 1, count);");
+    c.out();
+    c("}");
+    c("ladle_cp_async_commit();");
+    c.out();
+    c("}");
+  }
   if (outputs) c("for (long long base = c_of * C; base < length && base == c_of * C; base += C) {  // this chunk only");
   else c("for (long long base = 0; base < length; base += C) {");
   c.in();
@@ -597,8 +616,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   }
   if (states) {
     c("// The state entering this chunk, for the output pass.");
+    // Two adjacent columns per store (the accumulator layout holds them in r and r + 1).
     for_state([&] {
-      c("if (key0 + kk < K && v0 + col < V) ladle_store(chunk_states + " + state_at("(first_chunk + base / C)") + ", sacc[m][nt][r]);");
+      c("if ((r & 1) == 0 && key0 + kk < K && v0 + col < V)");
+      c("  ladle_store2(chunk_states + " + state_at("(first_chunk + base / C)") +
+        ", sacc[m][nt][r], sacc[m][nt][r + 1], v0 + col + 1 < V);");
     });
   }
   c("");
@@ -608,15 +630,18 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   // row is contiguous and aligned (ladle_load8), one 16-byte shared store per staged array.
   // Two items in flight at 8 warps; at 4 or fewer, each thread holds twice the state and o, and
   // unrolled staging spilled (112 bytes at 128,64,64,4 on sm_90a).
-  const std::string staging_unroll = tile.warps >= 8 ? "LADLE_UNROLL_2 " : "";
+  // The state pass stages from its prefetch buffers only (shared loads, no o): four items in
+  // flight (one at a time, its staging was 46 % of its stall samples, each item waiting on
+  // its shared loads).
+  const std::string staging_unroll = states && prefetch ? "LADLE_UNROLL_4 " : tile.warps >= 8 ? "LADLE_UNROLL_2 " : "";
   const auto stage8 = [&](const std::vector<bool>& side, ir::InputKind kind, const std::string& count,
                           const std::string& first, const std::string& suffix) {
     for (std::size_t k = 0; k < inputs.size(); ++k)
       if (side[k] && inputs[k].kind == kind) {
         c("float " + id[k] + "_x8[8];");
         if (async[k])
-          c("ladle_load8(" + id[k] + "_x8, &" + id[k] + "_raw[cpos * " + (kind == ir::InputKind::token_key ? "BK" : "BV") +
-            " + " + (kind == ir::InputKind::token_key ? "i0" : "j0") + "], 1, 8);  // prefetched");
+          c("ladle_load8_raw(" + id[k] + "_x8, &" + id[k] + "_raw[cpos * " + (kind == ir::InputKind::token_key ? "BK" : "BV") +
+            " + " + (kind == ir::InputKind::token_key ? "i0" : "j0") + "]);  // prefetched");
         else
           c("ladle_load8(" + id[k] + "_x8, " + id[k] + " + (" + count + " > 0 ? " + id[k] + "_row + " + first + " * " + id[k] +
             "_stride_d : 0), " + id[k] + "_stride_d, " + count + ");");
@@ -935,6 +960,31 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     std::string factor1 = factor;
     for (std::size_t at = factor1.find("col"); at != std::string::npos; at = factor1.find("col", at + 9))
       factor1.replace(at, 3, "(col + 1)");
+    if (state_async) {
+      c("if (t0 == 0) {  // the state as it arrived (st), in place");
+      c.in();
+      if (!prefetch) {
+        c("ladle_cp_async_wait<0>();");
+        c("__syncthreads();");
+      }
+      c("LADLE_UNROLL_2 for (int e = threadIdx.x; e < BK * (BV / 8); e += THREADS) {");
+      c.in();
+      c("const int kk = e / (BV / 8), c8 = e % (BV / 8) * 8;");
+      c("float s8[8];");
+      c("ladle_load8_bf16(s8, &st[kk * VLD + c8]);");
+      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
+      c.in();
+      c("const int col = c8 + u;");
+      c("s8[u] = key0 + kk < K && v0 + col < V ? s8[u]" + factor + " : 0.0f;");
+      c.out();
+      c("}");
+      c("ladle_store8_bf16(&st[kk * VLD + c8], s8);");
+      c.out();
+      c("}");
+      c.out();
+      c("} else {  // the state as the last step left it in chunk_states");
+      c.in();
+    }
     if (outputs) {
       c("LADLE_UNROLL_8 for (int e = threadIdx.x; e < BK * (BV / 2); e += THREADS) {  // two columns per thread");
       c.in();
@@ -947,6 +997,10 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("*reinterpret_cast<unsigned*>(&st[kk * VLD + col]) = ladle_pack_bf16(s0 * f0, s1 * f1);");
       c.out();
       c("}");
+      if (state_async) {
+        c.out();
+        c("}");
+      }
     } else {
       // The head gate (a per-token scalar) enters the read per row in 3b instead.
       const auto read = state_factors("tm", "read", false);

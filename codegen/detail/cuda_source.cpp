@@ -250,6 +250,37 @@ __device__ __forceinline__ void ladle_load8(float (&x)[8], const float* p, long 
     LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] = ladle_load(p + (u < count ? u * stride : 0));
   }
 }
+// Eight raw 16-bit values of a prefetch buffer in shared memory (16-byte aligned by
+// construction: no alignment test, one 16-byte load).
+__device__ __forceinline__ void ladle_load8_raw(float (&x)[8], const ladle_bf16* s) { ladle_unpack8_bf16(x, ladle_ld16(s)); }
+__device__ __forceinline__ void ladle_load8_raw(float (&x)[8], const ladle_f16* s) {
+  const ladle_u4 w = ladle_ld16(s);
+  const unsigned words[4] = {w.x, w.y, w.z, w.w};
+  LADLE_UNROLL for (int u = 0; u < 4; ++u) {
+    const ladle_f16 lo{static_cast<unsigned short>(words[u] & 0xffffu)}, hi{static_cast<unsigned short>(words[u] >> 16)};
+    x[2 * u] = ladle_load(&lo);
+    x[2 * u + 1] = ladle_load(&hi);
+  }
+}
+// Two adjacent values of a [K][V] state in global memory: one 4-byte (bf16) or 8-byte (fp32)
+// store where both are inside the row and the pair is aligned, else one store each.
+__device__ __forceinline__ void ladle_store2(ladle_bf16* p, float a, float b, bool second) {
+  if (second && (reinterpret_cast<unsigned long long>(p) & 3ull) == 0) {
+    *reinterpret_cast<unsigned*>(p) = ladle_pack_bf16(a, b);
+  } else {
+    ladle_store(p, a);
+    if (second) ladle_store(p + 1, b);
+  }
+}
+struct alignas(8) ladle_f2 { float x, y; };
+__device__ __forceinline__ void ladle_store2(float* p, float a, float b, bool second) {
+  if (second && (reinterpret_cast<unsigned long long>(p) & 7ull) == 0) {
+    *reinterpret_cast<ladle_f2*>(p) = ladle_f2{a, b};
+  } else {
+    *p = a;
+    if (second) p[1] = b;
+  }
+}
 // The next chunk's raw 16-bit row segment into shared memory: one cp.async where the row is
 // contiguous and aligned, else plain copies; nothing where the segment is outside the tensor
 // (count <= 0: the staging masks it).
