@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -51,13 +52,39 @@ std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionK
 // the GPU has SMs (short or few sequences), 64-row tiles double the blocks. Not yet measured
 // on a GPU (bench/RESULTS.md). mma.sync on every arch: the wgmma tiles (sm_90a) are open to the
 // autotuner, and wgmma becomes the sm_90a default here once it has been measured on a GPU.
-cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args) {
-  cuda::AttentionTile tile = cuda::default_attention_tile(static_cast<int>(args.D), static_cast<int>(args.Dv));
-  int sms = 132;
-  if (driver_available()) sms = Device::get().properties().sm_count;
+cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int sms, const std::string& arch,
+                                             int max_shared_bytes) {
+  const int D = static_cast<int>(args.D), Dv = static_cast<int>(args.Dv);
+  cuda::AttentionTile tile = cuda::default_attention_tile(D, Dv);
   const std::int64_t rows = longest(args.cu_seqlens_q, args.Tq);
   if (args.N * args.H * ((rows + 127) / 128) < sms) tile.block_m = 64, tile.warps = 4;
-  return tile;
+  // Head dims the default does not fit (mma.sync holds q's fragments in registers: past
+  // D/4 + block_n/2 + Dv/2 = 160 it does not fit, e.g. D = Dv = 256), or fp32 inputs past the
+  // device's shared memory: the first tile that fits, in this order: fewer keys per tile, one
+  // stage, 64-row tiles, then wgmma (q in shared memory; sm_90a, 16-bit inputs).
+  bool split = false;
+  for (std::size_t i = 0; i < 3 && i < args.tensors.size(); ++i) split = split || args.tensors[i].type == ElementType::f32;
+  const auto fits = [&](const cuda::AttentionTile& t) {
+    return cuda::validate_attention_tile(t, D, Dv, max_shared_bytes, split, arch).empty();
+  };
+  if (fits(tile)) return tile;
+  std::vector<cuda::AttentionMma> kinds = {cuda::AttentionMma::sync};
+  if (cuda::attention_wgmma_arch(arch) && !split) kinds.push_back(cuda::AttentionMma::wgmma);
+  for (const cuda::AttentionMma mma : kinds)
+    for (const int block_n : {tile.block_n, 32})
+      for (const int stages : {tile.stages, 1})
+        for (const int block_m : {tile.block_m, 64}) {
+          cuda::AttentionTile t = tile;
+          t.mma = mma, t.block_n = block_n, t.stages = stages, t.block_m = block_m, t.warps = block_m / 16;
+          if (fits(t)) return t;
+        }
+  return tile;  // none fits: attention_kernel_spec says why
+}
+
+cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args) {
+  if (!driver_available()) return heuristic_attention_tile(args, 132, "", 0);
+  const DeviceProperties& device = Device::get().properties();
+  return heuristic_attention_tile(args, device.sm_count, device.arch(), device.max_shared_per_block_optin);
 }
 
 cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,

@@ -21,7 +21,13 @@ namespace ladle::gpu {
 
 // The tile used without tuning: by head dims and, on a GPU, by the number of blocks the
 // shape gives (64-row tiles when 128-row ones would leave SMs idle).
+// Where the default does not fit the head dims (or fp32 inputs the shared memory), the first
+// tile that does: fewer keys per tile, one stage, 64-row tiles, then wgmma on sm_90a.
 cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args);
+// The same for a device given by its SM count, target arch ("": unknown, no wgmma) and opt-in
+// shared memory per block (0: not checked).
+cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int sms, const std::string& arch,
+                                             int max_shared_bytes);
 
 // The kernel spec a call needs (every input's dtype, head dims, varlen, lse, tile); `tile`
 // empty: heuristic_attention_tile. Throws InvalidArgument for a tile that does not fit.

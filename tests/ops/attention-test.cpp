@@ -440,6 +440,20 @@ TEST_CASE("GQA 4:2 and 4:1, D != Dv, and an explicit scale", "[ops][attention]")
     }
 }
 
+TEST_CASE("head dims past 192 run with the tile the library picks: D = Dv = 256, D != Dv", "[ops][attention]") {
+  // On the GPU the default tile (mma.sync, q in registers) does not fit these: the heuristic
+  // falls back to one that does (wgmma on sm_90a), with no tile named.
+  for (ElementType type : {ElementType::bf16, ElementType::f16})
+    for (auto [D, Dv] : {std::pair{256, 256}, std::pair{200, 256}, std::pair{256, 40}}) {
+      Case c;
+      c.type = c.bias_type = type;
+      c.D = D, c.Dv = Dv;
+      c.Tq = 70, c.Tk = 70;
+      c.causal = true;
+      check_case(c);
+    }
+}
+
 TEST_CASE("packed sequences attend within themselves, including empty and one-token ones", "[ops][attention]") {
   // Sequence lengths (q, k): (2,4) (0,1) (1,1) (4,0) (3,5) (1,3): an empty query side, an
   // empty key side (rows with no key), a single token, and Tq_n > Tk_n and Tq_n < Tk_n.

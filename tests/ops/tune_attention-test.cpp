@@ -400,3 +400,30 @@ TEST_CASE("tuning the attention space picks the fastest valid candidate and reje
   for (std::string_view family : {gpu::recurrent_family, gpu::chunked_family})
     REQUIRE_FALSE(tuning.cache.lookup(TunedKey::make(std::string(family), key.variant, key.shape_bucket, key.dtype, h100())));
 }
+
+TEST_CASE("the heuristic tile fits every head dim wherever some tile of the space fits, without a tile named") {
+  // Issue 12: D = Dv = 256 bf16 threw "does not fit" unless the caller named a tile.
+  int checked = 0;
+  for (const ElementType type : {ElementType::bf16, ElementType::f32})
+    for (const std::int64_t D : {1, 8, 40, 64, 100, 128, 160, 192, 200, 256})
+      for (const std::int64_t Dv : {D, std::int64_t{64}, std::int64_t{256}})
+        for (const DeviceLimits& device : {h100(), a100()}) {
+          const Call call(8, 4096, 16, D, Call::causal(), type, 16, Dv);
+          const cuda::AttentionTile tile =
+              gpu::heuristic_attention_tile(call.args, device.sm_count, device.arch, device.max_shared_per_block);
+          const bool split = type == ElementType::f32;
+          const auto problems = cuda::validate_attention_tile(tile, static_cast<int>(D), static_cast<int>(Dv),
+                                                              device.max_shared_per_block, split, device.arch);
+          INFO(element_type_name(type) << " D=" << D << " Dv=" << Dv << " on " << device.name << ": "
+                                       << cuda::to_string(tile) << (problems.empty() ? "" : ": " + problems.front()));
+          if (call.space().enumerate(device).empty()) {
+            REQUIRE_FALSE(problems.empty());  // nothing fits (mma.sync at D = 256 on sm_80): the launcher says why
+            continue;
+          }
+          REQUIRE(problems.empty());
+          ++checked;
+          if (D <= 128 && Dv <= 128 && !split) REQUIRE(tile == cuda::default_attention_tile(128, 128));  // unchanged
+          if (D == 256 && Dv == 256 && device.arch == "sm_90a") REQUIRE(tile.mma == cuda::AttentionMma::wgmma);
+        }
+  REQUIRE(checked > 80);
+}
