@@ -220,6 +220,14 @@ __device__ __forceinline__ void ladle_unpack8_bf16(float (&x)[8], ladle_u4 w) {
     x[2 * u + 1] = ladle_bf16_float(static_cast<unsigned short>(words[u] >> 16));
   }
 }
+__device__ __forceinline__ void ladle_unpack8_f16(float (&x)[8], ladle_u4 w) {
+  const unsigned words[4] = {w.x, w.y, w.z, w.w};
+  LADLE_UNROLL for (int u = 0; u < 4; ++u) {
+    const ladle_f16 lo{static_cast<unsigned short>(words[u] & 0xffffu)}, hi{static_cast<unsigned short>(words[u] >> 16)};
+    x[2 * u] = ladle_load(&lo);
+    x[2 * u + 1] = ladle_load(&hi);
+  }
+}
 // x[u] = p[u * stride] for u < count; p[0] past count (the caller masks those), so that no
 // load sits in a branch of its own.
 __device__ __forceinline__ void ladle_load8(float (&x)[8], const ladle_bf16* p, long long stride, int count) {
@@ -231,13 +239,7 @@ __device__ __forceinline__ void ladle_load8(float (&x)[8], const ladle_bf16* p, 
 }
 __device__ __forceinline__ void ladle_load8(float (&x)[8], const ladle_f16* p, long long stride, int count) {
   if (ladle_row_vector(p, stride, count)) {
-    const ladle_u4 w = ladle_ld16(p);
-    const unsigned words[4] = {w.x, w.y, w.z, w.w};
-    LADLE_UNROLL for (int u = 0; u < 4; ++u) {
-      const ladle_f16 lo{static_cast<unsigned short>(words[u] & 0xffffu)}, hi{static_cast<unsigned short>(words[u] >> 16)};
-      x[2 * u] = ladle_load(&lo);
-      x[2 * u + 1] = ladle_load(&hi);
-    }
+    ladle_unpack8_f16(x, ladle_ld16(p));
   } else {
     LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] = ladle_load(p + (u < count ? u * stride : 0));
   }
@@ -253,15 +255,7 @@ __device__ __forceinline__ void ladle_load8(float (&x)[8], const float* p, long 
 // Eight raw 16-bit values of a prefetch buffer in shared memory (16-byte aligned by
 // construction: no alignment test, one 16-byte load).
 __device__ __forceinline__ void ladle_load8_raw(float (&x)[8], const ladle_bf16* s) { ladle_unpack8_bf16(x, ladle_ld16(s)); }
-__device__ __forceinline__ void ladle_load8_raw(float (&x)[8], const ladle_f16* s) {
-  const ladle_u4 w = ladle_ld16(s);
-  const unsigned words[4] = {w.x, w.y, w.z, w.w};
-  LADLE_UNROLL for (int u = 0; u < 4; ++u) {
-    const ladle_f16 lo{static_cast<unsigned short>(words[u] & 0xffffu)}, hi{static_cast<unsigned short>(words[u] >> 16)};
-    x[2 * u] = ladle_load(&lo);
-    x[2 * u + 1] = ladle_load(&hi);
-  }
-}
+__device__ __forceinline__ void ladle_load8_raw(float (&x)[8], const ladle_f16* s) { ladle_unpack8_f16(x, ladle_ld16(s)); }
 // Two adjacent values of a [K][V] state in global memory: one 4-byte (bf16) or 8-byte (fp32)
 // store where both are inside the row and the pair is aligned, else one store each.
 __device__ __forceinline__ void ladle_store2(ladle_bf16* p, float a, float b, bool second) {
