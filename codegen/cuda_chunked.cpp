@@ -252,6 +252,36 @@ std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir
   return problems;
 }
 
+ChunkedSegments chunked_segments(std::int64_t sequences, std::int64_t tokens, const std::vector<std::int64_t>& cu_seqlens,
+                                 std::int64_t segment_tokens, bool reverse) {
+  if (segment_tokens <= 0) throw InvalidArgument("chunked_segments: segment_tokens = " + std::to_string(segment_tokens) + ", expected > 0");
+  if (!cu_seqlens.empty() && static_cast<std::int64_t>(cu_seqlens.size()) != sequences + 1)
+    throw InvalidArgument("chunked_segments: cu_seqlens has " + std::to_string(cu_seqlens.size()) + " offsets, expected " +
+                          std::to_string(sequences + 1));
+  ChunkedSegments out;
+  for (std::int64_t n = 0; n < sequences; ++n) {
+    const bool packed = !cu_seqlens.empty();
+    const std::int64_t bos = packed ? cu_seqlens[n] : 0, eos = packed ? cu_seqlens[n + 1] : tokens;
+    const std::int64_t count = std::max<std::int64_t>(1, (eos - bos + segment_tokens - 1) / segment_tokens);
+    const std::int64_t first_earlier = out.earlier_segments();
+    for (std::int64_t i = 0; i < count; ++i) {
+      // Segment i in the recurrence's direction: from the front, or from the back when reversed.
+      const std::int64_t lo = reverse ? std::max(bos, eos - (i + 1) * segment_tokens) : bos + i * segment_tokens;
+      const std::int64_t hi = reverse ? eos - i * segment_tokens : std::min(eos, bos + (i + 1) * segment_tokens);
+      const bool last = i + 1 == count;
+      const long long row[8] = {packed ? 0 : n, lo, hi, n, i, first_earlier, last ? 1 : 0, 0};
+      out.all.insert(out.all.end(), row, row + 8);
+      if (!last) out.earlier.insert(out.earlier.end(), row, row + 8);
+    }
+  }
+  return out;
+}
+
+std::int64_t chunked_segment_decay_width(const ir::Variant& variant, std::int64_t key_dim, std::int64_t value_dim) {
+  const KeyGate kgate = key_gate(variant);
+  return (kgate == KeyGate::vector ? key_dim : kgate == KeyGate::scalar ? 1 : 0) + (variant.has(ir::Slot::log_decay_v) ? value_dim : 0);
+}
+
 ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
@@ -263,6 +293,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     fail(std::string("phase ") + to_string(phase) + (spec.tile.split() ? " with a split tile (" : " needs a split tile, got (") +
          to_string(spec.tile) + ")");
   const bool states = phase == ChunkedPhase::states, outputs = phase == ChunkedPhase::outputs;
+  const bool segmented = spec.segmented;
+  if (segmented && outputs) fail("the output pass has no segmented form");
+  if (segmented && spec.varlen) fail("a segmented kernel takes its tokens from the segments table, not cu_seqlens (varlen = false)");
+  if (segmented && states && (spec.initial_state || spec.final_state))
+    fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
 
   const ChunkedTile tile = states ? state_tile(spec.tile) : spec.tile;
   const int threads = 32 * tile.warps;
@@ -280,8 +315,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const auto render = [&](ir::Slot s, const std::string& suffix) { return render_slot(variant, id, s, suffix); };
 
   ChunkedKernel kernel;
-  const std::string phase_name = phase == ChunkedPhase::serial ? "" : std::string("_") + to_string(phase);
-  kernel.name = "ladle_chunked" + phase_name + "_" + hex(fnv1a(to_string(spec.tile) + types_key(spec), ir::hash(variant)));
+  const std::string phase_name = (phase == ChunkedPhase::serial ? "" : std::string("_") + to_string(phase)) + (segmented ? "_segmented" : "");
+  kernel.name = "ladle_chunked" + phase_name + "_" + hex(fnv1a(to_string(spec.tile) + types_key(spec) + (segmented ? "|segmented" : ""), ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(threads);
   kernel.block_v = tile.block_v;
   kernel.block_k = tile.block_k;
@@ -290,7 +325,20 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
 
   std::vector<std::string> declarations;
   declare_params(variant, id, spec, declarations, kernel.params);
-  if (phase != ChunkedPhase::serial) {
+  {
+    using Type = KernelParam::Type;
+    using Role = KernelParam::Role;
+    const auto param = [&](const std::string& c_type, const std::string& name, Type type, Role role) {
+      declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
+      kernel.params.push_back({name, c_type, type, role, -1});
+    };
+    if (segmented) {
+      param("const long long*", "segments", Type::pointer, Role::segments);
+      param(states ? "float*" : "const float*", "segment_states", Type::pointer, Role::segment_states);
+      param(states ? "float*" : "const float*", "segment_decay", Type::pointer, Role::segment_decay);
+    }
+  }
+  if (phase != ChunkedPhase::serial && !segmented) {
     using Type = KernelParam::Type;
     using Role = KernelParam::Role;
     const std::string state_type = spec.tile.state_f32 ? "float*" : "ladle_bf16*";
@@ -305,7 +353,12 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
 
   // ---- Header
   std::string header = "ladle: chunked kernel " + kernel.name + "\nGenerated by codegen/cuda_chunked.cpp; do not edit.\n\n";
-  if (states)
+  if (segmented)
+    header += states ? "The segmented form's first kernel: the split form's state pass over one segment (segments[n]) from a\n"
+                       "zero state; writes the segment's own final state and total log2 decay (segment_states, segment_decay).\n\n"
+                     : "The segmented form's second kernel: the serial form over one segment (segments[n]), from the state its\n"
+                       "earlier segments leave (segment_states and segment_decay, folded in at the start).\n\n";
+  else if (states)
     header += "The split form's state pass: walks the chunks of one sequence and head for a key tile x value tile\n"
               "of the state, writes the state entering every chunk to chunk_states (and the final state); no output.\n\n";
   if (outputs)
@@ -320,7 +373,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
                                      : "ceil(V / " + std::to_string(tile.block_v) + "), N * H";
   header += "launch: grid (" + grid + "), block (" + std::to_string(threads) + "), dynamic shared memory " +
             std::to_string(kernel.shared_bytes) + " bytes\n";
-  if (phase != ChunkedPhase::serial)
+  if (segmented)
+    header += "segments: [N][8] {b, first token, end token, sequence, index in it, row of its first earlier segment, last}\n";
+  if (phase != ChunkedPhase::serial && !segmented)
     header += std::string("chunk_states: [chunks][H][K][V] ") + (spec.tile.state_f32 ? "fp32" : "bf16") +
               ", the state entering each chunk (chunks = N * ceil(T / " + std::to_string(tile.chunk) +
               ")" + (spec.varlen ? ", or chunk_offsets[N] packed" : "") + ")\n";
@@ -439,14 +494,19 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("constexpr int key0 = 0;");
     c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
   }
-  if (spec.varlen) {
+  if (segmented) {
+    c("// The block's segment: tokens [seg[1], seg[2]) of batch row seg[0], part of sequence seg[3].");
+    c("const long long* const seg = segments + 8LL * n;");
+    c("const int b = static_cast<int>(seg[0]);");
+    c("const long long bos = seg[1], eos = seg[2];");
+  } else if (spec.varlen) {
     c("const int b = 0;");
     c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
   } else {
     c("const int b = n;");
     c("const long long bos = 0, eos = T;");
   }
-  if (phase != ChunkedPhase::serial) {
+  if (phase != ChunkedPhase::serial && !segmented) {
     c("// Where the state entering chunk c of this sequence is kept: chunk_states[first chunk + c][h].");
     c(std::string("const long long first_chunk = ") + (spec.varlen ? "chunk_offsets[n]" : "static_cast<long long>(n) * ((T + C - 1) / C)") + ";");
     c("(void)N;");
@@ -491,13 +551,49 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const auto state_at = [](const std::string& chunk) {
     return "((" + chunk + " * H + h) * K + key0 + kk) * V + v0 + col";
   };
+  const std::string sequence_index = segmented ? "seg[3]" : "static_cast<long long>(n)";
   if (outputs) c("// The state entering the chunk is read from chunk_states where it is needed (3a, 3d).");
   else for_state([&] {
     if (spec.initial_state)
-      c("sacc[m][nt][r] = key0 + kk < K && v0 + col < V ? ladle_load(initial_state + " + state_at("static_cast<long long>(n)") + ") : 0.0f;");
+      c("sacc[m][nt][r] = key0 + kk < K && v0 + col < V ? ladle_load(initial_state + " + state_at(sequence_index) + ") : 0.0f;");
     else
       c("sacc[m][nt][r] = 0.0f; (void)kk; (void)col;");
   });
+  // segment_decay: per earlier segment and head, DL log2 totals: the key side (K of them, or one
+  // for a per-head scalar gate, which a key-side vector gate's totals include), then V value-side.
+  const int key_totals = kgate == KeyGate::vector ? 2 : kgate == KeyGate::scalar ? 1 : 0;  // 2: K of them
+  const std::string key_width = key_totals == 2 ? "K" : key_totals == 1 ? "1" : "0";
+  if (segmented) {
+    c("const long long DL = " + key_width + (vgate ? " + V" : "") + ";  // segment_decay's row: key side, then value side");
+    c("(void)DL;");
+  }
+  if (segmented && !states) {
+    c("// The state entering this segment: each earlier segment j of the sequence (rows seg[5] + j of");
+    c("// segment_states and segment_decay) in order, S = 2^D_j S + L_j.");
+    c("for (long long j = seg[5]; j < seg[5] + seg[4]; ++j) {");
+    c.in();
+    c("const float* const dj = segment_decay + (j * H + h) * DL;");
+    c("(void)dj;");
+    // Per column tile, with a compiler fence after each: hoisted all at once, the loads took 40
+    // registers more than the chunk loop needs (and spilled on sm_80).
+    std::string log2;
+    if (key_totals == 2) log2 = "dj[key0 + kk]";
+    if (key_totals == 1) log2 = "dj[0]";
+    if (vgate) log2 += std::string(log2.empty() ? "" : " + ") + "dj[" + key_width + " + v0 + col]";
+    c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m)");
+    c("  if (warp < S_WARPS && s_mt + m * WARPS < SMT)");
+    c("    LADLE_UNROLL for (int nt = 0; nt < SCOLS / 8; ++nt) {");
+    c("      LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("        const int kk = (s_mt + m * WARPS) * 16 + gid + (r >= 2 ? 8 : 0), col = s_c0 + nt * 8 + tig * 2 + (r & 1);");
+    c("        if (key0 + kk < K && v0 + col < V)");
+    c("          sacc[m][nt][r] = sacc[m][nt][r]" + (log2.empty() ? std::string() : " * ladle_exp2(" + log2 + ")") +
+      " + segment_states[" + state_at("j") + "];");
+    c("      }");
+    c("      asm volatile(\"\" ::: \"memory\");");
+    c("    }");
+    c.out();
+    c("}");
+  }
   c("");
 
   const auto token_locals = [&](const std::string& cpos, const std::string& base = "base", const std::string& valid = "valid") {
@@ -554,6 +650,15 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     };
   };
 
+  // The gate columns of 2 (cumulative sums): the key side's BK (or the head gate's 1), then BV.
+  std::string gate_columns;
+  if (kgate == KeyGate::vector) gate_columns = "BK";
+  if (kgate == KeyGate::scalar) gate_columns = "1";
+  if (vgate) gate_columns += gate_columns.empty() ? "BV" : " + BV";
+  if (segmented && states && !gate_columns.empty()) {
+    c("constexpr int GCOLS = " + gate_columns + ";");
+    c("float segment_log[(GCOLS + THREADS - 1) / THREADS] = {};  // the segment's log2 totals of this thread's gate columns");
+  }
   c("const long long length = eos - bos;");
   // The raw rows of the chunk at `first` into the prefetch buffers, then one commit.
   const auto emit_prefetch = [&](const std::string& first) {
@@ -614,7 +719,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("ladle_cp_async_wait<0>();  // this chunk's raw rows");
     c("__syncthreads();");
   }
-  if (states) {
+  if (states && !segmented) {
     c("// The state entering this chunk, for the output pass.");
     // Two adjacent columns per store (the accumulator layout holds them in r and r + 1).
     for_state([&] {
@@ -728,16 +833,20 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("//    (-inf: a hard reset) counts as GATE_FLOOR: 2^-256 = 0 still wipes the state, and no");
     c("//    sum is -inf; a step with one after its first token fails the fit check. The sum since");
     c("//    the last floored gate is kept apart, so the small gates after it keep their precision.");
-    std::string columns;
-    if (kgate == KeyGate::vector) columns = "BK";
-    if (kgate == KeyGate::scalar) columns = "1";
-    if (vgate) columns += columns.empty() ? "BV" : " + BV";
+    const std::string columns = gate_columns;
     // The whole chunk's fit check (3, the first step) is taken here, from the sums as they are
     // formed: the profile gave its own pass over the gates 7 % of the samples at 32-token chunks.
     const bool fused_fit = check_fit && !states;
     if (fused_fit) c("float chunk_worst = 0.0f;  // the whole chunk's largest |G_t - G_tm|, for the fit check");
-    c("for (int col = threadIdx.x; col < " + columns + "; col += THREADS) {");
-    c.in();
+    if (segmented && states) {  // unrolled, so that segment_log stays in registers
+      c("LADLE_UNROLL for (int gi = 0; gi < (GCOLS + THREADS - 1) / THREADS; ++gi) {");
+      c.in();
+      c("const int col = threadIdx.x + gi * THREADS;");
+      c("if (col >= GCOLS) break;");
+    } else {
+      c("for (int col = threadIdx.x; col < " + columns + "; col += THREADS) {");
+      c.in();
+    }
     std::string pointer;
     if (kgate == KeyGate::vector) pointer = vgate ? "col < BK ? kg + col : vg + (col - BK)" : "kg + col";
     if (kgate == KeyGate::scalar) pointer = vgate ? "col < 1 ? hg : vg + (col - 1)" : "hg";
@@ -761,6 +870,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     }
     c.out();
     c("}");
+    if (segmented && states) c("segment_log[gi] += floors + run;  // the chunk's total (rows past the end add 0)");
     if (fused_fit) {
       // max over t of |G_t - G_tm| is max(G_hi - G_tm, G_tm - G_lo) exactly (a rounded difference
       // is monotone in each operand); a NaN is skipped as the per-element check skipped it.
@@ -1134,9 +1244,35 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("}");
   if (spec.final_state && !outputs) {
     c("");
+    if (segmented) c("if (seg[6] != 0) {  // the sequence's last segment");
     for_state([&] {
-      c("if (key0 + kk < K && v0 + col < V) final_state[" + state_at("static_cast<long long>(n)") + "] = sacc[m][nt][r];");
+      c("if (key0 + kk < K && v0 + col < V) final_state[" + state_at(sequence_index) + "] = sacc[m][nt][r];");
     });
+    if (segmented) c("}");
+  }
+  if (segmented && states) {
+    c("");
+    c("// The segment's own final state and total log2 decay, for the segments after it.");
+    for_state([&] { c("if (key0 + kk < K && v0 + col < V) segment_states[" + state_at("static_cast<long long>(n)") + "] = sacc[m][nt][r];"); });
+    if (!gate_columns.empty()) {
+      const std::string key_columns = kgate == KeyGate::vector ? "BK" : kgate == KeyGate::scalar ? "1" : "0";
+      c("LADLE_UNROLL for (int gi = 0; gi < (GCOLS + THREADS - 1) / THREADS; ++gi) {");
+      c.in();
+      c("const int col = threadIdx.x + gi * THREADS;");
+      c("float* const dn = segment_decay + (static_cast<long long>(n) * H + h) * DL;");
+      c("if (col < " + key_columns + ") {  // the key side: written by the blocks of the first value tile");
+      c.in();
+      if (kgate == KeyGate::vector) c("if (blockIdx.x == 0 && key0 + col < K) dn[key0 + col] = segment_log[gi];");
+      else if (kgate == KeyGate::scalar) c("if (blockIdx.x == 0 && blockIdx.y == 0) dn[0] = segment_log[gi];");
+      c.out();
+      c("} else if (col < GCOLS) {  // the value side: by the blocks of the first key tile");
+      c.in();
+      if (vgate) c("if (blockIdx.y == 0 && v0 + col - " + key_columns + " < V) dn[" + key_width + " + v0 + col - " + key_columns + "] = segment_log[gi];");
+      c.out();
+      c("}");
+      c.out();
+      c("}");
+    }
   }
   c.out();
   c("}");

@@ -79,7 +79,40 @@ const char* to_string(ChunkedPhase phase);
 struct ChunkedKernelSpec : KernelTypes {
   ChunkedTile tile;
   ChunkedPhase phase = ChunkedPhase::serial;  // states and outputs need a split tile, serial one without
+  // The segmented form (serial and states phases; see ChunkedSegments): each block walks one
+  // segment of a sequence, named by the `segments` table, instead of a whole sequence. The
+  // states phase then starts from zero and writes the segment's own final state and total
+  // decay (segment_states, segment_decay), and the serial phase starts from the state its
+  // earlier segments leave. Needs varlen = false (the table names every segment's tokens); the
+  // states phase needs initial_state = final_state = false.
+  bool segmented = false;
 };
+
+// Few long sequences: the segmented form cuts each sequence into segments of a fixed number of
+// tokens so that the serial form's blocks cover the GPU. Two kernels:
+//   1. the states phase on every segment but the last of its sequence (the table `earlier`):
+//      from a zero state, writes the segment's own final state L_s ([S'][H][K][V] f32) and its
+//      total log2 decay D_s ([S'][H][DL] f32, DL = K or 1 for the key-side gate, plus V for a
+//      value-side one);
+//   2. the serial phase on every segment (the table `all`): a block of segment i of sequence n
+//      starts from S = h0_n, folds in S = 2^D_j S + L_j for the earlier segments j < i, then
+//      walks its own chunks; the last segment writes the final state.
+// The recurrence is linear in the state and the decay across a segment is diagonal, so this is
+// exact up to rounding. Rows of both tables, 8 long long each: {b, first token, end token,
+// sequence, index of the segment in its sequence (in the recurrence's direction), the row in
+// `earlier` of the sequence's first segment, 1 if last in its sequence, 0}; the tokens are
+// positions in the batch row b (b = 0 for packed sequences) and walk backwards when reversed.
+struct ChunkedSegments {
+  std::vector<long long> all, earlier;  // 8 per row
+  std::int64_t segments() const { return static_cast<std::int64_t>(all.size() / 8); }
+  std::int64_t earlier_segments() const { return static_cast<std::int64_t>(earlier.size() / 8); }
+};
+// The segments of N sequences (of T tokens, or packed: cu_seqlens [N+1]) of at most
+// segment_tokens tokens each (> 0); an empty sequence keeps one empty segment.
+ChunkedSegments chunked_segments(std::int64_t sequences, std::int64_t tokens, const std::vector<std::int64_t>& cu_seqlens,
+                                 std::int64_t segment_tokens, bool reverse);
+// DL of segment_decay for this variant and K, V (0: the variant has no gate).
+std::int64_t chunked_segment_decay_width(const ir::Variant& variant, std::int64_t key_dim, std::int64_t value_dim);
 
 struct ChunkedKernel {
   std::string name;                 // the extern "C" symbol

@@ -71,6 +71,9 @@ struct KernelParam {
                       //   [chunks][H][K][V] contiguous (bf16 or f32)
     chunk_offsets,    // [N+1] long long: the first chunk of each packed sequence (varlen)
     sequences,        // N
+    segments,         // the chunked family's segments: [S][8] long long, see ChunkedSegments
+    segment_states,   //   [S'][H][K][V] f32: each earlier segment's own final state (from zero)
+    segment_decay,    //   [S'][H][DL] f32: its total log2 decay (key side, then value side)
   };
   std::string name;
   std::string c_type;  // "const ladle_bf16*", "long long", "float", ...

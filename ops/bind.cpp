@@ -34,6 +34,11 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
                         const RunOptions& options) {
   const Checker check(op);
   check.well_formed(ir::validate(variant));
+  if (options.chunked_segment_tokens && *options.chunked_segment_tokens < 0)
+    check.fail("chunked_segment_tokens = " + std::to_string(*options.chunked_segment_tokens) + ", expected >= 0 (0: whole sequences)");
+  if (options.chunked_segment_tokens && *options.chunked_segment_tokens > 0 && options.chunked_tile && options.chunked_tile->split())
+    check.fail("chunked_segment_tokens = " + std::to_string(*options.chunked_segment_tokens) + " with a split chunked_tile (" +
+               cuda::to_string(*options.chunked_tile) + "): the split form runs whole sequences (name a serial tile, or 0 segments)");
 
   // dtypes: q, k, v share one of f32, f16, bf16.
   check.floating("q", q);

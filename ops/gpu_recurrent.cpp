@@ -36,7 +36,8 @@ bool is_contiguous(const TensorView& view) {
 template <class Spec>
 std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::string& arch) {
   std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
-  if constexpr (requires { spec.phase; }) key += std::string("|") + cuda::to_string(spec.phase);
+  if constexpr (requires { spec.phase; })
+    key += std::string("|") + cuda::to_string(spec.phase) + (spec.segmented ? "|segmented" : "");
   for (ElementType t : spec.input_types) key += element_type_name(t);
   key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse,
                      spec.varlen, element_type_name(spec.cu_seqlens_type), spec.initial_state,
@@ -59,6 +60,9 @@ struct SplitArguments {
   std::uint64_t chunk_states = 0;   // device [chunks][H][K][V]
   std::uint64_t chunk_offsets = 0;  // device [N+1] (varlen)
   std::int64_t sequences = 0;
+  std::uint64_t segments = 0;        // the segmented form: device [S][8] (cuda::ChunkedSegments)
+  std::uint64_t segment_states = 0;  // device [S'][H][K][V] f32
+  std::uint64_t segment_decay = 0;   // device [S'][H][DL] f32
 };
 
 // The argument array of a kernel of the recurrence families, by parameter role.
@@ -95,6 +99,9 @@ KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir
       case Role::chunk_states: packed.add(split.chunk_states); break;
       case Role::chunk_offsets: packed.add(split.chunk_offsets); break;
       case Role::sequences: packed.add(static_cast<int>(split.sequences)); break;
+      case Role::segments: packed.add(split.segments); break;
+      case Role::segment_states: packed.add(split.segment_states); break;
+      case Role::segment_decay: packed.add(split.segment_decay); break;
     }
   }
   return packed;
@@ -180,8 +187,25 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // at B2 T16384 (2.43 ms), each the tuner's choice too. The split form (parallel over chunks) is
 // correct but slower at every benchmark shape (GLA B8 T4096: 3.48 vs 1.05 ms), so a split tile is
 // used only when named.
-cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound) {
+std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options) {
+  if (options.chunked_segment_tokens) return *options.chunked_segment_tokens;  // checked by bind_inputs
+  if (options.chunked_tile && options.chunked_tile->split()) return 0;
   const auto& args = bound.args;
+  const std::int64_t N = bound.dims.N;
+  if (N == 0) return 0;
+  const int sms = driver_available() ? Device::get().properties().sm_count : 132;
+  const std::int64_t per_sequence = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back() / N;
+  // Measured on the H100 (bench/RESULTS.md, issue 11, fifth step): GLA B2 T16384 H16 in 4
+  // segments of 4096 tokens runs as B8 T4096 does, plus the segments' own states.
+  std::int64_t pieces = 1;
+  while (2 * pieces * N * args.heads <= sms && per_sequence / (2 * pieces) >= 1024) pieces *= 2;
+  if (pieces == 1) return 0;
+  return ((per_sequence + pieces - 1) / pieces + 63) / 64 * 64;
+}
+
+cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences) {
+  const auto& args = bound.args;
+  const std::int64_t N = sequences > 0 ? sequences : bound.dims.N;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
   int max_shared = 227 * 1024, sms = 132;
   if (driver_available()) {
@@ -201,7 +225,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   }
   // Few (sequence, head) pairs: narrower value tiles give more blocks, while the narrower grid
   // still runs in one wave (B2 T16384: block_v 32, 128 blocks, beat 64 and 128).
-  const auto blocks = [&](int block_v) { return bound.dims.N * args.heads * ((args.value_dim + block_v - 1) / block_v); };
+  const auto blocks = [&](int block_v) { return N * args.heads * ((args.value_dim + block_v - 1) / block_v); };
   while (tile.block_v > 32 && 2 * blocks(tile.block_v) <= sms &&
          valid({tile.block_k, tile.chunk, tile.block_v / 2, tile.warps}))
     tile.block_v /= 2;
@@ -290,15 +314,25 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   if (algorithm == Algorithm::chunked) {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_chunked_tile).
     RunOptions tiled = options;
+    // Few long sequences: the serial form over segments of them (cuda::ChunkedSegments).
+    const std::int64_t segment_tokens = chunked_segment_tokens(bound, options);
+    cuda::ChunkedSegments segments;
+    if (segment_tokens > 0)
+      segments = cuda::chunked_segments(bound.dims.N, args.tokens, args.cu_seqlens, segment_tokens, args.reverse);
     if (!tiled.chunked_tile) {
       // The 8 tiles the cost model ranks best: it ranks the measured tiles in their measured order
       // at the benchmark shapes, so a first call times those instead of all 25 (12 s at K=V=128 on
       // the H100). ladle-tune still times every valid tile.
       TuneOptions tune_options;
       tune_options.max_candidates = 8;
-      tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic_chunked_tile(variant, bound), tune_options);
+      tiled.chunked_tile = tuned_chunked_tile(variant, bound, options,
+                                              heuristic_chunked_tile(variant, bound, segments.segments()), tune_options);
     }
     cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, tiled);
+    if (segment_tokens > 0 && spec.tile.split())
+      throw InvalidArgument(fmt::format("{}: chunked_segment_tokens = {} with a split chunked_tile ({}): the split form runs whole "
+                                        "sequences (name a serial tile, or chunked_segment_tokens = 0)",
+                                        op, segment_tokens, cuda::to_string(spec.tile)));
     const std::int64_t N = bound.dims.N;
     const auto run = [&](const SplitArguments& split, std::int64_t chunks) {
       const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
@@ -308,7 +342,59 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
                               static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
     };
-    if (!spec.tile.split()) {
+    if (segment_tokens > 0) {
+      // 1. Every segment but the last of its sequence: its own final state and decay, from zero
+      //    (the split form's state pass, 64 x 64 state tiles of 4 warps, 64-token chunks).
+      // 2. Every segment: the serial form from the state its earlier segments leave.
+      const std::int64_t S = segments.segments(), earlier = segments.earlier_segments();
+      const std::int64_t width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
+      const auto upload_rows = [&](const std::vector<long long>& rows) {
+        DeviceBuffer buffer = DeviceBuffer::on_stream(std::max<std::size_t>(8, rows.size() * sizeof(long long)), launch.stream);
+        if (!rows.empty()) buffer.copy_from_host(rows.data(), rows.size() * sizeof(long long), 0, launch.stream);
+        return buffer;
+      };
+      DeviceBuffer all_rows = upload_rows(segments.all), earlier_rows = upload_rows(segments.earlier);
+      DeviceBuffer own_states = DeviceBuffer::on_stream(
+          std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), launch.stream);
+      DeviceBuffer own_decay =
+          DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), launch.stream);
+      const cuda::ChunkedKernelSpec serial = spec;
+      if (earlier > 0) {
+        cuda::ChunkedKernelSpec first = serial;
+        first.tile = split_chunked_tile(serial.tile, args.value_dim);
+        cuda::ChunkedTile longer = first.tile;  // 64-token chunks where the tile allows them
+        longer.chunk = 64;
+        longer.warps = std::max(longer.warps, 4);
+        const int max_shared = Device::get().properties().max_shared_per_block_optin;
+        if (cuda::validate_chunked_tile(longer, variant, args.key_dim, args.value_dim, max_shared).empty()) first.tile = longer;
+        first.phase = cuda::ChunkedPhase::states;
+        first.segmented = true;
+        first.varlen = false;
+        first.initial_state = first.final_state = false;
+        spec = first;
+        const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
+        SplitArguments split;
+        split.segments = earlier_rows.device_ptr();
+        split.segment_states = own_states.device_ptr();
+        split.segment_decay = own_decay.device_ptr();
+        KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr(), split);
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, earlier, args.heads, args.key_dim, args.value_dim, 0);
+        loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
+                                static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+      }
+      spec = serial;
+      spec.segmented = true;
+      spec.varlen = false;
+      const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
+      SplitArguments split;
+      split.segments = all_rows.device_ptr();
+      split.segment_states = own_states.device_ptr();
+      split.segment_decay = own_decay.device_ptr();
+      KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr(), split);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, S, args.heads, args.key_dim, args.value_dim, 0);
+      loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
+                              static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+    } else if (!spec.tile.split()) {
       run({}, 0);
     } else {
       // The split form: the state pass writes the state entering every chunk, then every

@@ -47,9 +47,16 @@ CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::Recu
 // InvalidArgument when chunked is forced on a variant or dtype it cannot run.
 Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options);
 
+// Tokens per segment of the chunked serial form for this call (0: whole sequences): the
+// caller's RunOptions::chunked_segment_tokens, else, where the (sequence, head) pairs fill less
+// than half the SMs and the sequences are long, a power-of-two cut of each sequence that keeps at
+// least 1024 tokens a segment. A split tile runs whole sequences.
+std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options);
+
 // The chunked tile without tuning: by K and V, the device's shared memory, and the number
-// of blocks the shape gives.
-cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound);
+// of blocks the shape gives (sequences: the segments when the call runs segmented, else 0: N).
+cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                         std::int64_t sequences = 0);
 // The split form of a serial tile (state tiles 64 x 64 of 4 warps, bf16 per-chunk states).
 cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim);
 cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,

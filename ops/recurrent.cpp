@@ -107,6 +107,7 @@ RunOptions run_options(const RecurrentOptions& options) {
   run.backend = options.backend;
   run.algorithm = options.algorithm;
   run.chunked_tile = options.chunked_tile;
+  run.chunked_segment_tokens = options.chunked_segment_tokens;
   return run;
 }
 

@@ -30,6 +30,9 @@ struct RecurrentOptions {
   Backend backend = Backend::automatic;     // GPU when there is one, else CPU
   Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
   std::optional<cuda::ChunkedTile> chunked_tile;  // the chunked family's tile on the GPU (serial or split form); empty: tuned/heuristic
+  // The chunked serial form cut into segments of at most this many tokens (> 0), run in parallel
+  // and joined through their states; 0: never; empty: where few long sequences leave SMs idle.
+  std::optional<std::int64_t> chunked_segment_tokens;
 };
 
 // The variant of a named op by name, with gates named as in the tools' --gates flag:

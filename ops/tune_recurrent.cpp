@@ -315,8 +315,15 @@ TuneJob chunked_tune_job(const ir::Variant& variant, const ops::BoundInputs& bou
                          const cuda::ChunkedTile& heuristic) {
   const DeviceLimits device = DeviceLimits::from(Device::get().properties());
   const TuneShape shape = TuneShape::of(bound);
-  TunedKey key = tune_key(chunked_family, variant, kernel_types(variant, bound, options), shape, device);
-  return TuneJob{std::move(key), Tuner(chunked_search_space(variant, shape, heuristic), device, to_config(heuristic)),
+  TuneShape model = shape;
+  const std::int64_t segment_tokens = chunked_segment_tokens(bound, options);
+  if (segment_tokens > 0) {
+    model.N = cuda::chunked_segments(bound.dims.N, bound.args.tokens, bound.args.cu_seqlens, segment_tokens, bound.args.reverse).segments();
+    model.tokens_per_sequence = std::min(shape.tokens_per_sequence, segment_tokens);
+  }
+  TunedKey key = tune_key(segment_tokens > 0 ? chunked_segmented_family : chunked_family, variant,
+                          kernel_types(variant, bound, options), shape, device);
+  return TuneJob{std::move(key), Tuner(chunked_search_space(variant, model, heuristic), device, to_config(heuristic)),
                  candidate_factory<ChunkedFamily>(variant, bound, options)};
 }
 

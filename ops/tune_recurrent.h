@@ -25,6 +25,9 @@ namespace ladle::gpu {
 // The families' names in the tuned-config cache.
 inline constexpr std::string_view recurrent_family = "fused_recurrent";
 inline constexpr std::string_view chunked_family = "chunked";
+// The chunked family where the call runs segmented (gpu::chunked_segment_tokens > 0): its own
+// tuned entries, and the cost model sees the segments as the sequences.
+inline constexpr std::string_view chunked_segmented_family = "chunked_segmented";
 
 // The sizes a tile is chosen for. Pure data, so that spaces and keys are built (and tested)
 // without a device.

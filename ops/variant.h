@@ -49,6 +49,10 @@ struct RunOptions {
   std::optional<cuda::RecurrentTile> tile;
   // The chunked tile on the GPU (block_k, chunk, block_v, warps); empty: tuned/heuristic.
   std::optional<cuda::ChunkedTile> chunked_tile;
+  // The chunked serial form's segments (cuda::ChunkedSegments): at most this many tokens per
+  // segment; 0: whole sequences; empty: by shape (few long sequences are cut so that the blocks
+  // cover the GPU: chunked_segment_tokens).
+  std::optional<std::int64_t> chunked_segment_tokens;
 };
 
 struct RecurrentResult {

@@ -97,6 +97,9 @@ struct SplitArguments {
   void* chunk_states = nullptr;
   const std::int64_t* chunk_offsets = nullptr;
   int sequences = 0;
+  const long long* segments = nullptr;  // the segmented form (cuda::ChunkedSegments)
+  float* segment_states = nullptr;
+  float* segment_decay = nullptr;
 };
 
 // The kernel's argument array, packed from the bound arguments as a launcher packs it.
@@ -138,6 +141,9 @@ class Arguments {
         case Role::chunk_states: push(static_cast<const void*>(split.chunk_states)); break;
         case Role::chunk_offsets: push(static_cast<const void*>(split.chunk_offsets)); break;
         case Role::sequences: push(split.sequences); break;
+        case Role::segments: push(static_cast<const void*>(split.segments)); break;
+        case Role::segment_states: push(static_cast<const void*>(split.segment_states)); break;
+        case Role::segment_decay: push(static_cast<const void*>(split.segment_decay)); break;
       }
     }
     for (auto& value : values_) pointers_.push_back(value.data());

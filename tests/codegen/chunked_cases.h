@@ -7,6 +7,7 @@
 
 #include <ladle/codegen/cuda_chunked.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -134,6 +135,45 @@ inline std::vector<Case> split() {
     c.tile.state_f32 = t.f32;
     c.c.name += " (split)";
     cases.push_back(c);
+  }
+  return cases;
+}
+
+// The segmented form (a state pass over every segment but the last of its sequence, then the
+// serial form over every segment) on every case above: segments of 16 to 64 tokens, so that most
+// sequences have several and a partial last one, hard resets and strong gates fall on both sides
+// of their boundaries; the first kernel's state tiles and chunk vary as in split().
+struct SegmentedCase {
+  Case c;                      // the serial kernel's case (c.c.spec: the call's types)
+  ladle::cuda::ChunkedTile first;  // the first kernel's (split) tile
+  std::int64_t segment_tokens;
+  ladle::cuda::ChunkedKernelSpec serial_spec() const {
+    ladle::cuda::ChunkedKernelSpec s = c.spec();
+    s.segmented = true;
+    s.varlen = false;
+    return s;
+  }
+  ladle::cuda::ChunkedKernelSpec first_spec() const {
+    ladle::cuda::ChunkedKernelSpec s = serial_spec();
+    s.tile = first;
+    s.phase = ladle::cuda::ChunkedPhase::states;
+    s.initial_state = s.final_state = false;
+    return s;
+  }
+};
+
+inline std::vector<SegmentedCase> segmented() {
+  std::vector<SegmentedCase> cases;
+  int i = 0;
+  const std::vector<Case> split_cases = split();
+  for (const Case& c : all()) {
+    ladle::cuda::ChunkedTile first = split_cases[static_cast<std::size_t>(i)].tile;
+    if (i % 2 == 0) first.chunk = 64, first.warps = std::max(first.warps, 4);  // the states phase does not use warps
+    Case serial = c;
+    serial.c.name += " (segmented)";
+    const std::int64_t lengths[] = {16, 48, 32, 64, 40};
+    cases.push_back({serial, first, lengths[i % 5]});
+    ++i;
   }
   return cases;
 }

@@ -49,5 +49,26 @@ int main(int argc, char** argv) {
   }
   out << "struct EmulatedSplit {\n  EmulatedKernel states, outputs;\n};\n";
   out << "static const EmulatedSplit emulated_split_kernels[] = {\n" << split_table << "};\n";
+
+  // The segmented form: its first kernel (a state pass per segment) and the serial one per case.
+  const auto segmented = chunked_cases::segmented();
+  std::string segmented_table;
+  for (std::size_t i = 0; i < segmented.size(); ++i) {
+    std::string entry;
+    const ladle::cuda::ChunkedKernelSpec specs[] = {segmented[i].first_spec(), segmented[i].serial_spec()};
+    for (int k = 0; k < 2; ++k) {
+      const ladle::cuda::ChunkedKernel kernel = ladle::cuda::generate_chunked(segmented[i].c.c.variant, specs[k]);
+      if (written.insert(kernel.name).second) out << kernel.source;
+      const std::string launcher = "launch_segmented_" + std::to_string(i) + (k == 0 ? "_first" : "_serial");
+      out << "\nstatic void " << launcher << "(void** args) {\n  " << kernel.name << "(";
+      for (std::size_t p = 0; p < kernel.params.size(); ++p)
+        out << (p ? ",\n      " : "") << "*static_cast<" << kernel.params[p].c_type << "*>(args[" << p << "])";
+      out << ");\n}\n\n";
+      entry += std::string(entry.empty() ? "" : ", ") + "{\"" + kernel.name + "\", " + launcher + "}";
+    }
+    segmented_table += "    {" + entry + "},\n";
+  }
+  out << "struct EmulatedSegmented {\n  EmulatedKernel first, serial;\n};\n";
+  out << "static const EmulatedSegmented emulated_segmented_kernels[] = {\n" << segmented_table << "};\n";
   return out ? 0 : 1;
 }

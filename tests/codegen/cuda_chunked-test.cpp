@@ -167,3 +167,82 @@ TEST_CASE("chunked: the split form (state pass, then every chunk at once) comput
     });
   }
 }
+
+TEST_CASE("chunked: the segmented form (each segment's own state, then the serial form from the state the earlier "
+          "ones leave) computes what the CPU path computes", "[codegen][chunked][emulation]") {
+  const auto cases = chunked_cases::segmented();
+  REQUIRE(std::size(emulated_segmented_kernels) == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const chunked_cases::SegmentedCase& sc = cases[i];
+    const cuda_cases::Case& c = sc.c.c;
+    const cuda::ChunkedKernel first = cuda::generate_chunked(c.variant, sc.first_spec());
+    const cuda::ChunkedKernel serial = cuda::generate_chunked(c.variant, sc.serial_spec());
+    INFO(c.name << " (" << cuda::to_string(sc.c.tile) << ", first " << cuda::to_string(sc.first) << ", segments of "
+                << sc.segment_tokens << " tokens)");
+    REQUIRE(first.name == emulated_segmented_kernels[i].first.name);
+    REQUIRE(serial.name == emulated_segmented_kernels[i].serial.name);
+    REQUIRE(cuda::validate_chunked_tile(sc.first, c.variant, c.K, c.V).empty());
+    REQUIRE(static_cast<std::size_t>(first.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
+    CHECK_THAT(serial.source, Catch::Contains("S = 2^D_j S + L_j"));
+    check_against_cpu(sc.c, 4000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+      const cuda::ChunkedSegments segments =
+          cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse);
+      const std::int64_t earlier = segments.earlier_segments();
+      const std::int64_t width = cuda::chunked_segment_decay_width(c.variant, c.K, c.V);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> own_states(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * c.K * c.V)), nan);
+      std::vector<float> own_decay(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * width)), nan);
+      SplitArguments split;
+      split.segment_states = own_states.data();
+      split.segment_decay = own_decay.data();
+      if (earlier > 0) {
+        split.segments = segments.earlier.data();
+        Arguments arguments(first.params, c, gpu_run.args, split);
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(first, earlier, c.H, c.K, c.V, 0);
+        cuda_emulation::launch(grid.x, grid.y, grid.z, first.threads, [&] { emulated_segmented_kernels[i].first.launch(arguments.data()); });
+        // Every earlier segment's state and decay were written.
+        for (std::int64_t e = 0; e < earlier * c.H * c.K * c.V; ++e) REQUIRE(!std::isnan(own_states[static_cast<std::size_t>(e)]));
+        for (std::int64_t e = 0; e < earlier * c.H * width; ++e) REQUIRE(!std::isnan(own_decay[static_cast<std::size_t>(e)]));
+      }
+      split.segments = segments.all.data();
+      Arguments arguments(serial.params, c, gpu_run.args, split);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(serial, segments.segments(), c.H, c.K, c.V, 0);
+      cuda_emulation::launch(grid.x, grid.y, grid.z, serial.threads, [&] { emulated_segmented_kernels[i].serial.launch(arguments.data()); });
+    });
+  }
+}
+
+TEST_CASE("chunked: segments cover every sequence in the recurrence's direction", "[codegen][chunked]") {
+  // Two sequences of 100 tokens in segments of 40: 40, 40, 20 forward; from the back reversed.
+  const cuda::ChunkedSegments forward = cuda::chunked_segments(2, 100, {}, 40, false);
+  REQUIRE(forward.segments() == 6);
+  REQUIRE(forward.earlier_segments() == 4);
+  const std::vector<long long> row4(forward.all.begin() + 4 * 8, forward.all.begin() + 5 * 8);
+  CHECK(row4 == std::vector<long long>{1, 40, 80, 1, 1, 2, 0, 0});
+  const cuda::ChunkedSegments reverse = cuda::chunked_segments(2, 100, {}, 40, true);
+  const std::vector<long long> row2(reverse.all.begin() + 2 * 8, reverse.all.begin() + 3 * 8);
+  CHECK(row2 == std::vector<long long>{0, 0, 20, 0, 2, 0, 1, 0});
+  // Packed sequences (one empty): positions in the packed row, one empty segment for the empty one.
+  const cuda::ChunkedSegments packed = cuda::chunked_segments(3, 0, {0, 50, 50, 90}, 32, false);
+  REQUIRE(packed.segments() == 5);
+  const std::vector<long long> empty(packed.all.begin() + 2 * 8, packed.all.begin() + 3 * 8);
+  CHECK(empty == std::vector<long long>{0, 50, 50, 1, 0, 1, 1, 0});
+  const std::vector<long long> last(packed.all.begin() + 4 * 8, packed.all.begin() + 5 * 8);
+  CHECK(last == std::vector<long long>{0, 82, 90, 2, 1, 1, 1, 0});
+  CHECK_THROWS_WITH(cuda::chunked_segments(2, 100, {}, 0, false), Catch::Contains("segment_tokens = 0, expected > 0"));
+  CHECK_THROWS_WITH(cuda::chunked_segments(2, 100, {0, 5}, 8, false), Catch::Contains("cu_seqlens has 2 offsets, expected 3"));
+  // The segmented kernels refuse what they cannot take.
+  const ir::Variant& gla = recurrent_variant(true, false, false, false);
+  cuda::ChunkedKernelSpec spec;
+  spec.input_types.assign(gla.inputs.size(), ElementType::bf16);
+  spec.segmented = true;
+  spec.varlen = true;
+  CHECK_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("not cu_seqlens"));
+  spec.varlen = false;
+  spec.tile = {128, 64, 64, 8, 64, 64, 4, false};
+  spec.phase = cuda::ChunkedPhase::states;
+  spec.final_state = true;
+  CHECK_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("starts from zero"));
+  spec.phase = cuda::ChunkedPhase::outputs;
+  CHECK_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("no segmented form"));
+}

@@ -255,3 +255,19 @@ TEST_CASE("a malformed variant is rejected before it runs", "[ops][errors]") {
   REQUIRE_THROWS_WITH(run_variant(variant, t.make({1, 4, 2, 4}), t.make({1, 4, 2, 4}), t.make({1, 4, 2, 3}), {{}, {{"scale", 1.0f}}}),
                       "recurrent: the variant is malformed: slot k_feature is required but empty");
 }
+
+TEST_CASE("the chunked form's segments are checked", "[ops][errors]") {
+  Tensors t;
+  const TensorView q = t.make({1, 8, 2, 4}), v = t.make({1, 8, 2, 4});
+  ladle::RecurrentOptions options;
+  options.backend = ladle::Backend::cpu;
+  options.chunked_segment_tokens = -1;
+  CHECK_THROWS_WITH(ladle::recurrent(q, q, v, options),
+                    Catch::Contains("recurrent: chunked_segment_tokens = -1, expected >= 0"));
+  options.chunked_segment_tokens = 64;
+  options.chunked_tile = ladle::cuda::ChunkedTile{16, 16, 16, 4, 16, 16, 4, false};
+  CHECK_THROWS_WITH(ladle::recurrent(q, q, v, options),
+                    Catch::Contains("chunked_segment_tokens = 64 with a split chunked_tile (block_k=16"));
+  options.chunked_segment_tokens = 0;  // whole sequences: fine with a split tile
+  CHECK_NOTHROW(ladle::recurrent(q, q, v, options));
+}

@@ -31,6 +31,7 @@ struct Case {
   std::optional<float> scale;
   ladle::Algorithm algorithm = ladle::Algorithm::automatic;  // the GPU's family
   std::optional<ladle::cuda::ChunkedTile> chunked_tile;       // the chunked family's tile (else the heuristic)
+  std::optional<std::int64_t> segment_tokens;                 // the chunked serial form's segments (else by shape)
   double gate_level = 0;  // not 0: every gate (and g_gamma) within 1 of this per token
   double hard_reset = 0;  // not 0: g, gk, gv take this value (-inf: a hard reset) where reset_at says; g_gamma for head 0
 
@@ -43,7 +44,8 @@ struct Case {
       << " rank3=" << packed_rank3 << " h0=" << initial_state
       << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto")
       << " gate_level=" << gate_level << " hard_reset=" << hard_reset
-      << " chunked_tile=" << (chunked_tile ? ladle::cuda::to_string(*chunked_tile) : "heuristic");
+      << " chunked_tile=" << (chunked_tile ? ladle::cuda::to_string(*chunked_tile) : "heuristic")
+      << " segment_tokens=" << (segment_tokens ? std::to_string(*segment_tokens) : "auto");
     return s.str();
   }
 };
@@ -105,6 +107,7 @@ void check_case(Case c) {
   options.return_state = true;
   options.algorithm = c.algorithm;
   options.chunked_tile = c.chunked_tile;
+  options.chunked_segment_tokens = c.segment_tokens;
   std::optional<test::Filled> g, gk, gv, g_gamma, h0;
   std::uniform_real_distribution<double> strong(c.gate_level - 1, c.gate_level + 1);
   const auto gate = [&](std::vector<std::int64_t> shape) {
@@ -416,6 +419,57 @@ TEST_CASE("chunked: the split form over every gate combination, packed sequences
     c.gate_level = level;
     c.initial_state = true;
     c.chunked_tile = ladle::cuda::ChunkedTile{64, 64, 64, 8, 64, 64, 4, false};
+    check_case(c);
+  }
+}
+
+TEST_CASE("chunked: the segmented form (few long sequences cut into segments joined through their states)",
+          "[ops][chunked][segmented]") {
+  for (unsigned gates = 0; gates < 16; ++gates) {
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.T = 300;
+    c.K = 32, c.V = 48;
+    c.type = c.gate_type = gates % 2 ? ElementType::bf16 : ElementType::f16;
+    c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
+    c.reverse = gates % 3 == 1;
+    c.initial_state = gates % 3 != 2;
+    c.segment_tokens = gates % 4 == 0 ? 64 : 100;
+    if (gates % 2) c.chunked_tile = ladle::cuda::ChunkedTile{32, 32, 48, 4};
+    check_case(c);
+  }
+  for (bool reverse : {false, true}) {  // packed sequences, an empty one and one shorter than a segment
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.type = c.gate_type = ElementType::bf16;
+    c.cu_seqlens = {0, 1, 170, 170, 400, 529};
+    c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
+    c.g = c.gv = true;
+    c.initial_state = true;
+    c.reverse = reverse;
+    c.segment_tokens = 96;
+    check_case(c);
+  }
+  for (double level : {-2.5, -10.0}) {  // strong gates: the steps' fallbacks inside segments
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 1, c.T = 3000, c.H = 2, c.H_kv = 2, c.K = 64, c.V = 64;
+    c.type = ElementType::bf16;
+    c.g = c.gv = c.g_gamma = true;
+    c.gate_level = level;
+    c.initial_state = true;
+    c.segment_tokens = 512;
+    check_case(c);
+  }
+  {  // hard resets across segment boundaries
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 2, c.T = 400, c.K = 32, c.V = 32;
+    c.type = ElementType::bf16;
+    c.g = c.gv = c.g_gamma = true;
+    c.hard_reset = -std::numeric_limits<double>::infinity();
+    c.initial_state = true;
+    c.segment_tokens = 64;
     check_case(c);
   }
 }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
   app.add_option("-V", V);
   app.add_option("--reps", reps);
   app.add_option("--tile", tiles, "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,state_block_k,state_block_v,state_warps[,f32]] (repeatable); default: the heuristic");
+  std::vector<long long> segment_list;
+  app.add_option("--segment-tokens", segment_list,
+                 "chunked: tokens per segment of the serial form (repeatable; 0: whole sequences); default: by shape");
   std::string op = "gla", algo = "recurrent";
   app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user"}));
   app.add_option("--algo", algo)->check(CLI::IsMember({"recurrent", "chunked"}));
@@ -101,8 +105,14 @@ int main(int argc, char** argv) {
     const std::string untiled_label = !policy || std::string(policy) != "heuristic"
                                           ? std::string("tuned(") + (policy && *policy ? policy : "cached") + ")"
                                           : "heuristic";
+    std::vector<std::optional<long long>> segment_choices;
+    for (long long s : segment_list) segment_choices.push_back(s);
+    if (segment_choices.empty()) segment_choices.push_back(std::nullopt);
+    for (const auto& segment_tokens : segment_choices)
     for (const auto& tile_text : tiles) {
       ladle::RunOptions options;
+      if (segment_tokens) options.chunked_segment_tokens = *segment_tokens;
+      const std::string segment_label = segment_tokens ? std::to_string(*segment_tokens) : "auto";
       options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
       if (!tile_text.empty() && algo == "chunked") {
         const ladle::cuda::ChunkedTile tile = ladle::cuda::parse_chunked_tile(tile_text);
@@ -148,9 +158,9 @@ int main(int argc, char** argv) {
         std::sort(ms.begin(), ms.end());
         const double median = ms[ms.size() / 2];
         std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"B%d T%d H%d K%d V%d bf16\","
-                    "\"tile\":\"%s\",\"ms\":%.4f,\"GBps\":%.1f,\"floor_ms\":%.4f,\"first_call_ms\":%.1f}\n",
-                    label.c_str(), B, T, H, K, V, tile_text.empty() ? untiled_label.c_str() : tile_text.c_str(), median,
-                    bytes / (median * 1e-3) / 1e9, bytes / (copy_gbps * 1e9) * 1e3, first_call_ms);
+                    "\"tile\":\"%s\",\"segment_tokens\":\"%s\",\"ms\":%.4f,\"GBps\":%.1f,\"floor_ms\":%.4f,\"first_call_ms\":%.1f}\n",
+                    label.c_str(), B, T, H, K, V, tile_text.empty() ? untiled_label.c_str() : tile_text.c_str(),
+                    segment_label.c_str(), median, bytes / (median * 1e-3) / 1e9, bytes / (copy_gbps * 1e9) * 1e3, first_call_ms);
       } catch (const std::exception& e) {
         std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"tile\":\"%s\",\"error\":\"%s\"}\n", label.c_str(),
                     tile_text.c_str(), e.what());

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   bool sass = false;
   std::string op, gates, dtype = "bf16", tile_text;
   int key_dim = 128, value_dim = 128;
-  bool reverse = false, varlen = false, states = false;
+  bool reverse = false, varlen = false, states = false, segmented = false;
   auto* file_option = app.add_option("file", file, "a CUDA C++ source file (.cu)")->check(CLI::ExistingFile);
   auto* op_option = app.add_option("--op", op, "show the kernel ladle generates for an op")
                         ->check(CLI::IsMember({"gla", "recurrent", "attention"}));
@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--states", states, "initial and final states");
+  app.add_flag("--segmented", segmented,
+               "chunked: the segmented form's two kernels (each segment's own state, then the serial form over segments)");
   std::string masks, mods;
   int value_head_dim = 0;
   bool lse = false;
@@ -169,7 +171,19 @@ int main(int argc, char** argv) {
         if (!tile_text.empty()) spec.tile = ladle::cuda::parse_chunked_tile(tile_text);
         if (auto problems = ladle::cuda::validate_chunked_tile(spec.tile, variant, key_dim, value_dim); !problems.empty())
           throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
-        if (spec.tile.split()) {  // the family's two kernels: the state pass, then the output pass
+        if (segmented) {  // the segmented form: each segment's own state (the split tile's state pass), then the serial form
+          if (spec.tile.split()) throw ladle::InvalidArgument("ladle-dump: --segmented takes a serial tile, got " + tile_text);
+          ladle::cuda::ChunkedKernelSpec first = spec;
+          first.tile = ladle::gpu::split_chunked_tile(spec.tile, value_dim);
+          first.tile.chunk = 64;
+          first.tile.warps = std::max(first.tile.warps, 4);
+          first.phase = ladle::cuda::ChunkedPhase::states;
+          first.segmented = true;
+          first.varlen = first.initial_state = first.final_state = false;
+          programs.push_back(ladle::gpu::compile_chunked(variant, first, arch).program);
+          spec.segmented = true;
+          spec.varlen = false;
+        } else if (spec.tile.split()) {  // the family's two kernels: the state pass, then the output pass
           spec.phase = ladle::cuda::ChunkedPhase::states;
           programs.push_back(ladle::gpu::compile_chunked(variant, spec, arch).program);
           spec.phase = ladle::cuda::ChunkedPhase::outputs;
