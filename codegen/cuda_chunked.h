@@ -40,6 +40,12 @@
 // Bytes of the split form: q, k, v, the gates and o as above (k, v and the gates twice),
 // plus the per-chunk states written once and read once (bf16: K * V * 2 bytes per chunk).
 //
+// The segmented form (ChunkedKernelSpec::segmented, ChunkedSegments below) is the one the library
+// runs for few long sequences: each sequence cut into segments, the state pass over every segment
+// but the last (from zero: its own state and total decay), then the serial form over every segment
+// at once from the state its earlier segments leave. k, v and the gates are read twice for all but
+// the last segment; one fp32 state and decay row per segment cross global memory.
+//
 // Launch: serial: grid (ceil(V / block_v), N * H); states: grid (ceil(V / state_block_v),
 // ceil(K / state_block_k), N * H); outputs: grid (chunks * ceil(V / block_v), H), where chunks
 // = N * ceil(T / chunk), or the sum over packed sequences; block (32 * warps); dynamic shared

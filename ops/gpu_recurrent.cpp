@@ -186,7 +186,8 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // third step), H16 K=V=128: 128,32,128,8 at B32 T1024 and B8 T4096 (GLA 1.01-1.03 ms), 128,64,32,8
 // at B2 T16384 (2.43 ms), each the tuner's choice too. The split form (parallel over chunks) is
 // correct but slower at every benchmark shape (GLA B8 T4096: 3.48 vs 1.05 ms), so a split tile is
-// used only when named.
+// used only when named. Where the call runs segmented (chunked_segment_tokens), `sequences` is the
+// number of segments: B2 T16384 in 4 segments takes B8 T4096's tile, 128,32,128,8.
 std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options) {
   if (options.chunked_segment_tokens) return *options.chunked_segment_tokens;  // checked by bind_inputs
   if (options.chunked_tile && options.chunked_tile->split()) return 0;
