@@ -253,6 +253,22 @@ cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64
   return tile;
 }
 
+SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
+                                       std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes) {
+  SegmentedSpecs out{serial, serial};
+  out.serial.segmented = true;
+  out.serial.varlen = false;
+  out.first = out.serial;
+  out.first.tile = split_chunked_tile(serial.tile, value_dim);
+  cuda::ChunkedTile longer = out.first.tile;  // 64-token chunks where the tile allows them
+  longer.chunk = 64;
+  longer.warps = std::max(longer.warps, 4);
+  if (cuda::validate_chunked_tile(longer, variant, key_dim, value_dim, max_shared_bytes).empty()) out.first.tile = longer;
+  out.first.phase = cuda::ChunkedPhase::states;
+  out.first.initial_state = out.first.final_state = false;
+  return out;
+}
+
 cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                             const RunOptions& options) {
   const auto& args = bound.args;
@@ -335,10 +351,11 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
                                         "sequences (name a serial tile, or chunked_segment_tokens = 0)",
                                         op, segment_tokens, cuda::to_string(spec.tile)));
     const std::int64_t N = bound.dims.N;
-    const auto run = [&](const SplitArguments& split, std::int64_t chunks) {
+    // Launches spec's kernel over `sequences` (the call's N, or the rows of a segments table).
+    const auto run = [&](const SplitArguments& split, std::int64_t chunks, std::int64_t sequences) {
       const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
       KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr(), split);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, N, args.heads, args.key_dim, args.value_dim, chunks);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, sequences, args.heads, args.key_dim, args.value_dim, chunks);
       if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
       loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
                               static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
@@ -359,44 +376,21 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
           std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), launch.stream);
       DeviceBuffer own_decay =
           DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), launch.stream);
-      const cuda::ChunkedKernelSpec serial = spec;
-      if (earlier > 0) {
-        cuda::ChunkedKernelSpec first = serial;
-        first.tile = split_chunked_tile(serial.tile, args.value_dim);
-        cuda::ChunkedTile longer = first.tile;  // 64-token chunks where the tile allows them
-        longer.chunk = 64;
-        longer.warps = std::max(longer.warps, 4);
-        const int max_shared = Device::get().properties().max_shared_per_block_optin;
-        if (cuda::validate_chunked_tile(longer, variant, args.key_dim, args.value_dim, max_shared).empty()) first.tile = longer;
-        first.phase = cuda::ChunkedPhase::states;
-        first.segmented = true;
-        first.varlen = false;
-        first.initial_state = first.final_state = false;
-        spec = first;
-        const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
-        SplitArguments split;
-        split.segments = earlier_rows.device_ptr();
-        split.segment_states = own_states.device_ptr();
-        split.segment_decay = own_decay.device_ptr();
-        KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr(), split);
-        const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, earlier, args.heads, args.key_dim, args.value_dim, 0);
-        loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
-                                static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
-      }
-      spec = serial;
-      spec.segmented = true;
-      spec.varlen = false;
-      const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
+      const int max_shared = Device::get().properties().max_shared_per_block_optin;
+      const auto [first, serial] = segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared);
       SplitArguments split;
-      split.segments = all_rows.device_ptr();
       split.segment_states = own_states.device_ptr();
       split.segment_decay = own_decay.device_ptr();
-      KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr(), split);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, S, args.heads, args.key_dim, args.value_dim, 0);
-      loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
-                              static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+      if (earlier > 0) {
+        spec = first;
+        split.segments = earlier_rows.device_ptr();
+        run(split, 0, earlier);
+      }
+      spec = serial;
+      split.segments = all_rows.device_ptr();
+      run(split, 0, S);
     } else if (!spec.tile.split()) {
-      run({}, 0);
+      run({}, 0, N);
     } else {
       // The split form: the state pass writes the state entering every chunk, then every
       // chunk's output is formed in parallel. The per-chunk states live on the call's stream.
@@ -420,10 +414,10 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
         split.chunk_offsets = device_offsets.device_ptr();
       }
       spec.phase = cuda::ChunkedPhase::states;
-      run(split, chunks);
+      run(split, chunks, N);
       if (chunks > 0) {
         spec.phase = cuda::ChunkedPhase::outputs;
-        run(split, chunks);
+        run(split, chunks, N);
       }
     }
   } else {

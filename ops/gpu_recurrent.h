@@ -61,6 +61,14 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
 cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim);
 cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                             const RunOptions& options);
+// The segmented form's two kernels for a call's serial spec: the state pass over every segment but
+// the last (the split form's state tile of split_chunked_tile, at 64-token chunks where they fit
+// max_shared_bytes; 0: not checked), then the serial form over every segment.
+struct SegmentedSpecs {
+  cuda::ChunkedKernelSpec first, serial;
+};
+SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
+                                       std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes = 0);
 struct CompiledChunked {
   cuda::ChunkedKernel kernel;
   CompiledProgram program;

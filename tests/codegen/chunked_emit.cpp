@@ -17,15 +17,18 @@ int main(int argc, char** argv) {
   std::string table;
   const auto cases = chunked_cases::all();
   std::set<std::string> written;  // cases that differ only in their inputs share a kernel
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    const ladle::cuda::ChunkedKernel kernel = ladle::cuda::generate_chunked(cases[i].c.variant, cases[i].spec());
+  // Writes the kernel (once) and a launcher that unpacks an argument array into it; returns the
+  // table entry {name, launcher}.
+  const auto emit = [&](const ladle::cuda::ChunkedKernel& kernel, const std::string& launcher) {
     if (written.insert(kernel.name).second) out << kernel.source;
-    out << "\nstatic void launch_" << i << "(void** args) {\n  " << kernel.name << "(";
+    out << "\nstatic void " << launcher << "(void** args) {\n  " << kernel.name << "(";
     for (std::size_t p = 0; p < kernel.params.size(); ++p)
       out << (p ? ",\n      " : "") << "*static_cast<" << kernel.params[p].c_type << "*>(args[" << p << "])";
     out << ");\n}\n\n";
-    table += "    {\"" + kernel.name + "\", launch_" + std::to_string(i) + "},\n";
-  }
+    return "{\"" + kernel.name + "\", " + launcher + "}";
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    table += "    " + emit(ladle::cuda::generate_chunked(cases[i].c.variant, cases[i].spec()), "launch_" + std::to_string(i)) + ",\n";
   out << "static const EmulatedKernel emulated_kernels[] = {\n" << table << "};\n\n";
 
   // The split form: a state pass and an output pass per case.
@@ -36,14 +39,9 @@ int main(int argc, char** argv) {
     for (const auto phase : {ladle::cuda::ChunkedPhase::states, ladle::cuda::ChunkedPhase::outputs}) {
       ladle::cuda::ChunkedKernelSpec spec = split[i].spec();
       spec.phase = phase;
-      const ladle::cuda::ChunkedKernel kernel = ladle::cuda::generate_chunked(split[i].c.variant, spec);
-      if (written.insert(kernel.name).second) out << kernel.source;
-      const std::string launcher = "launch_split_" + std::to_string(i) + "_" + ladle::cuda::to_string(phase);
-      out << "\nstatic void " << launcher << "(void** args) {\n  " << kernel.name << "(";
-      for (std::size_t p = 0; p < kernel.params.size(); ++p)
-        out << (p ? ",\n      " : "") << "*static_cast<" << kernel.params[p].c_type << "*>(args[" << p << "])";
-      out << ");\n}\n\n";
-      entry += std::string(entry.empty() ? "" : ", ") + "{\"" + kernel.name + "\", " + launcher + "}";
+      entry += std::string(entry.empty() ? "" : ", ") +
+               emit(ladle::cuda::generate_chunked(split[i].c.variant, spec),
+                    "launch_split_" + std::to_string(i) + "_" + ladle::cuda::to_string(phase));
     }
     split_table += "    {" + entry + "},\n";
   }
@@ -57,14 +55,9 @@ int main(int argc, char** argv) {
     std::string entry;
     const ladle::cuda::ChunkedKernelSpec specs[] = {segmented[i].first_spec(), segmented[i].serial_spec()};
     for (int k = 0; k < 2; ++k) {
-      const ladle::cuda::ChunkedKernel kernel = ladle::cuda::generate_chunked(segmented[i].c.c.variant, specs[k]);
-      if (written.insert(kernel.name).second) out << kernel.source;
-      const std::string launcher = "launch_segmented_" + std::to_string(i) + (k == 0 ? "_first" : "_serial");
-      out << "\nstatic void " << launcher << "(void** args) {\n  " << kernel.name << "(";
-      for (std::size_t p = 0; p < kernel.params.size(); ++p)
-        out << (p ? ",\n      " : "") << "*static_cast<" << kernel.params[p].c_type << "*>(args[" << p << "])";
-      out << ");\n}\n\n";
-      entry += std::string(entry.empty() ? "" : ", ") + "{\"" + kernel.name + "\", " + launcher + "}";
+      entry += std::string(entry.empty() ? "" : ", ") +
+               emit(ladle::cuda::generate_chunked(segmented[i].c.c.variant, specs[k]),
+                    "launch_segmented_" + std::to_string(i) + (k == 0 ? "_first" : "_serial"));
     }
     segmented_table += "    {" + entry + "},\n";
   }

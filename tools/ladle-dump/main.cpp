@@ -173,16 +173,9 @@ int main(int argc, char** argv) {
           throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
         if (segmented) {  // the segmented form: each segment's own state (the split tile's state pass), then the serial form
           if (spec.tile.split()) throw ladle::InvalidArgument("ladle-dump: --segmented takes a serial tile, got " + tile_text);
-          ladle::cuda::ChunkedKernelSpec first = spec;
-          first.tile = ladle::gpu::split_chunked_tile(spec.tile, value_dim);
-          first.tile.chunk = 64;
-          first.tile.warps = std::max(first.tile.warps, 4);
-          first.phase = ladle::cuda::ChunkedPhase::states;
-          first.segmented = true;
-          first.varlen = first.initial_state = first.final_state = false;
-          programs.push_back(ladle::gpu::compile_chunked(variant, first, arch).program);
-          spec.segmented = true;
-          spec.varlen = false;
+          const auto segmented_specs = ladle::gpu::segmented_chunked_specs(variant, spec, key_dim, value_dim);
+          programs.push_back(ladle::gpu::compile_chunked(variant, segmented_specs.first, arch).program);
+          spec = segmented_specs.serial;
         } else if (spec.tile.split()) {  // the family's two kernels: the state pass, then the output pass
           spec.phase = ladle::cuda::ChunkedPhase::states;
           programs.push_back(ladle::gpu::compile_chunked(variant, spec, arch).program);
