@@ -32,8 +32,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   grep -m 20 -B3 -A8 "FAILED" "$out/ops-chunked.txt"
   # compute-sanitizer on subsets sized to finish (the kernels are already in the compile cache
   # from the run above, so the time goes to the checked launches): the serial form with the
-  # prefetch (hard resets: every gate kind, forward and reverse, partial chunks) and the split form.
-  for subset in "chunked: hard resets*" "[split]"; do
+  # prefetch (hard resets: every gate kind, forward and reverse, partial chunks), the split form, and
+  # the state update on wgmma (sm_90a tiles). LADLE_SANITIZE_SUBSETS="[wgmma]" narrows them.
+  for subset in ${LADLE_SANITIZE_SUBSETS:-"chunked: hard resets*" "[split]" "[wgmma]"}; do
     for tool in memcheck racecheck; do
       name=$(echo "$subset" | tr -cd 'a-z')
       LADLE_AUTOTUNE=heuristic timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/ops-recurrent" "$subset" \

@@ -6,6 +6,7 @@
 
 #include <ladle/runtime/error.h>
 
+#include "detail/attention_parts.h"
 #include "detail/cuda_source.h"
 #include "render_c.h"
 
@@ -44,7 +45,7 @@ const std::set<std::string>& template_names() {
       "key0", "chunk_states", "chunk_offsets", "N", "gc", "VT", "chunks", "lo_n", "hi_n", "mid", "c_of", "state_at", "first_chunk",
       "i0", "j0", "u", "key_count", "value_count", "qv8", "kv8", "kg8", "vv8", "vg8", "gt8", "gm8", "ge8", "hf", "half", "odd", "decay_row",
       "decay_col", "decay_head", "read_row", "read_col", "read_head", "next", "next_valid", "qs_at", "ks_at", "vs_at", "st_at",
-      "chunk_worst", "g_lo", "g_hi", "g_tm", "ps", "PLD", "ps_at", "blk", "bi", "bj", "pacc", "p0", "p1"};
+      "chunk_worst", "g_lo", "g_hi", "g_tm", "ps", "PLD", "ps_at", "blk", "bi", "bj", "pacc", "p0", "p1", "VCS", "VRS", "vs_off", "o_row", "row_scale", "x0", "x1"};
   return names;
 }
 
@@ -125,7 +126,22 @@ std::vector<std::string> tile_rules(const ChunkedTile& tile) {
   if (l.state_registers > 64)
     say("each thread would keep " + std::to_string(l.state_registers) +
         " state values in registers (block_k * block_v / threads), expected at most 64");
+  if (tile.wgmma) {
+    if (tile.split()) say("wgmma is the serial form's (state_block_k = 0), not the split form's");
+    if (tile.warps != 4 && tile.warps != 8) say("wgmma needs whole warpgroups: warps = 4 or 8, got " + std::to_string(tile.warps));
+    else if (l.smt % tile.warps != 0)
+      say("wgmma needs block_k / 16 to be a multiple of warps (each warpgroup owns 64-row slices of the state), got block_k = " +
+          std::to_string(tile.block_k) + " with " + std::to_string(tile.warps) + " warps");
+  }
   return problems;
+}
+
+// vs in the wgmma tiles: 8 x 8 core matrices (128 contiguous bytes: 8 tokens of 8 values), 16
+// bytes of padding after each so that a row of 16-byte items spreads over every bank; the
+// core matrices of a row of 8 tokens side by side along V.
+constexpr int vs_core_stride = 72;  // elements from one core matrix to the next along V
+int vs_elements(const ChunkedTile& tile) {
+  return tile.wgmma ? tile.chunk / 8 * (tile.block_v / 8) * vs_core_stride : tile.chunk * (tile.block_v + 8);
 }
 
 }  // namespace
@@ -148,7 +164,8 @@ namespace {
 // Shared memory of a block without the prefetch buffers.
 int base_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile, bool states) {
   const int c = tile.chunk, bk = tile.block_k, bv = tile.block_v;
-  int bytes = align16(c * (bk + 8) * 2) + align16(c * (bv + 8) * 2);          // ks, vs
+  int bytes = align16(c * (bk + 8) * 2) + align16(vs_elements(tile) * 2);     // ks, vs
+  (void)bv;
   if (!states) bytes += align16(c * (bk + 8) * 2) + align16(bk * (bv + 8) * 2) + align16(c * (c + 8) * 2);  // qs, st, ps
   const KeyGate gate = key_gate(variant);
   if (gate == KeyGate::vector) bytes += align16(c * bk * 4);
@@ -214,17 +231,30 @@ std::string to_string(const ChunkedTile& tile) {
   if (tile.split())
     text += " states=" + std::to_string(tile.state_block_k) + "x" + std::to_string(tile.state_block_v) + "x" +
             std::to_string(tile.state_warps) + (tile.state_f32 ? " f32" : "");
+  if (tile.wgmma) text += " wgmma";
   return text;
 }
 
+bool chunked_wgmma_arch(const std::string& arch) { return arch == "sm_90a" || arch == "compute_90a"; }
+
 ChunkedTile parse_chunked_tile(const std::string& text) {
   ChunkedTile tile;
-  char precision[8] = {};
-  const int fields = std::sscanf(text.c_str(), "%d,%d,%d,%d,%d,%d,%d,%7s", &tile.block_k, &tile.chunk, &tile.block_v,
-                                 &tile.warps, &tile.state_block_k, &tile.state_block_v, &tile.state_warps, precision);
-  if ((fields != 4 && fields != 7 && fields != 8) || (fields == 8 && std::string(precision) != "f32"))
+  char word[8] = {};
+  int fields = std::sscanf(text.c_str(), "%d,%d,%d,%d,%d,%d,%d,%7s", &tile.block_k, &tile.chunk, &tile.block_v, &tile.warps,
+                           &tile.state_block_k, &tile.state_block_v, &tile.state_warps, word);
+  bool valid = fields == 4 || fields == 7 || (fields == 8 && std::string(word) == "f32");
+  if (fields == 4 && text.find(',') != std::string::npos) {  // block_k,chunk,block_v,warps[,wgmma]
+    int used = 0;
+    char rest[8] = {};
+    const int more = std::sscanf(text.c_str(), "%*d,%*d,%*d,%*d%n,%7s", &used, rest);
+    if (more == 1) valid = std::string(rest) == "wgmma" && text.substr(static_cast<std::size_t>(used)) == ",wgmma";
+    else valid = used == static_cast<int>(text.size());
+    tile.wgmma = more == 1;
+  }
+  if (!valid)
     throw InvalidArgument("chunked tile '" + text +
-                          "', expected block_k,chunk,block_v,warps[,state_block_k,state_block_v,state_warps[,f32]]");
+                          "', expected block_k,chunk,block_v,warps[,wgmma] or "
+                          "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]");
   tile.state_f32 = fields == 8;
   return tile;
 }
@@ -241,8 +271,11 @@ ChunkedGrid chunked_grid(const ChunkedKernel& kernel, std::int64_t sequences, st
 }
 
 std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir::Variant& variant,
-                                               std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes) {
+                                               std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes,
+                                               const std::string& arch) {
   std::vector<std::string> problems = tile_rules(tile);
+  if (tile.wgmma && !arch.empty() && !chunked_wgmma_arch(arch))
+    problems.push_back("wgmma needs the target sm_90a (wgmma.mma_async), the target is " + arch);
   if (key_dim > tile.block_k)
     problems.push_back("K = " + std::to_string(key_dim) + " exceeds block_k = " + std::to_string(tile.block_k));
   if (key_dim < 1 || value_dim < 1) problems.push_back("K and V must be at least 1");
@@ -288,6 +321,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (const std::string why = chunked_unsupported(variant); !why.empty()) fail(why);
   if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
   check_types("generate_chunked", variant, spec);
+  if (spec.tile.wgmma && !chunked_wgmma_arch(spec.arch))
+    fail("tile " + to_string(spec.tile) + ": wgmma needs the target sm_90a (wgmma.mma_async), the target is " +
+         (spec.arch.empty() ? std::string("not given") : spec.arch));
   const ChunkedPhase phase = spec.phase;
   if ((phase == ChunkedPhase::serial) == spec.tile.split())
     fail(std::string("phase ") + to_string(phase) + (spec.tile.split() ? " with a split tile (" : " needs a split tile, got (") +
@@ -300,6 +336,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
 
   const ChunkedTile tile = states ? state_tile(spec.tile) : spec.tile;
+  const bool wgmma = tile.wgmma;  // the serial form's state update on wgmma.mma_async (vs as core matrices)
   const int threads = 32 * tile.warps;
   const std::vector<std::string> id = identifiers(variant, template_names());
   const auto& inputs = variant.inputs;
@@ -380,6 +417,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
               ", the state entering each chunk (chunks = N * ceil(T / " + std::to_string(tile.chunk) +
               ")" + (spec.varlen ? ", or chunk_offsets[N] packed" : "") + ")\n";
   header += "types: " + types_line(variant, id, spec) + "; tensor-core operands bf16, accumulation fp32\n";
+  header += wgmma ? "tensor cores: the state update on wgmma.mma_async m64n" + std::to_string(tile.block_v) +
+                        "k16 (k_up^T from registers, v_up from shared memory), the other products on mma.sync m16n8k16\n"
+                  : std::string("tensor cores: mma.sync m16n8k16\n");
   header += std::string("gates: key side ") +
             (kgate == KeyGate::vector ? "per dimension" : kgate == KeyGate::scalar ? "per-token scalar" : "none") +
             ", value side " + (vgate ? "per dimension" : "none") + "\n";
@@ -389,7 +429,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   header += "bytes per token and value tile: q, k, v, gates read once, o written once; the state once per sequence.\n";
 
   Code c;
-  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers);
+  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + (wgmma ? wgmma_helpers(tile.block_v, tile.block_v, false, false) : std::string()));
   // The state pass is a serial walk over chunks: several blocks per SM hide its latency, so ptxas
   // is asked to fit 128 registers per thread (without the hint it chose 80 and spilled); measured on
   // the H100: 3 blocks of 168 registers with the staging unrolled ran 1.9x slower than 4 of 127.
@@ -409,6 +449,13 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     ";  // the state: row tiles, per warp, warps per row tile, columns per warp, warps");
   c("constexpr int QLD = BK + 8, VLD = BV + 8, PLD = C + 8;  // padded rows: conflict-free ldmatrix");
   c("(void)PLD;");
+  if (wgmma) {
+    c("// vs as 8 x 8 core matrices (8 tokens of 8 values, 128 contiguous bytes, then 16 of padding), the");
+    c("// core matrices of 8 tokens side by side along V: wgmma reads it N-major; rows of 16-byte items");
+    c("// and ldmatrix's 8-row reads spread over every bank.");
+    c("constexpr unsigned VCS = " + std::to_string(vs_core_stride) + ", VRS = BV / 8 * VCS;  // elements to the next 8 values, the next 8 tokens");
+    c("const auto vs_off = [](unsigned t, unsigned j) { return t / 8 * VRS + j / 8 * VCS + t % 8 * 8 + j % 8; };");
+  }
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("constexpr float FIT_LIMIT = 100.0f;     // |log2 factor| allowed against one reference token");
   c("constexpr float GATE_FLOOR = -256.0f;   // log2 gates below it (-inf: a hard reset) count as it");
@@ -424,8 +471,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (!states) carve("unsigned short", "qs", tile.chunk * (tile.block_k + 8), 2, "[C][QLD] bf16: q features, then q~");
   carve("unsigned short", "ks", tile.chunk * (tile.block_k + 8), 2,
         states ? "[C][QLD] bf16: k features, then k_up" : "[C][QLD] bf16: k features, then k~, then k_up");
-  carve("unsigned short", "vs", tile.chunk * (tile.block_v + 8), 2,
-        states ? "[C][VLD] bf16: v, then v_up" : "[C][VLD] bf16: v, then v~, then v_up");
+  carve("unsigned short", "vs", vs_elements(tile), 2,
+        std::string(wgmma ? "[C/8][BV/8] core matrices" : "[C][VLD]") + (states ? " bf16: v, then v_up" : " bf16: v, then v~, then v_up"));
   if (!states) carve("unsigned short", "st", tile.block_k * (tile.block_v + 8), 2, "[BK][VLD] bf16: the state, scaled for the read");
   if (!states) carve("unsigned short", "ps", tile.chunk * (tile.chunk + 8), 2, "[C][PLD] bf16: the step's masked intra-chunk scores");
   if (kgate == KeyGate::vector) carve("float", "kg", tile.chunk * tile.block_k, 4, "[C][BK]: cumulative log2 key gates");
@@ -529,6 +576,10 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("// The state tile in mma accumulator layout: warp row tile(s) s_mt (+ m * WARPS), columns from s_c0.");
   c("const int s_mt = S_WPM == 1 ? warp : warp / S_WPM, s_c0 = S_WPM == 1 ? 0 : (warp % S_WPM) * SCOLS;");
   if (!outputs) c("float sacc[S_MPW][SCOLS / 8][4] = {};");
+  // Element (row, col) of vs: padded rows, or core matrices in the wgmma tiles.
+  const auto vs_index = [wgmma](const std::string& row, const std::string& col) {
+    return wgmma ? "vs_off(" + row + ", " + col + ")" : row + " * VLD + " + col;
+  };
   const auto for_state = [&](const std::function<void()>& body) {
     c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m)");
     c.in();
@@ -798,7 +849,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (vgate) c("vg8[u] = use ? LOG2E * (" + render(ir::Slot::log_decay_v, "_j") + ") : 0.0f;");
   c.out();
   c("}");
-  c("ladle_store8_bf16(&vs[cpos * VLD + j0], vv8);");
+  c("ladle_store8_bf16(&vs[" + vs_index("cpos", "j0") + "], vv8);");
   if (vgate) c("ladle_store8_f32(&vg[cpos * BV + j0], vg8);");
   c.out();
   c("}");
@@ -913,7 +964,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
         c.in();
         c("const int t = t0 + e / (BV / 8), j0 = e % (BV / 8) * 8;");
         c("float vv8[8];");
-        c("ladle_load8_bf16(vv8, &vs[t * VLD + j0]);");
+        c("ladle_load8_bf16(vv8, &vs[" + vs_index("t", "j0") + "]);");
         c(kgate == KeyGate::scalar ? "const float hf = hg[te] - hg[t];" : "constexpr float hf = 0.0f;");
         std::string log2_factor = "hf";
         if (vgate) {
@@ -923,11 +974,12 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
           log2_factor = "ge8[u] - gt8[u] + hf";
         }
         c("LADLE_UNROLL for (int u = 0; u < 8; ++u) vv8[u] *= ladle_exp2(" + log2_factor + ");");
-        c("ladle_store8_bf16(&vs[t * VLD + j0], vv8);");
+        c("ladle_store8_bf16(&vs[" + vs_index("t", "j0") + "], vv8);");
         c.out();
         c("}");
       }
     }
+    if (wgmma) c("ladle_fence_proxy_async();  // this thread's writes of vs, visible to wgmma's async proxy");
     c("__syncthreads();");
     c("");
     c("// 3d. The state: S = S * decay(t0-1 -> te) + k_up^T v_up over rows t0..t1.");
@@ -939,9 +991,16 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     }
     if (const auto decay = state_factors("te", "decay", true))
       for_state([&] { c("sacc[m][nt][r] *= " + decay("r") + "; (void)kk; (void)col;"); });
+    if (wgmma) {
+      c("//    On wgmma: per warpgroup and 64 key rows, one m64nBVk16 product per 16 tokens: A = k_up^T from");
+      c("//    registers (the ldmatrix.trans fragment of each warp's 16 rows), B = v_up N-major from vs");
+      c("//    (imm-trans-b = 1; SBO 144 bytes: the next 8 values; LBO VRS * 2 bytes: the next 8 tokens).");
+      c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) ladle_wgmma_fence_operand<BV>(sacc[m]);");
+      c("ladle_wgmma_fence();");
+    }
     c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) {");
     c.in();
-    c("if (warp >= S_WARPS || s_mt + m * WARPS >= SMT) continue;");
+    if (!wgmma) c("if (warp >= S_WARPS || s_mt + m * WARPS >= SMT) continue;");  // wgmma tiles: every warp, every m
     c("const int k0 = (s_mt + m * WARPS) * 16;");
     c("for (int j = t0 / 16; j <= (t1 - 1) / 16; ++j) {");
     c.in();
@@ -955,18 +1014,27 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("afrag[0] &= lo, afrag[1] &= lo, afrag[2] &= hi, afrag[3] &= hi;");
     c.out();
     c("}");
-    c("LADLE_UNROLL for (int np = 0; np < SCOLS / 16; ++np) {");
-    c.in();
-    c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans_at(bfrag, vs_at + 2u * ((j * 16 + lane % 16) * VLD + s_c0 + np * 16 + (lane / 16) * 8));");
-    c("ladle_mma_bf16(sacc[m][2 * np], afrag, bfrag[0], bfrag[1]);");
-    c("ladle_mma_bf16(sacc[m][2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+    if (wgmma) {
+      c("ladle_wgmma_rs_bf16<BV>(sacc[m], afrag, ladle_wgmma_desc(vs + vs_off(j * 16, 0), VRS * 2, VCS * 2));");
+    } else {
+      c("LADLE_UNROLL for (int np = 0; np < SCOLS / 16; ++np) {");
+      c.in();
+      c("unsigned bfrag[4];");
+      c("ladle_ldmatrix_x4_trans_at(bfrag, vs_at + 2u * (" + vs_index("(j * 16 + lane % 16)", "(s_c0 + np * 16 + (lane / 16) * 8)") + "));");
+      c("ladle_mma_bf16(sacc[m][2 * np], afrag, bfrag[0], bfrag[1]);");
+      c("ladle_mma_bf16(sacc[m][2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+      c.out();
+      c("}");
+    }
     c.out();
     c("}");
     c.out();
     c("}");
-    c.out();
-    c("}");
+    if (wgmma) {
+      c("ladle_wgmma_commit();");
+      c("ladle_wgmma_wait<0>();");
+      c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) ladle_wgmma_fence_operand<BV>(sacc[m]);");
+    }
     if (outputs)
       for_state([&] {
         c("if (kk < K && v0 + col < V) ladle_store(chunk_states + " + state_at("(first_chunk + c_of)") + ", sacc[m][nt][r]);");
@@ -1056,11 +1124,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c.in();
       c("const int t = t0 + e / (BV / 8), j0 = e % (BV / 8) * 8;");
       c("float vv8[8], gt8[8], gm8[8];");
-      c("ladle_load8_bf16(vv8, &vs[t * VLD + j0]);");
+      c("ladle_load8_bf16(vv8, &vs[" + vs_index("t", "j0") + "]);");
       c("ladle_load8_f32(gt8, &vg[t * BV + j0]);");
       c("ladle_load8_f32(gm8, &vg[tm * BV + j0]);");
       c("LADLE_UNROLL for (int u = 0; u < 8; ++u) vv8[u] *= ladle_exp2(gm8[u] - gt8[u]);");
-      c("ladle_store8_bf16(&vs[t * VLD + j0], vv8);");
+      c("ladle_store8_bf16(&vs[" + vs_index("t", "j0") + "], vv8);");
       c.out();
       c("}");
     }
@@ -1203,25 +1271,42 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("LADLE_UNROLL for (int np = 0; np < OCOLS / 16; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans_at(bfrag, vs_at + 2u * ((j * 16 + lane % 16) * VLD + cg * OCOLS + np * 16 + (lane / 16) * 8));");
+    c("ladle_ldmatrix_x4_trans_at(bfrag, vs_at + 2u * (" + vs_index("(j * 16 + lane % 16)", "(cg * OCOLS + np * 16 + (lane / 16) * 8)") + "));");
     c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();
     c("}");
     c.out();
     c("}");
-    c("// Store the rows of the step" + std::string(vgate ? ", with the value gate from tm to t." : "."));
-    c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt)");
-    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("// Store the rows of the step" + std::string(vgate ? ", with the value gate from tm to t" : "") +
+      ": two adjacent columns per store where o's columns are contiguous (one row offset per row).");
+    c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
     c.in();
-    c("  const int t = row0 + gid + (r >= 2 ? 8 : 0), col = cg * OCOLS + nt * 8 + tig * 2 + (r & 1);");
-    c("  if (t < t0 || t >= t1 || v0 + col >= V) continue;");
-    c("  const long long tt = REVERSE ? eos - 1 - (base + t) : bos + base + t;");
-    std::string value = "acc[nt][r] * " + std::string(scale_per_token ? "token_scale[t]" : "read_scale");
-    if (vgate) value += " * ladle_exp2(" + vg_at("t", "col") + " - " + vg_at("tm", "col") + ")";
-    c("  ladle_store(o + b * o_stride_b + tt * o_stride_t + h * o_stride_h + (v0 + col) * o_stride_d, " + value + ");");
+    c("const int t = row0 + gid + 8 * half;");
+    c("if (t < t0 || t >= t1) continue;");
+    c("const long long tt = REVERSE ? eos - 1 - (base + t) : bos + base + t;");
+    c("auto* const o_row = o + b * o_stride_b + tt * o_stride_t + h * o_stride_h;");
+    c("const float row_scale = " + std::string(scale_per_token ? "token_scale[t]" : "read_scale") + ";");
+    c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) {");
+    c.in();
+    c("const int col = cg * OCOLS + nt * 8 + tig * 2;");
+    c("if (v0 + col >= V) continue;");
+    std::string x0 = "acc[nt][2 * half] * row_scale", x1 = "acc[nt][2 * half + 1] * row_scale";
+    if (vgate) {
+      x0 += " * ladle_exp2(" + vg_at("t", "col") + " - " + vg_at("tm", "col") + ")";
+      x1 += " * ladle_exp2(" + vg_at("t", "col + 1") + " - " + vg_at("tm", "col + 1") + ")";
+    }
+    c("const float x0 = " + x0 + ", x1 = " + x1 + ";");
+    c("if (o_stride_d == 1) {");
+    c("  ladle_store2(o_row + v0 + col, x0, x1, v0 + col + 1 < V);");
+    c("} else {");
+    c("  ladle_store(o_row + (v0 + col) * o_stride_d, x0);");
+    c("  if (v0 + col + 1 < V) ladle_store(o_row + (v0 + col + 1) * o_stride_d, x1);");
+    c("}");
     c.out();
-    c("  }");
+    c("}");
+    c.out();
+    c("}");
     c.out();
     c("}");
     c.out();

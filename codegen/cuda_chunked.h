@@ -74,6 +74,11 @@ struct ChunkedTile {
   int state_block_v = 0;
   int state_warps = 0;
   bool state_f32 = false;  // the per-chunk states in global memory: bf16 (false) or fp32
+  // sm_90a (wgmma.mma_async): the serial form's state update S += k_up^T v_up as one
+  // m64n(block_v)k16 product per warpgroup and 16 tokens instead of mma.sync; needs the target
+  // sm_90a, the serial form (no split), 4 or 8 warps and block_k / 16 a multiple of warps (each
+  // warpgroup owns whole 64-row slices of the state).
+  bool wgmma = false;
   bool split() const { return state_block_k > 0; }
   friend bool operator==(const ChunkedTile&, const ChunkedTile&) = default;
 };
@@ -92,6 +97,9 @@ struct ChunkedKernelSpec : KernelTypes {
   // earlier segments leave. Needs varlen = false (the table names every segment's tokens); the
   // states phase needs initial_state = final_state = false.
   bool segmented = false;
+  // The target the kernel is compiled for (gpu::compile_chunked fills it in): a wgmma tile needs
+  // sm_90a or compute_90a.
+  std::string arch;
 };
 
 // Few long sequences: the segmented form cuts each sequence into segments of a fixed number of
@@ -153,13 +161,16 @@ bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& tile, Chunk
 
 ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim);
 // What is wrong with a tile for these sizes (empty: usable). max_shared_bytes: the device's
-// opt-in limit per block (0: not checked).
+// opt-in limit per block (0: not checked); arch: the target (a wgmma tile needs sm_90a; empty:
+// not checked).
 std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir::Variant& variant,
                                                std::int64_t key_dim, std::int64_t value_dim,
-                                               int max_shared_bytes = 0);
-// "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split.
+                                               int max_shared_bytes = 0, const std::string& arch = "");
+// Whether the target runs wgmma.mma_async (sm_90a, compute_90a).
+bool chunked_wgmma_arch(const std::string& arch);
+// "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma".
 std::string to_string(const ChunkedTile& tile);
-// The tools' form: "block_k,chunk,block_v,warps" (serial) or
+// The tools' form: "block_k,chunk,block_v,warps[,wgmma]" (serial) or
 // "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]" (split).
 ChunkedTile parse_chunked_tile(const std::string& text);
 

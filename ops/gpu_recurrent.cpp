@@ -247,6 +247,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
 // tiles of 64 x 64 (smaller where K or V is) with 4 warps, bf16 per-chunk states.
 cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim) {
   cuda::ChunkedTile tile = serial;
+  tile.wgmma = false;  // the split form's kernels run mma.sync
   tile.state_block_k = std::min(64, tile.block_k);
   tile.state_block_v = std::min<int>(64, static_cast<int>((value_dim + 15) / 16 * 16));
   tile.state_warps = 4;
@@ -275,7 +276,8 @@ cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const op
   cuda::ChunkedKernelSpec spec;
   spec.tile = options.chunked_tile.value_or(heuristic_chunked_tile(variant, bound));
   const int max_shared = driver_available() ? Device::get().properties().max_shared_per_block_optin : 0;
-  if (auto problems = cuda::validate_chunked_tile(spec.tile, variant, args.key_dim, args.value_dim, max_shared);
+  if (driver_available()) spec.arch = Device::get().properties().arch();
+  if (auto problems = cuda::validate_chunked_tile(spec.tile, variant, args.key_dim, args.value_dim, max_shared, spec.arch);
       !problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
@@ -288,7 +290,9 @@ cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const op
 
 CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedKernelSpec& spec, const std::string& arch) {
   CompiledChunked out;
-  out.kernel = cuda::generate_chunked(variant, spec);
+  cuda::ChunkedKernelSpec target = spec;  // the kernel is generated for the arch it is compiled for
+  if (target.arch.empty()) target.arch = arch;
+  out.kernel = cuda::generate_chunked(variant, target);
   CompileOptions options;
   options.arch = arch;
   options.program_name = out.kernel.name + ".cu";

@@ -266,6 +266,17 @@ __device__ __forceinline__ void ladle_store2(ladle_bf16* p, float a, float b, bo
     if (second) ladle_store(p + 1, b);
   }
 }
+__device__ __forceinline__ void ladle_store2(ladle_f16* p, float a, float b, bool second) {
+  if (second && (reinterpret_cast<unsigned long long>(p) & 3ull) == 0) {
+    ladle_f16 pair[2];  // rounded as ladle_store rounds, then one 4-byte store
+    ladle_store(&pair[0], a);
+    ladle_store(&pair[1], b);
+    *reinterpret_cast<unsigned*>(p) = static_cast<unsigned>(pair[0].bits) | (static_cast<unsigned>(pair[1].bits) << 16);
+  } else {
+    ladle_store(p, a);
+    if (second) ladle_store(p + 1, b);
+  }
+}
 struct alignas(8) ladle_f2 { float x, y; };
 __device__ __forceinline__ void ladle_store2(float* p, float a, float b, bool second) {
   if (second && (reinterpret_cast<unsigned long long>(p) & 7ull) == 0) {

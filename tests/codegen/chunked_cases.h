@@ -22,6 +22,7 @@ struct Case {
     ladle::cuda::ChunkedKernelSpec s;
     static_cast<ladle::cuda::KernelTypes&>(s) = c.spec;
     s.tile = tile;
+    if (tile.wgmma) s.arch = "sm_90a";
     return s;
   }
 };
@@ -115,6 +116,24 @@ inline std::vector<Case> all() {
   return cases;
 }
 
+// The serial form with its state update on wgmma (sm_90a) on every case above: block_k rounded up
+// to whole warpgroups' rows (64 per 4 warps), 4 or 8 warps, chunks of 16, 32 and 64 tokens, the
+// value width of the case's own tile.
+inline std::vector<Case> wgmma() {
+  std::vector<Case> cases;
+  int i = 0;
+  for (Case c : all()) {
+    const int block_k = (c.tile.block_k + 63) / 64 * 64;
+    const int chunks[] = {16, 32, 64};
+    c.tile = {block_k, chunks[i % 3], c.tile.block_v, i % 2 == 1 && block_k % 128 == 0 ? 8 : 4};
+    c.tile.wgmma = true;
+    c.c.name += " (wgmma)";
+    cases.push_back(c);
+    ++i;
+  }
+  return cases;
+}
+
 // The split form (a state pass, then every chunk's output in parallel) on every case above,
 // with state tiles that cover K or split it (K = 32, 40), one to four warps, bf16 and fp32
 // per-chunk states.
@@ -165,11 +184,12 @@ struct SegmentedCase {
 inline std::vector<SegmentedCase> segmented() {
   std::vector<SegmentedCase> cases;
   int i = 0;
-  const std::vector<Case> split_cases = split();
+  const std::vector<Case> split_cases = split(), wgmma_cases = wgmma();
   for (const Case& c : all()) {
     ladle::cuda::ChunkedTile first = split_cases[static_cast<std::size_t>(i)].tile;
     if (i % 2 == 0) first.chunk = 64, first.warps = std::max(first.warps, 4);  // the states phase does not use warps
     Case serial = c;
+    if (i % 3 == 1) serial.tile = wgmma_cases[static_cast<std::size_t>(i)].tile;  // the serial kernel on wgmma
     serial.c.name += " (segmented)";
     const std::int64_t lengths[] = {16, 48, 32, 64, 40};
     cases.push_back({serial, first, lengths[i % 5]});

@@ -30,6 +30,12 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < cases.size(); ++i)
     table += "    " + emit(ladle::cuda::generate_chunked(cases[i].c.variant, cases[i].spec()), "launch_" + std::to_string(i)) + ",\n";
   out << "static const EmulatedKernel emulated_kernels[] = {\n" << table << "};\n\n";
+  // The serial form with its state update on wgmma.
+  const auto wgmma = chunked_cases::wgmma();
+  std::string wgmma_table;
+  for (std::size_t i = 0; i < wgmma.size(); ++i)
+    wgmma_table += "    " + emit(ladle::cuda::generate_chunked(wgmma[i].c.variant, wgmma[i].spec()), "launch_wgmma_" + std::to_string(i)) + ",\n";
+  out << "static const EmulatedKernel emulated_wgmma_kernels[] = {\n" << wgmma_table << "};\n\n";
 
   // The split form: a state pass and an output pass per case.
   const auto split = chunked_cases::split();

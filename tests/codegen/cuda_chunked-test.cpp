@@ -74,6 +74,36 @@ TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
   CHECK(cuda::parse_chunked_tile("128,64,64,8") == cuda::ChunkedTile{128, 64, 64, 8});
   CHECK_THROWS_WITH(cuda::parse_chunked_tile("128,64,64"), Catch::Contains("expected block_k,chunk,block_v,warps"));
   CHECK_THROWS_WITH(cuda::parse_chunked_tile("128,64,64,8,64,32,4,f16"), Catch::Contains("'128,64,64,8,64,32,4,f16'"));
+  // wgmma tiles: the serial form's state update on whole warpgroups, sm_90a only.
+  {
+    cuda::ChunkedTile w{128, 32, 128, 8};
+    w.wgmma = true;
+    CHECK(cuda::parse_chunked_tile("128,32,128,8,wgmma") == w);
+    CHECK(cuda::to_string(w) == "block_k=128 chunk=32 block_v=128 warps=8 wgmma");
+    CHECK_THROWS_WITH(cuda::parse_chunked_tile("128,32,128,8,wgmm"), Catch::Contains("[,wgmma]"));
+    CHECK_THROWS_WITH(cuda::parse_chunked_tile("128,32,128,8,wgmma,1"), Catch::Contains("'128,32,128,8,wgmma,1'"));
+    CHECK(cuda::validate_chunked_tile(w, gla, 128, 128, 0, "sm_90a").empty());
+    CHECK(cuda::validate_chunked_tile(w, gla, 128, 128).empty());  // no target named: not checked here
+    CHECK_THAT(cuda::validate_chunked_tile(w, gla, 128, 128, 0, "sm_80").front(), Catch::Contains("wgmma needs the target sm_90a"));
+    CHECK_THAT(cuda::validate_chunked_tile({64, 32, 64, 8, 0, 0, 0, false, true}, gla, 64, 64).front(),
+               Catch::Contains("block_k / 16 to be a multiple of warps"));
+    CHECK_THAT(cuda::validate_chunked_tile({64, 32, 32, 2, 0, 0, 0, false, true}, gla, 64, 64).front(), Catch::Contains("warps = 4 or 8"));
+    CHECK_THAT(cuda::validate_chunked_tile({128, 32, 64, 8, 64, 64, 4, false, true}, gla, 128, 128).front(),
+               Catch::Contains("wgmma is the serial form's"));
+    cuda::ChunkedKernelSpec spec;
+    spec.input_types.assign(gla.inputs.size(), ElementType::bf16);
+    spec.tile = w;
+    REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("wgmma needs the target sm_90a") && Catch::Contains("not given"));
+    spec.arch = "sm_80";
+    REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("the target is sm_80"));
+    spec.arch = "sm_90a";
+    const cuda::ChunkedKernel kernel = cuda::generate_chunked(gla, spec);
+    CHECK_THAT(kernel.source, Catch::Contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
+    CHECK_THAT(kernel.source, Catch::Contains("// tensor cores: the state update on wgmma.mma_async m64n128k16"));
+    spec.tile.wgmma = false;
+    CHECK(cuda::generate_chunked(gla, spec).name != kernel.name);
+    CHECK_THAT(cuda::generate_chunked(gla, spec).source, !Catch::Contains("wgmma"));
+  }
   {
     cuda::ChunkedKernelSpec split;
     split.input_types.assign(gla.inputs.size(), ElementType::bf16);
@@ -121,6 +151,25 @@ TEST_CASE("chunked: every kernel, run on the host emulation of CUDA, computes wh
       Arguments arguments(kernel.params, c, gpu_run.args);
       const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
       cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_kernels[i].launch(arguments.data()); });
+    });
+  }
+}
+
+TEST_CASE("chunked: the state update on wgmma (sm_90a), run on the host emulation, computes what the CPU path computes",
+          "[codegen][chunked][emulation][wgmma]") {
+  const auto cases = chunked_cases::wgmma();
+  REQUIRE(std::size(emulated_wgmma_kernels) == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const cuda_cases::Case& c = cases[i].c;
+    const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.variant, cases[i].spec());
+    INFO(c.name << " (" << kernel.name << ", " << cuda::to_string(cases[i].tile) << ")");
+    REQUIRE(kernel.name == emulated_wgmma_kernels[i].name);
+    REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a").empty());
+    REQUIRE_THAT(kernel.source, Catch::Contains("ladle_wgmma_rs_bf16<BV>(sacc[m]"));
+    check_against_cpu(cases[i], 5000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+      Arguments arguments(kernel.params, c, gpu_run.args);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
+      cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_wgmma_kernels[i].launch(arguments.data()); });
     });
   }
 }

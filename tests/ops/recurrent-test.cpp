@@ -12,6 +12,7 @@
 #include "reference/recurrent_reference.h"
 #include "support/tensors.h"
 #include "support/backends.h"
+#include <ladle/runtime/driver.h>
 
 using ladle::ElementType;
 using ladle::HostTensor;
@@ -470,6 +471,87 @@ TEST_CASE("chunked: the segmented form (few long sequences cut into segments joi
     c.hard_reset = -std::numeric_limits<double>::infinity();
     c.initial_state = true;
     c.segment_tokens = 64;
+    check_case(c);
+  }
+}
+
+TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the reference", "[ops][chunked][wgmma]") {
+  // On a GPU other than sm_90a a wgmma tile is refused by name; without a GPU the CPU path runs
+  // (the generated kernels are checked on the host emulation: codegen-cuda_chunked [wgmma]).
+  const bool gpu = ladle::driver_available();
+  const bool hopper = gpu && ladle::Device::get().properties().arch() == "sm_90a";
+  const auto tile = [](int block_k, int chunk, int block_v, int warps) {
+    ladle::cuda::ChunkedTile t{block_k, chunk, block_v, warps};
+    t.wgmma = true;
+    return t;
+  };
+  if (gpu && !hopper) {
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.type = ElementType::bf16;
+    c.K = c.V = 64;
+    c.chunked_tile = tile(64, 32, 64, 4);
+    REQUIRE_THROWS_WITH(check_case(c), Catch::Contains("wgmma needs the target sm_90a"));
+    WARN("this GPU is not sm_90a: the wgmma tiles ran on the host emulation only");
+    return;
+  }
+  if (!gpu) WARN("no GPU: the wgmma kernels ran on the host emulation only (codegen-cuda_chunked [wgmma])");
+  for (unsigned gates = 0; gates < 16; ++gates) {  // every gate combination, K = V = 64, 4 warps
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.T = 200;
+    c.K = c.V = 64;
+    c.type = c.gate_type = gates % 2 ? ElementType::bf16 : ElementType::f16;
+    c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
+    c.reverse = gates % 3 == 1;
+    c.initial_state = gates % 3 != 2;
+    const int chunks[] = {16, 32, 64};
+    c.chunked_tile = tile(64, chunks[gates % 3], gates % 4 == 0 ? 32 : 64, 4);
+    check_case(c);
+  }
+  for (bool reverse : {false, true}) {  // K = V = 128 at the benchmark's tile: GLA and simple GLA, h0
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 2, c.T = 333, c.H = 4, c.H_kv = 4, c.K = c.V = 128;
+    c.type = c.gate_type = ElementType::bf16;
+    c.g = !reverse, c.g_gamma = reverse;
+    c.reverse = reverse;
+    c.initial_state = true;
+    c.chunked_tile = tile(128, 32, 128, 8);
+    check_case(c);
+  }
+  {  // packed sequences with an empty one, GQA, K != V
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.type = c.gate_type = ElementType::bf16;
+    c.cu_seqlens = {0, 1, 170, 170, 400};
+    c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
+    c.g = c.gv = true;
+    c.initial_state = true;
+    c.chunked_tile = tile(64, 16, 32, 4);
+    check_case(c);
+  }
+  for (double level : {-2.5, -10.0}) {  // strong gates: 16-token and single-token steps; segments
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 1, c.T = 1500, c.H = 2, c.H_kv = 2, c.K = 64, c.V = 64;
+    c.type = ElementType::bf16;
+    c.g = c.gv = c.g_gamma = true;
+    c.gate_level = level;
+    c.initial_state = true;
+    c.segment_tokens = 512;
+    c.chunked_tile = tile(64, 64, 64, 4);
+    check_case(c);
+  }
+  {  // hard resets
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 2, c.T = 150, c.K = 128, c.V = 64;
+    c.type = ElementType::bf16;
+    c.g = c.gv = c.g_gamma = true;
+    c.hard_reset = -std::numeric_limits<double>::infinity();
+    c.initial_state = true;
+    c.chunked_tile = tile(128, 32, 64, 8);
     check_case(c);
   }
 }
