@@ -83,13 +83,14 @@ struct ChunkedTile {
   friend bool operator==(const ChunkedTile&, const ChunkedTile&) = default;
 };
 
-// Which kernel of the family: the serial form, or one of the split form's two.
-enum class ChunkedPhase { serial, states, outputs };
+// Which kernel of the family: the serial form, one of the split form's two, or the segmented
+// form's fold (between its state pass and its serial form).
+enum class ChunkedPhase { serial, states, outputs, fold };
 const char* to_string(ChunkedPhase phase);
 
 struct ChunkedKernelSpec : KernelTypes {
   ChunkedTile tile;
-  ChunkedPhase phase = ChunkedPhase::serial;  // states and outputs need a split tile, serial one without
+  ChunkedPhase phase = ChunkedPhase::serial;  // states and outputs need a split tile, serial and fold one without
   // The segmented form (serial and states phases; see ChunkedSegments): each block walks one
   // segment of a sequence, named by the `segments` table, instead of a whole sequence. The
   // states phase then starts from zero and writes the segment's own final state and total
@@ -108,9 +109,14 @@ struct ChunkedKernelSpec : KernelTypes {
 //      from a zero state, writes the segment's own final state L_s ([S'][H][K][V] f32) and its
 //      total log2 decay D_s ([S'][H][DL] f32, DL = K or 1 for the key-side gate, plus V for a
 //      value-side one);
-//   2. the serial phase on every segment (the table `all`): a block of segment i of sequence n
-//      starts from S = h0_n, folds in S = 2^D_j S + L_j for the earlier segments j < i, then
-//      walks its own chunks; the last segment writes the final state.
+//   2. the fold phase (one thread per state element and head, over `all`; the last segment of
+//      each sequence with earlier ones does its sequence): from S = h0_n, for j = 0, 1, ... in
+//      order, S = 2^D_j S + L_j, written back in place of L_j: row j then holds the state
+//      entering segment j + 1;
+//   3. the serial phase on every segment (the table `all`): a block of segment i of sequence n
+//      starts from h0_n (i = 0) or from row i - 1 (what the fold left), then walks its own
+//      chunks; the last segment writes the final state.
+// The fold and serial kernels take the same parameters.
 // The recurrence is linear in the state and the decay across a segment is diagonal, so this is
 // exact up to rounding. Rows of both tables, 8 long long each: {b, first token, end token,
 // sequence, index of the segment in its sequence (in the recurrence's direction), the row in

@@ -209,9 +209,11 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   const std::int64_t N = sequences > 0 ? sequences : bound.dims.N;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
   int max_shared = 227 * 1024, sms = 132;
+  std::string arch = "sm_90a";  // without a device: the H100's figures
   if (driver_available()) {
     max_shared = Device::get().properties().max_shared_per_block_optin;
     sms = Device::get().properties().sm_count;
+    arch = Device::get().properties().arch();
   }
   const auto valid = [&](const cuda::ChunkedTile& t) {
     return cuda::validate_chunked_tile(t, variant, args.key_dim, args.value_dim, max_shared).empty();
@@ -240,6 +242,13 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
       cuda::chunked_prefetch(variant, shorter))
     tile = shorter;
   if (!valid(tile)) tile.chunk = 32;
+  // sm_90a: the state update on wgmma where the warps cover the state in whole warpgroups
+  // (measured on the H100, 128,32,128,8: GLA B8 T4096 0.862 -> 0.852 ms, simple GLA 0.614 -> 0.586).
+  if (cuda::chunked_wgmma_arch(arch)) {
+    cuda::ChunkedTile w = tile;
+    w.wgmma = true;
+    if (valid(w)) tile = w;
+  }
   return tile;
 }
 
@@ -256,9 +265,11 @@ cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64
 
 SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
                                        std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes) {
-  SegmentedSpecs out{serial, serial};
+  SegmentedSpecs out{serial, serial, serial};
   out.serial.segmented = true;
   out.serial.varlen = false;
+  out.fold = out.serial;
+  out.fold.phase = cuda::ChunkedPhase::fold;
   out.first = out.serial;
   out.first.tile = split_chunked_tile(serial.tile, value_dim);
   cuda::ChunkedTile longer = out.first.tile;  // 64-token chunks where the tile allows them
@@ -367,7 +378,8 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     if (segment_tokens > 0) {
       // 1. Every segment but the last of its sequence: its own final state and decay, from zero
       //    (the split form's state pass, 64 x 64 state tiles of 4 warps, 64-token chunks).
-      // 2. Every segment: the serial form from the state its earlier segments leave.
+      // 2. The fold: the state entering every segment but the first of its sequence, in place.
+      // 3. Every segment: the serial form from h0 or the fold's state.
       const std::int64_t S = segments.segments(), earlier = segments.earlier_segments();
       const std::int64_t width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
       const auto upload_rows = [&](const std::vector<long long>& rows) {
@@ -381,7 +393,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       DeviceBuffer own_decay =
           DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), launch.stream);
       const int max_shared = Device::get().properties().max_shared_per_block_optin;
-      const auto [first, serial] = segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared);
+      const auto [first, fold, serial] = segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared);
       SplitArguments split;
       split.segment_states = own_states.device_ptr();
       split.segment_decay = own_decay.device_ptr();
@@ -389,6 +401,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
         spec = first;
         split.segments = earlier_rows.device_ptr();
         run(split, 0, earlier);
+        spec = fold;  // 2. each sequence's earlier segments folded in order: the state entering each segment
+        split.segments = all_rows.device_ptr();
+        run(split, 0, S);
       }
       spec = serial;
       split.segments = all_rows.device_ptr();

@@ -65,7 +65,7 @@ cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const op
 // the last (the split form's state tile of split_chunked_tile, at 64-token chunks where they fit
 // max_shared_bytes; 0: not checked), then the serial form over every segment.
 struct SegmentedSpecs {
-  cuda::ChunkedKernelSpec first, serial;
+  cuda::ChunkedKernelSpec first, fold, serial;  // the state pass, the fold, the serial form
 };
 SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
                                        std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes = 0);

@@ -172,6 +172,11 @@ struct SegmentedCase {
     s.varlen = false;
     return s;
   }
+  ladle::cuda::ChunkedKernelSpec fold_spec() const {
+    ladle::cuda::ChunkedKernelSpec s = serial_spec();
+    s.phase = ladle::cuda::ChunkedPhase::fold;
+    return s;
+  }
   ladle::cuda::ChunkedKernelSpec first_spec() const {
     ladle::cuda::ChunkedKernelSpec s = serial_spec();
     s.tile = first;

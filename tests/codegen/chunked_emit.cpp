@@ -54,20 +54,20 @@ int main(int argc, char** argv) {
   out << "struct EmulatedSplit {\n  EmulatedKernel states, outputs;\n};\n";
   out << "static const EmulatedSplit emulated_split_kernels[] = {\n" << split_table << "};\n";
 
-  // The segmented form: its first kernel (a state pass per segment) and the serial one per case.
+  // The segmented form: its first kernel (a state pass per segment), the fold and the serial one per case.
   const auto segmented = chunked_cases::segmented();
   std::string segmented_table;
   for (std::size_t i = 0; i < segmented.size(); ++i) {
     std::string entry;
-    const ladle::cuda::ChunkedKernelSpec specs[] = {segmented[i].first_spec(), segmented[i].serial_spec()};
-    for (int k = 0; k < 2; ++k) {
+    const ladle::cuda::ChunkedKernelSpec specs[] = {segmented[i].first_spec(), segmented[i].fold_spec(), segmented[i].serial_spec()};
+    const char* const names[] = {"_first", "_fold", "_serial"};
+    for (int k = 0; k < 3; ++k) {
       entry += std::string(entry.empty() ? "" : ", ") +
-               emit(ladle::cuda::generate_chunked(segmented[i].c.c.variant, specs[k]),
-                    "launch_segmented_" + std::to_string(i) + (k == 0 ? "_first" : "_serial"));
+               emit(ladle::cuda::generate_chunked(segmented[i].c.c.variant, specs[k]), "launch_segmented_" + std::to_string(i) + names[k]);
     }
     segmented_table += "    {" + entry + "},\n";
   }
-  out << "struct EmulatedSegmented {\n  EmulatedKernel first, serial;\n};\n";
+  out << "struct EmulatedSegmented {\n  EmulatedKernel first, fold, serial;\n};\n";
   out << "static const EmulatedSegmented emulated_segmented_kernels[] = {\n" << segmented_table << "};\n";
   return out ? 0 : 1;
 }

@@ -225,14 +225,17 @@ TEST_CASE("chunked: the segmented form (each segment's own state, then the seria
     const chunked_cases::SegmentedCase& sc = cases[i];
     const cuda_cases::Case& c = sc.c.c;
     const cuda::ChunkedKernel first = cuda::generate_chunked(c.variant, sc.first_spec());
+    const cuda::ChunkedKernel fold = cuda::generate_chunked(c.variant, sc.fold_spec());
     const cuda::ChunkedKernel serial = cuda::generate_chunked(c.variant, sc.serial_spec());
     INFO(c.name << " (" << cuda::to_string(sc.c.tile) << ", first " << cuda::to_string(sc.first) << ", segments of "
                 << sc.segment_tokens << " tokens)");
     REQUIRE(first.name == emulated_segmented_kernels[i].first.name);
+    REQUIRE(fold.name == emulated_segmented_kernels[i].fold.name);
     REQUIRE(serial.name == emulated_segmented_kernels[i].serial.name);
     REQUIRE(cuda::validate_chunked_tile(sc.first, c.variant, c.K, c.V).empty());
     REQUIRE(static_cast<std::size_t>(first.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
-    CHECK_THAT(serial.source, Catch::Contains("S = 2^D_j S + L_j"));
+    CHECK_THAT(fold.source, Catch::Contains("S = 2^D_j S + L_j"));
+    CHECK_THAT(serial.source, Catch::Contains("the fold kernel's"));
     check_against_cpu(sc.c, 4000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
       const cuda::ChunkedSegments segments =
           cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse);
@@ -252,6 +255,12 @@ TEST_CASE("chunked: the segmented form (each segment's own state, then the seria
         // Every earlier segment's state and decay were written.
         for (std::int64_t e = 0; e < earlier * c.H * c.K * c.V; ++e) REQUIRE(!std::isnan(own_states[static_cast<std::size_t>(e)]));
         for (std::int64_t e = 0; e < earlier * c.H * width; ++e) REQUIRE(!std::isnan(own_decay[static_cast<std::size_t>(e)]));
+        // The fold over every segment row: the state entering each segment in place of L_j.
+        split.segments = segments.all.data();
+        Arguments fold_arguments(fold.params, c, gpu_run.args, split);
+        const cuda::ChunkedGrid fold_grid = cuda::chunked_grid(fold, segments.segments(), c.H, c.K, c.V, 0);
+        cuda_emulation::launch(fold_grid.x, fold_grid.y, fold_grid.z, fold.threads,
+                               [&] { emulated_segmented_kernels[i].fold.launch(fold_arguments.data()); });
       }
       split.segments = segments.all.data();
       Arguments arguments(serial.params, c, gpu_run.args, split);

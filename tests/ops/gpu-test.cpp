@@ -167,6 +167,13 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
         if (ladle::cuda::validate_chunked_tile(tile, gla, 128, 128, 227 * 1024).empty()) items.push_back({&gla, 128, tile});
       }
   CHECK(items.size() >= 15);
+  // Each tile again with its state update on wgmma, where its warps allow (sm_90a).
+  for (std::size_t i = 0, n = items.size(); i < n; ++i) {
+    Item twin = items[i];
+    twin.tile.wgmma = true;
+    if (ladle::cuda::validate_chunked_tile(twin.tile, *twin.variant, twin.D, twin.D, 227 * 1024, "sm_90a").empty()) items.push_back(twin);
+  }
+  CHECK(std::count_if(items.begin(), items.end(), [](const Item& i) { return i.tile.wgmma; }) >= 10);
   for (const Item& item : items) {
     auto spec = chunked_spec_for(*item.variant, ElementType::bf16, item.D, item.D);
     spec.tile = item.tile;
@@ -196,6 +203,24 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
                      << r->registers << " registers, " << r->spill_store_bytes << " bytes spilled");
         CHECK(r->spill_store_bytes == 0);
         CHECK(result.kernel.shared_bytes <= 227 * 1024);
+      }
+    }
+  // The segmented form's two kernels with h0 and the final state (the fold of the earlier segments
+  // at the serial kernel's start), at the heuristic's tile for B8 T4096 H16 and its wgmma twin.
+  for (const ladle::ir::Variant* v : {&gla, &simple, &user})
+    for (const bool wgmma : {false, true}) {
+      auto spec = chunked_spec_for(*v, ElementType::bf16, 128, 128);
+      spec.tile = ladle::cuda::ChunkedTile{128, 32, 128, 8};
+      spec.tile.wgmma = wgmma;
+      spec.initial_state = spec.final_state = true;
+      const auto specs = ladle::gpu::segmented_chunked_specs(*v, spec, 128, 128, 227 * 1024);
+      for (const auto* s : {&specs.first, &specs.serial}) {
+        auto result = ladle::gpu::compile_chunked(*v, *s, "sm_90a");
+        const auto* r = result.program.resources(result.kernel.name);
+        REQUIRE(r != nullptr);
+        INFO(v->name << " segmented " << ladle::cuda::to_string(s->tile) << ": " << r->registers << " registers, "
+                     << r->spill_store_bytes << " bytes spilled");
+        CHECK(r->spill_store_bytes == 0);
       }
     }
   // The sm_80 path: the same instructions, an sm_80 cubin within its 163 KiB of shared memory.

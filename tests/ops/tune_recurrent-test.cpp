@@ -76,17 +76,26 @@ struct Call {
 const ir::Variant& gla() { return named_variant("gla"); }
 const ir::Variant& gk_gv() { return named_variant("recurrent", "gk,gv"); }
 
-Config chunked(int block_k, int chunk, int block_v, int warps) {
-  return to_config(cuda::ChunkedTile{block_k, chunk, block_v, warps});
+Config chunked(int block_k, int chunk, int block_v, int warps, bool wgmma = false) {
+  cuda::ChunkedTile tile{block_k, chunk, block_v, warps};
+  tile.wgmma = wgmma;
+  return to_config(tile);
 }
+
+// Whether the heuristic's device runs wgmma (sm_90a; without a device, the H100 it assumes).
+bool hopper() { return cuda::chunked_wgmma_arch(heuristic_device().arch); }
 
 }  // namespace
 
 TEST_CASE("chunked configs name block_k, chunk, block_v and warps, and convert back to the tile") {
   const cuda::ChunkedTile tile{128, 32, 64, 4};
   const Config config = to_config(tile);
-  REQUIRE(config.to_string() == "block_k=128 chunk=32 block_v=64 warps=4");
+  REQUIRE(config.to_string() == "block_k=128 chunk=32 block_v=64 warps=4 wgmma=0");
   REQUIRE(to_chunked_tile(config) == tile);
+  cuda::ChunkedTile w = tile;
+  w.wgmma = true;
+  REQUIRE(to_config(w).to_string() == "block_k=128 chunk=32 block_v=64 warps=4 wgmma=1");
+  REQUIRE(to_chunked_tile(to_config(w)) == w);
   REQUIRE(gpu::to_recurrent_tile(to_config(cuda::RecurrentTile{128, 32, 16})) == cuda::RecurrentTile{128, 32, 16});
   REQUIRE_THROWS_WITH(to_chunked_tile(gpu::to_config(cuda::RecurrentTile{128, 32, 16})), Catch::Contains("'chunk'"));
 }
@@ -94,10 +103,14 @@ TEST_CASE("chunked configs name block_k, chunk, block_v and warps, and convert b
 TEST_CASE("the chunked space is chunk x block_v x warps at the heuristic block_k") {
   const Call call(gla(), 8, 4096, 16, 128, 128);
   const SearchSpace space = call.space();
-  REQUIRE(space.size() == 3 * 4 * 3);
+  // On sm_90a (and without a device, which assumes the H100) each tile also runs its state
+  // update on wgmma or on mma.sync.
+  REQUIRE(call.heuristic().wgmma == hopper());
+  REQUIRE(space.size() == 3 * 4 * 3 * (hopper() ? 2 : 1));
   REQUIRE(space.has_cost_model());
   for (const Config& c : space.all()) {
     REQUIRE(c["block_k"] == 128);
+    REQUIRE(std::set<int>{0, 1}.count(c["wgmma"]));
     REQUIRE(std::set<int>{16, 32, 64}.count(c["chunk"]));
     REQUIRE(std::set<int>{16, 32, 64, 128}.count(c["block_v"]));
     REQUIRE(std::set<int>{2, 4, 8}.count(c["warps"]));
@@ -106,7 +119,7 @@ TEST_CASE("the chunked space is chunk x block_v x warps at the heuristic block_k
   for (const Config& c : wide.space().all()) REQUIRE(c["block_k"] == 256);
 }
 
-TEST_CASE("the chunked space's validity is validate_chunked_tile with the device's shared memory") {
+TEST_CASE("the chunked space's validity is validate_chunked_tile with the device's shared memory and arch") {
   const std::vector<std::pair<const ir::Variant*, int>> cases{{&gla(), 64}, {&gla(), 128}, {&gla(), 256}, {&gk_gv(), 128}, {&gk_gv(), 256}};
   for (const auto& [variant, K] : cases) {
     for (const DeviceLimits& device : {h100(), a100()}) {
@@ -115,7 +128,7 @@ TEST_CASE("the chunked space's validity is validate_chunked_tile with the device
       std::size_t valid = 0;
       for (const auto& [config, reason] : space.explain(device)) {
         const auto problems = cuda::validate_chunked_tile(to_chunked_tile(config), *variant, K, K,
-                                                          device.max_shared_per_block);
+                                                          device.max_shared_per_block, device.arch);
         INFO(variant->name << " K=V=" << K << " on " << device.name << ": " << config.to_string());
         REQUIRE(reason.has_value() == !problems.empty());
         if (reason) REQUIRE_THAT(*reason, Catch::Contains(problems.front()));
@@ -129,7 +142,11 @@ TEST_CASE("the chunked space's validity is validate_chunked_tile with the device
   // most 64 state values per thread; shared memory never binds.
   const Call call(gla(), 8, 4096, 16, 128, 128);
   const SearchSpace space = call.space();
-  REQUIRE(space.enumerate(h100()).size() == 25);
+  // With wgmma (sm_90a): the same tiles at 4 or 8 warps (a warpgroup's rows divide block_k) again.
+  const auto valid = space.enumerate(h100());
+  REQUIRE(std::count_if(valid.begin(), valid.end(), [](const Config& c) { return c["wgmma"] == 0; }) == 25);
+  REQUIRE(valid.size() == (hopper() ? 46u : 25u));
+  REQUIRE_THAT(*space.why_invalid(chunked(128, 16, 16, 2, true), h100()), Catch::Contains("warps = 4 or 8"));
   REQUIRE_THAT(*space.why_invalid(chunked(128, 64, 64, 2), h100()), Catch::Contains("needs at least 4 warps"));
   REQUIRE_THAT(*space.why_invalid(chunked(128, 16, 128, 2), h100()), Catch::Contains("state values"));
   REQUIRE_FALSE(space.why_invalid(chunked(128, 64, 64, 8), h100()));
@@ -195,19 +212,21 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
     const SearchSpace space = call.space();
     REQUIRE_FALSE(space.why_invalid(poor, h100()));
     const TunePlan from_poor = space.plan(h100(), poor, 64);
-    REQUIRE(from_poor.configs.size() == 25);
+    REQUIRE(from_poor.configs.size() == from_poor.valid);
     REQUIRE(from_poor.configs[1] == to_config(call.heuristic()));
   }
   SECTION("the plan from the heuristic keeps max_candidates, the heuristic among them") {
     const Call call(gla(), 8, 4096, 16, 128, 128);
     const Config heuristic = to_config(call.heuristic());
-    REQUIRE(heuristic == chunked(128, 32, 128, 8));  // the fastest measured on the H100 (bench/RESULTS.md)
+    REQUIRE(heuristic == chunked(128, 32, 128, 8, hopper()));  // the fastest measured on the H100 (bench/RESULTS.md)
     const TunePlan plan = call.space().plan(h100(), heuristic, 8);
-    REQUIRE(plan.space_size == 36);
-    REQUIRE(plan.valid == 25);
+    REQUIRE(plan.space_size == 36 * (hopper() ? 2 : 1));
+    const auto valid = call.space().enumerate(h100());
+    REQUIRE(std::count_if(valid.begin(), valid.end(), [](const Config& c) { return c["wgmma"] == 0; }) == 25);
+    REQUIRE(plan.valid == valid.size());
     // The model ranks the heuristic among the 8 best, so it takes one of the 8 places.
     REQUIRE(plan.configs.size() == 8);
-    REQUIRE(plan.pruned == 25 - 8);
+    REQUIRE(plan.pruned == plan.valid - 8);
     REQUIRE(plan.configs.front() == heuristic);
     REQUIRE(std::set<Config>(plan.configs.begin(), plan.configs.end()).size() == plan.configs.size());
     const TunePlan all = call.space().plan(h100(), heuristic, 64);
@@ -288,7 +307,9 @@ TEST_CASE("tuning the chunked space picks the fastest valid candidate and reject
   const Tuner tuner(call.space(), h100(), heuristic);
   test::FakeCandidate fake;
   // The "GPU": longer chunks, narrower value tiles and fewer warps are faster.
-  fake.time_of = [](const Config& c) { return 1.0 + 16.0 / c["chunk"] + 0.001 * c["block_v"] + 0.01 * c["warps"]; };
+  fake.time_of = [](const Config& c) {
+    return 1.0 + 16.0 / c["chunk"] + 0.001 * c["block_v"] + 0.01 * c["warps"] + 2.0 * c["wgmma"];
+  };
   const auto valid = call.space().enumerate(h100());
   auto by_time = valid;
   std::stable_sort(by_time.begin(), by_time.end(),
@@ -304,7 +325,7 @@ TEST_CASE("tuning the chunked space picks the fastest valid candidate and reject
   const TuneResult result = tuner.tune(key, fake, tuning.options);
   tuning.check_second_wins(result, fake, key, fastest, second, valid.size());
   REQUIRE(result.heuristic == heuristic);
-  REQUIRE(result.space_size == 36);
+  REQUIRE(result.space_size == 36 * (hopper() ? 2 : 1));
   for (const Config& timed : fake.timed) REQUIRE_FALSE(call.space().why_invalid(timed, h100()));
   REQUIRE_FALSE(tuning.cache.lookup(call.key(gpu::recurrent_family)));
 }

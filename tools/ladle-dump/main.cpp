@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo, "the kernel family: recurrent (token by token) or chunked (tensor cores)")
       ->check(CLI::IsMember({"recurrent", "chunked"}));
   app.add_option("--tile", tile_text,
-                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps; attention: block_m,block_n,warps,stages[,sync|wgmma] (wgmma: --arch sm_90a; default: the heuristic)");
+                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma] (default with --arch sm_90a: wgmma) or a split tile; attention: block_m,block_n,warps,stages[,sync|wgmma] (wgmma: --arch sm_90a; default: the heuristic)");
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--states", states, "initial and final states");
@@ -168,13 +168,19 @@ int main(int argc, char** argv) {
         ladle::cuda::ChunkedKernelSpec spec;
         static_cast<ladle::cuda::KernelTypes&>(spec) = types;
         spec.tile = ladle::cuda::default_chunked_tile(key_dim, value_dim);
+        if (ladle::cuda::chunked_wgmma_arch(arch)) {  // sm_90a: the state update on wgmma where the tile allows
+          ladle::cuda::ChunkedTile w = spec.tile;
+          w.wgmma = true;
+          if (ladle::cuda::validate_chunked_tile(w, variant, key_dim, value_dim, 0, arch).empty()) spec.tile = w;
+        }
         if (!tile_text.empty()) spec.tile = ladle::cuda::parse_chunked_tile(tile_text);
-        if (auto problems = ladle::cuda::validate_chunked_tile(spec.tile, variant, key_dim, value_dim); !problems.empty())
+        if (auto problems = ladle::cuda::validate_chunked_tile(spec.tile, variant, key_dim, value_dim, 0, arch); !problems.empty())
           throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
         if (segmented) {  // the segmented form: each segment's own state (the split tile's state pass), then the serial form
           if (spec.tile.split()) throw ladle::InvalidArgument("ladle-dump: --segmented takes a serial tile, got " + tile_text);
           const auto segmented_specs = ladle::gpu::segmented_chunked_specs(variant, spec, key_dim, value_dim);
           programs.push_back(ladle::gpu::compile_chunked(variant, segmented_specs.first, arch).program);
+          programs.push_back(ladle::gpu::compile_chunked(variant, segmented_specs.fold, arch).program);
           spec = segmented_specs.serial;
         } else if (spec.tile.split()) {  // the family's two kernels: the state pass, then the output pass
           spec.phase = ladle::cuda::ChunkedPhase::states;
