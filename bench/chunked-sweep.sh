@@ -27,7 +27,7 @@ export LADLE_CACHE_DIR=$(mktemp -d)
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
   echo "== chunked op tests with the GPU (heuristic tile)"
-  LADLE_AUTOTUNE=heuristic timeout 300 "$build/tests/ops-recurrent" "[chunked]" -d yes > "$out/ops-chunked.txt" 2>&1
+  LADLE_AUTOTUNE=heuristic timeout ${LADLE_TEST_TIMEOUT:-480} "$build/tests/ops-recurrent" "[chunked]" -d yes > "$out/ops-chunked.txt" 2>&1
   echo "ops-recurrent [chunked] rc=$? $(tail -2 "$out/ops-chunked.txt" | tr '\n' ' ')"
   grep -m 20 -B3 -A8 "FAILED" "$out/ops-chunked.txt"
   # compute-sanitizer on subsets sized to finish (the kernels are already in the compile cache
