@@ -166,7 +166,6 @@ namespace {
 int base_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile, bool states) {
   const int c = tile.chunk, bk = tile.block_k, bv = tile.block_v;
   int bytes = align16(c * (bk + 8) * 2) + align16(vs_elements(tile) * 2);     // ks, vs
-  (void)bv;
   if (!states) bytes += align16(c * (bk + 8) * 2) + align16(bk * (bv + 8) * 2) + align16(c * (c + 8) * 2);  // qs, st, ps
   const KeyGate gate = key_gate(variant);
   if (gate == KeyGate::vector) bytes += align16(c * bk * 4);
