@@ -392,8 +392,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
 
   if (phase == ChunkedPhase::fold) {
     // The segmented form's fold: each sequence's earlier segments in order, one thread per state
-    // element and head. Before it, its own kernel: in the serial kernel's opening, this fold (with
-    // the whole state in registers) spilled 16-44 bytes on sm_90a with h0 and the final state.
+    // element and head. It has its own kernel because, done at the start of the serial kernel
+    // (with the whole state in registers), it spilled 16-44 bytes on sm_90a with h0 and the final state.
     kernel.threads = 256;
     kernel.shared_bytes = 0;
     const std::string key_part = kgate == KeyGate::vector ? "dj[kk]" : kgate == KeyGate::scalar ? "dj[0]" : "";
