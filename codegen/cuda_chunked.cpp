@@ -882,6 +882,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (vgate) c("ladle_store8_f32(&vg[cpos * BV + j0], vg8);");
   c.out();
   c("}");
+  if (wgmma) c("ladle_fence_proxy_async();  // this thread's writes of vs, visible to wgmma's async proxy");
   c("__syncthreads();");
   // Every thread has read the prefetch buffers: the next chunk's rows may land in them while
   // this chunk computes (the serial form and the state pass; the output pass has one chunk).
@@ -967,9 +968,17 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   }
   c("");
   // 3c and 3d: the state update over rows t0..t1. `reference` is the token the staged k and v
-  // are relative to: tm after the read (k~, v~), t where they are still raw.
-  const auto emit_update = [&](const std::string& reference) {
-    const bool update_factors = kgate != KeyGate::none || vgate;
+  // are relative to: tm after the read (k~, v~), t where they are still raw. early (the serial
+  // form without a value gate): issued before the output, from k~ and v as staged, the update's
+  // factors applied to the k~^T fragments in registers (k_up = k~ 2^(G_te - G_tm) per key row,
+  // the head gate's 2^(g_te - g_s) per token), so that no pass rewrites ks or vs and the
+  // output's products overlap the update; on wgmma the caller waits for it (emit_update_wait).
+  const auto emit_update_wait = [&] {
+    c("ladle_wgmma_wait<0>();");
+    c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) ladle_wgmma_fence_operand<BV>(sacc[m]);");
+  };
+  const auto emit_update = [&](const std::string& reference, bool early) {
+    const bool update_factors = !early && (kgate != KeyGate::none || vgate);
     if (update_factors) {
       c("__syncthreads();");
       c("");
@@ -1008,10 +1017,15 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
         c("}");
       }
     }
-    if (wgmma) c("ladle_fence_proxy_async();  // this thread's writes of vs, visible to wgmma's async proxy");
-    c("__syncthreads();");
-    c("");
-    c("// 3d. The state: S = S * decay(t0-1 -> te) + k_up^T v_up over rows t0..t1.");
+    if (!early) {
+      if (wgmma) c("ladle_fence_proxy_async();  // this thread's writes of vs, visible to wgmma's async proxy");
+      c("__syncthreads();");
+      c("");
+    }
+    c(std::string("// 3") + (early ? "c" : "d") + ". The state: S = S * decay(t0-1 -> te) + k_up^T v_up over rows t0..t1" +
+      (early ? ", issued before the output: k_up^T" : "."));
+    if (early)
+      c("//     and v_up are k~^T and v as staged, the factors applied in registers (k_up = k~ 2^(G_te - G_tm) per key row, v_up = v 2^(g_te - g_s) per token).");
     if (outputs) {
       c("// The output pass keeps the chunk's state in its own slice of chunk_states (no other block reads");
       c("// it): in registers only for this update.");
@@ -1031,10 +1045,29 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c.in();
     if (!wgmma) c("if (warp >= S_WARPS || s_mt + m * WARPS >= SMT) continue;");  // wgmma tiles: every warp, every m
     c("const int k0 = (s_mt + m * WARPS) * 16;");
+    if (early && kgate == KeyGate::vector)  // rows k0 + gid (afrag 0, 2) and k0 + gid + 8 (1, 3)
+      c("const float fa = ladle_exp2(" + kg_at("te", "k0 + gid") + " - " + kg_at("tm", "k0 + gid") + "), fb = ladle_exp2(" +
+        kg_at("te", "k0 + gid + 8") + " - " + kg_at("tm", "k0 + gid + 8") + ");");
     c("for (int j = t0 / 16; j <= (t1 - 1) / 16; ++j) {");
     c.in();
     c("unsigned afrag[4];");
     c("ladle_ldmatrix_x4_trans_at(afrag, ks_at + 2u * ((j * 16 + lane % 8 + (lane / 16) * 8) * QLD + k0 + ((lane / 8) & 1) * 8));");
+    if (early && kgate == KeyGate::vector) {
+      c("afrag[0] = ladle_scale_bf16x2(afrag[0], fa, fa), afrag[1] = ladle_scale_bf16x2(afrag[1], fb, fb);");
+      c("afrag[2] = ladle_scale_bf16x2(afrag[2], fa, fa), afrag[3] = ladle_scale_bf16x2(afrag[3], fb, fb);");
+    }
+    if (early && kgate == KeyGate::scalar) {  // tokens s, s + 1 (afrag 0, 1) and s + 8, s + 9 (2, 3)
+      c("{");
+      c.in();
+      c("const int s = j * 16 + tig * 2;");
+      c("const float h0 = ladle_exp2(hg[te] - hg[s]), h1 = ladle_exp2(hg[te] - hg[s + 1]);");
+      c("const float h8 = ladle_exp2(hg[te] - hg[s + 8]), h9 = ladle_exp2(hg[te] - hg[s + 9]);");
+      c("afrag[0] = ladle_scale_bf16x2(afrag[0], h0, h1), afrag[1] = ladle_scale_bf16x2(afrag[1], h0, h1);");
+      c("afrag[2] = ladle_scale_bf16x2(afrag[2], h8, h9), afrag[3] = ladle_scale_bf16x2(afrag[3], h8, h9);");
+      c.out();
+      c("}");
+    }
+    // After the factors: a token past the step may have an infinite factor (a floored gate), 0 * inf.
     c("if (j * 16 < t0 || j * 16 + 16 > t1) {  // a partial tile: rows outside the step count zero");
     c.in();
     c("const int s = j * 16 + tig * 2;");
@@ -1061,8 +1094,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("}");
     if (wgmma) {
       c("ladle_wgmma_commit();");
-      c("ladle_wgmma_wait<0>();");
-      c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m) ladle_wgmma_fence_operand<BV>(sacc[m]);");
+      if (!early) emit_update_wait();
     }
     if (outputs)
       for_state([&] {
@@ -1075,7 +1107,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("{");
     c.in();
     c("const int t0 = 0, t1 = valid, te = valid - 1;");
-    emit_update("t");
+    emit_update("t", false);
     c.out();
     c("}");
   } else {
@@ -1220,8 +1252,15 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
         c("}");
       });
     }
-    c("__syncthreads();");
-    c("");
+    // The update goes before the output where no pass has to rewrite ks or vs for it (early); P
+    // beside st where no factor pass rewrites qs and ks before it (no key-side vector gate).
+    const bool early = !outputs && !vgate;
+    const bool scores_first = early && kgate != KeyGate::vector;
+    if (!scores_first) {
+      c("__syncthreads();");
+      c("");
+    }
+    if (early && !scores_first) emit_update("tm", true);
     c("// 3b0. The step's intra-chunk scores P = mask(q~ k~^T)" +
       std::string(kgate == KeyGate::scalar ? " times the head gate from s to t" : "") +
       ", each 16 x 16 block on or");
@@ -1258,6 +1297,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("}");
     c("__syncthreads();");
     c("");
+    if (scores_first) emit_update("tm", true);
     c("// 3b. o for rows t0..t1: each warp one 16-row tile and OCOLS columns.");
     c("{");
     c.in();
@@ -1343,11 +1383,14 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     if (outputs) {
       c("if (t1 < valid) {  // the state is needed past this step only inside a chunk split into steps");
       c.in();
-      emit_update("tm");
+      emit_update("tm", false);
       c.out();
       c("}");
-    } else {
-      emit_update("tm");
+    } else if (!early) {
+      emit_update("tm", false);
+    } else if (wgmma) {
+      c("// The update issued before the output is complete before the next step or chunk.");
+      emit_update_wait();
     }
     c("t0 = t1;");
     c.out();

@@ -210,6 +210,10 @@ __device__ __forceinline__ void ladle_st16(void* p, ladle_u4 value) { *reinterpr
 inline ladle_u4 ladle_ld16(const void* p) { ladle_u4 value; std::memcpy(&value, p, 16); return value; }
 inline void ladle_st16(void* p, ladle_u4 value) { std::memcpy(p, &value, 16); }
 #endif
+// A bf16 pair (an mma fragment register) times two factors, rounded back to a bf16 pair.
+__device__ __forceinline__ unsigned ladle_scale_bf16x2(unsigned pair, float lo, float hi) {
+  return ladle_pack_bf16(ladle_bits_float(pair << 16) * lo, ladle_bits_float(pair & 0xffff0000u) * hi);
+}
 __device__ __forceinline__ bool ladle_row_vector(const void* p, long long stride, int count) {
   return stride == 1 && count >= 8 && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
