@@ -235,6 +235,10 @@ std::string to_string(const ChunkedTile& tile) {
   return text;
 }
 
+bool chunked_head_decay_only(const ir::Variant& variant) {
+  return key_gate(variant) != KeyGate::vector && !variant.has(ir::Slot::log_decay_v);
+}
+
 bool chunked_wgmma_arch(const std::string& arch) { return arch == "sm_90a" || arch == "compute_90a"; }
 
 ChunkedTile parse_chunked_tile(const std::string& text) {
@@ -1255,7 +1259,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     // The update goes before the output where no pass has to rewrite ks or vs for it (early); P
     // beside st where no factor pass rewrites qs and ks before it (no key-side vector gate).
     const bool early = !outputs && !vgate;
-    const bool scores_first = early && kgate != KeyGate::vector;
+    const bool scores_first = early && chunked_head_decay_only(variant);
     if (!scores_first) {
       c("__syncthreads();");
       c("");
@@ -1403,7 +1407,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("");
     if (segmented) c("if (seg[6] != 0) {  // the sequence's last segment");
     for_state([&] {
-      c("if (key0 + kk < K && v0 + col < V) final_state[" + state_at(sequence_index) + "] = sacc[m][nt][r];");
+      // n * H + h is blockIdx.y outside the segmented form: read again here, so that n and h need not
+      // live across the chunk loop (at 64-token chunks on wgmma that spilled 4 bytes).
+      c("if (key0 + kk < K && v0 + col < V) final_state[" +
+        (segmented ? state_at(sequence_index) : std::string("(static_cast<long long>(blockIdx.y) * K + key0 + kk) * V + v0 + col")) +
+        "] = sacc[m][nt][r];");
     });
     if (segmented) c("}");
   }

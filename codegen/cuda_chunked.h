@@ -172,6 +172,10 @@ ChunkedTile default_chunked_tile(std::int64_t key_dim, std::int64_t value_dim);
 std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir::Variant& variant,
                                                std::int64_t key_dim, std::int64_t value_dim,
                                                int max_shared_bytes = 0, const std::string& arch = "");
+// Whether the variant's decay is at most a per-head scalar (no key-side vector gate, no value-side
+// gate): the serial form then forms P beside the state's read copy and issues the state update
+// before the output, with no pass over the staged rows between them.
+bool chunked_head_decay_only(const ir::Variant& variant);
 // Whether the target runs wgmma.mma_async (sm_90a, compute_90a).
 bool chunked_wgmma_arch(const std::string& arch);
 // "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma".

@@ -160,6 +160,8 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
     for (const ladle::ir::Variant* v : {&gla, &simple, &user}) items.push_back({v, D, ladle::cuda::default_chunked_tile(D, D)});
   // The heuristic's tile where the (sequence, head) pairs fill the GPU (B8 T4096 H16 K=V=128).
   for (const ladle::ir::Variant* v : {&gla, &simple, &user}) items.push_back({v, 128, ladle::cuda::ChunkedTile{128, 32, 128, 8}});
+  // A per-head decay takes 64-token chunks on sm_90a (its wgmma twin below).
+  items.push_back({&simple, 128, ladle::cuda::ChunkedTile{128, 64, 128, 8}});
   for (int chunk : {32, 64})
     for (int block_v : {32, 64, 128})
       for (int warps : {4, 8}) {

@@ -252,6 +252,19 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
   }
 }
 
+TEST_CASE("a per-head decay takes 64-token chunks on sm_90a, a key gate 32") {
+  // Measured on the H100 (bench/RESULTS.md, issue 11, seventh step): with the state update beside
+  // the output, simple GLA B8 T4096 ran 0.492 ms at 128,64,128,8,wgmma and 0.539 at 32 tokens;
+  // GLA 1.12 ms at 64 and 0.84 at 32.
+  const Call simple(named_variant("recurrent", "g_gamma"), 8, 4096, 16, 128, 128);
+  const Call keyed(gla(), 8, 4096, 16, 128, 128);
+  REQUIRE(cuda::chunked_head_decay_only(simple.variant));
+  REQUIRE_FALSE(cuda::chunked_head_decay_only(keyed.variant));
+  REQUIRE_FALSE(cuda::chunked_head_decay_only(gk_gv()));
+  REQUIRE(to_config(keyed.heuristic()) == chunked(128, 32, 128, 8, hopper()));
+  REQUIRE(to_config(simple.heuristic()) == (hopper() ? chunked(128, 64, 128, 8, true) : chunked(128, 32, 128, 8)));
+}
+
 TEST_CASE("chunked and fused-recurrent keys differ, and differ by dtype and shape bucket") {
   const Call call(gla(), 8, 4096, 16, 128, 128);
   const TunedKey chunked_key = call.key(gpu::chunked_family);
