@@ -1407,10 +1407,12 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("");
     if (segmented) c("if (seg[6] != 0) {  // the sequence's last segment");
     for_state([&] {
-      // n * H + h is blockIdx.y outside the segmented form: read again here, so that n and h need not
-      // live across the chunk loop (at 64-token chunks on wgmma that spilled 4 bytes).
+      // n * H + h is the grid's (sequence, head) index outside the segmented form (blockIdx.z in the state
+      // pass, blockIdx.y in the serial form): read again here, so that n and h need not live across the
+      // chunk loop (at 64-token chunks on wgmma that spilled 4 bytes).
+      const std::string pair = states ? "blockIdx.z" : "blockIdx.y";
       c("if (key0 + kk < K && v0 + col < V) final_state[" +
-        (segmented ? state_at(sequence_index) : std::string("(static_cast<long long>(blockIdx.y) * K + key0 + kk) * V + v0 + col")) +
+        (segmented ? state_at(sequence_index) : "(static_cast<long long>(" + pair + ") * K + key0 + kk) * V + v0 + col") +
         "] = sacc[m][nt][r];");
     });
     if (segmented) c("}");
