@@ -482,12 +482,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   header += "bytes per token and value tile: q, k, v, gates read once, o written once; the state once per sequence.\n";
 
   Code c;
-  // sm_90a (the wgmma tiles of the serial form): the next chunk's rows arrive by one bulk copy per row,
-  // issued by one warp and counted on an mbarrier, instead of a 16-byte cp.async per thread and item
-  // (the profile: the prefetch's addresses were a quarter of the kernel's instructions).
-  const bool bulk = wgmma && !states && !outputs && chunked_prefetch(variant, spec.tile, phase);
-  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + (bulk ? bulk_copy_helpers : "") +
-    (wgmma ? wgmma_helpers(tile.block_v, tile.block_v, false, false) : std::string()));
+  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + (wgmma ? wgmma_helpers(tile.block_v, tile.block_v, false, false) : std::string()));
   // The state pass is a serial walk over chunks: several blocks per SM hide its latency, so ptxas
   // is asked to fit 128 registers per thread (without the hint it chose 80 and spilled); measured on
   // the H100: 3 blocks of 168 registers with the staging unrolled ran 1.9x slower than 4 of 127.
@@ -537,8 +532,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (kgate == KeyGate::scalar) carve("float", "hg", tile.chunk, 4, "[C]: cumulative log2 head gate");
   if (vgate) carve("float", "vg", tile.chunk * tile.block_v, 4, "[C][BV]: cumulative log2 value gates");
   if (scale_per_token && !states) carve("float", "token_scale", tile.chunk, 4, "[C]: the read scale per token");
-  carve("unsigned", "fit", 4, 4, "the fit check's running maximum (two, alternating); then the prefetch's mbarrier (bulk copies)");
-  if (bulk) c("unsigned long long* const bar = reinterpret_cast<unsigned long long*>(fit + 2);  // the prefetch's mbarrier");
+  carve("unsigned", "fit", 2, 4, "the fit check's running maximum (two, alternating)");
   // The prefetch buffers (chunked_prefetch): the next chunk's raw rows of each staged per-token
   // input, copied by cp.async while this chunk computes; an fp32 input keeps its buffer unused
   // and is loaded when staged.
@@ -752,31 +746,6 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   c("const long long length = eos - bos;");
   // The raw rows of the chunk at `first` into the prefetch buffers, then one commit.
   const auto emit_prefetch = [&](const std::string& first) {
-    if (bulk) {
-      c("if (warp == 0) {  // Prefetch the raw rows of the chunk at " + first + ": a bulk copy per row where it is contiguous and aligned.");
-      c.in();
-      c("ladle_fence_proxy_async_shared();  // the buffers' reads by the staging, before the async proxy writes them");
-      c("const long long next = " + first + ";");
-      c("const int next_valid = static_cast<int>(length - next < C ? length - next : C);");
-      c("for (int cpos = lane; cpos < C; cpos += 32) {");
-      c.in();
-      token_locals("cpos", "next", "next_valid");
-      c("const int key_count = live ? (K - key0 < BK ? K - key0 : BK) : 0, value_count = live ? (V - v0 < BV ? V - v0 : BV) : 0;");
-      c("(void)key_count; (void)value_count;");
-      for (std::size_t k = 0; k < inputs.size(); ++k) {
-        if (!async[k]) continue;
-        const bool key = key_side[k] && inputs[k].kind == ir::InputKind::token_key;
-        const std::string count = key ? "key_count" : "value_count";
-        c("ladle_prefetch_row(&" + id[k] + "_raw[cpos * " + (key ? "BK" : "BV") + "], " + id[k] + " + (" + count + " > 0 ? " + id[k] +
-          "_row + " + (key ? "key0" : "v0") + " * " + id[k] + "_stride_d : 0), " + id[k] + "_stride_d, " + count + ", bar);");
-      }
-      c.out();
-      c("}");
-      c("ladle_mbarrier_arrive(bar);");
-      c.out();
-      c("}");
-      return;
-    }
     c("{  // Prefetch the raw rows of the chunk at " + first + " (cp.async where a row is contiguous and aligned).");
     c.in();
     c("const long long next = " + first + ";");
@@ -806,11 +775,6 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c.out();
     c("}");
   };
-  if (bulk) {
-    c("if (threadIdx.x == 0) ladle_mbarrier_init(bar, 32);  // warp 0's lanes arrive once per prefetch");
-    c("__syncthreads();");
-    c("unsigned bulk_parity = 0;  // the phase of the prefetch in flight");
-  }
   if (prefetch) emit_prefetch(outputs ? "c_of * C" : "0");
   // The output pass's state tile (bf16 chunk_states) lands in st by cp.async together with the
   // chunk's rows and is scaled in place in 3a: read there from global memory, element by
@@ -835,11 +799,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   else c("for (long long base = 0; base < length; base += C) {");
   c.in();
   c("const int valid = static_cast<int>(length - base < C ? length - base : C);");
-  if (bulk) {
-    c("ladle_mbarrier_wait(bar, bulk_parity);  // this chunk's raw rows (bulk copies)");
-    c("bulk_parity ^= 1u;");
-    c("__syncthreads();  // and those copied in plain stores");
-  } else if (prefetch) {
+  if (prefetch) {
     c("ladle_cp_async_wait<0>();  // this chunk's raw rows");
     c("__syncthreads();");
   }

@@ -320,55 +320,6 @@ __device__ __forceinline__ void ladle_store8_f32(float* s, const float (&x)[8]) 
 #endif  // LADLE_VECTOR8_HELPERS
 )";
 
-const char* const bulk_copy_helpers = R"(#ifndef LADLE_BULK_HELPERS
-#define LADLE_BULK_HELPERS
-// An mbarrier in shared memory (8 bytes, 8-aligned): a phase completes when `count` threads
-// have arrived and every byte announced by expect_tx has landed (PTX ISA 9.7.13.15).
-__device__ __forceinline__ void ladle_mbarrier_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ladle_shared_address(bar)), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void ladle_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(ladle_shared_address(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void ladle_mbarrier_arrive(unsigned long long* bar) {
-  asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(ladle_shared_address(bar)) : "memory");
-}
-// Waits for the phase of this parity (0 for the first phase, then 1, 0, ...) to complete.
-__device__ __forceinline__ void ladle_mbarrier_wait(unsigned long long* bar, unsigned parity) {
-  asm volatile(
-      "{ .reg .pred done;\n"
-      "LADLE_WAIT: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra LADLE_WAIT; }" ::"r"(ladle_shared_address(bar)), "r"(parity) : "memory");
-}
-// Shared memory read through the generic proxy, before the async proxy writes it again.
-__device__ __forceinline__ void ladle_fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared by the async proxy,
-// counted on the mbarrier (the caller announces them with expect_tx first).
-__device__ __forceinline__ void ladle_bulk_copy(void* shared, const void* global, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(ladle_shared_address(shared)), "l"(global), "r"(bytes), "r"(ladle_shared_address(bar)) : "memory");
-}
-#endif  // LADLE_BULK_HELPERS
-#ifndef LADLE_PREFETCH_ROW
-#define LADLE_PREFETCH_ROW
-// A raw 16-bit row of `count` values into shared memory: one bulk copy where the row is contiguous,
-// 16-byte aligned and a multiple of 16 bytes long, else plain copies (visible after the next
-// __syncthreads); nothing where count <= 0 (the staging masks it).
-template <class T16>
-__device__ __forceinline__ void ladle_prefetch_row(T16* raw, const T16* p, long long stride, int count, unsigned long long* bar) {
-  if (count <= 0) return;
-  const unsigned bytes = static_cast<unsigned>(count) * 2u;
-  if (stride == 1 && bytes % 16u == 0 && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0) {
-    ladle_mbarrier_expect_tx(bar, bytes);
-    ladle_bulk_copy(raw, p, bytes, bar);
-  } else {
-    for (int u = 0; u < count; ++u) raw[u] = p[u * stride];
-  }
-}
-#endif  // LADLE_PREFETCH_ROW
-)";
-
 std::string comment_block(const std::string& text) {
   std::string out;
   std::istringstream lines(text);

@@ -30,10 +30,6 @@ extern const char* const storage_helpers;
 // m16n8k16 bf16, ex2, bf16 packing), guarded by LADLE_CHUNKED_HELPERS; a host emulation
 // defines its own before including a kernel.
 extern const char* const tensor_core_helpers;
-// sm_90's bulk copies and mbarriers (cp.async.bulk global -> shared counted on an mbarrier by
-// complete_tx, mbarrier init / expect_tx / arrive / parity wait), guarded by LADLE_BULK_HELPERS; a
-// host emulation defines its own. Needs tensor_core_helpers before it.
-extern const char* const bulk_copy_helpers;
 
 std::string comment_block(const std::string& text);  // "// " before every line
 std::uint64_t fnv1a(const std::string& bytes, std::uint64_t h = 0xcbf29ce484222325ull);

@@ -17,11 +17,8 @@
 
 #include <atomic>
 #include <barrier>
-#include <cstdint>
 #include <cstring>
 #include <memory>
-#include <mutex>
-#include <map>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -229,66 +226,6 @@ inline void ladle_cp_async_16(void* shared, const void* global) {
   std::memcpy(shared, global, 16);
 }
 inline void ladle_cp_async_commit() {}
-// sm_90's mbarriers and bulk copies. A copy lands at once; an mbarrier keeps its arrivals and
-// announced bytes (expect_tx less the bytes copied) in a table beside the block, and its phase
-// completes, as the ISA defines, when every expected thread has arrived and the bytes balance; a
-// wait spins until the phase of its parity has completed, so a copy issued after the wait began
-// is still waited for. A copy that breaks the ISA's alignment or size rules stops the test.
-#define LADLE_BULK_HELPERS
-namespace cuda_emulation {
-struct Mbarrier {
-  unsigned count = 0, pending = 0, phase = 0;
-  long long bytes = 0;
-};
-inline std::mutex mbarrier_mutex;
-inline std::map<const void*, Mbarrier> mbarriers;
-inline void mbarrier_complete(Mbarrier& m) {
-  if (m.pending == 0 && m.bytes == 0) m.phase ^= 1u, m.pending = m.count;
-}
-}  // namespace cuda_emulation
-inline void ladle_mbarrier_init(unsigned long long* bar, unsigned count) {
-  std::lock_guard lock(cuda_emulation::mbarrier_mutex);
-  cuda_emulation::mbarriers[bar] = {count, count, 0, 0};
-}
-inline void ladle_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
-  std::lock_guard lock(cuda_emulation::mbarrier_mutex);
-  cuda_emulation::mbarriers.at(bar).bytes += bytes;
-}
-inline void ladle_mbarrier_arrive(unsigned long long* bar) {
-  std::lock_guard lock(cuda_emulation::mbarrier_mutex);
-  auto& m = cuda_emulation::mbarriers.at(bar);
-  if (m.pending == 0) {
-    std::fprintf(stderr, "emulation: an mbarrier arrival past its count\n");
-    std::abort();
-  }
-  --m.pending;
-  cuda_emulation::mbarrier_complete(m);
-}
-inline void ladle_mbarrier_wait(unsigned long long* bar, unsigned parity) {
-  for (;;) {
-    {
-      std::lock_guard lock(cuda_emulation::mbarrier_mutex);
-      if (cuda_emulation::mbarriers.at(bar).phase != parity) return;
-    }
-    std::this_thread::yield();
-  }
-}
-inline void ladle_fence_proxy_async_shared() {}
-inline void ladle_bulk_copy(void* shared, const void* global, unsigned bytes, unsigned long long* bar) {
-  if (bytes % 16 != 0 || reinterpret_cast<std::uintptr_t>(shared) % 16 != 0 || reinterpret_cast<std::uintptr_t>(global) % 16 != 0) {
-    std::fprintf(stderr, "emulation: cp.async.bulk of %u bytes from %p to %p breaks its 16-byte rules\n", bytes, global, shared);
-    std::abort();
-  }
-  std::memcpy(shared, global, bytes);
-  std::lock_guard lock(cuda_emulation::mbarrier_mutex);
-  auto& m = cuda_emulation::mbarriers.at(bar);
-  m.bytes -= bytes;
-  if (m.bytes < 0) {
-    std::fprintf(stderr, "emulation: cp.async.bulk of %u bytes not announced by expect_tx\n", bytes);
-    std::abort();
-  }
-  cuda_emulation::mbarrier_complete(m);
-}
 template <int Pending>
 inline void ladle_cp_async_wait() {}
 inline void ladle_zero_16(void* shared) {
