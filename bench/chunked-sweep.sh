@@ -14,15 +14,8 @@ out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 log="$out/chunked.log"
 : > "$log"
-prefix=""
-[ -d .deps/root/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr"
-build=${LADLE_GPU_BUILD:-/tmp/build-gpu}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$log"
-if ! { cmake -S . -B "$build" -G Ninja $prefix -DCMAKE_BUILD_TYPE=Release >> "$log" 2>&1 &&
-       cmake --build "$build" -j"$(nproc)" --target ladle-bench-recurrent ops-recurrent ladle-dump ladle-tune >> "$log" 2>&1; }; then
-  tail -40 "$log"; echo "BUILD FAILED"; exit 1
-fi
-bench="$build/tools/ladle-bench/ladle-bench-recurrent"
+. bench/build.sh "$log" ladle-bench-recurrent ops-recurrent ladle-dump ladle-tune
 export LADLE_CACHE_DIR=$(mktemp -d)
 
 if [ "$what" = tests ] || [ "$what" = all ]; then

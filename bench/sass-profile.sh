@@ -6,12 +6,8 @@
 #   OPS="gla simple_gla" SHAPE=8x4096 TILES="128,32,128,8" bash bench/sass-profile.sh   (carry .deps)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
-build=${LADLE_GPU_BUILD:-/tmp/build-gpu}
-prefix=""
-[ -d .deps/root/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr"
-cmake -S . -B "$build" -G Ninja $prefix -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
-  cmake --build "$build" -j"$(nproc)" --target ladle-bench-recurrent >> "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-bench="$build/tools/ladle-bench/ladle-bench-recurrent"
+: > "$out/build.log"
+. bench/build.sh "$out/build.log" ladle-bench-recurrent
 export LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=$(mktemp -d)
 shape=${SHAPE:-8x4096}
 set -- ${shape/x/ }

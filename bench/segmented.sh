@@ -7,15 +7,8 @@ set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 log="$out/segmented.log"
-prefix=""
-[ -d .deps/root/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr"
-build=${LADLE_GPU_BUILD:-/tmp/build-gpu}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
-if ! { cmake -S . -B "$build" -G Ninja $prefix -DCMAKE_BUILD_TYPE=Release >> "$log" 2>&1 &&
-       cmake --build "$build" -j"$(nproc)" --target ladle-bench-recurrent ops-recurrent >> "$log" 2>&1; }; then
-  tail -40 "$log"; echo "BUILD FAILED"; exit 1
-fi
-bench="$build/tools/ladle-bench/ladle-bench-recurrent"
+. bench/build.sh "$log" ladle-bench-recurrent ops-recurrent
 export LADLE_CACHE_DIR=$(mktemp -d) LADLE_AUTOTUNE=heuristic
 for what in ${@:-tests bench ncu}; do
   case $what in

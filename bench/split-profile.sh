@@ -6,12 +6,8 @@
 #   TILES="128,64,64,8,64,64,4" SHAPES="8x4096 2x16384" OPS="gla simple_gla" bash bench/split-profile.sh
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
-build=${LADLE_GPU_BUILD:-/tmp/build-gpu}
-prefix=""
-[ -d .deps/root/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr"
-cmake -S . -B "$build" -G Ninja $prefix -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
-  cmake --build "$build" -j"$(nproc)" --target ladle-bench-recurrent >> "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-bench="$build/tools/ladle-bench/ladle-bench-recurrent"
+: > "$out/build.log"
+. bench/build.sh "$out/build.log" ladle-bench-recurrent
 export LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=$(mktemp -d)
 for tile in ${TILES-128,64,64,8,64,64,4}; do
   for bt in ${SHAPES:-8x4096 2x16384}; do
