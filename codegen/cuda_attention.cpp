@@ -1,6 +1,7 @@
 #include "cuda_attention.h"
 
 #include <set>
+#include <tuple>
 
 #include <ladle/runtime/error.h>
 
@@ -29,7 +30,9 @@ const std::set<std::string>& template_names() {
       "q_segment_stride_b", "q_segment_stride_t", "kv_segment_ids", "kv_segment_stride_b", "kv_segment_stride_t",
       "softmax_aux", "softmax_aux_stride_h", "softmax_aux_stride_s", "sinks", "cu_seqlens_q", "cu_seqlens_k",
       "window_left", "window_right", "dropout_p", "seed", "B", "Tq", "Tk", "H", "u", "s", "with_sinks", "k_s", "v_s",
-      "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup"};
+      "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup", "DP", "DVP",
+      "DPB", "DVPB", "Q_BYTES", "K_BYTES", "V_BYTES", "aligned_smem", "full_k", "full_v", "empty_k", "empty_v", "q_full",
+      "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale"};
   return names;
 }
 
@@ -87,8 +90,15 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
          problems.front());
 
   const AttentionTile& tile = spec.tile;
-  const bool wgmma = tile.mma == AttentionMma::wgmma;
-  const int threads = 32 * tile.warps;
+  const bool ws = tile.mma == AttentionMma::ws;
+  const bool wgmma = tile.mma == AttentionMma::wgmma || ws;  // the products on wgmma
+  if (ws && !ops.async)
+    fail("tile " + to_string(tile) + " copies q, k, v with TMA: they must be of one 16-bit type with 16-byte aligned rows "
+         "and a unit stride over the head dim (async_copy), here they are not");
+  // ws: a producer warpgroup beside the consumers' warps; with two consumer warpgroups the
+  // producer gives its registers to them (setmaxnreg: 128 x 24 + 256 x 240 = the 64K register file).
+  const int threads = 32 * tile.warps + (ws ? 128 : 0);
+  const int producer_registers = ws && tile.warps == 8 ? 24 : 0, consumer_registers = ws && tile.warps == 8 ? 240 : 0;
   ir::Variant named;  // identifiers() reads only the inputs
   named.inputs = variant.inputs;
   const std::vector<std::string> id = identifiers(named, template_names());
@@ -129,6 +139,12 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     if (in.kind != ir::InputKind::head) param("long long", name + "_stride_d", Type::i64, Role::input_stride_d, index);
     if (in.role == ir::Role::key) param("int", name + "_heads", Type::i32, Role::input_heads, index);
   }
+  if (ws)
+    for (const auto& [name, index, rows] : {std::tuple{"q_map", 0, tile.block_m}, std::tuple{"k_map", 1, tile.block_n},
+                                            std::tuple{"v_map", 2, tile.block_n}}) {
+      declarations.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
+      kernel.params.push_back({name, "ladle_tensor_map", Type::tensor_map, Role::tensor_map, index, rows});
+    }
   param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
   param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
   param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
@@ -191,7 +207,8 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   };
   const std::string logit_expression = ir::render_c(inputs, variant.score, load, leaf);
   const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf);
-  const AttentionParts parts{variant, spec, logit_expression, keep_expression, ops.qk_f16, ops.pv_f16};
+  const AttentionParts parts{variant, spec, logit_expression, keep_expression, ops.qk_f16, ops.pv_f16, producer_registers,
+                             consumer_registers};
   std::vector<bool> used(inputs.size(), false);
   for (const ir::Expr* e : {&variant.score, &variant.keep})
     for (const ir::Node& node : e->nodes)
@@ -216,15 +233,27 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   header += wgmma ? "tensor cores: wgmma.mma_async m64n" + std::to_string(tile.block_n) + "k16 (q, k from shared memory) and m64n" +
                         std::to_string(pad16(spec.Dv)) + "k16 (P from registers, V N-major), sm_90a; one warpgroup per 64 rows\n"
                   : std::string("tensor cores: mma.sync m16n8k16 (sm_80 and later)\n");
-  header += std::string("K/V staging: ") + (ops.async ? "cp.async, 16 bytes per copy" : "loads converted in registers") +
-            (tile.stages == 2 ? ", double-buffered" : ", single buffer") + "\n";
+  if (ws) {
+    header += "pipeline: warp-specialised. Warpgroup 0 produces: TMA (cp.async.bulk.tensor, 128-byte swizzle) copies q once\n"
+              "and K, V into a ring of " + std::to_string(tile.stages) + " stages, each guarded by mbarriers (full: the bytes landed;\n"
+              "empty: every consumer warp released it). Warpgroups 1.." + std::to_string(tile.warps / 4) +
+              " consume, 64 rows each: tile t's q k^T and tile t-1's P V in flight\n"
+              "together, tile t's softmax while P V finishes." +
+              (consumer_registers ? " setmaxnreg: producer " + std::to_string(producer_registers) + ", consumers " +
+                                        std::to_string(consumer_registers) + " registers per thread."
+                                  : std::string()) + "\n";
+  } else {
+    header += std::string("K/V staging: ") + (ops.async ? "cp.async, 16 bytes per copy" : "loads converted in registers") +
+              (tile.stages == 2 ? ", double-buffered" : ", single buffer") + "\n";
+  }
   header += std::string("varlen=") + (spec.varlen ? "1" : "0") + " lse=" + (spec.lse ? "1" : "0") + "\n";
   header += "GQA: query head h reads key/value head h / (H / H_kv).\n";
 
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + attention_helpers +
-    (wgmma ? wgmma_helpers(tile.block_n, pad16(spec.Dv), ops.qk_f16, ops.pv_f16) : std::string()));
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + kernel.name + "(");
+    (wgmma ? wgmma_helpers(tile.block_n, pad16(spec.Dv), ops.qk_f16, ops.pv_f16) : std::string()) +
+    (ws ? ws_helpers() : std::string()));
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + (ws ? ", 1" : "") + ") " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
@@ -237,7 +266,12 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   if (wgmma) c("constexpr int KLD = DP, VLD = DVP;  // tiles of 8 x 8 core matrices, no padding");
   else c("constexpr int KLD = DP + 8, VLD = DVP + 8;  // padded rows: conflict-free ldmatrix");
   c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
-  c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
+  if (ws) {
+    c("// Warpgroup 0 is the producer; warp w >= 4 is consumer warp w - 4.");
+    c("const int lane = threadIdx.x % 32, warp = static_cast<int>(threadIdx.x / 32) - 4, gid = lane / 4, tig = lane % 4;");
+  } else {
+    c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
+  }
   if (wgmma) c("const int warpgroup = warp / 4;  // owns rows 64 * warpgroup.. of the block; warp owns 16 of them");
   if (variant.causal && !spec.varlen) {
     // Under a causal mask the last row blocks see the most keys: they start first, so that the
@@ -274,45 +308,49 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("");
   const std::string qt = storage_type(spec.input_types[0]), kt = storage_type(spec.input_types[1]),
                     vt = storage_type(spec.input_types[2]);
-  c("const " + qt + "* const q_seq = " + id[0] + " + b * " + id[0] + "_stride_b + q_bos * " + id[0] + "_stride_t + h * " +
-    id[0] + "_stride_h;");
-  c("const " + kt + "* const k_seq = " + id[1] + " + b * " + id[1] + "_stride_b + k_bos * " + id[1] + "_stride_t + hk * " +
-    id[1] + "_stride_h;");
-  c("const " + vt + "* const v_seq = " + id[2] + " + b * " + id[2] + "_stride_b + k_bos * " + id[2] + "_stride_t + hk * " +
-    id[2] + "_stride_h;");
-  c("");
-  c("LADLE_DYNAMIC_SHARED(smem);");
-  const auto offset = [](const std::string& base, int bytes) {
-    return "reinterpret_cast<unsigned short*>(smem + " + base + std::to_string(bytes) + ")";
-  };
-  if (wgmma) {
-    const auto align128 = [](int bytes) { return (bytes + 127) / 128 * 128; };
-    const int q_bytes = align128(tile.block_m * pad16(spec.D) * 2), k_bytes = align128(tile.block_n * pad16(spec.D) * 2),
-              v_bytes = align128(tile.block_n * pad16(spec.Dv) * 2);
-    c("// The q tile [BM][DP] for the whole key loop, then per stage the K tile [BN][DP] and the V tile");
-    c("// [BN][DVP], 16-bit, each as 8 x 8 core matrices of 128 contiguous bytes (wgmma's no-swizzle layout).");
-    c("unsigned short* const q_tile = " + offset("", 0) + ";");
-    c("unsigned short* const k_tile = " + offset("", q_bytes) + ";");
-    c("unsigned short* const v_tile = " + offset("", q_bytes + k_bytes) + ";");
-    c("constexpr int STAGE_ELEMENTS = " + std::to_string((k_bytes + v_bytes) / 2) + ";  // 16-bit elements between stages");
+  if (ws) {
+    emit_ws_shared(c, parts);
   } else {
-    const int k_bytes = (tile.block_n * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16,
-              v_bytes = (tile.block_n * (pad16(spec.Dv) + 8) * 2 + 15) / 16 * 16;
-    const int stage_bytes = (k_bytes + v_bytes) * (ops.split ? 2 : 1);
-    c("// Per stage: the K tile [BN][KLD] and the V tile [BN][VLD], 16-bit" +
-      std::string(ops.split ? ", each as hi then lo halves." : "."));
-    c("unsigned short* const k_tile = " + offset("", 0) + ";");
-    c("unsigned short* const v_tile = " + offset("", k_bytes) + ";");
-    if (ops.split) {
-      c("unsigned short* const k_tile_lo = " + offset("", k_bytes + v_bytes) + ";");
-      c("unsigned short* const v_tile_lo = " + offset("", 2 * k_bytes + v_bytes) + ";");
+    c("const " + qt + "* const q_seq = " + id[0] + " + b * " + id[0] + "_stride_b + q_bos * " + id[0] + "_stride_t + h * " +
+      id[0] + "_stride_h;");
+    c("const " + kt + "* const k_seq = " + id[1] + " + b * " + id[1] + "_stride_b + k_bos * " + id[1] + "_stride_t + hk * " +
+      id[1] + "_stride_h;");
+    c("const " + vt + "* const v_seq = " + id[2] + " + b * " + id[2] + "_stride_b + k_bos * " + id[2] + "_stride_t + hk * " +
+      id[2] + "_stride_h;");
+    c("");
+    c("LADLE_DYNAMIC_SHARED(smem);");
+    const auto offset = [](const std::string& base, int bytes) {
+      return "reinterpret_cast<unsigned short*>(smem + " + base + std::to_string(bytes) + ")";
+    };
+    if (wgmma) {
+      const auto align128 = [](int bytes) { return (bytes + 127) / 128 * 128; };
+      const int q_bytes = align128(tile.block_m * pad16(spec.D) * 2), k_bytes = align128(tile.block_n * pad16(spec.D) * 2),
+                v_bytes = align128(tile.block_n * pad16(spec.Dv) * 2);
+      c("// The q tile [BM][DP] for the whole key loop, then per stage the K tile [BN][DP] and the V tile");
+      c("// [BN][DVP], 16-bit, each as 8 x 8 core matrices of 128 contiguous bytes (wgmma's no-swizzle layout).");
+      c("unsigned short* const q_tile = " + offset("", 0) + ";");
+      c("unsigned short* const k_tile = " + offset("", q_bytes) + ";");
+      c("unsigned short* const v_tile = " + offset("", q_bytes + k_bytes) + ";");
+      c("constexpr int STAGE_ELEMENTS = " + std::to_string((k_bytes + v_bytes) / 2) + ";  // 16-bit elements between stages");
+    } else {
+      const int k_bytes = (tile.block_n * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16,
+                v_bytes = (tile.block_n * (pad16(spec.Dv) + 8) * 2 + 15) / 16 * 16;
+      const int stage_bytes = (k_bytes + v_bytes) * (ops.split ? 2 : 1);
+      c("// Per stage: the K tile [BN][KLD] and the V tile [BN][VLD], 16-bit" +
+        std::string(ops.split ? ", each as hi then lo halves." : "."));
+      c("unsigned short* const k_tile = " + offset("", 0) + ";");
+      c("unsigned short* const v_tile = " + offset("", k_bytes) + ";");
+      if (ops.split) {
+        c("unsigned short* const k_tile_lo = " + offset("", k_bytes + v_bytes) + ";");
+        c("unsigned short* const v_tile_lo = " + offset("", 2 * k_bytes + v_bytes) + ";");
+      }
+      c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
+      c("// The q tile [BM][KLD] borrows the stages before the key loop.");
+      c("unsigned short* const q_tile = " + offset("", 0) + ";");
+      if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16) + ";");
     }
-    c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
-    c("// The q tile [BM][KLD] borrows the stages before the key loop.");
-    c("unsigned short* const q_tile = " + offset("", 0) + ";");
-    if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16) + ";");
+    c("");
   }
-  c("");
 
   // Staging of `rows` rows of a [T, X, width] input into a 16-bit tile.
   const auto operand_bits = [&](bool f16) { return f16 ? std::string("ladle_f16_bits") : std::string("ladle_bf16_bits"); };
@@ -349,7 +387,9 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     c("}");
   };
 
-  if (wgmma) {
+  if (ws) {
+    emit_ws_producer(c, parts);
+  } else if (wgmma) {
     c("// 1. The q tile into shared memory, where the score products read it for the whole key loop.");
     stage_rows("q_seq", id[0], "q_tile", "", "m0", "q_len", "BM", "D", "DP", "KLD", ops.qk_f16);
     if (ops.async) c("ladle_cp_async_commit();");
@@ -397,114 +437,118 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   if (variant.dropout) c("const float keep_scale = 1.0f / (1.0f - dropout_p);");
   c("");
 
-  c("// 2. K and V tiles into shared memory, stage by stage.");
-  c("const auto stage_tile = [&](int tile, int stage) {");
-  c.in();
-  c("const int j0 = tile * BN;");
-  stage_rows("k_seq", id[1], "(k_tile + stage * STAGE_ELEMENTS)", "(k_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
-             "D", "DP", "KLD", ops.qk_f16);
-  stage_rows("v_seq", id[2], "(v_tile + stage * STAGE_ELEMENTS)", "(v_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
-             "DV", "DVP", "VLD", ops.pv_f16);
-  if (ops.async) c("ladle_cp_async_commit();");
-  c.out();
-  c("};");
-  c("if (tile_begin < tile_end) stage_tile(tile_begin, 0);");
-  c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
-  c.in();
-  if (tile.stages == 2) {
-    c("const int stage = (tile - tile_begin) & 1;");
-    c("if (tile + 1 < tile_end) {  // the next tile streams in while this one is computed");
-    c("  stage_tile(tile + 1, stage ^ 1);");
-    if (ops.async) c("  ladle_cp_async_wait<1>();");
-    c("} else {");
-    if (ops.async) c("  ladle_cp_async_wait<0>();");
-    c("}");
+  if (ws) {
+    emit_ws_consumer_loop(c, parts);
   } else {
-    c("const int stage = 0;");
-    c("if (tile > tile_begin) stage_tile(tile, 0);");
-    if (ops.async) c("ladle_cp_async_wait<0>();");
-  }
-  if (wgmma) c("ladle_fence_proxy_async();  // this thread's shared-memory writes, visible to wgmma's async proxy");
-  c("__syncthreads();");
-  c("const int j0 = tile * BN;");
-  c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS;");
-  c("const unsigned short* const v_s = v_tile + stage * STAGE_ELEMENTS;");
-  if (ops.split) {
-    c("const unsigned short* const k_s_lo = k_tile_lo + stage * STAGE_ELEMENTS;");
-    c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS;");
-  }
-  c("");
-  if (wgmma) {
-    emit_wgmma_scores(c, parts);
-  } else {
-    const std::string qk_mma = ops.qk_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
-    c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
-    c("float score[BN / 8][4];");
-    c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
-    c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
-    c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
+    c("// 2. K and V tiles into shared memory, stage by stage.");
+    c("const auto stage_tile = [&](int tile, int stage) {");
     c.in();
-    c("  unsigned k_frag[4];");
-    c("  ladle_ldmatrix_x4(k_frag, &k_s[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
-    c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);");
-    c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
-    if (ops.split) {
-      c("  " + qk_mma + "(score[2 * np], q_frag_lo[kt], k_frag[0], k_frag[1]);  // lo q x hi k");
-      c("  " + qk_mma + "(score[2 * np + 1], q_frag_lo[kt], k_frag[2], k_frag[3]);");
-      c("  ladle_ldmatrix_x4(k_frag, &k_s_lo[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
-      c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);  // hi q x lo k");
-      c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
-    }
+    c("const int j0 = tile * BN;");
+    stage_rows("k_seq", id[1], "(k_tile + stage * STAGE_ELEMENTS)", "(k_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
+               "D", "DP", "KLD", ops.qk_f16);
+    stage_rows("v_seq", id[2], "(v_tile + stage * STAGE_ELEMENTS)", "(v_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
+               "DV", "DVP", "VLD", ops.pv_f16);
+    if (ops.async) c("ladle_cp_async_commit();");
     c.out();
-    c("  }");
+    c("};");
+    c("if (tile_begin < tile_end) stage_tile(tile_begin, 0);");
+    c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
+    c.in();
+    if (tile.stages == 2) {
+      c("const int stage = (tile - tile_begin) & 1;");
+      c("if (tile + 1 < tile_end) {  // the next tile streams in while this one is computed");
+      c("  stage_tile(tile + 1, stage ^ 1);");
+      if (ops.async) c("  ladle_cp_async_wait<1>();");
+      c("} else {");
+      if (ops.async) c("  ladle_cp_async_wait<0>();");
+      c("}");
+    } else {
+      c("const int stage = 0;");
+      c("if (tile > tile_begin) stage_tile(tile, 0);");
+      if (ops.async) c("ladle_cp_async_wait<0>();");
+    }
+    if (wgmma) c("ladle_fence_proxy_async();  // this thread's shared-memory writes, visible to wgmma's async proxy");
+    c("__syncthreads();");
+    c("const int j0 = tile * BN;");
+    c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS;");
+    c("const unsigned short* const v_s = v_tile + stage * STAGE_ELEMENTS;");
+    if (ops.split) {
+      c("const unsigned short* const k_s_lo = k_tile_lo + stage * STAGE_ELEMENTS;");
+      c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS;");
+    }
+    c("");
+    if (wgmma) {
+      emit_wgmma_scores(c, parts);
+    } else {
+      const std::string qk_mma = ops.qk_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+      c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
+      c("float score[BN / 8][4];");
+      c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
+      c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
+      c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
+      c.in();
+      c("  unsigned k_frag[4];");
+      c("  ladle_ldmatrix_x4(k_frag, &k_s[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+      c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);");
+      c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
+      if (ops.split) {
+        c("  " + qk_mma + "(score[2 * np], q_frag_lo[kt], k_frag[0], k_frag[1]);  // lo q x hi k");
+        c("  " + qk_mma + "(score[2 * np + 1], q_frag_lo[kt], k_frag[2], k_frag[3]);");
+        c("  ladle_ldmatrix_x4(k_frag, &k_s_lo[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+        c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);  // hi q x lo k");
+        c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
+      }
+      c.out();
+      c("  }");
+      c("");
+    }
+    emit_logits(c, parts);
+    emit_online_softmax(c, parts);
+    if (wgmma) {
+      emit_wgmma_pv(c, parts);
+    } else {
+      const std::string pv_mma = ops.pv_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+      c("// 6. o_acc += P V: P's accumulator layout is the A operand of the next product.");
+      const std::string pack = ops.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
+      c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
+      c.in();
+      if (ops.split) {
+        c("float p_hi[2][4], p_lo[2][4];");
+        c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
+        c("  p_hi[e / 4][e % 4] = ladle_bf16_float(ladle_bf16_bits(p[2 * kk + e / 4][e % 4]));");
+        c("  p_lo[e / 4][e % 4] = p[2 * kk + e / 4][e % 4] - p_hi[e / 4][e % 4];");
+        c("}");
+        c("const unsigned p_frag[4] = {ladle_pack_bf16(p_hi[0][0], p_hi[0][1]), ladle_pack_bf16(p_hi[0][2], p_hi[0][3]),");
+        c("                            ladle_pack_bf16(p_hi[1][0], p_hi[1][1]), ladle_pack_bf16(p_hi[1][2], p_hi[1][3])};");
+        c("const unsigned p_frag_lo[4] = {ladle_pack_bf16(p_lo[0][0], p_lo[0][1]), ladle_pack_bf16(p_lo[0][2], p_lo[0][3]),");
+        c("                               ladle_pack_bf16(p_lo[1][0], p_lo[1][1]), ladle_pack_bf16(p_lo[1][2], p_lo[1][3])};");
+      } else {
+        c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
+        c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
+      }
+      c("LADLE_UNROLL for (int np = 0; np < DVP / 16; ++np) {");
+      c.in();
+      c("unsigned v_frag[4];");
+      c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+      c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);");
+      c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+      if (ops.split) {
+        c(pv_mma + "(o_acc[2 * np], p_frag_lo, v_frag[0], v_frag[1]);  // lo p x hi v");
+        c(pv_mma + "(o_acc[2 * np + 1], p_frag_lo, v_frag[2], v_frag[3]);");
+        c("ladle_ldmatrix_x4_trans(v_frag, &v_s_lo[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+        c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);  // hi p x lo v");
+        c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+      }
+      c.out();
+      c("}");
+      c.out();
+      c("}");
+    }
+    c("__syncthreads();  // the next tile's copy reuses this stage");
+    c.out();
+    c("}");
     c("");
   }
-  emit_logits(c, parts);
-  emit_online_softmax(c, parts);
-  if (wgmma) {
-    emit_wgmma_pv(c, parts);
-  } else {
-    const std::string pv_mma = ops.pv_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
-    c("// 6. o_acc += P V: P's accumulator layout is the A operand of the next product.");
-    const std::string pack = ops.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
-    c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
-    c.in();
-    if (ops.split) {
-      c("float p_hi[2][4], p_lo[2][4];");
-      c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
-      c("  p_hi[e / 4][e % 4] = ladle_bf16_float(ladle_bf16_bits(p[2 * kk + e / 4][e % 4]));");
-      c("  p_lo[e / 4][e % 4] = p[2 * kk + e / 4][e % 4] - p_hi[e / 4][e % 4];");
-      c("}");
-      c("const unsigned p_frag[4] = {ladle_pack_bf16(p_hi[0][0], p_hi[0][1]), ladle_pack_bf16(p_hi[0][2], p_hi[0][3]),");
-      c("                            ladle_pack_bf16(p_hi[1][0], p_hi[1][1]), ladle_pack_bf16(p_hi[1][2], p_hi[1][3])};");
-      c("const unsigned p_frag_lo[4] = {ladle_pack_bf16(p_lo[0][0], p_lo[0][1]), ladle_pack_bf16(p_lo[0][2], p_lo[0][3]),");
-      c("                               ladle_pack_bf16(p_lo[1][0], p_lo[1][1]), ladle_pack_bf16(p_lo[1][2], p_lo[1][3])};");
-    } else {
-      c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
-      c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
-    }
-    c("LADLE_UNROLL for (int np = 0; np < DVP / 16; ++np) {");
-    c.in();
-    c("unsigned v_frag[4];");
-    c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
-    c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);");
-    c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
-    if (ops.split) {
-      c(pv_mma + "(o_acc[2 * np], p_frag_lo, v_frag[0], v_frag[1]);  // lo p x hi v");
-      c(pv_mma + "(o_acc[2 * np + 1], p_frag_lo, v_frag[2], v_frag[3]);");
-      c("ladle_ldmatrix_x4_trans(v_frag, &v_s_lo[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
-      c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);  // hi p x lo v");
-      c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
-    }
-    c.out();
-    c("}");
-    c.out();
-    c("}");
-  }
-  c("__syncthreads();  // the next tile's copy reuses this stage");
-  c.out();
-  c("}");
-  c("");
   emit_epilogue(c, parts);
   kernel.source = c.text();
   return kernel;

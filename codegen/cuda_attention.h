@@ -24,8 +24,20 @@
 // N-major through its descriptor. Its accumulators have the mma.sync fragment layout per warp,
 // so the logit, mask, online softmax and epilogue text is the same for both.
 //
-// Launch: grid (ceil(Tq / block_m), N * H), block (32 * warps), dynamic shared memory
-// AttentionKernel::shared_bytes. The parameters are listed by AttentionKernel::params.
+// `ws` (sm_90a only; q, k, v of one 16-bit type, D and Dv multiples of 8, rows 16-byte aligned)
+// is the warp-specialised Hopper pipeline. A producer warpgroup (its registers given back with
+// setmaxnreg) loads the q tile once and the K and V tiles into a ring of `stages` shared-memory
+// stages with TMA (cp.async.bulk.tensor, 128-byte swizzle, zero fill past the tensor), each stage
+// guarded by mbarriers: full (the copy's bytes have landed) and empty (every consumer warp is done
+// with it), separately for K and V. The consumer warpgroups (64 query rows each) run the same
+// logit, mask and online-softmax text, with the products on wgmma reading the swizzled tiles
+// directly, and overlap them: tile t's q k^T and tile t-1's P V are in flight together while the
+// previous results are read, and the softmax of tile t runs while P V of tile t-1 finishes. No
+// __syncthreads in the key loop. The launcher passes three tensor maps (runtime/tensor_map.h).
+//
+// Launch: grid (ceil(Tq / block_m), N * H), block (AttentionKernel::threads: 32 * warps, plus a
+// producer warpgroup of 128 for ws), dynamic shared memory AttentionKernel::shared_bytes. The
+// parameters are listed by AttentionKernel::params.
 #pragma once
 
 #include <cstdint>
@@ -38,15 +50,17 @@
 
 namespace ladle::cuda {
 
-// The tensor-core instruction of a tile: mma.sync m16n8k16 (sm_80 and later), or Hopper's
-// wgmma.mma_async (sm_90a only). wgmma becomes the sm_90a default once measured on a GPU.
-enum class AttentionMma { sync, wgmma };
+// The tensor-core instruction of a tile: mma.sync m16n8k16 (sm_80 and later), Hopper's
+// wgmma.mma_async with cp.async staging and a barrier per tile (sm_90a only), or the
+// warp-specialised TMA + mbarrier + wgmma pipeline (ws, sm_90a only).
+enum class AttentionMma { sync, wgmma, ws };
 
 struct AttentionTile {
   int block_m = 128;  // query rows per block: 16 per warp (64 or 128)
   int block_n = 64;   // keys per tile: 32, 64 or 128
-  int warps = 8;      // 4 or 8; block_m = 16 * warps (wgmma: one warpgroup per 64 rows)
-  int stages = 2;     // K/V tiles in flight: 1 or 2 (double-buffered)
+  int warps = 8;      // 4 or 8; block_m = 16 * warps (wgmma, ws: one warpgroup per 64 rows; ws adds a
+                      // producer warpgroup)
+  int stages = 2;     // K/V tiles in flight: 1 or 2 (double-buffered); ws: 2 to 4 ring stages
   AttentionMma mma = AttentionMma::sync;
   friend bool operator==(const AttentionTile&, const AttentionTile&) = default;
 };
@@ -73,7 +87,7 @@ struct AttentionKernelSpec {
 
 // One kernel parameter and what a launcher passes for it.
 struct AttentionParam {
-  enum class Type { pointer, i64, i32, f32, u64 };
+  enum class Type { pointer, i64, i32, f32, u64, tensor_map };
   enum class Role {
     input,            // data pointer of variant input `input` (a float for a scalar input)
     input_stride_b,   // strides in elements of the canonical views (ops/attention_bind.h):
@@ -107,12 +121,15 @@ struct AttentionParam {
     q_tokens,
     k_tokens,
     heads,
+    tensor_map,       // ws: the TMA map of variant input `input` (q, k or v) as [B,T,X,D], boxes of
+                      // 64 head-dim elements by box_rows tokens (runtime/tensor_map.h)
   };
   std::string name;
   std::string c_type;
   Type type;
   Role role;
   int input = -1;  // for the input roles: index into AttentionVariant::inputs
+  int box_rows = 0;  // tensor_map: tokens per box
 };
 
 struct AttentionKernel {
@@ -134,12 +151,12 @@ AttentionTile default_attention_tile(int D, int Dv);
 // sm_90a or compute_90a, and 16-bit inputs: split_f32 false; empty arch: no wgmma).
 std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int D, int Dv, int max_shared_bytes = 0,
                                                  bool split_f32 = false, const std::string& arch = "");
-// "block_m=128 block_n=64 warps=8 stages=2" (a wgmma tile adds " mma=wgmma")
+// "block_m=128 block_n=64 warps=8 stages=2" (a wgmma or ws tile adds " mma=wgmma" / " mma=ws")
 std::string to_string(const AttentionTile& tile);
-// Reads the tools' form "block_m,block_n,warps,stages[,sync|wgmma]"; throws InvalidArgument
+// Reads the tools' form "block_m,block_n,warps,stages[,sync|wgmma|ws]"; throws InvalidArgument
 // quoting the text otherwise.
 AttentionTile parse_attention_tile(const std::string& text);
-// Whether wgmma runs on this target: sm_90a or compute_90a.
+// Whether wgmma (and the ws pipeline) runs on this target: sm_90a or compute_90a.
 bool attention_wgmma_arch(const std::string& arch);
 // Whether q, k, v of these types go through the tensor cores as split bf16 pairs (fp32 inputs).
 bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);

@@ -49,9 +49,9 @@ std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionK
 }  // namespace
 
 // 128-row tiles (8 warps) keep K/V reuse high; when the shape gives fewer such blocks than
-// the GPU has SMs (short or few sequences), 64-row tiles double the blocks. Not yet measured
-// on a GPU (bench/RESULTS.md). mma.sync on every arch: the wgmma tiles (sm_90a) are open to the
-// autotuner, and wgmma becomes the sm_90a default here once it has been measured on a GPU.
+// the GPU has SMs (short or few sequences), 64-row tiles double the blocks. On sm_90a the ws
+// pipeline where its copies can run (16-bit q, k, v of one type in aligned rows, D and Dv
+// multiples of 8), else mma.sync, and the first tile that fits where that does not.
 cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int sms, const std::string& arch,
                                              int max_shared_bytes) {
   const int D = static_cast<int>(args.D), Dv = static_cast<int>(args.Dv);
@@ -67,6 +67,22 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   const auto fits = [&](const cuda::AttentionTile& t) {
     return cuda::validate_attention_tile(t, D, Dv, max_shared_bytes, split, arch).empty();
   };
+  // sm_90a with q, k, v of one 16-bit type in rows TMA can copy: the warp-specialised pipeline,
+  // two stages, 128 keys a tile where the registers allow: not past D, Dv = 128, and not for a
+  // variant that reads more than q, k, v per score or draws dropout (ptxas compiles the consumers
+  // within the launch bound's 168 registers: 128-key tiles of those spill 8-700 bytes, 64 none).
+  const ElementType qt = args.tensors.size() >= 3 ? args.tensors[0].type : ElementType::f32;
+  const bool tma = cuda::attention_wgmma_arch(arch) && (qt == ElementType::f16 || qt == ElementType::bf16) &&
+                   args.tensors[1].type == qt && args.tensors[2].type == qt && rows_aligned(args.q) &&
+                   rows_aligned(args.k) && rows_aligned(args.v);
+  if (tma) {
+    cuda::AttentionTile ws = tile;
+    const bool light = args.tensors.size() <= 3 && args.dropout_p <= 0;
+    ws.mma = cuda::AttentionMma::ws, ws.stages = 2, ws.block_n = D <= 128 && Dv <= 128 && light ? 128 : 64;
+    if (fits(ws)) return ws;
+    ws.block_n = 64;
+    if (fits(ws)) return ws;
+  }
   if (fits(tile)) return tile;
   std::vector<cuda::AttentionMma> kinds = {cuda::AttentionMma::sync};
   if (cuda::attention_wgmma_arch(arch) && !split) kinds.push_back(cuda::AttentionMma::wgmma);
@@ -127,8 +143,29 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
   return out;
 }
 
+TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows) {
+  if (view.rank() != 4 || (view.type != ElementType::f16 && view.type != ElementType::bf16))
+    throw InvalidArgument("attention: a TMA copy needs a 16-bit [B,T,X,D] view, got rank " + std::to_string(view.rank()) +
+                          " of " + element_type_name(view.type));
+  TensorMapDescription map;
+  map.address = view.data;
+  map.rank = 4;
+  map.bfloat16 = view.type == ElementType::bf16 ? 1 : 0;
+  // dims innermost first: D, T, X, B; a dimension of one index gets any valid stride.
+  const int order[4] = {3, 1, 2, 0};
+  for (int d = 0; d < 4; ++d) {
+    const int axis = order[d];
+    map.dims[d] = static_cast<std::uint64_t>(view.shape[axis]);
+    const std::int64_t stride = view.shape[axis] > 1 ? view.strides[axis] * 2 : 16;
+    map.strides[d] = d == 0 ? 2 : static_cast<std::uint64_t>(stride);
+  }
+  map.box[0] = 64, map.box[1] = static_cast<std::uint32_t>(box_rows), map.box[2] = 1, map.box[3] = 1;
+  return map;
+}
+
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
-                                    const void* cu_seqlens_q, const void* cu_seqlens_k) {
+                                    const void* cu_seqlens_q, const void* cu_seqlens_k,
+                                    TensorMap (*encode)(const TensorMapDescription&)) {
   KernelArgs packed;
   const auto i64 = [&](std::int64_t value) { packed.add(static_cast<long long>(value)); };
   const auto i32 = [&](std::int64_t value) { packed.add(static_cast<int>(value)); };
@@ -171,6 +208,7 @@ KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& par
       case Role::q_tokens: i32(args.Tq); break;
       case Role::k_tokens: i32(args.Tk); break;
       case Role::heads: i32(args.H); break;
+      case Role::tensor_map: packed.add(encode(attention_tensor_map(*view, p.box_rows))); break;
     }
   }
   return packed;

@@ -13,6 +13,7 @@
 #include <ladle/codegen/cuda_attention.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
+#include <ladle/runtime/tensor_map.h>
 
 #include "attention_bind.h"
 #include "gpu_recurrent.h"  // LaunchOptions
@@ -46,8 +47,14 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
 // The argument array of an attention kernel, by parameter role, from bound arguments whose
 // pointers the kernel can read (device pointers on a GPU; host pointers on the host
 // emulation of tests/codegen). cu_seqlens_q / cu_seqlens_k: where the int64 offsets are.
+// Tensor maps (the ws tiles) are encoded by `encode`: the driver's encoding for a GPU,
+// describe_tensor_map for the host emulation.
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
-                                    const void* cu_seqlens_q, const void* cu_seqlens_k);
+                                    const void* cu_seqlens_q, const void* cu_seqlens_k,
+                                    TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map);
+// The TMA map of a q, k or v view [B,T,X,D] of 16-bit elements: dims (D, T, X, B) innermost
+// first, boxes of 64 head-dim elements by box_rows tokens.
+TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows);
 
 // Runs the variant on bound arguments whose views hold device pointers, with the tile
 // tuned_attention_tile gives (ops/tune_attention.h: LADLE_AUTOTUNE). Throws NoCudaDriver

@@ -21,7 +21,8 @@ using Tile = cuda::AttentionTile;
 
 // The tile's tunable fields, in the space's order: the name in a Config, the values the space
 // tries, and how a Config reads and writes the field. A new field of AttentionTile is one line
-// here (its validity is validate_attention_tile's). mma: 0 = sync, 1 = wgmma (sm_90a only).
+// here (its validity is validate_attention_tile's). mma: 0 = sync, 1 = wgmma, 2 = ws (both
+// sm_90a only); stages 3 and 4 are ws only.
 struct TileField {
   std::string_view name;
   std::vector<int> values;
@@ -34,9 +35,9 @@ const std::vector<TileField>& tile_fields() {
       {"block_m", {64, 128}, [](const Tile& t) { return t.block_m; }, [](Tile& t, int v) { t.block_m = v; }},
       {"block_n", {32, 64, 128}, [](const Tile& t) { return t.block_n; }, [](Tile& t, int v) { t.block_n = v; }},
       {"warps", {4, 8}, [](const Tile& t) { return t.warps; }, [](Tile& t, int v) { t.warps = v; }},
-      {"stages", {1, 2}, [](const Tile& t) { return t.stages; }, [](Tile& t, int v) { t.stages = v; }},
-      {"mma", {0, 1}, [](const Tile& t) { return static_cast<int>(t.mma); },
-       [](Tile& t, int v) { t.mma = v ? cuda::AttentionMma::wgmma : cuda::AttentionMma::sync; }},
+      {"stages", {1, 2, 3, 4}, [](const Tile& t) { return t.stages; }, [](Tile& t, int v) { t.stages = v; }},
+      {"mma", {0, 1, 2}, [](const Tile& t) { return static_cast<int>(t.mma); },
+       [](Tile& t, int v) { t.mma = v == 2 ? cuda::AttentionMma::ws : v ? cuda::AttentionMma::wgmma : cuda::AttentionMma::sync; }},
   };
   return fields;
 }
@@ -74,13 +75,14 @@ double attention_cycles(const AttentionTuneShape& s, bool split, const Tile& til
   const double mma = pairs * (Dp + Dvp) * (split ? 3 : 1) / 1024;
   const double elementwise = pairs * (1.0 / 16 + 6.0 / 128);
   const double copy = bn * (Dp + Dvp) * 2 * (split ? 2 : 1) / 32;
-  const double waits = 500 + (tile.stages == 1 ? 700 : 0);
+  double waits = 500 + (tile.stages == 1 ? 700 : 0);
   const double per_block = 1000;  // the q tile, the first K/V tile, o's epilogue
-  const bool wgmma = tile.mma == cuda::AttentionMma::wgmma;  // the register guard's count
+  const bool ws = tile.mma == cuda::AttentionMma::ws;
+  const bool wgmma = tile.mma == cuda::AttentionMma::wgmma || ws;  // the register guard's count
   const int fragments = wgmma ? tile.block_n / 2 + tile.block_n / 4 + Dvp / 2
                               : Dp / 4 * (split ? 2 : 1) + tile.block_n / 2 + Dvp / 2;
   const double pressure = 1 + std::max(0, fragments - 128) / 64.0;
-  const int threads = 32 * tile.warps;
+  const int threads = 32 * tile.warps + (ws ? 128 : 0);
   const int registers = (std::min(255, 48 + fragments) + 7) / 8 * 8;
   const int shared = std::max(1, cuda::attention_shared_bytes(tile, s.D, s.Dv, split));
   const int by_shared = device.max_shared_per_sm > 0 ? device.max_shared_per_sm / shared : 1;
@@ -110,9 +112,14 @@ double attention_cycles(const AttentionTuneShape& s, bool split, const Tile& til
     const double warps = static_cast<double>(resident * tile.warps);
     return warps / (warps + 2);
   };
-  const double compute = mma * pressure + elementwise;
-  const double shared_tile = compute / rate(together) + copy + waits / static_cast<double>(together);
-  const double alone_tile = compute / rate(1) + copy + waits;
+  // ws: the copies are TMA's (no issue cost), there is no barrier per tile, and the softmax of a
+  // tile overlaps the products in flight: the longer of the two, plus a short mbarrier wait.
+  const double compute = ws ? std::max(mma * pressure, elementwise) + 0.25 * std::min(mma * pressure, elementwise)
+                            : mma * pressure + elementwise;
+  const double issue = ws ? 0.0 : copy;
+  if (ws) waits = 150 + (tile.stages == 2 ? 100 : 0);
+  const double shared_tile = compute / rate(together) + issue + waits / static_cast<double>(together);
+  const double alone_tile = compute / rate(1) + issue + waits;
   const double all = (static_cast<double>(heads) * tiles * shared_tile + blocks * per_block / together) / sms;
   return std::max(all, longest * alone_tile + per_block);
 }
@@ -216,18 +223,20 @@ cuda::AttentionTile to_attention_tile(const Config& config) {
   return tile;
 }
 
-SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands) {
+SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands, bool async_copy) {
   SearchSpace space;
   for (const TileField& field : tile_fields()) space.param(std::string(field.name), field.values);
   const bool split = operands == ElementType::f32;
   const int D = static_cast<int>(shape.D), Dv = static_cast<int>(shape.Dv);
-  space.rule([D, Dv, split](const Config& c, const DeviceLimits& d) -> Reason {
+  space.rule([D, Dv, split, async_copy](const Config& c, const DeviceLimits& d) -> Reason {
     // Every limit a tile breaks: warps vs block_m, wgmma off sm_90a or with fp32 inputs, the
-    // register guard, the opt-in shared memory.
-    const auto problems =
-        cuda::validate_attention_tile(to_attention_tile(c), D, Dv, d.max_shared_per_block, split, d.arch);
+    // register guard, the opt-in shared memory; ws also needs rows TMA can copy.
+    const Tile tile = to_attention_tile(c);
+    const auto problems = cuda::validate_attention_tile(tile, D, Dv, d.max_shared_per_block, split, d.arch);
     if (!problems.empty()) return joined(problems);
-    return rule::threads(32LL * c.at("warps"), d);
+    if (tile.mma == cuda::AttentionMma::ws && !async_copy)
+      return std::string("mma=ws copies q, k, v with TMA: they need 16-byte aligned rows of one 16-bit type");
+    return rule::threads(32LL * c.at("warps") + (tile.mma == cuda::AttentionMma::ws ? 128 : 0), d);
   });
   space.cost_model([shape, split](const Config& c, const DeviceLimits& d) {
     return attention_cycles(shape, split, to_attention_tile(c), d);
@@ -272,7 +281,7 @@ TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::Atten
     return std::make_unique<AttentionCandidate>(variant, args, spec, tolerance);
   };
   return TuneJob{std::move(key),
-                 Tuner(attention_search_space(shape, split ? ElementType::f32 : spec.input_types.at(0)), device,
+                 Tuner(attention_search_space(shape, split ? ElementType::f32 : spec.input_types.at(0), spec.async_copy), device,
                        to_config(heuristic)),
                  std::move(factory)};
 }

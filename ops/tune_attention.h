@@ -47,7 +47,9 @@ cuda::AttentionTile to_attention_tile(const Config& config);
 // the per-tile barriers (and, with one stage, the copy's latency), a register-pressure factor
 // near the register guard, the blocks that fit on an SM at once (shared memory, registers,
 // threads) and the blocks vs SMs; wgmma at mma.sync's rate until measured: rough, it only ranks.
-SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands);
+// async_copy: q, k, v rows the kernels may copy 16 bytes at a time (cp.async, TMA); without it
+// no ws tile is valid.
+SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands, bool async_copy = true);
 
 // The family's key: the variant's hash, the kernel's flags (varlen, lse, cp.async) and input
 // dtypes (segment ids and sinks too when the variant has them), the shape bucket (N, Tq and Tk

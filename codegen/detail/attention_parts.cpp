@@ -40,10 +40,12 @@ void emit_logits(Code& c, const AttentionParts& parts) {
   c("");
 }
 
-void emit_online_softmax(Code& c, const AttentionParts& parts) {
+void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescale) {
   const ir::AttentionVariant& variant = parts.variant;
   c("// 5. Online softmax per row: the new maximum, the rescale of what came before, p = 2^(logit - max).");
+  if (defer_rescale) c("//    o_acc is still being written by the previous tile's P V: its rescale waits in o_rescale.");
   c("float p[BN / 8][4];");
+  if (defer_rescale) c("float o_rescale[2];");
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c.in();
   c("float tile_max = ladle_neg_inf();");
@@ -53,7 +55,8 @@ void emit_online_softmax(Code& c, const AttentionParts& parts) {
   c("const float rescale = ladle_exp2(row_max[half] - base);");
   c("row_max[half] = new_max;");
   c("row_sum[half] *= rescale;");
-  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
+  if (defer_rescale) c("o_rescale[half] = rescale;");
+  else c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
   c("    p[nt][r] = ladle_exp2(logit[nt][r] - base);");

@@ -17,12 +17,15 @@ struct AttentionParts {
   std::string logit_expression;  // rendered at (i, j) of score[nt][r]
   std::string keep_expression;   // empty: no user predicate
   bool qk_f16 = false, pv_f16 = false;  // f16 operands (else bf16)
+  // ws: registers per thread after setmaxnreg (0: no setmaxnreg), producer and consumers.
+  int producer_registers = 0, consumer_registers = 0;
 };
 
 // Step 4: logit[BN / 8][4] (log2 units, -inf where masked) from score[BN / 8][4].
 void emit_logits(Code& c, const AttentionParts& parts);
-// Step 5: the online softmax of this tile's rows: p[BN / 8][4], row_max, row_sum, o_acc rescaled.
-void emit_online_softmax(Code& c, const AttentionParts& parts);
+// Step 5: the online softmax of this tile's rows: p[BN / 8][4], row_max, row_sum, o_acc rescaled
+// (defer_rescale: o_acc untouched, its factor per row half left in o_rescale[2]).
+void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescale = false);
 // Step 7: o = o_acc / row_sum (sinks in the denominator), lse.
 void emit_epilogue(Code& c, const AttentionParts& parts);
 
@@ -40,5 +43,18 @@ std::string core_matrix_offset(const std::string& row, const std::string& col, c
 void emit_wgmma_scores(Code& c, const AttentionParts& parts);
 // Step 6 on wgmma: o_acc += P V with P packed from p[BN / 8][4].
 void emit_wgmma_pv(Code& c, const AttentionParts& parts);
+
+// ---- ws: the warp-specialised TMA + mbarrier + wgmma pipeline (sm_90a; attention_ws.cpp)
+
+// Device helpers: the tensor-map parameter type, mbarriers, TMA tensor copies, setmaxnreg and the
+// 128-byte-swizzle descriptor. A host emulation defines LADLE_TENSOR_MAP_DEFINED and
+// LADLE_PIPELINE_HELPERS first.
+std::string ws_helpers();
+// The shared-memory layout (q, the K and V rings, the mbarriers) and the barriers' initialisation.
+void emit_ws_shared(Code& c, const AttentionParts& parts);
+// The producer warpgroup: gives back registers, and one thread issues every TMA copy; returns.
+void emit_ws_producer(Code& c, const AttentionParts& parts);
+// The consumer warpgroups' key loop (steps 3 to 6, overlapped), after the per-row state is declared.
+void emit_ws_consumer_loop(Code& c, const AttentionParts& parts);
 
 }  // namespace ladle::cuda::detail

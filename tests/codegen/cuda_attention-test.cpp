@@ -138,7 +138,8 @@ Bound bind(const Case& c, std::uint64_t seed) {
 }
 
 void run_emulated(std::size_t index, const cuda::AttentionKernel& kernel, const ops::AttentionArgs& args) {
-  KernelArgs packed = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data());
+  KernelArgs packed = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
+                                                    describe_tensor_map);
   std::int64_t rows = args.Tq;
   if (!args.cu_seqlens_q.empty()) {
     rows = 0;
@@ -265,7 +266,9 @@ TEST_CASE("attention: a sliding window stages only the key tiles its rows can re
     run_emulated(i, kernel, bound.args);
     // The tiles with at least one attended key for some row of the block, by definition.
     const int diagonal = c.Tk - c.Tq, bm = c.tile.block_m, bn = c.tile.block_n;
-    const int dp = (c.D + 15) / 16 * 16, dvp = (c.Dv + 15) / 16 * 16;  // head dims padded to the tensor-core step
+    // Head dims padded to the tensor-core step; ws copies whole boxes of 64 columns (TMA).
+    const int pad = c.tile.mma == cuda::AttentionMma::ws ? 64 : 16;
+    const int dp = (c.D + pad - 1) / pad * pad, dvp = (c.Dv + pad - 1) / pad * pad;
     long long expected = 0, all_tiles = 0;
     for (int m0 = 0; m0 < c.Tq; m0 += bm) {
       expected += static_cast<long long>(bm) * dp / 8;  // the q tile
@@ -417,4 +420,57 @@ TEST_CASE("attention: wgmma kernels compile for sm_90a without spills, and their
   auto spec = spec_for(causal, ElementType::bf16, 128, 128);
   spec.tile.mma = cuda::AttentionMma::wgmma;
   REQUIRE_THROWS_WITH(gpu::compile_attention(causal, spec, "sm_80"), Catch::Contains("sm_90a"));
+}
+
+TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA copies, mbarriers, setmaxnreg and wgmma in the PTX", "[codegen][attention][nvrtc][ws]") {
+  std::vector<SweepItem> items;
+  for (int D : {64, 128})
+    for (const char* f : {"causal", "window,softcap", "causal,sinks", "bias,mask,segments,dropout"}) {
+      // A variant that reads a pair input or draws dropout per score takes 64-key tiles (the
+      // heuristic's rule): at 128 keys it spills within the launch bound's 168 registers.
+      const bool light = std::string(f).find("bias") == std::string::npos;
+      items.push_back({f, ElementType::bf16, D, D, {128, light ? 128 : 64, 8, 2}});
+    }
+  items.push_back({"causal", ElementType::f16, 128, 128, {128, 128, 8, 2}});
+  items.push_back({"causal", ElementType::bf16, 256, 256, {128, 64, 8, 2}});
+  items.push_back({"causal", ElementType::bf16, 192, 128, {128, 64, 8, 2}});
+  items.push_back({"causal", ElementType::bf16, 128, 64, {128, 128, 8, 3}});
+  for (int block_m : {64, 128})
+    for (int block_n : {32, 64, 128})
+      for (int stages : {2, 3, 4}) items.push_back({"causal", ElementType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
+  int compiled = 0;
+  for (SweepItem& item : items) item.tile.mma = cuda::AttentionMma::ws;
+  for (const SweepItem& item : items) {
+    if (!cuda::validate_attention_tile(item.tile, item.D, item.Dv, 227 * 1024, false, "sm_90a").empty()) continue;
+    ++compiled;
+    const auto result = compile_sm90a(item);
+    const std::string& ptx = result.program.ptx;
+    CHECK(ptx.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(item.tile.block_n) + "k16") != std::string::npos);
+    CHECK(ptx.find("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes") != std::string::npos);
+    CHECK(ptx.find("mbarrier.try_wait.parity") != std::string::npos);
+    CHECK(ptx.find("mbarrier.arrive.expect_tx") != std::string::npos);
+    CHECK(ptx.find("bar.sync") == ptx.rfind("bar.sync"));  // one block-wide barrier, after the mbarriers' initialisation
+    CHECK((ptx.find("setmaxnreg.inc.sync.aligned.u32 240") != std::string::npos) == (item.tile.warps == 8));
+    CHECK(ptx.find("mma.sync") == std::string::npos);
+    CHECK(result.kernel.threads == 32u * item.tile.warps + 128u);
+  }
+  CHECK(compiled >= 20);
+  // ws is refused for sm_80, for fp32 inputs, for head dims TMA cannot copy, and without aligned rows.
+  CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2, cuda::AttentionMma::ws}, 128, 128, 0, false, "sm_80").front(),
+             Catch::Contains("mma=ws needs the target sm_90a"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2, cuda::AttentionMma::ws}, 128, 128, 0, true, "sm_90a").front(),
+             Catch::Contains("f16/bf16"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 2, cuda::AttentionMma::ws}, 100, 128, 0, false, "sm_90a").front(),
+             Catch::Contains("multiples of 8"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 1, cuda::AttentionMma::ws}, 128, 128, 0, false, "sm_90a").front(),
+             Catch::Contains("expected 2 to 4"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 4, cuda::AttentionMma::ws}, 128, 128, 227 * 1024, false, "sm_90a").front(),
+             Catch::Contains("shared memory"));
+  CHECK(cuda::parse_attention_tile("128,128,8,3,ws") == cuda::AttentionTile{128, 128, 8, 3, cuda::AttentionMma::ws});
+  CHECK(cuda::to_string(cuda::AttentionTile{128, 128, 8, 3, cuda::AttentionMma::ws}) == "block_m=128 block_n=128 warps=8 stages=3 mma=ws");
+  const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
+  auto spec = spec_for(causal, ElementType::bf16, 128, 128);
+  spec.tile = {128, 128, 8, 2, cuda::AttentionMma::ws};
+  spec.async_copy = false;
+  REQUIRE_THROWS_WITH(gpu::compile_attention(causal, spec, "sm_90a"), Catch::Contains("TMA"));
 }

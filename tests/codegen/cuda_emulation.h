@@ -9,10 +9,14 @@
 // schedule: the ISA only promises completion by the matching wait_group). Hopper's
 // wgmma.mma_async m64nNk16 (f16/bf16, fp32 accumulators) is emulated the same way per
 // warpgroup of 128 threads: operands from shared memory are read through the matrix descriptor
-// as the ISA decodes it (no-swizzle canonical layouts, K-major or MN-major), the register A
-// operand and the accumulator D through their fragment layouts; the product completes at once
-// (the ISA promises it by the matching wait_group), so fences, commit and wait are no-ops.
-// Include it before the generated source.
+// as the ISA decodes it (the no-swizzle and the 128-byte-swizzle canonical layouts, K-major or
+// MN-major), the register A operand and the accumulator D through their fragment layouts; the
+// product completes at once (the ISA promises it by the matching wait_group), so fences,
+// commit and wait are no-ops. The rest of a Hopper pipeline: TMA tensor copies
+// (cp.async.bulk.tensor, 3-d and 4-d, 128-byte swizzle, zero fill outside the tensor) read the
+// map the library describes (ladle::describe_tensor_map) and copy at once, then complete their
+// bytes on an mbarrier; mbarriers (arrival counts, phases, transaction bytes) live in a side
+// table keyed by their address; setmaxnreg is a no-op. Include it before the generated source.
 #pragma once
 
 #include <atomic>
@@ -23,12 +27,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <cstdint>
 #include <limits>
+#include <map>
 #include <math.h>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <ladle/codegen/float16.h>
+#include <ladle/runtime/tensor_map.h>
 
 namespace cuda_emulation {
 struct Index {
@@ -251,14 +259,29 @@ inline MatrixDescriptor decode_descriptor(unsigned long long d) {
           static_cast<unsigned>((d >> 32) & 0x3fffu) << 4, static_cast<unsigned>((d >> 49) & 7u), static_cast<unsigned>(d >> 62)};
 }
 // Element (mn, k) of a 16-bit operand (mn: the row of A or the column of B) under the
-// no-swizzle canonical layouts (PTX ISA 9.7.15.5.1.2.1.3; T = 8 elements = 16 bytes):
+// canonical layouts (PTX ISA 9.7.15.5.1.2.1.3; T = 8 elements = 16 bytes). No swizzle (mode 0):
 //   K-major  ((8,m),(T,2k)):((1T,SBO),(1,LBO))    -> mn%8 * 16 + mn/8 * SBO + k%8 * 2 + k/8 * LBO bytes
 //   MN-major ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)) -> mn%8 * 2 + mn/8 * SBO + k%8 * 16 + k/8 * LBO bytes
+// 128-byte swizzle (mode 1; rows of 128 bytes, 8 of them an atom of 1024 bytes):
+//   K-major  ((8,m),(T,2k)):((8T,SBO),(1,T))      -> mn%8 * 128 + mn/8 * SBO + k%8 * 2 + k/8 * 16 bytes (LBO unused)
+//   MN-major ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) -> mn%8 * 2 + mn/8%8 * 16 + mn/64 * LBO + k%8 * 128 + k/8 * SBO bytes
+// and then the swizzle of the shared address: its bits 4-6 XOR its bits 7-9 (the 16-byte
+// piece p of 128-byte row r lands at p ^ r % 8), as the TMA copies below write it. With base
+// offset 0 the pattern starts at 1024-byte boundaries, so a start advanced within a row (the
+// next k16 of a K-major operand) reads through the same pattern.
 inline unsigned short descriptor_element(const MatrixDescriptor& d, unsigned mn, unsigned k, bool mn_major) {
-  if (d.swizzle != 0) wgmma_fault("only the no-swizzle layout is emulated");
+  if (d.swizzle != 0 && d.swizzle != 1) wgmma_fault("only the no-swizzle and the 128-byte-swizzle layouts are emulated");
+  if (d.base_offset != 0) wgmma_fault("a nonzero matrix base offset is not emulated");
   if (d.start % 16 != 0) wgmma_fault("matrix start address not 16-byte aligned");
-  const std::size_t byte = d.start + (mn_major ? mn % 8 * 2 + k % 8 * 16 : mn % 8 * 16 + k % 8 * 2) +
-                           std::size_t(mn / 8) * d.stride + std::size_t(k / 8) * d.leading;
+  std::size_t byte;
+  if (d.swizzle == 0) {
+    byte = d.start + (mn_major ? mn % 8 * 2 + k % 8 * 16 : mn % 8 * 16 + k % 8 * 2) + std::size_t(mn / 8) * d.stride +
+           std::size_t(k / 8) * d.leading;
+  } else {
+    byte = mn_major ? d.start + mn % 8 * 2 + mn / 8 % 8 * 16 + std::size_t(mn / 64) * d.leading + k % 8 * 128 + std::size_t(k / 8) * d.stride
+                    : d.start + mn % 8 * 128 + std::size_t(mn / 8) * d.stride + k % 8 * 2 + k / 8 * 16;
+    byte ^= (byte >> 7 & 7) << 4;
+  }
   if (byte + 2 > dynamic_shared_bytes) wgmma_fault("operand past the end of shared memory");
   unsigned short bits;
   std::memcpy(&bits, shared_buffer + byte, 2);
@@ -330,6 +353,126 @@ inline void ladle_wgmma_rs_bf16(float (&d)[N / 8][4], const unsigned (&a)[4], un
 template <int N>
 inline void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {
   cuda_emulation::wgmma<N>(d, a, 0, b, true, true);
+}
+
+// ---- Hopper's TMA pipelines: tensor maps, mbarriers, cp.async.bulk.tensor, setmaxnreg
+// A tensor map kernel parameter: `const __grid_constant__ ladle_tensor_map map`.
+#define __grid_constant__
+#define LADLE_TENSOR_MAP_DEFINED
+struct ladle_tensor_map {
+  unsigned char bytes[128];
+};
+namespace cuda_emulation {
+[[noreturn]] inline void pipeline_fault(const char* what) {
+  std::fprintf(stderr, "emulated TMA pipeline: %s\n", what);
+  std::abort();
+}
+// An mbarrier (PTX ISA 9.7.13.15): the current phase completes once its pending arrivals
+// and its transaction bytes both reach 0; the phase bit flips and the next phase expects
+// `count` arrivals again. The 8 bytes in shared memory are only its key here.
+struct Mbarrier {
+  unsigned count = 0, pending = 0, phase = 0;
+  long long tx = 0;
+};
+inline std::mutex mbarrier_mutex;
+inline std::map<const void*, Mbarrier> mbarriers;
+// The barrier at `bar`, under mbarrier_mutex.
+inline Mbarrier& mbarrier_at(const unsigned long long* bar, const char* what) {
+  const auto found = mbarriers.find(bar);
+  if (found == mbarriers.end() || found->second.count == 0) pipeline_fault(what);
+  return found->second;
+}
+inline void mbarrier_complete_if_done(Mbarrier& m) {
+  if (m.pending == 0 && m.tx == 0) m.phase ^= 1, m.pending = m.count;
+}
+inline void mbarrier_arrive(unsigned long long* bar, unsigned tx_bytes) {
+  const std::lock_guard<std::mutex> lock(mbarrier_mutex);
+  Mbarrier& m = mbarrier_at(bar, "arrival on an uninitialised mbarrier");
+  if (m.pending == 0) pipeline_fault("more arrivals on an mbarrier than its count in one phase");
+  m.tx += tx_bytes;
+  --m.pending;
+  mbarrier_complete_if_done(m);
+}
+// complete_tx: a copy's bytes have landed.
+inline void mbarrier_complete_tx(unsigned long long* bar, unsigned long long bytes) {
+  const std::lock_guard<std::mutex> lock(mbarrier_mutex);
+  Mbarrier& m = mbarrier_at(bar, "a copy completing on an uninitialised mbarrier");
+  m.tx -= static_cast<long long>(bytes);
+  if (m.tx < 0) pipeline_fault("a copy completed more bytes on an mbarrier than were announced (arrive_expect_tx)");
+  mbarrier_complete_if_done(m);
+}
+// The current phase bit of the barrier at `bar` (for tests).
+inline unsigned mbarrier_phase(const unsigned long long* bar) {
+  const std::lock_guard<std::mutex> lock(mbarrier_mutex);
+  return mbarrier_at(bar, "phase of an uninitialised mbarrier").phase;
+}
+// cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes under
+// CU_TENSOR_MAP_SWIZZLE_128B with zero fill: box element (i0, i1, ...) is tensor element
+// (c0 + i0, c1 + i1, ...), or 0 where that lies outside the tensor; it goes to the shared
+// address dst + 2 (i0 + box0 (i1 + box1 (i2 + box2 i3))) with bits 4-6 XOR bits 7-9. Copies at
+// once, then completes the whole box's bytes (zeros included) on `bar`.
+template <unsigned Rank>
+inline void tma_load(void* dst, const ladle_tensor_map* map, const int (&c)[Rank], unsigned long long* bar) {
+  ladle::TensorMapDescription t;
+  std::memcpy(&t, map->bytes, sizeof t);
+  if (t.rank != Rank) pipeline_fault("the tensor map's rank is not the copy's");
+  if (t.strides[0] != 2) pipeline_fault("the tensor map's elements are not contiguous 16-bit ones");
+  if (t.box[0] * 2 > 128 || t.box[0] * 2 % 16 != 0) pipeline_fault("the box's inner dimension is not a multiple of 16 bytes up to 128 (the swizzle span)");
+  const std::size_t base = ladle_shared_address(dst);
+  if (base >= dynamic_shared_bytes) pipeline_fault("a copy's destination is not in dynamic shared memory");
+  if (base % 1024 != 0) pipeline_fault("a 128-byte-swizzled copy's destination is not 1024-byte aligned");
+  std::size_t elements = 1;
+  for (unsigned d = 0; d < Rank; ++d) elements *= t.box[d];
+  if (2 * elements > dynamic_shared_bytes - base) pipeline_fault("a copy's box runs past the end of dynamic shared memory");
+  unsigned i[Rank] = {};
+  for (std::size_t e = 0; e < elements; ++e) {
+    // i: the box index of element e, innermost first.
+    std::size_t rest = e;
+    bool inside = true;
+    long long source = 0;
+    for (unsigned d = 0; d < Rank; ++d) {
+      i[d] = static_cast<unsigned>(rest % t.box[d]), rest /= t.box[d];
+      const long long coordinate = static_cast<long long>(c[d]) + i[d];
+      if (coordinate < 0 || coordinate >= static_cast<long long>(t.dims[d])) inside = false;
+      source += coordinate * static_cast<long long>(t.strides[d]);
+    }
+    unsigned short bits = 0;
+    if (inside) std::memcpy(&bits, static_cast<const unsigned char*>(t.address) + source, 2);
+    std::size_t address = base + 2 * e;
+    address ^= (address >> 7 & 7) << 4;
+    std::memcpy(shared_buffer + address, &bits, 2);
+  }
+  for (unsigned long long chunk = 0; chunk < 2 * elements / 16; ++chunk) LADLE_COUNT_STAGED();  // 16 bytes each
+  mbarrier_complete_tx(bar, 2 * elements);
+}
+}  // namespace cuda_emulation
+#define LADLE_PIPELINE_HELPERS
+inline void ladle_mbarrier_init(unsigned long long* bar, unsigned count) {
+  if (count == 0) cuda_emulation::pipeline_fault("an mbarrier initialised with count 0");
+  const std::lock_guard<std::mutex> lock(cuda_emulation::mbarrier_mutex);
+  cuda_emulation::mbarriers[bar] = {count, count, 0, 0};
+}
+inline void ladle_fence_barrier_init() {}
+inline void ladle_mbarrier_arrive(unsigned long long* bar) { cuda_emulation::mbarrier_arrive(bar, 0); }
+inline void ladle_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) { cuda_emulation::mbarrier_arrive(bar, bytes); }
+// Returns once the phase of parity `parity` has completed: while the current phase has that
+// parity, it has not.
+inline void ladle_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  while (cuda_emulation::mbarrier_phase(bar) == (parity & 1)) std::this_thread::yield();
+}
+inline void ladle_tma_load_4d(void* dst, const ladle_tensor_map* map, int c0, int c1, int c2, int c3, unsigned long long* bar) {
+  cuda_emulation::tma_load<4>(dst, map, {c0, c1, c2, c3}, bar);
+}
+inline void ladle_tma_load_3d(void* dst, const ladle_tensor_map* map, int c0, int c1, int c2, unsigned long long* bar) {
+  cuda_emulation::tma_load<3>(dst, map, {c0, c1, c2}, bar);
+}
+template <int N>
+inline void ladle_setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+}
+template <int N>
+inline void ladle_setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
 }
 
 struct EmulatedKernel {

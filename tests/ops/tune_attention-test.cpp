@@ -94,7 +94,9 @@ struct Call {
   AttentionTuneShape shape() const { return AttentionTuneShape::of(variant(), args); }
   cuda::AttentionTile heuristic() const { return gpu::heuristic_attention_tile(args); }
   cuda::AttentionKernelSpec spec() const { return gpu::attention_kernel_spec(variant(), args, heuristic()); }
-  SearchSpace space() const { return gpu::attention_search_space(shape(), type); }
+  // The views see one element through zero strides: no rows TMA could copy (async_copy false),
+  // as the launcher would find; space(true) is the space of aligned rows.
+  SearchSpace space(bool async_copy = false) const { return gpu::attention_search_space(shape(), type, async_copy); }
   TunedKey key(const DeviceLimits& device = h100()) const {
     return gpu::attention_tune_key(variant(), spec(), shape(), device);
   }
@@ -118,19 +120,27 @@ TEST_CASE("attention configs name block_m, block_n, warps, stages and mma, and c
 TEST_CASE("the attention space is block_m x block_n x warps x stages x mma, warps agreeing with block_m") {
   const Call call(8, 4096, 16, 128);
   const SearchSpace space = call.space();
-  REQUIRE(space.size() == 2 * 3 * 2 * 2 * 2);
+  REQUIRE(space.size() == 2 * 3 * 2 * 4 * 3);
   REQUIRE(space.has_cost_model());
   for (const Config& c : space.all()) {
     REQUIRE(std::set<int>{64, 128}.count(c["block_m"]));
     REQUIRE(std::set<int>{32, 64, 128}.count(c["block_n"]));
     REQUIRE(std::set<int>{4, 8}.count(c["warps"]));
-    REQUIRE(std::set<int>{1, 2}.count(c["stages"]));
-    REQUIRE(std::set<int>{0, 1}.count(c["mma"]));
+    REQUIRE(std::set<int>{1, 2, 3, 4}.count(c["stages"]));
+    REQUIRE(std::set<int>{0, 1, 2}.count(c["mma"]));
   }
-  // Half the combinations put 16 rows on other than one warp: 24 left, all valid at D=128 on an
-  // H100; an A100 has no wgmma: 12.
+  // Half the combinations put 16 rows on other than one warp; stages 3 and 4 are ws's only and
+  // ws needs rows TMA can copy. At D=128 on an H100: 12 sync and 12 wgmma; with aligned rows
+  // also the 16 ws tiles whose ring fits 227 KiB and whose fragments fit 192 registers; an A100
+  // has neither wgmma nor ws: 12.
   const auto valid = space.enumerate(h100());
   REQUIRE(valid.size() == 24);
+  const auto aligned = call.space(true).enumerate(h100());
+  REQUIRE(aligned.size() == 40);
+  for (const Config& c : aligned) REQUIRE((c["stages"] <= 2 || c["mma"] == 2));
+  REQUIRE_THAT(*space.why_invalid(tile(128, 128, 8, 2, cuda::AttentionMma::ws), h100()), Catch::Contains("TMA"));
+  REQUIRE_THAT(*call.space(true).why_invalid(tile(128, 128, 8, 4, cuda::AttentionMma::ws), h100()), Catch::Contains("shared memory"));
+  REQUIRE_THAT(*call.space(true).why_invalid(tile(128, 64, 8, 3), h100()), Catch::Contains("expected 1 or 2"));
   for (const Config& c : valid) REQUIRE(c["block_m"] == 16 * c["warps"]);
   REQUIRE_THAT(*space.why_invalid(tile(128, 64, 4, 2), h100()), Catch::Contains("block_m = 16 * warps"));
   const auto on_a100 = space.enumerate(a100());
@@ -159,8 +169,10 @@ TEST_CASE("the attention space's validity is validate_attention_tile with the de
                                                             device.max_shared_per_block, split, device.arch);
         INFO("D=" << dims.D << " Dv=" << dims.Dv << " " << element_type_name(dims.type) << " on " << device.name << ": "
                   << config.to_string());
-        REQUIRE(reason.has_value() == !problems.empty());
-        if (reason) REQUIRE_THAT(*reason, Catch::Contains(problems.front()));
+        const bool ws_copy = to_attention_tile(config).mma == cuda::AttentionMma::ws && problems.empty();  // no aligned rows
+        REQUIRE(reason.has_value() == (!problems.empty() || ws_copy));
+        if (ws_copy) REQUIRE_THAT(*reason, Catch::Contains("TMA"));
+        if (reason && !problems.empty()) REQUIRE_THAT(*reason, Catch::Contains(problems.front()));
         valid += !reason;
       }
       REQUIRE(valid > 0);
@@ -173,7 +185,7 @@ TEST_CASE("the attention space's validity is validate_attention_tile with the de
                  Catch::Contains("fragment values") && Catch::Contains("at most 160"));
     REQUIRE_FALSE(wide.space().why_invalid(tile(128, 32, 8, 2), h100()));
     REQUIRE(Call(8, 4096, 16, 256).space().enumerate(a100()).empty());
-    for (const Config& c : Call(8, 4096, 16, 256).space().enumerate(h100())) REQUIRE(c["mma"] == 1);  // q in shared memory
+    for (const Config& c : Call(8, 4096, 16, 256).space().enumerate(h100())) REQUIRE(c["mma"] != 0);  // q in shared memory
   }
   SECTION("D=256 Dv=64, 128-key tiles, 2 stages: fit an H100's 227 KiB, not an A100's 163 KiB") {
     const Call call(8, 4096, 16, 256, Call::causal(), ElementType::bf16, 16, 64);
@@ -268,7 +280,7 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
     const Call call(8, 4096, 16, 128);
     const Config heuristic = to_config(call.heuristic());
     const TunePlan plan = call.space().plan(h100(), heuristic, 4);
-    REQUIRE(plan.space_size == 48);
+    REQUIRE(plan.space_size == 144);
     REQUIRE(plan.valid == 24);
     REQUIRE(plan.configs.size() == 4);
     REQUIRE(plan.pruned == 24 - 4);
@@ -394,7 +406,7 @@ TEST_CASE("tuning the attention space picks the fastest valid candidate and reje
   const TuneResult result = tuner.tune(key, fake, tuning.options);
   tuning.check_second_wins(result, fake, key, fastest, second, valid.size());
   REQUIRE(result.heuristic == heuristic);
-  REQUIRE(result.space_size == 48);
+  REQUIRE(result.space_size == 144);
   for (const Config& timed : fake.timed) REQUIRE_FALSE(call.space().why_invalid(timed, h100()));
   REQUIRE(tuning.cache.list().size() == 1);
   for (std::string_view family : {gpu::recurrent_family, gpu::chunked_family})

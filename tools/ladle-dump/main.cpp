@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo, "the kernel family: recurrent (token by token) or chunked (tensor cores)")
       ->check(CLI::IsMember({"recurrent", "chunked"}));
   app.add_option("--tile", tile_text,
-                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma] (default with --arch sm_90a: wgmma) or a split tile; attention: block_m,block_n,warps,stages[,sync|wgmma] (wgmma: --arch sm_90a; default: the heuristic)");
+                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma] (default with --arch sm_90a: wgmma) or a split tile; attention: block_m,block_n,warps,stages[,sync|wgmma|ws] (wgmma, ws: --arch sm_90a; default: the heuristic)");
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--states", states, "initial and final states");

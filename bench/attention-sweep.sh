@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Issue 12 on the lent GPU, in one call: the attention op tests with the tiles the library picks
+# (on sm_90a the ws pipeline), compute-sanitizer on a subset, the benchmark beside PyTorch SDPA
+# (cuDNN, FA2) and FlexAttention, and Nsight Compute on the heuristic kernel. Run from the
+# repository root with .deps carried:
+#   bench/attention-sweep.sh tests bench ncu      (any of them, in that order)
+# LADLE_ATTENTION_SHAPES   "BxT ..." (default "8x4096 2x16384"), H16 D128 bf16
+# LADLE_ATTENTION_TILES    tiles timed beside the heuristic's (default: a ws sweep and the mma.sync best)
+# LADLE_NO_PEERS=1         skip the PyTorch peers
+# LADLE_SANITIZE           a Catch filter of ops-attention run under memcheck and racecheck (empty: none)
+# LADLE_TEST_TIMEOUT       seconds for ops-attention (default 300)
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+log="$out/attention-sweep.log"
+: > "$log"
+. bench/build.sh "$log" ops-attention codegen-cuda_attention ladle-bench-attention
+bench_bin="$build/tools/ladle-bench/ladle-bench-attention"
+export LADLE_CACHE_DIR=$(mktemp -d)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+for what in "$@"; do
+  case $what in
+  tests)
+    echo "== ops-attention (GPU, the library's tiles)"
+    timeout "${LADLE_TEST_TIMEOUT:-300}" "$build/tests/ops-attention" > "$out/ops-attention.txt" 2>&1
+    echo "rc=$?"; tail -3 "$out/ops-attention.txt"
+    grep -E "FAILED" -A12 "$out/ops-attention.txt" | head -80
+    echo "== codegen-cuda_attention [nvrtc]"
+    timeout 300 "$build/tests/codegen-cuda_attention" "[nvrtc]" > "$out/codegen-attention.txt" 2>&1
+    echo "rc=$?"; tail -2 "$out/codegen-attention.txt"
+    if [ -n "${LADLE_SANITIZE:-}" ]; then
+      for tool in memcheck racecheck; do
+        echo "== compute-sanitizer $tool on ops-attention \"$LADLE_SANITIZE\""
+        timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/ops-attention" "$LADLE_SANITIZE" > "$out/sanitize-$tool.txt" 2>&1
+        echo "rc=$?"; grep -m5 -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Hazard" "$out/sanitize-$tool.txt"; tail -2 "$out/sanitize-$tool.txt"
+      done
+    fi
+    ;;
+  bench)
+    echo "== ladle (heuristic first, then the named tiles) and the peers, H16 D128 bf16"
+    : > "$out/attention.jsonl"
+    tiles=${LADLE_ATTENTION_TILES:-"128,128,8,2,ws 128,128,8,3,ws 128,64,8,2,ws 128,64,8,3,ws 64,128,4,2,ws 128,64,8,2"}
+    for shape in ${LADLE_ATTENTION_SHAPES:-8x4096 2x16384}; do
+      B=${shape%x*}; T=${shape#*x}
+      for c in causal window_softcap sinks_gqa; do
+        LADLE_AUTOTUNE=heuristic "$bench_bin" --case $c -B "$B" -T "$T" -H 16 -D 128 | sed 's/"impl":"ladle"/"impl":"ladle-heur"/' >> "$out/attention.jsonl" 2>> "$log"
+        args=""
+        for t in $tiles; do args="$args --tile $t"; done
+        LADLE_AUTOTUNE=heuristic "$bench_bin" --case $c -B "$B" -T "$T" -H 16 -D 128 $args >> "$out/attention.jsonl" 2>> "$log"
+      done
+    done
+    if [ -z "${LADLE_NO_PEERS:-}" ]; then
+      shapes=$(echo ${LADLE_ATTENTION_SHAPES:-8x4096 2x16384} | tr ' ' ',')
+      PYTHONUNBUFFERED=1 timeout 400 python3 bench/attention_bench.py --shapes "$shapes" >> "$out/attention.jsonl" 2>> "$log"
+    fi
+    python3 bench/attention_bench.py --table < "$out/attention.jsonl"
+    ;;
+  ncu)
+    echo "== Nsight Compute: the heuristic kernel, causal B8 T4096"
+    LADLE_AUTOTUNE=heuristic timeout 300 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
+      -k regex:ladle_attention --launch-skip 3 --launch-count 1 "$bench_bin" --case causal -B 8 -T 4096 -H 16 -D 128 --reps 1 \
+      > "$out/ncu-causal.txt" 2>&1
+    echo "rc=$?"; grep -E "Duration|Registers|Theoretical Occupancy|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Eligible|No Eligible|gmma|Block Size|Dynamic Shared" "$out/ncu-causal.txt" | head -30
+    ;;
+  esac
+done

@@ -1,0 +1,222 @@
+// The warp-specialised Hopper pipeline of the softmax-attention family (AttentionTile::mma = ws,
+// sm_90a): a producer warpgroup loading q once and K, V tile by tile with TMA into a ring of
+// shared-memory stages guarded by mbarriers, and consumer warpgroups overlapping their wgmma
+// products with the softmax. See codegen/cuda_attention.h for the schedule.
+//
+// Shared memory (from a 1024-byte aligned base: the 128-byte swizzle repeats every 1024 bytes and
+// wgmma's descriptors assume the pattern starts there):
+//   q_tile [DPB / 64][BM][64]    boxes of 64 head-dim columns, one 128-byte row per token
+//   k_tile [STAGES][DPB / 64][BN][64], v_tile [STAGES][DVPB / 64][BN][64]
+//   mbarriers full_k, full_v, empty_k, empty_v [STAGES], q_full
+// TMA writes each 128-byte row r with its 16-byte pieces permuted (piece p at p ^ (r % 8)); the
+// descriptors say so (swizzle mode 1) and wgmma undoes it:
+//   q and K as K-major operands: 8 rows at SBO = 1024 bytes, the next 16 of D 32 bytes further
+//   within the row (the start address advances; LBO unused), the next 64 of D in the next box;
+//   V as the N-major B of o += P V: 64 of Dv per 128-byte row, the next 64 at LBO = BN * 128
+//   bytes (the next box), the next 8 keys at SBO = 1024, the next 16 keys 2048 bytes further.
+#include "attention_parts.h"
+
+namespace ladle::cuda::detail {
+
+std::string ws_helpers() {
+  return R"(#ifndef LADLE_TENSOR_MAP_DEFINED
+#define LADLE_TENSOR_MAP_DEFINED
+// A TMA tensor map as the driver encodes it (CUtensorMap: 128 opaque bytes, 64-byte aligned).
+struct alignas(64) ladle_tensor_map {
+  unsigned long long opaque[16];
+};
+#endif
+#ifndef LADLE_PIPELINE_HELPERS
+#define LADLE_PIPELINE_HELPERS
+// mbarriers in shared memory (PTX ISA 9.7.13.15): a phase completes when its expected arrivals
+// have arrived and the bytes announced by expect_tx have landed.
+__device__ __forceinline__ void ladle_mbarrier_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ladle_shared_address(bar)), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (the TMA unit) before first use.
+__device__ __forceinline__ void ladle_fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void ladle_mbarrier_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ladle_shared_address(bar)) : "memory");
+}
+// One arrival that also announces `bytes` of copies to come.
+__device__ __forceinline__ void ladle_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ladle_shared_address(bar)), "r"(bytes) : "memory");
+}
+// Returns once the phase of this parity has completed.
+__device__ __forceinline__ void ladle_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  const unsigned address = ladle_shared_address(bar);
+  unsigned done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(address), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+// A box of a tensor into shared memory by TMA; the bytes complete a transaction on bar.
+__device__ __forceinline__ void ladle_tma_load_4d(void* dst, const ladle_tensor_map* map, int c0, int c1, int c2, int c3,
+                                                  unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(
+          ladle_shared_address(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(ladle_shared_address(bar))
+      : "memory");
+}
+// Registers per thread of this warpgroup: given back by the producer, taken by the consumers.
+template <int N>
+__device__ __forceinline__ void ladle_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void ladle_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+#endif  // LADLE_PIPELINE_HELPERS
+#ifndef LADLE_WGMMA_SW128
+#define LADLE_WGMMA_SW128
+// A wgmma matrix descriptor of a 128-byte-swizzled operand (swizzle mode 1, bits 62-63).
+__device__ __forceinline__ unsigned long long ladle_wgmma_desc_sw128(const void* p, unsigned leading_bytes, unsigned stride_bytes) {
+  return ladle_wgmma_desc(p, leading_bytes, stride_bytes) | (1ull << 62);
+}
+#endif
+)";
+}
+
+void emit_ws_shared(Code& c, const AttentionParts& parts) {
+  (void)parts;
+  c("// Shared memory from a 1024-byte aligned base: q [DPB / 64][BM][64], per stage K [DPB / 64][BN][64] and");
+  c("// V [DVPB / 64][BN][64] (boxes of 64 head-dim columns as TMA writes them, 128-byte swizzle), then the");
+  c("// mbarriers: full (the copy landed) and empty (every consumer warp is done) per stage for K and for V,");
+  c("// and one for q.");
+  c("constexpr int DPB = (D + 63) / 64 * 64, DVPB = (DV + 63) / 64 * 64;  // head dims in whole boxes");
+  c("constexpr unsigned Q_BYTES = BM * DPB * 2, K_BYTES = BN * DPB * 2, V_BYTES = BN * DVPB * 2;");
+  c("LADLE_DYNAMIC_SHARED(smem);");
+  c("unsigned char* const aligned_smem = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
+  c("unsigned short* const q_tile = reinterpret_cast<unsigned short*>(aligned_smem);");
+  c("unsigned short* const k_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_BYTES);");
+  c("unsigned short* const v_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_BYTES + STAGES * K_BYTES);");
+  c("unsigned long long* const full_k = reinterpret_cast<unsigned long long*>(aligned_smem + Q_BYTES + STAGES * (K_BYTES + V_BYTES));");
+  c("unsigned long long* const full_v = full_k + STAGES;");
+  c("unsigned long long* const empty_k = full_k + 2 * STAGES;");
+  c("unsigned long long* const empty_v = full_k + 3 * STAGES;");
+  c("unsigned long long* const q_full = full_k + 4 * STAGES;");
+  c("if (threadIdx.x == 0) {");
+  c("  for (int s = 0; s < STAGES; ++s) {");
+  c("    ladle_mbarrier_init(&full_k[s], 1);  // the producer's arrive_expect_tx, then the copies' bytes");
+  c("    ladle_mbarrier_init(&full_v[s], 1);");
+  c("    ladle_mbarrier_init(&empty_k[s], WARPS);  // lane 0 of every consumer warp");
+  c("    ladle_mbarrier_init(&empty_v[s], WARPS);");
+  c("  }");
+  c("  ladle_mbarrier_init(q_full, 1);");
+  c("  ladle_fence_barrier_init();");
+  c("}");
+  c("__syncthreads();  // the only block-wide barrier: the producer leaves after its copies");
+  c("");
+}
+
+void emit_ws_producer(Code& c, const AttentionParts& parts) {
+  c("// 1. The producer warpgroup: one thread issues every copy, in the order the consumers use them. A");
+  c("//    stage is refilled once every consumer warp has released it (empty), one phase per round.");
+  c("if (threadIdx.x < 128) {");
+  c.in();
+  if (parts.consumer_registers > 0) c("ladle_setmaxnreg_dec<" + std::to_string(parts.producer_registers) + ">();");
+  c("if (threadIdx.x == 0) {");
+  c.in();
+  c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
+  c("ladle_mbarrier_arrive_expect_tx(q_full, Q_BYTES);");
+  c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
+  c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
+  c.in();
+  c("const int it = tile - tile_begin, stage = it % STAGES;");
+  c("if (it >= STAGES) ladle_mbarrier_wait(&empty_k[stage], (it / STAGES - 1) & 1);");
+  c("ladle_mbarrier_arrive_expect_tx(&full_k[stage], K_BYTES);");
+  c("for (int cb = 0; cb < DPB / 64; ++cb)");
+  c("  ladle_tma_load_4d(k_tile + stage * (K_BYTES / 2) + cb * BN * 64, &k_map, cb * 64, k_row + tile * BN, hk, b, &full_k[stage]);");
+  c("if (it >= STAGES) ladle_mbarrier_wait(&empty_v[stage], (it / STAGES - 1) & 1);");
+  c("ladle_mbarrier_arrive_expect_tx(&full_v[stage], V_BYTES);");
+  c("for (int cb = 0; cb < DVPB / 64; ++cb)");
+  c("  ladle_tma_load_4d(v_tile + stage * (V_BYTES / 2) + cb * BN * 64, &v_map, cb * 64, k_row + tile * BN, hk, b, &full_v[stage]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("return;");
+  c.out();
+  c("}");
+  if (parts.consumer_registers > 0) c("ladle_setmaxnreg_inc<" + std::to_string(parts.consumer_registers) + ">();");
+  c("");
+}
+
+void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
+  const std::string ss = parts.qk_f16 ? "ladle_wgmma_ss_f16<BN>" : "ladle_wgmma_ss_bf16<BN>";
+  const std::string rs = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
+  const std::string pack = parts.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
+  c("// 2. The key loop. Iteration t issues tile t's q k^T and tile t-1's P V together, reads the scores");
+  c("//    as soon as the first is done (the second still running), and forms tile t's P while P V");
+  c("//    finishes; one more iteration issues the last P V. A stage goes back to the producer as soon as");
+  c("//    its product has read it.");
+  c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
+  c("ladle_mbarrier_wait(q_full, 0);");
+  c("for (int tile = tile_begin; tile <= tile_end; ++tile) {");
+  c.in();
+  c("const int it = tile - tile_begin, stage = it % STAGES, prev = (it + STAGES - 1) % STAGES;");
+  c("const bool scores = tile < tile_end;");
+  c("float score[BN / 8][4];");
+  c("ladle_wgmma_fence();  // p_frag and o_acc were last written by this thread's own instructions");
+  c("if (scores) {");
+  c.in();
+  c("// 3. score = q k^T: one m64nBNk16 per 16 of D, both K-major and swizzled (SBO 1024: the next 8 rows;");
+  c("//    the next 16 of D 32 bytes on within the 128-byte row, the next 64 in the next box).");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
+  c("ladle_wgmma_fence_operand<BN>(score);");
+  c("ladle_mbarrier_wait(&full_k[stage], (it / STAGES) & 1);");
+  c("const unsigned short* const k_s = k_tile + stage * (K_BYTES / 2);");
+  c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
+  c("  " + ss + "(score, ladle_wgmma_desc_sw128(q_tile + (kt / 4) * BM * 64 + warpgroup * 64 * 64 + (kt % 4) * 16, 16, 1024),");
+  c("      ladle_wgmma_desc_sw128(k_s + (kt / 4) * BN * 64 + (kt % 4) * 16, 16, 1024));");
+  c("ladle_wgmma_commit();");
+  c.out();
+  c("}");
+  c("if (it > 0) {");
+  c.in();
+  c("// 6. (tile t-1) o_acc += P V: one m64nDVPk16 per 16 keys, V N-major and swizzled (SBO 1024: the next");
+  c("//    8 keys; LBO BN * 128: the next 64 of Dv, in the next box).");
+  c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+  c("ladle_mbarrier_wait(&full_v[prev], ((it - 1) / STAGES) & 1);");
+  c("const unsigned short* const v_s = v_tile + prev * (V_BYTES / 2);");
+  c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk)");
+  c("  " + rs + "(o_acc, p_frag[kk], ladle_wgmma_desc_sw128(v_s + kk * 16 * 64, BN * 128, 1024));");
+  c("ladle_wgmma_commit();");
+  c.out();
+  c("}");
+  c("if (scores) {");
+  c.in();
+  c("if (it > 0) ladle_wgmma_wait<1>();  // q k^T done; P V may still run");
+  c("else ladle_wgmma_wait<0>();");
+  c("ladle_wgmma_fence_operand<BN>(score);");
+  c("if (lane == 0) ladle_mbarrier_arrive(&empty_k[stage]);");
+  c("const int j0 = tile * BN;");
+  c("");
+  emit_logits(c, parts);
+  emit_online_softmax(c, parts, true);
+  c("if (it > 0) {");
+  c("  ladle_wgmma_wait<0>();  // P V of tile t-1 done: o_acc and p_frag are free, its V stage too");
+  c("  ladle_wgmma_fence_operand<DVP>(o_acc);");
+  c("  if (lane == 0) ladle_mbarrier_arrive(&empty_v[prev]);");
+  c("}");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
+  c("  o_acc[nt][0] *= o_rescale[0], o_acc[nt][1] *= o_rescale[0], o_acc[nt][2] *= o_rescale[1], o_acc[nt][3] *= o_rescale[1];");
+  c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
+  c("  p_frag[kk][0] = " + pack + "(p[2 * kk][0], p[2 * kk][1]);");
+  c("  p_frag[kk][1] = " + pack + "(p[2 * kk][2], p[2 * kk][3]);");
+  c("  p_frag[kk][2] = " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]);");
+  c("  p_frag[kk][3] = " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3]);");
+  c("}");
+  c.out();
+  c("} else if (it > 0) {  // the last P V");
+  c("  ladle_wgmma_wait<0>();");
+  c("  ladle_wgmma_fence_operand<DVP>(o_acc);");
+  c("  if (lane == 0) ladle_mbarrier_arrive(&empty_v[prev]);");
+  c("}");
+  c.out();
+  c("}");
+  c("");
+}
+
+}  // namespace ladle::cuda::detail
