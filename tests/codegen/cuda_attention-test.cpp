@@ -453,6 +453,11 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
     CHECK((ptx.find("setmaxnreg.inc.sync.aligned.u32 240") != std::string::npos) == (item.tile.warps == 8));
     CHECK(ptx.find("mma.sync") == std::string::npos);
     CHECK(result.kernel.threads == 32u * item.tile.warps + 128u);
+    // ptxas keeps the products asynchronous: no wgmma serialized (C7514) and no fence it had to
+    // add (C7519) because a register was touched between a fence and its wgmma.
+    INFO(result.program.log);
+    CHECK(result.program.log.find("C7514") == std::string::npos);
+    CHECK(result.program.log.find("C7519") == std::string::npos);
   }
   CHECK(compiled >= 20);
   // ws is refused for sm_80, for fp32 inputs, for head dims TMA cannot copy, and without aligned rows.
