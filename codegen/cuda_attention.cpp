@@ -32,7 +32,7 @@ const std::set<std::string>& template_names() {
       "window_left", "window_right", "dropout_p", "seed", "B", "Tq", "Tk", "H", "u", "s", "with_sinks", "k_s", "v_s",
       "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup", "DP", "DVP",
       "DPB", "DVPB", "Q_BYTES", "K_BYTES", "V_BYTES", "aligned_smem", "full_k", "full_v", "empty_k", "empty_v", "q_full",
-      "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale"};
+      "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale", "part", "last"};
   return names;
 }
 

@@ -77,7 +77,8 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
                    rows_aligned(args.k) && rows_aligned(args.v);
   if (tma) {
     cuda::AttentionTile ws = tile;
-    const bool light = args.tensors.size() <= 3 && args.dropout_p <= 0;
+    bool light = args.dropout_p <= 0 && !args.q_segment_ids;
+    for (std::size_t i = 3; i < args.tensors.size(); ++i) light = light && (!args.tensors[i].data || args.tensors[i].rank() != 4);
     ws.mma = cuda::AttentionMma::ws, ws.stages = 2, ws.block_n = D <= 128 && Dv <= 128 && light ? 128 : 64;
     if (fits(ws)) return ws;
     ws.block_n = 64;

@@ -25,6 +25,26 @@ void emit_logits(Code& c, const AttentionParts& parts) {
   c("//    tile that crosses the edge of the sequence or of the causal / window range tests it per element.");
   c("const bool boundary = !(" + interior + ");");
   c("float logit[BN / 8][4];");
+  // A variant whose every test lies in the structured range (no segment ids, no user predicate)
+  // and which reads no pair input (a row past the sequence would read past the input) needs no
+  // test at all inside the range: its interior tiles take a branch of plain logits. Rows past
+  // the sequence then hold finite logits of zero-filled or neighbouring q rows, never stored.
+  bool pair_input = false;
+  for (const ir::Expr* e : {&variant.score, &variant.keep})
+    for (const ir::Node& node : e->nodes)
+      if (node.op == ir::Op::input && variant.inputs[node.input].kind == ir::InputKind::pair) pair_input = true;
+  const bool plain_interior = !variant.segment_ids && keep_expression.empty() && !pair_input;
+  if (plain_interior) {
+    c("if (!boundary) {");
+    c("  LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
+    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("      const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
+    c("      (void)i, (void)j;");
+    c("      logit[nt][r] = LOG2E * (" + logit_expression + ");");
+    c("    }");
+    c("} else {");
+    c.in();
+  }
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
   c.in();
@@ -37,6 +57,10 @@ void emit_logits(Code& c, const AttentionParts& parts) {
   c("  logit[nt][r] = attend ? LOG2E * (" + logit_expression + ") : ladle_neg_inf();");
   c.out();
   c("  }");
+  if (plain_interior) {
+    c.out();
+    c("}");
+  }
   c("");
 }
 
@@ -48,8 +72,10 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
   if (defer_rescale) c("float o_rescale[2];");
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c.in();
-  c("float tile_max = ladle_neg_inf();");
-  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(logit[nt][2 * half], logit[nt][2 * half + 1]));");
+  c("// Four independent partial maxima and sums: no chain of BN / 4 dependent instructions.");
+  c("float part[4] = {ladle_neg_inf(), ladle_neg_inf(), ladle_neg_inf(), ladle_neg_inf()};");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) part[nt % 4] = fmaxf(part[nt % 4], fmaxf(logit[nt][2 * half], logit[nt][2 * half + 1]));");
+  c("const float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));");
   c("const float new_max = fmaxf(row_max[half], ladle_quad_max(tile_max));");
   c("const float base = new_max == ladle_neg_inf() ? 0.0f : new_max;  // nothing attended yet: p = 0, no NaN");
   c("const float rescale = ladle_exp2(row_max[half] - base);");
@@ -57,10 +83,11 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
   c("row_sum[half] *= rescale;");
   if (defer_rescale) c("o_rescale[half] = rescale;");
   else c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
+  c("part[0] = part[1] = part[2] = part[3] = 0.0f;");
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
   c("    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
-  c("    row_sum[half] += p[nt][r];");
+  c("    part[nt % 4] += p[nt][r];");
   if (variant.dropout) {
     c("    // dropout: the denominator keeps p, the product with V sees the kept values, rescaled");
     c("    const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
@@ -68,6 +95,7 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
     c("    p[nt][r] = u >= dropout_p ? p[nt][r] * keep_scale : 0.0f;");
   }
   c("  }");
+  c("row_sum[half] += (part[0] + part[1]) + (part[2] + part[3]);");
   c.out();
   c("}");
   c("");
