@@ -22,20 +22,34 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for what in "$@"; do
   case $what in
   tests)
-    echo "== ops-attention (GPU, the library's tiles)"
-    timeout "${LADLE_TEST_TIMEOUT:-300}" "$build/tests/ops-attention" > "$out/ops-attention.txt" 2>&1
-    echo "rc=$?"; tail -3 "$out/ops-attention.txt"
-    grep -E "FAILED" -A12 "$out/ops-attention.txt" | head -80
-    echo "== codegen-cuda_attention [nvrtc]"
-    timeout 300 "$build/tests/codegen-cuda_attention" "[nvrtc]" > "$out/codegen-attention.txt" 2>&1
-    echo "rc=$?"; tail -2 "$out/codegen-attention.txt"
+    # The op tests compile a kernel per variant and dtype on the GPU machine: three processes,
+    # each with its own cache, share the test cases round-robin.
+    echo "== ops-attention (GPU, the library's tiles), in 3 parallel parts"
+    "$build/tests/ops-attention" --list-test-names-only | grep -v "^$" | grep -v "test cases" | sed 's/\([][,]\)/\\\1/g' > "$out/names.txt"
+    for part in 0 1 2; do
+      awk -v p=$part 'NR % 3 == p' "$out/names.txt" > "$out/names-$part.txt"
+      LADLE_CACHE_DIR=$(mktemp -d) timeout "${LADLE_TEST_TIMEOUT:-300}" "$build/tests/ops-attention" -f "$out/names-$part.txt" > "$out/ops-attention-$part.txt" 2>&1 &
+    done
+    if [ -n "${LADLE_SANITIZE:-}" ]; then  # beside the parts, on the same GPU
+      for tool in memcheck racecheck; do
+        LADLE_CACHE_DIR=$(mktemp -d) timeout "${LADLE_TEST_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
+          "$build/tests/ops-attention" "$LADLE_SANITIZE" > "$out/sanitize-$tool.txt" 2>&1 &
+      done
+    fi
+    wait
     if [ -n "${LADLE_SANITIZE:-}" ]; then
       for tool in memcheck racecheck; do
         echo "== compute-sanitizer $tool on ops-attention \"$LADLE_SANITIZE\""
-        timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/ops-attention" "$LADLE_SANITIZE" > "$out/sanitize-$tool.txt" 2>&1
-        echo "rc=$?"; grep -m5 -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Hazard" "$out/sanitize-$tool.txt"; tail -2 "$out/sanitize-$tool.txt"
+        grep -m5 -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Hazard|Error" "$out/sanitize-$tool.txt"; tail -2 "$out/sanitize-$tool.txt"
       done
     fi
+    for part in 0 1 2; do
+      echo "part $part:"; tail -2 "$out/ops-attention-$part.txt"
+      grep -E "FAILED" -A12 "$out/ops-attention-$part.txt" | head -40
+    done
+    echo "== codegen-cuda_attention [nvrtc]"
+    timeout 300 "$build/tests/codegen-cuda_attention" "[nvrtc]" > "$out/codegen-attention.txt" 2>&1
+    echo "rc=$?"; tail -2 "$out/codegen-attention.txt"
     ;;
   bench)
     echo "== ladle (heuristic first, then the named tiles) and the peers, H16 D128 bf16"
