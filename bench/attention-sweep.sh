@@ -23,7 +23,9 @@ for what in "$@"; do
   case $what in
   tests)
     # The op tests compile a kernel per variant and dtype on the GPU machine: three processes,
-    # each with its own cache, share the test cases round-robin.
+    # each with its own cache, share the test cases round-robin. They run the heuristic's tiles
+    # (under the default policy every new variant would first tune 42 candidates).
+    export LADLE_AUTOTUNE=heuristic
     echo "== ops-attention (GPU, the library's tiles), in 3 parallel parts"
     "$build/tests/ops-attention" --list-test-names-only | grep -v "^$" | grep -v "test cases" | sed 's/\([][,]\)/\\\1/g' > "$out/names.txt"
     for part in 0 1 2; do

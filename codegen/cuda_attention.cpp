@@ -205,8 +205,14 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     }
     return "0.0f";
   };
-  const std::string logit_expression = ir::render_c(inputs, variant.score, load, leaf);
-  const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf);
+  // tanh (a soft cap) through the family's fast form (ladle_tanh): render_c writes it as tanhf.
+  const auto fast = [](std::string text) {
+    for (std::size_t at = text.find("tanhf("); at != std::string::npos; at = text.find("tanhf(", at))
+      text.replace(at, 6, "ladle_tanh(");
+    return text;
+  };
+  const std::string logit_expression = fast(ir::render_c(inputs, variant.score, load, leaf));
+  const std::string keep_expression = variant.keep.empty() ? "" : fast(ir::render_c(inputs, variant.keep, load, leaf));
   const AttentionParts parts{variant, spec, logit_expression, keep_expression, ops.qk_f16, ops.pv_f16, producer_registers,
                              consumer_registers};
   std::vector<bool> used(inputs.size(), false);

@@ -241,6 +241,7 @@ inline void ladle_zero_16(void* shared) {
   std::memset(shared, 0, 16);
 }
 inline float ladle_neg_inf() { return -std::numeric_limits<float>::infinity(); }
+inline float ladle_tanh(float x) { return 1.0f - 2.0f / (std::exp2(2.8853900817779268f * x) + 1.0f); }
 
 // ---- Hopper's wgmma (sm_90a), per warpgroup
 namespace cuda_emulation {
