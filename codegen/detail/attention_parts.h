@@ -41,6 +41,9 @@ std::string wgmma_helpers(int score_n, int out_n, bool qk_f16, bool pv_f16);
 std::string core_matrix_offset(const std::string& row, const std::string& col, const std::string& padded);
 // Step 3 on wgmma: score[BN / 8][4] = q k^T for this warpgroup's 64 rows.
 void emit_wgmma_scores(Code& c, const AttentionParts& parts);
+// p[BN / 8][4] packed in 16-bit pairs into p_frag[BN / 16][4]: the A fragments of P V (the score
+// accumulator layout is the A layout of m16n8k16 / m64nNk16 per warp).
+void emit_pack_p(Code& c, const AttentionParts& parts);
 // Step 6 on wgmma: o_acc += P V with P packed from p[BN / 8][4].
 void emit_wgmma_pv(Code& c, const AttentionParts& parts);
 

@@ -118,19 +118,23 @@ void emit_wgmma_scores(Code& c, const AttentionParts& parts) {
   c("");
 }
 
-void emit_wgmma_pv(Code& c, const AttentionParts& parts) {
+void emit_pack_p(Code& c, const AttentionParts& parts) {
   const std::string pack = parts.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
-  const std::string mma = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
-  c("// 6. o_acc += P V: one wgmma.mma_async m64nDVPk16 per 16 keys, P from registers (the score");
-  c("//    accumulator layout packed in pairs is the A fragment), V N-major in shared memory");
-  c("//    (imm-trans-b = 1; SBO 128 bytes: the next 8 of Dv; LBO DVP * 16 bytes: the next 8 keys).");
-  c("unsigned p_frag[BN / 16][4];");
   c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
   c("  p_frag[kk][0] = " + pack + "(p[2 * kk][0], p[2 * kk][1]);");
   c("  p_frag[kk][1] = " + pack + "(p[2 * kk][2], p[2 * kk][3]);");
   c("  p_frag[kk][2] = " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]);");
   c("  p_frag[kk][3] = " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3]);");
   c("}");
+}
+
+void emit_wgmma_pv(Code& c, const AttentionParts& parts) {
+  const std::string mma = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
+  c("// 6. o_acc += P V: one wgmma.mma_async m64nDVPk16 per 16 keys, P from registers (the score");
+  c("//    accumulator layout packed in pairs is the A fragment), V N-major in shared memory");
+  c("//    (imm-trans-b = 1; SBO 128 bytes: the next 8 of Dv; LBO DVP * 16 bytes: the next 8 keys).");
+  c("unsigned p_frag[BN / 16][4];");
+  emit_pack_p(c, parts);
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
   c("ladle_wgmma_fence();");
   c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk)");

@@ -146,7 +146,6 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
 void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   const std::string ss = parts.qk_f16 ? "ladle_wgmma_ss_f16<BN>" : "ladle_wgmma_ss_bf16<BN>";
   const std::string rs = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
-  const std::string pack = parts.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
   // The text of one tile's scores: issue q k^T into score (zeroed first), and P V of the tile
   // before it. ptxas keeps wgmma asynchronous only where no other instruction touches an
   // accumulator between its issue and the wait that completes it, so the issues are straight-line
@@ -188,12 +187,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
     }
     c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
     c("  o_acc[nt][0] *= o_rescale[0], o_acc[nt][1] *= o_rescale[0], o_acc[nt][2] *= o_rescale[1], o_acc[nt][3] *= o_rescale[1];");
-    c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
-    c("  p_frag[kk][0] = " + pack + "(p[2 * kk][0], p[2 * kk][1]);");
-    c("  p_frag[kk][1] = " + pack + "(p[2 * kk][2], p[2 * kk][3]);");
-    c("  p_frag[kk][2] = " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]);");
-    c("  p_frag[kk][3] = " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3]);");
-    c("}");
+    emit_pack_p(c, parts);
   };
 
   c("// 2. The key loop. The first tile's scores alone; then iteration t issues tile t's q k^T and tile");

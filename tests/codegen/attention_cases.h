@@ -2,7 +2,7 @@
 // every mask and modifier of the op, a user score modifier and predicate, GQA, varlen with an
 // empty sequence, D = 64 / 128 with Dv != D, f16 / bf16 / f32, and a sweep of tiles. Sizes
 // are small (one std::thread per CUDA thread) but span several tiles and partial ones. The
-// last ones (wgmma()) run the Hopper path (mma = wgmma, sm_90a) over the same kinds of cases.
+// last ones (hopper()) run the Hopper paths (mma = wgmma and ws, sm_90a) over the same kinds of cases.
 // attention_emit renders them at build time.
 #pragma once
 
@@ -69,175 +69,101 @@ inline Case make(std::string name, ladle::ir::AttentionVariant variant) {
   return c;
 }
 
-// The wgmma path (one warpgroup per 64 rows, sm_90a) over a subset: plain, causal Tq < Tk,
-// window, soft cap + bias, user ALiBi + predicate, sinks, dropout, GQA, varlen, f16 and bf16,
-// D = 64 and 128, block_m 64 and 128, block_n 32 to 128, one and two stages, both staging paths.
-inline std::vector<Case> wgmma() {
+// The Hopper paths over one set of cases, each with its own tiles (sm_90a): wgmma (one warpgroup
+// per 64 rows, cp.async staging) and ws (a TMA producer warpgroup, mbarrier rings, consumer
+// warpgroups overlapping wgmma with the softmax). Both: plain, causal Tq < Tk, window, soft cap +
+// bias, user ALiBi + predicate, sinks, dropout with mask and segments, GQA, varlen with an empty
+// sequence, f16 and bf16, D = 64 and 128, head dims padded inside. wgmma adds one stage and the
+// converted-store path; ws adds rings that wrap many times, three and four stages, D = Dv = 256 and
+// head dims that are parts of 64-column boxes (the copies' zero fill).
+inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
+  using Tile = ladle::cuda::AttentionTile;
+  const bool ws = kind == ladle::cuda::AttentionMma::ws;
   const auto variant = [](const char* list) { return ladle::attention_variant(ladle::parse_attention_features(list)); };
   std::vector<Case> cases;
-  const auto add = [&](Case c, ladle::cuda::AttentionTile tile) {
-    c.name = "wgmma: " + c.name;
-    c.tile = tile;
-    c.tile.mma = ladle::cuda::AttentionMma::wgmma;
+  // A case with the tile of this kind (wgmma's, ws's).
+  const auto add = [&](Case c, Tile for_wgmma, Tile for_ws) {
+    c.name = (ws ? "ws: " : "wgmma: ") + c.name;
+    c.tile = ws ? for_ws : for_wgmma;
+    c.tile.mma = kind;
     cases.push_back(std::move(c));
   };
+  const Tile small{64, 32, 4, 2};
   {
     Case c = make("plain, bf16, D=64, two batch rows", variant(""));
     c.B = 2, c.Tq = 70, c.Tk = 50;
-    add(c, {64, 32, 4, 2});
+    add(c, small, small);
   }
   {
-    Case c = make("causal, Tq < Tk, f16, single stage", variant("causal"));
-    c.type = ElementType::f16, c.Tq = 20, c.Tk = 75;
-    add(c, {64, 64, 4, 1});
+    Case c = make("causal, Tq < Tk, f16", variant("causal"));
+    c.type = ElementType::f16, c.Tq = 20, c.Tk = ws ? 300 : 75;  // ws: the ring wraps (10 tiles, 2 stages)
+    add(c, {64, 64, 4, 1}, small);
   }
   {
     Case c = make("sliding window (5, 3), 128 rows (two warpgroups)", variant("window"));
     c.Tq = c.Tk = 150, c.window_left = 5, c.window_right = 3;
-    add(c, {128, 32, 8, 2});
+    add(c, {128, 32, 8, 2}, {128, 32, 8, 3});
   }
   {
     Case c = make("soft cap + bias, Tq != Tk", variant("bias,softcap"));
     c.Tq = 40, c.Tk = 56;
-    add(c, {64, 32, 4, 2});
+    add(c, small, small);
   }
   {
     Case c = make("user ALiBi score and keep predicate, f16, two batch rows", user_alibi());
     c.type = ElementType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
-    add(c, {64, 32, 4, 2});
+    add(c, small, small);
   }
   {
     Case c = make("sinks (3), causal, Tq > Tk", variant("causal,sinks"));
     c.Tq = 80, c.Tk = 30, c.sinks = 3;
-    add(c, {64, 32, 4, 2});
+    add(c, small, small);
   }
   {
     Case c = make("dropout 0.25, causal, mask and segment ids", variant("causal,dropout,mask,segments"));
     c.Tq = c.Tk = 45, c.dropout_p = 0.25f;
-    add(c, {64, 32, 4, 2});
+    add(c, small, small);
   }
   {
     Case c = make("GQA 4:2, causal, D=128, Dv=64, bf16", variant("causal"));
     c.H = 4, c.H_kv = 2, c.D = 128, c.Dv = 64, c.Tq = c.Tk = 140;
-    add(c, {128, 64, 8, 2});
+    add(c, {128, 64, 8, 2}, {128, 64, 8, 2});
   }
   {
     Case c = make("GQA 4:1, sinks, D=Dv=128, f16, block_n 128", variant("sinks"));
-    c.type = ElementType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = 150, c.sinks = 2;
-    add(c, {64, 128, 4, 2});
+    c.type = ElementType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = ws ? 300 : 150, c.sinks = 2;
+    add(c, {64, 128, 4, 2}, {64, 128, 4, 3});
   }
   {
     Case c = make("causal, D=Dv=128, bf16, 128 x 128 tile", variant("causal"));
-    c.D = c.Dv = 128, c.Tq = c.Tk = 130;
-    add(c, {128, 128, 8, 2});
+    c.D = c.Dv = 128, c.Tq = c.Tk = ws ? 260 : 130;
+    add(c, {128, 128, 8, 2}, {128, 128, 8, 2});
   }
   {
     Case c = make("varlen, uneven lengths and an empty sequence, causal", variant("causal"));
     c.cu_seqlens_q = {0, 30, 30, 100, 101}, c.cu_seqlens_k = {0, 45, 45, 115, 140};
     c.Tq = 101, c.Tk = 140;
-    add(c, {64, 64, 4, 2});
+    add(c, {64, 64, 4, 2}, small);
   }
   {
+    Case c = make("head dims D=40 Dv=24, padded inside, causal", variant("causal"));
+    c.D = 40, c.Dv = 24, c.Tq = c.Tk = 50;
+    add(c, small, small);
+  }
+  if (!ws) {
     Case c = make("bf16 without cp.async (converted stores), window", variant("window"));
     c.Tq = c.Tk = 70, c.window_left = 20, c.window_right = 20, c.async_copy = false;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("head dims D=40 Dv=24, padded to 48 and 32, causal", variant("causal"));
-    c.D = 40, c.Dv = 24, c.Tq = c.Tk = 50;
-    add(c, {64, 32, 4, 2});
-  }
-  return cases;
-}
-
-// The warp-specialised pipeline (ws: a TMA producer warpgroup, mbarrier rings, consumer
-// warpgroups of 64 rows overlapping wgmma with the softmax) over the same kinds of cases, plus
-// rings that wrap many times (parities), three and four stages, D = Dv = 256, and head dims that
-// are not whole 64-column boxes (the copies' zero fill).
-inline std::vector<Case> ws() {
-  const auto variant = [](const char* list) { return ladle::attention_variant(ladle::parse_attention_features(list)); };
-  std::vector<Case> cases;
-  const auto add = [&](Case c, ladle::cuda::AttentionTile tile) {
-    c.name = "ws: " + c.name;
-    c.tile = tile;
-    c.tile.mma = ladle::cuda::AttentionMma::ws;
-    cases.push_back(std::move(c));
-  };
-  {
-    Case c = make("plain, bf16, D=64, two batch rows, one consumer warpgroup", variant(""));
-    c.B = 2, c.Tq = 70, c.Tk = 50;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("causal, Tq < Tk, f16, the ring wraps (10 tiles, 2 stages)", variant("causal"));
-    c.type = ElementType::f16, c.Tq = 20, c.Tk = 300;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("sliding window (5, 3), 128 rows (two consumer warpgroups), 3 stages", variant("window"));
-    c.Tq = c.Tk = 150, c.window_left = 5, c.window_right = 3;
-    add(c, {128, 32, 8, 3});
-  }
-  {
-    Case c = make("soft cap + bias, Tq != Tk", variant("bias,softcap"));
-    c.Tq = 40, c.Tk = 56;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("user ALiBi score and keep predicate, f16, two batch rows", user_alibi());
-    c.type = ElementType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("sinks (3), causal, Tq > Tk", variant("causal,sinks"));
-    c.Tq = 80, c.Tk = 30, c.sinks = 3;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("dropout 0.25, causal, mask and segment ids", variant("causal,dropout,mask,segments"));
-    c.Tq = c.Tk = 45, c.dropout_p = 0.25f;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("GQA 4:2, causal, D=128, Dv=64, bf16", variant("causal"));
-    c.H = 4, c.H_kv = 2, c.D = 128, c.Dv = 64, c.Tq = c.Tk = 140;
-    add(c, {128, 64, 8, 2});
-  }
-  {
-    Case c = make("GQA 4:1, sinks, D=Dv=128, f16, block_n 128, 3 stages", variant("sinks"));
-    c.type = ElementType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = 300, c.sinks = 2;
-    add(c, {64, 128, 4, 3});
-  }
-  {
-    Case c = make("causal, D=64, 4 stages, the ring wraps", variant("causal"));
-    c.Tq = c.Tk = 200;
-    add(c, {64, 64, 4, 4});
-  }
-  {
-    Case c = make("causal, D=Dv=128, bf16, 128 x 128 tile", variant("causal"));
-    c.D = c.Dv = 128, c.Tq = c.Tk = 260;
-    add(c, {128, 128, 8, 2});
-  }
-  {
-    Case c = make("varlen, uneven lengths and an empty sequence, causal", variant("causal"));
-    c.cu_seqlens_q = {0, 30, 30, 100, 101}, c.cu_seqlens_k = {0, 45, 45, 115, 140};
-    c.Tq = 101, c.Tk = 140;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("head dims D=40 Dv=24 (part of one box, zero fill), causal", variant("causal"));
-    c.D = 40, c.Dv = 24, c.Tq = c.Tk = 50;
-    add(c, {64, 32, 4, 2});
-  }
-  {
-    Case c = make("head dims D=Dv=256, causal, block_n 64", variant("causal"));
-    c.D = c.Dv = 256, c.Tq = c.Tk = 70, c.H = 1, c.H_kv = 1;
-    add(c, {128, 64, 8, 2});
-  }
-  {
-    Case c = make("head dims D=136 Dv=72 (a box and a part), window", variant("window"));
-    c.D = 136, c.Dv = 72, c.Tq = c.Tk = 90, c.window_left = 30, c.window_right = 0;
-    add(c, {64, 64, 4, 3});
+    add(c, small, small);
+  } else {
+    Case wraps = make("causal, D=64, 4 stages, the ring wraps", variant("causal"));
+    wraps.Tq = wraps.Tk = 200;
+    add(wraps, small, {64, 64, 4, 4});
+    Case wide = make("head dims D=Dv=256, causal, block_n 64", variant("causal"));
+    wide.D = wide.Dv = 256, wide.Tq = wide.Tk = 70, wide.H = 1, wide.H_kv = 1;
+    add(wide, small, {128, 64, 8, 2});
+    Case boxes = make("head dims D=136 Dv=72 (a box and a part), window", variant("window"));
+    boxes.D = 136, boxes.Dv = 72, boxes.Tq = boxes.Tk = 90, boxes.window_left = 30, boxes.window_right = 0;
+    add(boxes, small, {64, 64, 4, 3});
   }
   return cases;
 }
@@ -349,8 +275,8 @@ inline std::vector<Case> all() {
     c.type = ElementType::f16, c.D = 20, c.Dv = 12, c.Tq = 30, c.Tk = 44, c.sinks = 1;
     add(c);
   }
-  for (Case& c : wgmma()) cases.push_back(std::move(c));
-  for (Case& c : ws()) cases.push_back(std::move(c));
+  for (auto kind : {ladle::cuda::AttentionMma::wgmma, ladle::cuda::AttentionMma::ws})
+    for (Case& c : hopper(kind)) cases.push_back(std::move(c));
   return cases;
 }
 
