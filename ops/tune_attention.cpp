@@ -59,9 +59,10 @@ int pad16(std::int64_t dim) { return static_cast<int>((dim + 15) / 16 * 16); }
 // at the tile's barriers and row shuffles; with one stage also for the copy itself. The tensor
 // cores reach full rate only with enough resident warps (w / (w + 2)); past 128 fragment
 // values per thread the registers left no longer hold the next fragments, so the mma slows
-// (x1.5 at the guard's 160). wgmma is modelled at mma.sync's rate until it is measured: it
-// differs by its registers (q stays in shared memory) and its shared memory only, and a tie
-// keeps mma.sync first (the enumeration order). An SM
+// (x1.5 at the guard's 160). wgmma is modelled at mma.sync's rate: it differs by its registers
+// (q stays in shared memory) and its shared memory only, and a tie keeps mma.sync first (the
+// enumeration order). ws overlaps the softmax with the products and has no copies to issue and
+// no barrier per tile (measured 2x mma.sync at causal B8 T4096, bench/RESULTS.md). An SM
 // runs the blocks that fit at once (shared memory, registers estimated as 48 + the fragment
 // values, threads) and overlaps their waits; the call takes the longer of the total work over
 // the SMs and the longest block alone (fewer blocks than SMs leave SMs idle). Not yet
