@@ -205,14 +205,11 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     }
     return "0.0f";
   };
-  // tanh (a soft cap) through the family's fast form (ladle_tanh): render_c writes it as tanhf.
-  const auto fast = [](std::string text) {
-    for (std::size_t at = text.find("tanhf("); at != std::string::npos; at = text.find("tanhf(", at))
-      text.replace(at, 6, "ladle_tanh(");
-    return text;
-  };
-  const std::string logit_expression = fast(ir::render_c(inputs, variant.score, load, leaf));
-  const std::string keep_expression = variant.keep.empty() ? "" : fast(ir::render_c(inputs, variant.keep, load, leaf));
+  // tanh (a soft cap) through the family's fast form, ladle_tanh.
+  ir::RenderFunctions functions;
+  functions.tanh = "ladle_tanh";
+  const std::string logit_expression = ir::render_c(inputs, variant.score, load, leaf, functions);
+  const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf, functions);
   const AttentionParts parts{variant, spec, logit_expression, keep_expression, ops.qk_f16, ops.pv_f16, producer_registers,
                              consumer_registers};
   std::vector<bool> used(inputs.size(), false);
@@ -269,7 +266,8 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     ";  // head dims");
   c("constexpr int DP = " + std::to_string(pad16(spec.D)) + ", DVP = " + std::to_string(pad16(spec.Dv)) +
     ";  // rounded up to the tensor-core step (zero columns past D, DV)");
-  if (wgmma) c("constexpr int KLD = DP, VLD = DVP;  // tiles of 8 x 8 core matrices, no padding");
+  if (ws) c("// Tiles as TMA writes them: boxes of 64 head-dim columns (below).");
+  else if (wgmma) c("constexpr int KLD = DP, VLD = DVP;  // tiles of 8 x 8 core matrices, no padding");
   else c("constexpr int KLD = DP + 8, VLD = DVP + 8;  // padded rows: conflict-free ldmatrix");
   c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
   if (ws) {

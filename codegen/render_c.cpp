@@ -47,7 +47,8 @@ std::string render_c(const Variant& variant, const Expr& expr, const LoadFn& loa
   });
 }
 
-std::string render_c(const std::vector<Input>& inputs, const Expr& expr, const LoadFn& load, const LeafFn& leaf) {
+std::string render_c(const std::vector<Input>& inputs, const Expr& expr, const LoadFn& load, const LeafFn& leaf,
+                     const RenderFunctions& functions) {
   std::vector<std::string> text(expr.nodes.size());
   for (std::size_t i = 0; i < expr.nodes.size(); ++i) {
     const Node& n = expr.nodes[i];
@@ -73,7 +74,7 @@ std::string render_c(const std::vector<Input>& inputs, const Expr& expr, const L
       case Op::sigmoid: out = "(1.0f / (1.0f + expf(-" + a + ")))"; break;
       case Op::logsigmoid: out = "(fminf(" + a + ", 0.0f) - log1pf(expf(-fabsf(" + a + "))))"; break;
       case Op::softplus: out = "(fmaxf(" + a + ", 0.0f) + log1pf(expf(-fabsf(" + a + "))))"; break;
-      case Op::tanh: out = call("tanhf", a); break;
+      case Op::tanh: out = call(functions.tanh.c_str(), a); break;
       case Op::elu: out = "(" + a + " > 0.0f ? " + a + " : expm1f(" + a + "))"; break;
       case Op::relu: out = call("fmaxf", a, "0.0f"); break;
       case Op::silu: out = "(" + a + " / (1.0f + expf(-" + a + ")))"; break;

@@ -24,9 +24,15 @@ std::string render_c(const Variant& variant, const Expr& expr, const LoadFn& loa
 // Returns the C expression of an attention leaf (Op::score, Op::query_index, ...) at the
 // current (query, key) pair, e.g. "s" or "(float)(q_row + i)".
 using LeafFn = std::function<std::string(Op leaf)>;
+// The device function a family calls for tanh (default: tanhf; the attention family names its
+// fast form, ladle_tanh).
+struct RenderFunctions {
+  std::string tanh = "tanhf";
+};
 // Any expression over `inputs`, attention leaves included; comparisons and logic render as
 // 1.0f / 0.0f.
-std::string render_c(const std::vector<Input>& inputs, const Expr& expr, const LoadFn& load, const LeafFn& leaf);
+std::string render_c(const std::vector<Input>& inputs, const Expr& expr, const LoadFn& load, const LeafFn& leaf,
+                     const RenderFunctions& functions = {});
 
 // A float as a C literal that reads back exactly: 0.0625f, -2.5f, 1e-10f. Finite values only.
 std::string render_c_literal(float value);

@@ -39,6 +39,14 @@ TEST_CASE("input loads are named by the caller and gate math is inline", "[codeg
   const ir::Variant e = dsl::lower_expression(dsl::elu(x));
   CHECK(ir::render_c(e, e.slot(ir::Slot::log_decay_k), [](const ir::Input&, std::int32_t) { return "a + b"; }) ==
         "((a + b) > 0.0f ? (a + b) : expm1f((a + b)))");
+  // tanh is tanhf unless the family names its own (attention: ladle_tanh).
+  const ir::Variant t = dsl::lower_expression(dsl::tanh(x));
+  const auto x_i = [](const ir::Input&, std::int32_t) -> std::string { return "x_i"; };
+  const auto no_leaf = [](ir::Op) -> std::string { return "?"; };
+  CHECK(ir::render_c(t.inputs, t.slot(ir::Slot::log_decay_k), x_i, no_leaf) == "tanhf(x_i)");
+  ir::RenderFunctions fast;
+  fast.tanh = "ladle_tanh";
+  CHECK(ir::render_c(t.inputs, t.slot(ir::Slot::log_decay_k), x_i, no_leaf, fast) == "ladle_tanh(x_i)");
 }
 
 namespace {

@@ -442,19 +442,18 @@ TEST_CASE("the heuristic tile fits every head dim wherever some tile of the spac
 
 TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the rows") {
   // The views of Call with contiguous strides (the data is never read): rows TMA can copy.
-  const auto aligned = [](Call& call, std::int64_t H_kv) {
+  const auto aligned = [](Call& call) {
     ops::AttentionArgs& a = call.args;
     const auto dense = [&](TensorView& v) { v = TensorView::contiguous(v.data, v.type, v.shape); };
     dense(a.q), dense(a.k), dense(a.v);
     for (int i = 0; i < 3; ++i) dense(a.tensors[i]);
-    (void)H_kv;
   };
   const auto pick = [](const Call& call, const DeviceLimits& device) {
     return gpu::heuristic_attention_tile(call.args, device.sm_count, device.arch, device.max_shared_per_block);
   };
   using cuda::AttentionMma;
   Call causal(8, 4096, 16, 128);
-  aligned(causal, 16);
+  aligned(causal);
   REQUIRE(pick(causal, h100()) == cuda::AttentionTile{128, 128, 8, 2, AttentionMma::ws});
   REQUIRE(pick(causal, a100()).mma == AttentionMma::sync);  // no wgmma, no TMA
   REQUIRE(pick(Call(8, 4096, 16, 128), h100()).mma == AttentionMma::sync);  // zero strides: no TMA copy
@@ -471,7 +470,7 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
                                              std::tuple{sinks, 128, 128}, std::tuple{Call::causal(), 256, 64},
                                              std::tuple{Call::causal(), 64, 128}}) {
     Call call(8, 4096, 16, D, features);
-    aligned(call, 16);
+    aligned(call);
     const cuda::AttentionTile tile = pick(call, h100());
     INFO("D=" << D << ": " << cuda::to_string(tile));
     REQUIRE(tile.mma == AttentionMma::ws);
@@ -480,9 +479,9 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
   }
   // fp32 inputs and head dims TMA cannot copy keep the other families.
   Call f32(8, 4096, 16, 64, Call::causal(), ElementType::f32);
-  aligned(f32, 16);
+  aligned(f32);
   REQUIRE(pick(f32, h100()).mma == AttentionMma::sync);
   Call odd(8, 4096, 16, 100);
-  aligned(odd, 16);
+  aligned(odd);
   REQUIRE(pick(odd, h100()).mma != AttentionMma::ws);
 }
