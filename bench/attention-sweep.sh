@@ -9,6 +9,7 @@
 # LADLE_NO_PEERS=1         skip the PyTorch peers
 # LADLE_SANITIZE           a Catch filter of ops-attention run under memcheck and racecheck (empty: none)
 # LADLE_TEST_TIMEOUT       seconds for ops-attention (default 300)
+# LADLE_NCU_CASES          cases profiled by ncu (default "causal"; also window_softcap, sinks_gqa)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -73,12 +74,14 @@ for what in "$@"; do
     python3 bench/attention_bench.py --table < "$out/attention.jsonl"
     ;;
   ncu)
-    echo "== Nsight Compute: the heuristic kernel, causal B8 T4096"
-    LADLE_AUTOTUNE=heuristic timeout 300 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
-      -k regex:ladle_attention --launch-skip 3 --launch-count 1 "$bench_bin" --case causal -B 8 -T 4096 -H 16 -D 128 --reps 1 \
-      > "$out/ncu-causal.txt" 2>&1
-    echo "rc=$?"; grep -E "Duration|Registers|Theoretical Occupancy|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Eligible|No Eligible|gmma|Block Size|Dynamic Shared" "$out/ncu-causal.txt" | head -30
+    for c in ${LADLE_NCU_CASES:-causal}; do
+      echo "== Nsight Compute: the heuristic kernel, $c B8 T4096"
+      LADLE_AUTOTUNE=heuristic timeout 300 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed.sum \
+        -k regex:ladle_attention --launch-skip 3 --launch-count 1 "$bench_bin" --case $c -B 8 -T 4096 -H 16 -D 128 --reps 1 \
+        > "$out/ncu-$c.txt" 2>&1
+      echo "rc=$?"; grep -E "Duration|Registers|Theoretical Occupancy|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Eligible|No Eligible|gmma|pipe_xu|inst_executed.sum|Block Size|Dynamic Shared" "$out/ncu-$c.txt" | head -30
+    done
     ;;
   esac
 done

@@ -8,6 +8,7 @@
 #include "detail/attention_helpers.h"
 #include "detail/attention_parts.h"
 #include "detail/cuda_source.h"
+#include "detail/hoist.h"
 #include "render_c.h"
 
 namespace ladle::cuda {
@@ -205,10 +206,19 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     }
     return "0.0f";
   };
-  // tanh (a soft cap) through the family's fast form, ladle_tanh.
+  // The logit in log2 units, log2 e * score expression, with its invariant factors hoisted out of
+  // the key loop (detail/hoist.h: a soft cap costs one multiply, not a division, before its
+  // tanh), and tanh through the family's fast form, ladle_tanh_exp2, whose argument the rewrite
+  // has already multiplied by 2 log2 e.
+  constexpr double log2e = 1.4426950408889634;
+  const HoistedExpression hoisted = hoist_invariants(inputs, variant.score, log2e, 2.0 * log2e);
+  const auto hoisted_load = [&](const ir::Input& in, std::int32_t k) -> std::string {
+    return static_cast<std::size_t>(k) >= hoisted.first_hoisted ? in.name : load(in, k);
+  };
   ir::RenderFunctions functions;
+  functions.tanh = "ladle_tanh_exp2";
+  const std::string logit_expression = ir::render_c(hoisted.inputs, hoisted.expr, hoisted_load, leaf, functions);
   functions.tanh = "ladle_tanh";
-  const std::string logit_expression = ir::render_c(inputs, variant.score, load, leaf, functions);
   const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf, functions);
   const AttentionParts parts{variant, spec, logit_expression, keep_expression, ops.qk_f16, ops.pv_f16, producer_registers,
                              consumer_registers};
@@ -439,6 +449,12 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     c("    row_live[1] ? static_cast<long long>(q_segment_ids[b * q_segment_stride_b + (q_bos + row0 + 8) * q_segment_stride_t]) : 0};");
   }
   if (variant.dropout) c("const float keep_scale = 1.0f / (1.0f - dropout_p);");
+  if (!hoisted.invariants.empty()) {
+    c("// The logit's factors that no (query, key) pair changes, once per thread (log2 units).");
+    for (std::size_t k = 0; k < hoisted.invariants.size(); ++k)
+      c("const float " + hoisted.inputs[hoisted.first_hoisted + k].name + " = " +
+        ir::render_c(inputs, hoisted.invariants[k], load, leaf, ir::RenderFunctions{"ladle_tanh"}) + ";");
+  }
   c("");
 
   if (ws) {

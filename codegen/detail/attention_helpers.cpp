@@ -55,6 +55,9 @@ __device__ __forceinline__ float ladle_neg_inf() { return __int_as_float(0xff800
 // exp2 and divide: a few instructions against tanhf's dozens, within about 1e-6 absolute
 // (exact limits: +-1 past |x| ~ 44, where 2^... overflows to inf or underflows to 0).
 __device__ __forceinline__ float ladle_tanh(float x) { return 1.0f - __fdividef(2.0f, ladle_exp2(2.8853900817779268f * x) + 1.0f); }
+// tanh(y / (2 log2 e)): the logit's tanh, whose argument already carries the 2 log2 e (folded
+// into the hoisted factor before it, detail/hoist.h): one multiply fewer per element.
+__device__ __forceinline__ float ladle_tanh_exp2(float y) { return 1.0f - __fdividef(2.0f, ladle_exp2(y) + 1.0f); }
 #endif  // LADLE_ATTENTION_HELPERS
 )";
 

@@ -40,7 +40,7 @@ void emit_logits(Code& c, const AttentionParts& parts) {
     c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
     c("      const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
     c("      (void)i, (void)j;");
-    c("      logit[nt][r] = LOG2E * (" + logit_expression + ");");
+    c("      logit[nt][r] = " + logit_expression + ";");
     c("    }");
     c("} else {");
     c.in();
@@ -54,7 +54,7 @@ void emit_logits(Code& c, const AttentionParts& parts) {
     attend += " && q_segment[r / 2] == static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + j) * kv_segment_stride_t])";
   if (!keep_expression.empty()) attend += " && (" + keep_expression + ") != 0.0f";
   c("  const bool attend = " + attend + ";");
-  c("  logit[nt][r] = attend ? LOG2E * (" + logit_expression + ") : ladle_neg_inf();");
+  c("  logit[nt][r] = attend ? " + logit_expression + " : ladle_neg_inf();");
   c.out();
   c("  }");
   if (plain_interior) {

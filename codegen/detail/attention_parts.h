@@ -14,7 +14,7 @@ namespace ladle::cuda::detail {
 struct AttentionParts {
   const ir::AttentionVariant& variant;
   const AttentionKernelSpec& spec;
-  std::string logit_expression;  // rendered at (i, j) of score[nt][r]
+  std::string logit_expression;  // log2 e * the score expression, rendered at (i, j) of score[nt][r]
   std::string keep_expression;   // empty: no user predicate
   bool qk_f16 = false, pv_f16 = false;  // f16 operands (else bf16)
   // ws: registers per thread after setmaxnreg (0: no setmaxnreg), producer and consumers.

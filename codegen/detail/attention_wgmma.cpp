@@ -16,8 +16,9 @@ namespace ladle::cuda::detail {
 
 namespace {
 
-// One wgmma.mma_async specialisation: d[N / 8][4] += A B, A from a descriptor (ss) or four
-// registers (rs), B from a descriptor; scale-d = 1 (accumulate).
+// One wgmma.mma_async specialisation: d[N / 8][4] = A B + (accumulate ? d : 0), A from a
+// descriptor (ss) or four registers (rs), B from a descriptor; accumulate is the instruction's
+// scale-d (0: the first product of a fresh accumulator, which then needs no zeroing).
 std::string wgmma_specialisation(bool registers_a, int n, bool f16) {
   const std::string type = f16 ? "f16" : "bf16";
   const std::string name = std::string("ladle_wgmma_") + (registers_a ? "rs_" : "ss_") + type;
@@ -41,13 +42,13 @@ std::string wgmma_specialisation(bool registers_a, int n, bool f16) {
   }
   const std::string b_operand = "%" + std::to_string(next++);
   const std::string scale_d = "%" + std::to_string(next++);
-  inputs += "\"l\"(b), \"r\"(1)";
+  inputs += "\"l\"(b), \"r\"(accumulate)";
   // imm-scale-a, imm-scale-b = 1; ss: imm-trans-a = imm-trans-b = 0 (K-major); rs: imm-trans-b = 1 (N-major V).
   const std::string immediates = registers_a ? "1, 1, 1" : "1, 1, 0, 0";
   std::string text = "#if !defined(LADLE_WGMMA_EMULATED) && !defined(" + guard + ")\n#define " + guard + "\n";
   text += "template <>\n__device__ __forceinline__ void " + name + "<" + std::to_string(n) + ">(float (&d)[" +
           std::to_string(n / 8) + "][4], " + (registers_a ? "const unsigned (&a)[4]" : "unsigned long long a") +
-          ", unsigned long long b) {\n";
+          ", unsigned long long b, int accumulate) {\n";
   text += "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, " + scale_d + ", 0;\\nwgmma.mma_async.sync.aligned.m64n" +
           std::to_string(n) + "k16.f32." + type + "." + type + " {" + list + "}, " + a_operand + ", " + b_operand + ", p, " +
           immediates + ";\\n}\\n\"\n";
@@ -85,10 +86,10 @@ __device__ __forceinline__ void ladle_wgmma_fence_operand(float (&d)[N / 8][4]) 
   LADLE_UNROLL for (int i = 0; i < N / 8; ++i)
     LADLE_UNROLL for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
-template <int N> __device__ void ladle_wgmma_ss_bf16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b);
-template <int N> __device__ void ladle_wgmma_ss_f16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b);
-template <int N> __device__ void ladle_wgmma_rs_bf16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b);
-template <int N> __device__ void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b);
+template <int N> __device__ void ladle_wgmma_ss_bf16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1);
+template <int N> __device__ void ladle_wgmma_ss_f16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1);
+template <int N> __device__ void ladle_wgmma_rs_bf16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate = 1);
+template <int N> __device__ void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate = 1);
 #endif  // LADLE_WGMMA_HELPERS
 )";
   text += wgmma_specialisation(false, score_n, qk_f16);
@@ -105,13 +106,13 @@ void emit_wgmma_scores(Code& c, const AttentionParts& parts) {
   c("// 3. score = q k^T for this warpgroup's 64 rows and the tile's BN keys: one wgmma.mma_async");
   c("//    m64nBNk16 per 16 of D, q and K K-major in shared memory (LBO 128 bytes: the next 8 of D;");
   c("//    SBO DP * 16 bytes: the next 8 rows). Each warp receives its 16 rows in the mma.sync layout.");
+  c("//    The first product overwrites score (scale-d = 0): no zeroing.");
   c("float score[BN / 8][4];");
-  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
   c("ladle_wgmma_fence_operand<BN>(score);");
   c("ladle_wgmma_fence();");
   c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
   c("  " + mma + "(score, ladle_wgmma_desc(q_tile + warpgroup * 64 * DP + kt * 128, 128, DP * 16),");
-  c("      ladle_wgmma_desc(k_s + kt * 128, 128, DP * 16));");
+  c("      ladle_wgmma_desc(k_s + kt * 128, 128, DP * 16), kt > 0);");
   c("ladle_wgmma_commit();");
   c("ladle_wgmma_wait<0>();");
   c("ladle_wgmma_fence_operand<BN>(score);");

@@ -146,7 +146,7 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
 void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   const std::string ss = parts.qk_f16 ? "ladle_wgmma_ss_f16<BN>" : "ladle_wgmma_ss_bf16<BN>";
   const std::string rs = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
-  // The text of one tile's scores: issue q k^T into score (zeroed first), and P V of the tile
+  // The text of one tile's scores: issue q k^T into score (its first product overwrites it), and P V of the tile
   // before it. ptxas keeps wgmma asynchronous only where no other instruction touches an
   // accumulator between its issue and the wait that completes it, so the issues are straight-line
   // code with every register access before the fence.
@@ -154,15 +154,15 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   const auto issue_scores = [&](const std::string& stage, const std::string& parity, const std::string& also_wait) {
     c("ladle_mbarrier_wait(&full_k[" + stage + "], " + parity + ");");
     if (!also_wait.empty()) c(also_wait);
-    c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
     c("ladle_wgmma_fence_operand<BN>(score);");
     c("ladle_wgmma_fence_operand<DVP>(o_acc);");
     c("ladle_wgmma_fence();");
     c("// 3. score = q k^T: one m64nBNk16 per 16 of D, both K-major and swizzled (SBO 1024: the next 8");
-    c("//    rows; the next 16 of D 32 bytes on within the 128-byte row, the next 64 in the next box).");
+    c("//    rows; the next 16 of D 32 bytes on within the 128-byte row, the next 64 in the next box). The");
+    c("//    first product overwrites score (scale-d = 0): no zeroing.");
     c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
     c("  " + ss + "(score, ladle_wgmma_desc_sw128(q_tile + (kt / 4) * BM * 64 + warpgroup * 64 * 64 + (kt % 4) * 16, 16, 1024),");
-    c("      ladle_wgmma_desc_sw128(k_tile + " + stage + " * (K_BYTES / 2) + (kt / 4) * BN * 64 + (kt % 4) * 16, 16, 1024));");
+    c("      ladle_wgmma_desc_sw128(k_tile + " + stage + " * (K_BYTES / 2) + (kt / 4) * BN * 64 + (kt % 4) * 16, 16, 1024), kt > 0);");
     c("ladle_wgmma_commit();");
   };
   const auto issue_pv = [&](const std::string& stage) {

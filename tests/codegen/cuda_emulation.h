@@ -242,6 +242,7 @@ inline void ladle_zero_16(void* shared) {
 }
 inline float ladle_neg_inf() { return -std::numeric_limits<float>::infinity(); }
 inline float ladle_tanh(float x) { return 1.0f - 2.0f / (std::exp2(2.8853900817779268f * x) + 1.0f); }
+inline float ladle_tanh_exp2(float y) { return 1.0f - 2.0f / (std::exp2(y) + 1.0f); }
 
 // ---- Hopper's wgmma (sm_90a), per warpgroup
 namespace cuda_emulation {
@@ -291,7 +292,8 @@ inline unsigned short descriptor_element(const MatrixDescriptor& d, unsigned mn,
 inline float operand_value(unsigned short bits, bool f16) {
   return f16 ? ladle::narrow_float::from_f16(bits) : ladle::narrow_float::from_bf16(bits);
 }
-// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16} with scale-d = 1: d += A B.
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}: d = A B + (accumulate ? d : 0), accumulate
+// being the instruction's scale-d (0: d's earlier contents, never read, may be anything).
 //   A: 64 x 16, from a K-major descriptor (a_regs null) or from registers: thread t of the
 //      warpgroup holds, in a_regs[r], rows 16 (t / 32) + (t % 32) / 4 (+ 8 for r = 1, 3) at
 //      columns 2 (t % 4) and + 1 (+ 8 for r = 2, 3), low half first.
@@ -300,7 +302,7 @@ inline float operand_value(unsigned short bits, bool f16) {
 //      column 8 (i / 4) + 2 (t % 4) + i % 2.
 template <int N>
 inline void wgmma(float (&d)[N / 8][4], const unsigned* a_regs, unsigned long long a_desc, unsigned long long b_desc,
-                  bool trans_b, bool f16) {
+                  bool trans_b, bool f16, bool accumulate = true) {
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N = 8, 16, ..., 256");
   if (!warpgroup_exchange) wgmma_fault("the block is not made of whole warpgroups");
   WarpgroupExchange& x = *warpgroup_exchange;
@@ -315,7 +317,7 @@ inline void wgmma(float (&d)[N / 8][4], const unsigned* a_regs, unsigned long lo
   const unsigned warp = t / 32, l = t % 32;
   for (unsigned i = 0; i < N / 2; ++i) {
     const unsigned row = 16 * warp + l / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
-    float sum = d[i / 4][i % 4];
+    float sum = accumulate ? d[i / 4][i % 4] : 0.0f;
     for (unsigned k = 0; k < 16; ++k) {
       const float a = a_regs ? half_of(x.a[32 * (row / 16) + 4 * (row % 8) + (k % 8) / 2][(row % 16 >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16)
                              : operand_value(descriptor_element(da, row, k, false), f16);
@@ -340,20 +342,20 @@ inline void ladle_fence_proxy_async() {}
 template <int N>
 inline void ladle_wgmma_fence_operand(float (&)[N / 8][4]) {}
 template <int N>
-inline void ladle_wgmma_ss_bf16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {
-  cuda_emulation::wgmma<N>(d, nullptr, a, b, false, false);
+inline void ladle_wgmma_ss_bf16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1) {
+  cuda_emulation::wgmma<N>(d, nullptr, a, b, false, false, accumulate != 0);
 }
 template <int N>
-inline void ladle_wgmma_ss_f16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {
-  cuda_emulation::wgmma<N>(d, nullptr, a, b, false, true);
+inline void ladle_wgmma_ss_f16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1) {
+  cuda_emulation::wgmma<N>(d, nullptr, a, b, false, true, accumulate != 0);
 }
 template <int N>
-inline void ladle_wgmma_rs_bf16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {
-  cuda_emulation::wgmma<N>(d, a, 0, b, true, false);
+inline void ladle_wgmma_rs_bf16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate = 1) {
+  cuda_emulation::wgmma<N>(d, a, 0, b, true, false, accumulate != 0);
 }
 template <int N>
-inline void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {
-  cuda_emulation::wgmma<N>(d, a, 0, b, true, true);
+inline void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate = 1) {
+  cuda_emulation::wgmma<N>(d, a, 0, b, true, true, accumulate != 0);
 }
 
 // ---- Hopper's TMA pipelines: tensor maps, mbarriers, cp.async.bulk.tensor, setmaxnreg

@@ -113,11 +113,14 @@ TEST_CASE("emulated wgmma: m64n64k16 with A and B K-major in shared memory is A 
             for (unsigned kk = 0; kk < 16; ++kk) put(shared, b_base + s * 32768 + k_major(c, kk, b_lbo, b_sbo), m.b[(s * 16 + kk) * N + c]);
       }
       __syncthreads();
-      float d[N / 8][4] = {};
+      // The first product's scale-d = 0 overwrites what d held (as the attention kernels' scores
+      // use it, with no zeroing): d starts as garbage.
+      float d[N / 8][4];
+      for (auto& row : d) row[0] = row[1] = row[2] = row[3] = 12345.0f;
       for (int s = 0; s < steps; ++s) {
         const auto a = descriptor(a_base + s * 8192, a_lbo, a_sbo), b = descriptor(b_base + s * 32768, b_lbo, b_sbo);
-        if (f16) ladle_wgmma_ss_f16<N>(d, a, b);
-        else ladle_wgmma_ss_bf16<N>(d, a, b);
+        if (f16) ladle_wgmma_ss_f16<N>(d, a, b, s > 0);
+        else ladle_wgmma_ss_bf16<N>(d, a, b, s > 0);
       }
       scatter<N>(d, threadIdx.x, got);
     });
