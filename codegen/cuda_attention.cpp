@@ -33,7 +33,8 @@ const std::set<std::string>& template_names() {
       "window_left", "window_right", "dropout_p", "seed", "B", "Tq", "Tk", "H", "u", "s", "with_sinks", "k_s", "v_s",
       "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup", "DP", "DVP",
       "DPB", "DVPB", "Q_BYTES", "K_BYTES", "V_BYTES", "aligned_smem", "full_k", "full_v", "empty_k", "empty_v", "q_full",
-      "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale", "part", "last"};
+      "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale", "part", "last",
+      "q_desc", "k_desc", "v_desc", "tile_top"};
   return names;
 }
 
@@ -208,15 +209,18 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   };
   // The logit in log2 units, log2 e * score expression, with its invariant factors hoisted out of
   // the key loop (detail/hoist.h: a soft cap costs one multiply, not a division, before its
-  // tanh), and tanh through the family's fast form, ladle_tanh_exp2, whose argument the rewrite
-  // has already multiplied by 2 log2 e.
+  // tanh). tanh: with 16-bit operands the hardware's tanh.approx.f32 (one MUFU operation,
+  // relative error 2^-11, below what bf16 / f16 P and o round away); with fp32 operands
+  // (split into bf16 pairs for fp32 accuracy) ladle_tanh_exp2, 1 - 2 / (2^y + 1) with y the
+  // argument times 2 log2 e, which the rewrite folds into the hoisted factor before it.
   constexpr double log2e = 1.4426950408889634;
-  const HoistedExpression hoisted = hoist_invariants(inputs, variant.score, log2e, 2.0 * log2e);
+  const bool approximate_tanh = !ops.split;
+  const HoistedExpression hoisted = hoist_invariants(inputs, variant.score, log2e, approximate_tanh ? 1.0 : 2.0 * log2e);
   const auto hoisted_load = [&](const ir::Input& in, std::int32_t k) -> std::string {
     return static_cast<std::size_t>(k) >= hoisted.first_hoisted ? in.name : load(in, k);
   };
   ir::RenderFunctions functions;
-  functions.tanh = "ladle_tanh_exp2";
+  functions.tanh = approximate_tanh ? "ladle_tanh_approx" : "ladle_tanh_exp2";
   const std::string logit_expression = ir::render_c(hoisted.inputs, hoisted.expr, hoisted_load, leaf, functions);
   functions.tanh = "ladle_tanh";
   const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf, functions);

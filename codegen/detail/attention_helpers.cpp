@@ -51,6 +51,8 @@ __device__ __forceinline__ void ladle_zero_16(void* shared) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(ladle_shared_address(shared)), "r"(0u));
 }
 __device__ __forceinline__ float ladle_neg_inf() { return __int_as_float(0xff800000); }
+// Whether any lane of the (converged) warp has p: a branch every lane takes the same way.
+__device__ __forceinline__ bool ladle_warp_any(bool p) { return __any_sync(0xffffffffu, p); }
 // tanh for the score expressions (a soft cap), as 1 - 2 / (2^(2 x log2 e) + 1) with the fast
 // exp2 and divide: a few instructions against tanhf's dozens, within about 1e-6 absolute
 // (exact limits: +-1 past |x| ~ 44, where 2^... overflows to inf or underflows to 0).
@@ -58,6 +60,12 @@ __device__ __forceinline__ float ladle_tanh(float x) { return 1.0f - __fdividef(
 // tanh(y / (2 log2 e)): the logit's tanh, whose argument already carries the 2 log2 e (folded
 // into the hoisted factor before it, detail/hoist.h): one multiply fewer per element.
 __device__ __forceinline__ float ladle_tanh_exp2(float y) { return 1.0f - __fdividef(2.0f, ladle_exp2(y) + 1.0f); }
+// tanh.approx.f32 (sm_75 and later): one MUFU operation, relative error at most 2^-11.
+__device__ __forceinline__ float ladle_tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 #endif  // LADLE_ATTENTION_HELPERS
 )";
 

@@ -67,22 +67,29 @@ void emit_logits(Code& c, const AttentionParts& parts) {
 void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescale) {
   const ir::AttentionVariant& variant = parts.variant;
   c("// 5. Online softmax per row: the new maximum, the rescale of what came before, p = 2^(logit - max).");
+  c("//    The running maximum moves only when the tile's exceeds it by more than 8 (log2 units): p may");
+  c("//    reach 2^8, exactly accounted for, and o_acc's rescale is skipped where no row of the warp moved.");
   if (defer_rescale) c("//    o_acc is still being written by the previous tile's P V: its rescale waits in o_rescale.");
   c("float p[BN / 8][4];");
-  if (defer_rescale) c("float o_rescale[2];");
+  c("float o_rescale[2];");
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c.in();
   c("// Four independent partial maxima and sums: no chain of BN / 4 dependent instructions.");
   c("float part[4] = {ladle_neg_inf(), ladle_neg_inf(), ladle_neg_inf(), ladle_neg_inf()};");
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) part[nt % 4] = fmaxf(part[nt % 4], fmaxf(logit[nt][2 * half], logit[nt][2 * half + 1]));");
   c("const float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));");
-  c("const float new_max = fmaxf(row_max[half], ladle_quad_max(tile_max));");
-  c("const float base = new_max == ladle_neg_inf() ? 0.0f : new_max;  // nothing attended yet: p = 0, no NaN");
-  c("const float rescale = ladle_exp2(row_max[half] - base);");
-  c("row_max[half] = new_max;");
-  c("row_sum[half] *= rescale;");
-  if (defer_rescale) c("o_rescale[half] = rescale;");
-  else c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= rescale, o_acc[nt][2 * half + 1] *= rescale;");
+  c("const float tile_top = ladle_quad_max(tile_max);");
+  c("o_rescale[half] = 1.0f;");
+  c("if (tile_top > row_max[half] + 8.0f) {  // also the first finite maximum (row_max -inf)");
+  c("  o_rescale[half] = ladle_exp2(row_max[half] - tile_top);");
+  c("  row_max[half] = tile_top;");
+  c("  row_sum[half] *= o_rescale[half];");
+  c("}");
+  c("const float base = row_max[half] == ladle_neg_inf() ? 0.0f : row_max[half];  // nothing attended yet: p = 0, no NaN");
+  if (!defer_rescale) {
+    c("if (ladle_warp_any(o_rescale[half] != 1.0f))  // a row's maximum moved");
+    c("  LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= o_rescale[half], o_acc[nt][2 * half + 1] *= o_rescale[half];");
+  }
   c("part[0] = part[1] = part[2] = part[3] = 0.0f;");
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
@@ -99,6 +106,12 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
   c.out();
   c("}");
   c("");
+}
+
+void emit_o_rescale(Code& c) {
+  c("if (ladle_warp_any(o_rescale[0] != 1.0f || o_rescale[1] != 1.0f))  // a row's maximum moved");
+  c("  LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
+  c("    o_acc[nt][0] *= o_rescale[0], o_acc[nt][1] *= o_rescale[0], o_acc[nt][2] *= o_rescale[1], o_acc[nt][3] *= o_rescale[1];");
 }
 
 void emit_epilogue(Code& c, const AttentionParts& parts) {

@@ -26,6 +26,8 @@ void emit_logits(Code& c, const AttentionParts& parts);
 // Step 5: the online softmax of this tile's rows: p[BN / 8][4], row_max, row_sum, o_acc rescaled
 // (defer_rescale: o_acc untouched, its factor per row half left in o_rescale[2]).
 void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescale = false);
+// o_acc *= o_rescale per row half, skipped where no row of the warp moved its maximum.
+void emit_o_rescale(Code& c);
 // Step 7: o = o_acc / row_sum (sinks in the denominator), lse.
 void emit_epilogue(Code& c, const AttentionParts& parts);
 

@@ -161,15 +161,15 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
     c("//    rows; the next 16 of D 32 bytes on within the 128-byte row, the next 64 in the next box). The");
     c("//    first product overwrites score (scale-d = 0): no zeroing.");
     c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
-    c("  " + ss + "(score, ladle_wgmma_desc_sw128(q_tile + (kt / 4) * BM * 64 + warpgroup * 64 * 64 + (kt % 4) * 16, 16, 1024),");
-    c("      ladle_wgmma_desc_sw128(k_tile + " + stage + " * (K_BYTES / 2) + (kt / 4) * BN * 64 + (kt % 4) * 16, 16, 1024), kt > 0);");
+    c("  " + ss + "(score, q_desc + ((kt / 4) * BM * 64 + (kt % 4) * 16) * 2 / 16,");
+    c("      k_desc + (" + stage + " * K_BYTES + ((kt / 4) * BN * 64 + (kt % 4) * 16) * 2) / 16, kt > 0);");
     c("ladle_wgmma_commit();");
   };
   const auto issue_pv = [&](const std::string& stage) {
     c("// 6. o_acc += P V of the tile before: one m64nDVPk16 per 16 keys, V N-major and swizzled (SBO");
     c("//    1024: the next 8 keys; LBO BN * 128: the next 64 of Dv, in the next box).");
     c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk)");
-    c("  " + rs + "(o_acc, p_frag[kk], ladle_wgmma_desc_sw128(v_tile + " + stage + " * (V_BYTES / 2) + kk * 16 * 64, BN * 128, 1024));");
+    c("  " + rs + "(o_acc, p_frag[kk], v_desc + (" + stage + " * V_BYTES + kk * 16 * 64 * 2) / 16);");
     c("ladle_wgmma_commit();");
   };
   // Logits, softmax, then (after P V completes, where one is in flight) o_acc's rescale and P packed.
@@ -185,8 +185,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
       c("ladle_wgmma_fence_operand<DVP>(o_acc);");
       c("if (lane == 0) ladle_mbarrier_arrive(&empty_v[prev]);");
     }
-    c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
-    c("  o_acc[nt][0] *= o_rescale[0], o_acc[nt][1] *= o_rescale[0], o_acc[nt][2] *= o_rescale[1], o_acc[nt][3] *= o_rescale[1];");
+    emit_o_rescale(c);
     emit_pack_p(c, parts);
   };
 
@@ -194,6 +193,12 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("//    t-1's P V together, reads the scores as soon as the first is done (the second still running)");
   c("//    and forms tile t's P while P V finishes; the last P V after the loop. A stage goes back to");
   c("//    the producer (empty) as soon as its product has read it.");
+  c("// The descriptors of this warpgroup's q rows and of the first K and V stages, formed once: a");
+  c("// product's own adds its byte offset / 16 to the start address (bits 0-13; shared memory ends");
+  c("// below 256 KiB, so the sum never carries out of them).");
+  c("const unsigned long long q_desc = ladle_wgmma_desc_sw128(q_tile + warpgroup * 64 * 64, 16, 1024);");
+  c("const unsigned long long k_desc = ladle_wgmma_desc_sw128(k_tile, 16, 1024);");
+  c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile, BN * 128, 1024);");
   c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
   c("float score[BN / 8][4];");
   c("ladle_mbarrier_wait(q_full, 0);");

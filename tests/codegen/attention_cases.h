@@ -31,6 +31,7 @@ struct Case {
   float dropout_p = 0;
   ElementType segment_type = ElementType::i64;
   bool user_alibi = false;  // the user variant below (slope, keep predicate)
+  double slope_step = 0.05;  // user_alibi: slope[h] = slope_step * (h + 1)
   bool async_copy = true;   // cp.async staging (16-bit inputs only)
 
   ladle::cuda::AttentionKernelSpec spec() const {
@@ -117,6 +118,13 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
   {
     Case c = make("sinks (3), causal, Tq > Tk", variant("causal,sinks"));
     c.Tq = 80, c.Tk = 30, c.sinks = 3;
+    add(c, small, small);
+  }
+  {
+    // slope (j - i) climbs 6.9 and 13.9 (log2 units) a 32-key tile at heads 1, 2: the running
+    // maximum stays on some tiles (p up to 2^8) and moves on others, mid-row.
+    Case c = make("user ALiBi with logits climbing along the keys, bf16", user_alibi());
+    c.Tq = 40, c.Tk = 200, c.user_alibi = true, c.slope_step = 0.15;
     add(c, small, small);
   }
   {

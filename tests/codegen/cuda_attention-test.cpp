@@ -80,7 +80,7 @@ Bound bind(const Case& c, std::uint64_t seed) {
     if (in.name == "logits_soft_cap") inputs.scalars[in.name] = 2.0f, ref.soft_cap = 2.0f;
     if (in.name == "bias") inputs.tensors[in.name] = keep(test::normal(rng, ElementType::f32, {c.B, c.H, c.Tq, c.Tk}), &ref.bias);
     if (in.name == "slope") {
-      inputs.tensors[in.name] = keep(test::filled(ElementType::f32, {c.H}, [&, h = 0]() mutable { return 0.05 * ++h; }), &slopes);
+      inputs.tensors[in.name] = keep(test::filled(ElementType::f32, {c.H}, [&, h = 0]() mutable { return c.slope_step * ++h; }), &slopes);
       ref.score_mod = [slopes](double s, int, int h, int i, int j) { return s - static_cast<float>(slopes[h]) * static_cast<float>(i - j); };
       ref.keep = [](int b, int h, int i, int j) { return j < 2 * i + 3 || h + b == 1; };
     }

@@ -203,7 +203,18 @@ inline float shfl_xor(float value, int lane_mask) {
   x.barrier.arrive_and_wait();
   return other;
 }
+// __any_sync over the full warp: whether any lane posted true.
+inline bool any(bool value) {
+  WarpExchange& x = *warp_exchange;
+  x.value[lane()] = value ? 1.0f : 0.0f;
+  x.barrier.arrive_and_wait();
+  bool result = false;
+  for (unsigned l = 0; l < 32; ++l) result = result || x.value[l] != 0.0f;
+  x.barrier.arrive_and_wait();
+  return result;
+}
 }  // namespace cuda_emulation
+inline bool ladle_warp_any(bool value) { return cuda_emulation::any(value); }
 inline float __shfl_xor_sync(unsigned /*full mask*/, float value, int lane_mask) {
   return cuda_emulation::shfl_xor(value, lane_mask);
 }
@@ -243,6 +254,7 @@ inline void ladle_zero_16(void* shared) {
 inline float ladle_neg_inf() { return -std::numeric_limits<float>::infinity(); }
 inline float ladle_tanh(float x) { return 1.0f - 2.0f / (std::exp2(2.8853900817779268f * x) + 1.0f); }
 inline float ladle_tanh_exp2(float y) { return 1.0f - 2.0f / (std::exp2(y) + 1.0f); }
+inline float ladle_tanh_approx(float x) { return std::tanh(x); }  // the hardware form is within 2^-11
 
 // ---- Hopper's wgmma (sm_90a), per warpgroup
 namespace cuda_emulation {

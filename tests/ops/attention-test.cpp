@@ -381,6 +381,21 @@ TEST_CASE("attention matches the reference in f16 and bf16 with every mask", "[o
     }
 }
 
+TEST_CASE("a soft cap of 30 with logits at the cap: the kernels' fast tanh stays within the 16-bit tolerance", "[ops][attention]") {
+  // scale 3 makes the scores ~N(0, 34^2): most logits saturate near +-30, where tanh.approx's
+  // relative error (2^-11) is largest in logit units (about 0.015). Over several key tiles,
+  // causal, GQA, D = Dv = 128 (on sm_90a the ws tile).
+  for (ElementType type : {ElementType::f16, ElementType::bf16}) {
+    Case c;
+    c.type = type;
+    c.B = 1, c.Tq = c.Tk = 300, c.H = 4, c.H_kv = 2, c.D = c.Dv = 128;
+    c.scale = 3.0f;
+    c.soft_cap = 30.0f;
+    c.causal = true;
+    check_case(c);
+  }
+}
+
 TEST_CASE("masks and biases broadcast over B and H, with leading axes left out; masks may be float", "[ops][attention]") {
   Case base;
   base.Tq = 5, base.Tk = 8;
@@ -669,6 +684,27 @@ TEST_CASE("run_attention runs ALiBi: a per-head slope times the query-key distan
       };
       check_variant(alibi, c, qkv, {{{"slope", slopes.tensor.view()}}, {{"scale", 0.35f}}});
     }
+}
+
+TEST_CASE("run_attention follows logits that climb along the keys: the running maximum moves mid-row", "[ops][attention][dsl]") {
+  // ALiBi without a causal mask over several key tiles: slope (j - i) climbs by 0.6 to 40 a
+  // 128-key tile, so the kernels' running maximum sometimes stays (a climb under 8 in log2
+  // units, p up to 2^8) and sometimes moves (o_acc rescaled) inside one row.
+  const auto alibi = dsl::lower(
+      dsl::softmax(dsl::score * dsl::scalar("scale") - dsl::head_param("slope") * (dsl::query_index - dsl::key_index)),
+      "climbing");
+  for (ElementType type : all_types) {
+    Case c;
+    c.Tq = 200, c.Tk = 300, c.H = 4;
+    c.type = type;
+    std::mt19937_64 rng(seed_of(c) + 17);
+    Qkv qkv = make_qkv(rng, c);
+    std::uniform_real_distribution<double> slope(0.005, 0.3);
+    test::Filled slopes = test::filled(ElementType::f32, Shape{c.H}, [&] { return slope(rng); });
+    qkv.ref.scale = 0.35;
+    qkv.ref.score_mod = [&](double s, int, int h, int i, int j) { return s - slopes.values[h] * (i - j); };
+    check_variant(alibi, c, qkv, {{{"slope", slopes.tensor.view()}}, {{"scale", 0.35f}}});
+  }
 }
 
 TEST_CASE("run_attention counts i, j and b per packed sequence", "[ops][attention][dsl]") {
