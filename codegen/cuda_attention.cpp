@@ -34,7 +34,7 @@ const std::set<std::string>& template_names() {
       "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup", "DP", "DVP",
       "DPB", "DVPB", "Q_BYTES", "K_BYTES", "V_BYTES", "aligned_smem", "full_k", "full_v", "empty_k", "empty_v", "q_full",
       "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale", "part", "last",
-      "q_desc", "k_desc", "v_desc", "tile_top"};
+      "q_desc", "k_desc", "v_desc", "tile_top", "neg_base"};
   return names;
 }
 
@@ -67,6 +67,14 @@ bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKer
   for (int i = 0; i < 3 && i < static_cast<int>(spec.input_types.size()); ++i)
     if (spec.input_types[i] == ElementType::f32) return true;
   return false;
+}
+
+std::optional<double> attention_logit_factor(const ir::AttentionVariant& variant, const std::vector<float>& scalars) {
+  // The split (fp32) and 16-bit forms differ in their tanh argument only, not in the factor.
+  const HoistedExpression hoisted = hoist_invariants(variant.inputs, variant.score, 1.4426950408889634, 1.0);
+  const std::optional<LeadingFactor> lead = leading_factor(hoisted);
+  if (!lead) return std::nullopt;
+  return scalar_value(hoisted, lead->factor, scalars);
 }
 
 AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
@@ -221,11 +229,23 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   };
   ir::RenderFunctions functions;
   functions.tanh = approximate_tanh ? "ladle_tanh_approx" : "ladle_tanh_exp2";
-  const std::string logit_expression = ir::render_c(hoisted.inputs, hoisted.expr, hoisted_load, leaf, functions);
+  // A logit factor * rest whose factor is positive (a constant, or scalars the launcher checked:
+  // positive_logit_factor): the kernel works in rest's units and folds the factor into p's FFMA.
+  const std::optional<LeadingFactor> lead = leading_factor(hoisted);
+  const std::vector<float> unit_scalars(inputs.size(), 1.0f);
+  const bool scalar_factor = lead && scalar_value(hoisted, lead->factor, unit_scalars).has_value();
+  if (spec.positive_logit_factor && !scalar_factor)
+    throw InvalidArgument("generate_attention: positive_logit_factor is set but the logit " + ir::to_string(inputs, variant.score) +
+                          " has no leading factor of scalars and constants (attention_logit_factor gives none)");
+  const bool folded = scalar_factor && (spec.positive_logit_factor || scalar_value(hoisted, lead->factor, {}).value_or(0.0) > 0.0);
+  const std::string logit_expression =
+      ir::render_c(hoisted.inputs, folded ? subtree(hoisted.expr, lead->rest) : hoisted.expr, hoisted_load, leaf, functions);
+  const std::string logit_factor =
+      folded ? ir::render_c(hoisted.inputs, subtree(hoisted.expr, lead->factor), hoisted_load, leaf, functions) : "";
   functions.tanh = "ladle_tanh";
   const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf, functions);
-  const AttentionParts parts{variant, spec, logit_expression, keep_expression, ops.qk_f16, ops.pv_f16, producer_registers,
-                             consumer_registers};
+  const AttentionParts parts{variant, spec, logit_expression, keep_expression, folded, ops.qk_f16, ops.pv_f16,
+                             producer_registers, consumer_registers};
   std::vector<bool> used(inputs.size(), false);
   for (const ir::Expr* e : {&variant.score, &variant.keep})
     for (const ir::Node& node : e->nodes)
@@ -458,6 +478,10 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     for (std::size_t k = 0; k < hoisted.invariants.size(); ++k)
       c("const float " + hoisted.inputs[hoisted.first_hoisted + k].name + " = " +
         ir::render_c(inputs, hoisted.invariants[k], load, leaf, ir::RenderFunctions{"ladle_tanh"}) + ";");
+  }
+  if (folded) {
+    c("// logit = ladle_logit_factor * rest (positive): logit[][] holds rest, the running maxima too.");
+    c("const float ladle_logit_factor = " + logit_factor + ";");
   }
   c("");
 

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,10 @@ struct AttentionKernelSpec {
   // can be copied with cp.async (16-bit inputs with D, Dv multiples of 8 only; the launcher
   // checks the pointers).
   bool async_copy = true;
+  // The logit is factor * rest with a factor of scalar inputs and constants that is positive at
+  // this call (attention_logit_factor): the kernel keeps its running maxima in rest's units and
+  // forms each p = 2^(factor rest - factor max) with one FFMA, one multiply fewer per element.
+  bool positive_logit_factor = false;
   AttentionTile tile;
   // The target the kernel is compiled for ("sm_90a", "compute_80", ...; empty: unknown). A wgmma
   // tile needs sm_90a / compute_90a; mma.sync kernels do not depend on it.
@@ -160,6 +165,13 @@ AttentionTile parse_attention_tile(const std::string& text);
 bool attention_wgmma_arch(const std::string& arch);
 // Whether q, k, v of these types go through the tensor cores as split bf16 pairs (fp32 inputs).
 bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
+
+// The logit's leading factor (log2 units) at these scalar values (index-aligned with
+// variant.inputs): for a logit log2 e * expression that the kernels form as factor * rest, the
+// factor's value, where it is a product of constants and scalar inputs only (score * scale: log2
+// e * scale; a soft cap: log2 e * cap); nullopt where the logit has no such factor (a sum at
+// its top, a per-head factor). A positive value lets a launcher set positive_logit_factor.
+std::optional<double> attention_logit_factor(const ir::AttentionVariant& variant, const std::vector<float>& scalars);
 
 // Throws InvalidArgument for a malformed variant, a tile that fails the rules, or input_types
 // of the wrong length.

@@ -1,6 +1,7 @@
 #include "gpu_attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -40,8 +41,8 @@ std::int64_t longest(const std::vector<std::int64_t>& offsets, std::int64_t fall
 std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec) {
   std::string key = ir::hash_hex(variant) + "|" + cuda::to_string(spec.tile);
   for (ElementType t : spec.input_types) key += element_type_name(t);
-  key += fmt::format("|{}|{}|{}|{}|{}|{}|{}|{}|{}", element_type_name(spec.output_type), spec.D, spec.Dv, spec.varlen,
-                     spec.lse, spec.async_copy, element_type_name(spec.q_segment_ids_type),
+  key += fmt::format("|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", element_type_name(spec.output_type), spec.D, spec.Dv, spec.varlen,
+                     spec.lse, spec.async_copy, spec.positive_logit_factor, element_type_name(spec.q_segment_ids_type),
                      element_type_name(spec.kv_segment_ids_type), element_type_name(spec.sinks_type));
   return key;
 }
@@ -120,6 +121,10 @@ cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& vari
   if (args.kv_segment_ids) spec.kv_segment_ids_type = args.kv_segment_ids->type;
   if (args.softmax_aux) spec.sinks_type = args.softmax_aux->type;
   spec.async_copy = rows_aligned(args.q) && rows_aligned(args.k) && rows_aligned(args.v);
+  // score * scale with scale > 0 (and a soft cap > 0): the kernel folds the factor into p's FFMA.
+  if (const std::optional<double> factor = cuda::attention_logit_factor(variant, args.scalars);
+      factor && std::isfinite(*factor) && *factor > 0.0)
+    spec.positive_logit_factor = true;
   spec.tile = tile.value_or(heuristic_attention_tile(args));
   if (driver_available()) spec.arch = Device::get().properties().arch();
   const int max_shared = driver_available() ? Device::get().properties().max_shared_per_block_optin : 0;

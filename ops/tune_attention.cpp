@@ -264,7 +264,7 @@ TunedKey attention_tune_key(const ir::AttentionVariant& variant, const cuda::Att
     const std::string span = shape_bucket({{"W", bucket_pow2(std::max<std::int64_t>(1, side(shape.window_left) + side(shape.window_right)))}});
     bucket.append(1, '-').append(span);
   }
-  return tune_key(attention_family, ir::hash_hex(variant) + fmt::format("-v{}l{}a{}", spec.varlen, spec.lse, spec.async_copy),
+  return tune_key(attention_family, ir::hash_hex(variant) + fmt::format("-v{}l{}a{}f{}", spec.varlen, spec.lse, spec.async_copy, spec.positive_logit_factor),
                   types, std::move(bucket), spec.output_type, device);
 }
 

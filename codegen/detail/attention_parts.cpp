@@ -12,16 +12,30 @@ void emit_logits(Code& c, const AttentionParts& parts) {
   const ir::AttentionVariant& variant = parts.variant;
   const std::string& logit_expression = parts.logit_expression;
   const std::string& keep_expression = parts.keep_expression;
-  std::string structured;  // the per-element range test of boundary tiles
-  structured = "j < k_len";
-  if (variant.causal) structured += " && j <= i + diagonal";
-  if (variant.window)
-    structured += " && (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right)";
+  // The keys each of this thread's two rows may attend, key_lo..key_hi (the sequence, causal,
+  // window; none for a row past the sequence), formed once per tile (in 64 bits under a window):
+  // the per-element test is then two 32-bit compares.
+  const auto emit_row_ranges = [&] {
+    const std::string wide = variant.window ? "long long" : "int";  // window sizes are 64-bit
+    c("int key_lo[2], key_hi[2];");
+    c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("  const " + wide + " i = row0 + 8 * half;");
+    c("  " + wide + " lo = 0, hi = k_len - 1;");
+    if (variant.causal) c("  if (i + diagonal < hi) hi = i + diagonal;");
+    if (variant.window) {
+      c("  if (window_right >= 0 && i + diagonal + window_right < hi) hi = i + diagonal + window_right;");
+      c("  if (window_left >= 0 && i + diagonal - window_left > lo) lo = i + diagonal - window_left;");
+    }
+    c("  key_lo[half] = static_cast<int>(lo < k_len ? lo : k_len);");
+    c("  key_hi[half] = row_live[half] && hi >= 0 ? static_cast<int>(hi) : -1;");
+    c("}");
+  };
   std::string interior = "j0 + BN <= k_len";
   if (variant.causal) interior += " && j0 + BN - 1 <= m0 + diagonal";
   if (variant.window)
     interior += " && (window_left < 0 || j0 >= row_last + diagonal - window_left) && (window_right < 0 || j0 + BN - 1 <= m0 + diagonal + window_right)";
-  c("// 4. logit = " + ir::to_string(variant.inputs, variant.score) + " (in log2 units), -inf where masked. Only a");
+  c("// 4. logit = " + ir::to_string(variant.inputs, variant.score) +
+    (parts.folded ? " (its rest: log2 units / ladle_logit_factor), -inf where masked. Only a" : " (in log2 units), -inf where masked. Only a"));
   c("//    tile that crosses the edge of the sequence or of the causal / window range tests it per element.");
   c("const bool boundary = !(" + interior + ");");
   c("float logit[BN / 8][4];");
@@ -45,11 +59,14 @@ void emit_logits(Code& c, const AttentionParts& parts) {
     c("} else {");
     c.in();
   }
+  if (!plain_interior) c("(void)boundary;  // the row ranges below hold the structured masks");
+  emit_row_ranges();
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
   c.in();
   c("  const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
-  std::string attend = "row_live[r / 2] && (!boundary || (" + structured + "))";
+  c("  (void)i;");
+  std::string attend = "j >= key_lo[r / 2] && j <= key_hi[r / 2]";
   if (variant.segment_ids)
     attend += " && q_segment[r / 2] == static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + j) * kv_segment_stride_t])";
   if (!keep_expression.empty()) attend += " && (" + keep_expression + ") != 0.0f";
@@ -80,12 +97,20 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
   c("const float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));");
   c("const float tile_top = ladle_quad_max(tile_max);");
   c("o_rescale[half] = 1.0f;");
-  c("if (tile_top > row_max[half] + 8.0f) {  // also the first finite maximum (row_max -inf)");
-  c("  o_rescale[half] = ladle_exp2(row_max[half] - tile_top);");
+  if (parts.folded) {
+    c("if ((tile_top - row_max[half]) * ladle_logit_factor > 8.0f) {  // also the first finite maximum (row_max -inf)");
+    c("  o_rescale[half] = ladle_exp2((row_max[half] - tile_top) * ladle_logit_factor);");
+  } else {
+    c("if (tile_top > row_max[half] + 8.0f) {  // also the first finite maximum (row_max -inf)");
+    c("  o_rescale[half] = ladle_exp2(row_max[half] - tile_top);");
+  }
   c("  row_max[half] = tile_top;");
   c("  row_sum[half] *= o_rescale[half];");
   c("}");
-  c("const float base = row_max[half] == ladle_neg_inf() ? 0.0f : row_max[half];  // nothing attended yet: p = 0, no NaN");
+  if (parts.folded)
+    c("const float neg_base = row_max[half] == ladle_neg_inf() ? 0.0f : -row_max[half] * ladle_logit_factor;  // p = 0, no NaN");
+  else
+    c("const float base = row_max[half] == ladle_neg_inf() ? 0.0f : row_max[half];  // nothing attended yet: p = 0, no NaN");
   if (!defer_rescale) {
     c("if (ladle_warp_any(o_rescale[half] != 1.0f))  // a row's maximum moved");
     c("  LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= o_rescale[half], o_acc[nt][2 * half + 1] *= o_rescale[half];");
@@ -93,7 +118,8 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
   c("part[0] = part[1] = part[2] = part[3] = 0.0f;");
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
-  c("    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
+  c(parts.folded ? "    p[nt][r] = ladle_exp2(fmaf(logit[nt][r], ladle_logit_factor, neg_base));"
+                 : "    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
   c("    part[nt % 4] += p[nt][r];");
   if (variant.dropout) {
     c("    // dropout: the denominator keeps p, the product with V sees the kept values, rescaled");
@@ -122,7 +148,8 @@ void emit_epilogue(Code& c, const AttentionParts& parts) {
   c("//    attended gets o = 0" + std::string(spec.lse ? " and lse = -inf." : "."));
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c.in();
-  c("float sum = ladle_quad_sum(row_sum[half]), top = row_max[half], scale_o = 1.0f;");
+  c(std::string("float sum = ladle_quad_sum(row_sum[half]), top = row_max[half]") + (parts.folded ? " * ladle_logit_factor" : "") +
+    ", scale_o = 1.0f;  // top in log2 units");
   if (variant.sinks) {
     c("{");
     c.in();

@@ -16,6 +16,9 @@ struct AttentionParts {
   const AttentionKernelSpec& spec;
   std::string logit_expression;  // log2 e * the score expression, rendered at (i, j) of score[nt][r]
   std::string keep_expression;   // empty: no user predicate
+  // logit_expression is rest, the logit ladle_logit_factor * rest with a positive factor: maxima
+  // in rest's units, p by one FFMA (else logit_expression is the whole logit).
+  bool folded = false;
   bool qk_f16 = false, pv_f16 = false;  // f16 operands (else bf16)
   // ws: registers per thread after setmaxnreg (0: no setmaxnreg), producer and consumers.
   int producer_registers = 0, consumer_registers = 0;

@@ -47,9 +47,11 @@ __device__ __forceinline__ void ladle_mbarrier_wait(unsigned long long* bar, uns
   const unsigned address = ladle_shared_address(bar);
   unsigned done = 0;
   do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+    // The suspend-time hint (ns) lets the thread sleep until the phase completes instead of
+    // polling: the producer, whose ring is mostly full, otherwise spends issue slots spinning.
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
-                 : "r"(address), "r"(parity)
+                 : "r"(address), "r"(parity), "r"(10000000u)
                  : "memory");
   } while (!done);
 }

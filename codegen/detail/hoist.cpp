@@ -1,5 +1,6 @@
 #include "hoist.h"
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -221,6 +222,73 @@ class Hoister {
 };
 
 }  // namespace
+
+std::optional<LeadingFactor> leading_factor(const HoistedExpression& h) {
+  if (h.expr.empty()) return std::nullopt;
+  const ir::Node& root = h.expr.nodes[h.expr.root()];
+  if (root.op != ir::Op::mul) return std::nullopt;
+  if (varying_nodes(h.inputs, h.expr)[root.a]) return std::nullopt;
+  return LeadingFactor{root.a, root.b};
+}
+
+namespace {
+
+std::optional<double> evaluate_scalars(const std::vector<ir::Input>& inputs, const ir::Expr& e, std::int32_t node,
+                                       const std::vector<float>& scalars, const HoistedExpression* h) {
+  const ir::Node& n = e.nodes.at(node);
+  std::optional<double> a, b;
+  if (n.a >= 0 && !(a = evaluate_scalars(inputs, e, n.a, scalars, h))) return std::nullopt;
+  if (n.b >= 0 && !(b = evaluate_scalars(inputs, e, n.b, scalars, h))) return std::nullopt;
+  switch (n.op) {
+    case ir::Op::constant: return n.value;
+    case ir::Op::input: {
+      const auto k = static_cast<std::size_t>(n.input);
+      if (h && k >= h->first_hoisted) {
+        const ir::Expr& inv = h->invariants.at(k - h->first_hoisted);
+        return evaluate_scalars(inputs, inv, inv.root(), scalars, nullptr);
+      }
+      if (inputs.at(k).kind != ir::InputKind::scalar || k >= scalars.size()) return std::nullopt;
+      return scalars[k];
+    }
+    case ir::Op::neg: return -*a;
+    case ir::Op::abs: return std::fabs(*a);
+    case ir::Op::exp: return std::exp(*a);
+    case ir::Op::log: return std::log(*a);
+    case ir::Op::sqrt: return std::sqrt(*a);
+    case ir::Op::tanh: return std::tanh(*a);
+    case ir::Op::sigmoid: return 1.0 / (1.0 + std::exp(-*a));
+    case ir::Op::add: return *a + *b;
+    case ir::Op::sub: return *a - *b;
+    case ir::Op::mul: return *a * *b;
+    case ir::Op::div: return *a / *b;
+    case ir::Op::min: return std::fmin(*a, *b);
+    case ir::Op::max: return std::fmax(*a, *b);
+    case ir::Op::pow: return std::pow(*a, *b);
+    default: return std::nullopt;  // an index, a per-head input, a comparison: not one value per call
+  }
+}
+
+}  // namespace
+
+std::optional<double> scalar_value(const HoistedExpression& h, std::int32_t node, const std::vector<float>& scalars) {
+  // Hoisted values are computed from the original inputs (h.inputs begins with them).
+  return evaluate_scalars(h.inputs, h.expr, node, scalars, &h);
+}
+
+ir::Expr subtree(const ir::Expr& expr, std::int32_t node) {
+  ir::Expr out;
+  std::map<std::int32_t, std::int32_t> memo;
+  const auto copy = [&](const auto& self, std::int32_t k) -> std::int32_t {
+    if (auto it = memo.find(k); it != memo.end()) return it->second;
+    ir::Node n = expr.nodes.at(k);
+    if (n.a >= 0) n.a = self(self, n.a);
+    if (n.b >= 0) n.b = self(self, n.b);
+    out.nodes.push_back(n);
+    return memo[k] = out.root();
+  };
+  copy(copy, node);
+  return out;
+}
 
 HoistedExpression hoist_invariants(const std::vector<ir::Input>& inputs, const ir::Expr& expr, double factor,
                                    double tanh_argument_factor) {

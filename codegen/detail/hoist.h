@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <ladle/dsl/ir.h>
@@ -34,6 +36,19 @@ struct HoistedExpression {
 // Whether a node of `expr` varies over the (query, key) pairs: a score, a query or key index, a
 // pair input or anything computed from them.
 std::vector<bool> varying_nodes(const std::vector<ir::Input>& inputs, const ir::Expr& expr);
+
+// The top of a hoisted expression as factor * rest, the factor an invariant node (operand a of the
+// root multiply, where hoist_invariants puts it): the two nodes; nullopt for any other top.
+struct LeadingFactor {
+  std::int32_t factor = -1, rest = -1;
+};
+std::optional<LeadingFactor> leading_factor(const HoistedExpression& h);
+// The value of node `node` of h.expr where it reads only constants and scalar inputs (a hoisted
+// value through its invariant expression); nullopt otherwise. scalars: index-aligned with the
+// original inputs.
+std::optional<double> scalar_value(const HoistedExpression& h, std::int32_t node, const std::vector<float>& scalars);
+// The subtree under `node` as an expression of its own.
+ir::Expr subtree(const ir::Expr& expr, std::int32_t node);
 
 HoistedExpression hoist_invariants(const std::vector<ir::Input>& inputs, const ir::Expr& expr, double factor = 1.0,
                                    double tanh_argument_factor = 1.0);

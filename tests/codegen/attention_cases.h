@@ -6,7 +6,9 @@
 // attention_emit renders them at build time.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,17 @@ struct Case {
   ElementType segment_type = ElementType::i64;
   bool user_alibi = false;  // the user variant below (slope, keep predicate)
   double slope_step = 0.05;  // user_alibi: slope[h] = slope_step * (h + 1)
+  bool negative_scale = false;  // scale -1.5 / sqrt(D) instead of 1.5 / sqrt(D)
+
+  // The scalar inputs the test binds (index-aligned with the variant's inputs).
+  std::vector<float> scalars() const {
+    std::vector<float> values(variant.inputs.size(), 0.0f);
+    for (std::size_t k = 0; k < variant.inputs.size(); ++k) {
+      if (variant.inputs[k].name == "scale") values[k] = (negative_scale ? -1.5f : 1.5f) / std::sqrt(static_cast<float>(D));
+      if (variant.inputs[k].name == "logits_soft_cap") values[k] = 2.0f;
+    }
+    return values;
+  }
   bool async_copy = true;   // cp.async staging (16-bit inputs only)
 
   ladle::cuda::AttentionKernelSpec spec() const {
@@ -50,6 +63,9 @@ struct Case {
     s.async_copy = async_copy;
     s.tile = tile;
     if (tile.mma != ladle::cuda::AttentionMma::sync) s.arch = "sm_90a";
+    // As the launcher decides it: the factor folded into p's FFMA where it is positive.
+    const std::optional<double> factor = ladle::cuda::attention_logit_factor(variant, scalars());
+    s.positive_logit_factor = factor && *factor > 0.0;
     return s;
   }
 };
@@ -93,6 +109,12 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
   {
     Case c = make("plain, bf16, D=64, two batch rows", variant(""));
     c.B = 2, c.Tq = 70, c.Tk = 50;
+    add(c, small, small);
+  }
+  {
+    // A negative scale: the leading factor is not positive, the logit is formed whole.
+    Case c = make("causal, negative scale, bf16", variant("causal"));
+    c.Tq = c.Tk = 100, c.negative_scale = true;
     add(c, small, small);
   }
   {

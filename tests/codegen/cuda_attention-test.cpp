@@ -72,7 +72,7 @@ Bound bind(const Case& c, std::uint64_t seed) {
   const TensorView v = keep(test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.Dv}), &ref.v);
   VariantInputs inputs;
   AttentionRunOptions options;
-  const float scale = 1.5f / std::sqrt(static_cast<float>(c.D));  // logits of a few units: softmax not flat
+  const float scale = (c.negative_scale ? -1.5f : 1.5f) / std::sqrt(static_cast<float>(c.D));  // logits of a few units
   ref.scale = scale;
   std::vector<double> slopes;
   for (const ir::Input& in : c.variant.inputs) {

@@ -4,6 +4,7 @@
 // and by form (a soft cap keeps no division per element; index differences stay exact).
 #include <catch2/catch.hpp>
 
+#include <ladle/codegen/cuda_attention.h>
 #include <ladle/codegen/detail/hoist.h>
 #include <ladle/dsl/dsl.h>
 
@@ -144,5 +145,35 @@ TEST_CASE("hoist: divisions by varying values, negation, nested and invariant-on
     const auto logit = dsl::score * (scale / slope) + bias * (scale / slope);
     const HoistedExpression h = check_values(dsl::lower(dsl::softmax(logit)), 1.0, 1.0);
     CHECK(h.invariants.size() == 1);
+  }
+}
+
+TEST_CASE("hoist: the logit's leading factor, where scalars and constants alone make it", "[codegen][hoist]") {
+  const double log2e = 1.4426950408889634;
+  const auto scale = dsl::scalar("scale");
+  {
+    const ir::AttentionVariant v = dsl::lower(dsl::softmax(dsl::score * scale).causal());
+    std::vector<float> scalars(v.inputs.size(), 0.0f);
+    scalars[v.find_input("scale")] = 0.125f;
+    REQUIRE(cuda::attention_logit_factor(v, scalars).has_value());
+    CHECK(*cuda::attention_logit_factor(v, scalars) == Approx(log2e * 0.125).epsilon(1e-6));
+    scalars[v.find_input("scale")] = -0.5f;
+    CHECK(*cuda::attention_logit_factor(v, scalars) == Approx(-log2e * 0.5).epsilon(1e-6));
+  }
+  {
+    const auto cap = dsl::scalar("cap");
+    const ir::AttentionVariant v = dsl::lower(dsl::softmax(dsl::soft_cap(dsl::score * scale, cap)));
+    std::vector<float> scalars(v.inputs.size(), 0.0f);
+    scalars[v.find_input("scale")] = 0.125f, scalars[v.find_input("cap")] = 30.0f;
+    REQUIRE(cuda::attention_logit_factor(v, scalars).has_value());
+    CHECK(*cuda::attention_logit_factor(v, scalars) == Approx(log2e * 30.0).epsilon(1e-6));  // the cap outside tanh
+  }
+  {
+    // A per-head factor is no single value; a sum at the top has no leading factor.
+    const ir::AttentionVariant per_head = dsl::lower(dsl::softmax(dsl::score * dsl::head_param("temperature")));
+    CHECK_FALSE(cuda::attention_logit_factor(per_head, std::vector<float>(per_head.inputs.size(), 1.0f)).has_value());
+    const ir::AttentionVariant alibi =
+        dsl::lower(dsl::softmax(dsl::score * scale - dsl::head_param("slope") * (dsl::query_index - dsl::key_index)));
+    CHECK_FALSE(cuda::attention_logit_factor(alibi, std::vector<float>(alibi.inputs.size(), 1.0f)).has_value());
   }
 }

@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
         spec.tile = ladle::cuda::parse_attention_tile(tile_text);
       }
       spec.arch = arch;
+      // As a call with a positive scale (and soft cap) compiles it: the factor folded into p's FFMA.
+      const auto factor = ladle::cuda::attention_logit_factor(variant, std::vector<float>(variant.inputs.size(), 1.0f));
+      spec.positive_logit_factor = factor && *factor > 0.0;
       if (auto problems = ladle::cuda::validate_attention_tile(spec.tile, head_dim, dv, 0, ladle::cuda::attention_split_f32(variant, spec), arch);
           !problems.empty())
         throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
