@@ -78,9 +78,10 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
                    rows_aligned(args.k) && rows_aligned(args.v);
   if (tma) {
     cuda::AttentionTile ws = tile;
-    // A window takes 64-key tiles too: fewer keys wasted where a tile straddles its edges
-    // (measured: window (1024, 0) + soft cap at B8 T4096, 1.94 ms at 64 keys, 2.43 at 128).
-    bool light = args.dropout_p <= 0 && !args.q_segment_ids && args.window_left < 0 && args.window_right < 0;
+    // A window takes 128-key tiles like the rest since its edge tiles test a row range per element
+    // (bench/RESULTS.md, issue 12: window (1024, 0) + soft cap at B8 T4096, 0.776 ms at 128 keys,
+    // 0.823 at 64; at B2 T16384 0.855 and 0.883).
+    bool light = args.dropout_p <= 0 && !args.q_segment_ids;
     for (std::size_t i = 3; i < args.tensors.size(); ++i) light = light && (!args.tensors[i].data || args.tensors[i].rank() != 4);
     ws.mma = cuda::AttentionMma::ws, ws.stages = 2, ws.block_n = D <= 128 && Dv <= 128 && light ? 128 : 64;
     if (fits(ws)) return ws;

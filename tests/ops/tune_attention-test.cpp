@@ -457,7 +457,7 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
   REQUIRE(pick(causal, h100()) == cuda::AttentionTile{128, 128, 8, 2, AttentionMma::ws});
   REQUIRE(pick(causal, a100()).mma == AttentionMma::sync);  // no wgmma, no TMA
   REQUIRE(pick(Call(8, 4096, 16, 128), h100()).mma == AttentionMma::sync);  // zero strides: no TMA copy
-  // 64-key tiles for a window, dropout, pair inputs and segment ids, and past D = 128.
+  // 64-key tiles for dropout, pair inputs and segment ids, and past D = 128; 128 for a window.
   AttentionFeatures window;
   window.window = window.soft_cap = true;
   AttentionFeatures dropout = Call::causal();
@@ -466,7 +466,7 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
   bias.bias = true;
   AttentionFeatures sinks = Call::causal();
   sinks.sinks = true;
-  for (const auto& [features, D, block_n] : {std::tuple{window, 128, 64}, std::tuple{dropout, 128, 64}, std::tuple{bias, 128, 64},
+  for (const auto& [features, D, block_n] : {std::tuple{window, 128, 128}, std::tuple{dropout, 128, 64}, std::tuple{bias, 128, 64},
                                              std::tuple{sinks, 128, 128}, std::tuple{Call::causal(), 256, 64},
                                              std::tuple{Call::causal(), 64, 128}}) {
     Call call(8, 4096, 16, D, features);
