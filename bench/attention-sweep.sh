@@ -77,10 +77,10 @@ for what in "$@"; do
     for c in ${LADLE_NCU_CASES:-causal}; do
       echo "== Nsight Compute: the heuristic kernel, $c B8 T4096"
       LADLE_AUTOTUNE=heuristic timeout 300 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed.sum \
+        --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed.sum \
         -k regex:ladle_attention --launch-skip 3 --launch-count 1 "$bench_bin" --case $c -B 8 -T 4096 -H 16 -D 128 --reps 1 \
         > "$out/ncu-$c.txt" 2>&1
-      echo "rc=$?"; grep -E "Duration|Registers|Theoretical Occupancy|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Eligible|No Eligible|gmma|pipe_xu|inst_executed.sum|Block Size|Dynamic Shared" "$out/ncu-$c.txt" | head -30
+      echo "rc=$?"; grep -E "Duration|Registers|Theoretical Occupancy|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Eligible|No Eligible|gmma|tensor|pipe_xu|inst_executed.sum|Block Size|Dynamic Shared" "$out/ncu-$c.txt" | head -30
     done
     ;;
   esac

@@ -42,6 +42,14 @@ __device__ __forceinline__ void ladle_mbarrier_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void ladle_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ladle_shared_address(bar)), "r"(bytes) : "memory");
 }
+// Named barriers (1..15; 0 is __syncthreads'): bar.sync waits for `threads` arrivals in all,
+// bar.arrive adds this warp's and goes on.
+__device__ __forceinline__ void ladle_named_barrier_sync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void ladle_named_barrier_arrive(unsigned id, unsigned threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 // Returns once the phase of this parity has completed.
 __device__ __forceinline__ void ladle_mbarrier_wait(unsigned long long* bar, unsigned parity) {
   const unsigned address = ladle_shared_address(bar);
@@ -153,9 +161,22 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   // accumulator between its issue and the wait that completes it, so the issues are straight-line
   // code with every register access before the fence.
   // The mbarrier waits (loops) come before the fence: ptxas fences again where code runs between.
+  // Two consumer warpgroups take turns issuing (ping-pong): a warpgroup waits for its turn (named
+  // barrier 1 + its index) once its data has landed, issues, then hands the turn over (the other's
+  // barrier), so that one warpgroup's products run while the other forms its softmax.
+  const bool pingpong = parts.spec.tile.warps == 8;
+  const auto take_turn = [&] {
+    if (pingpong) c("ladle_named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn to issue");
+  };
+  const auto pass_turn = [&](bool last) {
+    if (!pingpong) return;
+    // Warpgroup 1 gave warpgroup 0 its first turn before the loop: its last issue hands none over.
+    c(last ? "if (warpgroup == 0) ladle_named_barrier_arrive(2, 256);" : "ladle_named_barrier_arrive(2 - warpgroup, 256);  // the other's turn");
+  };
   const auto issue_scores = [&](const std::string& stage, const std::string& parity, const std::string& also_wait) {
     c("ladle_mbarrier_wait(&full_k[" + stage + "], " + parity + ");");
     if (!also_wait.empty()) c(also_wait);
+    take_turn();
     c("ladle_wgmma_fence_operand<BN>(score);");
     c("ladle_wgmma_fence_operand<DVP>(o_acc);");
     c("ladle_wgmma_fence();");
@@ -206,10 +227,12 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("ladle_mbarrier_wait(q_full, 0);");
   c("if (tile_begin < tile_end) {");
   c.in();
+  if (pingpong) c("if (warpgroup == 1) ladle_named_barrier_arrive(1, 256);  // warpgroup 0 issues first");
   c("{");
   c.in();
   c("const int tile = tile_begin, stage = 0;");
   issue_scores("0", "0", "");
+  pass_turn(false);
   c("ladle_wgmma_wait<0>();");
   consume_scores(false);
   c.out();
@@ -219,6 +242,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("const int it = tile - tile_begin, stage = it % STAGES, prev = (it + STAGES - 1) % STAGES;");
   issue_scores("stage", "(it / STAGES) & 1", "ladle_mbarrier_wait(&full_v[prev], ((it - 1) / STAGES) & 1);");
   issue_pv("prev");
+  pass_turn(false);
   c("ladle_wgmma_wait<1>();  // q k^T done; P V may still run");
   consume_scores(true);
   c.out();
@@ -227,9 +251,11 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c.in();
   c("const int last = tile_end - 1 - tile_begin, prev = last % STAGES;");
   c("ladle_mbarrier_wait(&full_v[prev], (last / STAGES) & 1);");
+  take_turn();
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
   c("ladle_wgmma_fence();");
   issue_pv("prev");
+  pass_turn(true);
   c("ladle_wgmma_wait<0>();");
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
   c("if (lane == 0) ladle_mbarrier_arrive(&empty_v[prev]);");

@@ -21,6 +21,8 @@
 
 #include <atomic>
 #include <barrier>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <cmath>
@@ -61,6 +63,38 @@ struct WarpgroupExchange {
   unsigned long long a_desc[128] = {}, b_desc[128] = {};
 };
 inline thread_local WarpgroupExchange* warpgroup_exchange = nullptr;
+// The block's named barriers (bar.sync / bar.arrive id, count; 0 is __syncthreads'): barrier id
+// completes a generation once `count` threads have arrived, waking those that sync on it.
+struct NamedBarriers {
+  std::mutex mutex;
+  std::condition_variable changed;
+  unsigned arrived[16] = {}, count[16] = {};
+  unsigned long long generation[16] = {};
+};
+inline thread_local NamedBarriers* named_barriers = nullptr;
+[[noreturn]] inline void named_barrier_fault(const char* what) {
+  std::fprintf(stderr, "emulated named barrier: %s\n", what);
+  std::abort();
+}
+// One thread's arrival at barrier id of `count` threads; waits for the generation to complete
+// when `wait` (bar.sync), else returns at once (bar.arrive).
+inline void named_barrier(unsigned id, unsigned count, bool wait) {
+  if (id == 0 || id >= 16) named_barrier_fault("barrier id outside 1..15");
+  if (count == 0 || count % 32 != 0) named_barrier_fault("thread count not a positive multiple of 32");
+  NamedBarriers& b = *named_barriers;
+  std::unique_lock<std::mutex> lock(b.mutex);
+  if (b.arrived[id] == 0) b.count[id] = count;
+  else if (b.count[id] != count) named_barrier_fault("threads arrived with different counts in one generation");
+  const unsigned long long mine = b.generation[id];
+  if (++b.arrived[id] == count) {
+    b.arrived[id] = 0, ++b.generation[id];
+    b.changed.notify_all();
+    return;
+  }
+  if (!wait) return;
+  if (!b.changed.wait_for(lock, std::chrono::seconds(120), [&] { return b.generation[id] != mine; }))
+    named_barrier_fault("no completion in 120 s: the arrivals do not pair up (a deadlock)");
+}
 inline thread_local unsigned char* shared_buffer = nullptr;
 inline constexpr std::size_t dynamic_shared_bytes = 256 * 1024;
 
@@ -72,6 +106,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned t
       std::barrier<> block_barrier(static_cast<std::ptrdiff_t>(threads));
       std::vector<std::unique_ptr<WarpExchange>> warps;
       for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<WarpExchange>());
+      NamedBarriers named;
       std::vector<std::unique_ptr<WarpgroupExchange>> groups;  // whole warpgroups only
       for (unsigned g = 0; g < threads / 128; ++g) groups.push_back(std::make_unique<WarpgroupExchange>());
       // Dynamic shared memory starts as garbage on a GPU: NaN bytes here.
@@ -85,6 +120,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned t
           barrier = &block_barrier;
           warp_exchange = warps[tx / 32].get();
           warpgroup_exchange = tx / 128 < groups.size() ? groups[tx / 128].get() : nullptr;
+          named_barriers = &named;
           shared_buffer = shared.data();
           kernel();
         });
@@ -468,6 +504,8 @@ inline void ladle_mbarrier_init(unsigned long long* bar, unsigned count) {
   cuda_emulation::mbarriers[bar] = {count, count, 0, 0};
 }
 inline void ladle_fence_barrier_init() {}
+inline void ladle_named_barrier_sync(unsigned id, unsigned threads) { cuda_emulation::named_barrier(id, threads, true); }
+inline void ladle_named_barrier_arrive(unsigned id, unsigned threads) { cuda_emulation::named_barrier(id, threads, false); }
 inline void ladle_mbarrier_arrive(unsigned long long* bar) { cuda_emulation::mbarrier_arrive(bar, 0); }
 inline void ladle_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) { cuda_emulation::mbarrier_arrive(bar, bytes); }
 // Returns once the phase of parity `parity` has completed: while the current phase has that

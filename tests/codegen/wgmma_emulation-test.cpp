@@ -406,3 +406,25 @@ TEST_CASE("emulated mbarriers: a two-stage ring passes values in order and holds
   CHECK(*std::min_element(ahead.begin(), ahead.end()) >= 1);
   CHECK(*std::max_element(ahead.begin(), ahead.end()) <= stages);
 }
+
+TEST_CASE("emulated named barriers: two warpgroups take turns (ping-pong) in strict alternation", "[codegen][wgmma][emulation]") {
+  // As the ws kernels' consumers do it: warpgroup g waits on barrier 1 + g, does its turn, then
+  // arrives on the other's; warpgroup 1 opens with an arrival on barrier 1 and skips its last.
+  constexpr int rounds = 5;
+  std::vector<int> order;
+  std::mutex mutex;
+  cuda_emulation::launch(1, 1, 256, [&] {
+    const int group = static_cast<int>(threadIdx.x / 128);
+    if (group == 1) ladle_named_barrier_arrive(1, 256);
+    for (int round = 0; round < rounds; ++round) {
+      ladle_named_barrier_sync(1 + group, 256);
+      if (threadIdx.x % 128 == 0) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        order.push_back(group);
+      }
+      if (group == 0 || round + 1 < rounds) ladle_named_barrier_arrive(2 - group, 256);
+    }
+  });
+  REQUIRE(order.size() == 2 * rounds);
+  for (int k = 0; k < 2 * rounds; ++k) CHECK(order[k] == k % 2);
+}
