@@ -10,6 +10,7 @@
 # LADLE_SANITIZE           a Catch filter of ops-attention run under memcheck and racecheck (empty: none)
 # LADLE_TEST_TIMEOUT       seconds for ops-attention (default 300)
 # LADLE_NCU_CASES          cases profiled by ncu (default "causal"; also window_softcap, sinks_gqa)
+# LADLE_TUNED=1            also time the tile the autotuner picks (LADLE_AUTOTUNE=force, a fresh cache)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -65,6 +66,10 @@ for what in "$@"; do
         args=""
         for t in $tiles; do args="$args --tile $t"; done
         LADLE_AUTOTUNE=heuristic "$bench_bin" --case $c -B "$B" -T "$T" -H 16 -D 128 $args >> "$out/attention.jsonl" 2>> "$log"
+        if [ -n "${LADLE_TUNED:-}" ]; then  # the tuner's pick under the default budget, timed like the rest
+          LADLE_AUTOTUNE=force LADLE_CACHE_DIR=$(mktemp -d) "$bench_bin" --case $c -B "$B" -T "$T" -H 16 -D 128 \
+            | sed 's/"impl":"ladle"/"impl":"ladle-tuned"/' >> "$out/attention.jsonl" 2>> "$out/tune.log"
+        fi
       done
     done
     if [ -z "${LADLE_NO_PEERS:-}" ]; then

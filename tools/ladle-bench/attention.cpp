@@ -18,6 +18,7 @@
 #include <ladle/ops/attention.h>
 #include <ladle/ops/attention_bind.h>
 #include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/tune_attention.h>
 #include <ladle/runtime/driver.h>
 
 #include "device_fill.h"
@@ -113,6 +114,8 @@ int main(int argc, char** argv) {
         std::optional<ladle::cuda::AttentionTile> tile;
         if (!tile_text.empty()) {
           tile = ladle::cuda::parse_attention_tile(tile_text);
+        } else {  // the library's own choice: the heuristic's, or the tuner's under LADLE_AUTOTUNE=cached / force
+          tile = ladle::gpu::tuned_attention_tile(variant, args, ladle::gpu::heuristic_attention_tile(args), {});
         }
         const ladle::cuda::AttentionKernelSpec spec = ladle::gpu::attention_kernel_spec(variant, args, tile);
         // Warm up for at least 200 ms (and 3 runs): the first timed runs of a process otherwise
