@@ -310,7 +310,11 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   } else {
     c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
   }
-  if (wgmma) c("const int warpgroup = warp / 4;  // owns rows 64 * warpgroup.. of the block; warp owns 16 of them");
+  if (wgmma) {
+    c("// Owns rows 64 * warpgroup.. of the block (warp: 16 of them); read through a shuffle so that the");
+    c("// compiler knows it is warp-uniform and keeps the descriptors built from it in uniform registers.");
+    c("const int warpgroup = ladle_warp_uniform(warp / 4);");
+  }
   if (variant.causal && !spec.varlen) {
     // Under a causal mask the last row blocks see the most keys: they start first, so that the
     // light ones fill the tail of the grid instead of the heavy ones.

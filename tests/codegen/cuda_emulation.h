@@ -251,6 +251,7 @@ inline bool any(bool value) {
 }
 }  // namespace cuda_emulation
 inline bool ladle_warp_any(bool value) { return cuda_emulation::any(value); }
+inline int ladle_warp_uniform(int x) { return x; }  // the kernels pass values every lane holds alike
 inline float __shfl_xor_sync(unsigned /*full mask*/, float value, int lane_mask) {
   return cuda_emulation::shfl_xor(value, lane_mask);
 }
