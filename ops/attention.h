@@ -5,7 +5,9 @@
 //   p_i = softmax_j(s_ij), with sinks (softmax_aux [H,S] or [S]) adding S logits to the
 //   denominator only;  o_i = Σ_j dropout(p_ij) v_j
 // q [B,Tq,H,D], k [B,Tk,H_kv,D], v [B,Tk,H_kv,Dv] with H_kv dividing H (GQA). Inputs f32,
-// f16 or bf16; scores, softmax and accumulation in fp32; o [B,Tq,H,Dv] in q's dtype. With
+// f16 or bf16; scores, softmax and accumulation in fp32 (on the GPU with f16 / bf16 inputs, tanh
+// in score expressions is the hardware's tanh.approx, relative error 2^-11); o [B,Tq,H,Dv] in q's
+// dtype. With
 // cu_seqlens_q / cu_seqlens_k [N+1] the batch is 1 (inputs [1,T,H,D] or [T,H,D]) and each
 // sequence attends only within itself. A query row with no key left after masking gives
 // o = 0 (and lse = -inf without sinks).
