@@ -31,6 +31,9 @@ def attended_pairs(T, causal, left=-1, right=-1):
     return pairs
 
 
+REPEAT = 1
+
+
 def bench(fn, reps=20):
     import torch
     for _ in range(3):
@@ -92,7 +95,8 @@ def run(cases, shapes, H=16, D=128, window=1024, cap=30.0):
                         def fn():
                             with sdpa_kernel(backend):
                                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-                        emit(op, name, shape, bench(fn), flops, note=note)
+                        for k in range(REPEAT):  # back to back: the sustained clocks after the first
+                            emit(op, name, shape, bench(fn), flops, note=note if REPEAT == 1 else f"{note or ''} run {k + 1}".strip())
                     except Exception as e:
                         emit(op, name, shape, error=repr(e)[:300])
             if flex is None:
@@ -146,7 +150,10 @@ def main():
     parser.add_argument("--cases", default="causal,window_softcap,sinks_gqa")
     parser.add_argument("--shapes", default="8x4096,2x16384", help="BxT, comma-separated")
     parser.add_argument("--table", action="store_true", help="print a table of the JSON lines on stdin")
+    parser.add_argument("--repeat", type=int, default=1, help="time each SDPA backend this many times back to back")
     args = parser.parse_args()
+    global REPEAT
+    REPEAT = max(1, args.repeat)
     if args.table:
         table()
         return
