@@ -95,8 +95,8 @@ def run(cases, shapes, H=16, D=128, window=1024, cap=30.0):
                         def fn():
                             with sdpa_kernel(backend):
                                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-                        for k in range(REPEAT):  # back to back: the sustained clocks after the first
-                            emit(op, name, shape, bench(fn), flops, note=note if REPEAT == 1 else f"{note or ''} run {k + 1}".strip())
+                        for rep in range(REPEAT):  # back to back: the sustained clocks after the first
+                            emit(op, name, shape, bench(fn), flops, note=note if REPEAT == 1 else f"{note or ''} run {rep + 1}".strip())
                     except Exception as e:
                         emit(op, name, shape, error=repr(e)[:300])
             if flex is None:
