@@ -3,7 +3,13 @@
 # (on sm_90a the ws pipeline), compute-sanitizer on a subset, the benchmark beside PyTorch SDPA
 # (cuDNN, FA2) and FlexAttention, and Nsight Compute on the heuristic kernel. Run from the
 # repository root with .deps carried:
-#   bench/attention-sweep.sh tests bench ncu      (any of them, in that order)
+#   bench/attention-sweep.sh tests bench ncu      (any of them, in that order; also sass, repeat)
+# sass: Nsight Compute's SourceCounters per SASS instruction, summed by opcode (bench/sass_phases.py),
+#   at B8 T4096 for each case in LADLE_SASS_CASES (default "causal window_softcap") and tile in
+#   LADLE_SASS_TILES (default "heuristic").
+# repeat: the heuristic, then each tile of LADLE_REPEAT_TILES three times in one process, twice over
+#   (case LADLE_REPEAT_CASE, shape LADLE_REPEAT_SHAPE): a kernel's sustained speed against the first
+#   timing after an idle compile, and the clocks and power after it.
 # LADLE_ATTENTION_SHAPES   "BxT ..." (default "8x4096 2x16384"), H16 D128 bf16
 # LADLE_ATTENTION_TILES    tiles timed beside the heuristic's (default: a ws sweep and the mma.sync best)
 # LADLE_NO_PEERS=1         skip the PyTorch peers
@@ -87,6 +93,34 @@ for what in "$@"; do
         > "$out/ncu-$c.txt" 2>&1
       echo "rc=$?"; grep -E "Duration|Registers|Theoretical Occupancy|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Eligible|No Eligible|gmma|tensor|pipe_xu|inst_executed.sum|Block Size|Dynamic Shared" "$out/ncu-$c.txt" | head -30
     done
+    ;;
+  sass)
+    for tile in ${LADLE_SASS_TILES:-heuristic}; do
+      for c in ${LADLE_SASS_CASES:-causal window_softcap}; do
+        name="$c-$(echo "$tile" | tr ',' '_')"
+        args=""; [ "$tile" != heuristic ] && args="--tile $tile"
+        LADLE_AUTOTUNE=heuristic "$bench_bin" --case $c -B 8 -T 4096 -H 16 -D 128 $args 2>&1 | grep -o '"ms":[0-9.]*' | sed "s/^/$name /"
+        LADLE_AUTOTUNE=heuristic timeout 240 ncu --section SourceCounters --section SpeedOfLight --section WarpStateStats \
+          -k regex:ladle_attention --launch-skip 1 --launch-count 1 -o "$out/sass-$name" "$bench_bin" --case $c -B 8 -T 4096 \
+          -H 16 -D 128 --reps 1 $args > "$out/ncu-$name.txt" 2>&1
+        ncu --import "$out/sass-$name.ncu-rep" --page source --csv --print-source sass > "$out/sass-$name.csv" 2>&1
+        python3 bench/sass_phases.py "$out/sass-$name.csv" > "$out/phases-$name.txt" 2>&1
+        gzip -f "$out/sass-$name.csv"; rm -f "$out/sass-$name.ncu-rep"
+        echo "== $name"; grep -E "Duration|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$out/ncu-$name.txt"
+        sed -n '/by opcode/,$p' "$out/phases-$name.txt" | head -32
+      done
+    done
+    ;;
+  repeat)
+    shape=${LADLE_REPEAT_SHAPE:-8x4096}; B=${shape%x*}; T=${shape#*x}; c=${LADLE_REPEAT_CASE:-causal}
+    for round in 1 2; do
+      echo "== process $round: the heuristic, then each of ${LADLE_REPEAT_TILES:-128,128,8,2,ws} three times ($c B$B T$T)"
+      LADLE_AUTOTUNE=heuristic "$bench_bin" --case $c -B $B -T $T -H 16 -D 128 | grep -o '"tile":"[^"]*","ms":[0-9.]*'
+      for t in ${LADLE_REPEAT_TILES:-128,128,8,2,ws}; do
+        LADLE_AUTOTUNE=heuristic "$bench_bin" --case $c -B $B -T $T -H 16 -D 128 --tile $t --tile $t --tile $t | grep -o '"tile":"[^"]*","ms":[0-9.]*'
+      done
+    done
+    nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv
     ;;
   esac
 done
