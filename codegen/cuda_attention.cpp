@@ -34,7 +34,7 @@ const std::set<std::string>& template_names() {
       "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup", "DP", "DVP",
       "DPB", "DVPB", "Q_BYTES", "K_BYTES", "V_BYTES", "aligned_smem", "full_k", "full_v", "empty_k", "empty_v", "q_full",
       "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale", "part", "last",
-      "q_desc", "k_desc", "v_desc", "tile_top", "neg_base"};
+      "q_desc", "k_desc", "v_desc", "tile_top", "neg_base", "lo", "end"};
   return names;
 }
 
@@ -340,11 +340,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("// around the diagonal j = i + (k_len - q_len). Tiles outside it are never loaded.");
   c("const int diagonal = k_len - q_len, row_last = (m0 + BM < q_len ? m0 + BM : q_len) - 1;");
   c("long long key_begin = 0, key_end = k_len;");
-  if (variant.causal) c("if (row_last + diagonal + 1 < key_end) key_end = row_last + diagonal + 1;");
-  if (variant.window) {
-    c("if (window_right >= 0 && row_last + diagonal + window_right + 1 < key_end) key_end = row_last + diagonal + window_right + 1;");
-    c("if (window_left >= 0 && m0 + diagonal - window_left > key_begin) key_begin = m0 + diagonal - window_left;");
-  }
+  emit_key_range(c, variant, "m0", "row_last", "key_begin", "key_end");
   c("const int tile_begin = static_cast<int>(key_begin / BN);");
   c("const int tile_end = key_end > key_begin ? static_cast<int>((key_end + BN - 1) / BN) : tile_begin;");
   c("");

@@ -8,6 +8,17 @@
 
 namespace ladle::cuda::detail {
 
+void emit_key_range(Code& c, const ir::AttentionVariant& variant, const std::string& first, const std::string& last,
+                    const std::string& begin, const std::string& end) {
+  if (variant.causal) c("if (" + last + " + diagonal + 1 < " + end + ") " + end + " = " + last + " + diagonal + 1;");
+  if (variant.window) {
+    c("if (window_right >= 0 && " + last + " + diagonal + window_right + 1 < " + end + ") " + end + " = " + last +
+      " + diagonal + window_right + 1;");
+    c("if (window_left >= 0 && " + first + " + diagonal - window_left > " + begin + ") " + begin + " = " + first +
+      " + diagonal - window_left;");
+  }
+}
+
 void emit_logits(Code& c, const AttentionParts& parts) {
   const ir::AttentionVariant& variant = parts.variant;
   const std::string& logit_expression = parts.logit_expression;
@@ -19,15 +30,13 @@ void emit_logits(Code& c, const AttentionParts& parts) {
     const std::string wide = variant.window ? "long long" : "int";  // window sizes are 64-bit
     c("int key_lo[2], key_hi[2];");
     c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-    c("  const " + wide + " i = row0 + 8 * half;");
-    c("  " + wide + " lo = 0, hi = k_len - 1;");
-    if (variant.causal) c("  if (i + diagonal < hi) hi = i + diagonal;");
-    if (variant.window) {
-      c("  if (window_right >= 0 && i + diagonal + window_right < hi) hi = i + diagonal + window_right;");
-      c("  if (window_left >= 0 && i + diagonal - window_left > lo) lo = i + diagonal - window_left;");
-    }
-    c("  key_lo[half] = static_cast<int>(lo < k_len ? lo : k_len);");
-    c("  key_hi[half] = row_live[half] && hi >= 0 ? static_cast<int>(hi) : -1;");
+    c.in();
+    c("const " + wide + " i = row0 + 8 * half;");
+    c(wide + " lo = 0, end = k_len;");
+    emit_key_range(c, variant, "i", "i", "lo", "end");
+    c("key_lo[half] = static_cast<int>(lo < k_len ? lo : k_len);");
+    c("key_hi[half] = row_live[half] && end > 0 ? static_cast<int>(end - 1) : -1;");
+    c.out();
     c("}");
   };
   std::string interior = "j0 + BN <= k_len";

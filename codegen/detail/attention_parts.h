@@ -24,6 +24,11 @@ struct AttentionParts {
   int producer_registers = 0, consumer_registers = 0;
 };
 
+// The keys that rows first..last may attend, as [begin, end) narrowed in place (the caller declares
+// both, 64-bit under a window, from 0 and the sequence's k_len): the causal and window edges
+// around the diagonal j = i + (k_len - q_len).
+void emit_key_range(Code& c, const ir::AttentionVariant& variant, const std::string& first, const std::string& last,
+                    const std::string& begin, const std::string& end);
 // Step 4: logit[BN / 8][4] (log2 units, -inf where masked) from score[BN / 8][4].
 void emit_logits(Code& c, const AttentionParts& parts);
 // Step 5: the online softmax of this tile's rows: p[BN / 8][4], row_max, row_sum, o_acc rescaled
