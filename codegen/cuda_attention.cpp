@@ -237,7 +237,10 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   if (spec.positive_logit_factor && !scalar_factor)
     throw InvalidArgument("generate_attention: positive_logit_factor is set but the logit " + ir::to_string(inputs, variant.score) +
                           " has no leading factor of scalars and constants (attention_logit_factor gives none)");
-  const bool folded = scalar_factor && (spec.positive_logit_factor || scalar_value(hoisted, lead->factor, {}).value_or(0.0) > 0.0);
+  // mma.sync tiles keep the whole logit: there the fold's registers spill the 128 x 64 tile at D = 64
+  // on sm_80 (32 bytes), and its gain was measured on the Hopper tiles.
+  const bool folded = tile.mma != AttentionMma::sync && scalar_factor &&
+                      (spec.positive_logit_factor || scalar_value(hoisted, lead->factor, {}).value_or(0.0) > 0.0);
   const std::string logit_expression =
       ir::render_c(hoisted.inputs, folded ? subtree(hoisted.expr, lead->rest) : hoisted.expr, hoisted_load, leaf, functions);
   const std::string logit_factor =

@@ -81,8 +81,9 @@ struct AttentionKernelSpec {
   // checks the pointers).
   bool async_copy = true;
   // The logit is factor * rest with a factor of scalar inputs and constants that is positive at
-  // this call (attention_logit_factor): the kernel keeps its running maxima in rest's units and
-  // forms each p = 2^(factor rest - factor max) with one FFMA, one multiply fewer per element.
+  // this call (attention_logit_factor): a wgmma or ws kernel keeps its running maxima in rest's
+  // units and forms each p = 2^(factor rest - factor max) with one FFMA, one multiply fewer per
+  // element (mma.sync tiles form the whole logit either way).
   bool positive_logit_factor = false;
   AttentionTile tile;
   // The target the kernel is compiled for ("sm_90a", "compute_80", ...; empty: unknown). A wgmma

@@ -255,8 +255,10 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (!ladle::driver_available())
-      std::cerr << "ladle-dump: " << ladle::driver_unavailable_reason() << "\n";
+    // Nothing here runs on a GPU: a driver matters only for the default target. Without one (and
+    // no --arch) say which target the kernels were compiled for, in one line.
+    if (arch.empty() && !ladle::driver_available())
+      std::cerr << "ladle-dump: no GPU here: compiled for " << programs.back().arch << " (--arch names another target)\n";
   } catch (const ladle::CompileError& e) {
     std::cerr << e.what() << "\n--- full NVRTC log ---\n" << e.log() << "\n";
     return 1;
