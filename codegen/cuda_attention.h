@@ -14,7 +14,7 @@
 // K and V tiles are staged in shared memory with cp.async (16-bit inputs with a contiguous
 // head dimension), double-buffered when stages = 2. fp32 inputs are split into two bf16
 // halves (x = hi + lo) and multiplied as hi*hi + hi*lo + lo*hi: about 16 bits of mantissa,
-// well inside DESIGN.md's 2e-3 for fp32 through tensor cores.
+// well inside docs/design.md's 2e-3 for fp32 through tensor cores.
 //
 // AttentionTile::mma picks the tensor-core instruction. `sync` (the default, sm_80 and later)
 // is the above. `wgmma` (sm_90a only; 16-bit q, k, v) gives each warpgroup (4 warps) 64 query

@@ -3,7 +3,7 @@
 // list of named inputs, and for each slot of the recurrence one elementwise expression DAG
 // evaluated per (token, head, feature index). Users never build it by hand; they write DSL.
 //
-// The recurrence every variant computes (DESIGN.md section 1), per sequence and query head:
+// The recurrence every variant computes (docs/design.md: operations), per sequence and query head:
 //   S_t = diag(exp(log_decay_k)) S_{t-1} diag(exp(log_decay_v)) exp(log_decay_head)
 //         + k_feature v^T
 //   o_t = (scale q_feature)^T S_t               [ / ((scale q_feature)^T n_t + eps) ]

@@ -276,7 +276,7 @@ TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::Atten
   const AttentionTuneShape shape = AttentionTuneShape::of(variant, args);
   const bool split = cuda::attention_split_f32(variant, spec);
   TunedKey key = attention_tune_key(variant, spec, shape, device);
-  // fp32 inputs through split bf16 pairs keep about 16 bits: DESIGN.md's fp32 tolerance.
+  // fp32 inputs through split bf16 pairs keep about 16 bits: docs/design.md's fp32 tolerance.
   const double tolerance = split ? 2e-3 : 1e-2;
   CandidateFactory factory = [&variant, &args, spec, tolerance] {
     return std::make_unique<AttentionCandidate>(variant, args, spec, tolerance);

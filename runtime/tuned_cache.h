@@ -4,7 +4,7 @@
 //   <compile cache dir>/tuned/<key hash>.json
 // holding the key's fields (so that a hash collision or a hand-copied file is caught), the
 // best config with its time, the heuristic's, and the candidate table. The rules are the
-// compile cache's (DESIGN.md section 3): files are written to a temporary and renamed into
+// compile cache's (docs/design.md: the cache): files are written to a temporary and renamed into
 // place; a file that does not parse, lacks a field or holds another key is reported once,
 // treated as a miss and replaced by the next store; an unwritable directory degrades to
 // memory only with one warning.

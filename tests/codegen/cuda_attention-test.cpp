@@ -230,7 +230,7 @@ TEST_CASE("attention: every kernel, run on the host emulation of CUDA, matches t
     Bound bound = bind(c, 3000 + i);
     run_emulated(i, kernel, bound.args);
     const reference::AttentionOutput want = reference::attention(bound.ref);
-    // 16-bit inputs: 1e-2; fp32 inputs through split bf16 operands: DESIGN.md's 2e-3 for
+    // 16-bit inputs: 1e-2; fp32 inputs through split bf16 operands: docs/design.md's 2e-3 for
     // fp32 through tensor cores.
     const double tolerance = c.type == ElementType::f32 ? 2e-3 : 1e-2;
     const double error = test::relative_error(bound.o, want.o);

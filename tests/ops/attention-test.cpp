@@ -176,7 +176,7 @@ struct Run {
 // o (and lse when asked) within the dtype's tolerance of the reference; rows that attend to
 // nothing exactly zero.
 void compare(const Run& run, ElementType type, ladle::Backend backend) {
-  // fp32 inputs meet the tensor cores on the GPU (split into bf16 halves): DESIGN.md's 2e-3.
+  // fp32 inputs meet the tensor cores on the GPU (split into bf16 halves): docs/design.md's 2e-3.
   const double tolerance = backend == ladle::Backend::gpu && type == ElementType::f32 ? 2e-3 : test::tolerance(type);
   const double o_error = test::relative_error(run.o, run.expected.o);
   INFO("o error " << o_error);

@@ -1,4 +1,4 @@
-// ladle-cache: lists, sizes and clears the compile cache (DESIGN.md section 3) and the
+// ladle-cache: lists, sizes and clears the compile cache (docs/design.md: the cache) and the
 // tuned-config cache beside it (section 4).
 //   ladle-cache list | size | path | tuned [-v] | clear [--compiled | --tuned]
 #include <chrono>
