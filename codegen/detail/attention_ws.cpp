@@ -156,8 +156,8 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
 void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   const std::string ss = parts.qk_f16 ? "ladle_wgmma_ss_f16<BN>" : "ladle_wgmma_ss_bf16<BN>";
   const std::string rs = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
-  // The text of one tile's scores: issue q k^T into score (its first product overwrites it), and P V of the tile
-  // before it. ptxas keeps wgmma asynchronous only where no other instruction touches an
+  // The text of one tile's scores: issue q k^T into score (its first product overwrites it), and
+  // P V of the tile before it. ptxas keeps wgmma asynchronous only where no other instruction touches an
   // accumulator between its issue and the wait that completes it, so the issues are straight-line
   // code with every register access before the fence.
   // The mbarrier waits (loops) come before the fence: ptxas fences again where code runs between.
