@@ -52,7 +52,7 @@ __device__ __forceinline__ void ladle_zero_16(void* shared) {
 }
 __device__ __forceinline__ float ladle_neg_inf() { return __int_as_float(0xff800000); }
 // A value every lane of the warp holds alike, as lane 0's: the compiler then keeps what is
-// computed from it (the wgmma descriptors) in uniform registers, not one copy per thread.
+// computed from it (the matrix descriptors of the Hopper tiles) in uniform registers.
 __device__ __forceinline__ int ladle_warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 // Whether any lane of the (converged) warp has p: a branch every lane takes the same way.
 __device__ __forceinline__ bool ladle_warp_any(bool p) { return __any_sync(0xffffffffu, p); }
