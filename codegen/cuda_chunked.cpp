@@ -7,6 +7,7 @@
 #include <ladle/runtime/error.h>
 
 #include "detail/attention_parts.h"
+#include "detail/chunked_suffix.h"
 #include "detail/cuda_source.h"
 #include "render_c.h"
 
@@ -239,6 +240,10 @@ bool chunked_head_decay_only(const ir::Variant& variant) {
   return key_gate(variant) != KeyGate::vector && !variant.has(ir::Slot::log_decay_v);
 }
 
+bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  return spec.suffix_states && suffix_states_unsupported(variant, spec).empty();
+}
+
 bool chunked_wgmma_arch(const std::string& arch) { return arch == "sm_90a" || arch == "compute_90a"; }
 
 ChunkedTile parse_chunked_tile(const std::string& text) {
@@ -291,25 +296,38 @@ std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir
 }
 
 ChunkedSegments chunked_segments(std::int64_t sequences, std::int64_t tokens, const std::vector<std::int64_t>& cu_seqlens,
-                                 std::int64_t segment_tokens, bool reverse) {
+                                 std::int64_t segment_tokens, bool reverse, std::int64_t state_pieces) {
   if (segment_tokens <= 0) throw InvalidArgument("chunked_segments: segment_tokens = " + std::to_string(segment_tokens) + ", expected > 0");
+  if (state_pieces <= 0) throw InvalidArgument("chunked_segments: state_pieces = " + std::to_string(state_pieces) + ", expected > 0");
   if (!cu_seqlens.empty() && static_cast<std::int64_t>(cu_seqlens.size()) != sequences + 1)
     throw InvalidArgument("chunked_segments: cu_seqlens has " + std::to_string(cu_seqlens.size()) + " offsets, expected " +
                           std::to_string(sequences + 1));
+  const std::int64_t piece_tokens = (segment_tokens + state_pieces - 1) / state_pieces;
   ChunkedSegments out;
   for (std::int64_t n = 0; n < sequences; ++n) {
     const bool packed = !cu_seqlens.empty();
     const std::int64_t bos = packed ? cu_seqlens[n] : 0, eos = packed ? cu_seqlens[n + 1] : tokens;
     const std::int64_t count = std::max<std::int64_t>(1, (eos - bos + segment_tokens - 1) / segment_tokens);
     const std::int64_t first_earlier = out.earlier_segments();
+    // Tokens [lo, hi) of segment i of `length`-token segments, in the recurrence's direction: from
+    // the front, or from the back when reversed.
+    const auto span = [&](std::int64_t i, std::int64_t length) {
+      const std::int64_t lo = reverse ? std::max(bos, eos - (i + 1) * length) : bos + i * length;
+      const std::int64_t hi = reverse ? eos - i * length : std::min(eos, bos + (i + 1) * length);
+      return std::pair{lo, hi};
+    };
     for (std::int64_t i = 0; i < count; ++i) {
-      // Segment i in the recurrence's direction: from the front, or from the back when reversed.
-      const std::int64_t lo = reverse ? std::max(bos, eos - (i + 1) * segment_tokens) : bos + i * segment_tokens;
-      const std::int64_t hi = reverse ? eos - i * segment_tokens : std::min(eos, bos + (i + 1) * segment_tokens);
+      const auto [lo, hi] = span(i, segment_tokens);
       const bool last = i + 1 == count;
-      const long long row[8] = {packed ? 0 : n, lo, hi, n, i, first_earlier, last ? 1 : 0, 0};
+      const long long row[8] = {packed ? 0 : n, lo, hi, n, i * state_pieces, first_earlier, last ? 1 : 0, 0};
       out.all.insert(out.all.end(), row, row + 8);
-      if (!last) out.earlier.insert(out.earlier.end(), row, row + 8);
+      if (last) continue;
+      for (std::int64_t p = 0; p < state_pieces; ++p) {  // the pieces of an earlier segment, in its direction
+        const std::int64_t plo = reverse ? std::max(lo, hi - (p + 1) * piece_tokens) : std::min(hi, lo + p * piece_tokens);
+        const std::int64_t phi = reverse ? std::max(lo, hi - p * piece_tokens) : std::min(hi, lo + (p + 1) * piece_tokens);
+        const long long piece[8] = {packed ? 0 : n, plo, phi, n, i * state_pieces + p, first_earlier, 0, 0};
+        out.earlier.insert(out.earlier.end(), piece, piece + 8);
+      }
     }
   }
   return out;
@@ -340,6 +358,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (segmented && spec.varlen) fail("a segmented kernel takes its tokens from the segments table, not cu_seqlens (varlen = false)");
   if (segmented && states && (spec.initial_state || spec.final_state))
     fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
+
+  if (chunked_suffix_states(variant, spec)) return generate_suffix_states(variant, spec);
 
   const ChunkedTile tile = states ? state_tile(spec.tile) : spec.tile;
   const bool wgmma = tile.wgmma;  // the serial form's state update on wgmma.mma_async (vs as core matrices)

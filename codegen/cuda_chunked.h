@@ -98,6 +98,10 @@ struct ChunkedKernelSpec : KernelTypes {
   // earlier segments leave. Needs varlen = false (the table names every segment's tokens); the
   // states phase needs initial_state = final_state = false.
   bool segmented = false;
+  // The segmented state pass in its suffix form (detail/chunked_suffix.h: the whole state tile per
+  // block, each gate sum formed once, v read as copied) where the variant allows it; false: the
+  // split form's state pass with the tile's state_* fields.
+  bool suffix_states = true;
   // The target the kernel is compiled for (gpu::compile_chunked fills it in): a wgmma tile needs
   // sm_90a or compute_90a.
   std::string arch;
@@ -129,8 +133,13 @@ struct ChunkedSegments {
 };
 // The segments of N sequences (of T tokens, or packed: cu_seqlens [N+1]) of at most
 // segment_tokens tokens each (> 0); an empty sequence keeps one empty segment.
+// state_pieces > 1: the state pass runs each earlier segment as that many pieces of
+// ceil(segment_tokens / state_pieces) tokens (rows of `earlier`, folded in order like segments),
+// so that its blocks cover the GPU; then a row of `all` names in field 4 the number of pieces
+// before its segment (i * state_pieces), and the serial form starts segment i from row
+// field 5 + field 4 - 1 as before.
 ChunkedSegments chunked_segments(std::int64_t sequences, std::int64_t tokens, const std::vector<std::int64_t>& cu_seqlens,
-                                 std::int64_t segment_tokens, bool reverse);
+                                 std::int64_t segment_tokens, bool reverse, std::int64_t state_pieces = 1);
 // DL of segment_decay for this variant and K, V (0: the variant has no gate).
 std::int64_t chunked_segment_decay_width(const ir::Variant& variant, std::int64_t key_dim, std::int64_t value_dim);
 
@@ -176,6 +185,9 @@ std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir
 // gate): the serial form then forms P beside the state's read copy and issues the state update
 // before the output, with no pass over the staged rows between them.
 bool chunked_head_decay_only(const ir::Variant& variant);
+// Whether this spec's kernel is the segmented state pass in its suffix form (spec.suffix_states,
+// phase states, segmented, and a variant, types and tile it takes).
+bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec);
 // Whether the target runs wgmma.mma_async (sm_90a, compute_90a).
 bool chunked_wgmma_arch(const std::string& arch);
 // "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma".

@@ -5,6 +5,7 @@
 #include "tune_recurrent.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -37,7 +38,7 @@ template <class Spec>
 std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::string& arch) {
   std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
   if constexpr (requires { spec.phase; })
-    key += std::string("|") + cuda::to_string(spec.phase) + (spec.segmented ? "|segmented" : "");
+    key += std::string("|") + cuda::to_string(spec.phase) + (spec.segmented ? "|segmented" : "") + (spec.suffix_states ? "|suffix" : "");
   for (ElementType t : spec.input_types) key += element_type_name(t);
   key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse,
                      spec.varlen, element_type_name(spec.cu_seqlens_type), spec.initial_state,
@@ -270,6 +271,26 @@ cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64
   return tile;
 }
 
+// The suffix state pass (one block of 8 warps per SM, each owning a whole state tile) in pieces
+// where the earlier segments alone leave SMs idle: the smallest power of two up to 16 that gives
+// two blocks per SM, while a piece keeps at least 512 tokens. LADLE_STATE_PIECES overrides it (a
+// measurement knob: bench/RESULTS.md, issue 11, eighth step).
+std::int64_t chunked_state_pieces(const ir::Variant& variant, const cuda::ChunkedKernelSpec& first, const ops::BoundInputs& bound,
+                                  const cuda::ChunkedSegments& segments, std::int64_t segment_tokens) {
+  if (const char* forced = std::getenv("LADLE_STATE_PIECES"); forced && *forced) {
+    const long long value = std::atoll(forced);
+    if (value < 1) throw InvalidArgument(fmt::format("LADLE_STATE_PIECES = '{}', expected a count >= 1", forced));
+    return value;
+  }
+  if (!cuda::chunked_suffix_states(variant, first)) return 1;
+  const int sms = driver_available() ? Device::get().properties().sm_count : 132;
+  const std::int64_t value_tiles = (bound.args.value_dim + first.tile.block_v - 1) / first.tile.block_v;
+  const std::int64_t blocks = segments.earlier_segments() * bound.args.heads * value_tiles;
+  std::int64_t pieces = 1;
+  while (pieces < 16 && blocks * pieces < 2 * sms && segment_tokens / (2 * pieces) >= 512) pieces *= 2;
+  return pieces;
+}
+
 SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
                                        std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes) {
   SegmentedSpecs out{serial, serial, serial};
@@ -285,6 +306,8 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
   if (cuda::validate_chunked_tile(longer, variant, key_dim, value_dim, max_shared_bytes).empty()) out.first.tile = longer;
   out.first.phase = cuda::ChunkedPhase::states;
   out.first.initial_state = out.first.final_state = false;
+  // LADLE_SUFFIX_STATES=0: the split form's state pass instead (a measurement knob, like LADLE_STATE_PIECES).
+  if (const char* suffix = std::getenv("LADLE_SUFFIX_STATES"); suffix && std::string(suffix) == "0") out.first.suffix_states = false;
   return out;
 }
 
@@ -387,6 +410,10 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       //    (the split form's state pass, 64 x 64 state tiles of 4 warps, 64-token chunks).
       // 2. The fold: the state entering every segment but the first of its sequence, in place.
       // 3. Every segment: the serial form from h0 or the fold's state.
+      const int max_shared = Device::get().properties().max_shared_per_block_optin;
+      const auto [first, fold, serial] = segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared);
+      const std::int64_t pieces = chunked_state_pieces(variant, first, bound, segments, segment_tokens);
+      if (pieces > 1) segments = cuda::chunked_segments(bound.dims.N, args.tokens, args.cu_seqlens, segment_tokens, args.reverse, pieces);
       const std::int64_t S = segments.segments(), earlier = segments.earlier_segments();
       const std::int64_t width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
       const auto upload_rows = [&](const std::vector<long long>& rows) {
@@ -399,8 +426,6 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
           std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), launch.stream);
       DeviceBuffer own_decay =
           DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), launch.stream);
-      const int max_shared = Device::get().properties().max_shared_per_block_optin;
-      const auto [first, fold, serial] = segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared);
       SplitArguments split;
       split.segment_states = own_states.device_ptr();
       split.segment_decay = own_decay.device_ptr();

@@ -60,7 +60,7 @@ std::vector<std::string> identifiers(const ir::Variant& variant, const std::set<
   };
   const auto derived = [](const std::string& id) {
     return std::vector<std::string>{id,           id + "_row",      id + "_head",     id + "_value",    id + "_heads",
-                                    id + "_i",    id + "_j",        id + "_x8",       id + "_raw",        id + "_t",        id + "_stride_b", id + "_stride_t", id + "_stride_h",
+                                    id + "_i",    id + "_j",        id + "_x8",       id + "_raw",        id + "_base",     id + "_vec",      id + "_t",        id + "_stride_b", id + "_stride_t", id + "_stride_h",
                                     id + "_stride_d"};
   };
   std::vector<std::string> ids;

@@ -161,11 +161,13 @@ inline std::vector<Case> split() {
 // The segmented form (a state pass over every segment but the last of its sequence, then the
 // serial form over every segment) on every case above: segments of 16 to 64 tokens, so that most
 // sequences have several and a partial last one, hard resets and strong gates fall on both sides
-// of their boundaries; the first kernel's state tiles and chunk vary as in split().
+// of their boundaries; the first kernel's state tiles and chunk vary as in split(), and it runs
+// each earlier segment whole or in 2 to 4 pieces.
 struct SegmentedCase {
   Case c;                      // the serial kernel's case (c.c.spec: the call's types)
   ladle::cuda::ChunkedTile first;  // the first kernel's (split) tile
   std::int64_t segment_tokens;
+  std::int64_t state_pieces = 1;  // the state pass's pieces per earlier segment (chunked_segments)
   ladle::cuda::ChunkedKernelSpec serial_spec() const {
     ladle::cuda::ChunkedKernelSpec s = c.spec();
     s.segmented = true;
@@ -196,8 +198,32 @@ inline std::vector<SegmentedCase> segmented() {
     Case serial = c;
     if (i % 3 == 1) serial.tile = wgmma_cases[static_cast<std::size_t>(i)].tile;  // the serial kernel on wgmma
     serial.c.name += " (segmented)";
+    // Every other case in bf16 (q, k, v and o; the gates bf16 or as they were), where the state pass
+    // takes its suffix form (detail/chunked_suffix.h) if the variant allows it.
+    if (i % 2 == 1) {
+      using E = ladle::ElementType;
+      cuda_cases::Case& t = serial.c;
+      for (std::size_t k = 0; k < t.variant.inputs.size() && k < t.spec.input_types.size(); ++k) {
+        const ladle::ir::Input& in = t.variant.inputs[k];
+        if (in.kind == ladle::ir::InputKind::scalar) continue;
+        if (in.role != ladle::ir::Role::other || i % 4 == 1) t.spec.input_types[k] = E::bf16;
+      }
+      t.spec.output_type = E::bf16;
+      t.name += " bf16";
+    }
     const std::int64_t lengths[] = {16, 48, 32, 64, 40};
-    cases.push_back({serial, first, lengths[i % 5]});
+    const std::int64_t pieces[] = {1, 2, 3, 1, 4, 2, 1};  // 3 of 16, 48 or 32 tokens: pieces of 6, 16 or 11, the last shorter
+    SegmentedCase sc{serial, first, lengths[i % 5], pieces[i % 7]};
+    // Where the state pass takes its suffix form (64-token chunks), segments of 130 tokens over
+    // 200, whole or in two pieces of 65: the pass walks several chunks of each.
+    if (ladle::cuda::chunked_suffix_states(sc.c.c.variant, sc.first_spec())) {
+      cuda_cases::Case& t = sc.c.c;
+      if (t.cu_seqlens.empty()) t.T = std::max(t.T, 200);
+      else t.cu_seqlens = {0, 150, 150, 200}, t.T = 200;
+      sc.segment_tokens = 130;
+      sc.state_pieces = i % 4 == 1 ? 1 : 2;
+    }
+    cases.push_back(sc);
     ++i;
   }
   return cases;

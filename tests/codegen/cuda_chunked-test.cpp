@@ -228,7 +228,7 @@ TEST_CASE("chunked: the segmented form (each segment's own state, then the seria
     const cuda::ChunkedKernel fold = cuda::generate_chunked(c.variant, sc.fold_spec());
     const cuda::ChunkedKernel serial = cuda::generate_chunked(c.variant, sc.serial_spec());
     INFO(c.name << " (" << cuda::to_string(sc.c.tile) << ", first " << cuda::to_string(sc.first) << ", segments of "
-                << sc.segment_tokens << " tokens)");
+                << sc.segment_tokens << " tokens, " << sc.state_pieces << " state pieces each; first kernel " << first.name << ")");
     REQUIRE(first.name == emulated_segmented_kernels[i].first.name);
     REQUIRE(fold.name == emulated_segmented_kernels[i].fold.name);
     REQUIRE(serial.name == emulated_segmented_kernels[i].serial.name);
@@ -238,7 +238,7 @@ TEST_CASE("chunked: the segmented form (each segment's own state, then the seria
     CHECK_THAT(serial.source, Catch::Contains("the fold kernel's"));
     check_against_cpu(sc.c, 4000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
       const cuda::ChunkedSegments segments =
-          cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse);
+          cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse, sc.state_pieces);
       const std::int64_t earlier = segments.earlier_segments();
       const std::int64_t width = cuda::chunked_segment_decay_width(c.variant, c.K, c.V);
       const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -287,6 +287,18 @@ TEST_CASE("chunked: segments cover every sequence in the recurrence's direction"
   CHECK(empty == std::vector<long long>{0, 50, 50, 1, 0, 1, 1, 0});
   const std::vector<long long> last(packed.all.begin() + 4 * 8, packed.all.begin() + 5 * 8);
   CHECK(last == std::vector<long long>{0, 82, 90, 2, 1, 1, 1, 0});
+  // The state pass in pieces: each earlier segment of 40 tokens as 3 pieces of 14, 14 and 12, in
+  // the recurrence's direction; the rows of `all` count the pieces before their segment.
+  const cuda::ChunkedSegments pieces = cuda::chunked_segments(2, 100, {}, 40, false, 3);
+  REQUIRE(pieces.segments() == 6);
+  REQUIRE(pieces.earlier_segments() == 12);
+  CHECK(std::vector<long long>(pieces.earlier.begin() + 3 * 8, pieces.earlier.begin() + 6 * 8) ==
+        std::vector<long long>{0, 40, 54, 0, 3, 0, 0, 0, 0, 54, 68, 0, 4, 0, 0, 0, 0, 68, 80, 0, 5, 0, 0, 0});
+  CHECK(std::vector<long long>(pieces.all.begin() + 5 * 8, pieces.all.begin() + 6 * 8) == std::vector<long long>{1, 80, 100, 1, 6, 6, 1, 0});
+  const cuda::ChunkedSegments reversed_pieces = cuda::chunked_segments(1, 100, {}, 40, true, 3);
+  CHECK(std::vector<long long>(reversed_pieces.earlier.begin(), reversed_pieces.earlier.begin() + 3 * 8) ==
+        std::vector<long long>{0, 86, 100, 0, 0, 0, 0, 0, 0, 72, 86, 0, 1, 0, 0, 0, 0, 60, 72, 0, 2, 0, 0, 0});
+  CHECK_THROWS_WITH(cuda::chunked_segments(2, 100, {}, 40, false, 0), Catch::Contains("state_pieces = 0, expected > 0"));
   CHECK_THROWS_WITH(cuda::chunked_segments(2, 100, {}, 0, false), Catch::Contains("segment_tokens = 0, expected > 0"));
   CHECK_THROWS_WITH(cuda::chunked_segments(2, 100, {0, 5}, 8, false), Catch::Contains("cu_seqlens has 2 offsets, expected 3"));
   // The segmented kernels refuse what they cannot take.

@@ -462,6 +462,20 @@ TEST_CASE("chunked: the segmented form (few long sequences cut into segments joi
     c.segment_tokens = 512;
     check_case(c);
   }
+  for (int v = 0; v < 4; ++v) {  // bf16 k and v: the state pass in its suffix form, long segments in pieces
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 1, c.T = 5000, c.H = 2, c.H_kv = 1;
+    c.K = v == 3 ? 112 : 128, c.V = v % 2 ? 96 : 128;
+    c.type = ElementType::bf16;
+    c.gate_type = v % 2 ? ElementType::bf16 : ElementType::f32;
+    c.gk = v < 2, c.g_gamma = v == 1 || v == 2, c.g = v == 3;  // GLA, GLA + g_gamma, g_gamma, a per-token head gate
+    c.gate_level = v == 1 ? -2.5 : v == 2 ? -10.0 : 0.0;
+    c.reverse = v % 2 == 1;
+    c.initial_state = v != 2;
+    c.segment_tokens = 2048;
+    check_case(c);
+  }
   {  // hard resets across segment boundaries
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
