@@ -10,7 +10,7 @@ namespace ladle::cuda::detail {
 
 namespace {
 
-constexpr int suffix_chunk = 64, suffix_warps = 8, suffix_threads = 32 * suffix_warps;
+constexpr int suffix_warps = 8, suffix_threads = 32 * suffix_warps;
 
 // The template's own names (an input with one of these names is renamed).
 const std::set<std::string>& suffix_names() {
@@ -84,8 +84,10 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
   const bool has_head = variant.has(ir::Slot::log_decay_head);
   const bool head_varies = has_head && ir::extent(variant, variant.slot(ir::Slot::log_decay_head)).token;
   const auto render = [&](ir::Slot s, const std::string& suffix) { return render_slot(variant, id, s, suffix); };
-  const int C = suffix_chunk, BK = spec.tile.block_k, BV = spec.tile.block_v, THREADS = suffix_threads;
+  // 64-token chunks, or 32 where the tile says so: half the shared memory, two blocks per SM.
+  const int C = spec.tile.chunk >= 64 ? 64 : 32, BK = spec.tile.block_k, BV = spec.tile.block_v, THREADS = suffix_threads;
   const int pairs = BK / 2, parts = std::max(1, THREADS / pairs);
+  const bool even_parts = C % parts == 0;  // every part C / P tokens: the token loops unrolled
 
   // The key-side token inputs the pass copies raw (those k_feature and the key gate read), and v.
   std::vector<bool> key_raw(inputs.size(), false);
@@ -117,7 +119,7 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
 
   ChunkedKernel kernel;
   kernel.name = "ladle_chunked_states_suffix_" +
-                hex(fnv1a(std::to_string(BK) + "x" + std::to_string(BV) + types_key(spec) + "|suffix", ir::hash(variant)));
+                hex(fnv1a(std::to_string(BK) + "x" + std::to_string(BV) + "x" + std::to_string(C) + types_key(spec) + "|suffix", ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(THREADS);
   kernel.block_v = BV;
   kernel.block_k = BK;
@@ -151,7 +153,6 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
   carves.push_back({"unsigned short", "v_raw", "[2][C][VLD] bf16: raw v rows (zero past the end), two chunks", align16(2 * C * (BV + 8) * 2)});
   carves.push_back({"unsigned short", "ks", "[C][QLD] bf16: k_up = k 2^(suffix)", align16(C * (BK + 8) * 2)});
   if (gate == Gate::vector) {
-    carves.push_back({"float", "kg", "[C][BK]: log2 key gates", align16(C * BK * 4)});
     carves.push_back({"float", "tot", "[P][BK]: each part's sum of them", align16(parts * BK * 4)});
     carves.push_back({"float", "ktot", "[BK]: the chunk's sums", align16(BK * 4)});
   }
@@ -170,7 +171,7 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
             "the raw rows by cp.async one chunk ahead; the suffix sums within the chunk and k_up = k 2^(suffix) (bf16);\n"
             "S = diag(2^(chunk total)) S + k_up^T v on mma.sync m16n8k16, v read as copied.\n\n";
   header += ir::to_string(variant);
-  header += "\nconfig: block_k=" + std::to_string(BK) + " block_v=" + std::to_string(BV) + " chunk=64 warps=8; requires K <= " +
+  header += "\nconfig: block_k=" + std::to_string(BK) + " block_v=" + std::to_string(BV) + " chunk=" + std::to_string(C) + " warps=8; requires K <= " +
             std::to_string(BK) + "\n";
   header += "launch: grid (ceil(V / " + std::to_string(BV) + "), 1, segments * H), block (256), dynamic shared memory " +
             std::to_string(bytes) + " bytes\n";
@@ -181,11 +182,12 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
 
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers);
-  c("extern \"C\" __global__ void __launch_bounds__(256, 1) " + kernel.name + "(");
+  // Two blocks per SM at 32-token chunks (ptxas held to 128 registers a thread).
+  c("extern \"C\" __global__ void __launch_bounds__(256, " + std::string(C == 32 ? "2" : "1") + ") " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
-  c("constexpr int C = 64, BK = " + std::to_string(BK) + ", BV = " + std::to_string(BV) + ", WARPS = 8, THREADS = 256;");
+  c("constexpr int C = " + std::to_string(C) + ", BK = " + std::to_string(BK) + ", BV = " + std::to_string(BV) + ", WARPS = 8, THREADS = 256;");
   c("constexpr int PAIRS = BK / 2, P = " + std::to_string(parts) + ";  // key column pairs; each pair's tokens in P parts, a thread each");
   c("constexpr int SMT = " + std::to_string(smt) + ", S_MPW = " + std::to_string(s_mpw) + ", S_WPM = " + std::to_string(s_wpm) +
     ", SCOLS = " + std::to_string(scols) + ", S_WARPS = " + std::to_string(s_warps) +
@@ -308,21 +310,35 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
   c("const int pair = threadIdx.x % PAIRS, part = threadIdx.x / PAIRS, col = 2 * pair;");
   c("const int lo = part * C / P, hi = (part + 1) * C / P;  // this thread's tokens");
   c("(void)lo; (void)hi; (void)col;");
+  // This thread's tokens, first to last (2a) and last to first (2c).
+  const auto tokens = [&](bool forward) {
+    if (even_parts) {
+      c(forward ? "LADLE_UNROLL for (int u = 0; u < C / P; ++u) {" : "LADLE_UNROLL for (int u = C / P - 1; u >= 0; --u) {");
+      c.in();
+      c("const int t = lo + u;");
+    } else {
+      c(forward ? "for (int t = lo; t < hi; ++t) {" : "for (int t = hi - 1; t >= lo; --t) {");
+      c.in();
+    }
+  };
+  std::string log_a0 = render(ir::Slot::log_decay_k, "_i0"), log_a1 = render(ir::Slot::log_decay_k, "_i1");
+  if (has_head) log_a0 = "(" + log_a0 + ") + head_log_decay", log_a1 = "(" + log_a1 + ") + head_log_decay";
+  // The log2 key gates lg0, lg1 of token t, columns col and col + 1 (0 outside the chunk and K,
+  // floored at GATE_FLOOR; NaN stays NaN), formed in 2a and again in 2c.
+  const auto gates = [&] {
+    c("float lg0 = LOG2E * (" + log_a0 + "), lg1 = LOG2E * (" + log_a1 + ");");
+    c("lg0 = t < valid && col < K ? (lg0 < GATE_FLOOR ? GATE_FLOOR : lg0) : 0.0f;");
+    c("lg1 = t < valid && col + 1 < K ? (lg1 < GATE_FLOOR ? GATE_FLOOR : lg1) : 0.0f;");
+  };
   if (gate == Gate::vector) {
-    std::string log_a0 = render(ir::Slot::log_decay_k, "_i0"), log_a1 = render(ir::Slot::log_decay_k, "_i1");
-    if (has_head) log_a0 = "(" + log_a0 + ") + head_log_decay", log_a1 = "(" + log_a1 + ") + head_log_decay";
     c("// 2a. The log2 key gates of this thread's tokens and column pair (0 outside the chunk and K;");
     c("//     floored at GATE_FLOOR), and their sums per part.");
     c("if (part < P) {");
     c.in();
     c("float sum0 = 0.0f, sum1 = 0.0f;");
-    c("for (int t = lo; t < hi; ++t) {");
-    c.in();
+    tokens(true);
     key_values("t");
-    c("float lg0 = LOG2E * (" + log_a0 + "), lg1 = LOG2E * (" + log_a1 + ");");
-    c("lg0 = t < valid && col < K ? (lg0 < GATE_FLOOR ? GATE_FLOOR : lg0) : 0.0f;  // NaN stays NaN");
-    c("lg1 = t < valid && col + 1 < K ? (lg1 < GATE_FLOOR ? GATE_FLOOR : lg1) : 0.0f;");
-    c("kg[t * BK + col] = lg0, kg[t * BK + col + 1] = lg1;");
+    gates();
     c("sum0 += lg0, sum1 += lg1;");
     c.out();
     c("}");
@@ -368,9 +384,9 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
     c("float s0 = 0.0f, s1 = 0.0f;  // the sums after this part");
     c("for (int later = P - 1; later > part; --later) s0 += tot[later * BK + col], s1 += tot[later * BK + col + 1];");
   }
-  c("for (int t = hi - 1; t >= lo; --t) {");
-  c.in();
+  tokens(false);
   key_values("t");
+  if (gate == Gate::vector) gates();
   c("const float x0 = " + render(ir::Slot::k_feature, "_i0") + ", x1 = " + render(ir::Slot::k_feature, "_i1") + ";");
   std::string f0 = "1.0f", f1 = "1.0f";
   if (gate == Gate::vector) f0 = "ladle_exp2(s0)", f1 = "ladle_exp2(s1)";
@@ -381,7 +397,7 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
   c("const float ku0 = t < valid && col < K ? x0 * " + f0 + " : 0.0f;");
   c("const float ku1 = t < valid && col + 1 < K ? x1 * " + f1 + " : 0.0f;");
   c("*reinterpret_cast<unsigned*>(&ks[t * QLD + col]) = ladle_pack_bf16(ku0, ku1);");
-  if (gate == Gate::vector) c("s0 += kg[t * BK + col], s1 += kg[t * BK + col + 1];");
+  if (gate == Gate::vector) c("s0 += lg0, s1 += lg1;");
   c.out();
   c("}");
   if (gate == Gate::vector) {
