@@ -7,7 +7,8 @@
 # profiles the heuristic's kernels at B8 T4096 with Nsight Compute. Logs and JSON lines go to
 # $OUT (or ./gpu-out).
 #   bench/chunked-sweep.sh [tests|bench|ncu|all]      (carry .deps and .whl)
-# LADLE_CHUNKED_SHAPES="8x4096 2x16384" narrows the shapes, LADLE_NO_FLA=1 skips fla.
+# LADLE_CHUNKED_SHAPES="8x4096 2x16384" narrows the shapes, LADLE_NO_FLA=1 skips fla, LADLE_NO_TUNE=1 the
+# tuned runs, LADLE_TEST_SUBSET="[ws]" narrows the tests, LADLE_NCU_OPS="simple_gla" the profiled ops.
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-$PWD/gpu-out}
@@ -19,9 +20,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 export LADLE_CACHE_DIR=$(mktemp -d)
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  echo "== chunked op tests with the GPU (heuristic tile)"
-  LADLE_AUTOTUNE=heuristic timeout ${LADLE_TEST_TIMEOUT:-480} "$build/tests/ops-recurrent" "[chunked]" -d yes > "$out/ops-chunked.txt" 2>&1
-  echo "ops-recurrent [chunked] rc=$? $(tail -2 "$out/ops-chunked.txt" | tr '\n' ' ')"
+  subset=${LADLE_TEST_SUBSET:-"[chunked]"}  # e.g. "[ws]"
+  echo "== chunked op tests with the GPU (heuristic tile): $subset"
+  LADLE_AUTOTUNE=heuristic timeout ${LADLE_TEST_TIMEOUT:-480} "$build/tests/ops-recurrent" "$subset" -d yes > "$out/ops-chunked.txt" 2>&1
+  echo "ops-recurrent $subset rc=$? $(tail -2 "$out/ops-chunked.txt" | tr '\n' ' ')"
   grep -m 20 -B3 -A8 "FAILED" "$out/ops-chunked.txt"
   # compute-sanitizer on subsets sized to finish (the kernels are already in the compile cache
   # from the run above, so the time goes to the checked launches): the serial form with the
@@ -63,7 +65,7 @@ fi
 
 if [ "$what" = ncu ] || [ "$what" = all ]; then
   echo "== Nsight Compute: the heuristic's kernels, GLA B8 T4096"
-  for op in gla simple_gla; do
+  for op in ${LADLE_NCU_OPS:-gla simple_gla}; do
     LADLE_AUTOTUNE=heuristic timeout 200 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
       --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum \

@@ -8,6 +8,7 @@
 
 #include "detail/attention_parts.h"
 #include "detail/chunked_suffix.h"
+#include "detail/chunked_ws.h"
 #include "detail/cuda_source.h"
 #include "render_c.h"
 
@@ -112,6 +113,7 @@ std::vector<std::string> state_tile_rules(const ChunkedTile& tile) {
 }
 
 std::vector<std::string> tile_rules(const ChunkedTile& tile) {
+  if (tile.ws) return ws_tile_rules(tile);
   std::vector<std::string> problems = state_tile_rules(tile);
   const auto say = [&](const std::string& what) { problems.push_back(what); };
   if (tile.warps != 2 && tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 2, 4 or 8");
@@ -203,6 +205,7 @@ ChunkedTile phase_tile(const ChunkedTile& full, ChunkedPhase phase) {
 // for the prefetch's addresses (128,64,64,4 spilled 72 bytes on sm_90a with it, none without;
 // 128,64,128,8 holds as many state values and fits).
 bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
+  if (full.ws) return false;  // its producer warpgroup copies every chunk ahead by TMA
   const ChunkedTile tile = phase_tile(full, phase);
   const int raw = prefetch_bytes(variant, tile);
   return raw > 0 && (layout(tile).state_registers <= 32 || tile.warps >= 8) &&
@@ -210,6 +213,7 @@ bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, Chunk
 }
 
 int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
+  if (full.ws && phase == ChunkedPhase::serial) return ws_shared_bytes(full);
   const ChunkedTile tile = phase_tile(full, phase);
   return base_shared_bytes(variant, tile, phase == ChunkedPhase::states) +
          (chunked_prefetch(variant, full, phase) ? prefetch_bytes(variant, tile) : 0);
@@ -233,8 +237,11 @@ std::string to_string(const ChunkedTile& tile) {
     text += " states=" + std::to_string(tile.state_block_k) + "x" + std::to_string(tile.state_block_v) + "x" +
             std::to_string(tile.state_warps) + (tile.state_f32 ? " f32" : "");
   if (tile.wgmma) text += " wgmma";
+  if (tile.ws) text += " ws";
   return text;
 }
+
+std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) { return ws_spec_unsupported(variant, spec); }
 
 bool chunked_head_decay_only(const ir::Variant& variant) {
   return key_gate(variant) != KeyGate::vector && !variant.has(ir::Slot::log_decay_v);
@@ -256,13 +263,15 @@ ChunkedTile parse_chunked_tile(const std::string& text) {
     int used = 0;
     char rest[8] = {};
     const int more = std::sscanf(text.c_str(), "%*d,%*d,%*d,%*d%n,%7s", &used, rest);
-    if (more == 1) valid = std::string(rest) == "wgmma" && text.substr(static_cast<std::size_t>(used)) == ",wgmma";
+    const std::string suffix = more == 1 ? text.substr(static_cast<std::size_t>(used)) : std::string();
+    if (more == 1) valid = suffix == ",wgmma" || suffix == ",ws";
     else valid = used == static_cast<int>(text.size());
-    tile.wgmma = more == 1;
+    tile.wgmma = suffix == ",wgmma";
+    tile.ws = suffix == ",ws";
   }
   if (!valid)
     throw InvalidArgument("chunked tile '" + text +
-                          "', expected block_k,chunk,block_v,warps[,wgmma] or "
+                          "', expected block_k,chunk,block_v,warps[,wgmma], block_k,chunk,block_v,warps,ws or "
                           "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]");
   tile.state_f32 = fields == 8;
   return tile;
@@ -286,6 +295,10 @@ std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir
   std::vector<std::string> problems = tile_rules(tile);
   if (tile.wgmma && !arch.empty() && !chunked_wgmma_arch(arch))
     problems.push_back("wgmma needs the target sm_90a (wgmma.mma_async), the target is " + arch);
+  if (tile.ws && !arch.empty() && !chunked_wgmma_arch(arch))
+    problems.push_back("ws needs the target sm_90a (TMA, wgmma.mma_async), the target is " + arch);
+  if (tile.ws)
+    if (const std::string why = ws_variant_unsupported(variant); !why.empty()) problems.push_back(why);
   if (key_dim > tile.block_k)
     problems.push_back("K = " + std::to_string(key_dim) + " exceeds block_k = " + std::to_string(tile.block_k));
   if (key_dim < 1 || value_dim < 1) problems.push_back("K and V must be at least 1");
@@ -360,6 +373,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
 
   if (chunked_suffix_states(variant, spec)) return generate_suffix_states(variant, spec);
+  if (spec.tile.ws && phase == ChunkedPhase::serial) return generate_ws_chunked(variant, spec);
+  if (spec.tile.ws && phase != ChunkedPhase::fold) fail(std::string("the ws form has no ") + to_string(phase) + " phase");
 
   const ChunkedTile tile = states ? state_tile(spec.tile) : spec.tile;
   const bool wgmma = tile.wgmma;  // the serial form's state update on wgmma.mma_async (vs as core matrices)

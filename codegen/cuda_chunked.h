@@ -79,6 +79,11 @@ struct ChunkedTile {
   // sm_90a, the serial form (no split), 4 or 8 warps and block_k / 16 a multiple of warps (each
   // warpgroup owns whole 64-row slices of the state).
   bool wgmma = false;
+  // sm_90a, the warp-specialised serial form (detail/chunked_ws.h) for a decay of at most a per-head
+  // scalar: a TMA producer warpgroup and one consumer warpgroup per 64 value columns, every product
+  // on wgmma; needs chunk 64, block_k and block_v 64 or 128, warps = 4 + block_v / 16 (tools:
+  // "128,64,128,12,ws"), q, k and v in bf16.
+  bool ws = false;
   bool split() const { return state_block_k > 0; }
   friend bool operator==(const ChunkedTile&, const ChunkedTile&) = default;
 };
@@ -190,9 +195,11 @@ bool chunked_head_decay_only(const ir::Variant& variant);
 bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec);
 // Whether the target runs wgmma.mma_async (sm_90a, compute_90a).
 bool chunked_wgmma_arch(const std::string& arch);
-// "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma".
+// "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma", " ws".
 std::string to_string(const ChunkedTile& tile);
-// The tools' form: "block_k,chunk,block_v,warps[,wgmma]" (serial) or
+// Why the ws form cannot run this variant with these types (empty: it can).
+std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
+// The tools' form: "block_k,chunk,block_v,warps[,wgmma|,ws]" (serial) or
 // "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]" (split).
 ChunkedTile parse_chunked_tile(const std::string& text);
 

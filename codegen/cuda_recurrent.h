@@ -46,7 +46,7 @@ struct RecurrentKernelSpec : KernelTypes {
 
 // One kernel parameter and what a launcher passes for it.
 struct KernelParam {
-  enum class Type { pointer, i64, i32, f32 };
+  enum class Type { pointer, i64, i32, f32, tensor_map };
   enum class Role {
     input,            // the data pointer of variant input `input` (a float for a scalar input)
     input_stride_b,   // its strides in elements, as in the canonical views of the CPU path:
@@ -74,12 +74,15 @@ struct KernelParam {
     segments,         // the chunked family's segments: [S][8] long long, see ChunkedSegments
     segment_states,   //   [S'][H][K][V] f32: each earlier segment's own final state (from zero)
     segment_decay,    //   [S'][H][DL] f32: its total log2 decay (key side, then value side)
+    input_tensor_map, // the chunked family's ws form: the TMA map of input `input` (q, k or v) as
+                      //   [B,T,X,D], boxes of 64 features by box_rows tokens (runtime/tensor_map.h)
   };
   std::string name;
   std::string c_type;  // "const ladle_bf16*", "long long", "float", ...
   Type type;
   Role role;
   int input = -1;      // for the input roles: index into Variant::inputs
+  int box_rows = 0;    // input_tensor_map: tokens per box
 };
 
 struct RecurrentKernel {

@@ -1,6 +1,7 @@
 #include "gpu_recurrent.h"
 
 #include "detail/loaded_kernel.h"
+#include "gpu_attention.h"
 #include "device_upload.h"
 #include "tune_recurrent.h"
 
@@ -103,6 +104,7 @@ KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir
       case Role::segments: packed.add(split.segments); break;
       case Role::segment_states: packed.add(split.segment_states); break;
       case Role::segment_decay: packed.add(split.segment_decay); break;
+      case Role::input_tensor_map: packed.add(encode_tensor_map(attention_tensor_map(*view, p.box_rows))); break;
     }
   }
   return packed;
@@ -205,6 +207,20 @@ std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOpti
   return ((per_sequence + pieces - 1) / pieces + 63) / 64 * 64;
 }
 
+// Why TMA cannot copy this call's q, k and v as the ws form reads them (empty: it can): each
+// [B,T,X,D] view needs contiguous features, a 16-byte aligned start and strides of whole 16 bytes.
+std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& bound) {
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    const ir::Role role = variant.inputs[i].role;
+    if (role != ir::Role::query && role != ir::Role::key && role != ir::Role::value) continue;
+    const TensorView& view = bound.args.tensors[i];
+    if (view.type != ElementType::bf16) return variant.inputs[i].name + " is not bf16";
+    const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
+    if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
+  }
+  return {};
+}
+
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences) {
   const auto& args = bound.args;
   const std::int64_t N = sequences > 0 ? sequences : bound.dims.N;
@@ -243,6 +259,18 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
       cuda::chunked_prefetch(variant, shorter))
     tile = shorter;
   if (!valid(tile)) tile.chunk = 32;
+  // sm_90a, a per-head decay, bf16 q, k, v that TMA can copy: the warp-specialised form (a TMA
+  // producer beside one wgmma consumer warpgroup per 64 value columns).
+  if (cuda::chunked_wgmma_arch(arch) && args.key_dim <= 128) {
+    cuda::ChunkedTile ws{args.key_dim <= 64 ? 64 : 128, 64, args.value_dim <= 64 ? 64 : 128, 0};
+    ws.warps = 4 + ws.block_v / 16;
+    ws.ws = true;
+    cuda::ChunkedKernelSpec types;
+    types.tile = ws;
+    for (std::size_t i = 0; i < variant.inputs.size(); ++i)
+      types.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32 : args.tensors[i].type);
+    if (valid(ws) && cuda::chunked_ws_unsupported(variant, types).empty() && ws_copyable(variant, bound).empty()) return ws;
+  }
   // sm_90a: the state update on wgmma where the warps cover the state in whole warpgroups
   // (measured on the H100, 128,32,128,8: GLA B8 T4096 0.862 -> 0.852 ms, simple GLA 0.614 -> 0.586).
   if (cuda::chunked_wgmma_arch(arch)) {
@@ -265,6 +293,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
 cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim) {
   cuda::ChunkedTile tile = serial;
   tile.wgmma = false;  // the split form's kernels run mma.sync
+  if (tile.ws) tile.ws = false, tile.warps = 8;  // the ws form has no state pass of its own
   tile.state_block_k = std::min(64, tile.block_k);
   tile.state_block_v = std::min<int>(64, static_cast<int>((value_dim + 15) / 16 * 16));
   tile.state_warps = 4;
@@ -333,6 +362,13 @@ cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const op
                                       cuda::to_string(spec.tile), args.key_dim, args.value_dim, all));
   }
   static_cast<cuda::KernelTypes&>(spec) = kernel_types(variant, bound, options);
+  if (spec.tile.ws) {
+    if (const std::string why = cuda::chunked_ws_unsupported(variant, spec); !why.empty())
+      throw InvalidArgument(fmt::format("{}: chunked_tile ({}): {}", op_name(variant), cuda::to_string(spec.tile), why));
+    if (const std::string why = ws_copyable(variant, bound); !why.empty())
+      throw InvalidArgument(fmt::format("{}: chunked_tile ({}) copies q, k and v by TMA: {}", op_name(variant),
+                                        cuda::to_string(spec.tile), why));
+  }
   return spec;
 }
 

@@ -53,6 +53,10 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // least 1024 tokens a segment. A split tile runs whole sequences.
 std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options);
 
+// Why TMA cannot copy this call's q, k and v as the chunked ws form reads them (empty: it can):
+// bf16 [B,T,X,D] views with contiguous features, a 16-byte aligned start and strides of whole 16 bytes.
+std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& bound);
+
 // The chunked tile without tuning: by K and V, the device's shared memory, and the number
 // of blocks the shape gives (sequences: the segments when the call runs segmented, else 0: N).
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound,

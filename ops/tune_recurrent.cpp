@@ -163,7 +163,9 @@ double chunked_cycles(const ir::Variant& variant, const TuneShape& shape, const 
   const int threads = 32 * tile.warps;
   const double fixed = 2800, per_key = 1.1, per_value = 1.2, unprefetched = 8000;
   // wgmma's state update: 1-5 % less per chunk than mma.sync's (H100, 128,32,128,8).
-  const double chunk_cycles = (tile.wgmma ? 0.97 : 1.0) *
+  // ws (a TMA producer beside wgmma consumers, a per-head decay): the fixed part overlaps the loads;
+  // predicted at about 0.6 of the serial form's chunk (issue 11, eighth step).
+  const double chunk_cycles = (tile.ws ? 0.6 : tile.wgmma ? 0.97 : 1.0) *
       (fixed + per_key * C * bk + per_value * C * bv + (cuda::chunked_prefetch(variant, tile) ? 0.0 : unprefetched));
   const std::int64_t blocks = shape.N * shape.H * ((shape.V + tile.block_v - 1) / tile.block_v);
   const int sms = std::max(1, device.sm_count);
@@ -211,6 +213,7 @@ Config to_config(const cuda::ChunkedTile& tile) {
   Config c;
   c.set("block_k", tile.block_k).set("chunk", tile.chunk).set("block_v", tile.block_v).set("warps", tile.warps);
   if (!tile.split()) c.set("wgmma", tile.wgmma ? 1 : 0);
+  if (tile.ws) c.set("ws", 1);
   if (tile.split())
     c.set("state_block_k", tile.state_block_k)
         .set("state_block_v", tile.state_block_v)
@@ -224,6 +227,7 @@ cuda::RecurrentTile to_recurrent_tile(const Config& c) { return {c.at("block_k")
 cuda::ChunkedTile to_chunked_tile(const Config& c) {
   cuda::ChunkedTile tile{c.at("block_k"), c.at("chunk"), c.at("block_v"), c.at("warps")};
   tile.wgmma = c.find("wgmma").value_or(0) != 0;
+  tile.ws = c.find("ws").value_or(0) != 0;
   if (c.contains("state_block_k")) {
     tile.state_block_k = c.at("state_block_k");
     tile.state_block_v = c.at("state_block_v");
@@ -249,9 +253,11 @@ SearchSpace chunked_search_space(const ir::Variant& variant, const TuneShape& sh
   space.param("block_k", {heuristic.block_k})
       .param("chunk", {16, 32, 64})
       .param("block_v", {16, 32, 64, 128})
-      .param("warps", {2, 4, 8});
+      .param("warps", heuristic.ws ? std::vector<int>{2, 4, 8, 12} : std::vector<int>{2, 4, 8});
   // sm_90a (the heuristic runs wgmma there): the state update on mma.sync or on wgmma.
-  space.param("wgmma", heuristic.wgmma ? std::vector<int>{0, 1} : std::vector<int>{0});
+  space.param("wgmma", heuristic.wgmma || heuristic.ws ? std::vector<int>{0, 1} : std::vector<int>{0});
+  // The warp-specialised form where the heuristic takes it (sm_90a, a per-head decay, bf16 q, k, v).
+  if (heuristic.ws) space.param("ws", {0, 1});
   // A copy: a space may outlive the call that built it (ladle-tune, tests).
   auto held = std::make_shared<const ir::Variant>(variant);
   space.rule([held, shape](const Config& c, const DeviceLimits& d) -> Reason {

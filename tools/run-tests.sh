@@ -13,7 +13,7 @@ ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
 echo "== install, then build an application against the installed package"
 rm -rf "$build/install" "$build/embed"
 cmake --install "$build" --prefix "$build/install" > /dev/null
-cmake -S examples/embed_runtime -B "$build/embed" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/$build/install" > /dev/null
+cmake -S examples/embed_runtime -B "$build/embed" -G Ninja -DCMAKE_PREFIX_PATH="$(cd "$build" && pwd)/install" > /dev/null
 cmake --build "$build/embed"
 "$build/embed/example-embed-runtime"
 echo "all tests passed"

@@ -45,6 +45,9 @@ void emit_epilogue(Code& c, const AttentionParts& parts);
 // shape the kernel uses (m64n<score_n>k16 from shared memory, m64n<out_n>k16 with A from
 // registers). A host emulation defines LADLE_WGMMA_HELPERS and LADLE_WGMMA_EMULATED first.
 std::string wgmma_helpers(int score_n, int out_n, bool qk_f16, bool pv_f16);
+// ladle_wgmma_ss_bf16_tb<n> (A K-major, B N-major) and ladle_wgmma_ss_bf16_tab<n> (both MN-major),
+// after wgmma_helpers: the chunked ws form's products whose operands run along the tokens.
+std::string wgmma_transposed_helpers(int n);
 // The 16-bit element offset of (row, col) in a tile stored as 8 x 8 core matrices (8 rows of
 // 16 contiguous bytes each, 128 bytes a matrix), core matrices row-major over the tile whose
 // rows have `padded` columns: the no-swizzle layout wgmma's descriptors address.

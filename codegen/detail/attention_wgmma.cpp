@@ -19,10 +19,13 @@ namespace {
 // One wgmma.mma_async specialisation: d[N / 8][4] = A B + (accumulate ? d : 0), A from a
 // descriptor (ss) or four registers (rs), B from a descriptor; accumulate is the instruction's
 // scale-d (0: the first product of a fresh accumulator, which then needs no zeroing).
-std::string wgmma_specialisation(bool registers_a, int n, bool f16) {
+// ss only: trans_a / trans_b give imm-trans-a / imm-trans-b = 1 (an MN-major operand) and the
+// suffix _ta, _tb or _tab.
+std::string wgmma_specialisation(bool registers_a, int n, bool f16, bool trans_a = false, bool trans_b = false) {
   const std::string type = f16 ? "f16" : "bf16";
-  const std::string name = std::string("ladle_wgmma_") + (registers_a ? "rs_" : "ss_") + type;
-  const std::string guard = "LADLE_WGMMA_" + std::string(registers_a ? "RS_" : "SS_") + (f16 ? "F16_" : "BF16_") + std::to_string(n);
+  const std::string transposed = trans_a && trans_b ? "_tab" : trans_a ? "_ta" : trans_b ? "_tb" : "";
+  const std::string name = std::string("ladle_wgmma_") + (registers_a ? "rs_" : "ss_") + type + transposed;
+  const std::string guard = "LADLE_WGMMA_" + std::string(registers_a ? "RS_" : "SS_") + (f16 ? "F16_" : "BF16_") + transposed + "_" + std::to_string(n);
   const int accumulators = n / 2;
   std::string list, outputs;
   for (int i = 0; i < accumulators; ++i) {
@@ -44,7 +47,7 @@ std::string wgmma_specialisation(bool registers_a, int n, bool f16) {
   const std::string scale_d = "%" + std::to_string(next++);
   inputs += "\"l\"(b), \"r\"(accumulate)";
   // imm-scale-a, imm-scale-b = 1; ss: imm-trans-a = imm-trans-b = 0 (K-major); rs: imm-trans-b = 1 (N-major V).
-  const std::string immediates = registers_a ? "1, 1, 1" : "1, 1, 0, 0";
+  const std::string immediates = registers_a ? "1, 1, 1" : std::string("1, 1, ") + (trans_a ? "1" : "0") + ", " + (trans_b ? "1" : "0");
   std::string text = "#if !defined(LADLE_WGMMA_EMULATED) && !defined(" + guard + ")\n#define " + guard + "\n";
   text += "template <>\n__device__ __forceinline__ void " + name + "<" + std::to_string(n) + ">(float (&d)[" +
           std::to_string(n / 8) + "][4], " + (registers_a ? "const unsigned (&a)[4]" : "unsigned long long a") +
@@ -94,6 +97,20 @@ template <int N> __device__ void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const 
 )";
   text += wgmma_specialisation(false, score_n, qk_f16);
   text += wgmma_specialisation(true, out_n, pv_f16);
+  return text;
+}
+
+std::string wgmma_transposed_helpers(int n) {
+  std::string text = R"(#ifndef LADLE_WGMMA_TRANSPOSED
+#define LADLE_WGMMA_TRANSPOSED
+// ss products with MN-major operands (imm-trans = 1): _tb a K-major A and an N-major B, _tab both
+// MN-major (A read as its transpose: the 128-byte rows run along M).
+template <int N> __device__ void ladle_wgmma_ss_bf16_tb(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1);
+template <int N> __device__ void ladle_wgmma_ss_bf16_tab(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1);
+#endif  // LADLE_WGMMA_TRANSPOSED
+)";
+  text += wgmma_specialisation(false, n, false, false, true);
+  text += wgmma_specialisation(false, n, false, true, true);
   return text;
 }
 

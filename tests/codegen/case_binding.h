@@ -5,6 +5,8 @@
 #include <ladle/codegen/cpu_recurrent.h>
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/ops/bind.h>
+#include <ladle/ops/gpu_attention.h>
+#include <ladle/runtime/tensor_map.h>
 
 #include <cstring>
 #include <deque>
@@ -144,6 +146,7 @@ class Arguments {
         case Role::segments: push(static_cast<const void*>(split.segments)); break;
         case Role::segment_states: push(static_cast<const void*>(split.segment_states)); break;
         case Role::segment_decay: push(static_cast<const void*>(split.segment_decay)); break;
+        case Role::input_tensor_map: push(describe_tensor_map(gpu::attention_tensor_map(*view, p.box_rows))); break;
       }
     }
     for (auto& value : values_) pointers_.push_back(value.data());

@@ -22,7 +22,7 @@ struct Case {
     ladle::cuda::ChunkedKernelSpec s;
     static_cast<ladle::cuda::KernelTypes&>(s) = c.spec;
     s.tile = tile;
-    if (tile.wgmma) s.arch = "sm_90a";
+    if (tile.wgmma || tile.ws) s.arch = "sm_90a";
     return s;
   }
 };
@@ -134,6 +134,87 @@ inline std::vector<Case> wgmma() {
   return cases;
 }
 
+// The warp-specialised Hopper form (sm_90a: TMA producer, wgmma consumers) on every case above it
+// runs (a decay of at most a per-head scalar, q, k and v as they are), with bf16 q, k, v and o over
+// 150 tokens (packed: 130, 0 and 70), so that sequences span several 64-token chunks and end in a
+// partial one; block_v 64 (one consumer warpgroup) and 128 (two); plus K = V = 128 with GQA and
+// states (two key boxes, two consumers with live columns), a user's per-token head gate over packed
+// reversed sequences, and no decay at all with T below a chunk.
+inline void bf16_io(cuda_cases::Case& c) {
+  using E = ladle::ElementType;
+  for (std::size_t k = 0; k < c.variant.inputs.size(); ++k)
+    if (c.variant.inputs[k].role != ladle::ir::Role::other) c.spec.input_types[k] = E::bf16;
+  c.spec.output_type = E::bf16;
+}
+
+inline ladle::cuda::ChunkedTile ws_tile(int K, int block_v) {
+  ladle::cuda::ChunkedTile tile{K <= 64 ? 64 : 128, 64, block_v, 4 + block_v / 16};
+  tile.ws = true;
+  return tile;
+}
+
+inline std::vector<Case> ws() {
+  namespace dsl = ladle::dsl;
+  using E = ladle::ElementType;
+  std::vector<Case> cases;
+  int i = 0;
+  const auto add = [&](Case c) {
+    ladle::cuda::ChunkedKernelSpec spec = c.spec();
+    spec.arch = "sm_90a";
+    if (!ladle::cuda::chunked_ws_unsupported(c.c.variant, spec).empty()) return;
+    c.c.name += " (ws)";
+    cases.push_back(c);
+  };
+  for (Case c : all()) {
+    if (!ladle::cuda::chunked_head_decay_only(c.c.variant)) continue;
+    bf16_io(c.c);
+    c.c.K = (c.c.K + 7) / 8 * 8, c.c.V = (c.c.V + 7) / 8 * 8;  // TMA: rows of whole 16 bytes
+    if (c.c.cu_seqlens.empty()) c.c.T = std::max(c.c.T, 150);
+    else c.c.cu_seqlens = {0, 130, 130, 200}, c.c.T = 200;
+    c.tile = ws_tile(c.c.K, i++ % 2 == 0 ? 64 : 128);
+    add(c);
+  }
+  Case base{cuda_cases::all()[0], ws_tile(128, 128)};
+  {
+    Case c = base;
+    c.c.name = "simple GLA K=V=128, GQA 4/2, h0 and final state";
+    c.c.variant = ladle::recurrent_variant(false, false, false, true);
+    c.c.K = c.c.V = 128, c.c.B = 1, c.c.H = 4, c.c.H_kv = 2, c.c.T = 150;
+    c.c.spec.initial_state = c.c.spec.final_state = true;
+    c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
+    bf16_io(c.c);
+    add(c);
+  }
+  {
+    Case c = base;
+    c.c.name = "a user's head gate -softplus(dt) * A, packed, reverse, V = 96";
+    c.c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_head(-dsl::softplus(dsl::token_head("dt")) * dsl::head_param("A")),
+                                       dsl::q, dsl::scalar("scale")),
+                             "mamba2_like");
+    c.c.K = 64, c.c.V = 96, c.c.H = 2, c.c.H_kv = 2;
+    c.c.cu_seqlens = {0, 130, 130, 200}, c.c.T = 200, c.c.B = 1;
+    c.c.spec.varlen = true;
+    c.c.spec.reverse = true;
+    c.c.spec.initial_state = c.c.spec.final_state = true;
+    c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
+    bf16_io(c.c);
+    c.tile = ws_tile(64, 128);
+    add(c);
+  }
+  {
+    Case c = base;
+    c.c.name = "no decay, T = 40 below a chunk";
+    c.c.variant = ladle::recurrent_variant(false, false, false, false);
+    c.c.K = 64, c.c.V = 64, c.c.T = 40;
+    c.c.spec.final_state = true;
+    c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
+    bf16_io(c.c);
+    c.tile = ws_tile(64, 64);
+    add(c);
+  }
+  return cases;
+}
+
 // The split form (a state pass, then every chunk's output in parallel) on every case above,
 // with state tiles that cover K or split it (K = 32, 40), one to four warps, bf16 and fp32
 // per-chunk states.
@@ -225,6 +306,21 @@ inline std::vector<SegmentedCase> segmented() {
     }
     cases.push_back(sc);
     ++i;
+  }
+  return cases;
+}
+
+// The segmented form with its serial kernel in the ws form: every other ws case, segments of 100
+// tokens (partial chunks inside segments), the state pass as the library runs it (the split tile
+// of the serial one, its suffix form where the variant allows).
+inline std::vector<SegmentedCase> ws_segmented() {
+  std::vector<SegmentedCase> cases;
+  int i = 0;
+  for (Case c : ws()) {
+    if (i++ % 2 == 1) continue;
+    const ladle::cuda::ChunkedTile first{c.tile.block_k, 64, 64, 8, 64, 64, 4, false};
+    c.c.name += " (segmented)";
+    cases.push_back({c, first, 100, i % 4 == 1 ? 2 : 1});
   }
   return cases;
 }

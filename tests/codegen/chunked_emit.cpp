@@ -37,6 +37,13 @@ int main(int argc, char** argv) {
     wgmma_table += "    " + emit(ladle::cuda::generate_chunked(wgmma[i].c.variant, wgmma[i].spec()), "launch_wgmma_" + std::to_string(i)) + ",\n";
   out << "static const EmulatedKernel emulated_wgmma_kernels[] = {\n" << wgmma_table << "};\n\n";
 
+  // The warp-specialised Hopper form.
+  const auto ws = chunked_cases::ws();
+  std::string ws_table;
+  for (std::size_t i = 0; i < ws.size(); ++i)
+    ws_table += "    " + emit(ladle::cuda::generate_chunked(ws[i].c.variant, ws[i].spec()), "launch_ws_" + std::to_string(i)) + ",\n";
+  out << "static const EmulatedKernel emulated_ws_kernels[] = {\n" << ws_table << "};\n\n";
+
   // The split form: a state pass and an output pass per case.
   const auto split = chunked_cases::split();
   std::string split_table;
@@ -67,7 +74,20 @@ int main(int argc, char** argv) {
     }
     segmented_table += "    {" + entry + "},\n";
   }
+  // The segmented form with a ws serial kernel.
+  const auto ws_segmented = chunked_cases::ws_segmented();
+  std::string ws_segmented_table;
+  for (std::size_t i = 0; i < ws_segmented.size(); ++i) {
+    std::string entry;
+    const ladle::cuda::ChunkedKernelSpec specs[] = {ws_segmented[i].first_spec(), ws_segmented[i].fold_spec(), ws_segmented[i].serial_spec()};
+    const char* const names[] = {"_first", "_fold", "_serial"};
+    for (int k = 0; k < 3; ++k)
+      entry += std::string(entry.empty() ? "" : ", ") +
+               emit(ladle::cuda::generate_chunked(ws_segmented[i].c.c.variant, specs[k]), "launch_ws_segmented_" + std::to_string(i) + names[k]);
+    ws_segmented_table += "    {" + entry + "},\n";
+  }
   out << "struct EmulatedSegmented {\n  EmulatedKernel first, fold, serial;\n};\n";
   out << "static const EmulatedSegmented emulated_segmented_kernels[] = {\n" << segmented_table << "};\n";
+  out << "static const EmulatedSegmented emulated_ws_segmented_kernels[] = {\n" << ws_segmented_table << "};\n";
   return out ? 0 : 1;
 }

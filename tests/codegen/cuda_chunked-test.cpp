@@ -174,6 +174,120 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a), run on the host emulatio
   }
 }
 
+TEST_CASE("chunked: the warp-specialised form (sm_90a: TMA producer, wgmma consumers), run on the host emulation, computes "
+          "what the CPU path computes", "[codegen][chunked][emulation][ws]") {
+  const auto cases = chunked_cases::ws();
+  REQUIRE(std::size(emulated_ws_kernels) == cases.size());
+  REQUIRE(cases.size() >= 8);  // every head-decay case of all() and the three of ws() itself
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const cuda_cases::Case& c = cases[i].c;
+    const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.variant, cases[i].spec());
+    INFO(c.name << " (" << kernel.name << ", " << cuda::to_string(cases[i].tile) << ")");
+    REQUIRE(kernel.name == emulated_ws_kernels[i].name);
+    REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a").empty());
+    REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
+    REQUIRE(kernel.threads == static_cast<unsigned>(128 * (1 + cases[i].tile.block_v / 64)));
+    check_against_cpu(cases[i], 7000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+      Arguments arguments(kernel.params, c, gpu_run.args);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
+      cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_ws_kernels[i].launch(arguments.data()); });
+    });
+  }
+}
+
+TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses", "[codegen][chunked][ws]") {
+  const ir::Variant simple_gla = recurrent_variant(false, false, false, true);
+  const ir::Variant gla = recurrent_variant(true, false, false, false);
+  cuda::ChunkedTile ws{128, 64, 128, 12};
+  ws.ws = true;
+  CHECK(cuda::parse_chunked_tile("128,64,128,12,ws") == ws);
+  CHECK(cuda::to_string(ws) == "block_k=128 chunk=64 block_v=128 warps=12 ws");
+  CHECK(cuda::validate_chunked_tile(ws, simple_gla, 128, 128, 0, "sm_90a").empty());
+  CHECK_THAT(cuda::validate_chunked_tile(ws, simple_gla, 128, 128, 0, "sm_80").front(), Catch::Contains("ws needs the target sm_90a"));
+  CHECK_THAT(cuda::validate_chunked_tile(ws, gla, 128, 128, 0, "sm_90a").front(), Catch::Contains("at most a per-head scalar"));
+  cuda::ChunkedTile bad = ws;
+  bad.warps = 8;
+  CHECK_THAT(cuda::validate_chunked_tile(bad, simple_gla, 128, 128).front(), Catch::Contains("ws needs warps = 12"));
+  bad = ws, bad.chunk = 32;
+  CHECK_THAT(cuda::validate_chunked_tile(bad, simple_gla, 128, 128).front(), Catch::Contains("ws needs chunk = 64"));
+  bad = ws, bad.block_k = 256;
+  CHECK_THAT(cuda::validate_chunked_tile(bad, simple_gla, 256, 128).front(), Catch::Contains("ws needs block_k = 64 or 128"));
+  CHECK(cuda::chunked_shared_bytes(simple_gla, ws) <= 227 * 1024);
+  // A feature map or a per-token read scale is not what TMA copies.
+  const ir::Variant mapped = dsl::lower(dsl::read(dsl::scan(dsl::elu(dsl::k) + 1, dsl::v).decay_head(dsl::head_param("g_gamma")),
+                                                  dsl::q, dsl::scalar("scale")), "mapped");
+  CHECK_THAT(cuda::validate_chunked_tile(ws, mapped, 128, 128, 0, "sm_90a").front(), Catch::Contains("no feature map"));
+
+  cuda::ChunkedKernelSpec spec;
+  spec.tile = ws;
+  for (const ir::Input& in : simple_gla.inputs)
+    spec.input_types.push_back(in.role == ir::Role::other || in.kind == ir::InputKind::scalar ? ElementType::f32 : ElementType::bf16);
+  spec.output_type = ElementType::bf16;
+  REQUIRE_THROWS_WITH(cuda::generate_chunked(simple_gla, spec), Catch::Contains("ws needs the target sm_90a") && Catch::Contains("not given"));
+  spec.arch = "sm_90a";
+  const cuda::ChunkedKernel kernel = cuda::generate_chunked(simple_gla, spec);
+  CHECK(kernel.threads == 384);
+  CHECK_THAT(kernel.name, Catch::StartsWith("ladle_chunked_ws_"));
+  CHECK_THAT(kernel.source, Catch::Contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"));
+  CHECK_THAT(kernel.source, Catch::Contains("cp.async.bulk.tensor.4d"));
+  CHECK_THAT(kernel.source, Catch::Contains("ladle_wgmma_ss_bf16_tab<64>(S[mt]"));
+  CHECK_THAT(kernel.source, Catch::Contains("const __grid_constant__ ladle_tensor_map q_map"));
+  int maps = 0;
+  for (const cuda::KernelParam& p : kernel.params)
+    if (p.role == cuda::KernelParam::Role::input_tensor_map) {
+      CHECK(p.box_rows == 64);
+      ++maps;
+    }
+  CHECK(maps == 3);
+  // f16 q is refused by name.
+  spec.input_types[0] = ElementType::f16;
+  CHECK_THROWS_WITH(cuda::generate_chunked(simple_gla, spec), Catch::Contains("bf16 by TMA") && Catch::Contains("q is f16"));
+}
+
+TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the CPU path computes",
+          "[codegen][chunked][emulation][ws]") {
+  const auto cases = chunked_cases::ws_segmented();
+  REQUIRE(std::size(emulated_ws_segmented_kernels) == cases.size());
+  REQUIRE(!cases.empty());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const chunked_cases::SegmentedCase& sc = cases[i];
+    const cuda_cases::Case& c = sc.c.c;
+    const cuda::ChunkedKernel first = cuda::generate_chunked(c.variant, sc.first_spec());
+    const cuda::ChunkedKernel fold = cuda::generate_chunked(c.variant, sc.fold_spec());
+    const cuda::ChunkedKernel serial = cuda::generate_chunked(c.variant, sc.serial_spec());
+    INFO(c.name << " (" << cuda::to_string(sc.c.tile) << ", segments of " << sc.segment_tokens << " tokens)");
+    REQUIRE(serial.name == emulated_ws_segmented_kernels[i].serial.name);
+    REQUIRE_THAT(serial.name, Catch::StartsWith("ladle_chunked_ws_segmented_"));
+    check_against_cpu(sc.c, 8000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+      const cuda::ChunkedSegments segments =
+          cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse, sc.state_pieces);
+      const std::int64_t earlier = segments.earlier_segments();
+      const std::int64_t width = cuda::chunked_segment_decay_width(c.variant, c.K, c.V);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> own_states(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * c.K * c.V)), nan);
+      std::vector<float> own_decay(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * width)), nan);
+      SplitArguments split;
+      split.segment_states = own_states.data();
+      split.segment_decay = own_decay.data();
+      if (earlier > 0) {
+        split.segments = segments.earlier.data();
+        Arguments arguments(first.params, c, gpu_run.args, split);
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(first, earlier, c.H, c.K, c.V, 0);
+        cuda_emulation::launch(grid.x, grid.y, grid.z, first.threads, [&] { emulated_ws_segmented_kernels[i].first.launch(arguments.data()); });
+        split.segments = segments.all.data();
+        Arguments fold_arguments(fold.params, c, gpu_run.args, split);
+        const cuda::ChunkedGrid fold_grid = cuda::chunked_grid(fold, segments.segments(), c.H, c.K, c.V, 0);
+        cuda_emulation::launch(fold_grid.x, fold_grid.y, fold_grid.z, fold.threads,
+                               [&] { emulated_ws_segmented_kernels[i].fold.launch(fold_arguments.data()); });
+      }
+      split.segments = segments.all.data();
+      Arguments arguments(serial.params, c, gpu_run.args, split);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(serial, segments.segments(), c.H, c.K, c.V, 0);
+      cuda_emulation::launch(grid.x, grid.y, grid.z, serial.threads, [&] { emulated_ws_segmented_kernels[i].serial.launch(arguments.data()); });
+    });
+  }
+}
+
 TEST_CASE("chunked: the split form (state pass, then every chunk at once) computes what the CPU path computes",
           "[codegen][chunked][emulation]") {
   const auto cases = chunked_cases::split();

@@ -252,6 +252,8 @@ inline bool any(bool value) {
 }  // namespace cuda_emulation
 inline bool ladle_warp_any(bool value) { return cuda_emulation::any(value); }
 inline int ladle_warp_uniform(int x) { return x; }  // the kernels pass values every lane holds alike
+// __syncwarp over the full warp: every lane arrives before any goes on.
+inline void __syncwarp(unsigned /*full mask*/ = 0xffffffffu) { cuda_emulation::warp_exchange->barrier.arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned /*full mask*/, float value, int lane_mask) {
   return cuda_emulation::shfl_xor(value, lane_mask);
 }
@@ -343,7 +345,7 @@ inline float operand_value(unsigned short bits, bool f16) {
 }
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}: d = A B + (accumulate ? d : 0), accumulate
 // being the instruction's scale-d (0: d's earlier contents, never read, may be anything).
-//   A: 64 x 16, from a K-major descriptor (a_regs null) or from registers: thread t of the
+//   A: 64 x 16, from a descriptor (a_regs null; K-major, or M-major when trans_a) or from registers: thread t of the
 //      warpgroup holds, in a_regs[r], rows 16 (t / 32) + (t % 32) / 4 (+ 8 for r = 1, 3) at
 //      columns 2 (t % 4) and + 1 (+ 8 for r = 2, 3), low half first.
 //   B: 16 x N from a descriptor, K-major (trans_b false) or N-major (trans_b true).
@@ -351,7 +353,7 @@ inline float operand_value(unsigned short bits, bool f16) {
 //      column 8 (i / 4) + 2 (t % 4) + i % 2.
 template <int N>
 inline void wgmma(float (&d)[N / 8][4], const unsigned* a_regs, unsigned long long a_desc, unsigned long long b_desc,
-                  bool trans_b, bool f16, bool accumulate = true) {
+                  bool trans_b, bool f16, bool accumulate = true, bool trans_a = false) {
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N = 8, 16, ..., 256");
   if (!warpgroup_exchange) wgmma_fault("the block is not made of whole warpgroups");
   WarpgroupExchange& x = *warpgroup_exchange;
@@ -369,7 +371,7 @@ inline void wgmma(float (&d)[N / 8][4], const unsigned* a_regs, unsigned long lo
     float sum = accumulate ? d[i / 4][i % 4] : 0.0f;
     for (unsigned k = 0; k < 16; ++k) {
       const float a = a_regs ? half_of(x.a[32 * (row / 16) + 4 * (row % 8) + (k % 8) / 2][(row % 16 >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16)
-                             : operand_value(descriptor_element(da, row, k, false), f16);
+                             : operand_value(descriptor_element(da, row, k, trans_a), f16);
       const float b = operand_value(descriptor_element(db, col, k, trans_b), f16);
       sum += a * b;
     }
@@ -397,6 +399,15 @@ inline void ladle_wgmma_ss_bf16(float (&d)[N / 8][4], unsigned long long a, unsi
 template <int N>
 inline void ladle_wgmma_ss_f16(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1) {
   cuda_emulation::wgmma<N>(d, nullptr, a, b, false, true, accumulate != 0);
+}
+#define LADLE_WGMMA_TRANSPOSED
+template <int N>
+inline void ladle_wgmma_ss_bf16_tb(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1) {
+  cuda_emulation::wgmma<N>(d, nullptr, a, b, true, false, accumulate != 0);
+}
+template <int N>
+inline void ladle_wgmma_ss_bf16_tab(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1) {
+  cuda_emulation::wgmma<N>(d, nullptr, a, b, true, false, accumulate != 0, true);
 }
 template <int N>
 inline void ladle_wgmma_rs_bf16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate = 1) {

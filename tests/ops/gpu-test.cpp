@@ -233,6 +233,37 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   CHECK(result.program.resources(result.kernel.name)->spill_store_bytes == 0);
 }
 
+TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills in every mode", "[gpu][nvrtc][chunked][ws]") {
+  namespace dsl = ladle::dsl;
+  const auto& simple = ladle::recurrent_variant(false, false, false, true);
+  const auto& plain = ladle::recurrent_variant(false, false, false, false);
+  const auto user = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_head(-dsl::softplus(dsl::token_head("dt")) * dsl::head_param("A")),
+                                         dsl::q, dsl::scalar("scale")),
+                               "mamba2_like");
+  int compiled = 0;
+  for (const ladle::ir::Variant* v : {&simple, &plain, &user})
+    for (int D : {64, 128})
+      for (int mode = 0; mode < 3; ++mode) {
+        auto spec = chunked_spec_for(*v, ElementType::bf16, D, D);
+        spec.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
+        spec.tile.ws = true;
+        spec.initial_state = spec.final_state = mode != 0;
+        spec.reverse = spec.varlen = mode == 1;
+        spec.segmented = mode == 2;
+        auto result = ladle::gpu::compile_chunked(*v, spec, "sm_90a");
+        const auto* r = result.program.resources(result.kernel.name);
+        REQUIRE(r != nullptr);
+        INFO(v->name << " D=" << D << " mode " << mode << ": " << r->registers << " registers, " << r->spill_store_bytes
+                     << " bytes spilled, " << result.kernel.shared_bytes << " bytes of shared memory");
+        CHECK(r->spill_store_bytes == 0);
+        CHECK(result.kernel.shared_bytes <= 227 * 1024);
+        CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") != std::string::npos);
+        CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
+        ++compiled;
+      }
+  CHECK(compiled == 18);
+}
+
 TEST_CASE("the algorithm follows the shape and dtype unless forced", "[gpu][chunked]") {
   std::mt19937_64 rng(9);
   const auto& gla = ladle::gla_variant(false);

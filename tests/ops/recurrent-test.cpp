@@ -570,6 +570,79 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the referen
   }
 }
 
+TEST_CASE("chunked: the warp-specialised form (sm_90a ws tiles) matches the reference", "[ops][chunked][ws]") {
+  // On a GPU other than sm_90a a ws tile is refused by name; without a GPU the CPU path runs (the
+  // generated kernels are checked on the host emulation: codegen-cuda_chunked [ws]).
+  const bool gpu = ladle::driver_available();
+  const bool hopper = gpu && ladle::Device::get().properties().arch() == "sm_90a";
+  const auto tile = [](int K, int V) {
+    ladle::cuda::ChunkedTile t{K <= 64 ? 64 : 128, 64, V <= 64 ? 64 : 128, V <= 64 ? 8 : 12};
+    t.ws = true;
+    return t;
+  };
+  if (gpu && !hopper) {
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.type = ElementType::bf16;
+    c.K = c.V = 64;
+    c.g_gamma = true;
+    c.chunked_tile = tile(64, 64);
+    REQUIRE_THROWS_WITH(check_case(c), Catch::Contains("ws needs the target sm_90a"));
+    WARN("this GPU is not sm_90a: the ws tiles ran on the host emulation only");
+    return;
+  }
+  if (!gpu) WARN("no GPU: the ws kernels ran on the host emulation only (codegen-cuda_chunked [ws])");
+  for (int v = 0; v < 8; ++v) {  // g_gamma or no decay; K, V of 64, 96 and 128; reverse, GQA, h0
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 2, c.T = v % 4 == 3 ? 40 : 333, c.H = 4, c.H_kv = v % 2 ? 2 : 4;
+    c.K = v < 4 ? 128 : 64, c.V = v % 3 == 0 ? 128 : v % 3 == 1 ? 96 : 64;
+    c.type = ElementType::bf16;
+    c.gate_type = v % 2 ? ElementType::bf16 : ElementType::f32;
+    c.g_gamma = v != 5;
+    c.gamma_per_batch = v == 6;
+    c.reverse = v % 3 == 2;
+    c.initial_state = v % 4 != 1;
+    c.chunked_tile = tile(c.K, c.V);
+    check_case(c);
+  }
+  for (bool reverse : {false, true}) {  // packed sequences with an empty one and one below a chunk
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.type = ElementType::bf16;
+    c.cu_seqlens = {0, 1, 170, 170, 400, 429};
+    c.H = 4, c.H_kv = 2, c.K = 128, c.V = 128;
+    c.g_gamma = true;
+    c.initial_state = true;
+    c.reverse = reverse;
+    c.chunked_tile = tile(128, 128);
+    check_case(c);
+  }
+  for (double level : {-2.5, -10.0}) {  // strong decay, and segments of a long sequence
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 1, c.T = 5000, c.H = 2, c.H_kv = 2, c.K = c.V = 128;
+    c.type = ElementType::bf16;
+    c.g_gamma = true;
+    c.gate_level = level;
+    c.initial_state = true;
+    c.segment_tokens = 2048;
+    c.chunked_tile = tile(128, 128);
+    check_case(c);
+  }
+  {  // hard resets: g_gamma of -inf for head 0
+    Case c;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 2, c.T = 150, c.K = 128, c.V = 64;
+    c.type = ElementType::bf16;
+    c.g_gamma = true;
+    c.hard_reset = -std::numeric_limits<double>::infinity();
+    c.initial_state = true;
+    c.chunked_tile = tile(128, 64);
+    check_case(c);
+  }
+}
+
 TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither overflows nor loses accuracy", "[ops][chunked][stability]") {
   for (unsigned gates : {1u, 4u, 8u, 15u}) {  // g, gv, g_gamma, all
     Case c;

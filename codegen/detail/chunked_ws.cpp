@@ -1,0 +1,487 @@
+#include "chunked_ws.h"
+
+#include <ladle/runtime/error.h>
+
+#include "attention_parts.h"
+#include "cuda_source.h"
+
+namespace ladle::cuda::detail {
+
+namespace {
+
+constexpr int ws_chunk = 64;
+constexpr int ws_producer_registers = 24, ws_consumer_registers = 240;
+
+// The template's own names (an input with one of these names is renamed).
+const std::set<std::string>& ws_names() {
+  static const std::set<std::string> names = {
+      "C", "BK", "BV", "KB", "CONSUMERS", "STAGES", "BOX", "STAGE_BYTES", "THREADS", "LOG2E", "GATE_FLOOR", "REVERSE", "smem",
+      "base", "ring", "st_all", "vup_all", "gate_all", "full", "empty", "n", "h", "b", "bos", "eos", "seg", "v0", "length",
+      "chunks", "consumer", "wt", "warp", "lane", "gid", "tig", "cv0", "st", "vup", "gsum", "S", "desc", "c", "stage", "parity",
+      "row0", "valid", "g0", "g1", "pair", "prefix", "total", "d", "other", "G0", "G1", "decay", "score", "o_acc", "p_frag",
+      "p", "ta", "tb", "step_a", "step_b", "G_a", "G_b", "f_a", "f_b", "mt", "nb", "r", "kk", "kt", "col", "feat", "row",
+      "step", "w", "e", "piece", "x", "u", "live", "t", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d",
+      "initial_state", "final_state", "cu_seqlens", "B", "T", "H", "K", "V", "read_scale", "segments", "segment_states",
+      "segment_decay", "q_map", "k_map", "v_map", "dst", "value", "o_row", "pos", "half", "s", "next", "stage_desc", "sd",
+      "keep", "G_s", "step_s", "first", "start", "x0", "x1", "shift"};
+  return names;
+}
+
+// Whether slot s reads input `role` as it is: the expression is that input alone.
+bool plain(const ir::Variant& variant, ir::Slot s, ir::Role role) {
+  const ir::Expr& e = variant.slot(s);
+  return e.nodes.size() == 1 && e.nodes[0].op == ir::Op::input && variant.inputs[e.nodes[0].input].role == role;
+}
+
+int input_of(const ir::Variant& variant, ir::Slot s) { return variant.slot(s).nodes[0].input; }
+
+int stages_of(const ChunkedTile& tile) {
+  // Three stages where they fit beside the consumers' buffers in 227 KiB, else two.
+  const int kb = tile.block_k / 64, consumers = tile.block_v / 64;
+  const int fixed = 1024 + consumers * (tile.block_k * 128 + ws_chunk * 128 + 4 * ws_chunk * 4);
+  const int stage = (2 * kb + consumers) * ws_chunk * 128 + 16;
+  return fixed + 3 * stage <= 227 * 1024 ? 3 : 2;
+}
+
+}  // namespace
+
+std::string ws_variant_unsupported(const ir::Variant& variant) {
+  if (variant.normalize) return "the ws form has no normaliser";
+  if (variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_v))
+    return "the ws form needs a decay of at most a per-head scalar per token (no key- or value-side gate)";
+  if (!plain(variant, ir::Slot::q_feature, ir::Role::query) || !plain(variant, ir::Slot::k_feature, ir::Role::key) ||
+      !plain(variant, ir::Slot::v, ir::Role::value))
+    return "the ws form copies q, k and v as they are (no feature map)";
+  if (ir::extent(variant, variant.slot(ir::Slot::scale)).token) return "the ws form needs a read scale that does not vary over tokens";
+  return {};
+}
+
+std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  if (std::string why = ws_variant_unsupported(variant); !why.empty()) return why;
+  if (spec.input_types.size() != variant.inputs.size()) return "input_types do not match the variant";
+  for (ir::Slot s : {ir::Slot::q_feature, ir::Slot::k_feature, ir::Slot::v}) {
+    const int k = input_of(variant, s);
+    if (spec.input_types[k] != ElementType::bf16)
+      return "the ws form reads q, k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]);
+  }
+  return {};
+}
+
+std::vector<std::string> ws_tile_rules(const ChunkedTile& tile) {
+  std::vector<std::string> problems;
+  const auto say = [&](const std::string& what) { problems.push_back(what); };
+  if (tile.split()) say("ws is a serial form (state_block_k = 0), not the split form");
+  if (tile.wgmma) say("ws and wgmma are two forms of the serial kernel: name one");
+  if (tile.chunk != ws_chunk) say("ws needs chunk = 64, got " + std::to_string(tile.chunk));
+  if (tile.block_k != 64 && tile.block_k != 128) say("ws needs block_k = 64 or 128, got " + std::to_string(tile.block_k));
+  if (tile.block_v != 64 && tile.block_v != 128) say("ws needs block_v = 64 or 128, got " + std::to_string(tile.block_v));
+  else if (tile.warps != 4 + tile.block_v / 16)
+    say("ws needs warps = " + std::to_string(4 + tile.block_v / 16) +
+        " (a producer warpgroup and a consumer warpgroup per 64 value columns), got " + std::to_string(tile.warps));
+  return problems;
+}
+
+int ws_shared_bytes(const ChunkedTile& tile) {
+  const int kb = tile.block_k / 64, consumers = tile.block_v / 64, stages = stages_of(tile);
+  return 1024 + stages * (2 * kb + consumers) * ws_chunk * 128 + consumers * (tile.block_k * 128 + ws_chunk * 128) +
+         consumers * 4 * ws_chunk * 4 + 2 * stages * 8;
+}
+
+ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked: " + what); };
+  const ChunkedTile& tile = spec.tile;
+  if (const auto problems = ws_tile_rules(tile); !problems.empty()) fail("tile " + to_string(tile) + ": " + problems.front());
+  if (const std::string why = ws_spec_unsupported(variant, spec); !why.empty()) fail("tile " + to_string(tile) + ": " + why);
+  if (spec.phase != ChunkedPhase::serial) fail("the ws form is a serial kernel (phase serial)");
+  if (!chunked_wgmma_arch(spec.arch))
+    fail("tile " + to_string(tile) + ": ws needs the target sm_90a (TMA, wgmma.mma_async), the target is " +
+         (spec.arch.empty() ? std::string("not given") : spec.arch));
+  const bool segmented = spec.segmented;
+  const int C = ws_chunk, BK = tile.block_k, BV = tile.block_v, CONSUMERS = BV / 64;
+  const int STAGES = stages_of(tile), THREADS = 128 * (1 + CONSUMERS);
+  const std::vector<std::string> id = identifiers(variant, ws_names());
+  const auto& inputs = variant.inputs;
+  const InputUse use_of = input_use(variant);
+  const int qi = input_of(variant, ir::Slot::q_feature), ki = input_of(variant, ir::Slot::k_feature), vi = input_of(variant, ir::Slot::v);
+  const bool has_gate = variant.has(ir::Slot::log_decay_head);
+  // The per-token head inputs the gate reads (loaded one chunk ahead into registers).
+  std::vector<bool> gate_reads(inputs.size(), false);
+  if (has_gate)
+    for (const ir::Node& node : variant.slot(ir::Slot::log_decay_head).nodes)
+      if (node.op == ir::Op::input && inputs[node.input].kind == ir::InputKind::token_head) gate_reads[node.input] = true;
+
+  ChunkedKernel kernel;
+  kernel.name = "ladle_chunked_ws" + std::string(segmented ? "_segmented" : "") + "_" +
+                hex(fnv1a(to_string(tile) + types_key(spec) + (segmented ? "|segmented" : ""), ir::hash(variant)));
+  kernel.threads = static_cast<unsigned>(THREADS);
+  kernel.block_v = BV;
+  kernel.block_k = BK;
+  kernel.phase = ChunkedPhase::serial;
+  kernel.shared_bytes = ws_shared_bytes(tile);
+
+  std::vector<std::string> declarations;
+  declare_params(variant, id, spec, declarations, kernel.params);
+  {
+    using Type = KernelParam::Type;
+    using Role = KernelParam::Role;
+    if (segmented) {
+      const auto param = [&](const std::string& c_type, const std::string& name, Role role) {
+        declarations.push_back(c_type + " __restrict__ " + name);
+        kernel.params.push_back({name, c_type, Type::pointer, role, -1});
+      };
+      param("const long long*", "segments", Role::segments);
+      param("const float*", "segment_states", Role::segment_states);
+      param("const float*", "segment_decay", Role::segment_decay);
+    }
+    for (const auto& [name, index] : {std::pair{"q_map", qi}, std::pair{"k_map", ki}, std::pair{"v_map", vi}}) {
+      declarations.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
+      kernel.params.push_back({name, "ladle_tensor_map", Type::tensor_map, Role::input_tensor_map, index, C});
+    }
+  }
+
+  std::string header = "ladle: chunked kernel " + kernel.name + "\nGenerated by codegen/detail/chunked_ws.cpp; do not edit.\n\n";
+  header += "The serial form, warp-specialised (sm_90a): a producer warpgroup copies q, k and v of each 64-token chunk\n"
+            "by TMA into a ring of " + std::to_string(STAGES) + " stages (mbarriers full / empty); consumer warpgroup j owns value columns\n"
+            "[64 j, 64 j + 64) of the block's state S (fp32, wgmma accumulators) and per chunk, with G_t the cumulative\n"
+            "log2 head decay through token t of the chunk and G_C its total:\n"
+            "  st = bf16(S), vup = 2^(G_C - G_s) v_s (both 128-byte swizzled, as TMA writes its boxes), S *= 2^(G_C);\n"
+            "  one wgmma batch: score = q k^T, o = q st, S += k^T vup;\n"
+            "  P_ts = scale q_t.k_s 2^(G_t - G_s) (s <= t), o_t *= scale 2^(G_t), then o += P v; o stored.\n"
+            "Every factor is a decay (at most 1): no reference token, no fallback.\n";
+  if (segmented)
+    header += "Segmented: one segment (segments[n]) from the state its earlier segments leave (h0, or the fold\n"
+              "kernel's row of segment_states).\n";
+  header += "\n" + ir::to_string(variant);
+  header += "\nconfig: " + to_string(tile) + " (" + std::to_string(THREADS) + " threads: producer, " + std::to_string(CONSUMERS) +
+            " consumer warpgroup(s)); requires K <= " + std::to_string(BK) + "\n";
+  header += "launch: grid (ceil(V / " + std::to_string(BV) + "), N * H), block (" + std::to_string(THREADS) +
+            "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
+  header += "tensor maps: q, k, v as [B,T,X,D] (bf16, 128-byte swizzle, zero fill), boxes of 64 features by 64 tokens\n";
+  if (segmented)
+    header += "segments: [N][8] {b, first token, end token, sequence, index in it, row of its first earlier segment, last}\n";
+  header += "types: " + types_line(variant, id, spec) + "; tensor-core operands bf16, accumulation fp32\n";
+  header += "setmaxnreg: producer " + std::to_string(ws_producer_registers) + ", consumers " + std::to_string(ws_consumer_registers) +
+            " registers per thread\n";
+  header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
+            " initial_state=" + (spec.initial_state ? "1" : "0") + " final_state=" + (spec.final_state ? "1" : "0") + "\n";
+  header += "GQA: an input with X heads serves query head h from head h * X / H.\n";
+
+  Code c;
+  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + wgmma_helpers(64, 64, false, false) +
+    wgmma_transposed_helpers(64) + ws_helpers());
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(THREADS) + ", 1) " + kernel.name + "(");
+  c.in(), c.in();
+  for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
+  c.out();
+  c("constexpr int C = " + std::to_string(C) + ", BK = " + std::to_string(BK) + ", BV = " + std::to_string(BV) +
+    ", KB = BK / 64, CONSUMERS = BV / 64, STAGES = " + std::to_string(STAGES) + ";");
+  c("constexpr unsigned BOX = C * 128;  // bytes of a box: C tokens of 64 16-bit features, 128-byte rows");
+  c("constexpr unsigned STAGE_BYTES = (2 * KB + CONSUMERS) * BOX;  // q boxes, k boxes, one v box per consumer");
+  c("constexpr float LOG2E = 1.4426950408889634f;");
+  c("constexpr float GATE_FLOOR = -256.0f;  // log2 gates below it (-inf: a hard reset) count as it: 2^-256 = 0");
+  c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
+  c("(void)LOG2E; (void)GATE_FLOOR;");
+  c("");
+  c("// Shared memory from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes):");
+  c("//   ring [STAGES][2 KB + CONSUMERS][C][64] bf16   q boxes, k boxes, v boxes (TMA, swizzled)");
+  c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state, read by o = q st (swizzled)");
+  c("//   vup_all [CONSUMERS][C][64] bf16                each consumer's v rows times 2^(G_C - G_s) (swizzled)");
+  c("//   gate_all [CONSUMERS * 4][C] f32                each consumer warp's cumulative log2 decay");
+  c("//   full [STAGES], empty [STAGES]                  mbarriers");
+  c("LADLE_DYNAMIC_SHARED(smem);");
+  c("unsigned char* const base = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
+  c("unsigned short* const ring = reinterpret_cast<unsigned short*>(base);");
+  c("unsigned short* const st_all = reinterpret_cast<unsigned short*>(base + STAGES * STAGE_BYTES);");
+  c("unsigned short* const vup_all = st_all + CONSUMERS * BK * 64;");
+  c("float* const gate_all = reinterpret_cast<float*>(vup_all + CONSUMERS * C * 64);");
+  c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(gate_all + CONSUMERS * 4 * C);");
+  c("unsigned long long* const empty = full + STAGES;");
+  c("");
+  c("const int v0 = blockIdx.x * BV;  // the block's first value column");
+  c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
+  if (segmented) {
+    c("// The block's segment: tokens [seg[1], seg[2]) of batch row seg[0], part of sequence seg[3].");
+    c("const long long* const seg = segments + 8LL * n;");
+    c("const int b = static_cast<int>(seg[0]);");
+    c("const long long bos = seg[1], eos = seg[2];");
+  } else if (spec.varlen) {
+    c("const int b = 0;");
+    c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
+  } else {
+    c("const int b = n;");
+    c("const long long bos = 0, eos = T;");
+  }
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (use_of.used[k] && inputs[k].kind != ir::InputKind::scalar) c("const int " + id[k] + "_head = h * " + id[k] + "_heads / H;");
+  c("const long long length = eos - bos;");
+  c("const int chunks = static_cast<int>((length + C - 1) / C);");
+  c("");
+  c("if (threadIdx.x == 0) {");
+  c("  for (int s = 0; s < STAGES; ++s) {");
+  c("    ladle_mbarrier_init(&full[s], 1);               // the producer's arrive_expect_tx, then the copies' bytes");
+  c("    ladle_mbarrier_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp");
+  c("  }");
+  c("  ladle_fence_barrier_init();");
+  c("}");
+  c("__syncthreads();  // the only block-wide barrier: the producer leaves after its copies");
+  c("");
+  c("// 1. The producer warpgroup: one thread issues every copy. A chunk's box starts at row0, so that");
+  c("//    row r holds token row0 + r either way; rows outside [bos, eos) are masked by the consumers");
+  c("//    (and outside the tensor TMA writes zeros).");
+  c("if (threadIdx.x < 128) {");
+  c.in();
+  c("ladle_setmaxnreg_dec<" + std::to_string(ws_producer_registers) + ">();");
+  c("if (threadIdx.x == 0) {");
+  c.in();
+  c("for (int c = 0; c < chunks; ++c) {");
+  c.in();
+  c("const int stage = c % STAGES;");
+  c("if (c >= STAGES) ladle_mbarrier_wait(&empty[stage], (c / STAGES - 1) & 1);");
+  c("const int row0 = static_cast<int>(REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C);");
+  c("unsigned short* const dst = ring + stage * (STAGE_BYTES / 2);");
+  c("ladle_mbarrier_arrive_expect_tx(&full[stage], STAGE_BYTES);");
+  c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + kb * (BOX / 2), &q_map, kb * 64, row0, " + id[qi] + "_head, b, &full[stage]);");
+  c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (KB + kb) * (BOX / 2), &k_map, kb * 64, row0, " + id[ki] +
+    "_head, b, &full[stage]);");
+  c("for (int j = 0; j < CONSUMERS; ++j)");
+  c("  ladle_tma_load_4d(dst + (2 * KB + j) * (BOX / 2), &v_map, v0 + 64 * j, row0, " + id[vi] + "_head, b, &full[stage]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("return;");
+  c.out();
+  c("}");
+  c("ladle_setmaxnreg_inc<" + std::to_string(ws_consumer_registers) + ">();");
+  c("");
+  c("// 2. The consumers. Accumulator layout (wgmma m64nNk16, per warp as mma.sync's): thread (warp, gid, tig)");
+  c("//    holds rows 16 warp + gid (+ 8 for r >= 2) and columns 8 nb + 2 tig (+ 1 for odd r).");
+  c("const int consumer = threadIdx.x / 128 - 1, wt = threadIdx.x % 128, warp = wt / 32, lane = threadIdx.x % 32;");
+  c("const int gid = lane / 4, tig = lane % 4;");
+  c("const int cv0 = v0 + 64 * consumer;  // this consumer's first value column");
+  c("unsigned short* const st = st_all + consumer * BK * 64;");
+  c("unsigned short* const vup = vup_all + consumer * C * 64;");
+  c("float* const gsum = gate_all + (consumer * 4 + warp) * C;");
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (use_of.used[k] && inputs[k].kind == ir::InputKind::head)
+      c("const float " + id[k] + "_value = ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + " + id[k] + "_head * " + id[k] +
+        "_stride_h);");
+  c("const float read_scale = " + (variant.has(ir::Slot::scale) ? render_slot(variant, id, ir::Slot::scale, "") : std::string("1.0f")) +
+    ";");
+  // Byte offset of a swizzled 16-bit element (row, col) of a [rows][64] region at a 1024-aligned base.
+  c("// Element (row, col < 64) of a 128-byte-swizzled [rows][64] region: its 16-byte piece col / 8 lands at");
+  c("// piece (col / 8) ^ (row % 8) of the row.");
+  c("const auto swz = [](int row, int col) { return row * 64 + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7)); };");
+  c("");
+  c("// The state columns [cv0, cv0 + 64) of every key row: S[mt][nb][r] is key row 64 mt + 16 warp + gid + 8 (r / 2),");
+  c("// column cv0 + 8 nb + 2 tig + r % 2.");
+  c("float S[KB][8][4];");
+  const std::string sequence_index = segmented ? "seg[3]" : "static_cast<long long>(n)";
+  {
+    std::string start = spec.initial_state ? "ladle_load(initial_state + ((" + sequence_index + " * H + h) * K + feat) * V + col)" : "0.0f";
+    if (segmented) start = "(seg[4] > 0 ? segment_states[((( seg[5] + seg[4] - 1) * H + h) * K + feat) * V + col] : " + start + ")";
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
+    c("      S[mt][nb][r] = feat < K && col < V ? " + start + " : 0.0f;");
+    c("    }");
+  }
+  c("// One descriptor for every operand (128-byte swizzle, SBO 1024: the next 8 rows; LBO: the next box):");
+  c("// a product adds its operand's byte offset / 16 to the start address (shared memory ends below");
+  c("// 256 KiB, so the sum never carries out of bits 0-13).");
+  c("const unsigned long long desc = ladle_wgmma_desc_sw128(ring, BOX, 1024);");
+  c("const unsigned st_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(st) - base);");
+  c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
+  if (has_gate) {
+    c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (gate_reads[k]) c("float " + id[k] + "_next[2] = {0.0f, 0.0f};");
+    const auto load_next = [&](const std::string& chunk) {
+      bool any = false;
+      for (std::size_t k = 0; k < inputs.size(); ++k) any = any || gate_reads[k];
+      if (!any) return;
+      c("LADLE_UNROLL for (int u = 0; u < 2; ++u) {");
+      c.in();
+      c("const long long step = static_cast<long long>(" + chunk + ") * C + 2 * lane + u;");
+      c("const bool live = step < length;");
+      c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        if (gate_reads[k])
+          c(id[k] + "_next[u] = live ? ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] +
+            "_head * " + id[k] + "_stride_h) : 0.0f;");
+      c.out();
+      c("}");
+    };
+    load_next("0");
+    c("");
+    c("for (int c = 0; c < chunks; ++c) {");
+    c.in();
+    c("const int stage = c % STAGES;");
+    c("const unsigned parity = (c / STAGES) & 1;");
+    c("const long long row0 = REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C;");
+    c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
+    c("// 2a. The cumulative log2 decay G of this chunk's steps (step = token order in the recurrence's");
+    c("//     direction), per warp: steps 2 lane and 2 lane + 1, a scan over the lanes.");
+    c("float g[2];");
+    c("LADLE_UNROLL for (int u = 0; u < 2; ++u) {");
+    c.in();
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (gate_reads[k]) c("const float " + id[k] + "_t = " + id[k] + "_next[u];");
+    c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_head, "") + ");");
+    c("g[u] = 2 * lane + u < valid ? (x > GATE_FLOOR ? x : GATE_FLOOR) : 0.0f;");
+    c.out();
+    c("}");
+    load_next("c + 1");
+  } else {
+    c("");
+    c("for (int c = 0; c < chunks; ++c) {");
+    c.in();
+    c("const int stage = c % STAGES;");
+    c("const unsigned parity = (c / STAGES) & 1;");
+    c("const long long row0 = REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C;");
+    c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
+    c("float g[2] = {0.0f, 0.0f};  // no decay");
+  }
+  c("float prefix = g[0] + g[1], total = prefix;  // inclusive scan of the lanes' pair sums");
+  c("LADLE_UNROLL for (int d = 1; d < 32; d *= 2) {");
+  c("  const float other = __shfl_xor_sync(0xffffffffu, total, d);");
+  c("  if (lane & d) prefix += other;");
+  c("  total += other;");
+  c("}");
+  c("gsum[2 * lane] = prefix - g[1];");
+  c("gsum[2 * lane + 1] = prefix;");
+  c("__syncwarp();");
+  c("const float G_C = gsum[valid - 1];  // the chunk's total");
+  c("");
+  c("// 2b. The state's bf16 copy for o = q st, v's rows times 2^(G_C - G_s) for the update, then S's decay.");
+  c("ladle_mbarrier_wait(&full[stage], parity);");
+  c("const unsigned stage_offset = stage * STAGE_BYTES;");
+  c("const unsigned short* const v_box = ring + (stage_offset + (2 * KB + consumer) * BOX) / 2;");
+  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+  c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+  c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("      const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
+  c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
+  c("    }");
+  c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces, as swizzled: the row is what matters");
+  c.in();
+  c("const int e = wt + 128 * i, row = e / 8;");
+  c("const int step = REVERSE ? C - 1 - row : row;");
+  c("const float w = step < valid ? ladle_exp2(G_C - gsum[step]) : 0.0f;");
+  c("float x[8];");
+  c("ladle_unpack8_bf16(x, ladle_ld16(v_box + 8 * e));");
+  c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] *= w;");
+  c("ladle_store8_bf16(vup + 8 * e, x);");
+  c.out();
+  c("}");
+  c("const float decay = ladle_exp2(G_C);");
+  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+  c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+  c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) S[mt][nb][r] *= decay;");
+  c("ladle_fence_proxy_async();  // st and vup, written through the generic proxy, before wgmma reads them");
+  c("ladle_named_barrier_sync(1 + consumer, 128);");
+  c("");
+  c("// 2c. One batch: score = q k^T (both K-major), o = q st (st N-major), S += k^T vup (k M-major, vup");
+  c("//     N-major). q's and k's next 16 features are 32 bytes on in the row, the next 64 in the next box;");
+  c("//     st's, vup's and k^T's next 16 rows 2048 bytes on.");
+  c("float score[8][4], o_acc[8][4];");
+  c("ladle_wgmma_fence_operand<64>(score);");
+  c("ladle_wgmma_fence_operand<64>(o_acc);");
+  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+  c("ladle_wgmma_fence();");
+  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+  c("  ladle_wgmma_ss_bf16<64>(score, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+  c("                          desc + (stage_offset + (KB + kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
+  c("ladle_wgmma_commit();");
+  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+  c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+  c("                             desc + (st_offset + kt * 2048) / 16, kt > 0);");
+  c("ladle_wgmma_commit();");
+  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+  c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+  c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + (KB + mt) * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
+  c("ladle_wgmma_commit();");
+  c("");
+  c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
+  c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
+  c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
+  c("const float G_a = gsum[step_a], G_b = gsum[step_b];");
+  c("ladle_wgmma_wait<2>();");
+  c("ladle_wgmma_fence_operand<64>(score);");
+  c("unsigned p_frag[4][4];");
+  c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+  c.in();
+  c("float p[4];");
+  c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+  c.in();
+  c("const int s = 8 * nb + 2 * tig + (r & 1);");
+  c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
+  c("const bool keep = step_s <= step_t && step_s < valid;");
+  c("p[r] = keep ? score[nb][r] * read_scale * ladle_exp2((r < 2 ? G_a : G_b) - gsum[step_s]) : 0.0f;");
+  c.out();
+  c("}");
+  c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
+  c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
+  c.out();
+  c("}");
+  c("ladle_wgmma_wait<1>();  // o = q st done");
+  c("ladle_wgmma_fence_operand<64>(o_acc);");
+  c("const float f_a = read_scale * ladle_exp2(G_a), f_b = read_scale * ladle_exp2(G_b);");
+  c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= r < 2 ? f_a : f_b;");
+  c("// 2e. o += P v (P from registers, v N-major in the stage).");
+  c("ladle_wgmma_fence_operand<64>(o_acc);");
+  c("ladle_wgmma_fence();");
+  c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+  c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (2 * KB + consumer) * BOX + kk * 2048) / 16);");
+  c("ladle_wgmma_commit();");
+  c("ladle_wgmma_wait<0>();  // the update and o += P v done: the stage, st and vup are free");
+  c("ladle_wgmma_fence_operand<64>(o_acc);");
+  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+  c("__syncwarp();");
+  c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
+  c("");
+  c("// 2f. o, two columns at a time, for the rows that are tokens of the sequence.");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("const long long pos = row0 + (half ? tb : ta);");
+  c("if (pos < bos || pos >= eos) continue;");
+  c("auto* const o_row = o + b * o_stride_b + pos * o_stride_t + h * o_stride_h;");
+  c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+  c.in();
+  c("const int col = cv0 + 8 * nb + 2 * tig;");
+  c("if (col >= V) continue;");
+  c("const float x0 = o_acc[nb][2 * half], x1 = o_acc[nb][2 * half + 1];");
+  c("if (o_stride_d == 1) {");
+  c("  ladle_store2(o_row + col, x0, x1, col + 1 < V);");
+  c("} else {");
+  c("  ladle_store(o_row + col * o_stride_d, x0);");
+  c("  if (col + 1 < V) ladle_store(o_row + (col + 1) * o_stride_d, x1);");
+  c("}");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("// The next chunk rewrites st, vup and gsum: every warp of this consumer is past its products.");
+  c("ladle_named_barrier_sync(1 + consumer, 128);");
+  c.out();
+  c("}");
+  if (spec.final_state) {
+    c("");
+    if (segmented) c("if (seg[6] != 0) {  // the sequence's last segment");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
+    c("      if (feat < K && col < V) final_state[((" + sequence_index + " * H + h) * K + feat) * V + col] = S[mt][nb][r];");
+    c("    }");
+    if (segmented) c("}");
+  }
+  c.out();
+  c("}");
+  kernel.source = c.text();
+  return kernel;
+}
+
+}  // namespace ladle::cuda::detail

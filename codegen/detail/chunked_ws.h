@@ -1,0 +1,41 @@
+// The chunked family's warp-specialised Hopper form (ChunkedTile::ws, sm_90a; internal to
+// codegen, not installed), for variants whose decay is at most a per-head scalar per token
+// (simple GLA, RetNet, Lightning, Mamba2's scalar decay, user expressions of that shape).
+//
+// Why a form of its own: the serial form's chunk is a chain of phases between block barriers
+// (stage, gate sums, state copy, products, store), and one block of 8 warps per SM cannot hide
+// that chain's latency (issue 11: 35 % issue slots, 14 % tensor pipe at simple GLA B8 T4096). Here
+//   - a producer warpgroup copies q, k and v chunk by chunk with TMA into a ring of stages guarded
+//     by mbarriers, so loads never sit on the compute chain;
+//   - each consumer warpgroup owns 64 value columns of the state (fp32, wgmma accumulators) and
+//     needs nothing from the other: o[:, j] = q S[:, j] + P v[:, j] and the update of S[:, j] read
+//     only its own columns, so the consumers synchronise with no one but the producer;
+//   - every product is one wgmma batch: score = q k^T, o = q S (S as bf16 in shared memory) and
+//     S = 2^(G_C) S + k^T (w v) are issued together, then o += P v from registers.
+// A per-head decay needs no reference token: every factor 2^(G_t - G_s), 2^(G_t), 2^(G_C - G_s) is
+// a decay (at most 1) taken per (t, s) pair, row or token, so no chunk needs a fallback.
+#pragma once
+
+#include <string>
+
+#include <ladle/dsl/ir.h>
+
+#include "../cuda_chunked.h"
+
+namespace ladle::cuda::detail {
+
+// Why the ws form cannot run this variant (empty: it can): it needs a decay of at most a per-head
+// scalar per token, q, k and v read as they are (no feature map), a read scale that does not vary
+// over tokens, and no normaliser.
+std::string ws_variant_unsupported(const ir::Variant& variant);
+// The same for a spec: the variant, then q, k and v in bf16 (TMA copies them as they are).
+std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
+// What is wrong with a ws tile apart from the variant (empty: nothing).
+std::vector<std::string> ws_tile_rules(const ChunkedTile& tile);
+// Dynamic shared memory of a block (a 1024-byte aligned ring of stages, then the consumers' buffers).
+int ws_shared_bytes(const ChunkedTile& tile);
+
+// The serial kernel (segmented or not) in the ws form.
+ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec);
+
+}  // namespace ladle::cuda::detail
