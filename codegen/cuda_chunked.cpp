@@ -213,7 +213,7 @@ bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, Chunk
 }
 
 int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
-  if (full.ws && phase == ChunkedPhase::serial) return ws_shared_bytes(full);
+  if (full.ws && phase != ChunkedPhase::fold) return ws_shared_bytes(full, phase == ChunkedPhase::states);
   const ChunkedTile tile = phase_tile(full, phase);
   return base_shared_bytes(variant, tile, phase == ChunkedPhase::states) +
          (chunked_prefetch(variant, full, phase) ? prefetch_bytes(variant, tile) : 0);
@@ -361,7 +361,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     fail("tile " + to_string(spec.tile) + ": wgmma needs the target sm_90a (wgmma.mma_async), the target is " +
          (spec.arch.empty() ? std::string("not given") : spec.arch));
   const ChunkedPhase phase = spec.phase;
-  if ((phase == ChunkedPhase::serial || phase == ChunkedPhase::fold) == spec.tile.split())
+  if (!(spec.tile.ws && phase == ChunkedPhase::states) &&  // the ws form's own state pass takes the serial tile
+      (phase == ChunkedPhase::serial || phase == ChunkedPhase::fold) == spec.tile.split())
     fail(std::string("phase ") + to_string(phase) + (spec.tile.split() ? " with a split tile (" : " needs a split tile, got (") +
          to_string(spec.tile) + ")");
   const bool states = phase == ChunkedPhase::states, outputs = phase == ChunkedPhase::outputs;
@@ -372,8 +373,8 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (segmented && states && (spec.initial_state || spec.final_state))
     fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
 
+  if (spec.tile.ws && (phase == ChunkedPhase::serial || phase == ChunkedPhase::states)) return generate_ws_chunked(variant, spec);
   if (chunked_suffix_states(variant, spec)) return generate_suffix_states(variant, spec);
-  if (spec.tile.ws && phase == ChunkedPhase::serial) return generate_ws_chunked(variant, spec);
   if (spec.tile.ws && phase != ChunkedPhase::fold) fail(std::string("the ws form has no ") + to_string(phase) + " phase");
 
   const ChunkedTile tile = states ? state_tile(spec.tile) : spec.tile;

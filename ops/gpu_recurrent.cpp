@@ -311,7 +311,7 @@ std::int64_t chunked_state_pieces(const ir::Variant& variant, const cuda::Chunke
     if (value < 1) throw InvalidArgument(fmt::format("LADLE_STATE_PIECES = '{}', expected a count >= 1", forced));
     return value;
   }
-  if (!cuda::chunked_suffix_states(variant, first)) return 1;
+  if (!first.tile.ws && !cuda::chunked_suffix_states(variant, first)) return 1;
   const int sms = driver_available() ? Device::get().properties().sm_count : 132;
   const std::int64_t value_tiles = (bound.args.value_dim + first.tile.block_v - 1) / first.tile.block_v;
   const std::int64_t blocks = segments.earlier_segments() * bound.args.heads * value_tiles;
@@ -343,6 +343,13 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
   if (cuda::chunked_suffix_states(variant, out.first)) {
     const char* chunk = std::getenv("LADLE_SUFFIX_CHUNK");
     out.first.tile.chunk = chunk && std::string(chunk) == "64" ? 64 : 32;
+  }
+  // A ws serial tile: the state pass in the ws form too (k and v by TMA, the update alone on wgmma,
+  // one consumer warpgroup per block, two blocks per SM); LADLE_SUFFIX_STATES=0 or =1 measures the others.
+  const char* other = std::getenv("LADLE_SUFFIX_STATES");
+  if (serial.tile.ws && !other) {
+    out.first.tile = cuda::ChunkedTile{serial.tile.block_k, 64, 64, 8};
+    out.first.tile.ws = true;
   }
   return out;
 }

@@ -35,12 +35,23 @@ bool plain(const ir::Variant& variant, ir::Slot s, ir::Role role) {
 
 int input_of(const ir::Variant& variant, ir::Slot s) { return variant.slot(s).nodes[0].input; }
 
-int stages_of(const ChunkedTile& tile) {
-  // Three stages where they fit beside the consumers' buffers in 227 KiB, else two.
+// Bytes of one stage of the ring: q boxes (not in the state pass), k boxes, a v box per consumer.
+int stage_bytes(const ChunkedTile& tile, bool states) {
   const int kb = tile.block_k / 64, consumers = tile.block_v / 64;
-  const int fixed = 1024 + consumers * (tile.block_k * 128 + ws_chunk * 128 + 4 * ws_chunk * 4);
-  const int stage = (2 * kb + consumers) * ws_chunk * 128 + 16;
-  return fixed + 3 * stage <= 227 * 1024 ? 3 : 2;
+  return ((states ? 1 : 2) * kb + consumers) * ws_chunk * 128;
+}
+
+// The consumers' buffers: st (not in the state pass), vup, the gate sums; and the 1024-byte alignment.
+int fixed_bytes(const ChunkedTile& tile, bool states) {
+  const int consumers = tile.block_v / 64;
+  return 1024 + consumers * ((states ? 0 : tile.block_k * 128) + ws_chunk * 128 + 4 * ws_chunk * 4);
+}
+
+int stages_of(const ChunkedTile& tile, bool states) {
+  // Three stages where they fit beside the consumers' buffers in 227 KiB (the state pass: in half of
+  // it, two blocks per SM), else two.
+  const int limit = states ? 113 * 1024 : 227 * 1024;
+  return fixed_bytes(tile, states) + 3 * (stage_bytes(tile, states) + 16) <= limit ? 3 : 2;
 }
 
 }  // namespace
@@ -81,10 +92,9 @@ std::vector<std::string> ws_tile_rules(const ChunkedTile& tile) {
   return problems;
 }
 
-int ws_shared_bytes(const ChunkedTile& tile) {
-  const int kb = tile.block_k / 64, consumers = tile.block_v / 64, stages = stages_of(tile);
-  return 1024 + stages * (2 * kb + consumers) * ws_chunk * 128 + consumers * (tile.block_k * 128 + ws_chunk * 128) +
-         consumers * 4 * ws_chunk * 4 + 2 * stages * 8;
+int ws_shared_bytes(const ChunkedTile& tile, bool states) {
+  const int stages = stages_of(tile, states);
+  return fixed_bytes(tile, states) + stages * stage_bytes(tile, states) + 2 * stages * 8;
 }
 
 ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
@@ -92,13 +102,16 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   const ChunkedTile& tile = spec.tile;
   if (const auto problems = ws_tile_rules(tile); !problems.empty()) fail("tile " + to_string(tile) + ": " + problems.front());
   if (const std::string why = ws_spec_unsupported(variant, spec); !why.empty()) fail("tile " + to_string(tile) + ": " + why);
-  if (spec.phase != ChunkedPhase::serial) fail("the ws form is a serial kernel (phase serial)");
+  const bool states = spec.phase == ChunkedPhase::states;
+  if (spec.phase != ChunkedPhase::serial && !states) fail("the ws form has a serial kernel and a segmented state pass only");
+  if (states && (!spec.segmented || spec.initial_state || spec.final_state))
+    fail("the ws state pass is the segmented form's (segmented, from zero: initial_state = final_state = false)");
   if (!chunked_wgmma_arch(spec.arch))
     fail("tile " + to_string(tile) + ": ws needs the target sm_90a (TMA, wgmma.mma_async), the target is " +
          (spec.arch.empty() ? std::string("not given") : spec.arch));
   const bool segmented = spec.segmented;
   const int C = ws_chunk, BK = tile.block_k, BV = tile.block_v, CONSUMERS = BV / 64;
-  const int STAGES = stages_of(tile), THREADS = 128 * (1 + CONSUMERS);
+  const int STAGES = stages_of(tile, states), THREADS = 128 * (1 + CONSUMERS);
   const std::vector<std::string> id = identifiers(variant, ws_names());
   const auto& inputs = variant.inputs;
   const InputUse use_of = input_use(variant);
@@ -111,13 +124,14 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       if (node.op == ir::Op::input && inputs[node.input].kind == ir::InputKind::token_head) gate_reads[node.input] = true;
 
   ChunkedKernel kernel;
-  kernel.name = "ladle_chunked_ws" + std::string(segmented ? "_segmented" : "") + "_" +
-                hex(fnv1a(to_string(tile) + types_key(spec) + (segmented ? "|segmented" : ""), ir::hash(variant)));
+  kernel.name = "ladle_chunked_ws" + std::string(states ? "_states" : "") + std::string(segmented ? "_segmented" : "") + "_" +
+                hex(fnv1a(to_string(tile) + types_key(spec) + (segmented ? "|segmented" : "") + (states ? "|states" : ""),
+                          ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(THREADS);
   kernel.block_v = BV;
   kernel.block_k = BK;
-  kernel.phase = ChunkedPhase::serial;
-  kernel.shared_bytes = ws_shared_bytes(tile);
+  kernel.phase = spec.phase;
+  kernel.shared_bytes = ws_shared_bytes(tile, states);
 
   std::vector<std::string> declarations;
   declare_params(variant, id, spec, declarations, kernel.params);
@@ -130,10 +144,11 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
         kernel.params.push_back({name, c_type, Type::pointer, role, -1});
       };
       param("const long long*", "segments", Role::segments);
-      param("const float*", "segment_states", Role::segment_states);
-      param("const float*", "segment_decay", Role::segment_decay);
+      param(states ? "float*" : "const float*", "segment_states", Role::segment_states);
+      param(states ? "float*" : "const float*", "segment_decay", Role::segment_decay);
     }
     for (const auto& [name, index] : {std::pair{"q_map", qi}, std::pair{"k_map", ki}, std::pair{"v_map", vi}}) {
+      if (states && index == qi) continue;  // the state pass reads no q
       declarations.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
       kernel.params.push_back({name, "ladle_tensor_map", Type::tensor_map, Role::input_tensor_map, index, C});
     }
@@ -148,20 +163,25 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
             "  one wgmma batch: score = q k^T, o = q st, S += k^T vup;\n"
             "  P_ts = scale q_t.k_s 2^(G_t - G_s) (s <= t), o_t *= scale 2^(G_t), then o += P v; o stored.\n"
             "Every factor is a decay (at most 1): no reference token, no fallback.\n";
-  if (segmented)
+  if (states)
+    header += "The segmented form's state pass in the ws form: one segment (segments[n]) from a zero state, only the\n"
+              "update (no q, no output); writes the segment's own final state and total log2 decay (segment_states,\n"
+              "segment_decay). Two blocks per SM.\n";
+  else if (segmented)
     header += "Segmented: one segment (segments[n]) from the state its earlier segments leave (h0, or the fold\n"
               "kernel's row of segment_states).\n";
   header += "\n" + ir::to_string(variant);
   header += "\nconfig: " + to_string(tile) + " (" + std::to_string(THREADS) + " threads: producer, " + std::to_string(CONSUMERS) +
             " consumer warpgroup(s)); requires K <= " + std::to_string(BK) + "\n";
-  header += "launch: grid (ceil(V / " + std::to_string(BV) + "), N * H), block (" + std::to_string(THREADS) +
+  header += "launch: grid (ceil(V / " + std::to_string(BV) + (states ? "), 1, N * H" : "), N * H") + "), block (" + std::to_string(THREADS) +
             "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
   header += "tensor maps: q, k, v as [B,T,X,D] (bf16, 128-byte swizzle, zero fill), boxes of 64 features by 64 tokens\n";
   if (segmented)
     header += "segments: [N][8] {b, first token, end token, sequence, index in it, row of its first earlier segment, last}\n";
   header += "types: " + types_line(variant, id, spec) + "; tensor-core operands bf16, accumulation fp32\n";
-  header += "setmaxnreg: producer " + std::to_string(ws_producer_registers) + ", consumers " + std::to_string(ws_consumer_registers) +
-            " registers per thread\n";
+  if (!states)
+    header += "setmaxnreg: producer " + std::to_string(ws_producer_registers) + ", consumers " + std::to_string(ws_consumer_registers) +
+              " registers per thread\n";
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
             " initial_state=" + (spec.initial_state ? "1" : "0") + " final_state=" + (spec.final_state ? "1" : "0") + "\n";
   header += "GQA: an input with X heads serves query head h from head h * X / H.\n";
@@ -169,22 +189,28 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + wgmma_helpers(64, 64, false, false) +
     wgmma_transposed_helpers(64) + ws_helpers());
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(THREADS) + ", 1) " + kernel.name + "(");
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(THREADS) + (states ? ", 2) " : ", 1) ") + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
   c("constexpr int C = " + std::to_string(C) + ", BK = " + std::to_string(BK) + ", BV = " + std::to_string(BV) +
     ", KB = BK / 64, CONSUMERS = BV / 64, STAGES = " + std::to_string(STAGES) + ";");
   c("constexpr unsigned BOX = C * 128;  // bytes of a box: C tokens of 64 16-bit features, 128-byte rows");
-  c("constexpr unsigned STAGE_BYTES = (2 * KB + CONSUMERS) * BOX;  // q boxes, k boxes, one v box per consumer");
+  if (states) {
+    c("constexpr unsigned STAGE_BYTES = (KB + CONSUMERS) * BOX;  // k boxes, one v box per consumer");
+    c("constexpr int QB = 0;  // the state pass copies no q: k boxes first");
+  } else {
+    c("constexpr unsigned STAGE_BYTES = (2 * KB + CONSUMERS) * BOX;  // q boxes, k boxes, one v box per consumer");
+    c("constexpr int QB = KB;  // q boxes before the k boxes");
+  }
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("constexpr float GATE_FLOOR = -256.0f;  // log2 gates below it (-inf: a hard reset) count as it: 2^-256 = 0");
   c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
   c("(void)LOG2E; (void)GATE_FLOOR;");
   c("");
   c("// Shared memory from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes):");
-  c("//   ring [STAGES][2 KB + CONSUMERS][C][64] bf16   q boxes, k boxes, v boxes (TMA, swizzled)");
-  c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state, read by o = q st (swizzled)");
+  c("//   ring [STAGES][QB + KB + CONSUMERS][C][64] bf16 q boxes, k boxes, v boxes (TMA, swizzled)");
+  c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state, read by o = q st (swizzled; not in the state pass)");
   c("//   vup_all [CONSUMERS][C][64] bf16                each consumer's v rows times 2^(G_C - G_s) (swizzled)");
   c("//   gate_all [CONSUMERS * 4][C] f32                each consumer warp's cumulative log2 decay");
   c("//   full [STAGES], empty [STAGES]                  mbarriers");
@@ -192,13 +218,13 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("unsigned char* const base = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
   c("unsigned short* const ring = reinterpret_cast<unsigned short*>(base);");
   c("unsigned short* const st_all = reinterpret_cast<unsigned short*>(base + STAGES * STAGE_BYTES);");
-  c("unsigned short* const vup_all = st_all + CONSUMERS * BK * 64;");
+  c(std::string("unsigned short* const vup_all = st_all + ") + (states ? "0" : "CONSUMERS * BK * 64") + ";");
   c("float* const gate_all = reinterpret_cast<float*>(vup_all + CONSUMERS * C * 64);");
   c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(gate_all + CONSUMERS * 4 * C);");
   c("unsigned long long* const empty = full + STAGES;");
   c("");
   c("const int v0 = blockIdx.x * BV;  // the block's first value column");
-  c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
+  c(states ? "const int n = blockIdx.z / H, h = blockIdx.z % H;" : "const int n = blockIdx.y / H, h = blockIdx.y % H;");
   if (segmented) {
     c("// The block's segment: tokens [seg[1], seg[2]) of batch row seg[0], part of sequence seg[3].");
     c("const long long* const seg = segments + 8LL * n;");
@@ -230,7 +256,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("//    (and outside the tensor TMA writes zeros).");
   c("if (threadIdx.x < 128) {");
   c.in();
-  c("ladle_setmaxnreg_dec<" + std::to_string(ws_producer_registers) + ">();");
+  if (!states) c("ladle_setmaxnreg_dec<" + std::to_string(ws_producer_registers) + ">();");
   c("if (threadIdx.x == 0) {");
   c.in();
   c("for (int c = 0; c < chunks; ++c) {");
@@ -240,11 +266,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("const int row0 = static_cast<int>(REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C);");
   c("unsigned short* const dst = ring + stage * (STAGE_BYTES / 2);");
   c("ladle_mbarrier_arrive_expect_tx(&full[stage], STAGE_BYTES);");
-  c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + kb * (BOX / 2), &q_map, kb * 64, row0, " + id[qi] + "_head, b, &full[stage]);");
-  c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (KB + kb) * (BOX / 2), &k_map, kb * 64, row0, " + id[ki] +
+  if (!states)
+    c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + kb * (BOX / 2), &q_map, kb * 64, row0, " + id[qi] + "_head, b, &full[stage]);");
+  c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (QB + kb) * (BOX / 2), &k_map, kb * 64, row0, " + id[ki] +
     "_head, b, &full[stage]);");
   c("for (int j = 0; j < CONSUMERS; ++j)");
-  c("  ladle_tma_load_4d(dst + (2 * KB + j) * (BOX / 2), &v_map, v0 + 64 * j, row0, " + id[vi] + "_head, b, &full[stage]);");
+  c("  ladle_tma_load_4d(dst + (QB + KB + j) * (BOX / 2), &v_map, v0 + 64 * j, row0, " + id[vi] + "_head, b, &full[stage]);");
   c.out();
   c("}");
   c.out();
@@ -252,7 +279,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("return;");
   c.out();
   c("}");
-  c("ladle_setmaxnreg_inc<" + std::to_string(ws_consumer_registers) + ">();");
+  if (!states) c("ladle_setmaxnreg_inc<" + std::to_string(ws_consumer_registers) + ">();");
   c("");
   c("// 2. The consumers. Accumulator layout (wgmma m64nNk16, per warp as mma.sync's): thread (warp, gid, tig)");
   c("//    holds rows 16 warp + gid (+ 8 for r >= 2) and columns 8 nb + 2 tig (+ 1 for odd r).");
@@ -279,7 +306,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   const std::string sequence_index = segmented ? "seg[3]" : "static_cast<long long>(n)";
   {
     std::string start = spec.initial_state ? "ladle_load(initial_state + ((" + sequence_index + " * H + h) * K + feat) * V + col)" : "0.0f";
-    if (segmented) start = "(seg[4] > 0 ? segment_states[((( seg[5] + seg[4] - 1) * H + h) * K + feat) * V + col] : " + start + ")";
+    if (segmented && !states) start = "(seg[4] > 0 ? segment_states[((( seg[5] + seg[4] - 1) * H + h) * K + feat) * V + col] : " + start + ")";
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
     c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
     c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
@@ -292,6 +319,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("// 256 KiB, so the sum never carries out of bits 0-13).");
   c("const unsigned long long desc = ladle_wgmma_desc_sw128(ring, BOX, 1024);");
   c("const unsigned st_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(st) - base);");
+  c("(void)st_offset; (void)st;");
+  if (states) c("float segment_log = 0.0f;  // the segment's total log2 decay");
   c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
   if (has_gate) {
     c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
@@ -357,13 +386,17 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("// 2b. The state's bf16 copy for o = q st, v's rows times 2^(G_C - G_s) for the update, then S's decay.");
   c("ladle_mbarrier_wait(&full[stage], parity);");
   c("const unsigned stage_offset = stage * STAGE_BYTES;");
-  c("const unsigned short* const v_box = ring + (stage_offset + (2 * KB + consumer) * BOX) / 2;");
-  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-  c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-  c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c("      const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
-  c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
-  c("    }");
+  c("const unsigned short* const v_box = ring + (stage_offset + (QB + KB + consumer) * BOX) / 2;");
+  if (states) {
+    c("segment_log += G_C;");
+  } else {
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
+    c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
+    c("    }");
+  }
   c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces, as swizzled: the row is what matters");
   c.in();
   c("const int e = wt + 128 * i, row = e / 8;");
@@ -382,91 +415,116 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("ladle_fence_proxy_async();  // st and vup, written through the generic proxy, before wgmma reads them");
   c("ladle_named_barrier_sync(1 + consumer, 128);");
   c("");
-  c("// 2c. One batch: score = q k^T (both K-major), o = q st (st N-major), S += k^T vup (k M-major, vup");
-  c("//     N-major). q's and k's next 16 features are 32 bytes on in the row, the next 64 in the next box;");
-  c("//     st's, vup's and k^T's next 16 rows 2048 bytes on.");
-  c("float score[8][4], o_acc[8][4];");
-  c("ladle_wgmma_fence_operand<64>(score);");
-  c("ladle_wgmma_fence_operand<64>(o_acc);");
-  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-  c("ladle_wgmma_fence();");
-  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
-  c("  ladle_wgmma_ss_bf16<64>(score, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
-  c("                          desc + (stage_offset + (KB + kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
-  c("ladle_wgmma_commit();");
-  c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
-  c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
-  c("                             desc + (st_offset + kt * 2048) / 16, kt > 0);");
-  c("ladle_wgmma_commit();");
-  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-  c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-  c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + (KB + mt) * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
-  c("ladle_wgmma_commit();");
-  c("");
-  c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
-  c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
-  c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
-  c("const float G_a = gsum[step_a], G_b = gsum[step_b];");
-  c("ladle_wgmma_wait<2>();");
-  c("ladle_wgmma_fence_operand<64>(score);");
-  c("unsigned p_frag[4][4];");
-  c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
-  c.in();
-  c("float p[4];");
-  c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-  c.in();
-  c("const int s = 8 * nb + 2 * tig + (r & 1);");
-  c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
-  c("const bool keep = step_s <= step_t && step_s < valid;");
-  c("p[r] = keep ? score[nb][r] * read_scale * ladle_exp2((r < 2 ? G_a : G_b) - gsum[step_s]) : 0.0f;");
-  c.out();
-  c("}");
-  c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
-  c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
-  c.out();
-  c("}");
-  c("ladle_wgmma_wait<1>();  // o = q st done");
-  c("ladle_wgmma_fence_operand<64>(o_acc);");
-  c("const float f_a = read_scale * ladle_exp2(G_a), f_b = read_scale * ladle_exp2(G_b);");
-  c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-  c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= r < 2 ? f_a : f_b;");
-  c("// 2e. o += P v (P from registers, v N-major in the stage).");
-  c("ladle_wgmma_fence_operand<64>(o_acc);");
-  c("ladle_wgmma_fence();");
-  c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-  c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (2 * KB + consumer) * BOX + kk * 2048) / 16);");
-  c("ladle_wgmma_commit();");
-  c("ladle_wgmma_wait<0>();  // the update and o += P v done: the stage, st and vup are free");
-  c("ladle_wgmma_fence_operand<64>(o_acc);");
-  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-  c("__syncwarp();");
-  c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
-  c("");
-  c("// 2f. o, two columns at a time, for the rows that are tokens of the sequence.");
-  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c.in();
-  c("const long long pos = row0 + (half ? tb : ta);");
-  c("if (pos < bos || pos >= eos) continue;");
-  c("auto* const o_row = o + b * o_stride_b + pos * o_stride_t + h * o_stride_h;");
-  c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
-  c.in();
-  c("const int col = cv0 + 8 * nb + 2 * tig;");
-  c("if (col >= V) continue;");
-  c("const float x0 = o_acc[nb][2 * half], x1 = o_acc[nb][2 * half + 1];");
-  c("if (o_stride_d == 1) {");
-  c("  ladle_store2(o_row + col, x0, x1, col + 1 < V);");
-  c("} else {");
-  c("  ladle_store(o_row + col * o_stride_d, x0);");
-  c("  if (col + 1 < V) ladle_store(o_row + (col + 1) * o_stride_d, x1);");
-  c("}");
-  c.out();
-  c("}");
-  c.out();
-  c("}");
+  if (states) {
+    c("// 2c. The update alone: S += k^T vup (k M-major, vup N-major; the next 16 tokens 2048 bytes on).");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("ladle_wgmma_fence();");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+    c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + mt * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
+    c("ladle_wgmma_commit();");
+    c("ladle_wgmma_wait<0>();  // the stage and vup are free");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("__syncwarp();");
+    c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
+  } else {
+    c("// 2c. One batch: score = q k^T (both K-major), o = q st (st N-major), S += k^T vup (k M-major, vup");
+    c("//     N-major). q's and k's next 16 features are 32 bytes on in the row, the next 64 in the next box;");
+    c("//     st's, vup's and k^T's next 16 rows 2048 bytes on.");
+    c("float score[8][4], o_acc[8][4];");
+    c("ladle_wgmma_fence_operand<64>(score);");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("ladle_wgmma_fence();");
+    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+    c("  ladle_wgmma_ss_bf16<64>(score, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+    c("                          desc + (stage_offset + (KB + kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
+    c("ladle_wgmma_commit();");
+    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+    c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+    c("                             desc + (st_offset + kt * 2048) / 16, kt > 0);");
+    c("ladle_wgmma_commit();");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+    c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + (KB + mt) * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
+    c("ladle_wgmma_commit();");
+    c("");
+    c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
+    c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
+    c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
+    c("const float G_a = gsum[step_a], G_b = gsum[step_b];");
+    c("ladle_wgmma_wait<2>();");
+    c("ladle_wgmma_fence_operand<64>(score);");
+    c("unsigned p_frag[4][4];");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+    c.in();
+    c("float p[4];");
+    c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c.in();
+    c("const int s = 8 * nb + 2 * tig + (r & 1);");
+    c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
+    c("const bool keep = step_s <= step_t && step_s < valid;");
+    c("p[r] = keep ? score[nb][r] * read_scale * ladle_exp2((r < 2 ? G_a : G_b) - gsum[step_s]) : 0.0f;");
+    c.out();
+    c("}");
+    c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
+    c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
+    c.out();
+    c("}");
+    c("ladle_wgmma_wait<1>();  // o = q st done");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("const float f_a = read_scale * ladle_exp2(G_a), f_b = read_scale * ladle_exp2(G_b);");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= r < 2 ? f_a : f_b;");
+    c("// 2e. o += P v (P from registers, v N-major in the stage).");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("ladle_wgmma_fence();");
+    c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+    c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (2 * KB + consumer) * BOX + kk * 2048) / 16);");
+    c("ladle_wgmma_commit();");
+    c("ladle_wgmma_wait<0>();  // the update and o += P v done: the stage, st and vup are free");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("__syncwarp();");
+    c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
+    c("");
+    c("// 2f. o, two columns at a time, for the rows that are tokens of the sequence.");
+    c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c.in();
+    c("const long long pos = row0 + (half ? tb : ta);");
+    c("if (pos < bos || pos >= eos) continue;");
+    c("auto* const o_row = o + b * o_stride_b + pos * o_stride_t + h * o_stride_h;");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+    c.in();
+    c("const int col = cv0 + 8 * nb + 2 * tig;");
+    c("if (col >= V) continue;");
+    c("const float x0 = o_acc[nb][2 * half], x1 = o_acc[nb][2 * half + 1];");
+    c("if (o_stride_d == 1) {");
+    c("  ladle_store2(o_row + col, x0, x1, col + 1 < V);");
+    c("} else {");
+    c("  ladle_store(o_row + col * o_stride_d, x0);");
+    c("  if (col + 1 < V) ladle_store(o_row + (col + 1) * o_stride_d, x1);");
+    c("}");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+  }
   c("// The next chunk rewrites st, vup and gsum: every warp of this consumer is past its products.");
   c("ladle_named_barrier_sync(1 + consumer, 128);");
   c.out();
   c("}");
+  if (states) {
+    c("");
+    c("// The segment's own final state and total log2 decay, for the fold and the segments after it.");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
+    c("      if (feat < K && col < V) segment_states[((static_cast<long long>(n) * H + h) * K + feat) * V + col] = S[mt][nb][r];");
+    c("    }");
+    if (has_gate) c("if (blockIdx.x == 0 && consumer == 0 && wt == 0) segment_decay[static_cast<long long>(n) * H + h] = segment_log;");
+  }
   if (spec.final_state) {
     c("");
     if (segmented) c("if (seg[6] != 0) {  // the sequence's last segment");

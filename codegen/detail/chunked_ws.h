@@ -32,10 +32,12 @@ std::string ws_variant_unsupported(const ir::Variant& variant);
 std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
 // What is wrong with a ws tile apart from the variant (empty: nothing).
 std::vector<std::string> ws_tile_rules(const ChunkedTile& tile);
-// Dynamic shared memory of a block (a 1024-byte aligned ring of stages, then the consumers' buffers).
-int ws_shared_bytes(const ChunkedTile& tile);
+// Dynamic shared memory of a block (a 1024-byte aligned ring of stages, then the consumers' buffers):
+// the serial kernel's, or (states) the segmented state pass's.
+int ws_shared_bytes(const ChunkedTile& tile, bool states = false);
 
-// The serial kernel (segmented or not) in the ws form.
+// The serial kernel (segmented or not) in the ws form, or (phase states, segmented) the segmented
+// form's state pass: k and v only, the update alone, each segment's own state and total decay.
 ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec);
 
 }  // namespace ladle::cuda::detail

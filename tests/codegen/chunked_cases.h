@@ -318,8 +318,9 @@ inline std::vector<SegmentedCase> ws_segmented() {
   int i = 0;
   for (Case c : ws()) {
     if (i++ % 2 == 1) continue;
-    const ladle::cuda::ChunkedTile first{c.tile.block_k, 64, 64, 8, 64, 64, 4, false};
-    c.c.name += " (segmented)";
+    ladle::cuda::ChunkedTile first{c.tile.block_k, 64, 64, 8, 64, 64, 4, false};
+    if (i % 4 == 1) first = {c.tile.block_k, 64, 64, 8}, first.ws = true;  // the state pass in the ws form as well
+    c.c.name += first.ws ? " (segmented, ws state pass)" : " (segmented)";
     cases.push_back({c, first, 100, i % 4 == 1 ? 2 : 1});
   }
   return cases;

@@ -260,6 +260,18 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
         CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") != std::string::npos);
         CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
         ++compiled;
+        if (mode != 2) continue;
+        // The segmented form's state pass in the ws form: two blocks of 256 threads per SM.
+        const auto specs = ladle::gpu::segmented_chunked_specs(*v, spec, D, D, 227 * 1024);
+        REQUIRE(specs.first.tile.ws);
+        auto first = ladle::gpu::compile_chunked(*v, specs.first, "sm_90a");
+        const auto* f = first.program.resources(first.kernel.name);
+        REQUIRE(f != nullptr);
+        INFO("state pass: " << f->registers << " registers, " << first.kernel.shared_bytes << " bytes of shared memory");
+        CHECK(first.kernel.name.find("ladle_chunked_ws_states_segmented_") == 0);
+        CHECK(f->spill_store_bytes == 0);
+        CHECK(f->registers <= 128);
+        CHECK(2 * first.kernel.shared_bytes <= 227 * 1024);
       }
   CHECK(compiled == 18);
 }
