@@ -168,8 +168,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
               "update (no q, no output); writes the segment's own final state and total log2 decay (segment_states,\n"
               "segment_decay). Two blocks per SM.\n";
   else if (segmented)
-    header += "Segmented: one segment (segments[n]) from the state its earlier segments leave (h0, or the fold\n"
-              "kernel's row of segment_states).\n";
+    header += "Segmented: one segment (segments[n]) from the state its earlier segments leave: h0, then each earlier\n"
+              "segment's own state folded in, S = 2^D_j S + L_j (no fold kernel: segment_states as the state pass wrote it).\n";
   header += "\n" + ir::to_string(variant);
   header += "\nconfig: " + to_string(tile) + " (" + std::to_string(THREADS) + " threads: producer, " + std::to_string(CONSUMERS) +
             " consumer warpgroup(s)); requires K <= " + std::to_string(BK) + "\n";
@@ -306,13 +306,30 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   const std::string sequence_index = segmented ? "seg[3]" : "static_cast<long long>(n)";
   {
     std::string start = spec.initial_state ? "ladle_load(initial_state + ((" + sequence_index + " * H + h) * K + feat) * V + col)" : "0.0f";
-    if (segmented && !states) start = "(seg[4] > 0 ? segment_states[((( seg[5] + seg[4] - 1) * H + h) * K + feat) * V + col] : " + start + ")";
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
     c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
     c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
     c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
     c("      S[mt][nb][r] = feat < K && col < V ? " + start + " : 0.0f;");
     c("    }");
+    if (segmented && !states) {
+      // The fold of the earlier segments (or pieces), here rather than in a kernel of its own: this
+      // block's columns of each one's own state L_j after its decay D_j, in order.
+      c("// The state entering this segment: each earlier segment's (or piece's) own state folded in order,");
+      c("// S = 2^D_j S + L_j (segment_states and segment_decay rows seg[5] .. seg[5] + seg[4] - 1).");
+      c("for (long long j = seg[5]; j < seg[5] + seg[4]; ++j) {");
+      c.in();
+      c(std::string("const float dj = ") + (has_gate ? "ladle_exp2(segment_decay[j * H + h])" : "1.0f") + ";");
+      c("const float* const lj = segment_states + (j * H + h) * K * V;");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+      c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+      c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
+      c("      if (feat < K && col < V) S[mt][nb][r] = dj * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
+      c("    }");
+      c.out();
+      c("}");
+    }
   }
   c("// One descriptor for every operand (128-byte swizzle, SBO 1024: the next 8 rows; LBO: the next box):");
   c("// a product adds its operand's byte offset / 16 to the start address (shared memory ends below");
