@@ -213,7 +213,9 @@ bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, Chunk
 }
 
 int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
-  if (full.ws && phase != ChunkedPhase::fold) return ws_shared_bytes(full, phase == ChunkedPhase::states);
+  if (full.ws && phase != ChunkedPhase::fold)
+    return ws_shared_bytes(full, phase == ChunkedPhase::states,
+                           phase == ChunkedPhase::states ? static_cast<int>(ws_key_gate_inputs(variant).size()) : 0);
   const ChunkedTile tile = phase_tile(full, phase);
   return base_shared_bytes(variant, tile, phase == ChunkedPhase::states) +
          (chunked_prefetch(variant, full, phase) ? prefetch_bytes(variant, tile) : 0);
@@ -241,7 +243,11 @@ std::string to_string(const ChunkedTile& tile) {
   return text;
 }
 
-std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) { return ws_spec_unsupported(variant, spec); }
+std::vector<int> chunked_ws_gate_inputs(const ir::Variant& variant) { return ws_key_gate_inputs(variant); }
+
+std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  return spec.phase == ChunkedPhase::states ? ws_states_unsupported(variant, spec) : ws_spec_unsupported(variant, spec);
+}
 
 bool chunked_head_decay_only(const ir::Variant& variant) {
   return key_gate(variant) != KeyGate::vector && !variant.has(ir::Slot::log_decay_v);

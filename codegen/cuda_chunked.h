@@ -197,8 +197,11 @@ bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& 
 bool chunked_wgmma_arch(const std::string& arch);
 // "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma", " ws".
 std::string to_string(const ChunkedTile& tile);
-// Why the ws form cannot run this variant with these types (empty: it can).
+// Why the ws form cannot run this variant with these types (empty: it can); for spec.phase states, its
+// segmented state pass (which also takes a key-side gate alone, GLA).
 std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
+// The token_key inputs of a key-side gate, which the ws state pass copies by TMA beside k.
+std::vector<int> chunked_ws_gate_inputs(const ir::Variant& variant);
 // The tools' form: "block_k,chunk,block_v,warps[,wgmma|,ws]" (serial) or
 // "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]" (split).
 ChunkedTile parse_chunked_tile(const std::string& text);

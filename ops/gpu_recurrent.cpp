@@ -337,8 +337,21 @@ std::int64_t chunked_state_pieces(const ir::Variant& variant, const cuda::Chunke
   return pieces;
 }
 
+std::string ws_states_copyable(const ir::Variant& variant, const ops::BoundInputs& bound) {
+  std::vector<int> inputs = cuda::chunked_ws_gate_inputs(variant);
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
+    if (variant.inputs[i].role == ir::Role::key || variant.inputs[i].role == ir::Role::value) inputs.push_back(static_cast<int>(i));
+  for (int i : inputs) {
+    const TensorView& view = bound.args.tensors[static_cast<std::size_t>(i)];
+    if (view.type != ElementType::bf16 && view.type != ElementType::f16) return variant.inputs[i].name + " is not 16-bit";
+    const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
+    if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
+  }
+  return {};
+}
+
 SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
-                                       std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes) {
+                                       std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes, bool ws_state_pass) {
   SegmentedSpecs out{serial, serial, serial};
   out.serial.segmented = true;
   out.serial.varlen = false;
@@ -364,9 +377,11 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
   // A ws serial tile: the state pass in the ws form too (k and v by TMA, the update alone on wgmma,
   // one consumer warpgroup per block, two blocks per SM); LADLE_SUFFIX_STATES=0 or =1 measures the others.
   const char* other = std::getenv("LADLE_SUFFIX_STATES");
-  if (serial.tile.ws && !other) {
-    out.first.tile = cuda::ChunkedTile{serial.tile.block_k, 64, 64, 8};
-    out.first.tile.ws = true;
+  if (ws_state_pass && !other && key_dim <= 128 && (serial.tile.ws || cuda::chunked_wgmma_arch(serial.arch))) {
+    cuda::ChunkedKernelSpec ws = out.first;
+    ws.tile = cuda::ChunkedTile{key_dim <= 64 ? 64 : 128, 64, 64, 8};
+    ws.tile.ws = true;
+    if (cuda::chunked_ws_unsupported(variant, ws).empty()) out.first = ws;
   }
   return out;
 }
@@ -478,7 +493,8 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       // 2. The fold: the state entering every segment but the first of its sequence, in place.
       // 3. Every segment: the serial form from h0 or the fold's state.
       const int max_shared = Device::get().properties().max_shared_per_block_optin;
-      const auto [first, fold, serial] = segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared);
+      const auto [first, fold, serial] =
+          segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared, ws_states_copyable(variant, bound).empty());
       const std::int64_t pieces = chunked_state_pieces(variant, first, bound, segments, segment_tokens);
       if (pieces > 1) segments = cuda::chunked_segments(bound.dims.N, args.tokens, args.cu_seqlens, segment_tokens, args.reverse, pieces);
       const std::int64_t S = segments.segments(), earlier = segments.earlier_segments();

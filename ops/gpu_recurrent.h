@@ -71,8 +71,14 @@ cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const op
 struct SegmentedSpecs {
   cuda::ChunkedKernelSpec first, fold, serial;  // the state pass, the fold, the serial form
 };
+// On sm_90a (serial.arch, or a ws serial tile) the state pass runs in the ws form where the variant
+// and types allow (cuda::chunked_ws_unsupported of a states spec) and ws_state_pass is set: the caller
+// clears it where TMA cannot copy the call's k, v and gate inputs (ws_states_copyable).
 SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
-                                       std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes = 0);
+                                       std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes = 0,
+                                       bool ws_state_pass = true);
+// Why TMA cannot copy this call's k, v and key-gate inputs as the ws state pass reads them (empty: it can).
+std::string ws_states_copyable(const ir::Variant& variant, const ops::BoundInputs& bound);
 struct CompiledChunked {
   cuda::ChunkedKernel kernel;
   CompiledProgram program;

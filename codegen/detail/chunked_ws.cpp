@@ -23,7 +23,8 @@ const std::set<std::string>& ws_names() {
       "step", "w", "e", "piece", "x", "u", "live", "t", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d",
       "initial_state", "final_state", "cu_seqlens", "B", "T", "H", "K", "V", "read_scale", "segments", "segment_states",
       "segment_decay", "q_map", "k_map", "v_map", "dst", "value", "o_row", "pos", "half", "s", "next", "stage_desc", "sd",
-      "keep", "G_s", "step_s", "first", "start", "x0", "x1", "shift"};
+      "keep", "G_s", "step_s", "first", "start", "x0", "x1", "shift", "g", "G", "G_C", "tot", "lg", "fb", "fc", "k_box", "kx",
+      "gtot", "gtot_all", "UPD", "GB", "VB", "QB", "f", "step_t", "v_box", "segment_log", "dj", "lj", "j", "i", "m", "mt"};
   return names;
 }
 
@@ -35,23 +36,38 @@ bool plain(const ir::Variant& variant, ir::Slot s, ir::Role role) {
 
 int input_of(const ir::Variant& variant, ir::Slot s) { return variant.slot(s).nodes[0].input; }
 
-// Bytes of one stage of the ring: q boxes (not in the state pass), k boxes, a v box per consumer.
-int stage_bytes(const ChunkedTile& tile, bool states) {
+// Bytes of one stage of the ring: q boxes (not in the state pass), k boxes, the key gate's inputs'
+// boxes (the state pass of a key-side gate), a v box per consumer.
+int stage_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
   const int kb = tile.block_k / 64, consumers = tile.block_v / 64;
-  return ((states ? 1 : 2) * kb + consumers) * ws_chunk * 128;
+  return ((states ? 1 : 2) * kb + gate_inputs * kb + consumers) * ws_chunk * 128;
 }
 
-// The consumers' buffers: st (not in the state pass), vup, the gate sums; and the 1024-byte alignment.
-int fixed_bytes(const ChunkedTile& tile, bool states) {
-  const int consumers = tile.block_v / 64;
-  return 1024 + consumers * ((states ? 0 : tile.block_k * 128) + ws_chunk * 128 + 4 * ws_chunk * 4);
+// The consumers' buffers: st (not in the state pass), vup (a key-side gate: kup, the k boxes' size),
+// the gate sums (and per key feature); and the 1024-byte alignment.
+int fixed_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
+  const int consumers = tile.block_v / 64, kb = tile.block_k / 64;
+  const int update = gate_inputs > 0 ? kb * ws_chunk * 128 + tile.block_k * 4 : ws_chunk * 128;
+  return 1024 + consumers * ((states ? 0 : tile.block_k * 128) + update + 4 * ws_chunk * 4);
 }
 
-int stages_of(const ChunkedTile& tile, bool states) {
+int stages_of(const ChunkedTile& tile, bool states, int gate_inputs) {
   // Three stages where they fit beside the consumers' buffers in 227 KiB (the state pass: in half of
   // it, two blocks per SM), else two.
   const int limit = states ? 113 * 1024 : 227 * 1024;
-  return fixed_bytes(tile, states) + 3 * (stage_bytes(tile, states) + 16) <= limit ? 3 : 2;
+  return fixed_bytes(tile, states, gate_inputs) + 3 * (stage_bytes(tile, states, gate_inputs) + 16) <= limit ? 3 : 2;
+}
+
+// The token_key inputs a key-side gate reads, in input order.
+std::vector<int> key_gate_inputs(const ir::Variant& variant) {
+  std::vector<int> out;
+  if (!variant.has(ir::Slot::log_decay_k)) return out;
+  std::vector<bool> seen(variant.inputs.size(), false);
+  for (const ir::Node& node : variant.slot(ir::Slot::log_decay_k).nodes)
+    if (node.op == ir::Op::input && variant.inputs[node.input].kind == ir::InputKind::token_key) seen[node.input] = true;
+  for (std::size_t k = 0; k < seen.size(); ++k)
+    if (seen[k]) out.push_back(static_cast<int>(k));
+  return out;
 }
 
 }  // namespace
@@ -78,6 +94,28 @@ std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelS
   return {};
 }
 
+std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  if (!variant.has(ir::Slot::log_decay_k)) return ws_spec_unsupported(variant, spec);
+  if (variant.normalize) return "the ws form has no normaliser";
+  if (variant.has(ir::Slot::log_decay_v)) return "the ws state pass takes no value-side gate";
+  if (variant.has(ir::Slot::log_decay_head)) return "the ws state pass takes a key-side gate or a per-head decay, not both";
+  if (!plain(variant, ir::Slot::k_feature, ir::Role::key) || !plain(variant, ir::Slot::v, ir::Role::value))
+    return "the ws form copies k and v as they are (no feature map)";
+  if (spec.input_types.size() != variant.inputs.size()) return "input_types do not match the variant";
+  for (ir::Slot s : {ir::Slot::k_feature, ir::Slot::v}) {
+    const int k = input_of(variant, s);
+    if (spec.input_types[k] != ElementType::bf16)
+      return "the ws form reads k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]);
+  }
+  for (int k : key_gate_inputs(variant))
+    if (spec.input_types[k] != ElementType::bf16 && spec.input_types[k] != ElementType::f16)
+      return "the ws state pass copies the key gate's inputs by TMA in 16 bits; " + variant.inputs[k].name + " is " +
+             element_type_name(spec.input_types[k]);
+  return {};
+}
+
+std::vector<int> ws_key_gate_inputs(const ir::Variant& variant) { return key_gate_inputs(variant); }
+
 std::vector<std::string> ws_tile_rules(const ChunkedTile& tile) {
   std::vector<std::string> problems;
   const auto say = [&](const std::string& what) { problems.push_back(what); };
@@ -92,17 +130,22 @@ std::vector<std::string> ws_tile_rules(const ChunkedTile& tile) {
   return problems;
 }
 
-int ws_shared_bytes(const ChunkedTile& tile, bool states) {
-  const int stages = stages_of(tile, states);
-  return fixed_bytes(tile, states) + stages * stage_bytes(tile, states) + 2 * stages * 8;
+int ws_shared_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
+  const int stages = stages_of(tile, states, gate_inputs);
+  return fixed_bytes(tile, states, gate_inputs) + stages * stage_bytes(tile, states, gate_inputs) + 2 * stages * 8;
 }
 
 ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked: " + what); };
   const ChunkedTile& tile = spec.tile;
   if (const auto problems = ws_tile_rules(tile); !problems.empty()) fail("tile " + to_string(tile) + ": " + problems.front());
-  if (const std::string why = ws_spec_unsupported(variant, spec); !why.empty()) fail("tile " + to_string(tile) + ": " + why);
   const bool states = spec.phase == ChunkedPhase::states;
+  if (const std::string why = states ? ws_states_unsupported(variant, spec) : ws_spec_unsupported(variant, spec); !why.empty())
+    fail("tile " + to_string(tile) + ": " + why);
+  // The state pass of a key-side gate (GLA): kup = k 2^(G_C - G_s) per key feature instead of vup.
+  const std::vector<int> gate_boxes = states ? key_gate_inputs(variant) : std::vector<int>{};
+  const bool kgate = !gate_boxes.empty();
+  const int GB = static_cast<int>(gate_boxes.size());
   if (spec.phase != ChunkedPhase::serial && !states) fail("the ws form has a serial kernel and a segmented state pass only");
   if (states && (!spec.segmented || spec.initial_state || spec.final_state))
     fail("the ws state pass is the segmented form's (segmented, from zero: initial_state = final_state = false)");
@@ -111,11 +154,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
          (spec.arch.empty() ? std::string("not given") : spec.arch));
   const bool segmented = spec.segmented;
   const int C = ws_chunk, BK = tile.block_k, BV = tile.block_v, CONSUMERS = BV / 64;
-  const int STAGES = stages_of(tile, states), THREADS = 128 * (1 + CONSUMERS);
+  const int STAGES = stages_of(tile, states, GB), THREADS = 128 * (1 + CONSUMERS);
   const std::vector<std::string> id = identifiers(variant, ws_names());
   const auto& inputs = variant.inputs;
   const InputUse use_of = input_use(variant);
-  const int qi = input_of(variant, ir::Slot::q_feature), ki = input_of(variant, ir::Slot::k_feature), vi = input_of(variant, ir::Slot::v);
+  const int qi = states ? -1 : input_of(variant, ir::Slot::q_feature), ki = input_of(variant, ir::Slot::k_feature),
+            vi = input_of(variant, ir::Slot::v);
   const bool has_gate = variant.has(ir::Slot::log_decay_head);
   // The per-token head inputs the gate reads (loaded one chunk ahead into registers).
   std::vector<bool> gate_reads(inputs.size(), false);
@@ -131,7 +175,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   kernel.block_v = BV;
   kernel.block_k = BK;
   kernel.phase = spec.phase;
-  kernel.shared_bytes = ws_shared_bytes(tile, states);
+  kernel.shared_bytes = ws_shared_bytes(tile, states, GB);
 
   std::vector<std::string> declarations;
   declare_params(variant, id, spec, declarations, kernel.params);
@@ -147,9 +191,11 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       param(states ? "float*" : "const float*", "segment_states", Role::segment_states);
       param(states ? "float*" : "const float*", "segment_decay", Role::segment_decay);
     }
-    for (const auto& [name, index] : {std::pair{"q_map", qi}, std::pair{"k_map", ki}, std::pair{"v_map", vi}}) {
-      if (states && index == qi) continue;  // the state pass reads no q
-      declarations.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
+    std::vector<std::pair<std::string, int>> maps = {{"q_map", qi}, {"k_map", ki}, {"v_map", vi}};
+    if (states) maps.erase(maps.begin());  // the state pass reads no q
+    for (int k : gate_boxes) maps.push_back({id[k] + "_map", k});
+    for (const auto& [name, index] : maps) {
+      declarations.push_back("const __grid_constant__ ladle_tensor_map " + name);
       kernel.params.push_back({name, "ladle_tensor_map", Type::tensor_map, Role::input_tensor_map, index, C});
     }
   }
@@ -197,11 +243,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     ", KB = BK / 64, CONSUMERS = BV / 64, STAGES = " + std::to_string(STAGES) + ";");
   c("constexpr unsigned BOX = C * 128;  // bytes of a box: C tokens of 64 16-bit features, 128-byte rows");
   if (states) {
-    c("constexpr unsigned STAGE_BYTES = (KB + CONSUMERS) * BOX;  // k boxes, one v box per consumer");
-    c("constexpr int QB = 0;  // the state pass copies no q: k boxes first");
+    c("constexpr int GB = " + std::to_string(GB) + ";  // inputs of the key-side gate, copied as k is");
+    c("constexpr unsigned STAGE_BYTES = (KB + GB * KB + CONSUMERS) * BOX;  // k boxes, the gate's boxes, one v box per consumer");
+    c("constexpr int QB = 0, VB = KB + GB * KB;  // the state pass copies no q: k boxes first; v's box");
   } else {
     c("constexpr unsigned STAGE_BYTES = (2 * KB + CONSUMERS) * BOX;  // q boxes, k boxes, one v box per consumer");
-    c("constexpr int QB = KB;  // q boxes before the k boxes");
+    c("constexpr int QB = KB, VB = 2 * KB;  // q boxes before the k boxes; v's box");
   }
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("constexpr float GATE_FLOOR = -256.0f;  // log2 gates below it (-inf: a hard reset) count as it: 2^-256 = 0");
@@ -219,8 +266,10 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("unsigned short* const ring = reinterpret_cast<unsigned short*>(base);");
   c("unsigned short* const st_all = reinterpret_cast<unsigned short*>(base + STAGES * STAGE_BYTES);");
   c(std::string("unsigned short* const vup_all = st_all + ") + (states ? "0" : "CONSUMERS * BK * 64") + ";");
-  c("float* const gate_all = reinterpret_cast<float*>(vup_all + CONSUMERS * C * 64);");
-  c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(gate_all + CONSUMERS * 4 * C);");
+  c(std::string("constexpr int UPD = ") + (kgate ? "KB * C * 64;  // kup = k 2^(G_C - G_s) per consumer (a key-side gate)" : "C * 64;  // vup per consumer"));
+  c("float* const gate_all = reinterpret_cast<float*>(vup_all + CONSUMERS * UPD);");
+  c(std::string("float* const gtot_all = gate_all + CONSUMERS * 4 * C;  // ") + (kgate ? "[CONSUMERS][BK]: the chunk's log2 decay per key feature" : "(none)"));
+  c(std::string("unsigned long long* const full = reinterpret_cast<unsigned long long*>(gtot_all + ") + (kgate ? "CONSUMERS * BK" : "0") + ");");
   c("unsigned long long* const empty = full + STAGES;");
   c("");
   c("const int v0 = blockIdx.x * BV;  // the block's first value column");
@@ -271,7 +320,10 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (QB + kb) * (BOX / 2), &k_map, kb * 64, row0, " + id[ki] +
     "_head, b, &full[stage]);");
   c("for (int j = 0; j < CONSUMERS; ++j)");
-  c("  ladle_tma_load_4d(dst + (QB + KB + j) * (BOX / 2), &v_map, v0 + 64 * j, row0, " + id[vi] + "_head, b, &full[stage]);");
+  c("  ladle_tma_load_4d(dst + (VB + j) * (BOX / 2), &v_map, v0 + 64 * j, row0, " + id[vi] + "_head, b, &full[stage]);");
+  for (int gi = 0; gi < GB; ++gi)
+    c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (KB + " + std::to_string(gi) + " * KB + kb) * (BOX / 2), &" +
+      id[gate_boxes[gi]] + "_map, kb * 64, row0, " + id[gate_boxes[gi]] + "_head, b, &full[stage]);");
   c.out();
   c("}");
   c.out();
@@ -287,7 +339,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("const int gid = lane / 4, tig = lane % 4;");
   c("const int cv0 = v0 + 64 * consumer;  // this consumer's first value column");
   c("unsigned short* const st = st_all + consumer * BK * 64;");
-  c("unsigned short* const vup = vup_all + consumer * C * 64;");
+  c("unsigned short* const vup = vup_all + consumer * UPD;");
+  if (kgate) c("float* const gtot = gtot_all + consumer * BK;");
   c("float* const gsum = gate_all + (consumer * 4 + warp) * C;");
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (use_of.used[k] && inputs[k].kind == ir::InputKind::head)
@@ -337,7 +390,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("const unsigned long long desc = ladle_wgmma_desc_sw128(ring, BOX, 1024);");
   c("const unsigned st_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(st) - base);");
   c("(void)st_offset; (void)st;");
-  if (states) c("float segment_log = 0.0f;  // the segment's total log2 decay");
+  if (states) c("float segment_log = 0.0f;  // the segment's total log2 decay (a key-side gate: key feature wt's)");
   c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
   if (has_gate) {
     c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
@@ -403,8 +456,53 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("// 2b. The state's bf16 copy for o = q st, v's rows times 2^(G_C - G_s) for the update, then S's decay.");
   c("ladle_mbarrier_wait(&full[stage], parity);");
   c("const unsigned stage_offset = stage * STAGE_BYTES;");
-  c("const unsigned short* const v_box = ring + (stage_offset + (QB + KB + consumer) * BOX) / 2;");
-  if (states) {
+  c("const unsigned short* const v_box = ring + (stage_offset + (VB + consumer) * BOX) / 2;");
+  if (kgate) {
+    c("// The key-side gate: thread wt owns key feature wt; the chunk's total per feature, then kup.");
+    c("if (wt < BK) {");
+    c.in();
+    c("const int fb = wt / 64, fc = wt % 64;");
+    c("const unsigned short* const k_box = ring + (stage_offset + fb * BOX) / 2;");
+    const auto gate_at = [&](const std::string& row) {
+      for (int gi = 0; gi < GB; ++gi) {
+        const int k = gate_boxes[gi];
+        const std::string load = "ladle_load(reinterpret_cast<const " + std::string(storage_type(spec.input_types[k])) +
+                                 "*>(ring + (stage_offset + (KB + " + std::to_string(gi) + " * KB + fb) * BOX) / 2 + swz(" + row + ", fc)))";
+        c("const float " + id[k] + "_x = " + load + ";");
+      }
+      c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_k, "_x") + ");");
+      c("const float lg = x > GATE_FLOOR ? x : GATE_FLOOR;");
+    };
+    c("float tot = 0.0f;");
+    c("for (int step = 0; step < valid; ++step) {");
+    c.in();
+    c("const int row = REVERSE ? C - 1 - step : step;");
+    gate_at("row");
+    c("tot += lg;");
+    c.out();
+    c("}");
+    c("gtot[wt] = tot;");
+    c("segment_log += tot;");
+    c("float G = 0.0f;");
+    c("for (int step = 0; step < C; ++step) {");
+    c.in();
+    c("const int row = REVERSE ? C - 1 - step : step;");
+    c("float w = 0.0f;");
+    c("if (step < valid) {");
+    c.in();
+    gate_at("row");
+    c("G += lg;");
+    c("w = ladle_exp2(tot - G);");
+    c.out();
+    c("}");
+    c("const ladle_bf16 kx = reinterpret_cast<const ladle_bf16*>(k_box)[swz(row, fc)];");
+    c("ladle_store(reinterpret_cast<ladle_bf16*>(vup + fb * (BOX / 2)) + swz(row, fc), ladle_load(&kx) * w);");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    c("ladle_named_barrier_sync(1 + consumer, 128);  // every feature's total in gtot");
+  } else if (states) {
     c("segment_log += G_C;");
   } else {
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
@@ -414,21 +512,30 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
     c("    }");
   }
-  c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces, as swizzled: the row is what matters");
-  c.in();
-  c("const int e = wt + 128 * i, row = e / 8;");
-  c("const int step = REVERSE ? C - 1 - row : row;");
-  c("const float w = step < valid ? ladle_exp2(G_C - gsum[step]) : 0.0f;");
-  c("float x[8];");
-  c("ladle_unpack8_bf16(x, ladle_ld16(v_box + 8 * e));");
-  c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] *= w;");
-  c("ladle_store8_bf16(vup + 8 * e, x);");
-  c.out();
-  c("}");
-  c("const float decay = ladle_exp2(G_C);");
-  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-  c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-  c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) S[mt][nb][r] *= decay;");
+  if (kgate) {
+    c("(void)v_box;");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("    const float decay = ladle_exp2(gtot[64 * mt + 16 * warp + gid + 8 * half]);  // the key row's");
+    c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) S[mt][nb][2 * half] *= decay, S[mt][nb][2 * half + 1] *= decay;");
+    c("  }");
+  } else {
+    c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces, as swizzled: the row is what matters");
+    c.in();
+    c("const int e = wt + 128 * i, row = e / 8;");
+    c("const int step = REVERSE ? C - 1 - row : row;");
+    c("const float w = step < valid ? ladle_exp2(G_C - gsum[step]) : 0.0f;");
+    c("float x[8];");
+    c("ladle_unpack8_bf16(x, ladle_ld16(v_box + 8 * e));");
+    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] *= w;");
+    c("ladle_store8_bf16(vup + 8 * e, x);");
+    c.out();
+    c("}");
+    c("const float decay = ladle_exp2(G_C);");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) S[mt][nb][r] *= decay;");
+  }
   c("ladle_fence_proxy_async();  // st and vup, written through the generic proxy, before wgmma reads them");
   c("ladle_named_barrier_sync(1 + consumer, 128);");
   c("");
@@ -438,7 +545,10 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("ladle_wgmma_fence();");
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
     c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-    c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + mt * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
+    if (kgate)  // A = kup^T (its box mt), B = v as copied
+      c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (vup_offset + mt * BOX + kk * 2048) / 16, desc + (stage_offset + VB * BOX + consumer * BOX + kk * 2048) / 16);");
+    else
+      c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + mt * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
     c("ladle_wgmma_commit();");
     c("ladle_wgmma_wait<0>();  // the stage and vup are free");
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
@@ -540,7 +650,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
     c("      if (feat < K && col < V) segment_states[((static_cast<long long>(n) * H + h) * K + feat) * V + col] = S[mt][nb][r];");
     c("    }");
-    if (has_gate) c("if (blockIdx.x == 0 && consumer == 0 && wt == 0) segment_decay[static_cast<long long>(n) * H + h] = segment_log;");
+    if (kgate) c("if (blockIdx.x == 0 && consumer == 0 && wt < K) segment_decay[(static_cast<long long>(n) * H + h) * K + wt] = segment_log;");
+    else if (has_gate) c("if (blockIdx.x == 0 && consumer == 0 && wt == 0) segment_decay[static_cast<long long>(n) * H + h] = segment_log;");
   }
   if (spec.final_state) {
     c("");

@@ -34,7 +34,14 @@ std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelS
 std::vector<std::string> ws_tile_rules(const ChunkedTile& tile);
 // Dynamic shared memory of a block (a 1024-byte aligned ring of stages, then the consumers' buffers):
 // the serial kernel's, or (states) the segmented state pass's.
-int ws_shared_bytes(const ChunkedTile& tile, bool states = false);
+// gate_inputs: the state pass of a key-side gate, the number of inputs the gate reads (ws_key_gate_inputs).
+int ws_shared_bytes(const ChunkedTile& tile, bool states = false, int gate_inputs = 0);
+// Why the ws form's segmented state pass cannot run this variant with these types (empty: it can):
+// the serial form's rules, or a key-side gate alone (GLA: no per-head or value-side decay beside it)
+// whose token inputs are 16-bit, with bf16 k and v.
+std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
+// The token_key inputs a key-side gate reads (copied by TMA beside k in the state pass).
+std::vector<int> ws_key_gate_inputs(const ir::Variant& variant);
 
 // The serial kernel (segmented or not) in the ws form, or (phase states, segmented) the segmented
 // form's state pass: k and v only, the update alone, each segment's own state and total decay.

@@ -263,6 +263,7 @@ struct SegmentedCase {
   ladle::cuda::ChunkedKernelSpec first_spec() const {
     ladle::cuda::ChunkedKernelSpec s = serial_spec();
     s.tile = first;
+    if (first.ws) s.arch = "sm_90a";
     s.phase = ladle::cuda::ChunkedPhase::states;
     s.initial_state = s.final_state = false;
     return s;
@@ -322,6 +323,30 @@ inline std::vector<SegmentedCase> ws_segmented() {
     if (i % 4 == 1) first = {c.tile.block_k, 64, 64, 8}, first.ws = true;  // the state pass in the ws form as well
     c.c.name += first.ws ? " (segmented, ws state pass)" : " (segmented)";
     cases.push_back({c, first, 100, i % 4 == 1 ? 2 : 1});
+  }
+  // A key-side gate alone (GLA, gk, a user's logsigmoid(x) / tau): the ws state pass (k, v and the
+  // gate's 16-bit inputs by TMA, kup = k 2^(G_C - G_s) per key feature), then the fold and the serial
+  // form on its own tile; forward and reverse, hard resets among them.
+  int j = 0;
+  for (Case c : all()) {
+    const ladle::ir::Variant& v = c.c.variant;
+    if (!v.has(ladle::ir::Slot::log_decay_k) || v.has(ladle::ir::Slot::log_decay_v) || v.has(ladle::ir::Slot::log_decay_head)) continue;
+    for (std::size_t k = 0; k < v.inputs.size(); ++k)
+      if (v.inputs[k].kind != ladle::ir::InputKind::scalar && v.inputs[k].kind != ladle::ir::InputKind::head)
+        c.c.spec.input_types[k] = ladle::ElementType::bf16;
+    c.c.spec.output_type = ladle::ElementType::bf16;
+    c.c.K = (c.c.K + 7) / 8 * 8, c.c.V = (c.c.V + 7) / 8 * 8;
+    if (c.c.cu_seqlens.empty()) c.c.T = 300;
+    else c.c.cu_seqlens = {0, 130, 130, 300}, c.c.T = 300;
+    c.tile.block_k = std::max(c.tile.block_k, (c.c.K + 15) / 16 * 16);
+    ladle::cuda::ChunkedTile first{c.c.K <= 64 ? 64 : 128, 64, 64, 8};
+    first.ws = true;
+    ladle::cuda::ChunkedKernelSpec probe = c.spec();
+    probe.tile = first, probe.phase = ladle::cuda::ChunkedPhase::states, probe.segmented = true;
+    if (!ladle::cuda::chunked_ws_unsupported(v, probe).empty()) continue;
+    c.c.name += " (segmented, ws state pass of a key gate)";
+    cases.push_back({c, first, j % 2 ? 100 : 128, j % 3 == 1 ? 2 : 1});
+    ++j;
   }
   return cases;
 }

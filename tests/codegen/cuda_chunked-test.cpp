@@ -249,6 +249,7 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
   const auto cases = chunked_cases::ws_segmented();
   REQUIRE(std::size(emulated_ws_segmented_kernels) == cases.size());
   REQUIRE(!cases.empty());
+  int key_gated = 0;  // cases whose ws state pass takes a key-side gate
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const chunked_cases::SegmentedCase& sc = cases[i];
     const cuda_cases::Case& c = sc.c.c;
@@ -257,9 +258,14 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
     const cuda::ChunkedKernel serial = cuda::generate_chunked(c.variant, sc.serial_spec());
     INFO(c.name << " (" << cuda::to_string(sc.c.tile) << ", segments of " << sc.segment_tokens << " tokens)");
     REQUIRE(serial.name == emulated_ws_segmented_kernels[i].serial.name);
-    REQUIRE_THAT(serial.name, Catch::StartsWith("ladle_chunked_ws_segmented_"));
-    CHECK_THAT(serial.source, Catch::Contains("S = 2^D_j S + L_j"));
-    (void)fold;
+    if (sc.c.tile.ws) {
+      REQUIRE_THAT(serial.name, Catch::StartsWith("ladle_chunked_ws_segmented_"));
+      CHECK_THAT(serial.source, Catch::Contains("S = 2^D_j S + L_j"));
+    } else {
+      REQUIRE_THAT(first.name, Catch::StartsWith("ladle_chunked_ws_states_segmented_"));
+      CHECK_THAT(first.source, Catch::Contains("kup = k 2^(G_C - G_s)"));
+      ++key_gated;
+    }
     check_against_cpu(sc.c, 8000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
       const cuda::ChunkedSegments segments =
           cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse, sc.state_pieces);
@@ -276,7 +282,15 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
         Arguments arguments(first.params, c, gpu_run.args, split);
         const cuda::ChunkedGrid grid = cuda::chunked_grid(first, earlier, c.H, c.K, c.V, 0);
         cuda_emulation::launch(grid.x, grid.y, grid.z, first.threads, [&] { emulated_ws_segmented_kernels[i].first.launch(arguments.data()); });
-        // No fold kernel: the ws serial kernel folds the earlier segments' own states as it starts.
+        // The ws serial kernel folds the earlier segments' own states as it starts; another serial
+        // kernel needs the fold kernel first.
+        if (!sc.c.tile.ws) {
+          split.segments = segments.all.data();
+          Arguments fold_arguments(fold.params, c, gpu_run.args, split);
+          const cuda::ChunkedGrid fold_grid = cuda::chunked_grid(fold, segments.segments(), c.H, c.K, c.V, 0);
+          cuda_emulation::launch(fold_grid.x, fold_grid.y, fold_grid.z, fold.threads,
+                                 [&] { emulated_ws_segmented_kernels[i].fold.launch(fold_arguments.data()); });
+        }
       }
       split.segments = segments.all.data();
       Arguments arguments(serial.params, c, gpu_run.args, split);
@@ -284,6 +298,7 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
       cuda_emulation::launch(grid.x, grid.y, grid.z, serial.threads, [&] { emulated_ws_segmented_kernels[i].serial.launch(arguments.data()); });
     });
   }
+  CHECK(key_gated >= 3);
 }
 
 TEST_CASE("chunked: the split form (state pass, then every chunk at once) computes what the CPU path computes",

@@ -274,6 +274,34 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
         CHECK(2 * first.kernel.shared_bytes <= 227 * 1024);
       }
   CHECK(compiled == 18);
+  // A key-side gate alone (GLA, a user's logsigmoid(x) / tau) with 16-bit gate inputs: the segmented
+  // form's state pass in the ws form beside any serial tile on sm_90a.
+  const auto user_gk = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")),
+                                            dsl::q, dsl::scalar("scale")),
+                                  "user_gk");
+  for (const ladle::ir::Variant* v : {&ladle::gla_variant(false), &user_gk}) {
+    auto spec = chunked_spec_for(*v, ElementType::bf16, 128, 128);
+    for (std::size_t k = 0; k < v->inputs.size(); ++k)
+      if (v->inputs[k].kind == ladle::ir::InputKind::token_key) spec.input_types[k] = ElementType::bf16;
+    spec.tile = ladle::cuda::ChunkedTile{128, 32, 128, 8};
+    spec.tile.wgmma = true;
+    spec.arch = "sm_90a";
+    spec.initial_state = spec.final_state = true;
+    const auto specs = ladle::gpu::segmented_chunked_specs(*v, spec, 128, 128, 227 * 1024);
+    REQUIRE(specs.first.tile.ws);
+    auto first = ladle::gpu::compile_chunked(*v, specs.first, "sm_90a");
+    const auto* f = first.program.resources(first.kernel.name);
+    REQUIRE(f != nullptr);
+    INFO(v->name << " ws state pass: " << f->registers << " registers, " << first.kernel.shared_bytes << " bytes of shared memory");
+    CHECK(f->spill_store_bytes == 0);
+    CHECK(f->registers <= 128);
+    CHECK(2 * first.kernel.shared_bytes <= 227 * 1024);
+    // f32 gate inputs are not copied by TMA: the suffix state pass instead.
+    auto f32_gates = spec;
+    for (std::size_t k = 0; k < v->inputs.size(); ++k)
+      if (v->inputs[k].kind == ladle::ir::InputKind::token_key) f32_gates.input_types[k] = ElementType::f32;
+    CHECK(!ladle::gpu::segmented_chunked_specs(*v, f32_gates, 128, 128, 227 * 1024).first.tile.ws);
+  }
 }
 
 TEST_CASE("the algorithm follows the shape and dtype unless forced", "[gpu][chunked]") {
