@@ -376,8 +376,12 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
   }
   // A ws serial tile: the state pass in the ws form too (k and v by TMA, the update alone on wgmma,
   // one consumer warpgroup per block, two blocks per SM); LADLE_SUFFIX_STATES=0 or =1 measures the others.
+  // A key-side gate keeps the suffix pass: its ws form measured slower on the H100 (GLA B2 T16384: 0.338
+  // ms against 0.220; the per-feature sums are latency-bound) unless LADLE_WS_KEY_STATES=1 asks for it.
   const char* other = std::getenv("LADLE_SUFFIX_STATES");
-  if (ws_state_pass && !other && key_dim <= 128 && (serial.tile.ws || cuda::chunked_wgmma_arch(serial.arch))) {
+  const char* key_states = std::getenv("LADLE_WS_KEY_STATES");
+  const bool key_gate = variant.has(ir::Slot::log_decay_k) && !(key_states && std::string(key_states) == "1");
+  if (ws_state_pass && !other && !key_gate && key_dim <= 128 && (serial.tile.ws || cuda::chunked_wgmma_arch(serial.arch))) {
     cuda::ChunkedKernelSpec ws = out.first;
     ws.tile = cuda::ChunkedTile{key_dim <= 64 ? 64 : 128, 64, 64, 8};
     ws.tile.ws = true;
