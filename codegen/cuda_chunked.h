@@ -46,6 +46,10 @@
 // at once from the state its earlier segments leave. k, v and the gates are read twice for all but
 // the last segment; one fp32 state and decay row per segment cross global memory.
 //
+// The ws form (ChunkedTile::ws, detail/chunked_ws.h; sm_90a) is the serial form warp-specialised for a
+// decay of at most a per-head scalar: a TMA producer warpgroup and one wgmma consumer warpgroup per 64
+// value columns, 128 * (1 + block_v / 64) threads; it also has a segmented state pass of its own.
+//
 // Launch: serial: grid (ceil(V / block_v), N * H); states: grid (ceil(V / state_block_v),
 // ceil(K / state_block_k), N * H); outputs: grid (chunks * ceil(V / block_v), H), where chunks
 // = N * ceil(T / chunk), or the sum over packed sequences; block (32 * warps); dynamic shared
