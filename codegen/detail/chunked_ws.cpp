@@ -392,6 +392,15 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("(void)st_offset; (void)st;");
   if (states) c("float segment_log = 0.0f;  // the segment's total log2 decay (a key-side gate: key feature wt's)");
   c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
+  // The chunk loop's opening: its stage, the box's first row and the chunk's tokens in the sequence.
+  const auto chunk_loop_head = [&] {
+    c("for (int c = 0; c < chunks; ++c) {");
+    c.in();
+    c("const int stage = c % STAGES;");
+    c("const unsigned parity = (c / STAGES) & 1;");
+    c("const long long row0 = REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C;");
+    c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
+  };
   if (has_gate) {
     c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
     for (std::size_t k = 0; k < inputs.size(); ++k)
@@ -414,12 +423,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     };
     load_next("0");
     c("");
-    c("for (int c = 0; c < chunks; ++c) {");
-    c.in();
-    c("const int stage = c % STAGES;");
-    c("const unsigned parity = (c / STAGES) & 1;");
-    c("const long long row0 = REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C;");
-    c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
+    chunk_loop_head();
     c("// 2a. The cumulative log2 decay G of this chunk's steps (step = token order in the recurrence's");
     c("//     direction), per warp: steps 2 lane and 2 lane + 1, a scan over the lanes.");
     c("float g[2];");
@@ -434,12 +438,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     load_next("c + 1");
   } else {
     c("");
-    c("for (int c = 0; c < chunks; ++c) {");
-    c.in();
-    c("const int stage = c % STAGES;");
-    c("const unsigned parity = (c / STAGES) & 1;");
-    c("const long long row0 = REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C;");
-    c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
+    chunk_loop_head();
     c("float g[2] = {0.0f, 0.0f};  // no decay");
   }
   c("float prefix = g[0] + g[1], total = prefix;  // inclusive scan of the lanes' pair sums");

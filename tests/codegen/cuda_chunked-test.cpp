@@ -135,6 +135,45 @@ void check_against_cpu(const chunked_cases::Case& cc, std::uint64_t seed,
   if (cc.c.spec.final_state) CHECK(errors.final_state < 1e-2);
 }
 
+// Runs a segmented case's kernels on the emulation as the launcher does and checks the result against
+// the CPU path: the state pass over every earlier segment (whose states and decays must then all be
+// written), the fold unless the serial kernel folds them itself (the ws form), then the serial form
+// over every segment.
+void check_segmented(const chunked_cases::SegmentedCase& sc, std::uint64_t seed, const cuda::ChunkedKernel& first,
+                     const cuda::ChunkedKernel& fold, const cuda::ChunkedKernel& serial, const EmulatedSegmented& kernels) {
+  const cuda_cases::Case& c = sc.c.c;
+  check_against_cpu(sc.c, seed, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+    const cuda::ChunkedSegments segments =
+        cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse, sc.state_pieces);
+    const std::int64_t earlier = segments.earlier_segments();
+    const std::int64_t width = cuda::chunked_segment_decay_width(c.variant, c.K, c.V);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> own_states(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * c.K * c.V)), nan);
+    std::vector<float> own_decay(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * width)), nan);
+    SplitArguments split;
+    split.segment_states = own_states.data();
+    split.segment_decay = own_decay.data();
+    if (earlier > 0) {
+      split.segments = segments.earlier.data();
+      Arguments arguments(first.params, c, gpu_run.args, split);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(first, earlier, c.H, c.K, c.V, 0);
+      cuda_emulation::launch(grid.x, grid.y, grid.z, first.threads, [&] { kernels.first.launch(arguments.data()); });
+      for (std::int64_t e = 0; e < earlier * c.H * c.K * c.V; ++e) REQUIRE(!std::isnan(own_states[static_cast<std::size_t>(e)]));
+      for (std::int64_t e = 0; e < earlier * c.H * width; ++e) REQUIRE(!std::isnan(own_decay[static_cast<std::size_t>(e)]));
+      if (!sc.c.tile.ws) {  // the fold over every segment row: the state entering each segment in place of L_j
+        split.segments = segments.all.data();
+        Arguments fold_arguments(fold.params, c, gpu_run.args, split);
+        const cuda::ChunkedGrid fold_grid = cuda::chunked_grid(fold, segments.segments(), c.H, c.K, c.V, 0);
+        cuda_emulation::launch(fold_grid.x, fold_grid.y, fold_grid.z, fold.threads, [&] { kernels.fold.launch(fold_arguments.data()); });
+      }
+    }
+    split.segments = segments.all.data();
+    Arguments arguments(serial.params, c, gpu_run.args, split);
+    const cuda::ChunkedGrid grid = cuda::chunked_grid(serial, segments.segments(), c.H, c.K, c.V, 0);
+    cuda_emulation::launch(grid.x, grid.y, grid.z, serial.threads, [&] { kernels.serial.launch(arguments.data()); });
+  });
+}
+
 }  // namespace
 
 TEST_CASE("chunked: every kernel, run on the host emulation of CUDA, computes what the CPU path computes", "[codegen][chunked][emulation]") {
@@ -266,37 +305,7 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
       CHECK_THAT(first.source, Catch::Contains("kup = k 2^(G_C - G_s)"));
       ++key_gated;
     }
-    check_against_cpu(sc.c, 8000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
-      const cuda::ChunkedSegments segments =
-          cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse, sc.state_pieces);
-      const std::int64_t earlier = segments.earlier_segments();
-      const std::int64_t width = cuda::chunked_segment_decay_width(c.variant, c.K, c.V);
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      std::vector<float> own_states(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * c.K * c.V)), nan);
-      std::vector<float> own_decay(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * width)), nan);
-      SplitArguments split;
-      split.segment_states = own_states.data();
-      split.segment_decay = own_decay.data();
-      if (earlier > 0) {
-        split.segments = segments.earlier.data();
-        Arguments arguments(first.params, c, gpu_run.args, split);
-        const cuda::ChunkedGrid grid = cuda::chunked_grid(first, earlier, c.H, c.K, c.V, 0);
-        cuda_emulation::launch(grid.x, grid.y, grid.z, first.threads, [&] { emulated_ws_segmented_kernels[i].first.launch(arguments.data()); });
-        // The ws serial kernel folds the earlier segments' own states as it starts; another serial
-        // kernel needs the fold kernel first.
-        if (!sc.c.tile.ws) {
-          split.segments = segments.all.data();
-          Arguments fold_arguments(fold.params, c, gpu_run.args, split);
-          const cuda::ChunkedGrid fold_grid = cuda::chunked_grid(fold, segments.segments(), c.H, c.K, c.V, 0);
-          cuda_emulation::launch(fold_grid.x, fold_grid.y, fold_grid.z, fold.threads,
-                                 [&] { emulated_ws_segmented_kernels[i].fold.launch(fold_arguments.data()); });
-        }
-      }
-      split.segments = segments.all.data();
-      Arguments arguments(serial.params, c, gpu_run.args, split);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(serial, segments.segments(), c.H, c.K, c.V, 0);
-      cuda_emulation::launch(grid.x, grid.y, grid.z, serial.threads, [&] { emulated_ws_segmented_kernels[i].serial.launch(arguments.data()); });
-    });
+    check_segmented(sc, 8000 + i, first, fold, serial, emulated_ws_segmented_kernels[i]);
   }
   CHECK(key_gated >= 3);
 }
@@ -363,37 +372,7 @@ TEST_CASE("chunked: the segmented form (each segment's own state, then the seria
     REQUIRE(static_cast<std::size_t>(first.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
     CHECK_THAT(fold.source, Catch::Contains("S = 2^D_j S + L_j"));
     CHECK_THAT(serial.source, Catch::Contains("the fold kernel's"));
-    check_against_cpu(sc.c, 4000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
-      const cuda::ChunkedSegments segments =
-          cuda::chunked_segments(bound.sequences, c.T, c.cu_seqlens, sc.segment_tokens, c.spec.reverse, sc.state_pieces);
-      const std::int64_t earlier = segments.earlier_segments();
-      const std::int64_t width = cuda::chunked_segment_decay_width(c.variant, c.K, c.V);
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      std::vector<float> own_states(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * c.K * c.V)), nan);
-      std::vector<float> own_decay(static_cast<std::size_t>(std::max<std::int64_t>(1, earlier * c.H * width)), nan);
-      SplitArguments split;
-      split.segment_states = own_states.data();
-      split.segment_decay = own_decay.data();
-      if (earlier > 0) {
-        split.segments = segments.earlier.data();
-        Arguments arguments(first.params, c, gpu_run.args, split);
-        const cuda::ChunkedGrid grid = cuda::chunked_grid(first, earlier, c.H, c.K, c.V, 0);
-        cuda_emulation::launch(grid.x, grid.y, grid.z, first.threads, [&] { emulated_segmented_kernels[i].first.launch(arguments.data()); });
-        // Every earlier segment's state and decay were written.
-        for (std::int64_t e = 0; e < earlier * c.H * c.K * c.V; ++e) REQUIRE(!std::isnan(own_states[static_cast<std::size_t>(e)]));
-        for (std::int64_t e = 0; e < earlier * c.H * width; ++e) REQUIRE(!std::isnan(own_decay[static_cast<std::size_t>(e)]));
-        // The fold over every segment row: the state entering each segment in place of L_j.
-        split.segments = segments.all.data();
-        Arguments fold_arguments(fold.params, c, gpu_run.args, split);
-        const cuda::ChunkedGrid fold_grid = cuda::chunked_grid(fold, segments.segments(), c.H, c.K, c.V, 0);
-        cuda_emulation::launch(fold_grid.x, fold_grid.y, fold_grid.z, fold.threads,
-                               [&] { emulated_segmented_kernels[i].fold.launch(fold_arguments.data()); });
-      }
-      split.segments = segments.all.data();
-      Arguments arguments(serial.params, c, gpu_run.args, split);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(serial, segments.segments(), c.H, c.K, c.V, 0);
-      cuda_emulation::launch(grid.x, grid.y, grid.z, serial.threads, [&] { emulated_segmented_kernels[i].serial.launch(arguments.data()); });
-    });
+    check_segmented(sc, 4000 + i, first, fold, serial, emulated_segmented_kernels[i]);
   }
 }
 
