@@ -636,18 +636,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("constexpr int key0 = 0;");
     c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
   }
-  if (segmented) {
-    c("// The block's segment: tokens [seg[1], seg[2]) of batch row seg[0], part of sequence seg[3].");
-    c("const long long* const seg = segments + 8LL * n;");
-    c("const int b = static_cast<int>(seg[0]);");
-    c("const long long bos = seg[1], eos = seg[2];");
-  } else if (spec.varlen) {
-    c("const int b = 0;");
-    c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
-  } else {
-    c("const int b = n;");
-    c("const long long bos = 0, eos = T;");
-  }
+  emit_sequence_bounds(c, segmented, spec.varlen);
   if (phase != ChunkedPhase::serial && !segmented) {
     c("// Where the state entering chunk c of this sequence is kept: chunk_states[first chunk + c][h].");
     c(std::string("const long long first_chunk = ") + (spec.varlen ? "chunk_offsets[n]" : "static_cast<long long>(n) * ((T + C - 1) / C)") + ";");

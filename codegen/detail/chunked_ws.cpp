@@ -274,18 +274,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("");
   c("const int v0 = blockIdx.x * BV;  // the block's first value column");
   c(states ? "const int n = blockIdx.z / H, h = blockIdx.z % H;" : "const int n = blockIdx.y / H, h = blockIdx.y % H;");
-  if (segmented) {
-    c("// The block's segment: tokens [seg[1], seg[2]) of batch row seg[0], part of sequence seg[3].");
-    c("const long long* const seg = segments + 8LL * n;");
-    c("const int b = static_cast<int>(seg[0]);");
-    c("const long long bos = seg[1], eos = seg[2];");
-  } else if (spec.varlen) {
-    c("const int b = 0;");
-    c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
-  } else {
-    c("const int b = n;");
-    c("const long long bos = 0, eos = T;");
-  }
+  emit_sequence_bounds(c, segmented, spec.varlen);
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (use_of.used[k] && inputs[k].kind != ir::InputKind::scalar) c("const int " + id[k] + "_head = h * " + id[k] + "_heads / H;");
   c("const long long length = eos - bos;");

@@ -468,4 +468,19 @@ void token_rows(Code& c, const ir::Variant& variant, const std::vector<std::stri
     }
 }
 
+void emit_sequence_bounds(Code& c, bool segmented, bool varlen) {
+  if (segmented) {
+    c("// The block's segment: tokens [seg[1], seg[2]) of batch row seg[0], part of sequence seg[3].");
+    c("const long long* const seg = segments + 8LL * n;");
+    c("const int b = static_cast<int>(seg[0]);");
+    c("const long long bos = seg[1], eos = seg[2];");
+  } else if (varlen) {
+    c("const int b = 0;");
+    c("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];");
+  } else {
+    c("const int b = n;");
+    c("const long long bos = 0, eos = T;");
+  }
+}
+
 }  // namespace ladle::cuda::detail

@@ -70,6 +70,10 @@ class Code;
 void token_rows(Code& c, const ir::Variant& variant, const std::vector<std::string>& ids, const std::vector<bool>& used,
                 bool guard_live);
 
+// The block's sequence n as b (batch row), bos and eos (its tokens [bos, eos) of row b): a row of the
+// `segments` table (segmented), cu_seqlens (varlen), or [0, T) of row n.
+void emit_sequence_bounds(Code& c, bool segmented, bool varlen);
+
 // Lines with indentation.
 class Code {
  public:

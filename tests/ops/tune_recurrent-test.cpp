@@ -12,9 +12,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <random>
 #include <set>
 
 #include "runtime/tune_fixtures.h"
+#include "support/tensors.h"
 
 using namespace ladle;
 using gpu::chunked_search_space;
@@ -265,6 +268,68 @@ TEST_CASE("a per-head decay takes 64-token chunks on sm_90a, a key gate 32") {
   REQUIRE(to_config(simple.heuristic()) == (hopper() ? chunked(128, 64, 128, 8, true) : chunked(128, 32, 128, 8)));
 }
 
+TEST_CASE("the heuristic takes the ws form for a per-head decay in bf16 that TMA can copy, and the tuner tries it") {
+  // Real (contiguous, aligned) tensors: the zero-stride views of Call are not what TMA copies.
+  std::mt19937_64 rng(21);
+  const ir::Variant& simple = named_variant("recurrent", "g_gamma");
+  const auto bind = [&](const ir::Variant& variant, ElementType type, std::int64_t K, std::int64_t V, std::int64_t t_stride_pad) {
+    struct Bound {
+      std::deque<::test::Filled> keep;  // stable addresses
+      ops::BoundInputs bound;
+    } out;
+    const std::int64_t H = 2, T = 64;
+    const auto tensor = [&](std::int64_t D) {
+      out.keep.push_back(::test::normal(rng, type, {1, T, H, D + t_stride_pad}));
+      TensorView view = out.keep.back().tensor.view();
+      view.shape[3] = D;  // a row of D features inside a padded one: strides of D + pad elements
+      return view;
+    };
+    VariantInputs inputs;
+    inputs.scalars.emplace("scale", 0.125f);
+    const TensorView q = tensor(K), k = tensor(K), v = tensor(V);
+    if (variant.find_input("g_gamma") >= 0) {
+      out.keep.push_back(::test::filled(ElementType::f32, {H}, [] { return -0.1; }));
+      inputs.tensors.emplace("g_gamma", out.keep.back().tensor.view());
+    }
+    if (variant.find_input("g") >= 0) {
+      out.keep.push_back(::test::normal(rng, type, {1, T, H, K}));
+      inputs.tensors.emplace("g", out.keep.back().tensor.view());
+    }
+    out.bound = ops::bind_inputs(variant.name, variant, q, k, v, inputs, RunOptions{});
+    return out;
+  };
+  auto plain = bind(simple, ElementType::bf16, 128, 128, 0);
+  REQUIRE(gpu::ws_copyable(simple, plain.bound).empty());
+  cuda::ChunkedTile ws{128, 64, 128, 12};
+  ws.ws = true;
+  REQUIRE((gpu::heuristic_chunked_tile(simple, plain.bound) == ws) == hopper());
+  auto narrow = bind(simple, ElementType::bf16, 64, 64, 0);
+  if (hopper()) REQUIRE(gpu::heuristic_chunked_tile(simple, narrow.bound) == [] {
+    cuda::ChunkedTile t{64, 64, 64, 8};
+    t.ws = true;
+    return t;
+  }());
+  // Rows 132 features apart (264 bytes): not whole 16 bytes, so TMA cannot copy them, and the heuristic
+  // keeps the wgmma tile; f16 and a key gate do not take it either.
+  auto padded = bind(simple, ElementType::bf16, 128, 128, 4);
+  CHECK_THAT(gpu::ws_copyable(simple, padded.bound), Catch::Contains("q: ") && Catch::Contains("16"));
+  CHECK_FALSE(gpu::heuristic_chunked_tile(simple, padded.bound).ws);
+  auto f16 = bind(simple, ElementType::f16, 128, 128, 0);
+  CHECK_FALSE(gpu::heuristic_chunked_tile(simple, f16.bound).ws);
+  auto keyed = bind(gla(), ElementType::bf16, 128, 128, 0);
+  CHECK_FALSE(gpu::heuristic_chunked_tile(gla(), keyed.bound).ws);
+  // The tuner's space holds ws configs beside the others, and the model ranks the ws tile first.
+  if (hopper()) {
+    const TuneShape shape = TuneShape::of(plain.bound);
+    const SearchSpace space = chunked_search_space(simple, shape, ws);
+    REQUIRE(to_chunked_tile(to_config(ws)) == ws);
+    REQUIRE(to_config(ws).to_string() == "block_k=128 chunk=64 block_v=128 warps=12 wgmma=0 ws=1");
+    const TunePlan plan = space.plan(h100(), to_config(ws), 8);
+    REQUIRE(plan.configs.front() == to_config(ws));
+    REQUIRE(std::count_if(plan.configs.begin(), plan.configs.end(), [](const Config& c) { return c["ws"] == 0; }) >= 1);
+  }
+}
+
 TEST_CASE("chunked and fused-recurrent keys differ, and differ by dtype and shape bucket") {
   const Call call(gla(), 8, 4096, 16, 128, 128);
   const TunedKey chunked_key = call.key(gpu::chunked_family);
@@ -318,7 +383,7 @@ TEST_CASE("tuning the chunked space picks the fastest valid candidate and reject
   const Call call(gla(), 8, 4096, 16, 128, 128);
   const Config heuristic = to_config(call.heuristic());
   const Tuner tuner(call.space(), h100(), heuristic);
-  test::FakeCandidate fake;
+  ladle::test::FakeCandidate fake;
   // The "GPU": longer chunks, narrower value tiles and fewer warps are faster.
   fake.time_of = [](const Config& c) {
     return 1.0 + 16.0 / c["chunk"] + 0.001 * c["block_v"] + 0.01 * c["warps"] + 2.0 * c["wgmma"];
@@ -333,7 +398,7 @@ TEST_CASE("tuning the chunked space picks the fastest valid candidate and reject
   REQUIRE(fake.time_of(heuristic) > fake.time_of(second));
   fake.fail_check.insert(fastest);  // its output differs from the heuristic's
 
-  test::FakeTuning tuning(fake);
+  ladle::test::FakeTuning tuning(fake);
   const TunedKey key = call.key(gpu::chunked_family);
   const TuneResult result = tuner.tune(key, fake, tuning.options);
   tuning.check_second_wins(result, fake, key, fastest, second, valid.size());
