@@ -352,7 +352,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
     c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
     c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
-    c("      S[mt][nb][r] = feat < K && col < V ? " + start + " : 0.0f;");
+    c(start == "0.0f" ? std::string("      S[mt][nb][r] = 0.0f; (void)feat; (void)col;")
+                      : "      S[mt][nb][r] = feat < K && col < V ? " + start + " : 0.0f;");
     c("    }");
     if (segmented && !states) {
       // The fold of the earlier segments (or pieces), here rather than in a kernel of its own: this
@@ -391,7 +392,9 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
   };
   if (has_gate) {
-    c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
+    bool token_gate = false;
+    for (std::size_t k = 0; k < inputs.size(); ++k) token_gate = token_gate || gate_reads[k];
+    if (token_gate) c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
     for (std::size_t k = 0; k < inputs.size(); ++k)
       if (gate_reads[k]) c("float " + id[k] + "_next[2] = {0.0f, 0.0f};");
     const auto load_next = [&](const std::string& chunk) {
@@ -605,7 +608,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("ladle_wgmma_fence_operand<64>(o_acc);");
     c("ladle_wgmma_fence();");
     c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-    c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (2 * KB + consumer) * BOX + kk * 2048) / 16);");
+    c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (VB + consumer) * BOX + kk * 2048) / 16);");
     c("ladle_wgmma_commit();");
     c("ladle_wgmma_wait<0>();  // the update and o += P v done: the stage, st and vup are free");
     c("ladle_wgmma_fence_operand<64>(o_acc);");
