@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   app.add_option("-K", K);
   app.add_option("-V", V);
   app.add_option("--reps", reps);
-  app.add_option("--tile", tiles, "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,state_block_k,state_block_v,state_warps[,f32]] (repeatable); default: the heuristic");
+  app.add_option("--tile", tiles, "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma|,ws] or block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32] (repeatable); default: the heuristic");
   std::vector<long long> segment_list;
   app.add_option("--segment-tokens", segment_list,
                  "chunked: tokens per segment of the serial form (repeatable; 0: whole sequences); default: by shape");
