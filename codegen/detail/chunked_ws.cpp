@@ -1,5 +1,7 @@
 #include "chunked_ws.h"
 
+#include <functional>
+
 #include <ladle/runtime/error.h>
 
 #include "attention_parts.h"
@@ -345,16 +347,24 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("// The state columns [cv0, cv0 + 64) of every key row: S[mt][nb][r] is key row 64 mt + 16 warp + gid + 8 (r / 2),");
   c("// column cv0 + 8 nb + 2 tig + r % 2.");
   c("float S[KB][8][4];");
-  const std::string sequence_index = segmented ? "seg[3]" : "static_cast<long long>(n)";
-  {
-    std::string start = spec.initial_state ? "ladle_load(initial_state + ((" + sequence_index + " * H + h) * K + feat) * V + col)" : "0.0f";
+  // A loop over this thread's elements of S, its key row feat and value column col in scope.
+  const auto for_state = [&](const std::function<void()>& body) {
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
     c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
     c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
-    c(start == "0.0f" ? std::string("      S[mt][nb][r] = 0.0f; (void)feat; (void)col;")
-                      : "      S[mt][nb][r] = feat < K && col < V ? " + start + " : 0.0f;");
+    c.in(), c.in(), c.in();
+    c("const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
+    body();
+    c.out(), c.out(), c.out();
     c("    }");
+  };
+  const std::string sequence_index = segmented ? "seg[3]" : "static_cast<long long>(n)";
+  {
+    std::string start = spec.initial_state ? "ladle_load(initial_state + ((" + sequence_index + " * H + h) * K + feat) * V + col)" : "0.0f";
+    for_state([&] {
+      c(start == "0.0f" ? std::string("S[mt][nb][r] = 0.0f; (void)feat; (void)col;")
+                        : "S[mt][nb][r] = feat < K && col < V ? " + start + " : 0.0f;");
+    });
     if (segmented && !states) {
       // The fold of the earlier segments (or pieces), here rather than in a kernel of its own: this
       // block's columns of each one's own state L_j after its decay D_j, in order.
@@ -364,12 +374,9 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c.in();
       c(std::string("const float dj = ") + (has_gate ? "ladle_exp2(segment_decay[j * H + h])" : "1.0f") + ";");
       c("const float* const lj = segment_states + (j * H + h) * K * V;");
-      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-      c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-      c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-      c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
-      c("      if (feat < K && col < V) S[mt][nb][r] = dj * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
-      c("    }");
+      for_state([&] {
+        c("if (feat < K && col < V) S[mt][nb][r] = dj * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
+      });
       c.out();
       c("}");
     }
@@ -645,24 +652,18 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   if (states) {
     c("");
     c("// The segment's own final state and total log2 decay, for the fold and the segments after it.");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
-    c("      if (feat < K && col < V) segment_states[((static_cast<long long>(n) * H + h) * K + feat) * V + col] = S[mt][nb][r];");
-    c("    }");
+    for_state([&] {
+      c("if (feat < K && col < V) segment_states[((static_cast<long long>(n) * H + h) * K + feat) * V + col] = S[mt][nb][r];");
+    });
     if (kgate) c("if (blockIdx.x == 0 && consumer == 0 && wt < K) segment_decay[(static_cast<long long>(n) * H + h) * K + wt] = segment_log;");
     else if (has_gate) c("if (blockIdx.x == 0 && consumer == 0 && wt == 0) segment_decay[static_cast<long long>(n) * H + h] = segment_log;");
   }
   if (spec.final_state) {
     c("");
     if (segmented) c("if (seg[6] != 0) {  // the sequence's last segment");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig + (r & 1);");
-    c("      if (feat < K && col < V) final_state[((" + sequence_index + " * H + h) * K + feat) * V + col] = S[mt][nb][r];");
-    c("    }");
+    for_state([&] {
+      c("if (feat < K && col < V) final_state[((" + sequence_index + " * H + h) * K + feat) * V + col] = S[mt][nb][r];");
+    });
     if (segmented) c("}");
   }
   c.out();
