@@ -214,8 +214,7 @@ bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, Chunk
 
 int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
   if (full.ws && phase != ChunkedPhase::fold)
-    return ws_shared_bytes(full, phase == ChunkedPhase::states,
-                           phase == ChunkedPhase::states ? static_cast<int>(ws_key_gate_inputs(variant).size()) : 0);
+    return ws_shared_bytes(full, phase == ChunkedPhase::states, static_cast<int>(ws_key_gate_inputs(variant).size()));
   const ChunkedTile tile = phase_tile(full, phase);
   return base_shared_bytes(variant, tile, phase == ChunkedPhase::states) +
          (chunked_prefetch(variant, full, phase) ? prefetch_bytes(variant, tile) : 0);

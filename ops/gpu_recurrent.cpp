@@ -224,14 +224,18 @@ std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOpti
   return ((per_sequence + pieces - 1) / pieces + 63) / 64 * 64;
 }
 
-// Why TMA cannot copy this call's q, k and v as the ws form reads them (empty: it can): each
-// [B,T,X,D] view needs contiguous features, a 16-byte aligned start and strides of whole 16 bytes.
+// Why TMA cannot copy this call's q, k and v (and a key-side gate's per-token inputs) as the ws form
+// reads them (empty: it can): q, k and v in bf16, the gate's inputs in 16 bits; each [B,T,X,D] view
+// needs contiguous features, a 16-byte aligned start and strides of whole 16 bytes.
 std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& bound) {
+  const std::vector<int> gate = cuda::chunked_ws_gate_inputs(variant);
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Role role = variant.inputs[i].role;
-    if (role != ir::Role::query && role != ir::Role::key && role != ir::Role::value) continue;
+    const bool gate_input = std::find(gate.begin(), gate.end(), static_cast<int>(i)) != gate.end();
+    if (role != ir::Role::query && role != ir::Role::key && role != ir::Role::value && !gate_input) continue;
     const TensorView& view = bound.args.tensors[i];
-    if (view.type != ElementType::bf16) return variant.inputs[i].name + " is not bf16";
+    if (!gate_input && view.type != ElementType::bf16) return variant.inputs[i].name + " is not bf16";
+    if (gate_input && view.type != ElementType::bf16 && view.type != ElementType::f16) return variant.inputs[i].name + " is not 16-bit";
     const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
     if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
   }

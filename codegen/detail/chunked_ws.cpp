@@ -26,7 +26,10 @@ const std::set<std::string>& ws_names() {
       "initial_state", "final_state", "cu_seqlens", "B", "T", "H", "K", "V", "read_scale", "segments", "segment_states",
       "segment_decay", "q_map", "k_map", "v_map", "dst", "value", "o_row", "pos", "half", "s", "next", "stage_desc", "sd",
       "keep", "G_s", "step_s", "first", "start", "x0", "x1", "shift", "g", "G", "G_C", "tot", "lg", "fb", "fc", "k_box", "kx",
-      "gtot", "gtot_all", "UPD", "GB", "VB", "QB", "f", "step_t", "v_box", "segment_log", "dj", "lj", "j", "i", "m", "mt"};
+      "gtot", "gtot_all", "UPD", "GB", "VB", "QB", "f", "step_t", "v_box", "segment_log", "dj", "lj", "j", "i", "m", "mt",
+      "NT", "PARTS", "TP", "FIT_LIMIT", "ct", "part", "Gl", "run", "lo", "hi", "tot", "llo", "lhi", "pre", "post", "fitw",
+      "offset", "glo", "ghi", "R", "fails", "fail", "wlo", "whi", "t0", "t1", "mode", "Rs", "gprev", "glast", "gfirst", "mine",
+      "qi", "ki", "dk", "dec", "again", "gu", "at", "qx", "kx", "qi_offset", "ki_offset", "inside", "factor", "o_started", "q_box", "fit_all", "wend"};
   return names;
 }
 
@@ -39,16 +42,23 @@ bool plain(const ir::Variant& variant, ir::Slot s, ir::Role role) {
 int input_of(const ir::Variant& variant, ir::Slot s) { return variant.slot(s).nodes[0].input; }
 
 // Bytes of one stage of the ring: q boxes (not in the state pass), k boxes, the key gate's inputs'
-// boxes (the state pass of a key-side gate), a v box per consumer.
+// boxes (a key-side gate), a v box per consumer.
 int stage_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
   const int kb = tile.block_k / 64, consumers = tile.block_v / 64;
   return ((states ? 1 : 2) * kb + gate_inputs * kb + consumers) * ws_chunk * 128;
 }
 
-// The consumers' buffers: st (not in the state pass), vup (a key-side gate: kup, the k boxes' size),
-// the gate sums (and per key feature); and the 1024-byte alignment.
+// The serial kernel of a key-side gate: threads per key feature, each a run of C / parts steps.
+int key_parts(const ChunkedTile& tile) { return 128 * (tile.block_v / 64) / tile.block_k; }
+
+// The consumers' buffers and the 1024-byte alignment. The state pass: vup (a key-side gate: kup, the
+// k boxes' size), the gate sums (and per key feature). The serial kernel: st per consumer, then for a
+// per-head decay vup and the gate sums per consumer, for a key-side gate the block's q~ and k~ boxes,
+// each part's sums and ranges per feature, the factors per key row and the fit words.
 int fixed_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
   const int consumers = tile.block_v / 64, kb = tile.block_k / 64;
+  if (!states && gate_inputs > 0)
+    return 1024 + consumers * tile.block_k * 128 + 2 * kb * ws_chunk * 128 + (3 * key_parts(tile) + 2) * tile.block_k * 4 + 16;
   const int update = gate_inputs > 0 ? kb * ws_chunk * 128 + tile.block_k * 4 : ws_chunk * 128;
   return 1024 + consumers * ((states ? 0 : tile.block_k * 128) + update + 4 * ws_chunk * 4);
 }
@@ -72,12 +82,27 @@ std::vector<int> key_gate_inputs(const ir::Variant& variant) {
   return out;
 }
 
+// Why the ws form cannot read this key-side gate (empty: it can): its per-token inputs come by TMA
+// beside k (so at least one, all over the key features), the rest are per-head parameters or scalars.
+std::string key_gate_reads(const ir::Variant& variant) {
+  for (const ir::Node& node : variant.slot(ir::Slot::log_decay_k).nodes)
+    if (node.op == ir::Op::input && variant.inputs[node.input].kind != ir::InputKind::token_key &&
+        variant.inputs[node.input].kind != ir::InputKind::head && variant.inputs[node.input].kind != ir::InputKind::scalar)
+      return "the ws form's key-side gate reads per-token key inputs, per-head parameters and scalars only (" +
+             variant.inputs[node.input].name + " is none of them)";
+  if (key_gate_inputs(variant).empty()) return "the ws form's key-side gate must read a per-token key input";
+  return {};
+}
+
 }  // namespace
 
 std::string ws_variant_unsupported(const ir::Variant& variant) {
   if (variant.normalize) return "the ws form has no normaliser";
-  if (variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_v))
-    return "the ws form needs a decay of at most a per-head scalar per token (no key- or value-side gate)";
+  if (variant.has(ir::Slot::log_decay_v)) return "the ws form takes no value-side gate";
+  if (variant.has(ir::Slot::log_decay_k)) {
+    if (variant.has(ir::Slot::log_decay_head)) return "the ws form takes a key-side gate or a per-head decay, not both";
+    if (std::string why = key_gate_reads(variant); !why.empty()) return why;
+  }
   if (!plain(variant, ir::Slot::q_feature, ir::Role::query) || !plain(variant, ir::Slot::k_feature, ir::Role::key) ||
       !plain(variant, ir::Slot::v, ir::Role::value))
     return "the ws form copies q, k and v as they are (no feature map)";
@@ -93,6 +118,10 @@ std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelS
     if (spec.input_types[k] != ElementType::bf16)
       return "the ws form reads q, k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]);
   }
+  for (int k : key_gate_inputs(variant))
+    if (spec.input_types[k] != ElementType::bf16 && spec.input_types[k] != ElementType::f16)
+      return "the ws form copies the key gate's inputs by TMA in 16 bits; " + variant.inputs[k].name + " is " +
+             element_type_name(spec.input_types[k]);
   return {};
 }
 
@@ -101,6 +130,7 @@ std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKerne
   if (variant.normalize) return "the ws form has no normaliser";
   if (variant.has(ir::Slot::log_decay_v)) return "the ws state pass takes no value-side gate";
   if (variant.has(ir::Slot::log_decay_head)) return "the ws state pass takes a key-side gate or a per-head decay, not both";
+  if (std::string why = key_gate_reads(variant); !why.empty()) return why;
   if (!plain(variant, ir::Slot::k_feature, ir::Role::key) || !plain(variant, ir::Slot::v, ir::Role::value))
     return "the ws form copies k and v as they are (no feature map)";
   if (spec.input_types.size() != variant.inputs.size()) return "input_types do not match the variant";
@@ -144,9 +174,11 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   const bool states = spec.phase == ChunkedPhase::states;
   if (const std::string why = states ? ws_states_unsupported(variant, spec) : ws_spec_unsupported(variant, spec); !why.empty())
     fail("tile " + to_string(tile) + ": " + why);
-  // The state pass of a key-side gate (GLA): kup = k 2^(G_C - G_s) per key feature instead of vup.
-  const std::vector<int> gate_boxes = states ? key_gate_inputs(variant) : std::vector<int>{};
-  const bool kgate = !gate_boxes.empty();
+  // A key-side gate (GLA): its per-token inputs come by TMA beside k. The state pass forms
+  // kup = k 2^(G_C - G_s) per key feature instead of vup; the serial kernel (kserial) forms q~ and k~
+  // against a reference per key feature (see its header).
+  const std::vector<int> gate_boxes = key_gate_inputs(variant);
+  const bool kgate = variant.has(ir::Slot::log_decay_k), kserial = kgate && !states;
   const int GB = static_cast<int>(gate_boxes.size());
   if (spec.phase != ChunkedPhase::serial && !states) fail("the ws form has a serial kernel and a segmented state pass only");
   if (states && (!spec.segmented || spec.initial_state || spec.final_state))
@@ -203,14 +235,25 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   }
 
   std::string header = "ladle: chunked kernel " + kernel.name + "\nGenerated by codegen/detail/chunked_ws.cpp; do not edit.\n\n";
-  header += "The serial form, warp-specialised (sm_90a): a producer warpgroup copies q, k and v of each 64-token chunk\n"
-            "by TMA into a ring of " + std::to_string(STAGES) + " stages (mbarriers full / empty); consumer warpgroup j owns value columns\n"
-            "[64 j, 64 j + 64) of the block's state S (fp32, wgmma accumulators) and per chunk, with G_t the cumulative\n"
-            "log2 head decay through token t of the chunk and G_C its total:\n"
-            "  st = bf16(S), vup = 2^(G_C - G_s) v_s (both 128-byte swizzled, as TMA writes its boxes), S *= 2^(G_C);\n"
-            "  one wgmma batch: score = q k^T, o = q st, S += k^T vup;\n"
-            "  P_ts = scale q_t.k_s 2^(G_t - G_s) (s <= t), o_t *= scale 2^(G_t), then o += P v; o stored.\n"
-            "Every factor is a decay (at most 1): no reference token, no fallback.\n";
+  header += std::string("The serial form, warp-specialised (sm_90a): a producer warpgroup copies q, k") + (kgate ? ", the key gate's inputs" : "") +
+            " and v of each 64-token chunk\nby TMA into a ring of " + std::to_string(STAGES) +
+            " stages (mbarriers full / empty); consumer warpgroup j owns value columns\n"
+            "[64 j, 64 j + 64) of the block's state S (fp32, wgmma accumulators) and per chunk, with G_t the cumulative\n";
+  if (kserial)
+    header += "log2 decay of key feature i through token t of the chunk (G_-1 = 0), in steps [t0, t1) with a reference R per\n"
+              "feature (the whole chunk where every feature's G over t0 - 1 .. t1 - 1 spans at most 2 FIT_LIMIT, R its\n"
+              "midpoint; else 8-token windows that fit, R theirs; else single tokens, R = G_t0):\n"
+              "  q~_t = q_t 2^(G_t - R), k~_s = k_s 2^(R - G_s) (zero outside the step; 128-byte swizzled, shared by the consumers);\n"
+              "  S's rows *= 2^(R - G_t0-1), st = bf16(S); one wgmma batch: score = q~ k~^T, o += q~ st, S += k~^T v;\n"
+              "  P_ts = score_ts (t0 <= s <= t < t1), o += P v, S's rows *= 2^(G_t1-1 - R); after the steps o *= scale, stored.\n"
+              "Each factor is at most 2^FIT_LIMIT and each product of two a decay, so nothing overflows; the consumers\n"
+              "split the per-feature work (PARTS threads a feature) and meet at named barriers per step.\n";
+  else
+    header += "log2 head decay through token t of the chunk and G_C its total:\n"
+              "  st = bf16(S), vup = 2^(G_C - G_s) v_s (both 128-byte swizzled, as TMA writes its boxes), S *= 2^(G_C);\n"
+              "  one wgmma batch: score = q k^T, o = q st, S += k^T vup;\n"
+              "  P_ts = scale q_t.k_s 2^(G_t - G_s) (s <= t), o_t *= scale 2^(G_t), then o += P v; o stored.\n"
+              "Every factor is a decay (at most 1): no reference token, no fallback.\n";
   if (states)
     header += "The segmented form's state pass in the ws form: one segment (segments[n]) from a zero state, only the\n"
               "update (no q, no output); writes the segment's own final state and total log2 decay (segment_states,\n"
@@ -223,7 +266,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
             " consumer warpgroup(s)); requires K <= " + std::to_string(BK) + "\n";
   header += "launch: grid (ceil(V / " + std::to_string(BV) + (states ? "), 1, N * H" : "), N * H") + "), block (" + std::to_string(THREADS) +
             "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
-  header += "tensor maps: q, k, v as [B,T,X,D] (bf16, 128-byte swizzle, zero fill), boxes of 64 features by 64 tokens\n";
+  header += std::string("tensor maps: q, k, v") + (kgate ? ", the key gate's inputs" : "") +
+            " as [B,T,X,D] (16-bit, 128-byte swizzle, zero fill), boxes of 64 features by 64 tokens\n";
   if (segmented)
     header += "segments: [N][8] {b, first token, end token, sequence, index in it, row of its first earlier segment, last}\n";
   header += "types: " + types_line(variant, id, spec) + "; tensor-core operands bf16, accumulation fp32\n";
@@ -248,6 +292,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("constexpr int GB = " + std::to_string(GB) + ";  // inputs of the key-side gate, copied as k is");
     c("constexpr unsigned STAGE_BYTES = (KB + GB * KB + CONSUMERS) * BOX;  // k boxes, the gate's boxes, one v box per consumer");
     c("constexpr int QB = 0, VB = KB + GB * KB;  // the state pass copies no q: k boxes first; v's box");
+  } else if (kserial) {
+    c("constexpr int GB = " + std::to_string(GB) + ";  // inputs of the key-side gate, copied as k is");
+    c("constexpr unsigned STAGE_BYTES = (2 * KB + GB * KB + CONSUMERS) * BOX;  // q boxes, k boxes, the gate's boxes, one v box per consumer");
+    c("constexpr int QB = KB, VB = 2 * KB + GB * KB;  // q boxes before the k boxes (QB: the first k box); v's box");
+    c("constexpr int NT = 128 * CONSUMERS, PARTS = NT / BK, TP = C / PARTS;  // consumer threads; threads per key feature, steps each");
+    c("constexpr float FIT_LIMIT = 100.0f;  // the largest |log2 factor| of q~ and k~");
   } else {
     c("constexpr unsigned STAGE_BYTES = (2 * KB + CONSUMERS) * BOX;  // q boxes, k boxes, one v box per consumer");
     c("constexpr int QB = KB, VB = 2 * KB;  // q boxes before the k boxes; v's box");
@@ -258,20 +308,42 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("(void)LOG2E; (void)GATE_FLOOR;");
   c("");
   c("// Shared memory from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes):");
-  c("//   ring [STAGES][QB + KB + CONSUMERS][C][64] bf16 q boxes, k boxes, v boxes (TMA, swizzled)");
-  c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state, read by o = q st (swizzled; not in the state pass)");
-  c("//   vup_all [CONSUMERS][C][64] bf16                each consumer's v rows times 2^(G_C - G_s) (swizzled)");
-  c("//   gate_all [CONSUMERS * 4][C] f32                each consumer warp's cumulative log2 decay");
-  c("//   full [STAGES], empty [STAGES]                  mbarriers");
+  if (kserial) {
+    c("//   ring [STAGES][2 KB + GB KB + CONSUMERS][C][64] q, k, the gate's and v boxes (TMA, swizzled)");
+    c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state times the step's 2^(R - G_t0-1) (swizzled)");
+    c("//   qi, ki [KB][C][64] bf16                        q~ and k~ of the step (swizzled), shared by the consumers");
+    c("//   tot, llo, lhi [PARTS][BK] f32                  each part's log2 sum per feature and its range from the part's start");
+    c("//   pre, post [BK] f32                             the step's factors per key row: 2^(R - G_t0-1), 2^(G_t1-1 - R)");
+    c("//   fitw [2]                                       which windows (bits 0-7) and whether the chunk (bit 8) do not fit");
+    c("//   full [STAGES], empty [STAGES]                  mbarriers");
+  } else {
+    c("//   ring [STAGES][QB + KB + CONSUMERS][C][64] bf16 q boxes, k boxes, v boxes (TMA, swizzled)");
+    c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state, read by o = q st (swizzled; not in the state pass)");
+    c("//   vup_all [CONSUMERS][C][64] bf16                each consumer's v rows times 2^(G_C - G_s) (swizzled)");
+    c("//   gate_all [CONSUMERS * 4][C] f32                each consumer warp's cumulative log2 decay");
+    c("//   full [STAGES], empty [STAGES]                  mbarriers");
+  }
   c("LADLE_DYNAMIC_SHARED(smem);");
   c("unsigned char* const base = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
   c("unsigned short* const ring = reinterpret_cast<unsigned short*>(base);");
   c("unsigned short* const st_all = reinterpret_cast<unsigned short*>(base + STAGES * STAGE_BYTES);");
-  c(std::string("unsigned short* const vup_all = st_all + ") + (states ? "0" : "CONSUMERS * BK * 64") + ";");
-  c(std::string("constexpr int UPD = ") + (kgate ? "KB * C * 64;  // kup = k 2^(G_C - G_s) per consumer (a key-side gate)" : "C * 64;  // vup per consumer"));
-  c("float* const gate_all = reinterpret_cast<float*>(vup_all + CONSUMERS * UPD);");
-  c(std::string("float* const gtot_all = gate_all + CONSUMERS * 4 * C;  // ") + (kgate ? "[CONSUMERS][BK]: the chunk's log2 decay per key feature" : "(none)"));
-  c(std::string("unsigned long long* const full = reinterpret_cast<unsigned long long*>(gtot_all + ") + (kgate ? "CONSUMERS * BK" : "0") + ");");
+  if (kserial) {
+    c("unsigned short* const qi = st_all + CONSUMERS * BK * 64;");
+    c("unsigned short* const ki = qi + KB * C * 64;");
+    c("float* const tot = reinterpret_cast<float*>(ki + KB * C * 64);");
+    c("float* const llo = tot + PARTS * BK;");
+    c("float* const lhi = llo + PARTS * BK;");
+    c("float* const pre = lhi + PARTS * BK;");
+    c("float* const post = pre + BK;");
+    c("unsigned* const fitw = reinterpret_cast<unsigned*>(post + BK);");
+    c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(fitw + 4);");
+  } else {
+    c(std::string("unsigned short* const vup_all = st_all + ") + (states ? "0" : "CONSUMERS * BK * 64") + ";");
+    c(std::string("constexpr int UPD = ") + (kgate ? "KB * C * 64;  // kup = k 2^(G_C - G_s) per consumer (a key-side gate)" : "C * 64;  // vup per consumer"));
+    c("float* const gate_all = reinterpret_cast<float*>(vup_all + CONSUMERS * UPD);");
+    c(std::string("float* const gtot_all = gate_all + CONSUMERS * 4 * C;  // ") + (kgate ? "[CONSUMERS][BK]: the chunk's log2 decay per key feature" : "(none)"));
+    c(std::string("unsigned long long* const full = reinterpret_cast<unsigned long long*>(gtot_all + ") + (kgate ? "CONSUMERS * BK" : "0") + ");");
+  }
   c("unsigned long long* const empty = full + STAGES;");
   c("");
   c("const int v0 = blockIdx.x * BV;  // the block's first value column");
@@ -288,6 +360,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("    ladle_mbarrier_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp");
   c("  }");
   c("  ladle_fence_barrier_init();");
+  if (kserial) c("  fitw[0] = fitw[1] = 0u;");
   c("}");
   c("__syncthreads();  // the only block-wide barrier: the producer leaves after its copies");
   c("");
@@ -313,7 +386,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("for (int j = 0; j < CONSUMERS; ++j)");
   c("  ladle_tma_load_4d(dst + (VB + j) * (BOX / 2), &v_map, v0 + 64 * j, row0, " + id[vi] + "_head, b, &full[stage]);");
   for (int gi = 0; gi < GB; ++gi)
-    c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (KB + " + std::to_string(gi) + " * KB + kb) * (BOX / 2), &" +
+    c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (QB + KB + " + std::to_string(gi) + " * KB + kb) * (BOX / 2), &" +
       id[gate_boxes[gi]] + "_map, kb * 64, row0, " + id[gate_boxes[gi]] + "_head, b, &full[stage]);");
   c.out();
   c("}");
@@ -330,9 +403,11 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("const int gid = lane / 4, tig = lane % 4;");
   c("const int cv0 = v0 + 64 * consumer;  // this consumer's first value column");
   c("unsigned short* const st = st_all + consumer * BK * 64;");
-  c("unsigned short* const vup = vup_all + consumer * UPD;");
-  if (kgate) c("float* const gtot = gtot_all + consumer * BK;");
-  c("float* const gsum = gate_all + (consumer * 4 + warp) * C;");
+  if (!kserial) {
+    c("unsigned short* const vup = vup_all + consumer * UPD;");
+    if (kgate) c("float* const gtot = gtot_all + consumer * BK;");
+    c("float* const gsum = gate_all + (consumer * 4 + warp) * C;");
+  }
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (use_of.used[k] && inputs[k].kind == ir::InputKind::head)
       c("const float " + id[k] + "_value = ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + " + id[k] + "_head * " + id[k] +
@@ -374,9 +449,21 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c.in();
       c(std::string("const float dj = ") + (has_gate ? "ladle_exp2(segment_decay[j * H + h])" : "1.0f") + ";");
       c("const float* const lj = segment_states + (j * H + h) * K * V;");
+      if (kgate) {
+        // The decay per key row once, before the loads (per element, the fold spilled 28 bytes).
+        c("const float* const dk = segment_decay + (j * H + h) * K;  // the key-side gate's log2 total per feature");
+        c("float dec[KB][2];");
+        c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+        c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+        c("    const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
+        c("    dec[mt][half] = feat < K ? ladle_exp2(dk[feat]) : 1.0f;");
+        c("  }");
+      }
       for_state([&] {
-        c("if (feat < K && col < V) S[mt][nb][r] = dj * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
+        c(std::string("if (feat < K && col < V) S[mt][nb][r] = ") + (kgate ? "dec[mt][r / 2]" : "dj") +
+          " * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
       });
+      if (kgate) c("(void)dj;");
       c.out();
       c("}");
     }
@@ -388,7 +475,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("const unsigned st_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(st) - base);");
   c("(void)st_offset; (void)st;");
   if (states) c("float segment_log = 0.0f;  // the segment's total log2 decay (a key-side gate: key feature wt's)");
-  c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
+  if (!kserial) c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
   // The chunk loop's opening: its stage, the box's first row and the chunk's tokens in the sequence.
   const auto chunk_loop_head = [&] {
     c("for (int c = 0; c < chunks; ++c) {");
@@ -398,231 +485,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("const long long row0 = REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C;");
     c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
   };
-  if (has_gate) {
-    bool token_gate = false;
-    for (std::size_t k = 0; k < inputs.size(); ++k) token_gate = token_gate || gate_reads[k];
-    if (token_gate) c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
-    for (std::size_t k = 0; k < inputs.size(); ++k)
-      if (gate_reads[k]) c("float " + id[k] + "_next[2] = {0.0f, 0.0f};");
-    const auto load_next = [&](const std::string& chunk) {
-      bool any = false;
-      for (std::size_t k = 0; k < inputs.size(); ++k) any = any || gate_reads[k];
-      if (!any) return;
-      c("LADLE_UNROLL for (int u = 0; u < 2; ++u) {");
-      c.in();
-      c("const long long step = static_cast<long long>(" + chunk + ") * C + 2 * lane + u;");
-      c("const bool live = step < length;");
-      c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
-      for (std::size_t k = 0; k < inputs.size(); ++k)
-        if (gate_reads[k])
-          c(id[k] + "_next[u] = live ? ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] +
-            "_head * " + id[k] + "_stride_h) : 0.0f;");
-      c.out();
-      c("}");
-    };
-    load_next("0");
-    c("");
-    chunk_loop_head();
-    c("// 2a. The cumulative log2 decay G of this chunk's steps (step = token order in the recurrence's");
-    c("//     direction), per warp: steps 2 lane and 2 lane + 1, a scan over the lanes.");
-    c("float g[2];");
-    c("LADLE_UNROLL for (int u = 0; u < 2; ++u) {");
-    c.in();
-    for (std::size_t k = 0; k < inputs.size(); ++k)
-      if (gate_reads[k]) c("const float " + id[k] + "_t = " + id[k] + "_next[u];");
-    c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_head, "") + ");");
-    c("g[u] = 2 * lane + u < valid ? (x > GATE_FLOOR ? x : GATE_FLOOR) : 0.0f;");
-    c.out();
-    c("}");
-    load_next("c + 1");
-  } else {
-    c("");
-    chunk_loop_head();
-    c("float g[2] = {0.0f, 0.0f};  // no decay");
-  }
-  c("float prefix = g[0] + g[1], total = prefix;  // inclusive scan of the lanes' pair sums");
-  c("LADLE_UNROLL for (int d = 1; d < 32; d *= 2) {");
-  c("  const float other = __shfl_xor_sync(0xffffffffu, total, d);");
-  c("  if (lane & d) prefix += other;");
-  c("  total += other;");
-  c("}");
-  c("gsum[2 * lane] = prefix - g[1];");
-  c("gsum[2 * lane + 1] = prefix;");
-  c("__syncwarp();");
-  c("const float G_C = gsum[valid - 1];  // the chunk's total");
-  c("");
-  c("// 2b. The state's bf16 copy for o = q st, v's rows times 2^(G_C - G_s) for the update, then S's decay.");
-  c("ladle_mbarrier_wait(&full[stage], parity);");
-  c("const unsigned stage_offset = stage * STAGE_BYTES;");
-  c("const unsigned short* const v_box = ring + (stage_offset + (VB + consumer) * BOX) / 2;");
-  if (kgate) {
-    c("// The key-side gate: thread wt owns key feature wt; the chunk's total per feature, then kup.");
-    c("if (wt < BK) {");
-    c.in();
-    c("const int fb = wt / 64, fc = wt % 64;");
-    c("const unsigned short* const k_box = ring + (stage_offset + fb * BOX) / 2;");
-    const auto gate_at = [&](const std::string& row) {
-      for (int gi = 0; gi < GB; ++gi) {
-        const int k = gate_boxes[gi];
-        const std::string load = "ladle_load(reinterpret_cast<const " + std::string(storage_type(spec.input_types[k])) +
-                                 "*>(ring + (stage_offset + (KB + " + std::to_string(gi) + " * KB + fb) * BOX) / 2 + swz(" + row + ", fc)))";
-        c("const float " + id[k] + "_x = " + load + ";");
-      }
-      c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_k, "_x") + ");");
-      c("const float lg = x > GATE_FLOOR ? x : GATE_FLOOR;");
-    };
-    // Eight steps at a time with independent loads (a loop over single steps was latency-bound: the
-    // state pass took 0.71 ms at GLA B2 T16384 on the H100 against 0.10 ms for a per-head decay).
-    const auto eight_gates = [&] {
-      c("float lgs[8];");
-      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
-      c.in();
-      c("const int step = s0 + u, row = REVERSE ? C - 1 - step : step;");
-      gate_at("row");
-      c("lgs[u] = step < valid ? lg : 0.0f;");
-      c.out();
-      c("}");
-    };
-    c("float tot = 0.0f;");
-    c("LADLE_UNROLL_1 for (int s0 = 0; s0 < C; s0 += 8) {");
-    c.in();
-    eight_gates();
-    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) tot += lgs[u];");
-    c.out();
-    c("}");
-    c("gtot[wt] = tot;");
-    c("segment_log += tot;");
-    c("float G = 0.0f;");
-    c("LADLE_UNROLL_1 for (int s0 = 0; s0 < C; s0 += 8) {");
-    c.in();
-    eight_gates();
-    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
-    c.in();
-    c("const int step = s0 + u, row = REVERSE ? C - 1 - step : step;");
-    c("G += lgs[u];");
-    c("const float w = step < valid ? ladle_exp2(tot - G) : 0.0f;");
-    c("const float kx = ladle_bf16_float(k_box[swz(row, fc)]);");
-    c("vup[fb * (BOX / 2) + swz(row, fc)] = static_cast<unsigned short>(ladle_pack_bf16(kx * w, 0.0f) & 0xffffu);");
-    c.out();
-    c("}");
-    c.out();
-    c("}");
-    c.out();
-    c("}");
-    c("ladle_named_barrier_sync(1 + consumer, 128);  // every feature's total in gtot");
-  } else if (states) {
-    c("segment_log += G_C;");
-  } else {
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
-    c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
-    c("    }");
-  }
-  if (kgate) {
-    c("(void)v_box;");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-    c("    const float decay = ladle_exp2(gtot[64 * mt + 16 * warp + gid + 8 * half]);  // the key row's");
-    c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) S[mt][nb][2 * half] *= decay, S[mt][nb][2 * half + 1] *= decay;");
-    c("  }");
-  } else {
-    c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces, as swizzled: the row is what matters");
-    c.in();
-    c("const int e = wt + 128 * i, row = e / 8;");
-    c("const int step = REVERSE ? C - 1 - row : row;");
-    c("const float w = step < valid ? ladle_exp2(G_C - gsum[step]) : 0.0f;");
-    c("float x[8];");
-    c("ladle_unpack8_bf16(x, ladle_ld16(v_box + 8 * e));");
-    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] *= w;");
-    c("ladle_store8_bf16(vup + 8 * e, x);");
-    c.out();
-    c("}");
-    c("const float decay = ladle_exp2(G_C);");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) S[mt][nb][r] *= decay;");
-  }
-  c("ladle_fence_proxy_async();  // st and vup, written through the generic proxy, before wgmma reads them");
-  c("ladle_named_barrier_sync(1 + consumer, 128);");
-  c("");
-  if (states) {
-    c("// 2c. The update alone: S += k^T vup (k M-major, vup N-major; the next 16 tokens 2048 bytes on).");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-    c("ladle_wgmma_fence();");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-    if (kgate)  // A = kup^T (its box mt), B = v as copied
-      c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (vup_offset + mt * BOX + kk * 2048) / 16, desc + (stage_offset + VB * BOX + consumer * BOX + kk * 2048) / 16);");
-    else
-      c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + mt * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
-    c("ladle_wgmma_commit();");
-    c("ladle_wgmma_wait<0>();  // the stage and vup are free");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-    c("__syncwarp();");
-    c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
-  } else {
-    c("// 2c. One batch: score = q k^T (both K-major), o = q st (st N-major), S += k^T vup (k M-major, vup");
-    c("//     N-major). q's and k's next 16 features are 32 bytes on in the row, the next 64 in the next box;");
-    c("//     st's, vup's and k^T's next 16 rows 2048 bytes on.");
-    c("float score[8][4], o_acc[8][4];");
-    c("ladle_wgmma_fence_operand<64>(score);");
-    c("ladle_wgmma_fence_operand<64>(o_acc);");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-    c("ladle_wgmma_fence();");
-    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
-    c("  ladle_wgmma_ss_bf16<64>(score, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
-    c("                          desc + (stage_offset + (KB + kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
-    c("ladle_wgmma_commit();");
-    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
-    c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
-    c("                             desc + (st_offset + kt * 2048) / 16, kt > 0);");
-    c("ladle_wgmma_commit();");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-    c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + (KB + mt) * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
-    c("ladle_wgmma_commit();");
-    c("");
-    c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
-    c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
-    c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
-    c("const float G_a = gsum[step_a], G_b = gsum[step_b];");
-    c("ladle_wgmma_wait<2>();");
-    c("ladle_wgmma_fence_operand<64>(score);");
-    c("unsigned p_frag[4][4];");
-    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
-    c.in();
-    c("float p[4];");
-    c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c.in();
-    c("const int s = 8 * nb + 2 * tig + (r & 1);");
-    c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
-    c("const bool keep = step_s <= step_t && step_s < valid;");
-    c("p[r] = keep ? score[nb][r] * read_scale * ladle_exp2((r < 2 ? G_a : G_b) - gsum[step_s]) : 0.0f;");
-    c.out();
-    c("}");
-    c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
-    c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
-    c.out();
-    c("}");
-    c("ladle_wgmma_wait<1>();  // o = q st done");
-    c("ladle_wgmma_fence_operand<64>(o_acc);");
-    c("const float f_a = read_scale * ladle_exp2(G_a), f_b = read_scale * ladle_exp2(G_b);");
-    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= r < 2 ? f_a : f_b;");
-    c("// 2e. o += P v (P from registers, v N-major in the stage).");
-    c("ladle_wgmma_fence_operand<64>(o_acc);");
-    c("ladle_wgmma_fence();");
-    c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-    c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (VB + consumer) * BOX + kk * 2048) / 16);");
-    c("ladle_wgmma_commit();");
-    c("ladle_wgmma_wait<0>();  // the update and o += P v done: the stage, st and vup are free");
-    c("ladle_wgmma_fence_operand<64>(o_acc);");
-    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-    c("__syncwarp();");
-    c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
-    c("");
+  // o, two columns at a time, for the rows ta and tb that are tokens of the sequence.
+  const auto emit_store_o = [&] {
     c("// 2f. o, two columns at a time, for the rows that are tokens of the sequence.");
     c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
     c.in();
@@ -644,11 +508,458 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("}");
     c.out();
     c("}");
+  };
+  // The key-side gate's log2 value lg at box row `row` of key feature fb * 64 + fc (its inputs from the
+  // stage's boxes; fb, fc and stage_offset in scope), floored at GATE_FLOOR.
+  const auto gate_at = [&](const std::string& row) {
+    for (int gi = 0; gi < GB; ++gi) {
+      const int k = gate_boxes[gi];
+      const std::string load = "ladle_load(reinterpret_cast<const " + std::string(storage_type(spec.input_types[k])) +
+                               "*>(ring + (stage_offset + (QB + KB + " + std::to_string(gi) + " * KB + fb) * BOX) / 2 + swz(" + row + ", fc)))";
+      c("const float " + id[k] + "_x = " + load + ";");
+    }
+    c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_k, "_x") + ");");
+    c("const float lg = x > GATE_FLOOR ? x : GATE_FLOOR;");
+  };
+  // The serial kernel of a key-side gate (kserial): steps against a reference per key feature.
+  const auto emit_kserial = [&] {
+    c("// The key feature this thread sums the gate of, over the chunk's steps [part TP, part TP + TP).");
+    c("const int ct = threadIdx.x - 128, f = ct % BK, part = ct / BK;");
+    c("const int fb = f / 64, fc = f % 64;");
+    // Constants, not pointer differences: two registers fewer (at 128,64,128,12 with states, 8 bytes spilled).
+    c("constexpr unsigned qi_offset = STAGES * STAGE_BYTES + CONSUMERS * BK * 128;  // qi - base, in bytes");
+    c("constexpr unsigned ki_offset = qi_offset + KB * BOX;");
+    c("");
+    chunk_loop_head();
+    c("ladle_mbarrier_wait(&full[stage], parity);");
+    c("const unsigned stage_offset = stage * STAGE_BYTES;");
+    c("");
+    c("// 2a. G of feature f over this part's steps, from the part's start (Gl), and its range with the 0 before it.");
+    c("float Gl[TP];");
+    c("float run = 0.0f, lo = 0.0f, hi = 0.0f;");
+    c("LADLE_UNROLL for (int u = 0; u < TP; ++u) {");
+    c.in();
+    c("const int step = part * TP + u, row = REVERSE ? C - 1 - step : step;");
+    gate_at("row");
+    c("run += step < valid && f < K ? lg : 0.0f;");
+    c("Gl[u] = run;");
+    c("lo = fminf(lo, run), hi = fmaxf(hi, run);");
+    c.out();
+    c("}");
+    c("tot[part * BK + f] = run, llo[part * BK + f] = lo, lhi[part * BK + f] = hi;");
+    c("ladle_named_barrier_sync(1 + CONSUMERS, NT);  // every part's sums");
+    c("// G before this part (offset), G_valid-1 (total), the range of G_-1 .. G_valid-1 and the chunk's reference R;");
+    c("// whether the chunk and each 8-token window of this part fit (a window's range includes G before it).");
+    c("float offset = 0.0f, total = 0.0f, glo = 0.0f, ghi = 0.0f;");
+    c("LADLE_UNROLL for (int p = 0; p < PARTS; ++p) {");
+    c("  glo = fminf(glo, total + llo[p * BK + f]), ghi = fmaxf(ghi, total + lhi[p * BK + f]);");
+    c("  if (p < part) offset += tot[p * BK + f];");
+    c("  total += tot[p * BK + f];");
+    c("}");
+    c("const float R = 0.5f * (glo + ghi);");
+    c("unsigned fails = ghi - glo > 2.0f * FIT_LIMIT ? 0x100u : 0u;");
+    c("LADLE_UNROLL for (int w = 0; w < TP / 8; ++w) {");
+    c.in();
+    c("float wlo = w > 0 ? Gl[(8 * w + TP - 1) % TP] : 0.0f, whi = wlo;");
+    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) wlo = fminf(wlo, Gl[8 * w + u]), whi = fmaxf(whi, Gl[8 * w + u]);");
+    c("if (whi - wlo > 2.0f * FIT_LIMIT) fails |= 1u << (part * (TP / 8) + w);");
+    c.out();
+    c("}");
+    c("if (fails) atomicOr(&fitw[c & 1], fails);");
+    c("ladle_named_barrier_sync(1 + CONSUMERS, NT);  // every thread's fit bits");
+    c("const unsigned fail = fitw[c & 1];");
+    c("if (ct == 0) fitw[(c + 1) & 1] = 0u;  // the next chunk's word: every thread read it a chunk ago, barriers since");
+    c("");
+    c("// 2b. The steps: the whole chunk where it fits, else its 8-token windows that fit, else single tokens.");
+    c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows of score and o");
+    c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
+    c("float o_acc[8][4];");
+    // A step's body, t0, t1, o_started, mine, Rs, gprev and glast in scope. Emitted twice: the whole
+    // chunk alone (Gl is dead after its q~ and k~, so the products need no spill), and the loop of
+    // windows and tokens, which recomputes G from the gate's inputs (recompute) and runs its loops
+    // over the part's steps rolled up (unrolled, they spilled 400 bytes at 128,64,128,12).
+    const auto emit_step = [&](bool recompute) {
+      c("// q~ and k~ of feature f over this part's steps, zero outside [t0, t1) (so past the sequence too).");
+      c("const unsigned short* const q_box = ring + (stage_offset + fb * BOX) / 2;");
+      c("const unsigned short* const k_box = ring + (stage_offset + (QB + fb) * BOX) / 2;");
+      if (recompute) c("float again = 0.0f;  // G again, from the part's start");
+      c(std::string(recompute ? "LADLE_UNROLL_1" : "LADLE_UNROLL") + " for (int u = 0; u < TP; ++u) {");
+      c.in();
+      c("const int step = part * TP + u, row = REVERSE ? C - 1 - step : step;");
+      c("const int at = fb * (C * 64) + swz(row, fc);");
+      if (recompute) {
+        c("float gu = offset;");
+        c("if (mine) {");
+        c.in();
+        gate_at("row");
+        c("again += step < valid && f < K ? lg : 0.0f;");
+        c("gu = offset + again;");
+        c.out();
+        c("}");
+        c("const bool inside = mine && step >= t0 && step < t1;");
+        c("const float d = gu - Rs;");
+      } else {
+        c("const bool inside = step >= t0 && step < t1;");
+        c("const float d = offset + Gl[u] - Rs;");
+      }
+      c("const float qx = ladle_bf16_float(q_box[swz(row, fc)]), kx = ladle_bf16_float(k_box[swz(row, fc)]);");
+      c("qi[at] = inside ? static_cast<unsigned short>(ladle_pack_bf16(qx * ladle_exp2(d), 0.0f) & 0xffffu) : 0;");
+      c("ki[at] = inside ? static_cast<unsigned short>(ladle_pack_bf16(kx * ladle_exp2(-d), 0.0f) & 0xffffu) : 0;");
+      c.out();
+      c("}");
+      c("if (mine) pre[f] = ladle_exp2(Rs - gprev), post[f] = ladle_exp2(glast - Rs);");
+      c("ladle_fence_proxy_async();  // qi and ki, written through the generic proxy, before wgmma reads them");
+      c("ladle_named_barrier_sync(1 + CONSUMERS, NT);");
+      c("");
+      c("// 2c. This consumer's columns of S times pre per key row, and their bf16 copy st.");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+      c("    const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
+      c("    const float factor = pre[feat];");
+      c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+      c("      S[mt][nb][2 * half] *= factor, S[mt][nb][2 * half + 1] *= factor;");
+      c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
+      c("    }");
+      c("  }");
+      c("ladle_fence_proxy_async();  // st, before wgmma reads it");
+      c("ladle_named_barrier_sync(1 + consumer, 128);");
+      c("");
+      c("// 2d. One batch: score = q~ k~^T (both K-major), o += q~ st (st N-major), S += k~^T v (k~ M-major, v");
+      c("//     N-major in the stage).");
+      c("float score[8][4];");
+      c("ladle_wgmma_fence_operand<64>(score);");
+      c("ladle_wgmma_fence_operand<64>(o_acc);");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+      c("ladle_wgmma_fence();");
+      c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+      c("  ladle_wgmma_ss_bf16<64>(score, desc + (qi_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+      c("                          desc + (ki_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
+      c("ladle_wgmma_commit();");
+      c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+      c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (qi_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+      c("                             desc + (st_offset + kt * 2048) / 16, kt > 0 || o_started);");
+      c("ladle_wgmma_commit();");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+      c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (ki_offset + mt * BOX + kk * 2048) / 16,");
+      c("                                desc + (stage_offset + (VB + consumer) * BOX + kk * 2048) / 16);");
+      c("ladle_wgmma_commit();");
+      c("");
+      c("// 2e. P: the scores of the step's pairs, s before or at t (k~ is zero before t0); o += P v (P from");
+      c("//     registers, v N-major).");
+      c("ladle_wgmma_wait<2>();");
+      c("ladle_wgmma_fence_operand<64>(score);");
+      c("unsigned p_frag[4][4];");
+      c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+      c.in();
+      c("float p[4];");
+      c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+      c.in();
+      c("const int s = 8 * nb + 2 * tig + (r & 1);");
+      c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
+      c("p[r] = step_s <= step_t && step_t < t1 ? score[nb][r] : 0.0f;");
+      c.out();
+      c("}");
+      c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
+      c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
+      c.out();
+      c("}");
+      c("ladle_wgmma_wait<1>();  // o += q~ st done");
+      c("ladle_wgmma_fence_operand<64>(o_acc);");
+      c("ladle_wgmma_fence();");
+      c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+      c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (VB + consumer) * BOX + kk * 2048) / 16);");
+      c("ladle_wgmma_commit();");
+      c("ladle_wgmma_wait<0>();  // the update and o += P v done");
+      c("ladle_wgmma_fence_operand<64>(o_acc);");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+      c("// S's rows times post: the state after the step's last token.");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+      c("    const float factor = post[64 * mt + 16 * warp + gid + 8 * half];");
+      c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) S[mt][nb][2 * half] *= factor, S[mt][nb][2 * half + 1] *= factor;");
+      c("  }");
+    };
+    c("if (!(fail & 0x100u)) {  // one step: the chunk against R (part 0 writes the factors)");
+    c.in();
+    c("const int t0 = 0, t1 = valid;");
+    c("const bool o_started = false, mine = part == 0;");
+    c("const float Rs = R, gprev = 0.0f, glast = total;");
+    emit_step(false);
+    c.out();
+    c("} else {");
+    c.in();
+    c("bool o_started = false;");
+    c("for (int t0 = 0; t0 < valid;) {");
+    c.in();
+    c("// mode 1: an 8-token window against its midpoint; 2: a token against itself");
+    c("const int mode = !((fail >> (t0 / 8)) & 1u) ? 1 : 2;");
+    c("const int t1 = mode == 2 ? t0 + 1 : t0 + 8 < valid ? t0 + 8 : valid;");
+    c("if (o_started) ladle_named_barrier_sync(1 + CONSUMERS, NT);  // the last step's products have read qi, ki, pre and post");
+    c("// The step's reference Rs for feature f, G before its first token (gprev) and at its last (glast),");
+    c("// from the part holding the step (mine).");
+    c("const bool mine = t0 >= part * TP && t0 < part * TP + TP;");
+    c("float Rs = 0.0f, gprev = offset, glast = offset;");
+    c("if (mine) {");
+    c.in();
+    c("float wlo = 3.0e38f, whi = -3.0e38f, gfirst = offset, again = 0.0f;");
+    c("LADLE_UNROLL_1 for (int u = 0; u < TP; ++u) {");
+    c.in();
+    c("const int step = part * TP + u, row = REVERSE ? C - 1 - step : step;");
+    gate_at("row");
+    c("again += step < valid && f < K ? lg : 0.0f;");
+    c("const float g = offset + again;");
+    c("if (step == t0 - 1) gprev = g;");
+    c("if (step == t0) gfirst = g;");
+    c("if (step == t1 - 1) glast = g;");
+    c("if (step >= t0 && step < t1) wlo = fminf(wlo, g), whi = fmaxf(whi, g);");
+    c.out();
+    c("}");
+    c("wlo = fminf(wlo, gprev), whi = fmaxf(whi, gprev);");
+    c("Rs = mode == 2 ? gfirst : 0.5f * (wlo + whi);");
+    c.out();
+    c("}");
+    emit_step(true);
+    c("o_started = true;");
+    c("t0 = t1;");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    c("__syncwarp();");
+    c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);  // this warp is done with the stage");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= read_scale;");
+    c("");
+    emit_store_o();
+    c.out();
+    c("}");
+  };
+  if (kserial) {
+    emit_kserial();
+  } else {
+    if (has_gate) {
+      bool token_gate = false;
+      for (std::size_t k = 0; k < inputs.size(); ++k) token_gate = token_gate || gate_reads[k];
+      if (token_gate) c("// The per-token gate inputs of the next chunk's steps 2 lane and 2 lane + 1, loaded a chunk ahead.");
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        if (gate_reads[k]) c("float " + id[k] + "_next[2] = {0.0f, 0.0f};");
+      const auto load_next = [&](const std::string& chunk) {
+        bool any = false;
+        for (std::size_t k = 0; k < inputs.size(); ++k) any = any || gate_reads[k];
+        if (!any) return;
+        c("LADLE_UNROLL for (int u = 0; u < 2; ++u) {");
+        c.in();
+        c("const long long step = static_cast<long long>(" + chunk + ") * C + 2 * lane + u;");
+        c("const bool live = step < length;");
+        c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
+        for (std::size_t k = 0; k < inputs.size(); ++k)
+          if (gate_reads[k])
+            c(id[k] + "_next[u] = live ? ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + t * " + id[k] + "_stride_t + " + id[k] +
+              "_head * " + id[k] + "_stride_h) : 0.0f;");
+        c.out();
+        c("}");
+      };
+      load_next("0");
+      c("");
+      chunk_loop_head();
+      c("// 2a. The cumulative log2 decay G of this chunk's steps (step = token order in the recurrence's");
+      c("//     direction), per warp: steps 2 lane and 2 lane + 1, a scan over the lanes.");
+      c("float g[2];");
+      c("LADLE_UNROLL for (int u = 0; u < 2; ++u) {");
+      c.in();
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        if (gate_reads[k]) c("const float " + id[k] + "_t = " + id[k] + "_next[u];");
+      c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_head, "") + ");");
+      c("g[u] = 2 * lane + u < valid ? (x > GATE_FLOOR ? x : GATE_FLOOR) : 0.0f;");
+      c.out();
+      c("}");
+      load_next("c + 1");
+    } else {
+      c("");
+      chunk_loop_head();
+      c("float g[2] = {0.0f, 0.0f};  // no decay");
+    }
+    c("float prefix = g[0] + g[1], total = prefix;  // inclusive scan of the lanes' pair sums");
+    c("LADLE_UNROLL for (int d = 1; d < 32; d *= 2) {");
+    c("  const float other = __shfl_xor_sync(0xffffffffu, total, d);");
+    c("  if (lane & d) prefix += other;");
+    c("  total += other;");
+    c("}");
+    c("gsum[2 * lane] = prefix - g[1];");
+    c("gsum[2 * lane + 1] = prefix;");
+    c("__syncwarp();");
+    c("const float G_C = gsum[valid - 1];  // the chunk's total");
+    c("");
+    c("// 2b. The state's bf16 copy for o = q st, v's rows times 2^(G_C - G_s) for the update, then S's decay.");
+    c("ladle_mbarrier_wait(&full[stage], parity);");
+    c("const unsigned stage_offset = stage * STAGE_BYTES;");
+    c("const unsigned short* const v_box = ring + (stage_offset + (VB + consumer) * BOX) / 2;");
+    if (kgate) {
+      c("// The key-side gate: thread wt owns key feature wt; the chunk's total per feature, then kup.");
+      c("if (wt < BK) {");
+      c.in();
+      c("const int fb = wt / 64, fc = wt % 64;");
+      c("const unsigned short* const k_box = ring + (stage_offset + fb * BOX) / 2;");
+      // Eight steps at a time with independent loads (a loop over single steps was latency-bound: the
+      // state pass took 0.71 ms at GLA B2 T16384 on the H100 against 0.10 ms for a per-head decay).
+      const auto eight_gates = [&] {
+        c("float lgs[8];");
+        c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
+        c.in();
+        c("const int step = s0 + u, row = REVERSE ? C - 1 - step : step;");
+        gate_at("row");
+        c("lgs[u] = step < valid ? lg : 0.0f;");
+        c.out();
+        c("}");
+      };
+      c("float tot = 0.0f;");
+      c("LADLE_UNROLL_1 for (int s0 = 0; s0 < C; s0 += 8) {");
+      c.in();
+      eight_gates();
+      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) tot += lgs[u];");
+      c.out();
+      c("}");
+      c("gtot[wt] = tot;");
+      c("segment_log += tot;");
+      c("float G = 0.0f;");
+      c("LADLE_UNROLL_1 for (int s0 = 0; s0 < C; s0 += 8) {");
+      c.in();
+      eight_gates();
+      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
+      c.in();
+      c("const int step = s0 + u, row = REVERSE ? C - 1 - step : step;");
+      c("G += lgs[u];");
+      c("const float w = step < valid ? ladle_exp2(tot - G) : 0.0f;");
+      c("const float kx = ladle_bf16_float(k_box[swz(row, fc)]);");
+      c("vup[fb * (BOX / 2) + swz(row, fc)] = static_cast<unsigned short>(ladle_pack_bf16(kx * w, 0.0f) & 0xffffu);");
+      c.out();
+      c("}");
+      c.out();
+      c("}");
+      c.out();
+      c("}");
+      c("ladle_named_barrier_sync(1 + consumer, 128);  // every feature's total in gtot");
+    } else if (states) {
+      c("segment_log += G_C;");
+    } else {
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+      c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+      c("      const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
+      c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
+      c("    }");
+    }
+    if (kgate) {
+      c("(void)v_box;");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+      c("    const float decay = ladle_exp2(gtot[64 * mt + 16 * warp + gid + 8 * half]);  // the key row's");
+      c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) S[mt][nb][2 * half] *= decay, S[mt][nb][2 * half + 1] *= decay;");
+      c("  }");
+    } else {
+      c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces, as swizzled: the row is what matters");
+      c.in();
+      c("const int e = wt + 128 * i, row = e / 8;");
+      c("const int step = REVERSE ? C - 1 - row : row;");
+      c("const float w = step < valid ? ladle_exp2(G_C - gsum[step]) : 0.0f;");
+      c("float x[8];");
+      c("ladle_unpack8_bf16(x, ladle_ld16(v_box + 8 * e));");
+      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] *= w;");
+      c("ladle_store8_bf16(vup + 8 * e, x);");
+      c.out();
+      c("}");
+      c("const float decay = ladle_exp2(G_C);");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+      c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) S[mt][nb][r] *= decay;");
+    }
+    c("ladle_fence_proxy_async();  // st and vup, written through the generic proxy, before wgmma reads them");
+    c("ladle_named_barrier_sync(1 + consumer, 128);");
+    c("");
+    if (states) {
+      c("// 2c. The update alone: S += k^T vup (k M-major, vup N-major; the next 16 tokens 2048 bytes on).");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+      c("ladle_wgmma_fence();");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+      if (kgate)  // A = kup^T (its box mt), B = v as copied
+        c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (vup_offset + mt * BOX + kk * 2048) / 16, desc + (stage_offset + VB * BOX + consumer * BOX + kk * 2048) / 16);");
+      else
+        c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + mt * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
+      c("ladle_wgmma_commit();");
+      c("ladle_wgmma_wait<0>();  // the stage and vup are free");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+      c("__syncwarp();");
+      c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
+    } else {
+      c("// 2c. One batch: score = q k^T (both K-major), o = q st (st N-major), S += k^T vup (k M-major, vup");
+      c("//     N-major). q's and k's next 16 features are 32 bytes on in the row, the next 64 in the next box;");
+      c("//     st's, vup's and k^T's next 16 rows 2048 bytes on.");
+      c("float score[8][4], o_acc[8][4];");
+      c("ladle_wgmma_fence_operand<64>(score);");
+      c("ladle_wgmma_fence_operand<64>(o_acc);");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+      c("ladle_wgmma_fence();");
+      c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+      c("  ladle_wgmma_ss_bf16<64>(score, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+      c("                          desc + (stage_offset + (KB + kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
+      c("ladle_wgmma_commit();");
+      c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+      c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+      c("                             desc + (st_offset + kt * 2048) / 16, kt > 0);");
+      c("ladle_wgmma_commit();");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+      c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+      c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + (KB + mt) * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
+      c("ladle_wgmma_commit();");
+      c("");
+      c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
+      c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
+      c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
+      c("const float G_a = gsum[step_a], G_b = gsum[step_b];");
+      c("ladle_wgmma_wait<2>();");
+      c("ladle_wgmma_fence_operand<64>(score);");
+      c("unsigned p_frag[4][4];");
+      c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+      c.in();
+      c("float p[4];");
+      c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+      c.in();
+      c("const int s = 8 * nb + 2 * tig + (r & 1);");
+      c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
+      c("const bool keep = step_s <= step_t && step_s < valid;");
+      c("p[r] = keep ? score[nb][r] * read_scale * ladle_exp2((r < 2 ? G_a : G_b) - gsum[step_s]) : 0.0f;");
+      c.out();
+      c("}");
+      c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
+      c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
+      c.out();
+      c("}");
+      c("ladle_wgmma_wait<1>();  // o = q st done");
+      c("ladle_wgmma_fence_operand<64>(o_acc);");
+      c("const float f_a = read_scale * ladle_exp2(G_a), f_b = read_scale * ladle_exp2(G_b);");
+      c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+      c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= r < 2 ? f_a : f_b;");
+      c("// 2e. o += P v (P from registers, v N-major in the stage).");
+      c("ladle_wgmma_fence_operand<64>(o_acc);");
+      c("ladle_wgmma_fence();");
+      c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+      c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (stage_offset + (VB + consumer) * BOX + kk * 2048) / 16);");
+      c("ladle_wgmma_commit();");
+      c("ladle_wgmma_wait<0>();  // the update and o += P v done: the stage, st and vup are free");
+      c("ladle_wgmma_fence_operand<64>(o_acc);");
+      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+      c("__syncwarp();");
+      c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
+      c("");
+      emit_store_o();
+    }
+    c("// The next chunk rewrites st, vup and gsum: every warp of this consumer is past its products.");
+    c("ladle_named_barrier_sync(1 + consumer, 128);");
+    c.out();
+    c("}");
   }
-  c("// The next chunk rewrites st, vup and gsum: every warp of this consumer is past its products.");
-  c("ladle_named_barrier_sync(1 + consumer, 128);");
-  c.out();
-  c("}");
   if (states) {
     c("");
     c("// The segment's own final state and total log2 decay, for the fold and the segments after it.");

@@ -135,11 +135,13 @@ inline std::vector<Case> wgmma() {
 }
 
 // The warp-specialised Hopper form (sm_90a: TMA producer, wgmma consumers) on every case above it
-// runs (a decay of at most a per-head scalar, q, k and v as they are), with bf16 q, k, v and o over
-// 150 tokens (packed: 130, 0 and 70), so that sequences span several 64-token chunks and end in a
-// partial one; block_v 64 (one consumer warpgroup) and 128 (two); plus K = V = 128 with GQA and
-// states (two key boxes, two consumers with live columns), a user's per-token head gate over packed
-// reversed sequences, and no decay at all with T below a chunk.
+// runs (a decay of at most a per-head scalar, or a key-side gate alone; q, k and v as they are), with
+// bf16 q, k, v and o over 150 tokens (packed: 130, 0 and 70), so that sequences span several 64-token
+// chunks and end in a partial one; block_v 64 (one consumer warpgroup) and 128 (two). A key-side
+// gate's inputs in bf16 or f16 (TMA copies them): its strong-gate and hard-reset cases take the
+// 8-token windows and single tokens. Plus K = V = 128 with GQA and states (two key boxes, two
+// consumers with live columns), a user's per-token head gate over packed reversed sequences, GLA
+// at K = V = 128 with states, and no decay at all with T below a chunk.
 inline void bf16_io(cuda_cases::Case& c) {
   using E = ladle::ElementType;
   for (std::size_t k = 0; k < c.variant.inputs.size(); ++k)
@@ -165,9 +167,15 @@ inline std::vector<Case> ws() {
     c.c.name += " (ws)";
     cases.push_back(c);
   };
+  int key = 0;
   for (Case c : all()) {
-    if (!ladle::cuda::chunked_head_decay_only(c.c.variant)) continue;
+    const ladle::ir::Variant& v = c.c.variant;
+    const bool key_gate = v.has(ladle::ir::Slot::log_decay_k) && !v.has(ladle::ir::Slot::log_decay_v) &&
+                          !v.has(ladle::ir::Slot::log_decay_head);
+    if (!ladle::cuda::chunked_head_decay_only(v) && !key_gate) continue;
     bf16_io(c.c);
+    if (key_gate)
+      for (int k : ladle::cuda::chunked_ws_gate_inputs(v)) c.c.spec.input_types[k] = key++ % 3 == 2 ? E::f16 : E::bf16;
     c.c.K = (c.c.K + 7) / 8 * 8, c.c.V = (c.c.V + 7) / 8 * 8;  // TMA: rows of whole 16 bytes
     if (c.c.cu_seqlens.empty()) c.c.T = std::max(c.c.T, 150);
     else c.c.cu_seqlens = {0, 130, 130, 200}, c.c.T = 200;
@@ -199,6 +207,18 @@ inline std::vector<Case> ws() {
     c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
     bf16_io(c.c);
     c.tile = ws_tile(64, 128);
+    add(c);
+  }
+  {
+    Case c = base;
+    c.c.name = "GLA K=V=128, GQA 4/2, h0 and final state, reverse";
+    c.c.variant = ladle::recurrent_variant(true, false, false, false);
+    c.c.K = c.c.V = 128, c.c.B = 1, c.c.H = 4, c.c.H_kv = 2, c.c.T = 150;
+    c.c.spec.reverse = true;
+    c.c.spec.initial_state = c.c.spec.final_state = true;
+    c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
+    bf16_io(c.c);
+    for (int k : ladle::cuda::chunked_ws_gate_inputs(c.c.variant)) c.c.spec.input_types[k] = E::bf16;
     add(c);
   }
   {
@@ -325,8 +345,10 @@ inline std::vector<SegmentedCase> ws_segmented() {
     cases.push_back({c, first, 100, i % 4 == 1 ? 2 : 1});
   }
   // A key-side gate alone (GLA, gk, a user's logsigmoid(x) / tau): the ws state pass (k, v and the
-  // gate's 16-bit inputs by TMA, kup = k 2^(G_C - G_s) per key feature), then the fold and the serial
-  // form on its own tile; forward and reverse, hard resets among them.
+  // gate's 16-bit inputs by TMA, kup = k 2^(G_C - G_s) per key feature) or, every third case, the
+  // suffix pass the library takes; then the serial form in the ws form (folding the earlier segments'
+  // per-feature decays itself) or, every other case, on its own tile after the fold kernel; forward
+  // and reverse, hard resets among them.
   int j = 0;
   for (Case c : all()) {
     const ladle::ir::Variant& v = c.c.variant;
@@ -344,7 +366,10 @@ inline std::vector<SegmentedCase> ws_segmented() {
     ladle::cuda::ChunkedKernelSpec probe = c.spec();
     probe.tile = first, probe.phase = ladle::cuda::ChunkedPhase::states, probe.segmented = true;
     if (!ladle::cuda::chunked_ws_unsupported(v, probe).empty()) continue;
-    c.c.name += " (segmented, ws state pass of a key gate)";
+    if (j % 3 == 2) first = {c.tile.block_k, 64, 64, 8, 64, 64, 4, false};  // the suffix pass where it applies
+    if (j % 2 == 0) c.tile = ws_tile(c.c.K, j % 4 == 0 ? 128 : 64);
+    c.c.name += std::string(" (segmented, ") + (first.ws ? "ws state pass" : "suffix state pass") + " of a key gate, " +
+                (c.tile.ws ? "ws serial" : "serial") + ")";
     cases.push_back({c, first, j % 2 ? 100 : 128, j % 3 == 1 ? 2 : 1});
     ++j;
   }

@@ -182,6 +182,9 @@ inline unsigned atomicMax(unsigned* address, unsigned value) {
   }
   return seen;
 }
+inline unsigned atomicOr(unsigned* address, unsigned value) {
+  return std::atomic_ref<unsigned>(*address).fetch_or(value);
+}
 namespace cuda_emulation {
 inline unsigned lane() { return thread_index.x % 32; }
 // ldmatrix .x4: lane l receives, of matrix i (rows posted by lanes 8i..8i+7), row l / 4,
