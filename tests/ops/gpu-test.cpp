@@ -308,6 +308,27 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
       if (v->inputs[k].kind == ladle::ir::InputKind::token_key && v->inputs[k].role == ladle::ir::Role::other)
         f32_gates.input_types[k] = ElementType::f32;
     CHECK_THAT(ladle::cuda::chunked_ws_unsupported(*v, f32_gates), Catch::Contains("16 bits"));
+    // The serial kernel in the ws form (q~ and k~ against a reference per key feature) in every mode.
+    for (int D : {64, 128})
+      for (int mode = 0; mode < 3; ++mode) {
+        auto serial = chunked_spec_for(*v, ElementType::bf16, D, D);
+        for (std::size_t k = 0; k < v->inputs.size(); ++k)
+          if (v->inputs[k].kind == ladle::ir::InputKind::token_key) serial.input_types[k] = ElementType::bf16;
+        serial.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
+        serial.tile.ws = true;
+        serial.initial_state = serial.final_state = mode != 0;
+        serial.reverse = serial.varlen = mode == 1;
+        serial.segmented = mode == 2;
+        auto result = ladle::gpu::compile_chunked(*v, serial, "sm_90a");
+        const auto* r = result.program.resources(result.kernel.name);
+        REQUIRE(r != nullptr);
+        INFO(v->name << " ws serial D=" << D << " mode " << mode << ": " << r->registers << " registers, " << r->spill_store_bytes
+                     << " bytes spilled, " << result.kernel.shared_bytes << " bytes of shared memory");
+        CHECK(r->spill_store_bytes == 0);
+        CHECK(result.kernel.shared_bytes <= 227 * 1024);
+        CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") != std::string::npos);
+        CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
+      }
   }
 }
 
