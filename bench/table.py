@@ -28,6 +28,7 @@ for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["impl"], r["ms"])):
     ratio = f"{r['ms'] / floor:.1f}" if floor else "-"
     first = f"{r['first_call_ms']:.0f}" if "first_call_ms" in r else "-"
     impl = r["impl"] + ("/" + r["policy"] if "policy" in r else "")  # ladle/force: a tuning run
-    print(f"{r['op']:<22} {r['shape']:<28} {impl:<6} {r.get('tile', ''):<18} {r['ms']:>8.3f} {ratio:>8} {first:>11}")
+    config = r.get("tile", "") + (f" seg {r['segment_tokens']}" if r.get("segment_tokens", "auto") != "auto" else "")
+    print(f"{r['op']:<22} {r['shape']:<28} {impl:<6} {config:<18} {r['ms']:>8.3f} {ratio:>8} {first:>11}")
 for (op, shape), floor in floors.items():
     print(f"floor {op} {shape}: {floor:.3f} ms (bytes of q,k,v,g read once + o written once / copy bandwidth)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 11's table in one call on the lent GPU (eighth step): ladle's chunked GLA and simple GLA by the
-# heuristic at B32 T1024, B8 T4096 and B2 T16384 (H16 K=V=128 bf16), the tuner's pick at B8 T4096
-# for simple GLA (LADLE_AUTOTUNE=force), the fused-recurrent GLA, then fla 0.6's chunk_gla, chunk_simple_gla and
+# Issue 11's table in one call on the lent GPU (eighth and ninth steps): ladle's chunked GLA and simple GLA
+# by the heuristic at B32 T1024, B8 T4096 and B2 T16384 (H16 K=V=128 bf16), the tuner's pick at B8 T4096
+# for both (LADLE_AUTOTUNE=force), other segment lengths at B2 (LADLE_SEGMENT_SWEEP), the fused-recurrent GLA, then fla 0.6's chunk_gla, chunk_simple_gla and
 # fused_recurrent_gla at the same shapes, as one table (bench/table.py).   (carry .deps and .whl)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
@@ -17,8 +17,11 @@ for bt in 32x1024 8x4096 2x16384; do
   set -- ${bt/x/ }
   for op in gla simple_gla; do
     LADLE_AUTOTUNE=heuristic timeout 60 "$bench" --algo chunked --op $op -B $1 -T $2 -H 16 -K 128 -V 128 2>> "$log" | tee -a "$out/ladle.jsonl"
-    [ "$bt" = 8x4096 ] && [ $op = simple_gla ] && LADLE_AUTOTUNE=force timeout 120 "$bench" --algo chunked --op $op -B $1 -T $2 -H 16 -K 128 -V 128 2> "$out/tune-$op.log" |
+    [ "$bt" = 8x4096 ] && LADLE_AUTOTUNE=force timeout 120 "$bench" --algo chunked --op $op -B $1 -T $2 -H 16 -K 128 -V 128 2> "$out/tune-$op.log" |
       sed 's/"tile":"tuned(force)"/"tile":"tuned"/' | tee -a "$out/ladle.jsonl"
+    # LADLE_SEGMENT_SWEEP="2048 8192": B2 T16384 in segments of other lengths beside the heuristic's 4096.
+    [ "$bt" = 2x16384 ] && [ -n "${LADLE_SEGMENT_SWEEP:-}" ] && LADLE_AUTOTUNE=heuristic timeout 60 "$bench" --algo chunked --op $op \
+      -B $1 -T $2 -H 16 -K 128 -V 128 $(for s in $LADLE_SEGMENT_SWEEP; do echo --segment-tokens $s; done) 2>> "$log" | tee -a "$out/ladle.jsonl"
   done
   LADLE_AUTOTUNE=heuristic timeout 60 "$bench" --algo recurrent --op gla -B $1 -T $2 -H 16 -K 128 -V 128 2>> "$log" | tee -a "$out/ladle.jsonl"
 done

@@ -268,11 +268,12 @@ TEST_CASE("a per-head decay takes 64-token chunks on sm_90a, a key gate 32") {
   REQUIRE(to_config(simple.heuristic()) == (hopper() ? chunked(128, 64, 128, 8, true) : chunked(128, 32, 128, 8)));
 }
 
-TEST_CASE("the heuristic takes the ws form for a per-head decay in bf16 that TMA can copy, and the tuner tries it") {
+TEST_CASE("the heuristic takes the ws form for a per-head decay or a key-side gate in bf16 that TMA can copy, and the tuner tries it") {
   // Real (contiguous, aligned) tensors: the zero-stride views of Call are not what TMA copies.
   std::mt19937_64 rng(21);
   const ir::Variant& simple = named_variant("recurrent", "g_gamma");
-  const auto bind = [&](const ir::Variant& variant, ElementType type, std::int64_t K, std::int64_t V, std::int64_t t_stride_pad) {
+  const auto bind = [&](const ir::Variant& variant, ElementType type, std::int64_t K, std::int64_t V, std::int64_t t_stride_pad,
+                        ElementType gate_type = ElementType::bf16) {
     struct Bound {
       std::deque<::test::Filled> keep;  // stable addresses
       ops::BoundInputs bound;
@@ -292,7 +293,7 @@ TEST_CASE("the heuristic takes the ws form for a per-head decay in bf16 that TMA
       inputs.tensors.emplace("g_gamma", out.keep.back().tensor.view());
     }
     if (variant.find_input("g") >= 0) {
-      out.keep.push_back(::test::normal(rng, type, {1, T, H, K}));
+      out.keep.push_back(::test::normal(rng, gate_type, {1, T, H, K}));
       inputs.tensors.emplace("g", out.keep.back().tensor.view());
     }
     out.bound = ops::bind_inputs(variant.name, variant, q, k, v, inputs, RunOptions{});
@@ -310,14 +311,19 @@ TEST_CASE("the heuristic takes the ws form for a per-head decay in bf16 that TMA
     return t;
   }());
   // Rows 132 features apart (264 bytes): not whole 16 bytes, so TMA cannot copy them, and the heuristic
-  // keeps the wgmma tile; f16 and a key gate do not take it either.
+  // keeps the wgmma tile; f16 q, k, v do not take it either. A key-side gate (GLA) takes it with a 16-bit
+  // gate input, not with an fp32 one.
   auto padded = bind(simple, ElementType::bf16, 128, 128, 4);
   CHECK_THAT(gpu::ws_copyable(simple, padded.bound), Catch::Contains("q: ") && Catch::Contains("16"));
   CHECK_FALSE(gpu::heuristic_chunked_tile(simple, padded.bound).ws);
   auto f16 = bind(simple, ElementType::f16, 128, 128, 0);
   CHECK_FALSE(gpu::heuristic_chunked_tile(simple, f16.bound).ws);
   auto keyed = bind(gla(), ElementType::bf16, 128, 128, 0);
-  CHECK_FALSE(gpu::heuristic_chunked_tile(gla(), keyed.bound).ws);
+  CHECK(gpu::ws_copyable(gla(), keyed.bound).empty());
+  CHECK((gpu::heuristic_chunked_tile(gla(), keyed.bound) == ws) == hopper());
+  auto keyed_f32 = bind(gla(), ElementType::bf16, 128, 128, 0, ElementType::f32);
+  CHECK_THAT(gpu::ws_copyable(gla(), keyed_f32.bound), Catch::Contains("g is not 16-bit"));
+  CHECK_FALSE(gpu::heuristic_chunked_tile(gla(), keyed_f32.bound).ws);
   // The tuner's space holds ws configs beside the others, and the model ranks the ws tile first.
   if (hopper()) {
     const TuneShape shape = TuneShape::of(plain.bound);
