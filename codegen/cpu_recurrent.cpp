@@ -198,9 +198,231 @@ class Worker {
   std::array<std::vector<float>, ir::slot_count> cached_;
 };
 
-}  // namespace
+// d slot / d input for one (slot, input) pair the slot reads, and whether the input varies over
+// features (its gradient is added per feature, else summed over the row).
+struct GradProgram {
+  ir::Slot slot;
+  std::int32_t input;
+  RowProgram program;
+  bool input_over_features;
+};
 
-void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args) {
+// The backward of one (sequence, head) pair at a time (see run_recurrent_backward).
+class Backward {
+ public:
+  static constexpr std::int64_t C = 64;  // tokens between checkpoints
+
+  Backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads, const Programs& programs,
+           const std::vector<GradProgram>& grad_programs)
+      : variant_(variant), args_(args), grads_(grads), programs_(programs), grad_programs_(grad_programs), loader_(variant, args) {
+    const std::size_t K = static_cast<std::size_t>(args.key_dim), V = static_cast<std::size_t>(args.value_dim);
+    std::size_t scratch = programs.scratch;
+    for (const GradProgram& g : grad_programs) scratch = std::max(scratch, g.program.scratch_size());
+    scratch_.resize(scratch);
+    for (std::size_t s = 0; s < ir::slot_count; ++s)
+      rows_[s].resize(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V : K);
+    a_.resize(K), bv_.resize(V);
+    chunk_states_.resize(static_cast<std::size_t>(C + 1) * K * V);
+    chunk_z_.resize(static_cast<std::size_t>(C + 1) * K);
+    dS_.resize(K * V), dz_.resize(K), do_.resize(V), r_.resize(K), num_.resize(V);
+    for (std::size_t s = 0; s < ir::slot_count; ++s)
+      g_[s].resize(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V : s == slot_index(ir::Slot::log_decay_head) ||
+                                                                                                     s == slot_index(ir::Slot::scale)
+                                                                                                 ? 1
+                                                                                                 : K);
+  }
+
+  void run(std::int64_t n, std::int64_t h) {
+    const std::int64_t K = args_.key_dim, V = args_.value_dim, KV = K * V;
+    std::int64_t b = n, begin = 0, end = args_.tokens;
+    if (!args_.cu_seqlens.empty()) b = 0, begin = args_.cu_seqlens[n], end = args_.cu_seqlens[n + 1];
+    const std::int64_t count = end - begin, chunks = (count + C - 1) / C;
+    const auto token_at = [&](std::int64_t step) { return args_.reverse ? end - 1 - step : begin + step; };
+
+    // 1. The forward, keeping the state (and normaliser) entering every chunk.
+    checkpoints_.assign(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1) * KV), 0.0f);
+    z_checkpoints_.assign(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1) * K), 0.0f);
+    float* S = chunk_states_.data();
+    float* z = chunk_z_.data();
+    std::fill_n(z, K, 0.0f);
+    if (args_.initial_state) {
+      const TensorView& h0 = *args_.initial_state;
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j) S[i * V + j] = narrow_float::load(element(h0, {n, h, i, j}), h0.type);
+    } else {
+      std::fill_n(S, KV, 0.0f);
+    }
+    for (std::int64_t step = 0; step < count; ++step) {
+      if (step % C == 0) {
+        std::copy_n(S, KV, checkpoints_.data() + step / C * KV);
+        std::copy_n(z, K, z_checkpoints_.data() + step / C * K);
+      }
+      slots(b, token_at(step), h);
+      advance(S, S, z, z);
+    }
+
+    // 2. Back from the last token: dS = dL/dS_t (from d_final_state), chunk by chunk from its checkpoint.
+    std::fill(dS_.begin(), dS_.end(), 0.0f);
+    std::fill(dz_.begin(), dz_.end(), 0.0f);
+    if (grads_.d_final_state) {
+      const TensorView& d = *grads_.d_final_state;
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j) dS_[static_cast<std::size_t>(i * V + j)] = narrow_float::load(element(d, {n, h, i, j}), d.type);
+    }
+    for (std::int64_t c = chunks - 1; c >= 0; --c) {
+      const std::int64_t s0 = c * C, s1 = std::min(count, s0 + C);
+      std::copy_n(checkpoints_.data() + c * KV, KV, chunk_states_.data());
+      std::copy_n(z_checkpoints_.data() + c * K, K, chunk_z_.data());
+      for (std::int64_t step = s0; step < s1; ++step) {
+        const std::int64_t i = step - s0;
+        slots(b, token_at(step), h);
+        advance(chunk_states_.data() + i * KV, chunk_states_.data() + (i + 1) * KV, chunk_z_.data() + i * K, chunk_z_.data() + (i + 1) * K);
+      }
+      for (std::int64_t step = s1 - 1; step >= s0; --step) {
+        const std::int64_t i = step - s0, t = token_at(step);
+        slots(b, t, h);
+        back_step(b, t, h, chunk_states_.data() + i * KV, chunk_states_.data() + (i + 1) * KV, chunk_z_.data() + i * K,
+                  chunk_z_.data() + (i + 1) * K);
+      }
+    }
+    if (grads_.d_initial_state) {
+      const TensorView& d = *grads_.d_initial_state;
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j) *reinterpret_cast<float*>(element(d, {n, h, i, j})) = dS_[static_cast<std::size_t>(i * V + j)];
+    }
+  }
+
+ private:
+  const std::vector<float>& row(ir::Slot s) const { return rows_[slot_index(s)]; }
+  bool has(ir::Slot s) const { return !programs_.slot[slot_index(s)].empty(); }
+
+  // Every slot of token t (a row of K or V values; a broadcast value fills its row), and the decays.
+  void slots(std::int64_t b, std::int64_t t, std::int64_t h) {
+    loader_.at(b, t, h);
+    for (std::size_t s = 0; s < ir::slot_count; ++s) {
+      const RowProgram& program = programs_.slot[s];
+      if (program.empty()) continue;
+      const float* result = program.evaluate(loader_, scratch_.data());
+      if (program.varies_over_features()) std::copy_n(result, rows_[s].size(), rows_[s].begin());
+      else std::fill(rows_[s].begin(), rows_[s].end(), result[0]);
+    }
+    for (std::size_t i = 0; i < a_.size(); ++i) {
+      float log_a = has(ir::Slot::log_decay_k) ? row(ir::Slot::log_decay_k)[i] : 0.0f;
+      if (has(ir::Slot::log_decay_head)) log_a += row(ir::Slot::log_decay_head)[0];
+      a_[i] = std::exp(log_a);
+    }
+    for (std::size_t j = 0; j < bv_.size(); ++j) bv_[j] = has(ir::Slot::log_decay_v) ? std::exp(row(ir::Slot::log_decay_v)[j]) : 1.0f;
+    scale_ = has(ir::Slot::scale) ? row(ir::Slot::scale)[0] : 1.0f;
+  }
+
+  // S_t = diag(a) S_{t-1} diag(b) + k v^T and z_t = a z_{t-1} + k (in place when next == prev).
+  void advance(const float* prev, float* next, const float* zprev, float* znext) const {
+    const std::int64_t K = args_.key_dim, V = args_.value_dim;
+    const std::vector<float>& k = row(ir::Slot::k_feature);
+    const std::vector<float>& v = row(ir::Slot::v);
+    for (std::int64_t i = 0; i < K; ++i)
+      for (std::int64_t j = 0; j < V; ++j) next[i * V + j] = prev[i * V + j] * a_[i] * bv_[j] + k[i] * v[j];
+    for (std::int64_t i = 0; i < K; ++i) znext[i] = zprev[i] * a_[i] + k[i];
+  }
+
+  // One token back: the slots' gradients from dL/do_t and dS = dL/dS_t, dS becomes dL/dS_{t-1},
+  // and the inputs' gradients through the derivative programs.
+  void back_step(std::int64_t b, std::int64_t t, std::int64_t h, const float* prev, const float* cur, const float* zprev, const float* zcur) {
+    const std::int64_t K = args_.key_dim, V = args_.value_dim;
+    const std::vector<float>& q = row(ir::Slot::q_feature);
+    const std::vector<float>& k = row(ir::Slot::k_feature);
+    const std::vector<float>& v = row(ir::Slot::v);
+    const TensorView& d_out = grads_.d_output;
+    for (std::int64_t j = 0; j < V; ++j) do_[j] = narrow_float::load(element(d_out, {b, t, h, j}), d_out.type);
+    std::vector<float>& gq = g_[slot_index(ir::Slot::q_feature)];
+    std::vector<float>& gk = g_[slot_index(ir::Slot::k_feature)];
+    std::vector<float>& gv = g_[slot_index(ir::Slot::v)];
+    std::vector<float>& ga = g_[slot_index(ir::Slot::log_decay_k)];
+    std::vector<float>& gb = g_[slot_index(ir::Slot::log_decay_v)];
+    float gscale = 0.0f;
+    std::fill(ga.begin(), ga.end(), 0.0f);
+    std::fill(gb.begin(), gb.end(), 0.0f);
+    // o_t = scale q^T S_t (normalised: divided by scale q^T z_t + eps).
+    float dden = 0.0f;
+    if (variant_.normalize) {
+      float den = variant_.normalize_eps;
+      for (std::int64_t i = 0; i < K; ++i) den += scale_ * q[i] * zcur[i];
+      std::fill(num_.begin(), num_.end(), 0.0f);
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j) num_[j] += scale_ * q[i] * cur[i * V + j];
+      for (std::int64_t j = 0; j < V; ++j) dden -= do_[j] * num_[j] / (den * den);
+      for (std::int64_t j = 0; j < V; ++j) do_[j] /= den;  // now dL/d numerator
+    }
+    for (std::int64_t i = 0; i < K; ++i) {
+      float r = 0.0f;
+      for (std::int64_t j = 0; j < V; ++j) r += cur[i * V + j] * do_[j];
+      if (variant_.normalize) r += zcur[i] * dden;
+      gq[i] = scale_ * r;
+      gscale += q[i] * r;
+      for (std::int64_t j = 0; j < V; ++j) dS_[static_cast<std::size_t>(i * V + j)] += scale_ * q[i] * do_[j];
+      if (variant_.normalize) dz_[static_cast<std::size_t>(i)] += scale_ * q[i] * dden;
+    }
+    // S_t = diag(a) S_{t-1} diag(b) + k v^T, z_t = a z_{t-1} + k.
+    std::fill(gv.begin(), gv.end(), 0.0f);
+    for (std::int64_t i = 0; i < K; ++i) {
+      float gki = 0.0f;
+      for (std::int64_t j = 0; j < V; ++j) {
+        const float d = dS_[static_cast<std::size_t>(i * V + j)];
+        gki += d * v[j];
+        gv[j] += d * k[i];
+        const float x = d * prev[i * V + j];
+        ga[i] += x * bv_[j];
+        gb[j] += x * a_[i];
+        dS_[static_cast<std::size_t>(i * V + j)] = d * a_[i] * bv_[j];
+      }
+      gk[i] = gki;
+      if (variant_.normalize) {
+        gk[i] += dz_[static_cast<std::size_t>(i)];
+        ga[i] += dz_[static_cast<std::size_t>(i)] * zprev[i];
+        dz_[static_cast<std::size_t>(i)] *= a_[i];
+      }
+    }
+    // The decays' slots are in log space: d log a = a da.
+    float ghead = 0.0f;
+    for (std::int64_t i = 0; i < K; ++i) ga[i] *= a_[i], ghead += ga[i];
+    for (std::int64_t j = 0; j < V; ++j) gb[j] *= bv_[j];
+    g_[slot_index(ir::Slot::log_decay_head)][0] = ghead;
+    g_[slot_index(ir::Slot::scale)][0] = gscale;
+
+    // The inputs: gradient of slot s times d s / d input, per feature or summed over the row.
+    loader_.at(b, t, h);
+    for (const GradProgram& gp : grad_programs_) {
+      const std::vector<float>& gs = g_[slot_index(gp.slot)];
+      const float* p = gp.program.evaluate(loader_, scratch_.data());
+      const bool p_row = gp.program.varies_over_features();
+      const TensorView& d = *grads_.d_tensors[static_cast<std::size_t>(gp.input)];
+      const ir::InputKind kind = variant_.inputs[static_cast<std::size_t>(gp.input)].kind;
+      const int head_dim = kind == ir::InputKind::head ? 1 : 2;
+      const std::int64_t hx = h * d.shape[head_dim] / args_.heads;
+      if (gp.input_over_features) {
+        for (std::size_t f = 0; f < gs.size(); ++f)
+          *reinterpret_cast<float*>(element(d, {b, t, hx, static_cast<std::int64_t>(f)})) += gs[f] * p[p_row ? f : 0];
+      } else {
+        float total = 0.0f;
+        for (std::size_t f = 0; f < gs.size(); ++f) total += gs[f] * p[p_row ? f : 0];
+        float* target = reinterpret_cast<float*>(kind == ir::InputKind::head ? element(d, {b, hx}) : element(d, {b, t, hx}));
+        *target += total;
+      }
+    }
+  }
+
+  const ir::Variant& variant_;
+  const RecurrentArgs& args_;
+  const RecurrentGrads& grads_;
+  const Programs& programs_;
+  const std::vector<GradProgram>& grad_programs_;
+  TokenLoader loader_;
+  std::vector<float> scratch_, a_, bv_, checkpoints_, z_checkpoints_, chunk_states_, chunk_z_, dS_, dz_, do_, r_, num_;
+  std::array<std::vector<float>, ir::slot_count> rows_, g_;
+  float scale_ = 1.0f;
+};
+
+Programs slot_programs(const ir::Variant& variant, const RecurrentArgs& args) {
   Programs programs;
   for (std::size_t s = 0; s < ir::slot_count; ++s) {
     const ir::Slot slot = static_cast<ir::Slot>(s);
@@ -209,7 +431,13 @@ void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args) {
     programs.slot[s] = RowProgram(variant, variant.slots[s], value_side ? args.value_dim : args.key_dim);
     programs.scratch = std::max(programs.scratch, programs.slot[s].scratch_size());
   }
+  return programs;
+}
 
+}  // namespace
+
+void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args) {
+  const Programs programs = slot_programs(variant, args);
   const std::int64_t sequences =
       args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
   const std::int64_t pairs = sequences * args.heads;
@@ -219,6 +447,33 @@ void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args) {
       worker->run(p / args.heads, p % args.heads);
     };
   });
+}
+
+void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads) {
+  const Programs programs = slot_programs(variant, args);
+  // d slot / d input for every tensor input a slot reads whose gradient is wanted.
+  std::vector<GradProgram> grad_programs;
+  for (std::size_t s = 0; s < ir::slot_count; ++s) {
+    const ir::Expr& expr = variant.slots[s];
+    if (expr.empty()) continue;
+    const ir::Slot slot = static_cast<ir::Slot>(s);
+    const bool value_side = slot == ir::Slot::v || slot == ir::Slot::log_decay_v;
+    std::vector<bool> reads(variant.inputs.size(), false);
+    for (const ir::Node& node : expr.nodes)
+      if (node.op == ir::Op::input) reads[static_cast<std::size_t>(node.input)] = true;
+    for (std::size_t x = 0; x < variant.inputs.size(); ++x) {
+      if (!reads[x] || variant.inputs[x].kind == ir::InputKind::scalar) continue;
+      if (x >= grads.d_tensors.size() || !grads.d_tensors[x]) continue;
+      const ir::Expr d = ir::derivative(expr, static_cast<std::int32_t>(x));
+      grad_programs.push_back({slot, static_cast<std::int32_t>(x), RowProgram(variant, d, value_side ? args.value_dim : args.key_dim),
+                               ir::extent_of(variant.inputs[x].kind).feature != ir::Feature::none});
+    }
+  }
+  const std::int64_t sequences =
+      args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
+  Backward backward(variant, args, grads, programs, grad_programs);
+  for (std::int64_t n = 0; n < sequences; ++n)
+    for (std::int64_t h = 0; h < args.heads; ++h) backward.run(n, h);
 }
 
 }  // namespace ladle::cpu

@@ -35,4 +35,22 @@ struct RecurrentArgs {
 
 void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args);
 
+// What the backward of a recurrence reads besides the forward's arguments, and where it writes.
+struct RecurrentGrads {
+  TensorView d_output;                      // [B,T,H,V], any floating type: dL/do
+  std::optional<TensorView> d_final_state;  // [N,H,K,V]: dL/d final_state (absent: 0)
+  // Per variant input, by index: where its gradient is added (f32, the canonical view of
+  // RecurrentArgs::tensors, so an [H] parameter broadcast over B sums over B); absent: not wanted
+  // (scalars never have one). The caller zeroes them.
+  std::vector<std::optional<TensorView>> d_tensors;
+  std::optional<TensorView> d_initial_state;  // [N,H,K,V] f32: dL/d initial_state (written)
+};
+
+// The backward of run_recurrent on the CPU, derived from the variant: the recurrence is walked
+// back from the last token with its states recomputed from checkpoints every 64 tokens, the
+// gradient of each slot (q, k, v features, the decays, the scale, the normaliser) is formed per
+// token, and reaches the inputs through each slot's derivative expressions (ir::derivative).
+// Pairs run one after another (inputs shared by heads or sequences accumulate without races).
+void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads);
+
 }  // namespace ladle::cpu

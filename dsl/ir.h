@@ -161,6 +161,13 @@ constexpr Extent join(Extent a, Extent b) {
 }
 Extent extent(const Variant& variant, const Expr& expr);
 
+// d expr / d input (input: an index into the variant's inputs), elementwise, as an expression over
+// the same leaves (dsl/derivative.cpp): the backward's gradients of gate math come from it. A
+// constant 0 where expr does not read the input; piecewise-constant ops (comparisons, logic) and
+// attention leaves other than inputs have derivative 0; abs, relu, min and max take the one-sided
+// derivative the forward's branch took (0 for abs and relu at 0).
+Expr derivative(const Expr& expr, std::int32_t input);
+
 // Same variant (name aside) -> same value, on every run and machine: FNV-1a over a
 // canonical byte encoding (floats by their bits, strings with their lengths).
 std::uint64_t hash(const Variant& variant);

@@ -5,6 +5,7 @@
 #include <ladle/runtime/driver.h>
 
 #include "bind.h"
+#include "detail/checks.h"
 #include "gpu_recurrent.h"
 
 namespace ladle {
@@ -50,6 +51,55 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     return;
   }
   cpu::run_recurrent(variant, bound.args);
+}
+
+RecurrentGradients run_variant_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                                        const TensorView& d_output, const std::optional<TensorView>& d_final_state) {
+  const std::string op = op_name(variant) + " backward";
+  const ops::detail::Checker check(op);
+  if (options.backend == Backend::gpu)
+    check.fail("backend = gpu: the GPU backward is not built yet; backend = cpu or automatic runs the CPU path");
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
+  const ops::RecurrentDims& d = bound.dims;
+  check.floating("d_output", d_output);
+  const std::vector<std::int64_t> out_shape = d.output_shape();
+  if (d_output.shape != out_shape)
+    check.fail("d_output has shape " + ops::detail::shape_text(d_output.shape) + ", expected the output's shape " +
+               std::string(d.packed ? "[T,H,V] = " : "[B,T,H,V] = ") + ops::detail::shape_text(out_shape));
+  check.data("d_output", d_output);
+  if (d_final_state) {
+    check.floating("d_final_state", *d_final_state);
+    check.shape("d_final_state", *d_final_state, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
+    check.data("d_final_state", *d_final_state);
+  }
+
+  RecurrentGradients out{HostTensor(ElementType::f32, q.shape, 0.0f), HostTensor(ElementType::f32, k.shape, 0.0f),
+                         HostTensor(ElementType::f32, v.shape, 0.0f), {}, std::nullopt};
+  cpu::RecurrentGrads grads;
+  grads.d_output = ops::detail::lead_with_ones(d_output, 4);
+  grads.d_final_state = d_final_state;
+  grads.d_tensors.resize(variant.inputs.size());
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    const ir::Input& in = variant.inputs[i];
+    if (in.kind == ir::InputKind::scalar) continue;
+    HostTensor* target = nullptr;
+    if (in.role == ir::Role::query) target = &out.dq;
+    else if (in.role == ir::Role::key) target = &out.dk;
+    else if (in.role == ir::Role::value) target = &out.dv;
+    else target = &out.inputs.emplace(in.name, HostTensor(ElementType::f32, inputs.tensors.at(in.name).shape, 0.0f)).first->second;
+    // The canonical view bind_inputs made of the input, over the gradient's memory.
+    const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
+    TensorView view = ops::detail::lead_with_ones(target->view(), rank);
+    if (in.kind == ir::InputKind::head) view.shape[0] = d.B;  // [H] broadcasts over B: its gradient sums over B
+    grads.d_tensors[i] = view;
+  }
+  if (options.initial_state) {
+    out.d_initial_state.emplace(ElementType::f32, d.state_shape(), 0.0f);
+    grads.d_initial_state = out.d_initial_state->view();
+  }
+  cpu::run_recurrent_backward(variant, bound.args, grads);
+  return out;
 }
 
 }  // namespace ladle

@@ -74,4 +74,24 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs);
 
+// The gradients of a loss L through run_variant: dL/dq, dL/dk, dL/dv, dL/d(every named tensor
+// input: gates, a user expression's per-token and per-head inputs), dL/d initial_state. f32, each
+// in the shape it was given in (an [H] parameter's gradient sums over the batch, GQA's dk and dv
+// over the query heads that share them). Scalars passed by value get none.
+struct RecurrentGradients {
+  HostTensor dq, dk, dv;
+  std::map<std::string, HostTensor> inputs;   // by input name
+  std::optional<HostTensor> d_initial_state;  // [N,H,K,V], when options.initial_state was given
+};
+
+// The backward of run_variant, derived from the variant's expression (the gradient of gate math
+// such as logsigmoid(x) / tau comes from ir::derivative of the lowered slots). It takes the
+// forward's own arguments (the forward's values are recomputed from them, in checkpoints) plus
+// d_output = dL/do ([B,T,H,V] or packed [T,H,V], any floating dtype) and, optionally, d_final_state
+// = dL/d final_state ([N,H,K,V]). Runs on the CPU (backend automatic or cpu); the GPU backward is
+// not built yet, so backend gpu is refused by name. Bad input throws InvalidArgument naming it.
+RecurrentGradients run_variant_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                                        const TensorView& d_output, const std::optional<TensorView>& d_final_state = std::nullopt);
+
 }  // namespace ladle

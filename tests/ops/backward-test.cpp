@@ -1,0 +1,280 @@
+// The recurrent backward on the CPU path (run_variant_backward) against central finite differences
+// of the fp64 reference forward (reference/recurrent_reference.h, which shares no code with ladle):
+// L = sum(w_o * o) + sum(w_S * final_state) with fresh random weights, the gradient of L with respect
+// to every element of q, k, v, each gate input, g_gamma, a user gate's x and tau, and the initial
+// state; every gate combination, reverse, packed sequences with an empty one, GQA, K != V. And
+// ir::derivative against finite differences of the CPU evaluator for every differentiable op.
+#include <catch2/catch.hpp>
+
+#include <ladle/codegen/cpu_expr.h>
+#include <ladle/dsl/dsl.h>
+#include <ladle/ops/recurrent.h>
+#include <ladle/runtime/error.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "reference/recurrent_reference.h"
+#include "support/tensors.h"
+
+using ladle::ElementType;
+using ladle::HostTensor;
+namespace ir = ladle::ir;
+
+namespace {
+
+// One row of fixed input values for a RowProgram.
+class Values final : public ladle::cpu::InputLoader {
+ public:
+  explicit Values(std::vector<float> values) : values_(std::move(values)) {}
+  void load(std::int32_t index, float* out, std::int64_t n) const override {
+    for (std::int64_t j = 0; j < n; ++j) out[j] = values_[static_cast<std::size_t>(index)];
+  }
+  std::vector<float> values_;
+};
+
+float evaluate(const ir::Expr& e, const std::vector<float>& values) {
+  const ladle::cpu::RowProgram program(e, 1, [](const ir::Node&) { return false; });
+  std::vector<float> scratch(program.scratch_size());
+  return program.evaluate(Values(values), scratch.data())[0];
+}
+
+}  // namespace
+
+TEST_CASE("ir::derivative matches finite differences for every differentiable op", "[backward][derivative]") {
+  // Expressions of two inputs x (0) and y (1): each op, and compositions of them.
+  const auto x = [] { return ir::Node{ir::Op::input, -1, -1, 0, 0.0f}; };
+  const auto y = [] { return ir::Node{ir::Op::input, -1, -1, 1, 0.0f}; };
+  std::vector<std::pair<std::string, ir::Expr>> cases;
+  for (ir::Op op : {ir::Op::neg, ir::Op::abs, ir::Op::exp, ir::Op::log, ir::Op::sqrt, ir::Op::sigmoid, ir::Op::logsigmoid,
+                    ir::Op::softplus, ir::Op::tanh, ir::Op::elu, ir::Op::relu, ir::Op::silu})
+    cases.push_back({ir::op_name(op), ir::Expr{{x(), ir::Node{op, 0, -1, -1, 0.0f}}}});
+  for (ir::Op op : {ir::Op::add, ir::Op::sub, ir::Op::mul, ir::Op::div, ir::Op::min, ir::Op::max, ir::Op::pow})
+    cases.push_back({ir::op_name(op), ir::Expr{{x(), y(), ir::Node{op, 0, 1, -1, 0.0f}}}});
+  // logsigmoid(x) / y (a user gate with a per-head tau), x * x (one input twice), exp(-softplus(x) * y).
+  cases.push_back({"logsigmoid(x) / y", ir::Expr{{x(), ir::Node{ir::Op::logsigmoid, 0, -1, -1, 0.0f}, y(), ir::Node{ir::Op::div, 1, 2, -1, 0.0f}}}});
+  cases.push_back({"x * x", ir::Expr{{x(), ir::Node{ir::Op::mul, 0, 0, -1, 0.0f}}}});
+  cases.push_back({"exp(-softplus(x) * y)",
+                   ir::Expr{{x(), ir::Node{ir::Op::softplus, 0, -1, -1, 0.0f}, ir::Node{ir::Op::neg, 1, -1, -1, 0.0f}, y(),
+                             ir::Node{ir::Op::mul, 2, 3, -1, 0.0f}, ir::Node{ir::Op::exp, 4, -1, -1, 0.0f}}}});
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> point(0.3, 2.5), sign(-1.0, 1.0);
+  for (const auto& [name, e] : cases) {
+    for (int trial = 0; trial < 8; ++trial) {
+      // Positive points for log, sqrt and pow's base; both signs elsewhere, away from the kinks at 0.
+      const bool positive = name == "log" || name == "sqrt" || name == "pow";
+      std::vector<double> at = {point(rng) * (positive || sign(rng) > 0 ? 1 : -1), point(rng) * (sign(rng) > 0 ? 1 : -1)};
+      if (name == "min" || name == "max") at[1] = at[0] + (trial % 2 ? 0.5 : -0.5);  // away from the tie
+      for (std::int32_t input : {0, 1}) {
+        const ir::Expr d = ir::derivative(e, input);
+        INFO(name << " d/d" << (input ? "y" : "x") << " at (" << at[0] << ", " << at[1] << ")");
+        const double h = 1e-3;
+        std::vector<float> up = {float(at[0]), float(at[1])}, down = up, mid = up;
+        up[static_cast<std::size_t>(input)] += float(h), down[static_cast<std::size_t>(input)] -= float(h);
+        const double numeric = (double(evaluate(e, up)) - double(evaluate(e, down))) / (double(up[input]) - double(down[input]));
+        const double analytic = evaluate(d, mid);
+        CHECK(std::abs(analytic - numeric) <= 2e-3 * std::max(1.0, std::abs(numeric)));
+      }
+    }
+  }
+  // An input the expression does not read has derivative 0; the result's root is its last node.
+  const ir::Expr e = cases.front().second;
+  const ir::Expr d = ir::derivative(e, 5);
+  REQUIRE(d.nodes.size() == 1);
+  CHECK(evaluate(d, {1.0f, 2.0f}) == 0.0f);
+}
+
+namespace {
+
+struct GradCase {
+  bool g = false, gk = false, gv = false, g_gamma = false;
+  bool user = false;  // decay_k(logsigmoid(x) / tau), tau per head
+  bool reverse = false, initial_state = false;
+  int B = 2, T = 11, H = 2, H_kv = 2, K = 4, V = 3;
+  std::vector<std::int64_t> cu_seqlens;
+  std::string describe() const {
+    return "g=" + std::to_string(g) + " gk=" + std::to_string(gk) + " gv=" + std::to_string(gv) + " g_gamma=" + std::to_string(g_gamma) +
+           " user=" + std::to_string(user) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
+           " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) +
+           " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size());
+  }
+};
+
+// Each tensor the case reads, its fp64 values (perturbed by the finite differences) and the
+// library's gradient of it.
+struct Param {
+  std::string name;
+  test::Filled filled;
+};
+
+void check_gradients(const GradCase& c) {
+  INFO(c.describe());
+  std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.describe())));
+  const int N = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
+  const int B = c.cu_seqlens.empty() ? c.B : 1;
+  const std::vector<std::int64_t> qk = {B, c.T, c.H, c.K}, kk = {B, c.T, c.H_kv, c.K}, vv = {B, c.T, c.H_kv, c.V};
+  std::vector<Param> params;
+  params.push_back({"q", test::normal(rng, ElementType::f32, qk)});
+  params.push_back({"k", test::normal(rng, ElementType::f32, kk, 0.5)});
+  params.push_back({"v", test::normal(rng, ElementType::f32, vv)});
+  std::uniform_real_distribution<double> mild(-0.6, -0.02), any(-2.0, 2.0), positive(0.5, 2.0);
+  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, std::uniform_real_distribution<double>& draw) {
+    params.push_back({name, test::filled(ElementType::f32, std::move(shape), [&] { return draw(rng); })});
+  };
+  if (c.g) add("g", qk, mild);
+  if (c.gk) add("gk", qk, mild);
+  if (c.gv) add("gv", {B, c.T, c.H, c.V}, mild);
+  if (c.g_gamma) add("g_gamma", {c.H}, mild);
+  if (c.user) add("x", qk, any), add("tau", {c.H}, positive);
+  if (c.initial_state) add("h0", {N, c.H, c.K, c.V}, any);
+  const double scale = 0.7;
+
+  namespace dsl = ladle::dsl;
+  const ir::Variant user_variant = dsl::lower(
+      dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")), dsl::q, dsl::scalar("scale")),
+      "user_gate");
+  const ir::Variant& variant = c.user ? user_variant : ladle::recurrent_variant(c.g, c.gk, c.gv, c.g_gamma);
+
+  // The loss weights.
+  std::vector<double> w_o(static_cast<std::size_t>(B) * c.T * c.H * c.V), w_s(static_cast<std::size_t>(N) * c.H * c.K * c.V);
+  std::normal_distribution<double> unit(0.0, 1.0);
+  for (double& w : w_o) w = unit(rng);
+  for (double& w : w_s) w = unit(rng);
+
+  const auto find = [&](const std::string& name) -> Param* {
+    for (Param& p : params)
+      if (p.name == name) return &p;
+    return nullptr;
+  };
+  // The fp64 loss at the params' current values.
+  const auto loss = [&] {
+    reference::Recurrent ref;
+    ref.B = B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V;
+    ref.q = find("q")->filled.values, ref.k = find("k")->filled.values, ref.v = find("v")->filled.values;
+    if (c.g) ref.g = find("g")->filled.values;
+    if (c.gk) ref.gk = find("gk")->filled.values;
+    if (c.gv) ref.gv = find("gv")->filled.values;
+    if (c.g_gamma) ref.g_gamma = find("g_gamma")->filled.values;
+    if (c.user) {  // the gate's own math, in fp64: gk = logsigmoid(x) / tau[h]
+      const std::vector<double>& x = find("x")->filled.values;
+      const std::vector<double>& tau = find("tau")->filled.values;
+      ref.gk.resize(x.size());
+      for (std::size_t e = 0; e < x.size(); ++e) {
+        const double xe = x[e], h = double((e / std::size_t(c.K)) % std::size_t(c.H));
+        ref.gk[e] = (std::min(xe, 0.0) - std::log1p(std::exp(-std::abs(xe)))) / tau[std::size_t(h)];
+      }
+    }
+    if (c.initial_state) ref.initial_state = find("h0")->filled.values;
+    ref.scale = scale;
+    ref.reverse = c.reverse;
+    ref.cu_seqlens = c.cu_seqlens;
+    const reference::RecurrentOutput out = reference::recurrent(ref);
+    double l = 0.0;
+    for (std::size_t e = 0; e < w_o.size(); ++e) l += w_o[e] * out.o[e];
+    for (std::size_t e = 0; e < w_s.size(); ++e) l += w_s[e] * out.final_state[e];
+    return l;
+  };
+
+  // The library's gradients.
+  ladle::VariantInputs inputs;
+  inputs.scalars.emplace("scale", float(scale));
+  for (const Param& p : params)
+    if (p.name != "q" && p.name != "k" && p.name != "v" && p.name != "h0") inputs.tensors.emplace(p.name, p.filled.tensor.view());
+  ladle::RunOptions options;
+  options.backend = ladle::Backend::cpu;
+  options.reverse = c.reverse;
+  HostTensor offsets;
+  if (!c.cu_seqlens.empty()) {
+    offsets = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    for (std::size_t i = 0; i < c.cu_seqlens.size(); ++i) static_cast<std::int64_t*>(offsets.data())[i] = c.cu_seqlens[i];
+    options.cu_seqlens = offsets.view();
+  }
+  if (c.initial_state) options.initial_state = find("h0")->filled.tensor.view();
+  HostTensor d_o(ElementType::f32, {B, c.T, c.H, c.V}), d_s(ElementType::f32, {N, c.H, c.K, c.V});
+  for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
+  for (std::size_t e = 0; e < w_s.size(); ++e) d_s.set(static_cast<std::int64_t>(e), float(w_s[e]));
+  const ladle::RecurrentGradients grads = ladle::run_variant_backward(variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(),
+                                                                      find("v")->filled.tensor.view(), inputs, options, d_o.view(), d_s.view());
+
+  for (Param& p : params) {
+    const HostTensor& got = p.name == "q"    ? grads.dq
+                            : p.name == "k"  ? grads.dk
+                            : p.name == "v"  ? grads.dv
+                            : p.name == "h0" ? *grads.d_initial_state
+                                             : grads.inputs.at(p.name);
+    REQUIRE(got.shape() == p.filled.tensor.shape());
+    double worst = 0.0, largest = 0.0;
+    for (std::size_t e = 0; e < p.filled.values.size(); ++e) {
+      const double keep = p.filled.values[e], h = 1e-5 * std::max(1.0, std::abs(keep));
+      p.filled.values[e] = keep + h;
+      const double up = loss();
+      p.filled.values[e] = keep - h;
+      const double down = loss();
+      p.filled.values[e] = keep;
+      const double numeric = (up - down) / (2 * h);
+      worst = std::max(worst, std::abs(double(got.get(static_cast<std::int64_t>(e))) - numeric));
+      largest = std::max(largest, std::abs(numeric));
+    }
+    INFO("d" << p.name << ": largest |gradient| " << largest << ", worst error " << worst);
+    CHECK(largest > 0.0);
+    CHECK(worst <= 2e-4 * std::max(1.0, largest));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the recurrent backward matches finite differences of the fp64 reference for every gate combination",
+          "[backward][recurrent]") {
+  for (int bits = 0; bits < 16; ++bits) {
+    GradCase c;
+    c.g = bits & 1, c.gk = bits & 2, c.gv = bits & 4, c.g_gamma = bits & 8;
+    c.reverse = bits % 3 == 1;
+    c.initial_state = bits % 2 == 0;
+    check_gradients(c);
+  }
+}
+
+TEST_CASE("the recurrent backward of a user's gate (logsigmoid(x) / tau) reaches x and tau", "[backward][recurrent]") {
+  GradCase c;
+  c.user = true;
+  c.initial_state = true;
+  check_gradients(c);
+  c.reverse = true;
+  c.T = 70;  // more than one checkpoint interval
+  check_gradients(c);
+}
+
+TEST_CASE("the recurrent backward handles packed sequences with an empty one, GQA and K != V", "[backward][recurrent]") {
+  GradCase c;
+  c.g = c.gv = true;
+  c.cu_seqlens = {0, 5, 5, 19};
+  c.T = 19;
+  c.initial_state = true;
+  check_gradients(c);
+  GradCase gqa;
+  gqa.gk = gqa.g_gamma = true;
+  gqa.H = 4, gqa.H_kv = 2, gqa.K = 5, gqa.V = 2;
+  gqa.reverse = true;
+  check_gradients(gqa);
+}
+
+TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurrent]") {
+  const ir::Variant& variant = ladle::recurrent_variant(false, false, false, false);
+  HostTensor q(ElementType::f32, {1, 4, 2, 3}, 0.5f), k(ElementType::f32, {1, 4, 2, 3}, 0.5f), v(ElementType::f32, {1, 4, 2, 2}, 0.5f);
+  ladle::VariantInputs inputs;
+  inputs.scalars.emplace("scale", 1.0f);
+  ladle::RunOptions options;
+  HostTensor wrong(ElementType::f32, {1, 4, 2, 3}, 1.0f);
+  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, wrong.view()),
+                    Catch::Contains("d_output has shape [1,4,2,3]") && Catch::Contains("[1,4,2,2]"));
+  HostTensor ints(ElementType::i32, {1, 4, 2, 2});
+  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, ints.view()),
+                    Catch::Contains("d_output"));
+  HostTensor good(ElementType::f32, {1, 4, 2, 2}, 1.0f), state(ElementType::f32, {1, 2, 3, 3}, 1.0f);
+  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, good.view(), state.view()),
+                    Catch::Contains("d_final_state"));
+  options.backend = ladle::Backend::gpu;
+  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, good.view()),
+                    Catch::Contains("GPU backward is not built yet"));
+}
