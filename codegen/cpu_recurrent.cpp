@@ -7,6 +7,8 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "cpu_expr.h"
@@ -113,7 +115,13 @@ class Worker {
       if (!programs_.slot[s].empty() && !programs_.slot[s].varies_over_tokens()) evaluate(s);
 
     const std::int64_t count = end - begin;
+    RecurrentCheckpoints* const saved = args_.checkpoints;
     for (std::int64_t step = 0; step < count; ++step) {
+      if (saved && step % saved->interval == 0) {
+        float* at = saved->values.data() + ((saved->first_chunk[static_cast<std::size_t>(n)] + step / saved->interval) * args_.heads + h) * (K * V + K);
+        std::copy_n(S, K * V, at);
+        std::copy_n(normaliser_.data(), K, at + K * V);
+      }
       const std::int64_t t = args_.reverse ? end - 1 - step : begin + step;
       loader_.at(b, t, h);
       for (std::size_t s = 0; s < ir::slot_count; ++s)
@@ -239,26 +247,14 @@ class Backward {
     const std::int64_t count = end - begin, chunks = (count + C - 1) / C;
     const auto token_at = [&](std::int64_t step) { return args_.reverse ? end - 1 - step : begin + step; };
 
-    // 1. The forward, keeping the state (and normaliser) entering every chunk.
-    checkpoints_.assign(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1) * KV), 0.0f);
-    z_checkpoints_.assign(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1) * K), 0.0f);
-    float* S = chunk_states_.data();
-    float* z = chunk_z_.data();
-    std::fill_n(z, K, 0.0f);
-    if (args_.initial_state) {
-      const TensorView& h0 = *args_.initial_state;
-      for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j) S[i * V + j] = narrow_float::load(element(h0, {n, h, i, j}), h0.type);
-    } else {
-      std::fill_n(S, KV, 0.0f);
-    }
-    for (std::int64_t step = 0; step < count; ++step) {
-      if (step % C == 0) {
-        std::copy_n(S, KV, checkpoints_.data() + step / C * KV);
-        std::copy_n(z, K, z_checkpoints_.data() + step / C * K);
-      }
-      slots(b, token_at(step), h);
-      advance(S, S, z, z);
+    // 1. The state (and normaliser) entering every chunk, as the forward saved them.
+    const RecurrentCheckpoints& saved = *grads_.checkpoints;
+    checkpoints_.resize(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1) * KV));
+    z_checkpoints_.resize(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1) * K));
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const float* at = saved.values.data() + ((saved.first_chunk[static_cast<std::size_t>(n)] + c) * args_.heads + h) * (KV + K);
+      std::copy_n(at, KV, checkpoints_.data() + c * KV);
+      std::copy_n(at + KV, K, z_checkpoints_.data() + c * K);
     }
 
     // 2. Back from the last token: dS = dL/dS_t (from d_final_state), chunk by chunk from its checkpoint.
@@ -449,7 +445,22 @@ void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args) {
   });
 }
 
+void RecurrentCheckpoints::allocate(std::int64_t batch, std::int64_t tokens, const std::vector<std::int64_t>& cu_seqlens,
+                                    std::int64_t heads, std::int64_t key_dim, std::int64_t value_dim) {
+  const std::int64_t sequences = cu_seqlens.empty() ? batch : static_cast<std::int64_t>(cu_seqlens.size()) - 1;
+  first_chunk.assign(1, 0);
+  for (std::int64_t n = 0; n < sequences; ++n) {
+    const std::int64_t length = cu_seqlens.empty() ? tokens : cu_seqlens[static_cast<std::size_t>(n) + 1] - cu_seqlens[static_cast<std::size_t>(n)];
+    first_chunk.push_back(first_chunk.back() + (length + interval - 1) / interval);
+  }
+  values.assign(static_cast<std::size_t>(first_chunk.back() * heads * (key_dim * value_dim + key_dim)), 0.0f);
+}
+
 void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads) {
+  if (!grads.checkpoints) throw std::invalid_argument("run_recurrent_backward: no checkpoints (the forward makes them: RecurrentArgs::checkpoints)");
+  if (grads.checkpoints->interval != Backward::C)
+    throw std::invalid_argument("run_recurrent_backward: checkpoints every " + std::to_string(grads.checkpoints->interval) +
+                                " tokens, expected " + std::to_string(Backward::C));
   const Programs programs = slot_programs(variant, args);
   // d slot / d input for every tensor input a slot reads whose gradient is wanted.
   std::vector<GradProgram> grad_programs;

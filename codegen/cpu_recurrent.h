@@ -14,6 +14,19 @@
 
 namespace ladle::cpu {
 
+// The state (and normaliser) entering every `interval`-token chunk of every (sequence, head): the
+// forward writes them when asked, and the backward starts each chunk from them instead of running
+// the forward again. Chunk c of sequence n, head h, at values[((first_chunk[n] + c) * H + h) * (K * V + K)]:
+// K * V state values, then K normaliser values.
+struct RecurrentCheckpoints {
+  std::int64_t interval = 64;
+  std::vector<std::int64_t> first_chunk;  // [N + 1]
+  std::vector<float> values;
+  // Sized for these sequences (cu_seqlens, or batch sequences of `tokens`) and dimensions.
+  void allocate(std::int64_t batch, std::int64_t tokens, const std::vector<std::int64_t>& cu_seqlens, std::int64_t heads,
+                std::int64_t key_dim, std::int64_t value_dim);
+};
+
 // Everything a run needs, already checked (the ops' argument checking builds this).
 struct RecurrentArgs {
   // One entry per variant.inputs, by index. Tensors use canonical ranks:
@@ -31,6 +44,7 @@ struct RecurrentArgs {
   TensorView output;                       // [B,T,H,V]
   std::optional<TensorView> final_state;   // [N,H,K,V], f32
   int threads = 0;                         // 0: one per hardware thread
+  RecurrentCheckpoints* checkpoints = nullptr;  // the forward fills it (allocated) when given
 };
 
 void run_recurrent(const ir::Variant& variant, const RecurrentArgs& args);
@@ -44,10 +58,12 @@ struct RecurrentGrads {
   // (scalars never have one). The caller zeroes them.
   std::vector<std::optional<TensorView>> d_tensors;
   std::optional<TensorView> d_initial_state;  // [N,H,K,V] f32: dL/d initial_state (written)
+  const RecurrentCheckpoints* checkpoints = nullptr;  // the forward's (required)
 };
 
 // The backward of run_recurrent on the CPU, derived from the variant: the recurrence is walked
-// back from the last token with its states recomputed from checkpoints every 64 tokens, the
+// back from the last token with its states recomputed from the forward's checkpoints (every 64
+// tokens), the
 // gradient of each slot (q, k, v features, the decays, the scale, the normaliser) is formed per
 // token, and reaches the inputs through each slot's derivative expressions (ir::derivative).
 // Pairs run one after another (inputs shared by heads or sequences accumulate without races).

@@ -53,14 +53,72 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   cpu::run_recurrent(variant, bound.args);
 }
 
-RecurrentGradients run_variant_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
-                                        const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
-                                        const TensorView& d_output, const std::optional<TensorView>& d_final_state) {
-  const std::string op = op_name(variant) + " backward";
+namespace {
+
+// FNV-1a over the bytes of every element a view holds (strided views element by element).
+std::uint64_t fingerprint(std::uint64_t h, const TensorView& view) {
+  const std::size_t size = element_size(view.type);
+  std::vector<std::int64_t> index(static_cast<std::size_t>(view.rank()), 0);
+  std::int64_t count = 1;
+  for (std::int64_t s : view.shape) count *= s;
+  const auto* base = static_cast<const unsigned char*>(view.data);
+  for (std::int64_t e = 0; e < count; ++e) {
+    std::int64_t offset = 0;
+    for (int d = 0; d < view.rank(); ++d) offset += index[static_cast<std::size_t>(d)] * view.strides[static_cast<std::size_t>(d)];
+    for (std::size_t b = 0; b < size; ++b) h = (h ^ base[static_cast<std::size_t>(offset) * size + b]) * 1099511628211ull;
+    for (int d = view.rank() - 1; d >= 0; --d) {
+      if (++index[static_cast<std::size_t>(d)] < view.shape[static_cast<std::size_t>(d)]) break;
+      index[static_cast<std::size_t>(d)] = 0;
+    }
+  }
+  return h;
+}
+
+std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
+                          const RunOptions& options) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const TensorView* view : {&q, &k, &v}) h = fingerprint(h, *view);
+  for (const auto& [name, view] : inputs.tensors) h = fingerprint(h, view);
+  for (const auto& [name, value] : inputs.scalars) h = fingerprint(h, TensorView::contiguous(&value, ElementType::f32, {1}));
+  if (options.initial_state) h = fingerprint(h, *options.initial_state);
+  return h;
+}
+
+}  // namespace
+
+RecurrentForward run_variant_for_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
+  const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
   if (options.backend == Backend::gpu)
-    check.fail("backend = gpu: the GPU backward is not built yet; backend = cpu or automatic runs the CPU path");
+    check.fail("backend = gpu: the GPU backward is not built yet; backend = cpu or automatic runs the forward and backward on the CPU");
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
+  RecurrentForward out{{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt},
+                       {variant, q, k, v, inputs, options, nullptr, fingerprint(q, k, v, inputs, options)}};
+  RecurrentOutputs outputs{out.result.o.view(), std::nullopt};
+  if (options.return_state) {
+    out.result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
+    outputs.final_state = out.result.final_state->view();
+  }
+  ops::bind_outputs(op, options, outputs, bound);
+  auto checkpoints = std::make_shared<cpu::RecurrentCheckpoints>();
+  const auto& a = bound.args;
+  checkpoints->allocate(a.batch, a.tokens, a.cu_seqlens, a.heads, a.key_dim, a.value_dim);
+  bound.args.checkpoints = checkpoints.get();
+  cpu::run_recurrent(variant, bound.args);
+  out.saved.checkpoints = std::move(checkpoints);
+  return out;
+}
+
+RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
+                                        const std::optional<TensorView>& d_final_state) {
+  const ir::Variant& variant = saved.variant;
+  const std::string op = op_name(variant) + " backward";
+  const ops::detail::Checker check(op);
+  if (!saved.checkpoints) check.fail("saved holds no forward (make it with run_variant_for_backward)");
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, saved.q, saved.k, saved.v, saved.inputs, saved.options);
+  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
+    check.fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to another call)");
   const ops::RecurrentDims& d = bound.dims;
   check.floating("d_output", d_output);
   const std::vector<std::int64_t> out_shape = d.output_shape();
@@ -74,11 +132,12 @@ RecurrentGradients run_variant_backward(const ir::Variant& variant, const Tensor
     check.data("d_final_state", *d_final_state);
   }
 
-  RecurrentGradients out{HostTensor(ElementType::f32, q.shape, 0.0f), HostTensor(ElementType::f32, k.shape, 0.0f),
-                         HostTensor(ElementType::f32, v.shape, 0.0f), {}, std::nullopt};
+  RecurrentGradients out{HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
+                         HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
   cpu::RecurrentGrads grads;
   grads.d_output = ops::detail::lead_with_ones(d_output, 4);
   grads.d_final_state = d_final_state;
+  grads.checkpoints = saved.checkpoints.get();
   grads.d_tensors.resize(variant.inputs.size());
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Input& in = variant.inputs[i];
@@ -87,14 +146,14 @@ RecurrentGradients run_variant_backward(const ir::Variant& variant, const Tensor
     if (in.role == ir::Role::query) target = &out.dq;
     else if (in.role == ir::Role::key) target = &out.dk;
     else if (in.role == ir::Role::value) target = &out.dv;
-    else target = &out.inputs.emplace(in.name, HostTensor(ElementType::f32, inputs.tensors.at(in.name).shape, 0.0f)).first->second;
+    else target = &out.inputs.emplace(in.name, HostTensor(ElementType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
     // The canonical view bind_inputs made of the input, over the gradient's memory.
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
     TensorView view = ops::detail::lead_with_ones(target->view(), rank);
     if (in.kind == ir::InputKind::head) view.shape[0] = d.B;  // [H] broadcasts over B: its gradient sums over B
     grads.d_tensors[i] = view;
   }
-  if (options.initial_state) {
+  if (saved.options.initial_state) {
     out.d_initial_state.emplace(ElementType::f32, d.state_shape(), 0.0f);
     grads.d_initial_state = out.d_initial_state->view();
   }

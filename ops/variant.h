@@ -10,9 +10,11 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include <ladle/codegen/cpu_recurrent.h>
 #include <ladle/codegen/cuda_chunked.h>
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/dsl/ir.h>
@@ -84,14 +86,35 @@ struct RecurrentGradients {
   std::optional<HostTensor> d_initial_state;  // [N,H,K,V], when options.initial_state was given
 };
 
+// What the backward needs from a forward call, held by the caller (no global state): the call's
+// arguments (views: the caller keeps those tensors alive and unchanged until the backward; a
+// fingerprint of their contents is checked) and the state entering every 64-token chunk of every
+// (sequence, head), so that the backward does not run the forward again.
+struct RecurrentSaved {
+  ir::Variant variant;
+  TensorView q, k, v;
+  VariantInputs inputs;
+  RunOptions options;
+  std::shared_ptr<const cpu::RecurrentCheckpoints> checkpoints;
+  std::uint64_t fingerprint = 0;  // of the inputs' contents at the forward
+};
+
+struct RecurrentForward {
+  RecurrentResult result;
+  RecurrentSaved saved;
+};
+
+// The forward of run_variant, keeping what its backward needs. Runs on the CPU path (backend
+// automatic or cpu; the GPU backward is not built yet, so backend gpu is refused by name).
+RecurrentForward run_variant_for_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const VariantInputs& inputs = {}, const RunOptions& options = {});
+
 // The backward of run_variant, derived from the variant's expression (the gradient of gate math
-// such as logsigmoid(x) / tau comes from ir::derivative of the lowered slots). It takes the
-// forward's own arguments (the forward's values are recomputed from them, in checkpoints) plus
-// d_output = dL/do ([B,T,H,V] or packed [T,H,V], any floating dtype) and, optionally, d_final_state
-// = dL/d final_state ([N,H,K,V]). Runs on the CPU (backend automatic or cpu); the GPU backward is
-// not built yet, so backend gpu is refused by name. Bad input throws InvalidArgument naming it.
-RecurrentGradients run_variant_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
-                                        const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
-                                        const TensorView& d_output, const std::optional<TensorView>& d_final_state = std::nullopt);
+// such as logsigmoid(x) / tau comes from ir::derivative of the lowered slots): d_output = dL/do
+// ([B,T,H,V] or packed [T,H,V], any floating dtype) and optionally d_final_state = dL/d final_state
+// ([N,H,K,V]). Bad input throws InvalidArgument naming it: a d_output or d_final_state of the wrong
+// shape or dtype, a saved value whose tensors no longer hold what its forward read.
+RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
+                                        const std::optional<TensorView>& d_final_state = std::nullopt);
 
 }  // namespace ladle

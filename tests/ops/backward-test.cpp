@@ -194,8 +194,14 @@ void check_gradients(const GradCase& c) {
   HostTensor d_o(ElementType::f32, {B, c.T, c.H, c.V}), d_s(ElementType::f32, {N, c.H, c.K, c.V});
   for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
   for (std::size_t e = 0; e < w_s.size(); ++e) d_s.set(static_cast<std::int64_t>(e), float(w_s[e]));
-  const ladle::RecurrentGradients grads = ladle::run_variant_backward(variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(),
-                                                                      find("v")->filled.tensor.view(), inputs, options, d_o.view(), d_s.view());
+  options.return_state = true;
+  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(variant, find("q")->filled.tensor.view(),
+                                                                          find("k")->filled.tensor.view(), find("v")->filled.tensor.view(), inputs, options);
+  // The forward it saved from is run_variant's.
+  const ladle::RecurrentResult plain = ladle::run_variant(variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(),
+                                                          find("v")->filled.tensor.view(), inputs, options);
+  for (std::int64_t e = 0; e < plain.o.numel(); ++e) REQUIRE(forward.result.o.get(e) == plain.o.get(e));
+  const ladle::RecurrentGradients grads = ladle::run_variant_backward(forward.saved, d_o.view(), d_s.view());
 
   for (Param& p : params) {
     const HostTensor& got = p.name == "q"    ? grads.dq
@@ -265,16 +271,21 @@ TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurr
   ladle::VariantInputs inputs;
   inputs.scalars.emplace("scale", 1.0f);
   ladle::RunOptions options;
+  options.backend = ladle::Backend::cpu;
+  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
   HostTensor wrong(ElementType::f32, {1, 4, 2, 3}, 1.0f);
-  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, wrong.view()),
+  CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, wrong.view()),
                     Catch::Contains("d_output has shape [1,4,2,3]") && Catch::Contains("[1,4,2,2]"));
   HostTensor ints(ElementType::i32, {1, 4, 2, 2});
-  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, ints.view()),
-                    Catch::Contains("d_output"));
+  CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, ints.view()), Catch::Contains("d_output"));
   HostTensor good(ElementType::f32, {1, 4, 2, 2}, 1.0f), state(ElementType::f32, {1, 2, 3, 3}, 1.0f);
-  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, good.view(), state.view()),
-                    Catch::Contains("d_final_state"));
+  CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, good.view(), state.view()), Catch::Contains("d_final_state"));
+  CHECK_NOTHROW(ladle::run_variant_backward(forward.saved, good.view()));
+  // The forward's tensors overwritten since (or a saved value of another call): refused.
+  q.set(3, 0.25f);
+  CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
+  CHECK_THROWS_WITH(ladle::run_variant_backward(ladle::RecurrentSaved{}, good.view()), Catch::Contains("run_variant_for_backward"));
   options.backend = ladle::Backend::gpu;
-  CHECK_THROWS_WITH(ladle::run_variant_backward(variant, q.view(), k.view(), v.view(), inputs, options, good.view()),
+  CHECK_THROWS_WITH(ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options),
                     Catch::Contains("GPU backward is not built yet"));
 }
