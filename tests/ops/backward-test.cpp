@@ -90,12 +90,13 @@ namespace {
 struct GradCase {
   bool g = false, gk = false, gv = false, g_gamma = false;
   bool user = false;  // decay_k(logsigmoid(x) / tau), tau per head
+  bool normalize = false;  // read(...).normalized(1e-6) with g: o_t / ((scale q)^T n_t + eps), q and k positive
   bool reverse = false, initial_state = false;
   int B = 2, T = 11, H = 2, H_kv = 2, K = 4, V = 3;
   std::vector<std::int64_t> cu_seqlens;
   std::string describe() const {
     return "g=" + std::to_string(g) + " gk=" + std::to_string(gk) + " gv=" + std::to_string(gv) + " g_gamma=" + std::to_string(g_gamma) +
-           " user=" + std::to_string(user) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
+           " user=" + std::to_string(user) + " normalize=" + std::to_string(normalize) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
            " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) +
            " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size());
   }
@@ -115,8 +116,14 @@ void check_gradients(const GradCase& c) {
   const int B = c.cu_seqlens.empty() ? c.B : 1;
   const std::vector<std::int64_t> qk = {B, c.T, c.H, c.K}, kk = {B, c.T, c.H_kv, c.K}, vv = {B, c.T, c.H_kv, c.V};
   std::vector<Param> params;
-  params.push_back({"q", test::normal(rng, ElementType::f32, qk)});
-  params.push_back({"k", test::normal(rng, ElementType::f32, kk, 0.5)});
+  std::uniform_real_distribution<double> feature(0.2, 1.0);  // a normaliser away from 0
+  if (c.normalize) {
+    params.push_back({"q", test::filled(ElementType::f32, qk, [&] { return feature(rng); })});
+    params.push_back({"k", test::filled(ElementType::f32, kk, [&] { return feature(rng); })});
+  } else {
+    params.push_back({"q", test::normal(rng, ElementType::f32, qk)});
+    params.push_back({"k", test::normal(rng, ElementType::f32, kk, 0.5)});
+  }
   params.push_back({"v", test::normal(rng, ElementType::f32, vv)});
   std::uniform_real_distribution<double> mild(-0.6, -0.02), any(-2.0, 2.0), positive(0.5, 2.0);
   const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, std::uniform_real_distribution<double>& draw) {
@@ -134,7 +141,11 @@ void check_gradients(const GradCase& c) {
   const ir::Variant user_variant = dsl::lower(
       dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")), dsl::q, dsl::scalar("scale")),
       "user_gate");
-  const ir::Variant& variant = c.user ? user_variant : ladle::recurrent_variant(c.g, c.gk, c.gv, c.g_gamma);
+  const ir::Variant normalized_variant =
+      dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")), dsl::q, dsl::scalar("scale")).normalized(1e-6f), "normalized");
+  const ir::Variant& variant = c.user        ? user_variant
+                               : c.normalize ? normalized_variant
+                                             : ladle::recurrent_variant(c.g, c.gk, c.gv, c.g_gamma);
 
   // The loss weights.
   std::vector<double> w_o(static_cast<std::size_t>(B) * c.T * c.H * c.V), w_s(static_cast<std::size_t>(N) * c.H * c.K * c.V);
@@ -167,6 +178,8 @@ void check_gradients(const GradCase& c) {
     }
     if (c.initial_state) ref.initial_state = find("h0")->filled.values;
     ref.scale = scale;
+    ref.normalize = c.normalize;
+    ref.eps = 1e-6;
     ref.reverse = c.reverse;
     ref.cu_seqlens = c.cu_seqlens;
     const reference::RecurrentOutput out = reference::recurrent(ref);
@@ -248,6 +261,15 @@ TEST_CASE("the recurrent backward of a user's gate (logsigmoid(x) / tau) reaches
   check_gradients(c);
   c.reverse = true;
   c.T = 70;  // more than one checkpoint interval
+  check_gradients(c);
+}
+
+TEST_CASE("the recurrent backward of a normalised read reaches the normaliser's inputs", "[backward][recurrent]") {
+  GradCase c;
+  c.normalize = c.g = true;
+  c.initial_state = true;
+  check_gradients(c);
+  c.reverse = true, c.T = 70;
   check_gradients(c);
 }
 
