@@ -258,6 +258,197 @@ class Worker {
   std::vector<float> scratch_, q_row_, chunk_scores_, o_row_, keys_, values_, logits_;
 };
 
+float& grad_at(const TensorView& view, std::int64_t offset) { return static_cast<float*>(view.data)[offset]; }
+
+// d logit / d (raw score or an input) for the score expression, and the input it is for (-1: score).
+struct ScoreDerivative {
+  std::int32_t input;
+  RowProgram program;
+};
+
+// The backward of one query row at a time.
+class BackwardWorker {
+ public:
+  BackwardWorker(const ir::AttentionVariant& variant, const AttentionArgs& args, const AttentionGrads& grads)
+      : variant_(variant), args_(args), grads_(grads),
+        score_(variant.score, key_chunk, [&](const ir::Node& n) { return varies_over_keys(variant, n); }) {
+    const auto varies = [&](const ir::Node& n) { return varies_over_keys(variant, n); };
+    if (!variant.keep.empty()) keep_ = RowProgram(variant.keep, key_chunk, varies);
+    derivatives_.push_back({-1, RowProgram(ir::derivative(variant.score, ir::Op::score), key_chunk, varies)});
+    std::vector<bool> reads(variant.inputs.size(), false);
+    for (const ir::Node& node : variant.score.nodes)
+      if (node.op == ir::Op::input) reads[static_cast<std::size_t>(node.input)] = true;
+    for (std::size_t x = 0; x < variant.inputs.size(); ++x)
+      if (reads[x] && variant.inputs[x].kind != ir::InputKind::scalar && x < grads.d_tensors.size() && grads.d_tensors[x])
+        derivatives_.push_back({static_cast<std::int32_t>(x),
+                                RowProgram(ir::derivative(variant.score, static_cast<std::int32_t>(x)), key_chunk, varies)});
+    std::size_t scratch = std::max(score_.scratch_size(), keep_.scratch_size());
+    for (const ScoreDerivative& d : derivatives_) scratch = std::max(scratch, d.program.scratch_size());
+    scratch_.resize(scratch);
+    chunk_scores_.resize(key_chunk);
+  }
+
+  void run(std::int64_t n, std::int64_t h) {
+    const AttentionArgs& a = args_;
+    const std::int64_t hk = h / (a.H / a.H_kv);
+    const std::int64_t b = a.batch_of(n), q0 = a.q_begin(n), k0 = a.k_begin(n);
+    const std::int64_t Lq = a.q_length(n), Lk = a.k_length(n);
+    keys_.resize(static_cast<std::size_t>(Lk * a.D));
+    values_.resize(static_cast<std::size_t>(Lk * a.Dv));
+    for (std::int64_t j = 0; j < Lk; ++j) {
+      const std::int64_t k_offset = b * a.k.strides[0] + (k0 + j) * a.k.strides[1] + hk * a.k.strides[2];
+      for (std::int64_t d = 0; d < a.D; ++d) keys_[static_cast<std::size_t>(j * a.D + d)] = element(a.k, k_offset + d * a.k.strides[3]);
+      const std::int64_t v_offset = b * a.v.strides[0] + (k0 + j) * a.v.strides[1] + hk * a.v.strides[2];
+      for (std::int64_t d = 0; d < a.Dv; ++d) values_[static_cast<std::size_t>(j * a.Dv + d)] = element(a.v, v_offset + d * a.v.strides[3]);
+    }
+    std::vector<float> q_row(static_cast<std::size_t>(a.D)), do_row(static_cast<std::size_t>(a.Dv)), dq_row(static_cast<std::size_t>(a.D));
+    Position at;
+    at.b = b, at.n = n, at.h = h;
+    constexpr float minus_inf = -std::numeric_limits<float>::infinity();
+    for (std::int64_t i = 0; i < Lq; ++i) {
+      at.i = i;
+      at.q_global = q0 + i;
+      const std::int64_t q_offset = b * a.q.strides[0] + (q0 + i) * a.q.strides[1] + h * a.q.strides[2];
+      for (std::int64_t d = 0; d < a.D; ++d) q_row[static_cast<std::size_t>(d)] = element(a.q, q_offset + d * a.q.strides[3]);
+      const TensorView& g = grads_.d_output;
+      const std::int64_t do_offset = b * g.strides[0] + (q0 + i) * g.strides[1] + h * g.strides[2];
+      for (std::int64_t d = 0; d < a.Dv; ++d) do_row[static_cast<std::size_t>(d)] = element(g, do_offset + d * g.strides[3]);
+      const KeyRange range = key_range(variant_, i, Lq, Lk, a.window_left, a.window_right);
+      const std::int64_t width = range.end - range.begin;
+      // The logits, as the forward forms them.
+      logits_.assign(static_cast<std::size_t>(width), minus_inf);
+      for_chunks(at, range, q_row, [&](std::int64_t j0, std::int64_t count, const Loader& loader) {
+        const float* logit = score_.evaluate(loader, scratch_.data());
+        const bool row = score_.varies_over_features();
+        for (std::int64_t c = 0; c < count; ++c) logits_[static_cast<std::size_t>(j0 - range.begin + c)] = logit[row ? c : 0];
+        if (!keep_.empty()) {
+          const float* keep = keep_.evaluate(loader, scratch_.data());
+          const bool keep_row = keep_.varies_over_features();
+          for (std::int64_t c = 0; c < count; ++c)
+            if (keep[keep_row ? c : 0] == 0.0f) logits_[static_cast<std::size_t>(j0 - range.begin + c)] = minus_inf;
+        }
+      });
+      if (variant_.segment_ids) {
+        const TensorView& qs = *a.q_segment_ids;
+        const TensorView& ks = *a.kv_segment_ids;
+        const std::int64_t mine = load_integer(qs, b * qs.strides[0] + (q0 + i) * qs.strides[1]);
+        for (std::int64_t j = range.begin; j < range.end; ++j)
+          if (load_integer(ks, b * ks.strides[0] + (k0 + j) * ks.strides[1]) != mine) logits_[static_cast<std::size_t>(j - range.begin)] = minus_inf;
+      }
+      // The softmax (sinks in the denominator): p_j, then dP_j = keep_j (do . v_j) and delta = sum p dP.
+      float row_max = minus_inf;
+      for (float x : logits_) row_max = std::max(row_max, x);
+      std::vector<float> sinks;
+      if (variant_.sinks) {
+        const TensorView& aux = *a.softmax_aux;
+        for (std::int64_t s = 0; s < a.sinks; ++s) {
+          sinks.push_back(element(aux, h * aux.strides[0] + s * aux.strides[1]));
+          row_max = std::max(row_max, sinks.back());
+        }
+      }
+      if (row_max == minus_inf) continue;  // nothing kept: o = 0, no gradient
+      float row_sum = 0.0f;
+      for (float x : logits_) row_sum += std::exp(x - row_max);
+      for (float s : sinks) row_sum += std::exp(s - row_max);
+      const float lse = row_max + std::log(row_sum);
+      const float keep_scale = variant_.dropout ? 1.0f / (1.0f - a.dropout_p) : 1.0f;
+      dlogits_.assign(static_cast<std::size_t>(width), 0.0f);
+      float delta = 0.0f;
+      for (std::int64_t j = range.begin; j < range.end; ++j) {
+        const float p = std::exp(logits_[static_cast<std::size_t>(j - range.begin)] - lse);
+        if (p == 0.0f) continue;
+        float keep = 1.0f;
+        if (variant_.dropout && a.dropout_p > 0) keep = dropout_uniform(a.seed, n, h, i, j) < a.dropout_p ? 0.0f : keep_scale;
+        const float* value = &values_[static_cast<std::size_t>(j * a.Dv)];
+        float dp = 0.0f;
+        for (std::int64_t d = 0; d < a.Dv; ++d) dp += do_row[static_cast<std::size_t>(d)] * value[d];
+        dp *= keep;
+        // dv_j += p keep do
+        if (keep != 0.0f) {
+          const TensorView& dv = grads_.dv;
+          const std::int64_t off = b * dv.strides[0] + (k0 + j) * dv.strides[1] + hk * dv.strides[2];
+          for (std::int64_t d = 0; d < a.Dv; ++d) grad_at(dv, off + d * dv.strides[3]) += p * keep * do_row[static_cast<std::size_t>(d)];
+        }
+        dlogits_[static_cast<std::size_t>(j - range.begin)] = dp;  // p (dP - delta) below
+        delta += p * dp;
+      }
+      for (std::int64_t j = range.begin; j < range.end; ++j) {
+        float& dl = dlogits_[static_cast<std::size_t>(j - range.begin)];
+        const float p = std::exp(logits_[static_cast<std::size_t>(j - range.begin)] - lse);
+        dl = p == 0.0f ? 0.0f : p * (dl - delta);
+      }
+      if (grads_.d_softmax_aux)
+        for (std::int64_t s = 0; s < a.sinks; ++s) {
+          const TensorView& da = *grads_.d_softmax_aux;
+          grad_at(da, h * da.strides[0] + s * da.strides[1]) -= std::exp(sinks[static_cast<std::size_t>(s)] - lse) * delta;
+        }
+      // Through the score expression: d raw score (to q and k), d each input it reads.
+      std::fill(dq_row.begin(), dq_row.end(), 0.0f);
+      for_chunks(at, range, q_row, [&](std::int64_t j0, std::int64_t count, const Loader& loader) {
+        for (const ScoreDerivative& sd : derivatives_) {
+          const float* dvalue = sd.program.evaluate(loader, scratch_.data());
+          const bool row = sd.program.varies_over_features();
+          float total = 0.0f;
+          for (std::int64_t c = 0; c < count; ++c) {
+            const float dl = dlogits_[static_cast<std::size_t>(j0 - range.begin + c)];
+            if (dl == 0.0f) continue;
+            const float x = dl * dvalue[row ? c : 0];
+            const std::int64_t j = j0 + c;
+            if (sd.input < 0) {  // the raw score q_i . k_j
+              const float* key = &keys_[static_cast<std::size_t>(j * a.D)];
+              for (std::int64_t d = 0; d < a.D; ++d) dq_row[static_cast<std::size_t>(d)] += x * key[d];
+              const TensorView& dk = grads_.dk;
+              const std::int64_t off = b * dk.strides[0] + (k0 + j) * dk.strides[1] + hk * dk.strides[2];
+              for (std::int64_t d = 0; d < a.D; ++d) grad_at(dk, off + d * dk.strides[3]) += x * q_row[static_cast<std::size_t>(d)];
+            } else if (variant_.inputs[static_cast<std::size_t>(sd.input)].kind == ir::InputKind::pair) {
+              const TensorView& dt = *grads_.d_tensors[static_cast<std::size_t>(sd.input)];
+              grad_at(dt, b * dt.strides[0] + h * dt.strides[1] + (q0 + i) * dt.strides[2] + (k0 + j) * dt.strides[3]) += x;
+            } else {
+              total += x;
+            }
+          }
+          if (sd.input >= 0 && variant_.inputs[static_cast<std::size_t>(sd.input)].kind == ir::InputKind::head) {
+            const TensorView& dt = *grads_.d_tensors[static_cast<std::size_t>(sd.input)];
+            grad_at(dt, b * dt.strides[0] + h * dt.strides[1]) += total;
+          }
+        }
+      });
+      const TensorView& dq = grads_.dq;
+      const std::int64_t dq_offset = b * dq.strides[0] + (q0 + i) * dq.strides[1] + h * dq.strides[2];
+      for (std::int64_t d = 0; d < a.D; ++d) grad_at(dq, dq_offset + d * dq.strides[3]) += dq_row[static_cast<std::size_t>(d)];
+    }
+  }
+
+ private:
+  // Calls body(j0, count, loader) for each chunk of the row's keys, the raw scores in place.
+  template <typename Body>
+  void for_chunks(Position& at, const KeyRange& range, const std::vector<float>& q_row, const Body& body) {
+    const AttentionArgs& a = args_;
+    for (std::int64_t j0 = range.begin; j0 < range.end; j0 += key_chunk) {
+      const std::int64_t count = std::min(key_chunk, range.end - j0);
+      for (std::int64_t c = 0; c < key_chunk; ++c) {
+        const float* key = &keys_[static_cast<std::size_t>((j0 + std::min(c, count - 1)) * a.D)];
+        float dot = 0;
+        for (std::int64_t d = 0; d < a.D; ++d) dot += q_row[static_cast<std::size_t>(d)] * key[d];
+        chunk_scores_[static_cast<std::size_t>(c)] = dot;
+      }
+      at.j0 = j0;
+      at.k_global0 = a.k_begin(at.n) + j0;
+      at.last = count - 1;
+      at.scores = chunk_scores_.data();
+      const Loader loader(variant_, a, at);
+      body(j0, count, loader);
+    }
+  }
+
+  const ir::AttentionVariant& variant_;
+  const AttentionArgs& args_;
+  const AttentionGrads& grads_;
+  RowProgram score_, keep_;
+  std::vector<ScoreDerivative> derivatives_;
+  std::vector<float> scratch_, chunk_scores_, keys_, values_, logits_, dlogits_;
+};
+
 }  // namespace
 
 void run_attention(const ir::AttentionVariant& variant, const AttentionArgs& args) {
@@ -271,6 +462,12 @@ void run_attention(const ir::AttentionVariant& variant, const AttentionArgs& arg
       worker->run(pair / args.H, pair % args.H, block);
     };
   });
+}
+
+void run_attention_backward(const ir::AttentionVariant& variant, const AttentionArgs& args, const AttentionGrads& grads) {
+  BackwardWorker worker(variant, args, grads);
+  for (std::int64_t n = 0; n < args.N; ++n)
+    for (std::int64_t h = 0; h < args.H; ++h) worker.run(n, h);
 }
 
 }  // namespace ladle::cpu

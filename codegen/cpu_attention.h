@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include <ladle/dsl/attention_ir.h>
 
@@ -14,6 +16,23 @@
 namespace ladle::cpu {
 
 void run_attention(const ir::AttentionVariant& variant, const AttentionArgs& args);
+
+// Where the backward of an attention call reads dL/do and adds its gradients (f32, the caller
+// zeroes them): canonical views like AttentionArgs' q, k, v and tensors (a broadcast axis has
+// stride 0, so its gradient sums over it); an absent entry is not wanted.
+struct AttentionGrads {
+  TensorView d_output;                               // [B,Tq,H,Dv], any floating type
+  TensorView dq, dk, dv;                             // [B,Tq,H,D], [B,Tk,H_kv,D], [B,Tk,H_kv,Dv]
+  std::vector<std::optional<TensorView>> d_tensors;  // per variant input: pair [B,H,Tq,Tk], head [B,H]
+  std::optional<TensorView> d_softmax_aux;           // [H,S]: the sinks' logits
+};
+
+// The backward of run_attention on the CPU: per query row the logits and the softmax are
+// formed again, dP = do . v_j (times the same dropout keep), dlogit = p (dP - sum p dP), and the
+// logits' gradient reaches the raw score q_i . k_j and every input of the score expression through
+// ir::derivative of that expression. Rows run one after another (dk, dv and broadcast inputs
+// accumulate without races).
+void run_attention_backward(const ir::AttentionVariant& variant, const AttentionArgs& args, const AttentionGrads& grads);
 
 // The keys [begin, end) that query i of a sequence may see under the variant's causal and
 // window masks (offset = Tk - Tq of the sequence); empty when begin >= end.

@@ -53,9 +53,9 @@ class Builder {
   Expr out_;
 };
 
-}  // namespace
-
-Expr derivative(const Expr& e, std::int32_t input) {
+// d e / d (the leaves `is_target` picks), forward mode.
+template <typename Target>
+Expr differentiate(const Expr& e, const Target& is_target) {
   if (e.empty()) throw std::invalid_argument("ir::derivative: empty expression");
   Builder b(e);
   constexpr std::int32_t zero = Builder::zero;
@@ -64,8 +64,8 @@ Expr derivative(const Expr& e, std::int32_t input) {
     const Node& n = e.nodes[i];
     const std::int32_t self = static_cast<std::int32_t>(i), x = n.a, y = n.b;
     const std::int32_t dx = x >= 0 ? d[static_cast<std::size_t>(x)] : zero, dy = y >= 0 ? d[static_cast<std::size_t>(y)] : zero;
-    if (n.op == Op::input) {
-      d[i] = n.input == input ? b.constant(1.0f) : zero;
+    if (n.op == Op::input || is_attention_leaf(n.op)) {
+      d[i] = is_target(n) ? b.constant(1.0f) : zero;
       continue;
     }
     if (is_unary(n.op) && dx == zero) continue;
@@ -127,6 +127,17 @@ Expr derivative(const Expr& e, std::int32_t input) {
     d[i] = r;
   }
   return b.take(d.back());
+}
+
+}  // namespace
+
+Expr derivative(const Expr& expr, std::int32_t input) {
+  return differentiate(expr, [&](const Node& n) { return n.op == Op::input && n.input == input; });
+}
+
+Expr derivative(const Expr& expr, Op leaf) {
+  if (!is_attention_leaf(leaf)) throw std::invalid_argument(std::string("ir::derivative: ") + op_name(leaf) + " is not a leaf");
+  return differentiate(expr, [&](const Node& n) { return n.op == leaf; });
 }
 
 }  // namespace ladle::ir

@@ -167,6 +167,8 @@ Extent extent(const Variant& variant, const Expr& expr);
 // attention leaves other than inputs have derivative 0; abs, relu, min and max take the one-sided
 // derivative the forward's branch took (0 for abs and relu at 0).
 Expr derivative(const Expr& expr, std::int32_t input);
+// d expr / d an attention leaf (Op::score: the raw q . k of the pair), the same way.
+Expr derivative(const Expr& expr, Op leaf);
 
 // Same variant (name aside) -> same value, on every run and machine: FNV-1a over a
 // canonical byte encoding (floats by their bits, strings with their lengths).

@@ -14,6 +14,8 @@
 #include <ladle/runtime/error.h>
 
 #include "attention_bind.h"
+#include "detail/checks.h"
+#include "detail/fingerprint.h"
 #include "device_upload.h"
 #include "gpu_attention.h"
 
@@ -103,6 +105,83 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
     return;
   }
   cpu::run_attention(variant, args);
+}
+
+// ---------------------------------------------------------------------------------------
+// The backward
+
+namespace {
+
+std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
+                          const AttentionRunOptions& options) {
+  return ops::detail::fingerprint({q, k, v, options.q_segment_ids, options.kv_segment_ids, options.softmax_aux, options.cu_seqlens_q,
+                                   options.cu_seqlens_k},
+                                  inputs.tensors, inputs.scalars);
+}
+
+// A gradient's view shaped as `canonical` (the bound input's view): leading axes added and each
+// broadcast axis (size 1 in the gradient, more in the canonical view) at stride 0.
+TensorView broadcast_like(const HostTensor& grad, const TensorView& canonical) {
+  TensorView view = ops::detail::lead_with_ones(grad.view(), canonical.rank());
+  for (int d = 0; d < canonical.rank(); ++d)
+    if (view.shape[static_cast<std::size_t>(d)] != canonical.shape[static_cast<std::size_t>(d)]) {
+      view.shape[static_cast<std::size_t>(d)] = canonical.shape[static_cast<std::size_t>(d)];
+      view.strides[static_cast<std::size_t>(d)] = 0;
+    }
+  return view;
+}
+
+}  // namespace
+
+AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
+                                            const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
+  const std::string op = op_name(variant);
+  if (options.backend == Backend::gpu)
+    throw InvalidArgument(op + ": backend = gpu: the GPU backward is not built yet; backend = cpu or automatic runs the forward and "
+                               "backward on the CPU");
+  AttentionRunOptions cpu_options = options;
+  cpu_options.backend = Backend::cpu;
+  AttentionForward out{run_attention(variant, q, k, v, inputs, cpu_options),
+                       {variant, q, k, v, inputs, cpu_options, fingerprint(q, k, v, inputs, cpu_options), true}};
+  return out;
+}
+
+AttentionGradients run_attention_backward(const AttentionSaved& saved, const TensorView& d_output) {
+  const std::string op = op_name(saved.variant) + " backward";
+  if (!saved.valid) throw InvalidArgument(op + ": saved holds no forward (make it with run_attention_for_backward)");
+  ops::AttentionArgs args = ops::bind_attention(op, saved.variant, saved.q, saved.k, saved.v, saved.inputs, saved.options);
+  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
+    throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
+                               "another call)");
+  const ops::detail::Checker check(op);
+  check.floating("d_output", d_output);
+  if (d_output.shape != args.output_shape())
+    check.fail("d_output has shape " + ops::detail::shape_text(d_output.shape) + ", expected the output's shape " +
+               std::string(args.packed ? "[Tq,H,Dv] = " : "[B,Tq,H,Dv] = ") + ops::detail::shape_text(args.output_shape()));
+  check.data("d_output", d_output);
+
+  AttentionGradients out{HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
+                         HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
+  cpu::AttentionGrads grads;
+  grads.d_output = ops::detail::lead_with_ones(d_output, 4);
+  grads.dq = broadcast_like(out.dq, args.q);
+  grads.dk = broadcast_like(out.dk, args.k);
+  grads.dv = broadcast_like(out.dv, args.v);
+  grads.d_tensors.resize(saved.variant.inputs.size());
+  for (std::size_t i = 0; i < saved.variant.inputs.size(); ++i) {
+    const ir::Input& in = saved.variant.inputs[i];
+    if (in.role != ir::Role::other || in.kind == ir::InputKind::scalar) continue;
+    const TensorView& given = saved.inputs.tensors.at(in.name);
+    if (given.type == ElementType::u8) continue;  // a mask: no gradient
+    HostTensor& g = out.inputs.emplace(in.name, HostTensor(ElementType::f32, given.shape, 0.0f)).first->second;
+    grads.d_tensors[i] = broadcast_like(g, args.tensors[i]);
+  }
+  if (args.softmax_aux) {
+    out.d_softmax_aux.emplace(ElementType::f32, saved.options.softmax_aux->shape, 0.0f);
+    grads.d_softmax_aux = broadcast_like(*out.d_softmax_aux, *args.softmax_aux);
+  }
+  cpu::run_attention_backward(saved.variant, args, grads);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -213,6 +292,14 @@ AttentionFeatures parse_attention_features(std::string_view list) {
                                         name));
   }
   return f;
+}
+
+AttentionForward attention_for_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const AttentionOptions& options) {
+  VariantInputs inputs;
+  AttentionRunOptions run;
+  named_arguments(q, options, inputs, run);
+  return run_attention_for_backward(attention_variant(features_of(options)), q, k, v, inputs, run);
 }
 
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,

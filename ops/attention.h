@@ -95,8 +95,48 @@ struct AttentionOptions {
   Backend backend = Backend::automatic;
 };
 
+// What the backward of an attention call needs, held by the caller: the call's arguments (views:
+// the caller keeps those tensors alive and unchanged until the backward; a fingerprint of their
+// contents is checked). The CPU backward forms the logits and the softmax again from them.
+struct AttentionSaved {
+  ir::AttentionVariant variant;
+  TensorView q, k, v;
+  VariantInputs inputs;
+  AttentionRunOptions options;
+  std::uint64_t fingerprint = 0;
+  bool valid = false;  // made by a forward
+};
+
+struct AttentionForward {
+  AttentionResult result;
+  AttentionSaved saved;
+};
+
+// dL/dq, dL/dk, dL/dv (GQA: dk, dv summed over the query heads that share them), dL/d every
+// tensor input the score expression reads (a bias, an ALiBi slope: by name, in the shape it was
+// given in, summed over broadcast axes), dL/d softmax_aux (the sinks' logits). f32.
+struct AttentionGradients {
+  HostTensor dq, dk, dv;
+  std::map<std::string, HostTensor> inputs;
+  std::optional<HostTensor> d_softmax_aux;
+};
+
+// The forward of run_attention, keeping what its backward needs (the CPU path: backend automatic
+// or cpu; the GPU backward is not built yet, so backend gpu is refused by name), and the backward:
+// d_output = dL/do ([B,Tq,H,Dv] or packed [Tq,H,Dv], any floating dtype). Dropout drops the same
+// elements in both (the keep mask is drawn again from the seed). Bad input throws InvalidArgument
+// naming it: a d_output of the wrong shape or dtype, a saved value whose tensors changed.
+AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
+                                            const TensorView& v, const VariantInputs& inputs = {},
+                                            const AttentionRunOptions& options = {});
+AttentionGradients run_attention_backward(const AttentionSaved& saved, const TensorView& d_output);
+
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options = {});
+// The named op's forward keeping what its backward (run_attention_backward) needs; d bias is
+// gradients.inputs.at("bias").
+AttentionForward attention_for_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const AttentionOptions& options = {});
 void attention_into(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
                     const AttentionOutputs& outputs);
 

@@ -6,6 +6,7 @@
 
 #include "bind.h"
 #include "detail/checks.h"
+#include "detail/fingerprint.h"
 #include "gpu_recurrent.h"
 
 namespace ladle {
@@ -55,33 +56,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
 
 namespace {
 
-// FNV-1a over the bytes of every element a view holds (strided views element by element).
-std::uint64_t fingerprint(std::uint64_t h, const TensorView& view) {
-  const std::size_t size = element_size(view.type);
-  std::vector<std::int64_t> index(static_cast<std::size_t>(view.rank()), 0);
-  std::int64_t count = 1;
-  for (std::int64_t s : view.shape) count *= s;
-  const auto* base = static_cast<const unsigned char*>(view.data);
-  for (std::int64_t e = 0; e < count; ++e) {
-    std::int64_t offset = 0;
-    for (int d = 0; d < view.rank(); ++d) offset += index[static_cast<std::size_t>(d)] * view.strides[static_cast<std::size_t>(d)];
-    for (std::size_t b = 0; b < size; ++b) h = (h ^ base[static_cast<std::size_t>(offset) * size + b]) * 1099511628211ull;
-    for (int d = view.rank() - 1; d >= 0; --d) {
-      if (++index[static_cast<std::size_t>(d)] < view.shape[static_cast<std::size_t>(d)]) break;
-      index[static_cast<std::size_t>(d)] = 0;
-    }
-  }
-  return h;
-}
-
 std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                           const RunOptions& options) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const TensorView* view : {&q, &k, &v}) h = fingerprint(h, *view);
-  for (const auto& [name, view] : inputs.tensors) h = fingerprint(h, view);
-  for (const auto& [name, value] : inputs.scalars) h = fingerprint(h, TensorView::contiguous(&value, ElementType::f32, {1}));
-  if (options.initial_state) h = fingerprint(h, *options.initial_state);
-  return h;
+  return ops::detail::fingerprint({q, k, v, options.initial_state}, inputs.tensors, inputs.scalars);
 }
 
 }  // namespace

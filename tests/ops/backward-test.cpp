@@ -311,3 +311,179 @@ TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurr
   CHECK_THROWS_WITH(ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options),
                     Catch::Contains("GPU backward is not built yet"));
 }
+
+// ---------------------------------------------------------------------------------------
+// Softmax attention.
+
+#include <ladle/ops/attention.h>
+
+#include "reference/attention_reference.h"
+
+namespace {
+
+struct AttnCase {
+  std::string name;
+  int B = 2, Tq = 5, Tk = 7, H = 2, H_kv = 1, D = 4, Dv = 3;
+  std::vector<std::int64_t> cu_q, cu_k;  // packed (B = 1)
+  bool bias = false, causal = false, window = false, mask = false, segments = false, sinks = false, softcap = false;
+  bool alibi = false;  // a user variant: scale * score - slope[h] * (i - j)
+  float dropout = 0.0f;
+};
+
+void check_attention_gradients(const AttnCase& c) {
+  INFO(c.name);
+  std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.name)));
+  const double scale = 0.6;
+  std::vector<Param> params;
+  params.push_back({"q", test::normal(rng, ElementType::f32, {c.B, c.Tq, c.H, c.D})});
+  params.push_back({"k", test::normal(rng, ElementType::f32, {c.B, c.Tk, c.H_kv, c.D})});
+  params.push_back({"v", test::normal(rng, ElementType::f32, {c.B, c.Tk, c.H_kv, c.Dv})});
+  if (c.bias) params.push_back({"bias", test::normal(rng, ElementType::f32, {c.B, c.H, c.Tq, c.Tk})});
+  if (c.sinks) params.push_back({"sinks", test::normal(rng, ElementType::f32, {c.H, 2})});
+  std::uniform_real_distribution<double> slope(0.05, 0.4);
+  if (c.alibi) params.push_back({"slope", test::filled(ElementType::f32, {c.H}, [&] { return slope(rng); })});
+  const auto find = [&](const std::string& name) -> Param& {
+    for (Param& p : params)
+      if (p.name == name) return p;
+    throw std::logic_error(name);
+  };
+  // Fixed structure: a u8 mask keeping ~70 % (and the diagonal), segment ids in two runs.
+  HostTensor mask(ElementType::u8, {c.B, c.H, c.Tq, c.Tk});
+  std::vector<bool> keep(static_cast<std::size_t>(mask.numel()));
+  std::bernoulli_distribution coin(0.7);
+  for (std::int64_t e = 0; e < mask.numel(); ++e) {
+    const bool kept = coin(rng) || (e / c.Tk) % c.Tq == e % c.Tk;
+    keep[static_cast<std::size_t>(e)] = kept;
+    static_cast<std::uint8_t*>(mask.data())[e] = kept ? 1 : 0;
+  }
+  HostTensor q_seg(ElementType::i32, {c.B, c.Tq}), k_seg(ElementType::i32, {c.B, c.Tk});
+  std::vector<std::int64_t> qs, ks;
+  for (std::int64_t e = 0; e < q_seg.numel(); ++e) qs.push_back(e % c.Tq < 3 ? 0 : 1), static_cast<std::int32_t*>(q_seg.data())[e] = int(qs.back());
+  for (std::int64_t e = 0; e < k_seg.numel(); ++e) ks.push_back(e % c.Tk < 4 ? 0 : 1), static_cast<std::int32_t*>(k_seg.data())[e] = int(ks.back());
+  std::vector<double> w_o(static_cast<std::size_t>(c.B) * c.Tq * c.H * c.Dv);
+  std::normal_distribution<double> unit(0.0, 1.0);
+  for (double& w : w_o) w = unit(rng);
+
+  const auto loss = [&] {
+    reference::Attention ref;
+    ref.B = c.B, ref.Tq = c.Tq, ref.Tk = c.Tk, ref.H = c.H, ref.H_kv = c.H_kv, ref.D = c.D, ref.Dv = c.Dv;
+    ref.q = find("q").filled.values, ref.k = find("k").filled.values, ref.v = find("v").filled.values;
+    ref.scale = scale;
+    if (c.bias) ref.bias = find("bias").filled.values;
+    if (c.softcap) ref.soft_cap = 2.5;
+    if (c.alibi) {
+      const std::vector<double> slopes = find("slope").filled.values;
+      ref.score_mod = [slopes](double s, int, int h, int i, int j) { return s - slopes[std::size_t(h)] * (i - j); };
+    }
+    ref.causal = c.causal;
+    if (c.window) ref.window = true, ref.window_left = 2, ref.window_right = 1;
+    if (c.mask) ref.mask = keep;
+    if (c.segments) ref.q_segment_ids = qs, ref.kv_segment_ids = ks;
+    if (c.sinks) ref.S = 2, ref.sinks = find("sinks").filled.values;
+    ref.dropout_p = c.dropout, ref.seed = 99;
+    ref.cu_seqlens_q = c.cu_q, ref.cu_seqlens_k = c.cu_k;
+    const reference::AttentionOutput out = reference::attention(ref);
+    double l = 0.0;
+    for (std::size_t e = 0; e < w_o.size(); ++e) l += w_o[e] * out.o[e];
+    return l;
+  };
+
+  HostTensor cu_q, cu_k;
+  ladle::AttentionForward forward;
+  if (c.alibi) {
+    namespace dsl = ladle::dsl;
+    const ir::AttentionVariant variant = dsl::lower(
+        dsl::softmax(dsl::score * dsl::scalar("scale") - dsl::head_param("slope") * (dsl::query_index - dsl::key_index)).causal(), "alibi");
+    ladle::VariantInputs inputs{{{"slope", find("slope").filled.tensor.view()}}, {{"scale", float(scale)}}};
+    ladle::AttentionRunOptions run;
+    run.backend = ladle::Backend::cpu;
+    forward = ladle::run_attention_for_backward(variant, find("q").filled.tensor.view(), find("k").filled.tensor.view(),
+                                                find("v").filled.tensor.view(), inputs, run);
+  } else {
+    ladle::AttentionOptions options;
+    options.backend = ladle::Backend::cpu;
+    options.scale = float(scale);
+    if (c.bias) options.bias = find("bias").filled.tensor.view();
+    if (c.softcap) options.logits_soft_cap = 2.5f;
+    options.causal = c.causal;
+    if (c.window) options.sliding_window = std::pair<std::int64_t, std::int64_t>{2, 1};
+    if (c.mask) options.attention_mask = mask.view();
+    if (c.segments) options.q_segment_ids = q_seg.view(), options.kv_segment_ids = k_seg.view();
+    if (c.sinks) options.softmax_aux = find("sinks").filled.tensor.view();
+    options.dropout_p = c.dropout, options.seed = 99;
+    if (!c.cu_q.empty()) {
+      cu_q = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_q.size())});
+      cu_k = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_k.size())});
+      for (std::size_t i = 0; i < c.cu_q.size(); ++i) static_cast<std::int64_t*>(cu_q.data())[i] = c.cu_q[i];
+      for (std::size_t i = 0; i < c.cu_k.size(); ++i) static_cast<std::int64_t*>(cu_k.data())[i] = c.cu_k[i];
+      options.cu_seqlens_q = cu_q.view(), options.cu_seqlens_k = cu_k.view();
+    }
+    forward = ladle::attention_for_backward(find("q").filled.tensor.view(), find("k").filled.tensor.view(), find("v").filled.tensor.view(),
+                                            options);
+  }
+  HostTensor d_o(ElementType::f32, {c.B, c.Tq, c.H, c.Dv});
+  for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
+  const ladle::AttentionGradients grads = ladle::run_attention_backward(forward.saved, d_o.view());
+
+  for (Param& p : params) {
+    const HostTensor& got = p.name == "q"       ? grads.dq
+                            : p.name == "k"     ? grads.dk
+                            : p.name == "v"     ? grads.dv
+                            : p.name == "sinks" ? *grads.d_softmax_aux
+                                                : grads.inputs.at(p.name);
+    REQUIRE(got.shape() == p.filled.tensor.shape());
+    double worst = 0.0, largest = 0.0;
+    for (std::size_t e = 0; e < p.filled.values.size(); ++e) {
+      const double kept = p.filled.values[e], h = 1e-5 * std::max(1.0, std::abs(kept));
+      p.filled.values[e] = kept + h;
+      const double up = loss();
+      p.filled.values[e] = kept - h;
+      const double down = loss();
+      p.filled.values[e] = kept;
+      const double numeric = (up - down) / (2 * h);
+      worst = std::max(worst, std::abs(double(got.get(static_cast<std::int64_t>(e))) - numeric));
+      largest = std::max(largest, std::abs(numeric));
+    }
+    INFO("d" << p.name << ": largest |gradient| " << largest << ", worst error " << worst);
+    CHECK(largest > 0.0);
+    CHECK(worst <= 2e-4 * std::max(1.0, largest));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the attention backward matches finite differences of the fp64 reference for every mask and modifier",
+          "[backward][attention]") {
+  std::vector<AttnCase> cases;
+  AttnCase c;
+  c.name = "bias, GQA 2/1", c.bias = true;
+  cases.push_back(c);
+  c = {}, c.name = "causal, soft cap, sinks", c.causal = c.softcap = c.sinks = true, c.Tq = 7;
+  cases.push_back(c);
+  c = {}, c.name = "window, mask, segments, bias", c.window = c.mask = c.segments = c.bias = true, c.H_kv = 2;
+  cases.push_back(c);
+  c = {}, c.name = "dropout 0.3, causal", c.dropout = 0.3f, c.causal = true;
+  cases.push_back(c);
+  c = {}, c.name = "packed (an empty sequence), causal, bias", c.B = 1, c.Tq = 9, c.Tk = 11, c.cu_q = {0, 4, 4, 9}, c.cu_k = {0, 5, 6, 11};
+  c.causal = c.bias = true;
+  cases.push_back(c);
+  c = {}, c.name = "ALiBi (a user variant: the slope's gradient), causal", c.alibi = c.causal = true, c.Tq = 6, c.Tk = 6;
+  cases.push_back(c);
+  for (const AttnCase& each : cases) check_attention_gradients(each);
+}
+
+TEST_CASE("the attention backward refuses bad input by name", "[backward][attention]") {
+  HostTensor q(ElementType::f32, {1, 3, 2, 4}, 0.5f), k(ElementType::f32, {1, 5, 2, 4}, 0.25f), v(ElementType::f32, {1, 5, 2, 3}, 0.5f);
+  ladle::AttentionOptions options;
+  options.backend = ladle::Backend::cpu;
+  const ladle::AttentionForward forward = ladle::attention_for_backward(q.view(), k.view(), v.view(), options);
+  HostTensor wrong(ElementType::f32, {1, 3, 2, 4}, 1.0f), good(ElementType::f32, {1, 3, 2, 3}, 1.0f);
+  CHECK_THROWS_WITH(ladle::run_attention_backward(forward.saved, wrong.view()),
+                    Catch::Contains("d_output has shape [1,3,2,4]") && Catch::Contains("[1,3,2,3]"));
+  CHECK_NOTHROW(ladle::run_attention_backward(forward.saved, good.view()));
+  k.set(0, 2.0f);
+  CHECK_THROWS_WITH(ladle::run_attention_backward(forward.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
+  CHECK_THROWS_WITH(ladle::run_attention_backward(ladle::AttentionSaved{}, good.view()), Catch::Contains("run_attention_for_backward"));
+  options.backend = ladle::Backend::gpu;
+  CHECK_THROWS_WITH(ladle::attention_for_backward(q.view(), k.view(), v.view(), options), Catch::Contains("GPU backward is not built yet"));
+}
