@@ -92,13 +92,14 @@ struct GradCase {
   bool user = false;  // decay_k(logsigmoid(x) / tau), tau per head
   bool normalize = false;  // read(...).normalized(1e-6) with g: o_t / ((scale q)^T n_t + eps), q and k positive
   bool reverse = false, initial_state = false;
+  ElementType type = ElementType::f32;  // of q, k, v and the gates (the values as stored are the reference's)
   int B = 2, T = 11, H = 2, H_kv = 2, K = 4, V = 3;
   std::vector<std::int64_t> cu_seqlens;
   std::string describe() const {
     return "g=" + std::to_string(g) + " gk=" + std::to_string(gk) + " gv=" + std::to_string(gv) + " g_gamma=" + std::to_string(g_gamma) +
            " user=" + std::to_string(user) + " normalize=" + std::to_string(normalize) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
            " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) +
-           " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size());
+           " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size()) + " " + ladle::element_type_name(type);
   }
 };
 
@@ -118,16 +119,16 @@ void check_gradients(const GradCase& c) {
   std::vector<Param> params;
   std::uniform_real_distribution<double> feature(0.2, 1.0);  // a normaliser away from 0
   if (c.normalize) {
-    params.push_back({"q", test::filled(ElementType::f32, qk, [&] { return feature(rng); })});
-    params.push_back({"k", test::filled(ElementType::f32, kk, [&] { return feature(rng); })});
+    params.push_back({"q", test::filled(c.type, qk, [&] { return feature(rng); })});
+    params.push_back({"k", test::filled(c.type, kk, [&] { return feature(rng); })});
   } else {
-    params.push_back({"q", test::normal(rng, ElementType::f32, qk)});
-    params.push_back({"k", test::normal(rng, ElementType::f32, kk, 0.5)});
+    params.push_back({"q", test::normal(rng, c.type, qk)});
+    params.push_back({"k", test::normal(rng, c.type, kk, 0.5)});
   }
-  params.push_back({"v", test::normal(rng, ElementType::f32, vv)});
+  params.push_back({"v", test::normal(rng, c.type, vv)});
   std::uniform_real_distribution<double> mild(-0.6, -0.02), any(-2.0, 2.0), positive(0.5, 2.0);
   const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, std::uniform_real_distribution<double>& draw) {
-    params.push_back({name, test::filled(ElementType::f32, std::move(shape), [&] { return draw(rng); })});
+    params.push_back({name, test::filled(c.type, std::move(shape), [&] { return draw(rng); })});
   };
   if (c.g) add("g", qk, mild);
   if (c.gk) add("gk", qk, mild);
@@ -282,6 +283,7 @@ TEST_CASE("the recurrent backward handles packed sequences with an empty one, GQ
   check_gradients(c);
   GradCase gqa;
   gqa.gk = gqa.g_gamma = true;
+  gqa.type = ElementType::bf16;  // bf16 inputs: the gradients of the values they hold
   gqa.H = 4, gqa.H_kv = 2, gqa.K = 5, gqa.V = 2;
   gqa.reverse = true;
   check_gradients(gqa);
