@@ -232,12 +232,29 @@ class Backward {
     a_.resize(K), bv_.resize(V);
     chunk_states_.resize(static_cast<std::size_t>(C + 1) * K * V);
     chunk_z_.resize(static_cast<std::size_t>(C + 1) * K);
-    dS_.resize(K * V), dz_.resize(K), do_.resize(V), r_.resize(K), num_.resize(V);
+    dS_.resize(K * V), dz_.resize(K), do_.resize(V), num_.resize(V);
+    head_grads_.resize(variant.inputs.size());
+    for (const GradProgram& g : grad_programs)
+      if (variant.inputs[static_cast<std::size_t>(g.input)].kind == ir::InputKind::head) {
+        const TensorView& d = *grads.d_tensors[static_cast<std::size_t>(g.input)];
+        head_grads_[static_cast<std::size_t>(g.input)].assign(static_cast<std::size_t>(d.shape[0] * d.shape[1]), 0.0f);
+      }
     for (std::size_t s = 0; s < ir::slot_count; ++s)
       g_[s].resize(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V : s == slot_index(ir::Slot::log_decay_head) ||
                                                                                                      s == slot_index(ir::Slot::scale)
                                                                                                  ? 1
                                                                                                  : K);
+  }
+
+  // Adds this worker's sums of per-head inputs' gradients into their views (one worker at a time).
+  void flush_head_grads() const {
+    for (std::size_t x = 0; x < head_grads_.size(); ++x) {
+      if (head_grads_[x].empty()) continue;
+      const TensorView& d = *grads_.d_tensors[x];
+      for (std::int64_t b = 0; b < d.shape[0]; ++b)
+        for (std::int64_t hx = 0; hx < d.shape[1]; ++hx)
+          *reinterpret_cast<float*>(element(d, {b, hx})) += head_grads_[x][static_cast<std::size_t>(b * d.shape[1] + hx)];
+    }
   }
 
   void run(std::int64_t n, std::int64_t h) {
@@ -401,8 +418,10 @@ class Backward {
       } else {
         float total = 0.0f;
         for (std::size_t f = 0; f < gs.size(); ++f) total += gs[f] * p[p_row ? f : 0];
-        float* target = reinterpret_cast<float*>(kind == ir::InputKind::head ? element(d, {b, hx}) : element(d, {b, t, hx}));
-        *target += total;
+        if (kind == ir::InputKind::head)  // shared by every sequence (and broadcast over B): this worker's own sum
+          head_grads_[static_cast<std::size_t>(gp.input)][static_cast<std::size_t>(b * d.shape[1] + hx)] += total;
+        else
+          *reinterpret_cast<float*>(element(d, {b, t, hx})) += total;
       }
     }
   }
@@ -413,7 +432,8 @@ class Backward {
   const Programs& programs_;
   const std::vector<GradProgram>& grad_programs_;
   TokenLoader loader_;
-  std::vector<float> scratch_, a_, bv_, checkpoints_, z_checkpoints_, chunk_states_, chunk_z_, dS_, dz_, do_, r_, num_;
+  std::vector<float> scratch_, a_, bv_, checkpoints_, z_checkpoints_, chunk_states_, chunk_z_, dS_, dz_, do_, num_;
+  std::vector<std::vector<float>> head_grads_;  // per input: this worker's gradient of a per-head input, [B][Hx]
   std::array<std::vector<float>, ir::slot_count> rows_, g_;
   float scale_ = 1.0f;
 };
@@ -482,9 +502,41 @@ void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& arg
   }
   const std::int64_t sequences =
       args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
-  Backward backward(variant, args, grads, programs, grad_programs);
-  for (std::int64_t n = 0; n < sequences; ++n)
-    for (std::int64_t h = 0; h < args.heads; ++h) backward.run(n, h);
+  // Work items that touch disjoint gradients: a sequence and a group of query heads such that
+  // heads in different groups read different heads of every per-token input (GQA: the heads that
+  // share k and v form a group). Per-head inputs, shared by the sequences, are summed per worker.
+  const std::int64_t H = args.heads;
+  std::int64_t fewest = H;
+  for (std::size_t x = 0; x < variant.inputs.size(); ++x) {
+    const ir::InputKind kind = variant.inputs[x].kind;
+    if (kind == ir::InputKind::scalar || kind == ir::InputKind::head) continue;
+    fewest = std::min(fewest, args.tensors[x].shape[2]);
+  }
+  bool disjoint = true;
+  for (std::size_t x = 0; x < variant.inputs.size(); ++x) {
+    const ir::InputKind kind = variant.inputs[x].kind;
+    if (kind == ir::InputKind::scalar || kind == ir::InputKind::head) continue;
+    const std::int64_t X = args.tensors[x].shape[2];
+    for (std::int64_t h1 = 0; h1 < H; ++h1)
+      for (std::int64_t h2 = 0; h2 < H; ++h2)
+        if (h1 * X / H == h2 * X / H && h1 * fewest / H != h2 * fewest / H) disjoint = false;
+  }
+  const std::int64_t groups = disjoint ? fewest : 1;
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Backward>> workers;
+  detail::parallel_items(sequences * groups, args.threads, [&] {
+    auto worker = std::make_shared<Backward>(variant, args, grads, programs, grad_programs);
+    {
+      const std::lock_guard lock(mutex);
+      workers.push_back(worker);
+    }
+    return [worker, groups, H](std::int64_t item) {
+      const std::int64_t n = item / groups, g = item % groups;
+      for (std::int64_t h = 0; h < H; ++h)
+        if (groups == 1 || h * groups / H == g) worker->run(n, h);
+    };
+  });
+  for (const auto& worker : workers) worker->flush_head_grads();
 }
 
 }  // namespace ladle::cpu

@@ -66,7 +66,8 @@ struct RecurrentGrads {
 // tokens), the
 // gradient of each slot (q, k, v features, the decays, the scale, the normaliser) is formed per
 // token, and reaches the inputs through each slot's derivative expressions (ir::derivative).
-// Pairs run one after another (inputs shared by heads or sequences accumulate without races).
+// Threads take (sequence, group of heads that share k and v) items, whose gradients are disjoint;
+// gradients of per-head inputs are summed per thread and added at the end.
 void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads);
 
 }  // namespace ladle::cpu
