@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "cpu_expr.h"
@@ -380,7 +381,7 @@ class BackwardWorker {
       if (grads_.d_softmax_aux)
         for (std::int64_t s = 0; s < a.sinks; ++s) {
           const TensorView& da = *grads_.d_softmax_aux;
-          grad_at(da, h * da.strides[0] + s * da.strides[1]) -= std::exp(sinks[static_cast<std::size_t>(s)] - lse) * delta;
+          own(sinks_grad_, da, h * da.strides[0] + s * da.strides[1]) -= std::exp(sinks[static_cast<std::size_t>(s)] - lse) * delta;
         }
       // Through the score expression: d raw score (to q and k), d each input it reads.
       std::fill(dq_row.begin(), dq_row.end(), 0.0f);
@@ -402,14 +403,15 @@ class BackwardWorker {
               for (std::int64_t d = 0; d < a.D; ++d) grad_at(dk, off + d * dk.strides[3]) += x * q_row[static_cast<std::size_t>(d)];
             } else if (variant_.inputs[static_cast<std::size_t>(sd.input)].kind == ir::InputKind::pair) {
               const TensorView& dt = *grads_.d_tensors[static_cast<std::size_t>(sd.input)];
-              grad_at(dt, b * dt.strides[0] + h * dt.strides[1] + (q0 + i) * dt.strides[2] + (k0 + j) * dt.strides[3]) += x;
+              own(input_grads_[static_cast<std::size_t>(sd.input)], dt,
+                  b * dt.strides[0] + h * dt.strides[1] + (q0 + i) * dt.strides[2] + (k0 + j) * dt.strides[3]) += x;
             } else {
               total += x;
             }
           }
           if (sd.input >= 0 && variant_.inputs[static_cast<std::size_t>(sd.input)].kind == ir::InputKind::head) {
             const TensorView& dt = *grads_.d_tensors[static_cast<std::size_t>(sd.input)];
-            grad_at(dt, b * dt.strides[0] + h * dt.strides[1]) += total;
+            own(input_grads_[static_cast<std::size_t>(sd.input)], dt, b * dt.strides[0] + h * dt.strides[1]) += total;
           }
         }
       });
@@ -419,7 +421,30 @@ class BackwardWorker {
     }
   }
 
+  // Adds this worker's sums of the shared gradients (inputs of the score, sinks) into their memory.
+  void flush() const {
+    const auto add = [](const std::vector<float>& mine, const TensorView& view) {
+      for (std::size_t e = 0; e < mine.size(); ++e) static_cast<float*>(view.data)[e] += mine[e];
+    };
+    for (std::size_t x = 0; x < input_grads_.size(); ++x)
+      if (!input_grads_[x].empty()) add(input_grads_[x], *grads_.d_tensors[x]);
+    if (grads_.d_softmax_aux) add(sinks_grad_, *grads_.d_softmax_aux);
+  }
+
  private:
+  // Memory elements a canonical view (broadcast axes at stride 0) spans.
+  static std::size_t span(const TensorView& view) {
+    std::int64_t last = 0;
+    for (int d = 0; d < view.rank(); ++d) last += (view.shape[static_cast<std::size_t>(d)] - 1) * view.strides[static_cast<std::size_t>(d)];
+    return static_cast<std::size_t>(last + 1);
+  }
+  // This worker's copy of a gradient that several work items add to (a broadcast bias, a per-head
+  // slope, the sinks), at the element `offset` of its view.
+  static float& own(std::vector<float>& mine, const TensorView& view, std::int64_t offset) {
+    if (mine.empty()) mine.assign(span(view), 0.0f);
+    return mine[static_cast<std::size_t>(offset)];
+  }
+
   // Calls body(j0, count, loader) for each chunk of the row's keys, the raw scores in place.
   template <typename Body>
   void for_chunks(Position& at, const KeyRange& range, const std::vector<float>& q_row, const Body& body) {
@@ -446,7 +471,8 @@ class BackwardWorker {
   const AttentionGrads& grads_;
   RowProgram score_, keep_;
   std::vector<ScoreDerivative> derivatives_;
-  std::vector<float> scratch_, chunk_scores_, keys_, values_, logits_, dlogits_;
+  std::vector<float> scratch_, chunk_scores_, keys_, values_, logits_, dlogits_, sinks_grad_;
+  std::vector<std::vector<float>> input_grads_ = std::vector<std::vector<float>>(variant_.inputs.size());
 };
 
 }  // namespace
@@ -465,9 +491,23 @@ void run_attention(const ir::AttentionVariant& variant, const AttentionArgs& arg
 }
 
 void run_attention_backward(const ir::AttentionVariant& variant, const AttentionArgs& args, const AttentionGrads& grads) {
-  BackwardWorker worker(variant, args, grads);
-  for (std::int64_t n = 0; n < args.N; ++n)
-    for (std::int64_t h = 0; h < args.H; ++h) worker.run(n, h);
+  // Items of one sequence and one k/v head (the query heads that share it): dq, dk and dv are
+  // disjoint between items; gradients broadcast inputs share are summed per worker, then added.
+  std::mutex mutex;
+  std::vector<std::shared_ptr<BackwardWorker>> workers;
+  const std::int64_t group = args.H / args.H_kv;
+  detail::parallel_items(args.N * args.H_kv, args.threads, [&] {
+    auto worker = std::make_shared<BackwardWorker>(variant, args, grads);
+    {
+      const std::lock_guard lock(mutex);
+      workers.push_back(worker);
+    }
+    return [worker, &args, group](std::int64_t item) {
+      const std::int64_t n = item / args.H_kv, hk = item % args.H_kv;
+      for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) worker->run(n, h);
+    };
+  });
+  for (const auto& worker : workers) worker->flush();
 }
 
 }  // namespace ladle::cpu

@@ -30,8 +30,8 @@ struct AttentionGrads {
 // The backward of run_attention on the CPU: per query row the logits and the softmax are
 // formed again, dP = do . v_j (times the same dropout keep), dlogit = p (dP - sum p dP), and the
 // logits' gradient reaches the raw score q_i . k_j and every input of the score expression through
-// ir::derivative of that expression. Rows run one after another (dk, dv and broadcast inputs
-// accumulate without races).
+// ir::derivative of that expression. Threads take (sequence, k/v head) items; gradients that
+// several items share (broadcast inputs, sinks) are summed per thread and added at the end.
 void run_attention_backward(const ir::AttentionVariant& variant, const AttentionArgs& args, const AttentionGrads& grads);
 
 // The keys [begin, end) that query i of a sequence may see under the variant's causal and

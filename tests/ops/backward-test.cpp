@@ -329,6 +329,7 @@ struct AttnCase {
   std::vector<std::int64_t> cu_q, cu_k;  // packed (B = 1)
   bool bias = false, causal = false, window = false, mask = false, segments = false, sinks = false, softcap = false;
   bool alibi = false;  // a user variant: scale * score - slope[h] * (i - j)
+  bool bias_2d = false;  // bias given as [Tq,Tk], broadcast over B and H (its gradient sums over them)
   float dropout = 0.0f;
 };
 
@@ -340,7 +341,9 @@ void check_attention_gradients(const AttnCase& c) {
   params.push_back({"q", test::normal(rng, ElementType::f32, {c.B, c.Tq, c.H, c.D})});
   params.push_back({"k", test::normal(rng, ElementType::f32, {c.B, c.Tk, c.H_kv, c.D})});
   params.push_back({"v", test::normal(rng, ElementType::f32, {c.B, c.Tk, c.H_kv, c.Dv})});
-  if (c.bias) params.push_back({"bias", test::normal(rng, ElementType::f32, {c.B, c.H, c.Tq, c.Tk})});
+  if (c.bias)
+    params.push_back({"bias", test::normal(rng, ElementType::f32,
+                                           c.bias_2d ? std::vector<std::int64_t>{c.Tq, c.Tk} : std::vector<std::int64_t>{c.B, c.H, c.Tq, c.Tk})});
   if (c.sinks) params.push_back({"sinks", test::normal(rng, ElementType::f32, {c.H, 2})});
   std::uniform_real_distribution<double> slope(0.05, 0.4);
   if (c.alibi) params.push_back({"slope", test::filled(ElementType::f32, {c.H}, [&] { return slope(rng); })});
@@ -371,7 +374,11 @@ void check_attention_gradients(const AttnCase& c) {
     ref.B = c.B, ref.Tq = c.Tq, ref.Tk = c.Tk, ref.H = c.H, ref.H_kv = c.H_kv, ref.D = c.D, ref.Dv = c.Dv;
     ref.q = find("q").filled.values, ref.k = find("k").filled.values, ref.v = find("v").filled.values;
     ref.scale = scale;
-    if (c.bias) ref.bias = find("bias").filled.values;
+    if (c.bias) {
+      const std::vector<double>& given = find("bias").filled.values;
+      ref.bias.resize(static_cast<std::size_t>(c.B) * c.H * c.Tq * c.Tk);
+      for (std::size_t e = 0; e < ref.bias.size(); ++e) ref.bias[e] = given[c.bias_2d ? e % (std::size_t(c.Tq) * c.Tk) : e];
+    }
     if (c.softcap) ref.soft_cap = 2.5;
     if (c.alibi) {
       const std::vector<double> slopes = find("slope").filled.values;
@@ -463,6 +470,8 @@ TEST_CASE("the attention backward matches finite differences of the fp64 referen
   c = {}, c.name = "causal, soft cap, sinks", c.causal = c.softcap = c.sinks = true, c.Tq = 7;
   cases.push_back(c);
   c = {}, c.name = "window, mask, segments, bias", c.window = c.mask = c.segments = c.bias = true, c.H_kv = 2;
+  cases.push_back(c);
+  c = {}, c.name = "bias [Tq,Tk] broadcast over B and H, H_kv 2", c.bias = c.bias_2d = true, c.H = 4, c.H_kv = 2;
   cases.push_back(c);
   c = {}, c.name = "dropout 0.3, causal", c.dropout = 0.3f, c.causal = true;
   cases.push_back(c);
