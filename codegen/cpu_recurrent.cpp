@@ -215,6 +215,81 @@ struct GradProgram {
   bool input_over_features;
 };
 
+using SlotRows = std::array<std::vector<float>, ir::slot_count>;
+
+// The chain rule from the slots' gradients at one token to the inputs': d input += d slot times
+// d slot / d input (evaluated at the token), per feature or summed over the row. Gradients of
+// per-head inputs (shared by every sequence, broadcast over B) go into this object's own sums.
+class Chain {
+ public:
+  Chain(const ir::Variant& variant, const RecurrentArgs& args, const std::vector<std::optional<TensorView>>& d_tensors,
+        const std::vector<GradProgram>& grad_programs)
+      : variant_(variant), args_(args), d_tensors_(d_tensors), grad_programs_(grad_programs), loader_(variant, args) {
+    std::size_t scratch = 0;
+    for (const GradProgram& g : grad_programs) scratch = std::max(scratch, g.program.scratch_size());
+    scratch_.resize(scratch);
+    head_grads_.resize(variant.inputs.size());
+    for (const GradProgram& g : grad_programs)
+      if (variant.inputs[static_cast<std::size_t>(g.input)].kind == ir::InputKind::head) {
+        const TensorView& d = *d_tensors[static_cast<std::size_t>(g.input)];
+        head_grads_[static_cast<std::size_t>(g.input)].assign(static_cast<std::size_t>(d.shape[0] * d.shape[1]), 0.0f);
+      }
+  }
+
+  // g: each slot's gradient at token (b, t, h), K or V values (one for the head decay and the scale).
+  void token(std::int64_t b, std::int64_t t, std::int64_t h, const SlotRows& g) {
+    loader_.at(b, t, h);
+    for (const GradProgram& gp : grad_programs_) {
+      const std::vector<float>& gs = g[slot_index(gp.slot)];
+      const float* p = gp.program.evaluate(loader_, scratch_.data());
+      const bool p_row = gp.program.varies_over_features();
+      const TensorView& d = *d_tensors_[static_cast<std::size_t>(gp.input)];
+      const ir::InputKind kind = variant_.inputs[static_cast<std::size_t>(gp.input)].kind;
+      const int head_dim = kind == ir::InputKind::head ? 1 : 2;
+      const std::int64_t hx = h * d.shape[head_dim] / args_.heads;
+      if (gp.input_over_features) {
+        for (std::size_t f = 0; f < gs.size(); ++f)
+          *reinterpret_cast<float*>(element(d, {b, t, hx, static_cast<std::int64_t>(f)})) += gs[f] * p[p_row ? f : 0];
+      } else {
+        float total = 0.0f;
+        for (std::size_t f = 0; f < gs.size(); ++f) total += gs[f] * p[p_row ? f : 0];
+        if (kind == ir::InputKind::head)
+          head_grads_[static_cast<std::size_t>(gp.input)][static_cast<std::size_t>(b * d.shape[1] + hx)] += total;
+        else
+          *reinterpret_cast<float*>(element(d, {b, t, hx})) += total;
+      }
+    }
+  }
+
+  // Adds this object's sums of per-head inputs' gradients into their views (one at a time).
+  void flush_head_grads() const {
+    for (std::size_t x = 0; x < head_grads_.size(); ++x) {
+      if (head_grads_[x].empty()) continue;
+      const TensorView& d = *d_tensors_[x];
+      for (std::int64_t b = 0; b < d.shape[0]; ++b)
+        for (std::int64_t hx = 0; hx < d.shape[1]; ++hx)
+          *reinterpret_cast<float*>(element(d, {b, hx})) += head_grads_[x][static_cast<std::size_t>(b * d.shape[1] + hx)];
+    }
+  }
+
+ private:
+  const ir::Variant& variant_;
+  const RecurrentArgs& args_;
+  const std::vector<std::optional<TensorView>>& d_tensors_;
+  const std::vector<GradProgram>& grad_programs_;
+  TokenLoader loader_;
+  std::vector<float> scratch_;
+  std::vector<std::vector<float>> head_grads_;
+};
+
+// Sizes each slot's gradient row: K or V values, one for the head decay and the scale.
+void size_slot_rows(SlotRows& g, std::int64_t K, std::int64_t V) {
+  for (std::size_t s = 0; s < ir::slot_count; ++s)
+    g[s].resize(static_cast<std::size_t>(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V
+                                         : s == slot_index(ir::Slot::log_decay_head) || s == slot_index(ir::Slot::scale) ? 1
+                                                                                                                          : K));
+}
+
 // The backward of one (sequence, head) pair at a time (see run_recurrent_backward).
 class Backward {
  public:
@@ -222,40 +297,20 @@ class Backward {
 
   Backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads, const Programs& programs,
            const std::vector<GradProgram>& grad_programs)
-      : variant_(variant), args_(args), grads_(grads), programs_(programs), grad_programs_(grad_programs), loader_(variant, args) {
+      : variant_(variant), args_(args), grads_(grads), programs_(programs), loader_(variant, args),
+        chain_(variant, args, grads.d_tensors, grad_programs) {
     const std::size_t K = static_cast<std::size_t>(args.key_dim), V = static_cast<std::size_t>(args.value_dim);
-    std::size_t scratch = programs.scratch;
-    for (const GradProgram& g : grad_programs) scratch = std::max(scratch, g.program.scratch_size());
-    scratch_.resize(scratch);
+    scratch_.resize(programs.scratch);
     for (std::size_t s = 0; s < ir::slot_count; ++s)
       rows_[s].resize(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V : K);
     a_.resize(K), bv_.resize(V);
     chunk_states_.resize(static_cast<std::size_t>(C + 1) * K * V);
     chunk_z_.resize(static_cast<std::size_t>(C + 1) * K);
     dS_.resize(K * V), dz_.resize(K), do_.resize(V), num_.resize(V);
-    head_grads_.resize(variant.inputs.size());
-    for (const GradProgram& g : grad_programs)
-      if (variant.inputs[static_cast<std::size_t>(g.input)].kind == ir::InputKind::head) {
-        const TensorView& d = *grads.d_tensors[static_cast<std::size_t>(g.input)];
-        head_grads_[static_cast<std::size_t>(g.input)].assign(static_cast<std::size_t>(d.shape[0] * d.shape[1]), 0.0f);
-      }
-    for (std::size_t s = 0; s < ir::slot_count; ++s)
-      g_[s].resize(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V : s == slot_index(ir::Slot::log_decay_head) ||
-                                                                                                     s == slot_index(ir::Slot::scale)
-                                                                                                 ? 1
-                                                                                                 : K);
+    size_slot_rows(g_, args.key_dim, args.value_dim);
   }
 
-  // Adds this worker's sums of per-head inputs' gradients into their views (one worker at a time).
-  void flush_head_grads() const {
-    for (std::size_t x = 0; x < head_grads_.size(); ++x) {
-      if (head_grads_[x].empty()) continue;
-      const TensorView& d = *grads_.d_tensors[x];
-      for (std::int64_t b = 0; b < d.shape[0]; ++b)
-        for (std::int64_t hx = 0; hx < d.shape[1]; ++hx)
-          *reinterpret_cast<float*>(element(d, {b, hx})) += head_grads_[x][static_cast<std::size_t>(b * d.shape[1] + hx)];
-    }
-  }
+  void flush_head_grads() const { chain_.flush_head_grads(); }
 
   void run(std::int64_t n, std::int64_t h) {
     const std::int64_t K = args_.key_dim, V = args_.value_dim, KV = K * V;
@@ -402,39 +457,17 @@ class Backward {
     g_[slot_index(ir::Slot::log_decay_head)][0] = ghead;
     g_[slot_index(ir::Slot::scale)][0] = gscale;
 
-    // The inputs: gradient of slot s times d s / d input, per feature or summed over the row.
-    loader_.at(b, t, h);
-    for (const GradProgram& gp : grad_programs_) {
-      const std::vector<float>& gs = g_[slot_index(gp.slot)];
-      const float* p = gp.program.evaluate(loader_, scratch_.data());
-      const bool p_row = gp.program.varies_over_features();
-      const TensorView& d = *grads_.d_tensors[static_cast<std::size_t>(gp.input)];
-      const ir::InputKind kind = variant_.inputs[static_cast<std::size_t>(gp.input)].kind;
-      const int head_dim = kind == ir::InputKind::head ? 1 : 2;
-      const std::int64_t hx = h * d.shape[head_dim] / args_.heads;
-      if (gp.input_over_features) {
-        for (std::size_t f = 0; f < gs.size(); ++f)
-          *reinterpret_cast<float*>(element(d, {b, t, hx, static_cast<std::int64_t>(f)})) += gs[f] * p[p_row ? f : 0];
-      } else {
-        float total = 0.0f;
-        for (std::size_t f = 0; f < gs.size(); ++f) total += gs[f] * p[p_row ? f : 0];
-        if (kind == ir::InputKind::head)  // shared by every sequence (and broadcast over B): this worker's own sum
-          head_grads_[static_cast<std::size_t>(gp.input)][static_cast<std::size_t>(b * d.shape[1] + hx)] += total;
-        else
-          *reinterpret_cast<float*>(element(d, {b, t, hx})) += total;
-      }
-    }
+    chain_.token(b, t, h, g_);
   }
 
   const ir::Variant& variant_;
   const RecurrentArgs& args_;
   const RecurrentGrads& grads_;
   const Programs& programs_;
-  const std::vector<GradProgram>& grad_programs_;
   TokenLoader loader_;
+  Chain chain_;
   std::vector<float> scratch_, a_, bv_, checkpoints_, z_checkpoints_, chunk_states_, chunk_z_, dS_, dz_, do_, num_;
-  std::vector<std::vector<float>> head_grads_;  // per input: this worker's gradient of a per-head input, [B][Hx]
-  std::array<std::vector<float>, ir::slot_count> rows_, g_;
+  SlotRows rows_, g_;
   float scale_ = 1.0f;
 };
 
