@@ -509,13 +509,11 @@ void RecurrentCheckpoints::allocate(std::int64_t batch, std::int64_t tokens, con
   values.assign(static_cast<std::size_t>(first_chunk.back() * heads * (key_dim * value_dim + key_dim)), 0.0f);
 }
 
-void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads) {
-  if (!grads.checkpoints) throw std::invalid_argument("run_recurrent_backward: no checkpoints (the forward makes them: RecurrentArgs::checkpoints)");
-  if (grads.checkpoints->interval != Backward::C)
-    throw std::invalid_argument("run_recurrent_backward: checkpoints every " + std::to_string(grads.checkpoints->interval) +
-                                " tokens, expected " + std::to_string(Backward::C));
-  const Programs programs = slot_programs(variant, args);
-  // d slot / d input for every tensor input a slot reads whose gradient is wanted.
+namespace {
+
+// d slot / d input for every tensor input a slot reads whose gradient is wanted.
+std::vector<GradProgram> derivative_programs(const ir::Variant& variant, const RecurrentArgs& args,
+                                             const std::vector<std::optional<TensorView>>& d_tensors) {
   std::vector<GradProgram> grad_programs;
   for (std::size_t s = 0; s < ir::slot_count; ++s) {
     const ir::Expr& expr = variant.slots[s];
@@ -527,17 +525,19 @@ void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& arg
       if (node.op == ir::Op::input) reads[static_cast<std::size_t>(node.input)] = true;
     for (std::size_t x = 0; x < variant.inputs.size(); ++x) {
       if (!reads[x] || variant.inputs[x].kind == ir::InputKind::scalar) continue;
-      if (x >= grads.d_tensors.size() || !grads.d_tensors[x]) continue;
+      if (x >= d_tensors.size() || !d_tensors[x]) continue;
       const ir::Expr d = ir::derivative(expr, static_cast<std::int32_t>(x));
       grad_programs.push_back({slot, static_cast<std::int32_t>(x), RowProgram(variant, d, value_side ? args.value_dim : args.key_dim),
                                ir::extent_of(variant.inputs[x].kind).feature != ir::Feature::none});
     }
   }
-  const std::int64_t sequences =
-      args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
-  // Work items that touch disjoint gradients: a sequence and a group of query heads such that
-  // heads in different groups read different heads of every per-token input (GQA: the heads that
-  // share k and v form a group). Per-head inputs, shared by the sequences, are summed per worker.
+  return grad_programs;
+}
+
+// Work items that touch disjoint gradients: a sequence and a group of query heads such that heads
+// in different groups read different heads of every per-token input (GQA: the heads that share k
+// and v form a group); 1 where no such grouping exists. Per-head inputs are summed per worker.
+std::int64_t head_groups(const ir::Variant& variant, const RecurrentArgs& args) {
   const std::int64_t H = args.heads;
   std::int64_t fewest = H;
   for (std::size_t x = 0; x < variant.inputs.size(); ++x) {
@@ -545,16 +545,42 @@ void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& arg
     if (kind == ir::InputKind::scalar || kind == ir::InputKind::head) continue;
     fewest = std::min(fewest, args.tensors[x].shape[2]);
   }
-  bool disjoint = true;
   for (std::size_t x = 0; x < variant.inputs.size(); ++x) {
     const ir::InputKind kind = variant.inputs[x].kind;
     if (kind == ir::InputKind::scalar || kind == ir::InputKind::head) continue;
     const std::int64_t X = args.tensors[x].shape[2];
     for (std::int64_t h1 = 0; h1 < H; ++h1)
       for (std::int64_t h2 = 0; h2 < H; ++h2)
-        if (h1 * X / H == h2 * X / H && h1 * fewest / H != h2 * fewest / H) disjoint = false;
+        if (h1 * X / H == h2 * X / H && h1 * fewest / H != h2 * fewest / H) return 1;
   }
-  const std::int64_t groups = disjoint ? fewest : 1;
+  return fewest;
+}
+
+// Calls body(n, b, t, h) for every token of every sequence and head.
+template <typename Body>
+void each_token(const RecurrentArgs& args, const Body& body) {
+  const std::int64_t sequences = args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
+  for (std::int64_t n = 0; n < sequences; ++n) {
+    const std::int64_t b = args.cu_seqlens.empty() ? n : 0;
+    const std::int64_t begin = args.cu_seqlens.empty() ? 0 : args.cu_seqlens[static_cast<std::size_t>(n)];
+    const std::int64_t end = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens[static_cast<std::size_t>(n) + 1];
+    for (std::int64_t h = 0; h < args.heads; ++h)
+      for (std::int64_t t = begin; t < end; ++t) body(n, b, t, h);
+  }
+}
+
+}  // namespace
+
+void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads) {
+  if (!grads.checkpoints) throw std::invalid_argument("run_recurrent_backward: no checkpoints (the forward makes them: RecurrentArgs::checkpoints)");
+  if (grads.checkpoints->interval != Backward::C)
+    throw std::invalid_argument("run_recurrent_backward: checkpoints every " + std::to_string(grads.checkpoints->interval) +
+                                " tokens, expected " + std::to_string(Backward::C));
+  const Programs programs = slot_programs(variant, args);
+  const std::vector<GradProgram> grad_programs = derivative_programs(variant, args, grads.d_tensors);
+  const std::int64_t sequences =
+      args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
+  const std::int64_t H = args.heads, groups = head_groups(variant, args);
   std::mutex mutex;
   std::vector<std::shared_ptr<Backward>> workers;
   detail::parallel_items(sequences * groups, args.threads, [&] {
@@ -570,6 +596,65 @@ void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& arg
     };
   });
   for (const auto& worker : workers) worker->flush_head_grads();
+}
+
+
+RecurrentSlotTensors materialize_slots(const ir::Variant& variant, const RecurrentArgs& args) {
+  const Programs programs = slot_programs(variant, args);
+  const std::int64_t K = args.key_dim, V = args.value_dim, rows = args.batch * args.tokens * args.heads;
+  RecurrentSlotTensors out;
+  out.q.assign(static_cast<std::size_t>(rows * K), 0.0f), out.k.assign(static_cast<std::size_t>(rows * K), 0.0f);
+  out.v.assign(static_cast<std::size_t>(rows * V), 0.0f), out.log_a.assign(static_cast<std::size_t>(rows * K), 0.0f);
+  out.log_b.assign(static_cast<std::size_t>(rows * V), 0.0f), out.scale.assign(static_cast<std::size_t>(rows), 1.0f);
+  TokenLoader loader(variant, args);
+  std::vector<float> scratch(programs.scratch);
+  const auto slot = [&](ir::Slot s, float* row, std::int64_t width, bool add) {
+    const RowProgram& program = programs.slot[slot_index(s)];
+    if (program.empty()) return;
+    const float* result = program.evaluate(loader, scratch.data());
+    for (std::int64_t f = 0; f < width; ++f) {
+      const float x = result[program.varies_over_features() ? f : 0];
+      row[f] = add ? row[f] + x : x;
+    }
+  };
+  each_token(args, [&](std::int64_t, std::int64_t b, std::int64_t t, std::int64_t h) {
+    loader.at(b, t, h);
+    const std::int64_t r = (b * args.tokens + t) * args.heads + h;
+    slot(ir::Slot::q_feature, &out.q[static_cast<std::size_t>(r * K)], K, false);
+    slot(ir::Slot::k_feature, &out.k[static_cast<std::size_t>(r * K)], K, false);
+    slot(ir::Slot::v, &out.v[static_cast<std::size_t>(r * V)], V, false);
+    slot(ir::Slot::log_decay_k, &out.log_a[static_cast<std::size_t>(r * K)], K, true);
+    slot(ir::Slot::log_decay_head, &out.log_a[static_cast<std::size_t>(r * K)], K, true);
+    slot(ir::Slot::log_decay_v, &out.log_b[static_cast<std::size_t>(r * V)], V, false);
+    slot(ir::Slot::scale, &out.scale[static_cast<std::size_t>(r)], 1, false);
+  });
+  return out;
+}
+
+void chain_slot_gradients(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentSlotTensors& slot_grads,
+                          const std::vector<std::optional<TensorView>>& d_tensors) {
+  const std::vector<GradProgram> grad_programs = derivative_programs(variant, args, d_tensors);
+  Chain chain(variant, args, d_tensors, grad_programs);
+  const std::int64_t K = args.key_dim, V = args.value_dim;
+  SlotRows g;
+  size_slot_rows(g, K, V);
+  const auto copy = [](const std::vector<float>& from, std::int64_t r, std::int64_t width, std::vector<float>& to) {
+    std::copy_n(from.begin() + r * width, width, to.begin());
+  };
+  each_token(args, [&](std::int64_t, std::int64_t b, std::int64_t t, std::int64_t h) {
+    const std::int64_t r = (b * args.tokens + t) * args.heads + h;
+    copy(slot_grads.q, r, K, g[slot_index(ir::Slot::q_feature)]);
+    copy(slot_grads.k, r, K, g[slot_index(ir::Slot::k_feature)]);
+    copy(slot_grads.v, r, V, g[slot_index(ir::Slot::v)]);
+    copy(slot_grads.log_a, r, K, g[slot_index(ir::Slot::log_decay_k)]);
+    copy(slot_grads.log_b, r, V, g[slot_index(ir::Slot::log_decay_v)]);
+    float head = 0.0f;
+    for (float x : g[slot_index(ir::Slot::log_decay_k)]) head += x;
+    g[slot_index(ir::Slot::log_decay_head)][0] = head;
+    g[slot_index(ir::Slot::scale)][0] = slot_grads.scale[static_cast<std::size_t>(r)];
+    chain.token(b, t, h, g);
+  });
+  chain.flush_head_grads();
 }
 
 }  // namespace ladle::cpu

@@ -70,4 +70,17 @@ struct RecurrentGrads {
 // gradients of per-head inputs are summed per thread and added at the end.
 void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads);
 
+// The backward by composition (ops' run_variant_backward on the GPU) works on the slots as tensors:
+// every slot of every token, row-major [B,T,H,D] over the query heads (D = K or V; the scale
+// [B,T,H]). log_a is the key side's log decay with the head decay added; log_b the value side's.
+struct RecurrentSlotTensors {
+  std::vector<float> q, k, v, log_a, log_b, scale;
+};
+// The slots of the call, evaluated from the variant's expressions.
+RecurrentSlotTensors materialize_slots(const ir::Variant& variant, const RecurrentArgs& args);
+// Given the slots' gradients in that layout (log_a: d L / d log a per key feature), adds the
+// inputs' gradients into d_tensors (as RecurrentGrads::d_tensors) through ir::derivative.
+void chain_slot_gradients(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentSlotTensors& slot_grads,
+                          const std::vector<std::optional<TensorView>>& d_tensors);
+
 }  // namespace ladle::cpu

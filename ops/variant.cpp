@@ -1,5 +1,7 @@
 #include "variant.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <ladle/runtime/driver.h>
@@ -8,6 +10,7 @@
 #include "detail/checks.h"
 #include "detail/fingerprint.h"
 #include "gpu_recurrent.h"
+#include "recurrent.h"
 
 namespace ladle {
 
@@ -67,11 +70,17 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
                                           const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
   const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
-  if (options.backend == Backend::gpu)
-    check.fail("backend = gpu: the GPU backward is not built yet; backend = cpu or automatic runs the forward and backward on the CPU");
+  if (options.backend == Backend::gpu && variant.normalize)
+    check.fail("backend = gpu: the GPU backward of a normalised read is not built yet; backend = cpu or automatic runs it on the CPU");
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   RecurrentForward out{{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt},
-                       {variant, q, k, v, inputs, options, nullptr, fingerprint(q, k, v, inputs, options)}};
+                       {variant, q, k, v, inputs, options, nullptr, fingerprint(q, k, v, inputs, options), true}};
+  if (use_gpu(options) && !variant.normalize) {
+    out.result = run_variant(variant, q, k, v, inputs, options);
+    out.saved.options.backend = Backend::gpu;
+    return out;
+  }
+  out.saved.options.backend = Backend::cpu;
   RecurrentOutputs outputs{out.result.o.view(), std::nullopt};
   if (options.return_state) {
     out.result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
@@ -87,16 +96,30 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
   return out;
 }
 
-RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
-                                        const std::optional<TensorView>& d_final_state) {
+namespace {
+
+// What both backwards share: the checks of saved, d_output and d_final_state, the zeroed gradients
+// and the canonical views of them that the CPU code adds into.
+struct BackwardSetup {
+  ops::BoundInputs bound;
+  RecurrentGradients out;
+  std::vector<std::optional<TensorView>> d_tensors;
+  std::optional<TensorView> d_initial_state;
+};
+
+BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_output, const std::optional<TensorView>& d_final_state) {
   const ir::Variant& variant = saved.variant;
   const std::string op = op_name(variant) + " backward";
   const ops::detail::Checker check(op);
-  if (!saved.checkpoints) check.fail("saved holds no forward (make it with run_variant_for_backward)");
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, saved.q, saved.k, saved.v, saved.inputs, saved.options);
+  if (!saved.valid) check.fail("saved holds no forward (make it with run_variant_for_backward)");
+  BackwardSetup s{ops::bind_inputs(op, variant, saved.q, saved.k, saved.v, saved.inputs, saved.options),
+                  {HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
+                   HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt},
+                  {},
+                  std::nullopt};
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
     check.fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to another call)");
-  const ops::RecurrentDims& d = bound.dims;
+  const ops::RecurrentDims& d = s.bound.dims;
   check.floating("d_output", d_output);
   const std::vector<std::int64_t> out_shape = d.output_shape();
   if (d_output.shape != out_shape)
@@ -108,34 +131,219 @@ RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const Tenso
     check.shape("d_final_state", *d_final_state, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
     check.data("d_final_state", *d_final_state);
   }
-
-  RecurrentGradients out{HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
-                         HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
-  cpu::RecurrentGrads grads;
-  grads.d_output = ops::detail::lead_with_ones(d_output, 4);
-  grads.d_final_state = d_final_state;
-  grads.checkpoints = saved.checkpoints.get();
-  grads.d_tensors.resize(variant.inputs.size());
+  s.d_tensors.resize(variant.inputs.size());
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Input& in = variant.inputs[i];
     if (in.kind == ir::InputKind::scalar) continue;
     HostTensor* target = nullptr;
-    if (in.role == ir::Role::query) target = &out.dq;
-    else if (in.role == ir::Role::key) target = &out.dk;
-    else if (in.role == ir::Role::value) target = &out.dv;
-    else target = &out.inputs.emplace(in.name, HostTensor(ElementType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
+    if (in.role == ir::Role::query) target = &s.out.dq;
+    else if (in.role == ir::Role::key) target = &s.out.dk;
+    else if (in.role == ir::Role::value) target = &s.out.dv;
+    else target = &s.out.inputs.emplace(in.name, HostTensor(ElementType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
     // The canonical view bind_inputs made of the input, over the gradient's memory.
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
     TensorView view = ops::detail::lead_with_ones(target->view(), rank);
     if (in.kind == ir::InputKind::head) view.shape[0] = d.B;  // [H] broadcasts over B: its gradient sums over B
-    grads.d_tensors[i] = view;
+    s.d_tensors[i] = view;
   }
   if (saved.options.initial_state) {
-    out.d_initial_state.emplace(ElementType::f32, d.state_shape(), 0.0f);
-    grads.d_initial_state = out.d_initial_state->view();
+    s.out.d_initial_state.emplace(ElementType::f32, d.state_shape(), 0.0f);
+    s.d_initial_state = s.out.d_initial_state->view();
   }
-  cpu::run_recurrent_backward(variant, bound.args, grads);
-  return out;
+  return s;
+}
+
+}  // namespace
+
+RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
+                                        const std::optional<TensorView>& d_final_state) {
+  if (saved.valid && !saved.checkpoints) return run_variant_backward_composed(saved, d_output, d_final_state, Backend::gpu);
+  BackwardSetup s = setup_backward(saved, d_output, d_final_state);
+  cpu::RecurrentGrads grads;
+  grads.d_output = ops::detail::lead_with_ones(d_output, 4);
+  grads.d_final_state = d_final_state;
+  grads.checkpoints = saved.checkpoints.get();
+  grads.d_tensors = s.d_tensors;
+  grads.d_initial_state = s.d_initial_state;
+  cpu::run_recurrent_backward(saved.variant, s.bound.args, grads);
+  return std::move(s.out);
+}
+
+RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, const TensorView& d_output,
+                                                 const std::optional<TensorView>& d_final_state, Backend backend) {
+  const ir::Variant& variant = saved.variant;
+  const std::string op = op_name(variant) + " backward";
+  if (variant.normalize)
+    throw InvalidArgument(op + ": the backward by composition (the GPU's) has no normalised read; its CPU backward does");
+  BackwardSetup s = setup_backward(saved, d_output, d_final_state);
+  const cpu::RecurrentArgs& a = s.bound.args;
+  const std::int64_t B = a.batch, T = a.tokens, H = a.heads, K = a.key_dim, V = a.value_dim, N = s.bound.dims.N;
+  const bool reverse = a.reverse;
+  const cpu::RecurrentSlotTensors slots = cpu::materialize_slots(variant, a);
+  const auto tensor = [](const std::vector<float>& values, std::vector<std::int64_t> shape) {
+    HostTensor t(ElementType::f32, std::move(shape), 0.0f);
+    std::copy(values.begin(), values.end(), static_cast<float*>(t.data()));
+    return t;
+  };
+  const auto floats = [](const HostTensor& t) { return static_cast<const float*>(t.data()); };
+  // The sequences as the recurrence walks them: token of step s of sequence n.
+  const auto bounds = [&](std::int64_t n) {
+    const std::int64_t begin = a.cu_seqlens.empty() ? 0 : a.cu_seqlens[static_cast<std::size_t>(n)];
+    const std::int64_t end = a.cu_seqlens.empty() ? T : a.cu_seqlens[static_cast<std::size_t>(n) + 1];
+    return std::pair{begin, end};
+  };
+  const auto row = [&](std::int64_t n, std::int64_t t, std::int64_t h) { return ((a.cu_seqlens.empty() ? n : 0) * T + t) * H + h; };
+  const auto token_of = [&](std::int64_t n, std::int64_t step) {
+    const auto [begin, end] = bounds(n);
+    return reverse ? end - 1 - step : begin + step;
+  };
+
+  // The slot tensors, [B,T,H,D] f32: q times the scale, k, v, the log decays, and do.
+  std::vector<float> qs = slots.q;
+  for (std::size_t r = 0; r < slots.scale.size(); ++r)
+    for (std::int64_t f = 0; f < K; ++f) qs[r * static_cast<std::size_t>(K) + static_cast<std::size_t>(f)] *= slots.scale[r];
+  const HostTensor q_s = tensor(qs, {B, T, H, K}), k_f = tensor(slots.k, {B, T, H, K}), v_f = tensor(slots.v, {B, T, H, V});
+  const HostTensor log_a = tensor(slots.log_a, {B, T, H, K}), log_b = tensor(slots.log_b, {B, T, H, V});
+  HostTensor d_o(ElementType::f32, {B, T, H, V}, 0.0f);
+  {
+    const TensorView g = ops::detail::lead_with_ones(d_output, 4);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t j = 0; j < V; ++j) {
+            const auto* p = static_cast<const std::byte*>(g.data) +
+                            (b * g.strides[0] + t * g.strides[1] + h * g.strides[2] + j * g.strides[3]) * static_cast<std::int64_t>(element_size(g.type));
+            static_cast<float*>(d_o.data())[((b * T + t) * H + h) * V + j] = narrow_float::load(p, g.type);
+          }
+  }
+  // The decays shifted one step along the recurrence (the backward's dS_t = A_(t+1) dS_(t+1) B_(t+1) + ...):
+  // at each token the next step's, 0 at a sequence's last step.
+  const auto shifted = [&](const HostTensor& x, std::int64_t D) {
+    HostTensor out(ElementType::f32, x.shape(), 0.0f);
+    for (std::int64_t n = 0; n < N; ++n) {
+      const auto [begin, end] = bounds(n);
+      for (std::int64_t step = 0; step + 1 < end - begin; ++step)
+        for (std::int64_t h = 0; h < H; ++h)
+          std::copy_n(floats(x) + row(n, token_of(n, step + 1), h) * D, D, static_cast<float*>(out.data()) + row(n, token_of(n, step), h) * D);
+    }
+    return out;
+  };
+  const HostTensor log_a_next = shifted(log_a, K), log_b_next = shifted(log_b, V);
+  const auto transpose_state = [&](const HostTensor& x, std::int64_t rows, std::int64_t cols) {  // [N,H,rows,cols] -> [N,H,cols,rows]
+    HostTensor out(ElementType::f32, {N, H, cols, rows}, 0.0f);
+    for (std::int64_t p = 0; p < N * H; ++p)
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j)
+          static_cast<float*>(out.data())[(p * cols + j) * rows + i] = floats(x)[(p * rows + i) * cols + j];
+    return out;
+  };
+  HostTensor d_final(ElementType::f32, {N, H, K, V}, 0.0f);
+  if (d_final_state)
+    for (std::int64_t e = 0; e < d_final.numel(); ++e) {
+      const TensorView& g = *d_final_state;
+      std::int64_t rest = e, offset = 0;
+      for (int dim = 3; dim >= 0; --dim) {
+        offset += rest % g.shape[static_cast<std::size_t>(dim)] * g.strides[static_cast<std::size_t>(dim)];
+        rest /= g.shape[static_cast<std::size_t>(dim)];
+      }
+      d_final.set(e, narrow_float::load(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(element_size(g.type)), g.type));
+    }
+
+  // One recurrence of the plain form: S = diag(exp(gk)) S diag(exp(gv)) + k v^T, o = q^T S.
+  const ir::Variant& plain = recurrent_variant(false, true, true, false);
+  RunOptions run;
+  run.backend = backend;
+  run.cu_seqlens = saved.options.cu_seqlens;
+  run.threads = saved.options.threads;
+  run.return_state = true;
+  const auto recurrence = [&](const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& gk, const HostTensor& gv,
+                              bool backwards, const std::optional<HostTensor>& h0) {
+    RunOptions o = run;
+    o.reverse = backwards;
+    if (h0) o.initial_state = h0->view();
+    VariantInputs in{{{"gk", gk.view()}, {"gv", gv.view()}}, {{"scale", 1.0f}}};
+    return run_variant(plain, q.view(), k.view(), v.view(), in, o);
+  };
+  std::optional<HostTensor> h0_t;  // the initial state, f32 and transposed
+  std::optional<HostTensor> h0;
+  if (saved.options.initial_state) {
+    HostTensor h(ElementType::f32, {N, H, K, V}, 0.0f);
+    const TensorView& g = *a.initial_state;
+    for (std::int64_t e = 0; e < h.numel(); ++e) {
+      std::int64_t rest = e, offset = 0;
+      for (int dim = 3; dim >= 0; --dim) {
+        offset += rest % g.shape[static_cast<std::size_t>(dim)] * g.strides[static_cast<std::size_t>(dim)];
+        rest /= g.shape[static_cast<std::size_t>(dim)];
+      }
+      h.set(e, narrow_float::load(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(element_size(g.type)), g.type));
+    }
+    h0_t = transpose_state(h, K, V);
+    h0 = std::move(h);
+  }
+  // u_t = S_t do_t (the transposed state read by do), and S_T (transposed back).
+  const RecurrentResult u = recurrence(d_o, v_f, k_f, log_b, log_a, reverse, h0_t);
+  const HostTensor S_T = transpose_state(*u.final_state, V, K);
+  // g_v = dS_t^T k_t, and dS before the first step; g_k = dS_t v_t.
+  const RecurrentResult gv = recurrence(k_f, q_s, d_o, log_a_next, log_b_next, !reverse, d_final);
+  const RecurrentResult gk = recurrence(v_f, d_o, q_s, log_b_next, log_a_next, !reverse, transpose_state(d_final, K, V));
+  // The forward's output (unnormalised, f32), for the value-side decay's gradient.
+  std::optional<RecurrentResult> o;
+  if (variant.has(ir::Slot::log_decay_v)) o = recurrence(q_s, k_f, v_f, log_a, log_b, reverse, h0);
+
+  cpu::RecurrentSlotTensors g;
+  g.q.assign(slots.q.size(), 0.0f), g.k.assign(slots.k.size(), 0.0f), g.v.assign(slots.v.size(), 0.0f);
+  g.log_a.assign(slots.log_a.size(), 0.0f), g.log_b.assign(slots.log_b.size(), 0.0f), g.scale.assign(slots.scale.size(), 0.0f);
+  for (std::size_t r = 0; r < slots.scale.size(); ++r)
+    for (std::int64_t f = 0; f < K; ++f) {
+      const std::size_t e = r * static_cast<std::size_t>(K) + static_cast<std::size_t>(f);
+      const float ue = floats(u.o)[e];
+      g.q[e] = slots.scale[r] * ue;
+      g.scale[r] += slots.q[e] * ue;
+      g.k[e] = floats(gk.o)[e];
+    }
+  std::copy_n(floats(gv.o), g.v.size(), g.v.begin());
+  // d log a: from the last step back, sum_j dfinal S_T, then + q . g_q - k . g_k per step (and
+  // d log b: sum_i dfinal S_T, then + o . do - v . g_v); d initial_state = A_0 dS_0 B_0.
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t p = n * H + h;
+      std::vector<double> ga(static_cast<std::size_t>(K), 0.0), gb(static_cast<std::size_t>(V), 0.0);
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j) {
+          const double x = double(floats(d_final)[(p * K + i) * V + j]) * floats(S_T)[(p * K + i) * V + j];
+          ga[static_cast<std::size_t>(i)] += x, gb[static_cast<std::size_t>(j)] += x;
+        }
+      const auto [begin, end] = bounds(n);
+      for (std::int64_t step = end - begin - 1; step >= 0; --step) {
+        const std::int64_t r = row(n, token_of(n, step), h);
+        for (std::int64_t i = 0; i < K; ++i) {
+          const std::size_t e = static_cast<std::size_t>(r * K + i);
+          ga[static_cast<std::size_t>(i)] += double(slots.q[e]) * g.q[e] - double(slots.k[e]) * g.k[e];
+          g.log_a[e] = float(ga[static_cast<std::size_t>(i)]);
+        }
+        for (std::int64_t j = 0; j < V; ++j) {
+          const std::size_t e = static_cast<std::size_t>(r * V + j);
+          const double od = o ? double(floats(o->o)[e]) * floats(d_o)[e] : 0.0;
+          gb[static_cast<std::size_t>(j)] += od - double(slots.v[e]) * g.v[e];
+          g.log_b[e] = float(gb[static_cast<std::size_t>(j)]);
+        }
+      }
+      if (s.d_initial_state) {
+        float* dh = static_cast<float*>(s.d_initial_state->data) + p * K * V;
+        const float* first = floats(*gv.final_state) + p * K * V;  // dS before the first step
+        for (std::int64_t i = 0; i < K; ++i)
+          for (std::int64_t j = 0; j < V; ++j) {
+            float x = first[i * V + j];
+            if (end > begin) {
+              const std::int64_t r = row(n, token_of(n, 0), h);
+              x *= std::exp(slots.log_a[static_cast<std::size_t>(r * K + i)]) * std::exp(slots.log_b[static_cast<std::size_t>(r * V + j)]);
+            }
+            dh[i * V + j] = x;
+          }
+      }
+    }
+  cpu::chain_slot_gradients(variant, a, g, s.d_tensors);
+  return std::move(s.out);
 }
 
 }  // namespace ladle

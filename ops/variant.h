@@ -95,8 +95,9 @@ struct RecurrentSaved {
   TensorView q, k, v;
   VariantInputs inputs;
   RunOptions options;
-  std::shared_ptr<const cpu::RecurrentCheckpoints> checkpoints;
+  std::shared_ptr<const cpu::RecurrentCheckpoints> checkpoints;  // the CPU forward's; empty after a GPU forward
   std::uint64_t fingerprint = 0;  // of the inputs' contents at the forward
+  bool valid = false;             // made by run_variant_for_backward
 };
 
 struct RecurrentForward {
@@ -104,8 +105,11 @@ struct RecurrentForward {
   RecurrentSaved saved;
 };
 
-// The forward of run_variant, keeping what its backward needs. Runs on the CPU path (backend
-// automatic or cpu; the GPU backward is not built yet, so backend gpu is refused by name).
+// The forward of run_variant, keeping what its backward needs. Where it runs follows options.backend
+// as run_variant does, except that a normalised read runs on the CPU (its GPU backward is not built:
+// backend gpu is refused by name). After a CPU forward the backward runs on the CPU (checkpoints of
+// the state every 64 tokens); after a GPU forward it runs on the GPU, as three recurrences of the
+// plain form over the slots (run_variant_backward_composed).
 RecurrentForward run_variant_for_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const VariantInputs& inputs = {}, const RunOptions& options = {});
 
@@ -116,5 +120,13 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
 // shape or dtype, a saved value whose tensors no longer hold what its forward read.
 RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
                                         const std::optional<TensorView>& d_final_state = std::nullopt);
+
+// The backward by composition, on `backend`: the slots (q, k, v features, the log decays, the scale)
+// evaluated at every token, then three recurrences of the plain form (what the GPU kernels run):
+// dq = scale S_t do_t over the transposed state, and dv, dk over dS in the other direction (the
+// decays shifted by one token); the decays' gradients as reverse sums of q . dq - k . dk (and
+// o . do - v . dv), and the inputs' through ir::derivative. Not for normalised reads.
+RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, const TensorView& d_output,
+                                                 const std::optional<TensorView>& d_final_state, Backend backend);
 
 }  // namespace ladle

@@ -9,6 +9,7 @@
 #include <ladle/codegen/cpu_expr.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/recurrent.h>
+#include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 
 #include <cmath>
@@ -215,16 +216,21 @@ void check_gradients(const GradCase& c) {
   const ladle::RecurrentResult plain = ladle::run_variant(variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(),
                                                           find("v")->filled.tensor.view(), inputs, options);
   for (std::int64_t e = 0; e < plain.o.numel(); ++e) REQUIRE(forward.result.o.get(e) == plain.o.get(e));
-  const ladle::RecurrentGradients grads = ladle::run_variant_backward(forward.saved, d_o.view(), d_s.view());
+  // The CPU backward, and the backward by composition (three plain recurrences: what the GPU runs)
+  // on the CPU and, where there is a GPU, on it.
+  std::vector<std::pair<std::string, ladle::RecurrentGradients>> results;
+  results.emplace_back("CPU backward", ladle::run_variant_backward(forward.saved, d_o.view(), d_s.view()));
+  if (!c.normalize) {
+    results.emplace_back("composed, CPU",
+                         ladle::run_variant_backward_composed(forward.saved, d_o.view(), d_s.view(), ladle::Backend::cpu));
+    if (ladle::driver_available())
+      results.emplace_back("composed, GPU",
+                           ladle::run_variant_backward_composed(forward.saved, d_o.view(), d_s.view(), ladle::Backend::gpu));
+  }
 
   for (Param& p : params) {
-    const HostTensor& got = p.name == "q"    ? grads.dq
-                            : p.name == "k"  ? grads.dk
-                            : p.name == "v"  ? grads.dv
-                            : p.name == "h0" ? *grads.d_initial_state
-                                             : grads.inputs.at(p.name);
-    REQUIRE(got.shape() == p.filled.tensor.shape());
-    double worst = 0.0, largest = 0.0;
+    std::vector<double> numeric(p.filled.values.size());
+    double largest = 0.0;
     for (std::size_t e = 0; e < p.filled.values.size(); ++e) {
       const double keep = p.filled.values[e], h = 1e-5 * std::max(1.0, std::abs(keep));
       p.filled.values[e] = keep + h;
@@ -232,13 +238,22 @@ void check_gradients(const GradCase& c) {
       p.filled.values[e] = keep - h;
       const double down = loss();
       p.filled.values[e] = keep;
-      const double numeric = (up - down) / (2 * h);
-      worst = std::max(worst, std::abs(double(got.get(static_cast<std::int64_t>(e))) - numeric));
-      largest = std::max(largest, std::abs(numeric));
+      numeric[e] = (up - down) / (2 * h);
+      largest = std::max(largest, std::abs(numeric[e]));
     }
-    INFO("d" << p.name << ": largest |gradient| " << largest << ", worst error " << worst);
-    CHECK(largest > 0.0);
-    CHECK(worst <= 2e-4 * std::max(1.0, largest));
+    for (const auto& [how, grads] : results) {
+      const HostTensor& got = p.name == "q"    ? grads.dq
+                              : p.name == "k"  ? grads.dk
+                              : p.name == "v"  ? grads.dv
+                              : p.name == "h0" ? *grads.d_initial_state
+                                               : grads.inputs.at(p.name);
+      REQUIRE(got.shape() == p.filled.tensor.shape());
+      double worst = 0.0;
+      for (std::size_t e = 0; e < numeric.size(); ++e) worst = std::max(worst, std::abs(double(got.get(static_cast<std::int64_t>(e))) - numeric[e]));
+      INFO(how << ": d" << p.name << ": largest |gradient| " << largest << ", worst error " << worst);
+      CHECK(largest > 0.0);
+      CHECK(worst <= 2e-4 * std::max(1.0, largest));
+    }
   }
 }
 
@@ -309,9 +324,17 @@ TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurr
   q.set(3, 0.25f);
   CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
   CHECK_THROWS_WITH(ladle::run_variant_backward(ladle::RecurrentSaved{}, good.view()), Catch::Contains("run_variant_for_backward"));
+  // A normalised read has no GPU backward yet: refused by name before anything runs.
+  namespace dsl = ladle::dsl;
+  const ir::Variant normalized = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v), dsl::q, dsl::scalar("scale")).normalized(), "normalized");
   options.backend = ladle::Backend::gpu;
-  CHECK_THROWS_WITH(ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options),
-                    Catch::Contains("GPU backward is not built yet"));
+  q.set(3, 0.5f);
+  CHECK_THROWS_WITH(ladle::run_variant_for_backward(normalized, q.view(), k.view(), v.view(), inputs, options),
+                    Catch::Contains("GPU backward of a normalised read is not built yet"));
+  options.backend = ladle::Backend::cpu;
+  const ladle::RecurrentForward cpu_forward = ladle::run_variant_for_backward(normalized, q.view(), k.view(), v.view(), inputs, options);
+  CHECK_THROWS_WITH(ladle::run_variant_backward_composed(cpu_forward.saved, good.view(), std::nullopt, ladle::Backend::cpu),
+                    Catch::Contains("no normalised read"));
 }
 
 // ---------------------------------------------------------------------------------------
