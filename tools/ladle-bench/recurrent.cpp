@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -22,6 +23,7 @@
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
+#include <ladle/ops/variant.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 
@@ -50,7 +52,49 @@ int main(int argc, char** argv) {
   std::string op = "gla", algo = "recurrent";
   app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user"}));
   app.add_option("--algo", algo)->check(CLI::IsMember({"recurrent", "chunked"}));
+  bool backward = false;
+  app.add_flag("--backward", backward,
+               "--op gla: time run_variant_for_backward and run_variant_backward on host tensors (wall clock, the "
+               "backward by composition on the GPU)");
   CLI11_PARSE(app, argc, argv);
+  if (backward) try {
+    // Host bf16 tensors, the loss sum(o * w) with a random w: the forward keeping what the backward
+    // needs, then the backward, each timed on the wall clock (uploads and downloads included).
+    const auto host = [&](std::vector<std::int64_t> shape, bool gate, unsigned seed) {
+      ladle::HostTensor t(ladle::ElementType::bf16, std::move(shape));
+      std::mt19937 rng(seed);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        const float x = normal(rng);
+        t.set(i, gate ? (std::fmin(x, 0.0f) - std::log1p(std::exp(-std::fabs(x)))) / 16.0f : x);
+      }
+      return t;
+    };
+    const ladle::HostTensor hq = host({B, T, H, K}, false, 1), hk = host({B, T, H, K}, false, 2), hv = host({B, T, H, V}, false, 3),
+                            hg = host({B, T, H, K}, true, 4), hw = host({B, T, H, V}, false, 5);
+    ladle::VariantInputs inputs{{{"g", hg.view()}}, {{"scale", 1.0f / std::sqrt(float(K))}}};
+    ladle::RunOptions options;
+    options.backend = ladle::Backend::gpu;
+    options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
+    const auto now = [] { return std::chrono::steady_clock::now(); };
+    const auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = now();
+      const ladle::RecurrentForward forward =
+          ladle::run_variant_for_backward(ladle::gla_variant(false), hq.view(), hk.view(), hv.view(), inputs, options);
+      const auto t1 = now();
+      const ladle::RecurrentGradients grads = ladle::run_variant_backward(forward.saved, hw.view());
+      const auto t2 = now();
+      std::printf("{\"op\":\"gla_fwd_bwd\",\"impl\":\"ladle\",\"shape\":\"B%d T%d H%d K%d V%d bf16\",\"rep\":%d,"
+                  "\"forward_ms\":%.1f,\"backward_ms\":%.1f,\"dq0\":%.6g}\n",
+                  B, T, H, K, V, rep, ms(t0, t1), ms(t1, t2), grads.dq.get(0));
+      std::fflush(stdout);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ladle-bench-recurrent --backward: %s\n", e.what());
+    return 1;
+  }
   try {
     auto& device = ladle::Device::get();
     const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
