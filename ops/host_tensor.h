@@ -3,6 +3,7 @@
 // TensorView.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,7 +24,10 @@ class HostTensor {
     std::int64_t n = 1;
     for (std::int64_t s : shape_) n *= s;
     bytes_.resize(static_cast<std::size_t>(n) * element_size(type_));
-    for (std::int64_t i = 0; i < n; ++i) set(i, fill);
+    if (type_ == ElementType::f32)
+      std::fill_n(reinterpret_cast<float*>(bytes_.data()), n, fill);
+    else
+      for (std::int64_t i = 0; i < n; ++i) set(i, fill);
   }
 
   ElementType type() const { return type_; }
