@@ -556,17 +556,23 @@ std::int64_t head_groups(const ir::Variant& variant, const RecurrentArgs& args) 
   return fewest;
 }
 
-// Calls body(n, b, t, h) for every token of every sequence and head.
-template <typename Body>
-void each_token(const RecurrentArgs& args, const Body& body) {
+// Calls make_body() once per thread, then body(b, t, h) for every token of the (sequence, head
+// group) items the thread takes: heads h with h * groups / H == g (groups 1: every head).
+template <typename MakeBody>
+void each_token(const RecurrentArgs& args, std::int64_t groups, const MakeBody& make_body) {
   const std::int64_t sequences = args.cu_seqlens.empty() ? args.batch : static_cast<std::int64_t>(args.cu_seqlens.size()) - 1;
-  for (std::int64_t n = 0; n < sequences; ++n) {
-    const std::int64_t b = args.cu_seqlens.empty() ? n : 0;
-    const std::int64_t begin = args.cu_seqlens.empty() ? 0 : args.cu_seqlens[static_cast<std::size_t>(n)];
-    const std::int64_t end = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens[static_cast<std::size_t>(n) + 1];
-    for (std::int64_t h = 0; h < args.heads; ++h)
-      for (std::int64_t t = begin; t < end; ++t) body(n, b, t, h);
-  }
+  const std::int64_t H = args.heads;
+  detail::parallel_items(sequences * groups, args.threads, [&] {
+    return [body = make_body(), &args, groups, H](std::int64_t item) mutable {
+      const std::int64_t n = item / groups, g = item % groups;
+      const std::int64_t b = args.cu_seqlens.empty() ? n : 0;
+      const std::int64_t begin = args.cu_seqlens.empty() ? 0 : args.cu_seqlens[static_cast<std::size_t>(n)];
+      const std::int64_t end = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens[static_cast<std::size_t>(n) + 1];
+      for (std::int64_t h = 0; h < H; ++h)
+        if (groups == 1 || h * groups / H == g)
+          for (std::int64_t t = begin; t < end; ++t) body(b, t, h);
+    };
+  });
 }
 
 }  // namespace
@@ -606,27 +612,29 @@ RecurrentSlotTensors materialize_slots(const ir::Variant& variant, const Recurre
   out.q.assign(static_cast<std::size_t>(rows * K), 0.0f), out.k.assign(static_cast<std::size_t>(rows * K), 0.0f);
   out.v.assign(static_cast<std::size_t>(rows * V), 0.0f), out.log_a.assign(static_cast<std::size_t>(rows * K), 0.0f);
   out.log_b.assign(static_cast<std::size_t>(rows * V), 0.0f), out.scale.assign(static_cast<std::size_t>(rows), 1.0f);
-  TokenLoader loader(variant, args);
-  std::vector<float> scratch(programs.scratch);
-  const auto slot = [&](ir::Slot s, float* row, std::int64_t width, bool add) {
-    const RowProgram& program = programs.slot[slot_index(s)];
-    if (program.empty()) return;
-    const float* result = program.evaluate(loader, scratch.data());
-    for (std::int64_t f = 0; f < width; ++f) {
-      const float x = result[program.varies_over_features() ? f : 0];
-      row[f] = add ? row[f] + x : x;
-    }
-  };
-  each_token(args, [&](std::int64_t, std::int64_t b, std::int64_t t, std::int64_t h) {
-    loader.at(b, t, h);
-    const std::int64_t r = (b * args.tokens + t) * args.heads + h;
-    slot(ir::Slot::q_feature, &out.q[static_cast<std::size_t>(r * K)], K, false);
-    slot(ir::Slot::k_feature, &out.k[static_cast<std::size_t>(r * K)], K, false);
-    slot(ir::Slot::v, &out.v[static_cast<std::size_t>(r * V)], V, false);
-    slot(ir::Slot::log_decay_k, &out.log_a[static_cast<std::size_t>(r * K)], K, true);
-    slot(ir::Slot::log_decay_head, &out.log_a[static_cast<std::size_t>(r * K)], K, true);
-    slot(ir::Slot::log_decay_v, &out.log_b[static_cast<std::size_t>(r * V)], V, false);
-    slot(ir::Slot::scale, &out.scale[static_cast<std::size_t>(r)], 1, false);
+  // Every (sequence, head) writes its own rows.
+  each_token(args, args.heads, [&] {
+    return [&, loader = std::make_shared<TokenLoader>(variant, args),
+            scratch = std::make_shared<std::vector<float>>(programs.scratch)](std::int64_t b, std::int64_t t, std::int64_t h) {
+      const auto slot = [&](ir::Slot s, float* row, std::int64_t width, bool add) {
+        const RowProgram& program = programs.slot[slot_index(s)];
+        if (program.empty()) return;
+        const float* result = program.evaluate(*loader, scratch->data());
+        for (std::int64_t f = 0; f < width; ++f) {
+          const float x = result[program.varies_over_features() ? f : 0];
+          row[f] = add ? row[f] + x : x;
+        }
+      };
+      loader->at(b, t, h);
+      const std::int64_t r = (b * args.tokens + t) * args.heads + h;
+      slot(ir::Slot::q_feature, &out.q[static_cast<std::size_t>(r * K)], K, false);
+      slot(ir::Slot::k_feature, &out.k[static_cast<std::size_t>(r * K)], K, false);
+      slot(ir::Slot::v, &out.v[static_cast<std::size_t>(r * V)], V, false);
+      slot(ir::Slot::log_decay_k, &out.log_a[static_cast<std::size_t>(r * K)], K, true);
+      slot(ir::Slot::log_decay_head, &out.log_a[static_cast<std::size_t>(r * K)], K, true);
+      slot(ir::Slot::log_decay_v, &out.log_b[static_cast<std::size_t>(r * V)], V, false);
+      slot(ir::Slot::scale, &out.scale[static_cast<std::size_t>(r)], 1, false);
+    };
   });
   return out;
 }
@@ -634,27 +642,37 @@ RecurrentSlotTensors materialize_slots(const ir::Variant& variant, const Recurre
 void chain_slot_gradients(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentSlotTensors& slot_grads,
                           const std::vector<std::optional<TensorView>>& d_tensors) {
   const std::vector<GradProgram> grad_programs = derivative_programs(variant, args, d_tensors);
-  Chain chain(variant, args, d_tensors, grad_programs);
   const std::int64_t K = args.key_dim, V = args.value_dim;
-  SlotRows g;
-  size_slot_rows(g, K, V);
   const auto copy = [](const std::vector<float>& from, std::int64_t r, std::int64_t width, std::vector<float>& to) {
     std::copy_n(from.begin() + r * width, width, to.begin());
   };
-  each_token(args, [&](std::int64_t, std::int64_t b, std::int64_t t, std::int64_t h) {
-    const std::int64_t r = (b * args.tokens + t) * args.heads + h;
-    copy(slot_grads.q, r, K, g[slot_index(ir::Slot::q_feature)]);
-    copy(slot_grads.k, r, K, g[slot_index(ir::Slot::k_feature)]);
-    copy(slot_grads.v, r, V, g[slot_index(ir::Slot::v)]);
-    copy(slot_grads.log_a, r, K, g[slot_index(ir::Slot::log_decay_k)]);
-    copy(slot_grads.log_b, r, V, g[slot_index(ir::Slot::log_decay_v)]);
-    float head = 0.0f;
-    for (float x : g[slot_index(ir::Slot::log_decay_k)]) head += x;
-    g[slot_index(ir::Slot::log_decay_head)][0] = head;
-    g[slot_index(ir::Slot::scale)][0] = slot_grads.scale[static_cast<std::size_t>(r)];
-    chain.token(b, t, h, g);
+  // Items of disjoint gradients (head_groups); per-head inputs summed per thread, then added.
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Chain>> chains;
+  each_token(args, head_groups(variant, args), [&] {
+    auto chain = std::make_shared<Chain>(variant, args, d_tensors, grad_programs);
+    {
+      const std::lock_guard lock(mutex);
+      chains.push_back(chain);
+    }
+    auto g = std::make_shared<SlotRows>();
+    size_slot_rows(*g, K, V);
+    return [&, chain, g](std::int64_t b, std::int64_t t, std::int64_t h) {
+      SlotRows& rows = *g;
+      const std::int64_t r = (b * args.tokens + t) * args.heads + h;
+      copy(slot_grads.q, r, K, rows[slot_index(ir::Slot::q_feature)]);
+      copy(slot_grads.k, r, K, rows[slot_index(ir::Slot::k_feature)]);
+      copy(slot_grads.v, r, V, rows[slot_index(ir::Slot::v)]);
+      copy(slot_grads.log_a, r, K, rows[slot_index(ir::Slot::log_decay_k)]);
+      copy(slot_grads.log_b, r, V, rows[slot_index(ir::Slot::log_decay_v)]);
+      float head = 0.0f;
+      for (float x : rows[slot_index(ir::Slot::log_decay_k)]) head += x;
+      rows[slot_index(ir::Slot::log_decay_head)][0] = head;
+      rows[slot_index(ir::Slot::scale)][0] = slot_grads.scale[static_cast<std::size_t>(r)];
+      chain->token(b, t, h, rows);
+    };
   });
-  chain.flush_head_grads();
+  for (const auto& chain : chains) chain->flush_head_grads();
 }
 
 }  // namespace ladle::cpu
