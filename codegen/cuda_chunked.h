@@ -47,7 +47,7 @@
 // the last segment; one fp32 state and decay row per segment cross global memory.
 //
 // The ws form (ChunkedTile::ws, detail/chunked_ws.h; sm_90a) is the serial form warp-specialised for a
-// decay of at most a per-head scalar: a TMA producer warpgroup and one wgmma consumer warpgroup per 64
+// decay of at most a per-head scalar or a key-side gate alone: a TMA producer warpgroup and one wgmma consumer warpgroup per 64
 // value columns, 128 * (1 + block_v / 64) threads; it also has a segmented state pass of its own.
 //
 // Launch: serial: grid (ceil(V / block_v), N * H); states: grid (ceil(V / state_block_v),
@@ -84,7 +84,7 @@ struct ChunkedTile {
   // warpgroup owns whole 64-row slices of the state).
   bool wgmma = false;
   // sm_90a, the warp-specialised serial form (detail/chunked_ws.h) for a decay of at most a per-head
-  // scalar: a TMA producer warpgroup and one consumer warpgroup per 64 value columns, every product
+  // scalar or a key-side gate alone (its inputs 16-bit): a TMA producer warpgroup and one consumer warpgroup per 64 value columns, every product
   // on wgmma; needs chunk 64, block_k and block_v 64 or 128, warps = 4 + block_v / 16 (tools:
   // "128,64,128,12,ws"), q, k and v in bf16.
   bool ws = false;
@@ -204,7 +204,7 @@ std::string to_string(const ChunkedTile& tile);
 // Why the ws form cannot run this variant with these types (empty: it can); for spec.phase states, its
 // segmented state pass (which also takes a key-side gate alone, GLA).
 std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
-// The token_key inputs of a key-side gate, which the ws state pass copies by TMA beside k.
+// The token_key inputs of a key-side gate, which the ws kernels copy by TMA beside k.
 std::vector<int> chunked_ws_gate_inputs(const ir::Variant& variant);
 // The tools' form: "block_k,chunk,block_v,warps[,wgmma|,ws]" (serial) or
 // "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]" (split).

@@ -1,6 +1,7 @@
 // The chunked family's warp-specialised Hopper form (ChunkedTile::ws, sm_90a; internal to
 // codegen, not installed), for variants whose decay is at most a per-head scalar per token
-// (simple GLA, RetNet, Lightning, Mamba2's scalar decay, user expressions of that shape).
+// (simple GLA, RetNet, Lightning, Mamba2's scalar decay, user expressions of that shape), or a
+// key-side gate alone (GLA, a user's per-feature gate).
 //
 // Why a form of its own: the serial form's chunk is a chain of phases between block barriers
 // (stage, gate sums, state copy, products, store), and one block of 8 warps per SM cannot hide
@@ -14,6 +15,10 @@
 //     S = 2^(G_C) S + k^T (w v) are issued together, then o += P v from registers.
 // A per-head decay needs no reference token: every factor 2^(G_t - G_s), 2^(G_t), 2^(G_C - G_s) is
 // a decay (at most 1) taken per (t, s) pair, row or token, so no chunk needs a fallback.
+// A key-side gate's factors differ per key feature, so they go into the operands: q~ = q 2^(G_t - R)
+// and k~ = k 2^(R - G_s) against a reference R per feature (the midpoint of G over the chunk, else
+// over 8-token windows, else single tokens where G spans more than 2 FIT_LIMIT), formed once per
+// chunk by both consumer warpgroups together (named barriers), S's rows scaled around the batch.
 #pragma once
 
 #include <string>
@@ -25,22 +30,24 @@
 namespace ladle::cuda::detail {
 
 // Why the ws form cannot run this variant (empty: it can): it needs a decay of at most a per-head
-// scalar per token, q, k and v read as they are (no feature map), a read scale that does not vary
-// over tokens, and no normaliser.
+// scalar per token or a key-side gate alone (reading per-token key inputs, per-head parameters and
+// scalars), q, k and v read as they are (no feature map), a read scale that does not vary over
+// tokens, and no normaliser.
 std::string ws_variant_unsupported(const ir::Variant& variant);
-// The same for a spec: the variant, then q, k and v in bf16 (TMA copies them as they are).
+// The same for a spec: the variant, then q, k and v in bf16 and a key gate's inputs in 16 bits (TMA
+// copies them as they are).
 std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
 // What is wrong with a ws tile apart from the variant (empty: nothing).
 std::vector<std::string> ws_tile_rules(const ChunkedTile& tile);
 // Dynamic shared memory of a block (a 1024-byte aligned ring of stages, then the consumers' buffers):
 // the serial kernel's, or (states) the segmented state pass's.
-// gate_inputs: the state pass of a key-side gate, the number of inputs the gate reads (ws_key_gate_inputs).
+// gate_inputs: for a key-side gate, the number of inputs the gate reads (ws_key_gate_inputs).
 int ws_shared_bytes(const ChunkedTile& tile, bool states = false, int gate_inputs = 0);
 // Why the ws form's segmented state pass cannot run this variant with these types (empty: it can):
 // the serial form's rules, or a key-side gate alone (GLA: no per-head or value-side decay beside it)
 // whose token inputs are 16-bit, with bf16 k and v.
 std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
-// The token_key inputs a key-side gate reads (copied by TMA beside k in the state pass).
+// The token_key inputs a key-side gate reads (copied by TMA beside k).
 std::vector<int> ws_key_gate_inputs(const ir::Variant& variant);
 
 // The serial kernel (segmented or not) in the ws form, or (phase states, segmented) the segmented
