@@ -3,7 +3,8 @@
 // student starts from tau = 1 and follows the gradient that ladle derives from the same expression
 // (run_variant_for_backward, then run_variant_backward: d tau comes from ir::derivative of the gate
 // math), and also learns its per-token gate input x. The loss must fall by 10x, else exit 1.
-// The backward runs on the CPU path (its GPU kernels are not built yet).
+// Everything runs on the GPU when there is one (the backward by composition over the GPU's
+// recurrence kernels), else on the CPU path.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/variant.h>
+#include <ladle/runtime/driver.h>
 
 int main() {
   using namespace ladle;
@@ -32,8 +34,8 @@ int main() {
   HostTensor tau_teacher(ElementType::f32, {H});
   tau_teacher.set(0, 4.0f), tau_teacher.set(1, 0.5f);
 
-  RunOptions options;
-  options.backend = Backend::cpu;
+  RunOptions options;  // backend automatic: the GPU when there is one
+  std::printf("training on the %s\n", driver_available() ? "GPU" : "CPU");
   const auto inputs = [&](const HostTensor& x, const HostTensor& tau) {
     VariantInputs in;
     in.tensors.emplace("x", x.view());
