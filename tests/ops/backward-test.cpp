@@ -92,13 +92,14 @@ struct GradCase {
   bool g = false, gk = false, gv = false, g_gamma = false;
   bool user = false;  // decay_k(logsigmoid(x) / tau), tau per head
   bool normalize = false;  // read(...).normalized(1e-6) with g: o_t / ((scale q)^T n_t + eps), q and k positive
+  bool token_scale = false;  // with g: the read scale sigmoid(s) of a per-token, per-head input s
   bool reverse = false, initial_state = false;
   ElementType type = ElementType::f32;  // of q, k, v and the gates (the values as stored are the reference's)
   int B = 2, T = 11, H = 2, H_kv = 2, K = 4, V = 3;
   std::vector<std::int64_t> cu_seqlens;
   std::string describe() const {
     return "g=" + std::to_string(g) + " gk=" + std::to_string(gk) + " gv=" + std::to_string(gv) + " g_gamma=" + std::to_string(g_gamma) +
-           " user=" + std::to_string(user) + " normalize=" + std::to_string(normalize) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
+           " user=" + std::to_string(user) + " normalize=" + std::to_string(normalize) + " token_scale=" + std::to_string(token_scale) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
            " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) +
            " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size()) + " " + ladle::element_type_name(type);
   }
@@ -136,6 +137,7 @@ void check_gradients(const GradCase& c) {
   if (c.gv) add("gv", {B, c.T, c.H, c.V}, mild);
   if (c.g_gamma) add("g_gamma", {c.H}, mild);
   if (c.user) add("x", qk, any), add("tau", {c.H}, positive);
+  if (c.token_scale) add("s", {B, c.T, c.H}, any);
   if (c.initial_state) add("h0", {N, c.H, c.K, c.V}, any);
   const double scale = 0.7;
 
@@ -145,9 +147,12 @@ void check_gradients(const GradCase& c) {
       "user_gate");
   const ir::Variant normalized_variant =
       dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")), dsl::q, dsl::scalar("scale")).normalized(1e-6f), "normalized");
-  const ir::Variant& variant = c.user        ? user_variant
-                               : c.normalize ? normalized_variant
-                                             : ladle::recurrent_variant(c.g, c.gk, c.gv, c.g_gamma);
+  const ir::Variant token_scale_variant =
+      dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")), dsl::q, dsl::sigmoid(dsl::token_head("s"))), "token_scale");
+  const ir::Variant& variant = c.user          ? user_variant
+                               : c.normalize   ? normalized_variant
+                               : c.token_scale ? token_scale_variant
+                                               : ladle::recurrent_variant(c.g, c.gk, c.gv, c.g_gamma);
 
   // The loss weights.
   std::vector<double> w_o(static_cast<std::size_t>(B) * c.T * c.H * c.V), w_s(static_cast<std::size_t>(N) * c.H * c.K * c.V);
@@ -180,6 +185,11 @@ void check_gradients(const GradCase& c) {
     }
     if (c.initial_state) ref.initial_state = find("h0")->filled.values;
     ref.scale = scale;
+    if (c.token_scale) {  // the scale's own math, in fp64, folded into q: q_t sigmoid(s_t)
+      ref.scale = 1.0;
+      const std::vector<double>& sv = find("s")->filled.values;
+      for (std::size_t e = 0; e < ref.q.size(); ++e) ref.q[e] /= 1.0 + std::exp(-sv[e / std::size_t(c.K)]);
+    }
     ref.normalize = c.normalize;
     ref.eps = 1e-6;
     ref.reverse = c.reverse;
@@ -193,7 +203,7 @@ void check_gradients(const GradCase& c) {
 
   // The library's gradients.
   ladle::VariantInputs inputs;
-  inputs.scalars.emplace("scale", float(scale));
+  if (variant.find_input("scale") >= 0) inputs.scalars.emplace("scale", float(scale));
   for (const Param& p : params)
     if (p.name != "q" && p.name != "k" && p.name != "v" && p.name != "h0") inputs.tensors.emplace(p.name, p.filled.tensor.view());
   ladle::RunOptions options;
@@ -277,6 +287,15 @@ TEST_CASE("the recurrent backward of a user's gate (logsigmoid(x) / tau) reaches
   check_gradients(c);
   c.reverse = true;
   c.T = 70;  // more than one checkpoint interval
+  check_gradients(c);
+}
+
+TEST_CASE("the recurrent backward of a per-token read scale (sigmoid(s)) reaches s", "[backward][recurrent]") {
+  GradCase c;
+  c.token_scale = c.g = true;
+  c.initial_state = true;
+  check_gradients(c);
+  c.reverse = true, c.cu_seqlens = {0, 6, 6, 11};
   check_gradients(c);
 }
 
