@@ -120,17 +120,108 @@ bool varies_over_keys(const ir::AttentionVariant& variant, const ir::Node& leaf)
   return leaf.op == ir::Op::score || leaf.op == ir::Op::key_index;
 }
 
-// One thread's state: the programs' scratch, a widened copy of q's row, keys and values.
-class Worker {
+// What the forward and the backward share per query row: k and v of a work item widened to fp32,
+// the row's logits as the score expression, the keep predicate and the segment ids leave them, and
+// the sinks' logits with the row's maximum.
+class RowLogits {
  public:
-  Worker(const ir::AttentionVariant& variant, const AttentionArgs& args)
+  RowLogits(const ir::AttentionVariant& variant, const AttentionArgs& args)
       : variant_(variant), args_(args),
         score_(variant.score, key_chunk, [&](const ir::Node& n) { return varies_over_keys(variant, n); }) {
     if (!variant.keep.empty())
       keep_ = RowProgram(variant.keep, key_chunk, [&](const ir::Node& n) { return varies_over_keys(variant, n); });
     scratch_.resize(std::max(score_.scratch_size(), keep_.scratch_size()));
-    q_row_.resize(static_cast<std::size_t>(args.D));
     chunk_scores_.resize(key_chunk);
+  }
+
+ protected:
+  // k and v rows of (b, hk) as fp32, once per work item.
+  void widen_keys(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t Lk) {
+    const AttentionArgs& a = args_;
+    keys_.resize(static_cast<std::size_t>(Lk * a.D));
+    values_.resize(static_cast<std::size_t>(Lk * a.Dv));
+    for (std::int64_t j = 0; j < Lk; ++j) {
+      const std::int64_t k_offset = b * a.k.strides[0] + (k0 + j) * a.k.strides[1] + hk * a.k.strides[2];
+      for (std::int64_t d = 0; d < a.D; ++d) keys_[static_cast<std::size_t>(j * a.D + d)] = element(a.k, k_offset + d * a.k.strides[3]);
+      const std::int64_t v_offset = b * a.v.strides[0] + (k0 + j) * a.v.strides[1] + hk * a.v.strides[2];
+      for (std::int64_t d = 0; d < a.Dv; ++d) values_[static_cast<std::size_t>(j * a.Dv + d)] = element(a.v, v_offset + d * a.v.strides[3]);
+    }
+  }
+
+  // Calls body(j0, count, loader) for each chunk of the row's keys, the raw scores in place.
+  template <typename Body>
+  void for_chunks(Position& at, const KeyRange& range, const std::vector<float>& q_row, const Body& body) {
+    const AttentionArgs& a = args_;
+    for (std::int64_t j0 = range.begin; j0 < range.end; j0 += key_chunk) {
+      const std::int64_t count = std::min(key_chunk, range.end - j0);
+      for (std::int64_t c = 0; c < key_chunk; ++c) {
+        const float* key = &keys_[static_cast<std::size_t>((j0 + std::min(c, count - 1)) * a.D)];
+        float dot = 0;
+        for (std::int64_t d = 0; d < a.D; ++d) dot += q_row[static_cast<std::size_t>(d)] * key[d];
+        chunk_scores_[static_cast<std::size_t>(c)] = dot;
+      }
+      at.j0 = j0;
+      at.k_global0 = a.k_begin(at.n) + j0;
+      at.last = count - 1;
+      at.scores = chunk_scores_.data();
+      const Loader loader(variant_, a, at);
+      body(j0, count, loader);
+    }
+  }
+
+  // logits_ for query row at.i over the keys of `range` (-inf where dropped).
+  void form_logits(Position& at, const KeyRange& range, const std::vector<float>& q_row) {
+    const AttentionArgs& a = args_;
+    constexpr float minus_inf = -std::numeric_limits<float>::infinity();
+    logits_.assign(static_cast<std::size_t>(range.end - range.begin), minus_inf);
+    for_chunks(at, range, q_row, [&](std::int64_t j0, std::int64_t count, const Loader& loader) {
+      const float* logit = score_.evaluate(loader, scratch_.data());
+      const bool logit_row = score_.varies_over_features();
+      for (std::int64_t c = 0; c < count; ++c) logits_[static_cast<std::size_t>(j0 - range.begin + c)] = logit[logit_row ? c : 0];
+      if (!keep_.empty()) {
+        const float* keep = keep_.evaluate(loader, scratch_.data());
+        const bool keep_row = keep_.varies_over_features();
+        for (std::int64_t c = 0; c < count; ++c)
+          if (keep[keep_row ? c : 0] == 0.0f) logits_[static_cast<std::size_t>(j0 - range.begin + c)] = minus_inf;
+      }
+    });
+    if (variant_.segment_ids) {
+      const TensorView& qs = *a.q_segment_ids;
+      const TensorView& ks = *a.kv_segment_ids;
+      const std::int64_t mine = load_integer(qs, at.b * qs.strides[0] + at.q_global * qs.strides[1]);
+      const std::int64_t k0 = a.k_begin(at.n);
+      for (std::int64_t j = range.begin; j < range.end; ++j)
+        if (load_integer(ks, at.b * ks.strides[0] + (k0 + j) * ks.strides[1]) != mine)
+          logits_[static_cast<std::size_t>(j - range.begin)] = minus_inf;
+    }
+  }
+
+  // The sinks' logits of head h into `sinks`; returns the row's maximum over logits_ and them.
+  float row_max(std::int64_t h, std::vector<float>& sinks) const {
+    float best = -std::numeric_limits<float>::infinity();
+    for (float x : logits_) best = std::max(best, x);
+    sinks.clear();
+    if (variant_.sinks) {
+      const TensorView& aux = *args_.softmax_aux;
+      for (std::int64_t s = 0; s < args_.sinks; ++s) {
+        sinks.push_back(element(aux, h * aux.strides[0] + s * aux.strides[1]));
+        best = std::max(best, sinks.back());
+      }
+    }
+    return best;
+  }
+
+  const ir::AttentionVariant& variant_;
+  const AttentionArgs& args_;
+  RowProgram score_, keep_;
+  std::vector<float> scratch_, chunk_scores_, keys_, values_, logits_;
+};
+
+// One thread's state: the programs' scratch, a widened copy of q's row, keys and values.
+class Worker : RowLogits {
+ public:
+  Worker(const ir::AttentionVariant& variant, const AttentionArgs& args) : RowLogits(variant, args) {
+    q_row_.resize(static_cast<std::size_t>(args.D));
     o_row_.resize(static_cast<std::size_t>(args.Dv));
   }
 
@@ -153,71 +244,19 @@ class Worker {
       const std::int64_t q_offset = b * a.q.strides[0] + (q0 + i) * a.q.strides[1] + h * a.q.strides[2];
       for (std::int64_t d = 0; d < a.D; ++d) q_row_[d] = element(a.q, q_offset + d * a.q.strides[3]);
       const KeyRange range = key_range(variant_, i, Lq, Lk, a.window_left, a.window_right);
-      logits_.assign(static_cast<std::size_t>(range.end - range.begin), -std::numeric_limits<float>::infinity());
-      for (std::int64_t j0 = range.begin; j0 < range.end; j0 += key_chunk) {
-        const std::int64_t count = std::min(key_chunk, range.end - j0);
-        for (std::int64_t c = 0; c < key_chunk; ++c) {
-          const float* key = &keys_[static_cast<std::size_t>((j0 + std::min(c, count - 1)) * a.D)];
-          float dot = 0;
-          for (std::int64_t d = 0; d < a.D; ++d) dot += q_row_[d] * key[d];
-          chunk_scores_[c] = dot;
-        }
-        at.j0 = j0;
-        at.k_global0 = k0 + j0;
-        at.last = count - 1;
-        at.scores = chunk_scores_.data();
-        const Loader loader(variant_, a, at);
-        const float* logit = score_.evaluate(loader, scratch_.data());
-        const bool logit_row = score_.varies_over_features();
-        for (std::int64_t c = 0; c < count; ++c) logits_[j0 - range.begin + c] = logit[logit_row ? c : 0];
-        if (!keep_.empty()) {
-          const float* keep = keep_.evaluate(loader, scratch_.data());
-          const bool keep_row = keep_.varies_over_features();
-          for (std::int64_t c = 0; c < count; ++c)
-            if (keep[keep_row ? c : 0] == 0.0f) logits_[j0 - range.begin + c] = -std::numeric_limits<float>::infinity();
-        }
-      }
-      if (variant_.segment_ids) {
-        const TensorView& qs = *a.q_segment_ids;
-        const TensorView& ks = *a.kv_segment_ids;
-        const std::int64_t mine = load_integer(qs, b * qs.strides[0] + (q0 + i) * qs.strides[1]);
-        for (std::int64_t j = range.begin; j < range.end; ++j)
-          if (load_integer(ks, b * ks.strides[0] + (k0 + j) * ks.strides[1]) != mine)
-            logits_[j - range.begin] = -std::numeric_limits<float>::infinity();
-      }
+      form_logits(at, range, q_row_);
       finish_row(n, h, b, q0 + i, i, range);
     }
   }
 
  private:
-  // k and v rows of (b, hk) as fp32, once per work item.
-  void widen_keys(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t Lk) {
-    const AttentionArgs& a = args_;
-    keys_.resize(static_cast<std::size_t>(Lk * a.D));
-    values_.resize(static_cast<std::size_t>(Lk * a.Dv));
-    for (std::int64_t j = 0; j < Lk; ++j) {
-      const std::int64_t k_offset = b * a.k.strides[0] + (k0 + j) * a.k.strides[1] + hk * a.k.strides[2];
-      for (std::int64_t d = 0; d < a.D; ++d) keys_[j * a.D + d] = element(a.k, k_offset + d * a.k.strides[3]);
-      const std::int64_t v_offset = b * a.v.strides[0] + (k0 + j) * a.v.strides[1] + hk * a.v.strides[2];
-      for (std::int64_t d = 0; d < a.Dv; ++d) values_[j * a.Dv + d] = element(a.v, v_offset + d * a.v.strides[3]);
-    }
-  }
-
   // Softmax over the row's logits (sinks in the denominator), dropout, P V, lse.
   void finish_row(std::int64_t n, std::int64_t h, std::int64_t b, std::int64_t q_global, std::int64_t i,
                   const KeyRange& range) {
     const AttentionArgs& a = args_;
     constexpr float minus_inf = -std::numeric_limits<float>::infinity();
-    float row_max = minus_inf;
-    for (float x : logits_) row_max = std::max(row_max, x);
     std::vector<float> sinks;
-    if (variant_.sinks) {
-      const TensorView& aux = *a.softmax_aux;
-      for (std::int64_t s = 0; s < a.sinks; ++s) {
-        sinks.push_back(element(aux, h * aux.strides[0] + s * aux.strides[1]));
-        row_max = std::max(row_max, sinks.back());
-      }
-    }
+    const float row_max = this->row_max(h, sinks);
     std::fill(o_row_.begin(), o_row_.end(), 0.0f);
     float lse = minus_inf;
     if (row_max != minus_inf) {
@@ -253,10 +292,7 @@ class Worker {
     }
   }
 
-  const ir::AttentionVariant& variant_;
-  const AttentionArgs& args_;
-  RowProgram score_, keep_;
-  std::vector<float> scratch_, q_row_, chunk_scores_, o_row_, keys_, values_, logits_;
+  std::vector<float> q_row_, o_row_;
 };
 
 float& grad_at(const TensorView& view, std::int64_t offset) { return static_cast<float*>(view.data)[offset]; }
@@ -268,13 +304,11 @@ struct ScoreDerivative {
 };
 
 // The backward of one query row at a time.
-class BackwardWorker {
+class BackwardWorker : RowLogits {
  public:
   BackwardWorker(const ir::AttentionVariant& variant, const AttentionArgs& args, const AttentionGrads& grads)
-      : variant_(variant), args_(args), grads_(grads),
-        score_(variant.score, key_chunk, [&](const ir::Node& n) { return varies_over_keys(variant, n); }) {
+      : RowLogits(variant, args), grads_(grads) {
     const auto varies = [&](const ir::Node& n) { return varies_over_keys(variant, n); };
-    if (!variant.keep.empty()) keep_ = RowProgram(variant.keep, key_chunk, varies);
     derivatives_.push_back({-1, RowProgram(ir::derivative(variant.score, ir::Op::score), key_chunk, varies)});
     std::vector<bool> reads(variant.inputs.size(), false);
     for (const ir::Node& node : variant.score.nodes)
@@ -283,10 +317,9 @@ class BackwardWorker {
       if (reads[x] && variant.inputs[x].kind != ir::InputKind::scalar && x < grads.d_tensors.size() && grads.d_tensors[x])
         derivatives_.push_back({static_cast<std::int32_t>(x),
                                 RowProgram(ir::derivative(variant.score, static_cast<std::int32_t>(x)), key_chunk, varies)});
-    std::size_t scratch = std::max(score_.scratch_size(), keep_.scratch_size());
+    std::size_t scratch = scratch_.size();
     for (const ScoreDerivative& d : derivatives_) scratch = std::max(scratch, d.program.scratch_size());
     scratch_.resize(scratch);
-    chunk_scores_.resize(key_chunk);
   }
 
   void run(std::int64_t n, std::int64_t h) {
@@ -294,14 +327,7 @@ class BackwardWorker {
     const std::int64_t hk = h / (a.H / a.H_kv);
     const std::int64_t b = a.batch_of(n), q0 = a.q_begin(n), k0 = a.k_begin(n);
     const std::int64_t Lq = a.q_length(n), Lk = a.k_length(n);
-    keys_.resize(static_cast<std::size_t>(Lk * a.D));
-    values_.resize(static_cast<std::size_t>(Lk * a.Dv));
-    for (std::int64_t j = 0; j < Lk; ++j) {
-      const std::int64_t k_offset = b * a.k.strides[0] + (k0 + j) * a.k.strides[1] + hk * a.k.strides[2];
-      for (std::int64_t d = 0; d < a.D; ++d) keys_[static_cast<std::size_t>(j * a.D + d)] = element(a.k, k_offset + d * a.k.strides[3]);
-      const std::int64_t v_offset = b * a.v.strides[0] + (k0 + j) * a.v.strides[1] + hk * a.v.strides[2];
-      for (std::int64_t d = 0; d < a.Dv; ++d) values_[static_cast<std::size_t>(j * a.Dv + d)] = element(a.v, v_offset + d * a.v.strides[3]);
-    }
+    widen_keys(b, hk, k0, Lk);
     std::vector<float> q_row(static_cast<std::size_t>(a.D)), do_row(static_cast<std::size_t>(a.Dv)), dq_row(static_cast<std::size_t>(a.D));
     Position at;
     at.b = b, at.n = n, at.h = h;
@@ -316,37 +342,11 @@ class BackwardWorker {
       for (std::int64_t d = 0; d < a.Dv; ++d) do_row[static_cast<std::size_t>(d)] = element(g, do_offset + d * g.strides[3]);
       const KeyRange range = key_range(variant_, i, Lq, Lk, a.window_left, a.window_right);
       const std::int64_t width = range.end - range.begin;
-      // The logits, as the forward forms them.
-      logits_.assign(static_cast<std::size_t>(width), minus_inf);
-      for_chunks(at, range, q_row, [&](std::int64_t j0, std::int64_t count, const Loader& loader) {
-        const float* logit = score_.evaluate(loader, scratch_.data());
-        const bool row = score_.varies_over_features();
-        for (std::int64_t c = 0; c < count; ++c) logits_[static_cast<std::size_t>(j0 - range.begin + c)] = logit[row ? c : 0];
-        if (!keep_.empty()) {
-          const float* keep = keep_.evaluate(loader, scratch_.data());
-          const bool keep_row = keep_.varies_over_features();
-          for (std::int64_t c = 0; c < count; ++c)
-            if (keep[keep_row ? c : 0] == 0.0f) logits_[static_cast<std::size_t>(j0 - range.begin + c)] = minus_inf;
-        }
-      });
-      if (variant_.segment_ids) {
-        const TensorView& qs = *a.q_segment_ids;
-        const TensorView& ks = *a.kv_segment_ids;
-        const std::int64_t mine = load_integer(qs, b * qs.strides[0] + (q0 + i) * qs.strides[1]);
-        for (std::int64_t j = range.begin; j < range.end; ++j)
-          if (load_integer(ks, b * ks.strides[0] + (k0 + j) * ks.strides[1]) != mine) logits_[static_cast<std::size_t>(j - range.begin)] = minus_inf;
-      }
-      // The softmax (sinks in the denominator): p_j, then dP_j = keep_j (do . v_j) and delta = sum p dP.
-      float row_max = minus_inf;
-      for (float x : logits_) row_max = std::max(row_max, x);
+      // The logits and the softmax (sinks in the denominator), as the forward forms them: p_j, then
+      // dP_j = keep_j (do . v_j) and delta = sum p dP.
+      form_logits(at, range, q_row);
       std::vector<float> sinks;
-      if (variant_.sinks) {
-        const TensorView& aux = *a.softmax_aux;
-        for (std::int64_t s = 0; s < a.sinks; ++s) {
-          sinks.push_back(element(aux, h * aux.strides[0] + s * aux.strides[1]));
-          row_max = std::max(row_max, sinks.back());
-        }
-      }
+      const float row_max = this->row_max(h, sinks);
       if (row_max == minus_inf) continue;  // nothing kept: o = 0, no gradient
       float row_sum = 0.0f;
       for (float x : logits_) row_sum += std::exp(x - row_max);
@@ -445,33 +445,9 @@ class BackwardWorker {
     return mine[static_cast<std::size_t>(offset)];
   }
 
-  // Calls body(j0, count, loader) for each chunk of the row's keys, the raw scores in place.
-  template <typename Body>
-  void for_chunks(Position& at, const KeyRange& range, const std::vector<float>& q_row, const Body& body) {
-    const AttentionArgs& a = args_;
-    for (std::int64_t j0 = range.begin; j0 < range.end; j0 += key_chunk) {
-      const std::int64_t count = std::min(key_chunk, range.end - j0);
-      for (std::int64_t c = 0; c < key_chunk; ++c) {
-        const float* key = &keys_[static_cast<std::size_t>((j0 + std::min(c, count - 1)) * a.D)];
-        float dot = 0;
-        for (std::int64_t d = 0; d < a.D; ++d) dot += q_row[static_cast<std::size_t>(d)] * key[d];
-        chunk_scores_[static_cast<std::size_t>(c)] = dot;
-      }
-      at.j0 = j0;
-      at.k_global0 = a.k_begin(at.n) + j0;
-      at.last = count - 1;
-      at.scores = chunk_scores_.data();
-      const Loader loader(variant_, a, at);
-      body(j0, count, loader);
-    }
-  }
-
-  const ir::AttentionVariant& variant_;
-  const AttentionArgs& args_;
   const AttentionGrads& grads_;
-  RowProgram score_, keep_;
   std::vector<ScoreDerivative> derivatives_;
-  std::vector<float> scratch_, chunk_scores_, keys_, values_, logits_, dlogits_, sinks_grad_;
+  std::vector<float> dlogits_, sinks_grad_;
   std::vector<std::vector<float>> input_grads_ = std::vector<std::vector<float>>(variant_.inputs.size());
 };
 
