@@ -509,6 +509,27 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c.out();
     c("}");
   };
+  // P's bf16 fragments (the A operand of o += P v) from the scores once their batch is done: element
+  // r of column block nb is `value`, with step_s (the key's step) and step_t (the row's) in scope.
+  const auto emit_p = [&](const std::string& value) {
+    c("ladle_wgmma_wait<2>();");
+    c("ladle_wgmma_fence_operand<64>(score);");
+    c("unsigned p_frag[4][4];");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+    c.in();
+    c("float p[4];");
+    c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c.in();
+    c("const int s = 8 * nb + 2 * tig + (r & 1);");
+    c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
+    c("p[r] = " + value + ";");
+    c.out();
+    c("}");
+    c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
+    c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
+    c.out();
+    c("}");
+  };
   // The key-side gate's log2 value lg at box row `row` of key feature fb * 64 + fc (its inputs from the
   // stage's boxes; fb, fc and stage_offset in scope), floored at GATE_FLOOR.
   const auto gate_at = [&](const std::string& row) {
@@ -647,23 +668,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c("");
       c("// 2e. P: the scores of the step's pairs, s before or at t (k~ is zero before t0); o += P v (P from");
       c("//     registers, v N-major).");
-      c("ladle_wgmma_wait<2>();");
-      c("ladle_wgmma_fence_operand<64>(score);");
-      c("unsigned p_frag[4][4];");
-      c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
-      c.in();
-      c("float p[4];");
-      c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-      c.in();
-      c("const int s = 8 * nb + 2 * tig + (r & 1);");
-      c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
-      c("p[r] = step_s <= step_t && step_t < t1 ? score[nb][r] : 0.0f;");
-      c.out();
-      c("}");
-      c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
-      c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
-      c.out();
-      c("}");
+      emit_p("step_s <= step_t && step_t < t1 ? score[nb][r] : 0.0f");
       c("ladle_wgmma_wait<1>();  // o += q~ st done");
       c("ladle_wgmma_fence_operand<64>(o_acc);");
       c("ladle_wgmma_fence();");
@@ -918,24 +923,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
       c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
       c("const float G_a = gsum[step_a], G_b = gsum[step_b];");
-      c("ladle_wgmma_wait<2>();");
-      c("ladle_wgmma_fence_operand<64>(score);");
-      c("unsigned p_frag[4][4];");
-      c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
-      c.in();
-      c("float p[4];");
-      c("LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-      c.in();
-      c("const int s = 8 * nb + 2 * tig + (r & 1);");
-      c("const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
-      c("const bool keep = step_s <= step_t && step_s < valid;");
-      c("p[r] = keep ? score[nb][r] * read_scale * ladle_exp2((r < 2 ? G_a : G_b) - gsum[step_s]) : 0.0f;");
-      c.out();
-      c("}");
-      c("p_frag[nb / 2][(nb % 2) * 2] = ladle_pack_bf16(p[0], p[1]);");
-      c("p_frag[nb / 2][(nb % 2) * 2 + 1] = ladle_pack_bf16(p[2], p[3]);");
-      c.out();
-      c("}");
+      emit_p("step_s <= step_t && step_s < valid ? score[nb][r] * read_scale * ladle_exp2((r < 2 ? G_a : G_b) - gsum[step_s]) : 0.0f");
       c("ladle_wgmma_wait<1>();  // o = q st done");
       c("ladle_wgmma_fence_operand<64>(o_acc);");
       c("const float f_a = read_scale * ladle_exp2(G_a), f_b = read_scale * ladle_exp2(G_b);");
