@@ -157,7 +157,8 @@ void bind_outputs(std::string_view op, const RunOptions& options, const Recurren
                   BoundInputs& bound) {
   const Checker check(op);
   const RecurrentDims& d = bound.dims;
-  check.type("o", outputs.o, d.type, "the dtype of q");
+  // q's dtype, or f32 for 16-bit inputs (the backward's recurrences keep their outputs in fp32).
+  if (outputs.o.type != ElementType::f32) check.type("o", outputs.o, d.type, "the dtype of q, or f32");
   Pattern o_pattern;
   if (!d.packed) o_pattern.push_back({"B", d.B});
   o_pattern.insert(o_pattern.end(), {{"T", d.T}, {"H", d.H}, {"V", d.V}});
@@ -172,6 +173,23 @@ void bind_outputs(std::string_view op, const RunOptions& options, const Recurren
     check.shape("final_state", ht, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
     check.data("final_state", ht);
     bound.args.final_state = ht;
+  }
+}
+
+void bind_backward(std::string_view op, const BoundInputs& bound, const TensorView& d_output,
+                   const std::optional<TensorView>& d_final_state) {
+  const Checker check(op);
+  const RecurrentDims& d = bound.dims;
+  check.floating("d_output", d_output);
+  const std::vector<std::int64_t> out_shape = d.output_shape();
+  if (d_output.shape != out_shape)
+    check.fail("d_output has shape " + shape_text(d_output.shape) + ", expected the output's shape " +
+               std::string(d.packed ? "[T,H,V] = " : "[B,T,H,V] = ") + shape_text(out_shape));
+  check.data("d_output", d_output);
+  if (d_final_state) {
+    check.floating("d_final_state", *d_final_state);
+    check.shape("d_final_state", *d_final_state, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
+    check.data("d_final_state", *d_final_state);
   }
 }
 

@@ -37,4 +37,9 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
 void bind_outputs(std::string_view op, const RunOptions& options, const RecurrentOutputs& outputs,
                   BoundInputs& bound);
 
+// Checks a backward's incoming gradients against the bound forward: d_output in the output's shape
+// and d_final_state in the state's, any floating dtype and strides, with data.
+void bind_backward(std::string_view op, const BoundInputs& bound, const TensorView& d_output,
+                   const std::optional<TensorView>& d_final_state);
+
 }  // namespace ladle::ops

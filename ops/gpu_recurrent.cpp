@@ -1,6 +1,7 @@
 #include "gpu_recurrent.h"
 
 #include "detail/loaded_kernel.h"
+#include "detail/pack_input.h"
 #include "gpu_attention.h"
 #include "device_upload.h"
 #include "tune_recurrent.h"
@@ -84,6 +85,32 @@ struct SplitArguments {
   std::uint64_t segment_decay = 0;   // device [S'][H][DL] f32
 };
 
+}  // namespace
+
+namespace detail {
+
+bool pack_input(KernelArgs& packed, const cuda::KernelParam& p, const ir::Variant& variant, const cpu::RecurrentArgs& args) {
+  if (p.input < 0) return false;
+  const TensorView* view = &args.tensors[p.input];
+  const bool head_param = variant.inputs[p.input].kind == ir::InputKind::head;
+  switch (p.role) {
+    case Role::input:
+      if (p.type == cuda::KernelParam::Type::f32) packed.add(args.scalars[p.input]);
+      else packed.add(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(view->data)));
+      return true;
+    case Role::input_stride_b: packed.add(static_cast<long long>(view->strides[0])); return true;
+    case Role::input_stride_t: packed.add(static_cast<long long>(view->strides[1])); return true;
+    case Role::input_stride_h: packed.add(static_cast<long long>(view->strides[head_param ? 1 : 2])); return true;
+    case Role::input_stride_d: packed.add(static_cast<long long>(view->strides[3])); return true;
+    case Role::input_heads: packed.add(static_cast<int>(view->shape[head_param ? 1 : 2])); return true;
+    default: return false;
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
 // The argument array of a kernel of the recurrence families, by parameter role.
 KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir::Variant& variant,
                           const cpu::RecurrentArgs& args, std::uint64_t offsets, const SplitArguments& split = {}) {
@@ -91,17 +118,14 @@ KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir
   auto ptr = [](const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); };
   for (const cuda::KernelParam& p : params) {
     const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
-    const bool head_param = p.input >= 0 && variant.inputs[p.input].kind == ir::InputKind::head;
+    if (detail::pack_input(packed, p, variant, args)) continue;
     switch (p.role) {
       case Role::input:
-        if (p.type == cuda::KernelParam::Type::f32) packed.add(args.scalars[p.input]);
-        else packed.add(ptr(view->data));
-        break;
-      case Role::input_stride_b: packed.add(static_cast<long long>(view->strides[0])); break;
-      case Role::input_stride_t: packed.add(static_cast<long long>(view->strides[1])); break;
-      case Role::input_stride_h: packed.add(static_cast<long long>(view->strides[head_param ? 1 : 2])); break;
-      case Role::input_stride_d: packed.add(static_cast<long long>(view->strides[3])); break;
-      case Role::input_heads: packed.add(static_cast<int>(view->shape[head_param ? 1 : 2])); break;
+      case Role::input_stride_b:
+      case Role::input_stride_t:
+      case Role::input_stride_h:
+      case Role::input_stride_d:
+      case Role::input_heads: break;  // packed above
       case Role::output: packed.add(ptr(args.output.data)); break;
       case Role::output_stride_b: packed.add(static_cast<long long>(args.output.strides[0])); break;
       case Role::output_stride_t: packed.add(static_cast<long long>(args.output.strides[1])); break;
@@ -136,7 +160,7 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
     spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32
                                                                                : args.tensors[i].type);
   }
-  spec.output_type = bound.dims.type;
+  spec.output_type = bound.args.output.data ? bound.args.output.type : bound.dims.type;  // o bound: its dtype
   spec.reverse = args.reverse;
   spec.varlen = !args.cu_seqlens.empty();
   spec.cu_seqlens_type = ElementType::i64;

@@ -9,6 +9,7 @@
 #include "bind.h"
 #include "detail/checks.h"
 #include "detail/fingerprint.h"
+#include "gpu_backward.h"
 #include "gpu_recurrent.h"
 #include "recurrent.h"
 
@@ -120,17 +121,7 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
     check.fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to another call)");
   const ops::RecurrentDims& d = s.bound.dims;
-  check.floating("d_output", d_output);
-  const std::vector<std::int64_t> out_shape = d.output_shape();
-  if (d_output.shape != out_shape)
-    check.fail("d_output has shape " + ops::detail::shape_text(d_output.shape) + ", expected the output's shape " +
-               std::string(d.packed ? "[T,H,V] = " : "[B,T,H,V] = ") + ops::detail::shape_text(out_shape));
-  check.data("d_output", d_output);
-  if (d_final_state) {
-    check.floating("d_final_state", *d_final_state);
-    check.shape("d_final_state", *d_final_state, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
-    check.data("d_final_state", *d_final_state);
-  }
+  ops::bind_backward(op, s.bound, d_output, d_final_state);
   s.d_tensors.resize(variant.inputs.size());
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Input& in = variant.inputs[i];
@@ -176,6 +167,13 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   if (variant.normalize)
     throw InvalidArgument(op + ": the backward by composition (the GPU's) has no normalised read; its CPU backward does");
   BackwardSetup s = setup_backward(saved, d_output, d_final_state);
+  if (backend == Backend::gpu || (backend == Backend::automatic && driver_available())) {
+    gpu::RecurrentGradientViews views{s.out.dq.view(), s.out.dk.view(), s.out.dv.view(), {}, std::nullopt};
+    for (const auto& [name, t] : s.out.inputs) views.inputs[name] = t.view();
+    if (s.out.d_initial_state) views.d_initial_state = s.out.d_initial_state->view();
+    gpu::run_variant_backward(variant, saved.q, saved.k, saved.v, saved.inputs, saved.options, d_output, d_final_state, views);
+    return std::move(s.out);
+  }
   const cpu::RecurrentArgs& a = s.bound.args;
   const std::int64_t B = a.batch, T = a.tokens, H = a.heads, K = a.key_dim, V = a.value_dim, N = s.bound.dims.N;
   const bool reverse = a.reverse;

@@ -242,10 +242,11 @@ void DeviceBuffer::copy_from(const DeviceBuffer& src, std::size_t bytes, const S
                                    static_cast<CUdeviceptr>(src.ptr_), bytes, stream_of(stream)));
 }
 
-void DeviceBuffer::fill_bytes(unsigned char value, const Stream* stream) {
-  if (bytes_ == 0) return;
-  LADLE_CU(api().cuMemsetD8Async(static_cast<CUdeviceptr>(ptr_), value, bytes_,
-                                 stream_of(stream)));
+void DeviceBuffer::fill_bytes(unsigned char value, const Stream* stream) { fill_device_bytes(ptr_, bytes_, value, stream); }
+
+void fill_device_bytes(std::uint64_t ptr, std::size_t bytes, unsigned char value, const Stream* stream) {
+  if (bytes == 0) return;
+  LADLE_CU(api().cuMemsetD8Async(static_cast<CUdeviceptr>(ptr), value, bytes, stream_of(stream)));
 }
 
 namespace {

@@ -114,6 +114,10 @@ class DeviceBuffer {
   void release() noexcept;
 };
 
+// Sets `bytes` bytes of device memory at `ptr` (memory the caller owns, e.g. a view's) to `value`,
+// ordered on `stream` (nullptr: the default stream).
+void fill_device_bytes(std::uint64_t ptr, std::size_t bytes, unsigned char value, const Stream* stream = nullptr);
+
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };

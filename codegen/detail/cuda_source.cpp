@@ -433,7 +433,12 @@ InputUse input_use(const ir::Variant& variant) {
 
 std::string render_slot(const ir::Variant& variant, const std::vector<std::string>& ids, ir::Slot slot,
                         const std::string& suffix) {
-  return ir::render_c(variant, variant.slot(slot), [&](const ir::Input& in, std::int32_t k) -> std::string {
+  return render_expr(variant, ids, variant.slot(slot), suffix);
+}
+
+std::string render_expr(const ir::Variant& variant, const std::vector<std::string>& ids, const ir::Expr& expr,
+                        const std::string& suffix) {
+  return ir::render_c(variant, expr, [&](const ir::Input& in, std::int32_t k) -> std::string {
     switch (in.kind) {
       case ir::InputKind::token_key:
       case ir::InputKind::token_value: return ids[k] + suffix;

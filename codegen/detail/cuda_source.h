@@ -60,6 +60,9 @@ InputUse input_use(const ir::Variant& variant);
 // as <id>_t, head as <id>_value, scalars as the parameter.
 std::string render_slot(const ir::Variant& variant, const std::vector<std::string>& ids, ir::Slot slot,
                         const std::string& suffix);
+// Any expression over the variant's inputs (a slot's derivative), read from the same locals.
+std::string render_expr(const ir::Variant& variant, const std::vector<std::string>& ids, const ir::Expr& expr,
+                        const std::string& suffix);
 // The load of input k's feature `index` at the current token: ladle_load(x + x_row + index * x_stride_d).
 std::string row_load(const std::vector<std::string>& ids, std::size_t k, const std::string& index);
 

@@ -8,6 +8,7 @@
 
 #include <ladle/codegen/cpu_expr.h>
 #include <ladle/dsl/dsl.h>
+#include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
@@ -321,6 +322,96 @@ TEST_CASE("the recurrent backward handles packed sequences with an empty one, GQ
   gqa.H = 4, gqa.H_kv = 2, gqa.K = 5, gqa.V = 2;
   gqa.reverse = true;
   check_gradients(gqa);
+}
+
+// The GPU backward at chunk-sized lengths with 16-bit inputs: the slots in bf16 and the three
+// recurrences on the chunked tensor-core kernels, against the CPU backward (itself checked against
+// finite differences above) on the same inputs. bf16 operands: the 16-bit tolerance, as a norm.
+TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "[backward][recurrent][gpu]") {
+  namespace dsl = ladle::dsl;
+  const ir::Variant user = dsl::lower(
+      dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")), dsl::q,
+                dsl::sigmoid(dsl::token_head("s"))),
+      "user_gate");
+  struct Case {
+    const ir::Variant* variant;
+    bool reverse, packed, initial_state, gqa;
+  };
+  const std::vector<Case> cases{{&ladle::gla_variant(false), false, false, true, false},
+                                {&ladle::recurrent_variant(true, false, true, true), true, true, true, false},
+                                {&user, false, true, false, true},
+                                {&ladle::recurrent_variant(false, false, false, false), true, false, false, false}};
+  int seed = 0;
+  for (const Case& c : cases) {
+    const ir::Variant& variant = *c.variant;
+    std::mt19937_64 rng(static_cast<std::uint64_t>(700 + seed++));
+    const std::int64_t T = 300, H = 4, H_kv = c.gqa ? 2 : 4, K = 64, V = 64, B = c.packed ? 1 : 2;
+    const std::vector<std::int64_t> cu{0, 100, 100, 300};
+    const std::int64_t N = c.packed ? 3 : B;
+    std::vector<test::Filled> keep;
+    const auto add = [&](test::Filled f) -> const HostTensor& {
+      keep.push_back(std::move(f));
+      return keep.back().tensor;
+    };
+    keep.reserve(16);
+    const HostTensor& q = add(test::normal(rng, ElementType::bf16, {B, T, H, K}));
+    const HostTensor& k = add(test::normal(rng, ElementType::bf16, {B, T, H_kv, K}, 0.25));
+    const HostTensor& v = add(test::normal(rng, ElementType::bf16, {B, T, H_kv, V}));
+    ladle::VariantInputs inputs;
+    if (variant.find_input("scale") >= 0) inputs.scalars.emplace("scale", 0.125f);
+    for (const ir::Input& in : variant.inputs) {
+      if (in.kind == ir::InputKind::scalar || in.role != ir::Role::other) continue;
+      std::vector<std::int64_t> shape = in.kind == ir::InputKind::head ? std::vector<std::int64_t>{H}
+                                        : in.kind == ir::InputKind::token_head ? std::vector<std::int64_t>{B, T, H}
+                                        : std::vector<std::int64_t>{B, T, H, in.kind == ir::InputKind::token_value ? V : K};
+      const HostTensor& t = in.name == "tau"                 ? add(test::filled(ElementType::f32, shape, [&] { return 8.0 + rng() % 8; }))
+                            : in.kind == ir::InputKind::head ? add(test::log_gate(rng, ElementType::f32, shape))
+                            : in.name == "x" || in.name == "s" ? add(test::normal(rng, ElementType::bf16, shape))
+                                                               : add(test::log_gate(rng, ElementType::f32, shape));
+      inputs.tensors.emplace(in.name, t.view());
+    }
+    ladle::RunOptions options;
+    options.backend = ladle::Backend::cpu;
+    options.reverse = c.reverse;
+    HostTensor offsets(ElementType::i64, {4});
+    std::copy(cu.begin(), cu.end(), static_cast<std::int64_t*>(offsets.data()));
+    if (c.packed) options.cu_seqlens = offsets.view();
+    if (c.initial_state) options.initial_state = add(test::normal(rng, ElementType::f32, {N, H, K, V})).view();
+    options.return_state = true;
+    const HostTensor& d_o = add(test::normal(rng, ElementType::bf16, {B, T, H, V}));
+    const HostTensor& d_s = add(test::normal(rng, ElementType::f32, {N, H, K, V}, 0.1));
+    // algorithm recurrent: the GPU backward keeps its slots in fp32 (the fused-recurrent kernels), so it
+    // must match the CPU backward to fp32 rounding; automatic: 16-bit slots on the chunked kernels.
+    for (const ladle::Algorithm algorithm : {ladle::Algorithm::automatic, ladle::Algorithm::recurrent}) {
+      options.algorithm = algorithm;
+      const ladle::RecurrentForward forward = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
+      const ladle::RecurrentGradients cpu = ladle::run_variant_backward(forward.saved, d_o.view(), d_s.view());
+      const bool exact = algorithm == ladle::Algorithm::recurrent;
+      INFO(ir::to_string(variant) << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "") << (c.gqa ? " GQA" : "")
+                                  << (exact ? " fp32 slots" : " 16-bit slots"));
+      if (!ladle::driver_available()) {
+        WARN("no GPU: " << ladle::driver_unavailable_reason());
+        CHECK_THROWS_AS(ladle::run_variant_backward_composed(forward.saved, d_o.view(), d_s.view(), ladle::Backend::gpu), ladle::NoCudaDriver);
+        continue;
+      }
+      const ladle::RecurrentGradients gpu = ladle::run_variant_backward_composed(forward.saved, d_o.view(), d_s.view(), ladle::Backend::gpu);
+      // 16-bit slots: the recurrences round their decay-scaled operands to bf16 (about 2^-9 each). The
+      // decays' gradients are sums of q . dq - k . dk that cancel, which amplifies that rounding: a gate
+      // input's gradient gets 5e-2, a per-head parameter's (summed over every token and feature) 1.5e-1.
+      const auto compare = [&](const std::string& name, const HostTensor& got, const HostTensor& want, double rounded) {
+        const double error = test::relative_error(got, test::values_of(want));
+        INFO("d" << name << ": relative error " << error);
+        CHECK(got.shape() == want.shape());
+        CHECK(error < (exact ? 1e-3 : rounded));
+      };
+      compare("q", gpu.dq, cpu.dq, 2e-2);
+      compare("k", gpu.dk, cpu.dk, 2e-2);
+      compare("v", gpu.dv, cpu.dv, 2e-2);
+      for (const auto& [name, want] : cpu.inputs)
+        compare(name, gpu.inputs.at(name), want, variant.inputs[static_cast<std::size_t>(variant.find_input(name))].kind == ir::InputKind::head ? 1.5e-1 : 5e-2);
+      if (c.initial_state) compare("h0", *gpu.d_initial_state, *cpu.d_initial_state, 2e-2);
+    }
+  }
 }
 
 TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurrent]") {

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <ladle/ops/gla.h>
+#include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/driver.h>
@@ -58,6 +59,42 @@ TEST_CASE("NVRTC compiles the fused-recurrent kernel of every gate combination, 
     }
   }
   CHECK(compiled == 3 * 16 * 4);
+}
+
+TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combination, user gates and modes",
+          "[gpu][nvrtc][backward]") {
+  namespace dsl = ladle::dsl;
+  std::vector<ladle::ir::Variant> variants;
+  for (unsigned gates = 0; gates < 16; ++gates) variants.push_back(ladle::recurrent_variant(gates & 1, gates & 2, gates & 4, gates & 8));
+  variants.push_back(ladle::gla_variant(true));
+  variants.push_back(dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")),
+                                          dsl::q, dsl::sigmoid(dsl::token_head("s"))),
+                                "user_gate"));
+  int compiled = 0;
+  for (const auto& variant : variants)
+    for (int mode = 0; mode < 4; ++mode)
+      for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain}) {
+        ladle::cuda::BackwardKernelSpec spec;
+        const ElementType type = mode & 1 ? ElementType::bf16 : ElementType::f32;
+        for (const auto& input : variant.inputs) spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ElementType::f32 : type);
+        spec.slot_type = type;
+        spec.d_output_type = mode == 3 ? ElementType::f16 : type;
+        spec.reverse = mode & 2;
+        spec.varlen = mode & 1;
+        spec.phase = phase;
+        INFO(ladle::ir::to_string(variant) << " mode " << mode << " " << ladle::cuda::to_string(phase));
+        const auto result = ladle::gpu::compile_backward(variant, spec, "compute_80");
+        REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
+        ++compiled;
+      }
+  CHECK(compiled == 18 * 4 * 3);
+  // The helpers (the state conversion once per dtype).
+  ladle::CompileOptions options;
+  options.arch = "compute_80";
+  const auto helpers = ladle::compile(ladle::cuda::backward_helpers_source(), options);
+  for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial",
+                           "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})
+    CHECK(helpers.ptx.find(std::string(".entry ") + name) != std::string::npos);
 }
 
 TEST_CASE("the sm_90a cubins of the named ops fit without spills at K = V = 64, 128 and 256", "[gpu][nvrtc]") {

@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
@@ -54,47 +55,9 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo)->check(CLI::IsMember({"recurrent", "chunked"}));
   bool backward = false;
   app.add_flag("--backward", backward,
-               "--op gla: time run_variant_for_backward and run_variant_backward on host tensors (wall clock, the "
-               "backward by composition on the GPU)");
+               "time the forward and the backward (gpu::run_variant_backward_into, device tensors, d_output random) "
+               "with events; the loss sum(o * d_output)");
   CLI11_PARSE(app, argc, argv);
-  if (backward) try {
-    // Host bf16 tensors, the loss sum(o * w) with a random w: the forward keeping what the backward
-    // needs, then the backward, each timed on the wall clock (uploads and downloads included).
-    const auto host = [&](std::vector<std::int64_t> shape, bool gate, unsigned seed) {
-      ladle::HostTensor t(ladle::ElementType::bf16, std::move(shape));
-      std::mt19937 rng(seed);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      for (std::int64_t i = 0; i < t.numel(); ++i) {
-        const float x = normal(rng);
-        t.set(i, gate ? (std::fmin(x, 0.0f) - std::log1p(std::exp(-std::fabs(x)))) / 16.0f : x);
-      }
-      return t;
-    };
-    const ladle::HostTensor hq = host({B, T, H, K}, false, 1), hk = host({B, T, H, K}, false, 2), hv = host({B, T, H, V}, false, 3),
-                            hg = host({B, T, H, K}, true, 4), hw = host({B, T, H, V}, false, 5);
-    ladle::VariantInputs inputs{{{"g", hg.view()}}, {{"scale", 1.0f / std::sqrt(float(K))}}};
-    ladle::RunOptions options;
-    options.backend = ladle::Backend::gpu;
-    options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
-    const auto now = [] { return std::chrono::steady_clock::now(); };
-    const auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-    for (int rep = 0; rep < 3; ++rep) {
-      const auto t0 = now();
-      const ladle::RecurrentForward forward =
-          ladle::run_variant_for_backward(ladle::gla_variant(false), hq.view(), hk.view(), hv.view(), inputs, options);
-      const auto t1 = now();
-      const ladle::RecurrentGradients grads = ladle::run_variant_backward(forward.saved, hw.view());
-      const auto t2 = now();
-      std::printf("{\"op\":\"gla_fwd_bwd\",\"impl\":\"ladle\",\"shape\":\"B%d T%d H%d K%d V%d bf16\",\"rep\":%d,"
-                  "\"forward_ms\":%.1f,\"backward_ms\":%.1f,\"dq0\":%.6g}\n",
-                  B, T, H, K, V, rep, ms(t0, t1), ms(t1, t2), grads.dq.get(0));
-      std::fflush(stdout);
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ladle-bench-recurrent --backward: %s\n", e.what());
-    return 1;
-  }
   try {
     auto& device = ladle::Device::get();
     const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
@@ -144,6 +107,57 @@ int main(int argc, char** argv) {
     const ladle::ir::Variant& variant = op == "gla" ? ladle::gla_variant(false)
                                         : op == "simple_gla" ? ladle::recurrent_variant(false, false, false, true)
                                                              : user_variant;
+    if (backward) {
+      // The forward (o), then the backward into fp32 gradients, each timed alone and together.
+      ladle::VariantInputs inputs;
+      inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
+      const auto f32 = [](const ladle::DeviceBuffer& b, std::vector<std::int64_t> shape) {
+        return ladle::TensorView::contiguous(reinterpret_cast<const void*>(b.device_ptr()), ladle::ElementType::f32, std::move(shape));
+      };
+      const auto heads_view = f32(heads, {H});
+      ladle::DeviceBuffer d_o(n_v * 2), dq(n_k * 4), dk(n_k * 4), dv(n_v * 4), dg(n_k * 4), dy(n_v * 4), dh(H * 4);
+      ladle::bench::fill_bf16(d_o, 6, false);
+      ladle::gpu::RecurrentGradientViews grads{f32(dq, {B, T, H, K}), f32(dk, {B, T, H, K}), f32(dv, {B, T, H, V}), {}, std::nullopt};
+      if (op == "gla") inputs.tensors.emplace("g", gv), grads.inputs.emplace("g", f32(dg, {B, T, H, K}));
+      if (op == "simple_gla") inputs.tensors.emplace("g_gamma", heads_view), grads.inputs.emplace("g_gamma", f32(dh, {H}));
+      if (op == "user") {
+        inputs.tensors.emplace("x", gv), grads.inputs.emplace("x", f32(dg, {B, T, H, K}));
+        inputs.tensors.emplace("y", view(y, {B, T, H, V})), grads.inputs.emplace("y", f32(dy, {B, T, H, V}));
+        inputs.tensors.emplace("tau", heads_view), grads.inputs.emplace("tau", f32(dh, {H}));
+      }
+      ladle::RunOptions options;
+      options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
+      ladle::gpu::LaunchOptions launch{&stream};
+      const auto forward = [&] { ladle::gpu::run_variant_into(variant, qv, kv, vv, inputs, options, {ov, std::nullopt}, launch); };
+      const auto backward_pass = [&] {
+        ladle::gpu::run_variant_backward_into(variant, qv, kv, vv, inputs, options, view(d_o, {B, T, H, V}), std::nullopt, grads, launch);
+      };
+      const auto first_start = std::chrono::steady_clock::now();
+      forward();
+      backward_pass();
+      stream.synchronize();
+      const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first_start).count();
+      const auto median = [&](auto&& run) {
+        std::vector<float> ms;
+        for (int i = 0; i < reps; ++i) {
+          e0.record(&stream);
+          run();
+          e1.record(&stream);
+          e1.synchronize();
+          ms.push_back(e0.elapsed_ms_to(e1));
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[ms.size() / 2];
+      };
+      const float fwd = median(forward), bwd = median(backward_pass), both = median([&] { forward(), backward_pass(); });
+      std::vector<float> first(1);
+      ladle::Device::get().synchronize();
+      dq.copy_to_host(first.data(), 4);
+      std::printf("{\"op\":\"%s_fwd_bwd\",\"impl\":\"ladle\",\"algo\":\"%s\",\"shape\":\"B%d T%d H%d K%d V%d bf16\","
+                  "\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"total_ms\":%.3f,\"first_call_ms\":%.0f,\"dq0\":%.6g}\n",
+                  op.c_str(), algo.c_str(), B, T, H, K, V, fwd, bwd, both, first_ms, first[0]);
+      return 0;
+    }
     if (tiles.empty()) tiles.push_back("");
     const char* policy = std::getenv("LADLE_AUTOTUNE");
     const std::string untiled_label = !policy || std::string(policy) != "heuristic"

@@ -1,0 +1,57 @@
+// The recurrent backward on the GPU, by composition, for any variant the DSL lowers (normalised
+// reads aside): generated kernels evaluate the slots at every token (codegen/cuda_backward.h), three
+// recurrences of the plain form run on the forward's kernels (the chunked tensor-core family for
+// 16-bit inputs of chunk-sized sequences, the fused-recurrent one otherwise, the slots then in fp32):
+//   u_t = S_t do_t          over the transposed state, in the forward's direction;
+//   dv_t = dS_t^T k_t       over dS, in the other direction, the decays shifted one step;
+//   dk_t = dS_t v_t         the same, transposed;
+// (and the forward's o again when there is a value-side decay), then generated kernels sum the log
+// decays' gradients back along each sequence and apply the chain rule through ir::derivative of the
+// slots' expressions. Nothing returns to the host between the kernels.
+//   ladle::gpu::run_variant_backward_into(variant, q, k, v, inputs, options, d_o, std::nullopt, grads, {&stream});
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include <ladle/codegen/cuda_backward.h>
+
+#include "gpu_recurrent.h"
+
+namespace ladle::gpu {
+
+// Device-resident gradients, written by the call (fp32, contiguous, each in its input's shape): dq,
+// dk, dv, every named tensor input's (by name; each must be given) and d initial_state when the
+// call has one.
+struct RecurrentGradientViews {
+  TensorView dq, dk, dv;
+  std::map<std::string, TensorView> inputs;
+  std::optional<TensorView> d_initial_state;
+};
+
+// The backward of gpu::run_variant_into with the same arguments (device views; options.cu_seqlens on
+// the host, as there), d_output [B,T,H,V] (or packed [T,H,V]) of any floating dtype and strides, and
+// optionally d_final_state [N,H,K,V]. Bad input throws InvalidArgument naming it.
+void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                               const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
+                               const LaunchOptions& launch = {});
+
+// The same on host tensors: uploads, runs, downloads into `gradients` (host views, fp32, contiguous).
+void run_variant_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                          const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients);
+
+// Generates and compiles (through the cache) the backward's two generated kernels for a call, without
+// launching: what ladle-dump shows. arch empty: this GPU's.
+struct CompiledBackward {
+  cuda::BackwardKernel kernel;
+  CompiledProgram program;
+};
+CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch = "");
+// The spec of a call's kernel of `phase` (the slots' dtype: q's when the recurrences run chunked).
+cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                                              cuda::BackwardPhase phase, ElementType d_output_type);
+
+}  // namespace ladle::gpu
