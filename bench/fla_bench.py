@@ -39,6 +39,8 @@ def main():
     parser.add_argument("--ops", default="fused_recurrent_gla")
     parser.add_argument("--shapes", default="8x4096x16x128x128")
     parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--backward", action="store_true",
+                        help="time the forward and the backward together (o.backward(do) on q, k, v and the gate)")
     args = parser.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     print(json.dumps({"metric": "copy_bandwidth_GBps", "value": copy_bandwidth()}), flush=True)
@@ -63,11 +65,26 @@ def main():
             else:
                 print(json.dumps({"error": f"unknown op {op}"}), flush=True)
                 continue
+            grads = []
+            if args.backward:
+                forward = fn
+                leaves = [x for x in (q, k, v, g) if x is not None]
+                if op == "chunk_simple_gla":
+                    leaves.append(g_gamma)
+                for x in leaves:
+                    x.requires_grad_(True)
+                do = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
+
+                def fn():
+                    forward()[0].backward(do)
+                grads = leaves
             start = time.perf_counter()
             fn()  # compile / autotune outside the timing; its wall time is the first call's cost
             torch.cuda.synchronize()
             first_ms = (time.perf_counter() - start) * 1e3
-            print(json.dumps({"op": op, "impl": "fla", "shape": label, "ms": bench(fn), "first_call_ms": first_ms}), flush=True)
+            ms = triton.testing.do_bench(fn, warmup=50, rep=300, grad_to_none=grads or None, return_mode="median")
+            print(json.dumps({"op": op + ("_fwd_bwd" if args.backward else ""), "impl": "fla", "shape": label, "ms": ms,
+                              "first_call_ms": first_ms}), flush=True)
     return 0
 
 

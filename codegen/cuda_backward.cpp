@@ -35,6 +35,17 @@ const char* to_string(BackwardPhase phase) {
   return phase == BackwardPhase::slots ? "slots" : phase == BackwardPhase::totals ? "totals" : "chain";
 }
 
+std::string backward_spec_key(const BackwardKernelSpec& spec) {
+  std::string key = std::string(to_string(spec.phase)) + types_key(spec);
+  for (ElementType t : spec.input_types) key += element_type_name(t);
+  for (ElementType t : {spec.slot_type, spec.d_output_type, spec.log_a_next_type, spec.log_b_next_type}) key += std::string("|") + element_type_name(t);
+  key += "|";
+  for (bool flag : {spec.fold_scale, spec.write_q, spec.write_k, spec.write_v, spec.write_do, spec.write_log_a, spec.write_log_b,
+                    spec.write_first, spec.direct_q, spec.direct_k, spec.direct_v})
+    key += flag ? '1' : '0';
+  return key;
+}
+
 BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec) {
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_backward: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
@@ -46,7 +57,8 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   const std::vector<std::string> id = identifiers(
       variant, {"CHUNK", "REVERSE", "B", "T", "H", "K", "V", "C", "n", "h", "b", "bos", "eos", "len", "s", "s0", "s1", "i", "j", "key",
                 "value", "t", "t_step", "r", "live", "scale_t", "ga", "gb", "u", "dks", "dvs", "qs", "kf", "vf", "dos", "o_f", "carry",
-                "carry_row", "log_a", "log_a_next", "log_b", "log_b_next", "d_out", "u_i", "dk_i", "dv_j", "p", "offset", "cu_seqlens"});
+                "carry_row", "log_a", "log_a_next", "log_b", "log_b_next", "log_h", "log_h_next", "first_decay", "head_t", "ta", "tb",
+                "totals", "row", "a", "bv", "d_out", "u_i", "dk_i", "dv_j", "p", "offset", "cu_seqlens"});
   const auto& inputs = variant.inputs;
   const auto has = [&](ir::Slot s) { return variant.has(s); };
   const bool decays_k = has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head);
@@ -60,10 +72,8 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   }
   const bool slots = spec.phase == BackwardPhase::slots;
 
-  const std::string key = std::string(to_string(spec.phase)) + types_key(spec) + element_type_name(spec.slot_type) +
-                          element_type_name(spec.d_output_type);
   BackwardKernel kernel;
-  kernel.name = std::string("ladle_bwd_") + to_string(spec.phase) + "_" + hex(fnv1a(key, ir::hash(variant)));
+  kernel.name = std::string("ladle_bwd_") + to_string(spec.phase) + "_" + hex(fnv1a(backward_spec_key(spec), ir::hash(variant)));
 
   // ---- Parameters: the inputs as the forward's kernels take them, then the phase's own.
   std::vector<std::string> declarations;
@@ -85,11 +95,23 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     extra(std::string("const ") + storage_type(spec.d_output_type) + "*", "d_out");
     for (const char* name : {"d_out_stride_b", "d_out_stride_t", "d_out_stride_h", "d_out_stride_d"}) extra("long long", name);
   };
+  const bool head_decay = has(ir::Slot::log_decay_head), key_decay = has(ir::Slot::log_decay_k);
   if (slots) {
-    for (const char* name : {"qs", "kf", "vf", "dos"}) extra(E + "*", name);
-    if (decays_k) extra("float*", "log_a"), extra("float*", "log_a_next");
-    if (decays_v) extra("float*", "log_b"), extra("float*", "log_b_next");
-    d_out_params();
+    if (spec.write_q) extra(E + "*", "qs");
+    if (spec.write_k) extra(E + "*", "kf");
+    if (spec.write_v) extra(E + "*", "vf");
+    if (spec.write_do) extra(E + "*", "dos");
+    if (key_decay) {
+      if (spec.write_log_a) extra("float*", "log_a");
+      extra(std::string(storage_type(spec.log_a_next_type)) + "*", "log_a_next");
+    }
+    if (head_decay) extra("float*", "log_h"), extra("float*", "log_h_next");
+    if (decays_v) {
+      if (spec.write_log_b) extra("float*", "log_b");
+      extra(std::string(storage_type(spec.log_b_next_type)) + "*", "log_b_next");
+    }
+    if (spec.write_first) extra("float*", "first_decay");
+    if (spec.write_do) d_out_params();
   } else {
     for (const char* name : {"u", "dks", "dvs"}) extra("const float*", name);
     if (decays_v) extra("const float*", "o_f");
@@ -164,18 +186,39 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   const auto slot_or = [&](ir::Slot s, const std::string& suffix, const char* otherwise) {
     return has(s) ? render_slot(variant, id, s, suffix) : std::string(otherwise);
   };
-  const auto log_a_expr = [&] {
-    std::vector<std::string> terms;
-    for (ir::Slot s : {ir::Slot::log_decay_k, ir::Slot::log_decay_head})
-      if (has(s)) terms.push_back(render_slot(variant, id, s, "_i"));
-    std::string e;
-    for (const std::string& term : terms) {
-      if (!e.empty()) e.append(" + ");
-      e.append("(").append(term).append(")");
-    }
-    return e;
-  };
 
+  // The log decays of the current token: the key side's own (log_a), the head's, the value side's.
+  const auto decay_stores = [&](bool next) {
+    const std::string guard = next ? "live ? " : "", otherwise = next ? " : 0.0f" : "";
+    const std::string suffix = next ? "_next" : "";
+    if (head_decay)
+      c("const float head_t = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_head, "") + ")" + otherwise + ";");
+    if (head_decay) c("if (threadIdx.x == 0) log_h" + suffix + "[r] = head_t;");
+    if (key_decay) {
+      c("if (key) {");
+      c.in();
+      side_loads(true);
+      c("const float a = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_k, "_i") + ")" + otherwise + ";");
+      if (next) c("ladle_store(log_a_next + r * K + i, a);");
+      else if (spec.write_log_a) c("log_a[r * K + i] = a;");
+      if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = a" + std::string(head_decay ? " + head_t" : "") + ";");
+      c.out();
+      c("}");
+    } else if (head_decay && !next && spec.write_first) {
+      c("if (key && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = head_t;");
+    }
+    if (decays_v) {
+      c("if (value) {");
+      c.in();
+      side_loads(false);
+      c("const float bv = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_v, "_j") + ")" + otherwise + ";");
+      if (next) c("ladle_store(log_b_next + r * V + j, bv);");
+      else if (spec.write_log_b) c("log_b[r * V + j] = bv;");
+      if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = bv;");
+      c.out();
+      c("}");
+    }
+  };
   if (slots) {
     c("for (long long s = s0; s < s1; ++s) {");
     c.in();
@@ -185,24 +228,29 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     c.in();
     c("const long long t = t_step;");
     token_rows(c, variant, id, all, false);
-    c("const float scale_t = " + slot_or(ir::Slot::scale, "", "1.0f") + ";");
-    c("if (key) {");
-    c.in();
-    side_loads(true);
-    c("ladle_store(qs + r * K + i, (" + render_slot(variant, id, ir::Slot::q_feature, "_i") + ") * scale_t);");
-    c("ladle_store(kf + r * K + i, " + render_slot(variant, id, ir::Slot::k_feature, "_i") + ");");
-    if (decays_k) c("log_a[r * K + i] = " + log_a_expr() + ";");
-    c.out();
-    c("}");
-    c("if (value) {");
-    c.in();
-    side_loads(false);
-    c("ladle_store(vf + r * V + j, " + render_slot(variant, id, ir::Slot::v, "_j") + ");");
-    c("ladle_store(dos + r * V + j, ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * "
-      "d_out_stride_d));");
-    if (decays_v) c("log_b[r * V + j] = " + render_slot(variant, id, ir::Slot::log_decay_v, "_j") + ";");
-    c.out();
-    c("}");
+    if (spec.write_q || spec.write_k) {
+      c("if (key) {");
+      c.in();
+      side_loads(true);
+      if (spec.write_q)
+        c("ladle_store(qs + r * K + i, " + render_slot(variant, id, ir::Slot::q_feature, "_i") +
+          (spec.fold_scale ? std::string() : " * (" + slot_or(ir::Slot::scale, "", "1.0f") + ")") + ");");
+      if (spec.write_k) c("ladle_store(kf + r * K + i, " + render_slot(variant, id, ir::Slot::k_feature, "_i") + ");");
+      c.out();
+      c("}");
+    }
+    if (spec.write_v || spec.write_do) {
+      c("if (value) {");
+      c.in();
+      side_loads(false);
+      if (spec.write_v) c("ladle_store(vf + r * V + j, " + render_slot(variant, id, ir::Slot::v, "_j") + ");");
+      if (spec.write_do)
+        c("ladle_store(dos + r * V + j, ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * "
+          "d_out_stride_d));");
+      c.out();
+      c("}");
+    }
+    if (spec.write_log_a || spec.write_log_b || spec.write_first || head_decay) decay_stores(false);
     c.out();
     c("}");
     if (decays_k || decays_v) {
@@ -211,22 +259,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c("const bool live = s + 1 < len;");
       c("const long long t = live ? (REVERSE ? t_step - 1 : t_step + 1) : t_step;");
       token_rows(c, variant, id, all, true);
-      if (decays_k) {
-        c("if (key) {");
-        c.in();
-        side_loads(true);
-        c("log_a_next[r * K + i] = live ? " + log_a_expr() + " : 0.0f;");
-        c.out();
-        c("}");
-      }
-      if (decays_v) {
-        c("if (value) {");
-        c.in();
-        side_loads(false);
-        c("log_b_next[r * V + j] = live ? " + render_slot(variant, id, ir::Slot::log_decay_v, "_j") + " : 0.0f;");
-        c.out();
-        c("}");
-      }
+      decay_stores(true);
       c.out();
       c("}");
     }
@@ -239,7 +272,8 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   }
 
   // The decays' per-step terms, from the slots recomputed in fp32 (the recurrences' operands may be 16-bit).
-  const std::string key_term = "(" + render_slot(variant, id, ir::Slot::q_feature, "_i") + ") * scale_t * u_i - (" +
+  const std::string key_term = "(" + render_slot(variant, id, ir::Slot::q_feature, "_i") + ")" +
+                               (spec.fold_scale ? "" : " * scale_t") + " * u_i - (" +
                                render_slot(variant, id, ir::Slot::k_feature, "_i") + ") * dk_i";
   const std::string value_term =
       "o_f[r * V + j] * ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * d_out_stride_d) - (" +
@@ -295,23 +329,34 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
   step_prologue();
   for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind != ir::InputKind::scalar) c("float acc_" + id[k] + " = 0.0f;");
+    if (inputs[k].kind != ir::InputKind::scalar) c("float acc_" + id[k] + " = 0.0f; (void)acc_" + id[k] + ";");
   // Each slot's gradient at this thread's feature, and its derivative by every input it reads.
+  // Inputs that get a part here (an input whose gradient a recurrence wrote gets only the other slots').
+  std::vector<bool> added(inputs.size(), false);
   const auto chain_slot = [&](ir::Slot s, const std::string& gradient, const std::string& suffix) {
     if (!has(s)) return;
+    if ((s == ir::Slot::q_feature && spec.direct_q) || (s == ir::Slot::k_feature && spec.direct_k) || (s == ir::Slot::v && spec.direct_v))
+      return;
+    if (s == ir::Slot::scale && spec.fold_scale) return;  // a per-call scale: no tensor input
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       if (inputs[k].kind == ir::InputKind::scalar || !reads(variant.slot(s), k)) continue;
       const ir::Expr d = ir::derivative(variant.slot(s), static_cast<std::int32_t>(k));
       if (is_zero(d)) continue;
       c("acc_" + id[k] + " += (" + gradient + ") * (" + render_expr(variant, id, d, suffix) + ");  // " + ir::slot_name(s));
+      added[k] = true;
     }
+  };
+  const auto direct = [&](std::size_t k) {
+    const ir::Role role = inputs[k].role;
+    return (role == ir::Role::query && spec.direct_q) || (role == ir::Role::key && spec.direct_k) ||
+           (role == ir::Role::value && spec.direct_v);
   };
   c("if (key) {");
   c.in();
   side_loads(true);
   c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
   if (decays_k) c("ga += " + key_term + ";");
-  chain_slot(ir::Slot::q_feature, "scale_t * u_i", "_i");
+  chain_slot(ir::Slot::q_feature, spec.fold_scale ? "u_i" : "scale_t * u_i", "_i");
   chain_slot(ir::Slot::k_feature, "dk_i", "_i");
   chain_slot(ir::Slot::log_decay_k, "ga", "_i");
   chain_slot(ir::Slot::log_decay_head, "ga", "_i");
@@ -333,12 +378,17 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     const auto kind = inputs[k].kind;
     const std::string d = "d_" + id[k];
     const std::string at = d + " + b * " + d + "_sb + t * " + d + "_st + " + id[k] + "_head * " + d + "_sh";
+    if (direct(k) && !added[k]) continue;  // the recurrence's output is the whole gradient
     if (kind == ir::InputKind::token_key || kind == ir::InputKind::token_value) {
       const std::string f = kind == ir::InputKind::token_key ? "i" : "j";
       c(std::string("if (") + (kind == ir::InputKind::token_key ? "key" : "value") + ") {");
       c("  float* const p = " + at + " + " + f + " * " + d + "_sd;");
-      c("  if (" + id[k] + "_heads == H) *p = acc_" + id[k] + ";");
-      c("  else atomicAdd(p, acc_" + id[k] + ");");
+      if (direct(k)) {
+        c("  *p += acc_" + id[k] + ";  // onto the recurrence's part");
+      } else {
+        c("  if (" + id[k] + "_heads == H) *p = acc_" + id[k] + ";");
+        c("  else atomicAdd(p, acc_" + id[k] + ");");
+      }
       c("}");
     } else if (kind == ir::InputKind::token_head) {
       c("for (int offset = 16; offset > 0; offset /= 2) acc_" + id[k] + " += __shfl_xor_sync(0xffffffffu, acc_" + id[k] + ", offset);");
@@ -375,9 +425,9 @@ __device__ __forceinline__ void ladle_bwd_bounds(const long long* cu_seqlens, in
 }
 
 // One thread per (n, h, f < K + V): carry[(n H + h) C + c][f] = init + the totals of the blocks after c,
-// init = sum_j d_final[i][j] S[i][j] (f = i < K) or sum_i (f = K + j), S read from s_t [N,H,V,K].
+// init = factor sum_j d_final[i][j] S[i][j] (f = i < K) or sum_i (f = K + j), S read from s_t [N,H,V,K].
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
-    const float* __restrict__ totals, const float* __restrict__ d_final, const float* __restrict__ s_t,
+    const float* __restrict__ totals, const float* __restrict__ d_final, float factor, const float* __restrict__ s_t,
     float* __restrict__ carry, const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int C) {
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int KV = K + V;
@@ -394,43 +444,40 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
     else
       for (int i = 0; i < K; ++i) acc += d_final[(p * K + i) * V + (f - K)] * s_t[(p * V + (f - K)) * K + i];
   }
+  acc *= factor;
   for (long long c = chunks - 1; c >= 0; --c) {
     carry[(p * C + c) * KV + f] = acc;
     acc += totals[(p * C + c) * KV + f];
   }
 }
 
-// One thread per (n, h, i, j): d_h0 = exp(log_a) dS_0 exp(log_b) at the sequence's first step (dS_0 alone
-// for an empty sequence).
+// One thread per (n, h, i, j): d_h0 = factor exp(log_a_0[i]) dS_0 exp(log_b_0[j]), the total log decays at the sequence's
+// first step from first_decay [N,H,K+V] (null: no decay); dS_0 alone for an empty sequence.
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_initial(
-    const float* __restrict__ ds0, const float* __restrict__ log_a, const float* __restrict__ log_b,
-    float* __restrict__ d_h0, const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int reverse) {
+    const float* __restrict__ ds0, const float* __restrict__ first_decay, float factor, float* __restrict__ d_h0,
+    const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V) {
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= static_cast<long long>(N) * H * K * V) return;
   const long long p = index / (static_cast<long long>(K) * V);
   const int i = static_cast<int>(index / V % K), j = static_cast<int>(index % V);
-  const int n = static_cast<int>(p / H), h = static_cast<int>(p % H);
   int b; long long bos, eos;
-  ladle_bwd_bounds(cu_seqlens, n, T, b, bos, eos);
-  float x = ds0[index];
-  if (eos > bos) {
-    const long long r = (static_cast<long long>(b) * T + (reverse ? eos - 1 : bos)) * H + h;
-    if (log_a) x *= expf(log_a[r * K + i]);
-    if (log_b) x *= expf(log_b[r * V + j]);
-  }
+  ladle_bwd_bounds(cu_seqlens, static_cast<int>(p / H), T, b, bos, eos);
+  float x = factor * ds0[index];
+  if (eos > bos && first_decay) x *= expf(first_decay[p * (K + V) + i] + first_decay[p * (K + V) + K + j]);
   d_h0[index] = x;
 }
 
-// One thread per element of a strided [N,H,R,C] tensor: out [N,H,R,C] and out_t [N,H,C,R], fp32 (either may be null).
+// One thread per element of a strided [N,H,R,C] tensor, times factor: out [N,H,R,C] and out_t [N,H,C,R], fp32 (either
+// may be null).
 #define LADLE_BWD_CONVERT(NAME, E)                                                                            \
 extern "C" __global__ void __launch_bounds__(256) NAME(                                                       \
     const E* __restrict__ in, long long s0, long long s1, long long s2, long long s3, int N, int H, int R, int C, \
-    float* __restrict__ out, float* __restrict__ out_t) {                                                     \
+    float factor, float* __restrict__ out, float* __restrict__ out_t) {                                       \
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;                      \
   if (index >= static_cast<long long>(N) * H * R * C) return;                                                  \
   const int c = static_cast<int>(index % C), r = static_cast<int>(index / C % R);                              \
   const long long p = index / (static_cast<long long>(R) * C);                                                 \
-  const float x = ladle_load(in + (p / H) * s0 + (p % H) * s1 + r * s2 + c * s3);                              \
+  const float x = factor * ladle_load(in + (p / H) * s0 + (p % H) * s1 + r * s2 + c * s3);                     \
   if (out) out[index] = x;                                                                                    \
   if (out_t) out_t[(p * C + c) * R + r] = x;                                                                  \
 }

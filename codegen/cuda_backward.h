@@ -45,7 +45,19 @@ const char* to_string(BackwardPhase phase);
 struct BackwardKernelSpec : KernelTypes {  // input_types, reverse, varlen (cu_seqlens i64)
   BackwardPhase phase = BackwardPhase::slots;
   ElementType slot_type = ElementType::bf16;     // qs, kf, vf, do
-  ElementType d_output_type = ElementType::f32;  // the caller's d_output (slots)
+  ElementType d_output_type = ElementType::f32;  // the caller's d_output
+  // A per-call scale (absent, a constant or a scalar input) is folded into the recurrences: qs holds
+  // q_feature alone and u holds scale * S do. Else qs = q_feature * scale_t and u = S do.
+  bool fold_scale = false;
+  // slots: the slot tensors written; a slot that is exactly one of the call's tensors in the
+  // recurrences' layout is read from it instead. log_a is the key-side decay without the head decay
+  // (log_h [B,T,H] and log_h_next, always written where there is one).
+  bool write_q = true, write_k = true, write_v = true, write_do = true, write_log_a = true, write_log_b = true;
+  ElementType log_a_next_type = ElementType::f32, log_b_next_type = ElementType::f32;
+  bool write_first = false;  // first_decay [N,H,K+V]: the total log decays at each sequence's first step
+  // chain: the recurrences wrote the gradient of q (u), k (dk) or v (dv) into the caller's tensor
+  // (the slot is exactly that input, with every query head); the chain adds the other slots' parts.
+  bool direct_q = false, direct_k = false, direct_v = false;
 };
 
 struct BackwardKernel {
@@ -58,6 +70,9 @@ struct BackwardKernel {
   std::vector<std::string> extra_params;
 };
 
+// Everything in a spec that changes the source (with the variant's hash: a kernel's name and cache key).
+std::string backward_spec_key(const BackwardKernelSpec& spec);
+
 // Throws InvalidArgument for a malformed or normalised variant, input_types of the wrong length, or
 // an input read on the other side than its kind (a key-width input in a value-side slot).
 BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec);
@@ -65,8 +80,9 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
 // The kernels that do not depend on the variant, in one source (compiled once per arch):
 //   ladle_bwd_carry: per (sequence, head, feature), the sum over every later block of the
 //     sequence plus sum(d_final * S_T) -> carry (what the chain's running sums start from);
-//   ladle_bwd_initial: d initial_state = exp(log_a_0) dS_0 exp(log_b_0);
-//   ladle_bwd_convert_<f32|bf16|f16>: a strided [N,H,R,C] state to fp32 [N,H,R,C] and [N,H,C,R].
+//   ladle_bwd_initial: d initial_state = factor exp(log_a_0) dS_0 exp(log_b_0) (first_decay);
+//   ladle_bwd_convert_<f32|bf16|f16>: a strided [N,H,R,C] state times a factor to fp32 [N,H,R,C] and
+//     [N,H,C,R].
 // Their parameters are listed in the source.
 std::string backward_helpers_source();
 

@@ -1,12 +1,16 @@
 #include "gpu_backward.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <variant>
 
 #include <fmt/format.h>
 
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
+
+#include <ladle/dsl/dsl.h>
 
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
@@ -64,8 +68,42 @@ unsigned blocks_of(std::int64_t elements, unsigned threads) {
 
 }  // namespace
 
+namespace {
+
+// The input a slot is exactly (one input node of `kind`, every query head in the canonical view), or -1.
+int plain_input(const ir::Variant& variant, const cpu::RecurrentArgs& a, ir::Slot slot, ir::InputKind kind) {
+  const ir::Expr& e = variant.slot(slot);
+  if (e.nodes.size() != 1 || e.nodes[0].op != ir::Op::input) return -1;
+  const int k = e.nodes[0].input;
+  if (variant.inputs[static_cast<std::size_t>(k)].kind != kind || a.tensors[static_cast<std::size_t>(k)].shape[2] != a.heads) return -1;
+  return k;
+}
+
+// The read scale when it is the same for every token and head (absent, a constant or a scalar input) and not 0.
+std::optional<float> call_scale(const ir::Variant& variant, const cpu::RecurrentArgs& a) {
+  if (!variant.has(ir::Slot::scale)) return 1.0f;
+  const ir::Expr& e = variant.slot(ir::Slot::scale);
+  if (e.nodes.size() != 1) return std::nullopt;
+  float value = 0.0f;
+  if (e.nodes[0].op == ir::Op::constant) value = e.nodes[0].value;
+  else if (e.nodes[0].op == ir::Op::input && variant.inputs[static_cast<std::size_t>(e.nodes[0].input)].kind == ir::InputKind::scalar)
+    value = a.scalars[static_cast<std::size_t>(e.nodes[0].input)];
+  else return std::nullopt;
+  if (value == 0.0f || !std::isfinite(value) || !std::isfinite(1.0f / value)) return std::nullopt;
+  return value;
+}
+
+ElementType next_type(const cpu::RecurrentArgs& a, int plain) {
+  if (plain < 0) return ElementType::f32;
+  const ElementType t = a.tensors[static_cast<std::size_t>(plain)].type;
+  return t == ElementType::bf16 || t == ElementType::f16 ? t : ElementType::f32;  // a 16-bit gate copies exactly
+}
+
+}  // namespace
+
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                                               cuda::BackwardPhase phase, ElementType d_output_type) {
+  const cpu::RecurrentArgs& a = bound.args;
   cuda::BackwardKernelSpec spec;
   static_cast<cuda::KernelTypes&>(spec) = kernel_types(variant, bound, options);
   spec.initial_state = spec.final_state = false;
@@ -73,8 +111,30 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   spec.phase = phase;
   // 16-bit slots where the recurrences run on the tensor cores; fp32 for the fused-recurrent kernels.
   const bool chunked = choose_algorithm(variant, bound, options) == Algorithm::chunked;
-  spec.slot_type = chunked && bound.dims.type != ElementType::f32 ? bound.dims.type : ElementType::f32;
+  const ElementType E = chunked && bound.dims.type != ElementType::f32 ? bound.dims.type : ElementType::f32;
+  spec.slot_type = E;
   spec.d_output_type = d_output_type;
+  spec.fold_scale = call_scale(variant, a).has_value();
+  const int q_in = plain_input(variant, a, ir::Slot::q_feature, ir::InputKind::token_key);
+  const int k_in = plain_input(variant, a, ir::Slot::k_feature, ir::InputKind::token_key);
+  const int v_in = plain_input(variant, a, ir::Slot::v, ir::InputKind::token_value);
+  const int a_in = plain_input(variant, a, ir::Slot::log_decay_k, ir::InputKind::token_key);
+  const int b_in = plain_input(variant, a, ir::Slot::log_decay_v, ir::InputKind::token_value);
+  const auto typed = [&](int k) { return k >= 0 && a.tensors[static_cast<std::size_t>(k)].type == E; };
+  const auto role = [&](int k, ir::Role r) { return k >= 0 && variant.inputs[static_cast<std::size_t>(k)].role == r; };
+  spec.write_q = !(spec.fold_scale && typed(q_in));
+  spec.write_k = !typed(k_in);
+  spec.write_v = !typed(v_in);
+  spec.write_do = d_output_type != E;
+  spec.write_log_a = variant.has(ir::Slot::log_decay_k) && a_in < 0;
+  spec.write_log_b = variant.has(ir::Slot::log_decay_v) && b_in < 0;
+  spec.log_a_next_type = next_type(a, a_in);
+  spec.log_b_next_type = next_type(a, b_in);
+  const bool decays = variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head) || variant.has(ir::Slot::log_decay_v);
+  spec.write_first = a.initial_state.has_value() && decays;
+  spec.direct_q = spec.fold_scale && role(q_in, ir::Role::query);
+  spec.direct_k = role(k_in, ir::Role::key);
+  spec.direct_v = role(v_in, ir::Role::value);
   return spec;
 }
 
@@ -87,6 +147,30 @@ CompiledBackward compile_backward(const ir::Variant& variant, const cuda::Backwa
   out.program = compile(out.kernel.source, options);
   return out;
 }
+
+namespace {
+
+// The plain recurrences the backward runs: S = exp(gh) diag(exp(gk)) S diag(exp(gv)) + k v^T, o = scale q^T S,
+// each gate present or not.
+const ir::Variant& plain_variant(bool gk, bool gv, bool gh) {
+  namespace dsl = ladle::dsl;
+  static const std::array<ir::Variant, 8> variants = [] {
+    std::array<ir::Variant, 8> all;
+    for (unsigned bits = 0; bits < 8; ++bits) {
+      const auto scan = dsl::scan(dsl::k, dsl::v);
+      const auto with_head = [&](const auto& st) {
+        return bits & 4 ? dsl::lower(dsl::read(st.decay_head(dsl::token_head("gh")), dsl::q, dsl::scalar("scale")), "backward_plain")
+                        : dsl::lower(dsl::read(st, dsl::q, dsl::scalar("scale")), "backward_plain");
+      };
+      const auto with_v = [&](const auto& st) { return bits & 2 ? with_head(st.decay_v(dsl::token_value("gv"))) : with_head(st); };
+      all[bits] = bits & 1 ? with_v(scan.decay_k(dsl::token_key("gk"))) : with_v(scan);
+    }
+    return all;
+  }();
+  return variants[(gk ? 1 : 0) | (gv ? 2 : 0) | (gh ? 4 : 0)];
+}
+
+}  // namespace
 
 void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
                                const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
@@ -130,14 +214,25 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     if (!gradients.d_initial_state) check.fail("options.initial_state is given but gradients.d_initial_state is not");
     gradient("d_initial_state", &*gradients.d_initial_state, *options.initial_state);
   }
+  const cuda::BackwardKernelSpec plan = backward_kernel_spec(variant, bound, options, cuda::BackwardPhase::slots, d_output.type);
+  const float scale = plan.fold_scale ? *call_scale(variant, a) : 1.0f;
 
   Device::get();
   const Stream* stream = launch.stream;
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-    if (grad_of[i]) fill_device_bytes(ptr(grad_of[i]->data), static_cast<std::size_t>(grad_of[i]->numel()) * 4, 0, stream);
-  if (N * H * K * V == 0) return;
-  const bool decays_k = variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head);
-  const bool decays_v = variant.has(ir::Slot::log_decay_v);
+  // The gradients the chain adds into start at 0; those a recurrence writes are written whole.
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    if (!grad_of[i]) continue;
+    const ir::Role role = variant.inputs[i].role;
+    if ((role == ir::Role::query && plan.direct_q) || (role == ir::Role::key && plan.direct_k) || (role == ir::Role::value && plan.direct_v))
+      continue;
+    fill_device_bytes(ptr(grad_of[i]->data), static_cast<std::size_t>(grad_of[i]->numel()) * 4, 0, stream);
+  }
+  if (N * H * K * V == 0) {
+    for (const TensorView* g : {&gradients.dq, &gradients.dk, &gradients.dv}) fill_device_bytes(ptr(g->data), static_cast<std::size_t>(g->numel()) * 4, 0, stream);
+    return;
+  }
+  const bool key_decay = variant.has(ir::Slot::log_decay_k), head_decay = variant.has(ir::Slot::log_decay_head);
+  const bool decays_k = key_decay || head_decay, decays_v = variant.has(ir::Slot::log_decay_v);
   std::int64_t longest = 0;
   for (std::int64_t n = 0; n < N; ++n)
     longest = std::max(longest, a.cu_seqlens.empty() ? T : a.cu_seqlens[static_cast<std::size_t>(n) + 1] - a.cu_seqlens[static_cast<std::size_t>(n)]);
@@ -149,10 +244,9 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   }
   const std::string arch = Device::get().properties().arch();
   const auto generated = [&](cuda::BackwardPhase phase) -> const detail::LoadedKernel<cuda::BackwardKernel>& {
-    const cuda::BackwardKernelSpec spec = backward_kernel_spec(variant, bound, options, phase, d_output.type);
-    std::string key = "backward|" + ir::hash_hex(variant) + "|" + cuda::to_string(phase) + "|" + element_type_name(spec.slot_type) +
-                      element_type_name(spec.d_output_type) + (spec.reverse ? "R" : "") + (spec.varlen ? "L" : "");
-    for (ElementType t : spec.input_types) key += element_type_name(t);
+    cuda::BackwardKernelSpec spec = plan;
+    spec.phase = phase;
+    const std::string key = "backward|" + ir::hash_hex(variant) + "|" + cuda::backward_spec_key(spec);
     return detail::loaded_kernel<cuda::BackwardKernel>(key, arch, [&](const std::string& target) {
       return compile_backward(variant, spec, target);
     });
@@ -168,22 +262,37 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     }
     loaded.function->launch({static_cast<unsigned>(C), static_cast<unsigned>(N * H), 1}, {threads, 1, 1}, packed, 0, stream);
   };
-  const ElementType E = backward_kernel_spec(variant, bound, options, cuda::BackwardPhase::slots, d_output.type).slot_type;
+  const ElementType E = plan.slot_type;
+  const auto input_view = [&](ir::Slot slot, ir::InputKind kind) {
+    return a.tensors[static_cast<std::size_t>(plain_input(variant, a, slot, kind))];
+  };
+  const auto wrap = [](const TensorView& view) { return Scratch{DeviceBuffer(), view}; };
 
-  // 1. The slots.
-  const std::vector<std::int64_t> key_shape{B, T, H, K}, value_shape{B, T, H, V};
-  Scratch qs = scratch(E, key_shape, stream), kf = scratch(E, key_shape, stream), vf = scratch(E, value_shape, stream),
-          dos = scratch(E, value_shape, stream);
-  Scratch log_a, log_a_next, log_b, log_b_next;
-  if (decays_k) log_a = scratch(ElementType::f32, key_shape, stream), log_a_next = scratch(ElementType::f32, key_shape, stream);
-  if (decays_v) log_b = scratch(ElementType::f32, value_shape, stream), log_b_next = scratch(ElementType::f32, value_shape, stream);
+  // 1. The slots: scratch tensors for those that are not one of the call's tensors as they stand.
+  const std::vector<std::int64_t> key_shape{B, T, H, K}, value_shape{B, T, H, V}, head_shape{B, T, H};
+  Scratch qs = plan.write_q ? scratch(E, key_shape, stream) : wrap(input_view(ir::Slot::q_feature, ir::InputKind::token_key));
+  Scratch kf = plan.write_k ? scratch(E, key_shape, stream) : wrap(input_view(ir::Slot::k_feature, ir::InputKind::token_key));
+  Scratch vf = plan.write_v ? scratch(E, value_shape, stream) : wrap(input_view(ir::Slot::v, ir::InputKind::token_value));
+  Scratch dos = plan.write_do ? scratch(E, value_shape, stream) : wrap(ops::detail::lead_with_ones(d_output, 4));
+  Scratch log_a, log_a_next, log_b, log_b_next, log_h, log_h_next, first_decay;
+  if (key_decay) {
+    log_a = plan.write_log_a ? scratch(ElementType::f32, key_shape, stream) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
+    log_a_next = scratch(plan.log_a_next_type, key_shape, stream);
+  }
+  if (head_decay) log_h = scratch(ElementType::f32, head_shape, stream), log_h_next = scratch(ElementType::f32, head_shape, stream);
+  if (decays_v) {
+    log_b = plan.write_log_b ? scratch(ElementType::f32, value_shape, stream) : wrap(input_view(ir::Slot::log_decay_v, ir::InputKind::token_value));
+    log_b_next = scratch(plan.log_b_next_type, value_shape, stream);
+  }
+  if (plan.write_first) first_decay = scratch(ElementType::f32, {N, H, K + V}, stream);
   std::map<std::string, Extra> extras{{"B", static_cast<int>(B)}, {"T", static_cast<int>(T)}, {"H", static_cast<int>(H)},
                                       {"K", static_cast<int>(K)}, {"V", static_cast<int>(V)}, {"C", static_cast<int>(C)},
                                       {"cu_seqlens", offsets.device_ptr()},
-                                      {"qs", qs.buffer.device_ptr()}, {"kf", kf.buffer.device_ptr()},
-                                      {"vf", vf.buffer.device_ptr()}, {"dos", dos.buffer.device_ptr()},
-                                      {"log_a", log_a.buffer.device_ptr()}, {"log_a_next", log_a_next.buffer.device_ptr()},
-                                      {"log_b", log_b.buffer.device_ptr()}, {"log_b_next", log_b_next.buffer.device_ptr()}};
+                                      {"qs", ptr(qs.view.data)}, {"kf", ptr(kf.view.data)}, {"vf", ptr(vf.view.data)},
+                                      {"dos", ptr(dos.view.data)}, {"log_a", ptr(log_a.view.data)},
+                                      {"log_a_next", ptr(log_a_next.view.data)}, {"log_b", ptr(log_b.view.data)},
+                                      {"log_b_next", ptr(log_b_next.view.data)}, {"log_h", ptr(log_h.view.data)},
+                                      {"log_h_next", ptr(log_h_next.view.data)}, {"first_decay", ptr(first_decay.view.data)}};
   {
     const TensorView g = ops::detail::lead_with_ones(d_output, 4);
     extras["d_out"] = ptr(g.data);
@@ -194,86 +303,98 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   }
   if (C > 0) launch_generated(generated(cuda::BackwardPhase::slots), extras);
 
-  // 2. The states in fp32, as given and transposed: h0 for the forward's o, h0^T for u; d_final for dv, d_final^T for dk.
-  const auto convert = [&](const TensorView& state, std::int64_t rows, std::int64_t cols, Scratch* out, Scratch* out_t) {
-    if (out) *out = scratch(ElementType::f32, {N, H, rows, cols}, stream);
-    if (out_t) *out_t = scratch(ElementType::f32, {N, H, cols, rows}, stream);
+  // 2. The states in fp32, as given and transposed: h0 for the forward's o, h0^T for u; d_final for dv,
+  //    d_final^T for dk (divided by a folded scale: those recurrences read dS / scale, times scale).
+  const auto convert = [&](const TensorView& state, float factor, Scratch* out, Scratch* out_t) {
+    if (out) *out = scratch(ElementType::f32, {N, H, K, V}, stream);
+    if (out_t) *out_t = scratch(ElementType::f32, {N, H, V, K}, stream);
     const auto& loaded = helper(std::string("ladle_bwd_convert_") + type_suffix(state.type));
     KernelArgs packed;
     packed.add(ptr(state.data));
     for (int dim = 0; dim < 4; ++dim) packed.add(static_cast<long long>(state.strides[static_cast<std::size_t>(dim)]));
-    packed.add(static_cast<int>(N)).add(static_cast<int>(H)).add(static_cast<int>(rows)).add(static_cast<int>(cols));
+    packed.add(static_cast<int>(N)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V)).add(factor);
     packed.add(out ? out->buffer.device_ptr() : std::uint64_t{0}).add(out_t ? out_t->buffer.device_ptr() : std::uint64_t{0});
-    loaded.function->launch({blocks_of(N * H * rows * cols, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+    loaded.function->launch({blocks_of(N * H * K * V, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   };
   Scratch h0, h0_t, d_final, d_final_t;
-  if (a.initial_state) convert(*a.initial_state, K, V, decays_v ? &h0 : nullptr, &h0_t);
-  if (d_final_state) convert(*d_final_state, K, V, &d_final, &d_final_t);
+  if (a.initial_state) convert(*a.initial_state, 1.0f, decays_v ? &h0 : nullptr, &h0_t);
+  if (d_final_state) convert(*d_final_state, 1.0f / scale, &d_final, &d_final_t);
 
-  // 3. The recurrences of the plain form, outputs in fp32.
+  // 3. The recurrences of the plain form, outputs in fp32 (into the gradients themselves where a slot is
+  //    exactly q, k or v).
   RunOptions run;
   run.cu_seqlens = options.cu_seqlens;
   run.algorithm = options.algorithm == Algorithm::recurrent ? Algorithm::recurrent : Algorithm::automatic;
-  const auto recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, const Scratch* gk, const Scratch* gv, bool backwards,
-                              const Scratch* initial, const Scratch& out, const Scratch* final_state) {
-    const ir::Variant& plain = recurrent_variant(false, gk != nullptr, gv != nullptr, false);
+  struct Gates {
+    const Scratch *gk, *gv, *gh;
+  };
+  const auto recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, Gates gates, bool backwards,
+                              const Scratch* initial, const TensorView& out, const Scratch* final_state) {
+    const ir::Variant& plain = plain_variant(gates.gk != nullptr, gates.gv != nullptr, gates.gh != nullptr);
     RunOptions o = run;
     o.reverse = backwards;
     if (initial) o.initial_state = initial->view;
     o.return_state = final_state != nullptr;
-    VariantInputs in{{}, {{"scale", 1.0f}}};
-    if (gk) in.tensors["gk"] = gk->view;
-    if (gv) in.tensors["gv"] = gv->view;
-    RecurrentOutputs outs{out.view, final_state ? std::optional<TensorView>(final_state->view) : std::nullopt};
+    VariantInputs in{{}, {{"scale", scale}}};
+    if (gates.gk) in.tensors["gk"] = gates.gk->view;
+    if (gates.gv) in.tensors["gv"] = gates.gv->view;
+    if (gates.gh) in.tensors["gh"] = gates.gh->view;
+    RecurrentOutputs outs{out, final_state ? std::optional<TensorView>(final_state->view) : std::nullopt};
     run_variant_into(plain, rq.view, rk.view, rv.view, in, o, outs, launch);
   };
-  const Scratch* la = decays_k ? &log_a : nullptr;
-  const Scratch* la_next = decays_k ? &log_a_next : nullptr;
+  const Scratch* la = key_decay ? &log_a : nullptr;
+  const Scratch* la_next = key_decay ? &log_a_next : nullptr;
+  const Scratch* lh = head_decay ? &log_h : nullptr;
+  const Scratch* lh_next = head_decay ? &log_h_next : nullptr;
   const Scratch* lb = decays_v ? &log_b : nullptr;
   const Scratch* lb_next = decays_v ? &log_b_next : nullptr;
   const bool need_s_t = d_final_state && (decays_k || decays_v);
-  Scratch u = scratch(ElementType::f32, key_shape, stream), dks = scratch(ElementType::f32, key_shape, stream),
-          dvs = scratch(ElementType::f32, value_shape, stream), s_t, ds0, o_f;
+  const auto grad_view = [&](ir::Role role, const TensorView& fallback) {
+    for (std::size_t i = 0; i < variant.inputs.size(); ++i)
+      if (variant.inputs[i].role == role) return ops::detail::lead_with_ones(*grad_of[i], 4);
+    return fallback;
+  };
+  Scratch u, dks, dvs, s_t, ds0, o_f;
+  if (!plan.direct_q) u = scratch(ElementType::f32, key_shape, stream);
+  if (!plan.direct_k) dks = scratch(ElementType::f32, key_shape, stream);
+  if (!plan.direct_v) dvs = scratch(ElementType::f32, value_shape, stream);
+  const TensorView u_out = plan.direct_q ? grad_view(ir::Role::query, u.view) : u.view;
+  const TensorView dk_out = plan.direct_k ? grad_view(ir::Role::key, dks.view) : dks.view;
+  const TensorView dv_out = plan.direct_v ? grad_view(ir::Role::value, dvs.view) : dvs.view;
   if (need_s_t) s_t = scratch(ElementType::f32, {N, H, V, K}, stream);
   if (a.initial_state) ds0 = scratch(ElementType::f32, {N, H, K, V}, stream);
-  // u_t = S_t do_t over the transposed state (and S_T^T at the end);
-  recurrence(dos, vf, kf, lb, la, a.reverse, a.initial_state ? &h0_t : nullptr, u, need_s_t ? &s_t : nullptr);
+  // u_t = scale S_t do_t over the transposed state (and S_T^T at the end);
+  recurrence(dos, vf, kf, {lb, la, lh}, a.reverse, a.initial_state ? &h0_t : nullptr, u_out, need_s_t ? &s_t : nullptr);
   // dv_t = dS_t^T k_t and dS before the first step; dk_t = dS_t v_t.
-  recurrence(kf, qs, dos, la_next, lb_next, !a.reverse, d_final_state ? &d_final : nullptr, dvs, a.initial_state ? &ds0 : nullptr);
-  recurrence(vf, dos, qs, lb_next, la_next, !a.reverse, d_final_state ? &d_final_t : nullptr, dks, nullptr);
+  recurrence(kf, qs, dos, {la_next, lb_next, lh_next}, !a.reverse, d_final_state ? &d_final : nullptr, dv_out, a.initial_state ? &ds0 : nullptr);
+  recurrence(vf, dos, qs, {lb_next, la_next, lh_next}, !a.reverse, d_final_state ? &d_final_t : nullptr, dk_out, nullptr);
   // The forward's output (unnormalised, fp32), for the value-side decay's gradient.
   if (decays_v) {
     o_f = scratch(ElementType::f32, value_shape, stream);
-    recurrence(qs, kf, vf, la, lb, a.reverse, a.initial_state ? &h0 : nullptr, o_f, nullptr);
+    recurrence(qs, kf, vf, {la, lb, lh}, a.reverse, a.initial_state ? &h0 : nullptr, o_f.view, nullptr);
   }
 
   // 4. The decays' gradients: each block's totals, then what each block's running sums start from.
+  extras["u"] = ptr(u_out.data);
+  extras["dks"] = ptr(dk_out.data);
+  extras["dvs"] = ptr(dv_out.data);
+  extras["o_f"] = o_f.buffer.device_ptr();
   Scratch totals, carry;
   if ((decays_k || decays_v) && C > 0) {
     totals = scratch(ElementType::f32, {N, H, C, K + V}, stream);
     carry = scratch(ElementType::f32, {N, H, C, K + V}, stream);
-    extras["u"] = u.buffer.device_ptr();
-    extras["dks"] = dks.buffer.device_ptr();
-    extras["dvs"] = dvs.buffer.device_ptr();
-    extras["o_f"] = o_f.buffer.device_ptr();
     extras["totals"] = totals.buffer.device_ptr();
     launch_generated(generated(cuda::BackwardPhase::totals), extras);
-    {
-      const auto& loaded = helper("ladle_bwd_carry");
-      KernelArgs packed;
-      packed.add(totals.buffer.device_ptr()).add(need_s_t ? d_final.buffer.device_ptr() : std::uint64_t{0});
-      packed.add(s_t.buffer.device_ptr()).add(carry.buffer.device_ptr()).add(offsets.device_ptr());
-      packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
-      packed.add(static_cast<int>(C));
-      loaded.function->launch({blocks_of(N * H * (K + V), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
-    }
+    const auto& loaded = helper("ladle_bwd_carry");
+    KernelArgs packed;
+    packed.add(totals.buffer.device_ptr()).add(need_s_t ? d_final.buffer.device_ptr() : std::uint64_t{0});
+    packed.add(scale).add(s_t.buffer.device_ptr()).add(carry.buffer.device_ptr()).add(offsets.device_ptr());
+    packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
+    packed.add(static_cast<int>(C));
+    loaded.function->launch({blocks_of(N * H * (K + V), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
 
   // 5. The chain rule into every input's gradient.
-  extras["u"] = u.buffer.device_ptr();
-  extras["dks"] = dks.buffer.device_ptr();
-  extras["dvs"] = dvs.buffer.device_ptr();
-  extras["o_f"] = o_f.buffer.device_ptr();
   extras["carry"] = carry.buffer.device_ptr();
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     if (!grad_of[i]) continue;
@@ -291,14 +412,13 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   }
   if (C > 0) launch_generated(generated(cuda::BackwardPhase::chain), extras);
 
-  // 6. d initial_state = A_0 dS_0 B_0 at each sequence's first step.
+  // 6. d initial_state = A_0 dS_0 B_0 at each sequence's first step (dS_0 read as dS_0 / scale).
   if (a.initial_state) {
     const auto& loaded = helper("ladle_bwd_initial");
     KernelArgs packed;
-    packed.add(ds0.buffer.device_ptr()).add(log_a.buffer.device_ptr()).add(log_b.buffer.device_ptr());
+    packed.add(ds0.buffer.device_ptr()).add(first_decay.buffer.device_ptr()).add(scale);
     packed.add(ptr(gradients.d_initial_state->data)).add(offsets.device_ptr());
     packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
-    packed.add(static_cast<int>(a.reverse));
     loaded.function->launch({blocks_of(N * H * K * V, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
 }
