@@ -68,9 +68,7 @@ def main():
             grads = []
             if args.backward:
                 forward = fn
-                leaves = [x for x in (q, k, v, g) if x is not None]
-                if op == "chunk_simple_gla":
-                    leaves.append(g_gamma)
+                leaves = [x for x in (q, k, v, g) if x is not None]  # simple GLA: g_gamma is a constant here
                 for x in leaves:
                     x.requires_grad_(True)
                 do = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
