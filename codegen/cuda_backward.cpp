@@ -95,7 +95,9 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     extra(std::string("const ") + storage_type(spec.d_output_type) + "*", "d_out");
     for (const char* name : {"d_out_stride_b", "d_out_stride_t", "d_out_stride_h", "d_out_stride_d"}) extra("long long", name);
   };
+  // A head decay beside a key-side one is folded into log_a; alone it is its own per-token gate, log_h.
   const bool head_decay = has(ir::Slot::log_decay_head), key_decay = has(ir::Slot::log_decay_k);
+  const bool separate_head = head_decay && !key_decay;
   if (slots) {
     if (spec.write_q) extra(E + "*", "qs");
     if (spec.write_k) extra(E + "*", "kf");
@@ -105,7 +107,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       if (spec.write_log_a) extra("float*", "log_a");
       extra(std::string(storage_type(spec.log_a_next_type)) + "*", "log_a_next");
     }
-    if (head_decay) extra("float*", "log_h"), extra("float*", "log_h_next");
+    if (separate_head) extra("float*", "log_h"), extra("float*", "log_h_next");
     if (decays_v) {
       if (spec.write_log_b) extra("float*", "log_b");
       extra(std::string(storage_type(spec.log_b_next_type)) + "*", "log_b_next");
@@ -193,19 +195,20 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     const std::string suffix = next ? "_next" : "";
     if (head_decay)
       c("const float head_t = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_head, "") + ")" + otherwise + ";");
-    if (head_decay) c("if (threadIdx.x == 0) log_h" + suffix + "[r] = head_t;");
+    if (separate_head) c("if (threadIdx.x == 0) log_h" + suffix + "[r] = head_t;");
     if (key_decay) {
       c("if (key) {");
       c.in();
       side_loads(true);
-      c("const float a = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_k, "_i") + ")" + otherwise + ";");
+      c("const float a = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_k, "_i") + ")" + (head_decay ? " + head_t" : "") +
+        otherwise + ";");
       if (next) c("ladle_store(log_a_next + r * K + i, a);");
       else if (spec.write_log_a) c("log_a[r * K + i] = a;");
-      if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = a" + std::string(head_decay ? " + head_t" : "") + ";");
+      if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = a;");
       c.out();
       c("}");
-    } else if (head_decay && !next && spec.write_first) {
-      c("if (key && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = head_t;");
+    } else if (!next && spec.write_first) {  // every entry is written: a side without decays gets 0
+      c("if (key && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = " + std::string(head_decay ? "head_t" : "0.0f") + ";");
     }
     if (decays_v) {
       c("if (value) {");
@@ -217,6 +220,8 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = bv;");
       c.out();
       c("}");
+    } else if (!next && spec.write_first) {
+      c("if (value && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = 0.0f;");
     }
   };
   if (slots) {

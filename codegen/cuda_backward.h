@@ -50,8 +50,8 @@ struct BackwardKernelSpec : KernelTypes {  // input_types, reverse, varlen (cu_s
   // q_feature alone and u holds scale * S do. Else qs = q_feature * scale_t and u = S do.
   bool fold_scale = false;
   // slots: the slot tensors written; a slot that is exactly one of the call's tensors in the
-  // recurrences' layout is read from it instead. log_a is the key-side decay without the head decay
-  // (log_h [B,T,H] and log_h_next, always written where there is one).
+  // recurrences' layout is read from it instead. log_a is the key side's decay, a head decay added
+  // where there is both; a head decay alone is log_h [B,T,H] and log_h_next (always written).
   bool write_q = true, write_k = true, write_v = true, write_do = true, write_log_a = true, write_log_b = true;
   ElementType log_a_next_type = ElementType::f32, log_b_next_type = ElementType::f32;
   bool write_first = false;  // first_decay [N,H,K+V]: the total log decays at each sequence's first step

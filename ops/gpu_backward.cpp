@@ -126,9 +126,10 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   spec.write_k = !typed(k_in);
   spec.write_v = !typed(v_in);
   spec.write_do = d_output_type != E;
-  spec.write_log_a = variant.has(ir::Slot::log_decay_k) && a_in < 0;
+  const bool merged_head = variant.has(ir::Slot::log_decay_k) && variant.has(ir::Slot::log_decay_head);
+  spec.write_log_a = variant.has(ir::Slot::log_decay_k) && (a_in < 0 || merged_head);
   spec.write_log_b = variant.has(ir::Slot::log_decay_v) && b_in < 0;
-  spec.log_a_next_type = next_type(a, a_in);
+  spec.log_a_next_type = merged_head ? ElementType::f32 : next_type(a, a_in);
   spec.log_b_next_type = next_type(a, b_in);
   const bool decays = variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head) || variant.has(ir::Slot::log_decay_v);
   spec.write_first = a.initial_state.has_value() && decays;
@@ -231,7 +232,8 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     for (const TensorView* g : {&gradients.dq, &gradients.dk, &gradients.dv}) fill_device_bytes(ptr(g->data), static_cast<std::size_t>(g->numel()) * 4, 0, stream);
     return;
   }
-  const bool key_decay = variant.has(ir::Slot::log_decay_k), head_decay = variant.has(ir::Slot::log_decay_head);
+  // A head decay beside a key-side one is folded into log_a; alone it is the recurrences' per-token head gate.
+  const bool key_decay = variant.has(ir::Slot::log_decay_k), head_decay = variant.has(ir::Slot::log_decay_head) && !key_decay;
   const bool decays_k = key_decay || head_decay, decays_v = variant.has(ir::Slot::log_decay_v);
   std::int64_t longest = 0;
   for (std::int64_t n = 0; n < N; ++n)
