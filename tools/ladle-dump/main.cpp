@@ -4,6 +4,7 @@
 //   ladle-dump --op gla|recurrent [--gates g,gk,gv,g_gamma] [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states]   (the generated kernel)
+//              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
 //              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma]] [--varlen] [--lse]
 //              (with --op attention, -D is the head dim; otherwise a preprocessor definition)
@@ -20,6 +21,7 @@
 #include <ladle/ops/attention.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/compiler.h>
@@ -82,7 +84,7 @@ int main(int argc, char** argv) {
   bool sass = false;
   std::string op, gates, dtype = "bf16", tile_text;
   int key_dim = 128, value_dim = 128;
-  bool reverse = false, varlen = false, states = false, segmented = false;
+  bool reverse = false, varlen = false, states = false, segmented = false, backward = false;
   auto* file_option = app.add_option("file", file, "a CUDA C++ source file (.cu)")->check(CLI::ExistingFile);
   auto* op_option = app.add_option("--op", op, "show the kernel ladle generates for an op")
                         ->check(CLI::IsMember({"gla", "recurrent", "attention"}));
@@ -98,6 +100,9 @@ int main(int argc, char** argv) {
                  "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma|,ws] (default with --arch sm_90a: ws for a per-head decay or a key-side gate alone in bf16, else wgmma) or a split tile; attention: block_m,block_n,warps,stages[,sync|wgmma|ws] (wgmma, ws: --arch sm_90a; default: the heuristic)");
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
+  app.add_flag("--backward", backward,
+               "recurrent ops: the backward's generated kernels (slots, totals, chain; 16-bit slots with --algo chunked) "
+               "and its helpers, as a call of these types runs them");
   app.add_flag("--states", states, "initial and final states");
   app.add_flag("--segmented", segmented,
                "chunked: the segmented form's two kernels (each segment's own state, then the serial form over segments)");
@@ -167,7 +172,41 @@ int main(int argc, char** argv) {
       types.varlen = varlen;
       types.initial_state = types.final_state = states;
       std::string tile_name;
-      if (algo == "chunked") {
+      if (backward) {
+        // A call of these types with every query head (small host tensors, never read): the plan the
+        // library makes for it, then each generated kernel and the helpers.
+        const std::int64_t T = 64;
+        std::vector<ladle::HostTensor> keep;
+        const auto tensor = [&](ladle::ElementType t, std::vector<std::int64_t> shape) {
+          keep.emplace_back(t, std::move(shape), 0.0f);
+          return keep.back().view();
+        };
+        keep.reserve(16);
+        ladle::VariantInputs inputs;
+        for (const auto& input : variant.inputs) {
+          if (input.kind == ladle::ir::InputKind::scalar) inputs.scalars.emplace(input.name, 1.0f);
+          else if (input.role == ladle::ir::Role::other)
+            inputs.tensors.emplace(input.name, input.kind == ladle::ir::InputKind::head ? tensor(type, {1})
+                                               : input.kind == ladle::ir::InputKind::token_head ? tensor(type, {1, T, 1})
+                                               : tensor(type, {1, T, 1, input.kind == ladle::ir::InputKind::token_value ? value_dim : key_dim}));
+        }
+        ladle::RunOptions options;
+        options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
+        options.reverse = reverse;
+        ladle::HostTensor offsets(ladle::ElementType::i64, {2});
+        static_cast<std::int64_t*>(offsets.data())[0] = 0, static_cast<std::int64_t*>(offsets.data())[1] = T;
+        if (varlen) options.cu_seqlens = offsets.view();
+        if (states) options.initial_state = tensor(ladle::ElementType::f32, {1, 1, key_dim, value_dim});
+        const auto q = tensor(type, {1, T, 1, key_dim}), k = tensor(type, {1, T, 1, key_dim}), v = tensor(type, {1, T, 1, value_dim});
+        const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options);
+        for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain})
+          programs.push_back(ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), arch).program);
+        ladle::CompileOptions helper_options;
+        helper_options.arch = arch;
+        helper_options.program_name = "ladle_bwd_helpers.cu";
+        program = ladle::compile(ladle::cuda::backward_helpers_source(), helper_options);
+        tile_name = "(backward: one thread per feature, blocks of " + std::to_string(ladle::cuda::backward_chunk) + " steps)";
+      } else if (algo == "chunked") {
         ladle::cuda::ChunkedKernelSpec spec;
         static_cast<ladle::cuda::KernelTypes&>(spec) = types;
         spec.tile = ladle::cuda::default_chunked_tile(key_dim, value_dim);
