@@ -158,7 +158,10 @@ void bind_outputs(std::string_view op, const RunOptions& options, const Recurren
   const Checker check(op);
   const RecurrentDims& d = bound.dims;
   // q's dtype, or f32 for 16-bit inputs (the backward's recurrences keep their outputs in fp32).
-  if (outputs.o.type != ElementType::f32) check.type("o", outputs.o, d.type, "the dtype of q, or f32");
+  if (d.type == ElementType::f32) check.type("o", outputs.o, d.type, "the dtype of q");
+  else if (outputs.o.type != d.type && outputs.o.type != ElementType::f32)
+    check.fail(std::string("o has dtype ") + element_type_name(outputs.o.type) + ", expected the dtype of q (" +
+               element_type_name(d.type) + ") or f32");
   Pattern o_pattern;
   if (!d.packed) o_pattern.push_back({"B", d.B});
   o_pattern.insert(o_pattern.end(), {{"T", d.T}, {"H", d.H}, {"V", d.V}});

@@ -185,6 +185,13 @@ TEST_CASE("caller-owned outputs are checked", "[ops][errors]") {
                       "recurrent: o has shape [1,4,2,4], expected [B,T,H,V] = [1,4,2,3]");
   REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}, ElementType::bf16), std::nullopt}),
                       "recurrent: o has dtype bf16, expected the dtype of q (f32)");
+  {  // 16-bit inputs may write an fp32 o (what the backward's recurrences do), nothing else
+    const auto hq = t.make({1, 4, 2, 4}, ElementType::bf16), hk = t.make({1, 4, 2, 4}, ElementType::bf16),
+               hv = t.make({1, 4, 2, 3}, ElementType::bf16);
+    REQUIRE_NOTHROW(ladle::recurrent_into(hq, hk, hv, o, {t.make({1, 4, 2, 3}), std::nullopt}));
+    REQUIRE_THROWS_WITH(ladle::recurrent_into(hq, hk, hv, o, {t.make({1, 4, 2, 3}, ElementType::f16), std::nullopt}),
+                        "recurrent: o has dtype f16, expected the dtype of q (bf16) or f32");
+  }
   o.return_state = true;
   REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}), std::nullopt}),
                       "recurrent: return_state is set but no final_state output was given");
