@@ -18,6 +18,8 @@ echo "== the GLA kernel ladle generates, compiled for Hopper (resources)"
 echo "== ladle-dump --op gla --algo chunked (the tensor-core family; resources for sm_90a and sm_80)"
 "$build"/tools/ladle-dump/ladle-dump --op gla --algo chunked --arch sm_90a --only resources
 "$build"/tools/ladle-dump/ladle-dump --op gla --algo chunked --arch sm_80 --only resources
+echo "== ladle-dump --op gla --algo chunked --backward (the backward's generated kernels, resources for sm_90a)"
+"$build"/tools/ladle-dump/ladle-dump --op gla --algo chunked --backward --arch sm_90a --only resources
 echo "== ladle-dump of a hand-written kernel (resources for sm_90a)"
 "$build"/tools/ladle-dump/ladle-dump tools/ladle-dump/sample.cu --arch sm_90a --only resources
 echo "== ladle-dump --op attention (causal, and sliding window + soft cap; resources for sm_90a and sm_80)"
