@@ -449,6 +449,8 @@ void run_variant_backward(const ir::Variant& variant, const TensorView& q, const
   // The gradients on the device, then back into the caller's host tensors.
   std::vector<std::pair<Uploaded, TensorView>> outs;
   const auto out = [&](const TensorView& host) {
+    if (host.type != ElementType::f32 || host.strides != TensorView::contiguous(nullptr, ElementType::f32, host.shape).strides)
+      throw InvalidArgument(op + ": host gradients must be fp32 and contiguous");
     outs.emplace_back(poisoned(ElementType::f32, host.shape), host);
     return outs.back().first.view;
   };
@@ -457,11 +459,7 @@ void run_variant_backward(const ir::Variant& variant, const TensorView& q, const
   if (gradients.d_initial_state) device_grads.d_initial_state = out(*gradients.d_initial_state);
   run_variant_backward_into(variant, dq, dk, dv, device_inputs, device_options, d_o, d_final, device_grads);
   Device::get().synchronize();
-  for (auto& [device, host] : outs) {
-    if (host.type != ElementType::f32 || host.strides != TensorView::contiguous(nullptr, ElementType::f32, host.shape).strides)
-      throw InvalidArgument(op + ": host gradients must be fp32 and contiguous");
-    device.buffer.copy_to_host(host.data, device.buffer.bytes());
-  }
+  for (auto& [device, host] : outs) device.buffer.copy_to_host(host.data, device.buffer.bytes());
 }
 
 }  // namespace ladle::gpu

@@ -121,8 +121,10 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
 RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
                                         const std::optional<TensorView>& d_final_state = std::nullopt);
 
-// The backward by composition, on `backend`: the slots (q, k, v features, the log decays, the scale)
-// evaluated at every token, then three recurrences of the plain form (what the GPU kernels run):
+// The backward by composition, on `backend` (gpu, or automatic with a GPU: gpu::run_variant_backward of
+// ops/gpu_backward.h, generated kernels on device tensors; cpu: the same algorithm on the host, which
+// the tests hold against the direct CPU backward): the slots (q, k, v features, the log decays, the
+// scale) evaluated at every token, then three recurrences of the plain form:
 // dq = scale S_t do_t over the transposed state, and dv, dk over dS in the other direction (the
 // decays shifted by one token); the decays' gradients as reverse sums of q . dq - k . dk (and
 // o . do - v . dv), and the inputs' through ir::derivative. Not for normalised reads.
