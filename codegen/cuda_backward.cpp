@@ -49,13 +49,14 @@ std::string backward_spec_key(const BackwardKernelSpec& spec) {
 BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec) {
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_backward: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
-  if (variant.normalize) fail("a normalised read has no GPU backward (its CPU backward runs)");
+  if (variant.normalize && (spec.write_do || !spec.write_v || spec.direct_v))
+    fail("a normalised read's backward writes v with the normaliser's column and takes do from the normalised-read helper");
   check_types("generate_backward", variant, spec);
   if (!floating(spec.slot_type) || !floating(spec.d_output_type)) fail("slot_type and d_output_type must be f32, f16 or bf16");
 
   // The kernel's own names: an input called s, t or u is renamed (in<i>_s) rather than shadowed.
   const std::vector<std::string> id = identifiers(
-      variant, {"CHUNK", "REVERSE", "B", "T", "H", "K", "V", "C", "n", "h", "b", "bos", "eos", "len", "s", "s0", "s1", "i", "j", "key",
+      variant, {"CHUNK", "REVERSE", "B", "T", "H", "K", "V", "VS", "C", "n", "h", "b", "bos", "eos", "len", "s", "s0", "s1", "i", "j", "key",
                 "value", "t", "t_step", "r", "live", "scale_t", "ga", "gb", "u", "dks", "dvs", "qs", "kf", "vf", "dos", "o_f", "carry",
                 "carry_row", "log_a", "log_a_next", "log_b", "log_b_next", "log_h", "log_h_next", "first_decay", "head_t", "ta", "tb",
                 "totals", "row", "a", "bv", "d_out", "u_i", "dk_i", "dv_j", "p", "offset", "cu_seqlens"});
@@ -131,7 +132,9 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     }
   }
   if (spec.varlen) extra("const long long*", "cu_seqlens");
-  for (const char* name : {"B", "T", "H", "K", "V", "C"}) extra("int", name);
+  // VS: the value-side slot tensors' row width (V, and V + 1 for a normalised read: the normaliser is
+  // the state's extra column, its value 1).
+  for (const char* name : {"B", "T", "H", "K", "V", "VS", "C"}) extra("int", name);
 
   // ---- Header
   std::string header = "ladle: recurrent backward, " + std::string(to_string(spec.phase)) + " kernel " + kernel.name +
@@ -215,8 +218,8 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c.in();
       side_loads(false);
       c("const float bv = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_v, "_j") + ")" + otherwise + ";");
-      if (next) c("ladle_store(log_b_next + r * V + j, bv);");
-      else if (spec.write_log_b) c("log_b[r * V + j] = bv;");
+      if (next) c("ladle_store(log_b_next + r * VS + j, bv);");
+      else if (spec.write_log_b) c("log_b[r * VS + j] = bv;");
       if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = bv;");
       c.out();
       c("}");
@@ -248,9 +251,10 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c("if (value) {");
       c.in();
       side_loads(false);
-      if (spec.write_v) c("ladle_store(vf + r * V + j, " + render_slot(variant, id, ir::Slot::v, "_j") + ");");
+      if (spec.write_v) c("ladle_store(vf + r * VS + j, " + render_slot(variant, id, ir::Slot::v, "_j") + ");");
+      if (spec.write_v && variant.normalize) c("if (j == 0) ladle_store(vf + r * VS + V, 1.0f);  // the normaliser's column");
       if (spec.write_do)
-        c("ladle_store(dos + r * V + j, ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * "
+        c("ladle_store(dos + r * VS + j, ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * "
           "d_out_stride_d));");
       c.out();
       c("}");
@@ -281,7 +285,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
                                (spec.fold_scale ? "" : " * scale_t") + " * u_i - (" +
                                render_slot(variant, id, ir::Slot::k_feature, "_i") + ") * dk_i";
   const std::string value_term =
-      "o_f[r * V + j] * ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * d_out_stride_d) - (" +
+      "o_f[r * VS + j] * ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * d_out_stride_d) - (" +
       render_slot(variant, id, ir::Slot::v, "_j") + ") * dv_j";
   const auto step_prologue = [&] {
     c("const long long r = (static_cast<long long>(b) * T + t) * H + h;  // the slot row");
@@ -307,7 +311,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c("if (value) {");
       c.in();
       side_loads(false);
-      c("const float dv_j = dvs[r * V + j];");
+      c("const float dv_j = dvs[r * VS + j];");
       c("tb += " + value_term + ";");
       c.out();
       c("}");
@@ -372,7 +376,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   c("if (value) {");
   c.in();
   side_loads(false);
-  c("const float dv_j = dvs[r * V + j];");
+  c("const float dv_j = dvs[r * VS + j];");
   if (decays_v) c("gb += " + value_term + ";");
   chain_slot(ir::Slot::v, "dv_j", "_j");
   chain_slot(ir::Slot::log_decay_v, "gb", "_j");
@@ -430,10 +434,11 @@ __device__ __forceinline__ void ladle_bwd_bounds(const long long* cu_seqlens, in
 }
 
 // One thread per (n, h, f < K + V): carry[(n H + h) C + c][f] = init + the totals of the blocks after c,
-// init = factor sum_j d_final[i][j] S[i][j] (f = i < K) or sum_i (f = K + j), S read from s_t [N,H,V,K].
+// init = factor sum_j d_final[i][j] S[i][j] (f = i < K) or sum_i (f = K + j), d_final [N,H,K,VS] and S read from
+// s_t [N,H,VS,K] (VS = V, or V + 1 with the normaliser's column).
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
     const float* __restrict__ totals, const float* __restrict__ d_final, float factor, const float* __restrict__ s_t,
-    float* __restrict__ carry, const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int C) {
+    float* __restrict__ carry, const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int VS, int C) {
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int KV = K + V;
   if (index >= static_cast<long long>(N) * H * KV) return;
@@ -445,9 +450,9 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
   float acc = 0.0f;
   if (d_final) {
     if (f < K)
-      for (int j = 0; j < V; ++j) acc += d_final[(p * K + f) * V + j] * s_t[(p * V + j) * K + f];
+      for (int j = 0; j < VS; ++j) acc += d_final[(p * K + f) * VS + j] * s_t[(p * VS + j) * K + f];
     else
-      for (int i = 0; i < K; ++i) acc += d_final[(p * K + i) * V + (f - K)] * s_t[(p * V + (f - K)) * K + i];
+      for (int i = 0; i < K; ++i) acc += d_final[(p * K + i) * VS + (f - K)] * s_t[(p * VS + (f - K)) * K + i];
   }
   acc *= factor;
   for (long long c = chunks - 1; c >= 0; --c) {
@@ -460,32 +465,59 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
 // first step from first_decay [N,H,K+V] (null: no decay); dS_0 alone for an empty sequence.
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_initial(
     const float* __restrict__ ds0, const float* __restrict__ first_decay, float factor, float* __restrict__ d_h0,
-    const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V) {
+    const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int VS) {
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= static_cast<long long>(N) * H * K * V) return;
   const long long p = index / (static_cast<long long>(K) * V);
   const int i = static_cast<int>(index / V % K), j = static_cast<int>(index % V);
   int b; long long bos, eos;
   ladle_bwd_bounds(cu_seqlens, static_cast<int>(p / H), T, b, bos, eos);
-  float x = factor * ds0[index];
+  float x = factor * ds0[(p * K + i) * VS + j];  // ds0 [N,H,K,VS]
   if (eos > bos && first_decay) x *= expf(first_decay[p * (K + V) + i] + first_decay[p * (K + V) + K + j]);
   d_h0[index] = x;
 }
 
-// One thread per element of a strided [N,H,R,C] tensor, times factor: out [N,H,R,C] and out_t [N,H,C,R], fp32 (either
-// may be null).
+// One thread per element of a strided [N,H,R,C] tensor, times factor: out [N,H,R,CP] and out_t [N,H,CP,R], fp32 (either
+// may be null; CP >= C, the padding left as it was).
 #define LADLE_BWD_CONVERT(NAME, E)                                                                            \
 extern "C" __global__ void __launch_bounds__(256) NAME(                                                       \
     const E* __restrict__ in, long long s0, long long s1, long long s2, long long s3, int N, int H, int R, int C, \
-    float factor, float* __restrict__ out, float* __restrict__ out_t) {                                       \
+    int CP, float factor, float* __restrict__ out, float* __restrict__ out_t) {                               \
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;                      \
   if (index >= static_cast<long long>(N) * H * R * C) return;                                                  \
   const int c = static_cast<int>(index % C), r = static_cast<int>(index / C % R);                              \
   const long long p = index / (static_cast<long long>(R) * C);                                                 \
   const float x = factor * ladle_load(in + (p / H) * s0 + (p % H) * s1 + r * s2 + c * s3);                     \
-  if (out) out[index] = x;                                                                                    \
-  if (out_t) out_t[(p * C + c) * R + r] = x;                                                                  \
+  if (out) out[(p * R + r) * CP + c] = x;                                                                     \
+  if (out_t) out_t[(p * CP + c) * R + r] = x;                                                                 \
 }
+// A normalised read o = num / den, den = (scale q)^T n + eps, from num' [rows][V + 1] (the read of the state with the
+// normaliser's column: num, then den - eps): do' [rows][V + 1] = do / den, then d den = -sum_j do_j num_j / den^2.
+// One warp per row r = (b T + t) H + h; block (256).
+#define LADLE_BWD_NORMALIZED(NAME, E)                                                                         \
+extern "C" __global__ void __launch_bounds__(256) NAME(                                                       \
+    const float* __restrict__ num, const E* __restrict__ d_out, long long sb, long long st, long long sh, long long sd, \
+    int B, int T, int H, int V, float eps, float* __restrict__ d_num) {                                       \
+  const long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;                    \
+  const int lane = threadIdx.x % 32;                                                                          \
+  if (r >= static_cast<long long>(B) * T * H) return;                                                         \
+  const int h = static_cast<int>(r % H);                                                                      \
+  const long long t = r / H % T, b = r / H / T;                                                               \
+  const float* const row = num + r * (V + 1);                                                                 \
+  const float den = row[V] + eps;                                                                             \
+  float dot = 0.0f;                                                                                           \
+  for (int j = lane; j < V; j += 32) {                                                                        \
+    const float g = ladle_load(d_out + b * sb + t * st + h * sh + j * sd);                                    \
+    dot += g * row[j];                                                                                        \
+    d_num[r * (V + 1) + j] = g / den;                                                                         \
+  }                                                                                                           \
+  for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);             \
+  if (lane == 0) d_num[r * (V + 1) + V] = -dot / (den * den);                                                  \
+}
+LADLE_BWD_NORMALIZED(ladle_bwd_normalized_f32, float)
+LADLE_BWD_NORMALIZED(ladle_bwd_normalized_bf16, ladle_bf16)
+LADLE_BWD_NORMALIZED(ladle_bwd_normalized_f16, ladle_f16)
+
 LADLE_BWD_CONVERT(ladle_bwd_convert_f32, float)
 LADLE_BWD_CONVERT(ladle_bwd_convert_bf16, ladle_bf16)
 LADLE_BWD_CONVERT(ladle_bwd_convert_f16, ladle_f16)

@@ -111,7 +111,8 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   spec.phase = phase;
   // 16-bit slots where the recurrences run on the tensor cores; fp32 for the fused-recurrent kernels.
   const bool chunked = choose_algorithm(variant, bound, options) == Algorithm::chunked;
-  const ElementType E = chunked && bound.dims.type != ElementType::f32 ? bound.dims.type : ElementType::f32;
+  // A normalised read runs in fp32 on the fused-recurrent kernels: its value side has V + 1 columns.
+  const ElementType E = chunked && bound.dims.type != ElementType::f32 && !variant.normalize ? bound.dims.type : ElementType::f32;
   spec.slot_type = E;
   spec.d_output_type = d_output_type;
   spec.fold_scale = call_scale(variant, a).has_value();
@@ -136,6 +137,7 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   spec.direct_q = spec.fold_scale && role(q_in, ir::Role::query);
   spec.direct_k = role(k_in, ir::Role::key);
   spec.direct_v = role(v_in, ir::Role::value);
+  if (variant.normalize) spec.write_v = true, spec.write_do = false, spec.direct_v = false;  // the normaliser's column
   return spec;
 }
 
@@ -179,13 +181,14 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
                                const LaunchOptions& launch) {
   const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
-  if (variant.normalize) check.fail("the GPU backward has no normalised read yet (its CPU backward runs it)");
   const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_backward(op, bound, d_output, d_final_state);
   const cpu::RecurrentArgs& a = bound.args;
   const ops::RecurrentDims& d = bound.dims;
   const std::int64_t B = a.batch, T = a.tokens, H = a.heads, K = a.key_dim, V = a.value_dim, N = d.N;
   const unsigned threads = cuda::backward_threads(K, V);
+  // A normalised read: the normaliser n_t is the state's extra column (its value 1), VS = V + 1 columns.
+  const std::int64_t VS = variant.normalize ? V + 1 : V;
 
   // The gradients: fp32, contiguous, each in its input's shape.
   const auto gradient = [&](const std::string& name, const TensorView* given, const TensorView& input) -> const TensorView& {
@@ -271,11 +274,11 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   const auto wrap = [](const TensorView& view) { return Scratch{DeviceBuffer(), view}; };
 
   // 1. The slots: scratch tensors for those that are not one of the call's tensors as they stand.
-  const std::vector<std::int64_t> key_shape{B, T, H, K}, value_shape{B, T, H, V}, head_shape{B, T, H};
+  const std::vector<std::int64_t> key_shape{B, T, H, K}, value_shape{B, T, H, VS}, head_shape{B, T, H};
   Scratch qs = plan.write_q ? scratch(E, key_shape, stream) : wrap(input_view(ir::Slot::q_feature, ir::InputKind::token_key));
   Scratch kf = plan.write_k ? scratch(E, key_shape, stream) : wrap(input_view(ir::Slot::k_feature, ir::InputKind::token_key));
   Scratch vf = plan.write_v ? scratch(E, value_shape, stream) : wrap(input_view(ir::Slot::v, ir::InputKind::token_value));
-  Scratch dos = plan.write_do ? scratch(E, value_shape, stream) : wrap(ops::detail::lead_with_ones(d_output, 4));
+  Scratch dos = plan.write_do || variant.normalize ? scratch(E, value_shape, stream) : wrap(ops::detail::lead_with_ones(d_output, 4));
   Scratch log_a, log_a_next, log_b, log_b_next, log_h, log_h_next, first_decay;
   if (key_decay) {
     log_a = plan.write_log_a ? scratch(ElementType::f32, key_shape, stream) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
@@ -288,7 +291,8 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   }
   if (plan.write_first) first_decay = scratch(ElementType::f32, {N, H, K + V}, stream);
   std::map<std::string, Extra> extras{{"B", static_cast<int>(B)}, {"T", static_cast<int>(T)}, {"H", static_cast<int>(H)},
-                                      {"K", static_cast<int>(K)}, {"V", static_cast<int>(V)}, {"C", static_cast<int>(C)},
+                                      {"K", static_cast<int>(K)}, {"V", static_cast<int>(V)}, {"VS", static_cast<int>(VS)},
+                                      {"C", static_cast<int>(C)},
                                       {"cu_seqlens", offsets.device_ptr()},
                                       {"qs", ptr(qs.view.data)}, {"kf", ptr(kf.view.data)}, {"vf", ptr(vf.view.data)},
                                       {"dos", ptr(dos.view.data)}, {"log_a", ptr(log_a.view.data)},
@@ -308,18 +312,21 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   // 2. The states in fp32, as given and transposed: h0 for the forward's o, h0^T for u; d_final for dv,
   //    d_final^T for dk (divided by a folded scale: those recurrences read dS / scale, times scale).
   const auto convert = [&](const TensorView& state, float factor, Scratch* out, Scratch* out_t) {
-    if (out) *out = scratch(ElementType::f32, {N, H, K, V}, stream);
-    if (out_t) *out_t = scratch(ElementType::f32, {N, H, V, K}, stream);
+    if (out) *out = scratch(ElementType::f32, {N, H, K, VS}, stream);
+    if (out_t) *out_t = scratch(ElementType::f32, {N, H, VS, K}, stream);
+    for (Scratch* padded : {out, out_t})  // the normaliser's column starts at 0 (and d final_state has none)
+      if (padded && VS != V) fill_device_bytes(padded->buffer.device_ptr(), padded->buffer.bytes(), 0, stream);
     const auto& loaded = helper(std::string("ladle_bwd_convert_") + type_suffix(state.type));
     KernelArgs packed;
     packed.add(ptr(state.data));
     for (int dim = 0; dim < 4; ++dim) packed.add(static_cast<long long>(state.strides[static_cast<std::size_t>(dim)]));
-    packed.add(static_cast<int>(N)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V)).add(factor);
+    packed.add(static_cast<int>(N)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V)).add(static_cast<int>(VS));
+    packed.add(factor);
     packed.add(out ? out->buffer.device_ptr() : std::uint64_t{0}).add(out_t ? out_t->buffer.device_ptr() : std::uint64_t{0});
     loaded.function->launch({blocks_of(N * H * K * V, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   };
   Scratch h0, h0_t, d_final, d_final_t;
-  if (a.initial_state) convert(*a.initial_state, 1.0f, decays_v ? &h0 : nullptr, &h0_t);
+  if (a.initial_state) convert(*a.initial_state, 1.0f, decays_v || variant.normalize ? &h0 : nullptr, &h0_t);
   if (d_final_state) convert(*d_final_state, 1.0f / scale, &d_final, &d_final_t);
 
   // 3. The recurrences of the plain form, outputs in fp32 (into the gradients themselves where a slot is
@@ -363,8 +370,21 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   const TensorView u_out = plan.direct_q ? grad_view(ir::Role::query, u.view) : u.view;
   const TensorView dk_out = plan.direct_k ? grad_view(ir::Role::key, dks.view) : dks.view;
   const TensorView dv_out = plan.direct_v ? grad_view(ir::Role::value, dvs.view) : dvs.view;
-  if (need_s_t) s_t = scratch(ElementType::f32, {N, H, V, K}, stream);
-  if (a.initial_state) ds0 = scratch(ElementType::f32, {N, H, K, V}, stream);
+  if (need_s_t) s_t = scratch(ElementType::f32, {N, H, VS, K}, stream);
+  if (a.initial_state) ds0 = scratch(ElementType::f32, {N, H, K, VS}, stream);
+  if (variant.normalize) {
+    // The forward's read of [S | n] (num, then den - eps), then do' = do / den and d den for the normaliser's column.
+    Scratch num = scratch(ElementType::f32, value_shape, stream);
+    recurrence(qs, kf, vf, {la, nullptr, lh}, a.reverse, a.initial_state ? &h0 : nullptr, num.view, nullptr);
+    const auto& loaded = helper(std::string("ladle_bwd_normalized_") + type_suffix(d_output.type));
+    const TensorView g = ops::detail::lead_with_ones(d_output, 4);
+    KernelArgs packed;
+    packed.add(num.buffer.device_ptr()).add(ptr(g.data));
+    for (int dim = 0; dim < 4; ++dim) packed.add(static_cast<long long>(g.strides[static_cast<std::size_t>(dim)]));
+    packed.add(static_cast<int>(B)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(V));
+    packed.add(variant.normalize_eps).add(dos.buffer.device_ptr());
+    loaded.function->launch({blocks_of(B * T * H * 32, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+  }
   // u_t = scale S_t do_t over the transposed state (and S_T^T at the end);
   recurrence(dos, vf, kf, {lb, la, lh}, a.reverse, a.initial_state ? &h0_t : nullptr, u_out, need_s_t ? &s_t : nullptr);
   // dv_t = dS_t^T k_t and dS before the first step; dk_t = dS_t v_t.
@@ -392,7 +412,7 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     packed.add(totals.buffer.device_ptr()).add(need_s_t ? d_final.buffer.device_ptr() : std::uint64_t{0});
     packed.add(scale).add(s_t.buffer.device_ptr()).add(carry.buffer.device_ptr()).add(offsets.device_ptr());
     packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
-    packed.add(static_cast<int>(C));
+    packed.add(static_cast<int>(VS)).add(static_cast<int>(C));
     loaded.function->launch({blocks_of(N * H * (K + V), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
 
@@ -421,6 +441,7 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     packed.add(ds0.buffer.device_ptr()).add(first_decay.buffer.device_ptr()).add(scale);
     packed.add(ptr(gradients.d_initial_state->data)).add(offsets.device_ptr());
     packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
+    packed.add(static_cast<int>(VS));
     loaded.function->launch({blocks_of(N * H * K * V, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
 }

@@ -71,12 +71,10 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
                                           const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
   const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
-  if (options.backend == Backend::gpu && variant.normalize)
-    check.fail("backend = gpu: the GPU backward of a normalised read is not built yet; backend = cpu or automatic runs it on the CPU");
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   RecurrentForward out{{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt},
                        {variant, q, k, v, inputs, options, nullptr, fingerprint(q, k, v, inputs, options), true}};
-  if (use_gpu(options) && !variant.normalize) {
+  if (use_gpu(options)) {
     out.result = run_variant(variant, q, k, v, inputs, options);
     out.saved.options.backend = Backend::gpu;
     return out;
@@ -164,8 +162,6 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
                                                  const std::optional<TensorView>& d_final_state, Backend backend) {
   const ir::Variant& variant = saved.variant;
   const std::string op = op_name(variant) + " backward";
-  if (variant.normalize)
-    throw InvalidArgument(op + ": the backward by composition (the GPU's) has no normalised read; its CPU backward does");
   BackwardSetup s = setup_backward(saved, d_output, d_final_state);
   if (backend == Backend::gpu || (backend == Backend::automatic && driver_available())) {
     gpu::RecurrentGradientViews views{s.out.dq.view(), s.out.dk.view(), s.out.dv.view(), {}, std::nullopt};
@@ -174,6 +170,8 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
     gpu::run_variant_backward(variant, saved.q, saved.k, saved.v, saved.inputs, saved.options, d_output, d_final_state, views);
     return std::move(s.out);
   }
+  if (variant.normalize)
+    throw InvalidArgument(op + ": the backward by composition on the CPU has no normalised read (the GPU's and the direct CPU backward do)");
   const cpu::RecurrentArgs& a = s.bound.args;
   const std::int64_t B = a.batch, T = a.tokens, H = a.heads, K = a.key_dim, V = a.value_dim, N = s.bound.dims.N;
   const bool reverse = a.reverse;

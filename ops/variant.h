@@ -106,10 +106,10 @@ struct RecurrentForward {
 };
 
 // The forward of run_variant, keeping what its backward needs. Where it runs follows options.backend
-// as run_variant does, except that a normalised read runs on the CPU (its GPU backward is not built:
-// backend gpu is refused by name). After a CPU forward the backward runs on the CPU (checkpoints of
-// the state every 64 tokens); after a GPU forward it runs on the GPU, as three recurrences of the
-// plain form over the slots (run_variant_backward_composed).
+// as run_variant does. After a CPU forward the backward runs on the CPU (checkpoints of the state
+// every 64 tokens); after a GPU forward it runs on the GPU, as three recurrences of the plain form
+// over the slots (run_variant_backward_composed; a normalised read's normaliser is the state's extra
+// column).
 RecurrentForward run_variant_for_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const VariantInputs& inputs = {}, const RunOptions& options = {});
 
@@ -127,7 +127,7 @@ RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const Tenso
 // scale) evaluated at every token, then three recurrences of the plain form:
 // dq = scale S_t do_t over the transposed state, and dv, dk over dS in the other direction (the
 // decays shifted by one token); the decays' gradients as reverse sums of q . dq - k . dk (and
-// o . do - v . dv), and the inputs' through ir::derivative. Not for normalised reads.
+// o . do - v . dv), and the inputs' through ir::derivative. On the CPU not for normalised reads.
 RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, const TensorView& d_output,
                                                  const std::optional<TensorView>& d_final_state, Backend backend);
 

@@ -70,6 +70,8 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
   variants.push_back(dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")),
                                           dsl::q, dsl::sigmoid(dsl::token_head("s"))),
                                 "user_gate"));
+  variants.push_back(dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")), dsl::q, dsl::scalar("scale")).normalized(),
+                                "normalized"));
   int compiled = 0;
   for (const auto& variant : variants)
     for (int mode = 0; mode < 4; ++mode)
@@ -88,17 +90,18 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
           spec.log_a_next_type = spec.log_b_next_type = ElementType::bf16;
           spec.write_first = spec.direct_q = spec.direct_k = spec.direct_v = true;
         }
+        if (variant.normalize) spec.write_v = true, spec.write_do = false, spec.direct_v = false;  // as the launcher plans it
         INFO(ladle::ir::to_string(variant) << " mode " << mode << " " << ladle::cuda::to_string(phase));
         const auto result = ladle::gpu::compile_backward(variant, spec, "compute_80");
         REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
         ++compiled;
       }
-  CHECK(compiled == 18 * 4 * 3);
+  CHECK(compiled == 19 * 4 * 3);
   // The helpers (the state conversion once per dtype).
   ladle::CompileOptions options;
   options.arch = "compute_80";
   const auto helpers = ladle::compile(ladle::cuda::backward_helpers_source(), options);
-  for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial",
+  for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
                            "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})
     CHECK(helpers.ptx.find(std::string(".entry ") + name) != std::string::npos);
 }
