@@ -91,6 +91,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   const auto extra = [&](const std::string& c_type, const std::string& name, const std::string& what = "") {
     declarations.push_back(c_type + (c_type.back() == '*' ? " __restrict__ " : " ") + name);
     kernel.extra_params.push_back(what.empty() ? name : what);
+    kernel.extra_types.push_back(c_type);
   };
   const auto d_out_params = [&] {
     extra(std::string("const ") + storage_type(spec.d_output_type) + "*", "d_out");

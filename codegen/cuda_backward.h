@@ -68,6 +68,7 @@ struct BackwardKernel {
   // "d/<input name>" (float*) and "d/<input name>/sb", "/st", "/sh", "/sd" (its strides in the
   // canonical [B,T,X,D] / [B,T,X] / [B,X] layout, 0 for a dimension it lacks).
   std::vector<std::string> extra_params;
+  std::vector<std::string> extra_types;  // their C types, in the same order
 };
 
 // Everything in a spec that changes the source (with the variant's hash: a kernel's name and cache key).

@@ -1,0 +1,248 @@
+// The recurrent backward's generated kernels (codegen/cuda_backward.h) on the host emulation of CUDA
+// (cuda_emulation.h), so that CI without a GPU checks what they compute: the slots kernel against the
+// CPU path's slots (cpu::materialize_slots), shifted decays included; the chain kernel, given random
+// recurrence outputs and carries, against the same running sums and the CPU path's chain rule
+// (cpu::chain_slot_gradients). On a GPU, ops-backward checks the whole backward against finite differences.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <variant>
+
+#include <ladle/codegen/cpu_recurrent.h>
+#include <ladle/codegen/cuda_backward.h>
+#include <ladle/ops/bind.h>
+#include <ladle/runtime/driver.h>
+
+#include "backward_cases.h"
+#include "cuda_emulation.h"
+#include "ops/detail/checks.h"
+#include "ops/detail/pack_input.h"
+#include "support/tensors.h"
+
+// The chain kernel adds shared gradients atomically (GQA, per-token and per-head inputs).
+inline float atomicAdd(float* p, float value) { return std::atomic_ref<float>(*p).fetch_add(value); }
+
+#include "backward_kernels.inc"
+
+using namespace ladle;
+
+namespace {
+
+using Extra = std::variant<std::uint64_t, long long, int, float>;
+std::uint64_t address(const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
+KernelArgs pack(const cuda::BackwardKernel& kernel, const ir::Variant& variant, const cpu::RecurrentArgs& a,
+                const std::map<std::string, Extra>& extras) {
+  KernelArgs packed;
+  for (const cuda::KernelParam& p : kernel.params) REQUIRE(gpu::detail::pack_input(packed, p, variant, a));
+  for (const std::string& name : kernel.extra_params) {
+    const auto found = extras.find(name);
+    INFO("kernel parameter " << name);
+    REQUIRE(found != extras.end());
+    std::visit([&](auto value) { packed.add(value); }, found->second);
+  }
+  return packed;
+}
+
+double worst(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double w = 0.0;
+  for (std::size_t e = 0; e < got.size(); ++e) w = std::max(w, std::abs(double(got[e]) - want[e]) / std::max(1.0, std::abs(double(want[e]))));
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("the backward's slots and chain kernels, run on the host emulation, compute what the CPU path computes",
+          "[codegen][backward][emulation]") {
+  int index = 0;
+  for (const backward_cases::Case& c : backward_cases::all()) {
+    INFO(c.name);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(4100 + index));
+    const std::int64_t B = c.B, T = c.T, H = c.H, K = c.K, V = c.V;
+    const std::int64_t N = c.cu_seqlens.empty() ? B : static_cast<std::int64_t>(c.cu_seqlens.size()) - 1;
+    std::vector<test::Filled> keep;
+    keep.reserve(16);
+    const auto add = [&](test::Filled f) -> const HostTensor& {
+      keep.push_back(std::move(f));
+      return keep.back().tensor;
+    };
+    const HostTensor& q = add(test::normal(rng, ElementType::f32, {B, T, H, K}));
+    const HostTensor& k = add(test::normal(rng, ElementType::f32, {B, T, c.H_kv, K}));
+    const HostTensor& v = add(test::normal(rng, ElementType::f32, {B, T, c.H_kv, V}));
+    VariantInputs inputs;
+    for (const ir::Input& in : c.variant.inputs) {
+      if (in.kind == ir::InputKind::scalar) {
+        inputs.scalars.emplace(in.name, 0.3f);
+        continue;
+      }
+      if (in.role != ir::Role::other) continue;
+      const std::vector<std::int64_t> shape = in.kind == ir::InputKind::head         ? std::vector<std::int64_t>{H}
+                                              : in.kind == ir::InputKind::token_head ? std::vector<std::int64_t>{B, T, H}
+                                              : std::vector<std::int64_t>{B, T, H, in.kind == ir::InputKind::token_value ? V : K};
+      std::uniform_real_distribution<double> tau(8.0, 16.0);
+      const HostTensor& t = in.name == "tau"                  ? add(test::filled(ElementType::f32, shape, [&] { return tau(rng); }))
+                            : in.name == "x" || in.name == "s" ? add(test::normal(rng, ElementType::f32, shape))
+                                                               : add(test::log_gate(rng, ElementType::f32, shape));
+      inputs.tensors.emplace(in.name, t.view());
+    }
+    RunOptions options;
+    options.reverse = c.reverse;
+    HostTensor offsets(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    std::copy(c.cu_seqlens.begin(), c.cu_seqlens.end(), static_cast<std::int64_t*>(offsets.data()));
+    if (!c.cu_seqlens.empty()) options.cu_seqlens = offsets.view();
+    const ops::BoundInputs bound = ops::bind_inputs(c.name, c.variant, q.view(), k.view(), v.view(), inputs, options);
+    const cpu::RecurrentArgs& a = bound.args;
+    const cpu::RecurrentSlotTensors slots = cpu::materialize_slots(c.variant, a);
+    const bool decays_v = c.variant.has(ir::Slot::log_decay_v);
+
+    // The steps of each sequence, in the recurrence's order.
+    const auto bounds = [&](std::int64_t n) {
+      return c.cu_seqlens.empty() ? std::pair<std::int64_t, std::int64_t>{0, T}
+                                  : std::pair{c.cu_seqlens[static_cast<std::size_t>(n)], c.cu_seqlens[static_cast<std::size_t>(n) + 1]};
+    };
+    const auto row = [&](std::int64_t n, std::int64_t step, std::int64_t h) {
+      const auto [bos, eos] = bounds(n);
+      const std::int64_t b = c.cu_seqlens.empty() ? n : 0, t = c.reverse ? eos - 1 - step : bos + step;
+      return (b * T + t) * H + h;
+    };
+    std::int64_t longest = 0;
+    for (std::int64_t n = 0; n < N; ++n) longest = std::max(longest, bounds(n).second - bounds(n).first);
+    const std::int64_t C = (longest + cuda::backward_chunk - 1) / cuda::backward_chunk, rows = B * T * H;
+    const unsigned threads = cuda::backward_threads(K, V);
+
+    const HostTensor& d_o = add(test::normal(rng, ElementType::f32, {B, T, H, V}));
+    const auto d_o_at = [&](std::int64_t r, std::int64_t j) { return static_cast<const float*>(d_o.data())[r * V + j]; };
+    std::vector<float> qs(rows * K), kf(rows * K), vf(rows * V), dos(rows * V), log_a(rows * K), log_a_next(rows * K), log_b(rows * V),
+        log_b_next(rows * V);
+    std::map<std::string, Extra> extras{
+        {"B", int(B)}, {"T", int(T)}, {"H", int(H)}, {"K", int(K)}, {"V", int(V)}, {"VS", int(V)}, {"C", int(C)},
+        {"cu_seqlens", address(offsets.data())}, {"qs", address(qs.data())}, {"kf", address(kf.data())}, {"vf", address(vf.data())},
+        {"dos", address(dos.data())}, {"log_a", address(log_a.data())}, {"log_a_next", address(log_a_next.data())},
+        {"log_b", address(log_b.data())}, {"log_b_next", address(log_b_next.data())}, {"d_out", address(d_o.data())},
+        {"d_out_stride_b", (long long)(T * H * V)}, {"d_out_stride_t", (long long)(H * V)}, {"d_out_stride_h", (long long)V},
+        {"d_out_stride_d", 1LL}};
+
+    // ---- slots
+    {
+      const cuda::BackwardKernel kernel = cuda::generate_backward(c.variant, backward_cases::spec(c, cuda::BackwardPhase::slots));
+      REQUIRE(kernel.name == emulated_backward_kernels[index].name);  // the build-time sources are this generator's
+      KernelArgs packed = pack(kernel, c.variant, a, extras);
+      cuda_emulation::launch(unsigned(C), unsigned(N * H), threads, [&] { emulated_backward_kernels[index].launch(packed.data()); });
+      std::vector<float> want_qs(rows * K), want_dos(rows * V), want_a_next(rows * K, 0.0f), want_b_next(rows * V, 0.0f);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t f = 0; f < K; ++f) want_qs[r * K + f] = slots.q[r * K + f] * slots.scale[r];
+        for (std::int64_t j = 0; j < V; ++j) want_dos[r * V + j] = d_o_at(r, j);
+      }
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t s = 0; s + 1 < bounds(n).second - bounds(n).first; ++s) {
+            std::copy_n(&slots.log_a[row(n, s + 1, h) * K], K, &want_a_next[row(n, s, h) * K]);
+            std::copy_n(&slots.log_b[row(n, s + 1, h) * V], V, &want_b_next[row(n, s, h) * V]);
+          }
+      CHECK(worst(qs, want_qs) < 1e-6);
+      CHECK(worst(kf, slots.k) < 1e-6);
+      CHECK(worst(vf, slots.v) < 1e-6);
+      CHECK(worst(dos, want_dos) == 0.0);
+      CHECK(worst(log_a, slots.log_a) < 1e-6);
+      CHECK(worst(log_a_next, want_a_next) < 1e-6);
+      if (decays_v) {
+        CHECK(worst(log_b, slots.log_b) < 1e-6);
+        CHECK(worst(log_b_next, want_b_next) < 1e-6);
+      }
+    }
+    ++index;
+
+    // ---- chain: random recurrence outputs and carries; the same running sums and the CPU chain rule
+    {
+      std::normal_distribution<float> unit(0.0f, 1.0f);
+      const auto random = [&](std::int64_t n) {
+        std::vector<float> x(static_cast<std::size_t>(n));
+        for (float& e : x) e = unit(rng);
+        return x;
+      };
+      const std::vector<float> u = random(rows * K), dks = random(rows * K), dvs = random(rows * V), o_f = random(rows * V),
+                               carry = random(N * H * C * (K + V));
+      cpu::RecurrentSlotTensors g;
+      g.q.resize(rows * K), g.k = dks, g.v = dvs, g.log_a.assign(rows * K, 0.0f), g.log_b.assign(rows * V, 0.0f), g.scale.assign(rows, 0.0f);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t f = 0; f < K; ++f) {
+          g.q[r * K + f] = slots.scale[r] * u[r * K + f];
+          g.scale[r] += slots.q[r * K + f] * u[r * K + f];
+        }
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t blk = 0; blk < C; ++blk) {
+            const std::int64_t len = bounds(n).second - bounds(n).first, s0 = blk * cuda::backward_chunk;
+            if (s0 >= len) continue;
+            const std::int64_t carry_row = ((n * H + h) * C + blk) * (K + V);
+            for (std::int64_t f = 0; f < K; ++f) {
+              float ga = carry[carry_row + f];
+              for (std::int64_t s = std::min(len, s0 + cuda::backward_chunk) - 1; s >= s0; --s) {
+                const std::int64_t r = row(n, s, h);
+                ga += slots.q[r * K + f] * slots.scale[r] * u[r * K + f] - slots.k[r * K + f] * dks[r * K + f];
+                g.log_a[r * K + f] = ga;
+              }
+            }
+            if (decays_v)
+              for (std::int64_t j = 0; j < V; ++j) {
+                float gb = carry[carry_row + K + j];
+                for (std::int64_t s = std::min(len, s0 + cuda::backward_chunk) - 1; s >= s0; --s) {
+                  const std::int64_t r = row(n, s, h);
+                  gb += o_f[r * V + j] * d_o_at(r, j) - slots.v[r * V + j] * dvs[r * V + j];
+                  g.log_b[r * V + j] = gb;
+                }
+              }
+          }
+      // The inputs' gradients: the CPU chain rule's, and the kernel's.
+      std::vector<HostTensor> want, got;
+      std::vector<std::optional<TensorView>> d_tensors(c.variant.inputs.size());
+      for (std::size_t i = 0; i < c.variant.inputs.size(); ++i) {
+        const ir::Input& in = c.variant.inputs[i];
+        if (in.kind == ir::InputKind::scalar) continue;
+        const TensorView& given = in.role == ir::Role::query ? q.view() : in.role == ir::Role::key ? k.view() : in.role == ir::Role::value ? v.view()
+                                                                                                               : inputs.tensors.at(in.name);
+        want.emplace_back(ElementType::f32, given.shape, 0.0f);
+        got.emplace_back(ElementType::f32, given.shape, 0.0f);
+      }
+      want.reserve(want.size()), got.reserve(got.size());
+      std::size_t slot = 0;
+      for (std::size_t i = 0; i < c.variant.inputs.size(); ++i) {
+        const ir::Input& in = c.variant.inputs[i];
+        if (in.kind == ir::InputKind::scalar) continue;
+        const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
+        TensorView canonical = ops::detail::lead_with_ones(want[slot].view(), rank);
+        if (in.kind == ir::InputKind::head) canonical.shape[0] = B;  // [H] broadcasts over B
+        d_tensors[i] = canonical;
+        const TensorView mine = ops::detail::lead_with_ones(got[slot].view(), rank);
+        const std::string key = "d/" + in.name;
+        extras[key] = address(mine.data);
+        extras[key + "/sb"] = (long long)(in.kind == ir::InputKind::head && got[slot].view().rank() == 1 ? 0 : mine.strides[0]);
+        extras[key + "/st"] = (long long)(rank >= 3 ? mine.strides[1] : 0);
+        extras[key + "/sh"] = (long long)mine.strides[rank == 2 ? 1 : 2];
+        extras[key + "/sd"] = (long long)(rank == 4 ? mine.strides[3] : 0);
+        ++slot;
+      }
+      cpu::chain_slot_gradients(c.variant, a, g, d_tensors);
+      extras["u"] = address(u.data()), extras["dks"] = address(dks.data()), extras["dvs"] = address(dvs.data());
+      extras["o_f"] = address(o_f.data()), extras["carry"] = address(carry.data());
+      const cuda::BackwardKernel kernel = cuda::generate_backward(c.variant, backward_cases::spec(c, cuda::BackwardPhase::chain));
+      REQUIRE(kernel.name == emulated_backward_kernels[index].name);
+      KernelArgs packed = pack(kernel, c.variant, a, extras);
+      cuda_emulation::launch(unsigned(C), unsigned(N * H), threads, [&] { emulated_backward_kernels[index].launch(packed.data()); });
+      slot = 0;
+      for (std::size_t i = 0; i < c.variant.inputs.size(); ++i) {
+        if (c.variant.inputs[i].kind == ir::InputKind::scalar) continue;
+        const double error = test::relative_error(got[slot], test::values_of(want[slot]));
+        INFO("d" << c.variant.inputs[i].name << ": relative error " << error);
+        CHECK(test::values_of(want[slot]) != std::vector<double>(static_cast<std::size_t>(want[slot].numel()), 0.0));
+        CHECK(error < 1e-5);
+        ++slot;
+      }
+    }
+    ++index;
+  }
+  CHECK(index == static_cast<int>(std::size(emulated_backward_kernels)));
+}
