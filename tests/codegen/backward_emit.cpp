@@ -1,6 +1,6 @@
 // Writes the recurrent backward's generated kernels of backward_cases.h (slots and chain), each with a
 // wrapper that unpacks a driver-style argument array, and a table of them, to the file named by
-// argv[1]; codegen-cuda_backward runs them on the host emulation.
+// argv[1], then the helper kernels; codegen-cuda_backward runs them on the host emulation.
 #include <fstream>
 #include <iostream>
 
@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
       out << ");\n}\n\n";
       table += "    {\"" + kernel.name + "\", launch_backward_" + std::to_string(index++) + "},\n";
     }
-  out << "static const EmulatedKernel emulated_backward_kernels[] = {\n" << table << "};\n";
+  out << "static const EmulatedKernel emulated_backward_kernels[] = {\n" << table << "};\n\n";
+  out << ladle::cuda::backward_helpers_source();  // called by name: their names are fixed
   return out ? 0 : 1;
 }

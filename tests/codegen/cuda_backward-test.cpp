@@ -246,3 +246,86 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
   }
   CHECK(index == static_cast<int>(std::size(emulated_backward_kernels)));
 }
+
+TEST_CASE("the backward's helper kernels, run on the host emulation, compute what they say", "[codegen][backward][emulation]") {
+  std::mt19937_64 rng(4200);
+  std::normal_distribution<float> unit(0.0f, 1.0f);
+  const auto random = [&](std::size_t n) {
+    std::vector<float> x(n);
+    for (float& e : x) e = unit(rng);
+    return x;
+  };
+  const int N = 2, H = 3, K = 5, V = 4, VS = 5, T = 150, C = 3;  // VS = V + 1: a normalised read's padding
+  const std::vector<long long> cu{0, 150, 170};                  // packed: 150 and 20 tokens (3 blocks and 1)
+  const std::vector<long long> chunks_of{3, 1};
+
+  SECTION("convert: a strided bf16 state, scaled, into padded [N,H,K,VS] and [N,H,VS,K]") {
+    std::vector<ladle_bf16> in(N * H * V * K * 2);
+    const std::vector<float> values = random(in.size());
+    for (std::size_t e = 0; e < in.size(); ++e) ladle_store(&in[e], values[e]);
+    // [N,H,K,V] read with strides (H*V*K*2, V*K*2, 1, K*2): K innermost, every other column set
+    const long long s0 = H * V * K * 2, s1 = V * K * 2, s2 = 1, s3 = K * 2;
+    std::vector<float> out(N * H * K * VS, -7.0f), out_t(N * H * VS * K, -7.0f);
+    cuda_emulation::launch((N * H * K * V + 255) / 256, 1, 256,
+                           [&] { ladle_bwd_convert_bf16(in.data(), s0, s1, s2, s3, N, H, K, V, VS, 0.5f, out.data(), out_t.data()); });
+    for (int p = 0; p < N * H; ++p)
+      for (int i = 0; i < K; ++i)
+        for (int j = 0; j < VS; ++j) {
+          const float want = j < V ? 0.5f * ladle_load(&in[(p / H) * s0 + (p % H) * s1 + i * s2 + j * s3]) : -7.0f;  // padding untouched
+          CHECK(out[(p * K + i) * VS + j] == want);
+          CHECK(out_t[(p * VS + j) * K + i] == want);
+        }
+  }
+  SECTION("carry: the later blocks' totals plus factor * sum(d_final * S)") {
+    const std::vector<float> totals = random(N * H * C * (K + V)), d_final = random(N * H * K * VS), s_t = random(N * H * VS * K);
+    std::vector<float> carry(totals.size(), -7.0f);
+    cuda_emulation::launch((N * H * (K + V) + 255) / 256, 1, 256, [&] {
+      ladle_bwd_carry(totals.data(), d_final.data(), 2.0f, s_t.data(), carry.data(), cu.data(), N, T, H, K, V, VS, C);
+    });
+    for (int p = 0; p < N * H; ++p)
+      for (int f = 0; f < K + V; ++f) {
+        double acc = 0.0;
+        if (f < K)
+          for (int j = 0; j < VS; ++j) acc += double(d_final[(p * K + f) * VS + j]) * s_t[(p * VS + j) * K + f];
+        else
+          for (int i = 0; i < K; ++i) acc += double(d_final[(p * K + i) * VS + f - K]) * s_t[(p * VS + f - K) * K + i];
+        acc *= 2.0;
+        for (long long c = chunks_of[p / H] - 1; c >= 0; --c) {
+          CHECK(std::abs(carry[(p * C + c) * (K + V) + f] - acc) < 1e-4 * std::max(1.0, std::abs(acc)));
+          acc += totals[(p * C + c) * (K + V) + f];
+        }
+        for (long long c = chunks_of[p / H]; c < C; ++c) CHECK(carry[(p * C + c) * (K + V) + f] == -7.0f);  // past the sequence
+      }
+  }
+  SECTION("initial: factor exp(log_a_0) dS_0 exp(log_b_0), dS_0 read from [N,H,K,VS]") {
+    const std::vector<float> ds0 = random(N * H * K * VS), first = random(N * H * (K + V));
+    std::vector<float> d_h0(N * H * K * V, -7.0f);
+    const std::vector<long long> with_empty{0, 150, 150};  // the second sequence empty: dS_0 alone
+    cuda_emulation::launch((N * H * K * V + 255) / 256, 1, 256,
+                           [&] { ladle_bwd_initial(ds0.data(), first.data(), 0.5f, d_h0.data(), with_empty.data(), N, T, H, K, V, VS); });
+    for (int p = 0; p < N * H; ++p)
+      for (int i = 0; i < K; ++i)
+        for (int j = 0; j < V; ++j) {
+          double want = 0.5 * ds0[(p * K + i) * VS + j];
+          if (p / H == 0) want *= std::exp(double(first[p * (K + V) + i]) + first[p * (K + V) + K + j]);
+          CHECK(std::abs(d_h0[(p * K + i) * V + j] - want) < 1e-5 * std::max(1.0, std::abs(want)));
+        }
+  }
+  SECTION("normalized: do' = do / den over V columns, then -sum(do num) / den^2") {
+    const int B = 1, TT = 7;
+    std::vector<float> num = random(B * TT * H * (V + 1)), d_out = random(B * TT * H * V), d_num(num.size(), -7.0f);
+    for (int r = 0; r < B * TT * H; ++r) num[r * (V + 1) + V] = 1.5f + std::abs(num[r * (V + 1) + V]);  // den away from 0
+    cuda_emulation::launch((B * TT * H * 32 + 255) / 256, 1, 256, [&] {
+      ladle_bwd_normalized_f32(num.data(), d_out.data(), TT * H * V, H * V, V, 1, B, TT, H, V, 1e-6f, d_num.data());
+    });
+    for (int r = 0; r < B * TT * H; ++r) {
+      const double den = num[r * (V + 1) + V] + 1e-6;
+      double dot = 0.0;
+      for (int j = 0; j < V; ++j) {
+        CHECK(std::abs(d_num[r * (V + 1) + j] - d_out[r * V + j] / den) < 1e-6);
+        dot += double(d_out[r * V + j]) * num[r * (V + 1) + j];
+      }
+      CHECK(std::abs(d_num[r * (V + 1) + V] + dot / (den * den)) < 1e-5);
+    }
+  }
+}

@@ -44,7 +44,7 @@ namespace cuda_emulation {
 struct Index {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local Index thread_index, block_index, grid_dim;
+inline thread_local Index thread_index, block_index, grid_dim, block_dim;
 inline thread_local std::barrier<>* barrier = nullptr;
 
 // What the lanes of one warp post for a warp-wide operation.
@@ -117,6 +117,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned t
           thread_index = {tx, 0, 0};
           block_index = {bx, by, bz};
           grid_dim = {grid_x, grid_y, grid_z};
+          block_dim = {threads, 1, 1};
           barrier = &block_barrier;
           warp_exchange = warps[tx / 32].get();
           warpgroup_exchange = tx / 128 < groups.size() ? groups[tx / 128].get() : nullptr;
@@ -141,6 +142,7 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
 #define threadIdx ::cuda_emulation::thread_index
 #define blockIdx ::cuda_emulation::block_index
 #define gridDim ::cuda_emulation::grid_dim
+#define blockDim ::cuda_emulation::block_dim
 
 #define LADLE_RECURRENT_HELPERS
 struct ladle_f16 {

@@ -9,6 +9,7 @@
 #include <ladle/codegen/cpu_expr.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
+#include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
@@ -420,6 +421,40 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       if (c.initial_state) compare("h0", *gpu.d_initial_state, *cpu.d_initial_state, 2e-2);
     }
   }
+}
+
+// The device entry point checks its gradients before any device work, so these run without a GPU too
+// (the views are host memory that nothing reads).
+TEST_CASE("the GPU backward refuses missing or malformed gradient tensors by name", "[backward][recurrent]") {
+  const ir::Variant& variant = ladle::gla_variant(false);
+  HostTensor q(ElementType::bf16, {1, 8, 2, 4}, 0.5f), k(ElementType::bf16, {1, 8, 2, 4}, 0.5f), v(ElementType::bf16, {1, 8, 2, 3}, 0.5f),
+      g(ElementType::bf16, {1, 8, 2, 4}, -0.1f), d_o(ElementType::bf16, {1, 8, 2, 3}, 1.0f);
+  HostTensor dq(ElementType::f32, {1, 8, 2, 4}), dk(ElementType::f32, {1, 8, 2, 4}), dv(ElementType::f32, {1, 8, 2, 3}),
+      dg(ElementType::f32, {1, 8, 2, 4}), half(ElementType::bf16, {1, 8, 2, 4}), short_g(ElementType::f32, {1, 8, 2, 3});
+  const ladle::VariantInputs inputs{{{"g", g.view()}}, {{"scale", 0.5f}}};
+  const auto run = [&](const ladle::gpu::RecurrentGradientViews& grads, const ladle::RunOptions& options = {}) {
+    ladle::gpu::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, options, d_o.view(), std::nullopt, grads);
+  };
+  ladle::gpu::RecurrentGradientViews grads{dq.view(), dk.view(), dv.view(), {}, std::nullopt};
+  CHECK_THROWS_WITH(run(grads), Catch::Contains("gla backward") && Catch::Contains("no tensor for input 'g'"));
+  grads.inputs["g"] = half.view();
+  CHECK_THROWS_WITH(run(grads), Catch::Contains("gradients.g has dtype bf16") && Catch::Contains("f32"));
+  grads.inputs["g"] = short_g.view();
+  CHECK_THROWS_WITH(run(grads), Catch::Contains("gradients.g has shape [1,8,2,3]") && Catch::Contains("[1,8,2,4]"));
+  HostTensor wide(ElementType::f32, {1, 8, 2, 8});
+  ladle::TensorView strided = wide.view();
+  strided.shape = {1, 8, 2, 4}, strided.strides = {128, 16, 8, 1};  // the first half of each row
+  grads.inputs["g"] = dg.view();
+  grads.dq = strided;
+  CHECK_THROWS_WITH(run(grads), Catch::Contains("gradients.dq must be contiguous"));
+  grads.dq = dq.view();
+  ladle::RunOptions with_h0;
+  HostTensor h0(ElementType::f32, {1, 2, 4, 3}, 0.0f);
+  with_h0.initial_state = h0.view();
+  CHECK_THROWS_WITH(run(grads, with_h0), Catch::Contains("gradients.d_initial_state is not"));
+  HostTensor wrong_do(ElementType::bf16, {1, 8, 2, 4});
+  CHECK_THROWS_WITH(ladle::gpu::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, {}, wrong_do.view(), std::nullopt, grads),
+                    Catch::Contains("d_output has shape [1,8,2,4]"));
 }
 
 TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurrent]") {
