@@ -2,15 +2,19 @@
 // candidates (config, time, valid, why not) and stores the best in the tuned-config cache,
 // where later calls of the op find it (LADLE_AUTOTUNE=cached).
 //   ladle-tune --op gla -B 8 -T 4096 -H 16 -K 128 -V 128 [--gates g_gamma] [--algo chunked]
-//              [--dtype bf16] [--budget 15]
+//              [--dtype bf16] [--budget 15] [--backward]
 //   ladle-tune --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
 //              -B 8 -T 4096 [--tk 4096] -H 16 [--hkv 16] -D 128 [--dv 128] [--window 1024] [--dtype bf16]
+// --backward tunes the recurrences the op's backward runs at that shape (gpu::run_variant_backward_into
+// once under LADLE_AUTOTUNE=force: each pass's tiles are timed and checked against the heuristic's
+// output, itself a part of the gradients, then stored where the next backward finds them).
 // The recurrence family is the one the op would run at that shape (Algorithm::automatic)
 // unless --algo names it. Inputs are random bf16 or f16 on the device (gates as GLA makes
 // them; attention: q, k, v and a bias as ladle-bench-attention makes them, a mask keeping 9 of
 // 10 pairs, segments of 1024 tokens, 4 sink logits per head, soft cap 30, dropout 0.1).
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <vector>
 
@@ -21,6 +25,7 @@
 #include <ladle/ops/attention_bind.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/tune_attention.h>
@@ -133,6 +138,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"recurrent", "chunked"}));
   app.add_option("--dtype", dtype, "q, k, v and o")->check(CLI::IsMember({"bf16", "f16"}));
   app.add_option("--budget", budget_s, "seconds");
+  bool backward = false;
+  app.add_flag("--backward", backward, "recurrent ops: tune the recurrences of the op's backward at this shape");
   CLI11_PARSE(app, argc, argv);
   try {
     if (op == "attention") {
@@ -167,6 +174,27 @@ int main(int argc, char** argv) {
     ladle::RunOptions options;
     if (algo == "recurrent") options.algorithm = ladle::Algorithm::recurrent;
     if (algo == "chunked") options.algorithm = ladle::Algorithm::chunked;
+    if (backward) {
+      // d_output random, fp32 gradients; the backward's recurrences tune as they first run.
+      const auto d_o = device_view({B, T, H, V}, 99, false);
+      std::vector<ladle::DeviceBuffer> grad_buffers;
+      grad_buffers.reserve(8);
+      const auto grad = [&](const ladle::TensorView& input) {
+        grad_buffers.emplace_back(static_cast<std::size_t>(input.numel()) * 4);
+        return ladle::TensorView::contiguous(reinterpret_cast<const void*>(grad_buffers.back().device_ptr()), ladle::ElementType::f32,
+                                             input.shape);
+      };
+      ladle::gpu::RecurrentGradientViews grads{grad(q), grad(k), grad(v), {}, std::nullopt};
+      for (const auto& [name, view] : inputs.tensors) grads.inputs.emplace(name, grad(view));
+      ::setenv("LADLE_AUTOTUNE", "force", 1);
+      ::setenv("LADLE_AUTOTUNE_BUDGET", fmt::format("{}", budget_s).c_str(), 1);
+      std::cout << fmt::format("tuning the backward of {} at B{} T{} H{} K{} V{} {}: its recurrences, each as it first runs\n", op, B, T, H,
+                               K, V, dtype);
+      ladle::gpu::run_variant_backward_into(variant, q, k, v, inputs, options, d_o, std::nullopt, grads);
+      device.synchronize();
+      std::cout << "stored: the next backward at this shape (LADLE_AUTOTUNE=cached) takes these tiles\n";
+      return 0;
+    }
     const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options);
     // Throws for a family the variant or shape cannot run (chunked with a normaliser, K > 256).
     options.algorithm = ladle::gpu::choose_algorithm(variant, bound, options);
