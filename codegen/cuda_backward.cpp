@@ -145,6 +145,19 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
             " steps in the longest sequence, N * H), block (one thread per feature: max(K, V) rounded to warps)\n";
   header += "types: " + types_line(variant, id, spec) + "; slots " + element_type_name(spec.slot_type) + "\n";
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") + "\n";
+  {  // the launcher's plan for this call, as far as it changes the code
+    std::string in_place, written, direct;
+    const auto list = [](std::string& to, bool on, const char* what) {
+      if (on) to += (to.empty() ? "" : ", ") + std::string(what);
+    };
+    list(in_place, !spec.write_q, "q"), list(in_place, !spec.write_k, "k"), list(in_place, !spec.write_v, "v");
+    list(in_place, !spec.write_do, "d_output");
+    list(written, spec.write_q, "qs"), list(written, spec.write_k, "kf"), list(written, spec.write_v, "vf"), list(written, spec.write_do, "dos");
+    list(direct, spec.direct_q, "dq"), list(direct, spec.direct_k, "dk"), list(direct, spec.direct_v, "dv");
+    header += "plan: scale " + std::string(spec.fold_scale ? "folded into the recurrences" : "applied here") +
+              "; slots written: " + (written.empty() ? "none" : written) + "; read in place: " + (in_place.empty() ? "none" : in_place) +
+              "; gradients the recurrences write: " + (direct.empty() ? "none" : direct) + "\n";
+  }
   if (slots)
     header += "Writes the slots at every token: qs = q_feature * scale, kf, vf, dos (d_output), the log decays and\n"
               "the next step's log decays (0 at a sequence's last step).\n";
