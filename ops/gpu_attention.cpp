@@ -145,10 +145,7 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
   cuda::AttentionKernelSpec target = spec;  // the kernel is generated for the arch it is compiled for
   if (target.arch.empty()) target.arch = arch;
   out.kernel = cuda::generate_attention(variant, target);
-  CompileOptions options;
-  options.arch = arch;
-  options.program_name = out.kernel.name + ".cu";
-  out.program = compile(out.kernel.source, options);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
   return out;
 }
 

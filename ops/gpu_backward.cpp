@@ -36,11 +36,7 @@ const detail::LoadedKernel<HelperKernel>& helper(const std::string& name) {
     struct {
       HelperKernel kernel;
       CompiledProgram program;
-    } out{{name}, {}};
-    CompileOptions options;
-    options.arch = target;
-    options.program_name = "ladle_bwd_helpers.cu";
-    out.program = compile(cuda::backward_helpers_source(), options);
+    } out{{name}, compile_backward_helpers(target)};
     return out;
   });
 }
@@ -141,13 +137,14 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   return spec;
 }
 
+CompiledProgram compile_backward_helpers(const std::string& arch) {
+  return detail::compile_named(cuda::backward_helpers_source(), "ladle_bwd_helpers", arch);
+}
+
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch) {
   CompiledBackward out;
   out.kernel = cuda::generate_backward(variant, spec);
-  CompileOptions options;
-  options.arch = arch;
-  options.program_name = out.kernel.name + ".cu";
-  out.program = compile(out.kernel.source, options);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
   return out;
 }
 

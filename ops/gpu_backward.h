@@ -50,6 +50,8 @@ struct CompiledBackward {
   CompiledProgram program;
 };
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch = "");
+// The helper kernels (cuda::backward_helpers_source), compiled through the cache.
+CompiledProgram compile_backward_helpers(const std::string& arch = "");
 // The spec of a call's kernel of `phase` (the slots' dtype: q's when the recurrences run chunked).
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                                               cuda::BackwardPhase phase, ElementType d_output_type);

@@ -448,10 +448,7 @@ CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedK
   cuda::ChunkedKernelSpec target = spec;  // the kernel is generated for the arch it is compiled for
   if (target.arch.empty()) target.arch = arch;
   out.kernel = cuda::generate_chunked(variant, target);
-  CompileOptions options;
-  options.arch = arch;
-  options.program_name = out.kernel.name + ".cu";
-  out.program = compile(out.kernel.source, options);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
   return out;
 }
 
@@ -459,10 +456,7 @@ CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::Recu
                                     const std::string& arch) {
   CompiledRecurrent out;
   out.kernel = cuda::generate_recurrent(variant, spec);
-  CompileOptions options;
-  options.arch = arch;
-  options.program_name = out.kernel.name + ".cu";
-  out.program = compile(out.kernel.source, options);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
   return out;
 }
 

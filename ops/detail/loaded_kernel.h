@@ -14,6 +14,15 @@
 
 namespace ladle::gpu::detail {
 
+// A generated kernel's source compiled through the cache for `arch` (empty: this GPU, else the
+// default target), named `name`.cu in NVRTC's log and the cache's manifest.
+inline CompiledProgram compile_named(const std::string& source, const std::string& name, const std::string& arch) {
+  CompileOptions options;
+  options.arch = arch;
+  options.program_name = name + ".cu";
+  return compile(source, options);
+}
+
 template <class Generated>
 struct LoadedKernel {
   Generated kernel;

@@ -201,10 +201,7 @@ int main(int argc, char** argv) {
         const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options);
         for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain})
           programs.push_back(ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), arch).program);
-        ladle::CompileOptions helper_options;
-        helper_options.arch = arch;
-        helper_options.program_name = "ladle_bwd_helpers.cu";
-        program = ladle::compile(ladle::cuda::backward_helpers_source(), helper_options);
+        program = ladle::gpu::compile_backward_helpers(arch);
         tile_name = "(backward: one thread per feature, blocks of " + std::to_string(ladle::cuda::backward_chunk) + " steps)";
       } else if (algo == "chunked") {
         ladle::cuda::ChunkedKernelSpec spec;
