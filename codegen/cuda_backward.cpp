@@ -273,7 +273,15 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c.out();
       c("}");
     }
-    if (spec.write_log_a || spec.write_log_b || spec.write_first || head_decay) decay_stores(false);
+    if (spec.write_log_a || spec.write_log_b || separate_head) {
+      decay_stores(false);
+    } else if (spec.write_first) {  // only the first step's decays (d initial_state): not evaluated at every step
+      c("if (s == 0) {");
+      c.in();
+      decay_stores(false);
+      c.out();
+      c("}");
+    }
     c.out();
     c("}");
     if (decays_k || decays_v) {

@@ -59,6 +59,7 @@ inline ladle::cuda::BackwardKernelSpec spec(const Case& c, ladle::cuda::Backward
   spec.varlen = !c.cu_seqlens.empty();
   spec.phase = phase;
   spec.slot_type = spec.d_output_type = ladle::ElementType::f32;
+  spec.write_first = true;  // the decays at each sequence's first step (for d initial_state)
   return spec;
 }
 

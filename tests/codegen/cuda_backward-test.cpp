@@ -116,12 +116,13 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
     const HostTensor& d_o = add(test::normal(rng, ElementType::f32, {B, T, H, V}));
     const auto d_o_at = [&](std::int64_t r, std::int64_t j) { return static_cast<const float*>(d_o.data())[r * V + j]; };
     std::vector<float> qs(rows * K), kf(rows * K), vf(rows * V), dos(rows * V), log_a(rows * K), log_a_next(rows * K), log_b(rows * V),
-        log_b_next(rows * V);
+        log_b_next(rows * V), first_decay(N * H * (K + V), -7.0f);
     std::map<std::string, Extra> extras{
         {"B", int(B)}, {"T", int(T)}, {"H", int(H)}, {"K", int(K)}, {"V", int(V)}, {"VS", int(V)}, {"C", int(C)},
         {"cu_seqlens", address(offsets.data())}, {"qs", address(qs.data())}, {"kf", address(kf.data())}, {"vf", address(vf.data())},
         {"dos", address(dos.data())}, {"log_a", address(log_a.data())}, {"log_a_next", address(log_a_next.data())},
-        {"log_b", address(log_b.data())}, {"log_b_next", address(log_b_next.data())}, {"d_out", address(d_o.data())},
+        {"log_b", address(log_b.data())}, {"log_b_next", address(log_b_next.data())}, {"first_decay", address(first_decay.data())},
+        {"d_out", address(d_o.data())},
         {"d_out_stride_b", (long long)(T * H * V)}, {"d_out_stride_t", (long long)(H * V)}, {"d_out_stride_h", (long long)V},
         {"d_out_stride_d", 1LL}};
 
@@ -148,6 +149,18 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
       CHECK(worst(dos, want_dos) == 0.0);
       CHECK(worst(log_a, slots.log_a) < 1e-6);
       CHECK(worst(log_a_next, want_a_next) < 1e-6);
+      // The total log decays at each sequence's first step, 0 on a side without decays.
+      std::vector<float> want_first(first_decay.size(), 0.0f);
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t h = 0; h < H; ++h) {
+          if (bounds(n).second == bounds(n).first) continue;
+          std::copy_n(&slots.log_a[row(n, 0, h) * K], K, &want_first[(n * H + h) * (K + V)]);
+          std::copy_n(&slots.log_b[row(n, 0, h) * V], V, &want_first[(n * H + h) * (K + V) + K]);
+        }
+      for (std::int64_t n = 0; n < N; ++n)  // an empty sequence's entries are not written
+        if (bounds(n).second == bounds(n).first)
+          for (std::int64_t e = n * H * (K + V); e < (n + 1) * H * (K + V); ++e) want_first[e] = -7.0f;
+      CHECK(worst(first_decay, want_first) < 1e-6);
       if (decays_v) {
         CHECK(worst(log_b, slots.log_b) < 1e-6);
         CHECK(worst(log_b_next, want_b_next) < 1e-6);
