@@ -214,7 +214,8 @@ bool chunked_prefetch(const ir::Variant& variant, const ChunkedTile& full, Chunk
 
 int chunked_shared_bytes(const ir::Variant& variant, const ChunkedTile& full, ChunkedPhase phase) {
   if (full.ws && phase != ChunkedPhase::fold)
-    return ws_shared_bytes(full, phase == ChunkedPhase::states, static_cast<int>(ws_key_gate_inputs(variant).size()));
+    return ws_shared_bytes(full, phase == ChunkedPhase::states, static_cast<int>(ws_gate_inputs(variant).size()),
+                           variant.has(ir::Slot::log_decay_v));
   const ChunkedTile tile = phase_tile(full, phase);
   return base_shared_bytes(variant, tile, phase == ChunkedPhase::states) +
          (chunked_prefetch(variant, full, phase) ? prefetch_bytes(variant, tile) : 0);
@@ -242,7 +243,7 @@ std::string to_string(const ChunkedTile& tile) {
   return text;
 }
 
-std::vector<int> chunked_ws_gate_inputs(const ir::Variant& variant) { return ws_key_gate_inputs(variant); }
+std::vector<int> chunked_ws_gate_inputs(const ir::Variant& variant) { return ws_gate_inputs(variant); }
 
 std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
   return spec.phase == ChunkedPhase::states ? ws_states_unsupported(variant, spec) : ws_spec_unsupported(variant, spec);

@@ -204,7 +204,8 @@ std::string to_string(const ChunkedTile& tile);
 // Why the ws form cannot run this variant with these types (empty: it can); for spec.phase states, its
 // segmented state pass (which also takes a key-side gate alone, GLA).
 std::string chunked_ws_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
-// The token_key inputs of a key-side gate, which the ws kernels copy by TMA beside k.
+// The per-token inputs of the gate the ws kernels copy by TMA: a key-side gate's token_key inputs
+// (beside k) or a value-side gate's token_value ones (beside v).
 std::vector<int> chunked_ws_gate_inputs(const ir::Variant& variant);
 // The tools' form: "block_k,chunk,block_v,warps[,wgmma|,ws]" (serial) or
 // "block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32]" (split).

@@ -29,7 +29,9 @@ const std::set<std::string>& ws_names() {
       "gtot", "gtot_all", "UPD", "GB", "VB", "QB", "f", "step_t", "v_box", "segment_log", "dj", "lj", "j", "i", "m", "mt",
       "NT", "PARTS", "TP", "FIT_LIMIT", "ct", "part", "Gl", "run", "lo", "hi", "tot", "llo", "lhi", "pre", "post", "fitw",
       "offset", "glo", "ghi", "R", "fails", "fail", "wlo", "whi", "t0", "t1", "mode", "Rs", "gprev", "glast", "gfirst", "mine",
-      "qi", "ki", "dk", "dec", "again", "gu", "at", "qx", "kx", "qi_offset", "ki_offset", "inside", "factor", "o_started", "q_box", "fit_all", "wend"};
+      "qi", "ki", "dk", "dec", "again", "gu", "at", "qx", "kx", "qi_offset", "ki_offset", "inside", "factor", "o_started", "q_box", "fit_all", "wend",
+      "GVB", "vt", "vt_all", "vt_offset", "gv", "gv_all", "part", "part_all", "rv", "rv_all", "vfail", "vfail_all", "col_g", "half_g",
+      "exact", "fits", "col0", "pv", "va", "vb", "Ga", "Gb", "Pt", "sp", "R_of", "gdec", "ps", "ra"};
   return names;
 }
 
@@ -41,11 +43,12 @@ bool plain(const ir::Variant& variant, ir::Slot s, ir::Role role) {
 
 int input_of(const ir::Variant& variant, ir::Slot s) { return variant.slot(s).nodes[0].input; }
 
-// Bytes of one stage of the ring: q boxes (not in the state pass), k boxes, the key gate's inputs'
-// boxes (a key-side gate), a v box per consumer.
-int stage_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
+// Bytes of one stage of the ring: q boxes (not in the state pass), k boxes, the gate's inputs' boxes
+// (a key-side gate: KB per input, beside k; a value-side gate: one per consumer and input, beside v),
+// a v box per consumer.
+int stage_bytes(const ChunkedTile& tile, bool states, int gate_inputs, bool value_gate) {
   const int kb = tile.block_k / 64, consumers = tile.block_v / 64;
-  return ((states ? 1 : 2) * kb + gate_inputs * kb + consumers) * ws_chunk * 128;
+  return ((states ? 1 : 2) * kb + gate_inputs * (value_gate ? consumers : kb) + consumers) * ws_chunk * 128;
 }
 
 // The serial kernel of a key-side gate: threads per key feature, each a run of C / parts steps.
@@ -55,42 +58,56 @@ int key_parts(const ChunkedTile& tile) { return 128 * (tile.block_v / 64) / tile
 // k boxes' size), the gate sums (and per key feature). The serial kernel: st per consumer, then for a
 // per-head decay vup and the gate sums per consumer, for a key-side gate the block's q~ and k~ boxes,
 // each part's sums and ranges per feature, the factors per key row and the fit words.
-int fixed_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
+// A value-side gate (vserial): per consumer st, vt [C][64] bf16, G [C][64] f32, the halves' sums and
+// ranges [3][2][64] f32, the midpoints [64] f32 and two fit words (16 bytes).
+int fixed_bytes(const ChunkedTile& tile, bool states, int gate_inputs, bool value_gate) {
   const int consumers = tile.block_v / 64, kb = tile.block_k / 64;
+  if (value_gate) return 1024 + consumers * (tile.block_k * 128 + ws_chunk * 128 + ws_chunk * 64 * 4 + 7 * 64 * 4 + 16);
   if (!states && gate_inputs > 0)
     return 1024 + consumers * tile.block_k * 128 + 2 * kb * ws_chunk * 128 + (3 * key_parts(tile) + 2) * tile.block_k * 4 + 16;
   const int update = gate_inputs > 0 ? kb * ws_chunk * 128 + tile.block_k * 4 : ws_chunk * 128;
   return 1024 + consumers * ((states ? 0 : tile.block_k * 128) + update + 4 * ws_chunk * 4);
 }
 
-int stages_of(const ChunkedTile& tile, bool states, int gate_inputs) {
+int stages_of(const ChunkedTile& tile, bool states, int gate_inputs, bool value_gate) {
   // Three stages where they fit beside the consumers' buffers in 227 KiB (the state pass: in half of
   // it, two blocks per SM), else two.
   const int limit = states ? 113 * 1024 : 227 * 1024;
-  return fixed_bytes(tile, states, gate_inputs) + 3 * (stage_bytes(tile, states, gate_inputs) + 16) <= limit ? 3 : 2;
+  return fixed_bytes(tile, states, gate_inputs, value_gate) + 3 * (stage_bytes(tile, states, gate_inputs, value_gate) + 16) <= limit
+             ? 3
+             : 2;
 }
 
-// The token_key inputs a key-side gate reads, in input order.
-std::vector<int> key_gate_inputs(const ir::Variant& variant) {
+// The per-token inputs (token_key for the key side, token_value for the value side) a gate slot
+// reads, in input order.
+std::vector<int> gate_inputs_of(const ir::Variant& variant, ir::Slot slot, ir::InputKind kind) {
   std::vector<int> out;
-  if (!variant.has(ir::Slot::log_decay_k)) return out;
+  if (!variant.has(slot)) return out;
   std::vector<bool> seen(variant.inputs.size(), false);
-  for (const ir::Node& node : variant.slot(ir::Slot::log_decay_k).nodes)
-    if (node.op == ir::Op::input && variant.inputs[node.input].kind == ir::InputKind::token_key) seen[node.input] = true;
+  for (const ir::Node& node : variant.slot(slot).nodes)
+    if (node.op == ir::Op::input && variant.inputs[node.input].kind == kind) seen[node.input] = true;
   for (std::size_t k = 0; k < seen.size(); ++k)
     if (seen[k]) out.push_back(static_cast<int>(k));
   return out;
 }
 
-// Why the ws form cannot read this key-side gate (empty: it can): its per-token inputs come by TMA
-// beside k (so at least one, all over the key features), the rest are per-head parameters or scalars.
-std::string key_gate_reads(const ir::Variant& variant) {
-  for (const ir::Node& node : variant.slot(ir::Slot::log_decay_k).nodes)
-    if (node.op == ir::Op::input && variant.inputs[node.input].kind != ir::InputKind::token_key &&
+std::vector<int> key_gate_inputs(const ir::Variant& variant) {
+  return gate_inputs_of(variant, ir::Slot::log_decay_k, ir::InputKind::token_key);
+}
+
+// Why the ws form cannot read this gate (empty: it can): its per-token inputs come by TMA beside k
+// (a key-side gate) or v (a value-side one), so at least one, all over that side's features; the
+// rest are per-head parameters or scalars.
+std::string gate_reads(const ir::Variant& variant, ir::Slot slot) {
+  const bool key = slot == ir::Slot::log_decay_k;
+  const ir::InputKind kind = key ? ir::InputKind::token_key : ir::InputKind::token_value;
+  const std::string side = key ? "key" : "value";
+  for (const ir::Node& node : variant.slot(slot).nodes)
+    if (node.op == ir::Op::input && variant.inputs[node.input].kind != kind &&
         variant.inputs[node.input].kind != ir::InputKind::head && variant.inputs[node.input].kind != ir::InputKind::scalar)
-      return "the ws form's key-side gate reads per-token key inputs, per-head parameters and scalars only (" +
+      return "the ws form's " + side + "-side gate reads per-token " + side + " inputs, per-head parameters and scalars only (" +
              variant.inputs[node.input].name + " is none of them)";
-  if (key_gate_inputs(variant).empty()) return "the ws form's key-side gate must read a per-token key input";
+  if (gate_inputs_of(variant, slot, kind).empty()) return "the ws form's " + side + "-side gate must read a per-token " + side + " input";
   return {};
 }
 
@@ -98,10 +115,14 @@ std::string key_gate_reads(const ir::Variant& variant) {
 
 std::string ws_variant_unsupported(const ir::Variant& variant) {
   if (variant.normalize) return "the ws form has no normaliser";
-  if (variant.has(ir::Slot::log_decay_v)) return "the ws form takes no value-side gate";
+  if (variant.has(ir::Slot::log_decay_v)) {
+    if (variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head))
+      return "the ws form takes a value-side gate alone (no key-side gate or per-head decay beside it)";
+    if (std::string why = gate_reads(variant, ir::Slot::log_decay_v); !why.empty()) return why;
+  }
   if (variant.has(ir::Slot::log_decay_k)) {
     if (variant.has(ir::Slot::log_decay_head)) return "the ws form takes a key-side gate or a per-head decay, not both";
-    if (std::string why = key_gate_reads(variant); !why.empty()) return why;
+    if (std::string why = gate_reads(variant, ir::Slot::log_decay_k); !why.empty()) return why;
   }
   if (!plain(variant, ir::Slot::q_feature, ir::Role::query) || !plain(variant, ir::Slot::k_feature, ir::Role::key) ||
       !plain(variant, ir::Slot::v, ir::Role::value))
@@ -118,19 +139,19 @@ std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelS
     if (spec.input_types[k] != ElementType::bf16)
       return "the ws form reads q, k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]);
   }
-  for (int k : key_gate_inputs(variant))
+  for (int k : ws_gate_inputs(variant))
     if (spec.input_types[k] != ElementType::bf16 && spec.input_types[k] != ElementType::f16)
-      return "the ws form copies the key gate's inputs by TMA in 16 bits; " + variant.inputs[k].name + " is " +
+      return "the ws form copies the gate's inputs by TMA in 16 bits; " + variant.inputs[k].name + " is " +
              element_type_name(spec.input_types[k]);
   return {};
 }
 
 std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  if (variant.has(ir::Slot::log_decay_v)) return "the ws state pass takes no value-side gate";
   if (!variant.has(ir::Slot::log_decay_k)) return ws_spec_unsupported(variant, spec);
   if (variant.normalize) return "the ws form has no normaliser";
-  if (variant.has(ir::Slot::log_decay_v)) return "the ws state pass takes no value-side gate";
   if (variant.has(ir::Slot::log_decay_head)) return "the ws state pass takes a key-side gate or a per-head decay, not both";
-  if (std::string why = key_gate_reads(variant); !why.empty()) return why;
+  if (std::string why = gate_reads(variant, ir::Slot::log_decay_k); !why.empty()) return why;
   if (!plain(variant, ir::Slot::k_feature, ir::Role::key) || !plain(variant, ir::Slot::v, ir::Role::value))
     return "the ws form copies k and v as they are (no feature map)";
   if (spec.input_types.size() != variant.inputs.size()) return "input_types do not match the variant";
@@ -146,7 +167,10 @@ std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKerne
   return {};
 }
 
-std::vector<int> ws_key_gate_inputs(const ir::Variant& variant) { return key_gate_inputs(variant); }
+std::vector<int> ws_gate_inputs(const ir::Variant& variant) {
+  return variant.has(ir::Slot::log_decay_v) ? gate_inputs_of(variant, ir::Slot::log_decay_v, ir::InputKind::token_value)
+                                            : key_gate_inputs(variant);
+}
 
 std::vector<std::string> ws_tile_rules(const ChunkedTile& tile) {
   std::vector<std::string> problems;
@@ -162,9 +186,10 @@ std::vector<std::string> ws_tile_rules(const ChunkedTile& tile) {
   return problems;
 }
 
-int ws_shared_bytes(const ChunkedTile& tile, bool states, int gate_inputs) {
-  const int stages = stages_of(tile, states, gate_inputs);
-  return fixed_bytes(tile, states, gate_inputs) + stages * stage_bytes(tile, states, gate_inputs) + 2 * stages * 8;
+int ws_shared_bytes(const ChunkedTile& tile, bool states, int gate_inputs, bool value_gate) {
+  const int stages = stages_of(tile, states, gate_inputs, value_gate);
+  return fixed_bytes(tile, states, gate_inputs, value_gate) + stages * stage_bytes(tile, states, gate_inputs, value_gate) +
+         2 * stages * 8;
 }
 
 ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
@@ -177,8 +202,10 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   // A key-side gate (GLA): its per-token inputs come by TMA beside k. The state pass forms
   // kup = k 2^(G_C - G_s) per key feature instead of vup; the serial kernel (kserial) forms q~ and k~
   // against a reference per key feature (see its header).
-  const std::vector<int> gate_boxes = key_gate_inputs(variant);
+  // A value-side gate (vserial): its per-token inputs come by TMA beside v, one box per consumer.
+  const std::vector<int> gate_boxes = ws_gate_inputs(variant);
   const bool kgate = variant.has(ir::Slot::log_decay_k), kserial = kgate && !states;
+  const bool vgate = variant.has(ir::Slot::log_decay_v);
   const int GB = static_cast<int>(gate_boxes.size());
   if (spec.phase != ChunkedPhase::serial && !states) fail("the ws form has a serial kernel and a segmented state pass only");
   if (states && (!spec.segmented || spec.initial_state || spec.final_state))
@@ -188,7 +215,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
          (spec.arch.empty() ? std::string("not given") : spec.arch));
   const bool segmented = spec.segmented;
   const int C = ws_chunk, BK = tile.block_k, BV = tile.block_v, CONSUMERS = BV / 64;
-  const int STAGES = stages_of(tile, states, GB), THREADS = 128 * (1 + CONSUMERS);
+  const int STAGES = stages_of(tile, states, GB, vgate), THREADS = 128 * (1 + CONSUMERS);
   const std::vector<std::string> id = identifiers(variant, ws_names());
   const auto& inputs = variant.inputs;
   const InputUse use_of = input_use(variant);
@@ -209,7 +236,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   kernel.block_v = BV;
   kernel.block_k = BK;
   kernel.phase = spec.phase;
-  kernel.shared_bytes = ws_shared_bytes(tile, states, GB);
+  kernel.shared_bytes = ws_shared_bytes(tile, states, GB, vgate);
 
   std::vector<std::string> declarations;
   declare_params(variant, id, spec, declarations, kernel.params);
@@ -235,11 +262,20 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   }
 
   std::string header = "ladle: chunked kernel " + kernel.name + "\nGenerated by codegen/detail/chunked_ws.cpp; do not edit.\n\n";
-  header += std::string("The serial form, warp-specialised (sm_90a): a producer warpgroup copies q, k") + (kgate ? ", the key gate's inputs" : "") +
+  header += std::string("The serial form, warp-specialised (sm_90a): a producer warpgroup copies q, k") +
+            (kgate ? ", the key gate's inputs" : vgate ? ", the value gate's inputs" : "") +
             " and v of each 64-token chunk\nby TMA into a ring of " + std::to_string(STAGES) +
             " stages (mbarriers full / empty); consumer warpgroup j owns value columns\n"
             "[64 j, 64 j + 64) of the block's state S (fp32, wgmma accumulators) and per chunk, with G_t the cumulative\n";
-  if (kserial)
+  if (vgate)
+    header += "log2 decay of value column j through token t of the chunk (G_-1 = 0) and a reference R per column (the\n"
+              "midpoint of its G over the chunk where every column of the consumer spans at most 2 FIT_LIMIT, else G_C):\n"
+              "  st = bf16(S), S's columns *= 2^R, vt_s = v_s 2^(R - G_s) (swizzled); one wgmma batch: score = q k^T,\n"
+              "  o = q st, S += k^T vt; o *= 2^R, o += P vt (P_ts = score_ts, s <= t), o *= scale 2^(G_t - R), S's\n"
+              "  columns *= 2^(G_C - R). Each factor is at most 2^FIT_LIMIT and each product of two a decay. Where a\n"
+              "  column does not fit: R = G_C (vt a decay), o's state part *= 2^(G_t), and o_t += sum_s P_ts 2^(G_t - G_s) v_s\n"
+              "  per element, from P in vt's place.\n";
+  else if (kserial)
     header += "log2 decay of key feature i through token t of the chunk (G_-1 = 0), in steps [t0, t1) with a reference R per\n"
               "feature (the whole chunk where every feature's G over t0 - 1 .. t1 - 1 spans at most 2 FIT_LIMIT, R its\n"
               "midpoint; else 8-token windows that fit, R theirs; else single tokens, R = G_t0):\n"
@@ -266,7 +302,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
             " consumer warpgroup(s)); requires K <= " + std::to_string(BK) + "\n";
   header += "launch: grid (ceil(V / " + std::to_string(BV) + (states ? "), 1, N * H" : "), N * H") + "), block (" + std::to_string(THREADS) +
             "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
-  header += std::string("tensor maps: q, k, v") + (kgate ? ", the key gate's inputs" : "") +
+  header += std::string("tensor maps: q, k, v") + (kgate ? ", the key gate's inputs" : vgate ? ", the value gate's inputs" : "") +
             " as [B,T,X,D] (16-bit, 128-byte swizzle, zero fill), boxes of 64 features by 64 tokens\n";
   if (segmented)
     header += "segments: [N][8] {b, first token, end token, sequence, index in it, row of its first earlier segment, last}\n";
@@ -292,6 +328,11 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("constexpr int GB = " + std::to_string(GB) + ";  // inputs of the key-side gate, copied as k is");
     c("constexpr unsigned STAGE_BYTES = (KB + GB * KB + CONSUMERS) * BOX;  // k boxes, the gate's boxes, one v box per consumer");
     c("constexpr int QB = 0, VB = KB + GB * KB;  // the state pass copies no q: k boxes first; v's box");
+  } else if (vgate) {
+    c("constexpr int GB = " + std::to_string(GB) + ";  // inputs of the value-side gate, copied as v is");
+    c("constexpr unsigned STAGE_BYTES = (2 * KB + CONSUMERS + GB * CONSUMERS) * BOX;  // q, k, v boxes, the gate's boxes per consumer");
+    c("constexpr int QB = KB, VB = 2 * KB, GVB = 2 * KB + CONSUMERS;  // the first k box, v's box, the gate's first box");
+    c("constexpr float FIT_LIMIT = 100.0f;  // the largest |log2 factor| of vt and o's");
   } else if (kserial) {
     c("constexpr int GB = " + std::to_string(GB) + ";  // inputs of the key-side gate, copied as k is");
     c("constexpr unsigned STAGE_BYTES = (2 * KB + GB * KB + CONSUMERS) * BOX;  // q boxes, k boxes, the gate's boxes, one v box per consumer");
@@ -308,7 +349,15 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("(void)LOG2E; (void)GATE_FLOOR;");
   c("");
   c("// Shared memory from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes):");
-  if (kserial) {
+  if (vgate) {
+    c("//   ring [STAGES][2 KB + CONSUMERS + GB CONSUMERS][C][64] q, k, v and the gate's boxes (TMA, swizzled)");
+    c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state, read by o = q st (swizzled)");
+    c("//   vt_all [CONSUMERS][C][64] bf16                 v 2^(R - G_s) (swizzled); P [C][C] where a column does not fit");
+    c("//   gv_all [CONSUMERS][C][64] f32                  G per step and column");
+    c("//   part_all [CONSUMERS][7][64] f32                each half's sum, low and high per column, then the midpoints R");
+    c("//   vfail_all [CONSUMERS][4]                       whether a column does not fit (this chunk's word, the next's)");
+    c("//   full [STAGES], empty [STAGES]                  mbarriers");
+  } else if (kserial) {
     c("//   ring [STAGES][2 KB + GB KB + CONSUMERS][C][64] q, k, the gate's and v boxes (TMA, swizzled)");
     c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state times the step's 2^(R - G_t0-1) (swizzled)");
     c("//   qi, ki [KB][C][64] bf16                        q~ and k~ of the step (swizzled), shared by the consumers");
@@ -327,7 +376,13 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("unsigned char* const base = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
   c("unsigned short* const ring = reinterpret_cast<unsigned short*>(base);");
   c("unsigned short* const st_all = reinterpret_cast<unsigned short*>(base + STAGES * STAGE_BYTES);");
-  if (kserial) {
+  if (vgate) {
+    c("unsigned short* const vt_all = st_all + CONSUMERS * BK * 64;");
+    c("float* const gv_all = reinterpret_cast<float*>(vt_all + CONSUMERS * C * 64);");
+    c("float* const part_all = gv_all + CONSUMERS * C * 64;");
+    c("unsigned* const vfail_all = reinterpret_cast<unsigned*>(part_all + CONSUMERS * 7 * 64);");
+    c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(vfail_all + CONSUMERS * 4);");
+  } else if (kserial) {
     c("unsigned short* const qi = st_all + CONSUMERS * BK * 64;");
     c("unsigned short* const ki = qi + KB * C * 64;");
     c("float* const tot = reinterpret_cast<float*>(ki + KB * C * 64);");
@@ -361,6 +416,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("  }");
   c("  ladle_fence_barrier_init();");
   if (kserial) c("  fitw[0] = fitw[1] = 0u;");
+  if (vgate) c("  for (int w = 0; w < CONSUMERS * 4; ++w) vfail_all[w] = 0u;");
   c("}");
   c("__syncthreads();  // the only block-wide barrier: the producer leaves after its copies");
   c("");
@@ -386,8 +442,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("for (int j = 0; j < CONSUMERS; ++j)");
   c("  ladle_tma_load_4d(dst + (VB + j) * (BOX / 2), &v_map, v0 + 64 * j, row0, " + id[vi] + "_head, b, &full[stage]);");
   for (int gi = 0; gi < GB; ++gi)
-    c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (QB + KB + " + std::to_string(gi) + " * KB + kb) * (BOX / 2), &" +
-      id[gate_boxes[gi]] + "_map, kb * 64, row0, " + id[gate_boxes[gi]] + "_head, b, &full[stage]);");
+    if (vgate)
+      c("for (int j = 0; j < CONSUMERS; ++j) ladle_tma_load_4d(dst + (GVB + " + std::to_string(gi) + " * CONSUMERS + j) * (BOX / 2), &" +
+        id[gate_boxes[gi]] + "_map, v0 + 64 * j, row0, " + id[gate_boxes[gi]] + "_head, b, &full[stage]);");
+    else
+      c("for (int kb = 0; kb < KB; ++kb) ladle_tma_load_4d(dst + (QB + KB + " + std::to_string(gi) + " * KB + kb) * (BOX / 2), &" +
+        id[gate_boxes[gi]] + "_map, kb * 64, row0, " + id[gate_boxes[gi]] + "_head, b, &full[stage]);");
   c.out();
   c("}");
   c.out();
@@ -403,7 +463,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("const int gid = lane / 4, tig = lane % 4;");
   c("const int cv0 = v0 + 64 * consumer;  // this consumer's first value column");
   c("unsigned short* const st = st_all + consumer * BK * 64;");
-  if (!kserial) {
+  if (!kserial && !vgate) {
     c("unsigned short* const vup = vup_all + consumer * UPD;");
     if (kgate) c("float* const gtot = gtot_all + consumer * BK;");
     c("float* const gsum = gate_all + (consumer * 4 + warp) * C;");
@@ -459,11 +519,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
         c("    dec[mt][half] = feat < K ? ladle_exp2(dk[feat]) : 1.0f;");
         c("  }");
       }
+      // A value-side gate: its log2 total per value column (segment_decay's rows of V).
+      const std::string decay = kgate ? "dec[mt][r / 2]" : vgate ? "ladle_exp2(segment_decay[(j * H + h) * V + col])" : "dj";
       for_state([&] {
-        c(std::string("if (feat < K && col < V) S[mt][nb][r] = ") + (kgate ? "dec[mt][r / 2]" : "dj") +
-          " * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
+        c("if (feat < K && col < V) S[mt][nb][r] = " + decay + " * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
       });
-      if (kgate) c("(void)dj;");
+      if (kgate || vgate) c("(void)dj;");
       c.out();
       c("}");
     }
@@ -475,7 +536,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("const unsigned st_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(st) - base);");
   c("(void)st_offset; (void)st;");
   if (states) c("float segment_log = 0.0f;  // the segment's total log2 decay (a key-side gate: key feature wt's)");
-  if (!kserial) c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
+  if (!kserial && !vgate) c("const unsigned vup_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vup) - base);");
   // The chunk loop's opening: its stage, the box's first row and the chunk's tokens in the sequence.
   const auto chunk_loop_head = [&] {
     c("for (int c = 0; c < chunks; ++c) {");
@@ -508,6 +569,32 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("}");
     c.out();
     c("}");
+  };
+  // The batch of the serial kernel without a key-side gate: score = q k^T, o = q st, S += k^T U with U
+  // at byte offset `update` (vup, or vt for a value-side gate).
+  const auto emit_batch = [&](const std::string& update) {
+    const std::string name = update.substr(0, update.find('_'));
+    c("// 2c. One batch: score = q k^T (both K-major), o = q st (st N-major), S += k^T " + name + " (k M-major, " + name);
+    c("//     N-major). q's and k's next 16 features are 32 bytes on in the row, the next 64 in the next box;");
+    c("//     st's, " + name + "'s and k^T's next 16 rows 2048 bytes on.");
+    c("float score[8][4], o_acc[8][4];");
+    c("ladle_wgmma_fence_operand<64>(score);");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("ladle_wgmma_fence();");
+    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+    c("  ladle_wgmma_ss_bf16<64>(score, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+    c("                          desc + (stage_offset + (KB + kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
+    c("ladle_wgmma_commit();");
+    c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
+    c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
+    c("                             desc + (st_offset + kt * 2048) / 16, kt > 0);");
+    c("ladle_wgmma_commit();");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+    c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + (KB + mt) * BOX + kk * 2048) / 16, desc + (" + update +
+      " + kk * 2048) / 16);");
+    c("ladle_wgmma_commit();");
   };
   // P's bf16 fragments (the A operand of o += P v) from the scores once their batch is done: element
   // r of column block nb is `value`, with step_s (the key's step) and step_t (the row's) in scope.
@@ -740,8 +827,167 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c.out();
     c("}");
   };
+  // The value-side gate's log2 value lg at box row `row` of this consumer's column `col` (the gate's
+  // inputs from the stage's boxes; stage_offset in scope), floored at GATE_FLOOR.
+  const auto value_gate_at = [&](const std::string& row, const std::string& col) {
+    for (int gi = 0; gi < GB; ++gi) {
+      const int k = gate_boxes[gi];
+      c("const float " + id[k] + "_x = ladle_load(reinterpret_cast<const " + std::string(storage_type(spec.input_types[k])) +
+        "*>(ring + (stage_offset + (GVB + " + std::to_string(gi) + " * CONSUMERS + consumer) * BOX) / 2 + swz(" + row + ", " + col + ")));");
+    }
+    c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_v, "_x") + ");");
+    c("const float lg = x > GATE_FLOOR ? x : GATE_FLOOR;");
+  };
+  // The serial kernel of a value-side gate (vserial): a reference per value column, each consumer on
+  // its own columns (see the header).
+  const auto emit_vserial = [&] {
+    c("// The value column (of this consumer's 64) whose gate this thread sums, over the steps [32 half_g, 32 half_g + 32).");
+    c("const int col_g = wt % 64, half_g = wt / 64;");
+    c("float* const gv = gv_all + consumer * C * 64;");
+    c("float* const part = part_all + consumer * 7 * 64;  // [0, 128) sums, [128, 256) lows, [256, 384) highs per half, then rv");
+    c("float* const rv = part + 6 * 64;  // the midpoint of each column's G over the chunk");
+    c("unsigned* const vfail = vfail_all + consumer * 4;");
+    c("unsigned short* const vt = vt_all + consumer * C * 64;");
+    c("const unsigned vt_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vt) - base);");
+    chunk_loop_head();
+    c("ladle_mbarrier_wait(&full[stage], parity);");
+    c("const unsigned stage_offset = stage * STAGE_BYTES;");
+    c("const unsigned short* const v_box = ring + (stage_offset + (VB + consumer) * BOX) / 2;");
+    c("");
+    c("// 2a. G of column col_g over this half's steps, from the half's start, and its range (with the start).");
+    c("float Gl[32];");
+    c("float run = 0.0f, lo = 0.0f, hi = 0.0f;");
+    c("LADLE_UNROLL for (int u = 0; u < 32; ++u) {");
+    c.in();
+    c("const int step = 32 * half_g + u, row = REVERSE ? C - 1 - step : step;");
+    value_gate_at("row", "col_g");
+    c("run += step < valid && cv0 + col_g < V ? lg : 0.0f;");
+    c("Gl[u] = run;");
+    c("lo = fminf(lo, run), hi = fmaxf(hi, run);");
+    c.out();
+    c("}");
+    c("part[half_g * 64 + col_g] = run, part[128 + half_g * 64 + col_g] = lo, part[256 + half_g * 64 + col_g] = hi;");
+    c("ladle_named_barrier_sync(1 + consumer, 128);  // both halves' sums");
+    c("const float offset = half_g ? part[col_g] : 0.0f;");
+    c("LADLE_UNROLL for (int u = 0; u < 32; ++u) gv[(32 * half_g + u) * 64 + col_g] = offset + Gl[u];");
+    c("if (half_g == 0) {");
+    c("  const float glo = fminf(lo, run + part[192 + col_g]), ghi = fmaxf(hi, run + part[320 + col_g]);");
+    c("  rv[col_g] = 0.5f * (glo + ghi);");
+    c("  if (ghi - glo > 2.0f * FIT_LIMIT) vfail[c & 1] = 1u;");
+    c("}");
+    c("ladle_named_barrier_sync(1 + consumer, 128);  // G, the midpoints and the fit word");
+    c("const bool exact = vfail[c & 1] != 0u;  // a column spans more than 2 FIT_LIMIT: R = G_C, the exact sum");
+    c("if (wt == 0) vfail[(c + 1) & 1] = 0u;  // the next chunk's word: every thread read it a chunk ago, barriers since");
+    c("const auto R_of = [&](int j) { return exact ? gv[(C - 1) * 64 + j] : rv[j]; };");
+    c("");
+    c("// 2b. st = bf16(S) (the state entering the chunk), S's columns times 2^R, vt = v 2^(R - G_s).");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
+    c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
+    c("    }");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+    c("    const float factor = ladle_exp2(R_of(8 * nb + 2 * tig + e));");
+    c("    LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) S[mt][nb][e] *= factor, S[mt][nb][2 + e] *= factor;");
+    c("  }");
+    c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces: piece e of row e / 8 holds columns col0 .. col0 + 7");
+    c.in();
+    c("const int e = wt + 128 * i, row = e / 8, col0 = 8 * ((e % 8) ^ (row & 7));");
+    c("const int step = REVERSE ? C - 1 - row : row;");
+    c("float x[8];");
+    c("ladle_unpack8_bf16(x, ladle_ld16(v_box + 8 * e));");
+    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] = step < valid ? x[u] * ladle_exp2(R_of(col0 + u) - gv[step * 64 + col0 + u]) : 0.0f;");
+    c("ladle_store8_bf16(vt + 8 * e, x);");
+    c.out();
+    c("}");
+    c("ladle_fence_proxy_async();  // st and vt, written through the generic proxy, before wgmma reads them");
+    c("ladle_named_barrier_sync(1 + consumer, 128);");
+    c("");
+    emit_batch("vt_offset");
+    c("");
+    c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
+    c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
+    c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
+    emit_p("step_s <= step_t && step_s < valid ? score[nb][r] : 0.0f");
+    c("ladle_wgmma_wait<1>();  // o = q st done");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("// o's state part times 2^R per column (where a column does not fit, 2^(G_t) per element).");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("    const int j = 8 * nb + 2 * tig + (r & 1), step_t = r < 2 ? step_a : step_b;");
+    c("    o_acc[nb][r] *= ladle_exp2(exact ? gv[step_t * 64 + j] : rv[j]);");
+    c("  }");
+    c("if (!exact) {");
+    c.in();
+    c("// 2e. o += P vt (P from registers, vt N-major), then o *= scale 2^(G_t - R) and S's columns *= 2^(G_C - R).");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("ladle_wgmma_fence();");
+    c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
+    c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (vt_offset + kk * 2048) / 16);");
+    c("ladle_wgmma_commit();");
+    c("ladle_wgmma_wait<0>();  // the update and o += P vt done");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("    const int j = 8 * nb + 2 * tig + (r & 1), step_t = r < 2 ? step_a : step_b;");
+    c("    o_acc[nb][r] *= read_scale * ladle_exp2(gv[step_t * 64 + j] - rv[j]);");
+    c("  }");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+    c("    const int j = 8 * nb + 2 * tig + e;");
+    c("    const float factor = ladle_exp2(gv[(C - 1) * 64 + j] - rv[j]);");
+    c("    LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) S[mt][nb][e] *= factor, S[mt][nb][2 + e] *= factor;");
+    c("  }");
+    c.out();
+    c("} else {");
+    c.in();
+    c("ladle_wgmma_wait<0>();  // the update done");
+    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("ladle_named_barrier_sync(1 + consumer, 128);  // every warp's update has read vt");
+    c("// 2e'. P in vt's place (bf16, [t row][s row]), then o_t += sum_s P_ts 2^(G_t - G_s) v_s per element.");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
+    c("    const int s = 8 * nb + 2 * tig + (r & 1), row = r < 2 ? ta : tb;");
+    c("    const int step_s = REVERSE ? C - 1 - s : s, step_t = r < 2 ? step_a : step_b;");
+    c("    vt[row * 64 + s] = step_s <= step_t && step_s < valid ? static_cast<unsigned short>(ladle_pack_bf16(score[nb][r], 0.0f) & 0xffffu) : 0;");
+    c("  }");
+    c("ladle_named_barrier_sync(1 + consumer, 128);  // P");
+    c("LADLE_UNROLL_1 for (int s = 0; s < C; ++s) {");
+    c.in();
+    c("const int step_s = REVERSE ? C - 1 - s : s;");
+    c("if (step_s >= valid) continue;");
+    c("const float pa = step_s <= step_a ? ladle_bf16_float(vt[ta * 64 + s]) : 0.0f;");
+    c("const float pb = step_s <= step_b ? ladle_bf16_float(vt[tb * 64 + s]) : 0.0f;");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+    c("    const int j = 8 * nb + 2 * tig + e;");
+    c("    const float vs = ladle_bf16_float(v_box[swz(s, j)]), Gs = gv[step_s * 64 + j];");
+    c("    if (pa != 0.0f) o_acc[nb][e] += pa * vs * ladle_exp2(gv[step_a * 64 + j] - Gs);");
+    c("    if (pb != 0.0f) o_acc[nb][2 + e] += pb * vs * ladle_exp2(gv[step_b * 64 + j] - Gs);");
+    c("  }");
+    c.out();
+    c("}");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= read_scale;");
+    c.out();
+    c("}");
+    c("__syncwarp();");
+    c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);  // this warp is done with the stage");
+    c("");
+    emit_store_o();
+    c("// The next chunk rewrites st, vt, G and the sums: every warp of this consumer is past its products.");
+    c("ladle_named_barrier_sync(1 + consumer, 128);");
+    c.out();
+    c("}");
+  };
   if (kserial) {
     emit_kserial();
+  } else if (vgate) {
+    emit_vserial();
   } else {
     if (has_gate) {
       bool token_gate = false;
@@ -898,26 +1144,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c("__syncwarp();");
       c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);");
     } else {
-      c("// 2c. One batch: score = q k^T (both K-major), o = q st (st N-major), S += k^T vup (k M-major, vup");
-      c("//     N-major). q's and k's next 16 features are 32 bytes on in the row, the next 64 in the next box;");
-      c("//     st's, vup's and k^T's next 16 rows 2048 bytes on.");
-      c("float score[8][4], o_acc[8][4];");
-      c("ladle_wgmma_fence_operand<64>(score);");
-      c("ladle_wgmma_fence_operand<64>(o_acc);");
-      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-      c("ladle_wgmma_fence();");
-      c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
-      c("  ladle_wgmma_ss_bf16<64>(score, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
-      c("                          desc + (stage_offset + (KB + kt / 4) * BOX + (kt % 4) * 32) / 16, kt > 0);");
-      c("ladle_wgmma_commit();");
-      c("LADLE_UNROLL for (int kt = 0; kt < BK / 16; ++kt)");
-      c("  ladle_wgmma_ss_bf16_tb<64>(o_acc, desc + (stage_offset + (kt / 4) * BOX + (kt % 4) * 32) / 16,");
-      c("                             desc + (st_offset + kt * 2048) / 16, kt > 0);");
-      c("ladle_wgmma_commit();");
-      c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-      c("  LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
-      c("    ladle_wgmma_ss_bf16_tab<64>(S[mt], desc + (stage_offset + (KB + mt) * BOX + kk * 2048) / 16, desc + (vup_offset + kk * 2048) / 16);");
-      c("ladle_wgmma_commit();");
+      emit_batch("vup_offset");
       c("");
       c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
       c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");

@@ -19,6 +19,12 @@
 // and k~ = k 2^(R - G_s) against a reference R per feature (the midpoint of G over the chunk, else
 // over 8-token windows, else single tokens where G spans more than 2 FIT_LIMIT), formed once per
 // chunk by both consumer warpgroups together (named barriers), S's rows scaled around the batch.
+// A value-side gate's factors differ per value column, which is the consumers' own: the update takes
+// vt = v 2^(R - G_s) against a reference R per column (S's columns scaled by 2^R before the batch
+// and 2^(G_C - R) after it), o = 2^R (q st) + P vt, then o *= 2^(G_t - R). R is the midpoint of the
+// column's G over the chunk where every column of the consumer spans at most 2 FIT_LIMIT; else
+// R = G_C (vt a decay), o's state part takes 2^(G_t) and the intra-chunk part is summed exactly
+// per element, P_ts 2^(G_t - G_s) v_s (slow, for gates strong enough to need it).
 #pragma once
 
 #include <string>
@@ -30,9 +36,9 @@
 namespace ladle::cuda::detail {
 
 // Why the ws form cannot run this variant (empty: it can): it needs a decay of at most a per-head
-// scalar per token or a key-side gate alone (reading per-token key inputs, per-head parameters and
-// scalars), q, k and v read as they are (no feature map), a read scale that does not vary over
-// tokens, and no normaliser.
+// scalar per token, or a key-side gate alone, or a value-side gate alone (each reading per-token
+// inputs of its side, per-head parameters and scalars), q, k and v read as they are (no feature
+// map), a read scale that does not vary over tokens, and no normaliser.
 std::string ws_variant_unsupported(const ir::Variant& variant);
 // The same for a spec: the variant, then q, k and v in bf16 and a key gate's inputs in 16 bits (TMA
 // copies them as they are).
@@ -41,14 +47,16 @@ std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelS
 std::vector<std::string> ws_tile_rules(const ChunkedTile& tile);
 // Dynamic shared memory of a block (a 1024-byte aligned ring of stages, then the consumers' buffers):
 // the serial kernel's, or (states) the segmented state pass's.
-// gate_inputs: for a key-side gate, the number of inputs the gate reads (ws_key_gate_inputs).
-int ws_shared_bytes(const ChunkedTile& tile, bool states = false, int gate_inputs = 0);
+// gate_inputs: the number of per-token inputs a gate reads (ws_gate_inputs); value_gate: the gate is
+// the value-side one.
+int ws_shared_bytes(const ChunkedTile& tile, bool states = false, int gate_inputs = 0, bool value_gate = false);
 // Why the ws form's segmented state pass cannot run this variant with these types (empty: it can):
 // the serial form's rules, or a key-side gate alone (GLA: no per-head or value-side decay beside it)
 // whose token inputs are 16-bit, with bf16 k and v.
 std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
-// The token_key inputs a key-side gate reads (copied by TMA beside k).
-std::vector<int> ws_key_gate_inputs(const ir::Variant& variant);
+// The per-token inputs the gate reads, copied by TMA: a key-side gate's token_key inputs (beside k), a
+// value-side gate's token_value inputs (beside v).
+std::vector<int> ws_gate_inputs(const ir::Variant& variant);
 
 // The serial kernel (segmented or not) in the ws form, or (phase states, segmented) the segmented
 // form's state pass: k and v only, the update alone, each segment's own state and total decay.

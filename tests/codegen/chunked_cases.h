@@ -141,7 +141,8 @@ inline std::vector<Case> wgmma() {
 // gate's inputs in bf16 or f16 (TMA copies them): its strong-gate and hard-reset cases take the
 // 8-token windows and single tokens. Plus K = V = 128 with GQA and states (two key boxes, two
 // consumers with live columns), a user's per-token head gate over packed reversed sequences, GLA
-// at K = V = 128 with states, and no decay at all with T below a chunk.
+// at K = V = 128 with states, a value-side gate alone (one reference per column, and strong enough
+// for the exact sum), and no decay at all with T below a chunk.
 inline void bf16_io(cuda_cases::Case& c) {
   using E = ladle::ElementType;
   for (std::size_t k = 0; k < c.variant.inputs.size(); ++k)
@@ -172,9 +173,11 @@ inline std::vector<Case> ws() {
     const ladle::ir::Variant& v = c.c.variant;
     const bool key_gate = v.has(ladle::ir::Slot::log_decay_k) && !v.has(ladle::ir::Slot::log_decay_v) &&
                           !v.has(ladle::ir::Slot::log_decay_head);
-    if (!ladle::cuda::chunked_head_decay_only(v) && !key_gate) continue;
+    const bool value_gate = v.has(ladle::ir::Slot::log_decay_v) && !v.has(ladle::ir::Slot::log_decay_k) &&
+                            !v.has(ladle::ir::Slot::log_decay_head);
+    if (!ladle::cuda::chunked_head_decay_only(v) && !key_gate && !value_gate) continue;
     bf16_io(c.c);
-    if (key_gate)
+    if (key_gate || value_gate)
       for (int k : ladle::cuda::chunked_ws_gate_inputs(v)) c.c.spec.input_types[k] = key++ % 3 == 2 ? E::f16 : E::bf16;
     c.c.K = (c.c.K + 7) / 8 * 8, c.c.V = (c.c.V + 7) / 8 * 8;  // TMA: rows of whole 16 bytes
     if (c.c.cu_seqlens.empty()) c.c.T = std::max(c.c.T, 150);
@@ -219,6 +222,38 @@ inline std::vector<Case> ws() {
     c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
     bf16_io(c.c);
     for (int k : ladle::cuda::chunked_ws_gate_inputs(c.c.variant)) c.c.spec.input_types[k] = E::bf16;
+    add(c);
+  }
+  // A value-side gate alone (the recurrences of GLA's backward that carry the gate on their output
+  // side): gates that fit one reference per column, and gates near -2.5 per token that do not (the
+  // exact per-element sum), a user's gate expression over packed sequences.
+  for (const double level : {-1.0, -2.5}) {
+    Case c = base;
+    c.c.name = "a value gate near " + std::to_string(level) + ", K=V=128, GQA 4/2, h0 and final state, reverse";
+    c.c.variant = ladle::recurrent_variant(false, false, true, false);
+    c.c.K = c.c.V = 128, c.c.B = 1, c.c.H = 4, c.c.H_kv = 2, c.c.T = 150;
+    c.c.gate_level = level;
+    c.c.spec.reverse = level < -2;
+    c.c.spec.initial_state = c.c.spec.final_state = true;
+    c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
+    bf16_io(c.c);
+    for (int k : ladle::cuda::chunked_ws_gate_inputs(c.c.variant)) c.c.spec.input_types[k] = E::bf16;
+    add(c);
+  }
+  {
+    Case c = base;
+    c.c.name = "a user's value gate logsigmoid(y) / tau, packed, V = 96";
+    c.c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_v(dsl::logsigmoid(dsl::token_value("y")) / dsl::head_param("tau")),
+                                       dsl::q, dsl::scalar("scale")),
+                             "value_gate");
+    c.c.K = 64, c.c.V = 96, c.c.H = 2, c.c.H_kv = 2;
+    c.c.cu_seqlens = {0, 130, 130, 200}, c.c.T = 200, c.c.B = 1;
+    c.c.spec.varlen = true;
+    c.c.spec.initial_state = true;
+    c.c.spec.input_types.assign(c.c.variant.inputs.size(), E::f32);
+    bf16_io(c.c);
+    for (int k : ladle::cuda::chunked_ws_gate_inputs(c.c.variant)) c.c.spec.input_types[k] = E::f16;
+    c.tile = ws_tile(64, 128);
     add(c);
   }
   {
@@ -340,7 +375,13 @@ inline std::vector<SegmentedCase> ws_segmented() {
   for (Case c : ws()) {
     if (i++ % 2 == 1) continue;
     ladle::cuda::ChunkedTile first{c.tile.block_k, 64, 64, 8, 64, 64, 4, false};
-    if (i % 4 == 1) first = {c.tile.block_k, 64, 64, 8}, first.ws = true;  // the state pass in the ws form as well
+    if (i % 4 == 1) {  // the state pass in the ws form as well, where it runs the variant
+      ladle::cuda::ChunkedTile ws{c.tile.block_k, 64, 64, 8};
+      ws.ws = true;
+      ladle::cuda::ChunkedKernelSpec probe = c.spec();
+      probe.tile = ws, probe.phase = ladle::cuda::ChunkedPhase::states, probe.segmented = true;
+      if (ladle::cuda::chunked_ws_unsupported(c.c.variant, probe).empty()) first = ws;
+    }
     c.c.name += first.ws ? " (segmented, ws state pass)" : " (segmented)";
     cases.push_back({c, first, 100, i % 4 == 1 ? 2 : 1});
   }

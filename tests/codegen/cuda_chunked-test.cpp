@@ -221,6 +221,9 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a: TMA producer, wgmma consu
   int key_gated = 0;
   for (const auto& c : cases) key_gated += c.c.variant.has(ir::Slot::log_decay_k) ? 1 : 0;
   CHECK(key_gated >= 6);
+  int value_gated = 0;  // the recurrences of GLA's backward with the gate on their output side
+  for (const auto& c : cases) value_gated += c.c.variant.has(ir::Slot::log_decay_v) ? 1 : 0;
+  CHECK(value_gated >= 5);
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const cuda_cases::Case& c = cases[i].c;
     const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.variant, cases[i].spec());
@@ -247,8 +250,12 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   CHECK(cuda::validate_chunked_tile(ws, simple_gla, 128, 128, 0, "sm_90a").empty());
   CHECK_THAT(cuda::validate_chunked_tile(ws, simple_gla, 128, 128, 0, "sm_80").front(), Catch::Contains("ws needs the target sm_90a"));
   CHECK(cuda::validate_chunked_tile(ws, gla, 128, 128, 0, "sm_90a").empty());
-  CHECK_THAT(cuda::validate_chunked_tile(ws, recurrent_variant(false, false, true, false), 128, 128, 0, "sm_90a").front(),
-             Catch::Contains("no value-side gate"));
+  CHECK(cuda::validate_chunked_tile(ws, recurrent_variant(false, false, true, false), 128, 128, 0, "sm_90a").empty());
+  CHECK(cuda::chunked_shared_bytes(recurrent_variant(false, false, true, false), ws) <= 227 * 1024);
+  CHECK_THAT(cuda::validate_chunked_tile(ws, recurrent_variant(false, true, true, false), 128, 128, 0, "sm_90a").front(),
+             Catch::Contains("a value-side gate alone"));
+  CHECK_THAT(cuda::validate_chunked_tile(ws, recurrent_variant(false, false, true, true), 128, 128, 0, "sm_90a").front(),
+             Catch::Contains("a value-side gate alone"));
   CHECK_THAT(cuda::validate_chunked_tile(ws, recurrent_variant(true, false, false, true), 128, 128, 0, "sm_90a").front(),
              Catch::Contains("a key-side gate or a per-head decay, not both"));
   cuda::ChunkedTile bad = ws;
@@ -307,6 +314,33 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   for (std::size_t k = 0; k < gla.inputs.size(); ++k)
     if (gla.inputs[k].role == ir::Role::other && gla.inputs[k].kind != ir::InputKind::scalar) gla_spec.input_types[k] = ElementType::f32;
   CHECK_THROWS_WITH(cuda::generate_chunked(gla, gla_spec), Catch::Contains("in 16 bits"));
+
+  // A value-side gate alone: its input by TMA beside v (a fourth tensor map), vt against a reference
+  // per value column, the exact per-element sum where a column does not fit.
+  const ir::Variant& value_gate = recurrent_variant(false, false, true, false);
+  cuda::ChunkedKernelSpec value_spec = gla_spec;
+  value_spec.input_types.clear();
+  for (const ir::Input& in : value_gate.inputs)
+    value_spec.input_types.push_back(in.kind == ir::InputKind::scalar ? ElementType::f32 : ElementType::bf16);
+  const cuda::ChunkedKernel value_kernel = cuda::generate_chunked(value_gate, value_spec);
+  CHECK_THAT(value_kernel.source, Catch::Contains("vt_s = v_s 2^(R - G_s)") && Catch::Contains("2^(G_t - G_s) v_s per element") &&
+                                      Catch::Contains("STAGES = 2;"));
+  CHECK(value_kernel.shared_bytes == cuda::chunked_shared_bytes(value_gate, ws));
+  CHECK(value_kernel.shared_bytes <= 227 * 1024);
+  maps = 0;
+  for (const cuda::KernelParam& p : value_kernel.params) maps += p.role == cuda::KernelParam::Role::input_tensor_map ? 1 : 0;
+  CHECK(maps == 4);
+  // No ws state pass for it (the segmented form's state pass takes the suffix or split form).
+  value_spec.phase = cuda::ChunkedPhase::states;
+  value_spec.segmented = true;
+  value_spec.tile = {128, 64, 64, 8};
+  value_spec.tile.ws = true;
+  CHECK_THAT(cuda::chunked_ws_unsupported(value_gate, value_spec), Catch::Contains("no value-side gate"));
+  value_spec.phase = cuda::ChunkedPhase::serial, value_spec.segmented = false, value_spec.tile = ws;
+  for (std::size_t k = 0; k < value_gate.inputs.size(); ++k)
+    if (value_gate.inputs[k].role == ir::Role::other && value_gate.inputs[k].kind != ir::InputKind::scalar)
+      value_spec.input_types[k] = ElementType::f32;
+  CHECK_THROWS_WITH(cuda::generate_chunked(value_gate, value_spec), Catch::Contains("in 16 bits"));
 }
 
 TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the CPU path computes",
