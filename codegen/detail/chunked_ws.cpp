@@ -519,8 +519,16 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
         c("    dec[mt][half] = feat < K ? ladle_exp2(dk[feat]) : 1.0f;");
         c("  }");
       }
-      // A value-side gate: its log2 total per value column (segment_decay's rows of V).
-      const std::string decay = kgate ? "dec[mt][r / 2]" : vgate ? "ladle_exp2(segment_decay[(j * H + h) * V + col])" : "dj";
+      if (vgate) {
+        // The decay per value column once, as for a key-side gate's rows (segment_decay's rows of V).
+        c("float dec[8][2];");
+        c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+        c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+        c("    const int col = cv0 + 8 * nb + 2 * tig + e;");
+        c("    dec[nb][e] = col < V ? ladle_exp2(segment_decay[(j * H + h) * V + col]) : 1.0f;");
+        c("  }");
+      }
+      const std::string decay = kgate ? "dec[mt][r / 2]" : vgate ? "dec[nb][r & 1]" : "dj";
       for_state([&] {
         c("if (feat < K && col < V) S[mt][nb][r] = " + decay + " * S[mt][nb][r] + lj[static_cast<long long>(feat) * V + col];");
       });
@@ -855,21 +863,22 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("const unsigned short* const v_box = ring + (stage_offset + (VB + consumer) * BOX) / 2;");
     c("");
     c("// 2a. G of column col_g over this half's steps, from the half's start, and its range (with the start).");
-    c("float Gl[32];");
     c("float run = 0.0f, lo = 0.0f, hi = 0.0f;");
     c("LADLE_UNROLL for (int u = 0; u < 32; ++u) {");
     c.in();
     c("const int step = 32 * half_g + u, row = REVERSE ? C - 1 - step : step;");
     value_gate_at("row", "col_g");
     c("run += step < valid && cv0 + col_g < V ? lg : 0.0f;");
-    c("Gl[u] = run;");
+    c("gv[step * 64 + col_g] = run;  // from the half's start (the second half adds the first's sum below)");
     c("lo = fminf(lo, run), hi = fmaxf(hi, run);");
     c.out();
     c("}");
     c("part[half_g * 64 + col_g] = run, part[128 + half_g * 64 + col_g] = lo, part[256 + half_g * 64 + col_g] = hi;");
     c("ladle_named_barrier_sync(1 + consumer, 128);  // both halves' sums");
-    c("const float offset = half_g ? part[col_g] : 0.0f;");
-    c("LADLE_UNROLL for (int u = 0; u < 32; ++u) gv[(32 * half_g + u) * 64 + col_g] = offset + Gl[u];");
+    c("if (half_g) {");
+    c("  const float offset = part[col_g];");
+    c("  LADLE_UNROLL for (int u = 0; u < 32; ++u) gv[(32 + u) * 64 + col_g] += offset;");
+    c("}");
     c("if (half_g == 0) {");
     c("  const float glo = fminf(lo, run + part[192 + col_g]), ghi = fmaxf(hi, run + part[320 + col_g]);");
     c("  rv[col_g] = 0.5f * (glo + ghi);");
@@ -907,20 +916,16 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("");
     emit_batch("vt_offset");
     c("");
-    c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
     c("const int ta = 16 * warp + gid, tb = ta + 8;  // this thread's rows");
     c("const int step_a = REVERSE ? C - 1 - ta : ta, step_b = REVERSE ? C - 1 - tb : tb;");
+    c("if (!exact) {");
+    c.in();
+    c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
     emit_p("step_s <= step_t && step_s < valid ? score[nb][r] : 0.0f");
     c("ladle_wgmma_wait<1>();  // o = q st done");
     c("ladle_wgmma_fence_operand<64>(o_acc);");
-    c("// o's state part times 2^R per column (where a column does not fit, 2^(G_t) per element).");
-    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c("    const int j = 8 * nb + 2 * tig + (r & 1), step_t = r < 2 ? step_a : step_b;");
-    c("    o_acc[nb][r] *= ladle_exp2(exact ? gv[step_t * 64 + j] : rv[j]);");
-    c("  }");
-    c("if (!exact) {");
-    c.in();
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)  // o's state part times 2^R per column");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= ladle_exp2(rv[8 * nb + 2 * tig + (r & 1)]);");
     c("// 2e. o += P vt (P from registers, vt N-major), then o *= scale 2^(G_t - R) and S's columns *= 2^(G_C - R).");
     c("ladle_wgmma_fence_operand<64>(o_acc);");
     c("ladle_wgmma_fence();");
@@ -944,9 +949,13 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c.out();
     c("} else {");
     c.in();
-    c("ladle_wgmma_wait<0>();  // the update done");
+    c("ladle_wgmma_wait<0>();  // the batch done");
+    c("ladle_wgmma_fence_operand<64>(score);");
     c("ladle_wgmma_fence_operand<64>(o_acc);");
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)  // o's state part times 2^(G_t) per element");
+    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r)");
+    c("    o_acc[nb][r] *= ladle_exp2(gv[(r < 2 ? step_a : step_b) * 64 + 8 * nb + 2 * tig + (r & 1)]);");
     c("ladle_named_barrier_sync(1 + consumer, 128);  // every warp's update has read vt");
     c("// 2e'. P in vt's place (bf16, [t row][s row]), then o_t += sum_s P_ts 2^(G_t - G_s) v_s per element.");
     c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");

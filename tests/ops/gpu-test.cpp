@@ -378,6 +378,38 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
   }
 }
 
+TEST_CASE("the chunked ws form of a value-side gate: sm_90a cubins fit without spills in every mode", "[gpu][nvrtc][chunked][ws]") {
+  namespace dsl = ladle::dsl;
+  const auto user_gv = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_v(dsl::logsigmoid(dsl::token_value("y")) / dsl::head_param("tau")),
+                                            dsl::q, dsl::scalar("scale")),
+                                  "user_gv");
+  int compiled = 0;
+  for (const ladle::ir::Variant* v : {&ladle::recurrent_variant(false, false, true, false), &user_gv})
+    for (int D : {64, 128})
+      for (int mode = 0; mode < 3; ++mode) {
+        auto spec = chunked_spec_for(*v, ElementType::bf16, D, D);
+        for (std::size_t k = 0; k < v->inputs.size(); ++k)
+          if (v->inputs[k].kind == ladle::ir::InputKind::token_value) spec.input_types[k] = ElementType::bf16;
+        spec.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
+        spec.tile.ws = true;
+        spec.initial_state = spec.final_state = mode != 0;
+        spec.reverse = spec.varlen = mode == 1;
+        spec.segmented = mode == 2;
+        auto result = ladle::gpu::compile_chunked(*v, spec, "sm_90a");
+        const auto* r = result.program.resources(result.kernel.name);
+        REQUIRE(r != nullptr);
+        INFO(v->name << " D=" << D << " mode " << mode << ": " << r->registers << " registers, " << r->spill_store_bytes
+                     << " bytes spilled, " << result.kernel.shared_bytes << " bytes of shared memory");
+        CHECK(r->spill_store_bytes == 0);
+        CHECK(result.kernel.shared_bytes <= 227 * 1024);
+        CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
+        ++compiled;
+        // Segmented, the state pass is not the ws form's (it takes no value-side gate).
+        if (mode == 2) CHECK(!ladle::gpu::segmented_chunked_specs(*v, spec, D, D, 227 * 1024).first.tile.ws);
+      }
+  CHECK(compiled == 12);
+}
+
 TEST_CASE("the algorithm follows the shape and dtype unless forced", "[gpu][chunked]") {
   std::mt19937_64 rng(9);
   const auto& gla = ladle::gla_variant(false);
