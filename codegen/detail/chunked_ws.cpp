@@ -30,7 +30,7 @@ const std::set<std::string>& ws_names() {
       "NT", "PARTS", "TP", "FIT_LIMIT", "ct", "part", "Gl", "run", "lo", "hi", "tot", "llo", "lhi", "pre", "post", "fitw",
       "offset", "glo", "ghi", "R", "fails", "fail", "wlo", "whi", "t0", "t1", "mode", "Rs", "gprev", "glast", "gfirst", "mine",
       "qi", "ki", "dk", "dec", "again", "gu", "at", "qx", "kx", "qi_offset", "ki_offset", "inside", "factor", "o_started", "q_box", "fit_all", "wend",
-      "GVB", "vt", "vt_all", "vt_offset", "gv", "gv_all", "part", "part_all", "rv", "rv_all", "vfail", "vfail_all", "col_g", "half_g",
+      "GVB", "GS", "ladle_vf4", "ladle_vf2", "g4", "r4", "gs", "rs", "ga", "gb", "rj", "vt", "vt_all", "vt_offset", "gv", "gv_all", "part", "part_all", "rv", "rv_all", "vfail", "vfail_all", "col_g", "half_g",
       "exact", "fits", "col0", "pv", "va", "vb", "Ga", "Gb", "Pt", "sp", "R_of", "gdec", "ps", "ra"};
   return names;
 }
@@ -58,11 +58,11 @@ int key_parts(const ChunkedTile& tile) { return 128 * (tile.block_v / 64) / tile
 // k boxes' size), the gate sums (and per key feature). The serial kernel: st per consumer, then for a
 // per-head decay vup and the gate sums per consumer, for a key-side gate the block's q~ and k~ boxes,
 // each part's sums and ranges per feature, the factors per key row and the fit words.
-// A value-side gate (vserial): per consumer st, vt [C][64] bf16, G [C][64] f32, the halves' sums and
-// ranges [3][2][64] f32, the midpoints [64] f32 and two fit words (16 bytes).
+// A value-side gate (vserial): per consumer st, vt [C][64] bf16, G [C][72] f32 (rows padded), the halves' sums and
+// ranges [3][2][64] f32, the midpoints and the pending log2 factors [2][64] f32 and two fit words (16 bytes).
 int fixed_bytes(const ChunkedTile& tile, bool states, int gate_inputs, bool value_gate) {
   const int consumers = tile.block_v / 64, kb = tile.block_k / 64;
-  if (value_gate) return 1024 + consumers * (tile.block_k * 128 + ws_chunk * 128 + ws_chunk * 64 * 4 + 7 * 64 * 4 + 16);
+  if (value_gate) return 1024 + consumers * (tile.block_k * 128 + ws_chunk * 128 + ws_chunk * 72 * 4 + 8 * 64 * 4 + 16);
   if (!states && gate_inputs > 0)
     return 1024 + consumers * tile.block_k * 128 + 2 * kb * ws_chunk * 128 + (3 * key_parts(tile) + 2) * tile.block_k * 4 + 16;
   const int update = gate_inputs > 0 ? kb * ws_chunk * 128 + tile.block_k * 4 : ws_chunk * 128;
@@ -317,6 +317,10 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + wgmma_helpers(64, 64, false, false) +
     wgmma_transposed_helpers(64) + ws_helpers());
+  if (vgate)
+    c("#ifndef LADLE_VF4\n#define LADLE_VF4\n"
+      "struct alignas(16) ladle_vf4 { float x[4]; };  // 16- and 8-byte shared memory loads of G\n"
+      "struct alignas(8) ladle_vf2 { float x[2]; };\n#endif");
   c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(THREADS) + (states ? ", 2) " : ", 1) ") + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
@@ -333,6 +337,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("constexpr unsigned STAGE_BYTES = (2 * KB + CONSUMERS + GB * CONSUMERS) * BOX;  // q, k, v boxes, the gate's boxes per consumer");
     c("constexpr int QB = KB, VB = 2 * KB, GVB = 2 * KB + CONSUMERS;  // the first k box, v's box, the gate's first box");
     c("constexpr float FIT_LIMIT = 100.0f;  // the largest |log2 factor| of vt and o's");
+    c("constexpr int GS = 72;  // G's row stride in floats (72 = 8 mod 32: a warp's 8 rows of float2 loads hit every bank once)");
   } else if (kserial) {
     c("constexpr int GB = " + std::to_string(GB) + ";  // inputs of the key-side gate, copied as k is");
     c("constexpr unsigned STAGE_BYTES = (2 * KB + GB * KB + CONSUMERS) * BOX;  // q boxes, k boxes, the gate's boxes, one v box per consumer");
@@ -353,8 +358,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("//   ring [STAGES][2 KB + CONSUMERS + GB CONSUMERS][C][64] q, k, v and the gate's boxes (TMA, swizzled)");
     c("//   st_all [CONSUMERS][BK][64] bf16                each consumer's state, read by o = q st (swizzled)");
     c("//   vt_all [CONSUMERS][C][64] bf16                 v 2^(R - G_s) (swizzled); P [C][C] where a column does not fit");
-    c("//   gv_all [CONSUMERS][C][64] f32                  G per step and column");
-    c("//   part_all [CONSUMERS][7][64] f32                each half's sum, low and high per column, then the midpoints R");
+    c("//   gv_all [CONSUMERS][C][GS] f32                  G per step and column (rows padded to GS = 72)");
+    c("//   part_all [CONSUMERS][8][64] f32                each half's sum, low and high per column, the midpoints R, pend");
     c("//   vfail_all [CONSUMERS][4]                       whether a column does not fit (this chunk's word, the next's)");
     c("//   full [STAGES], empty [STAGES]                  mbarriers");
   } else if (kserial) {
@@ -379,8 +384,8 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   if (vgate) {
     c("unsigned short* const vt_all = st_all + CONSUMERS * BK * 64;");
     c("float* const gv_all = reinterpret_cast<float*>(vt_all + CONSUMERS * C * 64);");
-    c("float* const part_all = gv_all + CONSUMERS * C * 64;");
-    c("unsigned* const vfail_all = reinterpret_cast<unsigned*>(part_all + CONSUMERS * 7 * 64);");
+    c("float* const part_all = gv_all + CONSUMERS * C * GS;");
+    c("unsigned* const vfail_all = reinterpret_cast<unsigned*>(part_all + CONSUMERS * 8 * 64);");
     c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(vfail_all + CONSUMERS * 4);");
   } else if (kserial) {
     c("unsigned short* const qi = st_all + CONSUMERS * BK * 64;");
@@ -851,9 +856,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   const auto emit_vserial = [&] {
     c("// The value column (of this consumer's 64) whose gate this thread sums, over the steps [32 half_g, 32 half_g + 32).");
     c("const int col_g = wt % 64, half_g = wt / 64;");
-    c("float* const gv = gv_all + consumer * C * 64;");
-    c("float* const part = part_all + consumer * 7 * 64;  // [0, 128) sums, [128, 256) lows, [256, 384) highs per half, then rv");
+    c("float* const gv = gv_all + consumer * C * GS;");
+    c("float* const part = part_all + consumer * 8 * 64;  // [0, 128) sums, [128, 256) lows, [256, 384) highs per half, rv, pend");
     c("float* const rv = part + 6 * 64;  // the midpoint of each column's G over the chunk");
+    c("// S's columns are stored times 2^-pend: the last chunk's 2^(G_C - R) is taken with the next chunk's 2^R.");
+    c("float* const pend = part + 7 * 64;");
+    c("float pend_mine = 0.0f;  // column col_g's (half 0)");
     c("unsigned* const vfail = vfail_all + consumer * 4;");
     c("unsigned short* const vt = vt_all + consumer * C * 64;");
     c("const unsigned vt_offset = static_cast<unsigned>(reinterpret_cast<unsigned char*>(vt) - base);");
@@ -863,13 +871,14 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("const unsigned short* const v_box = ring + (stage_offset + (VB + consumer) * BOX) / 2;");
     c("");
     c("// 2a. G of column col_g over this half's steps, from the half's start, and its range (with the start).");
+    c("if (half_g == 0) pend[col_g] = pend_mine;  // every thread read the last one before the last chunk's end");
     c("float run = 0.0f, lo = 0.0f, hi = 0.0f;");
     c("LADLE_UNROLL for (int u = 0; u < 32; ++u) {");
     c.in();
     c("const int step = 32 * half_g + u, row = REVERSE ? C - 1 - step : step;");
     value_gate_at("row", "col_g");
     c("run += step < valid && cv0 + col_g < V ? lg : 0.0f;");
-    c("gv[step * 64 + col_g] = run;  // from the half's start (the second half adds the first's sum below)");
+    c("gv[step * GS + col_g] = run;  // from the half's start (the second half adds the first's sum below)");
     c("lo = fminf(lo, run), hi = fmaxf(hi, run);");
     c.out();
     c("}");
@@ -877,7 +886,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("ladle_named_barrier_sync(1 + consumer, 128);  // both halves' sums");
     c("if (half_g) {");
     c("  const float offset = part[col_g];");
-    c("  LADLE_UNROLL for (int u = 0; u < 32; ++u) gv[(32 + u) * 64 + col_g] += offset;");
+    c("  LADLE_UNROLL for (int u = 0; u < 32; ++u) gv[(32 + u) * GS + col_g] += offset;");
     c("}");
     c("if (half_g == 0) {");
     c("  const float glo = fminf(lo, run + part[192 + col_g]), ghi = fmaxf(hi, run + part[320 + col_g]);");
@@ -887,27 +896,41 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("ladle_named_barrier_sync(1 + consumer, 128);  // G, the midpoints and the fit word");
     c("const bool exact = vfail[c & 1] != 0u;  // a column spans more than 2 FIT_LIMIT: R = G_C, the exact sum");
     c("if (wt == 0) vfail[(c + 1) & 1] = 0u;  // the next chunk's word: every thread read it a chunk ago, barriers since");
-    c("const auto R_of = [&](int j) { return exact ? gv[(C - 1) * 64 + j] : rv[j]; };");
+    c("const auto R_of = [&](int j) { return exact ? gv[(C - 1) * GS + j] : rv[j]; };");
+    c("if (half_g == 0) pend_mine = exact ? 0.0f : gv[(C - 1) * GS + col_g] - rv[col_g];  // the next chunk's");
     c("");
-    c("// 2b. st = bf16(S) (the state entering the chunk), S's columns times 2^R, vt = v 2^(R - G_s).");
+    c("// 2b. With S's true columns 2^pend S: S *= 2^(pend + R) and st = bf16(S), so that o = q st is 2^R");
+    c("//     times the state's part (where a column does not fit: st = bf16(2^pend S), S *= 2^(pend + G_C));");
+    c("//     vt = v 2^(R - G_s).");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+    c.in();
+    c("float fst[2], fS[2];  // st's and S's factors of columns 8 nb + 2 tig + e");
+    c("LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+    c("  const int j = 8 * nb + 2 * tig + e;");
+    c("  fst[e] = ladle_exp2(exact ? pend[j] : pend[j] + rv[j]);");
+    c("  fS[e] = exact ? ladle_exp2(pend[j] + gv[(C - 1) * GS + j]) : fst[e];");
+    c("}");
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
-    c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-    c("      const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
-    c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
-    c("    }");
-    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
-    c("    const float factor = ladle_exp2(R_of(8 * nb + 2 * tig + e));");
-    c("    LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) S[mt][nb][e] *= factor, S[mt][nb][2 + e] *= factor;");
+    c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("    const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
+    c("    float* const x = &S[mt][nb][2 * half];");
+    c("    *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(x[0] * fst[0], x[1] * fst[1]);");
+    c("    x[0] *= fS[0], x[1] *= fS[1];");
     c("  }");
+    c.out();
+    c("}");
     c("LADLE_UNROLL for (int i = 0; i < C * 8 / 128; ++i) {  // 16-byte pieces: piece e of row e / 8 holds columns col0 .. col0 + 7");
     c.in();
     c("const int e = wt + 128 * i, row = e / 8, col0 = 8 * ((e % 8) ^ (row & 7));");
     c("const int step = REVERSE ? C - 1 - row : row;");
     c("float x[8];");
     c("ladle_unpack8_bf16(x, ladle_ld16(v_box + 8 * e));");
-    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x[u] = step < valid ? x[u] * ladle_exp2(R_of(col0 + u) - gv[step * 64 + col0 + u]) : 0.0f;");
+    c("const ladle_vf4* const g4 = reinterpret_cast<const ladle_vf4*>(gv + step * GS + col0);");
+    c("const ladle_vf4* const r4 = reinterpret_cast<const ladle_vf4*>(exact ? gv + (C - 1) * GS + col0 : rv + col0);");
+    c("LADLE_UNROLL for (int w = 0; w < 2; ++w) {");
+    c("  const ladle_vf4 gs = g4[w], rs = r4[w];");
+    c("  LADLE_UNROLL for (int u = 0; u < 4; ++u) x[4 * w + u] = step < valid ? x[4 * w + u] * ladle_exp2(rs.x[u] - gs.x[u]) : 0.0f;");
+    c("}");
     c("ladle_store8_bf16(vt + 8 * e, x);");
     c.out();
     c("}");
@@ -922,12 +945,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c.in();
     c("// 2d. P from the scores: step s before or at step t, s a token of the sequence.");
     emit_p("step_s <= step_t && step_s < valid ? score[nb][r] : 0.0f");
-    c("ladle_wgmma_wait<1>();  // o = q st done");
-    c("ladle_wgmma_fence_operand<64>(o_acc);");
-    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)  // o's state part times 2^R per column");
-    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) o_acc[nb][r] *= ladle_exp2(rv[8 * nb + 2 * tig + (r & 1)]);");
-    c("// 2e. o += P vt (P from registers, vt N-major), then o *= scale 2^(G_t - R) and S's columns *= 2^(G_C - R).");
-    c("ladle_wgmma_fence_operand<64>(o_acc);");
+    c("// 2e. o += P vt (P from registers, vt N-major), then o *= scale 2^(G_t - R).");
     c("ladle_wgmma_fence();");
     c("LADLE_UNROLL for (int kk = 0; kk < C / 16; ++kk)");
     c("  ladle_wgmma_rs_bf16<64>(o_acc, p_frag[kk], desc + (vt_offset + kk * 2048) / 16);");
@@ -935,17 +953,17 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("ladle_wgmma_wait<0>();  // the update and o += P vt done");
     c("ladle_wgmma_fence_operand<64>(o_acc);");
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
-    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c("    const int j = 8 * nb + 2 * tig + (r & 1), step_t = r < 2 ? step_a : step_b;");
-    c("    o_acc[nb][r] *= read_scale * ladle_exp2(gv[step_t * 64 + j] - rv[j]);");
-    c("  }");
-    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
-    c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
-    c("    const int j = 8 * nb + 2 * tig + e;");
-    c("    const float factor = ladle_exp2(gv[(C - 1) * 64 + j] - rv[j]);");
-    c("    LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) S[mt][nb][e] *= factor, S[mt][nb][2 + e] *= factor;");
-    c("  }");
+    c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {  // two columns a load (GS = 72: conflict-free for the 8 rows)");
+    c.in();
+    c("const int j = 8 * nb + 2 * tig;");
+    c("const ladle_vf2 ga = *reinterpret_cast<const ladle_vf2*>(gv + step_a * GS + j), gb = *reinterpret_cast<const ladle_vf2*>(gv + step_b * GS + j);");
+    c("const ladle_vf2 rj = *reinterpret_cast<const ladle_vf2*>(rv + j);");
+    c("LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+    c("  o_acc[nb][e] *= read_scale * ladle_exp2(ga.x[e] - rj.x[e]);");
+    c("  o_acc[nb][2 + e] *= read_scale * ladle_exp2(gb.x[e] - rj.x[e]);");
+    c("}");
+    c.out();
+    c("}");
     c.out();
     c("} else {");
     c.in();
@@ -955,7 +973,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) ladle_wgmma_fence_operand<64>(S[mt]);");
     c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)  // o's state part times 2^(G_t) per element");
     c("  LADLE_UNROLL for (int r = 0; r < 4; ++r)");
-    c("    o_acc[nb][r] *= ladle_exp2(gv[(r < 2 ? step_a : step_b) * 64 + 8 * nb + 2 * tig + (r & 1)]);");
+    c("    o_acc[nb][r] *= ladle_exp2(gv[(r < 2 ? step_a : step_b) * GS + 8 * nb + 2 * tig + (r & 1)]);");
     c("ladle_named_barrier_sync(1 + consumer, 128);  // every warp's update has read vt");
     c("// 2e'. P in vt's place (bf16, [t row][s row]), then o_t += sum_s P_ts 2^(G_t - G_s) v_s per element.");
     c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
@@ -974,9 +992,9 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
     c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
     c("    const int j = 8 * nb + 2 * tig + e;");
-    c("    const float vs = ladle_bf16_float(v_box[swz(s, j)]), Gs = gv[step_s * 64 + j];");
-    c("    if (pa != 0.0f) o_acc[nb][e] += pa * vs * ladle_exp2(gv[step_a * 64 + j] - Gs);");
-    c("    if (pb != 0.0f) o_acc[nb][2 + e] += pb * vs * ladle_exp2(gv[step_b * 64 + j] - Gs);");
+    c("    const float vs = ladle_bf16_float(v_box[swz(s, j)]), Gs = gv[step_s * GS + j];");
+    c("    if (pa != 0.0f) o_acc[nb][e] += pa * vs * ladle_exp2(gv[step_a * GS + j] - Gs);");
+    c("    if (pb != 0.0f) o_acc[nb][2 + e] += pb * vs * ladle_exp2(gv[step_b * GS + j] - Gs);");
     c("  }");
     c.out();
     c("}");
@@ -992,6 +1010,16 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("ladle_named_barrier_sync(1 + consumer, 128);");
     c.out();
     c("}");
+    if (spec.final_state) {
+      c("// S's true columns for the final state: the last chunk's pending 2^(G_C - R).");
+      c("if (half_g == 0) pend[col_g] = pend_mine;");
+      c("ladle_named_barrier_sync(1 + consumer, 128);");
+      c("LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+      c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+      c("    const float factor = ladle_exp2(pend[8 * nb + 2 * tig + e]);");
+      c("    LADLE_UNROLL for (int mt = 0; mt < KB; ++mt) S[mt][nb][e] *= factor, S[mt][nb][2 + e] *= factor;");
+      c("  }");
+    }
   };
   if (kserial) {
     emit_kserial();
