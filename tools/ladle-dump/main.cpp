@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo, "the kernel family: recurrent (token by token) or chunked (tensor cores)")
       ->check(CLI::IsMember({"recurrent", "chunked"}));
   app.add_option("--tile", tile_text,
-                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma|,ws] (default with --arch sm_90a: ws for a per-head decay or a key-side gate alone in bf16, else wgmma) or a split tile; attention: block_m,block_n,warps,stages[,sync|wgmma|ws] (wgmma, ws: --arch sm_90a; default: the heuristic)");
+                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma|,ws] (default with --arch sm_90a: ws for a per-head decay, a key-side gate alone or a value-side gate alone in bf16, else wgmma) or a split tile; attention: block_m,block_n,warps,stages[,sync|wgmma|ws] (wgmma, ws: --arch sm_90a; default: the heuristic)");
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--backward", backward,
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
           ladle::cuda::ChunkedTile w = spec.tile;
           w.wgmma = true;
           if (ladle::cuda::validate_chunked_tile(w, variant, key_dim, value_dim, 0, arch).empty()) spec.tile = w;
-          // A per-head decay or a key-side gate alone with bf16 q, k, v: the warp-specialised form, as the library's heuristic takes it.
+          // A per-head decay, or a key- or value-side gate alone, with bf16 q, k, v: the warp-specialised form, as the library's heuristic takes it.
           ladle::cuda::ChunkedTile ws{key_dim <= 64 ? 64 : 128, 64, value_dim <= 64 ? 64 : 128, value_dim <= 64 ? 8 : 12};
           ws.ws = true;
           ladle::cuda::ChunkedKernelSpec ws_spec = spec;
