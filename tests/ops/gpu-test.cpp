@@ -279,6 +279,35 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   CHECK(result.program.resources(result.kernel.name)->spill_store_bytes == 0);
 }
 
+// The ws serial kernel of a variant whose gate reads per-token inputs of `gate_kind` (copied by TMA in
+// bf16), at D = 64 and 128 in every mode (plain; h0, final state, reverse and varlen; segmented):
+// compiled for sm_90a without spills, in 227 KiB, on wgmma and TMA. Returns how many compiled.
+static int check_ws_serial_modes(const ladle::ir::Variant& v, ladle::ir::InputKind gate_kind) {
+  int compiled = 0;
+  for (int D : {64, 128})
+    for (int mode = 0; mode < 3; ++mode) {
+      auto serial = chunked_spec_for(v, ElementType::bf16, D, D);
+      for (std::size_t k = 0; k < v.inputs.size(); ++k)
+        if (v.inputs[k].kind == gate_kind) serial.input_types[k] = ElementType::bf16;
+      serial.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
+      serial.tile.ws = true;
+      serial.initial_state = serial.final_state = mode != 0;
+      serial.reverse = serial.varlen = mode == 1;
+      serial.segmented = mode == 2;
+      auto result = ladle::gpu::compile_chunked(v, serial, "sm_90a");
+      const auto* r = result.program.resources(result.kernel.name);
+      REQUIRE(r != nullptr);
+      INFO(v.name << " ws serial D=" << D << " mode " << mode << ": " << r->registers << " registers, " << r->spill_store_bytes
+                  << " bytes spilled, " << result.kernel.shared_bytes << " bytes of shared memory");
+      CHECK(r->spill_store_bytes == 0);
+      CHECK(result.kernel.shared_bytes <= 227 * 1024);
+      CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") != std::string::npos);
+      CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
+      ++compiled;
+    }
+  return compiled;
+}
+
 TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills in every mode", "[gpu][nvrtc][chunked][ws]") {
   namespace dsl = ladle::dsl;
   const auto& simple = ladle::recurrent_variant(false, false, false, true);
@@ -355,26 +384,7 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
         f32_gates.input_types[k] = ElementType::f32;
     CHECK_THAT(ladle::cuda::chunked_ws_unsupported(*v, f32_gates), Catch::Contains("16 bits"));
     // The serial kernel in the ws form (q~ and k~ against a reference per key feature) in every mode.
-    for (int D : {64, 128})
-      for (int mode = 0; mode < 3; ++mode) {
-        auto serial = chunked_spec_for(*v, ElementType::bf16, D, D);
-        for (std::size_t k = 0; k < v->inputs.size(); ++k)
-          if (v->inputs[k].kind == ladle::ir::InputKind::token_key) serial.input_types[k] = ElementType::bf16;
-        serial.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
-        serial.tile.ws = true;
-        serial.initial_state = serial.final_state = mode != 0;
-        serial.reverse = serial.varlen = mode == 1;
-        serial.segmented = mode == 2;
-        auto result = ladle::gpu::compile_chunked(*v, serial, "sm_90a");
-        const auto* r = result.program.resources(result.kernel.name);
-        REQUIRE(r != nullptr);
-        INFO(v->name << " ws serial D=" << D << " mode " << mode << ": " << r->registers << " registers, " << r->spill_store_bytes
-                     << " bytes spilled, " << result.kernel.shared_bytes << " bytes of shared memory");
-        CHECK(r->spill_store_bytes == 0);
-        CHECK(result.kernel.shared_bytes <= 227 * 1024);
-        CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") != std::string::npos);
-        CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
-      }
+    CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_key) == 6);
   }
 }
 
@@ -383,31 +393,15 @@ TEST_CASE("the chunked ws form of a value-side gate: sm_90a cubins fit without s
   const auto user_gv = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_v(dsl::logsigmoid(dsl::token_value("y")) / dsl::head_param("tau")),
                                             dsl::q, dsl::scalar("scale")),
                                   "user_gv");
-  int compiled = 0;
-  for (const ladle::ir::Variant* v : {&ladle::recurrent_variant(false, false, true, false), &user_gv})
-    for (int D : {64, 128})
-      for (int mode = 0; mode < 3; ++mode) {
-        auto spec = chunked_spec_for(*v, ElementType::bf16, D, D);
-        for (std::size_t k = 0; k < v->inputs.size(); ++k)
-          if (v->inputs[k].kind == ladle::ir::InputKind::token_value) spec.input_types[k] = ElementType::bf16;
-        spec.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
-        spec.tile.ws = true;
-        spec.initial_state = spec.final_state = mode != 0;
-        spec.reverse = spec.varlen = mode == 1;
-        spec.segmented = mode == 2;
-        auto result = ladle::gpu::compile_chunked(*v, spec, "sm_90a");
-        const auto* r = result.program.resources(result.kernel.name);
-        REQUIRE(r != nullptr);
-        INFO(v->name << " D=" << D << " mode " << mode << ": " << r->registers << " registers, " << r->spill_store_bytes
-                     << " bytes spilled, " << result.kernel.shared_bytes << " bytes of shared memory");
-        CHECK(r->spill_store_bytes == 0);
-        CHECK(result.kernel.shared_bytes <= 227 * 1024);
-        CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
-        ++compiled;
-        // Segmented, the state pass is not the ws form's (it takes no value-side gate).
-        if (mode == 2) CHECK(!ladle::gpu::segmented_chunked_specs(*v, spec, D, D, 227 * 1024).first.tile.ws);
-      }
-  CHECK(compiled == 12);
+  for (const ladle::ir::Variant* v : {&ladle::recurrent_variant(false, false, true, false), &user_gv}) {
+    CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_value) == 6);
+    // Segmented, the state pass is not the ws form's (it takes no value-side gate).
+    auto spec = chunked_spec_for(*v, ElementType::bf16, 128, 128);
+    spec.tile = ladle::cuda::ChunkedTile{128, 64, 128, 12};
+    spec.tile.ws = true;
+    spec.segmented = true;
+    CHECK(!ladle::gpu::segmented_chunked_specs(*v, spec, 128, 128, 227 * 1024).first.tile.ws);
+  }
 }
 
 TEST_CASE("the algorithm follows the shape and dtype unless forced", "[gpu][chunked]") {
