@@ -279,16 +279,18 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   CHECK(result.program.resources(result.kernel.name)->spill_store_bytes == 0);
 }
 
-// The ws serial kernel of a variant whose gate reads per-token inputs of `gate_kind` (copied by TMA in
-// bf16), at D = 64 and 128 in every mode (plain; h0, final state, reverse and varlen; segmented):
-// compiled for sm_90a without spills, in 227 KiB, on wgmma and TMA. Returns how many compiled.
-static int check_ws_serial_modes(const ladle::ir::Variant& v, ladle::ir::InputKind gate_kind) {
+// The ws serial kernel of a variant (a gate reading per-token inputs of `gate_kind`: those copied by
+// TMA in bf16), at D = 64 and 128 in every mode (plain; h0, final state, reverse and varlen;
+// segmented, then `segmented` is called with its spec): compiled for sm_90a without spills, in 227
+// KiB, on wgmma and TMA. Returns how many compiled.
+static int check_ws_serial_modes(const ladle::ir::Variant& v, std::optional<ladle::ir::InputKind> gate_kind,
+                                 const std::function<void(const ladle::cuda::ChunkedKernelSpec&, int)>& segmented = {}) {
   int compiled = 0;
   for (int D : {64, 128})
     for (int mode = 0; mode < 3; ++mode) {
       auto serial = chunked_spec_for(v, ElementType::bf16, D, D);
       for (std::size_t k = 0; k < v.inputs.size(); ++k)
-        if (v.inputs[k].kind == gate_kind) serial.input_types[k] = ElementType::bf16;
+        if (gate_kind && v.inputs[k].kind == *gate_kind) serial.input_types[k] = ElementType::bf16;
       serial.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
       serial.tile.ws = true;
       serial.initial_state = serial.final_state = mode != 0;
@@ -304,6 +306,7 @@ static int check_ws_serial_modes(const ladle::ir::Variant& v, ladle::ir::InputKi
       CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") != std::string::npos);
       CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
       ++compiled;
+      if (mode == 2 && segmented) segmented(serial, D);
     }
   return compiled;
 }
@@ -315,40 +318,20 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
   const auto user = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_head(-dsl::softplus(dsl::token_head("dt")) * dsl::head_param("A")),
                                          dsl::q, dsl::scalar("scale")),
                                "mamba2_like");
-  int compiled = 0;
   for (const ladle::ir::Variant* v : {&simple, &plain, &user})
-    for (int D : {64, 128})
-      for (int mode = 0; mode < 3; ++mode) {
-        auto spec = chunked_spec_for(*v, ElementType::bf16, D, D);
-        spec.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
-        spec.tile.ws = true;
-        spec.initial_state = spec.final_state = mode != 0;
-        spec.reverse = spec.varlen = mode == 1;
-        spec.segmented = mode == 2;
-        auto result = ladle::gpu::compile_chunked(*v, spec, "sm_90a");
-        const auto* r = result.program.resources(result.kernel.name);
-        REQUIRE(r != nullptr);
-        INFO(v->name << " D=" << D << " mode " << mode << ": " << r->registers << " registers, " << r->spill_store_bytes
-                     << " bytes spilled, " << result.kernel.shared_bytes << " bytes of shared memory");
-        CHECK(r->spill_store_bytes == 0);
-        CHECK(result.kernel.shared_bytes <= 227 * 1024);
-        CHECK(result.program.ptx.find("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") != std::string::npos);
-        CHECK(result.program.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
-        ++compiled;
-        if (mode != 2) continue;
-        // The segmented form's state pass in the ws form: two blocks of 256 threads per SM.
-        const auto specs = ladle::gpu::segmented_chunked_specs(*v, spec, D, D, 227 * 1024);
-        REQUIRE(specs.first.tile.ws);
-        auto first = ladle::gpu::compile_chunked(*v, specs.first, "sm_90a");
-        const auto* f = first.program.resources(first.kernel.name);
-        REQUIRE(f != nullptr);
-        INFO("state pass: " << f->registers << " registers, " << first.kernel.shared_bytes << " bytes of shared memory");
-        CHECK(first.kernel.name.find("ladle_chunked_ws_states_segmented_") == 0);
-        CHECK(f->spill_store_bytes == 0);
-        CHECK(f->registers <= 128);
-        CHECK(2 * first.kernel.shared_bytes <= 227 * 1024);
-      }
-  CHECK(compiled == 18);
+    CHECK(check_ws_serial_modes(*v, std::nullopt, [&](const ladle::cuda::ChunkedKernelSpec& spec, int D) {
+            // The segmented form's state pass in the ws form: two blocks of 256 threads per SM.
+            const auto specs = ladle::gpu::segmented_chunked_specs(*v, spec, D, D, 227 * 1024);
+            REQUIRE(specs.first.tile.ws);
+            auto first = ladle::gpu::compile_chunked(*v, specs.first, "sm_90a");
+            const auto* f = first.program.resources(first.kernel.name);
+            REQUIRE(f != nullptr);
+            INFO("state pass: " << f->registers << " registers, " << first.kernel.shared_bytes << " bytes of shared memory");
+            CHECK(first.kernel.name.find("ladle_chunked_ws_states_segmented_") == 0);
+            CHECK(f->spill_store_bytes == 0);
+            CHECK(f->registers <= 128);
+            CHECK(2 * first.kernel.shared_bytes <= 227 * 1024);
+          }) == 6);
   // A key-side gate alone (GLA, a user's logsigmoid(x) / tau) with 16-bit gate inputs: the segmented
   // form's state pass in the ws form (LADLE_WS_KEY_STATES=1; the library keeps the suffix pass).
   const auto user_gk = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")),
