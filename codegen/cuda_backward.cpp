@@ -32,7 +32,7 @@ unsigned backward_threads(std::int64_t key_dim, std::int64_t value_dim) {
 }
 
 const char* to_string(BackwardPhase phase) {
-  return phase == BackwardPhase::slots ? "slots" : "chain";
+  return phase == BackwardPhase::slots ? "slots" : phase == BackwardPhase::totals ? "totals" : "chain";
 }
 
 std::string backward_spec_key(const BackwardKernelSpec& spec) {
@@ -43,8 +43,6 @@ std::string backward_spec_key(const BackwardKernelSpec& spec) {
   for (bool flag : {spec.fold_scale, spec.write_q, spec.write_k, spec.write_v, spec.write_do, spec.write_log_a, spec.write_log_b,
                     spec.write_first, spec.direct_q, spec.direct_k, spec.direct_v})
     key += flag ? '1' : '0';
-  key += '|';
-  key += std::to_string(spec.threads);
   return key;
 }
 
@@ -55,14 +53,11 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     fail("a normalised read's backward writes v with the normaliser's column and takes do from the normalised-read helper");
   check_types("generate_backward", variant, spec);
   if (!floating(spec.slot_type) || !floating(spec.d_output_type)) fail("slot_type and d_output_type must be f32, f16 or bf16");
-  if (spec.threads < 32 || spec.threads > 1024 || spec.threads % 32 != 0) fail("threads must be whole warps, 32 to 1024");
 
   // The kernel's own names: an input called s, t or u is renamed (in<i>_s) rather than shadowed.
   const std::vector<std::string> id = identifiers(
       variant, {"CHUNK", "REVERSE", "B", "T", "H", "K", "V", "VS", "C", "n", "h", "b", "bos", "eos", "len", "s", "s0", "s1", "i", "j", "key",
                 "value", "t", "t_step", "r", "live", "scale_t", "ga", "gb", "u", "dks", "dvs", "qs", "kf", "vf", "dos", "o_f", "carry",
-                "agg", "incl", "flags", "tickets", "final_term", "ticket", "chunk", "chunks", "base", "d", "flag", "term_a", "term_b", "carry_a",
-                "carry_b", "from", "w",
                 "carry_row", "log_a", "log_a_next", "log_b", "log_b_next", "log_h", "log_h_next", "first_decay", "head_t", "ta", "tb",
                 "totals", "row", "a", "bv", "d_out", "u_i", "dk_i", "dv_j", "p", "offset", "cu_seqlens"});
   const auto& inputs = variant.inputs;
@@ -125,15 +120,16 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     for (const char* name : {"u", "dks", "dvs"}) extra("const float*", name);
     if (decays_v) extra("const float*", "o_f");
     d_out_params();
-    if (decays_k || decays_v) {
-      extra("float*", "agg"), extra("float*", "incl"), extra("int*", "flags"), extra("int*", "tickets");
-      extra("const float*", "final_term");
-    }
-    for (std::size_t k = 0; k < inputs.size(); ++k) {
-      if (inputs[k].kind == ir::InputKind::scalar) continue;
-      extra("float*", "d_" + id[k], "d/" + inputs[k].name);
-      for (const char* dim : {"sb", "st", "sh", "sd"})
-        extra("long long", "d_" + id[k] + "_" + dim, "d/" + inputs[k].name + "/" + dim);
+    if (spec.phase == BackwardPhase::totals) {
+      extra("float*", "totals");
+    } else {
+      if (decays_k || decays_v) extra("const float*", "carry");
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        if (inputs[k].kind == ir::InputKind::scalar) continue;
+        extra("float*", "d_" + id[k], "d/" + inputs[k].name);
+        for (const char* dim : {"sb", "st", "sh", "sd"})
+          extra("long long", "d_" + id[k] + "_" + dim, "d/" + inputs[k].name + "/" + dim);
+      }
     }
   }
   if (spec.varlen) extra("const long long*", "cu_seqlens");
@@ -165,17 +161,16 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   if (slots)
     header += "Writes the slots at every token: qs = q_feature * scale, kf, vf, dos (d_output), the log decays and\n"
               "the next step's log decays (0 at a sequence's last step).\n";
+  else if (spec.phase == BackwardPhase::totals)
+    header += "Sums each block's per-step terms of the decays' gradients: (scale q_feature) . u - k_feature . dk per key\n"
+              "feature, o . do - v . dv per value feature (the slots recomputed from the inputs, in fp32).\n";
   else
-    header += "Sums each block's per-step terms of the decays' gradients ((scale q_feature) . u - k_feature . dk per key\n"
-              "feature, o . do - v . dv per value feature, the slots recomputed in fp32; kept in registers), publishes\n"
-              "them (agg, flags 1) and adds the later blocks' by a decoupled look-back (incl where a later block has\n"
-              "its own, flags 2; final_term at the sequence's end); blocks take their chunk from tickets, the last\n"
-              "chunk first. Then walks the block's steps backwards: the decays' gradients are running sums from that\n"
-              "carry; every slot's gradient times d slot / d input (ir::derivative) is added into that input's gradient.\n";
+    header += "Walks each block's steps backwards: the decays' gradients are running sums from carry; every slot's\n"
+              "gradient times d slot / d input (ir::derivative) is added into that input's gradient.\n";
 
   Code c;
   c(comment_block(header) + "\n" + storage_helpers);
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(spec.threads) + ") " + kernel.name + "(");
+  c("extern \"C\" __global__ void __launch_bounds__(1024) " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
@@ -183,18 +178,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
   c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
   emit_sequence_bounds(c, false, spec.varlen);
-  const bool look_back = !slots && (decays_k || decays_v);
-  if (look_back) {
-    // The chunk from a ticket per (sequence, head), the last chunk first: a block waits only on blocks
-    // that took their tickets before it, so on blocks that have started.
-    c("__shared__ int ticket;");
-    c("if (threadIdx.x == 0) ticket = atomicAdd(&tickets[blockIdx.y], 1);");
-    c("__syncthreads();");
-    c("const long long chunk = C - 1 - ticket;");
-  } else {
-    c("const long long chunk = blockIdx.x;");
-  }
-  c("const long long len = eos - bos, s0 = chunk * CHUNK;");
+  c("const long long len = eos - bos, s0 = static_cast<long long>(blockIdx.x) * CHUNK;");
   c("if (s0 >= len) return;");
   c("const long long s1 = s0 + CHUNK < len ? s0 + CHUNK : len;");
   c("const int i = threadIdx.x, j = threadIdx.x;  // this thread's key feature and value feature");
@@ -330,17 +314,10 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     token_rows(c, variant, id, all, false);
     c("const float scale_t = " + slot_or(ir::Slot::scale, "", "1.0f") + "; (void)scale_t;");
   };
-  // ---- chain
-  if (look_back) {
-    c("// 1. This block's per-step terms of the decays' gradients (kept) and their sums.");
-    if (decays_k) c("float term_a[CHUNK], ta = 0.0f;");
-    if (decays_v) c("float term_b[CHUNK], tb = 0.0f;");
-    c("LADLE_UNROLL for (int w = 0; w < CHUNK; ++w) {");
+  if (spec.phase == BackwardPhase::totals) {
+    c("float ta = 0.0f, tb = 0.0f;");
+    c("for (long long s = s0; s < s1; ++s) {");
     c.in();
-    c("const long long s = s0 + w;");
-    if (decays_k) c("term_a[w] = 0.0f;");
-    if (decays_v) c("term_b[w] = 0.0f;");
-    c("if (s >= s1) continue;");
     c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
     step_prologue();
     if (decays_k) {
@@ -348,8 +325,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c.in();
       side_loads(true);
       c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
-      c("term_a[w] = " + key_term + ";");
-      c("ta += term_a[w];");
+      c("ta += " + key_term + ";");
       c.out();
       c("}");
     }
@@ -358,57 +334,29 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c.in();
       side_loads(false);
       c("const float dv_j = dvs[r * VS + j];");
-      c("term_b[w] = " + value_term + ";");
-      c("tb += term_b[w];");
+      c("tb += " + value_term + ";");
       c.out();
       c("}");
     }
     c.out();
     c("}");
-    c("// 2. The later blocks' sums: publish this block's (flag 1), add the later blocks' own sums until one");
-    c("//    has its inclusive sum (flag 2) or the sequence ends (final_term), publish the inclusive sum.");
-    c("const long long base = static_cast<long long>(blockIdx.y) * C, chunks = (len + CHUNK - 1) / CHUNK;");
-    if (decays_k) c("if (key) agg[(base + chunk) * (K + V) + i] = ta;");
-    if (decays_v) c("if (value) agg[(base + chunk) * (K + V) + K + j] = tb;");
-    c("__threadfence();");
-    c("__syncthreads();");
-    c("if (threadIdx.x == 0) atomicExch(&flags[base + chunk], 1);");
-    if (decays_k) c("float ga = 0.0f;  // d L / d log_a at the current step");
-    if (decays_v) c("float gb = 0.0f;  // d L / d log_b");
-    c("long long d = chunk + 1;");
-    c("for (; d < chunks; ++d) {");
-    c.in();
-    c("int flag;");
-    c("while ((flag = *reinterpret_cast<volatile int*>(&flags[base + d])) == 0) {}");
-    c("__threadfence();");
-    c("const float* const from = flag == 2 ? incl : agg;");
-    if (decays_k) c("if (key) ga += *reinterpret_cast<const volatile float*>(&from[(base + d) * (K + V) + i]);");
-    if (decays_v) c("if (value) gb += *reinterpret_cast<const volatile float*>(&from[(base + d) * (K + V) + K + j]);");
-    c("if (flag == 2) break;");
+    c("const long long row = (static_cast<long long>(blockIdx.y) * C + blockIdx.x) * (K + V);");
+    c("if (key) totals[row + i] = ta;");
+    c("if (value) totals[row + K + j] = tb;");
     c.out();
     c("}");
-    c("if (d >= chunks && final_term) {");
-    if (decays_k) c("  if (key) ga += final_term[static_cast<long long>(blockIdx.y) * (K + V) + i];");
-    if (decays_v) c("  if (value) gb += final_term[static_cast<long long>(blockIdx.y) * (K + V) + K + j];");
-    c("}");
-    if (decays_k) c("if (key) incl[(base + chunk) * (K + V) + i] = ga + ta;");
-    if (decays_v) c("if (value) incl[(base + chunk) * (K + V) + K + j] = gb + tb;");
-    c("__threadfence();");
-    c("__syncthreads();");
-    c("if (threadIdx.x == 0) atomicExch(&flags[base + chunk], 2);");
-    c("// 3. The steps backwards from that carry.");
+    kernel.source = c.text();
+    return kernel;
   }
+
+  // ---- chain
+  c("const long long carry_row = (static_cast<long long>(blockIdx.y) * C + blockIdx.x) * (K + V);");
+  if (decays_k) c("float ga = key && carry ? carry[carry_row + i] : 0.0f;  // d L / d log_a at the current step");
+  if (decays_v) c("float gb = value && carry ? carry[carry_row + K + j] : 0.0f;  // d L / d log_b");
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (inputs[k].kind == ir::InputKind::head) c("float head_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs[k].name);
-  if (look_back) {  // unrolled: the kept terms are indexed by the step
-    c("LADLE_UNROLL for (int w = CHUNK - 1; w >= 0; --w) {");
-    c.in();
-    c("const long long s = s0 + w;");
-    c("if (s >= s1) continue;");
-  } else {
-    c("for (long long s = s1 - 1; s >= s0; --s) {");
-    c.in();
-  }
+  c("for (long long s = s1 - 1; s >= s0; --s) {");
+  c.in();
   c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
   step_prologue();
   for (std::size_t k = 0; k < inputs.size(); ++k)
@@ -438,7 +386,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   c.in();
   side_loads(true);
   c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
-  if (decays_k) c("ga += term_a[w];");
+  if (decays_k) c("ga += " + key_term + ";");
   chain_slot(ir::Slot::q_feature, spec.fold_scale ? "u_i" : "scale_t * u_i", "_i");
   chain_slot(ir::Slot::k_feature, "dk_i", "_i");
   chain_slot(ir::Slot::log_decay_k, "ga", "_i");
@@ -451,7 +399,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   c.in();
   side_loads(false);
   c("const float dv_j = dvs[r * VS + j];");
-  if (decays_v) c("gb += term_b[w];");
+  if (decays_v) c("gb += " + value_term + ";");
   chain_slot(ir::Slot::v, "dv_j", "_j");
   chain_slot(ir::Slot::log_decay_v, "gb", "_j");
   c.out();
@@ -499,6 +447,7 @@ std::string backward_helpers_source() {
   std::string s = "// ladle: the recurrent backward's helper kernels (codegen/cuda_backward.cpp; do not edit).\n";
   s += storage_helpers;
   s += R"(
+#define LADLE_BWD_CHUNK )" + std::to_string(backward_chunk) + R"(
 
 // The sequence of (sequence n): its batch row and tokens [bos, eos).
 __device__ __forceinline__ void ladle_bwd_bounds(const long long* cu_seqlens, int n, int T, int& b, long long& bos, long long& eos) {
@@ -506,23 +455,32 @@ __device__ __forceinline__ void ladle_bwd_bounds(const long long* cu_seqlens, in
   else b = n, bos = 0, eos = T;
 }
 
-// One thread per (n, h, f < K + V): final_term[(n H + h)][f] = factor sum_j d_final[i][j] S[i][j] (f = i < K)
-// or sum_i (f = K + j), d_final [N,H,K,VS] and S read from s_t [N,H,VS,K] (VS = V, or V + 1 with the
-// normaliser's column): where the chain's running sums of the decays' gradients start at the sequence's end.
-extern "C" __global__ void __launch_bounds__(256) ladle_bwd_final(
-    const float* __restrict__ d_final, float factor, const float* __restrict__ s_t, float* __restrict__ final_term, int N, int H,
-    int K, int V, int VS) {
+// One thread per (n, h, f < K + V): carry[(n H + h) C + c][f] = init + the totals of the blocks after c,
+// init = factor sum_j d_final[i][j] S[i][j] (f = i < K) or sum_i (f = K + j), d_final [N,H,K,VS] and S read from
+// s_t [N,H,VS,K] (VS = V, or V + 1 with the normaliser's column).
+extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
+    const float* __restrict__ totals, const float* __restrict__ d_final, float factor, const float* __restrict__ s_t,
+    float* __restrict__ carry, const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int VS, int C) {
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int KV = K + V;
   if (index >= static_cast<long long>(N) * H * KV) return;
   const long long p = index / KV;
-  const int f = static_cast<int>(index % KV);
+  const int f = static_cast<int>(index % KV), n = static_cast<int>(p / H);
+  int b; long long bos, eos;
+  ladle_bwd_bounds(cu_seqlens, n, T, b, bos, eos);
+  const long long chunks = (eos - bos + LADLE_BWD_CHUNK - 1) / LADLE_BWD_CHUNK;
   float acc = 0.0f;
-  if (f < K)
-    for (int j = 0; j < VS; ++j) acc += d_final[(p * K + f) * VS + j] * s_t[(p * VS + j) * K + f];
-  else
-    for (int i = 0; i < K; ++i) acc += d_final[(p * K + i) * VS + (f - K)] * s_t[(p * VS + (f - K)) * K + i];
-  final_term[p * KV + f] = factor * acc;
+  if (d_final) {
+    if (f < K)
+      for (int j = 0; j < VS; ++j) acc += d_final[(p * K + f) * VS + j] * s_t[(p * VS + j) * K + f];
+    else
+      for (int i = 0; i < K; ++i) acc += d_final[(p * K + i) * VS + (f - K)] * s_t[(p * VS + (f - K)) * K + i];
+  }
+  acc *= factor;
+  for (long long c = chunks - 1; c >= 0; --c) {
+    carry[(p * C + c) * KV + f] = acc;
+    acc += totals[(p * C + c) * KV + f];
+  }
 }
 
 // One thread per (n, h, i, j): d_h0 = factor exp(log_a_0[i]) dS_0 exp(log_b_0[j]), the total log decays at the sequence's

@@ -31,15 +31,13 @@ enum class BackwardPhase {
   // log_a (key side, head decay included) and log_b (value side) and the same shifted one step
   // along the recurrence (the next step's; 0 at a sequence's last step), fp32.
   slots,
+  // Each block's sums of the decays' per-step terms, (scale q_feature) . u - k_feature . dk per key
+  // feature and o . do - v . dv per value feature (the slots recomputed in fp32 from the inputs).
+  totals,
   // The chain rule: the slots' gradients (from the recurrences' outputs u = S do, dk = dS v,
-  // dv = dS^T k, the forward's o, and the decays' running sums) times the derivative of each slot's
-  // expression by each tensor input, written to the inputs' gradients (fp32; added atomically where
-  // several query heads or tokens share an element). The decays' running sums go backwards along
-  // each sequence: a block sums its 64 steps' terms, (scale q_feature) . u - k_feature . dk per key
-  // feature and o . do - v . dv per value feature (kept in registers), publishes them, and adds the
-  // later blocks' by a decoupled look-back (blocks take their chunk from a ticket, the last chunk
-  // first, so every block they wait on has started), starting at the sequence's end from
-  // final_term (sum(d_final * S_T), or 0).
+  // dv = dS^T k, the forward's o, and the decays' running sums that start from `carry`) times the
+  // derivative of each slot's expression by each tensor input, written to the inputs' gradients
+  // (fp32; added atomically where several query heads or tokens share an element).
   chain,
 };
 const char* to_string(BackwardPhase phase);
@@ -60,9 +58,6 @@ struct BackwardKernelSpec : KernelTypes {  // input_types, reverse, varlen (cu_s
   // chain: the recurrences wrote the gradient of q (u), k (dk) or v (dv) into the caller's tensor
   // (the slot is exactly that input, with every query head); the chain adds the other slots' parts.
   bool direct_q = false, direct_k = false, direct_v = false;
-  // The block size the kernel is built for (backward_threads of the call's K and V): its
-  // __launch_bounds__, so that a narrow block keeps the chain's 64 per-step terms in registers.
-  unsigned threads = 1024;
 };
 
 struct BackwardKernel {
@@ -84,8 +79,8 @@ std::string backward_spec_key(const BackwardKernelSpec& spec);
 BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec);
 
 // The kernels that do not depend on the variant, in one source (compiled once per arch):
-//   ladle_bwd_final: per (sequence, head, feature), factor sum(d_final * S_T) -> final_term (where the
-//     chain's running sums start at each sequence's end);
+//   ladle_bwd_carry: per (sequence, head, feature), the sum over every later block of the
+//     sequence plus sum(d_final * S_T) -> carry (what the chain's running sums start from);
 //   ladle_bwd_initial: d initial_state = factor exp(log_a_0) dS_0 exp(log_b_0) (first_decay);
 //   ladle_bwd_convert_<f32|bf16|f16>: a strided [N,H,R,C] state times a factor to fp32 [N,H,R,C] and
 //     [N,H,C,R].

@@ -105,7 +105,6 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   spec.initial_state = spec.final_state = false;
   spec.output_type = ElementType::f32;
   spec.phase = phase;
-  spec.threads = cuda::backward_threads(a.key_dim, a.value_dim);
   // 16-bit slots where the recurrences run on the tensor cores; fp32 for the fused-recurrent kernels.
   const bool chunked = choose_algorithm(variant, bound, options) == Algorithm::chunked;
   // A normalised read runs in fp32 on the fused-recurrent kernels: its value side has V + 1 columns.
@@ -394,35 +393,28 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     recurrence(qs, kf, vf, {la, lb, lh}, a.reverse, a.initial_state ? &h0 : nullptr, o_f.view, nullptr);
   }
 
-  // 4. The decays' gradients run backwards along each sequence in the chain kernel (a decoupled look-back
-  //    over its blocks): its buffers (each block's sums, then its inclusive sums; flags and tickets, from
-  //    0) and where each sequence's sums start, factor sum(d_final * S_T).
+  // 4. The decays' gradients: each block's totals, then what each block's running sums start from.
   extras["u"] = ptr(u_out.data);
   extras["dks"] = ptr(dk_out.data);
   extras["dvs"] = ptr(dv_out.data);
   extras["o_f"] = o_f.buffer.device_ptr();
-  Scratch sums, flags, final_term;
+  Scratch totals, carry;
   if ((decays_k || decays_v) && C > 0) {
-    const std::int64_t rows = N * H * C;
-    sums = scratch(ElementType::f32, {2, rows, K + V}, stream);
-    flags = scratch(ElementType::i32, {rows + N * H}, stream);
-    fill_device_bytes(flags.buffer.device_ptr(), static_cast<std::size_t>(rows + N * H) * 4, 0, stream);
-    extras["agg"] = sums.buffer.device_ptr();
-    extras["incl"] = sums.buffer.device_ptr() + static_cast<std::uint64_t>(rows * (K + V) * 4);
-    extras["flags"] = flags.buffer.device_ptr();
-    extras["tickets"] = flags.buffer.device_ptr() + static_cast<std::uint64_t>(rows * 4);
-    if (need_s_t) {
-      final_term = scratch(ElementType::f32, {N, H, K + V}, stream);
-      const auto& loaded = helper("ladle_bwd_final");
-      KernelArgs packed;
-      packed.add(d_final.buffer.device_ptr()).add(scale).add(s_t.buffer.device_ptr()).add(final_term.buffer.device_ptr());
-      packed.add(static_cast<int>(N)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V)).add(static_cast<int>(VS));
-      loaded.function->launch({blocks_of(N * H * (K + V), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
-    }
-    extras["final_term"] = final_term.buffer.device_ptr();
+    totals = scratch(ElementType::f32, {N, H, C, K + V}, stream);
+    carry = scratch(ElementType::f32, {N, H, C, K + V}, stream);
+    extras["totals"] = totals.buffer.device_ptr();
+    launch_generated(generated(cuda::BackwardPhase::totals), extras);
+    const auto& loaded = helper("ladle_bwd_carry");
+    KernelArgs packed;
+    packed.add(totals.buffer.device_ptr()).add(need_s_t ? d_final.buffer.device_ptr() : std::uint64_t{0});
+    packed.add(scale).add(s_t.buffer.device_ptr()).add(carry.buffer.device_ptr()).add(offsets.device_ptr());
+    packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
+    packed.add(static_cast<int>(VS)).add(static_cast<int>(C));
+    loaded.function->launch({blocks_of(N * H * (K + V), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
 
   // 5. The chain rule into every input's gradient.
+  extras["carry"] = carry.buffer.device_ptr();
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     if (!grad_of[i]) continue;
     const ir::Input& in = variant.inputs[i];

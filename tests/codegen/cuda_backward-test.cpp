@@ -177,10 +177,7 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
         return x;
       };
       const std::vector<float> u = random(rows * K), dks = random(rows * K), dvs = random(rows * V), o_f = random(rows * V),
-                               final_term = random(N * H * (K + V));
-      // The look-back's buffers (each block's sums, inclusive sums; flags and tickets from 0).
-      std::vector<float> sums(2 * N * H * C * (K + V), -7.0f);
-      std::vector<int> flags(N * H * C + N * H, 0);
+                               carry = random(N * H * C * (K + V));
       cpu::RecurrentSlotTensors g;
       g.q.resize(rows * K), g.k = dks, g.v = dvs, g.log_a.assign(rows * K, 0.0f), g.log_b.assign(rows * V, 0.0f), g.scale.assign(rows, 0.0f);
       for (std::int64_t r = 0; r < rows; ++r)
@@ -188,28 +185,30 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
           g.q[r * K + f] = slots.scale[r] * u[r * K + f];
           g.scale[r] += slots.q[r * K + f] * u[r * K + f];
         }
-      // The running sums backwards along each whole sequence, from final_term at its end.
       for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t h = 0; h < H; ++h) {
-          const std::int64_t len = bounds(n).second - bounds(n).first, p = n * H + h;
-          for (std::int64_t f = 0; f < K; ++f) {
-            double ga = final_term[p * (K + V) + f];
-            for (std::int64_t s = len - 1; s >= 0; --s) {
-              const std::int64_t r = row(n, s, h);
-              ga += double(slots.q[r * K + f]) * slots.scale[r] * u[r * K + f] - double(slots.k[r * K + f]) * dks[r * K + f];
-              g.log_a[r * K + f] = static_cast<float>(ga);
-            }
-          }
-          if (decays_v)
-            for (std::int64_t j = 0; j < V; ++j) {
-              double gb = final_term[p * (K + V) + K + j];
-              for (std::int64_t s = len - 1; s >= 0; --s) {
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t blk = 0; blk < C; ++blk) {
+            const std::int64_t len = bounds(n).second - bounds(n).first, s0 = blk * cuda::backward_chunk;
+            if (s0 >= len) continue;
+            const std::int64_t carry_row = ((n * H + h) * C + blk) * (K + V);
+            for (std::int64_t f = 0; f < K; ++f) {
+              float ga = carry[carry_row + f];
+              for (std::int64_t s = std::min(len, s0 + cuda::backward_chunk) - 1; s >= s0; --s) {
                 const std::int64_t r = row(n, s, h);
-                gb += double(o_f[r * V + j]) * d_o_at(r, j) - double(slots.v[r * V + j]) * dvs[r * V + j];
-                g.log_b[r * V + j] = static_cast<float>(gb);
+                ga += slots.q[r * K + f] * slots.scale[r] * u[r * K + f] - slots.k[r * K + f] * dks[r * K + f];
+                g.log_a[r * K + f] = ga;
               }
             }
-        }
+            if (decays_v)
+              for (std::int64_t j = 0; j < V; ++j) {
+                float gb = carry[carry_row + K + j];
+                for (std::int64_t s = std::min(len, s0 + cuda::backward_chunk) - 1; s >= s0; --s) {
+                  const std::int64_t r = row(n, s, h);
+                  gb += o_f[r * V + j] * d_o_at(r, j) - slots.v[r * V + j] * dvs[r * V + j];
+                  g.log_b[r * V + j] = gb;
+                }
+              }
+          }
       // The inputs' gradients: the CPU chain rule's, and the kernel's.
       std::vector<HostTensor> want, got;
       std::vector<std::optional<TensorView>> d_tensors(c.variant.inputs.size());
@@ -241,9 +240,7 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
       }
       cpu::chain_slot_gradients(c.variant, a, g, d_tensors);
       extras["u"] = address(u.data()), extras["dks"] = address(dks.data()), extras["dvs"] = address(dvs.data());
-      extras["o_f"] = address(o_f.data()), extras["final_term"] = address(final_term.data());
-      extras["agg"] = address(sums.data()), extras["incl"] = address(sums.data() + N * H * C * (K + V));
-      extras["flags"] = address(flags.data()), extras["tickets"] = address(flags.data() + N * H * C);
+      extras["o_f"] = address(o_f.data()), extras["carry"] = address(carry.data());
       const cuda::BackwardKernel kernel = cuda::generate_backward(c.variant, backward_cases::spec(c, cuda::BackwardPhase::chain));
       REQUIRE(kernel.name == emulated_backward_kernels[index].name);
       KernelArgs packed = pack(kernel, c.variant, a, extras);
@@ -292,11 +289,12 @@ TEST_CASE("the backward's helper kernels, run on the host emulation, compute wha
           CHECK(out_t[(p * VS + j) * K + i] == want);
         }
   }
-  SECTION("final: factor * sum(d_final * S), where the chain's running sums start") {
-    const std::vector<float> d_final = random(N * H * K * VS), s_t = random(N * H * VS * K);
-    std::vector<float> final_term(N * H * (K + V), -7.0f);
-    cuda_emulation::launch((N * H * (K + V) + 255) / 256, 1, 256,
-                           [&] { ladle_bwd_final(d_final.data(), 2.0f, s_t.data(), final_term.data(), N, H, K, V, VS); });
+  SECTION("carry: the later blocks' totals plus factor * sum(d_final * S)") {
+    const std::vector<float> totals = random(N * H * C * (K + V)), d_final = random(N * H * K * VS), s_t = random(N * H * VS * K);
+    std::vector<float> carry(totals.size(), -7.0f);
+    cuda_emulation::launch((N * H * (K + V) + 255) / 256, 1, 256, [&] {
+      ladle_bwd_carry(totals.data(), d_final.data(), 2.0f, s_t.data(), carry.data(), cu.data(), N, T, H, K, V, VS, C);
+    });
     for (int p = 0; p < N * H; ++p)
       for (int f = 0; f < K + V; ++f) {
         double acc = 0.0;
@@ -305,7 +303,11 @@ TEST_CASE("the backward's helper kernels, run on the host emulation, compute wha
         else
           for (int i = 0; i < K; ++i) acc += double(d_final[(p * K + i) * VS + f - K]) * s_t[(p * VS + f - K) * K + i];
         acc *= 2.0;
-        CHECK(std::abs(final_term[p * (K + V) + f] - acc) < 1e-4 * std::max(1.0, std::abs(acc)));
+        for (long long c = chunks_of[p / H] - 1; c >= 0; --c) {
+          CHECK(std::abs(carry[(p * C + c) * (K + V) + f] - acc) < 1e-4 * std::max(1.0, std::abs(acc)));
+          acc += totals[(p * C + c) * (K + V) + f];
+        }
+        for (long long c = chunks_of[p / H]; c < C; ++c) CHECK(carry[(p * C + c) * (K + V) + f] == -7.0f);  // past the sequence
       }
   }
   SECTION("initial: factor exp(log_a_0) dS_0 exp(log_b_0), dS_0 read from [N,H,K,VS]") {

@@ -187,9 +187,6 @@ inline unsigned atomicMax(unsigned* address, unsigned value) {
 inline unsigned atomicOr(unsigned* address, unsigned value) {
   return std::atomic_ref<unsigned>(*address).fetch_or(value);
 }
-inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
-inline int atomicExch(int* address, int value) { return std::atomic_ref<int>(*address).exchange(value); }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 namespace cuda_emulation {
 inline unsigned lane() { return thread_index.x % 32; }
 // ldmatrix .x4: lane l receives, of matrix i (rows posted by lanes 8i..8i+7), row l / 4,

@@ -75,7 +75,7 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
   int compiled = 0;
   for (const auto& variant : variants)
     for (int mode = 0; mode < 4; ++mode)
-      for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::chain}) {
+      for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain}) {
         ladle::cuda::BackwardKernelSpec spec;
         const ElementType type = mode & 1 ? ElementType::bf16 : ElementType::f32;
         for (const auto& input : variant.inputs) spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ElementType::f32 : type);
@@ -96,12 +96,12 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
         REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
         ++compiled;
       }
-  CHECK(compiled == 19 * 4 * 2);
+  CHECK(compiled == 19 * 4 * 3);
   // The helpers (the state conversion once per dtype).
   ladle::CompileOptions options;
   options.arch = "compute_80";
   const auto helpers = ladle::compile(ladle::cuda::backward_helpers_source(), options);
-  for (const char* name : {"ladle_bwd_final", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
+  for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
                            "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})
     CHECK(helpers.ptx.find(std::string(".entry ") + name) != std::string::npos);
 }

@@ -4,7 +4,7 @@
 //   ladle-dump --op gla|recurrent [--gates g,gk,gv,g_gamma] [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states]   (the generated kernel)
-//              [--backward]   (the backward's generated kernels: slots, chain, and its helpers)
+//              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
 //              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma]] [--varlen] [--lse]
 //              (with --op attention, -D is the head dim; otherwise a preprocessor definition)
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--backward", backward,
-               "recurrent ops: the backward's generated kernels (slots, chain; 16-bit slots with --algo chunked) "
+               "recurrent ops: the backward's generated kernels (slots, totals, chain; 16-bit slots with --algo chunked) "
                "and its helpers, as a call of these types runs them");
   app.add_flag("--states", states, "initial and final states");
   app.add_flag("--segmented", segmented,
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
         if (states) options.initial_state = tensor(ladle::ElementType::f32, {1, 1, key_dim, value_dim});
         const auto q = tensor(type, {1, T, 1, key_dim}), k = tensor(type, {1, T, 1, key_dim}), v = tensor(type, {1, T, 1, value_dim});
         const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options);
-        for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::chain})
+        for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain})
           programs.push_back(ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), arch).program);
         program = ladle::gpu::compile_backward_helpers(arch);
         tile_name = "(backward: one thread per feature, blocks of " + std::to_string(ladle::cuda::backward_chunk) + " steps)";
