@@ -349,6 +349,7 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
   REQUIRE(std::size(emulated_ws_segmented_kernels) == cases.size());
   REQUIRE(!cases.empty());
   int key_gated = 0, key_state_passes = 0;  // key-side gate cases with a ws serial kernel, with a ws state pass
+  int value_gated = 0;                       // value-side gate cases with a ws serial kernel (per-column folds)
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const chunked_cases::SegmentedCase& sc = cases[i];
     const cuda_cases::Case& c = sc.c.c;
@@ -369,10 +370,15 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
       key_gated += sc.c.tile.ws ? 1 : 0;
       key_state_passes += sc.first.ws ? 1 : 0;
     }
+    if (c.variant.has(ir::Slot::log_decay_v) && sc.c.tile.ws) {
+      CHECK(!sc.first.ws);  // the ws state pass takes no value-side gate
+      ++value_gated;
+    }
     check_segmented(sc, 8000 + i, first, fold, serial, emulated_ws_segmented_kernels[i]);
   }
   CHECK(key_gated >= 2);
   CHECK(key_state_passes >= 2);
+  CHECK(value_gated >= 2);
 }
 
 TEST_CASE("chunked: the split form (state pass, then every chunk at once) computes what the CPU path computes",
