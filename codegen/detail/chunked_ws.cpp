@@ -30,8 +30,9 @@ const std::set<std::string>& ws_names() {
       "NT", "PARTS", "TP", "FIT_LIMIT", "ct", "part", "Gl", "run", "lo", "hi", "tot", "llo", "lhi", "pre", "post", "fitw",
       "offset", "glo", "ghi", "R", "fails", "fail", "wlo", "whi", "t0", "t1", "mode", "Rs", "gprev", "glast", "gfirst", "mine",
       "qi", "ki", "dk", "dec", "again", "gu", "at", "qx", "kx", "qi_offset", "ki_offset", "inside", "factor", "o_started", "q_box", "fit_all", "wend",
-      "GVB", "GS", "ladle_vf4", "ladle_vf2", "g4", "r4", "gs", "rs", "ga", "gb", "rj", "vt", "vt_all", "vt_offset", "gv", "gv_all", "part", "part_all", "rv", "rv_all", "vfail", "vfail_all", "col_g", "half_g",
-      "exact", "fits", "col0", "pv", "va", "vb", "Ga", "Gb", "Pt", "sp", "R_of", "gdec", "ps", "ra"};
+      "GVB", "GS", "ladle_vf4", "ladle_vf2", "g4", "r4", "gs", "rs", "ga", "gb", "rj", "vt", "vt_all", "vt_offset", "gv", "gv_all",
+      "part", "part_all", "rv", "vfail", "vfail_all", "col_g", "half_g", "exact", "col0", "R_of", "pend", "pend_mine", "fst", "fS",
+      "pa", "pb", "vs", "Gs"};
   return names;
 }
 
