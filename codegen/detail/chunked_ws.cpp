@@ -631,17 +631,20 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c.out();
     c("}");
   };
-  // The key-side gate's log2 value lg at box row `row` of key feature fb * 64 + fc (its inputs from the
-  // stage's boxes; fb, fc and stage_offset in scope), floored at GATE_FLOOR.
-  const auto gate_at = [&](const std::string& row) {
+  // The gate's log2 value lg at box row `row`, column `col` of its inputs' boxes (box(gi): input gi's box
+  // in the stage; stage_offset in scope), floored at GATE_FLOOR: the value side's slot or the key side's.
+  const auto gate_value_at = [&](const std::string& row, const std::string& col, const std::function<std::string(int)>& box) {
     for (int gi = 0; gi < GB; ++gi) {
       const int k = gate_boxes[gi];
-      const std::string load = "ladle_load(reinterpret_cast<const " + std::string(storage_type(spec.input_types[k])) +
-                               "*>(ring + (stage_offset + (QB + KB + " + std::to_string(gi) + " * KB + fb) * BOX) / 2 + swz(" + row + ", fc)))";
-      c("const float " + id[k] + "_x = " + load + ";");
+      c("const float " + id[k] + "_x = ladle_load(reinterpret_cast<const " + std::string(storage_type(spec.input_types[k])) +
+        "*>(ring + (stage_offset + (" + box(gi) + ") * BOX) / 2 + swz(" + row + ", " + col + ")));");
     }
-    c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_k, "_x") + ");");
+    c("const float x = LOG2E * (" + render_slot(variant, id, vgate ? ir::Slot::log_decay_v : ir::Slot::log_decay_k, "_x") + ");");
     c("const float lg = x > GATE_FLOOR ? x : GATE_FLOOR;");
+  };
+  // The key-side gate's at box row `row` of key feature fb * 64 + fc (fb, fc in scope).
+  const auto gate_at = [&](const std::string& row) {
+    gate_value_at(row, "fc", [](int gi) { return "QB + KB + " + std::to_string(gi) + " * KB + fb"; });
   };
   // The serial kernel of a key-side gate (kserial): steps against a reference per key feature.
   const auto emit_kserial = [&] {
@@ -841,16 +844,9 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c.out();
     c("}");
   };
-  // The value-side gate's log2 value lg at box row `row` of this consumer's column `col` (the gate's
-  // inputs from the stage's boxes; stage_offset in scope), floored at GATE_FLOOR.
+  // The value-side gate's at box row `row` of this consumer's column `col` (its boxes per consumer).
   const auto value_gate_at = [&](const std::string& row, const std::string& col) {
-    for (int gi = 0; gi < GB; ++gi) {
-      const int k = gate_boxes[gi];
-      c("const float " + id[k] + "_x = ladle_load(reinterpret_cast<const " + std::string(storage_type(spec.input_types[k])) +
-        "*>(ring + (stage_offset + (GVB + " + std::to_string(gi) + " * CONSUMERS + consumer) * BOX) / 2 + swz(" + row + ", " + col + ")));");
-    }
-    c("const float x = LOG2E * (" + render_slot(variant, id, ir::Slot::log_decay_v, "_x") + ");");
-    c("const float lg = x > GATE_FLOOR ? x : GATE_FLOOR;");
+    gate_value_at(row, col, [](int gi) { return "GVB + " + std::to_string(gi) + " * CONSUMERS + consumer"; });
   };
   // The serial kernel of a value-side gate (vserial): a reference per value column, each consumer on
   // its own columns (see the header).
