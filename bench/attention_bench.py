@@ -9,6 +9,10 @@ Cases:
                     score_mod rewrites one score at a time and cannot add logits to the
                     denominator only; SDPA has no sinks either. Both are timed on causal + GQA
                     without sinks and labelled so (the nearest work, a lower bound on theirs).
+With --backward, times forward + backward instead (q, k, v require grad; a fixed random d_output
+`do` made once outside the timed region; timed: o = fwd(q, k, v); o.backward(do)), with op names
+suffixed _fwd_bwd (e.g. "attention_causal_fwd_bwd") and TFLOPs counting 3.5x the forward's FLOPs
+(forward 2 matmuls + backward 5 = 7 matmul units against the forward's 2).
 With --table, reads these lines (ladle's and the peers') from stdin and prints one table.
 """
 import argparse
@@ -32,6 +36,16 @@ def attended_pairs(T, causal, left=-1, right=-1):
 
 
 REPEAT = 1
+BWD_FLOPS = 3.5  # fwd + bwd: 2 + 5 matmul units over the forward's 2
+
+
+def fwd_bwd(fwd, q, k, v, do):
+    """The forward fwd() followed by its backward with the fixed d_output do; the grads are dropped
+    first, so that backward stores them rather than accumulating into the last call's."""
+    def fn():
+        q.grad = k.grad = v.grad = None
+        fwd().backward(do)
+    return fn
 
 
 def bench(fn, reps=20):
@@ -63,7 +77,7 @@ def emit(op, impl, shape, ms=None, flops=None, error=None, note=None):
     print(json.dumps(row), flush=True)
 
 
-def run(cases, shapes, H=16, D=128, window=1024, cap=30.0):
+def run(cases, shapes, H=16, D=128, window=1024, cap=30.0, backward=False):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -78,14 +92,17 @@ def run(cases, shapes, H=16, D=128, window=1024, cap=30.0):
         for case in cases:
             H_kv = 2 if case == "sinks_gqa" else H
             shape = f"B{B} T{T} H{H}" + (f":{H_kv}" if H_kv != H else "") + f" D{D} bf16"
-            op = f"attention_{case}"
-            q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(B, H_kv, T, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(B, H_kv, T, D, device="cuda", dtype=torch.bfloat16)
+            op = f"attention_{case}" + ("_fwd_bwd" if backward else "")
+            q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_(backward)
+            k = torch.randn(B, H_kv, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_(backward)
+            v = torch.randn(B, H_kv, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_(backward)
+            do = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16) if backward else None  # o's shape
             if case == "window_softcap":
                 flops = 4.0 * D * attended_pairs(T, False, window, 0) * B * H
             else:
                 flops = 4.0 * D * attended_pairs(T, True) * B * H
+            if backward:
+                flops *= BWD_FLOPS
             gqa = H_kv != H
             note = "without sinks (no sinks in this API)" if case == "sinks_gqa" else None
 
@@ -95,6 +112,8 @@ def run(cases, shapes, H=16, D=128, window=1024, cap=30.0):
                         def fn():
                             with sdpa_kernel(backend):
                                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                        if backward:
+                            fn = fwd_bwd(fn, q, k, v, do)
                         for rep in range(REPEAT):  # back to back: the sustained clocks after the first
                             emit(op, name, shape, bench(fn), flops, note=note if REPEAT == 1 else f"{note or ''} run {rep + 1}".strip())
                     except Exception as e:
@@ -113,15 +132,18 @@ def run(cases, shapes, H=16, D=128, window=1024, cap=30.0):
                         return kv_idx <= q_idx
                     score_mod = None
                 block_mask = create_block_mask(mask_mod, None, None, T, T, device="cuda")
+                fn = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
+                if backward:
+                    fn = fwd_bwd(fn, q, k, v, do)
                 first = time.perf_counter()
-                flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
+                fn()  # compiles (forward and, with --backward, backward)
                 torch.cuda.synchronize()
                 compile_s = time.perf_counter() - first
-                ms = bench(lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa))
+                ms = bench(fn)
                 emit(op, "flex", shape, ms, flops, note=(note or "") + f" (compile {compile_s:.1f} s)")
             except Exception as e:
                 emit(op, "flex", shape, error=repr(e)[:300])
-            del q, k, v
+            del q, k, v, do
             torch.cuda.empty_cache()
 
 
@@ -139,9 +161,10 @@ def table():
             print("error:", r)
         elif "ms" in r:
             rows.append(r)
-    print(f"{'case':<26} {'shape':<26} {'impl':<11} {'config':<40} {'ms':>8} {'TFLOP/s':>8}  note")
+    w = max([26] + [len(r["op"]) for r in rows])  # the _fwd_bwd op names are longer
+    print(f"{'case':<{w}} {'shape':<26} {'impl':<11} {'config':<40} {'ms':>8} {'TFLOP/s':>8}  note")
     for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["ms"])):
-        print(f"{r['op']:<26} {r['shape']:<26} {r['impl']:<11} {r.get('tile', ''):<40} {r['ms']:>8.3f} "
+        print(f"{r['op']:<{w}} {r['shape']:<26} {r['impl']:<11} {r.get('tile', ''):<40} {r['ms']:>8.3f} "
               f"{r['TFLOPs']:>8.1f}  {r.get('note', '')}")
 
 
@@ -151,6 +174,8 @@ def main():
     parser.add_argument("--shapes", default="8x4096,2x16384", help="BxT, comma-separated")
     parser.add_argument("--table", action="store_true", help="print a table of the JSON lines on stdin")
     parser.add_argument("--repeat", type=int, default=1, help="time each SDPA backend this many times back to back")
+    parser.add_argument("--backward", action="store_true",
+                        help="time forward + backward (ops suffixed _fwd_bwd, TFLOPs at 3.5x the forward's FLOPs)")
     args = parser.parse_args()
     global REPEAT
     REPEAT = max(1, args.repeat)
@@ -165,7 +190,7 @@ def main():
         print(json.dumps({"error": f"torch with CUDA unavailable: {e!r}"}), flush=True)
         return
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    run(args.cases.split(","), shapes)
+    run(args.cases.split(","), shapes, backward=args.backward)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,37 @@ struct AttentionParam {
     heads,
     tensor_map,       // ws: the TMA map of variant input `input` (q, k or v) as [B,T,X,D], boxes of
                       // 64 head-dim elements by box_rows tokens (runtime/tensor_map.h)
+    // The backward's (codegen/cuda_attention_backward.h); `output` and `lse` above are the forward's.
+    d_output,         // dL/do [B,Tq,H,Dv] as the caller gave it, and its strides
+    d_output_stride_b,
+    d_output_stride_t,
+    d_output_stride_h,
+    d_output_stride_d,
+    d_output_copy,    // [B,Tq,H,Dv] in q's 16-bit type, contiguous (prep writes it when asked)
+    d_output_map,     // the TMA map of the 16-bit d_output main reads (the caller's or the copy)
+    row_stats,        // [B,H,Tq] float2 {lse log2 e, delta}
+    dq,               // [B,Tq,H,D] f32, unit stride over D, and its strides b, t, h
+    dq_stride_b,
+    dq_stride_t,
+    dq_stride_h,
+    dk,               // [B,Tk,H_kv,D] f32 and its strides b, t, h, d
+    dk_stride_b,
+    dk_stride_t,
+    dk_stride_h,
+    dk_stride_d,
+    dv,               // [B,Tk,H_kv,Dv] f32
+    dv_stride_b,
+    dv_stride_t,
+    dv_stride_h,
+    dv_stride_d,
+    d_input,          // the gradient of variant input `input` (f32, its canonical view: pair
+    d_input_stride_b, //   [B,H,Tq,Tk] with i as "t" and j as "d", head [B,H]; broadcast axes at
+    d_input_stride_t, //   stride 0, added atomically)
+    d_input_stride_h,
+    d_input_stride_d,
+    d_softmax_aux,    // the sinks' gradient [H,S] f32 and its strides
+    d_softmax_aux_stride_h,
+    d_softmax_aux_stride_s,
   };
   std::string name;
   std::string c_type;

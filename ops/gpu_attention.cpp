@@ -173,9 +173,15 @@ KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& par
                                     const void* cu_seqlens_q, const void* cu_seqlens_k,
                                     TensorMap (*encode)(const TensorMapDescription&)) {
   KernelArgs packed;
+  for (const cuda::AttentionParam& p : params) pack_attention_argument(packed, p, args, cu_seqlens_q, cu_seqlens_k, encode);
+  return packed;
+}
+
+void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& p, const ops::AttentionArgs& args,
+                             const void* cu_seqlens_q, const void* cu_seqlens_k, TensorMap (*encode)(const TensorMapDescription&)) {
   const auto i64 = [&](std::int64_t value) { packed.add(static_cast<long long>(value)); };
   const auto i32 = [&](std::int64_t value) { packed.add(static_cast<int>(value)); };
-  for (const cuda::AttentionParam& p : params) {
+  {
     const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
     switch (p.role) {
       case Role::input:
@@ -215,9 +221,9 @@ KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& par
       case Role::k_tokens: i32(args.Tk); break;
       case Role::heads: i32(args.H); break;
       case Role::tensor_map: packed.add(encode(attention_tensor_map(*view, p.box_rows))); break;
+      default: throw InvalidArgument("attention: parameter " + p.name + " is the backward's (pack_attention_backward_arguments)");
     }
   }
-  return packed;
 }
 
 namespace {

@@ -52,6 +52,11 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
                                     const void* cu_seqlens_q, const void* cu_seqlens_k,
                                     TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map);
+// One parameter of the forward's roles appended to `packed` (what pack_attention_arguments does for each;
+// the backward's launcher packs its own roles and hands the rest here). Throws for a backward role.
+void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& param, const ops::AttentionArgs& args,
+                             const void* cu_seqlens_q, const void* cu_seqlens_k,
+                             TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map);
 // The TMA map of a q, k or v view [B,T,X,D] of 16-bit elements: dims (D, T, X, B) innermost
 // first, boxes of 64 head-dim elements by box_rows tokens.
 TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows);

@@ -45,6 +45,11 @@ void emit_epilogue(Code& c, const AttentionParts& parts);
 // shape the kernel uses (m64n<score_n>k16 from shared memory, m64n<out_n>k16 with A from
 // registers). A host emulation defines LADLE_WGMMA_HELPERS and LADLE_WGMMA_EMULATED first.
 std::string wgmma_helpers(int score_n, int out_n, bool qk_f16, bool pv_f16);
+// One wgmma.mma_async specialisation, d[n / 8][4] += A B: ladle_wgmma_{ss,rs}_{bf16,f16}[_ta|_tb|_tab]<n>
+// (registers_a: A from four registers per thread; trans_a / trans_b: an MN-major operand, ss only).
+// Guarded, so that two products of one shape in a source define it once. The template itself is
+// declared by wgmma_helpers (and wgmma_transposed_helpers for bf16 _tb / _tab).
+std::string wgmma_product(bool registers_a, int n, bool f16, bool trans_a = false, bool trans_b = false);
 // ladle_wgmma_ss_bf16_tb<n> (A K-major, B N-major) and ladle_wgmma_ss_bf16_tab<n> (both MN-major),
 // after wgmma_helpers: the chunked ws form's products whose operands run along the tokens.
 std::string wgmma_transposed_helpers(int n);

@@ -100,6 +100,10 @@ template <int N> __device__ void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const 
   return text;
 }
 
+std::string wgmma_product(bool registers_a, int n, bool f16, bool trans_a, bool trans_b) {
+  return wgmma_specialisation(registers_a, n, f16, trans_a, trans_b);
+}
+
 std::string wgmma_transposed_helpers(int n) {
   std::string text = R"(#ifndef LADLE_WGMMA_TRANSPOSED
 #define LADLE_WGMMA_TRANSPOSED

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ladle/codegen/cuda_attention.h>
+#include <ladle/codegen/cuda_attention_backward.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/attention.h>
 
@@ -46,6 +47,8 @@ struct Case {
     return values;
   }
   bool async_copy = true;   // cp.async staging (16-bit inputs only)
+  bool d_output_f32 = false;  // backward: d_output in fp32 (prep copies it to the case's type)
+  int stages = 2;             // backward: the q / d_output ring
 
   ladle::cuda::AttentionKernelSpec spec() const {
     ladle::cuda::AttentionKernelSpec s;
@@ -308,6 +311,78 @@ inline std::vector<Case> all() {
   for (auto kind : {ladle::cuda::AttentionMma::wgmma, ladle::cuda::AttentionMma::ws})
     for (Case& c : hopper(kind)) cases.push_back(std::move(c));
   return cases;
+}
+
+// The backward's cases (codegen/cuda_attention_backward.h, sm_90a): every mask and modifier with
+// its gradients (a bias's, an ALiBi slope's, the sinks'), D = Dv = 64 (one warpgroup forms dQ) and
+// D = 128, Dv != D and head dims padded inside a box, GQA, Tq != Tk, varlen with an empty sequence,
+// f16 and bf16, a d_output of another dtype (prep's copy), rings that wrap. Sizes span several key
+// blocks and query tiles, with partial ones.
+inline std::vector<Case> backward() {
+  const auto variant = [](const char* list) { return ladle::attention_variant(ladle::parse_attention_features(list)); };
+  std::vector<Case> cases;
+  const auto add = [&](Case c) { cases.push_back(std::move(c)); };
+  {
+    Case c = make("backward: causal, bf16, D=Dv=64, partial tiles", variant("causal"));
+    c.Tq = c.Tk = 150;
+    add(c);
+  }
+  {
+    Case c = make("backward: plain, GQA 4:2, Tq < Tk, D=128 Dv=64, f16, f32 d_output", variant(""));
+    c.type = ElementType::f16, c.H = 4, c.H_kv = 2, c.D = 128, c.Dv = 64, c.Tq = 70, c.Tk = 200, c.d_output_f32 = true;
+    add(c);
+  }
+  {
+    Case c = make("backward: soft cap + window (30, 10) + sinks (2), D=96 Dv=128, 3 stages", variant("softcap,window,sinks"));
+    c.Tq = c.Tk = 260, c.D = 96, c.Dv = 128, c.window_left = 30, c.window_right = 10, c.sinks = 2, c.stages = 3;
+    add(c);
+  }
+  {
+    Case c = make("backward: bias + dropout 0.2, causal, Tq > Tk, two batch rows", variant("bias,causal,dropout"));
+    c.B = 2, c.Tq = 90, c.Tk = 70, c.dropout_p = 0.2f;
+    add(c);
+  }
+  {
+    Case c = make("backward: user ALiBi score and keep predicate (d slope), f16", user_alibi());
+    c.type = ElementType::f16, c.B = 2, c.Tq = 66, c.Tk = 140, c.user_alibi = true;
+    add(c);
+  }
+  {
+    Case c = make("backward: attention_mask (u8), segment ids, causal", variant("mask,segments,causal"));
+    c.Tq = c.Tk = 130;
+    add(c);
+  }
+  {
+    Case c = make("backward: varlen, uneven lengths and an empty sequence, causal, GQA 2:1", variant("causal"));
+    c.H = 2, c.H_kv = 1;
+    c.cu_seqlens_q = {0, 30, 30, 170, 171}, c.cu_seqlens_k = {0, 45, 45, 185, 210};
+    c.Tq = 171, c.Tk = 210;
+    add(c);
+  }
+  return cases;
+}
+
+// The backward's kernel spec for a case, as gpu::attention_backward_spec gives it for the case's bound
+// arguments (every gradient wanted; d_output in the case's dtype, contiguous, unless d_output_f32).
+inline ladle::cuda::AttentionBackwardSpec backward_spec(const Case& c) {
+  ladle::cuda::AttentionBackwardSpec s;
+  const ladle::cuda::AttentionKernelSpec forward = c.spec();
+  s.input_types = forward.input_types;
+  s.D = c.D, s.Dv = c.Dv;
+  s.varlen = !c.cu_seqlens_q.empty();
+  s.q_segment_ids_type = s.kv_segment_ids_type = c.segment_type;
+  s.output_type = c.type;
+  s.d_output_type = c.d_output_f32 ? ElementType::f32 : c.type;
+  s.copy_d_output = c.d_output_f32;
+  s.sinks_gradient = c.variant.sinks && c.sinks > 0;
+  for (std::size_t k = 0; k < c.variant.inputs.size(); ++k) {
+    const ladle::ir::Input& in = c.variant.inputs[k];
+    s.input_gradients.push_back((in.kind == ladle::ir::InputKind::pair || in.kind == ladle::ir::InputKind::head) &&
+                                s.input_types[k] != ElementType::u8);
+  }
+  s.stages = c.stages;
+  s.arch = "sm_90a";
+  return s;
 }
 
 }  // namespace attention_cases

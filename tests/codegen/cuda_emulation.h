@@ -422,6 +422,25 @@ template <int N>
 inline void ladle_wgmma_rs_f16(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b, int accumulate = 1) {
   cuda_emulation::wgmma<N>(d, a, 0, b, true, true, accumulate != 0);
 }
+#define LADLE_WGMMA_TRANSPOSED_F16
+template <int N>
+inline void ladle_wgmma_ss_f16_tab(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1) {
+  cuda_emulation::wgmma<N>(d, nullptr, a, b, true, true, accumulate != 0, true);
+}
+
+// The attention backward's device helpers: CUDA's float2, and the reductions into global memory
+// (red.global.add.f32 and its .v2 form) as atomic adds.
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+#define LADLE_ATTENTION_BACKWARD_HELPERS
+inline void ladle_red_add_f32(float* p, float a) { std::atomic_ref<float>(*p).fetch_add(a); }
+inline void ladle_red_add_f32x2(float* p, float a, float b) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 8 != 0) cuda_emulation::wgmma_fault("red.global.add.v2.f32 on an address that is not 8-byte aligned");
+  std::atomic_ref<float>(p[0]).fetch_add(a);
+  std::atomic_ref<float>(p[1]).fetch_add(b);
+}
 
 // ---- Hopper's TMA pipelines: tensor maps, mbarriers, cp.async.bulk.tensor, setmaxnreg
 // A tensor map kernel parameter: `const __grid_constant__ ladle_tensor_map map`.
