@@ -18,6 +18,7 @@
 #include "detail/fingerprint.h"
 #include "device_upload.h"
 #include "gpu_attention.h"
+#include "gpu_attention_backward.h"
 
 namespace ladle {
 
@@ -121,8 +122,8 @@ std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const Tensor
 
 // A gradient's view shaped as `canonical` (the bound input's view): leading axes added and each
 // broadcast axis (size 1 in the gradient, more in the canonical view) at stride 0.
-TensorView broadcast_like(const HostTensor& grad, const TensorView& canonical) {
-  TensorView view = ops::detail::lead_with_ones(grad.view(), canonical.rank());
+TensorView broadcast_like(const TensorView& grad, const TensorView& canonical) {
+  TensorView view = ops::detail::lead_with_ones(grad, canonical.rank());
   for (int d = 0; d < canonical.rank(); ++d)
     if (view.shape[static_cast<std::size_t>(d)] != canonical.shape[static_cast<std::size_t>(d)]) {
       view.shape[static_cast<std::size_t>(d)] = canonical.shape[static_cast<std::size_t>(d)];
@@ -136,15 +137,76 @@ TensorView broadcast_like(const HostTensor& grad, const TensorView& canonical) {
 AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
                                             const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
   const std::string op = op_name(variant);
-  if (options.backend == Backend::gpu)
-    throw InvalidArgument(op + ": backend = gpu: the GPU backward is not built yet; backend = cpu or automatic runs the forward and "
-                               "backward on the CPU");
-  AttentionRunOptions cpu_options = options;
-  cpu_options.backend = Backend::cpu;
-  AttentionForward out{run_attention(variant, q, k, v, inputs, cpu_options),
-                       {variant, q, k, v, inputs, cpu_options, fingerprint(q, k, v, inputs, cpu_options), true}};
+  AttentionRunOptions run = options;
+  if (use_gpu(options.backend)) {
+    // The GPU backward when it takes the call (backend gpu: else an error saying why; automatic: else the CPU).
+    const ops::AttentionArgs host = ops::bind_attention(op, variant, q, k, v, inputs, options);
+    Device::get();
+    const std::vector<std::string> problems = gpu::gpu_attention_backward_unsupported(variant, host);
+    if (problems.empty()) {
+      run.backend = Backend::gpu;
+      run.return_lse = true;  // the backward's softmax statistics
+      AttentionResult result = run_on_gpu(variant, q, k, v, inputs, run);
+      AttentionForward out{{result.o, options.return_lse ? result.lse : std::nullopt},
+                           {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
+      out.saved.o = std::make_shared<const HostTensor>(std::move(result.o));
+      out.saved.lse = std::make_shared<const HostTensor>(std::move(*result.lse));
+      return out;
+    }
+    if (options.backend == Backend::gpu) throw InvalidArgument(op + ": backend = gpu: the GPU backward does not take this call: " + problems.front());
+  }
+  run.backend = Backend::cpu;
+  AttentionForward out{run_attention(variant, q, k, v, inputs, run), {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
   return out;
 }
+
+namespace {
+
+// The backward on the GPU for host tensors: every input, the forward's o and lse and d_output uploaded,
+// the gradients (fp32, in their inputs' shapes) computed on device buffers and downloaded into `out`.
+void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, AttentionGradients& out) {
+  const std::string op = op_name(saved.variant) + " backward";
+  std::deque<gpu::Uploaded> keep;
+  const auto put = [&](const TensorView& view) {
+    keep.push_back(gpu::upload(view));
+    return keep.back().view;
+  };
+  VariantInputs device_inputs;
+  device_inputs.scalars = saved.inputs.scalars;
+  for (const auto& [name, view] : saved.inputs.tensors) device_inputs.tensors[name] = put(view);
+  AttentionRunOptions device_options = saved.options;
+  if (saved.options.q_segment_ids) device_options.q_segment_ids = put(*saved.options.q_segment_ids);
+  if (saved.options.kv_segment_ids) device_options.kv_segment_ids = put(*saved.options.kv_segment_ids);
+  if (saved.options.softmax_aux) device_options.softmax_aux = put(*saved.options.softmax_aux);
+  const TensorView dq_in = put(saved.q), dk_in = put(saved.k), dv_in = put(saved.v);
+  ops::AttentionArgs device = ops::bind_attention(op, saved.variant, dq_in, dk_in, dv_in, device_inputs, device_options);
+  AttentionOutputs outputs{put(saved.o->view()), put(saved.lse->view())};
+  ops::bind_attention_outputs(op, device_options, outputs, device);
+
+  // Device gradients in the host gradients' shapes, seen through the canonical views.
+  std::vector<std::pair<HostTensor*, gpu::Uploaded*>> downloads;
+  const auto gradient = [&](HostTensor& host, const TensorView& canonical) {
+    keep.push_back(gpu::poisoned(ElementType::f32, host.shape()));
+    downloads.emplace_back(&host, &keep.back());
+    return broadcast_like(keep.back().view, canonical);
+  };
+  cpu::AttentionGrads grads;
+  grads.d_output = ops::detail::lead_with_ones(put(d_output), 4);
+  grads.dq = gradient(out.dq, device.q);
+  grads.dk = gradient(out.dk, device.k);
+  grads.dv = gradient(out.dv, device.v);
+  grads.d_tensors.resize(saved.variant.inputs.size());
+  for (std::size_t i = 0; i < saved.variant.inputs.size(); ++i) {
+    const auto found = out.inputs.find(saved.variant.inputs[i].name);
+    if (found != out.inputs.end()) grads.d_tensors[i] = gradient(found->second, device.tensors[i]);
+  }
+  if (out.d_softmax_aux) grads.d_softmax_aux = gradient(*out.d_softmax_aux, *device.softmax_aux);
+  gpu::run_attention_backward_into(saved.variant, device, grads);
+  Device::get().synchronize();
+  for (auto& [host, buffer] : downloads) buffer->buffer.copy_to_host(host->data(), buffer->buffer.bytes());
+}
+
+}  // namespace
 
 AttentionGradients run_attention_backward(const AttentionSaved& saved, const TensorView& d_output) {
   const std::string op = op_name(saved.variant) + " backward";
@@ -164,9 +226,9 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
                          HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
   cpu::AttentionGrads grads;
   grads.d_output = ops::detail::lead_with_ones(d_output, 4);
-  grads.dq = broadcast_like(out.dq, args.q);
-  grads.dk = broadcast_like(out.dk, args.k);
-  grads.dv = broadcast_like(out.dv, args.v);
+  grads.dq = broadcast_like(out.dq.view(), args.q);
+  grads.dk = broadcast_like(out.dk.view(), args.k);
+  grads.dv = broadcast_like(out.dv.view(), args.v);
   grads.d_tensors.resize(saved.variant.inputs.size());
   for (std::size_t i = 0; i < saved.variant.inputs.size(); ++i) {
     const ir::Input& in = saved.variant.inputs[i];
@@ -174,11 +236,15 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
     const TensorView& given = saved.inputs.tensors.at(in.name);
     if (given.type == ElementType::u8) continue;  // a mask: no gradient
     HostTensor& g = out.inputs.emplace(in.name, HostTensor(ElementType::f32, given.shape, 0.0f)).first->second;
-    grads.d_tensors[i] = broadcast_like(g, args.tensors[i]);
+    grads.d_tensors[i] = broadcast_like(g.view(), args.tensors[i]);
   }
   if (args.softmax_aux) {
     out.d_softmax_aux.emplace(ElementType::f32, saved.options.softmax_aux->shape, 0.0f);
-    grads.d_softmax_aux = broadcast_like(*out.d_softmax_aux, *args.softmax_aux);
+    grads.d_softmax_aux = broadcast_like(out.d_softmax_aux->view(), *args.softmax_aux);
+  }
+  if (saved.o && saved.lse) {
+    backward_on_gpu(saved, d_output, out);
+    return out;
   }
   cpu::run_attention_backward(saved.variant, args, grads);
   return out;

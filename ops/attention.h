@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -105,6 +106,8 @@ struct AttentionSaved {
   AttentionRunOptions options;
   std::uint64_t fingerprint = 0;
   bool valid = false;  // made by a forward
+  // A forward that ran on the GPU keeps its o and lse: the GPU backward reads them.
+  std::shared_ptr<const HostTensor> o, lse;
 };
 
 struct AttentionForward {
@@ -121,8 +124,10 @@ struct AttentionGradients {
   std::optional<HostTensor> d_softmax_aux;
 };
 
-// The forward of run_attention, keeping what its backward needs (the CPU path: backend automatic
-// or cpu; the GPU backward is not built yet, so backend gpu is refused by name), and the backward:
+// The forward of run_attention, keeping what its backward needs, and the backward. Backend gpu (or
+// automatic with a GPU) runs both on the GPU (gpu_attention_backward.h: sm_90a, q, k, v of one 16-bit
+// type, head dims up to 128; backend gpu refuses anything else by name, automatic falls back to the
+// CPU); backend cpu runs both on the CPU. The backward reads
 // d_output = dL/do ([B,Tq,H,Dv] or packed [Tq,H,Dv], any floating dtype). Dropout drops the same
 // elements in both (the keep mask is drawn again from the seed). Bad input throws InvalidArgument
 // naming it: a d_output of the wrong shape or dtype, a saved value whose tensors changed.

@@ -15,6 +15,8 @@
 #include <ladle/runtime/error.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 #include <functional>
 #include <random>
 
@@ -493,6 +495,7 @@ TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurr
 #include <ladle/ops/attention.h>
 
 #include "reference/attention_reference.h"
+#include "support/backends.h"
 
 namespace {
 
@@ -668,6 +671,82 @@ TEST_CASE("the attention backward refuses bad input by name", "[backward][attent
   k.set(0, 2.0f);
   CHECK_THROWS_WITH(ladle::run_attention_backward(forward.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
   CHECK_THROWS_WITH(ladle::run_attention_backward(ladle::AttentionSaved{}, good.view()), Catch::Contains("run_attention_for_backward"));
+  // fp32 q, k, v: the GPU backward takes 16-bit ones (without a GPU: no driver), named either way.
   options.backend = ladle::Backend::gpu;
-  CHECK_THROWS_WITH(ladle::attention_for_backward(q.view(), k.view(), v.view(), options), Catch::Contains("GPU backward is not built yet"));
+  CHECK_THROWS_WITH(ladle::attention_for_backward(q.view(), k.view(), v.view(), options),
+                    Catch::Contains("one 16-bit type") || Catch::Contains("driver") || Catch::Contains("CUDA"));
+}
+
+// The GPU backward (sm_90a; where there is a GPU) against the CPU backward on the same 16-bit inputs, for
+// the masks and modifiers, GQA, Tq != Tk, packed sequences with an empty one, a broadcast bias and D = 128.
+TEST_CASE("the attention backward on the GPU matches the CPU backward", "[backward][attention][gpu]") {
+  if (test::backends().size() < 2) return;  // backends() warned: no GPU here
+  struct GpuCase {
+    const char* name;
+    const char* features;
+    ElementType type;
+    int B, Tq, Tk, H, H_kv, D, Dv;
+    bool bias_2d = false, packed = false;
+  };
+  const std::vector<GpuCase> cases = {
+      {"causal, bf16, D = 128", "causal", ElementType::bf16, 2, 300, 300, 4, 4, 128, 128},
+      {"GQA 4:1, Tq < Tk, f16, Dv = 64", "", ElementType::f16, 1, 100, 333, 4, 1, 128, 64},
+      {"window + soft cap + sinks, D = 64", "window,softcap,sinks", ElementType::bf16, 2, 257, 257, 2, 2, 64, 64},
+      {"bias [Tq,Tk] broadcast + dropout, causal", "bias,dropout,causal", ElementType::bf16, 2, 140, 140, 2, 1, 64, 64, true},
+      {"mask + segments", "mask,segments", ElementType::bf16, 1, 200, 200, 2, 2, 64, 64},
+      {"packed with an empty sequence, causal", "causal", ElementType::bf16, 1, 260, 260, 2, 2, 64, 64, false, true},
+  };
+  for (const GpuCase& c : cases) {
+    INFO(c.name);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.name)));
+    const ladle::AttentionFeatures f = ladle::parse_attention_features(c.features);
+    HostTensor q = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.D}).tensor, k = test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.D}).tensor,
+               v = test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.Dv}).tensor;
+    HostTensor bias = test::normal(rng, ElementType::f32, c.bias_2d ? std::vector<std::int64_t>{c.Tq, c.Tk} : std::vector<std::int64_t>{c.B, c.H, c.Tq, c.Tk}).tensor;
+    HostTensor sinks = test::normal(rng, ElementType::f32, {c.H, 3}).tensor;
+    HostTensor mask(ElementType::u8, {c.B, c.H, c.Tq, c.Tk});
+    std::bernoulli_distribution coin(0.8);
+    for (std::int64_t e = 0; e < mask.numel(); ++e) static_cast<std::uint8_t*>(mask.data())[e] = coin(rng) ? 1 : 0;
+    HostTensor q_seg(ElementType::i64, {c.B, c.Tq}), k_seg(ElementType::i64, {c.B, c.Tk});
+    for (std::int64_t e = 0; e < q_seg.numel(); ++e) static_cast<std::int64_t*>(q_seg.data())[e] = (e % c.Tq) / 70;
+    for (std::int64_t e = 0; e < k_seg.numel(); ++e) static_cast<std::int64_t*>(k_seg.data())[e] = (e % c.Tk) / 70;
+    HostTensor cu(ElementType::i64, {4});
+    const std::int64_t offsets[4] = {0, 100, 100, c.Tq};
+    std::memcpy(cu.data(), offsets, sizeof offsets);
+    ladle::AttentionOptions options;
+    options.scale = 0.1f;
+    if (f.bias) options.bias = bias.view();
+    if (f.soft_cap) options.logits_soft_cap = 3.0f;
+    options.causal = f.causal;
+    if (f.window) options.sliding_window = std::pair<std::int64_t, std::int64_t>{40, 7};
+    if (f.mask) options.attention_mask = mask.view();
+    if (f.segment_ids) options.q_segment_ids = q_seg.view(), options.kv_segment_ids = k_seg.view();
+    if (f.sinks) options.softmax_aux = sinks.view();
+    if (f.dropout) options.dropout_p = 0.15f, options.seed = 5;
+    if (c.packed) options.cu_seqlens_q = options.cu_seqlens_k = cu.view();
+    const HostTensor d_o = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.Dv}).tensor;
+    const auto gradients = [&](ladle::Backend backend) {
+      options.backend = backend;
+      const ladle::AttentionForward forward = ladle::attention_for_backward(q.view(), k.view(), v.view(), options);
+      return ladle::run_attention_backward(forward.saved, d_o.view());
+    };
+    const ladle::AttentionGradients cpu = gradients(ladle::Backend::cpu), gpu = gradients(ladle::Backend::gpu);
+    std::vector<std::tuple<std::string, const HostTensor*, const HostTensor*>> pairs = {
+        {"dq", &gpu.dq, &cpu.dq}, {"dk", &gpu.dk, &cpu.dk}, {"dv", &gpu.dv, &cpu.dv}};
+    for (const auto& [name, t] : cpu.inputs) pairs.emplace_back("d " + name, &gpu.inputs.at(name), &t);
+    if (cpu.d_softmax_aux) pairs.emplace_back("d softmax_aux", &*gpu.d_softmax_aux, &*cpu.d_softmax_aux);
+    for (const auto& [name, got, want] : pairs) {
+      double diff = 0, norm = 0;
+      bool finite = true;
+      for (std::int64_t e = 0; e < want->numel(); ++e) {
+        const double x = got->get(e), y = want->get(e);
+        finite = finite && std::isfinite(x);
+        diff += (x - y) * (x - y), norm += y * y;
+      }
+      const double error = std::sqrt(diff / std::max(norm, 1e-30));
+      INFO(name << ": relative error " << error);
+      CHECK(finite);
+      CHECK(error < 1e-2);
+    }
+  }
 }

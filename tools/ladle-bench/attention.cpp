@@ -18,6 +18,7 @@
 #include <ladle/ops/attention.h>
 #include <ladle/ops/attention_bind.h>
 #include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/ops/tune_attention.h>
 #include <ladle/runtime/driver.h>
 
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   int B = 8, T = 4096, H = 16, D = 128, reps = 20, window = 1024, sinks = 4, H_kv_gqa = 2;
   std::string which = "causal";
   std::vector<std::string> tiles;
+  bool backward = false;
   app.add_option("-B", B);
   app.add_option("-T", T);
   app.add_option("-H", H);
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--case", which)->check(CLI::IsMember({"causal", "window_softcap", "sinks_gqa"}));
   app.add_option("--window", window, "window_softcap: keys before the diagonal");
   app.add_option("--tile", tiles, "block_m,block_n,warps,stages[,sync|wgmma] (repeatable); default: the heuristic");
+  app.add_flag("--backward", backward, "also time the backward (ladle::gpu::run_attention_backward_into) and forward + backward");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!ladle::driver_available()) {
@@ -104,7 +107,17 @@ int main(int argc, char** argv) {
                               (H_kv != H ? ":" + std::to_string(H_kv) : "") + " D" + std::to_string(D) + " bf16";
 
     ladle::ops::AttentionArgs args = ladle::ops::bind_attention(label, variant, qv, kv, vv, inputs, options);
-    ladle::ops::bind_attention_outputs(label, options, {ov, std::nullopt}, args);
+    // The backward's buffers: lse (the forward returns it), d_output, and fp32 gradients.
+    ladle::DeviceBuffer lse(static_cast<std::size_t>(B) * H * T * 4), d_out(n_q * 2), dq(n_q * 4), dk(n_kv * 4), dv(n_kv * 4);
+    ladle::bench::fill_bf16(d_out, 4, false);
+    if (backward) options.return_lse = true;
+    ladle::ops::bind_attention_outputs(
+        label, options, {ov, backward ? std::optional(view(lse, ladle::ElementType::f32, {B, H, T})) : std::nullopt}, args);
+    ladle::cpu::AttentionGrads grads;
+    grads.d_output = view(d_out, bf16, {B, T, H, D});
+    grads.dq = view(dq, ladle::ElementType::f32, {B, T, H, D});
+    grads.dk = view(dk, ladle::ElementType::f32, {B, T, H_kv, D});
+    grads.dv = view(dv, ladle::ElementType::f32, {B, T, H_kv, D});
     ladle::Stream stream;
     ladle::Event e0, e1;
     const ladle::gpu::LaunchOptions launch{&stream};
@@ -120,26 +133,37 @@ int main(int argc, char** argv) {
         const ladle::cuda::AttentionKernelSpec spec = ladle::gpu::attention_kernel_spec(variant, args, tile);
         // Warm up for at least 200 ms (and 3 runs): the first timed runs of a process otherwise
         // catch the GPU's clocks still rising (up to 6 % slower at B2 T16384).
-        e0.record(&stream);
-        for (int i = 0;; ++i) {
-          ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
-          e1.record(&stream);
-          e1.synchronize();
-          if (i >= 2 && e0.elapsed_ms_to(e1) >= 200.0f) break;
-        }
-        std::vector<float> ms;
-        for (int i = 0; i < reps; ++i) {
+        // pass 0: the forward; with --backward, pass 1: the backward alone, pass 2: forward + backward.
+        const auto run = [&](int pass) {
+          if (pass != 1) ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
+          if (pass != 0) ladle::gpu::run_attention_backward_into(variant, args, grads, launch);
+        };
+        if (backward) run(0);  // lse for the backward-alone pass
+        for (int pass = 0; pass < (backward ? 3 : 1); ++pass) {
           e0.record(&stream);
-          ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
-          e1.record(&stream);
-          e1.synchronize();
-          ms.push_back(e0.elapsed_ms_to(e1));
+          for (int i = 0;; ++i) {
+            run(pass);
+            e1.record(&stream);
+            e1.synchronize();
+            if (i >= 2 && e0.elapsed_ms_to(e1) >= 200.0f) break;
+          }
+          std::vector<float> ms;
+          for (int i = 0; i < reps; ++i) {
+            e0.record(&stream);
+            run(pass);
+            e1.record(&stream);
+            e1.synchronize();
+            ms.push_back(e0.elapsed_ms_to(e1));
+          }
+          std::sort(ms.begin(), ms.end());
+          const double median = ms[ms.size() / 2];
+          // FLOPs: the forward's two products; the backward's five (S again, dP, dV, dK, dQ).
+          const double pass_flops = flops * (pass == 0 ? 1.0 : pass == 1 ? 2.5 : 3.5);
+          const std::string name = label + (pass == 0 ? "" : pass == 1 ? "_bwd" : "_fwd_bwd");
+          std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
+                      name.c_str(), shape.c_str(), ladle::cuda::to_string(spec.tile).c_str(), median,
+                      pass_flops / (median * 1e-3) / 1e12);
         }
-        std::sort(ms.begin(), ms.end());
-        const double median = ms[ms.size() / 2];
-        std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
-                    label.c_str(), shape.c_str(), ladle::cuda::to_string(spec.tile).c_str(), median,
-                    flops / (median * 1e-3) / 1e12);
       } catch (const std::exception& e) {
         std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"error\":\"%s\"}\n", label.c_str(),
                     shape.c_str(), tile_text.c_str(), e.what());
