@@ -4,7 +4,8 @@
 //   ladle-dump --op gla|recurrent [--gates g,gk,gv,g_gamma] [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states]   (the generated kernel)
-//              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers)
+//              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers;
+//                              with --op attention: prep and main, sm_90a)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
 //              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma]] [--varlen] [--lse]
 //              (with --op attention, -D is the head dim; otherwise a preprocessor definition)
@@ -21,6 +22,7 @@
 #include <ladle/ops/attention.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
@@ -102,7 +104,7 @@ int main(int argc, char** argv) {
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
   app.add_flag("--backward", backward,
                "recurrent ops: the backward's generated kernels (slots, totals, chain; 16-bit slots with --algo chunked) "
-               "and its helpers, as a call of these types runs them");
+               "and its helpers, as a call of these types runs them; attention: the backward's prep and main kernels (sm_90a)");
   app.add_flag("--states", states, "initial and final states");
   app.add_flag("--segmented", segmented,
                "chunked: the segmented form's two kernels (each segment's own state, then the serial form over segments)");
@@ -158,9 +160,23 @@ int main(int argc, char** argv) {
       if (auto problems = ladle::cuda::validate_attention_tile(spec.tile, head_dim, dv, 0, ladle::cuda::attention_split_f32(variant, spec), arch);
           !problems.empty())
         throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
-      program = ladle::gpu::compile_attention(variant, spec, arch).program;
-      std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}\n", ladle::ir::hash_hex(variant),
-                               ladle::cuda::to_string(spec.tile), head_dim, dv, dtype);
+      if (backward) {  // the backward's two kernels (prep, main: sm_90a), every gradient wanted, d_output of q's type
+        ladle::cuda::AttentionBackwardSpec bspec;
+        bspec.input_types = spec.input_types;
+        bspec.D = head_dim, bspec.Dv = dv, bspec.varlen = varlen;
+        bspec.output_type = bspec.d_output_type = type;
+        bspec.sinks_gradient = variant.sinks;
+        for (std::size_t k = 0; k < variant.inputs.size(); ++k)
+          bspec.input_gradients.push_back(spec.input_types[k] == ladle::ElementType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
+        bspec.arch = arch.empty() ? "sm_90a" : arch;
+        program = ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch).program;
+        std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}\n", ladle::ir::hash_hex(variant), head_dim, dv,
+                                 dtype, bspec.arch);
+      } else {
+        program = ladle::gpu::compile_attention(variant, spec, arch).program;
+        std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}\n", ladle::ir::hash_hex(variant),
+                                 ladle::cuda::to_string(spec.tile), head_dim, dv, dtype);
+      }
     } else if (!op.empty()) {
       const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
       const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
