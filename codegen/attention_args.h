@@ -51,8 +51,19 @@ struct AttentionArgs {
   std::int64_t k_begin(std::int64_t n) const { return cu_seqlens_k.empty() ? 0 : cu_seqlens_k[n]; }
   std::int64_t q_length(std::int64_t n) const { return cu_seqlens_q.empty() ? Tq : cu_seqlens_q[n + 1] - cu_seqlens_q[n]; }
   std::int64_t k_length(std::int64_t n) const { return cu_seqlens_k.empty() ? Tk : cu_seqlens_k[n + 1] - cu_seqlens_k[n]; }
+  // The longest sequence's length, of q and of k (a launch's grid covers it).
+  std::int64_t longest_q() const { return longest(cu_seqlens_q, Tq); }
+  std::int64_t longest_k() const { return longest(cu_seqlens_k, Tk); }
   // The batch row of sequence n (0 when packed).
   std::int64_t batch_of(std::int64_t n) const { return cu_seqlens_q.empty() ? n : 0; }
+
+ private:
+  static std::int64_t longest(const std::vector<std::int64_t>& offsets, std::int64_t whole) {
+    if (offsets.empty()) return whole;
+    std::int64_t most = 0;
+    for (std::size_t n = 0; n + 1 < offsets.size(); ++n) most = offsets[n + 1] - offsets[n] > most ? offsets[n + 1] - offsets[n] : most;
+    return most;
+  }
 };
 
 }  // namespace ladle::cpu

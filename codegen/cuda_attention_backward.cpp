@@ -105,7 +105,6 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   using Role = AttentionParam::Role;
   using Type = AttentionParam::Type;
   const auto storage = [&](ElementType t) -> std::string { return t == ElementType::u8 ? "unsigned char" : storage_type(t); };
-  const auto segment_type = [](ElementType t) { return t == ElementType::i32 ? "const int*" : "const long long*"; };
 
   // ---- prep's parameters
   std::vector<std::string> prep_decl;
@@ -190,26 +189,7 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   param("long long", "dv_stride_t", Type::i64, Role::dv_stride_t);
   param("long long", "dv_stride_h", Type::i64, Role::dv_stride_h);
   param("long long", "dv_stride_d", Type::i64, Role::dv_stride_d);
-  if (variant.segment_ids) {
-    param(segment_type(spec.q_segment_ids_type), "q_segment_ids", Type::pointer, Role::q_segment_ids);
-    param("long long", "q_segment_stride_b", Type::i64, Role::q_segment_stride_b);
-    param("long long", "q_segment_stride_t", Type::i64, Role::q_segment_stride_t);
-    param(segment_type(spec.kv_segment_ids_type), "kv_segment_ids", Type::pointer, Role::kv_segment_ids);
-    param("long long", "kv_segment_stride_b", Type::i64, Role::kv_segment_stride_b);
-    param("long long", "kv_segment_stride_t", Type::i64, Role::kv_segment_stride_t);
-  }
-  if (spec.varlen) {
-    param("const long long*", "cu_seqlens_q", Type::pointer, Role::cu_seqlens_q);
-    param("const long long*", "cu_seqlens_k", Type::pointer, Role::cu_seqlens_k);
-  }
-  if (variant.window) {
-    param("long long", "window_left", Type::i64, Role::window_left);
-    param("long long", "window_right", Type::i64, Role::window_right);
-  }
-  if (variant.dropout) {
-    param("float", "dropout_p", Type::f32, Role::dropout_p);
-    param("unsigned long long", "seed", Type::u64, Role::seed);
-  }
+  declare_mask_params(param, variant, spec.q_segment_ids_type, spec.kv_segment_ids_type, spec.varlen);
   param("int", "Tq", Type::i32, Role::q_tokens);
   param("int", "Tk", Type::i32, Role::k_tokens);
   param("int", "H", Type::i32, Role::heads);

@@ -31,13 +31,6 @@ bool rows_aligned(const TensorView& view) {
   return true;
 }
 
-std::int64_t longest(const std::vector<std::int64_t>& offsets, std::int64_t fallback) {
-  if (offsets.empty()) return fallback;
-  std::int64_t most = 0;
-  for (std::size_t n = 0; n + 1 < offsets.size(); ++n) most = std::max(most, offsets[n + 1] - offsets[n]);
-  return most;
-}
-
 std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec) {
   std::string key = ir::hash_hex(variant) + "|" + cuda::to_string(spec.tile);
   for (ElementType t : spec.input_types) key += element_type_name(t);
@@ -57,7 +50,7 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
                                              int max_shared_bytes) {
   const int D = static_cast<int>(args.D), Dv = static_cast<int>(args.Dv);
   cuda::AttentionTile tile = cuda::default_attention_tile(D, Dv);
-  const std::int64_t rows = longest(args.cu_seqlens_q, args.Tq);
+  const std::int64_t rows = args.longest_q();
   if (args.N * args.H * ((rows + 127) / 128) < sms) tile.block_m = 64, tile.warps = 4;
   // Head dims the default does not fit (mma.sync holds q's fragments in registers: past
   // D/4 + block_n/2 + Dv/2 = 160 it does not fit, e.g. D = Dv = 256), or fp32 inputs past the
@@ -238,7 +231,7 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
   }
   if (args.softmax_aux && args.softmax_aux->rank() != 2)
     throw InvalidArgument(op + ": softmax_aux must be bound as [H,S] on the GPU");
-  const std::int64_t rows = longest(args.cu_seqlens_q, args.Tq);
+  const std::int64_t rows = args.longest_q();
   if (args.N * args.H == 0 || rows == 0) return;
   if (args.Tq > INT32_MAX || args.Tk > INT32_MAX)
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernel indexes tokens with 32-bit ints", op, args.Tq, args.Tk));

@@ -32,13 +32,6 @@ bool tma_copyable(const TensorView& view, ElementType type) {
   return true;
 }
 
-std::int64_t longest(const std::vector<std::int64_t>& offsets, std::int64_t fallback) {
-  if (offsets.empty()) return fallback;
-  std::int64_t most = 0;
-  for (std::size_t n = 0; n + 1 < offsets.size(); ++n) most = std::max(most, offsets[n + 1] - offsets[n]);
-  return most;
-}
-
 // Bytes from a view's first element to one past its last (broadcast axes at stride 0 add nothing).
 std::size_t span_bytes(const TensorView& view) {
   std::int64_t last = 0;
@@ -166,7 +159,7 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
   if (grads.dq.strides[3] != 1 || address(grads.dq.data) % 8 != 0 || grads.dq.strides[1] % 2 != 0 || grads.dq.strides[2] % 2 != 0 ||
       grads.dq.strides[0] % 2 != 0)
     throw InvalidArgument(op + ": dq must have unit stride over D and even strides elsewhere (8-byte aligned pairs)");
-  const std::int64_t rows_q = longest(args.cu_seqlens_q, args.Tq), rows_k = longest(args.cu_seqlens_k, args.Tk);
+  const std::int64_t rows_q = args.longest_q(), rows_k = args.longest_k();
   const Stream* stream = launch.stream;
   // Every gradient is overwritten: the atomically added ones start from zero.
   fill_device_bytes(address(grads.dq.data), span_bytes(grads.dq), 0, stream);

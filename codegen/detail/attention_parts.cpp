@@ -8,6 +8,33 @@
 
 namespace ladle::cuda::detail {
 
+void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, ElementType q_segment_ids_type,
+                         ElementType kv_segment_ids_type, bool varlen) {
+  using Role = AttentionParam::Role;
+  using Type = AttentionParam::Type;
+  const auto segment_type = [](ElementType t) { return t == ElementType::i32 ? "const int*" : "const long long*"; };
+  if (variant.segment_ids) {
+    param(segment_type(q_segment_ids_type), "q_segment_ids", Type::pointer, Role::q_segment_ids);
+    param("long long", "q_segment_stride_b", Type::i64, Role::q_segment_stride_b);
+    param("long long", "q_segment_stride_t", Type::i64, Role::q_segment_stride_t);
+    param(segment_type(kv_segment_ids_type), "kv_segment_ids", Type::pointer, Role::kv_segment_ids);
+    param("long long", "kv_segment_stride_b", Type::i64, Role::kv_segment_stride_b);
+    param("long long", "kv_segment_stride_t", Type::i64, Role::kv_segment_stride_t);
+  }
+  if (varlen) {
+    param("const long long*", "cu_seqlens_q", Type::pointer, Role::cu_seqlens_q);
+    param("const long long*", "cu_seqlens_k", Type::pointer, Role::cu_seqlens_k);
+  }
+  if (variant.window) {
+    param("long long", "window_left", Type::i64, Role::window_left);
+    param("long long", "window_right", Type::i64, Role::window_right);
+  }
+  if (variant.dropout) {
+    param("float", "dropout_p", Type::f32, Role::dropout_p);
+    param("unsigned long long", "seed", Type::u64, Role::seed);
+  }
+}
+
 void emit_key_range(Code& c, const ir::AttentionVariant& variant, const std::string& first, const std::string& last,
                     const std::string& begin, const std::string& end) {
   if (variant.causal) c("if (" + last + " + diagonal + 1 < " + end + ") " + end + " = " + last + " + diagonal + 1;");

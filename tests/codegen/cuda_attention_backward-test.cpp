@@ -118,14 +118,7 @@ TEST_CASE("attention backward: the emulated kernels match the CPU backward for e
       gpu::AttentionBackwardArguments packed = gpu::pack_attention_backward_arguments(
           kernel, spec, args, out.views, row_stats.data(), copy.data(), args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
           describe_tensor_map);
-      std::int64_t rows_q = args.Tq, rows_k = args.Tk;
-      if (!args.cu_seqlens_q.empty()) {
-        rows_q = rows_k = 0;
-        for (std::size_t n = 0; n + 1 < args.cu_seqlens_q.size(); ++n) {
-          rows_q = std::max(rows_q, args.cu_seqlens_q[n + 1] - args.cu_seqlens_q[n]);
-          rows_k = std::max(rows_k, args.cu_seqlens_k[n + 1] - args.cu_seqlens_k[n]);
-        }
-      }
+      const std::int64_t rows_q = args.longest_q(), rows_k = args.longest_k();
       cuda_emulation::launch(static_cast<unsigned>((rows_q + kernel.prep_rows - 1) / kernel.prep_rows), static_cast<unsigned>(args.N * args.H),
                              kernel.prep_threads, [&] { emulated_backward[i].prep(packed.prep.data()); });
       cuda_emulation::launch(static_cast<unsigned>((rows_k + kernel.block_n - 1) / kernel.block_n), static_cast<unsigned>(args.N * args.H_kv),
