@@ -23,10 +23,10 @@ const std::set<std::string>& template_names() {
       "BM", "BN", "D", "DV", "DP", "DVP", "DPB", "DVPB", "STAGES", "LOG2E", "LN2", "smem", "aligned_smem", "k_tile", "v_tile",
       "q_ring", "do_ring", "ds_tile", "kv_full", "full", "empty", "lane", "warp", "gid", "tig", "warpgroup", "n", "h", "hk", "b",
       "group", "q_bos", "k_bos", "q_len", "k_len", "diagonal", "j_block", "j_last", "q_begin", "q_end", "tile_begin",
-      "tile_end", "WGS", "pass", "dq_head", "dq_part", "tiles", "steps", "step", "tile", "stage", "m0", "i", "j", "nt", "r", "kt", "kk", "e", "cb", "s_acc",
+      "tile_end", "tiles", "steps", "step", "tile", "stage", "m0", "i", "j", "nt", "r", "kt", "kk", "e", "cb", "s_acc",
       "dp_acc", "dk_acc", "dv_acc", "dq_acc", "p_frag", "ds_frag", "lse2", "delta", "key_row", "key_live", "attend", "lg",
       "p", "keep", "dl", "pd", "ds", "keep_scale", "kv_segment", "interior", "k_desc", "v_desc", "q_desc", "qn_desc",
-      "do_desc", "don_desc", "ds_desc", "kn_desc", "Q_BYTES", "DO_BYTES", "K_BYTES", "V_BYTES", "DS_BYTES", "DS_BUFFERS", "stats",
+      "do_desc", "don_desc", "ds_desc", "kn_desc", "Q_BYTES", "DO_BYTES", "K_BYTES", "V_BYTES", "DS_BYTES", "stats",
       "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "lse", "d_output", "d_output_stride_b",
       "d_output_stride_t", "d_output_stride_h", "d_output_stride_d", "d_output_copy", "do_map", "q_map", "k_map",
       "v_map", "row_stats", "dq", "dq_stride_b", "dq_stride_t", "dq_stride_h", "dk", "dk_stride_b", "dk_stride_t",
@@ -63,8 +63,6 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
     problems.push_back("the GPU backward runs on wgmma and TMA: it needs the target sm_90a, the target is " +
                        (spec.arch.empty() ? std::string("unknown") : spec.arch));
   if (spec.stages < 2 || spec.stages > 4) problems.push_back("stages = " + std::to_string(spec.stages) + ", expected 2 to 4");
-  if (spec.block_n != 64 && spec.block_n != 128)
-    problems.push_back("block_n = " + std::to_string(spec.block_n) + ", expected 64 (one warpgroup, two blocks a SM) or 128 (two warpgroups)");
   if (!spec.input_gradients.empty() && spec.input_gradients.size() != variant.inputs.size())
     problems.push_back("input_gradients has " + std::to_string(spec.input_gradients.size()) + " entries, expected one per variant input");
   return problems;
@@ -84,8 +82,7 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   const bool f16 = spec.input_types[0] == ElementType::f16;
   const std::string t16 = f16 ? "f16" : "bf16";
   const int DP = pad16(spec.D), DVP = pad16(spec.Dv), DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
-  constexpr int BM = 64;
-  const int BN = spec.block_n, WGS = BN / 64;  // keys per block; a warpgroup per 64 of them
+  constexpr int BM = 64, BN = 128;
   const auto wants_gradient = [&](std::size_t k) {
     return k < spec.input_gradients.size() && spec.input_gradients[k] &&
            (inputs[k].kind == ir::InputKind::pair || inputs[k].kind == ir::InputKind::head);
@@ -99,15 +96,11 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
                     element_type_name(spec.sinks_type);
   for (ElementType t : spec.input_types) key += element_type_name(t);
   for (std::size_t k = 0; k < inputs.size(); ++k) key += wants_gradient(k) ? "g" : "-";
-  key += " n" + std::to_string(spec.block_n);
   const std::string tag = hex(fnv1a(key, ir::hash(variant)));
-  kernel.block_n = BN;
-  kernel.main_threads = static_cast<unsigned>(128 * WGS);
   kernel.prep_name = "ladle_attention_bwd_prep_" + tag;
   kernel.name = "ladle_attention_bwd_" + tag;
   const int q_bytes = BM * DPB * 2, do_bytes = BM * DVPB * 2, k_bytes = BN * DPB * 2, v_bytes = BN * DVPB * 2, ds_bytes = BN * 128;
-  kernel.shared_bytes = 1024 + k_bytes + v_bytes + spec.stages * (q_bytes + do_bytes) + (WGS == 1 ? 1 : 2) * ds_bytes +
-                        8 * (1 + 2 * spec.stages);
+  kernel.shared_bytes = 1024 + k_bytes + v_bytes + spec.stages * (q_bytes + do_bytes) + 2 * ds_bytes + 8 * (1 + 2 * spec.stages);
 
   using Role = AttentionParam::Role;
   using Type = AttentionParam::Type;
@@ -254,9 +247,7 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   header += "D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ", q, k, v " + t16 + ", stages " + std::to_string(spec.stages) + "\n";
   header += "prep: grid (ceil(Tq / 8), N * H), block 256: delta = do . o, lse in log2 units" +
             std::string(spec.sinks_gradient ? ", the sinks' gradient" : "") + (spec.copy_d_output ? ", d_output copied to " + t16 : "") + "\n";
-  header += "main: grid (ceil(Tk / " + std::to_string(BN) + "), N * H_kv), block " + std::to_string(128 * WGS) + " (" +
-            (WGS == 1 ? std::string("one warpgroup of 64 keys, two blocks a SM") : std::string("two warpgroups of 64 keys")) +
-            "; thread 0 issues the TMA copies),\n"
+  header += "main: grid (ceil(Tk / 128), N * H_kv), block 256 (two warpgroups of 64 keys; thread 0 issues the TMA copies),\n"
             "dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes; every query head of the key/value head's group\n"
             "S^T = K q^T, dP^T = V do^T, dV += P^T do, dK += dS^T q, dQ += dS K: wgmma.mma_async, fp32 accumulation\n";
 
@@ -342,17 +333,15 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
 
   // ================================ main
   c("// ---- main: the gradients of q, k, v" + std::string(spec.sinks_gradient || !decl.empty() ? " and the score's inputs" : ""));
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(128 * WGS) + (WGS == 1 ? ", 2) " : ", 1) ") + kernel.name + "(");
+  c("extern \"C\" __global__ void __launch_bounds__(256, 1) " + kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < decl.size(); ++p) c(decl[p] + (p + 1 < decl.size() ? "," : ") {"));
   c.out();
-  c("constexpr int BM = " + std::to_string(BM) + ", BN = " + std::to_string(BN) + ", WGS = BN / 64, STAGES = " + std::to_string(spec.stages) + ";");
+  c("constexpr int BM = " + std::to_string(BM) + ", BN = " + std::to_string(BN) + ", STAGES = " + std::to_string(spec.stages) + ";");
   c("constexpr int D = " + std::to_string(spec.D) + ", DV = " + std::to_string(spec.Dv) + ", DP = " + std::to_string(DP) +
     ", DVP = " + std::to_string(DVP) + ", DPB = " + std::to_string(DPB) + ", DVPB = " + std::to_string(DVPB) + ";");
   c("constexpr unsigned Q_BYTES = BM * DPB * 2, DO_BYTES = BM * DVPB * 2, K_BYTES = BN * DPB * 2, V_BYTES = BN * DVPB * 2,");
   c("                   DS_BYTES = BN * 128;");
-  c("// dS^T buffers: two warpgroups alternate two (the other may still read the last step's); one reuses one.");
-  c("constexpr int DS_BUFFERS = WGS == 1 ? 1 : 2;");
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("(void)LOG2E;");
   c("// Warp w = 0..7 (warpgroup w / 4) owns keys 16 w.. of the block; thread 0 also issues the copies.");
@@ -391,14 +380,14 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("unsigned short* const q_ring = reinterpret_cast<unsigned short*>(aligned_smem + K_BYTES + V_BYTES);");
   c("unsigned short* const do_ring = reinterpret_cast<unsigned short*>(aligned_smem + K_BYTES + V_BYTES + STAGES * Q_BYTES);");
   c("unsigned char* const ds_tile = aligned_smem + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES);");
-  c("unsigned long long* const kv_full = reinterpret_cast<unsigned long long*>(ds_tile + DS_BUFFERS * DS_BYTES);");
+  c("unsigned long long* const kv_full = reinterpret_cast<unsigned long long*>(ds_tile + 2 * DS_BYTES);");
   c("unsigned long long* const full = kv_full + 1;");
   c("unsigned long long* const empty = kv_full + 1 + STAGES;");
   c("if (threadIdx.x == 0) {");
   c("  ladle_mbarrier_init(kv_full, 1);");
   c("  for (int s = 0; s < STAGES; ++s) {");
   c("    ladle_mbarrier_init(&full[s], 1);   // the producer's arrive_expect_tx, then the copies' bytes");
-  c("    ladle_mbarrier_init(&empty[s], 4 * WGS);  // lane 0 of every warp");
+  c("    ladle_mbarrier_init(&empty[s], 8);  // lane 0 of every consumer warp");
   c("  }");
   c("  ladle_fence_barrier_init();");
   c("}");
@@ -448,8 +437,7 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("const unsigned long long qn_desc = ladle_wgmma_desc_sw128(q_ring, BM * 128, 1024);");
   c("const unsigned long long don_desc = ladle_wgmma_desc_sw128(do_ring, BM * 128, 1024);");
   c("const unsigned long long ds_desc = ladle_wgmma_desc_sw128(ds_tile, BN * 128, 1024);");
-  const int dq_passes = (DPB / 64 + WGS - 1) / WGS;  // dQ's passes of 64 columns per warpgroup
-  c("const unsigned long long kn_desc = ladle_wgmma_desc_sw128(k_tile + warpgroup * BN * 64, BN * 128, 1024);  // K's box w");
+  c("const unsigned long long kn_desc = ladle_wgmma_desc_sw128(k_tile + warpgroup * BN * 64, BN * 128, 1024);");
   for (std::size_t k = 3; k < inputs.size(); ++k)
     if (wants_gradient(k) && inputs[k].kind == ir::InputKind::head) c("float acc_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs[k].name);
   c("ladle_mbarrier_wait(kv_full, 0);");
@@ -578,10 +566,11 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
     element_body(true);
   }
   c("// dS^T into shared memory for dQ: row = key (128 bytes: the tile's 64 queries), 16-byte piece p of row r at");
-  c("// p ^ r % 8 (TMA's 128-byte swizzle, which the descriptor names).");
+  c("// p ^ r % 8 (TMA's 128-byte swizzle, which the descriptor names). Buffers alternate by step: the other");
+  c("// warpgroup may still read the last step's.");
   c("{");
   c.in();
-  c("unsigned char* const ds_base = ds_tile + (step % DS_BUFFERS) * DS_BYTES;");
+  c("unsigned char* const ds_base = ds_tile + (step & 1) * DS_BYTES;");
   c("LADLE_UNROLL for (int nt = 0; nt < BM / 8; ++nt)");
   c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c("    const int kr = warp * 16 + gid + 8 * half;");
@@ -601,29 +590,17 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("LADLE_UNROLL for (int kk = 0; kk < BM / 16; ++kk)");
   c("  " + rs_dk + "(dk_acc, ds_frag[kk], qn_desc + (stage * Q_BYTES + kk * 2048) / 16);");
   c("ladle_wgmma_commit();");
-  c("// 6. dQ = dS K over the block's BN keys, 64 of D's columns (one box of K) per pass: warpgroup w takes boxes");
-  c("//    w, w + WGS, ... (with two warpgroups at DP <= 64, warpgroup 1 has none). dQ is added into dq (fp32).");
+  c("// 6. dQ = dS K over the block's 128 keys: warpgroup w takes D's columns 64 w.. (warpgroup 1 idles at DP <= 64).");
   c("ladle_fence_proxy_async();  // dS^T's stores, visible to wgmma");
-  c("ladle_named_barrier_sync(1, 128 * WGS);  // every warpgroup's dS^T stored");
+  c("ladle_named_barrier_sync(1, 256);  // both warpgroups' dS^T stored");
   c("float dq_acc[8][4];");
-  if (dq_passes > 1) {
-    c("LADLE_UNROLL for (int pass = 0; pass < " + std::to_string(dq_passes) + "; ++pass) {");
-    c.in();
-    c("const int cb = pass * WGS + warpgroup;");
-  } else {
-    c("{");
-    c.in();
-    c("constexpr int pass = 0;");
-    c("const int cb = warpgroup;");
-  }
-  c("const bool dq_part = cb < DPB / 64;");
+  c("const bool dq_part = warpgroup * 64 < DP;");
   c("if (dq_part) {");
   c.in();
   c("ladle_wgmma_fence_operand<64>(dq_acc);");
   c("ladle_wgmma_fence();");
   c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk)");
-  c("  " + tab + "(dq_acc, ds_desc + ((step % DS_BUFFERS) * DS_BYTES + kk * 2048) / 16, kn_desc + (" +
-    (dq_passes == 1 ? std::string("") : std::string("pass * WGS * BN * 128 + ")) + "kk * 2048) / 16, kk > 0);");
+  c("  " + tab + "(dq_acc, ds_desc + ((step & 1) * DS_BYTES + kk * 2048) / 16, kn_desc + kk * 2048 / 16, kk > 0);");
   c("ladle_wgmma_commit();");
   c.out();
   c("}");
@@ -631,15 +608,15 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("ladle_wgmma_fence_operand<DVP>(dv_acc);");
   c("ladle_wgmma_fence_operand<DP>(dk_acc);");
   c("ladle_wgmma_fence_operand<64>(dq_acc);");
-  c("if (pass == 0 && lane == 0) ladle_mbarrier_arrive(&empty[stage]);  // q and do of this stage are read");
+  c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);  // q and do of this stage are read");
   c("if (dq_part) {");
-  c("  float* const dq_head = dq + b * dq_stride_b + h * dq_stride_h;");
-  c("  LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
-  c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c("      const int i = m0 + (warp % 4) * 16 + gid + 8 * half, col = cb * 64 + nt * 8 + tig * 2;");
-  c("      if (i < q_len && col < D) ladle_red_add_f32x2(dq_head + (q_bos + i) * dq_stride_t + col, dq_acc[nt][2 * half], dq_acc[nt][2 * half + 1]);");
-  c("    }");
-  c("}");
+  c.in();
+  c("float* const dq_head = dq + b * dq_stride_b + h * dq_stride_h;");
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("    const int i = m0 + (warp % 4) * 16 + gid + 8 * half, col = warpgroup * 64 + nt * 8 + tig * 2;");
+  c("    if (i < q_len && col < D) ladle_red_add_f32x2(dq_head + (q_bos + i) * dq_stride_t + col, dq_acc[nt][2 * half], dq_acc[nt][2 * half + 1]);");
+  c("  }");
   c.out();
   c("}");
   for (std::size_t k = 3; k < inputs.size(); ++k)

@@ -9,25 +9,25 @@
 //    delta}; the sinks' gradient -sum_i exp(sink - lse_i) delta_i (a block sum, one atomic per
 //    sink); and, where the caller's d_output is not q's 16-bit type with TMA-copyable rows, a
 //    contiguous copy of it in that type.
-// 2. main (sm_90a): one block per 128 (or 64: AttentionBackwardSpec::block_n) keys of one
+// 2. main (sm_90a, warp-specialised as the forward's ws tiles): one block per 128 keys of one
 //    (sequence, key/value head). Thread 0 copies the block's K and V once and, a step or more
 //    ahead, a 64-row tile of q and of d_output into a ring of stages (TMA, 128-byte swizzle,
 //    mbarriers); the block walks every query head that shares the key/value head and every query
-//    tile the causal / window masks leave. A warpgroup owns 64 keys (no producer warpgroup:
-//    128 threads per warpgroup leave each up to 255 registers for dK's and dV's accumulators):
+//    tile the causal / window masks leave. Two warpgroups own 64 keys each (no producer
+//    warpgroup: 256 threads leave each up to 255 registers for dK's and dV's accumulators):
 //      S^T  = K q^T, dP^T = V do^T         wgmma from shared memory (K-major)
 //      P    = 2^(logit - lse)              logit and masks rendered from the expression
 //      dlogit = P (dP - delta)             (dropout: dP and P V's P take the same keep mask)
 //      dS   = dlogit * d logit / d score   the derivative expression, rendered
 //      dV  += P^T do, dK += dS^T q         wgmma, P and dS from registers, q and do N-major
-//      dQ  += dS K                         dS^T through shared memory (the block's keys),
+//      dQ  += dS K                         dS^T through shared memory (both warpgroups' keys),
 //                                          wgmma with both operands MN-major, then added into dq
 //                                          (fp32) with vector reductions (red.global.add.v2.f32)
 //    dK and dV are stored once at the end (fp32, no atomics: the block owns its keys for every
 //    query head of its group); a pair input's gradient (a bias) is added per element, a per-head
 //    input's (a slope) per warp.
-// Launch: prep grid (ceil(Tq / 8), N * H), 256 threads; main grid (ceil(Tk / block_n), N * H_kv),
-// 2 * block_n threads, dynamic shared memory AttentionBackwardKernel::shared_bytes (dq zeroed first).
+// Launch: prep grid (ceil(Tq / 8), N * H), 256 threads; main grid (ceil(Tk / 128), N * H_kv),
+// 256 threads, dynamic shared memory AttentionBackwardKernel::shared_bytes (dq zeroed first).
 #pragma once
 
 #include <string>
@@ -49,10 +49,6 @@ struct AttentionBackwardSpec {
   bool sinks_gradient = false;     // prep adds the sinks' gradient into d_softmax_aux
   std::vector<bool> input_gradients;  // per variant input: its gradient is written (pair and head inputs)
   int stages = 2;                     // the q / d_output ring: 2 to 4
-  // Keys per block of main: 128 (two warpgroups that share dQ's product: one reduction into dq per
-  // block and step) or 64 (one warpgroup, two blocks a SM that overlap each other's elementwise work
-  // with their products; twice the reductions into dq).
-  int block_n = 128;
   std::string arch = "sm_90a";        // main needs sm_90a
 };
 

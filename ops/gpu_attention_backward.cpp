@@ -148,13 +148,8 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
   return problems;
 }
 
-int attention_backward_block_n(const ops::AttentionArgs& args) {
-  (void)args;
-  return 128;
-}
-
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
-                                 const LaunchOptions& launch, std::optional<int> block_n) {
+                                 const LaunchOptions& launch) {
   const std::string op = op_name(variant);
   if (const auto problems = gpu_attention_backward_unsupported(variant, args); !problems.empty())
     throw InvalidArgument(op + " on the GPU: " + problems.front());
@@ -180,11 +175,8 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernels index tokens with 32-bit ints", op, args.Tq, args.Tk));
 
   const std::string arch = Device::get().properties().arch();
-  cuda::AttentionBackwardSpec spec = attention_backward_spec(variant, args, grads, "sm_90a");
-  spec.block_n = block_n ? *block_n : attention_backward_block_n(args);
-  if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
-    throw InvalidArgument(op + " on the GPU: " + problems.front());
-  std::string key = fmt::format("attention-backward|{}|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv, spec.block_n);
+  const cuda::AttentionBackwardSpec spec = attention_backward_spec(variant, args, grads, "sm_90a");
+  std::string key = fmt::format("attention-backward|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv);
   for (ElementType t : spec.input_types) key += element_type_name(t);
   for (bool g : spec.input_gradients) key += g ? "g" : "-";
   key += fmt::format("|{}{}{}{}{}{}{}{}", spec.varlen, spec.copy_d_output, spec.sinks_gradient, element_type_name(spec.output_type),

@@ -55,10 +55,7 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
 // dq [B,Tq,H,D] with unit stride over D, dk, dv, each wanted input's and the sinks' (canonical
 // views; broadcast axes at stride 0 over memory the call owns). Every gradient is overwritten.
 // Throws InvalidArgument for what gpu_attention_backward_unsupported names.
-// block_n: keys per block of the main kernel (64 or 128; empty: attention_backward_block_n).
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
-                                 const LaunchOptions& launch = {}, std::optional<int> block_n = std::nullopt);
-// The main kernel's keys per block without one named (bench/RESULTS.md, issue 13 fourth slice).
-int attention_backward_block_n(const ops::AttentionArgs& args);
+                                 const LaunchOptions& launch = {});
 
 }  // namespace ladle::gpu

@@ -49,7 +49,6 @@ struct Case {
   bool async_copy = true;   // cp.async staging (16-bit inputs only)
   bool d_output_f32 = false;  // backward: d_output in fp32 (prep copies it to the case's type)
   int stages = 2;             // backward: the q / d_output ring
-  int bwd_block_n = 128;      // backward: keys per block of the main kernel
 
   ladle::cuda::AttentionKernelSpec spec() const {
     ladle::cuda::AttentionKernelSpec s;
@@ -360,14 +359,6 @@ inline std::vector<Case> backward() {
     c.Tq = 171, c.Tk = 210;
     add(c);
   }
-  // The one-warpgroup form (64 keys a block, dQ's columns in passes of 64) over the causal, the soft
-  // cap + window + sinks (D = 96: two passes) and the varlen GQA cases.
-  for (std::size_t i : {std::size_t{0}, std::size_t{2}, std::size_t{6}}) {
-    Case c = cases[i];
-    c.name += ", 64-key blocks";
-    c.bwd_block_n = 64;
-    add(c);
-  }
   return cases;
 }
 
@@ -390,7 +381,6 @@ inline ladle::cuda::AttentionBackwardSpec backward_spec(const Case& c) {
                                 s.input_types[k] != ElementType::u8);
   }
   s.stages = c.stages;
-  s.block_n = c.bwd_block_n;
   s.arch = "sm_90a";
   return s;
 }

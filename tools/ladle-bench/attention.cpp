@@ -48,7 +48,6 @@ int main(int argc, char** argv) {
   std::string which = "causal";
   std::vector<std::string> tiles;
   bool backward = false;
-  int bwd_block_n = 0;
   app.add_option("-B", B);
   app.add_option("-T", T);
   app.add_option("-H", H);
@@ -58,7 +57,6 @@ int main(int argc, char** argv) {
   app.add_option("--window", window, "window_softcap: keys before the diagonal");
   app.add_option("--tile", tiles, "block_m,block_n,warps,stages[,sync|wgmma] (repeatable); default: the heuristic");
   app.add_flag("--backward", backward, "also time the backward (ladle::gpu::run_attention_backward_into) and forward + backward");
-  app.add_option("--bwd-block-n", bwd_block_n, "the backward's keys per block: 64 or 128 (default: the library's choice)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!ladle::driver_available()) {
@@ -138,8 +136,7 @@ int main(int argc, char** argv) {
         // pass 0: the forward; with --backward, pass 1: the backward alone, pass 2: forward + backward.
         const auto run = [&](int pass) {
           if (pass != 1) ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
-          if (pass != 0)
-            ladle::gpu::run_attention_backward_into(variant, args, grads, launch, bwd_block_n ? std::optional(bwd_block_n) : std::nullopt);
+          if (pass != 0) ladle::gpu::run_attention_backward_into(variant, args, grads, launch);
         };
         if (backward) run(0);  // lse for the backward-alone pass
         for (int pass = 0; pass < (backward ? 3 : 1); ++pass) {
@@ -162,8 +159,7 @@ int main(int argc, char** argv) {
           const double median = ms[ms.size() / 2];
           // FLOPs: the forward's two products; the backward's five (S again, dP, dV, dK, dQ).
           const double pass_flops = flops * (pass == 0 ? 1.0 : pass == 1 ? 2.5 : 3.5);
-          const std::string name = label + (pass == 0 ? "" : pass == 1 ? "_bwd" : "_fwd_bwd") +
-                                   (pass != 0 && bwd_block_n ? "_n" + std::to_string(bwd_block_n) : "");
+          const std::string name = label + (pass == 0 ? "" : pass == 1 ? "_bwd" : "_fwd_bwd");
           std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
                       name.c_str(), shape.c_str(), ladle::cuda::to_string(spec.tile).c_str(), median,
                       pass_flops / (median * 1e-3) / 1e12);
