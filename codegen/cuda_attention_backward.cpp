@@ -26,7 +26,7 @@ const std::set<std::string>& template_names() {
       "tile_end", "tiles", "steps", "step", "tile", "stage", "m0", "i", "j", "nt", "r", "kt", "kk", "e", "cb", "s_acc",
       "dp_acc", "dk_acc", "dv_acc", "dq_acc", "p_frag", "ds_frag", "lse2", "delta", "key_row", "key_live", "attend", "lg",
       "p", "keep", "dl", "pd", "ds", "keep_scale", "kv_segment", "interior", "k_desc", "v_desc", "q_desc", "qn_desc",
-      "do_desc", "don_desc", "ds_desc", "kn_desc", "Q_BYTES", "DO_BYTES", "K_BYTES", "V_BYTES", "DS_BYTES", "stats",
+      "do_desc", "don_desc", "ds_desc", "kn_desc", "Q_BYTES", "DO_BYTES", "K_BYTES", "V_BYTES", "DS_BYTES", "stats", "stats_s", "next_stats", "load_stats",
       "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "lse", "d_output", "d_output_stride_b",
       "d_output_stride_t", "d_output_stride_h", "d_output_stride_d", "d_output_copy", "do_map", "q_map", "k_map",
       "v_map", "row_stats", "dq", "dq_stride_b", "dq_stride_t", "dq_stride_h", "dk", "dk_stride_b", "dk_stride_t",
@@ -100,7 +100,7 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   kernel.prep_name = "ladle_attention_bwd_prep_" + tag;
   kernel.name = "ladle_attention_bwd_" + tag;
   const int q_bytes = BM * DPB * 2, do_bytes = BM * DVPB * 2, k_bytes = BN * DPB * 2, v_bytes = BN * DVPB * 2, ds_bytes = BN * 128;
-  kernel.shared_bytes = 1024 + k_bytes + v_bytes + spec.stages * (q_bytes + do_bytes) + 2 * ds_bytes + 8 * (1 + 2 * spec.stages);
+  kernel.shared_bytes = 1024 + k_bytes + v_bytes + spec.stages * (q_bytes + do_bytes) + 2 * ds_bytes + 2 * BM * 8 + 8 * (1 + 2 * spec.stages);
 
   using Role = AttentionParam::Role;
   using Type = AttentionParam::Type;
@@ -372,7 +372,8 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("const int tiles = tile_end - tile_begin, steps = group * tiles;  // a step: one query head's tile");
   c("");
   c("// Shared memory from a 1024-byte aligned base (TMA's 128-byte swizzle): K [DPB / 64][BN][64], V [DVPB / 64][BN][64],");
-  c("// per stage q [DPB / 64][BM][64] and do [DVPB / 64][BM][64], dS^T [2][BN][64] (ours, swizzled alike), mbarriers.");
+  c("// per stage q [DPB / 64][BM][64] and do [DVPB / 64][BM][64], dS^T [2][BN][64] (ours, swizzled alike), the steps'");
+  c("// row statistics [2][BM], mbarriers.");
   c("LADLE_DYNAMIC_SHARED(smem);");
   c("unsigned char* const aligned_smem = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
   c("unsigned short* const k_tile = reinterpret_cast<unsigned short*>(aligned_smem);");
@@ -380,7 +381,8 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("unsigned short* const q_ring = reinterpret_cast<unsigned short*>(aligned_smem + K_BYTES + V_BYTES);");
   c("unsigned short* const do_ring = reinterpret_cast<unsigned short*>(aligned_smem + K_BYTES + V_BYTES + STAGES * Q_BYTES);");
   c("unsigned char* const ds_tile = aligned_smem + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES);");
-  c("unsigned long long* const kv_full = reinterpret_cast<unsigned long long*>(ds_tile + 2 * DS_BYTES);");
+  c("float2* const stats_s = reinterpret_cast<float2*>(ds_tile + 2 * DS_BYTES);  // [2][BM] {lse log2 e, delta}, by step");
+  c("unsigned long long* const kv_full = reinterpret_cast<unsigned long long*>(stats_s + 2 * BM);");
   c("unsigned long long* const full = kv_full + 1;");
   c("unsigned long long* const empty = kv_full + 1 + STAGES;");
   c("if (threadIdx.x == 0) {");
@@ -440,11 +442,22 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("const unsigned long long kn_desc = ladle_wgmma_desc_sw128(k_tile + warpgroup * BN * 64, BN * 128, 1024);");
   for (std::size_t k = 3; k < inputs.size(); ++k)
     if (wants_gradient(k) && inputs[k].kind == ir::InputKind::head) c("float acc_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs[k].name);
+  c("// The row statistics (lse in log2 units, delta) of a step's 64 queries, one per thread of the first 64;");
+  c("// past the sequence lse is +inf (p = 0). Loaded a step ahead, stored into stats_s at the step's barrier.");
+  c("const auto load_stats = [&](int step) {");
+  c("  const int h = hk * group + step / tiles, i = (tile_begin + step % tiles) * BM + static_cast<int>(threadIdx.x);");
+  c("  return i < q_len ? row_stats[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] : make_float2(-ladle_neg_inf(), 0.0f);");
+  c("};");
+  c("if (threadIdx.x < BM && steps > 0) stats_s[threadIdx.x] = load_stats(0);");
+  c("__syncthreads();");
   c("ladle_mbarrier_wait(kv_full, 0);");
   c("for (int step = 0; step < steps; ++step) {");
   c.in();
   c("const int h = hk * group + step / tiles, m0 = (tile_begin + step % tiles) * BM, stage = step % STAGES;");
   c("(void)h;");
+  c("const float2* const stats = stats_s + (step & 1) * BM;  // this step's, stored at the last step's barrier");
+  c("float2 next_stats = make_float2(0.0f, 0.0f);");
+  c("if (threadIdx.x < BM && step + 1 < steps) next_stats = load_stats(step + 1);  // in flight through the step");
   for (std::size_t k = 3; k < inputs.size(); ++k) {
     if (!used[k] && !wants_gradient(k)) continue;
     if (inputs[k].kind == ir::InputKind::head)
@@ -501,8 +514,7 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
     c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
     c.in();
     c("  const int nt = 2 * kk + x, i = m0 + nt * 8 + tig * 2 + e;");
-    c("  // lse (log2 units) and delta of query i; past the sequence p = 0 (lse +inf).");
-    c("  const float2 st = i < q_len ? row_stats[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] : make_float2(-ladle_neg_inf(), 0.0f);");
+    c("  const float2 st = stats[nt * 8 + tig * 2 + e];  // lse (log2 units) and delta of query i");
     c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
     c.in();
     c("  const int r = 2 * half + e, j = key_row[half];");
@@ -592,7 +604,8 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("ladle_wgmma_commit();");
   c("// 6. dQ = dS K over the block's 128 keys: warpgroup w takes D's columns 64 w.. (warpgroup 1 idles at DP <= 64).");
   c("ladle_fence_proxy_async();  // dS^T's stores, visible to wgmma");
-  c("ladle_named_barrier_sync(1, 256);  // both warpgroups' dS^T stored");
+  c("if (threadIdx.x < BM && step + 1 < steps) stats_s[((step + 1) & 1) * BM + threadIdx.x] = next_stats;");
+  c("ladle_named_barrier_sync(1, 256);  // both warpgroups' dS^T stored, the next step's statistics too");
   c("float dq_acc[8][4];");
   c("const bool dq_part = warpgroup * 64 < DP;");
   c("if (dq_part) {");
