@@ -139,13 +139,9 @@ AttentionBackwardArguments pack_attention_backward_arguments(const cuda::Attenti
 }
 
 std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionVariant& variant, const ops::AttentionArgs& args) {
-  std::vector<std::string> problems;
-  const std::string arch = Device::get().properties().arch();
-  cpu::AttentionGrads none;
+  cpu::AttentionGrads none;  // the gradients wanted do not change what the kernels take
   none.d_output = args.o;
-  cuda::AttentionBackwardSpec spec = attention_backward_spec(variant, args, none, arch == "sm_90" ? "sm_90a" : arch);
-  problems = cuda::attention_backward_unsupported(variant, spec);
-  return problems;
+  return cuda::attention_backward_unsupported(variant, attention_backward_spec(variant, args, none, Device::get().properties().arch()));
 }
 
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,

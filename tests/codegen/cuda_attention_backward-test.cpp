@@ -46,7 +46,7 @@ TensorView gradient_view(HostTensor& grad, const TensorView& canonical) {
 struct Gradients {
   std::deque<HostTensor> store;
   cpu::AttentionGrads views;
-  std::vector<std::pair<std::string, const HostTensor*>> named;  // for the comparison
+  std::vector<std::pair<std::string, HostTensor*>> named;  // for the comparison
 };
 
 Gradients gradients(const Case& c, const Bound& bound, const TensorView& d_output, float fill) {
@@ -112,7 +112,7 @@ TEST_CASE("attention backward: the emulated kernels match the CPU backward for e
       // As the launcher does: the atomically added gradients start from zero; dk and dv stay poisoned
       // (main stores every row).
       for (auto& [name, tensor] : out.named)
-        if (name != "dk" && name != "dv") std::fill_n(static_cast<float*>(const_cast<HostTensor*>(tensor)->data()), tensor->numel(), 0.0f);
+        if (name != "dk" && name != "dv") std::fill_n(static_cast<float*>(tensor->data()), tensor->numel(), 0.0f);
       std::vector<float> row_stats(static_cast<std::size_t>(2 * args.B * args.H * args.Tq), std::numeric_limits<float>::quiet_NaN());
       HostTensor copy(c.type, {args.B, args.Tq, args.H, args.Dv});
       gpu::AttentionBackwardArguments packed = gpu::pack_attention_backward_arguments(
