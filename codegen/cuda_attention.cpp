@@ -77,6 +77,16 @@ std::optional<double> attention_logit_factor(const ir::AttentionVariant& variant
   return scalar_value(hoisted, lead->factor, scalars);
 }
 
+AttentionGrid attention_grid(std::int64_t heads, std::int64_t blocks) {
+  if (heads < 1 || blocks < 1)
+    throw InvalidArgument("attention_grid: heads = " + std::to_string(heads) + ", blocks = " + std::to_string(blocks) + ", expected positive");
+  const std::int64_t group = heads % 4 == 0 ? 4 : heads % 2 == 0 ? 2 : 1;
+  if (blocks > 65535 || heads / group > 65535)
+    throw InvalidArgument("attention_grid: " + std::to_string(blocks) + " blocks of a head and " + std::to_string(heads / group) +
+                          " groups of " + std::to_string(group) + " heads; the grid takes at most 65535 of each");
+  return {static_cast<unsigned>(group), static_cast<unsigned>(blocks), static_cast<unsigned>(heads / group)};
+}
+
 AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_attention: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
@@ -243,7 +253,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   if (!variant.keep.empty()) header += "keep  = " + ir::to_string(inputs, variant.keep) + "\n";
   header += "config: " + to_string(tile) + " (" + std::to_string(threads) + " threads), D=" + std::to_string(spec.D) +
             " Dv=" + std::to_string(spec.Dv) + "\n";
-  header += "launch: grid (ceil(Tq / " + std::to_string(tile.block_m) + "), N * H), block (" + std::to_string(threads) +
+  header += "launch: grid attention_grid(N * H, ceil(Tq / " + std::to_string(tile.block_m) + "))" + ", block (" + std::to_string(threads) +
             "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
   std::string types;
   for (std::size_t k = 0; k < inputs.size(); ++k)
@@ -298,13 +308,17 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     c("// compiler knows it is warp-uniform and keeps the descriptors built from it in uniform registers.");
     c("const int warpgroup = ladle_warp_uniform(warp / 4);");
   }
+  // The grid (attention_grid): x a group's heads, y the row blocks, z the groups. (Unsigned, as the
+  // signed forms cost the mma.sync kernel at D = 64 a spill on sm_80.)
   if (variant.causal && !spec.varlen) {
-    // Under a causal mask the last row blocks see the most keys: they start first, so that the
-    // light ones fill the tail of the grid instead of the heavy ones.
-    c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = (gridDim.x - 1 - blockIdx.x) * BM;");
+    // Under a causal mask the last row blocks see the most keys: a group's start first, so that
+    // the light ones fill the tail of the grid instead of the heavy ones.
+    c("const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;");
   } else {
-    c("const int n = blockIdx.y / H, h = blockIdx.y % H, m0 = blockIdx.x * BM;");
+    c("const int m0 = blockIdx.y * BM;");
   }
+  c("const unsigned head = blockIdx.z * gridDim.x + blockIdx.x;");
+  c("const int n = head / H, h = head % H;");
   c("");
   c("// The sequence: its first query and key, their counts, the batch row.");
   if (spec.varlen) {

@@ -35,7 +35,7 @@
 // previous results are read, and the softmax of tile t runs while P V of tile t-1 finishes. No
 // __syncthreads in the key loop. The launcher passes three tensor maps (runtime/tensor_map.h).
 //
-// Launch: grid (ceil(Tq / block_m), N * H), block (AttentionKernel::threads: 32 * warps, plus a
+// Launch: grid attention_grid(N * H, ceil(Tq / block_m)), block (AttentionKernel::threads: 32 * warps, plus a
 // producer warpgroup of 128 for ws), dynamic shared memory AttentionKernel::shared_bytes. The
 // parameters are listed by AttentionKernel::params.
 #pragma once
@@ -137,6 +137,7 @@ struct AttentionParam {
     d_output_stride_d,
     d_output_copy,    // [B,Tq,H,Dv] in q's 16-bit type, contiguous (prep writes it when asked)
     d_output_map,     // the TMA map of the 16-bit d_output main reads (the caller's or the copy)
+    dq_map,           // the TMA map (fp32, 32-float boxes of box_rows rows) of dq, which main's reductions add into
     row_stats,        // [B,H,Tq] float2 {lse log2 e, delta}
     dq,               // [B,Tq,H,D] f32, unit stride over D, and its strides b, t, h
     dq_stride_b,
@@ -174,9 +175,23 @@ struct AttentionKernel {
   std::string source;
   std::vector<AttentionParam> params;
   unsigned threads = 0;  // block size
-  int block_m = 0;       // grid.x = ceil(Tq / block_m) (varlen: of the longest sequence), grid.y = N * H
+  int block_m = 0;       // grid: attention_grid(N * H, ceil(Tq / block_m)) (varlen: of the longest sequence)
   int shared_bytes = 0;  // dynamic shared memory per block
 };
+
+// The launch grid of the attention kernels (forward, and the backward's main kernel) over `heads`
+// (sequences x heads; x kv heads for the backward) and `blocks` (query row blocks; key blocks for
+// the backward): x the heads of a group (4, 2 or 1: what divides heads), y the blocks, z the
+// groups; the kernels read head blockIdx.z * gridDim.x + blockIdx.x and block blockIdx.y. Blocks
+// start in that order, so a group's heads run their blocks side by side (what they read stays in
+// L2: heads varying fastest over the whole grid made both directions 18 % slower) and the heaviest
+// blocks of every group start first (causal: the forward's last row blocks, the backward's first
+// key blocks), leaving the light ones to fill the tail. Throws InvalidArgument past the grid's
+// limits (65535 blocks along y, 65535 groups along z), naming the counts.
+struct AttentionGrid {
+  unsigned x = 1, y = 1, z = 1;
+};
+AttentionGrid attention_grid(std::int64_t heads, std::int64_t blocks);
 
 // Dynamic shared memory a block needs: the K/V stages (sync: the q tile borrows them at the
 // start; wgmma: the q tile stays beside them, read by every score product).

@@ -1,5 +1,6 @@
 #include "cuda_attention_backward.h"
 
+
 #include <set>
 #include <tuple>
 
@@ -27,6 +28,7 @@ const std::set<std::string>& template_names() {
       "dp_acc", "dk_acc", "dv_acc", "dq_acc", "p_frag", "ds_frag", "lse2", "delta", "key_row", "key_live", "attend", "lg",
       "p", "keep", "dl", "pd", "ds", "keep_scale", "kv_segment", "interior", "k_desc", "v_desc", "q_desc", "qn_desc",
       "do_desc", "don_desc", "ds_desc", "kn_desc", "Q_BYTES", "DO_BYTES", "K_BYTES", "V_BYTES", "DS_BYTES", "stats", "stats_s", "next_stats", "load_stats",
+      "dq_stage", "DQ_STAGE_BYTES", "stage_boxes", "dq_head", "dq_part", "dq_map",
       "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "lse", "d_output", "d_output_stride_b",
       "d_output_stride_t", "d_output_stride_h", "d_output_stride_d", "d_output_copy", "do_map", "q_map", "k_map",
       "v_map", "row_stats", "dq", "dq_stride_b", "dq_stride_t", "dq_stride_h", "dk", "dk_stride_b", "dk_stride_t",
@@ -43,7 +45,18 @@ int pad16(int x) { return (x + 15) / 16 * 16; }
 
 bool sixteen_bit(ElementType t) { return t == ElementType::f16 || t == ElementType::bf16; }
 
+
 }  // namespace
+
+// A 1024-byte alignment pad, K and V of the block's 128 keys, the q / d_output ring, dS^T twice, dQ's
+// stages (dq_tma), the row statistics of two steps, the mbarriers.
+int attention_backward_shared_bytes(const AttentionBackwardSpec& spec) {
+  constexpr int BM = 64, BN = 128;
+  const int DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
+  const int q_bytes = BM * DPB * 2, do_bytes = BM * DVPB * 2, k_bytes = BN * DPB * 2, v_bytes = BN * DVPB * 2, ds_bytes = BN * 128;
+  return 1024 + k_bytes + v_bytes + spec.stages * (q_bytes + do_bytes) + 2 * ds_bytes + (spec.dq_tma ? 2 * 2 * BM * 128 : 0) + 2 * BM * 8 +
+         8 * (1 + 2 * spec.stages);
+}
 
 std::vector<std::string> attention_backward_unsupported(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec) {
   std::vector<std::string> problems;
@@ -63,6 +76,9 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
     problems.push_back("the GPU backward runs on wgmma and TMA: it needs the target sm_90a, the target is " +
                        (spec.arch.empty() ? std::string("unknown") : spec.arch));
   if (spec.stages < 2 || spec.stages > 4) problems.push_back("stages = " + std::to_string(spec.stages) + ", expected 2 to 4");
+  else if (const int bytes = attention_backward_shared_bytes(spec); bytes > 232448)
+    problems.push_back("stages = " + std::to_string(spec.stages) + " at D = " + std::to_string(spec.D) + ", Dv = " + std::to_string(spec.Dv) +
+                       " needs " + std::to_string(bytes) + " bytes of shared memory, more than a block's 232448");
   if (!spec.input_gradients.empty() && spec.input_gradients.size() != variant.inputs.size())
     problems.push_back("input_gradients has " + std::to_string(spec.input_gradients.size()) + " entries, expected one per variant input");
   return problems;
@@ -90,7 +106,8 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
 
   AttentionBackwardKernel kernel;
   std::string key = std::to_string(spec.D) + "," + std::to_string(spec.Dv) + (spec.varlen ? " L" : "") +
-                    (spec.copy_d_output ? " C" : "") + (spec.sinks_gradient ? " S" : "") + " s" + std::to_string(spec.stages) +
+                    (spec.copy_d_output ? " C" : "") + (spec.sinks_gradient ? " S" : "") + (spec.dq_tma ? " QB" : "") + " s" +
+                    std::to_string(spec.stages) +
                     element_type_name(spec.output_type) + element_type_name(spec.d_output_type) +
                     element_type_name(spec.q_segment_ids_type) + element_type_name(spec.kv_segment_ids_type) +
                     element_type_name(spec.sinks_type);
@@ -99,8 +116,7 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   const std::string tag = hex(fnv1a(key, ir::hash(variant)));
   kernel.prep_name = "ladle_attention_bwd_prep_" + tag;
   kernel.name = "ladle_attention_bwd_" + tag;
-  const int q_bytes = BM * DPB * 2, do_bytes = BM * DVPB * 2, k_bytes = BN * DPB * 2, v_bytes = BN * DVPB * 2, ds_bytes = BN * 128;
-  kernel.shared_bytes = 1024 + k_bytes + v_bytes + spec.stages * (q_bytes + do_bytes) + 2 * ds_bytes + 2 * BM * 8 + 8 * (1 + 2 * spec.stages);
+  kernel.shared_bytes = attention_backward_shared_bytes(spec);
 
   using Role = AttentionParam::Role;
   using Type = AttentionParam::Type;
@@ -173,6 +189,10 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
                                                 std::tuple{"v_map", Role::tensor_map, 2, BN}, std::tuple{"do_map", Role::d_output_map, -1, BM}}) {
     decl.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
     kernel.main_params.push_back({name, "ladle_tensor_map", Type::tensor_map, role, index, rows});
+  }
+  if (spec.dq_tma) {
+    decl.push_back("const __grid_constant__ ladle_tensor_map dq_map");
+    kernel.main_params.push_back({"dq_map", "ladle_tensor_map", Type::tensor_map, Role::dq_map, -1, BM});
   }
   param("const float2*", "row_stats", Type::pointer, Role::row_stats);
   param("float*", "dq", Type::pointer, Role::dq);
@@ -247,7 +267,7 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   header += "D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ", q, k, v " + t16 + ", stages " + std::to_string(spec.stages) + "\n";
   header += "prep: grid (ceil(Tq / 8), N * H), block 256: delta = do . o, lse in log2 units" +
             std::string(spec.sinks_gradient ? ", the sinks' gradient" : "") + (spec.copy_d_output ? ", d_output copied to " + t16 : "") + "\n";
-  header += "main: grid (ceil(Tk / 128), N * H_kv), block 256 (two warpgroups of 64 keys; thread 0 issues the TMA copies),\n"
+  header += "main: grid attention_grid(N * H_kv, ceil(Tk / 128)), block 256 (two warpgroups of 64 keys; thread 0 issues the TMA copies),\n"
             "dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes; every query head of the key/value head's group\n"
             "S^T = K q^T, dP^T = V do^T, dV += P^T do, dK += dS^T q, dQ += dS K: wgmma.mma_async, fp32 accumulation\n";
 
@@ -267,6 +287,16 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
 __device__ __forceinline__ void ladle_red_add_f32x2(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+// dQ's tile added to dq by the TMA unit: box (c0.., c1.., c2, c3) of the fp32 map read from shared memory in the
+// 128-byte swizzle; the issuing thread commits its reductions as a bulk group and, before the source is written
+// again, waits until its groups have read it.
+__device__ __forceinline__ void ladle_tma_reduce_add_4d(const ladle_tensor_map* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(map),
+               "r"(static_cast<unsigned>(__cvta_generic_to_shared(src))), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void ladle_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void ladle_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void ladle_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd(p, a); }
 #endif)");
   c("");
@@ -346,7 +376,9 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("(void)LOG2E;");
   c("// Warp w = 0..7 (warpgroup w / 4) owns keys 16 w.. of the block; thread 0 also issues the copies.");
   c("const int lane = threadIdx.x % 32, warp = static_cast<int>(threadIdx.x / 32), gid = lane / 4, tig = lane % 4;");
-  c("const int n = blockIdx.y / H_kv, hk = blockIdx.y % H_kv, group = H / H_kv;");
+  c("// The grid (attention_grid): x a group's kv heads, y the key blocks (under a causal mask the first is the");
+  c("// heaviest: it starts first), z the groups.");
+  c("const int head = static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x), n = head / H_kv, hk = head % H_kv, group = H / H_kv;");
   if (spec.varlen) {
     c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
     c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
@@ -356,7 +388,7 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
     c("const int q_len = Tq, k_len = Tk, b = n;");
   }
   c("(void)Tk;");
-  c("const int j_block = blockIdx.x * BN;");
+  c("const int j_block = blockIdx.y * BN;");
   c("if (j_block >= k_len) return;");
   c("const int diagonal = k_len - q_len, j_last = (j_block + BN < k_len ? j_block + BN : k_len) - 1;");
   c("(void)j_last;");
@@ -381,7 +413,15 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("unsigned short* const q_ring = reinterpret_cast<unsigned short*>(aligned_smem + K_BYTES + V_BYTES);");
   c("unsigned short* const do_ring = reinterpret_cast<unsigned short*>(aligned_smem + K_BYTES + V_BYTES + STAGES * Q_BYTES);");
   c("unsigned char* const ds_tile = aligned_smem + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES);");
-  c("float2* const stats_s = reinterpret_cast<float2*>(ds_tile + 2 * DS_BYTES);  // [2][BM] {lse log2 e, delta}, by step");
+  if (spec.dq_tma) {
+    c("// dQ's stage: per warpgroup two boxes of BM rows x 32 floats (128 bytes, swizzled as TMA reads them), 1024-byte");
+    c("// aligned; the TMA unit adds them into dq.");
+    c("constexpr unsigned DQ_STAGE_BYTES = 2 * 2 * BM * 128;");
+    c("unsigned char* const dq_stage = ds_tile + 2 * DS_BYTES;");
+    c("float2* const stats_s = reinterpret_cast<float2*>(dq_stage + DQ_STAGE_BYTES);  // [2][BM] {lse log2 e, delta}");
+  } else {
+    c("float2* const stats_s = reinterpret_cast<float2*>(ds_tile + 2 * DS_BYTES);  // [2][BM] {lse log2 e, delta}, by step");
+  }
   c("unsigned long long* const kv_full = reinterpret_cast<unsigned long long*>(stats_s + 2 * BM);");
   c("unsigned long long* const full = kv_full + 1;");
   c("unsigned long long* const empty = kv_full + 1 + STAGES;");
@@ -605,7 +645,10 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("// 6. dQ = dS K over the block's 128 keys: warpgroup w takes D's columns 64 w.. (warpgroup 1 idles at DP <= 64).");
   c("ladle_fence_proxy_async();  // dS^T's stores, visible to wgmma");
   c("if (threadIdx.x < BM && step + 1 < steps) stats_s[((step + 1) & 1) * BM + threadIdx.x] = next_stats;");
-  c("ladle_named_barrier_sync(1, 256);  // both warpgroups' dS^T stored, the next step's statistics too");
+  if (spec.dq_tma)
+    c("if (threadIdx.x % 128 == 0) ladle_bulk_wait_read();  // the last step's reductions have read this warpgroup's dQ stage");
+  c("ladle_named_barrier_sync(1, 256);  // both warpgroups' dS^T stored, the next step's statistics too" +
+    std::string(spec.dq_tma ? ", the dQ stages free" : ""));
   c("float dq_acc[8][4];");
   c("const bool dq_part = warpgroup * 64 < DP;");
   c("if (dq_part) {");
@@ -622,16 +665,38 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c("ladle_wgmma_fence_operand<DP>(dk_acc);");
   c("ladle_wgmma_fence_operand<64>(dq_acc);");
   c("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);  // q and do of this stage are read");
-  c("if (dq_part) {");
-  c.in();
-  c("float* const dq_head = dq + b * dq_stride_b + h * dq_stride_h;");
-  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
-  c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c("    const int i = m0 + (warp % 4) * 16 + gid + 8 * half, col = warpgroup * 64 + nt * 8 + tig * 2;");
-  c("    if (i < q_len && col < D) ladle_red_add_f32x2(dq_head + (q_bos + i) * dq_stride_t + col, dq_acc[nt][2 * half], dq_acc[nt][2 * half + 1]);");
-  c("  }");
-  c.out();
-  c("}");
+  if (spec.dq_tma) {
+    c("// dQ into this warpgroup's stage (row r, column 32 x + c of box x at byte r 128 + ((c / 4) ^ r % 8) 16 + c % 4 * 4),");
+    c("// then one thread adds the boxes into dq by TMA (rows past the sequence are zero; past the tensor, dropped).");
+    c("unsigned char* const stage_boxes = dq_stage + warpgroup * 2 * BM * 128;");
+    c("if (dq_part) {");
+    c("  LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+    c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("      const int r = (warp % 4) * 16 + gid + 8 * half, c = (nt % 4) * 8 + tig * 2;");
+    c("      *reinterpret_cast<float2*>(stage_boxes + (nt / 4) * BM * 128 + r * 128 + (((c / 4) ^ (r % 8)) * 16) + (c % 4) * 4) =");
+    c("          make_float2(dq_acc[nt][2 * half], dq_acc[nt][2 * half + 1]);");
+    c("    }");
+    c("  ladle_fence_proxy_async();  // the stage's stores, visible to the TMA unit");
+    c("}");
+    c("ladle_named_barrier_sync(2 + warpgroup, 128);  // this warpgroup's stage written");
+    c("if (dq_part && threadIdx.x % 128 == 0) {");
+    c("  LADLE_UNROLL for (int x = 0; x < 2; ++x)");
+    c("    if (warpgroup * 64 + x * 32 < D)");
+    c("      ladle_tma_reduce_add_4d(&dq_map, stage_boxes + x * BM * 128, warpgroup * 64 + x * 32, static_cast<int>(q_bos) + m0, h, b);");
+    c("  ladle_bulk_commit();");
+    c("}");
+  } else {
+    c("if (dq_part) {");
+    c.in();
+    c("float* const dq_head = dq + b * dq_stride_b + h * dq_stride_h;");
+    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+    c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("    const int i = m0 + (warp % 4) * 16 + gid + 8 * half, col = warpgroup * 64 + nt * 8 + tig * 2;");
+    c("    if (i < q_len && col < D) ladle_red_add_f32x2(dq_head + (q_bos + i) * dq_stride_t + col, dq_acc[nt][2 * half], dq_acc[nt][2 * half + 1]);");
+    c("  }");
+    c.out();
+    c("}");
+  }
   for (std::size_t k = 3; k < inputs.size(); ++k)
     if (!dinput_expression[k].empty() && inputs[k].kind == ir::InputKind::head) {
       c("// d " + inputs[k].name + ": this warp's sum, one atomic per warp and head.");
@@ -645,6 +710,7 @@ __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd
   c.out();
   c("}");
   c("");
+  if (spec.dq_tma) c("if (threadIdx.x % 128 == 0) ladle_bulk_wait();  // dQ's last reductions done before the block ends");
   c("// 7. dK and dV of this thread's keys, stored once (fp32; zero where no query attended them).");
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c.in();

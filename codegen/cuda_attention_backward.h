@@ -21,12 +21,15 @@
 //      dS   = dlogit * d logit / d score   the derivative expression, rendered
 //      dV  += P^T do, dK += dS^T q         wgmma, P and dS from registers, q and do N-major
 //      dQ  += dS K                         dS^T through shared memory (both warpgroups' keys),
-//                                          wgmma with both operands MN-major, then added into dq
-//                                          (fp32) with vector reductions (red.global.add.v2.f32)
+//                                          wgmma with both operands MN-major, then staged in shared
+//                                          memory (swizzled fp32 boxes of 64 rows x 32) and added
+//                                          into dq by the TMA unit (cp.reduce.async.bulk.tensor add,
+//                                          two boxes a warpgroup a step; dq_tma), or, for a dq TMA
+//                                          cannot address, with red.global.add.v2.f32 from registers
 //    dK and dV are stored once at the end (fp32, no atomics: the block owns its keys for every
 //    query head of its group); a pair input's gradient (a bias) is added per element, a per-head
 //    input's (a slope) per warp.
-// Launch: prep grid (ceil(Tq / 8), N * H), 256 threads; main grid (ceil(Tk / 128), N * H_kv),
+// Launch: prep grid (ceil(Tq / 8), N * H), 256 threads; main grid attention_grid(N * H_kv, ceil(Tk / 128)),
 // 256 threads, dynamic shared memory AttentionBackwardKernel::shared_bytes (dq zeroed first).
 #pragma once
 
@@ -49,6 +52,10 @@ struct AttentionBackwardSpec {
   bool sinks_gradient = false;     // prep adds the sinks' gradient into d_softmax_aux
   std::vector<bool> input_gradients;  // per variant input: its gradient is written (pair and head inputs)
   int stages = 2;                     // the q / d_output ring: 2 to 4
+  bool dq_tma = false;                // dq 16-byte aligned, its strides multiples of 4 (and shared memory to spare):
+                                      // main stages dQ's rows in shared memory and adds them by bulk reductions
+                                      // (cp.reduce.async.bulk.tensor through an fp32 tensor map of dq);
+                                      // else red.global.add.v2.f32 from registers
   std::string arch = "sm_90a";        // main needs sm_90a
 };
 
@@ -58,13 +65,16 @@ struct AttentionBackwardKernel {
   std::vector<AttentionParam> prep_params, main_params;
   unsigned prep_threads = 256, main_threads = 256;
   int prep_rows = 8;       // prep grid.x = ceil(longest q sequence / prep_rows)
-  int block_n = 128;       // main grid.x = ceil(longest k sequence / block_n)
+  int block_n = 128;       // main grid: attention_grid(N * H_kv, ceil(longest k sequence / block_n))
   int shared_bytes = 0;    // main's dynamic shared memory
 };
 
 // What keeps a call off the GPU backward (empty: it runs): head dims past 128 or not multiples of
 // 8, q, k, v not of one 16-bit type, a target other than sm_90a.
 std::vector<std::string> attention_backward_unsupported(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec);
+
+// The main kernel's dynamic shared memory for a spec (at most 232448 bytes: attention_backward_unsupported).
+int attention_backward_shared_bytes(const AttentionBackwardSpec& spec);
 
 // Throws InvalidArgument for a malformed variant or anything attention_backward_unsupported names.
 AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec);

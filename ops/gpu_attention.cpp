@@ -143,22 +143,24 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
 }
 
 TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows) {
-  if (view.rank() != 4 || (view.type != ElementType::f16 && view.type != ElementType::bf16))
-    throw InvalidArgument("attention: a TMA copy needs a 16-bit [B,T,X,D] view, got rank " + std::to_string(view.rank()) +
+  if (view.rank() != 4 || (view.type != ElementType::f16 && view.type != ElementType::bf16 && view.type != ElementType::f32))
+    throw InvalidArgument("attention: a TMA copy needs a 16-bit or fp32 [B,T,X,D] view, got rank " + std::to_string(view.rank()) +
                           " of " + element_type_name(view.type));
   TensorMapDescription map;
   map.address = view.data;
   map.rank = 4;
   map.bfloat16 = view.type == ElementType::bf16 ? 1 : 0;
+  map.float32 = view.type == ElementType::f32 ? 1 : 0;
+  const std::int64_t size = map.float32 ? 4 : 2;
   // dims innermost first: D, T, X, B; a dimension of one index gets any valid stride.
   const int order[4] = {3, 1, 2, 0};
   for (int d = 0; d < 4; ++d) {
     const int axis = order[d];
     map.dims[d] = static_cast<std::uint64_t>(view.shape[axis]);
-    const std::int64_t stride = view.shape[axis] > 1 ? view.strides[axis] * 2 : 16;
-    map.strides[d] = d == 0 ? 2 : static_cast<std::uint64_t>(stride);
+    const std::int64_t stride = view.shape[axis] > 1 ? view.strides[axis] * size : 16;
+    map.strides[d] = d == 0 ? static_cast<std::uint64_t>(size) : static_cast<std::uint64_t>(stride);
   }
-  map.box[0] = 64, map.box[1] = static_cast<std::uint32_t>(box_rows), map.box[2] = 1, map.box[3] = 1;
+  map.box[0] = static_cast<std::uint32_t>(128 / size), map.box[1] = static_cast<std::uint32_t>(box_rows), map.box[2] = 1, map.box[3] = 1;
   return map;
 }
 
@@ -252,9 +254,14 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
   }
   KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, reinterpret_cast<const void*>(offsets_q.device_ptr()),
                                                reinterpret_cast<const void*>(offsets_k.device_ptr()));
-  const unsigned grid_x = static_cast<unsigned>((rows + loaded.kernel.block_m - 1) / loaded.kernel.block_m);
-  const unsigned grid_y = static_cast<unsigned>(args.N * args.H);
-  loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed,
+  cuda::AttentionGrid grid;
+  try {
+    grid = cuda::attention_grid(args.N * args.H, (rows + loaded.kernel.block_m - 1) / loaded.kernel.block_m);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {} sequences x {} heads, {} query rows in blocks of {}: {}", op_name(variant), args.N, args.H,
+                                      rows, loaded.kernel.block_m, e.what()));
+  }
+  loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
                           static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
   if (spec.varlen) {
     // The offsets are freed on return: wait until the kernel has read them.

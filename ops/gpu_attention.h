@@ -57,8 +57,9 @@ KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& par
 void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& param, const ops::AttentionArgs& args,
                              const void* cu_seqlens_q, const void* cu_seqlens_k,
                              TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map);
-// The TMA map of a q, k or v view [B,T,X,D] of 16-bit elements: dims (D, T, X, B) innermost
-// first, boxes of 64 head-dim elements by box_rows tokens.
+// The TMA map of a [B,T,X,D] view (q, k, v: 16-bit elements; the backward's dq: fp32): dims
+// (D, T, X, B) innermost first, boxes of 128 bytes of head-dim elements (64, or 32 fp32) by
+// box_rows tokens.
 TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows);
 
 // Runs the variant on bound arguments whose views hold device pointers, with the tile

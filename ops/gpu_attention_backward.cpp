@@ -69,6 +69,8 @@ cuda::AttentionBackwardSpec attention_backward_spec(const ir::AttentionVariant& 
   spec.output_type = args.o.type;
   spec.d_output_type = grads.d_output.type;
   spec.copy_d_output = !tma_copyable(grads.d_output, args.q.type);
+  spec.dq_tma = grads.dq.strides.size() == 4 && address(grads.dq.data) % 16 == 0 && grads.dq.strides[0] % 4 == 0 &&
+                 grads.dq.strides[1] % 4 == 0 && grads.dq.strides[2] % 4 == 0 && cuda::attention_backward_shared_bytes(spec) <= 232448;
   spec.sinks_gradient = args.softmax_aux.has_value() && grads.d_softmax_aux.has_value() && args.sinks > 0;
   spec.input_gradients.assign(variant.inputs.size(), false);
   for (std::size_t k = 0; k < variant.inputs.size() && k < grads.d_tensors.size(); ++k) spec.input_gradients[k] = grads.d_tensors[k].has_value();
@@ -105,6 +107,7 @@ AttentionBackwardArguments pack_attention_backward_arguments(const cuda::Attenti
       case Role::d_output_map:
         packed.add(encode(attention_tensor_map(d_output_for_tma(spec, args, grads, d_output_copy), p.box_rows)));
         break;
+      case Role::dq_map: packed.add(encode(attention_tensor_map(grads.dq, p.box_rows))); break;
       case Role::row_stats: packed.add(address(row_stats)); break;
       case Role::dq: packed.add(address(grads.dq.data)); break;
       case Role::dq_stride_b: i64(grads.dq.strides[0]); break;
@@ -145,7 +148,7 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
 }
 
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
-                                 const LaunchOptions& launch) {
+                                 const LaunchOptions& launch, int stages) {
   const std::string op = op_name(variant);
   if (const auto problems = gpu_attention_backward_unsupported(variant, args); !problems.empty())
     throw InvalidArgument(op + " on the GPU: " + problems.front());
@@ -171,11 +174,17 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernels index tokens with 32-bit ints", op, args.Tq, args.Tk));
 
   const std::string arch = Device::get().properties().arch();
-  const cuda::AttentionBackwardSpec spec = attention_backward_spec(variant, args, grads, "sm_90a");
+  cuda::AttentionBackwardSpec spec = attention_backward_spec(variant, args, grads, "sm_90a");
+  if (stages != 0) {
+    spec.stages = stages;
+    if (spec.dq_tma && cuda::attention_backward_shared_bytes(spec) > 232448) spec.dq_tma = false;  // dQ by red.global there
+    if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
+      throw InvalidArgument(fmt::format("{}: stages = {}: {}", op, stages, problems.front()));
+  }
   std::string key = fmt::format("attention-backward|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv);
   for (ElementType t : spec.input_types) key += element_type_name(t);
   for (bool g : spec.input_gradients) key += g ? "g" : "-";
-  key += fmt::format("|{}{}{}{}{}{}{}{}", spec.varlen, spec.copy_d_output, spec.sinks_gradient, element_type_name(spec.output_type),
+  key += fmt::format("|s{}{}|{}{}{}{}{}{}{}{}", spec.stages, spec.dq_tma ? "qb" : "", spec.varlen, spec.copy_d_output, spec.sinks_gradient, element_type_name(spec.output_type),
                      element_type_name(spec.d_output_type), element_type_name(spec.q_segment_ids_type),
                      element_type_name(spec.kv_segment_ids_type), element_type_name(spec.sinks_type));
   const auto& loaded = detail::loaded_kernel<cuda::AttentionBackwardKernel>(
@@ -203,10 +212,19 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
   AttentionBackwardArguments packed = pack_attention_backward_arguments(
       loaded.kernel, spec, args, grads, reinterpret_cast<void*>(row_stats.device_ptr()), reinterpret_cast<void*>(copy.device_ptr()),
       reinterpret_cast<const void*>(offsets_q.device_ptr()), reinterpret_cast<const void*>(offsets_k.device_ptr()));
+  // prep: row groups along x, heads along y; main: cuda::attention_grid.
+  if (args.N * args.H > 65535)
+    throw InvalidArgument(fmt::format("{}: {} sequences x {} heads; the GPU backward takes at most 65535 (grid.y)", op, args.N, args.H));
+  cuda::AttentionGrid grid;
+  try {
+    grid = cuda::attention_grid(args.N * args.H_kv, (rows_k + loaded.kernel.block_n - 1) / loaded.kernel.block_n);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {} sequences x {} kv heads, {} keys in blocks of {}: {}", op, args.N, args.H_kv, rows_k,
+                                      loaded.kernel.block_n, e.what()));
+  }
   prep->launch({static_cast<unsigned>((rows_q + loaded.kernel.prep_rows - 1) / loaded.kernel.prep_rows), static_cast<unsigned>(args.N * args.H), 1},
                {loaded.kernel.prep_threads, 1, 1}, packed.prep, 0, stream);
-  loaded.function->launch({static_cast<unsigned>((rows_k + loaded.kernel.block_n - 1) / loaded.kernel.block_n),
-                           static_cast<unsigned>(args.N * args.H_kv), 1},
+  loaded.function->launch({grid.x, grid.y, grid.z},
                           {loaded.kernel.main_threads, 1, 1}, packed.main, static_cast<unsigned>(loaded.kernel.shared_bytes), stream);
   if (spec.varlen) {
     // The offsets are freed on return: wait until the kernels have read them.

@@ -54,8 +54,9 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
 // outputs, lse required), grads.d_output (any floating dtype and strides) and the gradients, fp32:
 // dq [B,Tq,H,D] with unit stride over D, dk, dv, each wanted input's and the sinks' (canonical
 // views; broadcast axes at stride 0 over memory the call owns). Every gradient is overwritten.
-// Throws InvalidArgument for what gpu_attention_backward_unsupported names.
+// Throws InvalidArgument for what gpu_attention_backward_unsupported names. stages: the main
+// kernel's q / d_output ring (2 to 4, as shared memory allows); 0: the default (2).
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
-                                 const LaunchOptions& launch = {});
+                                 const LaunchOptions& launch = {}, int stages = 0);
 
 }  // namespace ladle::gpu

@@ -8,8 +8,10 @@
 
 namespace ladle {
 
+std::uint64_t element_bytes(const TensorMapDescription& map) { return map.float32 ? 4 : 2; }
+
 std::uint64_t box_bytes(const TensorMapDescription& map) {
-  std::uint64_t bytes = 2;
+  std::uint64_t bytes = element_bytes(map);
   for (std::uint32_t d = 0; d < map.rank && d < 5; ++d) bytes *= map.box[d];
   return bytes;
 }
@@ -22,7 +24,10 @@ std::vector<std::string> validate_tensor_map(const TensorMapDescription& map) {
     return problems;
   }
   if (reinterpret_cast<std::uintptr_t>(map.address) % 16 != 0) say("the global address is not 16-byte aligned");
-  if (map.strides[0] != 2) say("strides[0] = " + std::to_string(map.strides[0]) + ", expected 2 (contiguous 16-bit elements)");
+  const std::uint64_t size = element_bytes(map);
+  if (map.strides[0] != size)
+    say("strides[0] = " + std::to_string(map.strides[0]) + ", expected " + std::to_string(size) + " (contiguous " +
+        (map.float32 ? "fp32" : "16-bit") + " elements)");
   for (std::uint32_t d = 0; d < map.rank; ++d) {
     const std::string dim = "dimension " + std::to_string(d);
     if (map.dims[d] < 1 || map.dims[d] > (std::uint64_t(1) << 32)) say(dim + " has " + std::to_string(map.dims[d]) + " elements, expected 1 to 2^32");
@@ -30,8 +35,8 @@ std::vector<std::string> validate_tensor_map(const TensorMapDescription& map) {
     if (d > 0 && (map.strides[d] % 16 != 0 || map.strides[d] >= (std::uint64_t(1) << 40)))
       say(dim + ": stride of " + std::to_string(map.strides[d]) + " bytes, expected a multiple of 16 below 2^40");
   }
-  if (map.box[0] * 2 % 16 != 0 || map.box[0] * 2 > 128)
-    say("inner box of " + std::to_string(map.box[0] * 2) + " bytes, expected a multiple of 16 up to 128 (the swizzle span)");
+  if (map.box[0] * size % 16 != 0 || map.box[0] * size > 128)
+    say("inner box of " + std::to_string(map.box[0] * size) + " bytes, expected a multiple of 16 up to 128 (the swizzle span)");
   return problems;
 }
 
@@ -55,7 +60,8 @@ TensorMap encode_tensor_map(const TensorMapDescription& map) {
     if (d > 0) strides[d - 1] = map.strides[d];
   }
   LADLE_CU(detail::cuda().cuTensorMapEncodeTiled(
-      &encoded, map.bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, map.rank,
+      &encoded,
+      map.float32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : map.bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, map.rank,
       const_cast<void*>(map.address), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   TensorMap out;

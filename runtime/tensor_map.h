@@ -6,7 +6,8 @@
 // (tests/codegen/cuda_emulation.h). So the boxes and coordinates a kernel uses are checked
 // without a GPU; only the driver's encoding of them is not.
 //
-// Every map here is of 16-bit elements (f16 or bf16), with the 128-byte swizzle (each 128-byte
+// Every map here is of 16-bit elements (f16 or bf16) or fp32 ones (the attention backward's dq,
+// which TMA reductions add into), with the 128-byte swizzle (each 128-byte
 // row r of a box lands with its 16-byte pieces permuted: piece p at p ^ (r % 8), the layout
 // wgmma's 128B-swizzle descriptors read), no interleave, and zero fill of the elements of a box
 // that lie outside the tensor.
@@ -22,12 +23,13 @@ namespace ladle {
 struct TensorMapDescription {
   const void* address = nullptr;  // global memory, 16-byte aligned
   std::uint32_t rank = 0;         // dimensions, 1 to 5, innermost first
-  std::uint32_t bfloat16 = 0;     // 1: bf16 elements, 0: f16
+  std::uint32_t bfloat16 = 0;     // 1: bf16 elements, 0: f16 (unless float32)
+  std::uint32_t float32 = 0;      // 1: fp32 elements
   std::uint64_t dims[5] = {};     // elements per dimension, 1 to 2^32
-  std::uint64_t strides[5] = {};  // bytes between consecutive indices of a dimension; strides[0] = 2 (the
-                                  // element, contiguous); the others multiples of 16, below 2^40
-  std::uint32_t box[5] = {};      // elements copied per dimension, 1 to 256; box[0] * 2 a multiple of 16 and
-                                  // at most 128 (the swizzle span)
+  std::uint64_t strides[5] = {};  // bytes between consecutive indices of a dimension; strides[0] = the
+                                  // element's size (contiguous); the others multiples of 16, below 2^40
+  std::uint32_t box[5] = {};      // elements copied per dimension, 1 to 256; box[0] times the element's size
+                                  // a multiple of 16 and at most 128 (the swizzle span)
 };
 static_assert(sizeof(TensorMapDescription) <= 128, "a description must fit where the encoded map goes");
 
@@ -36,6 +38,8 @@ struct alignas(64) TensorMap {
   std::byte bytes[128] = {};
 };
 
+// The size of the map's elements: 4 for float32, else 2.
+std::uint64_t element_bytes(const TensorMapDescription& map);
 // Bytes one copy of the whole box moves (elements outside the tensor count: they are written as zeros).
 std::uint64_t box_bytes(const TensorMapDescription& map);
 // What breaks TMA's rules in a description (empty: encodable).

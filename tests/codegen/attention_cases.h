@@ -49,6 +49,7 @@ struct Case {
   bool async_copy = true;   // cp.async staging (16-bit inputs only)
   bool d_output_f32 = false;  // backward: d_output in fp32 (prep copies it to the case's type)
   int stages = 2;             // backward: the q / d_output ring
+  bool dq_pairs = false;      // backward: dq added by red.global.add.v2 (the launcher's form for a dq not 16-byte aligned)
 
   ladle::cuda::AttentionKernelSpec spec() const {
     ladle::cuda::AttentionKernelSpec s;
@@ -357,6 +358,7 @@ inline std::vector<Case> backward() {
     c.H = 2, c.H_kv = 1;
     c.cu_seqlens_q = {0, 30, 30, 170, 171}, c.cu_seqlens_k = {0, 45, 45, 185, 210};
     c.Tq = 171, c.Tk = 210;
+    c.dq_pairs = true;
     add(c);
   }
   return cases;
@@ -381,6 +383,8 @@ inline ladle::cuda::AttentionBackwardSpec backward_spec(const Case& c) {
                                 s.input_types[k] != ElementType::u8);
   }
   s.stages = c.stages;
+  s.dq_tma = !c.dq_pairs;
+  if (ladle::cuda::attention_backward_shared_bytes(s) > 232448) s.dq_tma = false;  // as the launcher: red.global there
   s.arch = "sm_90a";
   return s;
 }

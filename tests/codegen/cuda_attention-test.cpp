@@ -11,6 +11,7 @@
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/error.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "reference/attention_reference.h"
 #include "support/tensors.h"
@@ -50,8 +52,8 @@ void run_emulated(std::size_t index, const cuda::AttentionKernel& kernel, const 
     rows = 0;
     for (std::size_t n = 0; n + 1 < args.cu_seqlens_q.size(); ++n) rows = std::max(rows, args.cu_seqlens_q[n + 1] - args.cu_seqlens_q[n]);
   }
-  const unsigned grid_x = static_cast<unsigned>((rows + kernel.block_m - 1) / kernel.block_m);
-  cuda_emulation::launch(grid_x, static_cast<unsigned>(args.N * args.H), kernel.threads,
+  const cuda::AttentionGrid grid = cuda::attention_grid(args.N * args.H, (rows + kernel.block_m - 1) / kernel.block_m);
+  cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads,
                          [&] { emulated_kernels[index].launch(packed.data()); });
 }
 
@@ -81,6 +83,34 @@ TEST_CASE("attention: the source opens with the variant, its expressions, config
   other.tile.stages = 1;
   CHECK(cuda::generate_attention(other.variant, other.spec()).name != kernel.name);
   CHECK(cuda::generate_attention(c.variant, c.spec()).source == kernel.source);
+}
+
+TEST_CASE("attention: the grid covers every (head, block) once, a group's heads side by side", "[codegen][attention]") {
+  for (const auto& [heads, blocks, group] : {std::tuple{128, 32, 4u}, std::tuple{6, 5, 2u}, std::tuple{7, 3, 1u}, std::tuple{1, 1, 1u},
+                                             std::tuple{262140, 65535, 4u}}) {
+    const cuda::AttentionGrid grid = cuda::attention_grid(heads, blocks);
+    CAPTURE(heads, blocks, grid.x, grid.y, grid.z);
+    CHECK(grid.x == group);
+    CHECK(grid.y == static_cast<unsigned>(blocks));
+    REQUIRE(static_cast<std::int64_t>(grid.x) * grid.z == heads);
+    if (heads > 1000) continue;
+    // The kernels' decoding, in launch order (x fastest): every pair once, and a group's blocks in
+    // order (block 0 of the group's heads before block 1 of any).
+    std::vector<int> seen(static_cast<std::size_t>(heads * blocks), 0);
+    std::int64_t last_group = -1, last_block = -1;
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          const std::int64_t head = z * grid.x + x;
+          ++seen[static_cast<std::size_t>(head * blocks + y)];
+          CHECK((z > last_group || static_cast<std::int64_t>(y) >= last_block));
+          last_group = z, last_block = y;
+        }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == heads * blocks);
+  }
+  CHECK_THROWS_WITH(cuda::attention_grid(8, 65536), Catch::Contains("65536 blocks") && Catch::Contains("at most 65535"));
+  CHECK_THROWS_WITH(cuda::attention_grid(4 * 65536, 2), Catch::Contains("65536 groups of 4 heads"));
+  CHECK_THROWS_WITH(cuda::attention_grid(0, 2), Catch::Contains("heads = 0"));
 }
 
 TEST_CASE("attention: tiles are validated", "[codegen][attention]") {

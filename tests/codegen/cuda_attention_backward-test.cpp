@@ -106,7 +106,17 @@ TEST_CASE("attention backward: the emulated kernels match the CPU backward for e
       // The launcher's spec for these arguments is the case's (the emitted kernel).
       Gradients out = gradients(c, bound, d_output_view, std::numeric_limits<float>::quiet_NaN());
       cuda::AttentionBackwardSpec spec = gpu::attention_backward_spec(c.variant, args, out.views, "sm_90a");
+      CHECK(spec.dq_tma);     // dq is 16-byte aligned here, and 2 stages leave the shared memory for dQ's stage
       spec.stages = c.stages;  // the launcher's is 2; the cases try others
+      if (i == 0) {            // 8-byte aligned only (or a stride not a multiple of 4): red.global.add.v2
+        cpu::AttentionGrads shifted = out.views;
+        shifted.dq.data = static_cast<float*>(shifted.dq.data) + 2 + (reinterpret_cast<std::uintptr_t>(shifted.dq.data) % 16 == 8);
+        CHECK_FALSE(gpu::attention_backward_spec(c.variant, args, shifted, "sm_90a").dq_tma);
+        shifted = out.views;
+        shifted.dq.strides[1] = 2 + shifted.dq.strides[1];
+        CHECK_FALSE(gpu::attention_backward_spec(c.variant, args, shifted, "sm_90a").dq_tma);
+      }
+      spec.dq_tma = attention_cases::backward_spec(c).dq_tma;
       const cuda::AttentionBackwardKernel kernel = cuda::generate_attention_backward(c.variant, spec);
       REQUIRE(kernel.name == emulated_backward[i].name);
       // As the launcher does: the atomically added gradients start from zero; dk and dv stay poisoned
@@ -121,8 +131,8 @@ TEST_CASE("attention backward: the emulated kernels match the CPU backward for e
       const std::int64_t rows_q = args.longest_q(), rows_k = args.longest_k();
       cuda_emulation::launch(static_cast<unsigned>((rows_q + kernel.prep_rows - 1) / kernel.prep_rows), static_cast<unsigned>(args.N * args.H),
                              kernel.prep_threads, [&] { emulated_backward[i].prep(packed.prep.data()); });
-      cuda_emulation::launch(static_cast<unsigned>((rows_k + kernel.block_n - 1) / kernel.block_n), static_cast<unsigned>(args.N * args.H_kv),
-                             kernel.main_threads, [&] { emulated_backward[i].main(packed.main.data()); });
+      const cuda::AttentionGrid grid = cuda::attention_grid(args.N * args.H_kv, (rows_k + kernel.block_n - 1) / kernel.block_n);
+      cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.main_threads, [&] { emulated_backward[i].main(packed.main.data()); });
       REQUIRE(out.named.size() == ref.named.size());
       for (std::size_t g = 0; g < out.named.size(); ++g) {
         const double error = relative_error(*out.named[g].second, *ref.named[g].second);
@@ -162,7 +172,7 @@ TEST_CASE("attention backward: unsupported calls are refused by name", "[codegen
   REQUIRE_THROWS_WITH(cuda::generate_attention_backward(c.variant, spec), Catch::Contains("stages = 5"));
 }
 
-TEST_CASE("attention backward: NVRTC compiles every case for sm_90a, with wgmma, TMA and red.global.add.v2, spilling at most 64 bytes",
+TEST_CASE("attention backward: NVRTC compiles every case for sm_90a, with wgmma, TMA and dQ by TMA reductions (or red.v2), spilling at most 64 bytes",
           "[codegen][attention][backward][nvrtc]") {
   auto cases = attention_cases::backward();
   Case benchmark = attention_cases::make("backward: causal, bf16, D=Dv=128 (the benchmark's)",
@@ -187,7 +197,8 @@ TEST_CASE("attention backward: NVRTC compiles every case for sm_90a, with wgmma,
     const std::string& ptx = result.program.ptx;
     CHECK(ptx.find("wgmma.mma_async") != std::string::npos);
     CHECK(ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
-    CHECK(ptx.find("red.global.add.v2.f32") != std::string::npos);
+    const bool bulk = attention_cases::backward_spec(c).dq_tma;
+    CHECK(ptx.find(bulk ? "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group" : "red.global.add.v2.f32") != std::string::npos);
     CHECK(result.program.log.find("C7514") == std::string::npos);
   }
 }

@@ -442,6 +442,7 @@ inline void ladle_red_add_f32x2(float* p, float a, float b) {
   std::atomic_ref<float>(p[1]).fetch_add(b);
 }
 
+
 // ---- Hopper's TMA pipelines: tensor maps, mbarriers, cp.async.bulk.tensor, setmaxnreg
 // A tensor map kernel parameter: `const __grid_constant__ ladle_tensor_map map`.
 #define __grid_constant__
@@ -532,7 +533,67 @@ inline void tma_load(void* dst, const ladle_tensor_map* map, const int (&c)[Rank
   for (unsigned long long chunk = 0; chunk < 2 * elements / 16; ++chunk) LADLE_COUNT_STAGED();  // 16 bytes each
   mbarrier_complete_tx(bar, 2 * elements);
 }
+
+// cp.reduce.async.bulk.tensor.Nd.global.shared::cta.add.tile.bulk_group with an fp32 map under
+// CU_TENSOR_MAP_SWIZZLE_128B: box element (i0, i1, ...), read from the shared address
+// src + 4 (i0 + box0 (i1 + ...)) with bits 4-6 XOR bits 7-9, is added to tensor element
+// (c0 + i0, c1 + i1, ...) where that lies inside the tensor (elsewhere dropped). They run late, as
+// the TMA unit may: a thread's are kept until it waits for them (ladle_bulk_wait_read /
+// ladle_bulk_wait) and then read shared memory as it is at that moment, so a kernel that writes
+// the source again before waiting, or ends without waiting (the thread's list dies with it),
+// gets wrong sums.
+struct TensorReduction {
+  ladle::TensorMapDescription map;
+  int c[5];
+  std::size_t base;
+};
+inline thread_local std::vector<TensorReduction> pending_reductions;
+inline void run_pending_reductions() {
+  for (const TensorReduction& r : pending_reductions) {
+    std::size_t elements = 1;
+    for (unsigned d = 0; d < r.map.rank; ++d) elements *= r.map.box[d];
+    for (std::size_t e = 0; e < elements; ++e) {
+      std::size_t rest = e;
+      bool inside = true;
+      long long target = 0;
+      for (unsigned d = 0; d < r.map.rank; ++d) {
+        const long long coordinate = static_cast<long long>(r.c[d]) + static_cast<long long>(rest % r.map.box[d]);
+        rest /= r.map.box[d];
+        if (coordinate < 0 || coordinate >= static_cast<long long>(r.map.dims[d])) inside = false;
+        target += coordinate * static_cast<long long>(r.map.strides[d]);
+      }
+      if (!inside) continue;
+      std::size_t address = r.base + 4 * e;
+      address ^= (address >> 7 & 7) << 4;
+      float value;
+      std::memcpy(&value, shared_buffer + address, 4);
+      auto* dst = reinterpret_cast<float*>(static_cast<unsigned char*>(const_cast<void*>(r.map.address)) + target);
+      std::atomic_ref<float>(*dst).fetch_add(value);
+    }
+  }
+  pending_reductions.clear();
+}
+template <unsigned Rank>
+inline void tma_reduce_add(const ladle_tensor_map* map, const void* src, const int (&c)[Rank]) {
+  TensorReduction r;
+  std::memcpy(&r.map, map->bytes, sizeof r.map);
+  if (r.map.rank != Rank) pipeline_fault("the tensor map's rank is not the reduction's");
+  if (!r.map.float32 || r.map.strides[0] != 4) pipeline_fault("an add reduction's tensor map is not of contiguous fp32 elements");
+  if (r.map.box[0] * 4 > 128 || r.map.box[0] * 4 % 16 != 0) pipeline_fault("the box's inner dimension is not a multiple of 16 bytes up to 128 (the swizzle span)");
+  r.base = ladle_shared_address(src);
+  if (r.base % 1024 != 0) pipeline_fault("a 128-byte-swizzled reduction's source is not 1024-byte aligned");
+  std::size_t elements = 1;
+  for (unsigned d = 0; d < Rank; ++d) elements *= r.map.box[d], r.c[d] = c[d];
+  if (r.base >= dynamic_shared_bytes || 4 * elements > dynamic_shared_bytes - r.base) pipeline_fault("a reduction's box runs past the end of dynamic shared memory");
+  pending_reductions.push_back(r);
+}
 }  // namespace cuda_emulation
+inline void ladle_tma_reduce_add_4d(const ladle_tensor_map* map, const void* src, int c0, int c1, int c2, int c3) {
+  cuda_emulation::tma_reduce_add<4>(map, src, {c0, c1, c2, c3});
+}
+inline void ladle_bulk_commit() {}
+inline void ladle_bulk_wait_read() { cuda_emulation::run_pending_reductions(); }
+inline void ladle_bulk_wait() { cuda_emulation::run_pending_reductions(); }
 #define LADLE_PIPELINE_HELPERS
 inline void ladle_mbarrier_init(unsigned long long* bar, unsigned count) {
   if (count == 0) cuda_emulation::pipeline_fault("an mbarrier initialised with count 0");

@@ -54,6 +54,19 @@ TEST_CASE("a tensor map description is checked against TMA's rules", "[runtime][
   CHECK_THAT(first(bad), Catch::Contains("strides[0] = 4"));
   bad = good, bad.address = data + 8;
   REQUIRE_THROWS_WITH(ladle::describe_tensor_map(bad), Catch::Contains("tensor map: the global address"));
+
+  // fp32 elements (the attention backward's dq): 4-byte strides[0], 32-float boxes fill the span.
+  ladle::TensorMapDescription f32 = good;
+  f32.bfloat16 = 0, f32.float32 = 1;
+  for (int d = 1; d < 4; ++d) f32.strides[d] *= 2;
+  f32.strides[0] = 4, f32.box[0] = 32;
+  CHECK(ladle::element_bytes(f32) == 4);
+  CHECK(ladle::validate_tensor_map(f32).empty());
+  CHECK(ladle::box_bytes(f32) == 32 * 32 * 4);
+  bad = f32, bad.box[0] = 64;
+  CHECK_THAT(first(bad), Catch::Contains("inner box of 256 bytes"));
+  bad = f32, bad.strides[0] = 2;
+  CHECK_THAT(first(bad), Catch::Contains("strides[0] = 2, expected 4 (contiguous fp32 elements)"));
 }
 
 TEST_CASE("describe_tensor_map keeps the description's bytes; encoding needs the driver", "[runtime][tensor_map]") {

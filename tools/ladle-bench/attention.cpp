@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   app.add_option("--window", window, "window_softcap: keys before the diagonal");
   app.add_option("--tile", tiles, "block_m,block_n,warps,stages[,sync|wgmma] (repeatable); default: the heuristic");
   app.add_flag("--backward", backward, "also time the backward (ladle::gpu::run_attention_backward_into) and forward + backward");
+  std::vector<int> bwd_stages{0};
+  app.add_option("--bwd-stages", bwd_stages, "with --backward: the backward's q / d_output stages, each timed (0: the default)")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     if (!ladle::driver_available()) {
@@ -134,12 +137,18 @@ int main(int argc, char** argv) {
         // Warm up for at least 200 ms (and 3 runs): the first timed runs of a process otherwise
         // catch the GPU's clocks still rising (up to 6 % slower at B2 T16384).
         // pass 0: the forward; with --backward, pass 1: the backward alone, pass 2: forward + backward.
+        int stages = 0;
         const auto run = [&](int pass) {
           if (pass != 1) ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
-          if (pass != 0) ladle::gpu::run_attention_backward_into(variant, args, grads, launch);
+          if (pass != 0) ladle::gpu::run_attention_backward_into(variant, args, grads, launch, stages);
         };
         if (backward) run(0);  // lse for the backward-alone pass
-        for (int pass = 0; pass < (backward ? 3 : 1); ++pass) {
+        // pass 0; then passes 1 and 2 for each --bwd-stages value.
+        std::vector<std::pair<int, int>> passes{{0, 0}};
+        if (backward)
+          for (int s : bwd_stages) passes.insert(passes.end(), {{1, s}, {2, s}});
+        for (const auto& [pass, pass_stages] : passes) {
+          stages = pass_stages;
           e0.record(&stream);
           for (int i = 0;; ++i) {
             run(pass);
@@ -160,8 +169,9 @@ int main(int argc, char** argv) {
           // FLOPs: the forward's two products; the backward's five (S again, dP, dV, dK, dQ).
           const double pass_flops = flops * (pass == 0 ? 1.0 : pass == 1 ? 2.5 : 3.5);
           const std::string name = label + (pass == 0 ? "" : pass == 1 ? "_bwd" : "_fwd_bwd");
+          const std::string tile_name = ladle::cuda::to_string(spec.tile) + (pass != 0 && stages != 0 ? " bwd_stages=" + std::to_string(stages) : "");
           std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
-                      name.c_str(), shape.c_str(), ladle::cuda::to_string(spec.tile).c_str(), median,
+                      name.c_str(), shape.c_str(), tile_name.c_str(), median,
                       pass_flops / (median * 1e-3) / 1e12);
         }
       } catch (const std::exception& e) {
