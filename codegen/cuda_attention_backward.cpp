@@ -58,6 +58,10 @@ int attention_backward_shared_bytes(const AttentionBackwardSpec& spec) {
          8 * (1 + 2 * spec.stages);
 }
 
+std::string to_string(const AttentionBackwardTile& tile) {
+  return "stages=" + std::to_string(tile.stages) + (tile.dq_tma ? " dq=tma" : " dq=red");
+}
+
 std::vector<std::string> attention_backward_unsupported(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec) {
   std::vector<std::string> problems;
   if (spec.input_types.size() < 3 || spec.input_types.size() != variant.inputs.size()) {

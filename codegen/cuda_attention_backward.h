@@ -59,6 +59,16 @@ struct AttentionBackwardSpec {
   std::string arch = "sm_90a";        // main needs sm_90a
 };
 
+// What the autotuner chooses for a call (ops/tune_attention.h): the q / d_output ring's depth and
+// whether dQ goes through TMA reductions, where the call's dq allows them (AttentionBackwardSpec::
+// dq_tma) and shared memory has room. The heuristic: 2 stages, TMA.
+struct AttentionBackwardTile {
+  int stages = 2;
+  bool dq_tma = true;
+};
+// "stages=2 dq=tma" (dq=red: red.global.add.v2)
+std::string to_string(const AttentionBackwardTile& tile);
+
 struct AttentionBackwardKernel {
   std::string source;  // both kernels
   std::string prep_name, name;  // name: main's

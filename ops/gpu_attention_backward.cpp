@@ -11,6 +11,7 @@
 
 #include "detail/loaded_kernel.h"
 #include "gpu_attention.h"
+#include "tune_attention.h"
 
 namespace ladle::gpu {
 namespace {
@@ -147,8 +148,17 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
   return cuda::attention_backward_unsupported(variant, attention_backward_spec(variant, args, none, Device::get().properties().arch()));
 }
 
+cuda::AttentionBackwardSpec with_tile(cuda::AttentionBackwardSpec spec, const cuda::AttentionBackwardTile& tile) {
+  spec.stages = tile.stages;
+  spec.dq_tma = spec.dq_tma && tile.dq_tma;
+  if (spec.dq_tma && cuda::attention_backward_shared_bytes(spec) > 232448) spec.dq_tma = false;  // dQ by red.global there
+  return spec;
+}
+
+cuda::AttentionBackwardTile heuristic_attention_backward_tile(const cuda::AttentionBackwardSpec& spec) { return {2, spec.dq_tma}; }
+
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
-                                 const LaunchOptions& launch, int stages) {
+                                 const LaunchOptions& launch, const std::optional<cuda::AttentionBackwardTile>& tile) {
   const std::string op = op_name(variant);
   if (const auto problems = gpu_attention_backward_unsupported(variant, args); !problems.empty())
     throw InvalidArgument(op + " on the GPU: " + problems.front());
@@ -174,13 +184,12 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernels index tokens with 32-bit ints", op, args.Tq, args.Tk));
 
   const std::string arch = Device::get().properties().arch();
-  cuda::AttentionBackwardSpec spec = attention_backward_spec(variant, args, grads, "sm_90a");
-  if (stages != 0) {
-    spec.stages = stages;
-    if (spec.dq_tma && cuda::attention_backward_shared_bytes(spec) > 232448) spec.dq_tma = false;  // dQ by red.global there
-    if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
-      throw InvalidArgument(fmt::format("{}: stages = {}: {}", op, stages, problems.front()));
-  }
+  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, "sm_90a");
+  const cuda::AttentionBackwardTile chosen =
+      tile ? *tile : tuned_attention_backward_tile(variant, args, grads, heuristic_attention_backward_tile(base));
+  const cuda::AttentionBackwardSpec spec = with_tile(base, chosen);
+  if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
+    throw InvalidArgument(fmt::format("{}: backward tile {}: {}", op, cuda::to_string(chosen), problems.front()));
   std::string key = fmt::format("attention-backward|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv);
   for (ElementType t : spec.input_types) key += element_type_name(t);
   for (bool g : spec.input_gradients) key += g ? "g" : "-";

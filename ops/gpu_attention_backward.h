@@ -54,9 +54,16 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
 // outputs, lse required), grads.d_output (any floating dtype and strides) and the gradients, fp32:
 // dq [B,Tq,H,D] with unit stride over D, dk, dv, each wanted input's and the sinks' (canonical
 // views; broadcast axes at stride 0 over memory the call owns). Every gradient is overwritten.
-// Throws InvalidArgument for what gpu_attention_backward_unsupported names. stages: the main
-// kernel's q / d_output ring (2 to 4, as shared memory allows); 0: the default (2).
+// Throws InvalidArgument for what gpu_attention_backward_unsupported names. tile: the main
+// kernel's stages and dQ path; none: the tuned one (tuned_attention_backward_tile, policy from
+// LADLE_AUTOTUNE; the heuristic's under heuristic). A tile that does not fit throws, naming it.
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
-                                 const LaunchOptions& launch = {}, int stages = 0);
+                                 const LaunchOptions& launch = {}, const std::optional<cuda::AttentionBackwardTile>& tile = std::nullopt);
+
+// A call's spec with a tile applied: its stages; dQ by TMA where the tile asks, the call's dq
+// allows (spec.dq_tma) and shared memory has room at those stages, else by red.global.
+cuda::AttentionBackwardSpec with_tile(cuda::AttentionBackwardSpec spec, const cuda::AttentionBackwardTile& tile);
+// The heuristic tile for a call's spec: 2 stages, dQ by TMA where the call's dq allows it.
+cuda::AttentionBackwardTile heuristic_attention_backward_tile(const cuda::AttentionBackwardSpec& spec);
 
 }  // namespace ladle::gpu

@@ -9,9 +9,11 @@
 
 #include <ladle/codegen/float16.h>
 #include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
 #include <ladle/runtime/event_timer.h>
 
 #include "gpu_attention.h"
+#include "gpu_attention_backward.h"
 #include "tune_recurrent.h"  // the key builder and the memo
 
 namespace ladle::gpu {
@@ -245,11 +247,22 @@ SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType 
   return space;
 }
 
+namespace {
+std::string attention_bucket(const ir::AttentionVariant& variant, const AttentionTuneShape& shape);
+}  // namespace
+
 TunedKey attention_tune_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
                             const AttentionTuneShape& shape, const DeviceLimits& device) {
   std::vector<ElementType> types = spec.input_types;
   if (variant.segment_ids) types.insert(types.end(), {spec.q_segment_ids_type, spec.kv_segment_ids_type});
   if (variant.sinks) types.push_back(spec.sinks_type);
+  return tune_key(attention_family, ir::hash_hex(variant) + fmt::format("-v{}l{}a{}f{}", spec.varlen, spec.lse, spec.async_copy, spec.positive_logit_factor),
+                  types, attention_bucket(variant, shape), spec.output_type, device);
+}
+
+namespace {
+
+std::string attention_bucket(const ir::AttentionVariant& variant, const AttentionTuneShape& shape) {
   std::string bucket = shape_bucket({{"N", bucket_pow2(shape.N)},
                                      {"Tq", bucket_pow2(shape.Tq)},
                                      {"Tk", bucket_pow2(shape.Tk)},
@@ -264,9 +277,10 @@ TunedKey attention_tune_key(const ir::AttentionVariant& variant, const cuda::Att
     const std::string span = shape_bucket({{"W", bucket_pow2(std::max<std::int64_t>(1, side(shape.window_left) + side(shape.window_right)))}});
     bucket.append(1, '-').append(span);
   }
-  return tune_key(attention_family, ir::hash_hex(variant) + fmt::format("-v{}l{}a{}f{}", spec.varlen, spec.lse, spec.async_copy, spec.positive_logit_factor),
-                  types, std::move(bucket), spec.output_type, device);
+  return bucket;
 }
+
+}  // namespace
 
 TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                            const cuda::AttentionTile& heuristic) {
@@ -292,6 +306,144 @@ cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, co
   const Policy policy = tune_options.policy.value_or(policy_from_env());
   if (policy == Policy::heuristic) return heuristic;
   return to_attention_tile(tuned_config(attention_tune_job(variant, args, heuristic), policy, tune_options));
+}
+
+// ---- The backward
+
+namespace {
+
+// The bytes a view spans from its data pointer (broadcast axes at stride 0 count once).
+std::size_t spanned_bytes(const TensorView& view) {
+  std::int64_t last = 0;
+  for (std::size_t d = 0; d < view.shape.size(); ++d)
+    if (view.shape[d] > 0) last += (view.shape[d] - 1) * view.strides[d];
+  return static_cast<std::size_t>(last + 1) * element_size(view.type);
+}
+
+// Runs backward tiles on the caller's inputs (q, k, v, o, lse, d_output) into gradients of its own,
+// laid out as the caller's (the same strides over buffers of the spans).
+class AttentionBackwardCandidate : public Candidate {
+ public:
+  AttentionBackwardCandidate(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
+                             const cuda::AttentionBackwardSpec& spec)
+      : variant_(variant), args_(args), grads_(grads), spec_(spec), arch_(Device::get().properties().arch()) {
+    Device::get().synchronize();  // the caller's inputs may still be in flight on its stream
+    const auto own = [&](TensorView& view) {
+      buffers_.emplace_back(spanned_bytes(view));
+      view.data = reinterpret_cast<void*>(buffers_.back().device_ptr());
+    };
+    buffers_.reserve(4 + grads.d_tensors.size());
+    own(grads_.dq), own(grads_.dk), own(grads_.dv);
+    for (auto& d : grads_.d_tensors)
+      if (d) own(*d);
+    if (grads_.d_softmax_aux) own(*grads_.d_softmax_aux);
+  }
+
+  void prepare(const Config& config) override {
+    compile_attention_backward(variant_, with_tile(spec_, to_attention_backward_tile(config)), arch_);  // warms the cache
+  }
+
+  void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
+
+  Check matches_reference(const Config& config) override { return compare_outputs(run(config), reference_, 1e-2); }
+
+  double time_ms(const Config& config) override {
+    const cuda::AttentionBackwardTile tile = to_attention_backward_tile(config);
+    return time_launches(stream_, [&](int) { run_attention_backward_into(variant_, args_, grads_, LaunchOptions{&stream_}, tile); });
+  }
+
+ private:
+  // Every gradient, concatenated (dk and dv poisoned first: a tile that skips a key shows NaN).
+  std::vector<float> run(const Config& config) {
+    buffers_[1].fill_bytes(0xff, &stream_);
+    buffers_[2].fill_bytes(0xff, &stream_);
+    run_attention_backward_into(variant_, args_, grads_, LaunchOptions{&stream_}, to_attention_backward_tile(config));
+    stream_.synchronize();
+    std::vector<float> values;
+    for (const DeviceBuffer& b : buffers_) {
+      const std::size_t at = values.size();
+      values.resize(at + b.bytes() / 4);
+      b.copy_to_host(values.data() + at, b.bytes());
+    }
+    return values;
+  }
+
+  const ir::AttentionVariant& variant_;
+  ops::AttentionArgs args_;
+  cpu::AttentionGrads grads_;  // d_output the caller's; the gradients over buffers_
+  cuda::AttentionBackwardSpec spec_;
+  std::string arch_;
+  Stream stream_;
+  std::vector<DeviceBuffer> buffers_;  // dq, dk, dv, then the wanted inputs' and the sinks' gradients
+  std::vector<float> reference_;
+};
+
+}  // namespace
+
+Config to_config(const cuda::AttentionBackwardTile& tile) {
+  Config c;
+  c.set("stages", tile.stages);
+  c.set("dq_tma", tile.dq_tma ? 1 : 0);
+  return c;
+}
+
+cuda::AttentionBackwardTile to_attention_backward_tile(const Config& config) {
+  return {config.at("stages"), config.at("dq_tma") != 0};
+}
+
+SearchSpace attention_backward_search_space(const ir::AttentionVariant& variant, const cuda::AttentionBackwardSpec& base) {
+  SearchSpace space;
+  space.param("stages", {2, 3, 4}).param("dq_tma", {1, 0});
+  space.rule([variant, base](const Config& c, const DeviceLimits& d) -> Reason {
+    const cuda::AttentionBackwardTile tile = to_attention_backward_tile(c);
+    if (tile.dq_tma && !base.dq_tma) return std::string("dq_tma: this call's dq is not 16-byte aligned with strides in multiples of 4");
+    const cuda::AttentionBackwardSpec spec = with_tile(base, tile);
+    if (tile.dq_tma && !spec.dq_tma)
+      return fmt::format("dq_tma: dQ's stage does not fit beside {} stages at D = {}, Dv = {}", tile.stages, base.D, base.Dv);
+    cuda::AttentionBackwardSpec on_device = spec;
+    on_device.arch = d.arch.empty() ? base.arch : d.arch;
+    if (const auto problems = cuda::attention_backward_unsupported(variant, on_device); !problems.empty()) return joined(problems);
+    const int bytes = cuda::attention_backward_shared_bytes(spec);
+    if (d.max_shared_per_block > 0 && bytes > d.max_shared_per_block)
+      return fmt::format("{} bytes of shared memory, more than the device's {} a block", bytes, d.max_shared_per_block);
+    return std::nullopt;
+  });
+  return space;
+}
+
+TunedKey attention_backward_tune_key(const ir::AttentionVariant& variant, const cuda::AttentionBackwardSpec& spec,
+                                     const AttentionTuneShape& shape, const DeviceLimits& device) {
+  std::vector<ElementType> types = spec.input_types;
+  types.push_back(spec.d_output_type);
+  if (variant.segment_ids) types.insert(types.end(), {spec.q_segment_ids_type, spec.kv_segment_ids_type});
+  if (variant.sinks) types.push_back(spec.sinks_type);
+  std::string wanted;
+  for (bool g : spec.input_gradients) wanted += g ? 'g' : '-';
+  return tune_key(attention_backward_family,
+                  ir::hash_hex(variant) + fmt::format("-v{}c{}s{}q{}-{}", spec.varlen, spec.copy_d_output, spec.sinks_gradient, spec.dq_tma, wanted),
+                  types, attention_bucket(variant, shape), spec.output_type, device);
+}
+
+TuneJob attention_backward_tune_job(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                    const cpu::AttentionGrads& grads, const cuda::AttentionBackwardTile& heuristic) {
+  if (const auto problems = gpu_attention_backward_unsupported(variant, args); !problems.empty())
+    throw InvalidArgument((variant.name.empty() ? std::string("attention") : variant.name) + " on the GPU: " + problems.front());
+  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, "sm_90a");
+  const DeviceLimits device = DeviceLimits::from(Device::get().properties());
+  TunedKey key = attention_backward_tune_key(variant, base, AttentionTuneShape::of(variant, args), device);
+  CandidateFactory factory = [&variant, &args, &grads, base] {
+    return std::make_unique<AttentionBackwardCandidate>(variant, args, grads, base);
+  };
+  return TuneJob{std::move(key), Tuner(attention_backward_search_space(variant, base), device, to_config(heuristic)), std::move(factory)};
+}
+
+cuda::AttentionBackwardTile tuned_attention_backward_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                                          const cpu::AttentionGrads& grads,
+                                                          const cuda::AttentionBackwardTile& heuristic,
+                                                          const TuneOptions& tune_options) {
+  const Policy policy = tune_options.policy.value_or(policy_from_env());
+  if (policy == Policy::heuristic) return heuristic;
+  return to_attention_backward_tile(tuned_config(attention_backward_tune_job(variant, args, grads, heuristic), policy, tune_options));
 }
 
 }  // namespace ladle::gpu

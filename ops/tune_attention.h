@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <string_view>
 
+#include <ladle/codegen/cpu_attention.h>
 #include <ladle/codegen/cuda_attention.h>
+#include <ladle/codegen/cuda_attention_backward.h>
 #include <ladle/runtime/autotune.h>
 
 #include "attention_bind.h"
@@ -69,5 +71,37 @@ TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::Atten
 // touched), else the tuned one (tuned now on a miss under cached, always under force).
 cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                                          const cuda::AttentionTile& heuristic, const TuneOptions& tune_options = {});
+
+// ---- The backward (codegen/cuda_attention_backward.h): stages {2, 3, 4} x dq_tma {0, 1}, valid by
+// attention_backward_unsupported for the call's spec with the tile applied and the device's
+// opt-in shared memory; dq_tma = 1 only where the call's dq allows TMA (its spec's dq_tma) and
+// the stage fits beside the ring. No cost model: the space is six tiles at most.
+inline constexpr std::string_view attention_backward_family = "attention-backward";
+
+Config to_config(const cuda::AttentionBackwardTile& tile);  // stages, dq_tma (0 red.global, 1 TMA)
+cuda::AttentionBackwardTile to_attention_backward_tile(const Config& config);
+
+// base: the call's spec (gpu::attention_backward_spec), whose stages and dq path the configs replace.
+SearchSpace attention_backward_search_space(const ir::AttentionVariant& variant, const cuda::AttentionBackwardSpec& base);
+
+// The backward's key: the variant's hash, the kernels' flags (varlen, the d_output copy, the sinks'
+// gradient, the wanted input gradients, whether dq allows TMA) and dtypes, the forward's shape
+// bucket (N, Tq, Tk by powers of two; H, H_kv, D, Dv exact; a window's span), the device.
+TunedKey attention_backward_tune_key(const ir::AttentionVariant& variant, const cuda::AttentionBackwardSpec& spec,
+                                     const AttentionTuneShape& shape, const DeviceLimits& device);
+
+// The job for one backward call (device views; args with the forward's o and lse, grads.d_output
+// the caller's): each candidate runs gpu::run_attention_backward_into into gradient buffers of
+// its own (dk and dv poisoned before each checked run; the launcher zeroes the rest) and its
+// gradients (dq, dk, dv, the inputs' and the sinks' it wants) must match the heuristic tile's
+// within 1e-2 relative L2 before it may win.
+TuneJob attention_backward_tune_job(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                    const cpu::AttentionGrads& grads, const cuda::AttentionBackwardTile& heuristic);
+
+// The tile for this backward call: the heuristic under policy heuristic, else the tuned one.
+cuda::AttentionBackwardTile tuned_attention_backward_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                                          const cpu::AttentionGrads& grads,
+                                                          const cuda::AttentionBackwardTile& heuristic,
+                                                          const TuneOptions& tune_options = {});
 
 }  // namespace ladle::gpu

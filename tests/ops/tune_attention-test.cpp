@@ -9,6 +9,7 @@
 #include <ladle/ops/attention.h>
 #include <ladle/ops/attention_bind.h>
 #include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/ops/tune_attention.h>
 #include <ladle/ops/tune_recurrent.h>
 #include <ladle/runtime/driver.h>
@@ -484,4 +485,120 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
   Call odd(8, 4096, 16, 100);
   aligned(odd);
   REQUIRE(pick(odd, h100()).mma != AttentionMma::ws);
+}
+
+// ---- The backward's tiles
+
+namespace {
+
+// A backward call's gradients over the Call's one element (never read here): dq contiguous,
+// 16-byte aligned (TMA may add into it) unless `odd_dq`.
+cpu::AttentionGrads grads_of(Call& call, bool odd_dq = false) {
+  const auto contiguous = [&](ElementType of, std::vector<std::int64_t> shape) {
+    return TensorView::contiguous(call.element, of, std::move(shape));
+  };
+  const ops::AttentionArgs& a = call.args;
+  cpu::AttentionGrads g;
+  g.d_output = contiguous(call.type, {a.B, a.Tq, a.H, a.Dv});
+  g.dq = contiguous(ElementType::f32, {a.B, a.Tq, a.H, a.D});
+  if (odd_dq) g.dq.data = call.element + 1;
+  g.dk = contiguous(ElementType::f32, {a.B, a.Tk, a.H_kv, a.D});
+  g.dv = contiguous(ElementType::f32, {a.B, a.Tk, a.H_kv, a.Dv});
+  return g;
+}
+
+Config bwd(int stages, bool tma) { return gpu::to_config(cuda::AttentionBackwardTile{stages, tma}); }
+
+}  // namespace
+
+TEST_CASE("the attention backward's space is stages x dq path, valid where shared memory and dq allow") {
+  Call call(8, 4096, 16, 128);
+  const cuda::AttentionBackwardTile tile{3, false};
+  REQUIRE(gpu::to_config(tile).to_string() == bwd(3, false).to_string());
+  REQUIRE(gpu::to_attention_backward_tile(bwd(4, true)).stages == 4);
+  REQUIRE(gpu::to_attention_backward_tile(bwd(4, true)).dq_tma);
+  REQUIRE(cuda::to_string(tile) == "stages=3 dq=red");
+
+  const cpu::AttentionGrads grads = grads_of(call);
+  const cuda::AttentionBackwardSpec base = gpu::attention_backward_spec(call.variant(), call.args, grads);
+  REQUIRE(base.dq_tma);
+  const SearchSpace space = gpu::attention_backward_search_space(call.variant(), base);
+  const auto valid = space.enumerate(h100());
+  // D = 128: dQ's 32 KiB stage fits beside 2 or 3 stages of q / d_output, not 4.
+  for (const Config& c : {bwd(2, true), bwd(3, true), bwd(2, false), bwd(3, false), bwd(4, false)})
+    CHECK(std::find(valid.begin(), valid.end(), c) != valid.end());
+  CHECK(valid.size() == 5);
+  CHECK_THAT(space.why_invalid(bwd(4, true), h100()).value_or(""), Catch::Contains("does not fit beside 4 stages"));
+  CHECK(std::find(valid.begin(), valid.end(), gpu::to_config(gpu::heuristic_attention_backward_tile(base))) != valid.end());
+  // Another GPU: the kernels need sm_90a.
+  CHECK(space.enumerate(a100()).empty());
+  CHECK_THAT(space.why_invalid(bwd(2, false), a100()).value_or(""), Catch::Contains("sm_90a"));
+  // At D = 64 everything fits.
+  Call narrow(8, 4096, 16, 64);
+  const auto narrow_grads = grads_of(narrow);
+  CHECK(gpu::attention_backward_search_space(narrow.variant(), gpu::attention_backward_spec(narrow.variant(), narrow.args, narrow_grads))
+            .enumerate(h100())
+            .size() == 6);
+  // A dq TMA cannot add into: red.global only, and the heuristic says so.
+  Call odd(8, 4096, 16, 128);
+  const cuda::AttentionBackwardSpec odd_base = gpu::attention_backward_spec(odd.variant(), odd.args, grads_of(odd, true));
+  REQUIRE_FALSE(odd_base.dq_tma);
+  const SearchSpace odd_space = gpu::attention_backward_search_space(odd.variant(), odd_base);
+  CHECK(odd_space.enumerate(h100()).size() == 3);
+  CHECK_THAT(odd_space.why_invalid(bwd(2, true), h100()).value_or(""), Catch::Contains("not 16-byte aligned"));
+  CHECK_FALSE(gpu::heuristic_attention_backward_tile(odd_base).dq_tma);
+  // with_tile keeps TMA only where it fits.
+  CHECK_FALSE(gpu::with_tile(base, {4, true}).dq_tma);
+  CHECK(gpu::with_tile(base, {3, true}).dq_tma);
+  CHECK(gpu::with_tile(base, {3, true}).stages == 3);
+}
+
+TEST_CASE("attention backward keys are apart from the forward's and differ by the dq path, wanted gradients, dtype and shape") {
+  Call call(8, 4096, 16, 128);
+  const cpu::AttentionGrads grads = grads_of(call);
+  const cuda::AttentionBackwardSpec base = gpu::attention_backward_spec(call.variant(), call.args, grads);
+  const TunedKey key = gpu::attention_backward_tune_key(call.variant(), base, call.shape(), h100());
+  CHECK(key.family == gpu::attention_backward_family);
+  CHECK(key.hash() != call.key().hash());
+  cuda::AttentionBackwardSpec other = base;
+  other.dq_tma = false;
+  CHECK(gpu::attention_backward_tune_key(call.variant(), other, call.shape(), h100()).hash() != key.hash());
+  other = base;
+  other.input_gradients.back() = !other.input_gradients.back();
+  CHECK(gpu::attention_backward_tune_key(call.variant(), other, call.shape(), h100()).hash() != key.hash());
+  other = base;
+  other.d_output_type = ElementType::f32;
+  CHECK(gpu::attention_backward_tune_key(call.variant(), other, call.shape(), h100()).hash() != key.hash());
+  Call longer(8, 8192, 16, 128);
+  CHECK(gpu::attention_backward_tune_key(call.variant(), base, longer.shape(), h100()).hash() != key.hash());
+  CHECK(gpu::attention_backward_tune_key(call.variant(), base, call.shape(), a100()).hash() != key.hash());
+}
+
+TEST_CASE("policy heuristic returns the heuristic backward tile without a device; tuning rejects a tile whose gradients differ") {
+  Call call(8, 4096, 16, 128);
+  const cpu::AttentionGrads grads = grads_of(call);
+  TuneOptions options;
+  options.policy = Policy::heuristic;
+  const cuda::AttentionBackwardTile odd{4, false};
+  const cuda::AttentionBackwardTile got = gpu::tuned_attention_backward_tile(call.variant(), call.args, grads, odd, options);
+  REQUIRE((got.stages == 4 && !got.dq_tma));
+  if (!driver_available()) {
+    options.policy = Policy::cached;
+    REQUIRE_THROWS_AS(gpu::tuned_attention_backward_tile(call.variant(), call.args, grads, odd, options), NoCudaDriver);
+  }
+
+  const cuda::AttentionBackwardSpec base = gpu::attention_backward_spec(call.variant(), call.args, grads);
+  const SearchSpace space = gpu::attention_backward_search_space(call.variant(), base);
+  const Config heuristic = gpu::to_config(gpu::heuristic_attention_backward_tile(base));
+  const Tuner tuner(space, h100(), heuristic);
+  test::FakeCandidate fake;
+  // The "GPU": TMA reductions and deeper rings are faster; the fastest's gradients differ.
+  fake.time_of = [](const Config& c) { return 4.0 - 0.5 * c["dq_tma"] - 0.1 * c["stages"]; };
+  const Config fastest = bwd(3, true), second = bwd(2, true);
+  fake.fail_check.insert(fastest);
+  test::FakeTuning tuning(fake);
+  const TunedKey key = gpu::attention_backward_tune_key(call.variant(), base, call.shape(), h100());
+  const TuneResult result = tuner.tune(key, fake, tuning.options);
+  tuning.check_second_wins(result, fake, key, fastest, second, 5);
+  REQUIRE(result.space_size == 6);
 }

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--tile", tiles, "block_m,block_n,warps,stages[,sync|wgmma] (repeatable); default: the heuristic");
   app.add_flag("--backward", backward, "also time the backward (ladle::gpu::run_attention_backward_into) and forward + backward");
   std::vector<int> bwd_stages{0};
-  app.add_option("--bwd-stages", bwd_stages, "with --backward: the backward's q / d_output stages, each timed (0: the default)")
+  app.add_option("--bwd-stages", bwd_stages, "with --backward: the backward's q / d_output stages, each timed (0: the library's tile, tuned under LADLE_AUTOTUNE=cached)")
       ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
@@ -140,7 +140,9 @@ int main(int argc, char** argv) {
         int stages = 0;
         const auto run = [&](int pass) {
           if (pass != 1) ladle::gpu::run_attention_into(variant, args, launch, spec.tile);
-          if (pass != 0) ladle::gpu::run_attention_backward_into(variant, args, grads, launch, stages);
+          if (pass != 0)
+            ladle::gpu::run_attention_backward_into(variant, args, grads, launch,
+                                                    stages ? std::optional(ladle::cuda::AttentionBackwardTile{stages, true}) : std::nullopt);
         };
         if (backward) run(0);  // lse for the backward-alone pass
         // pass 0; then passes 1 and 2 for each --bwd-stages value.

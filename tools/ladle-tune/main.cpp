@@ -5,7 +5,9 @@
 //              [--dtype bf16] [--budget 15] [--backward]
 //   ladle-tune --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
 //              -B 8 -T 4096 [--tk 4096] -H 16 [--hkv 16] -D 128 [--dv 128] [--window 1024] [--dtype bf16]
-// --backward tunes the recurrences the op's backward runs at that shape (gpu::run_variant_backward_into
+// --backward with --op attention tunes the backward's kernel (gpu::attention_backward_tune_job: stages x
+// the dQ path, each tile's gradients checked against the heuristic tile's before it may win) after
+// one forward for o and lse; with a recurrent op it tunes the recurrences the op's backward runs at that shape (gpu::run_variant_backward_into
 // once under LADLE_AUTOTUNE=force: each pass's tiles are timed and checked against the heuristic's
 // output, itself a part of the gradients, then stored where the next backward finds them).
 // The recurrence family is the one the op would run at that shape (Algorithm::automatic)
@@ -25,6 +27,7 @@
 #include <ladle/ops/attention_bind.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_attention.h>
+#include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
@@ -54,7 +57,7 @@ struct AttentionShape {
 
 // The softmax-attention kernel at one shape, its inputs made on the device.
 void tune_attention(const std::string& masks, const std::string& mods, const AttentionShape& s, const std::string& dtype,
-                    double budget_s) {
+                    double budget_s, bool backward) {
   const std::string list = masks + (!masks.empty() && !mods.empty() ? "," : "") + mods;
   const ladle::AttentionFeatures features = ladle::parse_attention_features(list);  // bad flags: said before the GPU
   const ladle::ir::AttentionVariant& variant = ladle::attention_variant(features);
@@ -109,8 +112,34 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
   const ladle::TensorView o = view(type, {s.B, s.T, s.H, s.Dv});
   device.synchronize();
   ladle::ops::AttentionArgs args = ladle::ops::bind_attention("attention", variant, q, k, v, inputs, options);
-  ladle::ops::bind_attention_outputs("attention", options, {o, std::nullopt}, args);
-  measure_and_store(ladle::gpu::attention_tune_job(variant, args, ladle::gpu::heuristic_attention_tile(args)), budget_s);
+  if (!backward) {
+    ladle::ops::bind_attention_outputs("attention", options, {o, std::nullopt}, args);
+    measure_and_store(ladle::gpu::attention_tune_job(variant, args, ladle::gpu::heuristic_attention_tile(args)), budget_s);
+    return;
+  }
+  // The backward: the forward once (its o and lse, the library's tile), then the backward's tiles on a
+  // random d_output into fp32 gradients, each checked against the heuristic tile's gradients.
+  options.return_lse = true;
+  const ladle::TensorView lse = view(ladle::ElementType::f32, {s.B, s.H, s.T});
+  ladle::ops::bind_attention_outputs("attention", options, {o, lse}, args);
+  ladle::gpu::run_attention_into(variant, args);
+  ladle::cpu::AttentionGrads grads;
+  grads.d_output = random({s.B, s.T, s.H, s.Dv}, 5);
+  grads.dq = view(ladle::ElementType::f32, {s.B, s.T, s.H, s.D});
+  grads.dk = view(ladle::ElementType::f32, {s.B, s.Tk, s.H_kv, s.D});
+  grads.dv = view(ladle::ElementType::f32, {s.B, s.Tk, s.H_kv, s.Dv});
+  grads.d_tensors.resize(variant.inputs.size());
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
+    if (variant.inputs[i].name == "bias") {  // [1,1,T,Tk], seen as the kernels' [B,H,Tq,Tk] (broadcast: stride 0)
+      ladle::TensorView d_bias = view(ladle::ElementType::f32, {s.T, s.Tk});
+      d_bias.shape = {s.B, s.H, s.T, s.Tk}, d_bias.strides = {0, 0, s.Tk, 1};
+      grads.d_tensors[i] = d_bias;
+    }
+  if (features.sinks) grads.d_softmax_aux = view(ladle::ElementType::f32, {s.H, 4});
+  device.synchronize();
+  const ladle::cuda::AttentionBackwardSpec spec = ladle::gpu::attention_backward_spec(variant, args, grads);
+  measure_and_store(ladle::gpu::attention_backward_tune_job(variant, args, grads, ladle::gpu::heuristic_attention_backward_tile(spec)),
+                    budget_s);
 }
 
 }  // namespace
@@ -139,11 +168,12 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "q, k, v and o")->check(CLI::IsMember({"bf16", "f16"}));
   app.add_option("--budget", budget_s, "seconds");
   bool backward = false;
-  app.add_flag("--backward", backward, "recurrent ops: tune the recurrences of the op's backward at this shape");
+  app.add_flag("--backward", backward,
+               "tune the op's backward at this shape (recurrent ops: its recurrences; attention: the backward's stages and dQ path)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (op == "attention") {
-      tune_attention(masks, mods, {B, T, Tk ? Tk : T, H, H_kv ? H_kv : H, D, Dv ? Dv : D, window}, dtype, budget_s);
+      tune_attention(masks, mods, {B, T, Tk ? Tk : T, H, H_kv ? H_kv : H, D, Dv ? Dv : D, window}, dtype, budget_s, backward);
       return 0;
     }
     auto& device = ladle::Device::get();
