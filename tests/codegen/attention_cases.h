@@ -349,8 +349,9 @@ inline std::vector<Case> backward() {
     add(c);
   }
   {
-    Case c = make("backward: attention_mask (u8), segment ids, causal", variant("mask,segments,causal"));
+    Case c = make("backward: attention_mask (u8), segment ids, causal, dq by red.global", variant("mask,segments,causal"));
     c.Tq = c.Tk = 130;
+    c.dq_pairs = true;
     add(c);
   }
   {
@@ -358,7 +359,6 @@ inline std::vector<Case> backward() {
     c.H = 2, c.H_kv = 1;
     c.cu_seqlens_q = {0, 30, 30, 170, 171}, c.cu_seqlens_k = {0, 45, 45, 185, 210};
     c.Tq = 171, c.Tk = 210;
-    c.dq_pairs = true;
     add(c);
   }
   return cases;
