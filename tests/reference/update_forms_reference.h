@@ -39,10 +39,10 @@ struct UpdateForm {
 
 namespace detail {
 
-// Visits every (sequence n, batch row b, head h) with the tokens in the order the recurrence takes
-// them: step(t) for each, then done(n, h, S) with the final state.
-template <class Step, class Done>
-void for_each_sequence(const UpdateForm& p, Step step, Done done) {
+// Runs the recurrence of every (sequence, head) from its initial state, calling step(b, t, h, S, out)
+// for each token in the order the recurrence takes them; the final states go into out.
+template <class Step>
+RecurrentOutput run(const UpdateForm& p, Step step) {
   struct Sequence { int b, begin, end; };
   std::vector<Sequence> sequences;
   if (p.cu_seqlens.empty()) {
@@ -50,18 +50,23 @@ void for_each_sequence(const UpdateForm& p, Step step, Done done) {
   } else {
     for (std::size_t n = 0; n + 1 < p.cu_seqlens.size(); ++n) sequences.push_back({0, int(p.cu_seqlens[n]), int(p.cu_seqlens[n + 1])});
   }
+  const std::size_t KV = std::size_t(p.K) * p.V;
+  RecurrentOutput out;
+  out.o.assign(std::size_t(p.B) * p.T * p.H * p.V, 0.0);
+  out.final_state.assign(sequences.size() * p.H * KV, 0.0);
   for (int n = 0; n < int(sequences.size()); ++n)
     for (int h = 0; h < p.H; ++h) {
-      std::vector<double> S(std::size_t(p.K) * p.V, 0.0);
+      std::vector<double> S(KV, 0.0);
       if (!p.initial_state.empty())
-        for (int i = 0; i < p.K * p.V; ++i) S[i] = p.initial_state[(std::size_t(n) * p.H + h) * p.K * p.V + i];
+        for (std::size_t i = 0; i < KV; ++i) S[i] = p.initial_state[(std::size_t(n) * p.H + h) * KV + i];
       const int length = sequences[n].end - sequences[n].begin;
       for (int s = 0; s < length; ++s) {
         const int t = p.reverse ? sequences[n].end - 1 - s : sequences[n].begin + s;
-        step(sequences[n].b, t, h, S);
+        step(sequences[n].b, t, h, S, out);
       }
-      done(n, h, S);
+      for (std::size_t i = 0; i < KV; ++i) out.final_state[(std::size_t(n) * p.H + h) * KV + i] = S[i];
     }
+  return out;
 }
 
 inline std::vector<double> normalized(const double* x, int n, bool on, double eps) {
@@ -78,61 +83,41 @@ inline std::vector<double> normalized(const double* x, int n, bool on, double ep
 
 inline RecurrentOutput delta_rule(const UpdateForm& p) {
   const int T = p.T, H = p.H, K = p.K, V = p.V, group = p.H / p.H_kv;
-  RecurrentOutput out;
-  out.o.assign(std::size_t(p.B) * T * H * V, 0.0);
-  const int N = p.cu_seqlens.empty() ? p.B : int(p.cu_seqlens.size()) - 1;
-  out.final_state.assign(std::size_t(N) * H * K * V, 0.0);
-  detail::for_each_sequence(
-      p,
-      [&](int b, int t, int h, std::vector<double>& S) {
-        const std::size_t qh = (std::size_t(b) * T + t) * H + h, kh = (std::size_t(b) * T + t) * p.H_kv + h / group;
-        const std::vector<double> q = detail::normalized(&p.q[qh * K], K, p.l2_normalize, p.eps);
-        const std::vector<double> k = detail::normalized(&p.k[kh * K], K, p.l2_normalize, p.eps);
-        const double beta = p.beta.empty() ? 1.0 : p.beta[qh], alpha = p.g.empty() ? 1.0 : std::exp(p.g[qh]);
-        // kS = k^T S_{t-1} (a row of V); S_t = alpha (S - beta k kS) + beta k v^T.
-        std::vector<double> kS(V, 0.0);
-        for (int i = 0; i < K; ++i)
-          for (int j = 0; j < V; ++j) kS[j] += k[i] * S[i * V + j];
-        for (int i = 0; i < K; ++i)
-          for (int j = 0; j < V; ++j)
-            S[i * V + j] = alpha * (S[i * V + j] - beta * k[i] * kS[j]) + beta * k[i] * p.v[kh * V + j];
-        for (int j = 0; j < V; ++j) {
-          double o = 0.0;
-          for (int i = 0; i < K; ++i) o += p.scale * q[i] * S[i * V + j];
-          out.o[qh * V + j] = o;
-        }
-      },
-      [&](int n, int h, const std::vector<double>& S) {
-        for (int i = 0; i < K * V; ++i) out.final_state[(std::size_t(n) * H + h) * K * V + i] = S[i];
-      });
-  return out;
+  return detail::run(p, [&](int b, int t, int h, std::vector<double>& S, RecurrentOutput& out) {
+    const std::size_t qh = (std::size_t(b) * T + t) * H + h, kh = (std::size_t(b) * T + t) * p.H_kv + h / group;
+    const std::vector<double> q = detail::normalized(&p.q[qh * K], K, p.l2_normalize, p.eps);
+    const std::vector<double> k = detail::normalized(&p.k[kh * K], K, p.l2_normalize, p.eps);
+    const double beta = p.beta.empty() ? 1.0 : p.beta[qh], alpha = p.g.empty() ? 1.0 : std::exp(p.g[qh]);
+    // kS = k^T S_{t-1} (a row of V); S_t = alpha (S - beta k kS) + beta k v^T.
+    std::vector<double> kS(V, 0.0);
+    for (int i = 0; i < K; ++i)
+      for (int j = 0; j < V; ++j) kS[j] += k[i] * S[i * V + j];
+    for (int i = 0; i < K; ++i)
+      for (int j = 0; j < V; ++j)
+        S[i * V + j] = alpha * (S[i * V + j] - beta * k[i] * kS[j]) + beta * k[i] * p.v[kh * V + j];
+    for (int j = 0; j < V; ++j) {
+      double o = 0.0;
+      for (int i = 0; i < K; ++i) o += p.scale * q[i] * S[i * V + j];
+      out.o[qh * V + j] = o;
+    }
+  });
 }
 
 inline RecurrentOutput bonus_read(const UpdateForm& p) {
   const int T = p.T, H = p.H, K = p.K, V = p.V, group = p.H / p.H_kv;
-  RecurrentOutput out;
-  out.o.assign(std::size_t(p.B) * T * H * V, 0.0);
-  const int N = p.cu_seqlens.empty() ? p.B : int(p.cu_seqlens.size()) - 1;
-  out.final_state.assign(std::size_t(N) * H * K * V, 0.0);
-  detail::for_each_sequence(
-      p,
-      [&](int b, int t, int h, std::vector<double>& S) {
-        const std::size_t qh = (std::size_t(b) * T + t) * H + h, kh = (std::size_t(b) * T + t) * p.H_kv + h / group;
-        for (int j = 0; j < V; ++j) {
-          double o = 0.0;
-          for (int i = 0; i < K; ++i)
-            o += p.scale * p.q[qh * K + i] * (S[i * V + j] + p.u[std::size_t(h) * K + i] * p.k[kh * K + i] * p.v[kh * V + j]);
-          out.o[qh * V + j] = o;
-        }
-        for (int i = 0; i < K; ++i) {
-          const double a = std::exp(p.w[qh * K + i]);
-          for (int j = 0; j < V; ++j) S[i * V + j] = a * S[i * V + j] + p.k[kh * K + i] * p.v[kh * V + j];
-        }
-      },
-      [&](int n, int h, const std::vector<double>& S) {
-        for (int i = 0; i < K * V; ++i) out.final_state[(std::size_t(n) * H + h) * K * V + i] = S[i];
-      });
-  return out;
+  return detail::run(p, [&](int b, int t, int h, std::vector<double>& S, RecurrentOutput& out) {
+    const std::size_t qh = (std::size_t(b) * T + t) * H + h, kh = (std::size_t(b) * T + t) * p.H_kv + h / group;
+    for (int j = 0; j < V; ++j) {
+      double o = 0.0;
+      for (int i = 0; i < K; ++i)
+        o += p.scale * p.q[qh * K + i] * (S[i * V + j] + p.u[std::size_t(h) * K + i] * p.k[kh * K + i] * p.v[kh * V + j]);
+      out.o[qh * V + j] = o;
+    }
+    for (int i = 0; i < K; ++i) {
+      const double a = std::exp(p.w[qh * K + i]);
+      for (int j = 0; j < V; ++j) S[i * V + j] = a * S[i * V + j] + p.k[kh * K + i] * p.v[kh * V + j];
+    }
+  });
 }
 
 }  // namespace reference
