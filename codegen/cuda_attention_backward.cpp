@@ -62,6 +62,12 @@ std::string to_string(const AttentionBackwardTile& tile) {
   return "stages=" + std::to_string(tile.stages) + (tile.dq_tma ? " dq=tma" : " dq=red");
 }
 
+AttentionBackwardSpec with_tile(AttentionBackwardSpec spec, const AttentionBackwardTile& tile) {
+  spec.stages = tile.stages;
+  spec.dq_tma = spec.dq_tma && tile.dq_tma && attention_backward_shared_bytes(spec) <= attention_backward_max_shared_bytes;
+  return spec;
+}
+
 std::vector<std::string> attention_backward_unsupported(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec) {
   std::vector<std::string> problems;
   if (spec.input_types.size() < 3 || spec.input_types.size() != variant.inputs.size()) {
@@ -80,9 +86,10 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
     problems.push_back("the GPU backward runs on wgmma and TMA: it needs the target sm_90a, the target is " +
                        (spec.arch.empty() ? std::string("unknown") : spec.arch));
   if (spec.stages < 2 || spec.stages > 4) problems.push_back("stages = " + std::to_string(spec.stages) + ", expected 2 to 4");
-  else if (const int bytes = attention_backward_shared_bytes(spec); bytes > 232448)
+  else if (const int bytes = attention_backward_shared_bytes(spec); bytes > attention_backward_max_shared_bytes)
     problems.push_back("stages = " + std::to_string(spec.stages) + " at D = " + std::to_string(spec.D) + ", Dv = " + std::to_string(spec.Dv) +
-                       " needs " + std::to_string(bytes) + " bytes of shared memory, more than a block's 232448");
+                       " needs " + std::to_string(bytes) + " bytes of shared memory, more than a block's " +
+                       std::to_string(attention_backward_max_shared_bytes));
   if (!spec.input_gradients.empty() && spec.input_gradients.size() != variant.inputs.size())
     problems.push_back("input_gradients has " + std::to_string(spec.input_gradients.size()) + " entries, expected one per variant input");
   return problems;

@@ -83,8 +83,14 @@ struct AttentionBackwardKernel {
 // 8, q, k, v not of one 16-bit type, a target other than sm_90a.
 std::vector<std::string> attention_backward_unsupported(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec);
 
-// The main kernel's dynamic shared memory for a spec (at most 232448 bytes: attention_backward_unsupported).
+// The most dynamic shared memory a block of main may have (sm_90's opt-in limit, 227 KiB).
+inline constexpr int attention_backward_max_shared_bytes = 232448;
+// The main kernel's dynamic shared memory for a spec (attention_backward_unsupported refuses more
+// than attention_backward_max_shared_bytes).
 int attention_backward_shared_bytes(const AttentionBackwardSpec& spec);
+// A call's spec with a tile applied: its stages; dQ by TMA where the tile asks, the call's dq allows
+// (spec.dq_tma) and shared memory has room at those stages, else by red.global.
+AttentionBackwardSpec with_tile(AttentionBackwardSpec spec, const AttentionBackwardTile& tile);
 
 // Throws InvalidArgument for a malformed variant or anything attention_backward_unsupported names.
 AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec);

@@ -66,6 +66,17 @@ struct TensorView {
   }
 };
 
+// Bytes from a view's first element to one past its last, for non-negative strides (broadcast
+// axes at stride 0 add nothing; an empty view spans none).
+inline std::size_t span_bytes(const TensorView& view) {
+  std::int64_t last = 0;
+  for (std::size_t d = 0; d < view.shape.size(); ++d) {
+    if (view.shape[d] == 0) return 0;
+    last += (view.shape[d] - 1) * view.strides[d];
+  }
+  return static_cast<std::size_t>(last + 1) * element_size(view.type);
+}
+
 // The i32 or i64 element at `offset` (in elements) of an integer view, as int64.
 inline std::int64_t load_integer(const TensorView& view, std::int64_t offset) {
   const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));

@@ -33,16 +33,6 @@ bool tma_copyable(const TensorView& view, ElementType type) {
   return true;
 }
 
-// Bytes from a view's first element to one past its last (broadcast axes at stride 0 add nothing).
-std::size_t span_bytes(const TensorView& view) {
-  std::int64_t last = 0;
-  for (int d = 0; d < view.rank(); ++d) {
-    if (view.shape[static_cast<std::size_t>(d)] == 0) return 0;
-    last += (view.shape[static_cast<std::size_t>(d)] - 1) * view.strides[static_cast<std::size_t>(d)];
-  }
-  return static_cast<std::size_t>(last + 1) * element_size(view.type);
-}
-
 // d_output as main reads it: the caller's, or the contiguous copy prep writes.
 TensorView d_output_for_tma(const cuda::AttentionBackwardSpec& spec, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
                             void* copy) {
@@ -70,8 +60,9 @@ cuda::AttentionBackwardSpec attention_backward_spec(const ir::AttentionVariant& 
   spec.output_type = args.o.type;
   spec.d_output_type = grads.d_output.type;
   spec.copy_d_output = !tma_copyable(grads.d_output, args.q.type);
+  // Whether TMA can address dq; whether dQ's stage fits is the tile's question (cuda::with_tile).
   spec.dq_tma = grads.dq.strides.size() == 4 && address(grads.dq.data) % 16 == 0 && grads.dq.strides[0] % 4 == 0 &&
-                 grads.dq.strides[1] % 4 == 0 && grads.dq.strides[2] % 4 == 0 && cuda::attention_backward_shared_bytes(spec) <= 232448;
+                grads.dq.strides[1] % 4 == 0 && grads.dq.strides[2] % 4 == 0;
   spec.sinks_gradient = args.softmax_aux.has_value() && grads.d_softmax_aux.has_value() && args.sinks > 0;
   spec.input_gradients.assign(variant.inputs.size(), false);
   for (std::size_t k = 0; k < variant.inputs.size() && k < grads.d_tensors.size(); ++k) spec.input_gradients[k] = grads.d_tensors[k].has_value();
@@ -148,13 +139,6 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
   return cuda::attention_backward_unsupported(variant, attention_backward_spec(variant, args, none, Device::get().properties().arch()));
 }
 
-cuda::AttentionBackwardSpec with_tile(cuda::AttentionBackwardSpec spec, const cuda::AttentionBackwardTile& tile) {
-  spec.stages = tile.stages;
-  spec.dq_tma = spec.dq_tma && tile.dq_tma;
-  if (spec.dq_tma && cuda::attention_backward_shared_bytes(spec) > 232448) spec.dq_tma = false;  // dQ by red.global there
-  return spec;
-}
-
 cuda::AttentionBackwardTile heuristic_attention_backward_tile(const cuda::AttentionBackwardSpec& spec) { return {2, spec.dq_tma}; }
 
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
@@ -187,7 +171,7 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
   const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, "sm_90a");
   const cuda::AttentionBackwardTile chosen =
       tile ? *tile : tuned_attention_backward_tile(variant, args, grads, heuristic_attention_backward_tile(base));
-  const cuda::AttentionBackwardSpec spec = with_tile(base, chosen);
+  const cuda::AttentionBackwardSpec spec = cuda::with_tile(base, chosen);
   if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
     throw InvalidArgument(fmt::format("{}: backward tile {}: {}", op, cuda::to_string(chosen), problems.front()));
   std::string key = fmt::format("attention-backward|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv);

@@ -60,9 +60,6 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
                                  const LaunchOptions& launch = {}, const std::optional<cuda::AttentionBackwardTile>& tile = std::nullopt);
 
-// A call's spec with a tile applied: its stages; dQ by TMA where the tile asks, the call's dq
-// allows (spec.dq_tma) and shared memory has room at those stages, else by red.global.
-cuda::AttentionBackwardSpec with_tile(cuda::AttentionBackwardSpec spec, const cuda::AttentionBackwardTile& tile);
 // The heuristic tile for a call's spec: 2 stages, dQ by TMA where the call's dq allows it.
 cuda::AttentionBackwardTile heuristic_attention_backward_tile(const cuda::AttentionBackwardSpec& spec);
 

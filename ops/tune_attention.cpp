@@ -312,14 +312,6 @@ cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, co
 
 namespace {
 
-// The bytes a view spans from its data pointer (broadcast axes at stride 0 count once).
-std::size_t spanned_bytes(const TensorView& view) {
-  std::int64_t last = 0;
-  for (std::size_t d = 0; d < view.shape.size(); ++d)
-    if (view.shape[d] > 0) last += (view.shape[d] - 1) * view.strides[d];
-  return static_cast<std::size_t>(last + 1) * element_size(view.type);
-}
-
 // Runs backward tiles on the caller's inputs (q, k, v, o, lse, d_output) into gradients of its own,
 // laid out as the caller's (the same strides over buffers of the spans).
 class AttentionBackwardCandidate : public Candidate {
@@ -329,7 +321,7 @@ class AttentionBackwardCandidate : public Candidate {
       : variant_(variant), args_(args), grads_(grads), spec_(spec), arch_(Device::get().properties().arch()) {
     Device::get().synchronize();  // the caller's inputs may still be in flight on its stream
     const auto own = [&](TensorView& view) {
-      buffers_.emplace_back(spanned_bytes(view));
+      buffers_.emplace_back(span_bytes(view));
       view.data = reinterpret_cast<void*>(buffers_.back().device_ptr());
     };
     buffers_.reserve(4 + grads.d_tensors.size());
@@ -340,7 +332,7 @@ class AttentionBackwardCandidate : public Candidate {
   }
 
   void prepare(const Config& config) override {
-    compile_attention_backward(variant_, with_tile(spec_, to_attention_backward_tile(config)), arch_);  // warms the cache
+    compile_attention_backward(variant_, cuda::with_tile(spec_, to_attention_backward_tile(config)), arch_);  // warms the cache
   }
 
   void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
@@ -397,7 +389,7 @@ SearchSpace attention_backward_search_space(const ir::AttentionVariant& variant,
   space.rule([variant, base](const Config& c, const DeviceLimits& d) -> Reason {
     const cuda::AttentionBackwardTile tile = to_attention_backward_tile(c);
     if (tile.dq_tma && !base.dq_tma) return std::string("dq_tma: this call's dq is not 16-byte aligned with strides in multiples of 4");
-    const cuda::AttentionBackwardSpec spec = with_tile(base, tile);
+    const cuda::AttentionBackwardSpec spec = cuda::with_tile(base, tile);
     if (tile.dq_tma && !spec.dq_tma)
       return fmt::format("dq_tma: dQ's stage does not fit beside {} stages at D = {}, Dv = {}", tile.stages, base.D, base.Dv);
     cuda::AttentionBackwardSpec on_device = spec;

@@ -384,7 +384,7 @@ inline ladle::cuda::AttentionBackwardSpec backward_spec(const Case& c) {
   }
   s.stages = c.stages;
   s.dq_tma = !c.dq_pairs;
-  if (ladle::cuda::attention_backward_shared_bytes(s) > 232448) s.dq_tma = false;  // as the launcher: red.global there
+  s = ladle::cuda::with_tile(s, {c.stages, s.dq_tma});  // as the launcher: red.global where dQ's stage does not fit
   s.arch = "sm_90a";
   return s;
 }

@@ -548,9 +548,9 @@ TEST_CASE("the attention backward's space is stages x dq path, valid where share
   CHECK_THAT(odd_space.why_invalid(bwd(2, true), h100()).value_or(""), Catch::Contains("not 16-byte aligned"));
   CHECK_FALSE(gpu::heuristic_attention_backward_tile(odd_base).dq_tma);
   // with_tile keeps TMA only where it fits.
-  CHECK_FALSE(gpu::with_tile(base, {4, true}).dq_tma);
-  CHECK(gpu::with_tile(base, {3, true}).dq_tma);
-  CHECK(gpu::with_tile(base, {3, true}).stages == 3);
+  CHECK_FALSE(cuda::with_tile(base, {4, true}).dq_tma);
+  CHECK(cuda::with_tile(base, {3, true}).dq_tma);
+  CHECK(cuda::with_tile(base, {3, true}).stages == 3);
 }
 
 TEST_CASE("attention backward keys are apart from the forward's and differ by the dq path, wanted gradients, dtype and shape") {
