@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
         for (std::size_t k = 0; k < variant.inputs.size(); ++k)
           bspec.input_gradients.push_back(spec.input_types[k] == ladle::ElementType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
         bspec.arch = arch.empty() ? "sm_90a" : arch;
+        bspec.dq_tma = true;  // an aligned dq, as the launcher's default tile takes it (dQ by TMA reductions)
         program = ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch).program;
         std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}\n", ladle::ir::hash_hex(variant), head_dim, dv,
                                  dtype, bspec.arch);
