@@ -89,6 +89,7 @@ class Worker {
     for (std::size_t s = 0; s < ir::slot_count; ++s) {
       cached_[s].resize(static_cast<std::size_t>(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V : K));
     }
+    key_.resize(static_cast<std::size_t>(K));
   }
 
   void run(std::int64_t n, std::int64_t h) {
@@ -154,6 +155,10 @@ class Worker {
   // S_t = diag(a) S_{t-1} diag(b) + k v^T, a = exp(log_decay_k + log_decay_head),
   // b = exp(log_decay_v); o_t = (scale q)^T S_t, optionally normalised.
   void token(std::int64_t b, std::int64_t t, std::int64_t h) {
+    if (!variant_.plain_form()) {
+      token_update_form(b, t, h);
+      return;
+    }
     const std::int64_t K = args_.key_dim, V = args_.value_dim;
     const bool decays_k = has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head);
     const bool decays_v = has(ir::Slot::log_decay_v);
@@ -198,11 +203,71 @@ class Worker {
     for (std::int64_t j = 0; j < V; ++j) narrow_float::store(element(o, {b, t, h, j}), o.type, out_[j]);
   }
 
+  // The other update forms (ir.h): the delta rule, read after its update, and a read before a
+  // diagonal update with a bonus on the current token; q and k optionally L2-normalised.
+  void token_update_form(std::int64_t b, std::int64_t t, std::int64_t h) {
+    const std::int64_t K = args_.key_dim, V = args_.value_dim;
+    const float scale = has(ir::Slot::scale) ? slot(ir::Slot::scale)[0] : 1.0f;
+    const std::vector<float>& q = slot(ir::Slot::q_feature);
+    const std::vector<float>& v = slot(ir::Slot::v);
+    key_ = slot(ir::Slot::k_feature);
+    float q_norm = 1.0f;
+    if (variant_.l2_normalize_qk) {
+      double qq = 0, kk = 0;
+      for (std::int64_t i = 0; i < K; ++i) qq += double(q[i]) * q[i], kk += double(key_[i]) * key_[i];
+      q_norm = static_cast<float>(1.0 / std::sqrt(qq + ir::l2_normalize_eps));
+      const float k_norm = static_cast<float>(1.0 / std::sqrt(kk + ir::l2_normalize_eps));
+      for (std::int64_t i = 0; i < K; ++i) key_[i] *= k_norm;
+    }
+    for (std::int64_t i = 0; i < K; ++i) query_[i] = scale * q_norm * q[i];
+    const float head_decay = has(ir::Slot::log_decay_head) ? std::exp(slot(ir::Slot::log_decay_head)[0]) : 1.0f;
+    float* S = state_.data();
+    std::fill(out_.begin(), out_.end(), 0.0f);
+    if (variant_.update == ir::Update::delta) {
+      // S <- a S; S <- S + beta k (v - S^T k)^T; o = q^T S.
+      const float beta = has(ir::Slot::write_strength) ? slot(ir::Slot::write_strength)[0] : 1.0f;
+      std::fill(decay_v_.begin(), decay_v_.end(), 0.0f);  // S^T k
+      for (std::int64_t i = 0; i < K; ++i) {
+        float* row = S + i * V;
+        for (std::int64_t j = 0; j < V; ++j) {
+          row[j] *= head_decay;
+          decay_v_[j] += key_[i] * row[j];
+        }
+      }
+      for (std::int64_t j = 0; j < V; ++j) decay_v_[j] = beta * (v[j] - decay_v_[j]);
+      for (std::int64_t i = 0; i < K; ++i) {
+        float* row = S + i * V;
+        const float ki = key_[i], qi = query_[i];
+        for (std::int64_t j = 0; j < V; ++j) {
+          row[j] += ki * decay_v_[j];
+          out_[j] += qi * row[j];
+        }
+      }
+    } else {
+      // o = q^T S_{t-1} + (q . diag(u) k) v, then S <- diag(a) S + k v^T.
+      float bonus = 0.0f;
+      if (has(ir::Slot::bonus))
+        for (std::int64_t i = 0; i < K; ++i) bonus += query_[i] * slot(ir::Slot::bonus)[i] * key_[i];
+      for (std::int64_t i = 0; i < K; ++i) {
+        float* row = S + i * V;
+        const float a = (has(ir::Slot::log_decay_k) ? std::exp(slot(ir::Slot::log_decay_k)[i]) : 1.0f) * head_decay;
+        const float ki = key_[i], qi = query_[i];
+        for (std::int64_t j = 0; j < V; ++j) {
+          out_[j] += qi * row[j];
+          row[j] = row[j] * a + ki * v[j];
+        }
+      }
+      for (std::int64_t j = 0; j < V; ++j) out_[j] += bonus * v[j];
+    }
+    const TensorView& o = args_.output;
+    for (std::int64_t j = 0; j < V; ++j) narrow_float::store(element(o, {b, t, h, j}), o.type, out_[j]);
+  }
+
   const ir::Variant& variant_;
   const RecurrentArgs& args_;
   const Programs& programs_;
   TokenLoader loader_;
-  std::vector<float> state_, normaliser_, scratch_, decay_k_, decay_v_, query_, out_;
+  std::vector<float> state_, normaliser_, scratch_, decay_k_, decay_v_, query_, out_, key_;
   std::array<std::vector<float>, ir::slot_count> cached_;
 };
 
@@ -578,6 +643,8 @@ void each_token(const RecurrentArgs& args, std::int64_t groups, const MakeBody& 
 }  // namespace
 
 void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads) {
+  if (!variant.plain_form())
+    throw std::invalid_argument("run_recurrent_backward: the backward of " + ir::form_name(variant) + " is not built yet");
   if (!grads.checkpoints) throw std::invalid_argument("run_recurrent_backward: no checkpoints (the forward makes them: RecurrentArgs::checkpoints)");
   if (grads.checkpoints->interval != Backward::C)
     throw std::invalid_argument("run_recurrent_backward: checkpoints every " + std::to_string(grads.checkpoints->interval) +
@@ -606,6 +673,8 @@ void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& arg
 
 
 RecurrentSlotTensors materialize_slots(const ir::Variant& variant, const RecurrentArgs& args) {
+  if (!variant.plain_form())
+    throw std::invalid_argument("materialize_slots: the slots of " + ir::form_name(variant) + " are not those of the diagonal form");
   const Programs programs = slot_programs(variant, args);
   const std::int64_t K = args.key_dim, V = args.value_dim, rows = args.batch * args.tokens * args.heads;
   RecurrentSlotTensors out;

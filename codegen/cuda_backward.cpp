@@ -49,6 +49,7 @@ std::string backward_spec_key(const BackwardKernelSpec& spec) {
 BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec) {
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_backward: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
+  if (!variant.plain_form()) fail("the backward of " + ir::form_name(variant) + " is not built yet");
   if (variant.normalize && (spec.write_do || !spec.write_v || spec.direct_v))
     fail("a normalised read's backward writes v with the normaliser's column and takes do from the normalised-read helper");
   check_types("generate_backward", variant, spec);

@@ -151,6 +151,7 @@ int vs_elements(const ChunkedTile& tile) {
 
 std::string chunked_unsupported(const ir::Variant& variant) {
   if (variant.normalize) return "the chunked family has no normaliser (normalize); use the fused-recurrent algorithm";
+  if (!variant.plain_form()) return "the chunked family does not run " + ir::form_name(variant) + " yet; use the fused-recurrent algorithm";
   return {};
 }
 

@@ -55,6 +55,14 @@ std::vector<std::string> tile_rules(const RecurrentTile& tile) {
 
 }  // namespace
 
+std::vector<std::string> validate_tile(const RecurrentTile& tile, std::int64_t key_dim, std::int64_t value_dim, const ir::Variant& variant) {
+  std::vector<std::string> problems = validate_tile(tile, key_dim, value_dim);
+  if (problems.empty() && variant.update == ir::Update::delta && 32 * tile.warps / tile.block_v > 32)
+    problems.push_back("the delta rule reduces k^T S over the row groups of a column within a warp: 32 * warps / block_v = " +
+                       std::to_string(32 * tile.warps / tile.block_v) + " row groups, expected at most 32");
+  return problems;
+}
+
 std::vector<std::string> validate_tile(const RecurrentTile& tile, std::int64_t key_dim, std::int64_t value_dim) {
   std::vector<std::string> problems = tile_rules(tile);
   if (key_dim > tile.block_k)
@@ -68,6 +76,10 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
   if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
   check_types("generate_recurrent", variant, spec);
+  const bool delta = variant.update == ir::Update::delta, before = variant.read_before_update;
+  const bool l2 = variant.l2_normalize_qk, bonus = variant.has(ir::Slot::bonus);
+  if (delta && 32 * spec.tile.warps / spec.tile.block_v > 32)
+    fail("tile " + to_string(spec.tile) + ": the delta rule needs at most 32 row groups (32 * warps / block_v)");
 
   const RecurrentTile& tile = spec.tile;
   const int threads = 32 * tile.warps;
@@ -75,7 +87,7 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   const auto& inputs = variant.inputs;
   const auto has = [&](ir::Slot s) { return variant.has(s); };
   const auto varies_over_tokens = [&](ir::Slot s) { return ir::extent(variant, variant.slot(s)).token; };
-  const bool decays_k = has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head);
+  const bool decays_k = has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head);  // the delta rule: head decay only
   const bool decays_v = has(ir::Slot::log_decay_v);
 
   const InputUse use_of = input_use(variant);
@@ -106,6 +118,9 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
             " initial_state=" + (spec.initial_state ? "1" : "0") + " final_state=" + (spec.final_state ? "1" : "0") + "\n";
   header += "GQA: an input with X heads serves query head h from head h * X / H.\n";
+  if (delta)
+    header += "The delta rule: the threads of one value column are adjacent lanes (column = threadIdx.x / ROW_GROUPS),\n"
+              "so k^T S is summed over the column's row groups by warp shuffles, once per token.\n";
 
   Code c;
   c(comment_block(header) + "\n" + storage_helpers);
@@ -125,8 +140,8 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   // the block synchronises twice per chunk instead of twice per token. CHUNK is the largest
   // power of two up to 16 whose staging fits in 40 KiB of static shared memory.
   const int row_groups = threads / tile.block_v;
-  const int smem_per_token = 4 * ((variant.normalize ? 4 : 3) * tile.block_k + 2 * tile.block_v +
-                                  row_groups * tile.block_v + 1);
+  const int smem_per_token = 4 * ((variant.normalize || bonus ? 4 : 3) * tile.block_k + 2 * tile.block_v +
+                                  row_groups * tile.block_v + 1 + (delta ? 1 : 0) + (l2 ? 2 : 0));
   int chunk = 16;
   while (chunk > 1 && chunk * smem_per_token > 40 * 1024) chunk /= 2;
   c("constexpr int CHUNK = " + std::to_string(chunk) + ";  // tokens staged in shared memory at a time");
@@ -139,10 +154,16 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   if (decays_v) c("__shared__ float decay_v[CHUNK][BLOCK_V];");
   c("__shared__ float o_partial[CHUNK][ROW_GROUPS][BLOCK_V];");
   if (variant.normalize) c("__shared__ float q_normaliser[CHUNK][BLOCK_K];");
+  if (bonus) c("alignas(16) __shared__ float bonus_qk[CHUNK][BLOCK_K];  // q_i bonus_i k_i: the current token's read");
+  if (delta) c("__shared__ float token_beta[CHUNK];  // the write strength");
+  if (l2) c("__shared__ float q_inverse_norm[CHUNK], k_inverse_norm[CHUNK];");
   const bool scale_per_token = varies_over_tokens(ir::Slot::scale);
   if (scale_per_token) c("__shared__ float token_scale[CHUNK];");
   c("");
-  c("const int column = threadIdx.x % BLOCK_V, group = threadIdx.x / BLOCK_V;");
+  if (delta)
+    c("const int column = threadIdx.x / ROW_GROUPS, group = threadIdx.x % ROW_GROUPS;  // a column's groups: adjacent lanes");
+  else
+    c("const int column = threadIdx.x % BLOCK_V, group = threadIdx.x / BLOCK_V;");
   c("const int j = blockIdx.x * BLOCK_V + column;  // this thread's value column");
   if (!spec.initial_state && !spec.final_state) c("(void)j;");
   c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
@@ -209,7 +230,7 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
     token_locals("cpos");
     c("const bool use = live && in_range;");
     for (std::size_t k = 0; k < inputs.size(); ++k)
-      if (key_side[k] && inputs[k].kind == ir::InputKind::token_key)
+      if (key_side[k] && (inputs[k].kind == ir::InputKind::token_key || inputs[k].kind == ir::InputKind::head_key))
         c("const float " + id[k] + "_i = use ? " + row_load(k, "i") + " : 0.0f;");
     c("q_feature[cpos][i] = use ? " + render(ir::Slot::q_feature, "_i") + " : 0.0f;");
     c("k_feature[cpos][i] = use ? " + render(ir::Slot::k_feature, "_i") + " : 0.0f;");
@@ -218,6 +239,7 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
       if (has(ir::Slot::log_decay_head)) log_a = log_a.empty() ? "head_log_decay" : log_a + " + head_log_decay";
       c("decay_k[cpos][i] = use ? expf(" + log_a + ") : 1.0f;");
     }
+    if (bonus) c("bonus_qk[cpos][i] = q_feature[cpos][i] * (use ? " + render(ir::Slot::bonus, "_i") + " : 0.0f) * k_feature[cpos][i];");
     if (variant.normalize) {
       c("normaliser[m] = normaliser[m]" + std::string(decays_k ? " * decay_k[cpos][i]" : "") + " + k_feature[cpos][i];");
       c("q_normaliser[cpos][i] = q_feature[cpos][i] * normaliser[m];");
@@ -266,9 +288,32 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   if (scale_per_token) {
     c("if (jv_local == 0) token_scale[cpos] = " + render(ir::Slot::scale, "") + ";");
   }
+  if (delta)
+    c("if (jv_local == 0) token_beta[cpos] = live ? " + (has(ir::Slot::write_strength) ? render(ir::Slot::write_strength, "") : std::string("1.0f")) +
+      " : 0.0f;");
   c.out();
   c("}");
   c("__syncthreads();");
+  if (l2) {
+    c("// q and k over sqrt(sum over K of x^2 + eps): one warp per token, then the rows rescaled.");
+    c("for (int cpos = threadIdx.x / 32; cpos < CHUNK; cpos += THREADS / 32) {");
+    c.in();
+    c("float qq = 0.0f, kk = 0.0f;");
+    c("for (int i = threadIdx.x % 32; i < BLOCK_K; i += 32) qq += q_feature[cpos][i] * q_feature[cpos][i], kk += k_feature[cpos][i] * k_feature[cpos][i];");
+    c("LADLE_UNROLL for (int off = 16; off > 0; off >>= 1) qq += __shfl_xor_sync(0xffffffffu, qq, off), kk += __shfl_xor_sync(0xffffffffu, kk, off);");
+    c("if (threadIdx.x % 32 == 0) q_inverse_norm[cpos] = 1.0f / sqrtf(qq + " + ir::render_c_literal(ir::l2_normalize_eps) +
+      "), k_inverse_norm[cpos] = 1.0f / sqrtf(kk + " + ir::render_c_literal(ir::l2_normalize_eps) + ");");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+    c("for (int slot = threadIdx.x; slot < CHUNK * BLOCK_K; slot += THREADS) {");
+    c.in();
+    c("const int cpos = slot / BLOCK_K, i = slot % BLOCK_K;");
+    c("q_feature[cpos][i] *= q_inverse_norm[cpos], k_feature[cpos][i] *= k_inverse_norm[cpos];");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+  }
   c("");
   c("// 2. Token by token: S = diag(decay_k) S diag(decay_v) + k v^T on this thread's rows,");
   c("//    and their part of q^T S. Positions past the end have k = 0 and decay 1.");
@@ -278,7 +323,39 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   if (decays_v) c("const float decay_j = decay_v[cpos][column];");
   c("float o_part = 0.0f;");
   const int rows = (tile.block_k + row_groups - 1) / row_groups;
-  if (rows % 4 == 0 && rows * row_groups == tile.block_k) {
+  if (delta) {
+    // S = a S; r = k^T S (over the column's row groups); S += k (beta (v - r)); o = q^T S.
+    c("float kS = 0.0f;");
+    if (decays_k) c("const float token_decay = decay_k[cpos][0];  // the head decay, the same on every row");
+    c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
+    c.in();
+    c("const int i = group * ROWS + r;");
+    c("if (i >= BLOCK_K) break;");
+    if (decays_k) c("state[r] *= token_decay;");
+    c("kS += k_feature[cpos][i] * state[r];");
+    c.out();
+    c("}");
+    c("LADLE_UNROLL for (int off = 1; off < ROW_GROUPS; off <<= 1) kS += __shfl_xor_sync(0xffffffffu, kS, off);");
+    c("const float correction = token_beta[cpos] * (v_j - kS);");
+    c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
+    c.in();
+    c("const int i = group * ROWS + r;");
+    c("if (i >= BLOCK_K) break;");
+    c("state[r] += k_feature[cpos][i] * correction;");
+    c("o_part += q_feature[cpos][i] * state[r];");
+    c.out();
+    c("}");
+  } else if (before) {
+    // o = q^T S_{t-1} (+ (q . diag(bonus) k) v), then S = diag(a) S + k v^T.
+    c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
+    c.in();
+    c("const int i = group * ROWS + r;");
+    c("if (i >= BLOCK_K) break;");
+    c("o_part += q_feature[cpos][i] * state[r]" + std::string(bonus ? " + bonus_qk[cpos][i] * v_j" : "") + ";");
+    c("state[r] = state[r]" + std::string(decays_k ? " * decay_k[cpos][i]" : "") + " + k_feature[cpos][i] * v_j;");
+    c.out();
+    c("}");
+  } else if (rows % 4 == 0 && rows * row_groups == tile.block_k) {
     // Rows in fours: one 16-byte shared load per operand for four state rows, and four
     // independent partial sums for the read, so its FMA chain is ROWS / 4 long, not ROWS.
     const bool split_read = rows >= 32;  // shorter rows: the chain is short and ptxas spills

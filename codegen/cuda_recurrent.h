@@ -97,6 +97,8 @@ struct RecurrentKernel {
 RecurrentTile default_tile(std::int64_t key_dim, std::int64_t value_dim);
 // What is wrong with a tile for these sizes (empty: usable).
 std::vector<std::string> validate_tile(const RecurrentTile& tile, std::int64_t key_dim, std::int64_t value_dim);
+// The same, and what the variant's update form adds (the delta rule: at most 32 row groups).
+std::vector<std::string> validate_tile(const RecurrentTile& tile, std::int64_t key_dim, std::int64_t value_dim, const ir::Variant& variant);
 std::string to_string(const RecurrentTile& tile);  // "block_k=64 block_v=32 warps=4"
 
 // Throws InvalidArgument for a malformed variant, a tile that fails validate_tile's

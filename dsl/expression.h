@@ -56,6 +56,7 @@ constexpr auto token_key(const char* name) { return Symbol<ir::InputKind::token_
 constexpr auto token_value(const char* name) { return Symbol<ir::InputKind::token_value>{name}; }  // [B,T,H,V]
 constexpr auto token_head(const char* name) { return Symbol<ir::InputKind::token_head>{name}; }    // [B,T,H]
 constexpr auto head_param(const char* name) { return Symbol<ir::InputKind::head>{name}; }          // [H] or [B,H]
+constexpr auto head_key(const char* name) { return Symbol<ir::InputKind::head_key>{name}; }        // [H,K] or [B,H,K]
 constexpr auto scalar(const char* name) { return Symbol<ir::InputKind::scalar>{name}; }            // a float
 
 // Plain numbers take part in expressions as constants.

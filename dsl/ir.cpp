@@ -63,9 +63,22 @@ const char* slot_name(Slot slot) {
     case Slot::log_decay_v: return "log_decay_v";
     case Slot::log_decay_head: return "log_decay_head";
     case Slot::scale: return "scale";
+    case Slot::write_strength: return "write_strength";
+    case Slot::bonus: return "bonus";
     case Slot::count: break;
   }
   return "?";
+}
+
+std::string form_name(const Variant& variant) {
+  if (variant.update == Update::delta) {
+    std::string out = variant.has(Slot::log_decay_head) ? "the gated delta rule" : "the delta rule";
+    if (variant.read_before_update) out += " read before the update";
+    return out;
+  }
+  if (variant.read_before_update)
+    return variant.has(Slot::bonus) ? "a read before the update with a bonus (RWKV6)" : "a read before the update";
+  return variant.l2_normalize_qk ? "the diagonal-decay form with L2-normalised q and k" : "the diagonal-decay form";
 }
 
 const char* kind_name(InputKind kind) {
@@ -74,6 +87,7 @@ const char* kind_name(InputKind kind) {
     case InputKind::token_value: return "token_value";
     case InputKind::token_head: return "token_head";
     case InputKind::head: return "head";
+    case InputKind::head_key: return "head_key";
     case InputKind::scalar: return "scalar";
     case InputKind::pair: return "pair";
   }
@@ -98,6 +112,7 @@ std::string shape_of(InputKind kind, Role role) {
     case InputKind::token_value: return "[B,T," + heads + ",V]";
     case InputKind::token_head: return "[B,T," + heads + "]";
     case InputKind::head: return "[H] or [B,H]";
+    case InputKind::head_key: return "[H,K] or [B,H,K]";
     case InputKind::scalar: return "scalar";
     case InputKind::pair: return "[B,H,Tq,Tk] (broadcastable)";
   }
@@ -153,9 +168,19 @@ std::uint64_t hash(const Variant& variant) {
   Fnv1a h;
   h.str("ladle.ir.recurrent.v1");
   h.inputs(variant.inputs);
-  for (const Expr& expr : variant.slots) h.expr(expr);
+  // The slots and fields of the diagonal-decay form keep the encoding they had before the other
+  // update forms existed, so that the disk caches of those variants stay valid.
+  for (std::size_t s = 0; s <= static_cast<std::size_t>(Slot::scale); ++s) h.expr(variant.slots[s]);
   h.byte(variant.normalize ? 1 : 0);
   h.f32(variant.normalize ? variant.normalize_eps : 0.0f);
+  if (!variant.plain_form() || variant.has(Slot::write_strength) || variant.has(Slot::bonus)) {
+    h.str("update forms");
+    h.byte(static_cast<std::uint8_t>(variant.update));
+    h.byte(variant.read_before_update ? 1 : 0);
+    h.byte(variant.l2_normalize_qk ? 1 : 0);
+    h.expr(variant.slot(Slot::write_strength));
+    h.expr(variant.slot(Slot::bonus));
+  }
   return h.value();
 }
 
@@ -258,14 +283,41 @@ std::string to_string(const Variant& variant) {
     out += "  " + name + " " + role + shape_of(in.kind, in.role) + "\n";
   }
   const auto has = [&](Slot s) { return variant.has(s); };
-  out += "recurrence (per sequence and query head; S is [K,V], fp32):\n  S_t = ";
-  if (has(Slot::log_decay_k)) out += "diag(exp(log_decay_k)) ";
-  out += "S_{t-1}";
-  if (has(Slot::log_decay_v)) out += " diag(exp(log_decay_v))";
-  if (has(Slot::log_decay_head)) out += " exp(log_decay_head)";
-  out += " + k_feature v^T\n";
   const std::string q = has(Slot::scale) ? "(scale q_feature)" : "q_feature";
-  out += "  o_t = " + q + "^T S_t";
+  const std::string k = variant.l2_normalize_qk ? "k_hat" : "k_feature";
+  const std::string qr = variant.l2_normalize_qk ? (has(Slot::scale) ? "(scale q_hat)" : "q_hat") : q;
+  out += "recurrence (per sequence and query head; S is [K,V], fp32):";
+  if (!variant.plain_form()) {
+    out += ' ';
+    out += form_name(variant);
+  }
+  out += "\n  S_t = ";
+  if (variant.update == Update::delta) {
+    const std::string beta = has(Slot::write_strength) ? "write_strength " : "";
+    if (has(Slot::log_decay_head)) out += "exp(log_decay_head) ";
+    for (const std::string& part : {std::string("(I - "), beta, k, std::string(" "), k, std::string("^T) S_{t-1} + "), beta, k, std::string(" v^T\n")})
+      out += part;
+  } else {
+    if (has(Slot::log_decay_k)) out += "diag(exp(log_decay_k)) ";
+    out += "S_{t-1}";
+    if (has(Slot::log_decay_v)) out += " diag(exp(log_decay_v))";
+    if (has(Slot::log_decay_head)) out += " exp(log_decay_head)";
+    out += " + " + k + " v^T\n";
+  }
+  if (variant.read_before_update) {
+    out += "  o_t = ";
+    out += qr;
+    if (has(Slot::bonus)) {
+      out += "^T (S_{t-1} + diag(bonus) ";
+      out += k;
+      out += " v^T)";
+    } else {
+      out += "^T S_{t-1}";
+    }
+    out += "  (read before the update)";
+  } else {
+    out += "  o_t = " + qr + "^T S_t";
+  }
   if (variant.normalize) {
     out += " / (" + q + "^T n_t + " + shortest(variant.normalize_eps) + ")\n  n_t = ";
     if (has(Slot::log_decay_k)) out += "diag(exp(log_decay_k)) ";
@@ -273,8 +325,14 @@ std::string to_string(const Variant& variant) {
     if (has(Slot::log_decay_head)) out += " exp(log_decay_head)";
     out += " + k_feature";
   }
+  if (variant.l2_normalize_qk)
+    out += "\n  q_hat, k_hat = q_feature, k_feature / sqrt(sum over K of x^2 + " + shortest(l2_normalize_eps) + ")";
   out += "\nwhere:\n";
   for (std::size_t s = 0; s < slot_count; ++s) {
+    // The other forms' slots are listed only where the variant has that form.
+    if ((s == static_cast<std::size_t>(Slot::write_strength) && variant.update != Update::delta && !variant.has(Slot::write_strength)) ||
+        (s == static_cast<std::size_t>(Slot::bonus) && !variant.read_before_update && !variant.has(Slot::bonus)))
+      continue;
     std::string name = slot_name(static_cast<Slot>(s));
     name.resize(14, ' ');
     out += "  " + name + " = " + to_string(variant, variant.slots[s]) + "\n";
@@ -306,6 +364,8 @@ std::vector<std::string> validate(const Variant& variant) {
       problems.push_back("input '" + in.name + "' has role value but is not [B,T,H,V]");
     if (in.kind == InputKind::pair)
       problems.push_back("input '" + in.name + "' is a per-(query, key) pair input, which only softmax attention has");
+    if (in.kind == InputKind::head_key && in.role != Role::other)
+      problems.push_back("input '" + in.name + "' is a per-head parameter over K and cannot have role " + role_name(in.role));
   }
   for (Role r : {Role::query, Role::key, Role::value})
     if (role_count[static_cast<int>(r)] > 1)
@@ -362,10 +422,31 @@ std::vector<std::string> validate(const Variant& variant) {
         break;
       case Slot::log_decay_head:
       case Slot::scale:
+      case Slot::write_strength:
         if (e.feature != Feature::none) problems.push_back(text + " must not vary over features");
+        break;
+      case Slot::bonus:
+        if (e.feature == Feature::value) problems.push_back(text + " is a bonus over the value features; it weighs the key features [..,K]");
         break;
       case Slot::count: break;
     }
+  }
+  // The update forms: which slots and flags go with which.
+  if (variant.update == Update::delta) {
+    if (variant.has(Slot::log_decay_k) || variant.has(Slot::log_decay_v))
+      problems.push_back("the delta rule decays the state by a per-head log_decay_head only, not by a key- or value-side decay");
+    if (variant.normalize) problems.push_back("the delta rule has no normaliser (normalize)");
+    if (variant.read_before_update) problems.push_back("the delta rule is read after its update (read_before_update is not defined for it)");
+  } else {
+    if (variant.has(Slot::write_strength))
+      problems.push_back("slot write_strength (beta) belongs to the delta rule, and this variant's update is additive");
+    if (variant.l2_normalize_qk) problems.push_back("l2_normalize_qk belongs to the delta rule, and this variant's update is additive");
+  }
+  if (variant.has(Slot::bonus) && !variant.read_before_update)
+    problems.push_back("slot bonus belongs to a read before the update (read_before_update), and this variant reads after it");
+  if (variant.read_before_update) {
+    if (variant.normalize) problems.push_back("a read before the update has no normaliser (normalize)");
+    if (variant.has(Slot::log_decay_v)) problems.push_back("a read before the update takes no value-side decay (log_decay_v)");
   }
   if (variant.normalize && variant.has(Slot::log_decay_v))
     problems.push_back("normalisation of the read is defined only without a value-side decay");

@@ -8,6 +8,13 @@
 //         + k_feature v^T
 //   o_t = (scale q_feature)^T S_t               [ / ((scale q_feature)^T n_t + eps) ]
 // where n_t, present only when `normalize` is set, follows S with v = 1 and no value decay.
+// Two further update forms (docs/design.md: more update forms), set by Variant::update and
+// Variant::read_before_update:
+//   delta rule:  S_t = exp(log_decay_head) (I - beta k_feature k_feature^T) S_{t-1} + beta k_feature v^T,
+//                beta = write_strength (absent: 1), read after the update; optionally with q_feature
+//                and k_feature L2-normalised over K (l2_normalize_qk, eps 1e-6)
+//   bonus read:  o_t = (scale q_feature)^T (S_{t-1} + diag(bonus) k_feature v^T), read before the update
+//                of the diagonal form above (no bonus slot: o_t = (scale q_feature)^T S_{t-1})
 #pragma once
 
 #include <array>
@@ -26,6 +33,8 @@ enum class InputKind : std::uint8_t {
   head,         // [H] or [B,H]: a per-head parameter
   scalar,       // one float, passed by value
   pair,         // [B,H,Tq,Tk], B and H broadcastable: per (query, key) pair (attention only)
+  head_key,     // [H,K] or [B,H,K]: a per-head parameter over the key features (RWKV6's bonus u);
+                // last, so that the kinds before it keep the values the hash encodes
 };
 
 // Why the recurrence needs an input: q sets H, k and v set H_kv, everything else (gates,
@@ -114,10 +123,17 @@ enum class Slot : std::uint8_t {
   log_decay_v,     // over the value features (or broadcast over them)
   log_decay_head,  // per head, possibly per token; never over features
   scale,           // never over features
+  write_strength,  // the delta rule's beta: per head, possibly per token; never over features
+  bonus,           // a read before the update's weight of the current token, over the key features
   count,
 };
 inline constexpr std::size_t slot_count = static_cast<std::size_t>(Slot::count);
 const char* slot_name(Slot slot);  // "log_decay_k", ...
+
+// How the state takes in a token: by adding k v^T under the decays, or by the delta rule's
+// correction (the state's current read of k is replaced by v, in proportion beta).
+enum class Update : std::uint8_t { additive, delta };
+inline constexpr float l2_normalize_eps = 1e-6f;  // of l2_normalize_qk: x / sqrt(sum x^2 + eps)
 
 struct Variant {
   std::string name;           // for printouts and kernel names; not part of the hash
@@ -125,13 +141,22 @@ struct Variant {
   std::array<Expr, slot_count> slots;
   bool normalize = false;     // divide the read by the read of the normaliser n_t
   float normalize_eps = 1e-10f;
+  Update update = Update::additive;
+  bool read_before_update = false;  // o_t reads S_{t-1} (plus the bonus term), not S_t
+  bool l2_normalize_qk = false;     // q_feature, k_feature / sqrt(sum over K of x^2 + l2_normalize_eps)
 
   const Expr& slot(Slot s) const { return slots[static_cast<std::size_t>(s)]; }
   Expr& slot(Slot s) { return slots[static_cast<std::size_t>(s)]; }
   bool has(Slot s) const { return !slot(s).empty(); }
   // Index of the input of that name, or -1.
   int find_input(const std::string& input_name) const;
+  // The diagonal-decay form read after the update: what every generator before issue 14 runs.
+  bool plain_form() const { return update == Update::additive && !read_before_update && !l2_normalize_qk; }
 };
+
+// The variant's update form in words, for messages: "the gated delta rule", "a read before the
+// update with a bonus", "the diagonal-decay form".
+std::string form_name(const Variant& variant);
 
 // What an expression varies over, from the inputs it reads.
 enum class Feature : std::uint8_t { none, key, value, both /* ill-formed */ };
@@ -147,6 +172,7 @@ constexpr Extent extent_of(InputKind kind) {
     case InputKind::token_value: return {true, true, Feature::value};
     case InputKind::token_head: return {true, true, Feature::none};
     case InputKind::head: return {false, true, Feature::none};
+    case InputKind::head_key: return {false, true, Feature::key};
     case InputKind::pair: return {true, true, Feature::none};
     case InputKind::scalar: break;
   }
@@ -185,7 +211,8 @@ const char* role_name(Role role);
 
 // Everything wrong with a variant (an empty list: it is well formed): required slots
 // missing, a slot over the wrong axis, operands out of order, one input name used with two
-// kinds, non-finite constants, normalisation together with a value-side decay. The DSL
+// kinds, non-finite constants, normalisation together with a value-side decay, slots or flags
+// that the update form does not have (beta without the delta rule, ...). The DSL
 // makes most of these impossible; the ops turn the rest into InvalidArgument.
 std::vector<std::string> validate(const Variant& variant);
 

@@ -21,8 +21,8 @@ void slot(ir::Variant& variant, ir::Slot s, const E& e) {
 }
 }  // namespace lowering
 
-template <class S, class Q, class Scale, bool Normalize>
-ir::Variant lower(const Read<S, Q, Scale, Normalize>& read, std::string name = {}) {
+template <class S, class Q, class Scale, bool Normalize, class Form>
+ir::Variant lower(const Read<S, Q, Scale, Normalize, Form>& read, std::string name = {}) {
   ir::Variant variant;
   variant.name = std::move(name);
   lowering::slot(variant, ir::Slot::q_feature, read.query());
@@ -32,8 +32,13 @@ ir::Variant lower(const Read<S, Q, Scale, Normalize>& read, std::string name = {
   lowering::slot(variant, ir::Slot::log_decay_v, read.state().log_decay_v());
   lowering::slot(variant, ir::Slot::log_decay_head, read.state().log_decay_head());
   lowering::slot(variant, ir::Slot::scale, read.scale());
+  lowering::slot(variant, ir::Slot::write_strength, read.state().write_strength());
+  lowering::slot(variant, ir::Slot::bonus, read.bonus_weight());
   variant.normalize = Normalize;
   if constexpr (Normalize) variant.normalize_eps = read.eps();
+  if constexpr (S::is_delta) variant.update = ir::Update::delta;
+  variant.read_before_update = Form::before;
+  variant.l2_normalize_qk = Form::l2;
   return variant;
 }
 

@@ -117,10 +117,23 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
       case ir::InputKind::token_value: check.shape(name, view, token_pattern(d.H, "H", d.V, "V")); break;
       case ir::InputKind::token_head: check.shape(name, view, token_pattern(d.H, "H", 0, nullptr)); break;
       case ir::InputKind::head: check.shape_either(name, view, {{"H", d.H}}, {{"B", d.B}, {"H", d.H}}); break;
+      case ir::InputKind::head_key:
+        check.shape_either(name, view, {{"H", d.H}, {"K", d.K}}, {{"B", d.B}, {"H", d.H}, {"K", d.K}});
+        break;
       case ir::InputKind::scalar:
       case ir::InputKind::pair: break;  // validate() keeps pair inputs out of recurrences
     }
     check.data(name, view);
+    if (in.kind == ir::InputKind::head_key) {
+      // [H,K] or [B,H,K] -> [B,T,H,K], constant over the tokens (and over B for [H,K]): the
+      // backends read it as a per-token input over K whose row does not move.
+      const TensorView bhk = lead_with_ones(view, 3);
+      TensorView canonical = bhk;
+      canonical.shape = {d.B, d.T, bhk.shape[1], bhk.shape[2]};
+      canonical.strides = {bhk.shape[0] == 1 ? 0 : bhk.strides[0], 0, bhk.strides[1], bhk.strides[2]};
+      args.tensors[i] = canonical;
+      continue;
+    }
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
     args.tensors[i] = lead_with_ones(view, rank);
     if (in.kind == ir::InputKind::head) args.tensors[i].shape[0] = d.B;  // [H] broadcasts over B

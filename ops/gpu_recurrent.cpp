@@ -191,7 +191,7 @@ cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::Bou
   const auto& args = bound.args;
   cuda::RecurrentKernelSpec spec;
   spec.tile = options.tile.value_or(heuristic_tile(bound));
-  if (auto problems = cuda::validate_tile(spec.tile, args.key_dim, args.value_dim); !problems.empty()) {
+  if (auto problems = cuda::validate_tile(spec.tile, args.key_dim, args.value_dim, variant); !problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
     throw InvalidArgument(fmt::format("{}: tile ({}) does not fit K={} V={}: {}", op_name(variant),

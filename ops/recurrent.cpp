@@ -7,6 +7,7 @@
 #include <ladle/runtime/error.h>
 
 #include "gla.h"
+#include "update_forms.h"
 
 #include "named_op.h"
 
@@ -54,7 +55,7 @@ const ir::Variant& recurrent_variant(bool g, bool gk, bool gv, bool g_gamma) {
 }
 
 const ir::Variant& named_variant(std::string_view op, std::string_view gates) {
-  bool g = false, gk = false, gv = false, g_gamma = false;
+  bool g = false, gk = false, gv = false, g_gamma = false, l2norm = false;
   for (std::size_t start = 0; start < gates.size();) {
     std::size_t end = gates.find(',', start);
     if (end == std::string_view::npos) end = gates.size();
@@ -63,16 +64,27 @@ const ir::Variant& named_variant(std::string_view op, std::string_view gates) {
     else if (gate == "gk") gk = true;
     else if (gate == "gv") gv = true;
     else if (gate == "g_gamma") g_gamma = true;
+    else if (gate == "l2norm") l2norm = true;
     else if (!gate.empty())
-      throw InvalidArgument("named_variant: gate '" + std::string(gate) + "', expected g, gk, gv or g_gamma");
+      throw InvalidArgument("named_variant: gate '" + std::string(gate) + "', expected g, gk, gv, g_gamma or l2norm");
     start = end + 1;
+  }
+  if (op == "delta_rule" || op == "gated_delta_rule") {
+    if (g || gk || gv || g_gamma)
+      throw InvalidArgument("named_variant: " + std::string(op) + " takes no gates (its g and beta are its own); only l2norm");
+    return delta_rule_variant(op == "gated_delta_rule", l2norm);
+  }
+  if (l2norm) throw InvalidArgument("named_variant: l2norm belongs to delta_rule and gated_delta_rule");
+  if (op == "rwkv6") {
+    if (g || gk || gv || g_gamma) throw InvalidArgument("named_variant: rwkv6 takes no gates (its w and u are its own)");
+    return rwkv6_variant();
   }
   if (op == "gla") {
     if (gk || gv) throw InvalidArgument("named_variant: gla takes only g (always) and g_gamma");
     return gla_variant(g_gamma);
   }
   if (op == "recurrent") return recurrent_variant(g, gk, gv, g_gamma);
-  throw InvalidArgument("named_variant: op '" + std::string(op) + "', expected gla or recurrent");
+  throw InvalidArgument("named_variant: op '" + std::string(op) + "', expected gla, recurrent, delta_rule, gated_delta_rule or rwkv6");
 }
 
 RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v,

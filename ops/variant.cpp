@@ -71,6 +71,7 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
                                           const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
   const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
+  if (!variant.plain_form()) check.fail("the backward of " + ir::form_name(variant) + " is not built yet (run_variant runs its forward)");
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   RecurrentForward out{{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt},
                        {variant, q, k, v, inputs, options, nullptr, fingerprint(q, k, v, inputs, options), true}};

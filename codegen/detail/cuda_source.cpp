@@ -39,6 +39,8 @@ const std::set<std::string>& cpp_words() {
       "bos", "eos", "state", "normaliser", "step", "t", "i", "m", "r", "c", "o_part", "o_sum", "z", "read_scale",
       "head_log_decay", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
       "cu_seqlens", "B", "T", "H", "K", "V", "rg", "in_range", "jv_local",
+      // ... and its update forms' (the delta rule, the bonus read, L2 normalisation)
+      "kS", "correction", "token_decay", "token_beta", "bonus_qk", "q_inverse_norm", "k_inverse_norm", "qq", "kk", "off",
       // C++ words a name could plausibly be
       "auto", "bool", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
       "extern", "float", "for", "goto", "if", "inline", "int", "long", "new", "delete", "register", "return",
@@ -393,7 +395,7 @@ void declare_params(const ir::Variant& variant, const std::vector<std::string>& 
     param("long long", name + "_stride_b", Type::i64, Role::input_stride_b, index);
     if (in.kind != ir::InputKind::head) param("long long", name + "_stride_t", Type::i64, Role::input_stride_t, index);
     param("long long", name + "_stride_h", Type::i64, Role::input_stride_h, index);
-    if (in.kind == ir::InputKind::token_key || in.kind == ir::InputKind::token_value)
+    if (in.kind == ir::InputKind::token_key || in.kind == ir::InputKind::token_value || in.kind == ir::InputKind::head_key)
       param("long long", name + "_stride_d", Type::i64, Role::input_stride_d, index);
     param("int", name + "_heads", Type::i32, Role::input_heads, index);
   }
@@ -419,7 +421,7 @@ InputUse input_use(const ir::Variant& variant) {
   InputUse use{std::vector<bool>(n, false), std::vector<bool>(n, false), std::vector<bool>(n, false)};
   for (std::size_t s = 0; s < ir::slot_count; ++s) {
     const ir::Slot slot = static_cast<ir::Slot>(s);
-    const bool key = slot == ir::Slot::q_feature || slot == ir::Slot::k_feature || slot == ir::Slot::log_decay_k;
+    const bool key = slot == ir::Slot::q_feature || slot == ir::Slot::k_feature || slot == ir::Slot::log_decay_k || slot == ir::Slot::bonus;
     const bool value = slot == ir::Slot::v || slot == ir::Slot::log_decay_v;
     for (const ir::Node& node : variant.slots[s].nodes)
       if (node.op == ir::Op::input) {
@@ -441,7 +443,8 @@ std::string render_expr(const ir::Variant& variant, const std::vector<std::strin
   return ir::render_c(variant, expr, [&](const ir::Input& in, std::int32_t k) -> std::string {
     switch (in.kind) {
       case ir::InputKind::token_key:
-      case ir::InputKind::token_value: return ids[k] + suffix;
+      case ir::InputKind::token_value:
+      case ir::InputKind::head_key: return ids[k] + suffix;  // bound as [B,T,H,K] with a zero token stride
       case ir::InputKind::token_head: return ids[k] + "_t";
       case ir::InputKind::head: return ids[k] + "_value";
       case ir::InputKind::scalar: return ids[k];

@@ -46,6 +46,7 @@ inline Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
     std::vector<std::int64_t> shape = {c.B, c.T, heads, features};
     if (in.kind == ir::InputKind::token_head) shape.pop_back();
     if (in.kind == ir::InputKind::head) shape = {c.H};
+    if (in.kind == ir::InputKind::head_key) shape = {c.H, c.K};
     const bool gate = in.name == "g" || in.name == "gk" || in.name == "gv" || in.name == "g_t" || in.name == "state";
     std::uniform_real_distribution<double> positive(in.name == "tau" ? 4.0 : 0.5, in.name == "tau" ? 32.0 : 1.5);
     // A hard_reset case's value goes into the gates where cuda_cases::hard_reset_at says, into x
@@ -63,8 +64,16 @@ inline Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
       }
       return f;
     };
+    // The delta rule without in-kernel normalisation: keys of unit length on average and beta in
+    // (0, 1], so that (I - beta k k^T) stays a contraction as in a model.
+    const bool short_keys = variant.update == ir::Update::delta && !variant.l2_normalize_qk && in.role == ir::Role::key;
     if (in.kind == ir::InputKind::scalar) {
       named.scalars[in.name] = 0.4f;
+    } else if (in.name == "beta") {
+      std::uniform_real_distribution<double> strength(0.1, 1.0);
+      named.tensors[in.name] = keep(test::filled(type, shape, [&] { return strength(rng); }));
+    } else if (short_keys) {
+      k = keep(test::normal(rng, type, shape, 1.0 / std::sqrt(double(c.K))));
     } else if (in.name == "g_gamma") {
       named.tensors[in.name] = keep(plant(test::filled(type, shape, [&] { return c.gate_level != 0 ? c.gate_level : -0.05; })));
     } else if (gate && c.gate_level != 0) {

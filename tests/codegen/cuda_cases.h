@@ -7,6 +7,7 @@
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/recurrent.h>
+#include <ladle/ops/update_forms.h>
 
 #include <cstdint>
 #include <limits>
@@ -168,6 +169,54 @@ inline std::vector<Case> all() {
     c.spec.initial_state = true;
     c.spec.reverse = false;
     add(c, E::f32, E::f16);
+  }
+  {
+    // The update forms (ops/update_forms.h): the delta rule, gated and L2-normalised, a user's
+    // gated delta rule with gates as expressions, RWKV6's bonus read, a read before the update alone.
+    const cuda::RecurrentTile one_warp{16, 8, 1}, most_groups{16, 16, 16}, tall{64, 4, 1};
+    Case c;
+    c.name = "delta rule, states";
+    c.variant = delta_rule_variant(false, false);
+    c.spec.initial_state = c.spec.final_state = true;
+    add(c, E::f32, E::f32);
+    c.name = "gated delta rule, L2-normalised q and k, packed, reverse, bf16";
+    c.variant = delta_rule_variant(true, true);
+    c.cu_seqlens = {0, 5, 5, 11, 12};
+    c.spec.reverse = true;
+    add(c, E::bf16, E::f32);
+    c.cu_seqlens.clear();
+    c.spec.reverse = false;
+    c.name = "gated delta rule, L2, 32 row groups a column (shuffles over a whole warp)";
+    c.K = 16, c.V = 16;
+    add(c, E::f16, E::f16, &most_groups);
+    c.name = "gated delta rule, GQA 6/3, K=5 V=7 masked, one warp";
+    c.H = 6, c.H_kv = 3, c.K = 5, c.V = 7;
+    add(c, E::f32, E::f32, &one_warp);
+    c.name = "user gated delta rule: beta = sigmoid(b), g = -exp(A) softplus(a), silu features, more rows than threads";
+    c.H = 4, c.H_kv = 2, c.K = 40, c.V = 6;
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::silu(dsl::k), dsl::v)
+                                         .decay_head(-dsl::exp(dsl::head_param("A")) * dsl::softplus(dsl::token_head("a")))
+                                         .delta(dsl::sigmoid(dsl::token_head("b"))),
+                                     dsl::silu(dsl::q), dsl::scalar("scale"))
+                               .l2_normalized(),
+                           "user_gdn");
+    add(c, E::f32, E::f32, &tall);
+    c.K = 8, c.V = 12;
+    c.name = "rwkv6, states";
+    c.variant = rwkv6_variant();
+    add(c, E::f32, E::f32);
+    c.name = "rwkv6, packed, reverse, bf16, GQA 4/1";
+    c.H_kv = 1;
+    c.cu_seqlens = {0, 4, 4, 10};
+    c.spec.reverse = true;
+    add(c, E::bf16, E::bf16);
+    c.cu_seqlens.clear();
+    c.spec.reverse = false;
+    c.H_kv = 2;
+    c.name = "read before the update, no bonus, head decay";
+    c.variant = dsl::lower(dsl::read_before(dsl::scan(dsl::k, dsl::v).decay_head(dsl::token_head("g_t")), dsl::q, dsl::scalar("scale")),
+                           "read_before");
+    add(c, E::f32, E::f32, &one_warp);
   }
   return cases;
 }

@@ -10,7 +10,7 @@
 //   l2_normalize: q and k divided by sqrt(sum over K of x^2 + eps) first (eps 1e-6)
 // Bonus read (RWKV6), read before the update:
 //   o_t = (scale q_t)^T (S_{t-1} + diag(u) k_t v_t^T),   S_t = diag(exp(w_t)) S_{t-1} + k_t v_t^T
-//   w [B,T,H,K] log decay, u [H,K]
+//   w [B,T,H,K] log decay, u [H,K] (or [B,H,K], one per batch row)
 #pragma once
 
 #include <cmath>
@@ -34,7 +34,7 @@ struct UpdateForm {
   double eps = 1e-6;
   // Bonus read
   std::vector<double> w;  // [B,T,H,K]
-  std::vector<double> u;  // [H,K]
+  std::vector<double> u;  // [H,K], or [B,H,K]
 };
 
 namespace detail {
@@ -107,10 +107,11 @@ inline RecurrentOutput bonus_read(const UpdateForm& p) {
   const int T = p.T, H = p.H, K = p.K, V = p.V, group = p.H / p.H_kv;
   return detail::run(p, [&](int b, int t, int h, std::vector<double>& S, RecurrentOutput& out) {
     const std::size_t qh = (std::size_t(b) * T + t) * H + h, kh = (std::size_t(b) * T + t) * p.H_kv + h / group;
+    const std::size_t uh = p.u.size() == std::size_t(H) * K ? std::size_t(h) : std::size_t(b) * H + h;
     for (int j = 0; j < V; ++j) {
       double o = 0.0;
       for (int i = 0; i < K; ++i)
-        o += p.scale * p.q[qh * K + i] * (S[i * V + j] + p.u[std::size_t(h) * K + i] * p.k[kh * K + i] * p.v[kh * V + j]);
+        o += p.scale * p.q[qh * K + i] * (S[i * V + j] + p.u[uh * K + i] * p.k[kh * K + i] * p.v[kh * V + j]);
       out.o[qh * V + j] = o;
     }
     for (int i = 0; i < K; ++i) {

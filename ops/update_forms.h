@@ -1,0 +1,54 @@
+// The variants whose update is not a diagonal decay plus k v^T (docs/design.md: more update
+// forms), with fla's argument conventions. Each is a thin wrapper over its DSL expression:
+//   delta_rule:        read(scan(k, v).delta(beta), q, scale)[.l2_normalized()]
+//                      S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = (scale q_t)^T S_t
+//   gated_delta_rule:  read(scan(k, v).decay_head(g).delta(beta), q, scale)[.l2_normalized()]
+//                      S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+//   rwkv6:             read_before(scan(k, v).decay_k(w), r, scale).bonus(u)
+//                      o_t = (scale r_t)^T (S_{t-1} + diag(u) k_t v_t^T),  S_t = diag(exp(w_t)) S_{t-1} + k_t v_t^T
+// Shapes: q (r) [B,T,H,K]; k [B,T,H_kv,K], v [B,T,H_kv,V] (H_kv divides H); beta and g [B,T,H];
+// w [B,T,H,K] (log space); u [H,K] or [B,H,K]. With cu_seqlens [N+1] the batch is 1 (inputs
+// [1,T,H,D] or [T,H,D]). scale defaults to 1/sqrt(K). Inputs f32, f16 or bf16; state and
+// accumulation fp32; o in the dtype of q; states [N,H,K,V] f32.
+#pragma once
+
+#include <optional>
+
+#include "variant.h"
+
+namespace ladle {
+
+struct UpdateFormOptions {
+  std::optional<float> scale;               // default 1/sqrt(K)
+  std::optional<TensorView> initial_state;  // [N,H,K,V]
+  bool return_state = false;                // fla's output_final_state: final_state [N,H,K,V] f32
+  std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64
+  bool reverse = false;
+  // fla's use_qk_l2norm_in_kernel: q and k divided by sqrt(sum over K of x^2 + 1e-6) first.
+  // The delta rules only (rwkv6 refuses it).
+  bool use_qk_l2norm_in_kernel = false;
+  Backend backend = Backend::automatic;     // GPU when there is one, else CPU
+  Algorithm algorithm = Algorithm::automatic;
+  std::optional<cuda::RecurrentTile> tile;  // the fused-recurrent tile on the GPU; empty: tuned/heuristic
+};
+
+RecurrentResult delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
+                           const UpdateFormOptions& options = {});
+void delta_rule_into(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
+                     const UpdateFormOptions& options, const RecurrentOutputs& outputs);
+
+RecurrentResult gated_delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                 const TensorView& beta, const UpdateFormOptions& options = {});
+void gated_delta_rule_into(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                           const TensorView& beta, const UpdateFormOptions& options, const RecurrentOutputs& outputs);
+
+RecurrentResult rwkv6(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w, const TensorView& u,
+                      const UpdateFormOptions& options = {});
+void rwkv6_into(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w, const TensorView& u,
+                const UpdateFormOptions& options, const RecurrentOutputs& outputs);
+
+// The lowered expressions the ops run (for dumps, codegen and the tools' --op).
+const ir::Variant& delta_rule_variant(bool gated, bool l2_normalize_qk);
+const ir::Variant& rwkv6_variant();
+
+}  // namespace ladle

@@ -1,0 +1,284 @@
+// delta_rule, gated_delta_rule and rwkv6 (and user expressions of those forms) against the fp64
+// oracle of tests/reference/update_forms_reference.h, on every backend this machine has: GQA,
+// reverse, packed sequences with an empty one, initial and final states, T past any chunk, strong
+// decay, beta = 1 with L2-normalised keys, f32/f16/bf16.
+#include <catch2/catch.hpp>
+
+#include <ladle/dsl/dsl.h>
+#include <ladle/ops/update_forms.h>
+#include <ladle/runtime/error.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "reference/update_forms_reference.h"
+#include "support/backends.h"
+#include "support/tensors.h"
+
+using ladle::ElementType;
+using ladle::HostTensor;
+
+namespace {
+
+enum class Form { delta, gated_delta, rwkv6 };
+
+struct Case {
+  Form form = Form::delta;
+  int B = 2, T = 9, H = 4, H_kv = 2, K = 8, V = 12;
+  bool reverse = false;
+  bool initial_state = true;
+  bool l2 = false;          // use_qk_l2norm_in_kernel
+  bool beta_one = false;    // beta = 1 (with l2: the hardest conditioning)
+  bool u_per_batch = false; // u [B,H,K]
+  double decay_level = 0;   // not 0: g (or w) drawn around this (strong decay)
+  ElementType type = ElementType::f32;
+  std::vector<std::int64_t> cu_seqlens;
+  bool packed_rank3 = false;
+  std::optional<float> scale;
+  ladle::Algorithm algorithm = ladle::Algorithm::automatic;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << (form == Form::delta ? "delta_rule" : form == Form::gated_delta ? "gated_delta_rule" : "rwkv6") << " B=" << B << " T=" << T
+      << " H=" << H << " H_kv=" << H_kv << " K=" << K << " V=" << V << " reverse=" << reverse << " h0=" << initial_state
+      << " l2=" << l2 << " beta_one=" << beta_one << " u_per_batch=" << u_per_batch << " decay_level=" << decay_level
+      << " dtype=" << ladle::element_type_name(type) << " varlen=" << cu_seqlens.size() << " rank3=" << packed_rank3
+      << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto");
+    return s.str();
+  }
+};
+
+std::uint64_t seed_of(const Case& c) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char ch : c.describe()) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return h;
+}
+
+void check_case(Case c) {
+  if (!c.cu_seqlens.empty()) c.B = 1, c.T = static_cast<int>(c.cu_seqlens.back());
+  INFO(c.describe());
+  std::mt19937_64 rng(seed_of(c));
+  const auto token_shape = [&](int heads, int features) {
+    if (c.packed_rank3) return features ? std::vector<std::int64_t>{c.T, heads, features} : std::vector<std::int64_t>{c.T, heads};
+    return features ? std::vector<std::int64_t>{c.B, c.T, heads, features} : std::vector<std::int64_t>{c.B, c.T, heads};
+  };
+  const int N = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
+  const bool delta = c.form != Form::rwkv6;
+  // Without in-kernel normalisation the keys are drawn at unit length on average, as a model's
+  // normalised keys are: (I - beta k k^T) then stays a contraction.
+  const double k_spread = delta && !c.l2 ? 1.0 / std::sqrt(double(c.K)) : 1.0;
+  test::Filled q = test::normal(rng, c.type, token_shape(c.H, c.K));
+  test::Filled k = test::normal(rng, c.type, token_shape(c.H_kv, c.K), k_spread);
+  test::Filled v = test::normal(rng, c.type, token_shape(c.H_kv, c.V));
+
+  reference::UpdateForm ref;
+  ref.B = c.B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V;
+  ref.q = q.values, ref.k = k.values, ref.v = v.values;
+  ref.reverse = c.reverse;
+  ref.scale = c.scale.value_or(1.0 / std::sqrt(double(c.K)));
+  ref.cu_seqlens = c.cu_seqlens;
+  ref.l2_normalize = c.l2;
+
+  ladle::UpdateFormOptions options;
+  options.reverse = c.reverse;
+  options.scale = c.scale;
+  options.return_state = true;
+  options.use_qk_l2norm_in_kernel = c.l2;
+  options.algorithm = c.algorithm;
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::optional<test::Filled> beta, g, w, u, h0;
+  if (delta) {
+    beta = test::filled(ElementType::f32, token_shape(c.H, 0), [&] { return c.beta_one ? 1.0 : 1.0 / (1.0 + std::exp(-4 * unit(rng) + 2)); });
+    ref.beta = beta->values;
+  }
+  if (c.form == Form::gated_delta) {
+    g = test::filled(ElementType::f32, token_shape(c.H, 0), [&] { return c.decay_level != 0 ? c.decay_level * (0.5 + unit(rng)) : test::logsigmoid(4 * unit(rng) - 2) / 4; });
+    ref.g = g->values;
+  }
+  if (c.form == Form::rwkv6) {
+    w = test::filled(c.type, token_shape(c.H, c.K), [&] { return c.decay_level != 0 ? c.decay_level * (0.5 + unit(rng)) : -std::exp(unit(rng) * 2 - 3); });
+    ref.w = w->values;
+    u = test::normal(rng, ElementType::f32, c.u_per_batch ? std::vector<std::int64_t>{c.B, c.H, c.K} : std::vector<std::int64_t>{c.H, c.K});
+    ref.u = u->values;
+  }
+  if (c.initial_state) {
+    h0 = test::normal(rng, ElementType::f32, {N, c.H, c.K, c.V});
+    options.initial_state = h0->tensor.view();
+    ref.initial_state = h0->values;
+  }
+  HostTensor cu_seqlens;
+  if (!c.cu_seqlens.empty()) {
+    cu_seqlens = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    std::memcpy(cu_seqlens.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
+    options.cu_seqlens = cu_seqlens.view();
+  }
+  const reference::RecurrentOutput expected = delta ? reference::delta_rule(ref) : reference::bonus_read(ref);
+
+  for (ladle::Backend backend : test::backends()) {
+    options.backend = backend;
+    INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
+    HostTensor o(c.type, token_shape(c.H, c.V), std::numeric_limits<float>::quiet_NaN());
+    HostTensor final_state(ElementType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
+    const ladle::RecurrentOutputs outputs{o.view(), final_state.view()};
+    if (c.form == Form::delta) ladle::delta_rule_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), beta->tensor.view(), options, outputs);
+    if (c.form == Form::gated_delta)
+      ladle::gated_delta_rule_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), g->tensor.view(), beta->tensor.view(), options, outputs);
+    if (c.form == Form::rwkv6)
+      ladle::rwkv6_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), w->tensor.view(), u->tensor.view(), options, outputs);
+    const double o_error = test::relative_error(o, expected.o), state_error = test::relative_error(final_state, expected.final_state);
+    INFO("o error " << o_error << ", final_state error " << state_error);
+    CHECK(o_error < test::tolerance(c.type));
+    CHECK(state_error < test::tolerance(c.type));
+    for (std::size_t n = 0; n + 1 < c.cu_seqlens.size(); ++n) {  // an empty sequence keeps its state
+      if (c.cu_seqlens[n] != c.cu_seqlens[n + 1]) continue;
+      const std::int64_t size = std::int64_t{c.H} * c.K * c.V;
+      for (std::int64_t i = 0; i < size; ++i)
+        REQUIRE(final_state.get(std::int64_t(n) * size + i) == (c.initial_state ? h0->tensor.get(std::int64_t(n) * size + i) : 0.0f));
+    }
+  }
+}
+
+const ElementType all_types[] = {ElementType::f32, ElementType::f16, ElementType::bf16};
+const Form all_forms[] = {Form::delta, Form::gated_delta, Form::rwkv6};
+
+}  // namespace
+
+TEST_CASE("update forms match the fp64 oracle in each direction and dtype, with and without states", "[ops][update_forms]") {
+  for (Form form : all_forms)
+    for (ElementType type : all_types)
+      for (bool reverse : {false, true})
+        for (bool h0 : {false, true}) {
+          Case c;
+          c.form = form, c.type = type, c.reverse = reverse, c.initial_state = h0;
+          check_case(c);
+        }
+}
+
+TEST_CASE("delta rules normalise q and k in the kernel, and hold at beta = 1 on normalised keys", "[ops][update_forms]") {
+  for (Form form : {Form::delta, Form::gated_delta})
+    for (ElementType type : all_types)
+      for (bool beta_one : {false, true}) {
+        Case c;
+        c.form = form, c.type = type, c.l2 = true, c.beta_one = beta_one;
+        c.T = 150;  // past any chunk: 150 = 2 x 64 + 22
+        c.K = 16, c.V = 16, c.H = 2, c.H_kv = 1, c.B = 1;
+        check_case(c);
+      }
+}
+
+TEST_CASE("update forms take packed sequences with an empty one, rank-3 inputs and GQA", "[ops][update_forms][varlen]") {
+  for (Form form : all_forms)
+    for (bool reverse : {false, true})
+      for (bool rank3 : {false, true}) {
+        Case c;
+        c.form = form, c.reverse = reverse, c.packed_rank3 = rank3;
+        c.cu_seqlens = {0, 5, 5, 12, 13, 20};
+        c.type = rank3 ? ElementType::bf16 : ElementType::f32;
+        check_case(c);
+      }
+  Case empty;  // only empty sequences: the states pass through
+  empty.cu_seqlens = {0, 0, 0};
+  for (Form form : all_forms) empty.form = form, check_case(empty);
+}
+
+TEST_CASE("update forms under strong decay, GQA shapes, K != V and an explicit scale", "[ops][update_forms]") {
+  struct Heads {
+    int H, H_kv, K, V;
+  };
+  for (Form form : all_forms) {
+    for (const Heads& s : {Heads{4, 1, 8, 12}, Heads{6, 3, 5, 7}, Heads{3, 1, 1, 3}, Heads{2, 2, 32, 16}}) {
+      Case c;
+      c.form = form, c.H = s.H, c.H_kv = s.H_kv, c.K = s.K, c.V = s.V;
+      c.T = 70;
+      check_case(c);
+    }
+    if (form == Form::delta) continue;
+    Case strong;
+    strong.form = form, strong.decay_level = -8.0, strong.T = 40, strong.scale = 0.5f;
+    check_case(strong);
+  }
+  Case per_batch;
+  per_batch.form = Form::rwkv6, per_batch.u_per_batch = true, per_batch.B = 3;
+  check_case(per_batch);
+}
+
+TEST_CASE("a user expression of the gated delta rule: gates as expressions, feature maps, L2 normalisation", "[ops][update_forms][dsl]") {
+  // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) (Gated DeltaNet's gate), q and k through
+  // silu before the kernel's L2 normalisation.
+  constexpr auto a = ladle::dsl::token_head("a");
+  constexpr auto b = ladle::dsl::token_head("b");
+  constexpr auto A_log = ladle::dsl::head_param("A_log");
+  constexpr auto dt_bias = ladle::dsl::head_param("dt_bias");
+  namespace dsl = ladle::dsl;
+  const auto state = dsl::scan(dsl::silu(dsl::k), dsl::v).decay_head(-dsl::exp(A_log) * dsl::softplus(a + dt_bias)).delta(dsl::sigmoid(b));
+  const ladle::ir::Variant variant = dsl::lower(dsl::read(state, dsl::silu(dsl::q), dsl::scalar("scale")).l2_normalized(), "gdn_user");
+  REQUIRE(ladle::ir::validate(variant).empty());
+
+  const int B = 2, T = 33, H = 4, H_kv = 2, K = 16, V = 8;
+  std::mt19937_64 rng(17);
+  const test::Filled q = test::normal(rng, ElementType::bf16, {B, T, H, K}), k = test::normal(rng, ElementType::bf16, {B, T, H_kv, K});
+  const test::Filled v = test::normal(rng, ElementType::bf16, {B, T, H_kv, V});
+  const test::Filled at = test::normal(rng, ElementType::f32, {B, T, H}), bt = test::normal(rng, ElementType::f32, {B, T, H});
+  const test::Filled A = test::normal(rng, ElementType::f32, {H}, 0.5), dt = test::normal(rng, ElementType::f32, {H}, 0.5);
+  reference::UpdateForm ref;
+  ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
+  const auto silu = [](std::vector<double> x) {
+    for (double& e : x) e = e / (1 + std::exp(-e));
+    return x;
+  };
+  ref.q = silu(q.values), ref.k = silu(k.values), ref.v = v.values;
+  ref.scale = 0.3, ref.l2_normalize = true;
+  for (std::size_t r = 0; r < at.values.size(); ++r) {
+    const int h = static_cast<int>(r % H);
+    ref.g.push_back(-std::exp(A.values[h]) * std::log1p(std::exp(at.values[r] + dt.values[h])));
+    ref.beta.push_back(1 / (1 + std::exp(-bt.values[r])));
+  }
+  const reference::RecurrentOutput expected = reference::delta_rule(ref);
+  for (ladle::Backend backend : test::backends()) {
+    INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
+    ladle::RunOptions options;
+    options.backend = backend;
+    options.return_state = true;
+    const ladle::RecurrentResult out = ladle::run_variant(
+        variant, q.tensor.view(), k.tensor.view(), v.tensor.view(),
+        {{{"a", at.tensor.view()}, {"b", bt.tensor.view()}, {"A_log", A.tensor.view()}, {"dt_bias", dt.tensor.view()}}, {{"scale", 0.3f}}},
+        options);
+    CHECK(test::relative_error(out.o, expected.o) < test::tolerance(ElementType::bf16));
+    CHECK(test::relative_error(*out.final_state, expected.final_state) < 1e-4);
+  }
+}
+
+TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]") {
+  std::mt19937_64 rng(3);
+  const auto q = test::normal(rng, ElementType::f32, {1, 4, 2, 8}), k = test::normal(rng, ElementType::f32, {1, 4, 2, 8});
+  const auto v = test::normal(rng, ElementType::f32, {1, 4, 2, 6}), beta = test::normal(rng, ElementType::f32, {1, 4, 2});
+  const auto w = test::normal(rng, ElementType::f32, {1, 4, 2, 8}), u = test::normal(rng, ElementType::f32, {2, 8});
+  ladle::UpdateFormOptions cpu;
+  cpu.backend = ladle::Backend::cpu;
+  using Catch::Matchers::Contains;
+  // beta over features, as fla's elementwise beta would be: not this op's shape.
+  CHECK_THROWS_WITH(ladle::delta_rule(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), cpu),
+                    Contains("delta_rule") && Contains("beta") && Contains("[B,T,H]"));
+  CHECK_THROWS_WITH(ladle::gated_delta_rule(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), beta.tensor.view(), cpu),
+                    Contains("gated_delta_rule") && Contains("g has shape"));
+  const auto u_wrong = test::normal(rng, ElementType::f32, {2, 6});
+  CHECK_THROWS_WITH(ladle::rwkv6(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), u_wrong.tensor.view(), cpu),
+                    Contains("rwkv6") && Contains("u has shape") && Contains("[H,K]"));
+  ladle::UpdateFormOptions l2 = cpu;
+  l2.use_qk_l2norm_in_kernel = true;
+  CHECK_THROWS_WITH(ladle::rwkv6(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), u.tensor.view(), l2),
+                    Contains("use_qk_l2norm_in_kernel"));
+  // The backward of these forms is not built: refused by name, not run wrong.
+  CHECK_THROWS_WITH(ladle::run_variant_for_backward(ladle::delta_rule_variant(false, false), q.tensor.view(), k.tensor.view(),
+                                                    v.tensor.view(), {{{"beta", beta.tensor.view()}}, {{"scale", 1.0f}}}),
+                    Contains("backward of the delta rule is not built yet"));
+  // The chunked family does not run them yet: a forced chunked call says so.
+  ladle::UpdateFormOptions chunked = cpu;
+  chunked.backend = ladle::Backend::gpu;
+  chunked.algorithm = ladle::Algorithm::chunked;
+  if (ladle::driver_available())
+    CHECK_THROWS_WITH(ladle::delta_rule(q.tensor.view(), k.tensor.view(), v.tensor.view(), beta.tensor.view(), chunked),
+                      Contains("chunked family does not run the delta rule"));
+}
