@@ -50,6 +50,17 @@ def main():
     except Exception as e:  # noqa: BLE001 - report any import failure and keep going
         print(json.dumps({"error": f"fla import failed: {e!r}"}), flush=True)
         return 1
+    update_forms = {}
+    try:  # the update forms (issue 14); fla 0.6 has each of these
+        from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
+        update_forms = dict(chunk_delta_rule=chunk_delta_rule, fused_recurrent_delta_rule=fused_recurrent_delta_rule,
+                            chunk_gated_delta_rule=chunk_gated_delta_rule,
+                            fused_recurrent_gated_delta_rule=fused_recurrent_gated_delta_rule,
+                            chunk_rwkv6=chunk_rwkv6, fused_recurrent_rwkv6=fused_recurrent_rwkv6)
+    except Exception as e:  # noqa: BLE001
+        print(json.dumps({"error": f"fla update-form import failed: {e!r}"}), flush=True)
     for shape in args.shapes.split(","):
         B, T, H, K, V = map(int, shape.split("x"))
         label = f"B{B} T{T} H{H} K{K} V{V} {args.dtype}"
@@ -62,6 +73,19 @@ def main():
             elif op == "chunk_simple_gla":
                 g_gamma = -torch.rand(H, device="cuda", dtype=torch.float32) * 0.1 - 0.01
                 fn = lambda: chunk_simple_gla(q, k, v, g_gamma=g_gamma)
+            elif op in update_forms:
+                # As ladle-bench-recurrent makes them: beta = sigmoid(x) [B,T,H], g = logsigmoid(x)/16
+                # [B,T,H], q and k L2-normalised in the kernel; rwkv6: w = logsigmoid(x)/16 [B,T,H,K], u [H,K].
+                f = update_forms[op]
+                beta = torch.sigmoid(torch.randn(B, T, H, device="cuda")).to(dtype)
+                g_head = (torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda")) / 16).float()
+                u = 0.5 * torch.sin(0.37 * torch.arange(H * K, device="cuda", dtype=torch.float32)).reshape(H, K).to(dtype)
+                if op.endswith("gated_delta_rule"):
+                    fn = lambda: f(q, k, v, g_head, beta, use_qk_l2norm_in_kernel=True)
+                elif op.endswith("delta_rule"):
+                    fn = lambda: f(q, k, v, beta, use_qk_l2norm_in_kernel=True)
+                else:
+                    fn = lambda: f(q, k, v, g, u)
             else:
                 print(json.dumps({"error": f"unknown op {op}"}), flush=True)
                 continue

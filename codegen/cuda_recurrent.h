@@ -76,6 +76,9 @@ struct KernelParam {
     segment_decay,    //   [S'][H][DL] f32: its total log2 decay (key side, then value side)
     input_tensor_map, // the chunked family's ws form: the TMA map of input `input` (q, k or v) as
                       //   [B,T,X,D], boxes of 64 features by box_rows tokens (runtime/tensor_map.h)
+    delta_w,          // the chunked delta rule's work arrays (codegen/cuda_chunked_delta.h): W and U
+    delta_u,          //   of every chunk, bf16, and the chunk's cumulative log decay gamma, f32
+    delta_gamma,
   };
   std::string name;
   std::string c_type;  // "const ladle_bf16*", "long long", "float", ...

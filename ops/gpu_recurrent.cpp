@@ -1,5 +1,7 @@
 #include "gpu_recurrent.h"
 
+#include <ladle/codegen/cuda_chunked_delta.h>
+
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
 #include "gpu_attention.h"
@@ -83,6 +85,7 @@ struct SplitArguments {
   std::uint64_t segments = 0;        // the segmented form: device [S][8] (cuda::ChunkedSegments)
   std::uint64_t segment_states = 0;  // device [S'][H][K][V] f32
   std::uint64_t segment_decay = 0;   // device [S'][H][DL] f32
+  std::uint64_t delta_w = 0, delta_u = 0, delta_gamma = 0;  // the chunked delta rule's work arrays
 };
 
 }  // namespace
@@ -145,6 +148,9 @@ KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir
       case Role::segments: packed.add(split.segments); break;
       case Role::segment_states: packed.add(split.segment_states); break;
       case Role::segment_decay: packed.add(split.segment_decay); break;
+      case Role::delta_w: packed.add(split.delta_w); break;
+      case Role::delta_u: packed.add(split.delta_u); break;
+      case Role::delta_gamma: packed.add(split.delta_gamma); break;
       case Role::input_tensor_map: packed.add(encode_tensor_map(attention_tensor_map(*view, p.box_rows))); break;
     }
   }
@@ -203,7 +209,8 @@ cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::Bou
 
 Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options) {
   const auto& args = bound.args;
-  const std::string why = cuda::chunked_unsupported(variant);
+  const std::string why = variant.update == ir::Update::delta ? cuda::chunked_delta_unsupported(variant, args.key_dim, args.value_dim)
+                                                              : cuda::chunked_unsupported(variant);
   if (options.algorithm == Algorithm::chunked) {
     if (!why.empty()) throw InvalidArgument(op_name(variant) + ": algorithm chunked: " + why);
     if (args.key_dim > 256)
@@ -452,6 +459,88 @@ CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedK
   return out;
 }
 
+namespace {
+
+struct CompiledDelta {
+  cuda::ChunkedDeltaKernel kernel;
+  CompiledProgram program;
+};
+
+CompiledDelta compile_delta(const ir::Variant& variant, const cuda::ChunkedDeltaSpec& spec, const std::string& arch) {
+  CompiledDelta out;
+  out.kernel = cuda::generate_chunked_delta(variant, spec);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
+  return out;
+}
+
+std::string delta_spec_key(const ir::Variant& variant, const cuda::ChunkedDeltaSpec& spec, const std::string& arch) {
+  std::string key = ir::hash_hex(variant) + "|" + arch + "|delta|" + (spec.phase == cuda::ChunkedDeltaPhase::prepare ? "prepare" : "serial") +
+                    fmt::format("|{}|{}", spec.block_k, spec.value_pad);
+  for (ElementType t : spec.input_types) key += element_type_name(t);
+  key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse, spec.varlen,
+                     element_type_name(spec.cu_seqlens_type), spec.initial_state, element_type_name(spec.initial_state_type),
+                     spec.final_state);
+  return key;
+}
+
+// The delta rule's chunked form (codegen/cuda_chunked_delta.h): the prepare kernel over every chunk
+// writes W, U and gamma into work arrays on the call's stream, then the serial kernel walks each
+// sequence's chunks.
+void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, std::uint64_t offsets,
+                       const LaunchOptions& launch) {
+  const auto& args = bound.args;
+  const std::int64_t N = bound.dims.N, C = cuda::chunked_delta_chunk;
+  std::vector<std::int64_t> chunk_offsets{0};
+  if (args.cu_seqlens.empty()) {
+    chunk_offsets.push_back(N * ((args.tokens + C - 1) / C));
+  } else {
+    for (std::size_t n = 0; n + 1 < args.cu_seqlens.size(); ++n)
+      chunk_offsets.push_back(chunk_offsets.back() + (args.cu_seqlens[n + 1] - args.cu_seqlens[n] + C - 1) / C);
+  }
+  const std::int64_t chunks = chunk_offsets.back();
+  const cuda::KernelTypes types = kernel_types(variant, bound, options);
+  const cuda::ChunkedDeltaSpec prepare =
+      cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::prepare);
+  const cuda::ChunkedDeltaSpec serial = cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::serial);
+  const std::string arch = Device::get().properties().arch();
+  const auto loaded = [&](const cuda::ChunkedDeltaSpec& spec) -> const auto& {
+    return detail::loaded_kernel<cuda::ChunkedDeltaKernel>(delta_spec_key(variant, spec, arch), arch, [&](const std::string& target) {
+      return compile_delta(variant, spec, target);
+    });
+  };
+  const auto& first = loaded(prepare);
+  const auto& second = loaded(serial);
+  const auto bytes = [](std::int64_t elements, std::size_t size) { return std::max<std::size_t>(16, static_cast<std::size_t>(elements) * size); };
+  DeviceBuffer w = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_w_elements(prepare, chunks, args.heads), 2), launch.stream);
+  DeviceBuffer u = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_u_elements(prepare, chunks, args.heads), 2), launch.stream);
+  DeviceBuffer gamma = DeviceBuffer::on_stream(bytes(chunks * args.heads * C, 4), launch.stream);
+  DeviceBuffer device_offsets;
+  SplitArguments work;
+  work.sequences = N;
+  work.delta_w = w.device_ptr(), work.delta_u = u.device_ptr(), work.delta_gamma = gamma.device_ptr();
+  if (!args.cu_seqlens.empty()) {
+    device_offsets = DeviceBuffer::on_stream(chunk_offsets.size() * sizeof(std::int64_t), launch.stream);
+    device_offsets.copy_from_host(chunk_offsets.data(), device_offsets.bytes(), 0, launch.stream);
+    work.chunk_offsets = device_offsets.device_ptr();
+  }
+  if (chunks > 0) {
+    KernelArgs packed = pack_arguments(first.kernel.params, variant, args, offsets, work);
+    first.function->launch({static_cast<unsigned>(chunks), static_cast<unsigned>(args.heads), 1}, {first.kernel.threads, 1, 1}, packed,
+                           static_cast<unsigned>(first.kernel.shared_bytes), launch.stream);
+  }
+  // Sequences with no chunks still pass their initial state to their final state.
+  KernelArgs packed = pack_arguments(second.kernel.params, variant, args, offsets, work);
+  second.function->launch({static_cast<unsigned>((args.value_dim + second.kernel.block_v - 1) / second.kernel.block_v),
+                           static_cast<unsigned>(N * args.heads), 1},
+                          {second.kernel.threads, 1, 1}, packed, static_cast<unsigned>(second.kernel.shared_bytes), launch.stream);
+  if (!args.cu_seqlens.empty()) {
+    if (launch.stream) launch.stream->synchronize();  // the chunk offsets are freed on return
+    else Device::get().synchronize();
+  }
+}
+
+}  // namespace
+
 CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
                                     const std::string& arch) {
   CompiledRecurrent out;
@@ -481,7 +570,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     offsets.copy_from_host(args.cu_seqlens.data(), offsets.bytes(), 0, launch.stream);
   }
   const unsigned grid_y = static_cast<unsigned>(bound.dims.N * args.heads);
-  if (algorithm == Algorithm::chunked) {
+  if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {
+    run_chunked_delta(variant, bound, options, offsets.device_ptr(), launch);
+  } else if (algorithm == Algorithm::chunked) {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_chunked_tile).
     RunOptions tiled = options;
     // Few long sequences: the serial form over segments of them (cuda::ChunkedSegments).
@@ -611,8 +702,9 @@ RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, con
   // Check everything on the host first, so bad input never reaches the device.
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   // A bad tile or algorithm is bad input: refuse it before any GPU work.
-  if (choose_algorithm(variant, bound, options) == Algorithm::chunked) (void)chunked_kernel_spec(variant, bound, options);
-  else (void)kernel_spec(variant, bound, options);
+  const Algorithm algorithm = choose_algorithm(variant, bound, options);
+  if (algorithm == Algorithm::chunked && variant.update != ir::Update::delta) (void)chunked_kernel_spec(variant, bound, options);
+  else if (algorithm == Algorithm::recurrent) (void)kernel_spec(variant, bound, options);
   Device::get();
   std::vector<Uploaded> keep;
   auto put = [&](const TensorView& host) {

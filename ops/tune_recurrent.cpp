@@ -56,10 +56,12 @@ class TileCandidate : public Candidate {
       : variant_(variant), bound_(bound), options_(options), q_(q), k_(k), v_(v), inputs_(std::move(inputs)),
         arch_(Device::get().properties().arch()) {
     const auto& dims = bound.dims;
+    // q, k and v are the canonical views ([B,T,H,D] also for packed [T,H,D] inputs): o takes their rank.
+    const std::vector<std::int64_t> o_shape = {dims.B, dims.T, dims.H, dims.V};
     std::int64_t n = 1;
-    for (auto s : dims.output_shape()) n *= s;
+    for (auto s : o_shape) n *= s;
     o_ = DeviceBuffer(static_cast<std::size_t>(n) * element_size(dims.type));
-    outputs_.o = TensorView::contiguous(reinterpret_cast<const void*>(o_.device_ptr()), dims.type, dims.output_shape());
+    outputs_.o = TensorView::contiguous(reinterpret_cast<const void*>(o_.device_ptr()), dims.type, o_shape);
     if (options.return_state) {
       std::int64_t s = 1;
       for (auto d : dims.state_shape()) s *= d;
@@ -131,8 +133,17 @@ CandidateFactory candidate_factory(const ir::Variant& variant, const ops::BoundI
     for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
       const auto& input = variant.inputs[i];
       if (input.role != ir::Role::other) continue;
-      if (input.kind == ir::InputKind::scalar) named.scalars.emplace(input.name, a.scalars[i]);
-      else named.tensors.emplace(input.name, a.tensors[i]);
+      if (input.kind == ir::InputKind::scalar) {
+        named.scalars.emplace(input.name, a.scalars[i]);
+      } else if (input.kind == ir::InputKind::head_key) {
+        // The canonical view is [B,T,H,K] with a zero token stride: back to the [B,H,K] it was bound from.
+        TensorView bhk = a.tensors[i];
+        bhk.shape = {bhk.shape[0], bhk.shape[2], bhk.shape[3]};
+        bhk.strides = {bhk.strides[0], bhk.strides[2], bhk.strides[3]};
+        named.tensors.emplace(input.name, bhk);
+      } else {
+        named.tensors.emplace(input.name, a.tensors[i]);
+      }
     }
     RunOptions run = options;
     run.initial_state = a.initial_state;

@@ -111,6 +111,9 @@ struct SplitArguments {
   const long long* segments = nullptr;  // the segmented form (cuda::ChunkedSegments)
   float* segment_states = nullptr;
   float* segment_decay = nullptr;
+  void* delta_w = nullptr;  // the chunked delta rule's work arrays
+  void* delta_u = nullptr;
+  float* delta_gamma = nullptr;
 };
 
 // The kernel's argument array, packed from the bound arguments as a launcher packs it.
@@ -155,6 +158,9 @@ class Arguments {
         case Role::segments: push(static_cast<const void*>(split.segments)); break;
         case Role::segment_states: push(static_cast<const void*>(split.segment_states)); break;
         case Role::segment_decay: push(static_cast<const void*>(split.segment_decay)); break;
+        case Role::delta_w: push(static_cast<const void*>(split.delta_w)); break;
+        case Role::delta_u: push(static_cast<const void*>(split.delta_u)); break;
+        case Role::delta_gamma: push(static_cast<const void*>(split.delta_gamma)); break;
         case Role::input_tensor_map: push(describe_tensor_map(gpu::attention_tensor_map(*view, p.box_rows))); break;
       }
     }

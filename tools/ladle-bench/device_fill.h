@@ -1,5 +1,5 @@
 // Random bf16 or f16 inputs made on the device (a host RNG takes seconds at benchmark sizes):
-// q, k, v ~ N(0,1) by a hashed Box-Muller, gates as GLA makes them, logsigmoid(x)/16.
+// q, k, v ~ N(0,1) by a hashed Box-Muller, gates as GLA makes them, logsigmoid(x)/16, write strengths sigmoid(x).
 // Shared by ladle-bench-recurrent and ladle-tune.
 #pragma once
 
@@ -13,7 +13,8 @@
 namespace ladle::bench {
 
 // type: bf16 or f16 (two bytes an element); anything else throws InvalidArgument.
-inline void fill(const DeviceBuffer& buffer, ElementType type, unsigned seed, bool gate) {
+// gate: 0 normal, 1 logsigmoid(x)/16 (a GLA gate), 2 sigmoid(x) (a write strength in (0, 1)).
+inline void fill(const DeviceBuffer& buffer, ElementType type, unsigned seed, int gate) {
   static const char* source = R"(
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,14 +29,16 @@ __device__ float hashed_normal(unsigned long long i, unsigned seed) {
 extern "C" __global__ void fill_bf16(__nv_bfloat16* x, long long n, unsigned seed, int gate) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     float r = hashed_normal(i, seed);
-    if (gate) r = (fminf(r, 0.0f) - log1pf(expf(-fabsf(r)))) / 16.0f;
+    if (gate == 1) r = (fminf(r, 0.0f) - log1pf(expf(-fabsf(r)))) / 16.0f;
+    if (gate == 2) r = 1.0f / (1.0f + expf(-r));
     x[i] = __float2bfloat16(r);
   }
 }
 extern "C" __global__ void fill_f16(__half* x, long long n, unsigned seed, int gate) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     float r = hashed_normal(i, seed);
-    if (gate) r = (fminf(r, 0.0f) - log1pf(expf(-fabsf(r)))) / 16.0f;
+    if (gate == 1) r = (fminf(r, 0.0f) - log1pf(expf(-fabsf(r)))) / 16.0f;
+    if (gate == 2) r = 1.0f / (1.0f + expf(-r));
     x[i] = __float2half(r);
   }
 }
@@ -46,13 +49,14 @@ extern "C" __global__ void fill_f16(__half* x, long long n, unsigned seed, int g
   static const Module module(program);
   static const Kernel fill_bf16 = module.kernel("fill_bf16"), fill_f16 = module.kernel("fill_f16");
   KernelArgs args;
-  args.add(buffer).add(static_cast<long long>(buffer.bytes() / 2)).add(seed).add(gate ? 1 : 0);
+  args.add(buffer).add(static_cast<long long>(buffer.bytes() / 2)).add(seed).add(gate);
   (type == ElementType::bf16 ? fill_bf16 : fill_f16)
       .launch({static_cast<unsigned>(Device::get().properties().sm_count * 16)}, {256}, args);
 }
 
 inline void fill_bf16(const DeviceBuffer& buffer, unsigned seed, bool gate) {
-  fill(buffer, ElementType::bf16, seed, gate);
+  fill(buffer, ElementType::bf16, seed, gate ? 1 : 0);
 }
+inline void fill_sigmoid_bf16(const DeviceBuffer& buffer, unsigned seed) { fill(buffer, ElementType::bf16, seed, 2); }
 
 }  // namespace ladle::bench

@@ -3,7 +3,9 @@
 // random on the device (a fill kernel compiled through ladle): q, k, v ~ N(0,1)-ish,
 // g = logsigmoid(x)/16 as GLA uses it. --op gla (g [B,T,H,K]), simple_gla (g_gamma [H]),
 // or user (a variant fla has no kernel for: key gate logsigmoid(x)/tau with a per-head tau,
-// plus a value gate -softplus(y)/16); --algo recurrent or chunked. Prints one JSON line per
+// plus a value gate -softplus(y)/16), delta_rule and gated_delta_rule (beta = sigmoid(x) [B,T,H],
+// g [B,T,H] = logsigmoid(x)/16, q and k L2-normalised in the kernel as fla's use_qk_l2norm_in_kernel),
+// rwkv6 (w = logsigmoid(x)/16 [B,T,H,K], u [H,K]); --algo recurrent or chunked. Prints one JSON line per
 // tile tried:
 //   {"op":"chunk_gla","impl":"ladle","tile":"...","ms":...,"GBps":...,"floor_ms":...}
 // plus the measured device copy bandwidth for the byte floor.
@@ -24,6 +26,7 @@
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
+#include <ladle/ops/update_forms.h>
 #include <ladle/ops/variant.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
@@ -51,7 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--segment-tokens", segment_list,
                  "chunked: tokens per segment of the serial form (repeatable; 0: whole sequences); default: by shape");
   std::string op = "gla", algo = "recurrent";
-  app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user"}));
+  app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user", "delta_rule", "gated_delta_rule", "rwkv6"}));
   app.add_option("--algo", algo)->check(CLI::IsMember({"recurrent", "chunked"}));
   bool backward = false;
   app.add_flag("--backward", backward,
@@ -61,12 +64,21 @@ int main(int argc, char** argv) {
   try {
     auto& device = ladle::Device::get();
     const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
+    const long long n_h = 1LL * B * T * H;
+    const bool delta = op == "delta_rule" || op == "gated_delta_rule";
     ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_k * 2), o(n_v * 2), y(n_v * 2), heads(H * 4);
+    ladle::DeviceBuffer beta(n_h * 2), g_head(n_h * 2), u(1LL * H * K * 4);
     ladle::bench::fill_bf16(q, 1, false);
     ladle::bench::fill_bf16(k, 2, false);
     ladle::bench::fill_bf16(v, 3, false);
     ladle::bench::fill_bf16(g, 4, true);
     if (op == "user") ladle::bench::fill_bf16(y, 5, false);
+    if (delta) ladle::bench::fill_sigmoid_bf16(beta, 6), ladle::bench::fill_bf16(g_head, 7, true);
+    if (op == "rwkv6") {
+      std::vector<float> bonus(static_cast<std::size_t>(H) * K);
+      for (std::size_t i = 0; i < bonus.size(); ++i) bonus[i] = 0.5f * std::sin(0.37f * static_cast<float>(i));
+      u.copy_from_host(bonus.data(), bonus.size() * 4);
+    }
     std::vector<float> per_head(H);
     for (int h = 0; h < H; ++h) per_head[h] = op == "user" ? 16.0f : std::log(1.0f - std::exp2(-5.0f - h * 0.5f));
     heads.copy_from_host(per_head.data(), per_head.size() * 4);
@@ -95,8 +107,11 @@ int main(int argc, char** argv) {
     const auto qv = view(q, {B, T, H, K}), kv = view(k, {B, T, H, K}), vv = view(v, {B, T, H, V}),
                gv = view(g, {B, T, H, K}), ov = view(o, {B, T, H, V});
     // The floor: every input read once, o written once.
-    const double bytes = op == "gla" ? 2.0 * (3.0 * n_k + 2.0 * n_v) : op == "simple_gla" ? 2.0 * (2.0 * n_k + 2.0 * n_v)
-                                                                                         : 2.0 * (3.0 * n_k + 3.0 * n_v);
+    const double bytes = op == "gla" || op == "rwkv6" ? 2.0 * (3.0 * n_k + 2.0 * n_v)
+                         : op == "simple_gla"          ? 2.0 * (2.0 * n_k + 2.0 * n_v)
+                         : op == "delta_rule"          ? 2.0 * (2.0 * n_k + 2.0 * n_v + n_h)
+                         : op == "gated_delta_rule"    ? 2.0 * (2.0 * n_k + 2.0 * n_v + 2.0 * n_h)
+                                                       : 2.0 * (3.0 * n_k + 3.0 * n_v);
     const std::string label = (algo == "chunked" ? "chunk_" : "fused_recurrent_") + std::string(op == "user" ? "user_gk_gv" : op);
     const ladle::ir::Variant user_variant = ladle::dsl::lower(
         ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v)
@@ -104,9 +119,16 @@ int main(int argc, char** argv) {
                              .decay_v(-ladle::dsl::softplus(ladle::dsl::token_value("y")) / 16.0f),
                          ladle::dsl::q, ladle::dsl::scalar("scale")),
         "user_gk_gv");
-    const ladle::ir::Variant& variant = op == "gla" ? ladle::gla_variant(false)
-                                        : op == "simple_gla" ? ladle::recurrent_variant(false, false, false, true)
-                                                             : user_variant;
+    const ladle::ir::Variant& variant = op == "gla"                ? ladle::gla_variant(false)
+                                        : op == "simple_gla"       ? ladle::recurrent_variant(false, false, false, true)
+                                        : op == "delta_rule"       ? ladle::delta_rule_variant(false, true)
+                                        : op == "gated_delta_rule" ? ladle::delta_rule_variant(true, true)
+                                        : op == "rwkv6"            ? ladle::rwkv6_variant()
+                                                                   : user_variant;
+    if (backward && (delta || op == "rwkv6")) {
+      std::fprintf(stderr, "ladle-bench-recurrent: --backward: the backward of %s is not built yet\n", op.c_str());
+      return 1;
+    }
     if (backward) {
       // The forward (o), then the backward into fp32 gradients, each timed alone and together.
       ladle::VariantInputs inputs;
@@ -195,6 +217,12 @@ int main(int argc, char** argv) {
         inputs.tensors.emplace("y", view(y, {B, T, H, V}));
         inputs.tensors.emplace("tau", ladle::TensorView::contiguous(reinterpret_cast<const void*>(heads.device_ptr()),
                                                                     ladle::ElementType::f32, {H}));
+      }
+      if (delta) inputs.tensors.emplace("beta", view(beta, {B, T, H}));
+      if (op == "gated_delta_rule") inputs.tensors.emplace("g", view(g_head, {B, T, H}));
+      if (op == "rwkv6") {
+        inputs.tensors.emplace("w", gv);
+        inputs.tensors.emplace("u", ladle::TensorView::contiguous(reinterpret_cast<const void*>(u.device_ptr()), ladle::ElementType::f32, {H, K}));
       }
       ladle::gpu::LaunchOptions launch{&stream};
       try {

@@ -1,0 +1,37 @@
+// The chunked delta-rule kernels (codegen/cuda_chunked_delta.h) the codegen-cuda_chunked_delta test
+// runs on the host emulation: every delta-rule case of cuda_cases.h (plain, gated, L2-normalised, a
+// user's gates as expressions, GQA, masked K and V, packed with an empty sequence, reverse), over
+// sequences of several 64-token chunks and a partial one. chunked_delta_emit renders them.
+#pragma once
+
+#include <ladle/codegen/cuda_chunked_delta.h>
+
+#include "cuda_cases.h"
+
+namespace chunked_delta_cases {
+
+struct Case {
+  cuda_cases::Case c;
+  ladle::cuda::ChunkedDeltaSpec spec(ladle::cuda::ChunkedDeltaPhase phase) const {
+    return ladle::cuda::chunked_delta_spec(c.spec, c.K, c.V, phase);
+  }
+};
+
+inline std::vector<Case> all() {
+  std::vector<Case> cases;
+  for (cuda_cases::Case c : cuda_cases::all()) {
+    if (c.variant.update != ladle::ir::Update::delta) continue;
+    if (c.cu_seqlens.empty()) c.T = 150, c.B = 2;
+    else c.cu_seqlens = {0, 70, 70, 200}, c.T = 200;
+    cases.push_back({c});
+  }
+  {  // V over two serial blocks and a partial third, K between 64 and 128
+    Case wide = cases.front();
+    wide.c.name = "delta rule, K=72 V=150 (three value blocks), states";
+    wide.c.K = 72, wide.c.V = 150, wide.c.T = 70, wide.c.H = 2, wide.c.H_kv = 1;
+    cases.push_back(wide);
+  }
+  return cases;
+}
+
+}  // namespace chunked_delta_cases

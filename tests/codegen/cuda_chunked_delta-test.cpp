@@ -1,0 +1,125 @@
+// The chunked delta-rule generator (codegen/cuda_chunked_delta.h): its kernels run on the host
+// emulation of CUDA (ldmatrix and mma.sync fragments as the PTX ISA lays them out) against the CPU
+// path, which tests/ops/update_forms holds against the fp64 oracle; NVRTC compiles them for sm_80 and
+// sm_90a without spills; bad specs and variants are refused by name.
+#include <catch2/catch.hpp>
+
+#include <ladle/codegen/cpu_recurrent.h>
+#include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/ops/bind.h>
+#include <ladle/ops/recurrent.h>
+#include <ladle/ops/update_forms.h>
+#include <ladle/runtime/compiler.h>
+#include <ladle/runtime/error.h>
+
+#include <cstring>
+
+#include "case_binding.h"
+#include "chunked_delta_cases.h"
+#include "cuda_emulation.h"
+#include "chunked_delta_kernels.inc"
+
+using namespace ladle;
+using namespace case_binding;
+using cuda::ChunkedDeltaPhase;
+
+TEST_CASE("chunked delta: every case on the host emulation computes what the CPU path computes", "[codegen][chunked_delta][emulation]") {
+  const auto cases = chunked_delta_cases::all();
+  REQUIRE(std::size(emulated_delta) == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const cuda_cases::Case& c = cases[i].c;
+    const cuda::ChunkedDeltaSpec prepare = cases[i].spec(ChunkedDeltaPhase::prepare), serial = cases[i].spec(ChunkedDeltaPhase::serial);
+    const cuda::ChunkedDeltaKernel first = cuda::generate_chunked_delta(c.variant, prepare);
+    const cuda::ChunkedDeltaKernel second = cuda::generate_chunked_delta(c.variant, serial);
+    INFO(c.name << " (" << first.name << ", " << second.name << ")");
+    REQUIRE(first.name == emulated_delta[i].prepare.name);
+    REQUIRE(second.name == emulated_delta[i].serial.name);
+    REQUIRE(first.shared_bytes <= int(cuda_emulation::dynamic_shared_bytes));
+    REQUIRE(second.shared_bytes <= int(cuda_emulation::dynamic_shared_bytes));
+    const Errors errors = emulated_against_cpu(c, 4000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+      const std::int64_t C = cuda::chunked_delta_chunk;
+      std::vector<std::int64_t> offsets{0};
+      if (c.cu_seqlens.empty()) {
+        offsets.push_back(bound.sequences * ((c.T + C - 1) / C));
+      } else {
+        for (std::size_t n = 0; n + 1 < c.cu_seqlens.size(); ++n)
+          offsets.push_back(offsets.back() + (c.cu_seqlens[n + 1] - c.cu_seqlens[n] + C - 1) / C);
+      }
+      const std::int64_t chunks = offsets.back();
+      // Poisoned work arrays: a row the prepare kernel does not write stands out.
+      std::vector<unsigned short> w(static_cast<std::size_t>(cuda::chunked_delta_w_elements(prepare, chunks, c.H)), 0x7fc0);
+      std::vector<unsigned short> u(static_cast<std::size_t>(cuda::chunked_delta_u_elements(prepare, chunks, c.H)), 0x7fc0);
+      std::vector<float> gamma(static_cast<std::size_t>(chunks * c.H * C), std::numeric_limits<float>::quiet_NaN());
+      SplitArguments work;
+      work.chunk_offsets = offsets.data();
+      work.sequences = bound.sequences;
+      work.delta_w = w.data(), work.delta_u = u.data(), work.delta_gamma = gamma.data();
+      Arguments first_args(first.params, c, gpu_run.args, work);
+      if (chunks > 0)
+        cuda_emulation::launch(static_cast<unsigned>(chunks), static_cast<unsigned>(c.H), 1, first.threads,
+                               [&] { emulated_delta[i].prepare.launch(first_args.data()); });
+      Arguments second_args(second.params, c, gpu_run.args, work);
+      cuda_emulation::launch(static_cast<unsigned>((c.V + second.block_v - 1) / second.block_v), static_cast<unsigned>(bound.sequences * c.H),
+                             1, second.threads, [&] { emulated_delta[i].serial.launch(second_args.data()); });
+    });
+    // bf16 operands on the tensor cores (q, k, W, U, the state's copy), fp32 accumulation and state.
+    CHECK(errors.o < 2e-2);
+    if (c.spec.final_state) CHECK(errors.final_state < 2e-2);
+  }
+}
+
+TEST_CASE("chunked delta: the source says what it computes; specs and variants are checked", "[codegen][chunked_delta]") {
+  const ir::Variant& gated = delta_rule_variant(true, true);
+  cuda::KernelTypes types;
+  types.input_types.assign(gated.inputs.size(), ElementType::bf16);
+  types.output_type = ElementType::bf16;
+  const cuda::ChunkedDeltaSpec serial = cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::serial);
+  CHECK(serial.block_k == 128);
+  CHECK(serial.value_pad == 128);
+  CHECK(cuda::chunked_delta_spec(types, 40, 300, ChunkedDeltaPhase::prepare).block_k == 64);
+  const cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(gated, serial);
+  CHECK_THAT(kernel.source, Catch::StartsWith("// ladle: chunked delta rule, serial kernel " + kernel.name));
+  CHECK_THAT(kernel.source, Catch::Contains("E = U - W S_0"));
+  CHECK_THAT(kernel.source, Catch::Contains("the gated delta rule"));
+  CHECK_THAT(kernel.source, Catch::Contains("ladle_mma_bf16("));
+  CHECK(kernel.threads == 256);
+  CHECK(cuda::generate_chunked_delta(gated, cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::prepare)).name != kernel.name);
+
+  CHECK_THAT(cuda::chunked_delta_unsupported(gated, 256, 128), Catch::Contains("K = 256, expected at most 128"));
+  CHECK_THAT(cuda::chunked_delta_unsupported(gated, 128, 512), Catch::Contains("V = 512"));
+  CHECK_THAT(cuda::chunked_delta_unsupported(rwkv6_variant(), 64, 64), Catch::Contains("the delta rule only"));
+  CHECK(cuda::chunked_delta_unsupported(gated, 128, 128).empty());
+  cuda::ChunkedDeltaSpec bad = serial;
+  bad.block_k = 96;
+  CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("block_k = 96, expected 64 or 128"));
+  bad = serial;
+  bad.value_pad = 100;
+  CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("value_pad = 100"));
+  bad = serial;
+  bad.input_types.pop_back();
+  CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("input_types"));
+  cuda::KernelTypes rwkv_types;
+  rwkv_types.input_types.assign(rwkv6_variant().inputs.size(), ElementType::bf16);
+  CHECK_THROWS_WITH(cuda::generate_chunked_delta(rwkv6_variant(), cuda::chunked_delta_spec(rwkv_types, 64, 64, ChunkedDeltaPhase::serial)),
+                    Catch::Contains("the delta rule only"));
+}
+
+TEST_CASE("chunked delta: NVRTC compiles both kernels for sm_80 and sm_90a without spills", "[codegen][chunked_delta][nvrtc]") {
+  for (const auto& dc : chunked_delta_cases::all()) {
+    for (ChunkedDeltaPhase phase : {ChunkedDeltaPhase::prepare, ChunkedDeltaPhase::serial}) {
+      const cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(dc.c.variant, dc.spec(phase));
+      for (const char* arch : {"sm_80", "sm_90a"}) {
+        INFO(dc.c.name << " " << kernel.name << " " << arch);
+        CompileOptions options;
+        options.arch = arch;
+        const CompiledProgram program = compile(kernel.source, options);
+        const KernelResources* usage = program.resources(kernel.name);
+        REQUIRE(usage != nullptr);
+        INFO(usage->registers << " registers, " << usage->spill_store_bytes << " bytes spilled");
+        CHECK(usage->spill_store_bytes == 0);
+        CHECK(usage->spill_load_bytes == 0);
+        if (phase == ChunkedDeltaPhase::prepare) CHECK(usage->registers <= 255);  // two blocks of 128 threads an SM
+      }
+    }
+  }
+}
