@@ -33,6 +33,9 @@ std::int64_t chunked_delta_w_elements(const ChunkedDeltaSpec& spec, std::int64_t
 std::int64_t chunked_delta_u_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads) {
   return chunks * heads * chunked_delta_chunk * spec.value_pad;
 }
+std::int64_t chunked_delta_h_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads) {
+  return chunks * heads * spec.block_k * spec.value_pad;
+}
 
 namespace {
 
@@ -41,7 +44,10 @@ const std::set<std::string> template_names = {
     "C", "BK", "VPAD", "KLD", "VLD", "ALD", "TLD", "SLD", "warp", "lane", "tid", "gc", "gc0", "cps", "length", "chunks", "chunk",
     "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam",
     "qs", "ws", "us", "es", "ets", "ps", "ss", "qscale", "S", "col", "row", "val", "ssum", "inv", "decay", "base", "g_p",
-    "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj"};
+    "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj",
+    "work_k", "work_e", "work_h", "cq", "sum", "d", "col", "kbits", "wb", "kbuf", "ub", "gb", "fetch", "buf", "r0", "c0", "last", "hs",
+    "tf", "e0", "e1", "d0", "d1", "half", "raw", "f0", "grp", "m", "s", "r", "i", "j", "step", "t", "src", "ld", "w_part", "col0",
+    "PVLD", "pfrag", "off", "REVERSE", "bos", "eos", "n", "h", "b", "o", "q_row", "pair", "tsu", "tsw", "tsrc", "wfac", "t0", "t1", "use_group", "other", "factor", "out"};
 
 }  // namespace
 
@@ -53,8 +59,12 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   if (spec.value_pad < 64 || spec.value_pad > 256 || spec.value_pad % 64 != 0)
     fail("value_pad = " + std::to_string(spec.value_pad) + ", expected a multiple of 64 up to 256");
   check_types("generate_chunked_delta", variant, spec);
+  if (spec.vector_loads)
+    for (std::size_t k = 0; k < variant.inputs.size(); ++k)
+      if (variant.inputs[k].role != ir::Role::other && spec.input_types[k] != ElementType::bf16 && spec.input_types[k] != ElementType::f16)
+        fail("vector_loads needs 16-bit q, k and v (" + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]) + ")");
 
-  const bool prepare = spec.phase == ChunkedDeltaPhase::prepare;
+  const bool prepare = spec.phase == ChunkedDeltaPhase::prepare, states = spec.phase == ChunkedDeltaPhase::states;
   const int C = chunked_delta_chunk, BK = spec.block_k;
   const std::vector<std::string> id = identifiers(variant, template_names);
   const auto& inputs = variant.inputs;
@@ -64,10 +74,11 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   const auto row_load = [&](std::size_t k, const std::string& index) { return detail::row_load(id, k, index); };
 
   ChunkedDeltaKernel kernel;
-  kernel.threads = prepare ? 128 : 256;
-  const std::string spec_key = std::string(prepare ? "prepare" : "serial") + "|" + std::to_string(BK) + "|" +
-                               std::to_string(spec.value_pad) + types_key(spec);
-  kernel.name = std::string(prepare ? "ladle_delta_prepare_" : "ladle_delta_serial_") + hex(fnv1a(spec_key, ir::hash(variant)));
+  kernel.threads = states ? 256 : 128;
+  const char* phase_name = prepare ? "prepare" : states ? "states" : "outputs";
+  const std::string spec_key = std::string(phase_name) + "|" + std::to_string(BK) + "|" +
+                               std::to_string(spec.value_pad) + (spec.vector_loads ? "|vector" : "") + types_key(spec);
+  kernel.name = std::string("ladle_delta_") + phase_name + "_" + hex(fnv1a(spec_key, ir::hash(variant)));
 
   std::vector<std::string> declarations;
   declare_params(variant, id, spec, declarations, kernel.params);
@@ -77,37 +88,46 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   };
   extra("int", "N", KernelParam::Type::i32, KernelParam::Role::sequences);
   if (spec.varlen) extra("const long long*", "chunk_offsets", KernelParam::Type::pointer, KernelParam::Role::chunk_offsets);
-  extra(std::string(prepare ? "" : "const ") + "unsigned short*", "work_w", KernelParam::Type::pointer, KernelParam::Role::delta_w);
-  extra(std::string(prepare ? "" : "const ") + "unsigned short*", "work_u", KernelParam::Type::pointer, KernelParam::Role::delta_u);
-  extra(std::string(prepare ? "" : "const ") + "float*", "work_gamma", KernelParam::Type::pointer, KernelParam::Role::delta_gamma);
+  const std::string writes = prepare ? "" : "const ";
+  extra(writes + "unsigned short*", "work_w", KernelParam::Type::pointer, KernelParam::Role::delta_w);
+  extra(writes + "unsigned short*", "work_u", KernelParam::Type::pointer, KernelParam::Role::delta_u);
+  extra(writes + "unsigned short*", "work_k", KernelParam::Type::pointer, KernelParam::Role::delta_k);
+  extra(writes + "float*", "work_gamma", KernelParam::Type::pointer, KernelParam::Role::delta_gamma);
+  extra(std::string(states ? "" : "const ") + "unsigned short*", "work_e", KernelParam::Type::pointer, KernelParam::Role::delta_e);
+  extra(std::string(states ? "" : "const ") + "unsigned short*", "work_h", KernelParam::Type::pointer, KernelParam::Role::delta_h);
 
   // Shared memory (bf16 tiles padded by 8 elements a row, so that ldmatrix's 8 rows hit 8 bank groups).
   const int KLD = BK + 8, VLD = 72, ALD = C + 1, TLD = C + 8, PVLD = spec.value_pad + 8;
   if (prepare)
-    kernel.shared_bytes = 2 * (2 * C * KLD + C * PVLD + C * TLD) + 4 * (C * ALD + 3 * C);
+    kernel.shared_bytes = 2 * (2 * C * KLD + C * PVLD + C * TLD) + 4 * (2 * C * ALD + 4 * C);
+  else if (states)
+    kernel.shared_bytes = 2 * (2 * (2 * C * KLD + C * VLD) + BK * VLD) + 4 * 2 * C;
   else
-    kernel.shared_bytes = 2 * (3 * C * KLD + 4 * C * VLD + BK * VLD) + 4 * 2 * C;
+    kernel.shared_bytes = 2 * (2 * C * KLD + BK * VLD + C * VLD) + 4 * 2 * C;
 
-  std::string header = std::string("ladle: chunked delta rule, ") + (prepare ? "prepare" : "serial") + " kernel " + kernel.name +
+  std::string header = std::string("ladle: chunked delta rule, ") + phase_name + " kernel " + kernel.name +
                        "\nGenerated by codegen/cuda_chunked_delta.cpp; do not edit.\n\n" + ir::to_string(variant) +
                        "\nchunk C = " + std::to_string(C) + ", block_k = " + std::to_string(BK) + ", value_pad = " +
                        std::to_string(spec.value_pad) + ", " + std::to_string(kernel.threads) + " threads, " +
                        std::to_string(kernel.shared_bytes) + " bytes of dynamic shared memory\n";
   header += prepare ? "launch: grid (chunks over all sequences, H), block (128)\n"
-                      "per chunk: gamma, A = strictly lower beta_t exp(gamma_t - gamma_s) k_t . k_s, T = (I + A)^-1,\n"
-                      "W = T (beta exp(gamma) K), U = T (beta V) into the work arrays\n"
-                    : "launch: grid (ceil(V / 64), N * H), block (256)\n"
-                      "per chunk, in order: E = U - W S_0; o = exp(gamma) q S_0 + tril(q k^T exp(gamma_t - gamma_s)) E;\n"
-                      "S = exp(gamma_last) S_0 + K^T (exp(gamma_last - gamma) E)\n";
+                      "per chunk: gamma, A = strictly lower beta_t exp(gamma_t - gamma_s) k_t . k_s, T = (I + A)^-1 (16 x 16\n"
+                      "blocks: their inverses by substitution, then the blocks below), W = T (beta exp(gamma) K), U = T (beta V);\n"
+                      "into the work arrays with k (normalised) and gamma\n"
+            : states ? "launch: grid (ceil(V / 64), N * H), block (256)\n"
+                       "per chunk, in order (the next chunk's W, U, k in flight): h = S_0 and E = U - W S_0 into the work arrays,\n"
+                       "S = exp(gamma_last) S_0 + K^T (exp(gamma_last - gamma) E)\n"
+                     : "launch: grid (chunks over all sequences, H, ceil(V / 64)), block (128)\n"
+                       "per chunk: o = scale (exp(gamma) q h + tril(q k^T exp(gamma_t - gamma_s)) E)\n";
   header += "types: " + types_line(variant, id, spec) + "\n";
+  header += std::string("loads: ") + (spec.vector_loads ? "q, k, v by 16 bytes (8 features)" : "element by element") + "\n";
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
             " initial_state=" + (spec.initial_state ? "1" : "0") + " final_state=" + (spec.final_state ? "1" : "0") + "\n";
 
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers);
-  // The serial kernel keeps the state (32 values a thread) beside a product's accumulators: at two
-  // blocks an SM (128 registers) ptxas spills 260-500 bytes; at one it needs about 136.
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kernel.threads) + (prepare ? ", 2) " : ", 1) ") + kernel.name + "(");
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kernel.threads) + (states ? ", 2) " : prepare ? ", 2) " : ", 3) ") +
+    kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
@@ -121,9 +141,10 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
 
   // ---- The block's sequence and chunk(s)
   c("const long long cps = (T + C - 1) / C;  // chunks of a batch row (fixed-length sequences)");
-  if (prepare) {
+  if (!states) {
     c("const long long gc = blockIdx.x;  // this block's chunk over all sequences");
     c("const int h = blockIdx.y;");
+    if (!prepare) c("const int vb = blockIdx.z;  // this block's 64 value columns");
     if (spec.varlen) {
       c("int lo = 0, hi = N;  // the sequence whose chunks hold gc: chunk_offsets[lo] <= gc < chunk_offsets[lo + 1]");
       c("while (hi - lo > 1) { const int mid = (lo + hi) / 2; if (chunk_offsets[mid] <= gc) lo = mid; else hi = mid; }");
@@ -156,31 +177,69 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
         "_stride_h);");
   c("");
 
-  // Stages row p (a token of the chunk) of the key side: the k (or q) feature over BK, L2-normalised
-  // when the variant says so, as bf16 into `tile`; the warp's lanes take every 32nd feature.
-  const auto stage_key_row = [&](ir::Slot slot, const std::string& tile, const std::string& ld) {
-    c("{");
+  // Stages a tile of C rows (tokens) x `width` features of a slot's expression as bf16 into `tile`:
+  // groups of 8 features a thread, every group of the tile in flight at once (the loop is unrolled).
+  // With spec.vector_loads the role input (q, k or v) comes as one 16-byte load a group; any other
+  // input the expression reads is loaded element by element.
+  const auto stage_tile = [&](ir::Slot slot, const std::string& tile, const std::string& ld, const std::string& width,
+                              const std::string& limit, const std::string& suffix, ir::Role role) {
+    const std::string threads = std::to_string(kernel.threads);
+    // Element by element, eight loads a group already: two groups in flight keep ptxas from spilling.
+    c(std::string(spec.vector_loads ? "LADLE_UNROLL" : "LADLE_UNROLL_2") + " for (int m = 0; m < C * (" + width + ") / 8 / " + threads + "; ++m) {");
     c.in();
-    c("float x[BK / 32], ssum = 0.0f;");
-    c("LADLE_UNROLL for (int e = 0; e < BK / 32; ++e) {");
+    c("const int grp = tid + m * " + threads + ";");
+    c("const int p = grp / ((" + width + ") / 8), f0 = grp % ((" + width + ") / 8) * 8;");
+    c("const long long step = chunk * C + p;");
+    c("const bool live = step < length;");
+    c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
+    token_rows(c, variant, id, use_of.used, true);
+    const std::size_t own = [&] {
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        if (inputs[k].role == role) return k;
+      return inputs.size();
+    }();
+    const bool value_side = role == ir::Role::value;
+    if (spec.vector_loads) {
+      c("float raw[8];");
+      c("ladle_unpack8_" + std::string(spec.input_types[own] == ElementType::bf16 ? "bf16" : "f16") + "(raw, live && f0 < " + limit +
+        " ? ladle_ld16(" + id[own] + " + " + id[own] + "_row + f0) : ladle_u4{0u, 0u, 0u, 0u});");
+    }
+    c("float x[8];");
+    c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
     c.in();
-    c("const int i = lane + 32 * e;");
-    c("const bool use = live && i < K;");
-    for (std::size_t k = 0; k < inputs.size(); ++k)
-      if (use_of.key_side[k] && inputs[k].kind == ir::InputKind::token_key)
-        c("const float " + id[k] + "_i = use ? " + row_load(k, "i") + " : 0.0f;");
-    c("x[e] = use ? " + render(slot, "_i") + " : 0.0f;");
-    c("ssum += x[e] * x[e];");
+    const std::string index = suffix == "_i" ? "i" : "j";
+    c("const int " + index + " = f0 + e;");
+    if (spec.vector_loads)
+      c("const bool use = live && f0 < " + limit + ";  // K and V are multiples of 8: the group is in or out");
+    else
+      c("const bool use = live && " + index + " < " + limit + ";");
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      const bool side = value_side ? use_of.value_side[k] : use_of.key_side[k];
+      const bool over_features = inputs[k].kind == (value_side ? ir::InputKind::token_value : ir::InputKind::token_key);
+      if (!side || !over_features) continue;
+      if (k == own && spec.vector_loads)
+        c("const float " + id[k] + suffix + " = raw[e];");
+      else
+        c("const float " + id[k] + suffix + " = use ? " + row_load(k, index) + " : 0.0f;");
+    }
+    c("x[e] = use ? " + render(slot, suffix) + " : 0.0f;");
     c.out();
     c("}");
-    if (variant.l2_normalize_qk) {
-      c("LADLE_UNROLL for (int off = 16; off > 0; off >>= 1) ssum += __shfl_xor_sync(0xffffffffu, ssum, off);");
-      c("const float inv = 1.0f / sqrtf(ssum + " + ir::render_c_literal(ir::l2_normalize_eps) + ");");
-      c("LADLE_UNROLL for (int e = 0; e < BK / 32; ++e) x[e] *= inv;");
-    } else {
-      c("(void)ssum;");
-    }
-    c("LADLE_UNROLL for (int e = 0; e < BK / 32; ++e) " + tile + "[p * " + ld + " + lane + 32 * e] = ladle_bf16_bits(x[e]);");
+    c("ladle_st16(&" + tile + "[p * " + ld + " + f0], ladle_u4{ladle_pack_bf16(x[0], x[1]), ladle_pack_bf16(x[2], x[3]), "
+      "ladle_pack_bf16(x[4], x[5]), ladle_pack_bf16(x[6], x[7])});");
+    c.out();
+    c("}");
+  };
+  // q or k rows over sqrt(sum of squares + eps), in shared memory: a warp a row.
+  const auto l2_rows = [&](const std::string& tile) {
+    const std::string warps = std::to_string(kernel.threads / 32);
+    c("for (int p = warp; p < C; p += " + warps + ") {");
+    c.in();
+    c("float x[BK / 32], ssum = 0.0f;");
+    c("LADLE_UNROLL for (int e = 0; e < BK / 32; ++e) x[e] = ladle_bf16_float(" + tile + "[p * KLD + lane + 32 * e]), ssum += x[e] * x[e];");
+    c("LADLE_UNROLL for (int off = 16; off > 0; off >>= 1) ssum += __shfl_xor_sync(0xffffffffu, ssum, off);");
+    c("const float inv = 1.0f / sqrtf(ssum + " + ir::render_c_literal(ir::l2_normalize_eps) + ");");
+    c("LADLE_UNROLL for (int e = 0; e < BK / 32; ++e) " + tile + "[p * KLD + lane + 32 * e] = ladle_bf16_bits(x[e] * inv);");
     c.out();
     c("}");
   };
@@ -194,7 +253,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   // A-operand fragment (16 x 16, row-major tile) and B-operand fragments (two n-tiles of 8).
   const auto mma_rows = [&](const std::string& acc, const std::string& a_tile, const std::string& a_ld, const std::string& a_row0,
                             const std::string& b_tile, const std::string& b_ld, bool b_trans, const std::string& ksteps,
-                            const std::string& ntiles) {
+                            const std::string& ntiles, const std::string& b_col0 = "0") {
     c("LADLE_UNROLL for (int kt = 0; kt < " + ksteps + "; ++kt) {");
     c.in();
     c("unsigned afrag[4];");
@@ -204,7 +263,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c.in();
     c("unsigned bfrag[4];");
     if (b_trans)
-      c("ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&" + b_tile + "[(kt * 16 + lane % 16) * " + b_ld +
+      c("ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&" + b_tile + "[(kt * 16 + lane % 16) * " + b_ld + " + " + b_col0 +
         " + np * 16 + (lane / 16) * 8]));");
     else
       c("ladle_ldmatrix_x4_at(bfrag, ladle_shared_address(&" + b_tile + "[(np * 16 + lane % 8 + (lane / 16) * 8) * " + b_ld +
@@ -226,48 +285,49 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
 
   if (prepare) {
     c("unsigned short* ks = reinterpret_cast<unsigned short*>(smem);  // k (features, normalised), [C][KLD]");
-    c("unsigned short* kb = ks + C * KLD;                               // beta exp(gamma) k, [C][KLD]");
-    c("unsigned short* vs = kb + C * KLD;                               // beta v, [C][PVLD]");
-    c("unsigned short* ts = vs + C * PVLD;                              // T = (I + A)^-1, [C][TLD]");
+    c("unsigned short* tsu = ks + C * KLD;                              // T diag(beta), [C][TLD] (in [C][KLD])");
+    c("unsigned short* vs = tsu + C * KLD;                              // v, [C][PVLD]");
+    c("unsigned short* ts = vs + C * PVLD;                              // T diag(beta exp(gamma)), [C][TLD]");
     c("float* af = reinterpret_cast<float*>(ts + C * TLD);              // A, [C][ALD]");
-    c("float* gs = af + C * ALD;                                        // g, then gamma");
+    c("float* tf = af + C * ALD;                                        // T in fp32, [C][ALD]");
+    c("float* gs = tf + C * ALD;                                        // g");
     c("float* gam = gs + C;");
     c("float* betas = gam + C;");
+    c("float* wfac = betas + C;                                         // beta exp(gamma), W's column factors of T");
     c("");
-    c("// 1. Stage the chunk: k (and its norm), beta v, g and beta; a warp a row.");
-    c("for (int p = warp; p < C; p += 4) {");
-    c.in();
-    token_of_row("chunk");
-    c("const float g_p = live ? " + g_expr + " : 0.0f;");
-    c("const float beta_p = live ? " + beta_expr + " : 0.0f;");
-    stage_key_row(ir::Slot::k_feature, "ks", "KLD");
-    c("for (int j = lane; j < VPAD; j += 32) {");
-    c.in();
-    c("const bool use = live && j < V;");
-    for (std::size_t k = 0; k < inputs.size(); ++k)
-      if (use_of.value_side[k] && inputs[k].kind == ir::InputKind::token_value)
-        c("const float " + id[k] + "_j = use ? " + row_load(k, "j") + " : 0.0f;");
-    c("vs[p * PVLD + j] = ladle_bf16_bits(use ? beta_p * (" + render(ir::Slot::v, "_j") + ") : 0.0f);");
-    c.out();
-    c("}");
-    c("if (lane == 0) gs[p] = g_p, betas[p] = beta_p;");
-    c.out();
-    c("}");
-    c("__syncthreads();");
-    c("// 2. gamma_t = g_0 + ... + g_t (past the sequence's end g = 0: gamma stays).");
+    c("// 1. Stage the chunk: g and beta a thread a row; k and v, every load in flight at once.");
     c("if (tid < C) {");
     c.in();
-    c("float s = 0.0f;");
-    c("for (int r = 0; r <= tid; ++r) s += gs[r];");
+    c("const int p = tid;");
+    token_of_row("chunk");
+    c("gs[p] = live ? " + g_expr + " : 0.0f;");
+    c("betas[p] = live ? " + beta_expr + " : 0.0f;");
+    c.out();
+    c("}");
+    stage_tile(ir::Slot::k_feature, "ks", "KLD", "BK", "K", "_i", ir::Role::key);
+    stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value);
+    c("__syncthreads();");
+    c("// 2. gamma_t = g_0 + ... + g_t (past the sequence's end g = 0: gamma stays); k normalised.");
+    c("if (tid < C) {  // an inclusive scan by shuffles in each of warps 0 and 1, then warp 1 adds warp 0's total");
+    c.in();
+    c("float s = gs[tid];");
+    c("LADLE_UNROLL for (int off = 1; off < 32; off <<= 1) {");
+    c("  const float other = __shfl_up_sync(0xffffffffu, s, off);");
+    c("  if (lane >= off) s += other;");
+    c("}");
+    c("if (tid >= 32) for (int r = 0; r < 32; ++r) s += gs[r];");
     c("gam[tid] = s;");
+    c("wfac[tid] = betas[tid] * expf(s);");
     c("work_gamma[(gc * H + h) * C + tid] = s;");
     c.out();
     c("}");
+    if (variant.l2_normalize_qk) l2_rows("ks");
     c("__syncthreads();");
-    c("for (int e = tid; e < C * BK; e += 128) {");
+    c("// k, normalised, for the states and outputs kernels: 16 bytes at a time.");
+    c("for (int e = tid; e < C * BK / 8; e += 128) {");
     c.in();
-    c("const int p = e / BK, i = e % BK;");
-    c("kb[p * KLD + i] = ladle_bf16_bits(betas[p] * expf(gam[p]) * ladle_bf16_float(ks[p * KLD + i]));");
+    c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
+    c("ladle_st16(&work_k[((gc * H + h) * C + p) * BK + i], ladle_ld16(&ks[p * KLD + i]));");
     c.out();
     c("}");
     c("// 3. A = beta_t exp(gamma_t - gamma_s) k_t . k_s below the diagonal (fp32); warp w: rows 16w..16w+15.");
@@ -283,33 +343,71 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c.out();
     c("}");
     c("__syncthreads();");
-    c("// 4. T = (I + A)^-1 by forward substitution, one column a thread (fp32), rounded to bf16.");
+    c("// 4. T = (I + A)^-1 in 16 x 16 blocks (fp32): the diagonal blocks' inverses by forward substitution,");
+    c("//    one column a thread; then block row i = 1..3: T_ij = -T_ii (sum over j <= m < i of A_im T_mj).");
     c("if (tid < C) {");
     c.in();
-    c("float x[C];");
-    c("LADLE_UNROLL for (int r = 0; r < C; ++r) {");
+    c("const int d = tid / 16 * 16, col = tid % 16;  // block d, column d + col");
+    c("float x[16];");
+    c("LADLE_UNROLL for (int r = 0; r < 16; ++r) {");
     c.in();
-    c("float val = r == tid ? 1.0f : 0.0f;");
-    c("LADLE_UNROLL for (int s = 0; s < r; ++s) val -= af[r * ALD + s] * x[s];");
+    c("float val = r == col ? 1.0f : 0.0f;");
+    c("LADLE_UNROLL for (int s = 0; s < r; ++s) val -= af[(d + r) * ALD + d + s] * x[s];");
     c("x[r] = val;");
-    c("ts[r * TLD + tid] = ladle_bf16_bits(val);");
+    c("tf[(d + r) * ALD + d + col] = val;");
     c.out();
     c("}");
+    c("for (int r = 0; r < C; ++r) if (r < d || r >= d + 16) tf[r * ALD + d + col] = 0.0f;  // the column above and below its block");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+    c("for (int i = 1; i < C / 16; ++i) {");
+    c.in();
+    c("// M_ij = sum over j <= m < i of A_im T_mj, for every j < i, into ts as fp32 scratch (af's upper half is free).");
+    c("for (int e = tid; e < i * 256; e += 128) {");
+    c.in();
+    c("const int j = e / 256, r = e % 256 / 16, cq = e % 16;");
+    c("float sum = 0.0f;");
+    c("for (int m = j * 16; m < i * 16; ++m) sum += af[(i * 16 + r) * ALD + m] * tf[m * ALD + j * 16 + cq];");
+    c("af[(j * 16 + cq) * ALD + i * 16 + r] = sum;  // stored transposed above the diagonal, where A is zero");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+    c("for (int e = tid; e < i * 256; e += 128) {");
+    c.in();
+    c("const int j = e / 256, r = e % 256 / 16, cq = e % 16;");
+    c("float sum = 0.0f;");
+    c("LADLE_UNROLL for (int m = 0; m < 16; ++m) sum += tf[(i * 16 + r) * ALD + i * 16 + m] * af[(j * 16 + cq) * ALD + i * 16 + m];");
+    c("tf[(i * 16 + r) * ALD + j * 16 + cq] = -sum;");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+    c.out();
+    c("}");
+    c("// W = (T diag(beta exp(gamma))) K and U = (T diag(beta)) V: T's columns scaled, two bf16 copies.");
+    c("for (int e = tid; e < C * C / 2; e += 128) {");
+    c.in();
+    c("const int r = e / (C / 2), s = e % (C / 2) * 2;");
+    c("const float t0 = tf[r * ALD + s], t1 = tf[r * ALD + s + 1];");
+    c("*reinterpret_cast<unsigned*>(&ts[r * TLD + s]) = ladle_pack_bf16(t0 * wfac[s], t1 * wfac[s + 1]);");
+    c("*reinterpret_cast<unsigned*>(&tsu[r * TLD + s]) = ladle_pack_bf16(t0 * betas[s], t1 * betas[s + 1]);");
     c.out();
     c("}");
     c("__syncthreads();");
     c("// 5. W = T (beta exp(gamma) K), U = T (beta V): 64 columns at a time, warp w: rows 16w..16w+15.");
+    c("const unsigned short* tsw = ts;");
     c("const long long base = (gc * H + h) * C;");
     c("for (int col0 = 0; col0 < BK + VPAD; col0 += 64) {");
     c.in();
     c("const bool w_part = col0 < BK;");
-    c("const unsigned short* src = w_part ? kb + col0 : vs + (col0 - BK);");
+    c("const unsigned short* src = w_part ? ks + col0 : vs + (col0 - BK);");
+    c("const unsigned short* tsrc = w_part ? tsw : tsu;");
     c("const int ld = w_part ? KLD : PVLD;");
     zero("acc", "8");
     c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt) {");
     c.in();
     c("unsigned afrag[4];");
-    c("ladle_ldmatrix_x4_at(afrag, ladle_shared_address(&ts[(warp * 16 + lane % 16) * TLD + kt * 16 + (lane / 16) * 8]));");
+    c("ladle_ldmatrix_x4_at(afrag, ladle_shared_address(&tsrc[(warp * 16 + lane % 16) * TLD + kt * 16 + (lane / 16) * 8]));");
     c("LADLE_UNROLL for (int np = 0; np < 4; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
@@ -329,17 +427,13 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("  }");
     c.out();
     c("}");
-  } else {
-    c("unsigned short* qs = reinterpret_cast<unsigned short*>(smem);  // q (features, normalised), [C][KLD]");
-    c("unsigned short* ks = qs + C * KLD;                               // k, [C][KLD]");
-    c("unsigned short* ws = ks + C * KLD;                               // W, [C][KLD]");
-    c("unsigned short* us = ws + C * KLD;                               // U's 64 columns, [C][VLD]");
-    c("unsigned short* es = us + C * VLD;                               // E = U - W S_0, [C][VLD]");
-    c("unsigned short* ets = es + C * VLD;                              // exp(gamma_last - gamma) E, [C][VLD]");
-    c("unsigned short* ps = ets + C * VLD;                              // q k^T, masked and decayed, [C][VLD]");
-    c("unsigned short* ss = ps + C * VLD;                               // S_0 in bf16, [BK][VLD]");
-    c("float* gam = reinterpret_cast<float*>(ss + BK * VLD);");
-    c("float* qscale = gam + C;");
+  } else if (states) {
+    c("// Double-buffered tiles of chunk c % 2: W and k [C][KLD], U [C][VLD] (E's decayed copy overwrites U in place).");
+    c("unsigned short* ws = reinterpret_cast<unsigned short*>(smem);");
+    c("unsigned short* ks = ws + 2 * C * KLD;");
+    c("unsigned short* us = ks + 2 * C * KLD;");
+    c("unsigned short* ss = us + 2 * C * VLD;  // S_0 in bf16, [BK][VLD]");
+    c("float* gam = reinterpret_cast<float*>(ss + BK * VLD);  // [2][C]");
     c("");
     c("// The state: warp w < BK / 16 keeps rows 16w..16w+15 of its 64 columns in mma accumulator order.");
     c("float S[8][4];");
@@ -353,95 +447,83 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("    if (warp < BK / 16) ss[row * VLD + nt * 8 + (lane % 4) * 2 + (e & 1)] = ladle_bf16_bits(S[nt][e]);");
     c("  }");
     c("const long long chunks = (length + C - 1) / C;");
-    c("for (long long chunk = 0; chunk < chunks; ++chunk) {");
+    c("// Chunk c's W, k, U and gamma into buffer c % 2, as one cp.async group.");
+    c("const auto fetch = [&](long long chunk) {");
     c.in();
     c("const long long base = ((gc0 + chunk) * H + h) * C;");
-    c("// 1. Stage q, k (through their feature maps), the scale, W and U's columns, gamma.");
-    c("for (int p = warp; p < C; p += 8) {");
-    c.in();
-    token_of_row("chunk");
-    stage_key_row(ir::Slot::q_feature, "qs", "KLD");
-    stage_key_row(ir::Slot::k_feature, "ks", "KLD");
-    c("if (lane == 0) qscale[p] = " + (has(ir::Slot::scale) ? render(ir::Slot::scale, "") : std::string("1.0f")) + ";");
-    c.out();
-    c("}");
-    c("for (int e = tid; e < C * BK / 8; e += 256) {");
+    c("const int buf = static_cast<int>(chunk & 1);");
+    c("LADLE_UNROLL_1 for (int e = tid; e < C * BK / 8; e += 256) {");
     c.in();
     c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
-    c("ladle_cp_async_16(&ws[p * KLD + i], &work_w[(base + p) * BK + i]);");
+    c("ladle_cp_async_16(&ws[(buf * C + p) * KLD + i], &work_w[(base + p) * BK + i]);");
+    c("ladle_cp_async_16(&ks[(buf * C + p) * KLD + i], &work_k[(base + p) * BK + i]);");
     c.out();
     c("}");
     c("for (int e = tid; e < C * 8; e += 256) {");
     c.in();
     c("const int p = e / 8, j = e % 8 * 8;");
-    c("ladle_cp_async_16(&us[p * VLD + j], &work_u[(base + p) * VPAD + vb * 64 + j]);");
+    c("ladle_cp_async_16(&us[(buf * C + p) * VLD + j], &work_u[(base + p) * VPAD + vb * 64 + j]);");
     c.out();
     c("}");
+    c("if (tid < C / 4) ladle_cp_async_16(&gam[buf * C + tid * 4], &work_gamma[base + tid * 4]);");
     c("ladle_cp_async_commit();");
-    c("if (tid < C) gam[tid] = work_gamma[base + tid];");
-    c("ladle_cp_async_wait<0>();");
-    c("__syncthreads();");
-    c("");
-    c("// 2. Warps 0-3: P = q k^T (masked, decayed) and O = exp(gamma) q S_0; warps 4-7: E = U - W S_0.");
-    c("const int r0 = (warp % 4) * 16;");
-    zero("acc", "8");
-    c("if (warp < 4) {");
-    c.in();
-    mma_rows("acc", "qs", "KLD", "r0", "ks", "KLD", false, "BK / 16", "8");
-    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
-    c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-    c("    const int row = r0 + lane / 4 + half * 8, col = nt * 8 + (lane % 4) * 2;");
-    c("    const float d0 = col <= row ? expf(gam[row] - gam[col]) : 0.0f, d1 = col + 1 <= row ? expf(gam[row] - gam[col + 1]) : 0.0f;");
-    c("    *reinterpret_cast<unsigned*>(&ps[row * VLD + col]) = ladle_pack_bf16(acc[nt][2 * half] * d0, acc[nt][2 * half + 1] * d1);");
-    c("    acc[nt][2 * half] = acc[nt][2 * half + 1] = 0.0f;");
-    c("  }");
-    mma_rows("acc", "qs", "KLD", "r0", "ss", "VLD", true, "BK / 16", "8");
-    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
-    c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) acc[nt][e] *= expf(gam[r0 + lane / 4 + (e >= 2 ? 8 : 0)]);");
     c.out();
+    c("};");
+    c("if (chunks > 0) fetch(0);");
+    c("for (long long chunk = 0; chunk < chunks; ++chunk) {");
+    c.in();
+    c("const long long base = ((gc0 + chunk) * H + h) * C;");
+    c("const int buf = static_cast<int>(chunk & 1);");
+    c("if (chunk + 1 < chunks) {");
+    c("  fetch(chunk + 1);  // into the other buffer, whose last readers passed the previous chunk's last barrier");
+    c("  ladle_cp_async_wait<1>();");
     c("} else {");
+    c("  ladle_cp_async_wait<0>();");
+    c("}");
+    c("__syncthreads();");
+    c("const unsigned short* wb = ws + buf * C * KLD;");
+    c("const unsigned short* kbuf = ks + buf * C * KLD;");
+    c("unsigned short* ub = us + buf * C * VLD;");
+    c("const float* gb = gam + buf * C;");
+    c("// 1. h = S_0 into the work array (16 bytes a thread at a time); E = U - W S_0: warp w, rows 16 (w % 4),");
+    c("//    columns 32 (w / 4); E into the work array, exp(gamma_last - gamma) E over U.");
+    c("LADLE_UNROLL_1 for (int e = tid; e < BK * 8; e += 256) {  // (unrolled, ptxas spills at 128 registers)");
     c.in();
-    mma_rows("acc", "ws", "KLD", "r0", "ss", "VLD", true, "BK / 16", "8");
-    c("const float last = gam[C - 1];");
-    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+    c("const int row = e / 8, j = e % 8 * 8;");
+    c("ladle_st16(&work_h[(((gc0 + chunk) * H + h) * BK + row) * VPAD + vb * 64 + j], ladle_ld16(&ss[row * VLD + j]));");
+    c.out();
+    c("}");
+    c("{");
+    c.in();
+    c("const int r0 = (warp % 4) * 16, c0 = (warp / 4) * 32;");
+    zero("acc", "4");
+    mma_rows("acc", "wb", "KLD", "r0", "ss", "VLD", true, "BK / 16", "4", "c0");
+    c("const float last = gb[C - 1];");
+    c("LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
     c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-    c("    const int row = r0 + lane / 4 + half * 8, col = nt * 8 + (lane % 4) * 2;");
-    c("    const float e0 = ladle_bf16_float(us[row * VLD + col]) - acc[nt][2 * half];");
-    c("    const float e1 = ladle_bf16_float(us[row * VLD + col + 1]) - acc[nt][2 * half + 1];");
-    c("    const float d = expf(last - gam[row]);");
-    c("    *reinterpret_cast<unsigned*>(&es[row * VLD + col]) = ladle_pack_bf16(e0, e1);");
-    c("    *reinterpret_cast<unsigned*>(&ets[row * VLD + col]) = ladle_pack_bf16(e0 * d, e1 * d);");
+    c("    const int row = r0 + lane / 4 + half * 8, col = c0 + nt * 8 + (lane % 4) * 2;");
+    c("    const float e0 = ladle_bf16_float(ub[row * VLD + col]) - acc[nt][2 * half];");
+    c("    const float e1 = ladle_bf16_float(ub[row * VLD + col + 1]) - acc[nt][2 * half + 1];");
+    c("    const float d = expf(last - gb[row]);");
+    c("    *reinterpret_cast<unsigned*>(&work_e[(base + row) * VPAD + vb * 64 + col]) = ladle_pack_bf16(e0, e1);");
+    c("    *reinterpret_cast<unsigned*>(&ub[row * VLD + col]) = ladle_pack_bf16(e0 * d, e1 * d);");
     c("  }");
     c.out();
     c("}");
     c("__syncthreads();");
-    c("");
-    c("// 3. Warps 0-3: O += P E, stored; warps w < BK / 16: S = exp(gamma_last) S + K^T (exp(gamma_last - gamma) E).");
-    c("if (warp < 4) {");
-    c.in();
-    mma_rows("acc", "ps", "VLD", "r0", "es", "VLD", true, "C / 16", "8");
-    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
-    c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
-    c("    const int row = r0 + lane / 4 + (e >= 2 ? 8 : 0), col = vb * 64 + nt * 8 + (lane % 4) * 2 + (e & 1);");
-    c("    const long long step = chunk * C + row;");
-    c("    if (step >= length || col >= V) continue;");
-    c("    const long long tok = REVERSE ? eos - 1 - step : bos + step;");
-    c("    ladle_store(o + b * o_stride_b + tok * o_stride_t + h * o_stride_h + col * o_stride_d, qscale[row] * acc[nt][e]);");
-    c("  }");
-    c.out();
-    c("}");
+    c("// 2. S = exp(gamma_last) S + K^T (exp(gamma_last - gamma) E): warp w < BK / 16, rows 16w..16w+15.");
     c("if (warp < BK / 16) {");
     c.in();
-    c("const float decay = expf(gam[C - 1]);");
+    c("const float decay = expf(gb[C - 1]);");
     c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt) S[nt][0] *= decay, S[nt][1] *= decay, S[nt][2] *= decay, S[nt][3] *= decay;");
     c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt) {");
     c.in();
     c("unsigned afrag[4];  // K^T: rows are features, the k-dimension tokens");
-    c("ladle_ldmatrix_x4_trans_at(afrag, ladle_shared_address(&ks[(kt * 16 + lane % 8 + (lane / 16) * 8) * KLD + warp * 16 + ((lane / 8) & 1) * 8]));");
+    c("ladle_ldmatrix_x4_trans_at(afrag, ladle_shared_address(&kbuf[(kt * 16 + lane % 8 + (lane / 16) * 8) * KLD + warp * 16 + ((lane / 8) & 1) * 8]));");
     c("LADLE_UNROLL for (int np = 0; np < 4; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&ets[(kt * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]));");
+    c("ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&ub[(kt * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]));");
     c("ladle_mma_bf16(S[2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(S[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();
@@ -450,7 +532,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("}");
     c.out();
     c("}");
-    c("__syncthreads();  // every read of this chunk's tiles and of S_0 is done");
+    c("__syncthreads();  // every read of S_0's copy and of this chunk's buffer is done");
     c("if (warp < BK / 16)");
     c("  LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
     c("    LADLE_UNROLL for (int half = 0; half < 2; ++half)");
@@ -466,6 +548,85 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
       c("      if (row < K && col < V) final_state[((static_cast<long long>(n) * H + h) * K + row) * V + col] = S[nt][e];");
       c("    }");
     }
+  } else {
+    c("unsigned short* qs = reinterpret_cast<unsigned short*>(smem);  // q (features, normalised), [C][KLD]");
+    c("unsigned short* ks = qs + C * KLD;                               // k (normalised), [C][KLD]");
+    c("unsigned short* hs = ks + C * KLD;                               // h = S_0's 64 columns, [BK][VLD]");
+    c("unsigned short* es = hs + BK * VLD;                              // E's 64 columns, [C][VLD]");
+    c("float* gam = reinterpret_cast<float*>(es + C * VLD);");
+    c("float* qscale = gam + C;");
+    c("const long long base = (gc * H + h) * C;");
+    c("// 1. k, h, E and gamma by cp.async; q through its feature map; the scale.");
+    c("for (int e = tid; e < C * BK / 8; e += 128) {");
+    c.in();
+    c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
+    c("ladle_cp_async_16(&ks[p * KLD + i], &work_k[(base + p) * BK + i]);");
+    c.out();
+    c("}");
+    c("for (int e = tid; e < BK * 8; e += 128) {");
+    c.in();
+    c("const int row = e / 8, j = e % 8 * 8;");
+    c("ladle_cp_async_16(&hs[row * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + vb * 64 + j]);");
+    c.out();
+    c("}");
+    c("for (int e = tid; e < C * 8; e += 128) {");
+    c.in();
+    c("const int p = e / 8, j = e % 8 * 8;");
+    c("ladle_cp_async_16(&es[p * VLD + j], &work_e[(base + p) * VPAD + vb * 64 + j]);");
+    c.out();
+    c("}");
+    c("if (tid < C / 4) ladle_cp_async_16(&gam[tid * 4], &work_gamma[base + tid * 4]);");
+    c("ladle_cp_async_commit();");
+    c("if (tid < C) {");
+    c.in();
+    c("const int p = tid;");
+    token_of_row("chunk");
+    c("qscale[p] = " + (has(ir::Slot::scale) ? render(ir::Slot::scale, "") : std::string("1.0f")) + ";");
+    c.out();
+    c("}");
+    stage_tile(ir::Slot::q_feature, "qs", "KLD", "BK", "K", "_i", ir::Role::query);
+    c("ladle_cp_async_wait<0>();");
+    c("__syncthreads();");
+    if (variant.l2_normalize_qk) {
+      l2_rows("qs");
+      c("__syncthreads();");
+    }
+    c("// 2. Warp w, rows 16w..16w+15: P = q k^T (masked, decayed), kept in registers as the A operand of");
+    c("//    P E (an accumulator tile is an A fragment's layout); O = exp(gamma) q h + P E.");
+    c("const int r0 = warp * 16;");
+    zero("acc", "8");
+    mma_rows("acc", "qs", "KLD", "r0", "ks", "KLD", false, "BK / 16", "8");
+    c("unsigned pfrag[C / 16][4];");
+    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+    c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+    c("    const int row = r0 + lane / 4 + half * 8, col = nt * 8 + (lane % 4) * 2;");
+    c("    const float d0 = col <= row ? expf(gam[row] - gam[col]) : 0.0f, d1 = col + 1 <= row ? expf(gam[row] - gam[col + 1]) : 0.0f;");
+    c("    pfrag[nt / 2][(nt % 2) * 2 + half] = ladle_pack_bf16(acc[nt][2 * half] * d0, acc[nt][2 * half + 1] * d1);");
+    c("    acc[nt][2 * half] = acc[nt][2 * half + 1] = 0.0f;");
+    c("  }");
+    mma_rows("acc", "qs", "KLD", "r0", "hs", "VLD", true, "BK / 16", "8");
+    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+    c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) acc[nt][e] *= expf(gam[r0 + lane / 4 + (e >= 2 ? 8 : 0)]);");
+    c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt)");
+    c("  LADLE_UNROLL for (int np = 0; np < 4; ++np) {");
+    c("    unsigned bfrag[4];");
+    c("    ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&es[(kt * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]));");
+    c("    ladle_mma_bf16(acc[2 * np], pfrag[kt], bfrag[0], bfrag[1]);");
+    c("    ladle_mma_bf16(acc[2 * np + 1], pfrag[kt], bfrag[2], bfrag[3]);");
+    c("  }");
+    c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {  // rows lane / 4 and lane / 4 + 8: one address each");
+    c.in();
+    c("const int row = r0 + lane / 4 + half * 8;");
+    c("const long long step = chunk * C + row;");
+    c("if (step >= length) continue;");
+    c("const long long tok = REVERSE ? eos - 1 - step : bos + step;");
+    c("const float factor = qscale[row];");
+    c("auto* const out = o + b * o_stride_b + tok * o_stride_t + h * o_stride_h + static_cast<long long>(vb * 64 + (lane % 4) * 2) * o_stride_d;");
+    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+    c("  LADLE_UNROLL for (int e = 0; e < 2; ++e)");
+    c("    if (vb * 64 + nt * 8 + (lane % 4) * 2 + e < V) ladle_store(out + (nt * 8 + e) * o_stride_d, factor * acc[nt][2 * half + e]);");
+    c.out();
+    c("}");
   }
   c.out();
   c("}");

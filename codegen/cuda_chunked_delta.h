@@ -7,11 +7,13 @@
 // Then o_t = exp(gamma_t) q_t^T S_0 + sum_(s <= t) exp(gamma_t - gamma_s) (q_t . k_s) e_s and the next
 // state is S_C = exp(gamma_C) S_0 + K^T diag(exp(gamma_C - gamma)) E.
 //
-//   prepare (grid: chunks x H, 128 threads): gamma, A by mma.sync, T by forward substitution (one
-//            column a thread, fp32), W and U by mma.sync into work arrays (bf16), gamma (f32).
-//   serial  (grid: ceil(V / 64) x N*H, 256 threads): the state's 64 value columns in registers (fp32),
-//            walking the chunks in order: E = U - W S_0, o (the state's read plus the chunk's masked
-//            q k^T products with E), S_C; every product on the tensor cores (bf16 operands).
+//   prepare (grid: chunks x H, 128 threads): gamma, A by mma.sync, T in 16 x 16 blocks (fp32), W and U
+//            by mma.sync; W, U, k (normalised) into work arrays (bf16), gamma (f32).
+//   states   (grid: ceil(V / 64) x N*H, 256 threads): the only serial pass. The state's 64 value columns
+//            in registers (fp32); each chunk: h = S_0 and E = U - W S_0 into work arrays, then
+//            S_C = exp(gamma_C) S_0 + K^T diag(exp(gamma_C - gamma)) E, the next chunk's tiles in flight.
+//   outputs  (grid: chunks x H x ceil(V / 64), 128 threads): o = exp(gamma) q h + tril(q k^T decayed) E,
+//            every chunk in parallel.
 // q and k pass through their feature maps (and the L2 normalisation) as they are staged; beta, the
 // decay and the scale are the variant's expressions. K <= 128, V <= 256.
 #pragma once
@@ -28,12 +30,15 @@ namespace ladle::cuda {
 
 inline constexpr int chunked_delta_chunk = 64;
 
-enum class ChunkedDeltaPhase { prepare, serial };
+enum class ChunkedDeltaPhase { prepare, states, outputs };
 
 struct ChunkedDeltaSpec : KernelTypes {
   int block_k = 128;   // key rows: 64 or 128, at least K
   int value_pad = 128; // U's row length in the work array: V rounded up to 64 (at most 256)
-  ChunkedDeltaPhase phase = ChunkedDeltaPhase::serial;
+  // q, k and v loaded 8 features (16 bytes) at a time: 16-bit, features contiguous, rows 16-byte
+  // aligned, K and V multiples of 8 (the launcher checks; else element by element).
+  bool vector_loads = false;
+  ChunkedDeltaPhase phase = ChunkedDeltaPhase::states;
 };
 
 struct ChunkedDeltaKernel {
@@ -42,16 +47,19 @@ struct ChunkedDeltaKernel {
   std::vector<KernelParam> params;
   unsigned threads = 0;
   int shared_bytes = 0;  // dynamic shared memory per block
-  int block_v = 64;      // the serial kernel's value columns per block
+  int block_v = 64;      // value columns per block (states, outputs)
 };
 
 // Why the chunked delta kernels cannot run this variant at these sizes (empty: they can).
 std::string chunked_delta_unsupported(const ir::Variant& variant, std::int64_t key_dim, std::int64_t value_dim);
 // The spec's block_k and value_pad for these sizes.
 ChunkedDeltaSpec chunked_delta_spec(const KernelTypes& types, std::int64_t key_dim, std::int64_t value_dim, ChunkedDeltaPhase phase);
-// The work arrays' sizes in elements, for `chunks` chunks (over all sequences) and H heads.
+// The work arrays' sizes in elements, for `chunks` chunks (over all sequences) and H heads: W and k
+// [chunks][H][C][block_k], U and E [chunks][H][C][value_pad], h [chunks][H][block_k][value_pad] (bf16),
+// gamma [chunks][H][C] (f32).
 std::int64_t chunked_delta_w_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads);
 std::int64_t chunked_delta_u_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads);
+std::int64_t chunked_delta_h_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads);
 
 // Throws InvalidArgument for a variant the family does not run or a malformed spec.
 ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const ChunkedDeltaSpec& spec);

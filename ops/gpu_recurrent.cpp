@@ -85,7 +85,7 @@ struct SplitArguments {
   std::uint64_t segments = 0;        // the segmented form: device [S][8] (cuda::ChunkedSegments)
   std::uint64_t segment_states = 0;  // device [S'][H][K][V] f32
   std::uint64_t segment_decay = 0;   // device [S'][H][DL] f32
-  std::uint64_t delta_w = 0, delta_u = 0, delta_gamma = 0;  // the chunked delta rule's work arrays
+  std::uint64_t delta_w = 0, delta_u = 0, delta_k = 0, delta_e = 0, delta_h = 0, delta_gamma = 0;  // the chunked delta rule's work arrays
 };
 
 }  // namespace
@@ -150,6 +150,9 @@ KernelArgs pack_arguments(const std::vector<cuda::KernelParam>& params, const ir
       case Role::segment_decay: packed.add(split.segment_decay); break;
       case Role::delta_w: packed.add(split.delta_w); break;
       case Role::delta_u: packed.add(split.delta_u); break;
+      case Role::delta_k: packed.add(split.delta_k); break;
+      case Role::delta_e: packed.add(split.delta_e); break;
+      case Role::delta_h: packed.add(split.delta_h); break;
       case Role::delta_gamma: packed.add(split.delta_gamma); break;
       case Role::input_tensor_map: packed.add(encode_tensor_map(attention_tensor_map(*view, p.box_rows))); break;
     }
@@ -474,8 +477,9 @@ CompiledDelta compile_delta(const ir::Variant& variant, const cuda::ChunkedDelta
 }
 
 std::string delta_spec_key(const ir::Variant& variant, const cuda::ChunkedDeltaSpec& spec, const std::string& arch) {
-  std::string key = ir::hash_hex(variant) + "|" + arch + "|delta|" + (spec.phase == cuda::ChunkedDeltaPhase::prepare ? "prepare" : "serial") +
-                    fmt::format("|{}|{}", spec.block_k, spec.value_pad);
+  const char* phase = spec.phase == cuda::ChunkedDeltaPhase::prepare ? "prepare" : spec.phase == cuda::ChunkedDeltaPhase::states ? "states" : "outputs";
+  std::string key = ir::hash_hex(variant) + "|" + arch + "|delta|" + phase +
+                    fmt::format("|{}|{}|{}", spec.block_k, spec.value_pad, spec.vector_loads);
   for (ElementType t : spec.input_types) key += element_type_name(t);
   key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse, spec.varlen,
                      element_type_name(spec.cu_seqlens_type), spec.initial_state, element_type_name(spec.initial_state_type),
@@ -499,40 +503,55 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   }
   const std::int64_t chunks = chunk_offsets.back();
   const cuda::KernelTypes types = kernel_types(variant, bound, options);
-  const cuda::ChunkedDeltaSpec prepare =
-      cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::prepare);
-  const cuda::ChunkedDeltaSpec serial = cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::serial);
+  cuda::ChunkedDeltaSpec prepare = cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::prepare);
+  // 16-byte loads of q, k and v where each row of 8 features is 16 contiguous, aligned bytes.
+  bool vector_loads = args.key_dim % 8 == 0 && args.value_dim % 8 == 0;
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    if (variant.inputs[i].role == ir::Role::other) continue;
+    const TensorView& x = args.tensors[i];
+    const bool sixteen = x.type == ElementType::bf16 || x.type == ElementType::f16;
+    const bool aligned = reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.strides[3] == 1 &&
+                         (x.shape[0] == 1 || x.strides[0] % 8 == 0) && x.strides[1] % 8 == 0 && x.strides[2] % 8 == 0;
+    vector_loads = vector_loads && sixteen && aligned;
+  }
+  prepare.vector_loads = vector_loads;
+  cuda::ChunkedDeltaSpec states = prepare, outputs = prepare;
+  states.phase = cuda::ChunkedDeltaPhase::states;
+  outputs.phase = cuda::ChunkedDeltaPhase::outputs;
   const std::string arch = Device::get().properties().arch();
   const auto loaded = [&](const cuda::ChunkedDeltaSpec& spec) -> const auto& {
     return detail::loaded_kernel<cuda::ChunkedDeltaKernel>(delta_spec_key(variant, spec, arch), arch, [&](const std::string& target) {
       return compile_delta(variant, spec, target);
     });
   };
-  const auto& first = loaded(prepare);
-  const auto& second = loaded(serial);
   const auto bytes = [](std::int64_t elements, std::size_t size) { return std::max<std::size_t>(16, static_cast<std::size_t>(elements) * size); };
-  DeviceBuffer w = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_w_elements(prepare, chunks, args.heads), 2), launch.stream);
-  DeviceBuffer u = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_u_elements(prepare, chunks, args.heads), 2), launch.stream);
-  DeviceBuffer gamma = DeviceBuffer::on_stream(bytes(chunks * args.heads * C, 4), launch.stream);
+  const std::int64_t H = args.heads;
+  DeviceBuffer w = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_w_elements(prepare, chunks, H), 2), launch.stream);
+  DeviceBuffer kn = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_w_elements(prepare, chunks, H), 2), launch.stream);
+  DeviceBuffer u = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_u_elements(prepare, chunks, H), 2), launch.stream);
+  DeviceBuffer e = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_u_elements(prepare, chunks, H), 2), launch.stream);
+  DeviceBuffer hs = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_h_elements(prepare, chunks, H), 2), launch.stream);
+  DeviceBuffer gamma = DeviceBuffer::on_stream(bytes(chunks * H * C, 4), launch.stream);
   DeviceBuffer device_offsets;
   SplitArguments work;
   work.sequences = N;
-  work.delta_w = w.device_ptr(), work.delta_u = u.device_ptr(), work.delta_gamma = gamma.device_ptr();
+  work.delta_w = w.device_ptr(), work.delta_u = u.device_ptr(), work.delta_k = kn.device_ptr();
+  work.delta_e = e.device_ptr(), work.delta_h = hs.device_ptr(), work.delta_gamma = gamma.device_ptr();
   if (!args.cu_seqlens.empty()) {
     device_offsets = DeviceBuffer::on_stream(chunk_offsets.size() * sizeof(std::int64_t), launch.stream);
     device_offsets.copy_from_host(chunk_offsets.data(), device_offsets.bytes(), 0, launch.stream);
     work.chunk_offsets = device_offsets.device_ptr();
   }
-  if (chunks > 0) {
-    KernelArgs packed = pack_arguments(first.kernel.params, variant, args, offsets, work);
-    first.function->launch({static_cast<unsigned>(chunks), static_cast<unsigned>(args.heads), 1}, {first.kernel.threads, 1, 1}, packed,
-                           static_cast<unsigned>(first.kernel.shared_bytes), launch.stream);
-  }
+  const auto run = [&](const cuda::ChunkedDeltaSpec& spec, unsigned x, unsigned y, unsigned z) {
+    const auto& kernel = loaded(spec);
+    KernelArgs packed = pack_arguments(kernel.kernel.params, variant, args, offsets, work);
+    kernel.function->launch({x, y, z}, {kernel.kernel.threads, 1, 1}, packed, static_cast<unsigned>(kernel.kernel.shared_bytes), launch.stream);
+  };
+  const unsigned value_blocks = static_cast<unsigned>((args.value_dim + 63) / 64);
+  if (chunks > 0) run(prepare, static_cast<unsigned>(chunks), static_cast<unsigned>(H), 1);
   // Sequences with no chunks still pass their initial state to their final state.
-  KernelArgs packed = pack_arguments(second.kernel.params, variant, args, offsets, work);
-  second.function->launch({static_cast<unsigned>((args.value_dim + second.kernel.block_v - 1) / second.kernel.block_v),
-                           static_cast<unsigned>(N * args.heads), 1},
-                          {second.kernel.threads, 1, 1}, packed, static_cast<unsigned>(second.kernel.shared_bytes), launch.stream);
+  run(states, value_blocks, static_cast<unsigned>(N * H), 1);
+  if (chunks > 0) run(outputs, static_cast<unsigned>(chunks), static_cast<unsigned>(H), value_blocks);
   if (!args.cu_seqlens.empty()) {
     if (launch.stream) launch.stream->synchronize();  // the chunk offsets are freed on return
     else Device::get().synchronize();

@@ -113,6 +113,9 @@ struct SplitArguments {
   float* segment_decay = nullptr;
   void* delta_w = nullptr;  // the chunked delta rule's work arrays
   void* delta_u = nullptr;
+  void* delta_k = nullptr;
+  void* delta_e = nullptr;
+  void* delta_h = nullptr;
   float* delta_gamma = nullptr;
 };
 
@@ -160,6 +163,9 @@ class Arguments {
         case Role::segment_decay: push(static_cast<const void*>(split.segment_decay)); break;
         case Role::delta_w: push(static_cast<const void*>(split.delta_w)); break;
         case Role::delta_u: push(static_cast<const void*>(split.delta_u)); break;
+        case Role::delta_k: push(static_cast<const void*>(split.delta_k)); break;
+        case Role::delta_e: push(static_cast<const void*>(split.delta_e)); break;
+        case Role::delta_h: push(static_cast<const void*>(split.delta_h)); break;
         case Role::delta_gamma: push(static_cast<const void*>(split.delta_gamma)); break;
         case Role::input_tensor_map: push(describe_tensor_map(gpu::attention_tensor_map(*view, p.box_rows))); break;
       }

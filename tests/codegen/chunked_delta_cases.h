@@ -12,8 +12,11 @@ namespace chunked_delta_cases {
 
 struct Case {
   cuda_cases::Case c;
+  bool vector_loads = false;  // q, k, v 16 bytes at a time (16-bit, contiguous, K and V multiples of 8)
   ladle::cuda::ChunkedDeltaSpec spec(ladle::cuda::ChunkedDeltaPhase phase) const {
-    return ladle::cuda::chunked_delta_spec(c.spec, c.K, c.V, phase);
+    ladle::cuda::ChunkedDeltaSpec s = ladle::cuda::chunked_delta_spec(c.spec, c.K, c.V, phase);
+    s.vector_loads = vector_loads;
+    return s;
   }
 };
 
@@ -24,9 +27,16 @@ inline std::vector<Case> all() {
     if (c.cu_seqlens.empty()) c.T = 150, c.B = 2;
     else c.cu_seqlens = {0, 70, 70, 200}, c.T = 200;
     cases.push_back({c});
+    // The same with 16-byte loads where the case allows them (the tensors are contiguous).
+    const bool sixteen = c.spec.input_types[0] != ladle::ElementType::f32;
+    if (sixteen && c.K % 8 == 0 && c.V % 8 == 0) {
+      c.name += ", 16-byte loads";
+      cases.push_back({c, true});
+    }
   }
   {  // V over two serial blocks and a partial third, K between 64 and 128
     Case wide = cases.front();
+    wide.vector_loads = false;
     wide.c.name = "delta rule, K=72 V=150 (three value blocks), states";
     wide.c.K = 72, wide.c.V = 150, wide.c.T = 70, wide.c.H = 2, wide.c.H_kv = 1;
     cases.push_back(wide);

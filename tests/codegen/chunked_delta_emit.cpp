@@ -30,10 +30,11 @@ int main(int argc, char** argv) {
     const auto& c = cases[i].c;
     table += "    {" + emit(ladle::cuda::generate_chunked_delta(c.variant, cases[i].spec(ChunkedDeltaPhase::prepare)),
                             "prepare_" + std::to_string(i)) +
-             ", " + emit(ladle::cuda::generate_chunked_delta(c.variant, cases[i].spec(ChunkedDeltaPhase::serial)), "serial_" + std::to_string(i)) +
+             ", " + emit(ladle::cuda::generate_chunked_delta(c.variant, cases[i].spec(ChunkedDeltaPhase::states)), "states_" + std::to_string(i)) +
+             ", " + emit(ladle::cuda::generate_chunked_delta(c.variant, cases[i].spec(ChunkedDeltaPhase::outputs)), "outputs_" + std::to_string(i)) +
              "},\n";
   }
-  out << "struct EmulatedDelta { EmulatedKernel prepare, serial; };\n";
+  out << "struct EmulatedDelta { EmulatedKernel prepare, states, outputs; };\n";
   out << "static const EmulatedDelta emulated_delta[] = {\n" << table << "};\n";
   return out ? 0 : 1;
 }

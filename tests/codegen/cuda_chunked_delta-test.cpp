@@ -28,14 +28,15 @@ TEST_CASE("chunked delta: every case on the host emulation computes what the CPU
   REQUIRE(std::size(emulated_delta) == cases.size());
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const cuda_cases::Case& c = cases[i].c;
-    const cuda::ChunkedDeltaSpec prepare = cases[i].spec(ChunkedDeltaPhase::prepare), serial = cases[i].spec(ChunkedDeltaPhase::serial);
-    const cuda::ChunkedDeltaKernel first = cuda::generate_chunked_delta(c.variant, prepare);
-    const cuda::ChunkedDeltaKernel second = cuda::generate_chunked_delta(c.variant, serial);
-    INFO(c.name << " (" << first.name << ", " << second.name << ")");
+    const cuda::ChunkedDeltaKernel first = cuda::generate_chunked_delta(c.variant, cases[i].spec(ChunkedDeltaPhase::prepare));
+    const cuda::ChunkedDeltaKernel second = cuda::generate_chunked_delta(c.variant, cases[i].spec(ChunkedDeltaPhase::states));
+    const cuda::ChunkedDeltaKernel third = cuda::generate_chunked_delta(c.variant, cases[i].spec(ChunkedDeltaPhase::outputs));
+    const cuda::ChunkedDeltaSpec prepare = cases[i].spec(ChunkedDeltaPhase::prepare);
+    INFO(c.name << " (" << first.name << ", " << second.name << ", " << third.name << ")");
     REQUIRE(first.name == emulated_delta[i].prepare.name);
-    REQUIRE(second.name == emulated_delta[i].serial.name);
-    REQUIRE(first.shared_bytes <= int(cuda_emulation::dynamic_shared_bytes));
-    REQUIRE(second.shared_bytes <= int(cuda_emulation::dynamic_shared_bytes));
+    REQUIRE(second.name == emulated_delta[i].states.name);
+    REQUIRE(third.name == emulated_delta[i].outputs.name);
+    for (const auto* kernel : {&first, &second, &third}) REQUIRE(kernel->shared_bytes <= int(cuda_emulation::dynamic_shared_bytes));
     const Errors errors = emulated_against_cpu(c, 4000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
       const std::int64_t C = cuda::chunked_delta_chunk;
       std::vector<std::int64_t> offsets{0};
@@ -46,21 +47,29 @@ TEST_CASE("chunked delta: every case on the host emulation computes what the CPU
           offsets.push_back(offsets.back() + (c.cu_seqlens[n + 1] - c.cu_seqlens[n] + C - 1) / C);
       }
       const std::int64_t chunks = offsets.back();
-      // Poisoned work arrays: a row the prepare kernel does not write stands out.
-      std::vector<unsigned short> w(static_cast<std::size_t>(cuda::chunked_delta_w_elements(prepare, chunks, c.H)), 0x7fc0);
-      std::vector<unsigned short> u(static_cast<std::size_t>(cuda::chunked_delta_u_elements(prepare, chunks, c.H)), 0x7fc0);
+      // Poisoned work arrays (bf16 NaN): a row a kernel should write and does not stands out.
+      const auto bf16s = [](std::int64_t n) { return std::vector<unsigned short>(static_cast<std::size_t>(n), 0x7fc0); };
+      std::vector<unsigned short> w = bf16s(cuda::chunked_delta_w_elements(prepare, chunks, c.H)), kn = w;
+      std::vector<unsigned short> u = bf16s(cuda::chunked_delta_u_elements(prepare, chunks, c.H)), e = u;
+      std::vector<unsigned short> h = bf16s(cuda::chunked_delta_h_elements(prepare, chunks, c.H));
       std::vector<float> gamma(static_cast<std::size_t>(chunks * c.H * C), std::numeric_limits<float>::quiet_NaN());
       SplitArguments work;
       work.chunk_offsets = offsets.data();
       work.sequences = bound.sequences;
-      work.delta_w = w.data(), work.delta_u = u.data(), work.delta_gamma = gamma.data();
+      work.delta_w = w.data(), work.delta_u = u.data(), work.delta_k = kn.data(), work.delta_e = e.data(), work.delta_h = h.data();
+      work.delta_gamma = gamma.data();
+      const unsigned value_blocks = static_cast<unsigned>((c.V + 63) / 64);
       Arguments first_args(first.params, c, gpu_run.args, work);
       if (chunks > 0)
         cuda_emulation::launch(static_cast<unsigned>(chunks), static_cast<unsigned>(c.H), 1, first.threads,
                                [&] { emulated_delta[i].prepare.launch(first_args.data()); });
       Arguments second_args(second.params, c, gpu_run.args, work);
-      cuda_emulation::launch(static_cast<unsigned>((c.V + second.block_v - 1) / second.block_v), static_cast<unsigned>(bound.sequences * c.H),
-                             1, second.threads, [&] { emulated_delta[i].serial.launch(second_args.data()); });
+      cuda_emulation::launch(value_blocks, static_cast<unsigned>(bound.sequences * c.H), 1, second.threads,
+                             [&] { emulated_delta[i].states.launch(second_args.data()); });
+      Arguments third_args(third.params, c, gpu_run.args, work);
+      if (chunks > 0)
+        cuda_emulation::launch(static_cast<unsigned>(chunks), static_cast<unsigned>(c.H), value_blocks, third.threads,
+                               [&] { emulated_delta[i].outputs.launch(third_args.data()); });
     });
     // bf16 operands on the tensor cores (q, k, W, U, the state's copy), fp32 accumulation and state.
     CHECK(errors.o < 2e-2);
@@ -73,13 +82,15 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
   cuda::KernelTypes types;
   types.input_types.assign(gated.inputs.size(), ElementType::bf16);
   types.output_type = ElementType::bf16;
-  const cuda::ChunkedDeltaSpec serial = cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::serial);
+  const cuda::ChunkedDeltaSpec serial = cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::states);
   CHECK(serial.block_k == 128);
   CHECK(serial.value_pad == 128);
   CHECK(cuda::chunked_delta_spec(types, 40, 300, ChunkedDeltaPhase::prepare).block_k == 64);
   const cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(gated, serial);
-  CHECK_THAT(kernel.source, Catch::StartsWith("// ladle: chunked delta rule, serial kernel " + kernel.name));
+  CHECK_THAT(kernel.source, Catch::StartsWith("// ladle: chunked delta rule, states kernel " + kernel.name));
   CHECK_THAT(kernel.source, Catch::Contains("E = U - W S_0"));
+  CHECK_THAT(cuda::generate_chunked_delta(gated, cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::outputs)).source,
+             Catch::Contains("o = scale (exp(gamma) q h + tril(q k^T exp(gamma_t - gamma_s)) E)"));
   CHECK_THAT(kernel.source, Catch::Contains("the gated delta rule"));
   CHECK_THAT(kernel.source, Catch::Contains("ladle_mma_bf16("));
   CHECK(kernel.threads == 256);
@@ -100,13 +111,13 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
   CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("input_types"));
   cuda::KernelTypes rwkv_types;
   rwkv_types.input_types.assign(rwkv6_variant().inputs.size(), ElementType::bf16);
-  CHECK_THROWS_WITH(cuda::generate_chunked_delta(rwkv6_variant(), cuda::chunked_delta_spec(rwkv_types, 64, 64, ChunkedDeltaPhase::serial)),
+  CHECK_THROWS_WITH(cuda::generate_chunked_delta(rwkv6_variant(), cuda::chunked_delta_spec(rwkv_types, 64, 64, ChunkedDeltaPhase::states)),
                     Catch::Contains("the delta rule only"));
 }
 
 TEST_CASE("chunked delta: NVRTC compiles both kernels for sm_80 and sm_90a without spills", "[codegen][chunked_delta][nvrtc]") {
   for (const auto& dc : chunked_delta_cases::all()) {
-    for (ChunkedDeltaPhase phase : {ChunkedDeltaPhase::prepare, ChunkedDeltaPhase::serial}) {
+    for (ChunkedDeltaPhase phase : {ChunkedDeltaPhase::prepare, ChunkedDeltaPhase::states, ChunkedDeltaPhase::outputs}) {
       const cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(dc.c.variant, dc.spec(phase));
       for (const char* arch : {"sm_80", "sm_90a"}) {
         INFO(dc.c.name << " " << kernel.name << " " << arch);
@@ -118,7 +129,10 @@ TEST_CASE("chunked delta: NVRTC compiles both kernels for sm_80 and sm_90a witho
         INFO(usage->registers << " registers, " << usage->spill_store_bytes << " bytes spilled");
         CHECK(usage->spill_store_bytes == 0);
         CHECK(usage->spill_load_bytes == 0);
-        if (phase == ChunkedDeltaPhase::prepare) CHECK(usage->registers <= 255);  // two blocks of 128 threads an SM
+        // Blocks an SM: prepare 2 (128 threads), states 2 (256), outputs 3 (128): launch bounds and shared memory.
+        const int blocks = phase == ChunkedDeltaPhase::outputs ? 3 : 2;
+        CHECK(usage->registers * int(kernel.threads) * blocks <= 65536);
+        CHECK(kernel.shared_bytes * blocks <= 227 * 1024);
       }
     }
   }

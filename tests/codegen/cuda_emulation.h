@@ -3,7 +3,7 @@
 // __shared__ arrays are static (blocks run one after another), dynamic shared memory is a
 // buffer per block, and the 16-bit helpers are the host ones. The warp-wide tensor-core
 // operations of the chunked and attention families (ldmatrix, mma.sync m16n8k16 with bf16 or
-// f16 operands, __shfl_xor_sync) are emulated through a per-warp exchange: every lane posts
+// f16 operands, __shfl_xor_sync, __shfl_up_sync) are emulated through a per-warp exchange: every lane posts
 // its operands, a 32-thread barrier, every lane computes its own fragment of the result
 // exactly as the PTX ISA defines the fragment layouts. cp.async copies at once (a valid
 // schedule: the ISA only promises completion by the matching wait_group). Hopper's
@@ -244,6 +244,16 @@ inline float shfl_xor(float value, int lane_mask) {
   x.barrier.arrive_and_wait();
   return other;
 }
+// __shfl_up_sync over the full warp: lane l reads the value lane l - delta posted (its own below delta).
+inline float shfl_up(float value, unsigned delta) {
+  WarpExchange& x = *warp_exchange;
+  const unsigned l = lane();
+  x.value[l] = value;
+  x.barrier.arrive_and_wait();
+  const float other = x.value[l >= delta ? l - delta : l];
+  x.barrier.arrive_and_wait();
+  return other;
+}
 // __any_sync over the full warp: whether any lane posted true.
 inline bool any(bool value) {
   WarpExchange& x = *warp_exchange;
@@ -259,6 +269,7 @@ inline bool ladle_warp_any(bool value) { return cuda_emulation::any(value); }
 inline int ladle_warp_uniform(int x) { return x; }  // the kernels pass values every lane holds alike
 // __syncwarp over the full warp: every lane arrives before any goes on.
 inline void __syncwarp(unsigned /*full mask*/ = 0xffffffffu) { cuda_emulation::warp_exchange->barrier.arrive_and_wait(); }
+inline float __shfl_up_sync(unsigned /*full mask*/, float value, unsigned delta) { return cuda_emulation::shfl_up(value, delta); }
 inline float __shfl_xor_sync(unsigned /*full mask*/, float value, int lane_mask) {
   return cuda_emulation::shfl_xor(value, lane_mask);
 }
