@@ -3,7 +3,7 @@
 # B8 T4096 H16 K=V=128 bf16 (ladle-bench-recurrent, device tensors, CUDA events; --algo given,
 # default recurrent), Nsight Compute on ladle's gated delta rule kernel, and fla 0.6's chunk and
 # fused-recurrent kernels of the same ops (bench/fla_bench.py). Needs .deps and .whl carried.
-#   bash bench/update-forms.sh [tests] [bench] [ncu] [fla]     (no argument: all four)
+#   bash bench/update-forms.sh [tests] [sanitizer] [bench] [ncu] [fla]     (no argument: all but sanitizer)
 set -u
 steps=${*:-tests bench ncu fla}
 algos=${LADLE_ALGO:-chunked recurrent}
@@ -17,6 +17,9 @@ for step in $steps; do
     tests)
       echo "== ops-update_forms (CPU and GPU backends)"
       timeout 300 "$build/tests/ops-update_forms" 2>&1 | tail -4 ;;
+    sanitizer)
+      echo "== compute-sanitizer memcheck: ops-update_forms [chunked]"
+      LADLE_AUTOTUNE=heuristic timeout 400 compute-sanitizer --tool memcheck --print-limit 5 "$build/tests/ops-update_forms" "[chunked]" 2>&1 | tail -4 ;;
     bench)
       for algo in $algos; do
         echo "== ladle, --algo $algo, $shape"
@@ -30,9 +33,9 @@ for step in $steps; do
       algo=${algos%% *}
       echo "== ncu: ladle gated_delta_rule, --algo $algo"
       LADLE_AUTOTUNE=heuristic timeout 200 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-        --kernel-name regex:ladle_ -c 4 "$bench" --algo "$algo" --op gated_delta_rule -B "$B" -T "$T" -H "$H" -K "$K" -V "$V" --reps 1 \
+        --kernel-name regex:ladle_ -c 3 "$bench" --algo "$algo" --op gated_delta_rule -B "$B" -T "$T" -H "$H" -K "$K" -V "$V" --reps 1 \
         > /tmp/update-forms-ncu.txt 2>&1
-      grep -E "ladle_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Compute \(SM\)|Memory Throughput|Warp Cycles Per Issued|Stall|Grid Size|Block Size|Shared Memory Configuration Size|Dynamic Shared" /tmp/update-forms-ncu.txt | head -60 ;;
+      grep -E "ladle_|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued" /tmp/update-forms-ncu.txt | head -40 ;;
     fla)
       echo "== fla"
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /tmp/fla-install.log 2>&1 || tail -5 /tmp/fla-install.log
