@@ -1,9 +1,9 @@
 // ladle-dump: shows everything ladle generates for a kernel: the CUDA source, the PTX,
 // the resource usage ptxas reported, the cache entry, and the SASS when cuobjdump exists.
 //   ladle-dump kernel.cu [--arch sm_90a] [--sass] [--only source|ptx|resources|path]
-//   ladle-dump --op gla|recurrent [--gates g,gk,gv,g_gamma] [--dtype bf16] [-K 128 -V 128]
+//   ladle-dump --op gla|recurrent|delta_rule|gated_delta_rule|rwkv6 [--gates g,gk,gv,g_gamma|l2norm] [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
-//              [--reverse] [--varlen] [--states]   (the generated kernel)
+//              [--reverse] [--varlen] [--states]   (the generated kernel; the delta rules' chunked form: its three)
 //              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers;
 //                              with --op attention: prep and main, sm_90a)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <ladle/codegen/cuda_chunked_delta.h>
 #include <ladle/ops/attention.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_attention.h>
@@ -89,9 +90,10 @@ int main(int argc, char** argv) {
   bool reverse = false, varlen = false, states = false, segmented = false, backward = false;
   auto* file_option = app.add_option("file", file, "a CUDA C++ source file (.cu)")->check(CLI::ExistingFile);
   auto* op_option = app.add_option("--op", op, "show the kernel ladle generates for an op")
-                        ->check(CLI::IsMember({"gla", "recurrent", "attention"}));
+                        ->check(CLI::IsMember({"gla", "recurrent", "delta_rule", "gated_delta_rule", "rwkv6", "attention"}));
   file_option->excludes(op_option);
-  app.add_option("--gates", gates, "recurrent: comma-separated gates among g,gk,gv,g_gamma; gla: g_gamma adds it");
+  app.add_option("--gates", gates, "recurrent: comma-separated gates among g,gk,gv,g_gamma; gla: g_gamma adds it; "
+                                  "delta_rule, gated_delta_rule: l2norm (q and k L2-normalised in the kernel)");
   app.add_option("--dtype", dtype, "input and output dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("-K", key_dim, "key head dim");
   app.add_option("-V", value_dim, "value head dim");
@@ -220,6 +222,22 @@ int main(int argc, char** argv) {
           programs.push_back(ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), arch).program);
         program = ladle::gpu::compile_backward_helpers(arch);
         tile_name = "(backward: one thread per feature, blocks of " + std::to_string(ladle::cuda::backward_chunk) + " steps)";
+      } else if (algo == "chunked" && variant.update == ladle::ir::Update::delta) {
+        // The delta rule's chunked form: its three kernels (codegen/cuda_chunked_delta.h), as the library
+        // runs them for contiguous 16-bit q, k and v (16-byte loads).
+        if (const std::string why = ladle::cuda::chunked_delta_unsupported(variant, key_dim, value_dim); !why.empty())
+          throw ladle::InvalidArgument("ladle-dump: --algo chunked: " + why);
+        ladle::cuda::ChunkedDeltaSpec spec = ladle::cuda::chunked_delta_spec(types, key_dim, value_dim, ladle::cuda::ChunkedDeltaPhase::prepare);
+        spec.vector_loads = type != ladle::ElementType::f32 && key_dim % 8 == 0 && value_dim % 8 == 0;
+        for (auto phase : {ladle::cuda::ChunkedDeltaPhase::prepare, ladle::cuda::ChunkedDeltaPhase::states, ladle::cuda::ChunkedDeltaPhase::outputs}) {
+          spec.phase = phase;
+          const ladle::cuda::ChunkedDeltaKernel kernel = ladle::cuda::generate_chunked_delta(variant, spec);
+          ladle::CompileOptions options;
+          options.arch = arch;
+          options.program_name = kernel.name + ".cu";
+          (phase == ladle::cuda::ChunkedDeltaPhase::outputs ? program : programs.emplace_back()) = ladle::compile(kernel.source, options);
+        }
+        tile_name = "(chunk 64, block_k " + std::to_string(spec.block_k) + ", 64 value columns a block)";
       } else if (algo == "chunked") {
         ladle::cuda::ChunkedKernelSpec spec;
         static_cast<ladle::cuda::KernelTypes&>(spec) = types;
@@ -259,7 +277,7 @@ int main(int argc, char** argv) {
         spec.tile = ladle::cuda::default_tile(key_dim, value_dim);
         if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d", &spec.tile.block_k, &spec.tile.block_v, &spec.tile.warps) != 3)
           throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_k,block_v,warps");
-        if (auto problems = ladle::cuda::validate_tile(spec.tile, key_dim, value_dim); !problems.empty())
+        if (auto problems = ladle::cuda::validate_tile(spec.tile, key_dim, value_dim, variant); !problems.empty())
           throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
         program = ladle::gpu::compile_recurrent(variant, spec, arch).program;
         tile_name = ladle::cuda::to_string(spec.tile);
