@@ -99,7 +99,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   // Shared memory (bf16 tiles padded by 8 elements a row, so that ldmatrix's 8 rows hit 8 bank groups).
   const int KLD = BK + 8, VLD = 72, ALD = C + 1, TLD = C + 8, PVLD = spec.value_pad + 8;
   if (prepare)
-    kernel.shared_bytes = 2 * (2 * C * KLD + C * PVLD + C * TLD) + 4 * (2 * C * ALD + 4 * C);
+    kernel.shared_bytes = 2 * (C * KLD + 2 * C * TLD) + std::max(4 * 2 * C * ALD, 2 * C * PVLD) + 4 * 4 * C;
   else if (states)
     kernel.shared_bytes = 2 * (2 * (2 * C * KLD + C * VLD) + BK * VLD) + 4 * 2 * C;
   else
@@ -126,7 +126,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
 
   Code c;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers);
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kernel.threads) + (states ? ", 2) " : prepare ? ", 2) " : ", 3) ") +
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kernel.threads) + (states ? ", 2) " : ", 3) ") +
     kernel.name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
@@ -284,13 +284,15 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   const std::string beta_expr = has(ir::Slot::write_strength) ? render(ir::Slot::write_strength, "") : std::string("1.0f");
 
   if (prepare) {
+    c("// A and T in fp32 share their space with v, which is staged once T is solved (three blocks an SM).");
     c("unsigned short* ks = reinterpret_cast<unsigned short*>(smem);  // k (features, normalised), [C][KLD]");
-    c("unsigned short* tsu = ks + C * KLD;                              // T diag(beta), [C][TLD] (in [C][KLD])");
-    c("unsigned short* vs = tsu + C * KLD;                              // v, [C][PVLD]");
-    c("unsigned short* ts = vs + C * PVLD;                              // T diag(beta exp(gamma)), [C][TLD]");
+    c("unsigned short* tsu = ks + C * KLD;                              // T diag(beta), [C][TLD]");
+    c("unsigned short* ts = tsu + C * TLD;                              // T diag(beta exp(gamma)), [C][TLD]");
     c("float* af = reinterpret_cast<float*>(ts + C * TLD);              // A, [C][ALD]");
     c("float* tf = af + C * ALD;                                        // T in fp32, [C][ALD]");
-    c("float* gs = tf + C * ALD;                                        // g");
+    c("unsigned short* vs = reinterpret_cast<unsigned short*>(af);      // v, [C][PVLD], after the solve");
+    c("float* gs = reinterpret_cast<float*>(smem + " + std::to_string(2 * (C * KLD + 2 * C * TLD) + std::max(4 * 2 * C * ALD, 2 * C * PVLD)) +
+      ");  // g");
     c("float* gam = gs + C;");
     c("float* betas = gam + C;");
     c("float* wfac = betas + C;                                         // beta exp(gamma), W's column factors of T");
@@ -305,7 +307,6 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c.out();
     c("}");
     stage_tile(ir::Slot::k_feature, "ks", "KLD", "BK", "K", "_i", ir::Role::key);
-    stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value);
     c("__syncthreads();");
     c("// 2. gamma_t = g_0 + ... + g_t (past the sequence's end g = 0: gamma stays); k normalised.");
     c("if (tid < C) {  // an inclusive scan by shuffles in each of warps 0 and 1, then warp 1 adds warp 0's total");
@@ -393,6 +394,8 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("*reinterpret_cast<unsigned*>(&tsu[r * TLD + s]) = ladle_pack_bf16(t0 * betas[s], t1 * betas[s + 1]);");
     c.out();
     c("}");
+    c("__syncthreads();  // A and T are read for the last time: v takes their space");
+    stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value);
     c("__syncthreads();");
     c("// 5. W = T (beta exp(gamma) K), U = T (beta V): 64 columns at a time, warp w: rows 16w..16w+15.");
     c("const unsigned short* tsw = ts;");

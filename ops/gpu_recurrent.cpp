@@ -464,6 +464,18 @@ CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedK
 
 namespace {
 
+// The first chunk of each sequence over all of them ([N + 1]; the last entry counts every chunk), for
+// chunks of C tokens.
+std::vector<std::int64_t> first_chunks(const cpu::RecurrentArgs& args, std::int64_t N, std::int64_t C) {
+  std::vector<std::int64_t> out{0};
+  if (args.cu_seqlens.empty()) {
+    out.push_back(N * ((args.tokens + C - 1) / C));
+  } else {
+    for (std::size_t n = 0; n + 1 < args.cu_seqlens.size(); ++n) out.push_back(out.back() + (args.cu_seqlens[n + 1] - args.cu_seqlens[n] + C - 1) / C);
+  }
+  return out;
+}
+
 struct CompiledDelta {
   cuda::ChunkedDeltaKernel kernel;
   CompiledProgram program;
@@ -487,20 +499,14 @@ std::string delta_spec_key(const ir::Variant& variant, const cuda::ChunkedDeltaS
   return key;
 }
 
-// The delta rule's chunked form (codegen/cuda_chunked_delta.h): the prepare kernel over every chunk
-// writes W, U and gamma into work arrays on the call's stream, then the serial kernel walks each
-// sequence's chunks.
+// The delta rule's chunked form (codegen/cuda_chunked_delta.h), three kernels on the call's stream:
+// prepare over every chunk (W, U, k and gamma into work arrays), states (the serial pass over each
+// sequence's chunks: h and E), outputs over every chunk.
 void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, std::uint64_t offsets,
                        const LaunchOptions& launch) {
   const auto& args = bound.args;
   const std::int64_t N = bound.dims.N, C = cuda::chunked_delta_chunk;
-  std::vector<std::int64_t> chunk_offsets{0};
-  if (args.cu_seqlens.empty()) {
-    chunk_offsets.push_back(N * ((args.tokens + C - 1) / C));
-  } else {
-    for (std::size_t n = 0; n + 1 < args.cu_seqlens.size(); ++n)
-      chunk_offsets.push_back(chunk_offsets.back() + (args.cu_seqlens[n + 1] - args.cu_seqlens[n] + C - 1) / C);
-  }
+  const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, C);
   const std::int64_t chunks = chunk_offsets.back();
   const cuda::KernelTypes types = kernel_types(variant, bound, options);
   cuda::ChunkedDeltaSpec prepare = cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::prepare);
@@ -672,14 +678,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     } else {
       // The split form: the state pass writes the state entering every chunk, then every
       // chunk's output is formed in parallel. The per-chunk states live on the call's stream.
-      const int C = spec.tile.chunk;
-      std::vector<std::int64_t> chunk_offsets{0};
-      if (args.cu_seqlens.empty()) {
-        chunk_offsets.push_back(N * ((args.tokens + C - 1) / C));
-      } else {
-        for (std::size_t n = 0; n + 1 < args.cu_seqlens.size(); ++n)
-          chunk_offsets.push_back(chunk_offsets.back() + (args.cu_seqlens[n + 1] - args.cu_seqlens[n] + C - 1) / C);
-      }
+      const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, spec.tile.chunk);
       const std::int64_t chunks = chunk_offsets.back();
       const std::size_t state_bytes = static_cast<std::size_t>(chunks * args.heads * args.key_dim * args.value_dim) *
                                       (spec.tile.state_f32 ? 4 : 2);
