@@ -1,4 +1,4 @@
-// The chunked (tensor-core) forward of the delta rule and the gated delta rule, in two kernels per
+// The chunked (tensor-core) forward of the delta rule and the gated delta rule, in three kernels per
 // call (docs/design.md: more update forms). Within a chunk of C = 64 tokens with cumulative log decay
 // gamma_t = g_1 + ... + g_t, the state's correction e_t = beta_t (v_t - exp(g_t) S_(t-1)^T k_t) solves
 // the unit lower-triangular system

@@ -34,7 +34,7 @@ inline std::vector<Case> all() {
       cases.push_back({c, true});
     }
   }
-  {  // V over two serial blocks and a partial third, K between 64 and 128
+  {  // V over two value blocks and a partial third, K between 64 and 128
     Case wide = cases.front();
     wide.vector_loads = false;
     wide.c.name = "delta rule, K=72 V=150 (three value blocks), states";

@@ -82,11 +82,11 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
   cuda::KernelTypes types;
   types.input_types.assign(gated.inputs.size(), ElementType::bf16);
   types.output_type = ElementType::bf16;
-  const cuda::ChunkedDeltaSpec serial = cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::states);
-  CHECK(serial.block_k == 128);
-  CHECK(serial.value_pad == 128);
+  const cuda::ChunkedDeltaSpec states = cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::states);
+  CHECK(states.block_k == 128);
+  CHECK(states.value_pad == 128);
   CHECK(cuda::chunked_delta_spec(types, 40, 300, ChunkedDeltaPhase::prepare).block_k == 64);
-  const cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(gated, serial);
+  const cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(gated, states);
   CHECK_THAT(kernel.source, Catch::StartsWith("// ladle: chunked delta rule, states kernel " + kernel.name));
   CHECK_THAT(kernel.source, Catch::Contains("E = U - W S_0"));
   CHECK_THAT(cuda::generate_chunked_delta(gated, cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::outputs)).source,
@@ -100,13 +100,13 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
   CHECK_THAT(cuda::chunked_delta_unsupported(gated, 128, 512), Catch::Contains("V = 512"));
   CHECK_THAT(cuda::chunked_delta_unsupported(rwkv6_variant(), 64, 64), Catch::Contains("the delta rule only"));
   CHECK(cuda::chunked_delta_unsupported(gated, 128, 128).empty());
-  cuda::ChunkedDeltaSpec bad = serial;
+  cuda::ChunkedDeltaSpec bad = states;
   bad.block_k = 96;
   CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("block_k = 96, expected 64 or 128"));
-  bad = serial;
+  bad = states;
   bad.value_pad = 100;
   CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("value_pad = 100"));
-  bad = serial;
+  bad = states;
   bad.input_types.pop_back();
   CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("input_types"));
   cuda::KernelTypes rwkv_types;
@@ -115,7 +115,7 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
                     Catch::Contains("the delta rule only"));
 }
 
-TEST_CASE("chunked delta: NVRTC compiles both kernels for sm_80 and sm_90a without spills", "[codegen][chunked_delta][nvrtc]") {
+TEST_CASE("chunked delta: NVRTC compiles the three kernels for sm_80 and sm_90a without spills", "[codegen][chunked_delta][nvrtc]") {
   for (const auto& dc : chunked_delta_cases::all()) {
     for (ChunkedDeltaPhase phase : {ChunkedDeltaPhase::prepare, ChunkedDeltaPhase::states, ChunkedDeltaPhase::outputs}) {
       const cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(dc.c.variant, dc.spec(phase));
