@@ -90,6 +90,7 @@ class Worker {
       cached_[s].resize(static_cast<std::size_t>(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V : K));
     }
     key_.resize(static_cast<std::size_t>(K));
+    correction_.resize(static_cast<std::size_t>(V));
   }
 
   void run(std::int64_t n, std::int64_t h) {
@@ -226,20 +227,21 @@ class Worker {
     if (variant_.update == ir::Update::delta) {
       // S <- a S; S <- S + beta k (v - S^T k)^T; o = q^T S.
       const float beta = has(ir::Slot::write_strength) ? slot(ir::Slot::write_strength)[0] : 1.0f;
-      std::fill(decay_v_.begin(), decay_v_.end(), 0.0f);  // S^T k
+      std::vector<float>& correction = correction_;  // S^T k, then beta (v - S^T k)
+      std::fill(correction.begin(), correction.end(), 0.0f);
       for (std::int64_t i = 0; i < K; ++i) {
         float* row = S + i * V;
         for (std::int64_t j = 0; j < V; ++j) {
           row[j] *= head_decay;
-          decay_v_[j] += key_[i] * row[j];
+          correction[j] += key_[i] * row[j];
         }
       }
-      for (std::int64_t j = 0; j < V; ++j) decay_v_[j] = beta * (v[j] - decay_v_[j]);
+      for (std::int64_t j = 0; j < V; ++j) correction[j] = beta * (v[j] - correction[j]);
       for (std::int64_t i = 0; i < K; ++i) {
         float* row = S + i * V;
         const float ki = key_[i], qi = query_[i];
         for (std::int64_t j = 0; j < V; ++j) {
-          row[j] += ki * decay_v_[j];
+          row[j] += ki * correction[j];
           out_[j] += qi * row[j];
         }
       }
@@ -267,7 +269,7 @@ class Worker {
   const RecurrentArgs& args_;
   const Programs& programs_;
   TokenLoader loader_;
-  std::vector<float> state_, normaliser_, scratch_, decay_k_, decay_v_, query_, out_, key_;
+  std::vector<float> state_, normaliser_, scratch_, decay_k_, decay_v_, query_, out_, key_, correction_;
   std::array<std::vector<float>, ir::slot_count> cached_;
 };
 

@@ -8,6 +8,8 @@
 namespace ladle::ops {
 
 VariantInputs named_inputs(const TensorView& q, const RecurrentOptions& options);
+// The read scale every named recurrent op takes: `scale`, else 1/sqrt(K) (K: q's last dim).
+float default_scale(const TensorView& q, std::optional<float> scale);
 RunOptions run_options(const RecurrentOptions& options);
 
 }  // namespace ladle::ops

@@ -105,9 +105,13 @@ VariantInputs named_inputs(const TensorView& q, const RecurrentOptions& options)
   if (options.gk) inputs.tensors.emplace("gk", *options.gk);
   if (options.gv) inputs.tensors.emplace("gv", *options.gv);
   if (options.g_gamma) inputs.tensors.emplace("g_gamma", *options.g_gamma);
-  const float k_dim = q.rank() > 0 && q.shape.back() > 0 ? static_cast<float>(q.shape.back()) : 1.0f;
-  inputs.scalars.emplace("scale", options.scale.value_or(1.0f / std::sqrt(k_dim)));
+  inputs.scalars.emplace("scale", default_scale(q, options.scale));
   return inputs;
+}
+
+float default_scale(const TensorView& q, std::optional<float> scale) {
+  const float k_dim = q.rank() > 0 && q.shape.back() > 0 ? static_cast<float>(q.shape.back()) : 1.0f;
+  return scale.value_or(1.0f / std::sqrt(k_dim));
 }
 
 RunOptions run_options(const RecurrentOptions& options) {

@@ -5,6 +5,8 @@
 #include <ladle/dsl/dsl.h>
 #include <ladle/runtime/error.h>
 
+#include "named_op.h"
+
 namespace ladle {
 
 namespace {
@@ -23,8 +25,7 @@ VariantInputs inputs_of(const TensorView& q, const UpdateFormOptions& options,
                         std::initializer_list<std::pair<const char*, const TensorView*>> tensors) {
   VariantInputs inputs;
   for (const auto& [name, view] : tensors) inputs.tensors.emplace(name, *view);
-  const float k_dim = q.rank() > 0 && q.shape.back() > 0 ? static_cast<float>(q.shape.back()) : 1.0f;
-  inputs.scalars.emplace("scale", options.scale.value_or(1.0f / std::sqrt(k_dim)));
+  inputs.scalars.emplace("scale", ops::default_scale(q, options.scale));
   return inputs;
 }
 
