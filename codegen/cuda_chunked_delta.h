@@ -12,8 +12,8 @@
 //   states   (grid: ceil(V / 64) x N*H, 256 threads): the only serial pass. The state's 64 value columns
 //            in registers (fp32); each chunk: h = S_0 and E = U - W S_0 into work arrays, then
 //            S_C = exp(gamma_C) S_0 + K^T diag(exp(gamma_C - gamma)) E, the next chunk's tiles in flight.
-//   outputs  (grid: chunks x H x ceil(V / 64), 128 threads): o = exp(gamma) q h + tril(q k^T decayed) E,
-//            every chunk in parallel.
+//   outputs  (grid: chunks x H x ceil(V / 128), 256 threads; V <= 64: ceil(V / 64), 128): o = exp(gamma) q h
+//            + tril(q k^T decayed) E, every chunk in parallel, q and k staged once for 128 value columns.
 // q and k pass through their feature maps (and the L2 normalisation) as they are staged; beta, the
 // decay and the scale are the variant's expressions. K <= 128, V <= 256.
 #pragma once
@@ -47,7 +47,8 @@ struct ChunkedDeltaKernel {
   std::vector<KernelParam> params;
   unsigned threads = 0;
   int shared_bytes = 0;  // dynamic shared memory per block
-  int block_v = 64;      // value columns per block (states, outputs)
+  int block_v = 64;      // value columns per block (states 64; outputs 128 where V > 64, else 64)
+  int blocks_per_sm = 3; // what the launch bounds promise (and the shared memory allows)
 };
 
 // Why the chunked delta kernels cannot run this variant at these sizes (empty: they can).

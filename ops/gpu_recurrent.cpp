@@ -557,7 +557,8 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   if (chunks > 0) run(prepare, static_cast<unsigned>(chunks), static_cast<unsigned>(H), 1);
   // Sequences with no chunks still pass their initial state to their final state.
   run(states, value_blocks, static_cast<unsigned>(N * H), 1);
-  if (chunks > 0) run(outputs, static_cast<unsigned>(chunks), static_cast<unsigned>(H), value_blocks);
+  const auto output_blocks = static_cast<unsigned>((args.value_dim + loaded(outputs).kernel.block_v - 1) / loaded(outputs).kernel.block_v);
+  if (chunks > 0) run(outputs, static_cast<unsigned>(chunks), static_cast<unsigned>(H), output_blocks);
   if (!args.cu_seqlens.empty()) {
     if (launch.stream) launch.stream->synchronize();  // the chunk offsets are freed on return
     else Device::get().synchronize();

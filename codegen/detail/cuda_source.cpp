@@ -105,8 +105,10 @@ const char* const storage_helpers = R"(#ifndef LADLE_UNROLL
 struct alignas(16) ladle_f4 { float x, y, z, w; };
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 __device__ __forceinline__ ladle_f4 ladle_ld4(const float* p) { return *reinterpret_cast<const ladle_f4*>(p); }
+__device__ __forceinline__ void ladle_st4(float* p, ladle_f4 v) { *reinterpret_cast<ladle_f4*>(p) = v; }
 #else
 inline ladle_f4 ladle_ld4(const float* p) { return ladle_f4{p[0], p[1], p[2], p[3]}; }
+inline void ladle_st4(float* p, ladle_f4 v) { p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w; }
 #endif
 #endif
 #ifndef LADLE_RECURRENT_HELPERS

@@ -68,7 +68,7 @@ TEST_CASE("chunked delta: every case on the host emulation computes what the CPU
                              [&] { emulated_delta[i].states.launch(second_args.data()); });
       Arguments third_args(third.params, c, gpu_run.args, work);
       if (chunks > 0)
-        cuda_emulation::launch(static_cast<unsigned>(chunks), static_cast<unsigned>(c.H), value_blocks, third.threads,
+        cuda_emulation::launch(static_cast<unsigned>(chunks), static_cast<unsigned>(c.H), static_cast<unsigned>((c.V + third.block_v - 1) / third.block_v), third.threads,
                                [&] { emulated_delta[i].outputs.launch(third_args.data()); });
     });
     // bf16 operands on the tensor cores (q, k, W, U, the state's copy), fp32 accumulation and state.
@@ -129,8 +129,10 @@ TEST_CASE("chunked delta: NVRTC compiles the three kernels for sm_80 and sm_90a 
         INFO(usage->registers << " registers, " << usage->spill_store_bytes << " bytes spilled");
         CHECK(usage->spill_store_bytes == 0);
         CHECK(usage->spill_load_bytes == 0);
-        // Blocks an SM: prepare 3 (128 threads), states 2 (256), outputs 3 (128): launch bounds and shared memory.
-        const int blocks = phase == ChunkedDeltaPhase::states ? 2 : 3;
+        // Blocks an SM: prepare 3 (128 threads), states 2 (256), outputs 2 (256) or 3 (128, V <= 64): the
+        // launch bounds and the shared memory keep what the kernel promises.
+        const int blocks = kernel.blocks_per_sm;
+        CHECK(blocks == (phase == ChunkedDeltaPhase::prepare || kernel.threads == 128 ? 3 : 2));
         CHECK(usage->registers * int(kernel.threads) * blocks <= 65536);
         CHECK(kernel.shared_bytes * blocks <= 227 * 1024);
       }

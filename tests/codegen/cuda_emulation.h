@@ -162,6 +162,8 @@ inline void ladle_store(ladle_bf16* p, float value) { p->bits = ladle::narrow_fl
 #define LADLE_CHUNKED_HELPERS
 #define LADLE_DYNAMIC_SHARED(name) unsigned char* const name = ::cuda_emulation::shared_buffer
 inline float ladle_exp2(float x) { return std::exp2(x); }
+// rsqrt.approx on the device (2 ulp); exact here.
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline unsigned ladle_float_bits(float x) {
   unsigned bits;
   std::memcpy(&bits, &x, 4);
