@@ -42,7 +42,7 @@ namespace {
 // The kernels' own names (an input called like one of them is renamed).
 const std::set<std::string> template_names = {
     "C", "BK", "VPAD", "KLD", "VLD", "ALD", "TLD", "SLD", "warp", "lane", "tid", "gc", "gc0", "cps", "length", "chunks", "chunk",
-    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov",
+    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "unpack",
     "qs", "ws", "us", "es", "ets", "ps", "ss", "qscale", "S", "col", "row", "val", "ssum", "inv", "decay", "base", "g_p",
     "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj",
     "work_k", "work_e", "work_h", "cq", "sum", "d", "col", "kbits", "wb", "kbuf", "ub", "gb", "fetch", "buf", "r0", "c0", "last", "hs",
@@ -191,7 +191,8 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   // squares + eps) in fp32 before it is rounded: a row's groups sit on adjacent lanes, so their sums
   // meet by shuffles, every row of the unrolled loop in flight at once.
   const auto stage_tile = [&](ir::Slot slot, const std::string& tile, const std::string& ld, const std::string& width,
-                              const std::string& limit, const std::string& suffix, ir::Role role, bool normalize = false) {
+                              const std::string& limit, const std::string& suffix, ir::Role role, bool normalize = false,
+                              const std::string& prefetched = "") {
     const std::string threads = std::to_string(kernel.threads);
     // Element by element, eight loads a group already: two groups in flight (one at 256 threads, with
     // 128 registers a thread) keep ptxas from spilling.
@@ -212,8 +213,11 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     const bool value_side = role == ir::Role::value;
     if (spec.vector_loads) {
       c("float raw[8];");
-      c("ladle_unpack8_" + std::string(spec.input_types[own] == ElementType::bf16 ? "bf16" : "f16") + "(raw, live && f0 < " + limit +
-        " ? ladle_ld16(" + id[own] + " + " + id[own] + "_row + f0) : ladle_u4{0u, 0u, 0u, 0u});");
+      const std::string unpack = "ladle_unpack8_" + std::string(spec.input_types[own] == ElementType::bf16 ? "bf16" : "f16");
+      if (!prefetched.empty())
+        c(unpack + "(raw, " + prefetched + "[m]);");
+      else
+        c(unpack + "(raw, live && f0 < " + limit + " ? ladle_ld16(" + id[own] + " + " + id[own] + "_row + f0) : ladle_u4{0u, 0u, 0u, 0u});");
     }
     c("float x[8];");
     c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
@@ -312,6 +316,25 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c.out();
     c("}");
     stage_tile(ir::Slot::k_feature, "ks", "KLD", "BK", "K", "_i", ir::Role::key, variant.l2_normalize_qk);
+    // v's raw rows are loaded now into registers (eight 16-byte groups a thread at V <= 128) and staged
+    // once the solve is done: their latency passes behind the solve instead of after it.
+    const bool prefetch_v = spec.vector_loads && spec.value_pad <= 128;
+    if (prefetch_v) {
+      const std::size_t own = [&] {
+        for (std::size_t k = 0; k < inputs.size(); ++k)
+          if (inputs[k].role == ir::Role::value) return k;
+        return inputs.size();
+      }();
+      c("ladle_u4 vraw[C * VPAD / 8 / 128];");
+      c("LADLE_UNROLL for (int m = 0; m < C * VPAD / 8 / 128; ++m) {");
+      c.in();
+      c("const int grp = tid + m * 128;");
+      c("const int p = grp / (VPAD / 8), f0 = grp % (VPAD / 8) * 8;");
+      token_of_row("chunk");
+      c("vraw[m] = live && f0 < V ? ladle_ld16(" + id[own] + " + " + id[own] + "_row + f0) : ladle_u4{0u, 0u, 0u, 0u};");
+      c.out();
+      c("}");
+    }
     c("__syncthreads();");
     c("// 2. gamma_t = g_0 + ... + g_t (past the sequence's end g = 0: gamma stays); k normalised.");
     c("if (tid < C) {  // an inclusive scan by shuffles in each of warps 0 and 1, then warp 1 adds warp 0's total");
@@ -417,7 +440,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c.out();
     c("}");
     c("__syncthreads();  // A and T are read for the last time: v takes their space");
-    stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value);
+    stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value, false, prefetch_v ? "vraw" : "");
     c("__syncthreads();");
     c("// 5. W = T (beta exp(gamma) K), U = T (beta V): 64 columns at a time, warp w: rows 16w..16w+15.");
     c("const unsigned short* tsw = ts;");
