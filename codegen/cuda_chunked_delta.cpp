@@ -42,7 +42,7 @@ namespace {
 // The kernels' own names (an input called like one of them is renamed).
 const std::set<std::string> template_names = {
     "C", "BK", "VPAD", "KLD", "VLD", "ALD", "TLD", "SLD", "warp", "lane", "tid", "gc", "gc0", "cps", "length", "chunks", "chunk",
-    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "unpack",
+    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s",
     "qs", "ws", "us", "es", "ets", "ps", "ss", "qscale", "S", "col", "row", "val", "ssum", "inv", "decay", "base", "g_p",
     "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj",
     "work_k", "work_e", "work_h", "cq", "sum", "d", "col", "kbits", "wb", "kbuf", "ub", "gb", "fetch", "buf", "r0", "c0", "last", "hs",
@@ -263,22 +263,29 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   const auto mma_rows = [&](const std::string& acc, const std::string& a_tile, const std::string& a_ld, const std::string& a_row0,
                             const std::string& b_tile, const std::string& b_ld, bool b_trans, const std::string& ksteps,
                             const std::string& ntiles, const std::string& b_col0 = "0") {
+    // Shared-memory addresses as 32-bit byte offsets from each tile's base, converted once: the
+    // unrolled steps' offsets fold into the ldmatrix instructions' immediates.
+    c("{");
+    c.in();
+    c("const unsigned a_s = ladle_shared_address(" + a_tile + "), b_s = ladle_shared_address(" + b_tile + ");");
     c("LADLE_UNROLL for (int kt = 0; kt < " + ksteps + "; ++kt) {");
     c.in();
     c("unsigned afrag[4];");
-    c("ladle_ldmatrix_x4_at(afrag, ladle_shared_address(&" + a_tile + "[(" + a_row0 + " + lane % 16) * " + a_ld +
-      " + kt * 16 + (lane / 16) * 8]));");
+    c("ladle_ldmatrix_x4_at(afrag, a_s + 2u * static_cast<unsigned>((" + a_row0 + " + lane % 16) * " + a_ld +
+      " + kt * 16 + (lane / 16) * 8));");
     c("LADLE_UNROLL for (int np = 0; np < " + ntiles + " / 2; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
     if (b_trans)
-      c("ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&" + b_tile + "[(kt * 16 + lane % 16) * " + b_ld + " + " + b_col0 +
-        " + np * 16 + (lane / 16) * 8]));");
+      c("ladle_ldmatrix_x4_trans_at(bfrag, b_s + 2u * static_cast<unsigned>((kt * 16 + lane % 16) * " + b_ld + " + " + b_col0 +
+        " + np * 16 + (lane / 16) * 8));");
     else
-      c("ladle_ldmatrix_x4_at(bfrag, ladle_shared_address(&" + b_tile + "[(np * 16 + lane % 8 + (lane / 16) * 8) * " + b_ld +
-        " + kt * 16 + ((lane / 8) & 1) * 8]));");
+      c("ladle_ldmatrix_x4_at(bfrag, b_s + 2u * static_cast<unsigned>((np * 16 + lane % 8 + (lane / 16) * 8) * " + b_ld +
+        " + kt * 16 + ((lane / 8) & 1) * 8));");
     c("ladle_mma_bf16(" + acc + "[2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(" + acc + "[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+    c.out();
+    c("}");
     c.out();
     c("}");
     c.out();
@@ -451,15 +458,16 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("const unsigned short* src = w_part ? ks + col0 : vs + (col0 - BK);");
     c("const unsigned short* tsrc = w_part ? tsw : tsu;");
     c("const int ld = w_part ? KLD : PVLD;");
+    c("const unsigned tsrc_s = ladle_shared_address(tsrc), src_s = ladle_shared_address(src);");
     zero("acc", "8");
     c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt) {");
     c.in();
     c("unsigned afrag[4];");
-    c("ladle_ldmatrix_x4_at(afrag, ladle_shared_address(&tsrc[(warp * 16 + lane % 16) * TLD + kt * 16 + (lane / 16) * 8]));");
+    c("ladle_ldmatrix_x4_at(afrag, tsrc_s + 2u * static_cast<unsigned>((warp * 16 + lane % 16) * TLD + kt * 16 + (lane / 16) * 8));");
     c("LADLE_UNROLL for (int np = 0; np < 4; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&src[(kt * 16 + lane % 16) * ld + np * 16 + (lane / 16) * 8]));");
+    c("ladle_ldmatrix_x4_trans_at(bfrag, src_s + 2u * static_cast<unsigned>((kt * 16 + lane % 16) * ld + np * 16 + (lane / 16) * 8));");
     c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();
@@ -564,14 +572,15 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c.in();
     c("const float decay = expf(gb[C - 1]);");
     c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt) S[nt][0] *= decay, S[nt][1] *= decay, S[nt][2] *= decay, S[nt][3] *= decay;");
+    c("const unsigned kbuf_s = ladle_shared_address(kbuf), ub_s = ladle_shared_address(ub);");
     c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt) {");
     c.in();
     c("unsigned afrag[4];  // K^T: rows are features, the k-dimension tokens");
-    c("ladle_ldmatrix_x4_trans_at(afrag, ladle_shared_address(&kbuf[(kt * 16 + lane % 8 + (lane / 16) * 8) * KLD + warp * 16 + ((lane / 8) & 1) * 8]));");
+    c("ladle_ldmatrix_x4_trans_at(afrag, kbuf_s + 2u * static_cast<unsigned>((kt * 16 + lane % 8 + (lane / 16) * 8) * KLD + warp * 16 + ((lane / 8) & 1) * 8));");
     c("LADLE_UNROLL for (int np = 0; np < 4; ++np) {");
     c.in();
     c("unsigned bfrag[4];");
-    c("ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&ub[(kt * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]));");
+    c("ladle_ldmatrix_x4_trans_at(bfrag, ub_s + 2u * static_cast<unsigned>((kt * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8));");
     c("ladle_mma_bf16(S[2 * np], afrag, bfrag[0], bfrag[1]);");
     c("ladle_mma_bf16(S[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
     c.out();
@@ -653,6 +662,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("    pfrag[nt / 2][(nt % 2) * 2 + half] = ladle_pack_bf16(acc[nt][2 * half] * d0, acc[nt][2 * half + 1] * d1);");
     c("  }");
     c("// 32 columns at a time (16 accumulators beside P's 16 registers: 128 registers a thread at 256 threads).");
+    c("const unsigned es_s = ladle_shared_address(es);");
     c("LADLE_UNROLL_1 for (int vh = 0; vh < 2; ++vh) {");
     c.in();
     zero("ov", "4");
@@ -662,7 +672,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt)");
     c("  LADLE_UNROLL for (int np = 0; np < 2; ++np) {");
     c("    unsigned bfrag[4];");
-    c("    ladle_ldmatrix_x4_trans_at(bfrag, ladle_shared_address(&es[(kt * 16 + lane % 16) * VLD + vh * 32 + np * 16 + (lane / 16) * 8]));");
+    c("    ladle_ldmatrix_x4_trans_at(bfrag, es_s + 2u * static_cast<unsigned>((kt * 16 + lane % 16) * VLD + vh * 32 + np * 16 + (lane / 16) * 8));");
     c("    ladle_mma_bf16(ov[2 * np], pfrag[kt], bfrag[0], bfrag[1]);");
     c("    ladle_mma_bf16(ov[2 * np + 1], pfrag[kt], bfrag[2], bfrag[3]);");
     c("  }");
