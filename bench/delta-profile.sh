@@ -13,7 +13,8 @@ for kernel in ${1:-prepare states outputs}; do
   python3 - "$kernel" /tmp/src-$kernel.csv <<'PY'
 import csv, sys
 rows = list(csv.reader(l for l in open(sys.argv[2]) if l.startswith('"')))
-head = rows[0]; data = rows[1:]
+while rows and "Source" not in rows[0]: rows = rows[1:]  # a kernel-name row comes first
+head = rows[0] if rows else []; data = rows[1:]
 cols = [i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All")]
 srcs = [i for i, h in enumerate(head) if h == "Source"]
 if not cols or not srcs:

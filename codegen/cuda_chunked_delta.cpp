@@ -42,7 +42,7 @@ namespace {
 // The kernels' own names (an input called like one of them is renamed).
 const std::set<std::string> template_names = {
     "C", "BK", "VPAD", "KLD", "VLD", "ALD", "TLD", "SLD", "warp", "lane", "tid", "gc", "gc0", "cps", "length", "chunks", "chunk",
-    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s",
+    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s", "dec", "u2", "row_decay",
     "qs", "ws", "us", "es", "ets", "ps", "ss", "qscale", "S", "col", "row", "val", "ssum", "inv", "decay", "base", "g_p",
     "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj",
     "work_k", "work_e", "work_h", "cq", "sum", "d", "col", "kbits", "wb", "kbuf", "ub", "gb", "fetch", "buf", "r0", "c0", "last", "hs",
@@ -555,12 +555,15 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     zero("acc", "4");
     mma_rows("acc", "wb", "KLD", "r0", "ss", "VLD", true, "BK / 16", "4", "c0");
     c("const float last = gb[C - 1];");
+    c("// The two rows' decays first: the stores below could alias gamma's buffer for the compiler.");
+    c("const float dec[2] = {expf(last - gb[r0 + lane / 4]), expf(last - gb[r0 + lane / 4 + 8])};");
     c("LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
     c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
     c("    const int row = r0 + lane / 4 + half * 8, col = c0 + nt * 8 + (lane % 4) * 2;");
-    c("    const float e0 = ladle_bf16_float(ub[row * VLD + col]) - acc[nt][2 * half];");
-    c("    const float e1 = ladle_bf16_float(ub[row * VLD + col + 1]) - acc[nt][2 * half + 1];");
-    c("    const float d = expf(last - gb[row]);");
+    c("    const unsigned u2 = *reinterpret_cast<const unsigned*>(&ub[row * VLD + col]);");
+    c("    const float e0 = ladle_bits_float(u2 << 16) - acc[nt][2 * half];");
+    c("    const float e1 = ladle_bits_float(u2 & 0xffff0000u) - acc[nt][2 * half + 1];");
+    c("    const float d = dec[half];");
     c("    *reinterpret_cast<unsigned*>(&work_e[(base + row) * VPAD + vb * 64 + col]) = ladle_pack_bf16(e0, e1);");
     c("    *reinterpret_cast<unsigned*>(&ub[row * VLD + col]) = ladle_pack_bf16(e0 * d, e1 * d);");
     c("  }");
@@ -663,12 +666,13 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("  }");
     c("// 32 columns at a time (16 accumulators beside P's 16 registers: 128 registers a thread at 256 threads).");
     c("const unsigned es_s = ladle_shared_address(es);");
+    c("const float row_decay[2] = {expf(gam[r0 + lane / 4]), expf(gam[r0 + lane / 4 + 8])};");
     c("LADLE_UNROLL_1 for (int vh = 0; vh < 2; ++vh) {");
     c.in();
     zero("ov", "4");
     mma_rows("ov", "qs", "KLD", "r0", "hs", "VLD", true, "BK / 16", "4", "vh * 32");
     c("LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
-    c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) ov[nt][e] *= expf(gam[r0 + lane / 4 + (e >= 2 ? 8 : 0)]);");
+    c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) ov[nt][e] *= row_decay[e / 2];");
     c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt)");
     c("  LADLE_UNROLL for (int np = 0; np < 2; ++np) {");
     c("    unsigned bfrag[4];");
