@@ -42,7 +42,7 @@ namespace {
 // The kernels' own names (an input called like one of them is renamed).
 const std::set<std::string> template_names = {
     "C", "BK", "VPAD", "KLD", "VLD", "ALD", "TLD", "SLD", "warp", "lane", "tid", "gc", "gc0", "cps", "length", "chunks", "chunk",
-    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s", "dec", "u2", "row_decay",
+    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s", "dec", "u2", "row_decay", "qraw", "LOG2E",
     "qs", "ws", "us", "es", "ets", "ps", "ss", "qscale", "S", "col", "row", "val", "ssum", "inv", "decay", "base", "g_p",
     "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj",
     "work_k", "work_e", "work_h", "cq", "sum", "d", "col", "kbits", "wb", "kbuf", "ub", "gb", "fetch", "buf", "r0", "c0", "last", "hs",
@@ -141,6 +141,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   c("constexpr int KLD = " + std::to_string(KLD) + ", VLD = " + std::to_string(VLD) + ", ALD = " + std::to_string(ALD) +
     ", TLD = " + std::to_string(TLD) + ", PVLD = " + std::to_string(PVLD) + ";");
   c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
+  c("constexpr float LOG2E = 1.4426950408889634f;  // exp(x) = 2^(x log2 e), on the special function unit");
   c("const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;");
   c("LADLE_DYNAMIC_SHARED(smem);");
   c("");
@@ -259,6 +260,23 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("const long long t = live ? (REVERSE ? eos - 1 - step : bos + step) : bos;");
     token_rows(c, variant, id, use_of.used, true);
   };
+  // The raw 16-byte groups of the role input's rows into registers, as stage_tile maps them (group tid
+  // + m * threads), for stage_tile's `prefetched`: the loads are in flight while other work issues.
+  const auto prefetch_rows = [&](ir::Role role, const std::string& name, const std::string& width, const std::string& limit) {
+    std::size_t own = inputs.size();
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (inputs[k].role == role) own = k;
+    const std::string threads = std::to_string(kernel.threads);
+    c("ladle_u4 " + name + "[C * " + width + " / 8 / " + threads + "];");
+    c("LADLE_UNROLL for (int m = 0; m < C * " + width + " / 8 / " + threads + "; ++m) {");
+    c.in();
+    c("const int grp = tid + m * " + threads + ";");
+    c("const int p = grp / (" + width + " / 8), f0 = grp % (" + width + " / 8) * 8;");
+    token_of_row("chunk");
+    c(name + "[m] = live && f0 < " + limit + " ? ladle_ld16(" + id[own] + " + " + id[own] + "_row + f0) : ladle_u4{0u, 0u, 0u, 0u};");
+    c.out();
+    c("}");
+  };
   // A-operand fragment (16 x 16, row-major tile) and B-operand fragments (two n-tiles of 8).
   const auto mma_rows = [&](const std::string& acc, const std::string& a_tile, const std::string& a_ld, const std::string& a_row0,
                             const std::string& b_tile, const std::string& b_ld, bool b_trans, const std::string& ksteps,
@@ -326,22 +344,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     // v's raw rows are loaded now into registers (eight 16-byte groups a thread at V <= 128) and staged
     // once the solve is done: their latency passes behind the solve instead of after it.
     const bool prefetch_v = spec.vector_loads && spec.value_pad <= 128;
-    if (prefetch_v) {
-      const std::size_t own = [&] {
-        for (std::size_t k = 0; k < inputs.size(); ++k)
-          if (inputs[k].role == ir::Role::value) return k;
-        return inputs.size();
-      }();
-      c("ladle_u4 vraw[C * VPAD / 8 / 128];");
-      c("LADLE_UNROLL for (int m = 0; m < C * VPAD / 8 / 128; ++m) {");
-      c.in();
-      c("const int grp = tid + m * 128;");
-      c("const int p = grp / (VPAD / 8), f0 = grp % (VPAD / 8) * 8;");
-      token_of_row("chunk");
-      c("vraw[m] = live && f0 < V ? ladle_ld16(" + id[own] + " + " + id[own] + "_row + f0) : ladle_u4{0u, 0u, 0u, 0u};");
-      c.out();
-      c("}");
-    }
+    if (prefetch_v) prefetch_rows(ir::Role::value, "vraw", "VPAD", "V");
     c("__syncthreads();");
     c("// 2. gamma_t = g_0 + ... + g_t (past the sequence's end g = 0: gamma stays); k normalised.");
     c("if (tid < C) {  // an inclusive scan by shuffles in each of warps 0 and 1, then warp 1 adds warp 0's total");
@@ -373,7 +376,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
     c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
     c("    const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0), col = nt * 8 + (lane % 4) * 2 + (e & 1);");
-    c("    af[row * ALD + col] = col < row ? betas[row] * expf(gam[row] - gam[col]) * acc[nt][e] : 0.0f;");
+    c("    af[row * ALD + col] = col < row ? betas[row] * ladle_exp2((gam[row] - gam[col]) * LOG2E) * acc[nt][e] : 0.0f;");
     c("  }");
     c.out();
     c("}");
@@ -618,23 +621,29 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("float* gam = reinterpret_cast<float*>(ks + C * KLD + G * (BK * VLD + C * VLD));");
     c("float* qscale = gam + C;");
     c("const long long base = (gc * H + h) * C;");
-    c("// 1. k, each group's h and E, and gamma by cp.async; q through its feature map; the scale.");
-    c("for (int e = tid; e < C * BK / 8; e += " + threads + ") {");
+    c("// 1. q's raw rows into registers first; k, each group's h and E, and gamma by cp.async; then q through");
+    c("//    its feature map into shared memory; the scale.");
+    const bool prefetch_q = spec.vector_loads && chunked_delta_chunk * spec.block_k / 8 / static_cast<int>(kernel.threads) <= 8;
+    if (prefetch_q) prefetch_rows(ir::Role::query, "qraw", "BK", "K");
+    c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / " + threads + "; ++m) {");
     c.in();
+    c("const int e = tid + m * " + threads + ";");
     c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
     c("ladle_cp_async_16(&ks[p * KLD + i], &work_k[(base + p) * BK + i]);");
     c.out();
     c("}");
     c("unsigned short* const hs0 = ks + C * KLD;");
     c("unsigned short* const es0 = hs0 + G * BK * VLD;");
-    c("for (int e = tid; e < G * BK * 8; e += " + threads + ") {");
+    c("LADLE_UNROLL for (int m = 0; m < G * BK * 8 / " + threads + "; ++m) {");
     c.in();
+    c("const int e = tid + m * " + threads + ";");
     c("const int grp = e / (BK * 8), row = e % (BK * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G + grp) * 64 + j;");
     c("if (col < VPAD) ladle_cp_async_16(&hs0[(grp * BK + row) * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + col]);");
     c.out();
     c("}");
-    c("for (int e = tid; e < G * C * 8; e += " + threads + ") {");
+    c("LADLE_UNROLL for (int m = 0; m < G * C * 8 / " + threads + "; ++m) {");
     c.in();
+    c("const int e = tid + m * " + threads + ";");
     c("const int grp = e / (C * 8), p = e % (C * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G + grp) * 64 + j;");
     c("if (col < VPAD) ladle_cp_async_16(&es0[(grp * C + p) * VLD + j], &work_e[(base + p) * VPAD + col]);");
     c.out();
@@ -648,7 +657,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("qscale[p] = " + (has(ir::Slot::scale) ? render(ir::Slot::scale, "") : std::string("1.0f")) + ";");
     c.out();
     c("}");
-    stage_tile(ir::Slot::q_feature, "qs", "KLD", "BK", "K", "_i", ir::Role::query, variant.l2_normalize_qk);
+    stage_tile(ir::Slot::q_feature, "qs", "KLD", "BK", "K", "_i", ir::Role::query, variant.l2_normalize_qk, prefetch_q ? "qraw" : "");
     c("ladle_cp_async_wait<0>();");
     c("__syncthreads();");
     c("if (vb * 64 >= VPAD) return;  // a group past V (V over 128 with an odd number of 64-column blocks)");
@@ -661,7 +670,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
     c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
     c("    const int row = r0 + lane / 4 + half * 8, col = nt * 8 + (lane % 4) * 2;");
-    c("    const float d0 = col <= row ? expf(gam[row] - gam[col]) : 0.0f, d1 = col + 1 <= row ? expf(gam[row] - gam[col + 1]) : 0.0f;");
+    c("    const float d0 = col <= row ? ladle_exp2((gam[row] - gam[col]) * LOG2E) : 0.0f, d1 = col + 1 <= row ? ladle_exp2((gam[row] - gam[col + 1]) * LOG2E) : 0.0f;");
     c("    pfrag[nt / 2][(nt % 2) * 2 + half] = ladle_pack_bf16(acc[nt][2 * half] * d0, acc[nt][2 * half + 1] * d1);");
     c("  }");
     c("// 32 columns at a time (16 accumulators beside P's 16 registers: 128 registers a thread at 256 threads).");
@@ -689,9 +698,9 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("const float factor = qscale[row];");
     c("const int col0 = vb * 64 + vh * 32 + (lane % 4) * 2;");
     c("auto* const out = o + b * o_stride_b + tok * o_stride_t + h * o_stride_h + static_cast<long long>(col0) * o_stride_d;");
-    c("if (o_stride_d == 1) {  // a pair of columns a store (one store where unaligned or at V's edge)");
-    c("  LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
-    c("    if (col0 + nt * 8 < V) ladle_store2(out + nt * 8, factor * ov[nt][2 * half], factor * ov[nt][2 * half + 1], col0 + nt * 8 + 1 < V);");
+    c("if (o_stride_d == 1 && (reinterpret_cast<unsigned long long>(out) & (2 * sizeof(*out) - 1)) == 0 && col0 + 25 < V) {");
+    c("  // every pair aligned and inside the row: one store a pair");
+    c("  LADLE_UNROLL for (int nt = 0; nt < 4; ++nt) ladle_store_pair(out + nt * 8, factor * ov[nt][2 * half], factor * ov[nt][2 * half + 1]);");
     c("} else {");
     c("  LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
     c("    LADLE_UNROLL for (int e = 0; e < 2; ++e)");

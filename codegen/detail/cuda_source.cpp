@@ -294,6 +294,16 @@ __device__ __forceinline__ void ladle_store2(float* p, float a, float b, bool se
     if (second) p[1] = b;
   }
 }
+// Two adjacent values in one 4-byte (16-bit) or 8-byte (fp32) store, where the caller has checked
+// that the pair is aligned and inside the row.
+__device__ __forceinline__ void ladle_store_pair(ladle_bf16* p, float a, float b) { *reinterpret_cast<unsigned*>(p) = ladle_pack_bf16(a, b); }
+__device__ __forceinline__ void ladle_store_pair(ladle_f16* p, float a, float b) {
+  ladle_f16 pair[2];
+  ladle_store(&pair[0], a);
+  ladle_store(&pair[1], b);
+  *reinterpret_cast<unsigned*>(p) = static_cast<unsigned>(pair[0].bits) | (static_cast<unsigned>(pair[1].bits) << 16);
+}
+__device__ __forceinline__ void ladle_store_pair(float* p, float a, float b) { *reinterpret_cast<ladle_f2*>(p) = ladle_f2{a, b}; }
 // The next chunk's raw 16-bit row segment into shared memory: one cp.async where the row is
 // contiguous and aligned, else plain copies; nothing where the segment is outside the tensor
 // (count <= 0: the staging masks it).
