@@ -42,7 +42,7 @@ namespace {
 // The kernels' own names (an input called like one of them is renamed).
 const std::set<std::string> template_names = {
     "C", "BK", "VPAD", "KLD", "VLD", "ALD", "TLD", "SLD", "warp", "lane", "tid", "gc", "gc0", "cps", "length", "chunks", "chunk",
-    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s", "dec", "u2", "row_decay", "qraw", "LOG2E",
+    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s", "dec", "u2", "row_decay", "qraw", "LOG2E", "total",
     "qs", "ws", "us", "es", "ets", "ps", "ss", "qscale", "S", "col", "row", "val", "ssum", "inv", "decay", "base", "g_p",
     "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj",
     "work_k", "work_e", "work_h", "cq", "sum", "d", "col", "kbits", "wb", "kbuf", "ub", "gb", "fetch", "buf", "r0", "c0", "last", "hs",
@@ -354,7 +354,11 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("  const float other = __shfl_up_sync(0xffffffffu, s, off);");
     c("  if (lane >= off) s += other;");
     c("}");
-    c("if (tid >= 32) for (int r = 0; r < 32; ++r) s += gs[r];");
+    c("if (tid >= 32) {  // warp 0's total, by shuffles over its 32 values");
+    c("  float total = gs[lane];");
+    c("  LADLE_UNROLL for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);");
+    c("  s += total;");
+    c("}");
     c("gam[tid] = s;");
     c("wfac[tid] = betas[tid] * expf(s);");
     c("work_gamma[(gc * H + h) * C + tid] = s;");
@@ -538,13 +542,9 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c.in();
     c("const long long base = ((gc0 + chunk) * H + h) * C;");
     c("const int buf = static_cast<int>(chunk & 1);");
-    c("if (chunk + 1 < chunks) {");
-    c("  fetch(chunk + 1);  // into the other buffer, whose last readers passed the previous chunk's last barrier");
-    c("  ladle_cp_async_wait<1>();");
-    c("} else {");
-    c("  ladle_cp_async_wait<0>();");
-    c("}");
-    c("__syncthreads();");
+    c("ladle_cp_async_wait<0>();  // this chunk's tiles, the only group in flight");
+    c("__syncthreads();  // ... from every thread's copies; every warp is done with the previous chunk (its buffer, S_0's copy)");
+    c("if (chunk + 1 < chunks) fetch(chunk + 1);  // into the other buffer, whose last readers passed the barrier above");
     c("const unsigned short* wb = ws + buf * C * KLD;");
     c("const unsigned short* kbuf = ks + buf * C * KLD;");
     c("unsigned short* ub = us + buf * C * VLD;");
@@ -601,7 +601,8 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     c("}");
     c.out();
     c("}");
-    c("__syncthreads();  // every read of S_0's copy and of this chunk's buffer is done");
+    c("// S_0's copy is overwritten without a barrier: its readers (step 1) passed the one before step 2, its next");
+    c("// readers come after the next chunk's first.");
     c("if (warp < BK / 16)");
     c("  LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
     c("    LADLE_UNROLL for (int half = 0; half < 2; ++half)");
