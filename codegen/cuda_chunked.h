@@ -1,5 +1,5 @@
 // The chunked kernel family in CUDA C++: the same recurrences as the fused-recurrent family
-// (docs/design.md: operations), computed a chunk of tokens at a time with the tensor cores
+// (docs/operations.md), computed a chunk of tokens at a time with the tensor cores
 // (mma.sync m16n8k16, bf16 operands, fp32 accumulation; sm_80 and later).
 //
 // One thread block owns the state tile [K, block_v] of one (sequence, query head) in fp32

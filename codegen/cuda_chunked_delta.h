@@ -1,5 +1,5 @@
 // The chunked (tensor-core) forward of the delta rule and the gated delta rule, in three kernels per
-// call (docs/design.md: more update forms). Within a chunk of C = 64 tokens with cumulative log decay
+// call (docs/operations.md: update forms). Within a chunk of C = 64 tokens with cumulative log decay
 // gamma_t = g_1 + ... + g_t, the state's correction e_t = beta_t (v_t - exp(g_t) S_(t-1)^T k_t) solves
 // the unit lower-triangular system
 //   (I + A) E = beta (V - diag(exp(gamma)) K S_0),   A_ts = beta_t exp(gamma_t - gamma_s) k_t . k_s  (s < t),

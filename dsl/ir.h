@@ -3,12 +3,12 @@
 // list of named inputs, and for each slot of the recurrence one elementwise expression DAG
 // evaluated per (token, head, feature index). Users never build it by hand; they write DSL.
 //
-// The recurrence every variant computes (docs/design.md: operations), per sequence and query head:
+// The recurrence every variant computes (docs/operations.md), per sequence and query head:
 //   S_t = diag(exp(log_decay_k)) S_{t-1} diag(exp(log_decay_v)) exp(log_decay_head)
 //         + k_feature v^T
 //   o_t = (scale q_feature)^T S_t               [ / ((scale q_feature)^T n_t + eps) ]
 // where n_t, present only when `normalize` is set, follows S with v = 1 and no value decay.
-// Two further update forms (docs/design.md: more update forms), set by Variant::update and
+// Two further update forms (docs/operations.md: update forms), set by Variant::update and
 // Variant::read_before_update:
 //   delta rule:  S_t = exp(log_decay_head) (I - beta k_feature k_feature^T) S_{t-1} + beta k_feature v^T,
 //                beta = write_strength (absent: 1), read after the update; optionally with q_feature

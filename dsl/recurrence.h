@@ -5,7 +5,7 @@
 //   .decay_head(g)          S <- exp(g) S                   (log-space, per head)
 //   read(state, q[, scale]) o_t = (scale q)^T S_t, after the update
 //   .normalized(eps)        o_t / ((scale q)^T n_t + eps), n_t the scan of k alone
-// Two further update forms (docs/design.md: more update forms):
+// Two further update forms (docs/operations.md: update forms):
 //   scan(k, v).delta(beta)  the delta rule: S <- (I - beta k k^T) S + beta k v^T; with
 //                           .decay_head(g) the gated delta rule: S <- exp(g) (I - beta k k^T) S + beta k v^T
 //   read(...).l2_normalized()   q and k divided by their L2 norm over K (eps 1e-6), inside the kernel

@@ -1,4 +1,4 @@
-// softmax attention (docs/design.md: operations), the reference library's `attention` op:
+// softmax attention (docs/operations.md), the reference library's `attention` op:
 //   s_ij = scale · q_iᵀ k_j (+ bias_ij);  s = cap · tanh(s / cap) with logits_soft_cap
 //   masked out: j > i + (Tk - Tq) under causal; outside sliding_window (left, right) around
 //   that same diagonal; false entries of attention_mask; different segment ids

@@ -1,5 +1,5 @@
 // Argument checking for every softmax-attention op: binds q, k, v, the named inputs, the
-// run options and the outputs to a variant, checks each against docs/design.md's shapes, and
+// run options and the outputs to a variant, checks each against docs/operations.md's shapes, and
 // builds the canonical arguments every backend reads (the CPU path and the GPU launcher):
 //   attention: bias has shape [2,8,64,65], expected one that broadcasts to [B,H,Tq,Tk] = [2,8,64,64] ...
 #pragma once

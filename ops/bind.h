@@ -1,5 +1,5 @@
 // Argument checking for every recurrent op: binds q, k, v, the named inputs, the options
-// and the outputs to a variant's inputs, checks each against docs/design.md's shapes and dtypes,
+// and the outputs to a variant's inputs, checks each against docs/operations.md's shapes and dtypes,
 // and builds the canonical arguments of the CPU path. All checks live here so that every
 // op, named or user-built, reports a bad input the same way:
 //   gla: g has shape [2,64,8,64], expected [B,T,H,K] = [2,64,8,128]

@@ -1,4 +1,4 @@
-// recurrent attention (docs/design.md: operations), on the CPU path for now:
+// recurrent attention (docs/operations.md):
 //   S_t = diag(exp(g_t + gk_t)) S_{t-1} diag(exp(gv_t)) exp(g_gamma[h]) + k_t v_t^T
 //   o_t = (scale q_t)^T S_t
 // q [B,T,H,K]; k [B,T,H_kv,K] and v [B,T,H_kv,V] with H_kv dividing H (GQA); g, gk

@@ -1,5 +1,5 @@
 // The softmax-attention family in the autotuner: block_m x block_n x warps x stages x mma
-// (warps must agree with block_m: 16 query rows per warp; mma 0 = sync, 1 = wgmma), valid by
+// (warps must agree with block_m: 16 query rows per warp; mma 0 = sync, 1 = wgmma, 2 = ws), valid by
 // validate_attention_tile (the device's arch for wgmma, its opt-in shared memory and the
 // register guard included) and the thread limit, ranked by a cost model and pruned to
 // max_candidates. The key builder and the per-process memo are the recurrence families'
@@ -37,7 +37,7 @@ struct AttentionTuneShape {
   static AttentionTuneShape of(const ir::AttentionVariant& variant, const ops::AttentionArgs& args);
 };
 
-Config to_config(const cuda::AttentionTile& tile);  // block_m, block_n, warps, stages, mma (0 sync, 1 wgmma)
+Config to_config(const cuda::AttentionTile& tile);  // block_m, block_n, warps, stages, mma (0 sync, 1 wgmma, 2 ws)
 cuda::AttentionTile to_attention_tile(const Config& config);
 
 // The search space, for any device (the rules read the DeviceLimits they are given).

@@ -1,6 +1,6 @@
 // The recurrence families in the autotuner. Fused recurrent: block_v x warps at the heuristic
 // block_k, valid by validate_tile and the device's thread limit. Chunked: chunk x block_v x
-// warps at the heuristic block_k, valid by validate_chunked_tile (the device's shared memory
+// warps at the heuristic block_k (and wgmma, ws on or off where the heuristic takes them), valid by validate_chunked_tile (the device's shared memory
 // included) and the thread limit, ranked by a cost model and pruned to max_candidates. Both
 // share one Candidate (compiles in prepare(), runs each tile into its own output buffers),
 // one key builder and one per-process memo (the softmax-attention family, ops/tune_attention.h,
@@ -40,7 +40,7 @@ struct TuneShape {
 };
 
 Config to_config(const cuda::RecurrentTile& tile);  // block_k, block_v, warps
-Config to_config(const cuda::ChunkedTile& tile);    // block_k, chunk, block_v, warps
+Config to_config(const cuda::ChunkedTile& tile);    // block_k, chunk, block_v, warps (wgmma, ws; a split tile's state fields)
 cuda::RecurrentTile to_recurrent_tile(const Config& config);
 cuda::ChunkedTile to_chunked_tile(const Config& config);
 

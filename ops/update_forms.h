@@ -1,4 +1,4 @@
-// The variants whose update is not a diagonal decay plus k v^T (docs/design.md: more update
+// The variants whose update is not a diagonal decay plus k v^T (docs/operations.md: update
 // forms), with fla's argument conventions. Each is a thin wrapper over its DSL expression:
 //   delta_rule:        read(scan(k, v).delta(beta), q, scale)[.l2_normalized()]
 //                      S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = (scale q_t)^T S_t

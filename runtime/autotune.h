@@ -1,4 +1,4 @@
-// The autotuner (docs/design.md: the autotuner), independent of any kernel. A kernel family gives it
+// The autotuner (docs/caches.md: the autotuner), independent of any kernel. A kernel family gives it
 // a SearchSpace (tune_space.h), its heuristic config and a Candidate: how to prepare a
 // config (generate and compile), time it and check its output. The tuner prepares
 // candidates on several host threads while it measures the ready ones on the calling

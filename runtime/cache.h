@@ -1,4 +1,4 @@
-// The compile cache on disk (docs/design.md: the cache). An entry is one directory named by its
+// The compile cache on disk (docs/caches.md). An entry is one directory named by its
 // key, holding the source, the PTX, the cubin and a manifest with their checksums:
 //   <dir>/<key>/{kernel.cu, kernel.ptx, kernel.cubin, manifest.json}
 // An entry is built in a private temporary directory and renamed into place, so a reader

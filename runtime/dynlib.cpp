@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "error.h"
+#include "log.h"
 #include "detail/api.h"
 
 #ifndef LADLE_DEFAULT_CUDA_ROOT
@@ -139,42 +140,57 @@ const NvrtcApi& nvrtc() {
   return api;
 }
 
+namespace {
+
+// Opens libcuda, binds the table and runs cuInit(0); returns why that failed ("" when it did
+// not), with no_driver set when the machine has no usable driver (rather than an old one).
+std::string load_driver(CudaApi& api, bool& no_driver) {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("LADLE_CUDA_DRIVER_LIBRARY"); env && *env) {
+    candidates.emplace_back(env);  // explicit: the only candidate
+  } else {
+    candidates.emplace_back("libcuda.so.1");
+    candidates.emplace_back("libcuda.so");
+  }
+  Opened lib = open_first(candidates);
+  if (!lib.handle) {
+    no_driver = true;
+    return "no CUDA driver: libcuda.so.1 could not be opened (no NVIDIA driver installed "
+           "on this machine?); GPU execution is unavailable, the CPU path still works. Tried:" +
+           lib.errors;
+  }
+  try {
+    LADLE_CUDA_FUNCTIONS(LADLE_BIND)
+#undef LADLE_BIND
+    api.library_path = lib.path;
+    CUresult init = api.cuInit(0);
+    if (init != CUDA_SUCCESS) {
+      const char* name = nullptr;
+      api.cuGetErrorName(init, &name);
+      no_driver = true;
+      return fmt::format("no CUDA driver: cuInit failed with {} ({}); no usable GPU",
+                         name ? name : "unknown error", static_cast<int>(init));
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
 const CudaApi& cuda() {
   static CudaApi api;
   static std::string failure;
   static bool no_driver = false;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> candidates;
-    if (const char* env = std::getenv("LADLE_CUDA_DRIVER_LIBRARY"); env && *env) {
-      candidates.emplace_back(env);  // explicit: the only candidate
-    } else {
-      candidates.emplace_back("libcuda.so.1");
-      candidates.emplace_back("libcuda.so");
-    }
-    Opened lib = open_first(candidates);
-    if (!lib.handle) {
-      no_driver = true;
-      failure = "no CUDA driver: libcuda.so.1 could not be opened (no NVIDIA driver installed "
-                "on this machine?); GPU execution is unavailable, the CPU path still works. Tried:" +
-                lib.errors;
-      return;
-    }
-    try {
-      LADLE_CUDA_FUNCTIONS(LADLE_BIND)
-#undef LADLE_BIND
-      api.library_path = lib.path;
-      CUresult init = api.cuInit(0);
-      if (init != CUDA_SUCCESS) {
-        const char* name = nullptr;
-        api.cuGetErrorName(init, &name);
-        no_driver = true;
-        failure = fmt::format("no CUDA driver: cuInit failed with {} ({}); no usable GPU",
-                              name ? name : "unknown error", static_cast<int>(init));
-      }
-    } catch (const Error& e) {
-      failure = e.what();
-    }
+    failure = load_driver(api, no_driver);
+    // Only a path that runs something (or asks which GPU is here) opens the driver; the debug
+    // line shows when that happens, so that compiling alone can be checked never to (ladle-dump
+    // --arch: tests/tools).
+    log::debug(failure.empty() ? fmt::format("CUDA driver: opened {}", api.library_path)
+                               : fmt::format("CUDA driver: not available: {}", failure));
   });
   if (!failure.empty()) {
     if (no_driver) throw NoCudaDriver(failure);

@@ -4,7 +4,7 @@
 //   <compile cache dir>/tuned/<key hash>.json
 // holding the key's fields (so that a hash collision or a hand-copied file is caught), the
 // best config with its time, the heuristic's, and the candidate table. The rules are the
-// compile cache's (docs/design.md: the cache): files are written to a temporary and renamed into
+// compile cache's (docs/caches.md): files are written to a temporary and renamed into
 // place; a file that does not parse, lacks a field or holds another key is reported once,
 // treated as a miss and replaced by the next store; an unwritable directory degrades to
 // memory only with one warning.
@@ -40,7 +40,7 @@ std::int64_t bucket_pow2(std::int64_t n);
 std::string shape_bucket(std::initializer_list<std::pair<std::string_view, std::int64_t>> sizes);
 
 struct TunedKey {
-  std::string family;         // "chunked", "fused_recurrent", "softmax"
+  std::string family;         // "fused_recurrent", "chunked", "attention", ...
   std::string variant;        // the variant's hash (what the expression computes)
   std::string shape_bucket;   // from shape_bucket()
   std::string dtype;          // "bf16"

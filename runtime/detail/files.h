@@ -1,5 +1,5 @@
 // Small file helpers shared by the compile cache and the tuned-config cache, so that both
-// follow one set of rules (docs/design.md: the cache): a reader never sees a torn file, a
+// follow one set of rules (docs/caches.md): a reader never sees a torn file, a
 // directory is judged writable by writing to it. Internal: not installed.
 #pragma once
 

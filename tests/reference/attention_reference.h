@@ -1,4 +1,4 @@
-// The fp64 oracle of softmax attention (docs/design.md: operations, correctness): a direct loop over the
+// The fp64 oracle of softmax attention (docs/operations.md; docs/design.md: correctness): a direct loop over the
 // equations, in double, on dense row-major arrays. It shares no code with ladle, so that a
 // bug in the library cannot hide in both. Per sequence, query head h (kv head h / (H/H_kv)),
 // query row i and key j, with d = Tk - Tq the offset that aligns the last query with the

@@ -1,4 +1,4 @@
-// The fp64 oracle of the recurrent family (docs/design.md: operations, correctness): a direct loop over
+// The fp64 oracle of the recurrent family (docs/operations.md; docs/design.md: correctness): a direct loop over
 // the equations, in double, on dense row-major arrays. It shares no code with ladle, so
 // that a bug in the library cannot hide in both.
 //   S_t = diag(a_t) S_{t-1} diag(b_t) c + k_t v_t^T,   o_t = (scale q_t)^T S_t

@@ -1,4 +1,4 @@
-// The fp64 oracle of the update forms beyond a diagonal decay (issue 14; docs/design.md: operations):
+// The fp64 oracle of the update forms beyond a diagonal decay (issue 14; docs/operations.md):
 // a direct loop over the equations, in double, on dense row-major arrays, sharing no code with
 // ladle. The layout, GQA, reverse, cu_seqlens and state conventions are the recurrent oracle's
 // (recurrent_reference.h): q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V], the state per query head,

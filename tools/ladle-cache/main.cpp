@@ -1,5 +1,5 @@
-// ladle-cache: lists, sizes and clears the compile cache (docs/design.md: the cache) and the
-// tuned-config cache beside it (section 4).
+// ladle-cache: lists, sizes and clears the compile cache (docs/caches.md) and the
+// tuned-config cache beside it.
 //   ladle-cache list | size | path | tuned [-v] | clear [--compiled | --tuned]
 #include <chrono>
 #include <ctime>
