@@ -1,8 +1,7 @@
 // A non-owning view of a host tensor (pointer, element type, shape, strides in elements):
 // what the CPU path reads and writes and what the ops take. It stands in until
 // ladle::Tensor (runtime/tensor.h) is merged; the ops will then gain Tensor overloads that
-// make one of these, so nothing below the ops needs to change. The enumerators follow
-// ladle::DType's order so that the mapping is a cast.
+// make one of these, so nothing below the ops needs to change.
 #pragma once
 
 #include <cstddef>
@@ -10,40 +9,14 @@
 #include <cstring>
 #include <vector>
 
+#include <ladle/tensor/dtype.h>
+
 namespace ladle {
-
-enum class ElementType : std::uint8_t { f32, f16, bf16, f64, i32, i64, u8 };
-
-constexpr const char* element_type_name(ElementType type) {
-  switch (type) {
-    case ElementType::f32: return "f32";
-    case ElementType::f16: return "f16";
-    case ElementType::bf16: return "bf16";
-    case ElementType::f64: return "f64";
-    case ElementType::i32: return "i32";
-    case ElementType::i64: return "i64";
-    case ElementType::u8: return "u8";
-  }
-  return "?";
-}
-
-constexpr std::size_t element_size(ElementType type) {
-  switch (type) {
-    case ElementType::f64:
-    case ElementType::i64: return 8;
-    case ElementType::f32:
-    case ElementType::i32: return 4;
-    case ElementType::f16:
-    case ElementType::bf16: return 2;
-    case ElementType::u8: return 1;
-  }
-  return 0;
-}
 
 struct TensorView {
   // Inputs are only read through a view; the const is dropped so that one type serves both.
   void* data = nullptr;
-  ElementType type = ElementType::f32;
+  DType type = DType::f32;
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> strides;  // in elements; may be 0 (broadcast) or negative
 
@@ -55,7 +28,7 @@ struct TensorView {
   }
 
   // A dense row-major view.
-  static TensorView contiguous(const void* data, ElementType type, std::vector<std::int64_t> shape) {
+  static TensorView contiguous(const void* data, DType type, std::vector<std::int64_t> shape) {
     TensorView view;
     view.data = const_cast<void*>(data);
     view.type = type;
@@ -74,13 +47,13 @@ inline std::size_t span_bytes(const TensorView& view) {
     if (view.shape[d] == 0) return 0;
     last += (view.shape[d] - 1) * view.strides[d];
   }
-  return static_cast<std::size_t>(last + 1) * element_size(view.type);
+  return static_cast<std::size_t>(last + 1) * dtype_size(view.type);
 }
 
 // The i32 or i64 element at `offset` (in elements) of an integer view, as int64.
 inline std::int64_t load_integer(const TensorView& view, std::int64_t offset) {
-  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));
-  if (view.type == ElementType::i32) {
+  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(dtype_size(view.type));
+  if (view.type == DType::i32) {
     std::int32_t x;
     std::memcpy(&x, p, sizeof x);
     return x;

@@ -61,8 +61,8 @@ AttentionResult run_on_gpu(const ir::AttentionVariant& variant, const TensorView
   AttentionOutputs outputs{o.view, std::nullopt};
   std::optional<gpu::Uploaded> lse;
   if (options.return_lse) {
-    result.lse.emplace(ElementType::f32, host.lse_shape());
-    lse = gpu::poisoned(ElementType::f32, host.lse_shape());
+    result.lse.emplace(DType::f32, host.lse_shape());
+    lse = gpu::poisoned(DType::f32, host.lse_shape());
     outputs.lse = lse->view;
   }
   ops::bind_attention_outputs(op, options, outputs, device);
@@ -83,7 +83,7 @@ AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorV
   AttentionResult result{HostTensor(args.type, args.output_shape()), std::nullopt};
   AttentionOutputs outputs{result.o.view(), std::nullopt};
   if (options.return_lse) {
-    result.lse.emplace(ElementType::f32, args.lse_shape());
+    result.lse.emplace(DType::f32, args.lse_shape());
     outputs.lse = result.lse->view();
   }
   ops::bind_attention_outputs(op, options, outputs, args);
@@ -186,7 +186,7 @@ void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, At
   // Device gradients in the host gradients' shapes, seen through the canonical views.
   std::vector<std::pair<HostTensor*, gpu::Uploaded*>> downloads;
   const auto gradient = [&](HostTensor& host, const TensorView& canonical) {
-    keep.push_back(gpu::poisoned(ElementType::f32, host.shape()));
+    keep.push_back(gpu::poisoned(DType::f32, host.shape()));
     downloads.emplace_back(&host, &keep.back());
     return broadcast_like(keep.back().view, canonical);
   };
@@ -222,8 +222,8 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
                std::string(args.packed ? "[Tq,H,Dv] = " : "[B,Tq,H,Dv] = ") + ops::detail::shape_text(args.output_shape()));
   check.data("d_output", d_output);
 
-  AttentionGradients out{HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
-                         HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
+  AttentionGradients out{HostTensor(DType::f32, saved.q.shape, 0.0f), HostTensor(DType::f32, saved.k.shape, 0.0f),
+                         HostTensor(DType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
   cpu::AttentionGrads grads;
   grads.d_output = ops::detail::lead_with_ones(d_output, 4);
   grads.dq = broadcast_like(out.dq.view(), args.q);
@@ -234,12 +234,12 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
     const ir::Input& in = saved.variant.inputs[i];
     if (in.role != ir::Role::other || in.kind == ir::InputKind::scalar) continue;
     const TensorView& given = saved.inputs.tensors.at(in.name);
-    if (given.type == ElementType::u8) continue;  // a mask: no gradient
-    HostTensor& g = out.inputs.emplace(in.name, HostTensor(ElementType::f32, given.shape, 0.0f)).first->second;
+    if (given.type == DType::u8) continue;  // a mask: no gradient
+    HostTensor& g = out.inputs.emplace(in.name, HostTensor(DType::f32, given.shape, 0.0f)).first->second;
     grads.d_tensors[i] = broadcast_like(g.view(), args.tensors[i]);
   }
   if (args.softmax_aux) {
-    out.d_softmax_aux.emplace(ElementType::f32, saved.options.softmax_aux->shape, 0.0f);
+    out.d_softmax_aux.emplace(DType::f32, saved.options.softmax_aux->shape, 0.0f);
     grads.d_softmax_aux = broadcast_like(out.d_softmax_aux->view(), *args.softmax_aux);
   }
   if (saved.o && saved.lse) {

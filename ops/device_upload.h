@@ -21,6 +21,6 @@ Uploaded upload(const TensorView& host);
 
 // A device buffer for a dense tensor of this type and shape, every byte 0xff (NaN in every
 // float type, so an element a kernel skips stands out), and its view.
-Uploaded poisoned(ElementType type, const std::vector<std::int64_t>& shape);
+Uploaded poisoned(DType type, const std::vector<std::int64_t>& shape);
 
 }  // namespace ladle::gpu

@@ -43,10 +43,10 @@ std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::st
   std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
   if constexpr (requires { spec.phase; })
     key += std::string("|") + cuda::to_string(spec.phase) + (spec.segmented ? "|segmented" : "") + (spec.suffix_states ? "|suffix" : "");
-  for (ElementType t : spec.input_types) key += element_type_name(t);
-  key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse,
-                     spec.varlen, element_type_name(spec.cu_seqlens_type), spec.initial_state,
-                     element_type_name(spec.initial_state_type), spec.final_state);
+  for (DType t : spec.input_types) key += dtype_name(t);
+  key += fmt::format("|{}{}{}{}{}{}{}", dtype_name(spec.output_type), spec.reverse,
+                     spec.varlen, dtype_name(spec.cu_seqlens_type), spec.initial_state,
+                     dtype_name(spec.initial_state_type), spec.final_state);
   return key;
 }
 
@@ -166,13 +166,13 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
   const auto& args = bound.args;
   cuda::KernelTypes spec;
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32
+    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? DType::f32
                                                                                : args.tensors[i].type);
   }
   spec.output_type = bound.args.output.data ? bound.args.output.type : bound.dims.type;  // o bound: its dtype
   spec.reverse = args.reverse;
   spec.varlen = !args.cu_seqlens.empty();
-  spec.cu_seqlens_type = ElementType::i64;
+  spec.cu_seqlens_type = DType::i64;
   spec.initial_state = args.initial_state.has_value();
   if (args.initial_state) spec.initial_state_type = args.initial_state->type;
   spec.final_state = options.return_state;
@@ -225,7 +225,7 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Role role = variant.inputs[i].role;
     if ((role == ir::Role::query || role == ir::Role::key || role == ir::Role::value) &&
-        args.tensors[i].type != ElementType::f16 && args.tensors[i].type != ElementType::bf16)
+        args.tensors[i].type != DType::f16 && args.tensors[i].type != DType::bf16)
       return Algorithm::recurrent;  // fp32 inputs keep fp32 products
   }
   // Tokens per sequence: T, or the mean length of the packed sequences.
@@ -268,8 +268,8 @@ std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& boun
     const bool gate_input = std::find(gate.begin(), gate.end(), static_cast<int>(i)) != gate.end();
     if (role != ir::Role::query && role != ir::Role::key && role != ir::Role::value && !gate_input) continue;
     const TensorView& view = bound.args.tensors[i];
-    if (!gate_input && view.type != ElementType::bf16) return variant.inputs[i].name + " is not bf16";
-    if (gate_input && view.type != ElementType::bf16 && view.type != ElementType::f16) return variant.inputs[i].name + " is not 16-bit";
+    if (!gate_input && view.type != DType::bf16) return variant.inputs[i].name + " is not bf16";
+    if (gate_input && view.type != DType::bf16 && view.type != DType::f16) return variant.inputs[i].name + " is not 16-bit";
     const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
     if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
   }
@@ -323,7 +323,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
     cuda::ChunkedKernelSpec types;
     types.tile = ws;
     for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-      types.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32 : args.tensors[i].type);
+      types.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? DType::f32 : args.tensors[i].type);
     if (valid(ws) && cuda::chunked_ws_unsupported(variant, types).empty() && ws_copyable(variant, bound).empty()) return ws;
   }
   // sm_90a: the state update on wgmma where the warps cover the state in whole warpgroups
@@ -381,7 +381,7 @@ std::string ws_states_copyable(const ir::Variant& variant, const ops::BoundInput
     if (variant.inputs[i].role == ir::Role::key || variant.inputs[i].role == ir::Role::value) inputs.push_back(static_cast<int>(i));
   for (int i : inputs) {
     const TensorView& view = bound.args.tensors[static_cast<std::size_t>(i)];
-    if (view.type != ElementType::bf16 && view.type != ElementType::f16) return variant.inputs[i].name + " is not 16-bit";
+    if (view.type != DType::bf16 && view.type != DType::f16) return variant.inputs[i].name + " is not 16-bit";
     const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
     if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
   }
@@ -492,9 +492,9 @@ std::string delta_spec_key(const ir::Variant& variant, const cuda::ChunkedDeltaS
   const char* phase = spec.phase == cuda::ChunkedDeltaPhase::prepare ? "prepare" : spec.phase == cuda::ChunkedDeltaPhase::states ? "states" : "outputs";
   std::string key = ir::hash_hex(variant) + "|" + arch + "|delta|" + phase +
                     fmt::format("|{}|{}|{}", spec.block_k, spec.value_pad, spec.vector_loads);
-  for (ElementType t : spec.input_types) key += element_type_name(t);
-  key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse, spec.varlen,
-                     element_type_name(spec.cu_seqlens_type), spec.initial_state, element_type_name(spec.initial_state_type),
+  for (DType t : spec.input_types) key += dtype_name(t);
+  key += fmt::format("|{}{}{}{}{}{}{}", dtype_name(spec.output_type), spec.reverse, spec.varlen,
+                     dtype_name(spec.cu_seqlens_type), spec.initial_state, dtype_name(spec.initial_state_type),
                      spec.final_state);
   return key;
 }
@@ -515,7 +515,7 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     if (variant.inputs[i].role == ir::Role::other) continue;
     const TensorView& x = args.tensors[i];
-    const bool sixteen = x.type == ElementType::bf16 || x.type == ElementType::f16;
+    const bool sixteen = x.type == DType::bf16 || x.type == DType::f16;
     const bool aligned = reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.strides[3] == 1 &&
                          (x.shape[0] == 1 || x.strides[0] % 8 == 0) && x.strides[1] % 8 == 0 && x.strides[2] % 8 == 0;
     vector_loads = vector_loads && sixteen && aligned;
@@ -737,18 +737,18 @@ RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, con
   if (options.initial_state) device_options.initial_state = put(*options.initial_state);
 
   RecurrentResult result{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt};
-  DeviceBuffer o(static_cast<std::size_t>(result.o.numel()) * element_size(bound.dims.type));
+  DeviceBuffer o(static_cast<std::size_t>(result.o.numel()) * dtype_size(bound.dims.type));
   o.fill_bytes(0xff);  // NaN in every float type: an element the kernel skips stands out
   RecurrentOutputs outputs{TensorView::contiguous(reinterpret_cast<const void*>(o.device_ptr()),
                                                   bound.dims.type, bound.dims.output_shape()),
                            std::nullopt};
   DeviceBuffer state;
   if (options.return_state) {
-    result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
+    result.final_state.emplace(DType::f32, bound.dims.state_shape());
     state = DeviceBuffer(static_cast<std::size_t>(result.final_state->numel()) * 4);
     state.fill_bytes(0xff);
     outputs.final_state = TensorView::contiguous(reinterpret_cast<const void*>(state.device_ptr()),
-                                                 ElementType::f32, bound.dims.state_shape());
+                                                 DType::f32, bound.dims.state_shape());
   }
   gpu::run_variant_into(variant, dq, dk, dv, device_inputs, device_options, outputs);
   Device::get().synchronize();

@@ -33,7 +33,7 @@ RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, con
   RecurrentResult result{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt};
   RecurrentOutputs outputs{result.o.view(), std::nullopt};
   if (options.return_state) {
-    result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
+    result.final_state.emplace(DType::f32, bound.dims.state_shape());
     outputs.final_state = result.final_state->view();
   }
   ops::bind_outputs(op, options, outputs, bound);
@@ -83,7 +83,7 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
   out.saved.options.backend = Backend::cpu;
   RecurrentOutputs outputs{out.result.o.view(), std::nullopt};
   if (options.return_state) {
-    out.result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
+    out.result.final_state.emplace(DType::f32, bound.dims.state_shape());
     outputs.final_state = out.result.final_state->view();
   }
   ops::bind_outputs(op, options, outputs, bound);
@@ -113,8 +113,8 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
   const ops::detail::Checker check(op);
   if (!saved.valid) check.fail("saved holds no forward (make it with run_variant_for_backward)");
   BackwardSetup s{ops::bind_inputs(op, variant, saved.q, saved.k, saved.v, saved.inputs, saved.options),
-                  {HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
-                   HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt},
+                  {HostTensor(DType::f32, saved.q.shape, 0.0f), HostTensor(DType::f32, saved.k.shape, 0.0f),
+                   HostTensor(DType::f32, saved.v.shape, 0.0f), {}, std::nullopt},
                   {},
                   std::nullopt};
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
@@ -129,7 +129,7 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
     if (in.role == ir::Role::query) target = &s.out.dq;
     else if (in.role == ir::Role::key) target = &s.out.dk;
     else if (in.role == ir::Role::value) target = &s.out.dv;
-    else target = &s.out.inputs.emplace(in.name, HostTensor(ElementType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
+    else target = &s.out.inputs.emplace(in.name, HostTensor(DType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
     // The canonical view bind_inputs made of the input, over the gradient's memory.
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
     TensorView view = ops::detail::lead_with_ones(target->view(), rank);
@@ -137,7 +137,7 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
     s.d_tensors[i] = view;
   }
   if (saved.options.initial_state) {
-    s.out.d_initial_state.emplace(ElementType::f32, d.state_shape(), 0.0f);
+    s.out.d_initial_state.emplace(DType::f32, d.state_shape(), 0.0f);
     s.d_initial_state = s.out.d_initial_state->view();
   }
   return s;
@@ -178,7 +178,7 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   const bool reverse = a.reverse;
   const cpu::RecurrentSlotTensors slots = cpu::materialize_slots(variant, a);
   const auto tensor = [](const std::vector<float>& values, std::vector<std::int64_t> shape) {
-    HostTensor t(ElementType::f32, std::move(shape), 0.0f);
+    HostTensor t(DType::f32, std::move(shape), 0.0f);
     std::copy(values.begin(), values.end(), static_cast<float*>(t.data()));
     return t;
   };
@@ -201,7 +201,7 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
     for (std::int64_t f = 0; f < K; ++f) qs[r * static_cast<std::size_t>(K) + static_cast<std::size_t>(f)] *= slots.scale[r];
   const HostTensor q_s = tensor(qs, {B, T, H, K}), k_f = tensor(slots.k, {B, T, H, K}), v_f = tensor(slots.v, {B, T, H, V});
   const HostTensor log_a = tensor(slots.log_a, {B, T, H, K}), log_b = tensor(slots.log_b, {B, T, H, V});
-  HostTensor d_o(ElementType::f32, {B, T, H, V}, 0.0f);
+  HostTensor d_o(DType::f32, {B, T, H, V}, 0.0f);
   {
     const TensorView g = ops::detail::lead_with_ones(d_output, 4);
     for (std::int64_t b = 0; b < B; ++b)
@@ -209,14 +209,14 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
         for (std::int64_t h = 0; h < H; ++h)
           for (std::int64_t j = 0; j < V; ++j) {
             const auto* p = static_cast<const std::byte*>(g.data) +
-                            (b * g.strides[0] + t * g.strides[1] + h * g.strides[2] + j * g.strides[3]) * static_cast<std::int64_t>(element_size(g.type));
-            static_cast<float*>(d_o.data())[((b * T + t) * H + h) * V + j] = narrow_float::load(p, g.type);
+                            (b * g.strides[0] + t * g.strides[1] + h * g.strides[2] + j * g.strides[3]) * static_cast<std::int64_t>(dtype_size(g.type));
+            static_cast<float*>(d_o.data())[((b * T + t) * H + h) * V + j] = load_float(p, g.type);
           }
   }
   // The decays shifted one step along the recurrence (the backward's dS_t = A_(t+1) dS_(t+1) B_(t+1) + ...):
   // at each token the next step's, 0 at a sequence's last step.
   const auto shifted = [&](const HostTensor& x, std::int64_t D) {
-    HostTensor out(ElementType::f32, x.shape(), 0.0f);
+    HostTensor out(DType::f32, x.shape(), 0.0f);
     for (std::int64_t n = 0; n < N; ++n) {
       const auto [begin, end] = bounds(n);
       for (std::int64_t step = 0; step + 1 < end - begin; ++step)
@@ -227,14 +227,14 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   };
   const HostTensor log_a_next = shifted(log_a, K), log_b_next = shifted(log_b, V);
   const auto transpose_state = [&](const HostTensor& x, std::int64_t rows, std::int64_t cols) {  // [N,H,rows,cols] -> [N,H,cols,rows]
-    HostTensor out(ElementType::f32, {N, H, cols, rows}, 0.0f);
+    HostTensor out(DType::f32, {N, H, cols, rows}, 0.0f);
     for (std::int64_t p = 0; p < N * H; ++p)
       for (std::int64_t i = 0; i < rows; ++i)
         for (std::int64_t j = 0; j < cols; ++j)
           static_cast<float*>(out.data())[(p * cols + j) * rows + i] = floats(x)[(p * rows + i) * cols + j];
     return out;
   };
-  HostTensor d_final(ElementType::f32, {N, H, K, V}, 0.0f);
+  HostTensor d_final(DType::f32, {N, H, K, V}, 0.0f);
   if (d_final_state)
     for (std::int64_t e = 0; e < d_final.numel(); ++e) {
       const TensorView& g = *d_final_state;
@@ -243,7 +243,7 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
         offset += rest % g.shape[static_cast<std::size_t>(dim)] * g.strides[static_cast<std::size_t>(dim)];
         rest /= g.shape[static_cast<std::size_t>(dim)];
       }
-      d_final.set(e, narrow_float::load(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(element_size(g.type)), g.type));
+      d_final.set(e, load_float(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(dtype_size(g.type)), g.type));
     }
 
   // One recurrence of the plain form: S = diag(exp(gk)) S diag(exp(gv)) + k v^T, o = q^T S.
@@ -264,7 +264,7 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   std::optional<HostTensor> h0_t;  // the initial state, f32 and transposed
   std::optional<HostTensor> h0;
   if (saved.options.initial_state) {
-    HostTensor h(ElementType::f32, {N, H, K, V}, 0.0f);
+    HostTensor h(DType::f32, {N, H, K, V}, 0.0f);
     const TensorView& g = *a.initial_state;
     for (std::int64_t e = 0; e < h.numel(); ++e) {
       std::int64_t rest = e, offset = 0;
@@ -272,7 +272,7 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
         offset += rest % g.shape[static_cast<std::size_t>(dim)] * g.strides[static_cast<std::size_t>(dim)];
         rest /= g.shape[static_cast<std::size_t>(dim)];
       }
-      h.set(e, narrow_float::load(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(element_size(g.type)), g.type));
+      h.set(e, load_float(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(dtype_size(g.type)), g.type));
     }
     h0_t = transpose_state(h, K, V);
     h0 = std::move(h);

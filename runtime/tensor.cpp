@@ -17,29 +17,7 @@
 
 namespace ladle {
 
-namespace detail {
-void throw_unknown_dtype(int value) {
-  throw InvalidArgument(fmt::format("DType value {} is not one of ladle's dtypes", value));
-}
-}  // namespace detail
-
 namespace {
-
-struct DTypeNames {
-  DType dtype;
-  std::string_view name;
-  std::array<std::string_view, 3> aliases;  // "" where a dtype has fewer
-};
-
-constexpr std::array<DTypeNames, 7> kDTypeNames{{
-    {DType::f32, "float32", {"f32", "fp32", "float"}},
-    {DType::f16, "float16", {"f16", "fp16", "half"}},
-    {DType::bf16, "bfloat16", {"bf16", "", ""}},
-    {DType::f64, "float64", {"f64", "fp64", "double"}},
-    {DType::i32, "int32", {"i32", "int", ""}},
-    {DType::i64, "int64", {"i64", "", ""}},
-    {DType::u8, "uint8", {"u8", "", ""}},
-}};
 
 template <class T>
 constexpr bool is_16bit_float = std::same_as<T, half> || std::same_as<T, bfloat16>;
@@ -198,36 +176,6 @@ void read_as_double(const Tensor& tensor, std::size_t begin, std::size_t count, 
 }
 
 }  // namespace
-
-std::string dtype_name(DType dtype) {
-  for (const auto& names : kDTypeNames) {
-    if (names.dtype == dtype) return std::string(names.name);
-  }
-  detail::throw_unknown_dtype(static_cast<int>(dtype));
-}
-
-std::size_t dtype_size(DType dtype) {
-  return visit_dtype(dtype, [](auto tag) { return sizeof(typename decltype(tag)::type); });
-}
-
-DType parse_dtype(std::string_view name) {
-  std::string lowered(name);
-  std::transform(lowered.begin(), lowered.end(), lowered.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  std::vector<std::string> accepted;
-  for (const auto& names : kDTypeNames) {
-    if (lowered == names.name) return names.dtype;
-    std::string listed(names.name);
-    for (const std::string_view alias : names.aliases) {
-      if (alias.empty()) continue;
-      if (lowered == alias) return names.dtype;
-      listed += fmt::format("/{}", alias);
-    }
-    accepted.push_back(std::move(listed));
-  }
-  throw InvalidArgument(fmt::format("parse_dtype: '{}' is not a dtype; expected one of {}", name,
-                                    fmt::join(accepted, ", ")));
-}
 
 Tensor::Tensor() : storage_(xt::xarray<float>::from_shape(std::vector<std::size_t>{0})) {}
 

@@ -15,56 +15,9 @@
 
 #include <xtensor/xarray.hpp>
 
-#include "half.h"
+#include <ladle/tensor/dtype.h>
 
 namespace ladle {
-
-namespace detail {
-[[noreturn]] void throw_unknown_dtype(int value);
-}  // namespace detail
-
-// The enumerators' order is the order of Tensor's storage variant.
-enum class DType { f32, f16, bf16, f64, i32, i64, u8 };
-
-// numpy's names: "float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8".
-std::string dtype_name(DType dtype);
-std::size_t dtype_size(DType dtype);
-// Case-insensitive; accepts the numpy name and the usual short forms ("f32", "fp32", "float",
-// "bf16", "f16", "fp16", "half", "f64", "double", "i32", "int", "i64", "u8", ...). Throws
-// InvalidArgument listing every accepted name.
-DType parse_dtype(std::string_view name);
-
-template <class T>
-concept TensorElement =
-    std::same_as<T, float> || std::same_as<T, half> || std::same_as<T, bfloat16> ||
-    std::same_as<T, double> || std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
-    std::same_as<T, std::uint8_t>;
-
-template <TensorElement T>
-inline constexpr DType dtype_of = std::same_as<T, float>          ? DType::f32
-                                  : std::same_as<T, half>         ? DType::f16
-                                  : std::same_as<T, bfloat16>     ? DType::bf16
-                                  : std::same_as<T, double>       ? DType::f64
-                                  : std::same_as<T, std::int32_t> ? DType::i32
-                                  : std::same_as<T, std::int64_t> ? DType::i64
-                                                                  : DType::u8;
-
-// Runs f(std::type_identity<T>{}) for the element type T of dtype, so that code can be
-// written once for every dtype: visit_dtype(t.dtype(), [&](auto tag) {
-//   using T = typename decltype(tag)::type; ... t.array<T>() ... });
-template <class F>
-decltype(auto) visit_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f(std::type_identity<float>{});
-    case DType::f16: return f(std::type_identity<half>{});
-    case DType::bf16: return f(std::type_identity<bfloat16>{});
-    case DType::f64: return f(std::type_identity<double>{});
-    case DType::i32: return f(std::type_identity<std::int32_t>{});
-    case DType::i64: return f(std::type_identity<std::int64_t>{});
-    case DType::u8: return f(std::type_identity<std::uint8_t>{});
-  }
-  detail::throw_unknown_dtype(static_cast<int>(dtype));
-}
 
 class Tensor {
  public:

@@ -29,7 +29,7 @@ std::vector<float> random(std::mt19937& rng, std::size_t n, float spread = 1.0f)
 }
 
 TensorView view(const std::vector<float>& data, std::vector<std::int64_t> shape) {
-  return TensorView::contiguous(data.data(), ElementType::f32, std::move(shape));
+  return TensorView::contiguous(data.data(), DType::f32, std::move(shape));
 }
 
 // The recurrence as a loop, in double: `step(b, t, h, S, o)` updates S [K][V] and writes o [V].

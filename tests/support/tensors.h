@@ -18,7 +18,7 @@ struct Filled {
 };
 
 template <class Draw>
-Filled filled(ladle::ElementType type, std::vector<std::int64_t> shape, Draw&& draw) {
+Filled filled(ladle::DType type, std::vector<std::int64_t> shape, Draw&& draw) {
   Filled f{ladle::HostTensor(type, std::move(shape)), {}};
   f.values.resize(static_cast<std::size_t>(f.tensor.numel()));
   for (std::int64_t i = 0; i < f.tensor.numel(); ++i) {
@@ -28,14 +28,14 @@ Filled filled(ladle::ElementType type, std::vector<std::int64_t> shape, Draw&& d
   return f;
 }
 
-inline Filled normal(std::mt19937_64& rng, ladle::ElementType type, std::vector<std::int64_t> shape,
+inline Filled normal(std::mt19937_64& rng, ladle::DType type, std::vector<std::int64_t> shape,
                      double stddev = 1.0) {
   std::normal_distribution<double> dist(0.0, stddev);
   return filled(type, std::move(shape), [&] { return dist(rng); });
 }
 
 // A log-space gate as GLA makes one: logsigmoid(x) / 16, x ~ N(0, 1); in (-0.3, 0).
-inline Filled log_gate(std::mt19937_64& rng, ladle::ElementType type, std::vector<std::int64_t> shape) {
+inline Filled log_gate(std::mt19937_64& rng, ladle::DType type, std::vector<std::int64_t> shape) {
   std::normal_distribution<double> dist(0.0, 1.0);
   return filled(type, std::move(shape), [&] {
     const double x = dist(rng);
@@ -67,6 +67,6 @@ inline double relative_error(const ladle::HostTensor& out, const std::vector<dou
   return relative_error(values_of(out), ref);
 }
 
-inline double tolerance(ladle::ElementType type) { return type == ladle::ElementType::f32 ? 1e-5 : 1e-2; }
+inline double tolerance(ladle::DType type) { return type == ladle::DType::f32 ? 1e-5 : 1e-2; }
 
 }  // namespace test
