@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "tensor_view.h"
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::cpu {
 

@@ -47,7 +47,7 @@
 
 #include <ladle/dsl/attention_ir.h>
 
-#include "tensor_view.h"
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::cuda {
 

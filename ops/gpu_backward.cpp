@@ -1,6 +1,7 @@
 #include "gpu_backward.h"
 
 #include <algorithm>
+#include <deque>
 #include <array>
 #include <cmath>
 #include <variant>
@@ -15,7 +16,6 @@
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
-#include "device_upload.h"
 #include "recurrent.h"
 
 namespace ladle::gpu {
@@ -54,7 +54,7 @@ Scratch scratch(DType type, const std::vector<std::int64_t>& shape, const Stream
   std::int64_t n = 1;
   for (std::int64_t s : shape) n *= s;
   Scratch out{DeviceBuffer::on_stream(std::max<std::size_t>(16, static_cast<std::size_t>(n) * dtype_size(type)), stream), {}};
-  out.view = TensorView::contiguous(reinterpret_cast<const void*>(out.buffer.device_ptr()), type, shape);
+  out.view = out.buffer.view(type, shape);
   return out;
 }
 
@@ -451,10 +451,11 @@ void run_variant_backward(const ir::Variant& variant, const TensorView& q, const
   const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_backward(op, bound, d_output, d_final_state);
   Device::get();
-  std::vector<Uploaded> keep;
+  std::deque<Tensor> keep;
   const auto put = [&](const TensorView& host) {
-    keep.push_back(upload(host));
-    return keep.back().view;
+    require_host(op, "an input", host, "gpu::run_variant_backward takes host tensors (run_variant_backward_into device ones)");
+    keep.push_back(Tensor::copy_of(host, Location::device(0)));
+    return keep.back().view();
   };
   VariantInputs device_inputs;
   device_inputs.scalars = inputs.scalars;
@@ -465,19 +466,20 @@ void run_variant_backward(const ir::Variant& variant, const TensorView& q, const
   std::optional<TensorView> d_final;
   if (d_final_state) d_final = put(*d_final_state);
   // The gradients on the device, then back into the caller's host tensors.
-  std::vector<std::pair<Uploaded, TensorView>> outs;
+  std::deque<std::pair<Tensor, TensorView>> outs;
   const auto out = [&](const TensorView& host) {
     if (host.type != DType::f32 || host.strides != TensorView::contiguous(nullptr, DType::f32, host.shape).strides)
       throw InvalidArgument(op + ": host gradients must be fp32 and contiguous");
-    outs.emplace_back(poisoned(DType::f32, host.shape), host);
-    return outs.back().first.view;
+    require_host(op, "a gradient", host, "gpu::run_variant_backward writes host tensors (run_variant_backward_into device ones)");
+    outs.emplace_back(Tensor(DType::f32, host.shape, Location::device(0)), host);
+    return outs.back().first.view();
   };
   RecurrentGradientViews device_grads{out(gradients.dq), out(gradients.dk), out(gradients.dv), {}, std::nullopt};
   for (const auto& [name, view] : gradients.inputs) device_grads.inputs[name] = out(view);
   if (gradients.d_initial_state) device_grads.d_initial_state = out(*gradients.d_initial_state);
   run_variant_backward_into(variant, dq, dk, dv, device_inputs, device_options, d_o, d_final, device_grads);
   Device::get().synchronize();
-  for (auto& [device, host] : outs) device.buffer.copy_to_host(host.data, device.buffer.bytes());
+  for (auto& [device, host] : outs) copy(device.view(), host);
 }
 
 }  // namespace ladle::gpu

@@ -5,7 +5,6 @@
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
 #include "gpu_attention.h"
-#include "device_upload.h"
 #include "tune_recurrent.h"
 
 #include <algorithm>
@@ -578,7 +577,23 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs, const LaunchOptions& launch) {
   const std::string op = op_name(variant);
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
+  // Device tensors only (ladle::run_variant_into takes host ones too); cu_seqlens may be either: the
+  // checks read it on the host.
+  const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
+  require_device(op, "q", q, why);
+  require_device(op, "k", k, why);
+  require_device(op, "v", v, why);
+  for (const auto& [name, view] : inputs.tensors) require_device(op, name, view, why);
+  if (options.initial_state) require_device(op, "initial_state", *options.initial_state, why);
+  require_device(op, "o", outputs.o, why);
+  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
+  RunOptions checked = options;
+  std::optional<Tensor> seqlens;
+  if (options.cu_seqlens && options.cu_seqlens->on_device()) {
+    seqlens = Tensor::copy_of(*options.cu_seqlens, Location::host(), launch.stream);
+    checked.cu_seqlens = seqlens->view();
+  }
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
   ops::bind_outputs(op, options, outputs, bound);
   const auto& args = bound.args;
   if (args.initial_state && !is_contiguous(*args.initial_state))
@@ -712,49 +727,6 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     if (launch.stream) launch.stream->synchronize();
     else Device::get().synchronize();
   }
-}
-
-RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
-  const std::string op = op_name(variant);
-  // Check everything on the host first, so bad input never reaches the device.
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
-  // A bad tile or algorithm is bad input: refuse it before any GPU work.
-  const Algorithm algorithm = choose_algorithm(variant, bound, options);
-  if (algorithm == Algorithm::chunked && variant.update != ir::Update::delta) (void)chunked_kernel_spec(variant, bound, options);
-  else if (algorithm == Algorithm::recurrent) (void)kernel_spec(variant, bound, options);
-  Device::get();
-  std::vector<Uploaded> keep;
-  auto put = [&](const TensorView& host) {
-    keep.push_back(upload(host));
-    return keep.back().view;
-  };
-  const TensorView dq = put(q), dk = put(k), dv = put(v);
-  VariantInputs device_inputs;
-  device_inputs.scalars = inputs.scalars;
-  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = put(view);
-  RunOptions device_options = options;
-  if (options.initial_state) device_options.initial_state = put(*options.initial_state);
-
-  RecurrentResult result{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt};
-  DeviceBuffer o(static_cast<std::size_t>(result.o.numel()) * dtype_size(bound.dims.type));
-  o.fill_bytes(0xff);  // NaN in every float type: an element the kernel skips stands out
-  RecurrentOutputs outputs{TensorView::contiguous(reinterpret_cast<const void*>(o.device_ptr()),
-                                                  bound.dims.type, bound.dims.output_shape()),
-                           std::nullopt};
-  DeviceBuffer state;
-  if (options.return_state) {
-    result.final_state.emplace(DType::f32, bound.dims.state_shape());
-    state = DeviceBuffer(static_cast<std::size_t>(result.final_state->numel()) * 4);
-    state.fill_bytes(0xff);
-    outputs.final_state = TensorView::contiguous(reinterpret_cast<const void*>(state.device_ptr()),
-                                                 DType::f32, bound.dims.state_shape());
-  }
-  gpu::run_variant_into(variant, dq, dk, dv, device_inputs, device_options, outputs);
-  Device::get().synchronize();
-  o.copy_to_host(result.o.data(), o.bytes());
-  if (result.final_state) state.copy_to_host(result.final_state->data(), state.bytes());
-  return result;
 }
 
 }  // namespace ladle::gpu

@@ -138,12 +138,12 @@ class AttentionCandidate : public Candidate {
     std::int64_t n = 1;
     for (auto d : args.o.shape) n *= d;
     o_ = DeviceBuffer(static_cast<std::size_t>(n) * dtype_size(args.o.type));
-    args_.o = TensorView::contiguous(reinterpret_cast<const void*>(o_.device_ptr()), args.o.type, args.o.shape);
+    args_.o = o_.view(args.o.type, args.o.shape);
     if (args.lse) {
       std::int64_t m = 1;
       for (auto d : args.lse->shape) m *= d;
       lse_ = DeviceBuffer(static_cast<std::size_t>(m) * 4);
-      args_.lse = TensorView::contiguous(reinterpret_cast<const void*>(lse_.device_ptr()), DType::f32,
+      args_.lse = lse_.view(DType::f32,
                                          args.lse->shape);
     }
   }

@@ -61,13 +61,13 @@ class TileCandidate : public Candidate {
     std::int64_t n = 1;
     for (auto s : o_shape) n *= s;
     o_ = DeviceBuffer(static_cast<std::size_t>(n) * dtype_size(dims.type));
-    outputs_.o = TensorView::contiguous(reinterpret_cast<const void*>(o_.device_ptr()), dims.type, o_shape);
+    outputs_.o = o_.view(dims.type, o_shape);
     if (options.return_state) {
       std::int64_t s = 1;
       for (auto d : dims.state_shape()) s *= d;
       state_ = DeviceBuffer(static_cast<std::size_t>(s) * 4);
       outputs_.final_state =
-          TensorView::contiguous(reinterpret_cast<const void*>(state_.device_ptr()), DType::f32, dims.state_shape());
+          state_.view(DType::f32, dims.state_shape());
     }
   }
 

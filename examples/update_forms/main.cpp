@@ -44,7 +44,7 @@ std::vector<double> loop(Step step) {
   return out;
 }
 
-double error(const HostTensor& o, const std::vector<double>& ref) {
+double error(const Tensor& o, const std::vector<double>& ref) {
   double diff = 0, norm = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) diff += std::pow(o.get(static_cast<std::int64_t>(i)) - ref[i], 2), norm += ref[i] * ref[i];
   return std::sqrt(diff / norm);

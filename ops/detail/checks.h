@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include <ladle/codegen/tensor_view.h>
+#include <ladle/tensor/tensor_view.h>
 #include <ladle/runtime/error.h>
 
 namespace ladle::ops::detail {

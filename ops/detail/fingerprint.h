@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <ladle/codegen/tensor_view.h>
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::ops::detail {
 

@@ -20,14 +20,14 @@ using attention_cases::Case;
 
 // Random inputs of a case, bound as the op binds them, and the fp64 reference's view of them.
 struct Bound {
-  std::deque<HostTensor> store;
+  std::deque<Tensor> store;
   ops::AttentionArgs args;
   reference::Attention ref;
-  HostTensor o, lse;
+  Tensor o, lse;
 };
 
-inline HostTensor integers(DType type, std::vector<std::int64_t> shape, const std::vector<std::int64_t>& values) {
-  HostTensor t(type, std::move(shape), 0.0f);
+inline Tensor integers(DType type, std::vector<std::int64_t> shape, const std::vector<std::int64_t>& values) {
+  Tensor t(type, std::move(shape), 0.0f);
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (type == DType::i64) std::memcpy(static_cast<char*>(t.data()) + 8 * i, &values[i], 8);
     else {
@@ -66,7 +66,7 @@ inline Bound bind(const Case& c, std::uint64_t seed) {
     }
     if (in.name == "attention_mask") {
       std::bernoulli_distribution attend(0.8);
-      HostTensor mask(DType::u8, {c.B, 1, c.Tq, c.Tk}, 0.0f);
+      Tensor mask(DType::u8, {c.B, 1, c.Tq, c.Tk}, 0.0f);
       auto* bytes = static_cast<unsigned char*>(mask.data());
       ref.mask.assign(std::size_t(c.B) * c.H * c.Tq * c.Tk, false);
       for (std::int64_t e = 0; e < mask.numel(); ++e) bytes[e] = attend(rng) ? 1 : 0;
@@ -107,10 +107,10 @@ inline Bound bind(const Case& c, std::uint64_t seed) {
   }
   options.return_lse = c.lse;
   bound.args = ops::bind_attention(c.name, c.variant, q, k, v, inputs, options);
-  bound.o = HostTensor(c.type, bound.args.output_shape());  // NaN: a skipped element stands out
+  bound.o = Tensor(c.type, bound.args.output_shape());  // NaN: a skipped element stands out
   AttentionOutputs outputs{bound.o.view(), std::nullopt};
   if (c.lse) {
-    bound.lse = HostTensor(DType::f32, bound.args.lse_shape());
+    bound.lse = Tensor(DType::f32, bound.args.lse_shape());
     outputs.lse = bound.lse.view();
   }
   ops::bind_attention_outputs(c.name, options, outputs, bound.args);

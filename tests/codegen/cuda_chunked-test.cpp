@@ -417,7 +417,7 @@ TEST_CASE("chunked: the split form (state pass, then every chunk at once) comput
         cuda_emulation::launch(grid.x, grid.y, grid.z, kernel->threads, [&] { launcher.launch(arguments.data()); });
       }
       // The state pass wrote the state entering every chunk: nothing is left NaN.
-      HostTensor written(element == 4 ? DType::f32 : DType::bf16, {std::int64_t(chunk_states.size() / element)});
+      Tensor written(element == 4 ? DType::f32 : DType::bf16, {std::int64_t(chunk_states.size() / element)});
       std::memcpy(written.data(), chunk_states.data(), chunk_states.size());
       for (const double x : test::values_of(written)) REQUIRE(!std::isnan(x));
     });

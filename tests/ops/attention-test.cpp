@@ -20,7 +20,7 @@
 #include "support/tensors.h"
 
 using ladle::DType;
-using ladle::HostTensor;
+using ladle::Tensor;
 
 namespace {
 
@@ -83,8 +83,8 @@ std::uint64_t seed_of(Case c) {
 }
 
 // An integer tensor (i32, i64 or u8) holding `values`.
-HostTensor integers(DType type, Shape shape, const std::vector<std::int64_t>& values) {
-  HostTensor t(type, std::move(shape));
+Tensor integers(DType type, Shape shape, const std::vector<std::int64_t>& values) {
+  Tensor t(type, std::move(shape));
   REQUIRE(t.numel() == static_cast<std::int64_t>(values.size()));
   for (std::size_t i = 0; i < values.size(); ++i) {
     char* at = static_cast<char*>(t.data()) + i * ladle::dtype_size(type);
@@ -123,7 +123,7 @@ std::vector<T> expand(const std::vector<T>& values, const Shape& shape, const Ca
 }
 
 // lse rows the reference leaves at -inf must be -inf; the rest compare as a relative error.
-double lse_error(const HostTensor& out, const std::vector<double>& ref) {
+double lse_error(const Tensor& out, const std::vector<double>& ref) {
   if (out.numel() != static_cast<std::int64_t>(ref.size())) return std::numeric_limits<double>::infinity();
   std::vector<double> a, b;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -169,8 +169,8 @@ Qkv make_qkv(std::mt19937_64& rng, const Case& c) {
 
 struct Run {
   reference::AttentionOutput expected;
-  HostTensor o;
-  std::optional<HostTensor> lse;
+  Tensor o;
+  std::optional<Tensor> lse;
 };
 
 // o (and lse when asked) within the dtype's tolerance of the reference; rows that attend to
@@ -213,7 +213,7 @@ Run check_case(Case c) {
   options.threads = 2;
 
   std::optional<test::Filled> bias, sinks;
-  HostTensor mask, q_segments, kv_segments, cu_q, cu_k;
+  Tensor mask, q_segments, kv_segments, cu_q, cu_k;
   if (!c.bias_shape.empty()) {
     bias = test::normal(rng, c.bias_type, c.bias_shape);
     options.bias = bias->tensor.view();
@@ -237,7 +237,7 @@ Run check_case(Case c) {
     if (c.mask_type == DType::u8) {
       mask = integers(DType::u8, c.mask_shape, bits);
     } else {
-      mask = HostTensor(c.mask_type, c.mask_shape);
+      mask = Tensor(c.mask_type, c.mask_shape);
       for (std::size_t i = 0; i < bits.size(); ++i) mask.set(static_cast<std::int64_t>(i), bits[i] ? 1.0f : 0.0f);
     }
     options.attention_mask = mask.view();
@@ -285,11 +285,11 @@ Run check_case(Case c) {
   for (const ladle::Backend backend : test::backends()) {
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
     options.backend = backend;
-    Run run{expected, HostTensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)), std::nullopt};
+    Run run{expected, Tensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)), std::nullopt};
     ladle::AttentionOutputs outputs{run.o.view(), std::nullopt};
     if (c.return_lse) {
       // [H,total_q] for packed [T,H,D] inputs, else [B,H,Tq] (B = 1 when packed)
-      run.lse = HostTensor(DType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq});
+      run.lse = Tensor(DType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq});
       outputs.lse = run.lse->view();
     }
     ladle::attention_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, outputs);
@@ -561,7 +561,7 @@ Run check_variant(const ladle::ir::AttentionVariant& variant, const Case& c, con
   INFO(c.describe() << "\n" << ladle::ir::to_string(variant));
   options.threads = 2;
   options.return_lse = true;
-  HostTensor cu_q, cu_k;
+  Tensor cu_q, cu_k;
   if (!c.cu_seqlens_q.empty()) {
     cu_q = integers(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens_q.size())}, c.cu_seqlens_q);
     cu_k = integers(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens_k.size())}, c.cu_seqlens_k);
@@ -572,8 +572,8 @@ Run check_variant(const ladle::ir::AttentionVariant& variant, const Case& c, con
   for (const ladle::Backend backend : test::backends()) {
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
     options.backend = backend;
-    Run run{expected, HostTensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)),
-            HostTensor(DType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq})};
+    Run run{expected, Tensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)),
+            Tensor(DType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq})};
     ladle::run_attention_into(variant, qkv.q.tensor.view(), qkv.k.tensor.view(), qkv.v.tensor.view(), inputs, options,
                               {run.o.view(), run.lse->view()});
     compare(run, c.type, backend);
@@ -641,7 +641,7 @@ TEST_CASE("run_attention matches the reference for a user predicate with every m
             qkv.ref.bias = expand(bias->values, {1, c.H, c.Tq, c.Tk}, c);
           }
           if (c.soft_cap) qkv.ref.soft_cap = *c.soft_cap;
-          HostTensor q_segments, kv_segments;
+          Tensor q_segments, kv_segments;
           if (c.segments) {
             std::vector<std::int64_t> qs, ks;
             for (int b = 0; b < c.B; ++b) {

@@ -16,7 +16,7 @@
 
 using Catch::Contains;
 using ladle::DType;
-using ladle::HostTensor;
+using ladle::Tensor;
 using ladle::TensorView;
 
 namespace {
@@ -25,14 +25,14 @@ namespace {
 class Tensors {
  public:
   TensorView make(std::vector<std::int64_t> shape, DType type = DType::f32) {
-    HostTensor& t = store_.emplace_back(type, std::move(shape), 0.5f);
+    Tensor& t = store_.emplace_back(type, std::move(shape), 0.5f);
     if (type == DType::u8) std::memset(t.data(), 1, static_cast<std::size_t>(t.numel()));
     return t.view();
   }
   TensorView integers(std::vector<std::int64_t> values, std::vector<std::int64_t> shape = {},
                       DType type = DType::i64) {
     if (shape.empty()) shape = {static_cast<std::int64_t>(values.size())};
-    HostTensor& t = store_.emplace_back(type, std::move(shape), 0.0f);
+    Tensor& t = store_.emplace_back(type, std::move(shape), 0.0f);
     for (std::size_t i = 0; i < values.size(); ++i) {
       if (type == DType::i32) {
         const auto v = static_cast<std::int32_t>(values[i]);
@@ -45,7 +45,7 @@ class Tensors {
   }
 
  private:
-  std::deque<HostTensor> store_;
+  std::deque<Tensor> store_;
 };
 
 // The message names `word` as a whole word: "k" in "k has shape", not in "mask" or "keys".

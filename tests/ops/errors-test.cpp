@@ -12,7 +12,7 @@
 
 using Catch::Contains;
 using ladle::DType;
-using ladle::HostTensor;
+using ladle::Tensor;
 using ladle::TensorView;
 
 namespace {
@@ -24,7 +24,7 @@ class Tensors {
     return store_.emplace_back(type, std::move(shape), 0.5f).view();
   }
   TensorView offsets(std::vector<std::int64_t> values, DType type = DType::i64) {
-    HostTensor& t = store_.emplace_back(type, std::vector<std::int64_t>{static_cast<std::int64_t>(values.size())}, 0.0f);
+    Tensor& t = store_.emplace_back(type, std::vector<std::int64_t>{static_cast<std::int64_t>(values.size())}, 0.0f);
     for (std::size_t i = 0; i < values.size(); ++i) {
       if (type == DType::i32) {
         const auto v = static_cast<std::int32_t>(values[i]);
@@ -37,7 +37,7 @@ class Tensors {
   }
 
  private:
-  std::deque<HostTensor> store_;
+  std::deque<Tensor> store_;
 };
 
 }  // namespace

@@ -15,7 +15,7 @@
 #include <ladle/runtime/driver.h>
 
 using ladle::DType;
-using ladle::HostTensor;
+using ladle::Tensor;
 
 namespace {
 
@@ -131,9 +131,9 @@ void check_case(Case c) {
     options.initial_state = h0->tensor.view();
     ref.initial_state = h0->values;
   }
-  HostTensor cu_seqlens;
+  Tensor cu_seqlens;
   if (!c.cu_seqlens.empty()) {
-    cu_seqlens = HostTensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    cu_seqlens = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
     std::memcpy(cu_seqlens.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
     options.cu_seqlens = cu_seqlens.view();
   }
@@ -144,8 +144,8 @@ void check_case(Case c) {
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
     // Poisoned outputs: an element the op does not write stays NaN and fails the comparison.
     std::vector<std::int64_t> o_shape = token_shape(c.H, c.V);
-    HostTensor o(c.type, o_shape, std::numeric_limits<float>::quiet_NaN());
-    HostTensor final_state(DType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
+    Tensor o(c.type, o_shape, std::numeric_limits<float>::quiet_NaN());
+    Tensor final_state(DType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
     ladle::recurrent_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, {o.view(), final_state.view()});
 
     const double tolerance = test::tolerance(c.type);
@@ -264,7 +264,7 @@ TEST_CASE("recurrent reads strided views", "[ops][recurrent]") {
   const auto wide_k = test::normal(rng, DType::f32, {B, T, H, 2 * K});
   const auto wide_v = test::normal(rng, DType::f32, {B, T, H, 2 * V});
   const auto g_hbtk = test::log_gate(rng, DType::f32, {H, B, T, K});
-  const auto narrow = [](const ladle::HostTensor& t, int features) {
+  const auto narrow = [](const ladle::Tensor& t, int features) {
     ladle::TensorView view = t.view();
     view.shape.back() = features;
     return view;
@@ -310,7 +310,7 @@ TEST_CASE("gla is recurrent with g only, and lowers to the same variant", "[ops]
     const auto gamma = test::filled(DType::f32, {H}, [] { return -0.05; });
     const auto h0 = test::normal(rng, DType::f32, {2, H, K, V});
     const auto cu = [] {
-      HostTensor t(DType::i32, {3});
+      Tensor t(DType::i32, {3});
       const std::int32_t offsets[] = {0, 7, 12};
       std::memcpy(t.data(), offsets, sizeof offsets);
       return t;

@@ -18,7 +18,7 @@
 #include "support/tensors.h"
 
 using ladle::DType;
-using ladle::HostTensor;
+using ladle::Tensor;
 
 namespace {
 
@@ -108,9 +108,9 @@ void check_case(Case c) {
     options.initial_state = h0->tensor.view();
     ref.initial_state = h0->values;
   }
-  HostTensor cu_seqlens;
+  Tensor cu_seqlens;
   if (!c.cu_seqlens.empty()) {
-    cu_seqlens = HostTensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    cu_seqlens = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
     std::memcpy(cu_seqlens.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
     options.cu_seqlens = cu_seqlens.view();
   }
@@ -119,8 +119,8 @@ void check_case(Case c) {
   for (ladle::Backend backend : test::backends()) {
     options.backend = backend;
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
-    HostTensor o(c.type, token_shape(c.H, c.V), std::numeric_limits<float>::quiet_NaN());
-    HostTensor final_state(DType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
+    Tensor o(c.type, token_shape(c.H, c.V), std::numeric_limits<float>::quiet_NaN());
+    Tensor final_state(DType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
     const ladle::RecurrentOutputs outputs{o.view(), final_state.view()};
     if (c.form == Form::delta) ladle::delta_rule_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), beta->tensor.view(), options, outputs);
     if (c.form == Form::gated_delta)

@@ -81,7 +81,7 @@ TEST_CASE("the GLA gate written in the expression equals the precomputed gate", 
   const auto k = test::normal(rng, DType::f32, {s.B, s.T, s.H_kv, s.K});
   const auto v = test::normal(rng, DType::f32, {s.B, s.T, s.H_kv, s.V});
   const auto xs = test::normal(rng, DType::f32, {s.B, s.T, s.H, s.K}, 2.0);
-  HostTensor g(DType::f32, {s.B, s.T, s.H, s.K});
+  Tensor g(DType::f32, {s.B, s.T, s.H, s.K});
   for (std::int64_t i = 0; i < g.numel(); ++i) g.set(i, static_cast<float>(test::logsigmoid(xs.values[i]) / 16));
 
   const auto in_kernel = run_variant(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(),
@@ -113,7 +113,7 @@ TEST_CASE("feature maps on q and k with a normalised read", "[ops][variant]") {
       const auto v = test::normal(rng, type, {s.T, s.H_kv, s.V});
       const auto gs = test::log_gate(rng, type, {s.T, s.H, s.K});
       const auto gamma = test::filled(DType::f32, {s.H}, [] { return -0.1; });
-      HostTensor cu(DType::i64, {3});
+      Tensor cu(DType::i64, {3});
       const std::int64_t offsets[] = {0, 3, s.T};
       std::memcpy(cu.data(), offsets, sizeof offsets);
 

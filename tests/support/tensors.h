@@ -8,18 +8,18 @@
 #include <random>
 #include <vector>
 
-#include <ladle/ops/host_tensor.h>
+#include <ladle/runtime/tensor.h>
 
 namespace test {
 
 struct Filled {
-  ladle::HostTensor tensor;
+  ladle::Tensor tensor;
   std::vector<double> values;  // what the tensor holds, element by element
 };
 
 template <class Draw>
 Filled filled(ladle::DType type, std::vector<std::int64_t> shape, Draw&& draw) {
-  Filled f{ladle::HostTensor(type, std::move(shape)), {}};
+  Filled f{ladle::Tensor(type, std::move(shape)), {}};
   f.values.resize(static_cast<std::size_t>(f.tensor.numel()));
   for (std::int64_t i = 0; i < f.tensor.numel(); ++i) {
     f.tensor.set(i, static_cast<float>(draw()));
@@ -57,13 +57,13 @@ inline double relative_error(const std::vector<double>& out, const std::vector<d
   return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
 }
 
-inline std::vector<double> values_of(const ladle::HostTensor& t) {
+inline std::vector<double> values_of(const ladle::Tensor& t) {
   std::vector<double> out(static_cast<std::size_t>(t.numel()));
   for (std::int64_t i = 0; i < t.numel(); ++i) out[i] = t.get(i);
   return out;
 }
 
-inline double relative_error(const ladle::HostTensor& out, const std::vector<double>& ref) {
+inline double relative_error(const ladle::Tensor& out, const std::vector<double>& ref) {
   return relative_error(values_of(out), ref);
 }
 

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
     device.synchronize();
 
     const auto view = [](const ladle::DeviceBuffer& b, ladle::DType type, std::vector<std::int64_t> shape) {
-      return ladle::TensorView::contiguous(reinterpret_cast<const void*>(b.device_ptr()), type, std::move(shape));
+      return b.view(type, std::move(shape));
     };
     const auto bf16 = ladle::DType::bf16;
     const auto qv = view(q, bf16, {B, T, H, D}), kv = view(k, bf16, {B, T, H_kv, D}), vv = view(v, bf16, {B, T, H_kv, D});

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include <ladle/codegen/tensor_view.h>
+#include <ladle/tensor/tensor_view.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>

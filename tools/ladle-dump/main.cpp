@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
         // A call of these types with every query head (small host tensors, never read): the plan the
         // library makes for it, then each generated kernel and the helpers.
         const std::int64_t T = 64;
-        std::vector<ladle::HostTensor> keep;
+        std::vector<ladle::Tensor> keep;
         const auto tensor = [&](ladle::DType t, std::vector<std::int64_t> shape) {
           keep.emplace_back(t, std::move(shape), 0.0f);
           return keep.back().view();
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
         ladle::RunOptions options;
         options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
         options.reverse = reverse;
-        ladle::HostTensor offsets(ladle::DType::i64, {2});
+        ladle::Tensor offsets(ladle::DType::i64, {2});
         static_cast<std::int64_t*>(offsets.data())[0] = 0, static_cast<std::int64_t*>(offsets.data())[1] = T;
         if (varlen) options.cu_seqlens = offsets.view();
         if (states) options.initial_state = tensor(ladle::DType::f32, {1, 1, key_dim, value_dim});

@@ -69,7 +69,7 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
     std::int64_t n = 1;
     for (auto d : shape) n *= d;
     buffers.emplace_back(static_cast<std::size_t>(n) * ladle::dtype_size(of));
-    return ladle::TensorView::contiguous(reinterpret_cast<const void*>(buffers.back().device_ptr()), of, std::move(shape));
+    return buffers.back().view(of, std::move(shape));
   };
   const auto random = [&](std::vector<std::int64_t> shape, unsigned seed) {
     const ladle::TensorView made = view(type, std::move(shape));
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
       for (auto s : shape) n *= s;
       buffers.emplace_back(static_cast<std::size_t>(n) * 2);
       ladle::bench::fill(buffers.back(), type, seed, gate);
-      return ladle::TensorView::contiguous(reinterpret_cast<const void*>(buffers.back().device_ptr()), type,
+      return buffers.back().view(type,
                                            std::move(shape));
     };
     buffers.reserve(8);
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
       grad_buffers.reserve(8);
       const auto grad = [&](const ladle::TensorView& input) {
         grad_buffers.emplace_back(static_cast<std::size_t>(input.numel()) * 4);
-        return ladle::TensorView::contiguous(reinterpret_cast<const void*>(grad_buffers.back().device_ptr()), ladle::DType::f32,
+        return grad_buffers.back().view(ladle::DType::f32,
                                              input.shape);
       };
       ladle::gpu::RecurrentGradientViews grads{grad(q), grad(k), grad(v), {}, std::nullopt};
