@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "tensor_view.h"
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::cpu {
 
@@ -15,7 +15,7 @@ namespace ladle::cpu {
 // Under cu_seqlens, pair inputs are indexed by packed positions ([1,H,total_q,total_k]).
 struct AttentionArgs {
   bool packed = false;                  // q was [T,H,D] (with cu_seqlens)
-  ElementType type = ElementType::f32;  // of q, k, v and o
+  DType type = DType::f32;  // of q, k, v and o
   std::int64_t B = 0;                   // batch (1 under cu_seqlens)
   std::int64_t N = 0;                   // sequences: B, or the number of packed sequences
   std::int64_t Tq = 0, Tk = 0;          // tokens of q and of k/v (totals under cu_seqlens)

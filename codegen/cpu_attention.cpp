@@ -10,7 +10,7 @@
 
 #include "cpu_expr.h"
 #include "detail/parallel.h"
-#include "float16.h"
+#include <ladle/tensor/dtype.h>
 
 namespace ladle::cpu {
 
@@ -44,25 +44,25 @@ constexpr std::int64_t query_block = 32;  // query rows per work item
 
 // Any element as float (pair inputs may be u8 masks).
 float element(const TensorView& view, std::int64_t offset) {
-  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));
+  const auto* p = static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(dtype_size(view.type));
   switch (view.type) {
-    case ElementType::u8: return static_cast<float>(*reinterpret_cast<const std::uint8_t*>(p));
-    case ElementType::i32: {
+    case DType::u8: return static_cast<float>(*reinterpret_cast<const std::uint8_t*>(p));
+    case DType::i32: {
       std::int32_t x;
       std::memcpy(&x, p, sizeof x);
       return static_cast<float>(x);
     }
-    case ElementType::i64: {
+    case DType::i64: {
       std::int64_t x;
       std::memcpy(&x, p, sizeof x);
       return static_cast<float>(x);
     }
-    case ElementType::f64: {
+    case DType::f64: {
       double x;
       std::memcpy(&x, p, sizeof x);
       return static_cast<float>(x);
     }
-    default: return narrow_float::load(p, view.type);
+    default: return load_float(p, view.type);
   }
 }
 
@@ -280,10 +280,10 @@ class Worker : RowLogits {
       }
     }
     const auto* base = static_cast<std::byte*>(a.o.data);
-    const std::size_t size = element_size(a.o.type);
+    const std::size_t size = dtype_size(a.o.type);
     const std::int64_t o_offset = b * a.o.strides[0] + q_global * a.o.strides[1] + h * a.o.strides[2];
     for (std::int64_t d = 0; d < a.Dv; ++d)
-      narrow_float::store(const_cast<std::byte*>(base) + (o_offset + d * a.o.strides[3]) * static_cast<std::int64_t>(size),
+      store_float(const_cast<std::byte*>(base) + (o_offset + d * a.o.strides[3]) * static_cast<std::int64_t>(size),
                           a.o.type, o_row_[d]);
     if (a.lse) {
       const TensorView& l = *a.lse;

@@ -13,7 +13,7 @@
 
 #include "cpu_expr.h"
 #include "detail/parallel.h"
-#include "float16.h"
+#include <ladle/tensor/dtype.h>
 
 namespace ladle::cpu {
 
@@ -25,7 +25,7 @@ std::byte* element(const TensorView& view, std::initializer_list<std::int64_t> i
   std::int64_t offset = 0;
   auto stride = view.strides.begin();
   for (std::int64_t i : index) offset += i * *stride++;
-  return static_cast<std::byte*>(view.data) + offset * static_cast<std::int64_t>(element_size(view.type));
+  return static_cast<std::byte*>(view.data) + offset * static_cast<std::int64_t>(dtype_size(view.type));
 }
 
 // Loads the inputs of one (batch row, token, query head) for the row programs.
@@ -47,16 +47,16 @@ class TokenLoader final : public InputLoader {
     const int head_dim = kind == ir::InputKind::head ? 1 : 2;
     const std::int64_t hx = h_ * view.shape[head_dim] / args_.heads;
     if (kind == ir::InputKind::head) {
-      out[0] = narrow_float::load(element(view, {b_, hx}), view.type);
+      out[0] = load_float(element(view, {b_, hx}), view.type);
     } else if (kind == ir::InputKind::token_head) {
-      out[0] = narrow_float::load(element(view, {b_, t_, hx}), view.type);
+      out[0] = load_float(element(view, {b_, t_, hx}), view.type);
     } else {
       const std::byte* p = element(view, {b_, t_, hx, 0});
-      const std::int64_t step = view.strides[3] * static_cast<std::int64_t>(element_size(view.type));
-      if (view.type == ElementType::f32 && view.strides[3] == 1) {
+      const std::int64_t step = view.strides[3] * static_cast<std::int64_t>(dtype_size(view.type));
+      if (view.type == DType::f32 && view.strides[3] == 1) {
         std::copy_n(reinterpret_cast<const float*>(p), n, out);
       } else {
-        for (std::int64_t j = 0; j < n; ++j) out[j] = narrow_float::load(p + j * step, view.type);
+        for (std::int64_t j = 0; j < n; ++j) out[j] = load_float(p + j * step, view.type);
       }
     }
   }
@@ -105,7 +105,7 @@ class Worker {
     if (args_.initial_state) {
       const TensorView& h0 = *args_.initial_state;
       for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j) S[i * V + j] = narrow_float::load(element(h0, {n, h, i, j}), h0.type);
+        for (std::int64_t j = 0; j < V; ++j) S[i * V + j] = load_float(element(h0, {n, h, i, j}), h0.type);
     } else {
       std::fill(state_.begin(), state_.end(), 0.0f);
     }
@@ -134,7 +134,7 @@ class Worker {
     if (args_.final_state) {
       const TensorView& ht = *args_.final_state;
       for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j) narrow_float::store(element(ht, {n, h, i, j}), ht.type, S[i * V + j]);
+        for (std::int64_t j = 0; j < V; ++j) store_float(element(ht, {n, h, i, j}), ht.type, S[i * V + j]);
     }
   }
 
@@ -201,7 +201,7 @@ class Worker {
       for (std::int64_t j = 0; j < V; ++j) out_[j] /= denominator;
     }
     const TensorView& o = args_.output;
-    for (std::int64_t j = 0; j < V; ++j) narrow_float::store(element(o, {b, t, h, j}), o.type, out_[j]);
+    for (std::int64_t j = 0; j < V; ++j) store_float(element(o, {b, t, h, j}), o.type, out_[j]);
   }
 
   // The other update forms (ir.h): the delta rule, read after its update, and a read before a
@@ -262,7 +262,7 @@ class Worker {
       for (std::int64_t j = 0; j < V; ++j) out_[j] += bonus * v[j];
     }
     const TensorView& o = args_.output;
-    for (std::int64_t j = 0; j < V; ++j) narrow_float::store(element(o, {b, t, h, j}), o.type, out_[j]);
+    for (std::int64_t j = 0; j < V; ++j) store_float(element(o, {b, t, h, j}), o.type, out_[j]);
   }
 
   const ir::Variant& variant_;
@@ -402,7 +402,7 @@ class Backward {
     if (grads_.d_final_state) {
       const TensorView& d = *grads_.d_final_state;
       for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j) dS_[static_cast<std::size_t>(i * V + j)] = narrow_float::load(element(d, {n, h, i, j}), d.type);
+        for (std::int64_t j = 0; j < V; ++j) dS_[static_cast<std::size_t>(i * V + j)] = load_float(element(d, {n, h, i, j}), d.type);
     }
     for (std::int64_t c = chunks - 1; c >= 0; --c) {
       const std::int64_t s0 = c * C, s1 = std::min(count, s0 + C);
@@ -468,7 +468,7 @@ class Backward {
     const std::vector<float>& k = row(ir::Slot::k_feature);
     const std::vector<float>& v = row(ir::Slot::v);
     const TensorView& d_out = grads_.d_output;
-    for (std::int64_t j = 0; j < V; ++j) do_[j] = narrow_float::load(element(d_out, {b, t, h, j}), d_out.type);
+    for (std::int64_t j = 0; j < V; ++j) do_[j] = load_float(element(d_out, {b, t, h, j}), d_out.type);
     std::vector<float>& gq = g_[slot_index(ir::Slot::q_feature)];
     std::vector<float>& gk = g_[slot_index(ir::Slot::k_feature)];
     std::vector<float>& gv = g_[slot_index(ir::Slot::v)];

@@ -10,7 +10,7 @@
 
 #include <ladle/dsl/ir.h>
 
-#include "tensor_view.h"
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::cpu {
 

@@ -40,7 +40,7 @@ const std::set<std::string>& template_names() {
 
 int pad16(int x) { return (x + 15) / 16 * 16; }
 
-bool sixteen_bit(ElementType t) { return t == ElementType::f16 || t == ElementType::bf16; }
+bool sixteen_bit(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // The 16-bit operand type of a product: f16 when both factors are f16, else bf16 (fp32
 // inputs are split into two bf16 halves).
@@ -51,11 +51,11 @@ struct Operands {
 };
 
 Operands operands(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
-  const ElementType q = spec.input_types[0], k = spec.input_types[1], v = spec.input_types[2];
+  const DType q = spec.input_types[0], k = spec.input_types[1], v = spec.input_types[2];
   Operands o;
   o.split = attention_split_f32(variant, spec);
-  o.qk_f16 = !o.split && q == ElementType::f16 && k == ElementType::f16;
-  o.pv_f16 = !o.split && v == ElementType::f16;
+  o.qk_f16 = !o.split && q == DType::f16 && k == DType::f16;
+  o.pv_f16 = !o.split && v == DType::f16;
   o.async = spec.async_copy && sixteen_bit(q) && q == k && k == v && spec.D % 8 == 0 && spec.Dv % 8 == 0;
   return o;
 }
@@ -65,7 +65,7 @@ Operands operands(const ir::AttentionVariant& variant, const AttentionKernelSpec
 bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
   (void)variant;
   for (int i = 0; i < 3 && i < static_cast<int>(spec.input_types.size()); ++i)
-    if (spec.input_types[i] == ElementType::f32) return true;
+    if (spec.input_types[i] == DType::f32) return true;
   return false;
 }
 
@@ -94,16 +94,16 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     fail("input_types has " + std::to_string(spec.input_types.size()) + " entries, expected one per input (" +
          std::to_string(variant.inputs.size()) + ")");
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    const ElementType t = spec.input_types[i];
-    const bool mask_like = variant.inputs[i].kind == ir::InputKind::pair && t == ElementType::u8;
+    const DType t = spec.input_types[i];
+    const bool mask_like = variant.inputs[i].kind == ir::InputKind::pair && t == DType::u8;
     if (variant.inputs[i].kind != ir::InputKind::scalar && !floating(t) && !mask_like)
-      fail("input " + variant.inputs[i].name + " has dtype " + element_type_name(t) + ", expected f32, f16 or bf16");
+      fail("input " + variant.inputs[i].name + " has dtype " + dtype_name(t) + ", expected f32, f16 or bf16");
   }
-  if (!floating(spec.output_type)) fail(std::string("output_type ") + element_type_name(spec.output_type) + ", expected f32, f16 or bf16");
-  for (ElementType t : {spec.q_segment_ids_type, spec.kv_segment_ids_type})
-    if (t != ElementType::i32 && t != ElementType::i64)
-      fail(std::string("segment ids of dtype ") + element_type_name(t) + ", expected i32 or i64");
-  if (!floating(spec.sinks_type)) fail(std::string("sinks_type ") + element_type_name(spec.sinks_type) + ", expected f32, f16 or bf16");
+  if (!floating(spec.output_type)) fail(std::string("output_type ") + dtype_name(spec.output_type) + ", expected f32, f16 or bf16");
+  for (DType t : {spec.q_segment_ids_type, spec.kv_segment_ids_type})
+    if (t != DType::i32 && t != DType::i64)
+      fail(std::string("segment ids of dtype ") + dtype_name(t) + ", expected i32 or i64");
+  if (!floating(spec.sinks_type)) fail(std::string("sinks_type ") + dtype_name(spec.sinks_type) + ", expected f32, f16 or bf16");
   const Operands ops = operands(variant, spec);
   if (const auto problems = validate_attention_tile(spec.tile, spec.D, spec.Dv, 0, ops.split, spec.arch); !problems.empty())
     fail("tile " + to_string(spec.tile) + " at D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ": " +
@@ -127,9 +127,9 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   AttentionKernel kernel;
   std::string key = to_string(tile) + "|" + std::to_string(spec.D) + "," + std::to_string(spec.Dv) +
                     (spec.varlen ? " L" : "") + (spec.lse ? " E" : "") + (ops.async ? " A" : "") +
-                    element_type_name(spec.output_type) + element_type_name(spec.q_segment_ids_type) +
-                    element_type_name(spec.kv_segment_ids_type) + element_type_name(spec.sinks_type);
-  for (ElementType t : spec.input_types) key += element_type_name(t);
+                    dtype_name(spec.output_type) + dtype_name(spec.q_segment_ids_type) +
+                    dtype_name(spec.kv_segment_ids_type) + dtype_name(spec.sinks_type);
+  for (DType t : spec.input_types) key += dtype_name(t);
   kernel.name = "ladle_attention_" + hex(fnv1a(key, ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(threads);
   kernel.block_m = tile.block_m;
@@ -143,7 +143,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
     kernel.params.push_back({name, c_type, type, role, input});
   };
-  const auto storage = [&](ElementType t) -> std::string { return t == ElementType::u8 ? "unsigned char" : storage_type(t); };
+  const auto storage = [&](DType t) -> std::string { return t == DType::u8 ? "unsigned char" : storage_type(t); };
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     const ir::Input& in = inputs[k];
     const int index = static_cast<int>(k);
@@ -257,8 +257,8 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
             "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
   std::string types;
   for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind != ir::InputKind::scalar) types += id[k] + " " + element_type_name(spec.input_types[k]) + ", ";
-  header += "types: " + types + "o " + element_type_name(spec.output_type) + "; score = q k^T with " + qk_type +
+    if (inputs[k].kind != ir::InputKind::scalar) types += id[k] + " " + dtype_name(spec.input_types[k]) + ", ";
+  header += "types: " + types + "o " + dtype_name(spec.output_type) + "; score = q k^T with " + qk_type +
             " operands, o_acc += P V with " + pv_type + " operands, fp32 accumulation and softmax\n";
   header += wgmma ? "tensor cores: wgmma.mma_async m64n" + std::to_string(tile.block_n) + "k16 (q, k from shared memory) and m64n" +
                         std::to_string(pad16(spec.Dv)) + "k16 (P from registers, V N-major), sm_90a; one warpgroup per 64 rows\n"

@@ -47,7 +47,7 @@
 
 #include <ladle/dsl/attention_ir.h>
 
-#include "tensor_view.h"
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::cuda {
 
@@ -68,14 +68,14 @@ struct AttentionTile {
 
 // What a kernel is specialised for besides the variant and the tile.
 struct AttentionKernelSpec {
-  std::vector<ElementType> input_types;  // one per variant input: f32, f16 or bf16 (scalars: ignored)
-  ElementType output_type = ElementType::bf16;
+  std::vector<DType> input_types;  // one per variant input: f32, f16 or bf16 (scalars: ignored)
+  DType output_type = DType::bf16;
   int D = 128, Dv = 128;                 // head dims, 1 to 256 (compile-time constants; padded to 16 inside)
   bool varlen = false;                   // cu_seqlens_q / cu_seqlens_k, int64 [N+1]
   bool lse = false;                      // also write lse [B,H,Tq] f32
-  ElementType q_segment_ids_type = ElementType::i64;  // i32 or i64, when the variant has segment ids
-  ElementType kv_segment_ids_type = ElementType::i64;
-  ElementType sinks_type = ElementType::f32;          // softmax_aux, when the variant has sinks
+  DType q_segment_ids_type = DType::i64;  // i32 or i64, when the variant has segment ids
+  DType kv_segment_ids_type = DType::i64;
+  DType sinks_type = DType::f32;          // softmax_aux, when the variant has sinks
   // q, k, v rows are 16-byte aligned with unit stride over the head dimension, so K/V tiles
   // can be copied with cp.async (16-bit inputs with D, Dv multiples of 8 only; the launcher
   // checks the pointers).

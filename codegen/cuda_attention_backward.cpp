@@ -43,7 +43,7 @@ const std::set<std::string>& template_names() {
 
 int pad16(int x) { return (x + 15) / 16 * 16; }
 
-bool sixteen_bit(ElementType t) { return t == ElementType::f16 || t == ElementType::bf16; }
+bool sixteen_bit(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 
 }  // namespace
@@ -75,10 +75,10 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
                        std::to_string(variant.inputs.size()) + ")");
     return problems;
   }
-  const ElementType q = spec.input_types[0];
+  const DType q = spec.input_types[0];
   if (!sixteen_bit(q) || spec.input_types[1] != q || spec.input_types[2] != q)
-    problems.push_back(std::string("q, k, v are ") + element_type_name(spec.input_types[0]) + ", " + element_type_name(spec.input_types[1]) +
-                       ", " + element_type_name(spec.input_types[2]) + ": the GPU backward takes q, k, v of one 16-bit type (f16 or bf16)");
+    problems.push_back(std::string("q, k, v are ") + dtype_name(spec.input_types[0]) + ", " + dtype_name(spec.input_types[1]) +
+                       ", " + dtype_name(spec.input_types[2]) + ": the GPU backward takes q, k, v of one 16-bit type (f16 or bf16)");
   for (const auto& [name, dim] : {std::pair{"D", spec.D}, std::pair{"Dv", spec.Dv}})
     if (dim < 8 || dim > 128 || dim % 8 != 0)
       problems.push_back(std::string(name) + " = " + std::to_string(dim) + ": the GPU backward takes head dims of 8 to 128, multiples of 8");
@@ -99,14 +99,14 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_attention_backward: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
   if (const auto problems = attention_backward_unsupported(variant, spec); !problems.empty()) fail(problems.front());
-  for (ElementType t : {spec.output_type, spec.d_output_type, spec.sinks_type})
-    if (!floating(t)) fail(std::string("a floating dtype was expected, got ") + element_type_name(t));
+  for (DType t : {spec.output_type, spec.d_output_type, spec.sinks_type})
+    if (!floating(t)) fail(std::string("a floating dtype was expected, got ") + dtype_name(t));
 
   const auto& inputs = variant.inputs;
   ir::Variant named;
   named.inputs = inputs;
   const std::vector<std::string> id = identifiers(named, template_names());
-  const bool f16 = spec.input_types[0] == ElementType::f16;
+  const bool f16 = spec.input_types[0] == DType::f16;
   const std::string t16 = f16 ? "f16" : "bf16";
   const int DP = pad16(spec.D), DVP = pad16(spec.Dv), DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
   constexpr int BM = 64, BN = 128;
@@ -119,10 +119,10 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   std::string key = std::to_string(spec.D) + "," + std::to_string(spec.Dv) + (spec.varlen ? " L" : "") +
                     (spec.copy_d_output ? " C" : "") + (spec.sinks_gradient ? " S" : "") + (spec.dq_tma ? " QB" : "") + " s" +
                     std::to_string(spec.stages) +
-                    element_type_name(spec.output_type) + element_type_name(spec.d_output_type) +
-                    element_type_name(spec.q_segment_ids_type) + element_type_name(spec.kv_segment_ids_type) +
-                    element_type_name(spec.sinks_type);
-  for (ElementType t : spec.input_types) key += element_type_name(t);
+                    dtype_name(spec.output_type) + dtype_name(spec.d_output_type) +
+                    dtype_name(spec.q_segment_ids_type) + dtype_name(spec.kv_segment_ids_type) +
+                    dtype_name(spec.sinks_type);
+  for (DType t : spec.input_types) key += dtype_name(t);
   for (std::size_t k = 0; k < inputs.size(); ++k) key += wants_gradient(k) ? "g" : "-";
   const std::string tag = hex(fnv1a(key, ir::hash(variant)));
   kernel.prep_name = "ladle_attention_bwd_prep_" + tag;
@@ -131,7 +131,7 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
 
   using Role = AttentionParam::Role;
   using Type = AttentionParam::Type;
-  const auto storage = [&](ElementType t) -> std::string { return t == ElementType::u8 ? "unsigned char" : storage_type(t); };
+  const auto storage = [&](DType t) -> std::string { return t == DType::u8 ? "unsigned char" : storage_type(t); };
 
   // ---- prep's parameters
   std::vector<std::string> prep_decl;

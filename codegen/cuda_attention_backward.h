@@ -41,13 +41,13 @@
 namespace ladle::cuda {
 
 struct AttentionBackwardSpec {
-  std::vector<ElementType> input_types;  // one per variant input, as AttentionKernelSpec's
+  std::vector<DType> input_types;  // one per variant input, as AttentionKernelSpec's
   int D = 128, Dv = 128;                 // 1 to 128, multiples of 8
   bool varlen = false;
-  ElementType q_segment_ids_type = ElementType::i64, kv_segment_ids_type = ElementType::i64;
-  ElementType sinks_type = ElementType::f32;
-  ElementType output_type = ElementType::bf16;    // the forward's o (read by prep)
-  ElementType d_output_type = ElementType::bf16;  // the caller's d_output (read by prep)
+  DType q_segment_ids_type = DType::i64, kv_segment_ids_type = DType::i64;
+  DType sinks_type = DType::f32;
+  DType output_type = DType::bf16;    // the forward's o (read by prep)
+  DType d_output_type = DType::bf16;  // the caller's d_output (read by prep)
   bool copy_d_output = false;      // prep writes d_output_copy (q's type, contiguous): main reads it by TMA
   bool sinks_gradient = false;     // prep adds the sinks' gradient into d_softmax_aux
   std::vector<bool> input_gradients;  // per variant input: its gradient is written (pair and head inputs)

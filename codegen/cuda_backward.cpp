@@ -37,8 +37,8 @@ const char* to_string(BackwardPhase phase) {
 
 std::string backward_spec_key(const BackwardKernelSpec& spec) {
   std::string key = std::string(to_string(spec.phase)) + types_key(spec);
-  for (ElementType t : spec.input_types) key += element_type_name(t);
-  for (ElementType t : {spec.slot_type, spec.d_output_type, spec.log_a_next_type, spec.log_b_next_type}) key += std::string("|") + element_type_name(t);
+  for (DType t : spec.input_types) key += dtype_name(t);
+  for (DType t : {spec.slot_type, spec.d_output_type, spec.log_a_next_type, spec.log_b_next_type}) key += std::string("|") + dtype_name(t);
   key += "|";
   for (bool flag : {spec.fold_scale, spec.write_q, spec.write_k, spec.write_v, spec.write_do, spec.write_log_a, spec.write_log_b,
                     spec.write_first, spec.direct_q, spec.direct_k, spec.direct_v})
@@ -144,7 +144,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   header += ir::to_string(variant);
   header += "\nlaunch: grid (C = chunks of " + std::to_string(backward_chunk) +
             " steps in the longest sequence, N * H), block (one thread per feature: max(K, V) rounded to warps)\n";
-  header += "types: " + types_line(variant, id, spec) + "; slots " + element_type_name(spec.slot_type) + "\n";
+  header += "types: " + types_line(variant, id, spec) + "; slots " + dtype_name(spec.slot_type) + "\n";
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") + "\n";
   {  // the launcher's plan for this call, as far as it changes the code
     std::string in_place, written, direct;

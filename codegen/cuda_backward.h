@@ -44,8 +44,8 @@ const char* to_string(BackwardPhase phase);
 
 struct BackwardKernelSpec : KernelTypes {  // input_types, reverse, varlen (cu_seqlens i64)
   BackwardPhase phase = BackwardPhase::slots;
-  ElementType slot_type = ElementType::bf16;     // qs, kf, vf, do
-  ElementType d_output_type = ElementType::f32;  // the caller's d_output
+  DType slot_type = DType::bf16;     // qs, kf, vf, do
+  DType d_output_type = DType::f32;  // the caller's d_output
   // A per-call scale (absent, a constant or a scalar input) is folded into the recurrences: qs holds
   // q_feature alone and u holds scale * S do. Else qs = q_feature * scale_t and u = S do.
   bool fold_scale = false;
@@ -53,7 +53,7 @@ struct BackwardKernelSpec : KernelTypes {  // input_types, reverse, varlen (cu_s
   // recurrences' layout is read from it instead. log_a is the key side's decay, a head decay added
   // where there is both; a head decay alone is log_h [B,T,H] and log_h_next (always written).
   bool write_q = true, write_k = true, write_v = true, write_do = true, write_log_a = true, write_log_b = true;
-  ElementType log_a_next_type = ElementType::f32, log_b_next_type = ElementType::f32;
+  DType log_a_next_type = DType::f32, log_b_next_type = DType::f32;
   bool write_first = false;  // first_decay [N,H,K+V]: the total log decays at each sequence's first step
   // chain: the recurrences wrote the gradient of q (u), k (dk) or v (dv) into the caller's tensor
   // (the slot is exactly that input, with every query head); the chain adds the other slots' parts.

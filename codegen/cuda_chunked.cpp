@@ -590,7 +590,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     for (const ir::Slot slot : {ir::Slot::k_feature, ir::Slot::log_decay_k, ir::Slot::v, ir::Slot::log_decay_v})
       for (const ir::Node& node : variant.slots[static_cast<std::size_t>(slot)].nodes)
         needed = needed || (node.op == ir::Op::input && node.input == static_cast<std::int32_t>(k));
-    async[k] = needed && spec.input_types[k] != ElementType::f32;
+    async[k] = needed && spec.input_types[k] != DType::f32;
     const int elements = tile.chunk * (key_row ? tile.block_k : tile.block_v);
     if (async[k])
       carve(storage_type(spec.input_types[k]), id[k] + "_raw", elements, 2,

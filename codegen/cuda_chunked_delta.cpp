@@ -61,8 +61,8 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   check_types("generate_chunked_delta", variant, spec);
   if (spec.vector_loads)
     for (std::size_t k = 0; k < variant.inputs.size(); ++k)
-      if (variant.inputs[k].role != ir::Role::other && spec.input_types[k] != ElementType::bf16 && spec.input_types[k] != ElementType::f16)
-        fail("vector_loads needs 16-bit q, k and v (" + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]) + ")");
+      if (variant.inputs[k].role != ir::Role::other && spec.input_types[k] != DType::bf16 && spec.input_types[k] != DType::f16)
+        fail("vector_loads needs 16-bit q, k and v (" + variant.inputs[k].name + " is " + dtype_name(spec.input_types[k]) + ")");
 
   const bool prepare = spec.phase == ChunkedDeltaPhase::prepare, states = spec.phase == ChunkedDeltaPhase::states;
   const int C = chunked_delta_chunk, BK = spec.block_k;
@@ -214,7 +214,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
     const bool value_side = role == ir::Role::value;
     if (spec.vector_loads) {
       c("float raw[8];");
-      const std::string unpack = "ladle_unpack8_" + std::string(spec.input_types[own] == ElementType::bf16 ? "bf16" : "f16");
+      const std::string unpack = "ladle_unpack8_" + std::string(spec.input_types[own] == DType::bf16 ? "bf16" : "f16");
       if (!prefetched.empty())
         c(unpack + "(raw, " + prefetched + "[m]);");
       else

@@ -15,7 +15,7 @@
 
 #include <ladle/dsl/ir.h>
 
-#include "tensor_view.h"
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::cuda {
 
@@ -30,13 +30,13 @@ struct RecurrentTile {
 // launch-time choices that change the code (compile-time constants in the kernel). Shared by
 // the fused-recurrent and chunked families.
 struct KernelTypes {
-  std::vector<ElementType> input_types;  // one per variant input: f32, f16 or bf16 (scalars: ignored)
-  ElementType output_type = ElementType::f32;
+  std::vector<DType> input_types;  // one per variant input: f32, f16 or bf16 (scalars: ignored)
+  DType output_type = DType::f32;
   bool reverse = false;
   bool varlen = false;                   // cu_seqlens [N+1]
-  ElementType cu_seqlens_type = ElementType::i64;
+  DType cu_seqlens_type = DType::i64;
   bool initial_state = false;            // [N,H,K,V] contiguous
-  ElementType initial_state_type = ElementType::f32;
+  DType initial_state_type = DType::f32;
   bool final_state = false;              // [N,H,K,V] contiguous f32
 };
 

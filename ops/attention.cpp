@@ -16,7 +16,7 @@
 #include "attention_bind.h"
 #include "detail/checks.h"
 #include "detail/fingerprint.h"
-#include "device_upload.h"
+#include "detail/gpu_call.h"
 #include "gpu_attention.h"
 #include "gpu_attention_backward.h"
 
@@ -31,63 +31,82 @@ namespace {
 
 std::string op_name(const ir::AttentionVariant& variant) { return variant.name.empty() ? "attention" : variant.name; }
 
-bool use_gpu(Backend backend) { return backend == Backend::gpu || (backend == Backend::automatic && driver_available()); }
+const char* const cpu_reads_host =
+    "the CPU path reads it on the host (copy it there with Tensor::to(Location::host()), or run on the GPU)";
 
+// Every tensor argument of a call, by the name its caller knows.
+std::vector<ops::detail::NamedView> argument_views(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                   const VariantInputs& inputs, const AttentionRunOptions& options) {
+  std::vector<ops::detail::NamedView> views{{"q", &q}, {"k", &k}, {"v", &v}};
+  for (const auto& [name, view] : inputs.tensors) views.push_back({name, &view});
+  const std::pair<const char*, const std::optional<TensorView>*> optional[] = {
+      {"q_segment_ids", &options.q_segment_ids}, {"kv_segment_ids", &options.kv_segment_ids},
+      {"softmax_aux", &options.softmax_aux},     {"cu_seqlens_q", &options.cu_seqlens_q},
+      {"cu_seqlens_k", &options.cu_seqlens_k}};
+  for (const auto& [name, view] : optional)
+    if (*view) views.push_back({name, &**view});
+  return views;
+}
 
-// Host tensors in, host tensors out, the kernel on the GPU: every input is checked on the
-// host first, so bad input never reaches the device.
-AttentionResult run_on_gpu(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
-                           const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
+// The checks read cu_seqlens on the host: device ones are copied down (kept in `keep`).
+AttentionRunOptions with_host_seqlens(const AttentionRunOptions& options, std::deque<Tensor>& keep) {
+  AttentionRunOptions checked = options;
+  for (std::optional<TensorView>* seqlens : {&checked.cu_seqlens_q, &checked.cu_seqlens_k})
+    if (*seqlens && (*seqlens)->on_device()) {
+      keep.push_back(Tensor::copy_of(**seqlens, Location::host(), options.gpu.stream));
+      *seqlens = keep.back().view();
+    }
+  return checked;
+}
+
+// The GPU path: device tensors as they are, host ones through the call's stream.
+void run_on_gpu(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                const VariantInputs& inputs, const AttentionRunOptions& options, const AttentionOutputs& outputs) {
   const std::string op = op_name(variant);
-  const ops::AttentionArgs host = ops::bind_attention(op, variant, q, k, v, inputs, options);
-  Device::get();
-  std::deque<gpu::Uploaded> keep;
-  const auto put = [&](const TensorView& view) {
-    keep.push_back(gpu::upload(view));
-    return keep.back().view;
-  };
+  {
+    // Bad input is refused before any GPU work.
+    std::deque<Tensor> keep;
+    const AttentionRunOptions checked = with_host_seqlens(options, keep);
+    ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, checked);
+    ops::bind_attention_outputs(op, checked, outputs, args);
+  }
+  ops::detail::GpuCall call(op, options.gpu);
   VariantInputs device_inputs;
   device_inputs.scalars = inputs.scalars;
-  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = put(view);
-  AttentionRunOptions device_options = options;  // cu_seqlens stay on the host: bind reads them there
-  if (options.q_segment_ids) device_options.q_segment_ids = put(*options.q_segment_ids);
-  if (options.kv_segment_ids) device_options.kv_segment_ids = put(*options.kv_segment_ids);
-  if (options.softmax_aux) device_options.softmax_aux = put(*options.softmax_aux);
-  const TensorView dq = put(q), dk = put(k), dv = put(v);
+  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = call.input(name, view);
+  AttentionRunOptions device_options = options;
+  if (options.q_segment_ids) device_options.q_segment_ids = call.input("q_segment_ids", *options.q_segment_ids);
+  if (options.kv_segment_ids) device_options.kv_segment_ids = call.input("kv_segment_ids", *options.kv_segment_ids);
+  if (options.softmax_aux) device_options.softmax_aux = call.input("softmax_aux", *options.softmax_aux);
+  if (options.cu_seqlens_q) device_options.cu_seqlens_q = call.host_input("cu_seqlens_q", *options.cu_seqlens_q);
+  if (options.cu_seqlens_k) device_options.cu_seqlens_k = call.host_input("cu_seqlens_k", *options.cu_seqlens_k);
+  const TensorView dq = call.input("q", q), dk = call.input("k", k), dv = call.input("v", v);
   ops::AttentionArgs device = ops::bind_attention(op, variant, dq, dk, dv, device_inputs, device_options);
-
-  AttentionResult result{HostTensor(host.type, host.output_shape()), std::nullopt};
-  gpu::Uploaded o = gpu::poisoned(host.type, host.output_shape());
-  AttentionOutputs outputs{o.view, std::nullopt};
-  std::optional<gpu::Uploaded> lse;
-  if (options.return_lse) {
-    result.lse.emplace(ElementType::f32, host.lse_shape());
-    lse = gpu::poisoned(ElementType::f32, host.lse_shape());
-    outputs.lse = lse->view;
-  }
-  ops::bind_attention_outputs(op, options, outputs, device);
-  gpu::run_attention_into(variant, device);
-  Device::get().synchronize();
-  o.buffer.copy_to_host(result.o.data(), o.buffer.bytes());
-  if (lse) lse->buffer.copy_to_host(result.lse->data(), lse->buffer.bytes());
-  return result;
+  AttentionOutputs device_outputs{call.output("o", outputs.o), std::nullopt};
+  if (outputs.lse) device_outputs.lse = call.output("lse", *outputs.lse);
+  ops::bind_attention_outputs(op, options, device_outputs, device);
+  gpu::run_attention_into(variant, device, {options.gpu.stream});
+  call.finish();
 }
 
 }  // namespace
 
 AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
                               const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
-  if (use_gpu(options.backend)) return run_on_gpu(variant, q, k, v, inputs, options);
   const std::string op = op_name(variant);
-  ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, options);
-  AttentionResult result{HostTensor(args.type, args.output_shape()), std::nullopt};
+  const auto views = argument_views(q, k, v, inputs, options);
+  const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
+  if (!on_gpu) ops::detail::require_host_views(op, views, cpu_reads_host);
+  std::deque<Tensor> keep;
+  const ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, with_host_seqlens(options, keep));
+  const Location where = on_gpu && q.on_device() ? q.location : Location::host();
+  AttentionResult result{Tensor(args.type, args.output_shape(), where, options.gpu.stream), std::nullopt};
   AttentionOutputs outputs{result.o.view(), std::nullopt};
   if (options.return_lse) {
-    result.lse.emplace(ElementType::f32, args.lse_shape());
+    result.lse.emplace(DType::f32, args.lse_shape(), where, options.gpu.stream);
     outputs.lse = result.lse->view();
   }
-  ops::bind_attention_outputs(op, options, outputs, args);
-  cpu::run_attention(variant, args);
+  run_attention_into(variant, q, k, v, inputs, options, outputs);
   return result;
 }
 
@@ -95,16 +114,13 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
                         const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options,
                         const AttentionOutputs& outputs) {
   const std::string op = op_name(variant);
+  auto views = argument_views(q, k, v, inputs, options);
+  views.push_back({"o", &outputs.o});
+  if (outputs.lse) views.push_back({"lse", &*outputs.lse});
+  if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs);
+  ops::detail::require_host_views(op, views, cpu_reads_host);
   ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, options);
   ops::bind_attention_outputs(op, options, outputs, args);
-  if (use_gpu(options.backend)) {
-    AttentionRunOptions with_lse = options;
-    with_lse.return_lse = outputs.lse.has_value();
-    const AttentionResult result = run_on_gpu(variant, q, k, v, inputs, with_lse);
-    store_into(result.o, outputs.o);
-    if (outputs.lse) store_into(*result.lse, *outputs.lse);
-    return;
-  }
   cpu::run_attention(variant, args);
 }
 
@@ -137,8 +153,10 @@ TensorView broadcast_like(const TensorView& grad, const TensorView& canonical) {
 AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
                                             const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
   const std::string op = op_name(variant);
+  ops::detail::require_host_views(op, argument_views(q, k, v, inputs, options),
+                                  "the forward kept for a backward takes host tensors for now (run_attention takes device ones)");
   AttentionRunOptions run = options;
-  if (use_gpu(options.backend)) {
+  if (options.backend == Backend::gpu || (options.backend == Backend::automatic && driver_available())) {
     // The GPU backward when it takes the call (backend gpu: else an error saying why; automatic: else the CPU).
     const ops::AttentionArgs host = ops::bind_attention(op, variant, q, k, v, inputs, options);
     Device::get();
@@ -146,11 +164,11 @@ AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant,
     if (problems.empty()) {
       run.backend = Backend::gpu;
       run.return_lse = true;  // the backward's softmax statistics
-      AttentionResult result = run_on_gpu(variant, q, k, v, inputs, run);
+      AttentionResult result = run_attention(variant, q, k, v, inputs, run);
       AttentionForward out{{result.o, options.return_lse ? result.lse : std::nullopt},
                            {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
-      out.saved.o = std::make_shared<const HostTensor>(std::move(result.o));
-      out.saved.lse = std::make_shared<const HostTensor>(std::move(*result.lse));
+      out.saved.o = std::make_shared<const Tensor>(std::move(result.o));
+      out.saved.lse = std::make_shared<const Tensor>(std::move(*result.lse));
       return out;
     }
     if (options.backend == Backend::gpu) throw InvalidArgument(op + ": backend = gpu: the GPU backward does not take this call: " + problems.front());
@@ -166,10 +184,10 @@ namespace {
 // the gradients (fp32, in their inputs' shapes) computed on device buffers and downloaded into `out`.
 void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, AttentionGradients& out) {
   const std::string op = op_name(saved.variant) + " backward";
-  std::deque<gpu::Uploaded> keep;
+  std::deque<Tensor> keep;
   const auto put = [&](const TensorView& view) {
-    keep.push_back(gpu::upload(view));
-    return keep.back().view;
+    keep.push_back(Tensor::copy_of(view, Location::device(0)));
+    return keep.back().view();
   };
   VariantInputs device_inputs;
   device_inputs.scalars = saved.inputs.scalars;
@@ -184,11 +202,11 @@ void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, At
   ops::bind_attention_outputs(op, device_options, outputs, device);
 
   // Device gradients in the host gradients' shapes, seen through the canonical views.
-  std::vector<std::pair<HostTensor*, gpu::Uploaded*>> downloads;
-  const auto gradient = [&](HostTensor& host, const TensorView& canonical) {
-    keep.push_back(gpu::poisoned(ElementType::f32, host.shape()));
+  std::vector<std::pair<Tensor*, Tensor*>> downloads;
+  const auto gradient = [&](Tensor& host, const TensorView& canonical) {
+    keep.emplace_back(DType::f32, host.shape(), Location::device(0));
     downloads.emplace_back(&host, &keep.back());
-    return broadcast_like(keep.back().view, canonical);
+    return broadcast_like(keep.back().view(), canonical);
   };
   cpu::AttentionGrads grads;
   grads.d_output = ops::detail::lead_with_ones(put(d_output), 4);
@@ -203,7 +221,7 @@ void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, At
   if (out.d_softmax_aux) grads.d_softmax_aux = gradient(*out.d_softmax_aux, *device.softmax_aux);
   gpu::run_attention_backward_into(saved.variant, device, grads);
   Device::get().synchronize();
-  for (auto& [host, buffer] : downloads) buffer->buffer.copy_to_host(host->data(), buffer->buffer.bytes());
+  for (auto& [host, stand_in] : downloads) copy(stand_in->view(), host->view());
 }
 
 }  // namespace
@@ -211,6 +229,7 @@ void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, At
 AttentionGradients run_attention_backward(const AttentionSaved& saved, const TensorView& d_output) {
   const std::string op = op_name(saved.variant) + " backward";
   if (!saved.valid) throw InvalidArgument(op + ": saved holds no forward (make it with run_attention_for_backward)");
+  require_host(op, "d_output", d_output, "the backward takes host tensors for now");
   ops::AttentionArgs args = ops::bind_attention(op, saved.variant, saved.q, saved.k, saved.v, saved.inputs, saved.options);
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
     throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
@@ -222,8 +241,8 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
                std::string(args.packed ? "[Tq,H,Dv] = " : "[B,Tq,H,Dv] = ") + ops::detail::shape_text(args.output_shape()));
   check.data("d_output", d_output);
 
-  AttentionGradients out{HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
-                         HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
+  AttentionGradients out{Tensor(DType::f32, saved.q.shape, 0.0f), Tensor(DType::f32, saved.k.shape, 0.0f),
+                         Tensor(DType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
   cpu::AttentionGrads grads;
   grads.d_output = ops::detail::lead_with_ones(d_output, 4);
   grads.dq = broadcast_like(out.dq.view(), args.q);
@@ -234,12 +253,12 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
     const ir::Input& in = saved.variant.inputs[i];
     if (in.role != ir::Role::other || in.kind == ir::InputKind::scalar) continue;
     const TensorView& given = saved.inputs.tensors.at(in.name);
-    if (given.type == ElementType::u8) continue;  // a mask: no gradient
-    HostTensor& g = out.inputs.emplace(in.name, HostTensor(ElementType::f32, given.shape, 0.0f)).first->second;
+    if (given.type == DType::u8) continue;  // a mask: no gradient
+    Tensor& g = out.inputs.emplace(in.name, Tensor(DType::f32, given.shape, 0.0f)).first->second;
     grads.d_tensors[i] = broadcast_like(g.view(), args.tensors[i]);
   }
   if (args.softmax_aux) {
-    out.d_softmax_aux.emplace(ElementType::f32, saved.options.softmax_aux->shape, 0.0f);
+    out.d_softmax_aux.emplace(DType::f32, saved.options.softmax_aux->shape, 0.0f);
     grads.d_softmax_aux = broadcast_like(out.d_softmax_aux->view(), *args.softmax_aux);
   }
   if (saved.o && saved.lse) {
@@ -319,6 +338,7 @@ void named_arguments(const TensorView& q, const AttentionOptions& options, Varia
   run.return_lse = options.return_lse;
   run.threads = options.threads;
   run.backend = options.backend;
+  run.gpu = options.gpu;
 }
 
 }  // namespace

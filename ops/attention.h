@@ -26,7 +26,7 @@
 
 #include <ladle/dsl/attention_ir.h>
 
-#include "host_tensor.h"
+#include <ladle/runtime/tensor.h>
 #include "variant.h"
 
 namespace ladle {
@@ -56,11 +56,13 @@ struct AttentionRunOptions {
   bool return_lse = false;                   // also return lse [B,H,Tq] f32 (varlen: [H,total_q])
   int threads = 0;                           // CPU threads; 0: one per hardware thread
   Backend backend = Backend::automatic;
+  GpuOptions gpu;                            // stream, and whether host tensors may be uploaded
 };
 
+// Outputs live where q lives: device memory when q is device memory, else the host.
 struct AttentionResult {
-  HostTensor o;                   // [B,Tq,H,Dv] (the rank of q), q's dtype
-  std::optional<HostTensor> lse;  // natural-log log-sum-exp of the scores (sinks included)
+  Tensor o;                   // [B,Tq,H,Dv] (the rank of q), q's dtype
+  std::optional<Tensor> lse;  // natural-log log-sum-exp of the scores (sinks included)
 };
 
 struct AttentionOutputs {
@@ -94,6 +96,7 @@ struct AttentionOptions {
   bool return_lse = false;
   int threads = 0;
   Backend backend = Backend::automatic;
+  GpuOptions gpu;
 };
 
 // What the backward of an attention call needs, held by the caller: the call's arguments (views:
@@ -107,7 +110,7 @@ struct AttentionSaved {
   std::uint64_t fingerprint = 0;
   bool valid = false;  // made by a forward
   // A forward that ran on the GPU keeps its o and lse: the GPU backward reads them.
-  std::shared_ptr<const HostTensor> o, lse;
+  std::shared_ptr<const Tensor> o, lse;
 };
 
 struct AttentionForward {
@@ -119,9 +122,9 @@ struct AttentionForward {
 // tensor input the score expression reads (a bias, an ALiBi slope: by name, in the shape it was
 // given in, summed over broadcast axes), dL/d softmax_aux (the sinks' logits). f32.
 struct AttentionGradients {
-  HostTensor dq, dk, dv;
-  std::map<std::string, HostTensor> inputs;
-  std::optional<HostTensor> d_softmax_aux;
+  Tensor dq, dk, dv;
+  std::map<std::string, Tensor> inputs;
+  std::optional<Tensor> d_softmax_aux;
 };
 
 // The forward of run_attention, keeping what its backward needs, and the backward. Backend gpu (or

@@ -38,8 +38,8 @@ TensorView pair_view(const Checker& check, const std::string& name, const Tensor
 
 TensorView segment_view(const Checker& check, const char* name, const TensorView& view, std::int64_t B,
                         std::int64_t T, const char* T_name, bool packed) {
-  if (view.type != ElementType::i32 && view.type != ElementType::i64)
-    check.fail(fmt::format("{} has dtype {}, expected i32 or i64", name, element_type_name(view.type)));
+  if (view.type != DType::i32 && view.type != DType::i64)
+    check.fail(fmt::format("{} has dtype {}, expected i32 or i64", name, dtype_name(view.type)));
   const bool as_2d = view.rank() == 2 && view.shape[0] == B && view.shape[1] == T;
   const bool as_1d = packed && view.rank() == 1 && view.shape[0] == T;
   if (!(as_2d || as_1d) || view.strides.size() != view.shape.size())
@@ -127,7 +127,7 @@ AttentionArgs bind_attention(std::string_view op, const ir::AttentionVariant& va
     }
     const TensorView& view =
         named_tensor(check, in.name, ir::shape_of(in.kind, in.role), inputs.scalars, inputs.tensors);
-    if (view.type != ElementType::u8) check.floating(in.name.c_str(), view);
+    if (view.type != DType::u8) check.floating(in.name.c_str(), view);
     if (in.kind == ir::InputKind::pair) {
       a.tensors[i] = pair_view(check, in.name, view, a);
     } else {  // per head
@@ -206,7 +206,7 @@ void bind_attention_outputs(std::string_view op, const AttentionRunOptions& opti
   if (options.return_lse && !outputs.lse) check.fail("return_lse is set but no lse output was given");
   if (outputs.lse) {
     const TensorView& lse = *outputs.lse;
-    check.type("lse", lse, ElementType::f32, "fp32");
+    check.type("lse", lse, DType::f32, "fp32");
     if (a.packed) check.shape("lse", lse, {{"H", a.H}, {"Tq", a.Tq}});
     else check.shape("lse", lse, {{"B", a.B}, {"H", a.H}, {"Tq", a.Tq}});
     check.data("lse", lse);

@@ -171,10 +171,10 @@ void bind_outputs(std::string_view op, const RunOptions& options, const Recurren
   const Checker check(op);
   const RecurrentDims& d = bound.dims;
   // q's dtype, or f32 for 16-bit inputs (the backward's recurrences keep their outputs in fp32).
-  if (d.type == ElementType::f32) check.type("o", outputs.o, d.type, "the dtype of q");
-  else if (outputs.o.type != d.type && outputs.o.type != ElementType::f32)
-    check.fail(std::string("o has dtype ") + element_type_name(outputs.o.type) + ", expected the dtype of q (" +
-               element_type_name(d.type) + ") or f32");
+  if (d.type == DType::f32) check.type("o", outputs.o, d.type, "the dtype of q");
+  else if (outputs.o.type != d.type && outputs.o.type != DType::f32)
+    check.fail(std::string("o has dtype ") + dtype_name(outputs.o.type) + ", expected the dtype of q (" +
+               dtype_name(d.type) + ") or f32");
   Pattern o_pattern;
   if (!d.packed) o_pattern.push_back({"B", d.B});
   o_pattern.insert(o_pattern.end(), {{"T", d.T}, {"H", d.H}, {"V", d.V}});
@@ -185,7 +185,7 @@ void bind_outputs(std::string_view op, const RunOptions& options, const Recurren
     check.fail("return_state is set but no final_state output was given");
   if (outputs.final_state) {
     const TensorView& ht = *outputs.final_state;
-    check.type("final_state", ht, ElementType::f32, "the fp32 state");
+    check.type("final_state", ht, DType::f32, "the fp32 state");
     check.shape("final_state", ht, {{"N", d.N}, {"H", d.H}, {"K", d.K}, {"V", d.V}});
     check.data("final_state", ht);
     bound.args.final_state = ht;

@@ -16,7 +16,7 @@ namespace ladle::ops {
 // The recurrence's sizes, once q, k, v and cu_seqlens agree.
 struct RecurrentDims {
   bool packed = false;  // q is [T,H,K] (allowed with cu_seqlens)
-  ElementType type = ElementType::f32;  // of q, k, v and o
+  DType type = DType::f32;  // of q, k, v and o
   std::int64_t B = 0, T = 0, H = 0, H_kv = 0, K = 0, V = 0, N = 0;
 
   std::vector<std::int64_t> output_shape() const;  // [B,T,H,V], or [T,H,V] when packed

@@ -26,6 +26,7 @@ RecurrentOptions as_recurrent(const TensorView& g, const GlaOptions& options) {
   o.cu_seqlens = options.cu_seqlens;
   o.return_state = options.return_state;
   o.backend = options.backend;
+  o.gpu = options.gpu;
   o.algorithm = options.algorithm;
   o.chunked_tile = options.chunked_tile;
   return o;

@@ -33,10 +33,10 @@ bool rows_aligned(const TensorView& view) {
 
 std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec) {
   std::string key = ir::hash_hex(variant) + "|" + cuda::to_string(spec.tile);
-  for (ElementType t : spec.input_types) key += element_type_name(t);
-  key += fmt::format("|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", element_type_name(spec.output_type), spec.D, spec.Dv, spec.varlen,
-                     spec.lse, spec.async_copy, spec.positive_logit_factor, element_type_name(spec.q_segment_ids_type),
-                     element_type_name(spec.kv_segment_ids_type), element_type_name(spec.sinks_type));
+  for (DType t : spec.input_types) key += dtype_name(t);
+  key += fmt::format("|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", dtype_name(spec.output_type), spec.D, spec.Dv, spec.varlen,
+                     spec.lse, spec.async_copy, spec.positive_logit_factor, dtype_name(spec.q_segment_ids_type),
+                     dtype_name(spec.kv_segment_ids_type), dtype_name(spec.sinks_type));
   return key;
 }
 
@@ -57,7 +57,7 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   // device's shared memory: the first tile that fits, in this order: fewer keys per tile, one
   // stage, 64-row tiles, then wgmma (q in shared memory; sm_90a, 16-bit inputs).
   bool split = false;
-  for (std::size_t i = 0; i < 3 && i < args.tensors.size(); ++i) split = split || args.tensors[i].type == ElementType::f32;
+  for (std::size_t i = 0; i < 3 && i < args.tensors.size(); ++i) split = split || args.tensors[i].type == DType::f32;
   const auto fits = [&](const cuda::AttentionTile& t) {
     return cuda::validate_attention_tile(t, D, Dv, max_shared_bytes, split, arch).empty();
   };
@@ -65,8 +65,8 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   // two stages, 128 keys a tile where the registers allow: not past D, Dv = 128, and not for a
   // variant that reads a pair input or segment ids per score or draws dropout (ptxas compiles the consumers
   // within the launch bound's 168 registers: 128-key tiles of those spill 8-700 bytes, 64 none).
-  const ElementType qt = args.tensors.size() >= 3 ? args.tensors[0].type : ElementType::f32;
-  const bool tma = cuda::attention_wgmma_arch(arch) && (qt == ElementType::f16 || qt == ElementType::bf16) &&
+  const DType qt = args.tensors.size() >= 3 ? args.tensors[0].type : DType::f32;
+  const bool tma = cuda::attention_wgmma_arch(arch) && (qt == DType::f16 || qt == DType::bf16) &&
                    args.tensors[1].type == qt && args.tensors[2].type == qt && rows_aligned(args.q) &&
                    rows_aligned(args.k) && rows_aligned(args.v);
   if (tma) {
@@ -105,7 +105,7 @@ cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& vari
                                                 const std::optional<cuda::AttentionTile>& tile) {
   cuda::AttentionKernelSpec spec;
   for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32 : args.tensors[i].type);
+    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? DType::f32 : args.tensors[i].type);
   spec.output_type = args.o.data ? args.o.type : args.type;
   spec.D = static_cast<int>(args.D);
   spec.Dv = static_cast<int>(args.Dv);
@@ -143,14 +143,14 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
 }
 
 TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows) {
-  if (view.rank() != 4 || (view.type != ElementType::f16 && view.type != ElementType::bf16 && view.type != ElementType::f32))
+  if (view.rank() != 4 || (view.type != DType::f16 && view.type != DType::bf16 && view.type != DType::f32))
     throw InvalidArgument("attention: a TMA copy needs a 16-bit or fp32 [B,T,X,D] view, got rank " + std::to_string(view.rank()) +
-                          " of " + element_type_name(view.type));
+                          " of " + dtype_name(view.type));
   TensorMapDescription map;
   map.address = view.data;
   map.rank = 4;
-  map.bfloat16 = view.type == ElementType::bf16 ? 1 : 0;
-  map.float32 = view.type == ElementType::f32 ? 1 : 0;
+  map.bfloat16 = view.type == DType::bf16 ? 1 : 0;
+  map.float32 = view.type == DType::f32 ? 1 : 0;
   const std::int64_t size = map.float32 ? 4 : 2;
   // dims innermost first: D, T, X, B; a dimension of one index gets any valid stride.
   const int order[4] = {3, 1, 2, 0};

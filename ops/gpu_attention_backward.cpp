@@ -24,7 +24,7 @@ std::uint64_t address(const void* p) { return static_cast<std::uint64_t>(reinter
 
 // TMA copies d_output's rows as they stand: q's 16-bit type, unit stride over Dv, 16-byte aligned
 // base and strides.
-bool tma_copyable(const TensorView& view, ElementType type) {
+bool tma_copyable(const TensorView& view, DType type) {
   if (view.type != type || view.rank() != 4) return false;
   if (view.strides[3] != 1 && view.shape[3] != 1) return false;
   if (address(view.data) % 16 != 0) return false;
@@ -50,7 +50,7 @@ cuda::AttentionBackwardSpec attention_backward_spec(const ir::AttentionVariant& 
                                                     const cpu::AttentionGrads& grads, const std::string& arch) {
   cuda::AttentionBackwardSpec spec;
   for (std::size_t k = 0; k < variant.inputs.size(); ++k)
-    spec.input_types.push_back(variant.inputs[k].kind == ir::InputKind::scalar ? ElementType::f32 : args.tensors[k].type);
+    spec.input_types.push_back(variant.inputs[k].kind == ir::InputKind::scalar ? DType::f32 : args.tensors[k].type);
   spec.D = static_cast<int>(args.D);
   spec.Dv = static_cast<int>(args.Dv);
   spec.varlen = !args.cu_seqlens_q.empty();
@@ -147,7 +147,7 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
   if (const auto problems = gpu_attention_backward_unsupported(variant, args); !problems.empty())
     throw InvalidArgument(op + " on the GPU: " + problems.front());
   if (!args.lse) throw InvalidArgument(op + ": the forward's lse is required (the forward must return it)");
-  if (grads.dq.type != ElementType::f32 || grads.dk.type != ElementType::f32 || grads.dv.type != ElementType::f32)
+  if (grads.dq.type != DType::f32 || grads.dk.type != DType::f32 || grads.dv.type != DType::f32)
     throw InvalidArgument(op + ": dq, dk and dv must be f32");
   if (grads.dq.strides[3] != 1 || address(grads.dq.data) % 8 != 0 || grads.dq.strides[1] % 2 != 0 || grads.dq.strides[2] % 2 != 0 ||
       grads.dq.strides[0] % 2 != 0)
@@ -175,11 +175,11 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
   if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
     throw InvalidArgument(fmt::format("{}: backward tile {}: {}", op, cuda::to_string(chosen), problems.front()));
   std::string key = fmt::format("attention-backward|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv);
-  for (ElementType t : spec.input_types) key += element_type_name(t);
+  for (DType t : spec.input_types) key += dtype_name(t);
   for (bool g : spec.input_gradients) key += g ? "g" : "-";
-  key += fmt::format("|s{}{}|{}{}{}{}{}{}{}{}", spec.stages, spec.dq_tma ? "qb" : "", spec.varlen, spec.copy_d_output, spec.sinks_gradient, element_type_name(spec.output_type),
-                     element_type_name(spec.d_output_type), element_type_name(spec.q_segment_ids_type),
-                     element_type_name(spec.kv_segment_ids_type), element_type_name(spec.sinks_type));
+  key += fmt::format("|s{}{}|{}{}{}{}{}{}{}{}", spec.stages, spec.dq_tma ? "qb" : "", spec.varlen, spec.copy_d_output, spec.sinks_gradient, dtype_name(spec.output_type),
+                     dtype_name(spec.d_output_type), dtype_name(spec.q_segment_ids_type),
+                     dtype_name(spec.kv_segment_ids_type), dtype_name(spec.sinks_type));
   const auto& loaded = detail::loaded_kernel<cuda::AttentionBackwardKernel>(
       key, arch, [&](const std::string& target) { return compile_attention_backward(variant, spec, target); });
   static std::mutex prep_mutex;

@@ -1,6 +1,7 @@
 #include "gpu_backward.h"
 
 #include <algorithm>
+#include <deque>
 #include <array>
 #include <cmath>
 #include <variant>
@@ -15,7 +16,6 @@
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
-#include "device_upload.h"
 #include "recurrent.h"
 
 namespace ladle::gpu {
@@ -41,7 +41,7 @@ const detail::LoadedKernel<HelperKernel>& helper(const std::string& name) {
   });
 }
 
-const char* type_suffix(ElementType t) { return t == ElementType::bf16 ? "bf16" : t == ElementType::f16 ? "f16" : "f32"; }
+const char* type_suffix(DType t) { return t == DType::bf16 ? "bf16" : t == DType::f16 ? "f16" : "f32"; }
 
 using Extra = std::variant<std::uint64_t, long long, int>;
 
@@ -50,11 +50,11 @@ struct Scratch {
   DeviceBuffer buffer;
   TensorView view;
 };
-Scratch scratch(ElementType type, const std::vector<std::int64_t>& shape, const Stream* stream) {
+Scratch scratch(DType type, const std::vector<std::int64_t>& shape, const Stream* stream) {
   std::int64_t n = 1;
   for (std::int64_t s : shape) n *= s;
-  Scratch out{DeviceBuffer::on_stream(std::max<std::size_t>(16, static_cast<std::size_t>(n) * element_size(type)), stream), {}};
-  out.view = TensorView::contiguous(reinterpret_cast<const void*>(out.buffer.device_ptr()), type, shape);
+  Scratch out{DeviceBuffer::on_stream(std::max<std::size_t>(16, static_cast<std::size_t>(n) * dtype_size(type)), stream), {}};
+  out.view = out.buffer.view(type, shape);
   return out;
 }
 
@@ -89,26 +89,26 @@ std::optional<float> call_scale(const ir::Variant& variant, const cpu::Recurrent
   return value;
 }
 
-ElementType next_type(const cpu::RecurrentArgs& a, int plain) {
-  if (plain < 0) return ElementType::f32;
-  const ElementType t = a.tensors[static_cast<std::size_t>(plain)].type;
-  return t == ElementType::bf16 || t == ElementType::f16 ? t : ElementType::f32;  // a 16-bit gate copies exactly
+DType next_type(const cpu::RecurrentArgs& a, int plain) {
+  if (plain < 0) return DType::f32;
+  const DType t = a.tensors[static_cast<std::size_t>(plain)].type;
+  return t == DType::bf16 || t == DType::f16 ? t : DType::f32;  // a 16-bit gate copies exactly
 }
 
 }  // namespace
 
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
-                                              cuda::BackwardPhase phase, ElementType d_output_type) {
+                                              cuda::BackwardPhase phase, DType d_output_type) {
   const cpu::RecurrentArgs& a = bound.args;
   cuda::BackwardKernelSpec spec;
   static_cast<cuda::KernelTypes&>(spec) = kernel_types(variant, bound, options);
   spec.initial_state = spec.final_state = false;
-  spec.output_type = ElementType::f32;
+  spec.output_type = DType::f32;
   spec.phase = phase;
   // 16-bit slots where the recurrences run on the tensor cores; fp32 for the fused-recurrent kernels.
   const bool chunked = choose_algorithm(variant, bound, options) == Algorithm::chunked;
   // A normalised read runs in fp32 on the fused-recurrent kernels: its value side has V + 1 columns.
-  const ElementType E = chunked && bound.dims.type != ElementType::f32 && !variant.normalize ? bound.dims.type : ElementType::f32;
+  const DType E = chunked && bound.dims.type != DType::f32 && !variant.normalize ? bound.dims.type : DType::f32;
   spec.slot_type = E;
   spec.d_output_type = d_output_type;
   spec.fold_scale = call_scale(variant, a).has_value();
@@ -126,7 +126,7 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   const bool merged_head = variant.has(ir::Slot::log_decay_k) && variant.has(ir::Slot::log_decay_head);
   spec.write_log_a = variant.has(ir::Slot::log_decay_k) && (a_in < 0 || merged_head);
   spec.write_log_b = variant.has(ir::Slot::log_decay_v) && b_in < 0;
-  spec.log_a_next_type = merged_head ? ElementType::f32 : next_type(a, a_in);
+  spec.log_a_next_type = merged_head ? DType::f32 : next_type(a, a_in);
   spec.log_b_next_type = next_type(a, b_in);
   const bool decays = variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head) || variant.has(ir::Slot::log_decay_v);
   spec.write_first = a.initial_state.has_value() && decays;
@@ -190,11 +190,11 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   // The gradients: fp32, contiguous, each in its input's shape.
   const auto gradient = [&](const std::string& name, const TensorView* given, const TensorView& input) -> const TensorView& {
     if (!given) check.fail("gradients has no tensor for input '" + name + "'");
-    check.type(("gradients." + name).c_str(), *given, ElementType::f32, "fp32 gradients");
+    check.type(("gradients." + name).c_str(), *given, DType::f32, "fp32 gradients");
     if (given->shape != input.shape)
       check.fail("gradients." + name + " has shape " + ops::detail::shape_text(given->shape) + ", expected its input's " +
                  ops::detail::shape_text(input.shape));
-    if (given->strides != TensorView::contiguous(nullptr, ElementType::f32, given->shape).strides)
+    if (given->strides != TensorView::contiguous(nullptr, DType::f32, given->shape).strides)
       check.fail("gradients." + name + " must be contiguous");
     check.data(("gradients." + name).c_str(), *given);
     return *given;
@@ -264,7 +264,7 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     }
     loaded.function->launch({static_cast<unsigned>(C), static_cast<unsigned>(N * H), 1}, {threads, 1, 1}, packed, 0, stream);
   };
-  const ElementType E = plan.slot_type;
+  const DType E = plan.slot_type;
   const auto input_view = [&](ir::Slot slot, ir::InputKind kind) {
     return a.tensors[static_cast<std::size_t>(plain_input(variant, a, slot, kind))];
   };
@@ -278,15 +278,15 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   Scratch dos = plan.write_do || variant.normalize ? scratch(E, value_shape, stream) : wrap(ops::detail::lead_with_ones(d_output, 4));
   Scratch log_a, log_a_next, log_b, log_b_next, log_h, log_h_next, first_decay;
   if (key_decay) {
-    log_a = plan.write_log_a ? scratch(ElementType::f32, key_shape, stream) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
+    log_a = plan.write_log_a ? scratch(DType::f32, key_shape, stream) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
     log_a_next = scratch(plan.log_a_next_type, key_shape, stream);
   }
-  if (head_decay) log_h = scratch(ElementType::f32, head_shape, stream), log_h_next = scratch(ElementType::f32, head_shape, stream);
+  if (head_decay) log_h = scratch(DType::f32, head_shape, stream), log_h_next = scratch(DType::f32, head_shape, stream);
   if (decays_v) {
-    log_b = plan.write_log_b ? scratch(ElementType::f32, value_shape, stream) : wrap(input_view(ir::Slot::log_decay_v, ir::InputKind::token_value));
+    log_b = plan.write_log_b ? scratch(DType::f32, value_shape, stream) : wrap(input_view(ir::Slot::log_decay_v, ir::InputKind::token_value));
     log_b_next = scratch(plan.log_b_next_type, value_shape, stream);
   }
-  if (plan.write_first) first_decay = scratch(ElementType::f32, {N, H, K + V}, stream);
+  if (plan.write_first) first_decay = scratch(DType::f32, {N, H, K + V}, stream);
   std::map<std::string, Extra> extras{{"B", static_cast<int>(B)}, {"T", static_cast<int>(T)}, {"H", static_cast<int>(H)},
                                       {"K", static_cast<int>(K)}, {"V", static_cast<int>(V)}, {"VS", static_cast<int>(VS)},
                                       {"C", static_cast<int>(C)},
@@ -309,8 +309,8 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   // 2. The states in fp32, as given and transposed: h0 for the forward's o, h0^T for u; d_final for dv,
   //    d_final^T for dk (divided by a folded scale: those recurrences read dS / scale, times scale).
   const auto convert = [&](const TensorView& state, float factor, Scratch* out, Scratch* out_t) {
-    if (out) *out = scratch(ElementType::f32, {N, H, K, VS}, stream);
-    if (out_t) *out_t = scratch(ElementType::f32, {N, H, VS, K}, stream);
+    if (out) *out = scratch(DType::f32, {N, H, K, VS}, stream);
+    if (out_t) *out_t = scratch(DType::f32, {N, H, VS, K}, stream);
     for (Scratch* padded : {out, out_t})  // the normaliser's column starts at 0 (and d final_state has none)
       if (padded && VS != V) fill_device_bytes(padded->buffer.device_ptr(), padded->buffer.bytes(), 0, stream);
     const auto& loaded = helper(std::string("ladle_bwd_convert_") + type_suffix(state.type));
@@ -361,17 +361,17 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     return fallback;
   };
   Scratch u, dks, dvs, s_t, ds0, o_f;
-  if (!plan.direct_q) u = scratch(ElementType::f32, key_shape, stream);
-  if (!plan.direct_k) dks = scratch(ElementType::f32, key_shape, stream);
-  if (!plan.direct_v) dvs = scratch(ElementType::f32, value_shape, stream);
+  if (!plan.direct_q) u = scratch(DType::f32, key_shape, stream);
+  if (!plan.direct_k) dks = scratch(DType::f32, key_shape, stream);
+  if (!plan.direct_v) dvs = scratch(DType::f32, value_shape, stream);
   const TensorView u_out = plan.direct_q ? grad_view(ir::Role::query, u.view) : u.view;
   const TensorView dk_out = plan.direct_k ? grad_view(ir::Role::key, dks.view) : dks.view;
   const TensorView dv_out = plan.direct_v ? grad_view(ir::Role::value, dvs.view) : dvs.view;
-  if (need_s_t) s_t = scratch(ElementType::f32, {N, H, VS, K}, stream);
-  if (a.initial_state) ds0 = scratch(ElementType::f32, {N, H, K, VS}, stream);
+  if (need_s_t) s_t = scratch(DType::f32, {N, H, VS, K}, stream);
+  if (a.initial_state) ds0 = scratch(DType::f32, {N, H, K, VS}, stream);
   if (variant.normalize) {
     // The forward's read of [S | n] (num, then den - eps), then do' = do / den and d den for the normaliser's column.
-    Scratch num = scratch(ElementType::f32, value_shape, stream);
+    Scratch num = scratch(DType::f32, value_shape, stream);
     recurrence(qs, kf, vf, {la, nullptr, lh}, a.reverse, a.initial_state ? &h0 : nullptr, num.view, nullptr);
     const auto& loaded = helper(std::string("ladle_bwd_normalized_") + type_suffix(d_output.type));
     const TensorView g = ops::detail::lead_with_ones(d_output, 4);
@@ -389,7 +389,7 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   recurrence(vf, dos, qs, {lb_next, la_next, lh_next}, !a.reverse, d_final_state ? &d_final_t : nullptr, dk_out, nullptr);
   // The forward's output (unnormalised, fp32), for the value-side decay's gradient.
   if (decays_v) {
-    o_f = scratch(ElementType::f32, value_shape, stream);
+    o_f = scratch(DType::f32, value_shape, stream);
     recurrence(qs, kf, vf, {la, lb, lh}, a.reverse, a.initial_state ? &h0 : nullptr, o_f.view, nullptr);
   }
 
@@ -400,8 +400,8 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   extras["o_f"] = o_f.buffer.device_ptr();
   Scratch totals, carry;
   if ((decays_k || decays_v) && C > 0) {
-    totals = scratch(ElementType::f32, {N, H, C, K + V}, stream);
-    carry = scratch(ElementType::f32, {N, H, C, K + V}, stream);
+    totals = scratch(DType::f32, {N, H, C, K + V}, stream);
+    carry = scratch(DType::f32, {N, H, C, K + V}, stream);
     extras["totals"] = totals.buffer.device_ptr();
     launch_generated(generated(cuda::BackwardPhase::totals), extras);
     const auto& loaded = helper("ladle_bwd_carry");
@@ -451,10 +451,11 @@ void run_variant_backward(const ir::Variant& variant, const TensorView& q, const
   const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_backward(op, bound, d_output, d_final_state);
   Device::get();
-  std::vector<Uploaded> keep;
+  std::deque<Tensor> keep;
   const auto put = [&](const TensorView& host) {
-    keep.push_back(upload(host));
-    return keep.back().view;
+    require_host(op, "an input", host, "gpu::run_variant_backward takes host tensors (run_variant_backward_into device ones)");
+    keep.push_back(Tensor::copy_of(host, Location::device(0)));
+    return keep.back().view();
   };
   VariantInputs device_inputs;
   device_inputs.scalars = inputs.scalars;
@@ -465,19 +466,20 @@ void run_variant_backward(const ir::Variant& variant, const TensorView& q, const
   std::optional<TensorView> d_final;
   if (d_final_state) d_final = put(*d_final_state);
   // The gradients on the device, then back into the caller's host tensors.
-  std::vector<std::pair<Uploaded, TensorView>> outs;
+  std::deque<std::pair<Tensor, TensorView>> outs;
   const auto out = [&](const TensorView& host) {
-    if (host.type != ElementType::f32 || host.strides != TensorView::contiguous(nullptr, ElementType::f32, host.shape).strides)
+    if (host.type != DType::f32 || host.strides != TensorView::contiguous(nullptr, DType::f32, host.shape).strides)
       throw InvalidArgument(op + ": host gradients must be fp32 and contiguous");
-    outs.emplace_back(poisoned(ElementType::f32, host.shape), host);
-    return outs.back().first.view;
+    require_host(op, "a gradient", host, "gpu::run_variant_backward writes host tensors (run_variant_backward_into device ones)");
+    outs.emplace_back(Tensor(DType::f32, host.shape, Location::device(0)), host);
+    return outs.back().first.view();
   };
   RecurrentGradientViews device_grads{out(gradients.dq), out(gradients.dk), out(gradients.dv), {}, std::nullopt};
   for (const auto& [name, view] : gradients.inputs) device_grads.inputs[name] = out(view);
   if (gradients.d_initial_state) device_grads.d_initial_state = out(*gradients.d_initial_state);
   run_variant_backward_into(variant, dq, dk, dv, device_inputs, device_options, d_o, d_final, device_grads);
   Device::get().synchronize();
-  for (auto& [device, host] : outs) device.buffer.copy_to_host(host.data, device.buffer.bytes());
+  for (auto& [device, host] : outs) copy(device.view(), host);
 }
 
 }  // namespace ladle::gpu

@@ -54,6 +54,6 @@ CompiledBackward compile_backward(const ir::Variant& variant, const cuda::Backwa
 CompiledProgram compile_backward_helpers(const std::string& arch = "");
 // The spec of a call's kernel of `phase` (the slots' dtype: q's when the recurrences run chunked).
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
-                                              cuda::BackwardPhase phase, ElementType d_output_type);
+                                              cuda::BackwardPhase phase, DType d_output_type);
 
 }  // namespace ladle::gpu

@@ -5,7 +5,6 @@
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
 #include "gpu_attention.h"
-#include "device_upload.h"
 #include "tune_recurrent.h"
 
 #include <algorithm>
@@ -43,10 +42,10 @@ std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::st
   std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
   if constexpr (requires { spec.phase; })
     key += std::string("|") + cuda::to_string(spec.phase) + (spec.segmented ? "|segmented" : "") + (spec.suffix_states ? "|suffix" : "");
-  for (ElementType t : spec.input_types) key += element_type_name(t);
-  key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse,
-                     spec.varlen, element_type_name(spec.cu_seqlens_type), spec.initial_state,
-                     element_type_name(spec.initial_state_type), spec.final_state);
+  for (DType t : spec.input_types) key += dtype_name(t);
+  key += fmt::format("|{}{}{}{}{}{}{}", dtype_name(spec.output_type), spec.reverse,
+                     spec.varlen, dtype_name(spec.cu_seqlens_type), spec.initial_state,
+                     dtype_name(spec.initial_state_type), spec.final_state);
   return key;
 }
 
@@ -166,13 +165,13 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
   const auto& args = bound.args;
   cuda::KernelTypes spec;
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32
+    spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? DType::f32
                                                                                : args.tensors[i].type);
   }
   spec.output_type = bound.args.output.data ? bound.args.output.type : bound.dims.type;  // o bound: its dtype
   spec.reverse = args.reverse;
   spec.varlen = !args.cu_seqlens.empty();
-  spec.cu_seqlens_type = ElementType::i64;
+  spec.cu_seqlens_type = DType::i64;
   spec.initial_state = args.initial_state.has_value();
   if (args.initial_state) spec.initial_state_type = args.initial_state->type;
   spec.final_state = options.return_state;
@@ -225,7 +224,7 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Role role = variant.inputs[i].role;
     if ((role == ir::Role::query || role == ir::Role::key || role == ir::Role::value) &&
-        args.tensors[i].type != ElementType::f16 && args.tensors[i].type != ElementType::bf16)
+        args.tensors[i].type != DType::f16 && args.tensors[i].type != DType::bf16)
       return Algorithm::recurrent;  // fp32 inputs keep fp32 products
   }
   // Tokens per sequence: T, or the mean length of the packed sequences.
@@ -268,8 +267,8 @@ std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& boun
     const bool gate_input = std::find(gate.begin(), gate.end(), static_cast<int>(i)) != gate.end();
     if (role != ir::Role::query && role != ir::Role::key && role != ir::Role::value && !gate_input) continue;
     const TensorView& view = bound.args.tensors[i];
-    if (!gate_input && view.type != ElementType::bf16) return variant.inputs[i].name + " is not bf16";
-    if (gate_input && view.type != ElementType::bf16 && view.type != ElementType::f16) return variant.inputs[i].name + " is not 16-bit";
+    if (!gate_input && view.type != DType::bf16) return variant.inputs[i].name + " is not bf16";
+    if (gate_input && view.type != DType::bf16 && view.type != DType::f16) return variant.inputs[i].name + " is not 16-bit";
     const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
     if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
   }
@@ -323,7 +322,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
     cuda::ChunkedKernelSpec types;
     types.tile = ws;
     for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-      types.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? ElementType::f32 : args.tensors[i].type);
+      types.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? DType::f32 : args.tensors[i].type);
     if (valid(ws) && cuda::chunked_ws_unsupported(variant, types).empty() && ws_copyable(variant, bound).empty()) return ws;
   }
   // sm_90a: the state update on wgmma where the warps cover the state in whole warpgroups
@@ -381,7 +380,7 @@ std::string ws_states_copyable(const ir::Variant& variant, const ops::BoundInput
     if (variant.inputs[i].role == ir::Role::key || variant.inputs[i].role == ir::Role::value) inputs.push_back(static_cast<int>(i));
   for (int i : inputs) {
     const TensorView& view = bound.args.tensors[static_cast<std::size_t>(i)];
-    if (view.type != ElementType::bf16 && view.type != ElementType::f16) return variant.inputs[i].name + " is not 16-bit";
+    if (view.type != DType::bf16 && view.type != DType::f16) return variant.inputs[i].name + " is not 16-bit";
     const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
     if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
   }
@@ -492,9 +491,9 @@ std::string delta_spec_key(const ir::Variant& variant, const cuda::ChunkedDeltaS
   const char* phase = spec.phase == cuda::ChunkedDeltaPhase::prepare ? "prepare" : spec.phase == cuda::ChunkedDeltaPhase::states ? "states" : "outputs";
   std::string key = ir::hash_hex(variant) + "|" + arch + "|delta|" + phase +
                     fmt::format("|{}|{}|{}", spec.block_k, spec.value_pad, spec.vector_loads);
-  for (ElementType t : spec.input_types) key += element_type_name(t);
-  key += fmt::format("|{}{}{}{}{}{}{}", element_type_name(spec.output_type), spec.reverse, spec.varlen,
-                     element_type_name(spec.cu_seqlens_type), spec.initial_state, element_type_name(spec.initial_state_type),
+  for (DType t : spec.input_types) key += dtype_name(t);
+  key += fmt::format("|{}{}{}{}{}{}{}", dtype_name(spec.output_type), spec.reverse, spec.varlen,
+                     dtype_name(spec.cu_seqlens_type), spec.initial_state, dtype_name(spec.initial_state_type),
                      spec.final_state);
   return key;
 }
@@ -515,7 +514,7 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     if (variant.inputs[i].role == ir::Role::other) continue;
     const TensorView& x = args.tensors[i];
-    const bool sixteen = x.type == ElementType::bf16 || x.type == ElementType::f16;
+    const bool sixteen = x.type == DType::bf16 || x.type == DType::f16;
     const bool aligned = reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.strides[3] == 1 &&
                          (x.shape[0] == 1 || x.strides[0] % 8 == 0) && x.strides[1] % 8 == 0 && x.strides[2] % 8 == 0;
     vector_loads = vector_loads && sixteen && aligned;
@@ -579,7 +578,23 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs, const LaunchOptions& launch) {
   const std::string op = op_name(variant);
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
+  // Device tensors only (ladle::run_variant_into takes host ones too); cu_seqlens may be either: the
+  // checks read it on the host.
+  const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
+  require_device(op, "q", q, why);
+  require_device(op, "k", k, why);
+  require_device(op, "v", v, why);
+  for (const auto& [name, view] : inputs.tensors) require_device(op, name, view, why);
+  if (options.initial_state) require_device(op, "initial_state", *options.initial_state, why);
+  require_device(op, "o", outputs.o, why);
+  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
+  RunOptions checked = options;
+  std::optional<Tensor> seqlens;
+  if (options.cu_seqlens && options.cu_seqlens->on_device()) {
+    seqlens = Tensor::copy_of(*options.cu_seqlens, Location::host(), launch.stream);
+    checked.cu_seqlens = seqlens->view();
+  }
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
   ops::bind_outputs(op, options, outputs, bound);
   const auto& args = bound.args;
   if (args.initial_state && !is_contiguous(*args.initial_state))
@@ -713,49 +728,6 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     if (launch.stream) launch.stream->synchronize();
     else Device::get().synchronize();
   }
-}
-
-RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
-  const std::string op = op_name(variant);
-  // Check everything on the host first, so bad input never reaches the device.
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
-  // A bad tile or algorithm is bad input: refuse it before any GPU work.
-  const Algorithm algorithm = choose_algorithm(variant, bound, options);
-  if (algorithm == Algorithm::chunked && variant.update != ir::Update::delta) (void)chunked_kernel_spec(variant, bound, options);
-  else if (algorithm == Algorithm::recurrent) (void)kernel_spec(variant, bound, options);
-  Device::get();
-  std::vector<Uploaded> keep;
-  auto put = [&](const TensorView& host) {
-    keep.push_back(upload(host));
-    return keep.back().view;
-  };
-  const TensorView dq = put(q), dk = put(k), dv = put(v);
-  VariantInputs device_inputs;
-  device_inputs.scalars = inputs.scalars;
-  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = put(view);
-  RunOptions device_options = options;
-  if (options.initial_state) device_options.initial_state = put(*options.initial_state);
-
-  RecurrentResult result{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt};
-  DeviceBuffer o(static_cast<std::size_t>(result.o.numel()) * element_size(bound.dims.type));
-  o.fill_bytes(0xff);  // NaN in every float type: an element the kernel skips stands out
-  RecurrentOutputs outputs{TensorView::contiguous(reinterpret_cast<const void*>(o.device_ptr()),
-                                                  bound.dims.type, bound.dims.output_shape()),
-                           std::nullopt};
-  DeviceBuffer state;
-  if (options.return_state) {
-    result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
-    state = DeviceBuffer(static_cast<std::size_t>(result.final_state->numel()) * 4);
-    state.fill_bytes(0xff);
-    outputs.final_state = TensorView::contiguous(reinterpret_cast<const void*>(state.device_ptr()),
-                                                 ElementType::f32, bound.dims.state_shape());
-  }
-  gpu::run_variant_into(variant, dq, dk, dv, device_inputs, device_options, outputs);
-  Device::get().synchronize();
-  o.copy_to_host(result.o.data(), o.bytes());
-  if (result.final_state) state.copy_to_host(result.final_state->data(), state.bytes());
-  return result;
 }
 
 }  // namespace ladle::gpu

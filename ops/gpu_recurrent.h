@@ -2,8 +2,9 @@
 // then the fused-recurrent kernel generated for this variant, dtypes and tile, compiled
 // through the cache (once per process and kernel), and launched on a stream.
 //   ladle::gpu::run_variant_into(variant, q, k, v, inputs, options, outputs, {&stream});
-// Tensor views passed here hold *device* pointers (DeviceBuffer::device_ptr()), except
-// options.cu_seqlens, which is read on the host to check it and then uploaded.
+// Tensor views passed here are device memory (TensorView::location; InvalidArgument naming the
+// view otherwise), except options.cu_seqlens, which may be either: it is read on the host to
+// check it and then uploaded. ladle::run_variant_into (variant.h) takes host tensors too.
 #pragma once
 
 #include <ladle/codegen/cuda_recurrent.h>
@@ -90,11 +91,5 @@ CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedK
 void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs, const LaunchOptions& launch = {});
-
-// Host tensors in and out: uploads, runs on the GPU, downloads. Throws NoCudaDriver
-// without a GPU.
-RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const VariantInputs& inputs = {},
-                            const RunOptions& options = {});
 
 }  // namespace ladle::gpu

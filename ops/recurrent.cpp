@@ -121,6 +121,7 @@ RunOptions run_options(const RecurrentOptions& options) {
   run.reverse = options.reverse;
   run.return_state = options.return_state;
   run.backend = options.backend;
+  run.gpu = options.gpu;
   run.algorithm = options.algorithm;
   run.chunked_tile = options.chunked_tile;
   run.chunked_segment_tokens = options.chunked_segment_tokens;

@@ -27,7 +27,8 @@ struct RecurrentOptions {
   bool reverse = false;
   std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64
   bool return_state = false;                // final_state [N,H,K,V] f32
-  Backend backend = Backend::automatic;     // GPU when there is one, else CPU
+  Backend backend = Backend::automatic;     // GPU when there is one or a tensor is device memory, else CPU
+  GpuOptions gpu;                           // stream, and whether host tensors may be uploaded
   Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
   std::optional<cuda::ChunkedTile> chunked_tile;  // the chunked family's tile on the GPU (serial or split form); empty: tuned/heuristic
   // The chunked serial form cut into segments of at most this many tokens (> 0), run in parallel

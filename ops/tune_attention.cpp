@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include <ladle/codegen/float16.h>
+#include <ladle/tensor/dtype.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 #include <ladle/runtime/event_timer.h>
@@ -137,13 +137,13 @@ class AttentionCandidate : public Candidate {
     Device::get().synchronize();  // the caller's inputs may still be in flight on its stream
     std::int64_t n = 1;
     for (auto d : args.o.shape) n *= d;
-    o_ = DeviceBuffer(static_cast<std::size_t>(n) * element_size(args.o.type));
-    args_.o = TensorView::contiguous(reinterpret_cast<const void*>(o_.device_ptr()), args.o.type, args.o.shape);
+    o_ = DeviceBuffer(static_cast<std::size_t>(n) * dtype_size(args.o.type));
+    args_.o = o_.view(args.o.type, args.o.shape);
     if (args.lse) {
       std::int64_t m = 1;
       for (auto d : args.lse->shape) m *= d;
       lse_ = DeviceBuffer(static_cast<std::size_t>(m) * 4);
-      args_.lse = TensorView::contiguous(reinterpret_cast<const void*>(lse_.device_ptr()), ElementType::f32,
+      args_.lse = lse_.view(DType::f32,
                                          args.lse->shape);
     }
   }
@@ -172,9 +172,9 @@ class AttentionCandidate : public Candidate {
     stream_.synchronize();
     std::vector<std::byte> bytes(o_.bytes());
     o_.copy_to_host(bytes.data(), bytes.size());
-    const std::size_t size = element_size(args_.o.type);
+    const std::size_t size = dtype_size(args_.o.type);
     std::vector<float> values(bytes.size() / size);
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = narrow_float::load(bytes.data() + i * size, args_.o.type);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = load_float(bytes.data() + i * size, args_.o.type);
     return values;
   }
 
@@ -226,10 +226,10 @@ cuda::AttentionTile to_attention_tile(const Config& config) {
   return tile;
 }
 
-SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands, bool async_copy) {
+SearchSpace attention_search_space(const AttentionTuneShape& shape, DType operands, bool async_copy) {
   SearchSpace space;
   for (const TileField& field : tile_fields()) space.param(std::string(field.name), field.values);
-  const bool split = operands == ElementType::f32;
+  const bool split = operands == DType::f32;
   const int D = static_cast<int>(shape.D), Dv = static_cast<int>(shape.Dv);
   space.rule([D, Dv, split, async_copy](const Config& c, const DeviceLimits& d) -> Reason {
     // Every limit a tile breaks: warps vs block_m, wgmma off sm_90a or with fp32 inputs, the
@@ -253,7 +253,7 @@ std::string attention_bucket(const ir::AttentionVariant& variant, const Attentio
 
 TunedKey attention_tune_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
                             const AttentionTuneShape& shape, const DeviceLimits& device) {
-  std::vector<ElementType> types = spec.input_types;
+  std::vector<DType> types = spec.input_types;
   if (variant.segment_ids) types.insert(types.end(), {spec.q_segment_ids_type, spec.kv_segment_ids_type});
   if (variant.sinks) types.push_back(spec.sinks_type);
   return tune_key(attention_family, ir::hash_hex(variant) + fmt::format("-v{}l{}a{}f{}", spec.varlen, spec.lse, spec.async_copy, spec.positive_logit_factor),
@@ -296,7 +296,7 @@ TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::Atten
     return std::make_unique<AttentionCandidate>(variant, args, spec, tolerance);
   };
   return TuneJob{std::move(key),
-                 Tuner(attention_search_space(shape, split ? ElementType::f32 : spec.input_types.at(0), spec.async_copy), device,
+                 Tuner(attention_search_space(shape, split ? DType::f32 : spec.input_types.at(0), spec.async_copy), device,
                        to_config(heuristic)),
                  std::move(factory)};
 }
@@ -405,7 +405,7 @@ SearchSpace attention_backward_search_space(const ir::AttentionVariant& variant,
 
 TunedKey attention_backward_tune_key(const ir::AttentionVariant& variant, const cuda::AttentionBackwardSpec& spec,
                                      const AttentionTuneShape& shape, const DeviceLimits& device) {
-  std::vector<ElementType> types = spec.input_types;
+  std::vector<DType> types = spec.input_types;
   types.push_back(spec.d_output_type);
   if (variant.segment_ids) types.insert(types.end(), {spec.q_segment_ids_type, spec.kv_segment_ids_type});
   if (variant.sinks) types.push_back(spec.sinks_type);

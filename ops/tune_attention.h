@@ -51,7 +51,7 @@ cuda::AttentionTile to_attention_tile(const Config& config);
 // threads) and the blocks vs SMs; wgmma at mma.sync's rate until measured: rough, it only ranks.
 // async_copy: q, k, v rows the kernels may copy 16 bytes at a time (cp.async, TMA); without it
 // no ws tile is valid.
-SearchSpace attention_search_space(const AttentionTuneShape& shape, ElementType operands, bool async_copy = true);
+SearchSpace attention_search_space(const AttentionTuneShape& shape, DType operands, bool async_copy = true);
 
 // The family's key: the variant's hash, the kernel's flags (varlen, lse, cp.async) and input
 // dtypes (segment ids and sinks too when the variant has them), the shape bucket (N, Tq and Tk

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include <ladle/codegen/float16.h>
+#include <ladle/tensor/dtype.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/event_timer.h>
 
@@ -30,7 +30,7 @@ struct RecurrentFamily {
     compile_recurrent(variant, kernel_spec(variant, bound, options), arch);
   }
   // fp32 throughout: only the summation order differs between tiles.
-  static double tolerance(ElementType output) { return output == ElementType::f32 ? 1e-4 : 1e-2; }
+  static double tolerance(DType output) { return output == DType::f32 ? 1e-4 : 1e-2; }
 };
 
 struct ChunkedFamily {
@@ -44,7 +44,7 @@ struct ChunkedFamily {
   }
   // bf16 tensor-core operands whatever the output type: another chunk length or reference
   // token rounds different products, so an fp32 output gets the 16-bit tolerance too.
-  static double tolerance(ElementType) { return 1e-2; }
+  static double tolerance(DType) { return 1e-2; }
 };
 
 // Everything a run needs besides the tile: the caller's device inputs, fresh outputs.
@@ -60,14 +60,14 @@ class TileCandidate : public Candidate {
     const std::vector<std::int64_t> o_shape = {dims.B, dims.T, dims.H, dims.V};
     std::int64_t n = 1;
     for (auto s : o_shape) n *= s;
-    o_ = DeviceBuffer(static_cast<std::size_t>(n) * element_size(dims.type));
-    outputs_.o = TensorView::contiguous(reinterpret_cast<const void*>(o_.device_ptr()), dims.type, o_shape);
+    o_ = DeviceBuffer(static_cast<std::size_t>(n) * dtype_size(dims.type));
+    outputs_.o = o_.view(dims.type, o_shape);
     if (options.return_state) {
       std::int64_t s = 1;
       for (auto d : dims.state_shape()) s *= d;
       state_ = DeviceBuffer(static_cast<std::size_t>(s) * 4);
       outputs_.final_state =
-          TensorView::contiguous(reinterpret_cast<const void*>(state_.device_ptr()), ElementType::f32, dims.state_shape());
+          state_.view(DType::f32, dims.state_shape());
     }
   }
 
@@ -101,9 +101,9 @@ class TileCandidate : public Candidate {
     stream_.synchronize();
     std::vector<std::byte> bytes(o_.bytes());
     o_.copy_to_host(bytes.data(), bytes.size());
-    const std::size_t size = element_size(bound_.dims.type);
+    const std::size_t size = dtype_size(bound_.dims.type);
     std::vector<float> values(bytes.size() / size);
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = narrow_float::load(bytes.data() + i * size, bound_.dims.type);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = load_float(bytes.data() + i * size, bound_.dims.type);
     return values;
   }
 
@@ -283,10 +283,10 @@ SearchSpace chunked_search_space(const ir::Variant& variant, const TuneShape& sh
   return space;
 }
 
-TunedKey tune_key(std::string_view family, std::string what, const std::vector<ElementType>& input_types,
-                  std::string bucket, ElementType output_type, const DeviceLimits& device) {
-  for (ElementType t : input_types) what += std::string("-") + element_type_name(t);
-  return TunedKey::make(std::string(family), std::move(what), std::move(bucket), element_type_name(output_type),
+TunedKey tune_key(std::string_view family, std::string what, const std::vector<DType>& input_types,
+                  std::string bucket, DType output_type, const DeviceLimits& device) {
+  for (DType t : input_types) what += std::string("-") + dtype_name(t);
+  return TunedKey::make(std::string(family), std::move(what), std::move(bucket), dtype_name(output_type),
                         device);
 }
 

@@ -60,8 +60,8 @@ TunedKey tune_key(std::string_view family, const ir::Variant& variant, const cud
 // What every family's key is made of (the softmax-attention family's too): `what` (the
 // variant's hash and the kernel's flags) with "-<dtype>" per input type appended, the shape
 // bucket, the output dtype and the device.
-TunedKey tune_key(std::string_view family, std::string what, const std::vector<ElementType>& input_types,
-                  std::string bucket, ElementType output_type, const DeviceLimits& device);
+TunedKey tune_key(std::string_view family, std::string what, const std::vector<DType>& input_types,
+                  std::string bucket, DType output_type, const DeviceLimits& device);
 
 // The per-process memo every family's op goes through: one tuning (or cache read) per key,
 // then a map lookup per call. Under force the first call of the process tunes again (and

@@ -36,6 +36,7 @@ RunOptions run_options(const UpdateFormOptions& options) {
   run.reverse = options.reverse;
   run.return_state = options.return_state;
   run.backend = options.backend;
+  run.gpu = options.gpu;
   run.algorithm = options.algorithm;
   run.tile = options.tile;
   return run;

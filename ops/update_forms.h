@@ -27,7 +27,8 @@ struct UpdateFormOptions {
   // fla's use_qk_l2norm_in_kernel: q and k divided by sqrt(sum over K of x^2 + 1e-6) first.
   // The delta rules only (rwkv6 refuses it).
   bool use_qk_l2norm_in_kernel = false;
-  Backend backend = Backend::automatic;     // GPU when there is one, else CPU
+  Backend backend = Backend::automatic;     // GPU when there is one or a tensor is device memory, else CPU
+  GpuOptions gpu;                           // stream, and whether host tensors may be uploaded
   Algorithm algorithm = Algorithm::automatic;
   std::optional<cuda::RecurrentTile> tile;  // the fused-recurrent tile on the GPU; empty: tuned/heuristic
 };

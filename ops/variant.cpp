@@ -9,6 +9,7 @@
 #include "bind.h"
 #include "detail/checks.h"
 #include "detail/fingerprint.h"
+#include "detail/gpu_call.h"
 #include "gpu_backward.h"
 #include "gpu_recurrent.h"
 #include "recurrent.h"
@@ -16,28 +17,80 @@
 namespace ladle {
 
 namespace {
-bool use_gpu(const RunOptions& options) {
-  return options.backend == Backend::gpu ||
-         (options.backend == Backend::automatic && driver_available());
-}
-
 
 std::string op_name(const ir::Variant& variant) { return variant.name.empty() ? "variant" : variant.name; }
+
+const char* const cpu_reads_host =
+    "the CPU path reads it on the host (copy it there with Tensor::to(Location::host()), or run on the GPU)";
+
+// Every tensor argument of a call, by the name its caller knows.
+std::vector<ops::detail::NamedView> argument_views(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                   const VariantInputs& inputs, const RunOptions& options) {
+  std::vector<ops::detail::NamedView> views{{"q", &q}, {"k", &k}, {"v", &v}};
+  for (const auto& [name, view] : inputs.tensors) views.push_back({name, &view});
+  if (options.initial_state) views.push_back({"initial_state", &*options.initial_state});
+  if (options.cu_seqlens) views.push_back({"cu_seqlens", &*options.cu_seqlens});
+  return views;
+}
+
+// The options the checks read: they read cu_seqlens on the host, so a device one is copied down
+// (into `keep`).
+RunOptions with_host_seqlens(const RunOptions& options, std::optional<Tensor>& keep) {
+  RunOptions checked = options;
+  if (options.cu_seqlens && options.cu_seqlens->on_device()) {
+    keep = Tensor::copy_of(*options.cu_seqlens, Location::host(), options.gpu.stream);
+    checked.cu_seqlens = keep->view();
+  }
+  return checked;
+}
+
+// The GPU path: device tensors as they are, host ones through the call's stream.
+void run_on_gpu(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs) {
+  const std::string op = op_name(variant);
+  {
+    // Bad input, a bad tile or algorithm among it, is refused before any GPU work.
+    std::optional<Tensor> seqlens;
+    const RunOptions checked = with_host_seqlens(options, seqlens);
+    ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
+    ops::bind_outputs(op, checked, outputs, bound);
+    const Algorithm algorithm = gpu::choose_algorithm(variant, bound, options);
+    if (algorithm == Algorithm::chunked && variant.update != ir::Update::delta) (void)gpu::chunked_kernel_spec(variant, bound, options);
+    else if (algorithm == Algorithm::recurrent) (void)gpu::kernel_spec(variant, bound, options);
+  }
+  ops::detail::GpuCall call(op, options.gpu);
+  const TensorView dq = call.input("q", q), dk = call.input("k", k), dv = call.input("v", v);
+  VariantInputs device_inputs;
+  device_inputs.scalars = inputs.scalars;
+  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = call.input(name, view);
+  RunOptions device_options = options;
+  if (options.initial_state) device_options.initial_state = call.input("initial_state", *options.initial_state);
+  if (options.cu_seqlens) device_options.cu_seqlens = call.host_input("cu_seqlens", *options.cu_seqlens);
+  RecurrentOutputs device_outputs{call.output("o", outputs.o), std::nullopt};
+  if (outputs.final_state) device_outputs.final_state = call.output("final_state", *outputs.final_state);
+  gpu::run_variant_into(variant, dq, dk, dv, device_inputs, device_options, device_outputs, {options.gpu.stream});
+  call.finish();
+}
+
 }  // namespace
 
 RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                             const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
-  if (use_gpu(options)) return gpu::run_variant(variant, q, k, v, inputs, options);
   const std::string op = op_name(variant);
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
-  RecurrentResult result{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt};
+  const auto views = argument_views(q, k, v, inputs, options);
+  const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
+  if (!on_gpu) ops::detail::require_host_views(op, views, cpu_reads_host);
+  // The shapes of the outputs.
+  std::optional<Tensor> seqlens;
+  const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, with_host_seqlens(options, seqlens));
+  const Location where = on_gpu && q.on_device() ? q.location : Location::host();
+  RecurrentResult result{Tensor(bound.dims.type, bound.dims.output_shape(), where, options.gpu.stream), std::nullopt};
   RecurrentOutputs outputs{result.o.view(), std::nullopt};
   if (options.return_state) {
-    result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
+    result.final_state.emplace(DType::f32, bound.dims.state_shape(), where, options.gpu.stream);
     outputs.final_state = result.final_state->view();
   }
-  ops::bind_outputs(op, options, outputs, bound);
-  cpu::run_recurrent(variant, bound.args);
+  run_variant_into(variant, q, k, v, inputs, options, outputs);
   return result;
 }
 
@@ -45,16 +98,13 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs) {
   const std::string op = op_name(variant);
+  auto views = argument_views(q, k, v, inputs, options);
+  views.push_back({"o", &outputs.o});
+  if (outputs.final_state) views.push_back({"final_state", &*outputs.final_state});
+  if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs);
+  ops::detail::require_host_views(op, views, cpu_reads_host);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_outputs(op, options, outputs, bound);
-  if (use_gpu(options)) {
-    RunOptions with_state = options;
-    with_state.return_state = outputs.final_state.has_value();
-    const RecurrentResult result = gpu::run_variant(variant, q, k, v, inputs, with_state);
-    store_into(result.o, outputs.o);
-    if (outputs.final_state) store_into(*result.final_state, *outputs.final_state);
-    return;
-  }
   cpu::run_recurrent(variant, bound.args);
 }
 
@@ -72,10 +122,12 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
   const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
   if (!variant.plain_form()) check.fail("the backward of " + ir::form_name(variant) + " is not built yet (run_variant runs its forward)");
+  ops::detail::require_host_views(op, argument_views(q, k, v, inputs, options),
+                                  "the forward kept for a backward takes host tensors for now (run_variant takes device ones)");
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
-  RecurrentForward out{{HostTensor(bound.dims.type, bound.dims.output_shape()), std::nullopt},
+  RecurrentForward out{{Tensor(bound.dims.type, bound.dims.output_shape()), std::nullopt},
                        {variant, q, k, v, inputs, options, nullptr, fingerprint(q, k, v, inputs, options), true}};
-  if (use_gpu(options)) {
+  if (options.backend == Backend::gpu || (options.backend == Backend::automatic && driver_available())) {
     out.result = run_variant(variant, q, k, v, inputs, options);
     out.saved.options.backend = Backend::gpu;
     return out;
@@ -83,7 +135,7 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
   out.saved.options.backend = Backend::cpu;
   RecurrentOutputs outputs{out.result.o.view(), std::nullopt};
   if (options.return_state) {
-    out.result.final_state.emplace(ElementType::f32, bound.dims.state_shape());
+    out.result.final_state.emplace(DType::f32, bound.dims.state_shape());
     outputs.final_state = out.result.final_state->view();
   }
   ops::bind_outputs(op, options, outputs, bound);
@@ -112,9 +164,11 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
   const std::string op = op_name(variant) + " backward";
   const ops::detail::Checker check(op);
   if (!saved.valid) check.fail("saved holds no forward (make it with run_variant_for_backward)");
+  ops::detail::require_host_views(op, {{"d_output", &d_output}, {"d_final_state", d_final_state ? &*d_final_state : nullptr}},
+                                  "the backward takes host tensors for now");
   BackwardSetup s{ops::bind_inputs(op, variant, saved.q, saved.k, saved.v, saved.inputs, saved.options),
-                  {HostTensor(ElementType::f32, saved.q.shape, 0.0f), HostTensor(ElementType::f32, saved.k.shape, 0.0f),
-                   HostTensor(ElementType::f32, saved.v.shape, 0.0f), {}, std::nullopt},
+                  {Tensor(DType::f32, saved.q.shape, 0.0f), Tensor(DType::f32, saved.k.shape, 0.0f),
+                   Tensor(DType::f32, saved.v.shape, 0.0f), {}, std::nullopt},
                   {},
                   std::nullopt};
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
@@ -125,11 +179,11 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Input& in = variant.inputs[i];
     if (in.kind == ir::InputKind::scalar) continue;
-    HostTensor* target = nullptr;
+    Tensor* target = nullptr;
     if (in.role == ir::Role::query) target = &s.out.dq;
     else if (in.role == ir::Role::key) target = &s.out.dk;
     else if (in.role == ir::Role::value) target = &s.out.dv;
-    else target = &s.out.inputs.emplace(in.name, HostTensor(ElementType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
+    else target = &s.out.inputs.emplace(in.name, Tensor(DType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
     // The canonical view bind_inputs made of the input, over the gradient's memory.
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
     TensorView view = ops::detail::lead_with_ones(target->view(), rank);
@@ -137,7 +191,7 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
     s.d_tensors[i] = view;
   }
   if (saved.options.initial_state) {
-    s.out.d_initial_state.emplace(ElementType::f32, d.state_shape(), 0.0f);
+    s.out.d_initial_state.emplace(DType::f32, d.state_shape(), 0.0f);
     s.d_initial_state = s.out.d_initial_state->view();
   }
   return s;
@@ -178,11 +232,11 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   const bool reverse = a.reverse;
   const cpu::RecurrentSlotTensors slots = cpu::materialize_slots(variant, a);
   const auto tensor = [](const std::vector<float>& values, std::vector<std::int64_t> shape) {
-    HostTensor t(ElementType::f32, std::move(shape), 0.0f);
+    Tensor t(DType::f32, std::move(shape), 0.0f);
     std::copy(values.begin(), values.end(), static_cast<float*>(t.data()));
     return t;
   };
-  const auto floats = [](const HostTensor& t) { return static_cast<const float*>(t.data()); };
+  const auto floats = [](const Tensor& t) { return static_cast<const float*>(t.data()); };
   // The sequences as the recurrence walks them: token of step s of sequence n.
   const auto bounds = [&](std::int64_t n) {
     const std::int64_t begin = a.cu_seqlens.empty() ? 0 : a.cu_seqlens[static_cast<std::size_t>(n)];
@@ -199,9 +253,9 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   std::vector<float> qs = slots.q;
   for (std::size_t r = 0; r < slots.scale.size(); ++r)
     for (std::int64_t f = 0; f < K; ++f) qs[r * static_cast<std::size_t>(K) + static_cast<std::size_t>(f)] *= slots.scale[r];
-  const HostTensor q_s = tensor(qs, {B, T, H, K}), k_f = tensor(slots.k, {B, T, H, K}), v_f = tensor(slots.v, {B, T, H, V});
-  const HostTensor log_a = tensor(slots.log_a, {B, T, H, K}), log_b = tensor(slots.log_b, {B, T, H, V});
-  HostTensor d_o(ElementType::f32, {B, T, H, V}, 0.0f);
+  const Tensor q_s = tensor(qs, {B, T, H, K}), k_f = tensor(slots.k, {B, T, H, K}), v_f = tensor(slots.v, {B, T, H, V});
+  const Tensor log_a = tensor(slots.log_a, {B, T, H, K}), log_b = tensor(slots.log_b, {B, T, H, V});
+  Tensor d_o(DType::f32, {B, T, H, V}, 0.0f);
   {
     const TensorView g = ops::detail::lead_with_ones(d_output, 4);
     for (std::int64_t b = 0; b < B; ++b)
@@ -209,14 +263,14 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
         for (std::int64_t h = 0; h < H; ++h)
           for (std::int64_t j = 0; j < V; ++j) {
             const auto* p = static_cast<const std::byte*>(g.data) +
-                            (b * g.strides[0] + t * g.strides[1] + h * g.strides[2] + j * g.strides[3]) * static_cast<std::int64_t>(element_size(g.type));
-            static_cast<float*>(d_o.data())[((b * T + t) * H + h) * V + j] = narrow_float::load(p, g.type);
+                            (b * g.strides[0] + t * g.strides[1] + h * g.strides[2] + j * g.strides[3]) * static_cast<std::int64_t>(dtype_size(g.type));
+            static_cast<float*>(d_o.data())[((b * T + t) * H + h) * V + j] = load_float(p, g.type);
           }
   }
   // The decays shifted one step along the recurrence (the backward's dS_t = A_(t+1) dS_(t+1) B_(t+1) + ...):
   // at each token the next step's, 0 at a sequence's last step.
-  const auto shifted = [&](const HostTensor& x, std::int64_t D) {
-    HostTensor out(ElementType::f32, x.shape(), 0.0f);
+  const auto shifted = [&](const Tensor& x, std::int64_t D) {
+    Tensor out(DType::f32, x.shape(), 0.0f);
     for (std::int64_t n = 0; n < N; ++n) {
       const auto [begin, end] = bounds(n);
       for (std::int64_t step = 0; step + 1 < end - begin; ++step)
@@ -225,16 +279,16 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
     }
     return out;
   };
-  const HostTensor log_a_next = shifted(log_a, K), log_b_next = shifted(log_b, V);
-  const auto transpose_state = [&](const HostTensor& x, std::int64_t rows, std::int64_t cols) {  // [N,H,rows,cols] -> [N,H,cols,rows]
-    HostTensor out(ElementType::f32, {N, H, cols, rows}, 0.0f);
+  const Tensor log_a_next = shifted(log_a, K), log_b_next = shifted(log_b, V);
+  const auto transpose_state = [&](const Tensor& x, std::int64_t rows, std::int64_t cols) {  // [N,H,rows,cols] -> [N,H,cols,rows]
+    Tensor out(DType::f32, {N, H, cols, rows}, 0.0f);
     for (std::int64_t p = 0; p < N * H; ++p)
       for (std::int64_t i = 0; i < rows; ++i)
         for (std::int64_t j = 0; j < cols; ++j)
           static_cast<float*>(out.data())[(p * cols + j) * rows + i] = floats(x)[(p * rows + i) * cols + j];
     return out;
   };
-  HostTensor d_final(ElementType::f32, {N, H, K, V}, 0.0f);
+  Tensor d_final(DType::f32, {N, H, K, V}, 0.0f);
   if (d_final_state)
     for (std::int64_t e = 0; e < d_final.numel(); ++e) {
       const TensorView& g = *d_final_state;
@@ -243,7 +297,7 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
         offset += rest % g.shape[static_cast<std::size_t>(dim)] * g.strides[static_cast<std::size_t>(dim)];
         rest /= g.shape[static_cast<std::size_t>(dim)];
       }
-      d_final.set(e, narrow_float::load(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(element_size(g.type)), g.type));
+      d_final.set(e, load_float(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(dtype_size(g.type)), g.type));
     }
 
   // One recurrence of the plain form: S = diag(exp(gk)) S diag(exp(gv)) + k v^T, o = q^T S.
@@ -253,18 +307,18 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   run.cu_seqlens = saved.options.cu_seqlens;
   run.threads = saved.options.threads;
   run.return_state = true;
-  const auto recurrence = [&](const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& gk, const HostTensor& gv,
-                              bool backwards, const std::optional<HostTensor>& h0) {
+  const auto recurrence = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& gk, const Tensor& gv,
+                              bool backwards, const std::optional<Tensor>& h0) {
     RunOptions o = run;
     o.reverse = backwards;
     if (h0) o.initial_state = h0->view();
     VariantInputs in{{{"gk", gk.view()}, {"gv", gv.view()}}, {{"scale", 1.0f}}};
     return run_variant(plain, q.view(), k.view(), v.view(), in, o);
   };
-  std::optional<HostTensor> h0_t;  // the initial state, f32 and transposed
-  std::optional<HostTensor> h0;
+  std::optional<Tensor> h0_t;  // the initial state, f32 and transposed
+  std::optional<Tensor> h0;
   if (saved.options.initial_state) {
-    HostTensor h(ElementType::f32, {N, H, K, V}, 0.0f);
+    Tensor h(DType::f32, {N, H, K, V}, 0.0f);
     const TensorView& g = *a.initial_state;
     for (std::int64_t e = 0; e < h.numel(); ++e) {
       std::int64_t rest = e, offset = 0;
@@ -272,14 +326,14 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
         offset += rest % g.shape[static_cast<std::size_t>(dim)] * g.strides[static_cast<std::size_t>(dim)];
         rest /= g.shape[static_cast<std::size_t>(dim)];
       }
-      h.set(e, narrow_float::load(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(element_size(g.type)), g.type));
+      h.set(e, load_float(static_cast<const std::byte*>(g.data) + offset * static_cast<std::int64_t>(dtype_size(g.type)), g.type));
     }
     h0_t = transpose_state(h, K, V);
     h0 = std::move(h);
   }
   // u_t = S_t do_t (the transposed state read by do), and S_T (transposed back).
   const RecurrentResult u = recurrence(d_o, v_f, k_f, log_b, log_a, reverse, h0_t);
-  const HostTensor S_T = transpose_state(*u.final_state, V, K);
+  const Tensor S_T = transpose_state(*u.final_state, V, K);
   // g_v = dS_t^T k_t, and dS before the first step; g_k = dS_t v_t.
   const RecurrentResult gv = recurrence(k_f, q_s, d_o, log_a_next, log_b_next, !reverse, d_final);
   const RecurrentResult gk = recurrence(v_f, d_o, q_s, log_b_next, log_a_next, !reverse, transpose_state(d_final, K, V));

@@ -19,18 +19,31 @@
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/dsl/ir.h>
 
-#include "host_tensor.h"
+#include <ladle/runtime/tensor.h>
 
 namespace ladle {
+
+class Stream;
 
 struct VariantInputs {
   std::map<std::string, TensorView> tensors;  // by input name
   std::map<std::string, float> scalars;       // by input name
 };
 
-// Where a call on host tensors runs. automatic: the GPU when a CUDA driver and device are
-// present, else the CPU. Device-resident tensors go through ladle::gpu (gpu_recurrent.h).
+// Where a call runs. automatic: the GPU when any tensor is device memory or a CUDA driver and
+// device are present, else the CPU. cpu reads host tensors only (a device tensor is an
+// InvalidArgument naming it); gpu reads device tensors where they are and uploads host ones.
 enum class Backend { automatic, cpu, gpu };
+
+// How a call on the GPU treats its tensors (every op's options carry one).
+struct GpuOptions {
+  // The call's copies and kernels are ordered on it; nullptr: the default stream. A call whose
+  // tensors are all device memory returns with its work queued, without waiting for it.
+  const Stream* stream = nullptr;
+  // Host tensors on the GPU path are uploaded (and host outputs copied back); false: each is an
+  // InvalidArgument naming it, so that no copy happens unnoticed.
+  bool upload_host_tensors = true;
+};
 
 // Which kernel family runs a call on the GPU. automatic: chunked (tensor cores) for 16-bit
 // q/k/v and sequences of at least `chunked_min_tokens` tokens on average, the fused
@@ -46,6 +59,7 @@ struct RunOptions {
   bool return_state = false;                // also return final_state [N,H,K,V] f32
   int threads = 0;                          // CPU threads; 0: one per hardware thread
   Backend backend = Backend::automatic;
+  GpuOptions gpu;
   Algorithm algorithm = Algorithm::automatic;
   // The fused-recurrent tile on the GPU (block_k, block_v, warps); empty: tuned/heuristic.
   std::optional<cuda::RecurrentTile> tile;
@@ -57,13 +71,15 @@ struct RunOptions {
   std::optional<std::int64_t> chunked_segment_tokens;
 };
 
+// Outputs live where q lives: device memory when q is device memory, else the host.
 struct RecurrentResult {
-  HostTensor o;                            // [B,T,H,V] (the rank of q), the dtype of q
-  std::optional<HostTensor> final_state;   // [N,H,K,V] f32, when return_state
+  Tensor o;                            // [B,T,H,V] (the rank of q), the dtype of q
+  std::optional<Tensor> final_state;   // [N,H,K,V] f32, when return_state
 };
 
 // Caller-owned outputs: o must match q's layout with V features and q's dtype;
-// final_state, when given, is written (and must be given when return_state is set).
+// final_state, when given, is written (and must be given when return_state is set). Either may
+// be host or device memory, whatever the inputs are.
 struct RecurrentOutputs {
   TensorView o;
   std::optional<TensorView> final_state;
@@ -81,13 +97,13 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
 // in the shape it was given in (an [H] parameter's gradient sums over the batch, GQA's dk and dv
 // over the query heads that share them). Scalars passed by value get none.
 struct RecurrentGradients {
-  HostTensor dq, dk, dv;
-  std::map<std::string, HostTensor> inputs;   // by input name
-  std::optional<HostTensor> d_initial_state;  // [N,H,K,V], when options.initial_state was given
+  Tensor dq, dk, dv;
+  std::map<std::string, Tensor> inputs;   // by input name
+  std::optional<Tensor> d_initial_state;  // [N,H,K,V], when options.initial_state was given
 };
 
 // What the backward needs from a forward call, held by the caller (no global state): the call's
-// arguments (views: the caller keeps those tensors alive and unchanged until the backward; a
+// arguments (host views for now: the caller keeps those tensors alive and unchanged until the backward; a
 // fingerprint of their contents is checked) and the state entering every 64-token chunk of every
 // (sequence, head), so that the backward does not run the forward again.
 struct RecurrentSaved {

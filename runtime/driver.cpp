@@ -16,6 +16,9 @@ namespace {
 
 const detail::CudaApi& api() { return detail::cuda(); }
 
+// The ordinal of the device whose context this thread made current last.
+thread_local int current_ordinal = 0;
+
 CUstream stream_of(const Stream* stream) {
   return stream ? static_cast<CUstream>(stream->handle()) : nullptr;
 }
@@ -84,6 +87,7 @@ Device::Device(int ordinal) : ordinal_(ordinal) {
   char name[256] = {};
   LADLE_CU(api().cuDeviceGetName(name, sizeof(name), device));
   props_.ordinal = ordinal;
+  current_ordinal = ordinal;
   props_.name = name;
   props_.cc_major = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
   props_.cc_minor = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
@@ -101,8 +105,11 @@ Device::Device(int ordinal) : ordinal_(ordinal) {
   LADLE_CU(api().cuDriverGetVersion(&props_.driver_version));
 }
 
+int Device::current() { return current_ordinal; }
+
 void Device::make_current() const {
   LADLE_CU(api().cuCtxSetCurrent(static_cast<CUcontext>(context_)));
+  current_ordinal = ordinal_;
 }
 
 void Device::synchronize() const {
@@ -148,7 +155,8 @@ float Event::elapsed_ms_to(const Event& stop) const {
 }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  Device::get();
+  Device::get(Device::current());  // the device this thread made current (0 unless told otherwise)
+  ordinal_ = Device::current();
   if (bytes == 0) return;
   CUdeviceptr ptr = 0;
   LADLE_CU(api().cuMemAlloc(&ptr, bytes));
@@ -156,7 +164,7 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
 }
 
 DeviceBuffer DeviceBuffer::on_stream(std::size_t bytes, const Stream* stream) {
-  Device::get();
+  Device::get(Device::current());
   DeviceBuffer buffer;
   buffer.bytes_ = bytes;
   if (bytes == 0) return buffer;
@@ -176,6 +184,7 @@ DeviceBuffer DeviceBuffer::on_stream(std::size_t bytes, const Stream* stream) {
   CUdeviceptr ptr = 0;
   LADLE_CU(api().cuMemAllocAsync(&ptr, bytes, stream_of(stream)));
   buffer.ptr_ = ptr;
+  buffer.ordinal_ = Device::current();
   buffer.stream_ordered_ = true;
   buffer.stream_ = stream_of(stream);
   return buffer;
@@ -200,6 +209,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     release();
     ptr_ = std::exchange(other.ptr_, 0);
     bytes_ = std::exchange(other.bytes_, 0);
+    ordinal_ = std::exchange(other.ordinal_, 0);
     stream_ordered_ = std::exchange(other.stream_ordered_, false);
     stream_ = std::exchange(other.stream_, nullptr);
   }
@@ -240,6 +250,43 @@ void DeviceBuffer::copy_from(const DeviceBuffer& src, std::size_t bytes, const S
   if (bytes == 0) return;
   LADLE_CU(api().cuMemcpyDtoDAsync(static_cast<CUdeviceptr>(ptr_),
                                    static_cast<CUdeviceptr>(src.ptr_), bytes, stream_of(stream)));
+}
+
+TensorView DeviceBuffer::view(DType type, std::vector<std::int64_t> shape) const {
+  return TensorView::contiguous(reinterpret_cast<const void*>(ptr_), type, std::move(shape), Location::device(ordinal_));
+}
+
+void copy_host_to_device(std::uint64_t dst, const void* src, std::size_t bytes, const Stream* stream) {
+  if (bytes == 0) return;
+  LADLE_CU(api().cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(dst), src, bytes, stream_of(stream)));
+  if (!stream) LADLE_CU(api().cuStreamSynchronize(nullptr));
+}
+
+void copy_device_to_host(void* dst, std::uint64_t src, std::size_t bytes, const Stream* stream) {
+  if (bytes == 0) return;
+  LADLE_CU(api().cuMemcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), bytes, stream_of(stream)));
+  LADLE_CU(api().cuStreamSynchronize(stream_of(stream)));
+}
+
+void copy_device_to_device(std::uint64_t dst, std::uint64_t src, std::size_t bytes, const Stream* stream) {
+  if (bytes == 0) return;
+  LADLE_CU(api().cuMemcpyDtoDAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src), bytes, stream_of(stream)));
+  if (!stream) LADLE_CU(api().cuStreamSynchronize(nullptr));
+}
+
+Location location_of(const void* address) {
+  Device::get(Device::current());  // a current context
+  const auto pointer = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(address));
+  unsigned int memory_type = 0;
+  const CUresult found = api().cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pointer);
+  // An address the driver never saw (ordinary host memory) is CUDA_ERROR_INVALID_VALUE: not a failure.
+  if (found == CUDA_ERROR_INVALID_VALUE) return Location::host();
+  LADLE_CU(found);
+  // Managed memory counts as device memory: kernels read it where it is.
+  if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) return Location::host();
+  int ordinal = 0;
+  LADLE_CU(api().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer));
+  return Location::device(ordinal);
 }
 
 void DeviceBuffer::fill_bytes(unsigned char value, const Stream* stream) { fill_device_bytes(ptr_, bytes_, value, stream); }

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <ladle/tensor/tensor_view.h>
+
 namespace ladle {
 
 struct CompiledProgram;
@@ -39,6 +41,8 @@ struct DeviceProperties {
 
 class Device {
  public:
+  // The ordinal of the device whose context this thread made current last (0 before any).
+  static int current();
   static int count();           // throws NoCudaDriver without a driver
   static Device& get(int ordinal = 0);  // retains the primary context, makes it current
   const DeviceProperties& properties() const { return props_; }
@@ -98,6 +102,9 @@ class DeviceBuffer {
 
   std::uint64_t device_ptr() const { return ptr_; }
   std::size_t bytes() const { return bytes_; }
+  int ordinal() const { return ordinal_; }  // the device it was allocated on
+  // A dense row-major view of the buffer's memory, located on its device.
+  TensorView view(DType type, std::vector<std::int64_t> shape) const;
   // Bounds-checked copies: bytes + offset must fit in the buffer.
   void copy_from_host(const void* src, std::size_t bytes, std::size_t offset = 0,
                       const Stream* stream = nullptr);
@@ -109,6 +116,7 @@ class DeviceBuffer {
  private:
   std::uint64_t ptr_ = 0;
   std::size_t bytes_ = 0;
+  int ordinal_ = 0;
   bool stream_ordered_ = false;
   void* stream_ = nullptr;  // stream_ordered_: the stream it is freed on
   void release() noexcept;
@@ -117,6 +125,18 @@ class DeviceBuffer {
 // Sets `bytes` bytes of device memory at `ptr` (memory the caller owns, e.g. a view's) to `value`,
 // ordered on `stream` (nullptr: the default stream).
 void fill_device_bytes(std::uint64_t ptr, std::size_t bytes, unsigned char value, const Stream* stream = nullptr);
+
+// Copies between host memory and device addresses (memory the caller owns, e.g. a view's), ordered
+// on `stream` (nullptr: the default stream). A copy into host memory, and any copy on the default
+// stream, waits for the stream before it returns; a host source may be freed once the call returns.
+void copy_host_to_device(std::uint64_t dst, const void* src, std::size_t bytes, const Stream* stream = nullptr);
+void copy_device_to_host(void* dst, std::uint64_t src, std::size_t bytes, const Stream* stream = nullptr);
+void copy_device_to_device(std::uint64_t dst, std::uint64_t src, std::size_t bytes, const Stream* stream = nullptr);
+
+// Where the driver knows `address` to live: a device (memory from cuMemAlloc / cudaMalloc, also a
+// framework's allocator) with its ordinal, else the host (ordinary or pinned host memory). Needs a
+// driver (NoCudaDriver otherwise).
+Location location_of(const void* address);
 
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;

@@ -18,6 +18,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xarray.hpp>
+
 #include "error.h"
 #include "tensor.h"
 
@@ -299,31 +302,40 @@ Tensor load_npy(const std::filesystem::path& path) {
         dtype_name(dtype), python_tuple(header.shape), data_bytes, file_size - data_offset));
   }
 
-  return visit_dtype(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    auto read_into = [&](T* target) {
-      stream.read(reinterpret_cast<char*>(target), static_cast<std::streamsize>(data_bytes));
-      if (static_cast<std::size_t>(stream.gcount()) < data_bytes) {
-        throw Error(fmt::format("load_npy: reading {} bytes of data from '{}' failed: {}",
-                                data_bytes, file, std::strerror(errno)));
-      }
-    };
-    if (header.fortran_order && header.shape.size() > 1) {
-      auto column_major = xt::xarray<T, xt::layout_type::column_major>::from_shape(header.shape);
-      read_into(column_major.data());
-      return Tensor::from(xt::xarray<T>(column_major));
+  std::vector<std::int64_t> shape(header.shape.begin(), header.shape.end());
+  Tensor tensor(dtype, shape, 0.0f);
+  auto read_into = [&](void* target) {
+    stream.read(static_cast<char*>(target), static_cast<std::streamsize>(data_bytes));
+    if (static_cast<std::size_t>(stream.gcount()) < data_bytes) {
+      throw Error(fmt::format("load_npy: reading {} bytes of data from '{}' failed: {}",
+                              data_bytes, file, std::strerror(errno)));
     }
-    auto values = xt::xarray<T>::from_shape(header.shape);
-    read_into(values.data());
-    return Tensor::from(std::move(values));
+  };
+  if (!header.fortran_order || header.shape.size() < 2) {
+    read_into(tensor.data());
+    return tensor;
+  }
+  // Column-major data: read as is, then assigned into the row-major tensor through xt::adapt.
+  visit_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto column_major = xt::xarray<T, xt::layout_type::column_major>::from_shape(header.shape);
+    read_into(column_major.data());
+    auto row_major = xt::adapt(static_cast<T*>(tensor.data()), static_cast<std::size_t>(count), xt::no_ownership(),
+                               header.shape);
+    row_major = column_major;
   });
+  return tensor;
 }
 
-void save_npy(const std::filesystem::path& path, const Tensor& tensor) {
+void save_npy(const std::filesystem::path& path, const TensorView& view) {
   const std::string file = path.string();
-  const std::vector<std::size_t> shape = tensor.shape();
+  // Row-major bytes on the host: a strided or device view is copied first.
+  const Tensor tensor = view.on_host() && view.is_contiguous() ? Tensor() : Tensor::copy_of(view, Location::host());
+  const void* data = view.on_host() && view.is_contiguous() ? view.data : tensor.data();
+  const std::size_t bytes = static_cast<std::size_t>(view.numel()) * dtype_size(view.type);
+  const std::vector<std::size_t> shape(view.shape.begin(), view.shape.end());
   std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
-                                   descr_for(tensor.dtype()), python_tuple(shape));
+                                   descr_for(view.type), python_tuple(shape));
   if (!shape.empty()) {
     header.append(kGrowthAxisDigits - fmt::formatted_size("{}", shape[0]), ' ');
   }
@@ -358,11 +370,10 @@ void save_npy(const std::filesystem::path& path, const Tensor& tensor) {
   stream.write(reinterpret_cast<const char*>(prefix),
                static_cast<std::streamsize>(8 + length_bytes));
   stream.write(header.data(), static_cast<std::streamsize>(header.size()));
-  stream.write(static_cast<const char*>(tensor.data()),
-               static_cast<std::streamsize>(tensor.bytes()));
+  stream.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
   stream.flush();
   if (!stream) {
-    throw Error(fmt::format("save_npy: writing {} bytes to '{}' failed: {}", tensor.bytes(), file,
+    throw Error(fmt::format("save_npy: writing {} bytes to '{}' failed: {}", bytes, file,
                             std::strerror(errno)));
   }
 }

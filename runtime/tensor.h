@@ -1,147 +1,74 @@
-// ladle::Tensor: an owning, contiguous, row-major host tensor of one of a few dtypes, backed
-// by xt::xarray. It carries kernel inputs and outputs, CPU references and .npy files, and
-// relative_l2_error compares a result to its reference.
+// ladle::Tensor: an owning, dense, row-major tensor in host memory or in a CUDA device's memory.
+// What the ops return, what tests, tools and examples fill, and what .npy files load into.
+// view() hands it to anything that takes a TensorView; to() and copy() move data between the
+// host and a device, ordered on a stream. Device memory comes from runtime/driver.h (libcuda
+// opened at run time), so host tensors work on a machine without a driver.
 #pragma once
 
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <variant>
+#include <limits>
 #include <vector>
 
-#include <xtensor/xarray.hpp>
+#include <ladle/tensor/tensor_view.h>
 
-#include "half.h"
+#include "driver.h"
 
 namespace ladle {
 
-namespace detail {
-[[noreturn]] void throw_unknown_dtype(int value);
-}  // namespace detail
-
-// The enumerators' order is the order of Tensor's storage variant.
-enum class DType { f32, f16, bf16, f64, i32, i64, u8 };
-
-// numpy's names: "float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8".
-std::string dtype_name(DType dtype);
-std::size_t dtype_size(DType dtype);
-// Case-insensitive; accepts the numpy name and the usual short forms ("f32", "fp32", "float",
-// "bf16", "f16", "fp16", "half", "f64", "double", "i32", "int", "i64", "u8", ...). Throws
-// InvalidArgument listing every accepted name.
-DType parse_dtype(std::string_view name);
-
-template <class T>
-concept TensorElement =
-    std::same_as<T, float> || std::same_as<T, half> || std::same_as<T, bfloat16> ||
-    std::same_as<T, double> || std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
-    std::same_as<T, std::uint8_t>;
-
-template <TensorElement T>
-inline constexpr DType dtype_of = std::same_as<T, float>          ? DType::f32
-                                  : std::same_as<T, half>         ? DType::f16
-                                  : std::same_as<T, bfloat16>     ? DType::bf16
-                                  : std::same_as<T, double>       ? DType::f64
-                                  : std::same_as<T, std::int32_t> ? DType::i32
-                                  : std::same_as<T, std::int64_t> ? DType::i64
-                                                                  : DType::u8;
-
-// Runs f(std::type_identity<T>{}) for the element type T of dtype, so that code can be
-// written once for every dtype: visit_dtype(t.dtype(), [&](auto tag) {
-//   using T = typename decltype(tag)::type; ... t.array<T>() ... });
-template <class F>
-decltype(auto) visit_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f(std::type_identity<float>{});
-    case DType::f16: return f(std::type_identity<half>{});
-    case DType::bf16: return f(std::type_identity<bfloat16>{});
-    case DType::f64: return f(std::type_identity<double>{});
-    case DType::i32: return f(std::type_identity<std::int32_t>{});
-    case DType::i64: return f(std::type_identity<std::int64_t>{});
-    case DType::u8: return f(std::type_identity<std::uint8_t>{});
-  }
-  detail::throw_unknown_dtype(static_cast<int>(dtype));
-}
-
 class Tensor {
  public:
-  // float32 of shape [0]: no elements (a bare xt::xarray would hold one).
-  Tensor();
-  // Zero-filled. An empty shape is a scalar (rank 0, one element).
-  Tensor(DType dtype, std::vector<std::size_t> shape);
-  template <TensorElement T>
-  static Tensor from(xt::xarray<T> values) {
-    Tensor tensor;
-    tensor.storage_ = std::move(values);
-    return tensor;
-  }
+  // f32 of shape [0] on the host: no elements.
+  Tensor() : shape_{0} {}
+  // Host memory, every element `fill` (NaN by default, so that an element nobody wrote stands
+  // out); integer dtypes take fill converted (0 for NaN).
+  Tensor(DType type, std::vector<std::int64_t> shape, float fill = std::numeric_limits<float>::quiet_NaN());
+  // Memory at `location`: on the host as above; on a device every byte 0xff (NaN in every float
+  // type), set on `stream` (nullptr: the default stream). Throws NoCudaDriver without a GPU.
+  Tensor(DType type, std::vector<std::int64_t> shape, Location location, const Stream* stream = nullptr);
 
-  // Defined in tensor.cpp so that users do not instantiate the storage variant's copies.
+  // A copy is deep, in the same location (a device copy is ordered on the default stream).
   Tensor(const Tensor& other);
-  Tensor(Tensor&& other) noexcept;
   Tensor& operator=(const Tensor& other);
-  Tensor& operator=(Tensor&& other) noexcept;
-  ~Tensor();
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  ~Tensor() = default;
 
-  DType dtype() const noexcept { return static_cast<DType>(storage_.index()); }
-  std::vector<std::size_t> shape() const;
-  std::size_t rank() const;
-  std::size_t numel() const;
-  std::size_t bytes() const { return numel() * dtype_size(dtype()); }
-  // Row-major, contiguous; may be null when numel() is 0.
+  DType type() const { return type_; }
+  const std::vector<std::int64_t>& shape() const { return shape_; }
+  Location location() const { return location_; }
+  std::int64_t numel() const;
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(type_); }
+  // The host pointer, or the device address; may be null when numel() is 0.
   void* data();
   const void* data() const;
+  TensorView view() const;
 
-  // The backing array. Throws InvalidArgument when T is not dtype().
-  template <TensorElement T>
-  xt::xarray<T>& array() {
-    if (auto* values = std::get_if<xt::xarray<T>>(&storage_)) return *values;
-    throw_dtype_mismatch(dtype_of<T>);
-  }
-  template <TensorElement T>
-  const xt::xarray<T>& array() const {
-    if (const auto* values = std::get_if<xt::xarray<T>>(&storage_)) return *values;
-    throw_dtype_mismatch(dtype_of<T>);
-  }
+  // Element i of the flattened tensor, as float (floating dtypes of a host tensor only: a device
+  // tensor throws InvalidArgument; copy it with to(Location::host()) first).
+  float get(std::int64_t i) const;
+  void set(std::int64_t i, float value);
 
-  // A converted copy. Floating targets round to nearest-even in one step from the source
-  // value (so float64 -> float16 is correctly rounded). Integer targets truncate toward zero
-  // like numpy's astype, but a NaN, an infinity or a value out of the target's range throws
-  // InvalidArgument naming the element instead of wrapping.
-  Tensor to(DType target) const;
-
-  // Deterministic for a seed on a given platform: a fixed engine (mt19937_64) and fixed
-  // transforms rather than std:: distributions, whose algorithms differ between standard
-  // libraries. Values are drawn in double and rounded to dtype, so random_uniform's hi can
-  // appear in a 16-bit tensor. Integer dtypes get normal draws rounded to nearest and uniform
-  // draws floored. Throws InvalidArgument when stddev <= 0, lo >= hi, a parameter is not
-  // finite, or every drawn value came out zero (the result is never all zeros).
-  static Tensor random_normal(std::vector<std::size_t> shape, DType dtype, std::uint64_t seed,
-                              double mean = 0.0, double stddev = 1.0);
-  static Tensor random_uniform(std::vector<std::size_t> shape, DType dtype, std::uint64_t seed,
-                               double lo = -1.0, double hi = 1.0);
-
-  // Sets every element to value, converted as to() converts.
-  void fill(double value);
-
-  // "bfloat16[2,64,8,128]"; a scalar is "float32[]".
-  std::string describe() const;
-
-  // A copy with a new shape of the same element count; throws InvalidArgument otherwise.
-  Tensor reshape(std::vector<std::size_t> shape) const;
+  // A dense copy at `location`, ordered on `stream`; a copy to the host waits for the stream, so
+  // its data can be read at once.
+  Tensor to(Location location, const Stream* stream = nullptr) const;
+  // A dense copy of any view (host views of any strides; device views contiguous) at `location`.
+  static Tensor copy_of(const TensorView& source, Location location, const Stream* stream = nullptr);
 
  private:
-  using Storage =
-      std::variant<xt::xarray<float>, xt::xarray<half>, xt::xarray<bfloat16>, xt::xarray<double>,
-                   xt::xarray<std::int32_t>, xt::xarray<std::int64_t>, xt::xarray<std::uint8_t>>;
-
-  [[noreturn]] void throw_dtype_mismatch(DType requested) const;
-
-  Storage storage_;
+  void check_host(const char* what) const;
+  DType type_ = DType::f32;
+  std::vector<std::int64_t> shape_;
+  Location location_;
+  std::vector<std::byte> host_;
+  DeviceBuffer device_;
 };
+
+// Copies source's elements into target: the same dtype and shape, either on the host or a
+// device. Host views may have any strides; a device view must be contiguous (InvalidArgument
+// naming it otherwise). Ordered on `stream`; a copy into host memory waits for it.
+void copy(const TensorView& source, const TensorView& target, const Stream* stream = nullptr);
 
 // .npy files (format versions 1.0, 2.0 and 3.0 are read; 1.0 is written, 2.0 when the header
 // needs it). Descriptors: float32 '<f4', float64 '<f8', float16 '<f2', int32 '<i4', int64
@@ -158,13 +85,8 @@ class Tensor {
 // InvalidArgument naming the file and the descriptor, as do a missing file, a bad magic
 // string, a malformed header and data shorter than the header promises.
 Tensor load_npy(const std::filesystem::path& path);
-// Throws InvalidArgument when the file cannot be created, Error when writing it fails.
-void save_npy(const std::filesystem::path& path, const Tensor& tensor);
-
-// ||out - ref||_2 / ||ref||_2 over all elements, computed in double; the two tensors may have
-// any dtypes but must have the same shape. +infinity when out holds a NaN or an infinity;
-// ||out||_2 when ||ref||_2 is 0. Throws InvalidArgument on a shape mismatch or a non-finite
-// ref element (a reference that is itself broken cannot judge anything).
-double relative_l2_error(const Tensor& out, const Tensor& ref);
+// Any view: a strided one is written in row-major order, a device one is copied to the host
+// first. Throws InvalidArgument when the file cannot be created, Error when writing it fails.
+void save_npy(const std::filesystem::path& path, const TensorView& tensor);
 
 }  // namespace ladle

@@ -3,7 +3,7 @@
 # toolkit (headers and libnvrtc) is expected under /usr/local/cuda (or $CUDA_HOME).
 set -euo pipefail
 pkgs=(cmake ninja-build g++ libfmt-dev libxtensor-dev xtl-dev libxsimd-dev catch2
-      nlohmann-json3-dev libcli11-dev)
+      nlohmann-json3-dev libcli11-dev libdlpack-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

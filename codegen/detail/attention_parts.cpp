@@ -8,11 +8,11 @@
 
 namespace ladle::cuda::detail {
 
-void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, ElementType q_segment_ids_type,
-                         ElementType kv_segment_ids_type, bool varlen) {
+void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, DType q_segment_ids_type,
+                         DType kv_segment_ids_type, bool varlen) {
   using Role = AttentionParam::Role;
   using Type = AttentionParam::Type;
-  const auto segment_type = [](ElementType t) { return t == ElementType::i32 ? "const int*" : "const long long*"; };
+  const auto segment_type = [](DType t) { return t == DType::i32 ? "const int*" : "const long long*"; };
   if (variant.segment_ids) {
     param(segment_type(q_segment_ids_type), "q_segment_ids", Type::pointer, Role::q_segment_ids);
     param("long long", "q_segment_stride_b", Type::i64, Role::q_segment_stride_b);

@@ -30,8 +30,8 @@ using AttentionParamFn = std::function<void(const std::string&, const std::strin
 // The parameters of the masks and the sequences both attention directions read, in one order:
 // segment ids (when the variant has them, of these types), cu_seqlens (varlen), the window's
 // edges, dropout's probability and seed.
-void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, ElementType q_segment_ids_type,
-                         ElementType kv_segment_ids_type, bool varlen);
+void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, DType q_segment_ids_type,
+                         DType kv_segment_ids_type, bool varlen);
 // The keys that rows first..last may attend, as [begin, end) narrowed in place (the caller declares
 // both, 64-bit under a window, from 0 and the sequence's k_len): the causal and window edges
 // around the diagonal j = i + (k_len - q_len).

@@ -42,7 +42,7 @@ std::vector<bool> reads(const ir::Variant& variant, ir::Slot slot) {
   return out;
 }
 
-bool sixteen_bit(ElementType t) { return t == ElementType::bf16 || t == ElementType::f16; }
+bool sixteen_bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 int largest_split(int warps, int column_tiles) {
   int split = 1;
@@ -71,7 +71,7 @@ std::string suffix_states_unsupported(const ir::Variant& variant, const ChunkedK
   const auto& v = variant.slots[static_cast<std::size_t>(ir::Slot::v)].nodes;
   if (v.size() != 1 || v[0].op != ir::Op::input) return "v is an expression, not an input as is";
   const auto vk = static_cast<std::size_t>(v[0].input);
-  if (inputs[vk].kind != ir::InputKind::token_value || spec.input_types[vk] != ElementType::bf16) return "v is not a bf16 token input";
+  if (inputs[vk].kind != ir::InputKind::token_value || spec.input_types[vk] != DType::bf16) return "v is not a bf16 token input";
   return {};
 }
 

@@ -137,13 +137,13 @@ std::string ws_spec_unsupported(const ir::Variant& variant, const ChunkedKernelS
   if (spec.input_types.size() != variant.inputs.size()) return "input_types do not match the variant";
   for (ir::Slot s : {ir::Slot::q_feature, ir::Slot::k_feature, ir::Slot::v}) {
     const int k = input_of(variant, s);
-    if (spec.input_types[k] != ElementType::bf16)
-      return "the ws form reads q, k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]);
+    if (spec.input_types[k] != DType::bf16)
+      return "the ws form reads q, k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + dtype_name(spec.input_types[k]);
   }
   for (int k : ws_gate_inputs(variant))
-    if (spec.input_types[k] != ElementType::bf16 && spec.input_types[k] != ElementType::f16)
+    if (spec.input_types[k] != DType::bf16 && spec.input_types[k] != DType::f16)
       return "the ws form copies the gate's inputs by TMA in 16 bits; " + variant.inputs[k].name + " is " +
-             element_type_name(spec.input_types[k]);
+             dtype_name(spec.input_types[k]);
   return {};
 }
 
@@ -158,13 +158,13 @@ std::string ws_states_unsupported(const ir::Variant& variant, const ChunkedKerne
   if (spec.input_types.size() != variant.inputs.size()) return "input_types do not match the variant";
   for (ir::Slot s : {ir::Slot::k_feature, ir::Slot::v}) {
     const int k = input_of(variant, s);
-    if (spec.input_types[k] != ElementType::bf16)
-      return "the ws form reads k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + element_type_name(spec.input_types[k]);
+    if (spec.input_types[k] != DType::bf16)
+      return "the ws form reads k and v as bf16 by TMA; " + variant.inputs[k].name + " is " + dtype_name(spec.input_types[k]);
   }
   for (int k : key_gate_inputs(variant))
-    if (spec.input_types[k] != ElementType::bf16 && spec.input_types[k] != ElementType::f16)
+    if (spec.input_types[k] != DType::bf16 && spec.input_types[k] != DType::f16)
       return "the ws state pass copies the key gate's inputs by TMA in 16 bits; " + variant.inputs[k].name + " is " +
-             element_type_name(spec.input_types[k]);
+             dtype_name(spec.input_types[k]);
   return {};
 }
 

@@ -19,15 +19,15 @@ int next_power_of_two(std::int64_t x) {
   return p;
 }
 
-const char* storage_type(ElementType type) {
+const char* storage_type(DType type) {
   switch (type) {
-    case ElementType::f16: return "ladle_f16";
-    case ElementType::bf16: return "ladle_bf16";
+    case DType::f16: return "ladle_f16";
+    case DType::bf16: return "ladle_bf16";
     default: return "float";
   }
 }
 
-bool floating(ElementType t) { return t == ElementType::f32 || t == ElementType::f16 || t == ElementType::bf16; }
+bool floating(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 
 // Identifiers the kernel template uses; an input whose name (or a name derived from it)
 // would clash with one of these, or with C++, is renamed.
@@ -361,29 +361,29 @@ void check_types(const std::string& who, const ir::Variant& variant, const Kerne
          std::to_string(variant.inputs.size()) + ")");
   for (std::size_t i = 0; i < variant.inputs.size(); ++i)
     if (variant.inputs[i].kind != ir::InputKind::scalar && !floating(types.input_types[i]))
-      fail("input " + variant.inputs[i].name + " has dtype " + element_type_name(types.input_types[i]) +
+      fail("input " + variant.inputs[i].name + " has dtype " + dtype_name(types.input_types[i]) +
            ", expected f32, f16 or bf16");
-  if (!floating(types.output_type)) fail(std::string("output_type ") + element_type_name(types.output_type) + ", expected f32, f16 or bf16");
+  if (!floating(types.output_type)) fail(std::string("output_type ") + dtype_name(types.output_type) + ", expected f32, f16 or bf16");
   if (types.initial_state && !floating(types.initial_state_type))
-    fail(std::string("initial_state_type ") + element_type_name(types.initial_state_type) + ", expected f32, f16 or bf16");
-  if (types.varlen && types.cu_seqlens_type != ElementType::i32 && types.cu_seqlens_type != ElementType::i64)
-    fail(std::string("cu_seqlens_type ") + element_type_name(types.cu_seqlens_type) + ", expected i32 or i64");
+    fail(std::string("initial_state_type ") + dtype_name(types.initial_state_type) + ", expected f32, f16 or bf16");
+  if (types.varlen && types.cu_seqlens_type != DType::i32 && types.cu_seqlens_type != DType::i64)
+    fail(std::string("cu_seqlens_type ") + dtype_name(types.cu_seqlens_type) + ", expected i32 or i64");
 }
 
 std::string types_key(const KernelTypes& types) {
   std::string key = std::string(types.reverse ? " R" : "") + (types.varlen ? " L" : "") + (types.initial_state ? " I" : "") +
-                    (types.final_state ? " F" : "") + element_type_name(types.output_type) +
-                    element_type_name(types.initial_state_type) + element_type_name(types.cu_seqlens_type);
-  for (ElementType t : types.input_types) key += element_type_name(t);
+                    (types.final_state ? " F" : "") + dtype_name(types.output_type) +
+                    dtype_name(types.initial_state_type) + dtype_name(types.cu_seqlens_type);
+  for (DType t : types.input_types) key += dtype_name(t);
   return key;
 }
 
 std::string types_line(const ir::Variant& variant, const std::vector<std::string>& ids, const KernelTypes& types) {
   std::string line;
   for (std::size_t k = 0; k < variant.inputs.size(); ++k)
-    if (variant.inputs[k].kind != ir::InputKind::scalar) line += ids[k] + " " + element_type_name(types.input_types[k]) + ", ";
-  line += std::string("o ") + element_type_name(types.output_type) + ", state f32";
-  if (types.initial_state) line += std::string(" (initial_state ") + element_type_name(types.initial_state_type) + ")";
+    if (variant.inputs[k].kind != ir::InputKind::scalar) line += ids[k] + " " + dtype_name(types.input_types[k]) + ", ";
+  line += std::string("o ") + dtype_name(types.output_type) + ", state f32";
+  if (types.initial_state) line += std::string(" (initial_state ") + dtype_name(types.initial_state_type) + ")";
   return line;
 }
 
@@ -420,7 +420,7 @@ void declare_params(const ir::Variant& variant, const std::vector<std::string>& 
     param(std::string("const ") + storage_type(types.initial_state_type) + "*", "initial_state", Type::pointer, Role::initial_state);
   if (types.final_state) param("float*", "final_state", Type::pointer, Role::final_state);
   if (types.varlen)
-    param(types.cu_seqlens_type == ElementType::i32 ? "const int*" : "const long long*", "cu_seqlens", Type::pointer, Role::cu_seqlens);
+    param(types.cu_seqlens_type == DType::i32 ? "const int*" : "const long long*", "cu_seqlens", Type::pointer, Role::cu_seqlens);
   param("int", "B", Type::i32, Role::batch);
   param("int", "T", Type::i32, Role::tokens);
   param("int", "H", Type::i32, Role::heads);

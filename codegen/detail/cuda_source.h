@@ -16,8 +16,8 @@ namespace ladle::cuda::detail {
 
 bool power_of_two(int x);
 int next_power_of_two(std::int64_t x);
-const char* storage_type(ElementType type);  // ladle_f16, ladle_bf16 or float
-bool floating(ElementType t);
+const char* storage_type(DType type);  // ladle_f16, ladle_bf16 or float
+bool floating(DType t);
 
 // One C identifier per input: its name where that is safe and readable, else in<i>_<name>.
 // `reserved` lists the template's own names (C++ words are always reserved).

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
                            v = random(std::size_t(B) * T * H_kv * V), xs = random(std::size_t(B) * T * H * K);
   const std::vector<float> taus = {4.0f, 8.0f, 16.0f, 32.0f};
   const auto f32 = [](const std::vector<float>& data, std::vector<std::int64_t> shape) {
-    return TensorView::contiguous(data.data(), ElementType::f32, std::move(shape));
+    return TensorView::contiguous(data.data(), DType::f32, std::move(shape));
   };
 
   // 3. Run it.
@@ -84,8 +84,8 @@ int main(int argc, char** argv) {
   // 5. The kernel ladle generates for it, compiled by NVRTC for Hopper.
   cuda::RecurrentKernelSpec spec;
   spec.tile = cuda::default_tile(K, V);
-  for (const auto& input : variant.inputs) spec.input_types.push_back(ElementType::f32);
-  spec.output_type = ElementType::f32;
+  for (const auto& input : variant.inputs) spec.input_types.push_back(DType::f32);
+  spec.output_type = DType::f32;
   const auto compiled = gpu::compile_recurrent(variant, spec, "sm_90a");
   const auto* r = compiled.program.resources(compiled.kernel.name);
   std::printf("generated %s: %zu lines of CUDA, %zu bytes of PTX, sm_90a cubin: %d registers, %d bytes "

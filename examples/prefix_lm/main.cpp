@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   std::vector<float> slopes(H);
   for (int h = 0; h < H; ++h) slopes[h] = std::pow(2.0f, -8.0f * float(h + 1) / float(H));  // ALiBi's geometric slopes
   const auto f32 = [](const std::vector<float>& data, std::vector<std::int64_t> shape) {
-    return TensorView::contiguous(data.data(), ElementType::f32, std::move(shape));
+    return TensorView::contiguous(data.data(), DType::f32, std::move(shape));
   };
 
   // 3. Run it.
@@ -91,9 +91,9 @@ int main(int argc, char** argv) {
   // 5. The kernel ladle generates for it (bf16 inputs, D = 128), compiled by NVRTC for Hopper.
   cuda::AttentionKernelSpec spec;
   for (const auto& input : variant.inputs)
-    spec.input_types.push_back(input.kind == ir::InputKind::scalar || input.kind == ir::InputKind::head ? ElementType::f32
-                                                                                                      : ElementType::bf16);
-  spec.output_type = ElementType::bf16;
+    spec.input_types.push_back(input.kind == ir::InputKind::scalar || input.kind == ir::InputKind::head ? DType::f32
+                                                                                                      : DType::bf16);
+  spec.output_type = DType::bf16;
   spec.D = spec.Dv = 128;
   const auto compiled = gpu::compile_attention(variant, spec, "sm_90a");
   const auto* r = compiled.program.resources(compiled.kernel.name);

@@ -25,18 +25,18 @@ int main() {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const auto random = [&](std::vector<std::int64_t> shape, float stddev) {
-    HostTensor t(ElementType::f32, std::move(shape));
+    Tensor t(DType::f32, std::move(shape));
     for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, stddev * normal(rng));
     return t;
   };
-  const HostTensor q = random({B, T, H, K}, 1.0f), k = random({B, T, H, K}, 0.5f), v = random({B, T, H, V}, 1.0f);
-  const HostTensor x_teacher = random({B, T, H, K}, 1.0f);
-  HostTensor tau_teacher(ElementType::f32, {H});
+  const Tensor q = random({B, T, H, K}, 1.0f), k = random({B, T, H, K}, 0.5f), v = random({B, T, H, V}, 1.0f);
+  const Tensor x_teacher = random({B, T, H, K}, 1.0f);
+  Tensor tau_teacher(DType::f32, {H});
   tau_teacher.set(0, 4.0f), tau_teacher.set(1, 0.5f);
 
   RunOptions options;  // backend automatic: the GPU when there is one
   std::printf("training on the %s\n", driver_available() ? "GPU" : "CPU");
-  const auto inputs = [&](const HostTensor& x, const HostTensor& tau) {
+  const auto inputs = [&](const Tensor& x, const Tensor& tau) {
     VariantInputs in;
     in.tensors.emplace("x", x.view());
     in.tensors.emplace("tau", tau.view());
@@ -46,7 +46,7 @@ int main() {
   const RecurrentResult target = run_variant(variant, q.view(), k.view(), v.view(), inputs(x_teacher, tau_teacher), options);
 
   // The student: x starts as the teacher's plus noise, tau at 1.
-  HostTensor x = random({B, T, H, K}, 0.7f), tau(ElementType::f32, {H}, 1.0f);
+  Tensor x = random({B, T, H, K}, 0.7f), tau(DType::f32, {H}, 1.0f);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.set(i, x.get(i) + x_teacher.get(i));
   const float lr_x = 4.0f, lr_tau = 2.0f;
   double first = 0.0, last = 0.0;
@@ -54,7 +54,7 @@ int main() {
     const RecurrentForward forward = run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs(x, tau), options);
     // L = mean((o - target)^2), dL/do = 2 (o - target) / n.
     const std::int64_t n = forward.result.o.numel();
-    HostTensor d_o(ElementType::f32, forward.result.o.shape());
+    Tensor d_o(DType::f32, forward.result.o.shape());
     double loss = 0.0;
     for (std::int64_t i = 0; i < n; ++i) {
       const double diff = double(forward.result.o.get(i)) - double(target.o.get(i));
@@ -67,8 +67,8 @@ int main() {
     if (step == 150) break;
     const RecurrentGradients grads = run_variant_backward(forward.saved, d_o.view());
     // Plain gradient descent; tau kept positive.
-    const HostTensor& dx = grads.inputs.at("x");
-    const HostTensor& dtau = grads.inputs.at("tau");
+    const Tensor& dx = grads.inputs.at("x");
+    const Tensor& dtau = grads.inputs.at("tau");
     for (std::int64_t i = 0; i < x.numel(); ++i) x.set(i, x.get(i) - lr_x * float(n) / float(x.numel()) * dx.get(i));
     for (std::int64_t h = 0; h < H; ++h) tau.set(h, std::max(0.05f, tau.get(h) - lr_tau * dtau.get(h)));
   }

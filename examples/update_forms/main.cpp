@@ -29,7 +29,7 @@ std::vector<float> random(std::mt19937& rng, std::size_t n, float spread = 1.0f)
 }
 
 TensorView view(const std::vector<float>& data, std::vector<std::int64_t> shape) {
-  return TensorView::contiguous(data.data(), ElementType::f32, std::move(shape));
+  return TensorView::contiguous(data.data(), DType::f32, std::move(shape));
 }
 
 // The recurrence as a loop, in double: `step(b, t, h, S, o)` updates S [K][V] and writes o [V].
@@ -44,7 +44,7 @@ std::vector<double> loop(Step step) {
   return out;
 }
 
-double error(const HostTensor& o, const std::vector<double>& ref) {
+double error(const Tensor& o, const std::vector<double>& ref) {
   double diff = 0, norm = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) diff += std::pow(o.get(static_cast<std::int64_t>(i)) - ref[i], 2), norm += ref[i] * ref[i];
   return std::sqrt(diff / norm);

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include <ladle/codegen/tensor_view.h>
+#include <ladle/tensor/tensor_view.h>
 #include <ladle/runtime/error.h>
 
 namespace ladle::ops::detail {
@@ -79,14 +79,14 @@ class Checker {
          pattern_text(b));
   }
   void floating(const char* name, const TensorView& view) const {
-    const ElementType t = view.type;
-    if (t != ElementType::f32 && t != ElementType::f16 && t != ElementType::bf16)
-      fail(std::string(name) + " has dtype " + element_type_name(t) + ", expected f32, f16 or bf16");
+    const DType t = view.type;
+    if (t != DType::f32 && t != DType::f16 && t != DType::bf16)
+      fail(std::string(name) + " has dtype " + dtype_name(t) + ", expected f32, f16 or bf16");
   }
-  void type(const char* name, const TensorView& view, ElementType want, const char* why) const {
+  void type(const char* name, const TensorView& view, DType want, const char* why) const {
     if (view.type != want)
-      fail(std::string(name) + " has dtype " + element_type_name(view.type) + ", expected " + why + " (" +
-           element_type_name(want) + ")");
+      fail(std::string(name) + " has dtype " + dtype_name(view.type) + ", expected " + why + " (" +
+           dtype_name(want) + ")");
   }
   void data(const char* name, const TensorView& view) const {
     if (view.data == nullptr && view.numel() > 0)
@@ -132,8 +132,8 @@ inline std::int64_t integer_at(const TensorView& view, std::int64_t i) { return 
 // non-decreasing, ending at the token count of the packed axis (`tokens_name` = tokens).
 inline std::vector<std::int64_t> read_offsets(const Checker& check, const std::string& name, const TensorView& cu,
                                               std::int64_t tokens, const std::string& tokens_name) {
-  if (cu.type != ElementType::i32 && cu.type != ElementType::i64)
-    check.fail(name + " has dtype " + element_type_name(cu.type) + ", expected i32 or i64");
+  if (cu.type != DType::i32 && cu.type != DType::i64)
+    check.fail(name + " has dtype " + dtype_name(cu.type) + ", expected i32 or i64");
   if (cu.rank() != 1 || cu.shape[0] < 1 || cu.strides.size() != 1)
     check.fail(name + " has shape " + shape_text(cu.shape) + ", expected [N+1] with N >= 0");
   check.data(name.c_str(), cu);

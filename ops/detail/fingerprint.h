@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include <ladle/codegen/tensor_view.h>
+#include <ladle/tensor/tensor_view.h>
 
 namespace ladle::ops::detail {
 
 inline std::uint64_t fingerprint(std::uint64_t h, const TensorView& view) {
-  const std::size_t size = element_size(view.type);
+  const std::size_t size = dtype_size(view.type);
   // Contiguous: 8 bytes at a time (then the tail byte by byte).
   std::int64_t count = 1, expected = 1;
   bool contiguous = true;
@@ -57,7 +57,7 @@ inline std::uint64_t fingerprint(const std::vector<std::optional<TensorView>>& v
   for (const auto& view : views)
     if (view) h = fingerprint(h, *view);
   for (const auto& [name, view] : tensors) h = fingerprint(h, view);
-  for (const auto& [name, value] : scalars) h = fingerprint(h, TensorView::contiguous(&value, ElementType::f32, {1}));
+  for (const auto& [name, value] : scalars) h = fingerprint(h, TensorView::contiguous(&value, DType::f32, {1}));
   return h;
 }
 

@@ -20,16 +20,16 @@ using attention_cases::Case;
 
 // Random inputs of a case, bound as the op binds them, and the fp64 reference's view of them.
 struct Bound {
-  std::deque<HostTensor> store;
+  std::deque<Tensor> store;
   ops::AttentionArgs args;
   reference::Attention ref;
-  HostTensor o, lse;
+  Tensor o, lse;
 };
 
-inline HostTensor integers(ElementType type, std::vector<std::int64_t> shape, const std::vector<std::int64_t>& values) {
-  HostTensor t(type, std::move(shape), 0.0f);
+inline Tensor integers(DType type, std::vector<std::int64_t> shape, const std::vector<std::int64_t>& values) {
+  Tensor t(type, std::move(shape), 0.0f);
   for (std::size_t i = 0; i < values.size(); ++i) {
-    if (type == ElementType::i64) std::memcpy(static_cast<char*>(t.data()) + 8 * i, &values[i], 8);
+    if (type == DType::i64) std::memcpy(static_cast<char*>(t.data()) + 8 * i, &values[i], 8);
     else {
       const std::int32_t v = static_cast<std::int32_t>(values[i]);
       std::memcpy(static_cast<char*>(t.data()) + 4 * i, &v, 4);
@@ -58,15 +58,15 @@ inline Bound bind(const Case& c, std::uint64_t seed) {
   for (const ir::Input& in : c.variant.inputs) {
     if (in.name == "scale") inputs.scalars["scale"] = scale;
     if (in.name == "logits_soft_cap") inputs.scalars[in.name] = 2.0f, ref.soft_cap = 2.0f;
-    if (in.name == "bias") inputs.tensors[in.name] = keep(test::normal(rng, ElementType::f32, {c.B, c.H, c.Tq, c.Tk}), &ref.bias);
+    if (in.name == "bias") inputs.tensors[in.name] = keep(test::normal(rng, DType::f32, {c.B, c.H, c.Tq, c.Tk}), &ref.bias);
     if (in.name == "slope") {
-      inputs.tensors[in.name] = keep(test::filled(ElementType::f32, {c.H}, [&, h = 0]() mutable { return c.slope_step * ++h; }), &slopes);
+      inputs.tensors[in.name] = keep(test::filled(DType::f32, {c.H}, [&, h = 0]() mutable { return c.slope_step * ++h; }), &slopes);
       ref.score_mod = [slopes](double s, int, int h, int i, int j) { return s - static_cast<float>(slopes[h]) * static_cast<float>(i - j); };
       ref.keep = [](int b, int h, int i, int j) { return j < 2 * i + 3 || h + b == 1; };
     }
     if (in.name == "attention_mask") {
       std::bernoulli_distribution attend(0.8);
-      HostTensor mask(ElementType::u8, {c.B, 1, c.Tq, c.Tk}, 0.0f);
+      Tensor mask(DType::u8, {c.B, 1, c.Tq, c.Tk}, 0.0f);
       auto* bytes = static_cast<unsigned char*>(mask.data());
       ref.mask.assign(std::size_t(c.B) * c.H * c.Tq * c.Tk, false);
       for (std::int64_t e = 0; e < mask.numel(); ++e) bytes[e] = attend(rng) ? 1 : 0;
@@ -92,7 +92,7 @@ inline Bound bind(const Case& c, std::uint64_t seed) {
     options.kv_segment_ids = bound.store.emplace_back(integers(c.segment_type, {c.B, c.Tk}, ref.kv_segment_ids)).view();
   }
   if (c.variant.sinks) {
-    options.softmax_aux = keep(test::normal(rng, ElementType::f32, {c.H, c.sinks}), &ref.sinks);
+    options.softmax_aux = keep(test::normal(rng, DType::f32, {c.H, c.sinks}), &ref.sinks);
     ref.S = c.sinks;
   }
   if (c.variant.dropout) {
@@ -101,16 +101,16 @@ inline Bound bind(const Case& c, std::uint64_t seed) {
   }
   if (!c.cu_seqlens_q.empty()) {
     const auto n = static_cast<std::int64_t>(c.cu_seqlens_q.size());
-    options.cu_seqlens_q = bound.store.emplace_back(integers(ElementType::i64, {n}, c.cu_seqlens_q)).view();
-    options.cu_seqlens_k = bound.store.emplace_back(integers(ElementType::i64, {n}, c.cu_seqlens_k)).view();
+    options.cu_seqlens_q = bound.store.emplace_back(integers(DType::i64, {n}, c.cu_seqlens_q)).view();
+    options.cu_seqlens_k = bound.store.emplace_back(integers(DType::i64, {n}, c.cu_seqlens_k)).view();
     ref.cu_seqlens_q = c.cu_seqlens_q, ref.cu_seqlens_k = c.cu_seqlens_k;
   }
   options.return_lse = c.lse;
   bound.args = ops::bind_attention(c.name, c.variant, q, k, v, inputs, options);
-  bound.o = HostTensor(c.type, bound.args.output_shape());  // NaN: a skipped element stands out
+  bound.o = Tensor(c.type, bound.args.output_shape());  // NaN: a skipped element stands out
   AttentionOutputs outputs{bound.o.view(), std::nullopt};
   if (c.lse) {
-    bound.lse = HostTensor(ElementType::f32, bound.args.lse_shape());
+    bound.lse = Tensor(DType::f32, bound.args.lse_shape());
     outputs.lse = bound.lse.view();
   }
   ops::bind_attention_outputs(c.name, options, outputs, bound.args);

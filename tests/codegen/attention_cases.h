@@ -19,12 +19,12 @@
 
 namespace attention_cases {
 
-using ladle::ElementType;
+using ladle::DType;
 
 struct Case {
   std::string name;
   ladle::ir::AttentionVariant variant;
-  ElementType type = ElementType::bf16;  // q, k, v and o
+  DType type = DType::bf16;  // q, k, v and o
   int B = 1, Tq = 48, Tk = 48, H = 2, H_kv = 2, D = 64, Dv = 64;
   ladle::cuda::AttentionTile tile{64, 32, 4, 2};
   bool lse = true;
@@ -32,7 +32,7 @@ struct Case {
   std::int64_t window_left = -1, window_right = -1;
   int sinks = 0;
   float dropout_p = 0;
-  ElementType segment_type = ElementType::i64;
+  DType segment_type = DType::i64;
   bool user_alibi = false;  // the user variant below (slope, keep predicate)
   double slope_step = 0.05;  // user_alibi: slope[h] = slope_step * (h + 1)
   bool negative_scale = false;  // scale -1.5 / sqrt(D) instead of 1.5 / sqrt(D)
@@ -54,10 +54,10 @@ struct Case {
   ladle::cuda::AttentionKernelSpec spec() const {
     ladle::cuda::AttentionKernelSpec s;
     for (const ladle::ir::Input& in : variant.inputs)
-      s.input_types.push_back(in.kind == ladle::ir::InputKind::scalar ? ElementType::f32
+      s.input_types.push_back(in.kind == ladle::ir::InputKind::scalar ? DType::f32
                               : in.role != ladle::ir::Role::other     ? type
-                              : in.name == "attention_mask"           ? ElementType::u8
-                                                                      : ElementType::f32);
+                              : in.name == "attention_mask"           ? DType::u8
+                                                                      : DType::f32);
     s.output_type = type;
     s.D = D;
     s.Dv = Dv;
@@ -123,7 +123,7 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
   }
   {
     Case c = make("causal, Tq < Tk, f16", variant("causal"));
-    c.type = ElementType::f16, c.Tq = 20, c.Tk = ws ? 300 : 75;  // ws: the ring wraps (10 tiles, 2 stages)
+    c.type = DType::f16, c.Tq = 20, c.Tk = ws ? 300 : 75;  // ws: the ring wraps (10 tiles, 2 stages)
     add(c, {64, 64, 4, 1}, small);
   }
   {
@@ -138,7 +138,7 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
   }
   {
     Case c = make("user ALiBi score and keep predicate, f16, two batch rows", user_alibi());
-    c.type = ElementType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
+    c.type = DType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
     add(c, small, small);
   }
   {
@@ -165,7 +165,7 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
   }
   {
     Case c = make("GQA 4:1, sinks, D=Dv=128, f16, block_n 128", variant("sinks"));
-    c.type = ElementType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = ws ? 300 : 150, c.sinks = 2;
+    c.type = DType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = ws ? 300 : 150, c.sinks = 2;
     add(c, {64, 128, 4, 2}, {64, 128, 4, 3});
   }
   {
@@ -213,7 +213,7 @@ inline std::vector<Case> all() {
   }
   {
     Case c = make("causal, Tq == Tk, f16", variant("causal"));
-    c.type = ElementType::f16, c.Tq = c.Tk = 70;
+    c.type = DType::f16, c.Tq = c.Tk = 70;
     add(c);
   }
   {
@@ -233,7 +233,7 @@ inline std::vector<Case> all() {
   }
   {
     Case c = make("causal + sliding window (40, -1) spanning tiles, f16", variant("causal,window"));
-    c.type = ElementType::f16, c.Tq = c.Tk = 110, c.window_left = 40;
+    c.type = DType::f16, c.Tq = c.Tk = 110, c.window_left = 40;
     add(c);
   }
   {
@@ -243,12 +243,12 @@ inline std::vector<Case> all() {
   }
   {
     Case c = make("user ALiBi score and keep predicate, f16, two batch rows", user_alibi());
-    c.type = ElementType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
+    c.type = DType::f16, c.B = 2, c.Tq = 36, c.Tk = 40, c.user_alibi = true;
     add(c);
   }
   {
     Case c = make("attention_mask (u8) and segment ids (i32)", variant("mask,segments"));
-    c.Tq = c.Tk = 60, c.segment_type = ElementType::i32;
+    c.Tq = c.Tk = 60, c.segment_type = DType::i32;
     add(c);
   }
   {
@@ -273,7 +273,7 @@ inline std::vector<Case> all() {
   }
   {
     Case c = make("GQA 4:1, D=128, Dv=128, f16, 64x128 tile", variant("sinks"));
-    c.type = ElementType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = 150, c.tile = {64, 128, 4, 2};
+    c.type = DType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 40, c.Tk = 150, c.tile = {64, 128, 4, 2};
     c.sinks = 2;
     add(c);
   }
@@ -291,7 +291,7 @@ inline std::vector<Case> all() {
   }
   {
     Case c = make("f32 inputs (split bf16 operands), causal", variant("causal,softcap"));
-    c.type = ElementType::f32, c.Tq = c.Tk = 40, c.D = 32, c.Dv = 32;
+    c.type = DType::f32, c.Tq = c.Tk = 40, c.D = 32, c.Dv = 32;
     add(c);
   }
   {
@@ -306,7 +306,7 @@ inline std::vector<Case> all() {
   }
   {
     Case c = make("head dims D=20 Dv=12 (not multiples of 8: converted loads), f16, sinks", variant("sinks"));
-    c.type = ElementType::f16, c.D = 20, c.Dv = 12, c.Tq = 30, c.Tk = 44, c.sinks = 1;
+    c.type = DType::f16, c.D = 20, c.Dv = 12, c.Tq = 30, c.Tk = 44, c.sinks = 1;
     add(c);
   }
   for (auto kind : {ladle::cuda::AttentionMma::wgmma, ladle::cuda::AttentionMma::ws})
@@ -330,7 +330,7 @@ inline std::vector<Case> backward() {
   }
   {
     Case c = make("backward: plain, GQA 4:2, Tq < Tk, D=128 Dv=64, f16, f32 d_output", variant(""));
-    c.type = ElementType::f16, c.H = 4, c.H_kv = 2, c.D = 128, c.Dv = 64, c.Tq = 70, c.Tk = 200, c.d_output_f32 = true;
+    c.type = DType::f16, c.H = 4, c.H_kv = 2, c.D = 128, c.Dv = 64, c.Tq = 70, c.Tk = 200, c.d_output_f32 = true;
     add(c);
   }
   {
@@ -345,7 +345,7 @@ inline std::vector<Case> backward() {
   }
   {
     Case c = make("backward: user ALiBi score and keep predicate (d slope), f16", user_alibi());
-    c.type = ElementType::f16, c.B = 2, c.Tq = 66, c.Tk = 140, c.user_alibi = true;
+    c.type = DType::f16, c.B = 2, c.Tq = 66, c.Tk = 140, c.user_alibi = true;
     add(c);
   }
   {
@@ -374,13 +374,13 @@ inline ladle::cuda::AttentionBackwardSpec backward_spec(const Case& c) {
   s.varlen = !c.cu_seqlens_q.empty();
   s.q_segment_ids_type = s.kv_segment_ids_type = c.segment_type;
   s.output_type = c.type;
-  s.d_output_type = c.d_output_f32 ? ElementType::f32 : c.type;
+  s.d_output_type = c.d_output_f32 ? DType::f32 : c.type;
   s.copy_d_output = c.d_output_f32;
   s.sinks_gradient = c.variant.sinks && c.sinks > 0;
   for (std::size_t k = 0; k < c.variant.inputs.size(); ++k) {
     const ladle::ir::Input& in = c.variant.inputs[k];
     s.input_gradients.push_back((in.kind == ladle::ir::InputKind::pair || in.kind == ladle::ir::InputKind::head) &&
-                                s.input_types[k] != ElementType::u8);
+                                s.input_types[k] != DType::u8);
   }
   s.stages = c.stages;
   s.dq_tma = !c.dq_pairs;

@@ -53,12 +53,12 @@ inline std::vector<Case> all() {
 
 inline ladle::cuda::BackwardKernelSpec spec(const Case& c, ladle::cuda::BackwardPhase phase) {
   ladle::cuda::BackwardKernelSpec spec;
-  for (std::size_t i = 0; i < c.variant.inputs.size(); ++i) spec.input_types.push_back(ladle::ElementType::f32);
-  spec.output_type = ladle::ElementType::f32;
+  for (std::size_t i = 0; i < c.variant.inputs.size(); ++i) spec.input_types.push_back(ladle::DType::f32);
+  spec.output_type = ladle::DType::f32;
   spec.reverse = c.reverse;
   spec.varlen = !c.cu_seqlens.empty();
   spec.phase = phase;
-  spec.slot_type = spec.d_output_type = ladle::ElementType::f32;
+  spec.slot_type = spec.d_output_type = ladle::DType::f32;
   spec.write_first = true;  // the decays at each sequence's first step (for d initial_state)
   return spec;
 }

@@ -25,7 +25,7 @@ using namespace ladle;
 
 // Random inputs for every input of a case, bound as the ops bind them.
 struct Bound {
-  std::deque<HostTensor> store;
+  std::deque<Tensor> store;
   ops::BoundInputs inputs;
   RunOptions options;
   int sequences = 0;
@@ -40,7 +40,7 @@ inline Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
   VariantInputs named;
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Input& in = variant.inputs[i];
-    const ElementType type = c.spec.input_types[i];
+    const DType type = c.spec.input_types[i];
     const int heads = in.role == ir::Role::key || in.role == ir::Role::value ? c.H_kv : c.H;
     const std::int64_t features = in.kind == ir::InputKind::token_value ? c.V : c.K;
     std::vector<std::int64_t> shape = {c.B, c.T, heads, features};
@@ -91,7 +91,7 @@ inline Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
   }
   bound.sequences = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
   if (!c.cu_seqlens.empty()) {
-    HostTensor& offsets = bound.store.emplace_back(ElementType::i64, std::vector<std::int64_t>{std::int64_t(c.cu_seqlens.size())});
+    Tensor& offsets = bound.store.emplace_back(DType::i64, std::vector<std::int64_t>{std::int64_t(c.cu_seqlens.size())});
     std::memcpy(offsets.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
     bound.options.cu_seqlens = offsets.view();
   }
@@ -147,7 +147,7 @@ class Arguments {
         case Role::final_state: push(static_cast<const void*>(args.final_state->data)); break;
         case Role::cu_seqlens:
           offsets32_.assign(args.cu_seqlens.begin(), args.cu_seqlens.end());
-          push(c.spec.cu_seqlens_type == ElementType::i32 ? static_cast<const void*>(offsets32_.data())
+          push(c.spec.cu_seqlens_type == DType::i32 ? static_cast<const void*>(offsets32_.data())
                                                           : static_cast<const void*>(args.cu_seqlens.data()));
           break;
         case Role::batch: push(static_cast<int>(args.batch)); break;
@@ -197,9 +197,9 @@ inline Errors emulated_against_cpu(const cuda_cases::Case& c, std::uint64_t seed
   Bound bound = bind_case(c, seed);
   const std::vector<std::int64_t> o_shape = {c.B, c.T, c.H, c.V}, state_shape = {bound.sequences, c.H, c.K, c.V};
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  HostTensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
-  HostTensor final_cpu(ElementType::f32, state_shape, nan), final_gpu(ElementType::f32, state_shape, nan);
-  const auto outputs = [&](HostTensor& o, HostTensor& final_state) {
+  Tensor o_cpu(c.spec.output_type, o_shape, nan), o_gpu(c.spec.output_type, o_shape, nan);
+  Tensor final_cpu(DType::f32, state_shape, nan), final_gpu(DType::f32, state_shape, nan);
+  const auto outputs = [&](Tensor& o, Tensor& final_state) {
     RecurrentOutputs out{o.view(), std::nullopt};
     if (c.spec.final_state) out.final_state = final_state.view();
     return out;

@@ -41,8 +41,8 @@ inline std::vector<Case> all() {
   }
   // Gate strength: near -2.5 per token a 64-token chunk no longer fits one reference token
   // (16-token steps); near -10 neither does a 16-token step (single tokens).
-  const auto retype = [](cuda_cases::Case& c, ladle::ElementType gates = ladle::ElementType::f32) {  // bf16 q, k, v and o
-    using E = ladle::ElementType;
+  const auto retype = [](cuda_cases::Case& c, ladle::DType gates = ladle::DType::f32) {  // bf16 q, k, v and o
+    using E = ladle::DType;
     c.spec.input_types.clear();
     for (const ladle::ir::Input& in : c.variant.inputs)
       c.spec.input_types.push_back(in.kind == ladle::ir::InputKind::scalar ? E::f32 : in.role == ladle::ir::Role::other ? gates : E::bf16);
@@ -63,10 +63,10 @@ inline std::vector<Case> all() {
       ladle::ir::Variant variant;
       double value;
       bool reverse, states;
-      ladle::ElementType gates;
+      ladle::DType gates;
       ChunkedTile tile;
     };
-    using E = ladle::ElementType;
+    using E = ladle::DType;
     const Reset resets[] = {
         {"GLA, -inf per key dimension", recurrent_variant(true, false, false, false), -inf, false, true, E::f32, {16, 64, 16, 4}},
         {"GLA, -inf per key dimension, bf16 gates, reverse", recurrent_variant(true, false, false, false), -inf, true, false, E::bf16, {16, 16, 16, 2}},
@@ -144,7 +144,7 @@ inline std::vector<Case> wgmma() {
 // at K = V = 128 with states, a value-side gate alone (one reference per column, and strong enough
 // for the exact sum), and no decay at all with T below a chunk.
 inline void bf16_io(cuda_cases::Case& c) {
-  using E = ladle::ElementType;
+  using E = ladle::DType;
   for (std::size_t k = 0; k < c.variant.inputs.size(); ++k)
     if (c.variant.inputs[k].role != ladle::ir::Role::other) c.spec.input_types[k] = E::bf16;
   c.spec.output_type = E::bf16;
@@ -158,7 +158,7 @@ inline ladle::cuda::ChunkedTile ws_tile(int K, int block_v) {
 
 inline std::vector<Case> ws() {
   namespace dsl = ladle::dsl;
-  using E = ladle::ElementType;
+  using E = ladle::DType;
   std::vector<Case> cases;
   int i = 0;
   const auto add = [&](Case c) {
@@ -338,7 +338,7 @@ inline std::vector<SegmentedCase> segmented() {
     // Every other case in bf16 (q, k, v and o; the gates bf16 or as they were), where the state pass
     // takes its suffix form (detail/chunked_suffix.h) if the variant allows it.
     if (i % 2 == 1) {
-      using E = ladle::ElementType;
+      using E = ladle::DType;
       cuda_cases::Case& t = serial.c;
       for (std::size_t k = 0; k < t.variant.inputs.size() && k < t.spec.input_types.size(); ++k) {
         const ladle::ir::Input& in = t.variant.inputs[k];
@@ -396,8 +396,8 @@ inline std::vector<SegmentedCase> ws_segmented() {
     if (!v.has(ladle::ir::Slot::log_decay_k) || v.has(ladle::ir::Slot::log_decay_v) || v.has(ladle::ir::Slot::log_decay_head)) continue;
     for (std::size_t k = 0; k < v.inputs.size(); ++k)
       if (v.inputs[k].kind != ladle::ir::InputKind::scalar && v.inputs[k].kind != ladle::ir::InputKind::head)
-        c.c.spec.input_types[k] = ladle::ElementType::bf16;
-    c.c.spec.output_type = ladle::ElementType::bf16;
+        c.c.spec.input_types[k] = ladle::DType::bf16;
+    c.c.spec.output_type = ladle::DType::bf16;
     c.c.K = (c.c.K + 7) / 8 * 8, c.c.V = (c.c.V + 7) / 8 * 8;
     if (c.c.cu_seqlens.empty()) c.c.T = 300;
     else c.c.cu_seqlens = {0, 130, 130, 300}, c.c.T = 300;

@@ -28,7 +28,7 @@ inline std::vector<Case> all() {
     else c.cu_seqlens = {0, 70, 70, 200}, c.T = 200;
     cases.push_back({c});
     // The same with 16-byte loads where the case allows them (the tensors are contiguous).
-    const bool sixteen = c.spec.input_types[0] != ladle::ElementType::f32;
+    const bool sixteen = c.spec.input_types[0] != ladle::DType::f32;
     if (sixteen && c.K % 8 == 0 && c.V % 8 == 0) {
       c.name += ", 16-byte loads";
       cases.push_back({c, true});

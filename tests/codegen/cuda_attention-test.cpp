@@ -167,7 +167,7 @@ TEST_CASE("attention: every kernel, run on the host emulation of CUDA, matches t
     const reference::AttentionOutput want = reference::attention(bound.ref);
     // 16-bit inputs: 1e-2; fp32 inputs through split bf16 operands: docs/design.md's 2e-3 for
     // fp32 through tensor cores.
-    const double tolerance = c.type == ElementType::f32 ? 2e-3 : 1e-2;
+    const double tolerance = c.type == DType::f32 ? 2e-3 : 1e-2;
     const double error = test::relative_error(bound.o, want.o);
     INFO("relative error of o: " << error);
     CHECK(error < tolerance);
@@ -193,7 +193,7 @@ TEST_CASE("attention: a sliding window stages only the key tiles its rows can re
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     if (!c.variant.window && !c.variant.causal) continue;
-    if (!c.cu_seqlens_q.empty() || !c.async_copy || c.type == ElementType::f32) continue;
+    if (!c.cu_seqlens_q.empty() || !c.async_copy || c.type == DType::f32) continue;
     INFO(c.name);
     const cuda::AttentionKernel kernel = cuda::generate_attention(c.variant, c.spec());
     Bound bound = bind(c, 4000 + i);
@@ -233,10 +233,10 @@ TEST_CASE("attention: a sliding window stages only the key tiles its rows can re
 
 namespace {
 
-cuda::AttentionKernelSpec spec_for(const ir::AttentionVariant& variant, ElementType type, int D, int Dv) {
+cuda::AttentionKernelSpec spec_for(const ir::AttentionVariant& variant, DType type, int D, int Dv) {
   cuda::AttentionKernelSpec spec;
   for (const ir::Input& in : variant.inputs)
-    spec.input_types.push_back(in.role != ir::Role::other ? type : in.name == "attention_mask" ? ElementType::u8 : ElementType::f32);
+    spec.input_types.push_back(in.role != ir::Role::other ? type : in.name == "attention_mask" ? DType::u8 : DType::f32);
   spec.output_type = type;
   spec.D = D, spec.Dv = Dv;
   spec.tile = cuda::default_attention_tile(D, Dv);
@@ -255,7 +255,7 @@ TEST_CASE("attention: NVRTC compiles the family for every mask and modifier comb
     if (bits % 2 == 0) list += std::string(list.empty() ? "" : ",") + "bias";
     if (bits % 3 == 0) list += std::string(list.empty() ? "" : ",") + "softcap";
     const ir::AttentionVariant& variant = attention_variant(parse_attention_features(list));
-    auto spec = spec_for(variant, bits % 4 == 1 ? ElementType::f16 : ElementType::bf16, 128, 128);
+    auto spec = spec_for(variant, bits % 4 == 1 ? DType::f16 : DType::bf16, 128, 128);
     spec.varlen = bits % 5 == 0;
     spec.lse = bits % 2 == 1;
     INFO(list);
@@ -265,7 +265,7 @@ TEST_CASE("attention: NVRTC compiles the family for every mask and modifier comb
     REQUIRE(result.program.ptx.find("cp.async") != std::string::npos);
     ++compiled;
   }
-  const auto user = gpu::compile_attention(attention_cases::user_alibi(), spec_for(attention_cases::user_alibi(), ElementType::f16, 64, 64), "compute_80");
+  const auto user = gpu::compile_attention(attention_cases::user_alibi(), spec_for(attention_cases::user_alibi(), DType::f16, 64, 64), "compute_80");
   CHECK(user.program.ptx.find(".entry " + user.kernel.name) != std::string::npos);
   CHECK(compiled == 64);
 }
@@ -274,7 +274,7 @@ TEST_CASE("attention: NVRTC compiles the family for every mask and modifier comb
 // checked to fit (registers, no spills, shared memory within the H100's opt-in limit).
 struct SweepItem {
   const char* features;
-  ElementType type;
+  DType type;
   int D, Dv;
   cuda::AttentionTile tile;
 };
@@ -287,7 +287,7 @@ static gpu::CompiledAttention compile_sm90a(const SweepItem& item) {
     const auto result = gpu::compile_attention(variant, spec, "sm_90a");
     const auto* r = result.program.resources(result.kernel.name);
     REQUIRE(r != nullptr);
-    const std::string line = std::string(item.features) + " " + element_type_name(item.type) + " D=" + std::to_string(item.D) +
+    const std::string line = std::string(item.features) + " " + dtype_name(item.type) + " D=" + std::to_string(item.D) +
                              " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) + ": " +
                              std::to_string(r->registers) + " registers, " + std::to_string(r->spill_store_bytes) +
                              " bytes spilled, " + std::to_string(result.kernel.shared_bytes) + " bytes of shared memory";
@@ -303,16 +303,16 @@ TEST_CASE("attention: sm_90a cubins at D = 64 and 128 and over a sweep of tiles 
   std::vector<SweepItem> items;
   for (int D : {64, 128})
     for (const char* f : {"causal", "window,softcap", "causal,sinks", "bias,mask,segments,dropout"})
-      items.push_back({f, ElementType::bf16, D, D, cuda::default_attention_tile(D, D)});
-  items.push_back({"causal", ElementType::f16, 128, 128, cuda::default_attention_tile(128, 128)});
-  items.push_back({"causal", ElementType::f32, 128, 128, {128, 32, 8, 2}});
-  items.push_back({"causal", ElementType::bf16, 256, 64, cuda::default_attention_tile(256, 64)});
-  items.push_back({"causal", ElementType::bf16, 128, 64, cuda::default_attention_tile(128, 64)});
+      items.push_back({f, DType::bf16, D, D, cuda::default_attention_tile(D, D)});
+  items.push_back({"causal", DType::f16, 128, 128, cuda::default_attention_tile(128, 128)});
+  items.push_back({"causal", DType::f32, 128, 128, {128, 32, 8, 2}});
+  items.push_back({"causal", DType::bf16, 256, 64, cuda::default_attention_tile(256, 64)});
+  items.push_back({"causal", DType::bf16, 128, 64, cuda::default_attention_tile(128, 64)});
   for (int block_m : {64, 128})
     for (int block_n : {32, 64, 128})
       for (int stages : {1, 2}) {
         const cuda::AttentionTile tile{block_m, block_n, block_m / 16, stages};
-        if (cuda::validate_attention_tile(tile, 128, 128, 227 * 1024).empty()) items.push_back({"causal", ElementType::bf16, 128, 128, tile});
+        if (cuda::validate_attention_tile(tile, 128, 128, 227 * 1024).empty()) items.push_back({"causal", DType::bf16, 128, 128, tile});
       }
   CHECK(items.size() >= 20);
   for (const SweepItem& item : items) {
@@ -321,7 +321,7 @@ TEST_CASE("attention: sm_90a cubins at D = 64 and 128 and over a sweep of tiles 
   // sm_80 at both head dims, as a launcher compiles them (a positive scale).
   const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
   for (int D : {64, 128}) {
-    auto spec = spec_for(causal, ElementType::bf16, D, D);
+    auto spec = spec_for(causal, DType::bf16, D, D);
     spec.positive_logit_factor = true;
     REQUIRE(cuda::validate_attention_tile(spec.tile, D, D, 163 * 1024).empty());
     const auto result = gpu::compile_attention(causal, spec, "sm_80");
@@ -337,13 +337,13 @@ TEST_CASE("attention: wgmma kernels compile for sm_90a without spills, and their
   std::vector<SweepItem> items;
   for (int D : {64, 128})
     for (const char* f : {"causal", "window,softcap", "causal,sinks", "bias,mask,segments,dropout"})
-      items.push_back({f, ElementType::bf16, D, D, {128, 64, 8, 2}});
-  items.push_back({"causal", ElementType::f16, 128, 128, {128, 64, 8, 2}});
-  items.push_back({"causal", ElementType::bf16, 256, 64, {128, 64, 8, 2}});
-  items.push_back({"causal", ElementType::bf16, 128, 64, {128, 128, 8, 2}});
+      items.push_back({f, DType::bf16, D, D, {128, 64, 8, 2}});
+  items.push_back({"causal", DType::f16, 128, 128, {128, 64, 8, 2}});
+  items.push_back({"causal", DType::bf16, 256, 64, {128, 64, 8, 2}});
+  items.push_back({"causal", DType::bf16, 128, 64, {128, 128, 8, 2}});
   for (int block_m : {64, 128})
     for (int block_n : {32, 64, 128})
-      for (int stages : {1, 2}) items.push_back({"causal", ElementType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
+      for (int stages : {1, 2}) items.push_back({"causal", DType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
   for (SweepItem& item : items) item.tile.mma = cuda::AttentionMma::wgmma;
   for (const SweepItem& item : items) {
     if (!cuda::validate_attention_tile(item.tile, item.D, item.Dv, 227 * 1024, false, "sm_90a").empty()) continue;
@@ -356,7 +356,7 @@ TEST_CASE("attention: wgmma kernels compile for sm_90a without spills, and their
   }
   // A wgmma tile is refused for sm_80.
   const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
-  auto spec = spec_for(causal, ElementType::bf16, 128, 128);
+  auto spec = spec_for(causal, DType::bf16, 128, 128);
   spec.tile.mma = cuda::AttentionMma::wgmma;
   REQUIRE_THROWS_WITH(gpu::compile_attention(causal, spec, "sm_80"), Catch::Contains("sm_90a"));
 }
@@ -368,15 +368,15 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
       // A variant that reads a pair input or draws dropout per score takes 64-key tiles (the
       // heuristic's rule): at 128 keys it spills within the launch bound's 168 registers.
       const bool light = std::string(f).find("bias") == std::string::npos;
-      items.push_back({f, ElementType::bf16, D, D, {128, light ? 128 : 64, 8, 2}});
+      items.push_back({f, DType::bf16, D, D, {128, light ? 128 : 64, 8, 2}});
     }
-  items.push_back({"causal", ElementType::f16, 128, 128, {128, 128, 8, 2}});
-  items.push_back({"causal", ElementType::bf16, 256, 256, {128, 64, 8, 2}});
-  items.push_back({"causal", ElementType::bf16, 192, 128, {128, 64, 8, 2}});
-  items.push_back({"causal", ElementType::bf16, 128, 64, {128, 128, 8, 3}});
+  items.push_back({"causal", DType::f16, 128, 128, {128, 128, 8, 2}});
+  items.push_back({"causal", DType::bf16, 256, 256, {128, 64, 8, 2}});
+  items.push_back({"causal", DType::bf16, 192, 128, {128, 64, 8, 2}});
+  items.push_back({"causal", DType::bf16, 128, 64, {128, 128, 8, 3}});
   for (int block_m : {64, 128})
     for (int block_n : {32, 64, 128})
-      for (int stages : {2, 3, 4}) items.push_back({"causal", ElementType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
+      for (int stages : {2, 3, 4}) items.push_back({"causal", DType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
   int compiled = 0;
   for (SweepItem& item : items) item.tile.mma = cuda::AttentionMma::ws;
   for (const SweepItem& item : items) {
@@ -417,7 +417,7 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
   CHECK(cuda::parse_attention_tile("128,128,8,3,ws") == cuda::AttentionTile{128, 128, 8, 3, cuda::AttentionMma::ws});
   CHECK(cuda::to_string(cuda::AttentionTile{128, 128, 8, 3, cuda::AttentionMma::ws}) == "block_m=128 block_n=128 warps=8 stages=3 mma=ws");
   const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));
-  auto spec = spec_for(causal, ElementType::bf16, 128, 128);
+  auto spec = spec_for(causal, DType::bf16, 128, 128);
   spec.tile = {128, 128, 8, 2, cuda::AttentionMma::ws};
   spec.async_copy = false;
   REQUIRE_THROWS_WITH(gpu::compile_attention(causal, spec, "sm_90a"), Catch::Contains("TMA"));

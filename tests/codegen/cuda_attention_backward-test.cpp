@@ -28,7 +28,7 @@ namespace {
 
 // A gradient's view shaped as `canonical` (the bound input's view): leading axes added and each
 // broadcast axis (size 1 in the gradient, more in the canonical view) at stride 0.
-TensorView gradient_view(HostTensor& grad, const TensorView& canonical) {
+TensorView gradient_view(Tensor& grad, const TensorView& canonical) {
   TensorView view = grad.view();
   while (view.rank() < canonical.rank()) {
     view.shape.insert(view.shape.begin(), 1);
@@ -44,16 +44,16 @@ TensorView gradient_view(HostTensor& grad, const TensorView& canonical) {
 
 // The gradients of one run, each filled with `fill` first, and their views.
 struct Gradients {
-  std::deque<HostTensor> store;
+  std::deque<Tensor> store;
   cpu::AttentionGrads views;
-  std::vector<std::pair<std::string, HostTensor*>> named;  // for the comparison
+  std::vector<std::pair<std::string, Tensor*>> named;  // for the comparison
 };
 
 Gradients gradients(const Case& c, const Bound& bound, const TensorView& d_output, float fill) {
   Gradients g;
   const ops::AttentionArgs& a = bound.args;
   const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const TensorView& canonical) {
-    HostTensor& t = g.store.emplace_back(ElementType::f32, std::move(shape), fill);
+    Tensor& t = g.store.emplace_back(DType::f32, std::move(shape), fill);
     g.named.emplace_back(name, &t);
     return gradient_view(t, canonical);
   };
@@ -64,7 +64,7 @@ Gradients gradients(const Case& c, const Bound& bound, const TensorView& d_outpu
   g.views.d_tensors.resize(c.variant.inputs.size());
   for (std::size_t k = 3; k < c.variant.inputs.size(); ++k) {
     const ir::Input& in = c.variant.inputs[k];
-    if (in.kind == ir::InputKind::scalar || a.tensors[k].type == ElementType::u8) continue;
+    if (in.kind == ir::InputKind::scalar || a.tensors[k].type == DType::u8) continue;
     const std::vector<std::int64_t> given = in.kind == ir::InputKind::head ? std::vector<std::int64_t>{a.H} : a.tensors[k].shape;
     g.views.d_tensors[k] = add("d " + in.name, given, a.tensors[k]);
   }
@@ -72,7 +72,7 @@ Gradients gradients(const Case& c, const Bound& bound, const TensorView& d_outpu
   return g;
 }
 
-double relative_error(const HostTensor& out, const HostTensor& ref) {
+double relative_error(const Tensor& out, const Tensor& ref) {
   double diff = 0, norm = 0;
   const auto* x = static_cast<const float*>(out.data());
   const auto* y = static_cast<const float*>(ref.data());
@@ -97,7 +97,7 @@ TEST_CASE("attention backward: the emulated kernels match the CPU backward for e
       args.threads = 2;
       cpu::run_attention(c.variant, args);  // o and lse, as the forward leaves them
       std::mt19937_64 rng(77 + i);
-      const HostTensor d_output = test::normal(rng, c.d_output_f32 ? ElementType::f32 : c.type, args.output_shape()).tensor;
+      const Tensor d_output = test::normal(rng, c.d_output_f32 ? DType::f32 : c.type, args.output_shape()).tensor;
       const TensorView d_output_view = d_output.view();
 
       Gradients ref = gradients(c, bound, d_output_view, 0.0f);
@@ -124,7 +124,7 @@ TEST_CASE("attention backward: the emulated kernels match the CPU backward for e
       for (auto& [name, tensor] : out.named)
         if (name != "dk" && name != "dv") std::fill_n(static_cast<float*>(tensor->data()), tensor->numel(), 0.0f);
       std::vector<float> row_stats(static_cast<std::size_t>(2 * args.B * args.H * args.Tq), std::numeric_limits<float>::quiet_NaN());
-      HostTensor copy(c.type, {args.B, args.Tq, args.H, args.Dv});
+      Tensor copy(c.type, {args.B, args.Tq, args.H, args.Dv});
       gpu::AttentionBackwardArguments packed = gpu::pack_attention_backward_arguments(
           kernel, spec, args, out.views, row_stats.data(), copy.data(), args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
           describe_tensor_map);
@@ -165,7 +165,7 @@ TEST_CASE("attention backward: unsupported calls are refused by name", "[codegen
   spec.arch = "sm_80";
   REQUIRE_THROWS_WITH(cuda::generate_attention_backward(c.variant, spec), Catch::Contains("sm_90a") && Catch::Contains("sm_80"));
   spec = attention_cases::backward_spec(c);
-  spec.input_types[0] = spec.input_types[1] = spec.input_types[2] = ElementType::f32;
+  spec.input_types[0] = spec.input_types[1] = spec.input_types[2] = DType::f32;
   REQUIRE_THROWS_WITH(cuda::generate_attention_backward(c.variant, spec), Catch::Contains("one 16-bit type"));
   spec = attention_cases::backward_spec(c);
   spec.stages = 5;

@@ -65,13 +65,13 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
     const std::int64_t N = c.cu_seqlens.empty() ? B : static_cast<std::int64_t>(c.cu_seqlens.size()) - 1;
     std::vector<test::Filled> keep;
     keep.reserve(16);
-    const auto add = [&](test::Filled f) -> const HostTensor& {
+    const auto add = [&](test::Filled f) -> const Tensor& {
       keep.push_back(std::move(f));
       return keep.back().tensor;
     };
-    const HostTensor& q = add(test::normal(rng, ElementType::f32, {B, T, H, K}));
-    const HostTensor& k = add(test::normal(rng, ElementType::f32, {B, T, c.H_kv, K}));
-    const HostTensor& v = add(test::normal(rng, ElementType::f32, {B, T, c.H_kv, V}));
+    const Tensor& q = add(test::normal(rng, DType::f32, {B, T, H, K}));
+    const Tensor& k = add(test::normal(rng, DType::f32, {B, T, c.H_kv, K}));
+    const Tensor& v = add(test::normal(rng, DType::f32, {B, T, c.H_kv, V}));
     VariantInputs inputs;
     for (const ir::Input& in : c.variant.inputs) {
       if (in.kind == ir::InputKind::scalar) {
@@ -83,14 +83,14 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
                                               : in.kind == ir::InputKind::token_head ? std::vector<std::int64_t>{B, T, H}
                                               : std::vector<std::int64_t>{B, T, H, in.kind == ir::InputKind::token_value ? V : K};
       std::uniform_real_distribution<double> tau(8.0, 16.0);
-      const HostTensor& t = in.name == "tau"                  ? add(test::filled(ElementType::f32, shape, [&] { return tau(rng); }))
-                            : in.name == "x" || in.name == "s" ? add(test::normal(rng, ElementType::f32, shape))
-                                                               : add(test::log_gate(rng, ElementType::f32, shape));
+      const Tensor& t = in.name == "tau"                  ? add(test::filled(DType::f32, shape, [&] { return tau(rng); }))
+                            : in.name == "x" || in.name == "s" ? add(test::normal(rng, DType::f32, shape))
+                                                               : add(test::log_gate(rng, DType::f32, shape));
       inputs.tensors.emplace(in.name, t.view());
     }
     RunOptions options;
     options.reverse = c.reverse;
-    HostTensor offsets(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    Tensor offsets(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
     std::copy(c.cu_seqlens.begin(), c.cu_seqlens.end(), static_cast<std::int64_t*>(offsets.data()));
     if (!c.cu_seqlens.empty()) options.cu_seqlens = offsets.view();
     const ops::BoundInputs bound = ops::bind_inputs(c.name, c.variant, q.view(), k.view(), v.view(), inputs, options);
@@ -113,7 +113,7 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
     const std::int64_t C = (longest + cuda::backward_chunk - 1) / cuda::backward_chunk, rows = B * T * H;
     const unsigned threads = cuda::backward_threads(K, V);
 
-    const HostTensor& d_o = add(test::normal(rng, ElementType::f32, {B, T, H, V}));
+    const Tensor& d_o = add(test::normal(rng, DType::f32, {B, T, H, V}));
     const auto d_o_at = [&](std::int64_t r, std::int64_t j) { return static_cast<const float*>(d_o.data())[r * V + j]; };
     std::vector<float> qs(rows * K), kf(rows * K), vf(rows * V), dos(rows * V), log_a(rows * K), log_a_next(rows * K), log_b(rows * V),
         log_b_next(rows * V), first_decay(N * H * (K + V), -7.0f);
@@ -210,15 +210,15 @@ TEST_CASE("the backward's slots and chain kernels, run on the host emulation, co
               }
           }
       // The inputs' gradients: the CPU chain rule's, and the kernel's.
-      std::vector<HostTensor> want, got;
+      std::vector<Tensor> want, got;
       std::vector<std::optional<TensorView>> d_tensors(c.variant.inputs.size());
       for (std::size_t i = 0; i < c.variant.inputs.size(); ++i) {
         const ir::Input& in = c.variant.inputs[i];
         if (in.kind == ir::InputKind::scalar) continue;
         const TensorView& given = in.role == ir::Role::query ? q.view() : in.role == ir::Role::key ? k.view() : in.role == ir::Role::value ? v.view()
                                                                                                                : inputs.tensors.at(in.name);
-        want.emplace_back(ElementType::f32, given.shape, 0.0f);
-        got.emplace_back(ElementType::f32, given.shape, 0.0f);
+        want.emplace_back(DType::f32, given.shape, 0.0f);
+        got.emplace_back(DType::f32, given.shape, 0.0f);
       }
       want.reserve(want.size()), got.reserve(got.size());
       std::size_t slot = 0;

@@ -40,7 +40,7 @@ inline bool hard_reset_at(std::int64_t t, std::int64_t i) {
 
 inline std::vector<Case> all() {
   using namespace ladle;
-  using E = ElementType;
+  using E = DType;
   std::vector<Case> cases;
   // Fills the spec's types (q, k, v and o in `io`, other tensors in `gates`) and the tile.
   const auto add = [&](Case c, E io, E gates, const cuda::RecurrentTile* tile = nullptr) {

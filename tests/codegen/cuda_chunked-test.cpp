@@ -91,7 +91,7 @@ TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
     CHECK_THAT(cuda::validate_chunked_tile({128, 32, 64, 8, 64, 64, 4, false, true}, gla, 128, 128).front(),
                Catch::Contains("wgmma is the serial form's"));
     cuda::ChunkedKernelSpec spec;
-    spec.input_types.assign(gla.inputs.size(), ElementType::bf16);
+    spec.input_types.assign(gla.inputs.size(), DType::bf16);
     spec.tile = w;
     REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("wgmma needs the target sm_90a") && Catch::Contains("not given"));
     spec.arch = "sm_80";
@@ -106,7 +106,7 @@ TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
   }
   {
     cuda::ChunkedKernelSpec split;
-    split.input_types.assign(gla.inputs.size(), ElementType::bf16);
+    split.input_types.assign(gla.inputs.size(), DType::bf16);
     split.tile = {128, 64, 64, 8, 64, 64, 4, false};
     REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, split), Catch::Contains("phase serial with a split tile"));
     split.tile = {128, 64, 64, 8};
@@ -117,9 +117,9 @@ TEST_CASE("chunked: tiles and variants are validated", "[codegen][chunked]") {
   const auto normalised = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v), dsl::q, dsl::scalar("scale")).normalized(1e-6f), "n");
   CHECK_THAT(cuda::chunked_unsupported(normalised), Catch::Contains("normaliser"));
   cuda::ChunkedKernelSpec spec;
-  spec.input_types.assign(normalised.inputs.size(), ElementType::bf16);
+  spec.input_types.assign(normalised.inputs.size(), DType::bf16);
   REQUIRE_THROWS_AS(cuda::generate_chunked(normalised, spec), InvalidArgument);
-  spec.input_types.assign(gla.inputs.size(), ElementType::bf16);
+  spec.input_types.assign(gla.inputs.size(), DType::bf16);
   spec.tile.warps = 3;
   REQUIRE_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("warps = 3"));
 }
@@ -274,8 +274,8 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   cuda::ChunkedKernelSpec spec;
   spec.tile = ws;
   for (const ir::Input& in : simple_gla.inputs)
-    spec.input_types.push_back(in.role == ir::Role::other || in.kind == ir::InputKind::scalar ? ElementType::f32 : ElementType::bf16);
-  spec.output_type = ElementType::bf16;
+    spec.input_types.push_back(in.role == ir::Role::other || in.kind == ir::InputKind::scalar ? DType::f32 : DType::bf16);
+  spec.output_type = DType::bf16;
   REQUIRE_THROWS_WITH(cuda::generate_chunked(simple_gla, spec), Catch::Contains("ws needs the target sm_90a") && Catch::Contains("not given"));
   spec.arch = "sm_90a";
   const cuda::ChunkedKernel kernel = cuda::generate_chunked(simple_gla, spec);
@@ -293,7 +293,7 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
     }
   CHECK(maps == 3);
   // f16 q is refused by name.
-  spec.input_types[0] = ElementType::f16;
+  spec.input_types[0] = DType::f16;
   CHECK_THROWS_WITH(cuda::generate_chunked(simple_gla, spec), Catch::Contains("bf16 by TMA") && Catch::Contains("q is f16"));
 
   // GLA: the gate's input by TMA beside q, k and v (a fourth tensor map), q~ and k~ against a reference per
@@ -301,8 +301,8 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   cuda::ChunkedKernelSpec gla_spec;
   gla_spec.tile = ws;
   gla_spec.arch = "sm_90a";
-  for (const ir::Input& in : gla.inputs) gla_spec.input_types.push_back(in.kind == ir::InputKind::scalar ? ElementType::f32 : ElementType::bf16);
-  gla_spec.output_type = ElementType::bf16;
+  for (const ir::Input& in : gla.inputs) gla_spec.input_types.push_back(in.kind == ir::InputKind::scalar ? DType::f32 : DType::bf16);
+  gla_spec.output_type = DType::bf16;
   const cuda::ChunkedKernel gla_kernel = cuda::generate_chunked(gla, gla_spec);
   CHECK_THAT(gla_kernel.source, Catch::Contains("q~_t = q_t 2^(G_t - R)") && Catch::Contains("STAGES = 2;"));
   CHECK(gla_kernel.shared_bytes == cuda::chunked_shared_bytes(gla, ws));
@@ -312,7 +312,7 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   CHECK(maps == 4);
   // The gate's inputs in fp32 are not what TMA copies in 16 bits: refused by name.
   for (std::size_t k = 0; k < gla.inputs.size(); ++k)
-    if (gla.inputs[k].role == ir::Role::other && gla.inputs[k].kind != ir::InputKind::scalar) gla_spec.input_types[k] = ElementType::f32;
+    if (gla.inputs[k].role == ir::Role::other && gla.inputs[k].kind != ir::InputKind::scalar) gla_spec.input_types[k] = DType::f32;
   CHECK_THROWS_WITH(cuda::generate_chunked(gla, gla_spec), Catch::Contains("in 16 bits"));
 
   // A value-side gate alone: its input by TMA beside v (a fourth tensor map), vt against a reference
@@ -321,7 +321,7 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   cuda::ChunkedKernelSpec value_spec = gla_spec;
   value_spec.input_types.clear();
   for (const ir::Input& in : value_gate.inputs)
-    value_spec.input_types.push_back(in.kind == ir::InputKind::scalar ? ElementType::f32 : ElementType::bf16);
+    value_spec.input_types.push_back(in.kind == ir::InputKind::scalar ? DType::f32 : DType::bf16);
   const cuda::ChunkedKernel value_kernel = cuda::generate_chunked(value_gate, value_spec);
   CHECK_THAT(value_kernel.source, Catch::Contains("vt_s = v_s 2^(R - G_s)") && Catch::Contains("2^(G_t - G_s) v_s per element") &&
                                       Catch::Contains("STAGES = 2;"));
@@ -339,7 +339,7 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   value_spec.phase = cuda::ChunkedPhase::serial, value_spec.segmented = false, value_spec.tile = ws;
   for (std::size_t k = 0; k < value_gate.inputs.size(); ++k)
     if (value_gate.inputs[k].role == ir::Role::other && value_gate.inputs[k].kind != ir::InputKind::scalar)
-      value_spec.input_types[k] = ElementType::f32;
+      value_spec.input_types[k] = DType::f32;
   CHECK_THROWS_WITH(cuda::generate_chunked(value_gate, value_spec), Catch::Contains("in 16 bits"));
 }
 
@@ -417,7 +417,7 @@ TEST_CASE("chunked: the split form (state pass, then every chunk at once) comput
         cuda_emulation::launch(grid.x, grid.y, grid.z, kernel->threads, [&] { launcher.launch(arguments.data()); });
       }
       // The state pass wrote the state entering every chunk: nothing is left NaN.
-      HostTensor written(element == 4 ? ElementType::f32 : ElementType::bf16, {std::int64_t(chunk_states.size() / element)});
+      Tensor written(element == 4 ? DType::f32 : DType::bf16, {std::int64_t(chunk_states.size() / element)});
       std::memcpy(written.data(), chunk_states.data(), chunk_states.size());
       for (const double x : test::values_of(written)) REQUIRE(!std::isnan(x));
     });
@@ -481,7 +481,7 @@ TEST_CASE("chunked: segments cover every sequence in the recurrence's direction"
   // The segmented kernels refuse what they cannot take.
   const ir::Variant& gla = recurrent_variant(true, false, false, false);
   cuda::ChunkedKernelSpec spec;
-  spec.input_types.assign(gla.inputs.size(), ElementType::bf16);
+  spec.input_types.assign(gla.inputs.size(), DType::bf16);
   spec.segmented = true;
   spec.varlen = true;
   CHECK_THROWS_WITH(cuda::generate_chunked(gla, spec), Catch::Contains("not cu_seqlens"));

@@ -80,8 +80,8 @@ TEST_CASE("chunked delta: every case on the host emulation computes what the CPU
 TEST_CASE("chunked delta: the source says what it computes; specs and variants are checked", "[codegen][chunked_delta]") {
   const ir::Variant& gated = delta_rule_variant(true, true);
   cuda::KernelTypes types;
-  types.input_types.assign(gated.inputs.size(), ElementType::bf16);
-  types.output_type = ElementType::bf16;
+  types.input_types.assign(gated.inputs.size(), DType::bf16);
+  types.output_type = DType::bf16;
   const cuda::ChunkedDeltaSpec states = cuda::chunked_delta_spec(types, 128, 100, ChunkedDeltaPhase::states);
   CHECK(states.block_k == 128);
   CHECK(states.value_pad == 128);
@@ -110,7 +110,7 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
   bad.input_types.pop_back();
   CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("input_types"));
   cuda::KernelTypes rwkv_types;
-  rwkv_types.input_types.assign(rwkv6_variant().inputs.size(), ElementType::bf16);
+  rwkv_types.input_types.assign(rwkv6_variant().inputs.size(), DType::bf16);
   CHECK_THROWS_WITH(cuda::generate_chunked_delta(rwkv6_variant(), cuda::chunked_delta_spec(rwkv_types, 64, 64, ChunkedDeltaPhase::states)),
                     Catch::Contains("the delta rule only"));
 }

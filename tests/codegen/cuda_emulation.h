@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include <ladle/codegen/float16.h>
+#include <ladle/tensor/dtype.h>
 #include <ladle/runtime/tensor_map.h>
 
 namespace cuda_emulation {
@@ -152,11 +152,11 @@ struct ladle_bf16 {
   unsigned short bits;
 };
 inline float ladle_load(const float* p) { return *p; }
-inline float ladle_load(const ladle_f16* p) { return ladle::narrow_float::from_f16(p->bits); }
-inline float ladle_load(const ladle_bf16* p) { return ladle::narrow_float::from_bf16(p->bits); }
+inline float ladle_load(const ladle_f16* p) { return float(ladle::half::from_bits(p->bits)); }
+inline float ladle_load(const ladle_bf16* p) { return float(ladle::bfloat16::from_bits(p->bits)); }
 inline void ladle_store(float* p, float value) { *p = value; }
-inline void ladle_store(ladle_f16* p, float value) { p->bits = ladle::narrow_float::to_f16(value); }
-inline void ladle_store(ladle_bf16* p, float value) { p->bits = ladle::narrow_float::to_bf16(value); }
+inline void ladle_store(ladle_f16* p, float value) { p->bits = ladle::half(value).bits(); }
+inline void ladle_store(ladle_bf16* p, float value) { p->bits = ladle::bfloat16(value).bits(); }
 
 // The chunked family's device helpers, on the host.
 #define LADLE_CHUNKED_HELPERS
@@ -174,8 +174,8 @@ inline float ladle_bits_float(unsigned x) {
   std::memcpy(&value, &x, 4);
   return value;
 }
-inline float ladle_bf16_float(unsigned short bits) { return ladle::narrow_float::from_bf16(bits); }
-inline unsigned short ladle_bf16_bits(float value) { return ladle::narrow_float::to_bf16(value); }
+inline float ladle_bf16_float(unsigned short bits) { return float(ladle::bfloat16::from_bits(bits)); }
+inline unsigned short ladle_bf16_bits(float value) { return ladle::bfloat16(value).bits(); }
 inline unsigned ladle_pack_bf16(float lo, float hi) {
   return static_cast<unsigned>(ladle_bf16_bits(lo)) | (static_cast<unsigned>(ladle_bf16_bits(hi)) << 16);
 }
@@ -213,7 +213,7 @@ inline void ldmatrix(unsigned (&r)[4], const unsigned short* p, bool trans) {
 }
 inline float half_of(unsigned pair, unsigned k, bool f16 = false) {
   const unsigned short bits = static_cast<unsigned short>(k % 2 ? pair >> 16 : pair & 0xffffu);
-  return f16 ? ladle::narrow_float::from_f16(bits) : ladle_bf16_float(bits);
+  return f16 ? float(ladle::half::from_bits(bits)) : ladle_bf16_float(bits);
 }
 // mma.m16n8k16 row.col: A[r][k] is in lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8);
 // B[k][n] in lane n * 4 + (k % 8) / 2, register k >= 8; D[r][c]: lane (r % 8) * 4 + c / 2,
@@ -291,7 +291,7 @@ inline void ladle_ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned address) {
 #define LADLE_COUNT_STAGED()
 #endif
 #define LADLE_ATTENTION_HELPERS
-inline unsigned short ladle_f16_bits(float value) { return ladle::narrow_float::to_f16(value); }
+inline unsigned short ladle_f16_bits(float value) { return ladle::half(value).bits(); }
 inline unsigned ladle_pack_f16(float lo, float hi) {
   return static_cast<unsigned>(ladle_f16_bits(lo)) | (static_cast<unsigned>(ladle_f16_bits(hi)) << 16);
 }
@@ -359,7 +359,7 @@ inline unsigned short descriptor_element(const MatrixDescriptor& d, unsigned mn,
   return bits;
 }
 inline float operand_value(unsigned short bits, bool f16) {
-  return f16 ? ladle::narrow_float::from_f16(bits) : ladle::narrow_float::from_bf16(bits);
+  return f16 ? float(ladle::half::from_bits(bits)) : float(ladle::bfloat16::from_bits(bits));
 }
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}: d = A B + (accumulate ? d : 0), accumulate
 // being the instruction's scale-d (0: d's earlier contents, never read, may be anything).

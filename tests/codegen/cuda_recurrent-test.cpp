@@ -76,8 +76,8 @@ TEST_CASE("the same variant and spec give the same source; each spec change rena
   std::vector<cuda::RecurrentKernelSpec> specs(6, c.spec);
   specs[0].reverse = !specs[0].reverse;
   specs[1].tile.warps = 2;
-  specs[2].output_type = ElementType::bf16;
-  specs[3].input_types[0] = ElementType::f16;
+  specs[2].output_type = DType::bf16;
+  specs[3].input_types[0] = DType::f16;
   specs[4].final_state = !specs[4].final_state;
   specs[5].varlen = !specs[5].varlen;
   std::set<std::string> names = {a.name};
@@ -111,7 +111,7 @@ TEST_CASE("tiles are validated", "[codegen][cuda]") {
   bad.input_types.pop_back();
   REQUIRE_THROWS_WITH(cuda::generate_recurrent(c.variant, bad), Catch::Contains("input_types has 3 entries, expected one per input (4)"));
   bad = c.spec;
-  bad.output_type = ElementType::f64;
+  bad.output_type = DType::f64;
   REQUIRE_THROWS_WITH(cuda::generate_recurrent(c.variant, bad), Catch::Contains("output_type f64"));
 }
 
@@ -131,7 +131,7 @@ TEST_CASE("every generated kernel, run on a host emulation of CUDA, computes wha
       cuda_emulation::launch(grid_x, static_cast<unsigned>(bound.sequences * c.H), kernel.threads,
                              [&] { emulated_kernels[i].launch(arguments.data()); });
     });
-    const double tolerance = c.spec.output_type == ElementType::f32 ? 1e-5 : 1e-2;
+    const double tolerance = c.spec.output_type == DType::f32 ? 1e-5 : 1e-2;
     CHECK(errors.o < tolerance);
     if (c.spec.final_state) CHECK(errors.final_state < 1e-5);
   }

@@ -18,10 +18,10 @@
 
 namespace {
 
-using ladle::narrow_float::from_bf16;
-using ladle::narrow_float::from_f16;
-using ladle::narrow_float::to_bf16;
-using ladle::narrow_float::to_f16;
+float from_bf16(std::uint16_t bits) { return ladle::bfloat16::from_bits(bits); }
+float from_f16(std::uint16_t bits) { return ladle::half::from_bits(bits); }
+std::uint16_t to_bf16(float x) { return ladle::bfloat16(x).bits(); }
+std::uint16_t to_f16(float x) { return ladle::half(x).bits(); }
 
 // PTX ISA 9.7.15.5.1.2.2: start, LBO, SBO as (x & 0x3FFFF) >> 4 at bits 0, 16, 32; swizzle 0.
 std::uint64_t descriptor(unsigned address, unsigned leading_bytes, unsigned stride_bytes) {

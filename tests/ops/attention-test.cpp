@@ -19,8 +19,8 @@
 #include "support/backends.h"
 #include "support/tensors.h"
 
-using ladle::ElementType;
-using ladle::HostTensor;
+using ladle::DType;
+using ladle::Tensor;
 
 namespace {
 
@@ -28,22 +28,22 @@ using Shape = std::vector<std::int64_t>;
 
 struct Case {
   int B = 2, Tq = 7, Tk = 7, H = 4, H_kv = 2, D = 8, Dv = 8;
-  ElementType type = ElementType::f32;
+  DType type = DType::f32;
   std::optional<float> scale;
   Shape bias_shape;  // empty: no bias; else broadcastable to [B,H,Tq,Tk]
-  ElementType bias_type = ElementType::f32;
+  DType bias_type = DType::f32;
   std::optional<float> soft_cap;
   bool causal = false;
   std::optional<std::pair<std::int64_t, std::int64_t>> window;
   Shape mask_shape;  // empty: no mask; else broadcastable to [B,H,Tq,Tk]
-  ElementType mask_type = ElementType::u8;
+  DType mask_type = DType::u8;
   bool segments = false;
   Shape sinks_shape;  // empty: no sinks; [H,S] or [S]
   float dropout_p = 0;
   std::uint64_t seed = 0;
   std::vector<std::int64_t> cu_seqlens_q, cu_seqlens_k;  // packed: B = 1, Tq, Tk the totals
   bool packed_rank3 = false;                              // q, k, v [T,H,D] instead of [1,T,H,D]
-  ElementType index_type = ElementType::i64;              // of cu_seqlens and segment ids
+  DType index_type = DType::i64;              // of cu_seqlens and segment ids
   bool return_lse = true;
 
   std::string describe() const {
@@ -57,18 +57,18 @@ struct Case {
       return out + "]";
     };
     s << "B=" << B << " Tq=" << Tq << " Tk=" << Tk << " H=" << H << " H_kv=" << H_kv << " D=" << D << " Dv=" << Dv
-      << " dtype=" << ladle::element_type_name(type) << " scale=" << (scale ? std::to_string(*scale) : "default");
-    if (!bias_shape.empty()) s << " bias" << shape(bias_shape) << ladle::element_type_name(bias_type);
+      << " dtype=" << ladle::dtype_name(type) << " scale=" << (scale ? std::to_string(*scale) : "default");
+    if (!bias_shape.empty()) s << " bias" << shape(bias_shape) << ladle::dtype_name(bias_type);
     if (soft_cap) s << " soft_cap=" << *soft_cap;
     if (causal) s << " causal";
     if (window) s << " window=(" << window->first << "," << window->second << ")";
-    if (!mask_shape.empty()) s << " mask" << shape(mask_shape) << ladle::element_type_name(mask_type);
+    if (!mask_shape.empty()) s << " mask" << shape(mask_shape) << ladle::dtype_name(mask_type);
     if (segments) s << " segment_ids";
     if (!sinks_shape.empty()) s << " sinks" << shape(sinks_shape);
     if (dropout_p > 0) s << " dropout=" << dropout_p << " seed=" << seed;
     if (!cu_seqlens_q.empty()) s << " cu_seqlens_q=" << shape(cu_seqlens_q) << " cu_seqlens_k=" << shape(cu_seqlens_k);
     if (packed_rank3) s << " rank3";
-    s << " index=" << ladle::element_type_name(index_type) << " lse=" << return_lse;
+    s << " index=" << ladle::dtype_name(index_type) << " lse=" << return_lse;
     return s.str();
   }
 };
@@ -83,14 +83,14 @@ std::uint64_t seed_of(Case c) {
 }
 
 // An integer tensor (i32, i64 or u8) holding `values`.
-HostTensor integers(ElementType type, Shape shape, const std::vector<std::int64_t>& values) {
-  HostTensor t(type, std::move(shape));
+Tensor integers(DType type, Shape shape, const std::vector<std::int64_t>& values) {
+  Tensor t(type, std::move(shape));
   REQUIRE(t.numel() == static_cast<std::int64_t>(values.size()));
   for (std::size_t i = 0; i < values.size(); ++i) {
-    char* at = static_cast<char*>(t.data()) + i * ladle::element_size(type);
-    if (type == ElementType::i64) {
+    char* at = static_cast<char*>(t.data()) + i * ladle::dtype_size(type);
+    if (type == DType::i64) {
       std::memcpy(at, &values[i], 8);
-    } else if (type == ElementType::i32) {
+    } else if (type == DType::i32) {
       const auto v = static_cast<std::int32_t>(values[i]);
       std::memcpy(at, &v, 4);
     } else {
@@ -123,7 +123,7 @@ std::vector<T> expand(const std::vector<T>& values, const Shape& shape, const Ca
 }
 
 // lse rows the reference leaves at -inf must be -inf; the rest compare as a relative error.
-double lse_error(const HostTensor& out, const std::vector<double>& ref) {
+double lse_error(const Tensor& out, const std::vector<double>& ref) {
   if (out.numel() != static_cast<std::int64_t>(ref.size())) return std::numeric_limits<double>::infinity();
   std::vector<double> a, b;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -169,15 +169,15 @@ Qkv make_qkv(std::mt19937_64& rng, const Case& c) {
 
 struct Run {
   reference::AttentionOutput expected;
-  HostTensor o;
-  std::optional<HostTensor> lse;
+  Tensor o;
+  std::optional<Tensor> lse;
 };
 
 // o (and lse when asked) within the dtype's tolerance of the reference; rows that attend to
 // nothing exactly zero.
-void compare(const Run& run, ElementType type, ladle::Backend backend) {
+void compare(const Run& run, DType type, ladle::Backend backend) {
   // fp32 inputs meet the tensor cores on the GPU (split into bf16 halves): docs/design.md's 2e-3.
-  const double tolerance = backend == ladle::Backend::gpu && type == ElementType::f32 ? 2e-3 : test::tolerance(type);
+  const double tolerance = backend == ladle::Backend::gpu && type == DType::f32 ? 2e-3 : test::tolerance(type);
   const double o_error = test::relative_error(run.o, run.expected.o);
   INFO("o error " << o_error);
   CHECK(o_error < tolerance);
@@ -213,7 +213,7 @@ Run check_case(Case c) {
   options.threads = 2;
 
   std::optional<test::Filled> bias, sinks;
-  HostTensor mask, q_segments, kv_segments, cu_q, cu_k;
+  Tensor mask, q_segments, kv_segments, cu_q, cu_k;
   if (!c.bias_shape.empty()) {
     bias = test::normal(rng, c.bias_type, c.bias_shape);
     options.bias = bias->tensor.view();
@@ -234,10 +234,10 @@ Run check_case(Case c) {
     std::bernoulli_distribution attend(0.75);
     std::vector<std::int64_t> bits(static_cast<std::size_t>(ladle::TensorView::contiguous(nullptr, c.mask_type, c.mask_shape).numel()));
     for (auto& bit : bits) bit = attend(rng) ? 1 : 0;
-    if (c.mask_type == ElementType::u8) {
-      mask = integers(ElementType::u8, c.mask_shape, bits);
+    if (c.mask_type == DType::u8) {
+      mask = integers(DType::u8, c.mask_shape, bits);
     } else {
-      mask = HostTensor(c.mask_type, c.mask_shape);
+      mask = Tensor(c.mask_type, c.mask_shape);
       for (std::size_t i = 0; i < bits.size(); ++i) mask.set(static_cast<std::int64_t>(i), bits[i] ? 1.0f : 0.0f);
     }
     options.attention_mask = mask.view();
@@ -264,7 +264,7 @@ Run check_case(Case c) {
     ref.q_segment_ids = qs, ref.kv_segment_ids = ks;
   }
   if (!c.sinks_shape.empty()) {
-    sinks = test::normal(rng, ElementType::f32, c.sinks_shape);
+    sinks = test::normal(rng, DType::f32, c.sinks_shape);
     options.softmax_aux = sinks->tensor.view();
     ref.S = static_cast<int>(c.sinks_shape.back());
     for (int h = 0; h < c.H; ++h)
@@ -285,11 +285,11 @@ Run check_case(Case c) {
   for (const ladle::Backend backend : test::backends()) {
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
     options.backend = backend;
-    Run run{expected, HostTensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)), std::nullopt};
+    Run run{expected, Tensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)), std::nullopt};
     ladle::AttentionOutputs outputs{run.o.view(), std::nullopt};
     if (c.return_lse) {
       // [H,total_q] for packed [T,H,D] inputs, else [B,H,Tq] (B = 1 when packed)
-      run.lse = HostTensor(ElementType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq});
+      run.lse = Tensor(DType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq});
       outputs.lse = run.lse->view();
     }
     ladle::attention_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, outputs);
@@ -341,7 +341,7 @@ const Mask all_masks[] = {Mask::none, Mask::causal, Mask::window_both, Mask::win
                           Mask::window_right_unbounded, Mask::causal_window, Mask::mask_broadcast,
                           Mask::mask_full, Mask::segments};
 const Modifier all_modifiers[] = {Modifier::plain, Modifier::bias, Modifier::soft_cap, Modifier::bias_soft_cap};
-const ElementType all_types[] = {ElementType::f32, ElementType::f16, ElementType::bf16};
+const DType all_types[] = {DType::f32, DType::f16, DType::bf16};
 
 }  // namespace
 
@@ -370,7 +370,7 @@ TEST_CASE("attention matches the fp64 reference for every mask and score modifie
 }
 
 TEST_CASE("attention matches the reference in f16 and bf16 with every mask", "[ops][attention]") {
-  for (ElementType type : {ElementType::f16, ElementType::bf16})
+  for (DType type : {DType::f16, DType::bf16})
     for (Mask mask : all_masks) {
       Case c;
       c.type = c.bias_type = type;
@@ -385,7 +385,7 @@ TEST_CASE("a soft cap of 30 with logits at the cap: the kernels' fast tanh stays
   // scale 3 makes the scores ~N(0, 34^2): most logits saturate near +-30, where tanh.approx's
   // relative error (2^-11) is largest in logit units (about 0.015). Over several key tiles,
   // causal, GQA, D = Dv = 128 (on sm_90a the ws tile).
-  for (ElementType type : {ElementType::f16, ElementType::bf16}) {
+  for (DType type : {DType::f16, DType::bf16}) {
     Case c;
     c.type = type;
     c.B = 1, c.Tq = c.Tk = 300, c.H = 4, c.H_kv = 2, c.D = c.Dv = 128;
@@ -403,12 +403,12 @@ TEST_CASE("masks and biases broadcast over B and H, with leading axes left out; 
     Case c = base;
     c.mask_shape = shape;
     check_case(c);
-    c.mask_type = ElementType::f32;
+    c.mask_type = DType::f32;
     check_case(c);
     c = base;
     c.bias_shape = shape;
     check_case(c);
-    c.bias_type = ElementType::bf16;
+    c.bias_type = DType::bf16;
     check_case(c);
   }
 }
@@ -431,7 +431,7 @@ TEST_CASE("masks and biases broadcast over Tq and Tk too: a [B,1,1,Tk] key paddi
 TEST_CASE("sinks [H,S] and [S] add to the denominator only, with and without masks", "[ops][attention]") {
   for (Shape sinks : {Shape{4, 3}, Shape{2}, Shape{4, 1}})
     for (Mask mask : {Mask::none, Mask::causal, Mask::causal_window, Mask::mask_full})
-      for (ElementType type : all_types) {
+      for (DType type : all_types) {
         Case c;
         c.Tq = 9, c.Tk = 6;  // causal leaves rows with only the sinks
         c.type = type;
@@ -458,7 +458,7 @@ TEST_CASE("GQA 4:2 and 4:1, D != Dv, and an explicit scale", "[ops][attention]")
 TEST_CASE("head dims past 192 run with the tile the library picks: D = Dv = 256, D != Dv", "[ops][attention]") {
   // On the GPU the default tile (mma.sync, q in registers) does not fit these: the heuristic
   // falls back to one that does (wgmma on sm_90a), with no tile named.
-  for (ElementType type : {ElementType::bf16, ElementType::f16})
+  for (DType type : {DType::bf16, DType::f16})
     for (auto [D, Dv] : {std::pair{256, 256}, std::pair{200, 256}, std::pair{256, 40}}) {
       Case c;
       c.type = c.bias_type = type;
@@ -474,12 +474,12 @@ TEST_CASE("packed sequences attend within themselves, including empty and one-to
   // empty key side (rows with no key), a single token, and Tq_n > Tk_n and Tq_n < Tk_n.
   const std::vector<std::int64_t> cu_q{0, 2, 2, 3, 7, 10, 11}, cu_k{0, 4, 5, 6, 6, 11, 14};
   for (Mask mask : {Mask::none, Mask::causal, Mask::window_both, Mask::causal_window})
-    for (ElementType type : all_types)
-      for (ElementType index : {ElementType::i32, ElementType::i64}) {
+    for (DType type : all_types)
+      for (DType index : {DType::i32, DType::i64}) {
         Case c;
         c.cu_seqlens_q = cu_q, c.cu_seqlens_k = cu_k;
         c.type = type, c.index_type = index;
-        c.packed_rank3 = index == ElementType::i32;
+        c.packed_rank3 = index == DType::i32;
         apply(c, mask);
         check_case(c);
         c.sinks_shape = {c.H, 2};
@@ -494,7 +494,7 @@ TEST_CASE("packed sequences attend within themselves, including empty and one-to
 
 TEST_CASE("dropout with a seed is deterministic and matches the reference", "[ops][attention]") {
   for (Mask mask : {Mask::none, Mask::causal, Mask::window_both})
-    for (ElementType type : all_types) {
+    for (DType type : all_types) {
       Case c;
       c.Tq = 8, c.Tk = 12;
       c.type = type;
@@ -503,7 +503,7 @@ TEST_CASE("dropout with a seed is deterministic and matches the reference", "[op
       apply(c, mask);
       const Run first = check_case(c);
       const Run second = check_case(c);
-      REQUIRE(std::memcmp(first.o.data(), second.o.data(), first.o.numel() * ladle::element_size(type)) == 0);
+      REQUIRE(std::memcmp(first.o.data(), second.o.data(), first.o.numel() * ladle::dtype_size(type)) == 0);
       // The same inputs under another dropout seed drop other elements.
       Case other = c;
       other.seed = 0x5eee;
@@ -532,20 +532,20 @@ TEST_CASE("lse is optional and o does not depend on asking for it", "[ops][atten
 
   // attention() allocates the outputs; lse only when asked.
   std::mt19937_64 rng(3);
-  test::Filled q = test::normal(rng, ElementType::f32, {1, 3, 2, 4});
-  test::Filled k = test::normal(rng, ElementType::f32, {1, 5, 2, 4});
-  test::Filled v = test::normal(rng, ElementType::f32, {1, 5, 2, 6});
+  test::Filled q = test::normal(rng, DType::f32, {1, 3, 2, 4});
+  test::Filled k = test::normal(rng, DType::f32, {1, 5, 2, 4});
+  test::Filled v = test::normal(rng, DType::f32, {1, 5, 2, 6});
   ladle::AttentionOptions options;
   options.backend = ladle::Backend::cpu;
   ladle::AttentionResult result = ladle::attention(q.tensor.view(), k.tensor.view(), v.tensor.view(), options);
   CHECK(result.o.shape() == Shape{1, 3, 2, 6});
-  CHECK(result.o.type() == ElementType::f32);
+  CHECK(result.o.type() == DType::f32);
   CHECK_FALSE(result.lse.has_value());
   options.return_lse = true;
   result = ladle::attention(q.tensor.view(), k.tensor.view(), v.tensor.view(), options);
   REQUIRE(result.lse.has_value());
   CHECK(result.lse->shape() == Shape{1, 2, 3});
-  CHECK(result.lse->type() == ElementType::f32);
+  CHECK(result.lse->type() == DType::f32);
 }
 
 // ---- run_attention: variants a user writes with dsl::softmax --------------------------------
@@ -561,10 +561,10 @@ Run check_variant(const ladle::ir::AttentionVariant& variant, const Case& c, con
   INFO(c.describe() << "\n" << ladle::ir::to_string(variant));
   options.threads = 2;
   options.return_lse = true;
-  HostTensor cu_q, cu_k;
+  Tensor cu_q, cu_k;
   if (!c.cu_seqlens_q.empty()) {
-    cu_q = integers(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens_q.size())}, c.cu_seqlens_q);
-    cu_k = integers(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens_k.size())}, c.cu_seqlens_k);
+    cu_q = integers(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens_q.size())}, c.cu_seqlens_q);
+    cu_k = integers(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens_k.size())}, c.cu_seqlens_k);
     options.cu_seqlens_q = cu_q.view(), options.cu_seqlens_k = cu_k.view();
   }
   const reference::AttentionOutput expected = reference::attention(qkv.ref);
@@ -572,8 +572,8 @@ Run check_variant(const ladle::ir::AttentionVariant& variant, const Case& c, con
   for (const ladle::Backend backend : test::backends()) {
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
     options.backend = backend;
-    Run run{expected, HostTensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)),
-            HostTensor(ElementType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq})};
+    Run run{expected, Tensor(c.type, token_shape(c, c.Tq, c.H, c.Dv)),
+            Tensor(DType::f32, c.packed_rank3 ? Shape{c.H, c.Tq} : Shape{c.B, c.H, c.Tq})};
     ladle::run_attention_into(variant, qkv.q.tensor.view(), qkv.k.tensor.view(), qkv.v.tensor.view(), inputs, options,
                               {run.o.view(), run.lse->view()});
     compare(run, c.type, backend);
@@ -636,25 +636,25 @@ TEST_CASE("run_attention matches the reference for a user predicate with every m
           qkv.ref.causal = c.causal;
           std::optional<test::Filled> bias, sinks;
           if (!c.bias_shape.empty()) {
-            bias = test::normal(rng, ElementType::f32, {1, c.H, c.Tq, c.Tk});  // broadcast over B
+            bias = test::normal(rng, DType::f32, {1, c.H, c.Tq, c.Tk});  // broadcast over B
             inputs.tensors.emplace("bias", bias->tensor.view());
             qkv.ref.bias = expand(bias->values, {1, c.H, c.Tq, c.Tk}, c);
           }
           if (c.soft_cap) qkv.ref.soft_cap = *c.soft_cap;
-          HostTensor q_segments, kv_segments;
+          Tensor q_segments, kv_segments;
           if (c.segments) {
             std::vector<std::int64_t> qs, ks;
             for (int b = 0; b < c.B; ++b) {
               for (int i = 0; i < c.Tq; ++i) qs.push_back(3 * i / c.Tq);  // three segments per row
               for (int j = 0; j < c.Tk; ++j) ks.push_back(3 * j / c.Tk);
             }
-            q_segments = integers(ElementType::i32, {c.B, c.Tq}, qs);
-            kv_segments = integers(ElementType::i32, {c.B, c.Tk}, ks);
+            q_segments = integers(DType::i32, {c.B, c.Tq}, qs);
+            kv_segments = integers(DType::i32, {c.B, c.Tk}, ks);
             options.q_segment_ids = q_segments.view(), options.kv_segment_ids = kv_segments.view();
             qkv.ref.q_segment_ids = qs, qkv.ref.kv_segment_ids = ks;
           }
           if (!c.sinks_shape.empty()) {
-            sinks = test::normal(rng, ElementType::f32, c.sinks_shape);
+            sinks = test::normal(rng, DType::f32, c.sinks_shape);
             options.softmax_aux = sinks->tensor.view();
             qkv.ref.S = 2, qkv.ref.sinks = sinks->values;
           }
@@ -669,14 +669,14 @@ TEST_CASE("run_attention runs ALiBi: a per-head slope times the query-key distan
           .causal(),
       "alibi");
   for (bool per_batch : {false, true})
-    for (ElementType type : all_types) {
+    for (DType type : all_types) {
       Case c;
       c.Tq = 6, c.Tk = 10;
       c.type = type;
       std::mt19937_64 rng(seed_of(c) + per_batch);
       Qkv qkv = make_qkv(rng, c);
       std::uniform_real_distribution<double> slope(0.05, 0.5);
-      test::Filled slopes = test::filled(ElementType::f32, per_batch ? Shape{c.B, c.H} : Shape{c.H}, [&] { return slope(rng); });
+      test::Filled slopes = test::filled(DType::f32, per_batch ? Shape{c.B, c.H} : Shape{c.H}, [&] { return slope(rng); });
       qkv.ref.scale = 0.35;
       qkv.ref.causal = true;
       qkv.ref.score_mod = [&](double s, int b, int h, int i, int j) {
@@ -693,14 +693,14 @@ TEST_CASE("run_attention follows logits that climb along the keys: the running m
   const auto alibi = dsl::lower(
       dsl::softmax(dsl::score * dsl::scalar("scale") - dsl::head_param("slope") * (dsl::query_index - dsl::key_index)),
       "climbing");
-  for (ElementType type : all_types) {
+  for (DType type : all_types) {
     Case c;
     c.Tq = 200, c.Tk = 300, c.H = 4;
     c.type = type;
     std::mt19937_64 rng(seed_of(c) + 17);
     Qkv qkv = make_qkv(rng, c);
     std::uniform_real_distribution<double> slope(0.005, 0.3);
-    test::Filled slopes = test::filled(ElementType::f32, Shape{c.H}, [&] { return slope(rng); });
+    test::Filled slopes = test::filled(DType::f32, Shape{c.H}, [&] { return slope(rng); });
     qkv.ref.scale = 0.35;
     qkv.ref.score_mod = [&](double s, int, int h, int i, int j) { return s - slopes.values[h] * (i - j); };
     check_variant(alibi, c, qkv, {{{"slope", slopes.tensor.view()}}, {{"scale", 0.35f}}});
@@ -722,8 +722,8 @@ TEST_CASE("run_attention counts i, j and b per packed sequence", "[ops][attentio
     std::mt19937_64 rng(seed_of(c));
     resolve(c);
     Qkv qkv = make_qkv(rng, c);
-    test::Filled slopes = test::normal(rng, ElementType::f32, {c.H}, 0.2);
-    test::Filled sinks = test::normal(rng, ElementType::f32, {1});
+    test::Filled slopes = test::normal(rng, DType::f32, {c.H}, 0.2);
+    test::Filled sinks = test::normal(rng, DType::f32, {1});
     qkv.ref.scale = 0.35;
     qkv.ref.score_mod = [&](double s, int, int h, int i, int j) { return s - slopes.values[h] * (i - j); };
     qkv.ref.keep = user_predicate;

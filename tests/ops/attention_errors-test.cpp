@@ -15,8 +15,8 @@
 #include <limits>
 
 using Catch::Contains;
-using ladle::ElementType;
-using ladle::HostTensor;
+using ladle::DType;
+using ladle::Tensor;
 using ladle::TensorView;
 
 namespace {
@@ -24,17 +24,17 @@ namespace {
 // Owns the tensors a test makes; views stay valid for the test's lifetime.
 class Tensors {
  public:
-  TensorView make(std::vector<std::int64_t> shape, ElementType type = ElementType::f32) {
-    HostTensor& t = store_.emplace_back(type, std::move(shape), 0.5f);
-    if (type == ElementType::u8) std::memset(t.data(), 1, static_cast<std::size_t>(t.numel()));
+  TensorView make(std::vector<std::int64_t> shape, DType type = DType::f32) {
+    Tensor& t = store_.emplace_back(type, std::move(shape), 0.5f);
+    if (type == DType::u8) std::memset(t.data(), 1, static_cast<std::size_t>(t.numel()));
     return t.view();
   }
   TensorView integers(std::vector<std::int64_t> values, std::vector<std::int64_t> shape = {},
-                      ElementType type = ElementType::i64) {
+                      DType type = DType::i64) {
     if (shape.empty()) shape = {static_cast<std::int64_t>(values.size())};
-    HostTensor& t = store_.emplace_back(type, std::move(shape), 0.0f);
+    Tensor& t = store_.emplace_back(type, std::move(shape), 0.0f);
     for (std::size_t i = 0; i < values.size(); ++i) {
-      if (type == ElementType::i32) {
+      if (type == DType::i32) {
         const auto v = static_cast<std::int32_t>(values[i]);
         std::memcpy(static_cast<char*>(t.data()) + 4 * i, &v, 4);
       } else {
@@ -45,7 +45,7 @@ class Tensors {
   }
 
  private:
-  std::deque<HostTensor> store_;
+  std::deque<Tensor> store_;
 };
 
 // The message names `word` as a whole word: "k" in "k has shape", not in "mask" or "keys".
@@ -110,7 +110,7 @@ TEST_CASE("attention: q, k and v must agree on batch, head dim, tokens and heads
   CHECK_INVALID(ladle::attention(t.make({6, 4, 8}), t.make({6, 2, 8}), t.make({6, 2, 5}), o), Names("q"));
   CHECK_INVALID(ladle::attention(t.make({2, 6, 4, 8, 1}), p.k, p.v, o), Names("q"));
   // integer inputs
-  CHECK_INVALID(ladle::attention(t.make({2, 6, 4, 8}, ElementType::i32), p.k, p.v, o), Names("q"));
+  CHECK_INVALID(ladle::attention(t.make({2, 6, 4, 8}, DType::i32), p.k, p.v, o), Names("q"));
   // Tq != Tk is fine
   REQUIRE_NOTHROW(ladle::attention(t.make({2, 3, 4, 8}), p.k, p.v, o));
 }
@@ -125,13 +125,13 @@ TEST_CASE("attention: bias and attention_mask must broadcast to [B,H,Tq,Tk]", "[
     o.bias = p.t.make(shape);
     CHECK_INVALID(p.run(o), Contains("bias"));
     o = p.options();
-    o.attention_mask = p.t.make(shape, ElementType::u8);
+    o.attention_mask = p.t.make(shape, DType::u8);
     CHECK_INVALID(p.run(o), Contains("attention_mask"));
   }
   o = p.options();
   // (Broadcasts over Tq and Tk are attention-test's "masks and biases broadcast" case.)
   o.bias = p.t.make({1, 4, 6, 6});
-  o.attention_mask = p.t.make({2, 1, 6, 6}, ElementType::u8);
+  o.attention_mask = p.t.make({2, 1, 6, 6}, DType::u8);
   REQUIRE_NOTHROW(p.run(o));
 }
 
@@ -155,7 +155,7 @@ TEST_CASE("attention: softmax_aux must be [H,S] or [S]", "[ops][attention][error
     o.softmax_aux = p.t.make(shape);
     CHECK_INVALID(p.run(o), Contains("softmax_aux"));
   }
-  o.softmax_aux = p.t.make({4, 2}, ElementType::i32);
+  o.softmax_aux = p.t.make({4, 2}, DType::i32);
   CHECK_INVALID(p.run(o), Contains("softmax_aux"));
   for (auto shape : {std::vector<std::int64_t>{4, 2}, {3}, {4, 1}}) {
     o.softmax_aux = p.t.make(shape);
@@ -229,7 +229,7 @@ TEST_CASE("attention: segment ids come in pairs of [B,Tq] and [B,Tk] integers", 
   const auto q = t.make({2, 4, 4, 8}), k = t.make({2, 6, 2, 8}), v = t.make({2, 6, 2, 5});
   ladle::AttentionOptions o;
   o.backend = ladle::Backend::cpu;
-  const auto ids = [&](std::int64_t B, std::int64_t T, ElementType type = ElementType::i32) {
+  const auto ids = [&](std::int64_t B, std::int64_t T, DType type = DType::i32) {
     return t.integers(std::vector<std::int64_t>(std::size_t(B * T), 0), {B, T}, type);
   };
   o.q_segment_ids = ids(2, 4), o.kv_segment_ids = ids(2, 6);
@@ -257,7 +257,7 @@ TEST_CASE("attention_into: the caller's o and lse must have the result's shape",
   Tensors& t = p.t;
   REQUIRE_NOTHROW(ladle::attention_into(p.q, p.k, p.v, o, {t.make({2, 6, 4, 5}), std::nullopt}));
   CHECK_INVALID(ladle::attention_into(p.q, p.k, p.v, o, {t.make({2, 6, 4, 8}), std::nullopt}), Names("o"));
-  CHECK_INVALID(ladle::attention_into(p.q, p.k, p.v, o, {t.make({2, 6, 4, 5}, ElementType::f16), std::nullopt}),
+  CHECK_INVALID(ladle::attention_into(p.q, p.k, p.v, o, {t.make({2, 6, 4, 5}, DType::f16), std::nullopt}),
                 Names("o"));
   o.return_lse = true;
   CHECK_INVALID(ladle::attention_into(p.q, p.k, p.v, o, {t.make({2, 6, 4, 5}), std::nullopt}), Names("lse"));

@@ -23,8 +23,8 @@
 #include "reference/recurrent_reference.h"
 #include "support/tensors.h"
 
-using ladle::ElementType;
-using ladle::HostTensor;
+using ladle::DType;
+using ladle::Tensor;
 namespace ir = ladle::ir;
 
 namespace {
@@ -98,14 +98,14 @@ struct GradCase {
   bool normalize = false;  // read(...).normalized(1e-6) with g: o_t / ((scale q)^T n_t + eps), q and k positive
   bool token_scale = false;  // with g: the read scale sigmoid(s) of a per-token, per-head input s
   bool reverse = false, initial_state = false;
-  ElementType type = ElementType::f32;  // of q, k, v and the gates (the values as stored are the reference's)
+  DType type = DType::f32;  // of q, k, v and the gates (the values as stored are the reference's)
   int B = 2, T = 11, H = 2, H_kv = 2, K = 4, V = 3;
   std::vector<std::int64_t> cu_seqlens;
   std::string describe() const {
     return "g=" + std::to_string(g) + " gk=" + std::to_string(gk) + " gv=" + std::to_string(gv) + " g_gamma=" + std::to_string(g_gamma) +
            " user=" + std::to_string(user) + " normalize=" + std::to_string(normalize) + " token_scale=" + std::to_string(token_scale) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
            " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) +
-           " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size()) + " " + ladle::element_type_name(type);
+           " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size()) + " " + ladle::dtype_name(type);
   }
 };
 
@@ -213,14 +213,14 @@ void check_gradients(const GradCase& c) {
   ladle::RunOptions options;
   options.backend = ladle::Backend::cpu;
   options.reverse = c.reverse;
-  HostTensor offsets;
+  Tensor offsets;
   if (!c.cu_seqlens.empty()) {
-    offsets = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    offsets = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
     for (std::size_t i = 0; i < c.cu_seqlens.size(); ++i) static_cast<std::int64_t*>(offsets.data())[i] = c.cu_seqlens[i];
     options.cu_seqlens = offsets.view();
   }
   if (c.initial_state) options.initial_state = find("h0")->filled.tensor.view();
-  HostTensor d_o(ElementType::f32, {B, c.T, c.H, c.V}), d_s(ElementType::f32, {N, c.H, c.K, c.V});
+  Tensor d_o(DType::f32, {B, c.T, c.H, c.V}), d_s(DType::f32, {N, c.H, c.K, c.V});
   for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
   for (std::size_t e = 0; e < w_s.size(); ++e) d_s.set(static_cast<std::int64_t>(e), float(w_s[e]));
   options.return_state = true;
@@ -255,7 +255,7 @@ void check_gradients(const GradCase& c) {
       largest = std::max(largest, std::abs(numeric[e]));
     }
     for (const auto& [how, grads] : results) {
-      const HostTensor& got = p.name == "q"    ? grads.dq
+      const Tensor& got = p.name == "q"    ? grads.dq
                               : p.name == "k"  ? grads.dk
                               : p.name == "v"  ? grads.dv
                               : p.name == "h0" ? *grads.d_initial_state
@@ -320,7 +320,7 @@ TEST_CASE("the recurrent backward handles packed sequences with an empty one, GQ
   check_gradients(c);
   GradCase gqa;
   gqa.gk = gqa.g_gamma = true;
-  gqa.type = ElementType::bf16;  // bf16 inputs: the gradients of the values they hold
+  gqa.type = DType::bf16;  // bf16 inputs: the gradients of the values they hold
   gqa.H = 4, gqa.H_kv = 2, gqa.K = 5, gqa.V = 2;
   gqa.reverse = true;
   check_gradients(gqa);
@@ -354,18 +354,18 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
     const std::vector<std::int64_t> cu{0, 100, 100, 300};
     const std::int64_t N = c.packed ? 3 : B;
     std::vector<test::Filled> keep;
-    const auto add = [&](test::Filled f) -> const HostTensor& {
+    const auto add = [&](test::Filled f) -> const Tensor& {
       keep.push_back(std::move(f));
       return keep.back().tensor;
     };
     keep.reserve(16);
     // A normalised read: positive q and k keep the normaliser (scale q)^T n away from 0.
     std::uniform_real_distribution<double> positive(0.2, 1.0);
-    const HostTensor& q = variant.normalize ? add(test::filled(ElementType::bf16, {B, T, H, K}, [&] { return positive(rng); }))
-                                            : add(test::normal(rng, ElementType::bf16, {B, T, H, K}));
-    const HostTensor& k = variant.normalize ? add(test::filled(ElementType::bf16, {B, T, H_kv, K}, [&] { return positive(rng); }))
-                                            : add(test::normal(rng, ElementType::bf16, {B, T, H_kv, K}, 0.25));
-    const HostTensor& v = add(test::normal(rng, ElementType::bf16, {B, T, H_kv, V}));
+    const Tensor& q = variant.normalize ? add(test::filled(DType::bf16, {B, T, H, K}, [&] { return positive(rng); }))
+                                            : add(test::normal(rng, DType::bf16, {B, T, H, K}));
+    const Tensor& k = variant.normalize ? add(test::filled(DType::bf16, {B, T, H_kv, K}, [&] { return positive(rng); }))
+                                            : add(test::normal(rng, DType::bf16, {B, T, H_kv, K}, 0.25));
+    const Tensor& v = add(test::normal(rng, DType::bf16, {B, T, H_kv, V}));
     ladle::VariantInputs inputs;
     if (variant.find_input("scale") >= 0) inputs.scalars.emplace("scale", 0.125f);
     for (const ir::Input& in : variant.inputs) {
@@ -373,22 +373,22 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       std::vector<std::int64_t> shape = in.kind == ir::InputKind::head ? std::vector<std::int64_t>{H}
                                         : in.kind == ir::InputKind::token_head ? std::vector<std::int64_t>{B, T, H}
                                         : std::vector<std::int64_t>{B, T, H, in.kind == ir::InputKind::token_value ? V : K};
-      const HostTensor& t = in.name == "tau"                 ? add(test::filled(ElementType::f32, shape, [&] { return 8.0 + rng() % 8; }))
-                            : in.kind == ir::InputKind::head ? add(test::log_gate(rng, ElementType::f32, shape))
-                            : in.name == "x" || in.name == "s" ? add(test::normal(rng, ElementType::bf16, shape))
-                                                               : add(test::log_gate(rng, ElementType::f32, shape));
+      const Tensor& t = in.name == "tau"                 ? add(test::filled(DType::f32, shape, [&] { return 8.0 + rng() % 8; }))
+                            : in.kind == ir::InputKind::head ? add(test::log_gate(rng, DType::f32, shape))
+                            : in.name == "x" || in.name == "s" ? add(test::normal(rng, DType::bf16, shape))
+                                                               : add(test::log_gate(rng, DType::f32, shape));
       inputs.tensors.emplace(in.name, t.view());
     }
     ladle::RunOptions options;
     options.backend = ladle::Backend::cpu;
     options.reverse = c.reverse;
-    HostTensor offsets(ElementType::i64, {4});
+    Tensor offsets(DType::i64, {4});
     std::copy(cu.begin(), cu.end(), static_cast<std::int64_t*>(offsets.data()));
     if (c.packed) options.cu_seqlens = offsets.view();
-    if (c.initial_state) options.initial_state = add(test::normal(rng, ElementType::f32, {N, H, K, V})).view();
+    if (c.initial_state) options.initial_state = add(test::normal(rng, DType::f32, {N, H, K, V})).view();
     options.return_state = true;
-    const HostTensor& d_o = add(test::normal(rng, ElementType::bf16, {B, T, H, V}));
-    const HostTensor& d_s = add(test::normal(rng, ElementType::f32, {N, H, K, V}, 0.1));
+    const Tensor& d_o = add(test::normal(rng, DType::bf16, {B, T, H, V}));
+    const Tensor& d_s = add(test::normal(rng, DType::f32, {N, H, K, V}, 0.1));
     // algorithm recurrent: the GPU backward keeps its slots in fp32 (the fused-recurrent kernels), so it
     // must match the CPU backward to fp32 rounding; automatic: 16-bit slots on the chunked kernels.
     for (const ladle::Algorithm algorithm : {ladle::Algorithm::automatic, ladle::Algorithm::recurrent}) {
@@ -409,7 +409,7 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       // input's gradient gets 5e-2; a per-head parameter's is the sum over every token and feature of
       // running sums, position-weighted, and measured 6-20 % on the H100 across seeds: 3e-1. Its logic is
       // held to 1e-3 by the fp32 slots below, and to finite differences by check_gradients.
-      const auto compare = [&](const std::string& name, const HostTensor& got, const HostTensor& want, double rounded) {
+      const auto compare = [&](const std::string& name, const Tensor& got, const Tensor& want, double rounded) {
         const double error = test::relative_error(got, test::values_of(want));
         INFO("d" << name << ": relative error " << error);
         CHECK(got.shape() == want.shape());
@@ -429,10 +429,10 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
 // (the views are host memory that nothing reads).
 TEST_CASE("the GPU backward refuses missing or malformed gradient tensors by name", "[backward][recurrent]") {
   const ir::Variant& variant = ladle::gla_variant(false);
-  HostTensor q(ElementType::bf16, {1, 8, 2, 4}, 0.5f), k(ElementType::bf16, {1, 8, 2, 4}, 0.5f), v(ElementType::bf16, {1, 8, 2, 3}, 0.5f),
-      g(ElementType::bf16, {1, 8, 2, 4}, -0.1f), d_o(ElementType::bf16, {1, 8, 2, 3}, 1.0f);
-  HostTensor dq(ElementType::f32, {1, 8, 2, 4}), dk(ElementType::f32, {1, 8, 2, 4}), dv(ElementType::f32, {1, 8, 2, 3}),
-      dg(ElementType::f32, {1, 8, 2, 4}), half(ElementType::bf16, {1, 8, 2, 4}), short_g(ElementType::f32, {1, 8, 2, 3});
+  Tensor q(DType::bf16, {1, 8, 2, 4}, 0.5f), k(DType::bf16, {1, 8, 2, 4}, 0.5f), v(DType::bf16, {1, 8, 2, 3}, 0.5f),
+      g(DType::bf16, {1, 8, 2, 4}, -0.1f), d_o(DType::bf16, {1, 8, 2, 3}, 1.0f);
+  Tensor dq(DType::f32, {1, 8, 2, 4}), dk(DType::f32, {1, 8, 2, 4}), dv(DType::f32, {1, 8, 2, 3}),
+      dg(DType::f32, {1, 8, 2, 4}), half(DType::bf16, {1, 8, 2, 4}), short_g(DType::f32, {1, 8, 2, 3});
   const ladle::VariantInputs inputs{{{"g", g.view()}}, {{"scale", 0.5f}}};
   const auto run = [&](const ladle::gpu::RecurrentGradientViews& grads, const ladle::RunOptions& options = {}) {
     ladle::gpu::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, options, d_o.view(), std::nullopt, grads);
@@ -443,7 +443,7 @@ TEST_CASE("the GPU backward refuses missing or malformed gradient tensors by nam
   CHECK_THROWS_WITH(run(grads), Catch::Contains("gradients.g has dtype bf16") && Catch::Contains("f32"));
   grads.inputs["g"] = short_g.view();
   CHECK_THROWS_WITH(run(grads), Catch::Contains("gradients.g has shape [1,8,2,3]") && Catch::Contains("[1,8,2,4]"));
-  HostTensor wide(ElementType::f32, {1, 8, 2, 8});
+  Tensor wide(DType::f32, {1, 8, 2, 8});
   ladle::TensorView strided = wide.view();
   strided.shape = {1, 8, 2, 4}, strided.strides = {128, 16, 8, 1};  // the first half of each row
   grads.inputs["g"] = dg.view();
@@ -451,28 +451,28 @@ TEST_CASE("the GPU backward refuses missing or malformed gradient tensors by nam
   CHECK_THROWS_WITH(run(grads), Catch::Contains("gradients.dq must be contiguous"));
   grads.dq = dq.view();
   ladle::RunOptions with_h0;
-  HostTensor h0(ElementType::f32, {1, 2, 4, 3}, 0.0f);
+  Tensor h0(DType::f32, {1, 2, 4, 3}, 0.0f);
   with_h0.initial_state = h0.view();
   CHECK_THROWS_WITH(run(grads, with_h0), Catch::Contains("gradients.d_initial_state is not"));
-  HostTensor wrong_do(ElementType::bf16, {1, 8, 2, 4});
+  Tensor wrong_do(DType::bf16, {1, 8, 2, 4});
   CHECK_THROWS_WITH(ladle::gpu::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, {}, wrong_do.view(), std::nullopt, grads),
                     Catch::Contains("d_output has shape [1,8,2,4]"));
 }
 
 TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurrent]") {
   const ir::Variant& variant = ladle::recurrent_variant(false, false, false, false);
-  HostTensor q(ElementType::f32, {1, 4, 2, 3}, 0.5f), k(ElementType::f32, {1, 4, 2, 3}, 0.5f), v(ElementType::f32, {1, 4, 2, 2}, 0.5f);
+  Tensor q(DType::f32, {1, 4, 2, 3}, 0.5f), k(DType::f32, {1, 4, 2, 3}, 0.5f), v(DType::f32, {1, 4, 2, 2}, 0.5f);
   ladle::VariantInputs inputs;
   inputs.scalars.emplace("scale", 1.0f);
   ladle::RunOptions options;
   options.backend = ladle::Backend::cpu;
   const ladle::RecurrentForward forward = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
-  HostTensor wrong(ElementType::f32, {1, 4, 2, 3}, 1.0f);
+  Tensor wrong(DType::f32, {1, 4, 2, 3}, 1.0f);
   CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, wrong.view()),
                     Catch::Contains("d_output has shape [1,4,2,3]") && Catch::Contains("[1,4,2,2]"));
-  HostTensor ints(ElementType::i32, {1, 4, 2, 2});
+  Tensor ints(DType::i32, {1, 4, 2, 2});
   CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, ints.view()), Catch::Contains("d_output"));
-  HostTensor good(ElementType::f32, {1, 4, 2, 2}, 1.0f), state(ElementType::f32, {1, 2, 3, 3}, 1.0f);
+  Tensor good(DType::f32, {1, 4, 2, 2}, 1.0f), state(DType::f32, {1, 2, 3, 3}, 1.0f);
   CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, good.view(), state.view()), Catch::Contains("d_final_state"));
   CHECK_NOTHROW(ladle::run_variant_backward(forward.saved, good.view()));
   // The forward's tensors overwritten since (or a saved value of another call): refused.
@@ -514,22 +514,22 @@ void check_attention_gradients(const AttnCase& c) {
   std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.name)));
   const double scale = 0.6;
   std::vector<Param> params;
-  params.push_back({"q", test::normal(rng, ElementType::f32, {c.B, c.Tq, c.H, c.D})});
-  params.push_back({"k", test::normal(rng, ElementType::f32, {c.B, c.Tk, c.H_kv, c.D})});
-  params.push_back({"v", test::normal(rng, ElementType::f32, {c.B, c.Tk, c.H_kv, c.Dv})});
+  params.push_back({"q", test::normal(rng, DType::f32, {c.B, c.Tq, c.H, c.D})});
+  params.push_back({"k", test::normal(rng, DType::f32, {c.B, c.Tk, c.H_kv, c.D})});
+  params.push_back({"v", test::normal(rng, DType::f32, {c.B, c.Tk, c.H_kv, c.Dv})});
   if (c.bias)
-    params.push_back({"bias", test::normal(rng, ElementType::f32,
+    params.push_back({"bias", test::normal(rng, DType::f32,
                                            c.bias_2d ? std::vector<std::int64_t>{c.Tq, c.Tk} : std::vector<std::int64_t>{c.B, c.H, c.Tq, c.Tk})});
-  if (c.sinks) params.push_back({"sinks", test::normal(rng, ElementType::f32, {c.H, 2})});
+  if (c.sinks) params.push_back({"sinks", test::normal(rng, DType::f32, {c.H, 2})});
   std::uniform_real_distribution<double> slope(0.05, 0.4);
-  if (c.alibi) params.push_back({"slope", test::filled(ElementType::f32, {c.H}, [&] { return slope(rng); })});
+  if (c.alibi) params.push_back({"slope", test::filled(DType::f32, {c.H}, [&] { return slope(rng); })});
   const auto find = [&](const std::string& name) -> Param& {
     for (Param& p : params)
       if (p.name == name) return p;
     throw std::logic_error(name);
   };
   // Fixed structure: a u8 mask keeping ~70 % (and the diagonal), segment ids in two runs.
-  HostTensor mask(ElementType::u8, {c.B, c.H, c.Tq, c.Tk});
+  Tensor mask(DType::u8, {c.B, c.H, c.Tq, c.Tk});
   std::vector<bool> keep(static_cast<std::size_t>(mask.numel()));
   std::bernoulli_distribution coin(0.7);
   for (std::int64_t e = 0; e < mask.numel(); ++e) {
@@ -537,7 +537,7 @@ void check_attention_gradients(const AttnCase& c) {
     keep[static_cast<std::size_t>(e)] = kept;
     static_cast<std::uint8_t*>(mask.data())[e] = kept ? 1 : 0;
   }
-  HostTensor q_seg(ElementType::i32, {c.B, c.Tq}), k_seg(ElementType::i32, {c.B, c.Tk});
+  Tensor q_seg(DType::i32, {c.B, c.Tq}), k_seg(DType::i32, {c.B, c.Tk});
   std::vector<std::int64_t> qs, ks;
   for (std::int64_t e = 0; e < q_seg.numel(); ++e) qs.push_back(e % c.Tq < 3 ? 0 : 1), static_cast<std::int32_t*>(q_seg.data())[e] = int(qs.back());
   for (std::int64_t e = 0; e < k_seg.numel(); ++e) ks.push_back(e % c.Tk < 4 ? 0 : 1), static_cast<std::int32_t*>(k_seg.data())[e] = int(ks.back());
@@ -573,7 +573,7 @@ void check_attention_gradients(const AttnCase& c) {
     return l;
   };
 
-  HostTensor cu_q, cu_k;
+  Tensor cu_q, cu_k;
   ladle::AttentionForward forward;
   if (c.alibi) {
     namespace dsl = ladle::dsl;
@@ -597,8 +597,8 @@ void check_attention_gradients(const AttnCase& c) {
     if (c.sinks) options.softmax_aux = find("sinks").filled.tensor.view();
     options.dropout_p = c.dropout, options.seed = 99;
     if (!c.cu_q.empty()) {
-      cu_q = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_q.size())});
-      cu_k = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_k.size())});
+      cu_q = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_q.size())});
+      cu_k = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_k.size())});
       for (std::size_t i = 0; i < c.cu_q.size(); ++i) static_cast<std::int64_t*>(cu_q.data())[i] = c.cu_q[i];
       for (std::size_t i = 0; i < c.cu_k.size(); ++i) static_cast<std::int64_t*>(cu_k.data())[i] = c.cu_k[i];
       options.cu_seqlens_q = cu_q.view(), options.cu_seqlens_k = cu_k.view();
@@ -606,12 +606,12 @@ void check_attention_gradients(const AttnCase& c) {
     forward = ladle::attention_for_backward(find("q").filled.tensor.view(), find("k").filled.tensor.view(), find("v").filled.tensor.view(),
                                             options);
   }
-  HostTensor d_o(ElementType::f32, {c.B, c.Tq, c.H, c.Dv});
+  Tensor d_o(DType::f32, {c.B, c.Tq, c.H, c.Dv});
   for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
   const ladle::AttentionGradients grads = ladle::run_attention_backward(forward.saved, d_o.view());
 
   for (Param& p : params) {
-    const HostTensor& got = p.name == "q"       ? grads.dq
+    const Tensor& got = p.name == "q"       ? grads.dq
                             : p.name == "k"     ? grads.dk
                             : p.name == "v"     ? grads.dv
                             : p.name == "sinks" ? *grads.d_softmax_aux
@@ -660,11 +660,11 @@ TEST_CASE("the attention backward matches finite differences of the fp64 referen
 }
 
 TEST_CASE("the attention backward refuses bad input by name", "[backward][attention]") {
-  HostTensor q(ElementType::f32, {1, 3, 2, 4}, 0.5f), k(ElementType::f32, {1, 5, 2, 4}, 0.25f), v(ElementType::f32, {1, 5, 2, 3}, 0.5f);
+  Tensor q(DType::f32, {1, 3, 2, 4}, 0.5f), k(DType::f32, {1, 5, 2, 4}, 0.25f), v(DType::f32, {1, 5, 2, 3}, 0.5f);
   ladle::AttentionOptions options;
   options.backend = ladle::Backend::cpu;
   const ladle::AttentionForward forward = ladle::attention_for_backward(q.view(), k.view(), v.view(), options);
-  HostTensor wrong(ElementType::f32, {1, 3, 2, 4}, 1.0f), good(ElementType::f32, {1, 3, 2, 3}, 1.0f);
+  Tensor wrong(DType::f32, {1, 3, 2, 4}, 1.0f), good(DType::f32, {1, 3, 2, 3}, 1.0f);
   CHECK_THROWS_WITH(ladle::run_attention_backward(forward.saved, wrong.view()),
                     Catch::Contains("d_output has shape [1,3,2,4]") && Catch::Contains("[1,3,2,3]"));
   CHECK_NOTHROW(ladle::run_attention_backward(forward.saved, good.view()));
@@ -684,33 +684,33 @@ TEST_CASE("the attention backward on the GPU matches the CPU backward", "[backwa
   struct GpuCase {
     const char* name;
     const char* features;
-    ElementType type;
+    DType type;
     int B, Tq, Tk, H, H_kv, D, Dv;
     bool bias_2d = false, packed = false;
   };
   const std::vector<GpuCase> cases = {
-      {"causal, bf16, D = 128", "causal", ElementType::bf16, 2, 300, 300, 4, 4, 128, 128},
-      {"GQA 4:1, Tq < Tk, f16, Dv = 64", "", ElementType::f16, 1, 100, 333, 4, 1, 128, 64},
-      {"window + soft cap + sinks, D = 64", "window,softcap,sinks", ElementType::bf16, 2, 257, 257, 2, 2, 64, 64},
-      {"bias [Tq,Tk] broadcast + dropout, causal", "bias,dropout,causal", ElementType::bf16, 2, 140, 140, 2, 1, 64, 64, true},
-      {"mask + segments", "mask,segments", ElementType::bf16, 1, 200, 200, 2, 2, 64, 64},
-      {"packed with an empty sequence, causal", "causal", ElementType::bf16, 1, 260, 260, 2, 2, 64, 64, false, true},
+      {"causal, bf16, D = 128", "causal", DType::bf16, 2, 300, 300, 4, 4, 128, 128},
+      {"GQA 4:1, Tq < Tk, f16, Dv = 64", "", DType::f16, 1, 100, 333, 4, 1, 128, 64},
+      {"window + soft cap + sinks, D = 64", "window,softcap,sinks", DType::bf16, 2, 257, 257, 2, 2, 64, 64},
+      {"bias [Tq,Tk] broadcast + dropout, causal", "bias,dropout,causal", DType::bf16, 2, 140, 140, 2, 1, 64, 64, true},
+      {"mask + segments", "mask,segments", DType::bf16, 1, 200, 200, 2, 2, 64, 64},
+      {"packed with an empty sequence, causal", "causal", DType::bf16, 1, 260, 260, 2, 2, 64, 64, false, true},
   };
   for (const GpuCase& c : cases) {
     INFO(c.name);
     std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.name)));
     const ladle::AttentionFeatures f = ladle::parse_attention_features(c.features);
-    HostTensor q = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.D}).tensor, k = test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.D}).tensor,
+    Tensor q = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.D}).tensor, k = test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.D}).tensor,
                v = test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.Dv}).tensor;
-    HostTensor bias = test::normal(rng, ElementType::f32, c.bias_2d ? std::vector<std::int64_t>{c.Tq, c.Tk} : std::vector<std::int64_t>{c.B, c.H, c.Tq, c.Tk}).tensor;
-    HostTensor sinks = test::normal(rng, ElementType::f32, {c.H, 3}).tensor;
-    HostTensor mask(ElementType::u8, {c.B, c.H, c.Tq, c.Tk});
+    Tensor bias = test::normal(rng, DType::f32, c.bias_2d ? std::vector<std::int64_t>{c.Tq, c.Tk} : std::vector<std::int64_t>{c.B, c.H, c.Tq, c.Tk}).tensor;
+    Tensor sinks = test::normal(rng, DType::f32, {c.H, 3}).tensor;
+    Tensor mask(DType::u8, {c.B, c.H, c.Tq, c.Tk});
     std::bernoulli_distribution coin(0.8);
     for (std::int64_t e = 0; e < mask.numel(); ++e) static_cast<std::uint8_t*>(mask.data())[e] = coin(rng) ? 1 : 0;
-    HostTensor q_seg(ElementType::i64, {c.B, c.Tq}), k_seg(ElementType::i64, {c.B, c.Tk});
+    Tensor q_seg(DType::i64, {c.B, c.Tq}), k_seg(DType::i64, {c.B, c.Tk});
     for (std::int64_t e = 0; e < q_seg.numel(); ++e) static_cast<std::int64_t*>(q_seg.data())[e] = (e % c.Tq) / 70;
     for (std::int64_t e = 0; e < k_seg.numel(); ++e) static_cast<std::int64_t*>(k_seg.data())[e] = (e % c.Tk) / 70;
-    HostTensor cu(ElementType::i64, {4});
+    Tensor cu(DType::i64, {4});
     const std::int64_t offsets[4] = {0, 100, 100, c.Tq};
     std::memcpy(cu.data(), offsets, sizeof offsets);
     ladle::AttentionOptions options;
@@ -724,14 +724,14 @@ TEST_CASE("the attention backward on the GPU matches the CPU backward", "[backwa
     if (f.sinks) options.softmax_aux = sinks.view();
     if (f.dropout) options.dropout_p = 0.15f, options.seed = 5;
     if (c.packed) options.cu_seqlens_q = options.cu_seqlens_k = cu.view();
-    const HostTensor d_o = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.Dv}).tensor;
+    const Tensor d_o = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.Dv}).tensor;
     const auto gradients = [&](ladle::Backend backend) {
       options.backend = backend;
       const ladle::AttentionForward forward = ladle::attention_for_backward(q.view(), k.view(), v.view(), options);
       return ladle::run_attention_backward(forward.saved, d_o.view());
     };
     const ladle::AttentionGradients cpu = gradients(ladle::Backend::cpu), gpu = gradients(ladle::Backend::gpu);
-    std::vector<std::tuple<std::string, const HostTensor*, const HostTensor*>> pairs = {
+    std::vector<std::tuple<std::string, const Tensor*, const Tensor*>> pairs = {
         {"dq", &gpu.dq, &cpu.dq}, {"dk", &gpu.dk, &cpu.dk}, {"dv", &gpu.dv, &cpu.dv}};
     for (const auto& [name, t] : cpu.inputs) pairs.emplace_back("d " + name, &gpu.inputs.at(name), &t);
     if (cpu.d_softmax_aux) pairs.emplace_back("d softmax_aux", &*gpu.d_softmax_aux, &*cpu.d_softmax_aux);

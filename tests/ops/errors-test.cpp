@@ -11,8 +11,8 @@
 #include <deque>
 
 using Catch::Contains;
-using ladle::ElementType;
-using ladle::HostTensor;
+using ladle::DType;
+using ladle::Tensor;
 using ladle::TensorView;
 
 namespace {
@@ -20,13 +20,13 @@ namespace {
 // Owns the tensors a test makes; views stay valid for the test's lifetime.
 class Tensors {
  public:
-  TensorView make(std::vector<std::int64_t> shape, ElementType type = ElementType::f32) {
+  TensorView make(std::vector<std::int64_t> shape, DType type = DType::f32) {
     return store_.emplace_back(type, std::move(shape), 0.5f).view();
   }
-  TensorView offsets(std::vector<std::int64_t> values, ElementType type = ElementType::i64) {
-    HostTensor& t = store_.emplace_back(type, std::vector<std::int64_t>{static_cast<std::int64_t>(values.size())}, 0.0f);
+  TensorView offsets(std::vector<std::int64_t> values, DType type = DType::i64) {
+    Tensor& t = store_.emplace_back(type, std::vector<std::int64_t>{static_cast<std::int64_t>(values.size())}, 0.0f);
     for (std::size_t i = 0; i < values.size(); ++i) {
-      if (type == ElementType::i32) {
+      if (type == DType::i32) {
         const auto v = static_cast<std::int32_t>(values[i]);
         std::memcpy(static_cast<char*>(t.data()) + 4 * i, &v, 4);
       } else {
@@ -37,7 +37,7 @@ class Tensors {
   }
 
  private:
-  std::deque<HostTensor> store_;
+  std::deque<Tensor> store_;
 };
 
 }  // namespace
@@ -120,7 +120,7 @@ TEST_CASE("initial_state must be [N,H,K,V] of a floating type", "[ops][errors]")
                       "recurrent: initial_state has shape [2,4,5,8], expected [N,H,K,V] = [2,4,8,5]");
   o.initial_state = t.make({2, 2, 8, 5});  // H_kv heads
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, v, o), Contains("initial_state has shape [2,2,8,5]"));
-  o.initial_state = t.make({2, 4, 8, 5}, ElementType::i32);
+  o.initial_state = t.make({2, 4, 8, 5}, DType::i32);
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, v, o), "recurrent: initial_state has dtype i32, expected f32, f16 or bf16");
 
   // N counts sequences under cu_seqlens.
@@ -136,7 +136,7 @@ TEST_CASE("cu_seqlens is checked: batch 1, starts at 0, non-decreasing, ends at 
   ladle::RecurrentOptions o;
   o.cu_seqlens = t.offsets({0, 4, 4, 10});
   REQUIRE_NOTHROW(ladle::recurrent(q, k, v, o));
-  o.cu_seqlens = t.offsets({0, 4, 4, 10}, ElementType::i32);
+  o.cu_seqlens = t.offsets({0, 4, 4, 10}, DType::i32);
   REQUIRE_NOTHROW(ladle::recurrent(q, k, v, o));
 
   o.cu_seqlens = t.offsets({0, 2, 4});
@@ -153,15 +153,15 @@ TEST_CASE("cu_seqlens is checked: batch 1, starts at 0, non-decreasing, ends at 
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, v, o), Contains("cu_seqlens ends at 8, before the token count T = 10"));
   o.cu_seqlens = t.make({3});
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, v, o), "recurrent: cu_seqlens has dtype f32, expected i32 or i64");
-  o.cu_seqlens = t.make({1, 3}, ElementType::i64);
+  o.cu_seqlens = t.make({1, 3}, DType::i64);
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, v, o), "recurrent: cu_seqlens has shape [1,3], expected [N+1] with N >= 0");
-  o.cu_seqlens = t.make({0}, ElementType::i64);
+  o.cu_seqlens = t.make({0}, DType::i64);
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, v, o), Contains("cu_seqlens has shape [0], expected [N+1]"));
 }
 
 TEST_CASE("unsupported and mismatched dtypes are named", "[ops][errors]") {
   Tensors t;
-  using E = ElementType;
+  using E = DType;
   REQUIRE_THROWS_WITH(ladle::recurrent(t.make({1, 4, 2, 4}, E::f64), t.make({1, 4, 2, 4}, E::f64), t.make({1, 4, 2, 3}, E::f64)),
                       "recurrent: q has dtype f64, expected f32, f16 or bf16");
   REQUIRE_THROWS_WITH(ladle::recurrent(t.make({1, 4, 2, 4}, E::i32), t.make({1, 4, 2, 4}), t.make({1, 4, 2, 3})),
@@ -183,19 +183,19 @@ TEST_CASE("caller-owned outputs are checked", "[ops][errors]") {
   REQUIRE_NOTHROW(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}), std::nullopt}));
   REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 4}), std::nullopt}),
                       "recurrent: o has shape [1,4,2,4], expected [B,T,H,V] = [1,4,2,3]");
-  REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}, ElementType::bf16), std::nullopt}),
+  REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}, DType::bf16), std::nullopt}),
                       "recurrent: o has dtype bf16, expected the dtype of q (f32)");
   {  // 16-bit inputs may write an fp32 o (what the backward's recurrences do), nothing else
-    const auto hq = t.make({1, 4, 2, 4}, ElementType::bf16), hk = t.make({1, 4, 2, 4}, ElementType::bf16),
-               hv = t.make({1, 4, 2, 3}, ElementType::bf16);
+    const auto hq = t.make({1, 4, 2, 4}, DType::bf16), hk = t.make({1, 4, 2, 4}, DType::bf16),
+               hv = t.make({1, 4, 2, 3}, DType::bf16);
     REQUIRE_NOTHROW(ladle::recurrent_into(hq, hk, hv, o, {t.make({1, 4, 2, 3}), std::nullopt}));
-    REQUIRE_THROWS_WITH(ladle::recurrent_into(hq, hk, hv, o, {t.make({1, 4, 2, 3}, ElementType::f16), std::nullopt}),
+    REQUIRE_THROWS_WITH(ladle::recurrent_into(hq, hk, hv, o, {t.make({1, 4, 2, 3}, DType::f16), std::nullopt}),
                         "recurrent: o has dtype f16, expected the dtype of q (bf16) or f32");
   }
   o.return_state = true;
   REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}), std::nullopt}),
                       "recurrent: return_state is set but no final_state output was given");
-  REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}), t.make({1, 2, 4, 3}, ElementType::f16)}),
+  REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}), t.make({1, 2, 4, 3}, DType::f16)}),
                       "recurrent: final_state has dtype f16, expected the fp32 state (f32)");
   REQUIRE_THROWS_WITH(ladle::recurrent_into(q, k, v, o, {t.make({1, 4, 2, 3}), t.make({1, 2, 3, 4})}),
                       "recurrent: final_state has shape [1,2,3,4], expected [N,H,K,V] = [1,2,4,3]");

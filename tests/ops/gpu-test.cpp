@@ -13,28 +13,28 @@
 
 #include "support/tensors.h"
 
-using ladle::ElementType;
+using ladle::DType;
 
 #include <ladle/dsl/dsl.h>
 
 namespace {
 
-ladle::cuda::ChunkedKernelSpec chunked_spec_for(const ladle::ir::Variant& variant, ElementType type, int K, int V) {
+ladle::cuda::ChunkedKernelSpec chunked_spec_for(const ladle::ir::Variant& variant, DType type, int K, int V) {
   ladle::cuda::ChunkedKernelSpec spec;
   spec.tile = ladle::cuda::default_chunked_tile(K, V);
   for (const auto& input : variant.inputs)
     spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar || input.role == ladle::ir::Role::other
-                                   ? ElementType::f32 : type);
+                                   ? DType::f32 : type);
   spec.output_type = type;
   return spec;
 }
 
-ladle::cuda::RecurrentKernelSpec spec_for(const ladle::ir::Variant& variant, ElementType type,
+ladle::cuda::RecurrentKernelSpec spec_for(const ladle::ir::Variant& variant, DType type,
                                           int K, int V) {
   ladle::cuda::RecurrentKernelSpec spec;
   spec.tile = ladle::cuda::default_tile(K, V);
   for (const auto& input : variant.inputs)
-    spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ElementType::f32 : type);
+    spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? DType::f32 : type);
   spec.output_type = type;
   return spec;
 }
@@ -43,7 +43,7 @@ ladle::cuda::RecurrentKernelSpec spec_for(const ladle::ir::Variant& variant, Ele
 
 TEST_CASE("NVRTC compiles the fused-recurrent kernel of every gate combination, dtype and mode", "[gpu][nvrtc]") {
   int compiled = 0;
-  for (ElementType type : {ElementType::f32, ElementType::f16, ElementType::bf16}) {
+  for (DType type : {DType::f32, DType::f16, DType::bf16}) {
     for (unsigned gates = 0; gates < 16; ++gates) {
       const auto& variant = ladle::recurrent_variant(gates & 1, gates & 2, gates & 4, gates & 8);
       for (int mode = 0; mode < 4; ++mode) {
@@ -51,7 +51,7 @@ TEST_CASE("NVRTC compiles the fused-recurrent kernel of every gate combination, 
         spec.reverse = mode & 1;
         spec.varlen = spec.initial_state = mode & 2;
         spec.final_state = mode != 0;
-        INFO(ladle::ir::to_string(variant) << " " << ladle::element_type_name(type) << " mode " << mode);
+        INFO(ladle::ir::to_string(variant) << " " << ladle::dtype_name(type) << " mode " << mode);
         auto result = ladle::gpu::compile_recurrent(variant, spec, "compute_80");
         REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
         ++compiled;
@@ -77,17 +77,17 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
     for (int mode = 0; mode < 4; ++mode)
       for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain}) {
         ladle::cuda::BackwardKernelSpec spec;
-        const ElementType type = mode & 1 ? ElementType::bf16 : ElementType::f32;
-        for (const auto& input : variant.inputs) spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ElementType::f32 : type);
+        const DType type = mode & 1 ? DType::bf16 : DType::f32;
+        for (const auto& input : variant.inputs) spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? DType::f32 : type);
         spec.slot_type = type;
-        spec.d_output_type = mode == 3 ? ElementType::f16 : type;
+        spec.d_output_type = mode == 3 ? DType::f16 : type;
         spec.reverse = mode & 2;
         spec.varlen = mode & 1;
         spec.phase = phase;
         if (mode & 1) {  // the slots read from the call's tensors, a folded scale, gradients written by the recurrences
           spec.fold_scale = true;
           spec.write_q = spec.write_k = spec.write_v = spec.write_do = spec.write_log_a = spec.write_log_b = false;
-          spec.log_a_next_type = spec.log_b_next_type = ElementType::bf16;
+          spec.log_a_next_type = spec.log_b_next_type = DType::bf16;
           spec.write_first = spec.direct_q = spec.direct_k = spec.direct_v = true;
         }
         if (variant.normalize) spec.write_v = true, spec.write_do = false, spec.direct_v = false;  // as the launcher plans it
@@ -108,13 +108,13 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
 
 TEST_CASE("the sm_90a cubins of the named ops fit without spills at K = V = 64, 128 and 256", "[gpu][nvrtc]") {
   for (int D : {64, 128, 256}) {
-    for (ElementType type : {ElementType::f32, ElementType::bf16}) {
+    for (DType type : {DType::f32, DType::bf16}) {
       const auto& variant = ladle::gla_variant(false);
       auto spec = spec_for(variant, type, D, D);
       auto result = ladle::gpu::compile_recurrent(variant, spec, "sm_90a");
       const auto* r = result.program.resources(result.kernel.name);
       REQUIRE(r != nullptr);
-      INFO("D=" << D << " " << ladle::element_type_name(type) << ": " << r->registers << " registers, "
+      INFO("D=" << D << " " << ladle::dtype_name(type) << ": " << r->registers << " registers, "
                 << r->spill_store_bytes << " bytes spilled");
       CHECK(r->registers > 0);
       CHECK(r->spill_store_bytes == 0);
@@ -125,9 +125,9 @@ TEST_CASE("the sm_90a cubins of the named ops fit without spills at K = V = 64, 
 
 TEST_CASE("a bad tile is refused with the tile and the sizes named", "[gpu]") {
   std::mt19937_64 rng(3);
-  auto q = test::normal(rng, ElementType::f32, {1, 8, 2, 32});
-  auto k = test::normal(rng, ElementType::f32, {1, 8, 2, 32});
-  auto v = test::normal(rng, ElementType::f32, {1, 8, 2, 32});
+  auto q = test::normal(rng, DType::f32, {1, 8, 2, 32});
+  auto k = test::normal(rng, DType::f32, {1, 8, 2, 32});
+  auto v = test::normal(rng, DType::f32, {1, 8, 2, 32});
   ladle::RunOptions options;
   options.backend = ladle::Backend::gpu;
   options.tile = ladle::cuda::RecurrentTile{16, 32, 3};
@@ -140,10 +140,10 @@ TEST_CASE("a bad tile is refused with the tile and the sizes named", "[gpu]") {
 // the GPU backend must say so with NoCudaDriver.
 static void check_gla_gpu_against_cpu(std::uint64_t seed, std::vector<std::int64_t> shape, bool return_state) {
   std::mt19937_64 rng(seed);
-  auto q = test::normal(rng, ElementType::bf16, shape);
-  auto k = test::normal(rng, ElementType::bf16, shape);
-  auto v = test::normal(rng, ElementType::bf16, shape);
-  auto g = test::log_gate(rng, ElementType::bf16, shape);
+  auto q = test::normal(rng, DType::bf16, shape);
+  auto k = test::normal(rng, DType::bf16, shape);
+  auto v = test::normal(rng, DType::bf16, shape);
+  auto g = test::log_gate(rng, DType::bf16, shape);
   ladle::GlaOptions options;
   options.backend = ladle::Backend::gpu;
   options.algorithm = ladle::Algorithm::recurrent;  // the fused family (chunked: recurrent-test.cpp)
@@ -171,13 +171,13 @@ TEST_CASE("at K = V = 128 the shape-chosen GPU tile agrees with the CPU path", "
 
 TEST_CASE("NVRTC compiles the chunked kernel of every gate combination, 16-bit dtype and mode", "[gpu][nvrtc][chunked]") {
   int compiled = 0;
-  for (ElementType type : {ElementType::f16, ElementType::bf16})
+  for (DType type : {DType::f16, DType::bf16})
     for (unsigned gates = 0; gates < 16; ++gates) {
       const auto& variant = ladle::recurrent_variant(gates & 1, gates & 2, gates & 4, gates & 8);
       for (int mode = 0; mode < 2; ++mode) {
         auto spec = chunked_spec_for(variant, type, 64, 64);
         spec.reverse = spec.varlen = spec.initial_state = spec.final_state = mode == 1;
-        INFO(ladle::ir::to_string(variant) << " " << ladle::element_type_name(type) << " mode " << mode);
+        INFO(ladle::ir::to_string(variant) << " " << ladle::dtype_name(type) << " mode " << mode);
         auto result = ladle::gpu::compile_chunked(variant, spec, "compute_80");
         REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
         REQUIRE(result.program.ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos);
@@ -223,7 +223,7 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   }
   CHECK(std::count_if(items.begin(), items.end(), [](const Item& i) { return i.tile.wgmma; }) >= 10);
   for (const Item& item : items) {
-    auto spec = chunked_spec_for(*item.variant, ElementType::bf16, item.D, item.D);
+    auto spec = chunked_spec_for(*item.variant, DType::bf16, item.D, item.D);
     spec.tile = item.tile;
     spec.initial_state = spec.final_state = true;
     auto result = ladle::gpu::compile_chunked(*item.variant, spec, "sm_90a");
@@ -239,7 +239,7 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   // The split form: both kernels (state pass, output pass) of every variant and head dim.
   for (int D : {64, 128, 256})
     for (const ladle::ir::Variant* v : {&gla, &simple, &user}) {
-      auto spec = chunked_spec_for(*v, ElementType::bf16, D, D);
+      auto spec = chunked_spec_for(*v, DType::bf16, D, D);
       spec.tile = ladle::gpu::split_chunked_tile(ladle::cuda::default_chunked_tile(D, D), D);
       spec.initial_state = spec.final_state = true;
       for (const auto phase : {ladle::cuda::ChunkedPhase::states, ladle::cuda::ChunkedPhase::outputs}) {
@@ -257,7 +257,7 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   // at the serial kernel's start), at the heuristic's tile for B8 T4096 H16 and its wgmma twin.
   for (const ladle::ir::Variant* v : {&gla, &simple, &user})
     for (const bool wgmma : {false, true}) {
-      auto spec = chunked_spec_for(*v, ElementType::bf16, 128, 128);
+      auto spec = chunked_spec_for(*v, DType::bf16, 128, 128);
       spec.tile = ladle::cuda::ChunkedTile{128, 32, 128, 8};
       spec.tile.wgmma = wgmma;
       spec.initial_state = spec.final_state = true;
@@ -272,7 +272,7 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
       }
     }
   // The sm_80 path: the same instructions, an sm_80 cubin within its 163 KiB of shared memory.
-  auto spec = chunked_spec_for(gla, ElementType::bf16, 128, 128);
+  auto spec = chunked_spec_for(gla, DType::bf16, 128, 128);
   REQUIRE(ladle::cuda::validate_chunked_tile(spec.tile, gla, 128, 128, 163 * 1024).empty());
   auto result = ladle::gpu::compile_chunked(gla, spec, "sm_80");
   REQUIRE(result.program.resources(result.kernel.name) != nullptr);
@@ -288,9 +288,9 @@ static int check_ws_serial_modes(const ladle::ir::Variant& v, std::optional<ladl
   int compiled = 0;
   for (int D : {64, 128})
     for (int mode = 0; mode < 3; ++mode) {
-      auto serial = chunked_spec_for(v, ElementType::bf16, D, D);
+      auto serial = chunked_spec_for(v, DType::bf16, D, D);
       for (std::size_t k = 0; k < v.inputs.size(); ++k)
-        if (gate_kind && v.inputs[k].kind == *gate_kind) serial.input_types[k] = ElementType::bf16;
+        if (gate_kind && v.inputs[k].kind == *gate_kind) serial.input_types[k] = DType::bf16;
       serial.tile = ladle::cuda::ChunkedTile{D, 64, D, 4 + D / 16};
       serial.tile.ws = true;
       serial.initial_state = serial.final_state = mode != 0;
@@ -338,9 +338,9 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
                                             dsl::q, dsl::scalar("scale")),
                                   "user_gk");
   for (const ladle::ir::Variant* v : {&ladle::gla_variant(false), &user_gk}) {
-    auto spec = chunked_spec_for(*v, ElementType::bf16, 128, 128);
+    auto spec = chunked_spec_for(*v, DType::bf16, 128, 128);
     for (std::size_t k = 0; k < v->inputs.size(); ++k)
-      if (v->inputs[k].kind == ladle::ir::InputKind::token_key) spec.input_types[k] = ElementType::bf16;
+      if (v->inputs[k].kind == ladle::ir::InputKind::token_key) spec.input_types[k] = DType::bf16;
     spec.tile = ladle::cuda::ChunkedTile{128, 32, 128, 8};
     spec.tile.wgmma = true;
     spec.arch = "sm_90a";
@@ -364,7 +364,7 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
     auto f32_gates = ws_first;
     for (std::size_t k = 0; k < v->inputs.size(); ++k)
       if (v->inputs[k].kind == ladle::ir::InputKind::token_key && v->inputs[k].role == ladle::ir::Role::other)
-        f32_gates.input_types[k] = ElementType::f32;
+        f32_gates.input_types[k] = DType::f32;
     CHECK_THAT(ladle::cuda::chunked_ws_unsupported(*v, f32_gates), Catch::Contains("16 bits"));
     // The serial kernel in the ws form (q~ and k~ against a reference per key feature) in every mode.
     CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_key) == 6);
@@ -379,7 +379,7 @@ TEST_CASE("the chunked ws form of a value-side gate: sm_90a cubins fit without s
   for (const ladle::ir::Variant* v : {&ladle::recurrent_variant(false, false, true, false), &user_gv}) {
     CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_value) == 6);
     // Segmented, the state pass is not the ws form's (it takes no value-side gate).
-    auto spec = chunked_spec_for(*v, ElementType::bf16, 128, 128);
+    auto spec = chunked_spec_for(*v, DType::bf16, 128, 128);
     spec.tile = ladle::cuda::ChunkedTile{128, 64, 128, 12};
     spec.tile.ws = true;
     spec.segmented = true;
@@ -390,7 +390,7 @@ TEST_CASE("the chunked ws form of a value-side gate: sm_90a cubins fit without s
 TEST_CASE("the algorithm follows the shape and dtype unless forced", "[gpu][chunked]") {
   std::mt19937_64 rng(9);
   const auto& gla = ladle::gla_variant(false);
-  const auto choose = [&](ElementType type, std::int64_t T, ladle::Algorithm forced, const ladle::ir::Variant& variant) {
+  const auto choose = [&](DType type, std::int64_t T, ladle::Algorithm forced, const ladle::ir::Variant& variant) {
     auto q = test::normal(rng, type, {2, T, 2, 16});
     auto g = test::log_gate(rng, type, {2, T, 2, 16});
     ladle::VariantInputs inputs;
@@ -402,14 +402,14 @@ TEST_CASE("the algorithm follows the shape and dtype unless forced", "[gpu][chun
     return ladle::gpu::choose_algorithm(variant, bound, options);
   };
   using A = ladle::Algorithm;
-  CHECK(choose(ElementType::bf16, 64, A::automatic, gla) == A::chunked);
-  CHECK(choose(ElementType::f16, 200, A::automatic, gla) == A::chunked);
-  CHECK(choose(ElementType::bf16, 16, A::automatic, gla) == A::recurrent);  // decode-sized
-  CHECK(choose(ElementType::f32, 200, A::automatic, gla) == A::recurrent);  // fp32 keeps fp32 products
-  CHECK(choose(ElementType::bf16, 16, A::chunked, gla) == A::chunked);
-  CHECK(choose(ElementType::bf16, 200, A::recurrent, gla) == A::recurrent);
+  CHECK(choose(DType::bf16, 64, A::automatic, gla) == A::chunked);
+  CHECK(choose(DType::f16, 200, A::automatic, gla) == A::chunked);
+  CHECK(choose(DType::bf16, 16, A::automatic, gla) == A::recurrent);  // decode-sized
+  CHECK(choose(DType::f32, 200, A::automatic, gla) == A::recurrent);  // fp32 keeps fp32 products
+  CHECK(choose(DType::bf16, 16, A::chunked, gla) == A::chunked);
+  CHECK(choose(DType::bf16, 200, A::recurrent, gla) == A::recurrent);
   const auto normalised = ladle::dsl::lower(
       ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v), ladle::dsl::q, ladle::dsl::scalar("scale")).normalized(1e-6f), "n");
-  CHECK(choose(ElementType::bf16, 200, A::automatic, normalised) == A::recurrent);
-  REQUIRE_THROWS_WITH(choose(ElementType::bf16, 200, A::chunked, normalised), Catch::Contains("algorithm chunked") && Catch::Contains("normaliser"));
+  CHECK(choose(DType::bf16, 200, A::automatic, normalised) == A::recurrent);
+  REQUIRE_THROWS_WITH(choose(DType::bf16, 200, A::chunked, normalised), Catch::Contains("algorithm chunked") && Catch::Contains("normaliser"));
 }

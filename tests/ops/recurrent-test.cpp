@@ -14,8 +14,8 @@
 #include "support/backends.h"
 #include <ladle/runtime/driver.h>
 
-using ladle::ElementType;
-using ladle::HostTensor;
+using ladle::DType;
+using ladle::Tensor;
 
 namespace {
 
@@ -24,8 +24,8 @@ struct Case {
   bool g = false, gk = false, gv = false, g_gamma = false;
   bool gamma_per_batch = false;  // g_gamma [B,H] instead of [H]
   bool reverse = false;
-  ElementType type = ElementType::f32;
-  ElementType gate_type = ElementType::f32;
+  DType type = DType::f32;
+  DType gate_type = DType::f32;
   std::vector<std::int64_t> cu_seqlens;  // packed sequences (then B = 1, T = the last offset)
   bool packed_rank3 = false;             // inputs [T,H,D] instead of [1,T,H,D]
   bool initial_state = false;
@@ -40,8 +40,8 @@ struct Case {
     std::ostringstream s;
     s << "B=" << B << " T=" << T << " H=" << H << " H_kv=" << H_kv << " K=" << K << " V=" << V << " gates:"
       << (g ? " g" : "") << (gk ? " gk" : "") << (gv ? " gv" : "") << (g_gamma ? (gamma_per_batch ? " g_gamma[B,H]" : " g_gamma[H]") : "")
-      << " reverse=" << reverse << " dtype=" << ladle::element_type_name(type)
-      << " gates=" << ladle::element_type_name(gate_type) << " varlen=" << cu_seqlens.size()
+      << " reverse=" << reverse << " dtype=" << ladle::dtype_name(type)
+      << " gates=" << ladle::dtype_name(gate_type) << " varlen=" << cu_seqlens.size()
       << " rank3=" << packed_rank3 << " h0=" << initial_state
       << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto")
       << " gate_level=" << gate_level << " hard_reset=" << hard_reset
@@ -127,13 +127,13 @@ void check_case(Case c) {
     ref.g_gamma = g_gamma->values;
   }
   if (c.initial_state) {
-    h0 = test::normal(rng, ElementType::f32, {N, c.H, c.K, c.V});
+    h0 = test::normal(rng, DType::f32, {N, c.H, c.K, c.V});
     options.initial_state = h0->tensor.view();
     ref.initial_state = h0->values;
   }
-  HostTensor cu_seqlens;
+  Tensor cu_seqlens;
   if (!c.cu_seqlens.empty()) {
-    cu_seqlens = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    cu_seqlens = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
     std::memcpy(cu_seqlens.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
     options.cu_seqlens = cu_seqlens.view();
   }
@@ -144,8 +144,8 @@ void check_case(Case c) {
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
     // Poisoned outputs: an element the op does not write stays NaN and fails the comparison.
     std::vector<std::int64_t> o_shape = token_shape(c.H, c.V);
-    HostTensor o(c.type, o_shape, std::numeric_limits<float>::quiet_NaN());
-    HostTensor final_state(ElementType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
+    Tensor o(c.type, o_shape, std::numeric_limits<float>::quiet_NaN());
+    Tensor final_state(DType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
     ladle::recurrent_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, {o.view(), final_state.view()});
 
     const double tolerance = test::tolerance(c.type);
@@ -165,12 +165,12 @@ void check_case(Case c) {
   }
 }
 
-const ElementType all_types[] = {ElementType::f32, ElementType::f16, ElementType::bf16};
+const DType all_types[] = {DType::f32, DType::f16, DType::bf16};
 
 }  // namespace
 
 TEST_CASE("recurrent matches the fp64 reference for every gate combination, direction and dtype", "[ops][recurrent]") {
-  for (ElementType type : all_types)
+  for (DType type : all_types)
     for (unsigned gates = 0; gates < 16; ++gates)
       for (bool reverse : {false, true}) {
         Case c;
@@ -183,7 +183,7 @@ TEST_CASE("recurrent matches the fp64 reference for every gate combination, dire
 }
 
 TEST_CASE("recurrent handles packed sequences with initial states and an empty sequence", "[ops][recurrent][varlen]") {
-  for (ElementType type : all_types)
+  for (DType type : all_types)
     for (bool reverse : {false, true})
       for (bool rank3 : {false, true})
         for (bool h0 : {false, true}) {
@@ -211,7 +211,7 @@ TEST_CASE("recurrent supports GQA and K != V", "[ops][recurrent][gqa]") {
     int H, H_kv, K, V;
   };
   for (const Heads& s : {Heads{4, 1, 8, 12}, Heads{4, 2, 12, 4}, Heads{4, 4, 16, 16}, Heads{6, 3, 5, 7}, Heads{3, 1, 1, 3}})
-    for (ElementType type : all_types) {
+    for (DType type : all_types) {
       Case c;
       c.H = s.H, c.H_kv = s.H_kv, c.K = s.K, c.V = s.V;
       c.type = c.gate_type = type;
@@ -226,23 +226,23 @@ TEST_CASE("recurrent takes g_gamma per batch, gates in another dtype, and an exp
   c.g_gamma = c.gamma_per_batch = true;
   c.gk = true;
   check_case(c);
-  c.type = ElementType::bf16;  // 16-bit q, k, v with fp32 gates
-  c.gate_type = ElementType::f32;
+  c.type = DType::bf16;  // 16-bit q, k, v with fp32 gates
+  c.gate_type = DType::f32;
   c.scale = 0.5f;
   check_case(c);
-  c.type = ElementType::f32;  // and the other way round
-  c.gate_type = ElementType::f16;
+  c.type = DType::f32;  // and the other way round
+  c.gate_type = DType::f16;
   c.B = 3;
   check_case(c);
 }
 
 TEST_CASE("recurrent allocates its outputs and returns the final state only when asked", "[ops][recurrent]") {
   std::mt19937_64 rng(7);
-  const auto q = test::normal(rng, ElementType::f16, {1, 5, 2, 4});
-  const auto k = test::normal(rng, ElementType::f16, {1, 5, 2, 4});
-  const auto v = test::normal(rng, ElementType::f16, {1, 5, 2, 3});
+  const auto q = test::normal(rng, DType::f16, {1, 5, 2, 4});
+  const auto k = test::normal(rng, DType::f16, {1, 5, 2, 4});
+  const auto v = test::normal(rng, DType::f16, {1, 5, 2, 3});
   ladle::RecurrentResult without = ladle::recurrent(q.tensor.view(), k.tensor.view(), v.tensor.view());
-  CHECK(without.o.type() == ElementType::f16);
+  CHECK(without.o.type() == DType::f16);
   CHECK(without.o.shape() == std::vector<std::int64_t>{1, 5, 2, 3});
   CHECK_FALSE(without.final_state.has_value());
 
@@ -250,7 +250,7 @@ TEST_CASE("recurrent allocates its outputs and returns the final state only when
   options.return_state = true;
   ladle::RecurrentResult with = ladle::recurrent(q.tensor.view(), k.tensor.view(), v.tensor.view(), options);
   REQUIRE(with.final_state.has_value());
-  CHECK(with.final_state->type() == ElementType::f32);
+  CHECK(with.final_state->type() == DType::f32);
   CHECK(with.final_state->shape() == std::vector<std::int64_t>{1, 2, 4, 3});
   CHECK(test::values_of(with.o) == test::values_of(without.o));
 }
@@ -260,11 +260,11 @@ TEST_CASE("recurrent reads strided views", "[ops][recurrent]") {
   // head axis is the slowest in memory.
   std::mt19937_64 rng(11);
   const int B = 2, T = 6, H = 2, K = 4, V = 3;
-  const auto wide_q = test::normal(rng, ElementType::f32, {B, T, H, 2 * K});
-  const auto wide_k = test::normal(rng, ElementType::f32, {B, T, H, 2 * K});
-  const auto wide_v = test::normal(rng, ElementType::f32, {B, T, H, 2 * V});
-  const auto g_hbtk = test::log_gate(rng, ElementType::f32, {H, B, T, K});
-  const auto narrow = [](const ladle::HostTensor& t, int features) {
+  const auto wide_q = test::normal(rng, DType::f32, {B, T, H, 2 * K});
+  const auto wide_k = test::normal(rng, DType::f32, {B, T, H, 2 * K});
+  const auto wide_v = test::normal(rng, DType::f32, {B, T, H, 2 * V});
+  const auto g_hbtk = test::log_gate(rng, DType::f32, {H, B, T, K});
+  const auto narrow = [](const ladle::Tensor& t, int features) {
     ladle::TensorView view = t.view();
     view.shape.back() = features;
     return view;
@@ -299,18 +299,18 @@ TEST_CASE("gla is recurrent with g only, and lowers to the same variant", "[ops]
   CHECK(ladle::ir::hash(ladle::gla_variant(true)) == ladle::ir::hash(ladle::recurrent_variant(true, false, false, true)));
   CHECK(ladle::gla_variant(true).name == "gla");
 
-  for (ElementType type : all_types) {
-    INFO(ladle::element_type_name(type));
+  for (DType type : all_types) {
+    INFO(ladle::dtype_name(type));
     std::mt19937_64 rng(3 + static_cast<int>(type));
     const int B = 1, T = 12, H = 4, H_kv = 2, K = 8, V = 6;
     const auto q = test::normal(rng, type, {B, T, H, K});
     const auto k = test::normal(rng, type, {B, T, H_kv, K});
     const auto v = test::normal(rng, type, {B, T, H_kv, V});
     const auto g = test::log_gate(rng, type, {B, T, H, K});
-    const auto gamma = test::filled(ElementType::f32, {H}, [] { return -0.05; });
-    const auto h0 = test::normal(rng, ElementType::f32, {2, H, K, V});
+    const auto gamma = test::filled(DType::f32, {H}, [] { return -0.05; });
+    const auto h0 = test::normal(rng, DType::f32, {2, H, K, V});
     const auto cu = [] {
-      HostTensor t(ElementType::i32, {3});
+      Tensor t(DType::i32, {3});
       const std::int32_t offsets[] = {0, 7, 12};
       std::memcpy(t.data(), offsets, sizeof offsets);
       return t;
@@ -341,7 +341,7 @@ TEST_CASE("gla is recurrent with g only, and lowers to the same variant", "[ops]
 // backend (the CPU backend is the sequential path whatever the algorithm, so on a machine
 // without a GPU these cases check the CPU path and the reference at the same sizes).
 TEST_CASE("chunked: every gate combination, direction and 16-bit dtype over several chunks", "[ops][chunked]") {
-  for (ElementType type : {ElementType::f16, ElementType::bf16})
+  for (DType type : {DType::f16, DType::bf16})
     for (unsigned gates = 0; gates < 16; ++gates)
       for (bool reverse : {false, true}) {
         Case c;
@@ -361,14 +361,14 @@ TEST_CASE("chunked: K and V of 64, 128 and 256, GQA, packed uneven sequences", "
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 200, c.H = 2, c.H_kv = 1, c.K = c.V = dim;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g = true;
     c.initial_state = true;
     check_case(c);
     c.g = false, c.g_gamma = true;  // simple GLA
     check_case(c);
   }
-  for (ElementType type : {ElementType::f16, ElementType::bf16})
+  for (DType type : {DType::f16, DType::bf16})
     for (bool reverse : {false, true}) {
       Case c;
       c.algorithm = ladle::Algorithm::chunked;
@@ -392,7 +392,7 @@ TEST_CASE("chunked: the split form over every gate combination, packed sequences
     c.algorithm = ladle::Algorithm::chunked;
     c.T = 150;
     c.K = 32, c.V = 48;
-    c.type = c.gate_type = gates % 2 ? ElementType::bf16 : ElementType::f16;
+    c.type = c.gate_type = gates % 2 ? DType::bf16 : DType::f16;
     c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
     c.reverse = gates % 3 == 1;
     c.initial_state = gates % 3 != 2;
@@ -402,7 +402,7 @@ TEST_CASE("chunked: the split form over every gate combination, packed sequences
   for (bool reverse : {false, true}) {
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
-    c.type = c.gate_type = ElementType::bf16;
+    c.type = c.gate_type = DType::bf16;
     c.cu_seqlens = {0, 1, 70, 70, 200, 329};
     c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
     c.g = c.gv = true;
@@ -415,7 +415,7 @@ TEST_CASE("chunked: the split form over every gate combination, packed sequences
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 1000, c.H = 2, c.H_kv = 2, c.K = 64, c.V = 64;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g = c.gv = c.g_gamma = true;
     c.gate_level = level;
     c.initial_state = true;
@@ -431,7 +431,7 @@ TEST_CASE("chunked: the segmented form (few long sequences cut into segments joi
     c.algorithm = ladle::Algorithm::chunked;
     c.T = 300;
     c.K = 32, c.V = 48;
-    c.type = c.gate_type = gates % 2 ? ElementType::bf16 : ElementType::f16;
+    c.type = c.gate_type = gates % 2 ? DType::bf16 : DType::f16;
     c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
     c.reverse = gates % 3 == 1;
     c.initial_state = gates % 3 != 2;
@@ -442,7 +442,7 @@ TEST_CASE("chunked: the segmented form (few long sequences cut into segments joi
   for (bool reverse : {false, true}) {  // packed sequences, an empty one and one shorter than a segment
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
-    c.type = c.gate_type = ElementType::bf16;
+    c.type = c.gate_type = DType::bf16;
     c.cu_seqlens = {0, 1, 170, 170, 400, 529};
     c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
     c.g = c.gv = true;
@@ -455,7 +455,7 @@ TEST_CASE("chunked: the segmented form (few long sequences cut into segments joi
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 3000, c.H = 2, c.H_kv = 2, c.K = 64, c.V = 64;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g = c.gv = c.g_gamma = true;
     c.gate_level = level;
     c.initial_state = true;
@@ -467,8 +467,8 @@ TEST_CASE("chunked: the segmented form (few long sequences cut into segments joi
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 5000, c.H = 2, c.H_kv = 1;
     c.K = v == 3 ? 112 : 128, c.V = v % 2 ? 96 : 128;
-    c.type = ElementType::bf16;
-    c.gate_type = v % 2 ? ElementType::bf16 : ElementType::f32;
+    c.type = DType::bf16;
+    c.gate_type = v % 2 ? DType::bf16 : DType::f32;
     c.gk = v < 2, c.g_gamma = v == 1 || v == 2, c.g = v == 3;  // GLA, GLA + g_gamma, g_gamma, a per-token head gate
     c.gate_level = v == 1 ? -2.5 : v == 2 ? -10.0 : 0.0;
     c.reverse = v % 2 == 1;
@@ -480,7 +480,7 @@ TEST_CASE("chunked: the segmented form (few long sequences cut into segments joi
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 2, c.T = 400, c.K = 32, c.V = 32;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g = c.gv = c.g_gamma = true;
     c.hard_reset = -std::numeric_limits<double>::infinity();
     c.initial_state = true;
@@ -502,7 +502,7 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the referen
   if (gpu && !hopper) {
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.K = c.V = 64;
     c.chunked_tile = tile(64, 32, 64, 4);
     REQUIRE_THROWS_WITH(check_case(c), Catch::Contains("wgmma needs the target sm_90a"));
@@ -515,7 +515,7 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the referen
     c.algorithm = ladle::Algorithm::chunked;
     c.T = 200;
     c.K = c.V = 64;
-    c.type = c.gate_type = gates % 2 ? ElementType::bf16 : ElementType::f16;
+    c.type = c.gate_type = gates % 2 ? DType::bf16 : DType::f16;
     c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
     c.reverse = gates % 3 == 1;
     c.initial_state = gates % 3 != 2;
@@ -527,7 +527,7 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the referen
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 2, c.T = 333, c.H = 4, c.H_kv = 4, c.K = c.V = 128;
-    c.type = c.gate_type = ElementType::bf16;
+    c.type = c.gate_type = DType::bf16;
     c.g = !reverse, c.g_gamma = reverse;
     c.reverse = reverse;
     c.initial_state = true;
@@ -537,7 +537,7 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the referen
   {  // packed sequences with an empty one, GQA, K != V
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
-    c.type = c.gate_type = ElementType::bf16;
+    c.type = c.gate_type = DType::bf16;
     c.cu_seqlens = {0, 1, 170, 170, 400};
     c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
     c.g = c.gv = true;
@@ -549,7 +549,7 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the referen
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 1500, c.H = 2, c.H_kv = 2, c.K = 64, c.V = 64;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g = c.gv = c.g_gamma = true;
     c.gate_level = level;
     c.initial_state = true;
@@ -561,7 +561,7 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a tiles) matches the referen
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 2, c.T = 150, c.K = 128, c.V = 64;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g = c.gv = c.g_gamma = true;
     c.hard_reset = -std::numeric_limits<double>::infinity();
     c.initial_state = true;
@@ -583,7 +583,7 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a ws tiles) matches the refe
   if (gpu && !hopper) {
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.K = c.V = 64;
     c.g_gamma = true;
     c.chunked_tile = tile(64, 64);
@@ -597,8 +597,8 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a ws tiles) matches the refe
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 2, c.T = v % 4 == 3 ? 40 : 333, c.H = 4, c.H_kv = v % 2 ? 2 : 4;
     c.K = v < 4 ? 128 : 64, c.V = v % 3 == 0 ? 128 : v % 3 == 1 ? 96 : 64;
-    c.type = ElementType::bf16;
-    c.gate_type = v % 2 ? ElementType::bf16 : ElementType::f32;
+    c.type = DType::bf16;
+    c.gate_type = v % 2 ? DType::bf16 : DType::f32;
     c.g_gamma = v != 5;
     c.gamma_per_batch = v == 6;
     c.reverse = v % 3 == 2;
@@ -609,7 +609,7 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a ws tiles) matches the refe
   for (bool reverse : {false, true}) {  // packed sequences with an empty one and one below a chunk
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.cu_seqlens = {0, 1, 170, 170, 400, 429};
     c.H = 4, c.H_kv = 2, c.K = 128, c.V = 128;
     c.g_gamma = true;
@@ -622,7 +622,7 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a ws tiles) matches the refe
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 5000, c.H = 2, c.H_kv = 2, c.K = c.V = 128;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g_gamma = true;
     c.gate_level = level;
     c.initial_state = true;
@@ -634,7 +634,7 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a ws tiles) matches the refe
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 2, c.T = 150, c.K = 128, c.V = 64;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g_gamma = true;
     c.hard_reset = -std::numeric_limits<double>::infinity();
     c.initial_state = true;
@@ -666,8 +666,8 @@ static void check_ws_gate(bool value_side) {
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 2, c.T = v == 3 ? 40 : 333, c.H = 4, c.H_kv = v % 2 ? 2 : 4;
     c.K = v < 3 ? 128 : 64, c.V = v % 2 == 0 ? 128 : 64;
-    c.type = ElementType::bf16;
-    c.gate_type = v % 3 == 2 ? ElementType::f16 : ElementType::bf16;
+    c.type = DType::bf16;
+    c.gate_type = v % 3 == 2 ? DType::f16 : DType::bf16;
     gated(c);
     c.reverse = v % 3 == 1;
     c.initial_state = v != 4;
@@ -680,7 +680,7 @@ static void check_ws_gate(bool value_side) {
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 5000, c.H = 2, c.H_kv = 2, c.K = c.V = 128;
-    c.type = c.gate_type = ElementType::bf16;
+    c.type = c.gate_type = DType::bf16;
     gated(c);
     c.gate_level = level;
     c.initial_state = true;
@@ -693,7 +693,7 @@ static void check_ws_gate(bool value_side) {
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 2, c.T = 150, c.K = 128, c.V = 128;
-    c.type = c.gate_type = ElementType::bf16;
+    c.type = c.gate_type = DType::bf16;
     gated(c);
     c.hard_reset = -std::numeric_limits<double>::infinity();
     c.initial_state = true;
@@ -717,7 +717,7 @@ TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither
     Case c;
     c.algorithm = ladle::Algorithm::chunked;
     c.B = 1, c.T = 65536, c.H = 2, c.H_kv = 2, c.K = 16, c.V = 16;
-    c.type = ElementType::bf16;
+    c.type = DType::bf16;
     c.g = gates & 1, c.gk = gates & 2, c.gv = gates & 4, c.g_gamma = gates & 8;
     c.gate_level = -10;
     c.initial_state = true;
@@ -726,7 +726,7 @@ TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither
   Case c;  // moderate: 16-token steps
   c.algorithm = ladle::Algorithm::chunked;
   c.B = 1, c.T = 4096, c.H = 2, c.K = 64, c.V = 64;
-  c.type = ElementType::bf16;
+  c.type = DType::bf16;
   c.g = c.gv = true;
   c.gate_level = -2.5;
   check_case(c);
@@ -734,8 +734,8 @@ TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither
 
 TEST_CASE("chunked: bad requests are refused by name", "[ops][chunked]") {
   std::mt19937_64 rng(11);
-  const auto q = test::normal(rng, ElementType::bf16, {1, 80, 2, 300});
-  const auto v = test::normal(rng, ElementType::bf16, {1, 80, 2, 16});
+  const auto q = test::normal(rng, DType::bf16, {1, 80, 2, 300});
+  const auto v = test::normal(rng, DType::bf16, {1, 80, 2, 16});
   ladle::RecurrentOptions options;
   options.algorithm = ladle::Algorithm::chunked;
   options.backend = ladle::Backend::gpu;
@@ -753,12 +753,12 @@ TEST_CASE("the fp64 reference wipes the state at a gate of -inf", "[ops][recurre
   const int T = 6, K = 3, V = 2, r = 3;  // every dimension of token r resets
   reference::Recurrent ref;
   ref.T = T, ref.K = K, ref.V = V;
-  ref.q = test::normal(rng, ElementType::f32, {1, T, 1, K}).values;
-  ref.k = test::normal(rng, ElementType::f32, {1, T, 1, K}).values;
-  ref.v = test::normal(rng, ElementType::f32, {1, T, 1, V}).values;
-  ref.g = test::log_gate(rng, ElementType::f32, {1, T, 1, K}).values;
-  ref.gv = test::log_gate(rng, ElementType::f32, {1, T, 1, V}).values;
-  ref.initial_state = test::normal(rng, ElementType::f32, {1, 1, K, V}).values;
+  ref.q = test::normal(rng, DType::f32, {1, T, 1, K}).values;
+  ref.k = test::normal(rng, DType::f32, {1, T, 1, K}).values;
+  ref.v = test::normal(rng, DType::f32, {1, T, 1, V}).values;
+  ref.g = test::log_gate(rng, DType::f32, {1, T, 1, K}).values;
+  ref.gv = test::log_gate(rng, DType::f32, {1, T, 1, V}).values;
+  ref.initial_state = test::normal(rng, DType::f32, {1, 1, K, V}).values;
   for (int i = 0; i < K; ++i) ref.g[r * K + i] = -std::numeric_limits<double>::infinity();
   const reference::RecurrentOutput out = reference::recurrent(ref);
   for (double x : out.o) REQUIRE(std::isfinite(x));
@@ -780,7 +780,7 @@ TEST_CASE("the fp64 reference wipes the state at a gate of -inf", "[ops][recurre
 
 TEST_CASE("chunked: hard resets (gates of -inf, or finite below fp32's reach) wipe the state exactly", "[ops][chunked][reset]") {
   const double inf = std::numeric_limits<double>::infinity();
-  for (ElementType type : {ElementType::f16, ElementType::bf16})
+  for (DType type : {DType::f16, DType::bf16})
     for (unsigned gates : {1u, 4u, 8u, 9u, 15u})  // g, gv, g_gamma (head 0: every token), g and g_gamma, all
       for (bool reverse : {false, true}) {
         Case c;
@@ -799,8 +799,8 @@ TEST_CASE("chunked: hard resets (gates of -inf, or finite below fp32's reach) wi
     c.algorithm = ladle::Algorithm::chunked;
     c.T = 150;
     c.K = 32, c.V = 48;
-    c.type = ElementType::bf16;
-    c.gate_type = ElementType::f32;
+    c.type = DType::bf16;
+    c.gate_type = DType::f32;
     c.g = c.gv = c.g_gamma = true;
     c.initial_state = true;
     c.hard_reset = value;
@@ -808,7 +808,7 @@ TEST_CASE("chunked: hard resets (gates of -inf, or finite below fp32's reach) wi
   }
   Case c;  // packed sequences: resets at sequence starts, middles and ends
   c.algorithm = ladle::Algorithm::chunked;
-  c.type = c.gate_type = ElementType::bf16;
+  c.type = c.gate_type = DType::bf16;
   c.cu_seqlens = {0, 1, 70, 70, 150};
   c.H = 4, c.H_kv = 2, c.K = 64, c.V = 32;
   c.g = c.gv = true;

@@ -50,20 +50,20 @@ Config tile(int block_m, int block_n, int warps, int stages, cuda::AttentionMma 
 // through zero strides (binding checks shapes and dtypes, never reads the data).
 struct Call {
   AttentionFeatures features;
-  ElementType type;
+  DType type;
   alignas(16) float element[4] = {};
   VariantInputs inputs;
   AttentionRunOptions options;
   ops::AttentionArgs args;
 
   Call(std::int64_t B, std::int64_t Tq, std::int64_t H, std::int64_t D, AttentionFeatures f = causal(),
-       ElementType t = ElementType::bf16, std::int64_t H_kv = 0, std::int64_t Dv = 0, std::int64_t Tk = 0,
+       DType t = DType::bf16, std::int64_t H_kv = 0, std::int64_t Dv = 0, std::int64_t Tk = 0,
        std::int64_t window_left = 1024)
       : features(f), type(t) {
     if (!H_kv) H_kv = H;
     if (!Dv) Dv = D;
     if (!Tk) Tk = Tq;
-    auto view = [&](ElementType of, std::vector<std::int64_t> shape) {
+    auto view = [&](DType of, std::vector<std::int64_t> shape) {
       TensorView broadcast;
       broadcast.data = element;
       broadcast.type = of;
@@ -74,13 +74,13 @@ struct Call {
     inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(D)));
     if (f.soft_cap) inputs.scalars.emplace("logits_soft_cap", 30.0f);
     if (f.bias) inputs.tensors.emplace("bias", view(type, {B, H, Tq, Tk}));
-    if (f.mask) inputs.tensors.emplace("attention_mask", view(ElementType::u8, {B, H, Tq, Tk}));
+    if (f.mask) inputs.tensors.emplace("attention_mask", view(DType::u8, {B, H, Tq, Tk}));
     if (f.window) options.window_left = window_left, options.window_right = 0;
     if (f.segment_ids) {
-      options.q_segment_ids = view(ElementType::i32, {B, Tq});
-      options.kv_segment_ids = view(ElementType::i32, {B, Tk});
+      options.q_segment_ids = view(DType::i32, {B, Tq});
+      options.kv_segment_ids = view(DType::i32, {B, Tk});
     }
-    if (f.sinks) options.softmax_aux = view(ElementType::f32, {H, 4});
+    if (f.sinks) options.softmax_aux = view(DType::f32, {H, 4});
     if (f.dropout) options.dropout_p = 0.1f;
     args = ops::bind_attention("attention", variant(), view(type, {B, Tq, H, D}), view(type, {B, Tk, H_kv, D}),
                                view(type, {B, Tk, H_kv, Dv}), inputs, options);
@@ -149,26 +149,26 @@ TEST_CASE("the attention space is block_m x block_n x warps x stages x mma, warp
   for (const Config& c : on_a100) REQUIRE(c["mma"] == 0);
   REQUIRE_THAT(*space.why_invalid(tile(128, 64, 8, 2, wgmma), a100()), Catch::Contains("needs the target sm_90a") && Catch::Contains("sm_80"));
   // fp32 inputs go through split bf16 pairs on mma.sync only.
-  const Call f32(8, 4096, 16, 64, Call::causal(), ElementType::f32);
+  const Call f32(8, 4096, 16, 64, Call::causal(), DType::f32);
   REQUIRE_THAT(*f32.space().why_invalid(tile(128, 64, 8, 2, wgmma), h100()), Catch::Contains("fp32 inputs"));
 }
 
 TEST_CASE("the attention space's validity is validate_attention_tile with the device's shared memory") {
   struct Dims {
     int D, Dv;
-    ElementType type;
+    DType type;
   };
-  for (const Dims dims : {Dims{64, 64, ElementType::bf16}, Dims{128, 128, ElementType::bf16}, Dims{128, 128, ElementType::f16},
-                          Dims{256, 64, ElementType::bf16}, Dims{192, 192, ElementType::bf16}, Dims{128, 64, ElementType::f32},
-                          Dims{80, 80, ElementType::f32}}) {
+  for (const Dims dims : {Dims{64, 64, DType::bf16}, Dims{128, 128, DType::bf16}, Dims{128, 128, DType::f16},
+                          Dims{256, 64, DType::bf16}, Dims{192, 192, DType::bf16}, Dims{128, 64, DType::f32},
+                          Dims{80, 80, DType::f32}}) {
     for (const DeviceLimits& device : {h100(), a100()}) {
       const Call call(8, 4096, 16, dims.D, Call::causal(), dims.type, 16, dims.Dv);
-      const bool split = dims.type == ElementType::f32;
+      const bool split = dims.type == DType::f32;
       std::size_t valid = 0;
       for (const auto& [config, reason] : call.space().explain(device)) {
         const auto problems = cuda::validate_attention_tile(to_attention_tile(config), dims.D, dims.Dv,
                                                             device.max_shared_per_block, split, device.arch);
-        INFO("D=" << dims.D << " Dv=" << dims.Dv << " " << element_type_name(dims.type) << " on " << device.name << ": "
+        INFO("D=" << dims.D << " Dv=" << dims.Dv << " " << dtype_name(dims.type) << " on " << device.name << ": "
                   << config.to_string());
         const bool ws_copy = to_attention_tile(config).mma == cuda::AttentionMma::ws && problems.empty();  // no aligned rows
         REQUIRE(reason.has_value() == (!problems.empty() || ws_copy));
@@ -189,7 +189,7 @@ TEST_CASE("the attention space's validity is validate_attention_tile with the de
     for (const Config& c : Call(8, 4096, 16, 256).space().enumerate(h100())) REQUIRE(c["mma"] != 0);  // q in shared memory
   }
   SECTION("D=256 Dv=64, 128-key tiles, 2 stages: fit an H100's 227 KiB, not an A100's 163 KiB") {
-    const Call call(8, 4096, 16, 256, Call::causal(), ElementType::bf16, 16, 64);
+    const Call call(8, 4096, 16, 256, Call::causal(), DType::bf16, 16, 64);
     const Config config = tile(128, 128, 8, 2);
     const int bytes = cuda::attention_shared_bytes(to_attention_tile(config), 256, 64, false);
     REQUIRE(bytes > 166912);
@@ -202,8 +202,8 @@ TEST_CASE("the attention space's validity is validate_attention_tile with the de
     REQUIRE(call.space().enumerate(a100()).size() < call.space().enumerate(h100()).size() / 2);
   }
   SECTION("fp32 inputs split into bf16 pairs: twice the shared memory, past a small device's limit") {
-    const Call f32(8, 4096, 16, 128, Call::causal(), ElementType::f32, 16, 64);
-    const Call bf16(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 64);
+    const Call f32(8, 4096, 16, 128, Call::causal(), DType::f32, 16, 64);
+    const Call bf16(8, 4096, 16, 128, Call::causal(), DType::bf16, 16, 64);
     const Config config = tile(128, 128, 8, 2);
     REQUIRE(cuda::attention_shared_bytes(to_attention_tile(config), 128, 64, true) == 212992);
     REQUIRE_FALSE(f32.space().why_invalid(config, h100()));
@@ -223,10 +223,10 @@ TEST_CASE("the heuristic attention tile is valid and in the space at D=64, 128 a
   const DeviceLimits device = heuristic_device();
   for (int D : {64, 128, 192}) {
     for (const auto& [B, T] : std::vector<std::pair<int, int>>{{8, 4096}, {2, 16384}, {1, 1024}, {1, 128}}) {
-      for (ElementType type : {ElementType::bf16, ElementType::f16}) {
+      for (DType type : {DType::bf16, DType::f16}) {
         const Call call(B, T, 16, D, Call::causal(), type);
         const Config heuristic = to_config(call.heuristic());
-        INFO("B" << B << " T" << T << " D" << D << " " << element_type_name(type) << ": " << heuristic.to_string());
+        INFO("B" << B << " T" << T << " D" << D << " " << dtype_name(type) << ": " << heuristic.to_string());
         REQUIRE_FALSE(call.space().why_invalid(heuristic, device));
         const auto valid = call.space().enumerate(device);
         REQUIRE(std::find(valid.begin(), valid.end(), heuristic) != valid.end());
@@ -257,7 +257,7 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
     window.window = window.soft_cap = true;
     AttentionFeatures sinks = Call::causal();
     sinks.sinks = true;
-    const Call windowed(8, 4096, 16, 128, window), gqa(8, 4096, 16, 128, sinks, ElementType::bf16, 2);
+    const Call windowed(8, 4096, 16, 128, window), gqa(8, 4096, 16, 128, sinks, DType::bf16, 2);
     REQUIRE(windowed.space().plan(h100(), poor, 64).configs[1] == to_config(windowed.heuristic()));
     REQUIRE(gqa.space().plan(h100(), poor, 64).configs[1] == to_config(gqa.heuristic()));
   }
@@ -308,7 +308,7 @@ TEST_CASE("a sliding window's span is in the attention key, by power-of-two buck
   AttentionFeatures window;
   window.window = window.soft_cap = true;
   const auto key = [&](std::int64_t left) {
-    return Call(8, 4096, 16, 128, window, ElementType::bf16, 0, 0, 0, left).key();
+    return Call(8, 4096, 16, 128, window, DType::bf16, 0, 0, 0, left).key();
   };
   REQUIRE_THAT(key(1024).shape_bucket, Catch::EndsWith("-W1024"));  // 1024 keys left of the diagonal, 0 right
   REQUIRE(key(1000) == key(1024));
@@ -336,7 +336,7 @@ TEST_CASE("attention keys are apart from the recurrence families' and differ by 
   for (auto flip : {+[](cuda::AttentionKernelSpec& s) { s.varlen = !s.varlen; },
                     +[](cuda::AttentionKernelSpec& s) { s.lse = !s.lse; },
                     +[](cuda::AttentionKernelSpec& s) { s.async_copy = !s.async_copy; },
-                    +[](cuda::AttentionKernelSpec& s) { s.output_type = ElementType::f32; }}) {
+                    +[](cuda::AttentionKernelSpec& s) { s.output_type = DType::f32; }}) {
     cuda::AttentionKernelSpec spec = call.spec();
     flip(spec);
     REQUIRE(gpu::attention_tune_key(call.variant(), spec, call.shape(), h100()).hash() != key.hash());
@@ -346,7 +346,7 @@ TEST_CASE("attention keys are apart from the recurrence families' and differ by 
   other_tile.tile.block_n = 32;
   REQUIRE(gpu::attention_tune_key(call.variant(), other_tile, call.shape(), h100()) == key);
 
-  const Call f16(8, 4096, 16, 128, Call::causal(), ElementType::f16);
+  const Call f16(8, 4096, 16, 128, Call::causal(), DType::f16);
   REQUIRE(f16.key().dtype == "f16");
   REQUIRE(f16.key().hash() != key.hash());
   // Within a bucket: one key (N, Tq and Tk by powers of two).
@@ -358,14 +358,14 @@ TEST_CASE("attention keys are apart from the recurrence families' and differ by 
   // Another bucket, head count, head dim, variant or device: another key.
   for (const TunedKey& other :
        {Call(8, 8192, 16, 128).key(), Call(16, 4096, 16, 128).key(), Call(8, 4096, 8, 128).key(),
-        Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 2).key(),
-        Call(8, 4096, 16, 64).key(), Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 64).key(),
-        Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 128, 8192).key(), call.key(a100()),
+        Call(8, 4096, 16, 128, Call::causal(), DType::bf16, 2).key(),
+        Call(8, 4096, 16, 64).key(), Call(8, 4096, 16, 128, Call::causal(), DType::bf16, 16, 64).key(),
+        Call(8, 4096, 16, 128, Call::causal(), DType::bf16, 16, 128, 8192).key(), call.key(a100()),
         Call(8, 4096, 16, 128, plain).key(), Call(8, 4096, 16, 128, sinks).key()}) {
     INFO(other.to_string());
     REQUIRE(other.hash() != key.hash());
   }
-  REQUIRE(Call(8, 4096, 16, 128, Call::causal(), ElementType::bf16, 16, 128, 8192).key().shape_bucket ==
+  REQUIRE(Call(8, 4096, 16, 128, Call::causal(), DType::bf16, 16, 128, 8192).key().shape_bucket ==
           "N8-Tq4096-Tk8192-H16-Hkv16-D128-Dv128");
   REQUIRE_THAT(Call(8, 4096, 16, 128, sinks).key().variant, Catch::EndsWith("-f32-f32"));  // scale, then sinks
 }
@@ -417,17 +417,17 @@ TEST_CASE("tuning the attention space picks the fastest valid candidate and reje
 TEST_CASE("the heuristic tile fits every head dim wherever some tile of the space fits, without a tile named") {
   // Issue 12: D = Dv = 256 bf16 threw "does not fit" unless the caller named a tile.
   int checked = 0;
-  for (const ElementType type : {ElementType::bf16, ElementType::f32})
+  for (const DType type : {DType::bf16, DType::f32})
     for (const std::int64_t D : {1, 8, 40, 64, 100, 128, 160, 192, 200, 256})
       for (const std::int64_t Dv : {D, std::int64_t{64}, std::int64_t{256}})
         for (const DeviceLimits& device : {h100(), a100()}) {
           const Call call(8, 4096, 16, D, Call::causal(), type, 16, Dv);
           const cuda::AttentionTile tile =
               gpu::heuristic_attention_tile(call.args, device.sm_count, device.arch, device.max_shared_per_block);
-          const bool split = type == ElementType::f32;
+          const bool split = type == DType::f32;
           const auto problems = cuda::validate_attention_tile(tile, static_cast<int>(D), static_cast<int>(Dv),
                                                               device.max_shared_per_block, split, device.arch);
-          INFO(element_type_name(type) << " D=" << D << " Dv=" << Dv << " on " << device.name << ": "
+          INFO(dtype_name(type) << " D=" << D << " Dv=" << Dv << " on " << device.name << ": "
                                        << cuda::to_string(tile) << (problems.empty() ? "" : ": " + problems.front()));
           if (call.space().enumerate(device).empty()) {
             REQUIRE_FALSE(problems.empty());  // nothing fits (mma.sync at D = 256 on sm_80): the launcher says why
@@ -479,7 +479,7 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
     REQUIRE(cuda::validate_attention_tile(tile, D, D, h100().max_shared_per_block, false, "sm_90a").empty());
   }
   // fp32 inputs and head dims TMA cannot copy keep the other families.
-  Call f32(8, 4096, 16, 64, Call::causal(), ElementType::f32);
+  Call f32(8, 4096, 16, 64, Call::causal(), DType::f32);
   aligned(f32);
   REQUIRE(pick(f32, h100()).mma == AttentionMma::sync);
   Call odd(8, 4096, 16, 100);
@@ -494,16 +494,16 @@ namespace {
 // A backward call's gradients over the Call's one element (never read here): dq contiguous,
 // 16-byte aligned (TMA may add into it) unless `odd_dq`.
 cpu::AttentionGrads grads_of(Call& call, bool odd_dq = false) {
-  const auto contiguous = [&](ElementType of, std::vector<std::int64_t> shape) {
+  const auto contiguous = [&](DType of, std::vector<std::int64_t> shape) {
     return TensorView::contiguous(call.element, of, std::move(shape));
   };
   const ops::AttentionArgs& a = call.args;
   cpu::AttentionGrads g;
   g.d_output = contiguous(call.type, {a.B, a.Tq, a.H, a.Dv});
-  g.dq = contiguous(ElementType::f32, {a.B, a.Tq, a.H, a.D});
+  g.dq = contiguous(DType::f32, {a.B, a.Tq, a.H, a.D});
   if (odd_dq) g.dq.data = call.element + 1;
-  g.dk = contiguous(ElementType::f32, {a.B, a.Tk, a.H_kv, a.D});
-  g.dv = contiguous(ElementType::f32, {a.B, a.Tk, a.H_kv, a.Dv});
+  g.dk = contiguous(DType::f32, {a.B, a.Tk, a.H_kv, a.D});
+  g.dv = contiguous(DType::f32, {a.B, a.Tk, a.H_kv, a.Dv});
   return g;
 }
 
@@ -567,7 +567,7 @@ TEST_CASE("attention backward keys are apart from the forward's and differ by th
   other.input_gradients.back() = !other.input_gradients.back();
   CHECK(gpu::attention_backward_tune_key(call.variant(), other, call.shape(), h100()).hash() != key.hash());
   other = base;
-  other.d_output_type = ElementType::f32;
+  other.d_output_type = DType::f32;
   CHECK(gpu::attention_backward_tune_key(call.variant(), other, call.shape(), h100()).hash() != key.hash());
   Call longer(8, 8192, 16, 128);
   CHECK(gpu::attention_backward_tune_key(call.variant(), base, longer.shape(), h100()).hash() != key.hash());

@@ -40,14 +40,14 @@ DeviceLimits heuristic_device() {
 // through zero strides (binding checks shapes and dtypes, never reads the data).
 struct Call {
   const ir::Variant& variant;
-  ElementType type;
+  DType type;
   float element = 0;
   VariantInputs inputs;
   RunOptions options;
   ops::BoundInputs bound;
 
   Call(const ir::Variant& v, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t K, std::int64_t V,
-       ElementType t = ElementType::bf16)
+       DType t = DType::bf16)
       : variant(v), type(t) {
     auto view = [&](std::vector<std::int64_t> shape) {
       TensorView broadcast;
@@ -272,8 +272,8 @@ TEST_CASE("the heuristic takes the ws form for a per-head decay or a key-side ga
   // Real (contiguous, aligned) tensors: the zero-stride views of Call are not what TMA copies.
   std::mt19937_64 rng(21);
   const ir::Variant& simple = named_variant("recurrent", "g_gamma");
-  const auto bind = [&](const ir::Variant& variant, ElementType type, std::int64_t K, std::int64_t V, std::int64_t t_stride_pad,
-                        ElementType gate_type = ElementType::bf16) {
+  const auto bind = [&](const ir::Variant& variant, DType type, std::int64_t K, std::int64_t V, std::int64_t t_stride_pad,
+                        DType gate_type = DType::bf16) {
     struct Bound {
       std::deque<::test::Filled> keep;  // stable addresses
       ops::BoundInputs bound;
@@ -289,7 +289,7 @@ TEST_CASE("the heuristic takes the ws form for a per-head decay or a key-side ga
     inputs.scalars.emplace("scale", 0.125f);
     const TensorView q = tensor(K), k = tensor(K), v = tensor(V);
     if (variant.find_input("g_gamma") >= 0) {
-      out.keep.push_back(::test::filled(ElementType::f32, {H}, [] { return -0.1; }));
+      out.keep.push_back(::test::filled(DType::f32, {H}, [] { return -0.1; }));
       inputs.tensors.emplace("g_gamma", out.keep.back().tensor.view());
     }
     if (variant.find_input("g") >= 0) {
@@ -299,12 +299,12 @@ TEST_CASE("the heuristic takes the ws form for a per-head decay or a key-side ga
     out.bound = ops::bind_inputs(variant.name, variant, q, k, v, inputs, RunOptions{});
     return out;
   };
-  auto plain = bind(simple, ElementType::bf16, 128, 128, 0);
+  auto plain = bind(simple, DType::bf16, 128, 128, 0);
   REQUIRE(gpu::ws_copyable(simple, plain.bound).empty());
   cuda::ChunkedTile ws{128, 64, 128, 12};
   ws.ws = true;
   REQUIRE((gpu::heuristic_chunked_tile(simple, plain.bound) == ws) == hopper());
-  auto narrow = bind(simple, ElementType::bf16, 64, 64, 0);
+  auto narrow = bind(simple, DType::bf16, 64, 64, 0);
   if (hopper()) REQUIRE(gpu::heuristic_chunked_tile(simple, narrow.bound) == [] {
     cuda::ChunkedTile t{64, 64, 64, 8};
     t.ws = true;
@@ -313,15 +313,15 @@ TEST_CASE("the heuristic takes the ws form for a per-head decay or a key-side ga
   // Rows 132 features apart (264 bytes): not whole 16 bytes, so TMA cannot copy them, and the heuristic
   // keeps the wgmma tile; f16 q, k, v do not take it either. A key-side gate (GLA) takes it with a 16-bit
   // gate input, not with an fp32 one.
-  auto padded = bind(simple, ElementType::bf16, 128, 128, 4);
+  auto padded = bind(simple, DType::bf16, 128, 128, 4);
   CHECK_THAT(gpu::ws_copyable(simple, padded.bound), Catch::Contains("q: ") && Catch::Contains("16"));
   CHECK_FALSE(gpu::heuristic_chunked_tile(simple, padded.bound).ws);
-  auto f16 = bind(simple, ElementType::f16, 128, 128, 0);
+  auto f16 = bind(simple, DType::f16, 128, 128, 0);
   CHECK_FALSE(gpu::heuristic_chunked_tile(simple, f16.bound).ws);
-  auto keyed = bind(gla(), ElementType::bf16, 128, 128, 0);
+  auto keyed = bind(gla(), DType::bf16, 128, 128, 0);
   CHECK(gpu::ws_copyable(gla(), keyed.bound).empty());
   CHECK((gpu::heuristic_chunked_tile(gla(), keyed.bound) == ws) == hopper());
-  auto keyed_f32 = bind(gla(), ElementType::bf16, 128, 128, 0, ElementType::f32);
+  auto keyed_f32 = bind(gla(), DType::bf16, 128, 128, 0, DType::f32);
   CHECK_THAT(gpu::ws_copyable(gla(), keyed_f32.bound), Catch::Contains("g is not 16-bit"));
   CHECK_FALSE(gpu::heuristic_chunked_tile(gla(), keyed_f32.bound).ws);
   // The tuner's space holds ws configs beside the others, and the model ranks the ws tile first.
@@ -357,7 +357,7 @@ TEST_CASE("chunked and fused-recurrent keys differ, and differ by dtype and shap
   REQUIRE(chunked_key.gpu == "NVIDIA H100 80GB HBM3");
   REQUIRE(chunked_key.sm_count == 132);
 
-  const Call f16(gla(), 8, 4096, 16, 128, 128, ElementType::f16);
+  const Call f16(gla(), 8, 4096, 16, 128, 128, DType::f16);
   REQUIRE(f16.key(gpu::chunked_family).dtype == "f16");
   REQUIRE(f16.key(gpu::chunked_family).hash() != chunked_key.hash());
   // Within a bucket: one key (T and N by powers of two).

@@ -17,8 +17,8 @@
 #include "support/backends.h"
 #include "support/tensors.h"
 
-using ladle::ElementType;
-using ladle::HostTensor;
+using ladle::DType;
+using ladle::Tensor;
 
 namespace {
 
@@ -33,7 +33,7 @@ struct Case {
   bool beta_one = false;    // beta = 1 (with l2: the hardest conditioning)
   bool u_per_batch = false; // u [B,H,K]
   double decay_level = 0;   // not 0: g (or w) drawn around this (strong decay)
-  ElementType type = ElementType::f32;
+  DType type = DType::f32;
   std::vector<std::int64_t> cu_seqlens;
   bool packed_rank3 = false;
   std::optional<float> scale;
@@ -44,7 +44,7 @@ struct Case {
     s << (form == Form::delta ? "delta_rule" : form == Form::gated_delta ? "gated_delta_rule" : "rwkv6") << " B=" << B << " T=" << T
       << " H=" << H << " H_kv=" << H_kv << " K=" << K << " V=" << V << " reverse=" << reverse << " h0=" << initial_state
       << " l2=" << l2 << " beta_one=" << beta_one << " u_per_batch=" << u_per_batch << " decay_level=" << decay_level
-      << " dtype=" << ladle::element_type_name(type) << " varlen=" << cu_seqlens.size() << " rank3=" << packed_rank3
+      << " dtype=" << ladle::dtype_name(type) << " varlen=" << cu_seqlens.size() << " rank3=" << packed_rank3
       << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto");
     return s.str();
   }
@@ -90,27 +90,27 @@ void check_case(Case c) {
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::optional<test::Filled> beta, g, w, u, h0;
   if (delta) {
-    beta = test::filled(ElementType::f32, token_shape(c.H, 0), [&] { return c.beta_one ? 1.0 : 1.0 / (1.0 + std::exp(-4 * unit(rng) + 2)); });
+    beta = test::filled(DType::f32, token_shape(c.H, 0), [&] { return c.beta_one ? 1.0 : 1.0 / (1.0 + std::exp(-4 * unit(rng) + 2)); });
     ref.beta = beta->values;
   }
   if (c.form == Form::gated_delta) {
-    g = test::filled(ElementType::f32, token_shape(c.H, 0), [&] { return c.decay_level != 0 ? c.decay_level * (0.5 + unit(rng)) : test::logsigmoid(4 * unit(rng) - 2) / 4; });
+    g = test::filled(DType::f32, token_shape(c.H, 0), [&] { return c.decay_level != 0 ? c.decay_level * (0.5 + unit(rng)) : test::logsigmoid(4 * unit(rng) - 2) / 4; });
     ref.g = g->values;
   }
   if (c.form == Form::rwkv6) {
     w = test::filled(c.type, token_shape(c.H, c.K), [&] { return c.decay_level != 0 ? c.decay_level * (0.5 + unit(rng)) : -std::exp(unit(rng) * 2 - 3); });
     ref.w = w->values;
-    u = test::normal(rng, ElementType::f32, c.u_per_batch ? std::vector<std::int64_t>{c.B, c.H, c.K} : std::vector<std::int64_t>{c.H, c.K});
+    u = test::normal(rng, DType::f32, c.u_per_batch ? std::vector<std::int64_t>{c.B, c.H, c.K} : std::vector<std::int64_t>{c.H, c.K});
     ref.u = u->values;
   }
   if (c.initial_state) {
-    h0 = test::normal(rng, ElementType::f32, {N, c.H, c.K, c.V});
+    h0 = test::normal(rng, DType::f32, {N, c.H, c.K, c.V});
     options.initial_state = h0->tensor.view();
     ref.initial_state = h0->values;
   }
-  HostTensor cu_seqlens;
+  Tensor cu_seqlens;
   if (!c.cu_seqlens.empty()) {
-    cu_seqlens = HostTensor(ElementType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    cu_seqlens = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
     std::memcpy(cu_seqlens.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
     options.cu_seqlens = cu_seqlens.view();
   }
@@ -119,8 +119,8 @@ void check_case(Case c) {
   for (ladle::Backend backend : test::backends()) {
     options.backend = backend;
     INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
-    HostTensor o(c.type, token_shape(c.H, c.V), std::numeric_limits<float>::quiet_NaN());
-    HostTensor final_state(ElementType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
+    Tensor o(c.type, token_shape(c.H, c.V), std::numeric_limits<float>::quiet_NaN());
+    Tensor final_state(DType::f32, {N, c.H, c.K, c.V}, std::numeric_limits<float>::quiet_NaN());
     const ladle::RecurrentOutputs outputs{o.view(), final_state.view()};
     if (c.form == Form::delta) ladle::delta_rule_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), beta->tensor.view(), options, outputs);
     if (c.form == Form::gated_delta)
@@ -131,7 +131,7 @@ void check_case(Case c) {
     INFO("o error " << o_error << ", final_state error " << state_error);
     // The chunked form multiplies in bf16 on the tensor cores whatever the inputs' dtype.
     const bool tensor_cores = backend == ladle::Backend::gpu && c.algorithm == ladle::Algorithm::chunked;
-    const double tolerance = tensor_cores ? test::tolerance(ElementType::bf16) : test::tolerance(c.type);
+    const double tolerance = tensor_cores ? test::tolerance(DType::bf16) : test::tolerance(c.type);
     CHECK(o_error < tolerance);
     CHECK(state_error < tolerance);
     for (std::size_t n = 0; n + 1 < c.cu_seqlens.size(); ++n) {  // an empty sequence keeps its state
@@ -143,14 +143,14 @@ void check_case(Case c) {
   }
 }
 
-const ElementType all_types[] = {ElementType::f32, ElementType::f16, ElementType::bf16};
+const DType all_types[] = {DType::f32, DType::f16, DType::bf16};
 const Form all_forms[] = {Form::delta, Form::gated_delta, Form::rwkv6};
 
 }  // namespace
 
 TEST_CASE("update forms match the fp64 oracle in each direction and dtype, with and without states", "[ops][update_forms]") {
   for (Form form : all_forms)
-    for (ElementType type : all_types)
+    for (DType type : all_types)
       for (bool reverse : {false, true})
         for (bool h0 : {false, true}) {
           Case c;
@@ -161,7 +161,7 @@ TEST_CASE("update forms match the fp64 oracle in each direction and dtype, with 
 
 TEST_CASE("delta rules normalise q and k in the kernel, and hold at beta = 1 on normalised keys", "[ops][update_forms]") {
   for (Form form : {Form::delta, Form::gated_delta})
-    for (ElementType type : all_types)
+    for (DType type : all_types)
       for (bool beta_one : {false, true}) {
         Case c;
         c.form = form, c.type = type, c.l2 = true, c.beta_one = beta_one;
@@ -177,7 +177,7 @@ TEST_CASE("delta rules on the chunked (tensor-core) form: chunks, partial chunks
   for (Form form : {Form::delta, Form::gated_delta})
     for (bool reverse : {false, true}) {
       Case c;
-      c.form = form, c.type = ElementType::bf16, c.l2 = true, c.reverse = reverse;
+      c.form = form, c.type = DType::bf16, c.l2 = true, c.reverse = reverse;
       c.algorithm = ladle::Algorithm::chunked;
       c.B = 2, c.T = 200, c.H = 4, c.H_kv = 2, c.K = 128, c.V = 128;
       check_case(c);
@@ -186,7 +186,7 @@ TEST_CASE("delta rules on the chunked (tensor-core) form: chunks, partial chunks
       check_case(c);
     }
   Case strong;  // strong decay: gamma falls by ~8 a token
-  strong.form = Form::gated_delta, strong.decay_level = -8.0, strong.T = 130, strong.type = ElementType::bf16;
+  strong.form = Form::gated_delta, strong.decay_level = -8.0, strong.T = 130, strong.type = DType::bf16;
   strong.algorithm = ladle::Algorithm::chunked, strong.K = 32, strong.V = 48;
   check_case(strong);
   Case plain;  // unnormalised keys of unit length, fp32 inputs forced onto the tensor cores
@@ -201,7 +201,7 @@ TEST_CASE("update forms take packed sequences with an empty one, rank-3 inputs a
         Case c;
         c.form = form, c.reverse = reverse, c.packed_rank3 = rank3;
         c.cu_seqlens = {0, 5, 5, 12, 13, 20};
-        c.type = rank3 ? ElementType::bf16 : ElementType::f32;
+        c.type = rank3 ? DType::bf16 : DType::f32;
         check_case(c);
       }
   Case empty;  // only empty sequences: the states pass through
@@ -244,10 +244,10 @@ TEST_CASE("a user expression of the gated delta rule: gates as expressions, feat
 
   const int B = 2, T = 33, H = 4, H_kv = 2, K = 16, V = 8;
   std::mt19937_64 rng(17);
-  const test::Filled q = test::normal(rng, ElementType::bf16, {B, T, H, K}), k = test::normal(rng, ElementType::bf16, {B, T, H_kv, K});
-  const test::Filled v = test::normal(rng, ElementType::bf16, {B, T, H_kv, V});
-  const test::Filled at = test::normal(rng, ElementType::f32, {B, T, H}), bt = test::normal(rng, ElementType::f32, {B, T, H});
-  const test::Filled A = test::normal(rng, ElementType::f32, {H}, 0.5), dt = test::normal(rng, ElementType::f32, {H}, 0.5);
+  const test::Filled q = test::normal(rng, DType::bf16, {B, T, H, K}), k = test::normal(rng, DType::bf16, {B, T, H_kv, K});
+  const test::Filled v = test::normal(rng, DType::bf16, {B, T, H_kv, V});
+  const test::Filled at = test::normal(rng, DType::f32, {B, T, H}), bt = test::normal(rng, DType::f32, {B, T, H});
+  const test::Filled A = test::normal(rng, DType::f32, {H}, 0.5), dt = test::normal(rng, DType::f32, {H}, 0.5);
   reference::UpdateForm ref;
   ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
   const auto silu = [](std::vector<double> x) {
@@ -271,16 +271,16 @@ TEST_CASE("a user expression of the gated delta rule: gates as expressions, feat
         variant, q.tensor.view(), k.tensor.view(), v.tensor.view(),
         {{{"a", at.tensor.view()}, {"b", bt.tensor.view()}, {"A_log", A.tensor.view()}, {"dt_bias", dt.tensor.view()}}, {{"scale", 0.3f}}},
         options);
-    CHECK(test::relative_error(out.o, expected.o) < test::tolerance(ElementType::bf16));
+    CHECK(test::relative_error(out.o, expected.o) < test::tolerance(DType::bf16));
     CHECK(test::relative_error(*out.final_state, expected.final_state) < 1e-4);
   }
 }
 
 TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]") {
   std::mt19937_64 rng(3);
-  const auto q = test::normal(rng, ElementType::f32, {1, 4, 2, 8}), k = test::normal(rng, ElementType::f32, {1, 4, 2, 8});
-  const auto v = test::normal(rng, ElementType::f32, {1, 4, 2, 6}), beta = test::normal(rng, ElementType::f32, {1, 4, 2});
-  const auto w = test::normal(rng, ElementType::f32, {1, 4, 2, 8}), u = test::normal(rng, ElementType::f32, {2, 8});
+  const auto q = test::normal(rng, DType::f32, {1, 4, 2, 8}), k = test::normal(rng, DType::f32, {1, 4, 2, 8});
+  const auto v = test::normal(rng, DType::f32, {1, 4, 2, 6}), beta = test::normal(rng, DType::f32, {1, 4, 2});
+  const auto w = test::normal(rng, DType::f32, {1, 4, 2, 8}), u = test::normal(rng, DType::f32, {2, 8});
   ladle::UpdateFormOptions cpu;
   cpu.backend = ladle::Backend::cpu;
   using Catch::Matchers::Contains;
@@ -289,7 +289,7 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
                     Contains("delta_rule") && Contains("beta") && Contains("[B,T,H]"));
   CHECK_THROWS_WITH(ladle::gated_delta_rule(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), beta.tensor.view(), cpu),
                     Contains("gated_delta_rule") && Contains("g has shape"));
-  const auto u_wrong = test::normal(rng, ElementType::f32, {2, 6});
+  const auto u_wrong = test::normal(rng, DType::f32, {2, 6});
   CHECK_THROWS_WITH(ladle::rwkv6(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), u_wrong.tensor.view(), cpu),
                     Contains("rwkv6") && Contains("u has shape") && Contains("[H,K]"));
   ladle::UpdateFormOptions l2 = cpu;
@@ -308,7 +308,7 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
   if (ladle::driver_available()) {
     CHECK_THROWS_WITH(ladle::rwkv6(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), u.tensor.view(), chunked),
                       Contains("rwkv6: algorithm chunked") && Contains("a read before the update with a bonus"));
-    const auto wide_q = test::normal(rng, ElementType::f32, {1, 4, 2, 160}), wide_k = test::normal(rng, ElementType::f32, {1, 4, 2, 160});
+    const auto wide_q = test::normal(rng, DType::f32, {1, 4, 2, 160}), wide_k = test::normal(rng, DType::f32, {1, 4, 2, 160});
     CHECK_THROWS_WITH(ladle::delta_rule(wide_q.tensor.view(), wide_k.tensor.view(), v.tensor.view(), beta.tensor.view(), chunked),
                       Contains("K = 160, expected at most 128"));
   }

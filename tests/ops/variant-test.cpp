@@ -36,9 +36,9 @@ TEST_CASE("a key-side gate computed in the kernel from a raw input and a per-hea
   const ir::Variant variant =
       dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(x) / tau), dsl::q, dsl::scalar("scale")), "custom_gate");
 
-  for (ElementType type : {ElementType::f32, ElementType::f16, ElementType::bf16})
+  for (DType type : {DType::f32, DType::f16, DType::bf16})
     for (bool per_batch : {false, true}) {
-      INFO(element_type_name(type) << " per_batch=" << per_batch);
+      INFO(dtype_name(type) << " per_batch=" << per_batch);
       Sizes s;
       std::mt19937_64 rng(100 + static_cast<int>(type) * 2 + per_batch);
       const auto q = test::normal(rng, type, {s.B, s.T, s.H, s.K});
@@ -46,9 +46,9 @@ TEST_CASE("a key-side gate computed in the kernel from a raw input and a per-hea
       const auto v = test::normal(rng, type, {s.B, s.T, s.H_kv, s.V});
       const auto xs = test::normal(rng, type, {s.B, s.T, s.H, s.K}, 3.0);
       std::uniform_real_distribution<double> temperature(4.0, 32.0);
-      const auto taus = test::filled(ElementType::f32, per_batch ? std::vector<std::int64_t>{s.B, s.H} : std::vector<std::int64_t>{s.H},
+      const auto taus = test::filled(DType::f32, per_batch ? std::vector<std::int64_t>{s.B, s.H} : std::vector<std::int64_t>{s.H},
                                      [&] { return temperature(rng); });
-      const auto h0 = test::normal(rng, ElementType::f32, {s.B, s.H, s.K, s.V});
+      const auto h0 = test::normal(rng, DType::f32, {s.B, s.H, s.K, s.V});
 
       VariantInputs inputs{{{"x", xs.tensor.view()}, {"tau", taus.tensor.view()}}, {{"scale", 0.3f}}};
       RunOptions options;
@@ -77,11 +77,11 @@ TEST_CASE("the GLA gate written in the expression equals the precomputed gate", 
       dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(x) / 16), dsl::q, dsl::scalar("scale")), "gla_from_x");
   Sizes s;
   std::mt19937_64 rng(5);
-  const auto q = test::normal(rng, ElementType::f32, {s.B, s.T, s.H, s.K});
-  const auto k = test::normal(rng, ElementType::f32, {s.B, s.T, s.H_kv, s.K});
-  const auto v = test::normal(rng, ElementType::f32, {s.B, s.T, s.H_kv, s.V});
-  const auto xs = test::normal(rng, ElementType::f32, {s.B, s.T, s.H, s.K}, 2.0);
-  HostTensor g(ElementType::f32, {s.B, s.T, s.H, s.K});
+  const auto q = test::normal(rng, DType::f32, {s.B, s.T, s.H, s.K});
+  const auto k = test::normal(rng, DType::f32, {s.B, s.T, s.H_kv, s.K});
+  const auto v = test::normal(rng, DType::f32, {s.B, s.T, s.H_kv, s.V});
+  const auto xs = test::normal(rng, DType::f32, {s.B, s.T, s.H, s.K}, 2.0);
+  Tensor g(DType::f32, {s.B, s.T, s.H, s.K});
   for (std::int64_t i = 0; i < g.numel(); ++i) g.set(i, static_cast<float>(test::logsigmoid(xs.values[i]) / 16));
 
   const auto in_kernel = run_variant(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(),
@@ -102,9 +102,9 @@ TEST_CASE("feature maps on q and k with a normalised read", "[ops][variant]") {
       "normalised_linear");
   REQUIRE(variant.normalize);
 
-  for (ElementType type : {ElementType::f32, ElementType::bf16})
+  for (DType type : {DType::f32, DType::bf16})
     for (bool reverse : {false, true}) {
-      INFO(element_type_name(type) << " reverse=" << reverse);
+      INFO(dtype_name(type) << " reverse=" << reverse);
       Sizes s;
       s.B = 1;
       std::mt19937_64 rng(17 + reverse);
@@ -112,8 +112,8 @@ TEST_CASE("feature maps on q and k with a normalised read", "[ops][variant]") {
       const auto k = test::normal(rng, type, {s.T, s.H_kv, s.K});
       const auto v = test::normal(rng, type, {s.T, s.H_kv, s.V});
       const auto gs = test::log_gate(rng, type, {s.T, s.H, s.K});
-      const auto gamma = test::filled(ElementType::f32, {s.H}, [] { return -0.1; });
-      HostTensor cu(ElementType::i64, {3});
+      const auto gamma = test::filled(DType::f32, {s.H}, [] { return -0.1; });
+      Tensor cu(DType::i64, {3});
       const std::int64_t offsets[] = {0, 3, s.T};
       std::memcpy(cu.data(), offsets, sizeof offsets);
 
@@ -151,13 +151,13 @@ TEST_CASE("a per-token scalar gate, a value-side gate from a raw input, and a pe
 
   Sizes s;
   std::mt19937_64 rng(23);
-  const auto q = test::normal(rng, ElementType::f32, {s.B, s.T, s.H, s.K});
-  const auto k = test::normal(rng, ElementType::f32, {s.B, s.T, s.H_kv, s.K});
-  const auto v = test::normal(rng, ElementType::f32, {s.B, s.T, s.H_kv, s.V});
-  const auto gts = test::log_gate(rng, ElementType::f32, {s.B, s.T, s.H});
-  const auto ys = test::normal(rng, ElementType::f32, {s.B, s.T, s.H, s.V}, 2.0);
-  const auto us = test::normal(rng, ElementType::f32, {s.B, s.T, s.H, s.V});
-  const auto ss = test::filled(ElementType::f32, {s.H}, [h = 0]() mutable { return 0.5 + 0.25 * h++; });
+  const auto q = test::normal(rng, DType::f32, {s.B, s.T, s.H, s.K});
+  const auto k = test::normal(rng, DType::f32, {s.B, s.T, s.H_kv, s.K});
+  const auto v = test::normal(rng, DType::f32, {s.B, s.T, s.H_kv, s.V});
+  const auto gts = test::log_gate(rng, DType::f32, {s.B, s.T, s.H});
+  const auto ys = test::normal(rng, DType::f32, {s.B, s.T, s.H, s.V}, 2.0);
+  const auto us = test::normal(rng, DType::f32, {s.B, s.T, s.H, s.V});
+  const auto ss = test::filled(DType::f32, {s.H}, [h = 0]() mutable { return 0.5 + 0.25 * h++; });
   const VariantInputs inputs{{{"g_t", gts.tensor.view()}, {"y", ys.tensor.view()}, {"u", us.tensor.view()}, {"s", ss.tensor.view()}},
                              {{"scale", 0.5f}}};
   const auto out = run_variant(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(), inputs);
@@ -191,12 +191,12 @@ TEST_CASE("the result does not depend on the number of threads", "[ops][variant]
   Sizes s;
   s.H = 6, s.H_kv = 3;
   std::mt19937_64 rng(31);
-  const auto q = test::normal(rng, ElementType::bf16, {s.B, s.T, s.H, s.K});
-  const auto k = test::normal(rng, ElementType::bf16, {s.B, s.T, s.H_kv, s.K});
-  const auto v = test::normal(rng, ElementType::bf16, {s.B, s.T, s.H_kv, s.V});
-  const auto g = test::log_gate(rng, ElementType::bf16, {s.B, s.T, s.H, s.K});
-  const auto gv = test::log_gate(rng, ElementType::bf16, {s.B, s.T, s.H, s.V});
-  const auto gamma = test::filled(ElementType::f32, {s.H}, [] { return -0.02; });
+  const auto q = test::normal(rng, DType::bf16, {s.B, s.T, s.H, s.K});
+  const auto k = test::normal(rng, DType::bf16, {s.B, s.T, s.H_kv, s.K});
+  const auto v = test::normal(rng, DType::bf16, {s.B, s.T, s.H_kv, s.V});
+  const auto g = test::log_gate(rng, DType::bf16, {s.B, s.T, s.H, s.K});
+  const auto gv = test::log_gate(rng, DType::bf16, {s.B, s.T, s.H, s.V});
+  const auto gamma = test::filled(DType::f32, {s.H}, [] { return -0.02; });
   const VariantInputs inputs{{{"g", g.tensor.view()}, {"gv", gv.tensor.view()}, {"g_gamma", gamma.tensor.view()}}, {{"scale", 0.3f}}};
   RunOptions one, many;
   one.threads = 1;

@@ -78,10 +78,10 @@ int main(int argc, char** argv) {
     aux.copy_from_host(sink_logits.data(), sink_logits.size() * 4);
     device.synchronize();
 
-    const auto view = [](const ladle::DeviceBuffer& b, ladle::ElementType type, std::vector<std::int64_t> shape) {
-      return ladle::TensorView::contiguous(reinterpret_cast<const void*>(b.device_ptr()), type, std::move(shape));
+    const auto view = [](const ladle::DeviceBuffer& b, ladle::DType type, std::vector<std::int64_t> shape) {
+      return b.view(type, std::move(shape));
     };
-    const auto bf16 = ladle::ElementType::bf16;
+    const auto bf16 = ladle::DType::bf16;
     const auto qv = view(q, bf16, {B, T, H, D}), kv = view(k, bf16, {B, T, H_kv, D}), vv = view(v, bf16, {B, T, H_kv, D});
     const auto ov = view(o, bf16, {B, T, H, D});
 
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
       pairs = attended_pairs(T, false, window, 0);
     } else {
       features.causal = features.sinks = true;
-      options.softmax_aux = view(aux, ladle::ElementType::f32, {H, sinks});
+      options.softmax_aux = view(aux, ladle::DType::f32, {H, sinks});
       pairs = attended_pairs(T, true, -1, -1);
     }
     const ladle::ir::AttentionVariant& variant = ladle::attention_variant(features);
@@ -115,12 +115,12 @@ int main(int argc, char** argv) {
     ladle::bench::fill_bf16(d_out, 4, false);
     if (backward) options.return_lse = true;
     ladle::ops::bind_attention_outputs(
-        label, options, {ov, backward ? std::optional(view(lse, ladle::ElementType::f32, {B, H, T})) : std::nullopt}, args);
+        label, options, {ov, backward ? std::optional(view(lse, ladle::DType::f32, {B, H, T})) : std::nullopt}, args);
     ladle::cpu::AttentionGrads grads;
     grads.d_output = view(d_out, bf16, {B, T, H, D});
-    grads.dq = view(dq, ladle::ElementType::f32, {B, T, H, D});
-    grads.dk = view(dk, ladle::ElementType::f32, {B, T, H_kv, D});
-    grads.dv = view(dv, ladle::ElementType::f32, {B, T, H_kv, D});
+    grads.dq = view(dq, ladle::DType::f32, {B, T, H, D});
+    grads.dk = view(dk, ladle::DType::f32, {B, T, H_kv, D});
+    grads.dv = view(dv, ladle::DType::f32, {B, T, H_kv, D});
     ladle::Stream stream;
     ladle::Event e0, e1;
     const ladle::gpu::LaunchOptions launch{&stream};

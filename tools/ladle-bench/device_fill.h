@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include <ladle/codegen/tensor_view.h>
+#include <ladle/tensor/tensor_view.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
@@ -14,7 +14,7 @@ namespace ladle::bench {
 
 // type: bf16 or f16 (two bytes an element); anything else throws InvalidArgument.
 // gate: 0 normal, 1 logsigmoid(x)/16 (a GLA gate), 2 sigmoid(x) (a write strength in (0, 1)).
-inline void fill(const DeviceBuffer& buffer, ElementType type, unsigned seed, int gate) {
+inline void fill(const DeviceBuffer& buffer, DType type, unsigned seed, int gate) {
   static const char* source = R"(
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -43,20 +43,20 @@ extern "C" __global__ void fill_f16(__half* x, long long n, unsigned seed, int g
   }
 }
 )";
-  if (type != ElementType::bf16 && type != ElementType::f16)
-    throw InvalidArgument(std::string("fill: dtype ") + element_type_name(type) + ", expected bf16 or f16");
+  if (type != DType::bf16 && type != DType::f16)
+    throw InvalidArgument(std::string("fill: dtype ") + dtype_name(type) + ", expected bf16 or f16");
   static const CompiledProgram program = compile(source);
   static const Module module(program);
   static const Kernel fill_bf16 = module.kernel("fill_bf16"), fill_f16 = module.kernel("fill_f16");
   KernelArgs args;
   args.add(buffer).add(static_cast<long long>(buffer.bytes() / 2)).add(seed).add(gate);
-  (type == ElementType::bf16 ? fill_bf16 : fill_f16)
+  (type == DType::bf16 ? fill_bf16 : fill_f16)
       .launch({static_cast<unsigned>(Device::get().properties().sm_count * 16)}, {256}, args);
 }
 
 inline void fill_bf16(const DeviceBuffer& buffer, unsigned seed, bool gate) {
-  fill(buffer, ElementType::bf16, seed, gate ? 1 : 0);
+  fill(buffer, DType::bf16, seed, gate ? 1 : 0);
 }
-inline void fill_sigmoid_bf16(const DeviceBuffer& buffer, unsigned seed) { fill(buffer, ElementType::bf16, seed, 2); }
+inline void fill_sigmoid_bf16(const DeviceBuffer& buffer, unsigned seed) { fill(buffer, DType::bf16, seed, 2); }
 
 }  // namespace ladle::bench

@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     std::printf("{\"metric\":\"ladle_copy_bandwidth_GBps\",\"value\":%.1f}\n", copy_gbps);
 
     auto view = [](const ladle::DeviceBuffer& b, std::vector<std::int64_t> shape) {
-      return ladle::TensorView::contiguous(reinterpret_cast<const void*>(b.device_ptr()), ladle::ElementType::bf16,
+      return b.view(ladle::DType::bf16,
                                            std::move(shape));
     };
     const auto qv = view(q, {B, T, H, K}), kv = view(k, {B, T, H, K}), vv = view(v, {B, T, H, V}),
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
       ladle::VariantInputs inputs;
       inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
       const auto f32 = [](const ladle::DeviceBuffer& b, std::vector<std::int64_t> shape) {
-        return ladle::TensorView::contiguous(reinterpret_cast<const void*>(b.device_ptr()), ladle::ElementType::f32, std::move(shape));
+        return b.view(ladle::DType::f32, std::move(shape));
       };
       const auto heads_view = f32(heads, {H});
       ladle::DeviceBuffer d_o(n_v * 2), dq(n_k * 4), dk(n_k * 4), dv(n_v * 4), dg(n_k * 4), dy(n_v * 4), dh(H * 4);
@@ -210,19 +210,17 @@ int main(int argc, char** argv) {
       inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
       if (op == "gla") inputs.tensors.emplace("g", gv);
       if (op == "simple_gla")
-        inputs.tensors.emplace("g_gamma", ladle::TensorView::contiguous(reinterpret_cast<const void*>(heads.device_ptr()),
-                                                                        ladle::ElementType::f32, {H}));
+        inputs.tensors.emplace("g_gamma", heads.view(ladle::DType::f32, {H}));
       if (op == "user") {
         inputs.tensors.emplace("x", gv);
         inputs.tensors.emplace("y", view(y, {B, T, H, V}));
-        inputs.tensors.emplace("tau", ladle::TensorView::contiguous(reinterpret_cast<const void*>(heads.device_ptr()),
-                                                                    ladle::ElementType::f32, {H}));
+        inputs.tensors.emplace("tau", heads.view(ladle::DType::f32, {H}));
       }
       if (delta) inputs.tensors.emplace("beta", view(beta, {B, T, H}));
       if (op == "gated_delta_rule") inputs.tensors.emplace("g", view(g_head, {B, T, H}));
       if (op == "rwkv6") {
         inputs.tensors.emplace("w", gv);
-        inputs.tensors.emplace("u", ladle::TensorView::contiguous(reinterpret_cast<const void*>(u.device_ptr()), ladle::ElementType::f32, {H, K}));
+        inputs.tensors.emplace("u", u.view(ladle::DType::f32, {H, K}));
       }
       ladle::gpu::LaunchOptions launch{&stream};
       try {

@@ -144,12 +144,12 @@ int main(int argc, char** argv) {
       const int dv = value_head_dim > 0 ? value_head_dim : head_dim;
       const std::string list = masks + (!masks.empty() && !mods.empty() ? "," : "") + mods;
       const ladle::ir::AttentionVariant& variant = ladle::attention_variant(ladle::parse_attention_features(list));
-      const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
+      const auto type = dtype == "f32" ? ladle::DType::f32 : dtype == "f16" ? ladle::DType::f16 : ladle::DType::bf16;
       ladle::cuda::AttentionKernelSpec spec;
       for (const auto& input : variant.inputs)
         spec.input_types.push_back(input.role != ladle::ir::Role::other ? type
-                                   : input.name == "attention_mask"     ? ladle::ElementType::u8
-                                                                        : ladle::ElementType::f32);
+                                   : input.name == "attention_mask"     ? ladle::DType::u8
+                                                                        : ladle::DType::f32);
       spec.output_type = type;
       spec.D = head_dim, spec.Dv = dv;
       spec.varlen = varlen;
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
         bspec.output_type = bspec.d_output_type = type;
         bspec.sinks_gradient = variant.sinks;
         for (std::size_t k = 0; k < variant.inputs.size(); ++k)
-          bspec.input_gradients.push_back(spec.input_types[k] == ladle::ElementType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
+          bspec.input_gradients.push_back(spec.input_types[k] == ladle::DType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
         bspec.arch = arch.empty() ? "sm_90a" : arch;
         bspec.dq_tma = true;  // an aligned dq, as the launcher's default tile takes it (dQ by TMA reductions)
         program = ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch).program;
@@ -185,10 +185,10 @@ int main(int argc, char** argv) {
       }
     } else if (!op.empty()) {
       const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
-      const auto type = dtype == "f32" ? ladle::ElementType::f32 : dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
+      const auto type = dtype == "f32" ? ladle::DType::f32 : dtype == "f16" ? ladle::DType::f16 : ladle::DType::bf16;
       ladle::cuda::KernelTypes types;
       for (const auto& input : variant.inputs)
-        types.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ladle::ElementType::f32 : type);
+        types.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ladle::DType::f32 : type);
       types.output_type = type;
       types.reverse = reverse;
       types.varlen = varlen;
@@ -198,8 +198,8 @@ int main(int argc, char** argv) {
         // A call of these types with every query head (small host tensors, never read): the plan the
         // library makes for it, then each generated kernel and the helpers.
         const std::int64_t T = 64;
-        std::vector<ladle::HostTensor> keep;
-        const auto tensor = [&](ladle::ElementType t, std::vector<std::int64_t> shape) {
+        std::vector<ladle::Tensor> keep;
+        const auto tensor = [&](ladle::DType t, std::vector<std::int64_t> shape) {
           keep.emplace_back(t, std::move(shape), 0.0f);
           return keep.back().view();
         };
@@ -215,10 +215,10 @@ int main(int argc, char** argv) {
         ladle::RunOptions options;
         options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
         options.reverse = reverse;
-        ladle::HostTensor offsets(ladle::ElementType::i64, {2});
+        ladle::Tensor offsets(ladle::DType::i64, {2});
         static_cast<std::int64_t*>(offsets.data())[0] = 0, static_cast<std::int64_t*>(offsets.data())[1] = T;
         if (varlen) options.cu_seqlens = offsets.view();
-        if (states) options.initial_state = tensor(ladle::ElementType::f32, {1, 1, key_dim, value_dim});
+        if (states) options.initial_state = tensor(ladle::DType::f32, {1, 1, key_dim, value_dim});
         const auto q = tensor(type, {1, T, 1, key_dim}), k = tensor(type, {1, T, 1, key_dim}), v = tensor(type, {1, T, 1, value_dim});
         const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options);
         for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain})
@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
         if (const std::string why = ladle::cuda::chunked_delta_unsupported(variant, key_dim, value_dim); !why.empty())
           throw ladle::InvalidArgument("ladle-dump: --algo chunked: " + why);
         ladle::cuda::ChunkedDeltaSpec spec = ladle::cuda::chunked_delta_spec(types, key_dim, value_dim, ladle::cuda::ChunkedDeltaPhase::prepare);
-        spec.vector_loads = type != ladle::ElementType::f32 && key_dim % 8 == 0 && value_dim % 8 == 0;
+        spec.vector_loads = type != ladle::DType::f32 && key_dim % 8 == 0 && value_dim % 8 == 0;
         for (auto phase : {ladle::cuda::ChunkedDeltaPhase::prepare, ladle::cuda::ChunkedDeltaPhase::states, ladle::cuda::ChunkedDeltaPhase::outputs}) {
           spec.phase = phase;
           const ladle::cuda::ChunkedDeltaKernel kernel = ladle::cuda::generate_chunked_delta(variant, spec);

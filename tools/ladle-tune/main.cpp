@@ -62,21 +62,21 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
   const ladle::AttentionFeatures features = ladle::parse_attention_features(list);  // bad flags: said before the GPU
   const ladle::ir::AttentionVariant& variant = ladle::attention_variant(features);
   auto& device = ladle::Device::get();
-  const auto type = dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
+  const auto type = dtype == "f16" ? ladle::DType::f16 : ladle::DType::bf16;
   std::vector<ladle::DeviceBuffer> buffers;
   buffers.reserve(12);
-  const auto view = [&](ladle::ElementType of, std::vector<std::int64_t> shape) {
+  const auto view = [&](ladle::DType of, std::vector<std::int64_t> shape) {
     std::int64_t n = 1;
     for (auto d : shape) n *= d;
-    buffers.emplace_back(static_cast<std::size_t>(n) * ladle::element_size(of));
-    return ladle::TensorView::contiguous(reinterpret_cast<const void*>(buffers.back().device_ptr()), of, std::move(shape));
+    buffers.emplace_back(static_cast<std::size_t>(n) * ladle::dtype_size(of));
+    return buffers.back().view(of, std::move(shape));
   };
   const auto random = [&](std::vector<std::int64_t> shape, unsigned seed) {
     const ladle::TensorView made = view(type, std::move(shape));
     ladle::bench::fill(buffers.back(), type, seed, false);
     return made;
   };
-  const auto from_host = [&](ladle::ElementType of, std::vector<std::int64_t> shape, const void* data) {
+  const auto from_host = [&](ladle::DType of, std::vector<std::int64_t> shape, const void* data) {
     const ladle::TensorView made = view(of, std::move(shape));
     buffers.back().copy_from_host(data, buffers.back().bytes());
     return made;
@@ -90,7 +90,7 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
   if (features.mask) {
     std::vector<unsigned char> keep(static_cast<std::size_t>(s.T) * s.Tk);
     for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = (i * 2654435761u) % 10 != 0;
-    inputs.tensors["attention_mask"] = from_host(ladle::ElementType::u8, {1, 1, s.T, s.Tk}, keep.data());
+    inputs.tensors["attention_mask"] = from_host(ladle::DType::u8, {1, 1, s.T, s.Tk}, keep.data());
   }
   ladle::AttentionRunOptions options;
   if (features.window) options.window_left = s.window, options.window_right = 0;
@@ -98,7 +98,7 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
     const auto segments = [&](int tokens) {
       std::vector<std::int32_t> ids(static_cast<std::size_t>(s.B) * tokens);
       for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i % tokens / 1024);
-      return from_host(ladle::ElementType::i32, {s.B, tokens}, ids.data());
+      return from_host(ladle::DType::i32, {s.B, tokens}, ids.data());
     };
     options.q_segment_ids = segments(s.T);
     options.kv_segment_ids = segments(s.Tk);
@@ -106,7 +106,7 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
   if (features.sinks) {
     std::vector<float> logits(static_cast<std::size_t>(s.H) * 4);
     for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = 0.5f * static_cast<float>(i % 4);
-    options.softmax_aux = from_host(ladle::ElementType::f32, {s.H, 4}, logits.data());
+    options.softmax_aux = from_host(ladle::DType::f32, {s.H, 4}, logits.data());
   }
   if (features.dropout) options.dropout_p = 0.1f, options.seed = 1;
   const ladle::TensorView o = view(type, {s.B, s.T, s.H, s.Dv});
@@ -120,22 +120,22 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
   // The backward: the forward once (its o and lse, the library's tile), then the backward's tiles on a
   // random d_output into fp32 gradients, each checked against the heuristic tile's gradients.
   options.return_lse = true;
-  const ladle::TensorView lse = view(ladle::ElementType::f32, {s.B, s.H, s.T});
+  const ladle::TensorView lse = view(ladle::DType::f32, {s.B, s.H, s.T});
   ladle::ops::bind_attention_outputs("attention", options, {o, lse}, args);
   ladle::gpu::run_attention_into(variant, args);
   ladle::cpu::AttentionGrads grads;
   grads.d_output = random({s.B, s.T, s.H, s.Dv}, 5);
-  grads.dq = view(ladle::ElementType::f32, {s.B, s.T, s.H, s.D});
-  grads.dk = view(ladle::ElementType::f32, {s.B, s.Tk, s.H_kv, s.D});
-  grads.dv = view(ladle::ElementType::f32, {s.B, s.Tk, s.H_kv, s.Dv});
+  grads.dq = view(ladle::DType::f32, {s.B, s.T, s.H, s.D});
+  grads.dk = view(ladle::DType::f32, {s.B, s.Tk, s.H_kv, s.D});
+  grads.dv = view(ladle::DType::f32, {s.B, s.Tk, s.H_kv, s.Dv});
   grads.d_tensors.resize(variant.inputs.size());
   for (std::size_t i = 0; i < variant.inputs.size(); ++i)
     if (variant.inputs[i].name == "bias") {  // [1,1,T,Tk], seen as the kernels' [B,H,Tq,Tk] (broadcast: stride 0)
-      ladle::TensorView d_bias = view(ladle::ElementType::f32, {s.T, s.Tk});
+      ladle::TensorView d_bias = view(ladle::DType::f32, {s.T, s.Tk});
       d_bias.shape = {s.B, s.H, s.T, s.Tk}, d_bias.strides = {0, 0, s.Tk, 1};
       grads.d_tensors[i] = d_bias;
     }
-  if (features.sinks) grads.d_softmax_aux = view(ladle::ElementType::f32, {s.H, 4});
+  if (features.sinks) grads.d_softmax_aux = view(ladle::DType::f32, {s.H, 4});
   device.synchronize();
   const ladle::cuda::AttentionBackwardSpec spec = ladle::gpu::attention_backward_spec(variant, args, grads);
   measure_and_store(ladle::gpu::attention_backward_tune_job(variant, args, grads, ladle::gpu::heuristic_attention_backward_tile(spec)),
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     }
     auto& device = ladle::Device::get();
     const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
-    const auto type = dtype == "f16" ? ladle::ElementType::f16 : ladle::ElementType::bf16;
+    const auto type = dtype == "f16" ? ladle::DType::f16 : ladle::DType::bf16;
     std::vector<ladle::DeviceBuffer> buffers;
     ladle::VariantInputs inputs;
     inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
       for (auto s : shape) n *= s;
       buffers.emplace_back(static_cast<std::size_t>(n) * 2);
       ladle::bench::fill(buffers.back(), type, seed, gate);
-      return ladle::TensorView::contiguous(reinterpret_cast<const void*>(buffers.back().device_ptr()), type,
+      return buffers.back().view(type,
                                            std::move(shape));
     };
     buffers.reserve(8);
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
       grad_buffers.reserve(8);
       const auto grad = [&](const ladle::TensorView& input) {
         grad_buffers.emplace_back(static_cast<std::size_t>(input.numel()) * 4);
-        return ladle::TensorView::contiguous(reinterpret_cast<const void*>(grad_buffers.back().device_ptr()), ladle::ElementType::f32,
+        return grad_buffers.back().view(ladle::DType::f32,
                                              input.shape);
       };
       ladle::gpu::RecurrentGradientViews grads{grad(q), grad(k), grad(v), {}, std::nullopt};

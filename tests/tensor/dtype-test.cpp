@@ -1,19 +1,29 @@
-// ladle::half and ladle::bfloat16: rounding, special values, limits and use in xt::xarray.
+// tensor/dtype.h: DType names and sizes, and ladle::half and ladle::bfloat16 (rounding from
+// double and from float, special values, limits, typed loads and stores, use in xt::xarray).
 #include <catch2/catch.hpp>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include <xtensor/xarray.hpp>
 #include <xtensor/xoperation.hpp>
 
-#include "runtime/half.h"
+#include <ladle/tensor/dtype.h>
 
 using ladle::bfloat16;
 using ladle::half;
+
+namespace {
+std::uint16_t to_f16(float x) { return half(x).bits(); }
+std::uint16_t to_bf16(float x) { return bfloat16(x).bits(); }
+float from_f16(std::uint16_t bits) { return half::from_bits(bits); }
+float from_bf16(std::uint16_t bits) { return bfloat16::from_bits(bits); }
+}  // namespace
 
 TEST_CASE("half converts known values to their IEEE binary16 bit patterns") {
   CHECK(half(1.0f).bits() == 0x3C00);
@@ -158,4 +168,99 @@ TEST_CASE("xt::xarray of bfloat16 supports construction, element access, assignm
   CHECK(copy(1, 1).bits() == 0x3EAB);
   const xt::xarray<half> halves(std::vector<std::size_t>{2, 2}, half(0.1f));
   CHECK(halves(1, 1).bits() == 0x2E66);
+}
+
+TEST_CASE("every fp16 value widens and narrows back to itself", "[tensor][dtype]") {
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    const float f = from_f16(h);
+    if (std::isnan(f)) {
+      CHECK((h & 0x7c00) == 0x7c00);
+      CHECK(std::isnan(from_f16(to_f16(f))));
+    } else if (to_f16(f) != h) {
+      FAIL("fp16 " << bits << " -> " << f << " -> " << to_f16(f));
+    }
+  }
+  CHECK(from_f16(0x3c00) == 1.0f);
+  CHECK(from_f16(0x7bff) == 65504.0f);
+  CHECK(from_f16(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(from_f16(0xc000) == -2.0f);
+}
+
+TEST_CASE("fp16 narrowing rounds to nearest, ties to even", "[tensor][dtype]") {
+  const float ulp = std::ldexp(1.0f, -10);  // at 1.0
+  CHECK(to_f16(1.0f + ulp / 2) == 0x3c00);          // tie, down to even
+  CHECK(to_f16(1.0f + 3 * ulp / 2) == 0x3c02);      // tie, up to even
+  CHECK(to_f16(1.0f + ulp / 2 + 1e-7f) == 0x3c01);  // past the tie
+  CHECK(to_f16(65504.0f) == 0x7bff);
+  CHECK(to_f16(65519.0f) == 0x7bff);
+  CHECK(to_f16(65520.0f) == 0x7c00);  // rounds past the largest finite value
+  CHECK(to_f16(-1e10f) == 0xfc00);
+  CHECK(to_f16(std::numeric_limits<float>::infinity()) == 0x7c00);
+  CHECK(to_f16(std::ldexp(1.0f, -24)) == 0x0001);
+  CHECK(to_f16(std::ldexp(1.0f, -25)) == 0x0000);         // tie between 0 and the least subnormal
+  CHECK(to_f16(std::ldexp(1.5f, -25)) == 0x0001);
+  CHECK(to_f16(std::ldexp(3.0f, -25)) == 0x0002);         // tie, up to even
+  CHECK(to_f16(std::ldexp(1.0f, -14) * (1 - std::ldexp(1.0f, -12))) == 0x0400);  // rounds up into the normals
+  CHECK(to_f16(std::ldexp(1.0f, -14) * 0.999f) == 0x03ff);
+  CHECK(to_f16(-0.0f) == 0x8000);
+  CHECK((to_f16(std::numeric_limits<float>::quiet_NaN()) & 0x7e00) == 0x7e00);
+}
+
+TEST_CASE("bf16 keeps the top half of a float, rounded to nearest even", "[tensor][dtype]") {
+  CHECK(to_bf16(1.0f) == 0x3f80);
+  CHECK(from_bf16(0x3f80) == 1.0f);
+  const float ulp = std::ldexp(1.0f, -7);
+  CHECK(to_bf16(1.0f + ulp / 2) == 0x3f80);      // tie, down to even
+  CHECK(to_bf16(1.0f + 3 * ulp / 2) == 0x3f82);  // tie, up to even
+  CHECK(to_bf16(1.0f + ulp / 2 + 1e-6f) == 0x3f81);
+  CHECK(to_bf16(std::numeric_limits<float>::max()) == 0x7f80);  // past the largest bf16
+  CHECK(to_bf16(-std::numeric_limits<float>::infinity()) == 0xff80);
+  CHECK(std::isnan(from_bf16(to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  // A NaN whose payload sits in the dropped half stays a NaN.
+  CHECK(std::isnan(from_bf16(to_bf16(std::bit_cast<float>(0x7f800001u)))));
+  for (std::uint32_t bits = 0; bits < 0x10000; bits += 7) {
+    const float f = from_bf16(static_cast<std::uint16_t>(bits));
+    if (!std::isnan(f)) CHECK(to_bf16(f) == bits);
+  }
+}
+
+TEST_CASE("typed loads and stores go through the narrowing", "[tensor][dtype]") {
+  std::uint16_t h = 0;
+  ladle::store_float(&h, ladle::DType::f16, 0.1f);
+  CHECK(h == to_f16(0.1f));
+  CHECK(ladle::load_float(&h, ladle::DType::f16) == from_f16(h));
+  double d = 0;
+  ladle::store_float(&d, ladle::DType::f64, 0.25f);
+  CHECK(ladle::load_float(&d, ladle::DType::f64) == 0.25f);
+  CHECK(ladle::round_to(ladle::DType::bf16, 1.0f + std::ldexp(1.0f, -9)) == 1.0f);
+}
+
+TEST_CASE("narrowing a float takes the float path and agrees with narrowing it as a double", "[tensor][dtype]") {
+  std::mt19937 rng(15);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) {
+    const float f = std::bit_cast<float>(bits(rng));
+    const double d = f;
+    if (std::isnan(f)) {
+      CHECK(std::isnan(static_cast<float>(half(f))));
+      CHECK(std::isnan(static_cast<float>(bfloat16(f))));
+      continue;
+    }
+    if (half(f).bits() != half(d).bits()) FAIL("half from float " << f << " differs from half from double");
+    if (bfloat16(f).bits() != bfloat16(d).bits()) FAIL("bfloat16 from float " << f << " differs from bfloat16 from double");
+  }
+}
+
+TEST_CASE("dtypes have one short name and a size, and parse from numpy's names and aliases", "[tensor][dtype]") {
+  using ladle::DType;
+  CHECK(std::string(ladle::dtype_name(DType::bf16)) == "bf16");
+  CHECK(ladle::dtype_size(DType::f16) == 2);
+  CHECK(ladle::dtype_size(DType::i64) == 8);
+  CHECK(ladle::dtype_of<half> == DType::f16);
+  CHECK(ladle::parse_dtype("BFloat16") == DType::bf16);
+  CHECK(ladle::parse_dtype("fp32") == DType::f32);
+  CHECK(ladle::parse_dtype("half") == DType::f16);
+  CHECK(ladle::parse_dtype("u8") == DType::u8);
+  CHECK_THROWS_WITH(ladle::parse_dtype("f8"), Catch::Contains("'f8' is not a dtype") && Catch::Contains("bf16/bfloat16"));
 }
