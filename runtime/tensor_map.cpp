@@ -5,6 +5,7 @@
 #include "error.h"
 
 #include "detail/api.h"
+#include "driver.h"
 
 namespace ladle {
 
@@ -49,6 +50,9 @@ void check(const TensorMapDescription& map) {
 
 TensorMap encode_tensor_map(const TensorMapDescription& map) {
   check(map);
+  // The driver encodes in a current context (CUDA_ERROR_INVALID_CONTEXT without one, as in a
+  // process that has launched nothing yet): the primary context of the thread's device.
+  Device::get(Device::current());
   static_assert(sizeof(CUtensorMap) == sizeof(TensorMap), "CUtensorMap is 128 bytes");
   CUtensorMap encoded;
   cuuint64_t dims[5], strides[4];
