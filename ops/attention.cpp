@@ -31,9 +31,6 @@ namespace {
 
 std::string op_name(const ir::AttentionVariant& variant) { return variant.name.empty() ? "attention" : variant.name; }
 
-const char* const cpu_reads_host =
-    "the CPU path reads it on the host (copy it there with Tensor::to(Location::host()), or run on the GPU)";
-
 // Every tensor argument of a call, by the name its caller knows.
 std::vector<ops::detail::NamedView> argument_views(const TensorView& q, const TensorView& k, const TensorView& v,
                                                    const VariantInputs& inputs, const AttentionRunOptions& options) {
@@ -96,7 +93,7 @@ AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorV
   const std::string op = op_name(variant);
   const auto views = argument_views(q, k, v, inputs, options);
   const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
-  if (!on_gpu) ops::detail::require_host_views(op, views, cpu_reads_host);
+  if (!on_gpu) ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
   std::deque<Tensor> keep;
   const ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, with_host_seqlens(options, keep));
   const Location where = on_gpu && q.on_device() ? q.location : Location::host();
@@ -118,7 +115,7 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
   views.push_back({"o", &outputs.o});
   if (outputs.lse) views.push_back({"lse", &*outputs.lse});
   if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs);
-  ops::detail::require_host_views(op, views, cpu_reads_host);
+  ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
   ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, options);
   ops::bind_attention_outputs(op, options, outputs, args);
   cpu::run_attention(variant, args);

@@ -20,9 +20,6 @@ namespace {
 
 std::string op_name(const ir::Variant& variant) { return variant.name.empty() ? "variant" : variant.name; }
 
-const char* const cpu_reads_host =
-    "the CPU path reads it on the host (copy it there with Tensor::to(Location::host()), or run on the GPU)";
-
 // Every tensor argument of a call, by the name its caller knows.
 std::vector<ops::detail::NamedView> argument_views(const TensorView& q, const TensorView& k, const TensorView& v,
                                                    const VariantInputs& inputs, const RunOptions& options) {
@@ -79,7 +76,7 @@ RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, con
   const std::string op = op_name(variant);
   const auto views = argument_views(q, k, v, inputs, options);
   const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
-  if (!on_gpu) ops::detail::require_host_views(op, views, cpu_reads_host);
+  if (!on_gpu) ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
   // The shapes of the outputs.
   std::optional<Tensor> seqlens;
   const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, with_host_seqlens(options, seqlens));
@@ -102,7 +99,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   views.push_back({"o", &outputs.o});
   if (outputs.final_state) views.push_back({"final_state", &*outputs.final_state});
   if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs);
-  ops::detail::require_host_views(op, views, cpu_reads_host);
+  ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_outputs(op, options, outputs, bound);
   cpu::run_recurrent(variant, bound.args);

@@ -17,6 +17,10 @@
 
 namespace ladle::ops::detail {
 
+// Why the CPU path refuses a device view: what an op's error says after the view's description.
+inline constexpr const char* cpu_reads_host =
+    "the CPU path reads it on the host (copy it there with Tensor::to(Location::host()), or run on the GPU)";
+
 struct NamedView {
   std::string name;
   const TensorView* view;
