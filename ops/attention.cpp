@@ -92,8 +92,7 @@ AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorV
                               const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
   const std::string op = op_name(variant);
   const auto views = argument_views(q, k, v, inputs, options);
-  const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
-  if (!on_gpu) ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
+  const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);  // false: every view is host memory
   std::deque<Tensor> keep;
   const ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, with_host_seqlens(options, keep));
   const Location where = on_gpu && q.on_device() ? q.location : Location::host();
@@ -115,7 +114,6 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
   views.push_back({"o", &outputs.o});
   if (outputs.lse) views.push_back({"lse", &*outputs.lse});
   if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs);
-  ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
   ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, options);
   ops::bind_attention_outputs(op, options, outputs, args);
   cpu::run_attention(variant, args);

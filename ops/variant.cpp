@@ -75,8 +75,7 @@ RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, con
                             const TensorView& v, const VariantInputs& inputs, const RunOptions& options) {
   const std::string op = op_name(variant);
   const auto views = argument_views(q, k, v, inputs, options);
-  const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
-  if (!on_gpu) ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
+  const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);  // false: every view is host memory
   // The shapes of the outputs.
   std::optional<Tensor> seqlens;
   const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, with_host_seqlens(options, seqlens));
@@ -99,7 +98,6 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   views.push_back({"o", &outputs.o});
   if (outputs.final_state) views.push_back({"final_state", &*outputs.final_state});
   if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs);
-  ops::detail::require_host_views(op, views, ops::detail::cpu_reads_host);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_outputs(op, options, outputs, bound);
   cpu::run_recurrent(variant, bound.args);

@@ -17,17 +17,14 @@
 
 namespace ladle::ops::detail {
 
-// Why the CPU path refuses a device view: what an op's error says after the view's description.
-inline constexpr const char* cpu_reads_host =
-    "the CPU path reads it on the host (copy it there with Tensor::to(Location::host()), or run on the GPU)";
-
 struct NamedView {
   std::string name;
   const TensorView* view;
 };
 
 // The backend a call runs on: gpu or cpu when asked; automatic: the GPU when any tensor is device
-// memory or a driver and device are present. Backend::cpu with a device tensor throws naming it.
+// memory or a driver and device are present. Backend::cpu with a device tensor throws naming it, so
+// false means every view is in host memory: the CPU path needs no check of its own.
 bool runs_on_gpu(const std::string& op, Backend backend, const std::vector<NamedView>& views);
 
 // The CPU path's check: every view in host memory.
