@@ -4,6 +4,8 @@
 # default recurrent), Nsight Compute on ladle's gated delta rule kernel, and fla 0.6's chunk and
 # fused-recurrent kernels of the same ops (bench/fla_bench.py). Needs .deps and .whl carried.
 #   bash bench/update-forms.sh [tests] [sanitizer] [bench] [ncu] [fla]     (no argument: all but sanitizer)
+# Environment: LADLE_ALGO (chunked recurrent), LADLE_SHAPE (BxTxHxKxV), LADLE_NCU_OP (gated_delta_rule),
+# FLA_OPS (fla's ops, one process each).
 set -u
 steps=${*:-tests bench ncu fla}
 algos=${LADLE_ALGO:-chunked recurrent}
@@ -24,18 +26,21 @@ for step in $steps; do
       for algo in $algos; do
         echo "== ladle, --algo $algo, $shape"
         for op in delta_rule gated_delta_rule rwkv6; do
-          [ "$algo" = chunked ] && [ "$op" = rwkv6 ] && continue  # no chunked bonus read yet
           LADLE_AUTOTUNE=${LADLE_AUTOTUNE:-heuristic} timeout 150 "$bench" --algo "$algo" --op "$op" -B "$B" -T "$T" -H "$H" -K "$K" -V "$V" --reps 20 \
             ${LADLE_TILES:-} | grep -v copy_bandwidth
         done
       done ;;
     ncu)
       algo=${algos%% *}
-      echo "== ncu: ladle gated_delta_rule, --algo $algo"
+      op=${LADLE_NCU_OP:-gated_delta_rule}
+      echo "== ncu: ladle $op, --algo $algo"
       LADLE_AUTOTUNE=heuristic timeout 200 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-        --kernel-name regex:ladle_ -c 3 "$bench" --algo "$algo" --op gated_delta_rule -B "$B" -T "$T" -H "$H" -K "$K" -V "$V" --reps 1 \
+        --kernel-name regex:ladle_ -c 3 "$bench" --algo "$algo" --op "$op" -B "$B" -T "$T" -H "$H" -K "$K" -V "$V" --reps 1 \
         > /tmp/update-forms-ncu.txt 2>&1
-      grep -E "ladle_|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued" /tmp/update-forms-ncu.txt | head -40 ;;
+      grep -E "ladle_|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued" /tmp/update-forms-ncu.txt | head -40
+      echo "== kernel times at the GPU's own clocks (ncu --clock-control none): ladle $op"
+      LADLE_AUTOTUNE=heuristic timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --kernel-name regex:ladle_ -c 6 \
+        "$bench" --algo "$algo" --op "$op" -B "$B" -T "$T" -H "$H" -K "$K" -V "$V" --reps 1 2>&1 | grep -E "ladle_|gpu__time_duration" | head -12 ;;
     fla)
       echo "== fla"
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /tmp/fla-install.log 2>&1 || tail -5 /tmp/fla-install.log

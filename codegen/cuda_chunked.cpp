@@ -151,7 +151,11 @@ int vs_elements(const ChunkedTile& tile) {
 
 std::string chunked_unsupported(const ir::Variant& variant) {
   if (variant.normalize) return "the chunked family has no normaliser (normalize); use the fused-recurrent algorithm";
-  if (!variant.plain_form()) return "the chunked family does not run " + ir::form_name(variant) + " yet; use the fused-recurrent algorithm";
+  // The read before the update (RWKV6's bonus read) is the plain form's recurrence read one token
+  // earlier: the same state pass, and in the read q~ carries the gate product up to t - 1, the
+  // intra-chunk scores are strictly causal and the bonus (q . u . k) sits on their diagonal.
+  if (variant.update != ir::Update::additive || variant.l2_normalize_qk)
+    return "the chunked family does not run " + ir::form_name(variant) + " (ladle::cuda::generate_chunked_delta does)";
   return {};
 }
 
@@ -176,6 +180,7 @@ int base_shared_bytes(const ir::Variant& variant, const ChunkedTile& tile, bool 
   if (gate == KeyGate::scalar) bytes += align16(c * 4);
   if (variant.has(ir::Slot::log_decay_v)) bytes += align16(c * bv * 4);
   if (per_token_scale(variant) && !states) bytes += align16(c * 4);
+  if (variant.has(ir::Slot::bonus) && !states) bytes += align16(c * 4);
   return bytes + 16;  // the fit check's two words
 }
 
@@ -395,6 +400,10 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const bool vgate = has(ir::Slot::log_decay_v);
   const bool check_fit = kgate == KeyGate::vector || vgate;
   const bool scale_per_token = per_token_scale(variant);
+  // A read before the update: o_t = q_t^T S_(t-1) (+ (q_t . u . k_t) v_t with a bonus u), where q~
+  // carries the gate product up to t - 1 (G_(t-1), 0 at the chunk's start), the scores are strictly
+  // causal and the bonus is the scores' diagonal (bq, formed once per chunk from the staged rows).
+  const bool before_read = variant.read_before_update, bonus = has(ir::Slot::bonus);
 
   const InputUse use_of = input_use(variant);
   const std::vector<bool>&used = use_of.used, &key_side = use_of.key_side, &value_side = use_of.value_side;
@@ -519,6 +528,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   header += std::string("gates: key side ") +
             (kgate == KeyGate::vector ? "per dimension" : kgate == KeyGate::scalar ? "per-token scalar" : "none") +
             ", value side " + (vgate ? "per dimension" : "none") + "\n";
+  if (before_read)
+    header += std::string("read: before the update (o_t = q_t^T S_(t-1)") + (bonus ? " + (q_t . bonus . k_t) v_t" : "") +
+              "): q~ carries the gates up to t - 1, the scores are strictly causal" + (bonus ? ", the bonus on their diagonal" : "") + "\n";
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
             " initial_state=" + (spec.initial_state ? "1" : "0") + " final_state=" + (spec.final_state ? "1" : "0") + "\n";
   header += "GQA: an input with X heads serves query head h from head h * X / H.\n";
@@ -575,6 +587,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (kgate == KeyGate::scalar) carve("float", "hg", tile.chunk, 4, "[C]: cumulative log2 head gate");
   if (vgate) carve("float", "vg", tile.chunk * tile.block_v, 4, "[C][BV]: cumulative log2 value gates");
   if (scale_per_token && !states) carve("float", "token_scale", tile.chunk, 4, "[C]: the read scale per token");
+  if (bonus && !states) carve("float", "bq", tile.chunk, 4, "[C]: the bonus read q_t . bonus . k_t per token (the scores' diagonal)");
   carve("unsigned", "fit", 2, 4, "the fit check's running maximum (two, alternating)");
   // The prefetch buffers (chunked_prefetch): the next chunk's raw rows of each staged per-token
   // input, copied by cp.async while this chunk computes; an fp32 input keeps its buffer unused
@@ -726,6 +739,11 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   const auto kg_at = [](const std::string& row, const std::string& col) { return "kg[(" + row + ") * BK + " + col + "]"; };
   const auto vg_at = [](const std::string& row, const std::string& col) { return "vg[(" + row + ") * BV + " + col + "]"; };
   const auto before = [](const std::string& array_at) { return "(t0 > 0 ? " + array_at + " : 0.0f)"; };
+  // The key-side gate sum at the read's reference token: tm, or tq for a read before the update
+  // (-1 there: the chunk's start, 0).
+  const auto read_gate = [&](const std::string& col) {
+    return before_read ? "(tq >= 0 ? " + kg_at("tq", col) + " : 0.0f)" : kg_at("tm", col);
+  };
   // The state's factor from the step's start (t0 - 1) to token `at`, for the state tile this
   // thread holds: one per key row (2 per row tile) times one per value column (2 per column
   // tile), so 2^x is taken per row and per column, not per element. Returns the factor's text
@@ -738,7 +756,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("LADLE_UNROLL for (int m = 0; m < S_MPW; ++m)");
       c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
       c("    const int kk = (s_mt + m * WARPS) * 16 + gid + 8 * half;");
-      c("    " + name + "_row[m][half] = s_mt + m * WARPS < SMT ? ladle_exp2(" + kg_at(at, "kk") + " - " +
+      c("    " + name + "_row[m][half] = s_mt + m * WARPS < SMT ? ladle_exp2(" + (at == "tq" ? read_gate("kk") : kg_at(at, "kk")) + " - " +
         before(kg_at("t0 - 1", "kk")) + ") : 1.0f;");
       c("  }");
       row = {name + "_row[m][", " >> 1]"};
@@ -926,6 +944,41 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("if (base + C < length)");
     emit_prefetch("base + C");
   }
+  if (bonus && !states) {
+    // From the staged (bf16) features, as the scores beside it are formed; before 3a rewrites qs and ks.
+    c("");
+    c("// 1b. The bonus read of each token, q_t . bonus . k_t (the scores' diagonal): a warp a row.");
+    c("for (int cpos = warp; cpos < C; cpos += WARPS) {");
+    c.in();
+    token_locals("cpos");
+    c("float part = 0.0f;");
+    c("for (int i0 = lane * 8; i0 < BK; i0 += 256) {");
+    c.in();
+    c("float qv8[8], kv8[8];");
+    c("ladle_load8_bf16(qv8, &qs[cpos * QLD + i0]);");
+    c("ladle_load8_bf16(kv8, &ks[cpos * QLD + i0]);");
+    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
+    c.in();
+    c("const int i = i0 + u;");
+    std::vector<bool> loaded(inputs.size(), false);
+    for (const ir::Node& node : variant.slot(ir::Slot::bonus).nodes) {
+      if (node.op != ir::Op::input || loaded[node.input]) continue;
+      const std::size_t k = static_cast<std::size_t>(node.input);
+      loaded[k] = true;
+      if (inputs[k].kind == ir::InputKind::token_key || inputs[k].kind == ir::InputKind::head_key)
+        c("const float " + id[k] + "_b = live && i < K ? " + row_load(id, k, "i") + " : 0.0f;");
+    }
+    c("part += qv8[u] * (" + render(ir::Slot::bonus, "_b") + ") * kv8[u];");
+    c.out();
+    c("}");
+    c.out();
+    c("}");
+    c("LADLE_UNROLL for (int d = 16; d > 0; d /= 2) part += __shfl_xor_sync(0xffffffffu, part, d);");
+    c("if (lane == 0) bq[cpos] = part;");
+    c.out();
+    c("}");
+    if (kgate == KeyGate::none && !vgate) c("__syncthreads();");
+  }
   if (kgate != KeyGate::none || vgate) {
     c("");
     // A log2 gate below GATE_FLOOR (-inf: a hard reset, exp(-inf) = 0) counts as GATE_FLOOR:
@@ -981,7 +1034,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("else run += lg;  // NaN stays NaN");
     c("p[cpos * ld] = floors + run;");
     if (fused_fit) {
-      c("if (cpos == 0) g_lo = g_hi = floors + run;");
+      // A read before the update also takes G_(-1) = 0 (q~ of the chunk's first token).
+      c(before_read ? "if (cpos == 0) g_lo = fminf(0.0f, floors + run), g_hi = fmaxf(0.0f, floors + run);"
+                    : "if (cpos == 0) g_lo = g_hi = floors + run;");
       c("else if (cpos < valid) g_lo = fminf(g_lo, floors + run), g_hi = fmaxf(g_hi, floors + run);");
       c("if (cpos == (valid - 1) / 2) g_tm = floors + run;");
     }
@@ -1163,11 +1218,15 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("if (t0 > 0 || span < C) {  // the whole chunk's maximum is in fit already (2.)");
       c.in();
       c("float worst = 0.0f;");
+      // A read before the update: over t0 - 1 .. t1 - 1 (q~ of row t carries G_(t-1); G_(-1) = 0).
       const auto worst_over = [&](const std::string& gates, const std::string& columns) {
-        c("for (int e = threadIdx.x; e < (t1 - t0) * (" + columns + " / 8); e += THREADS) {");
+        const std::string first = before_read ? "t0 - 1" : "t0", rows = before_read ? "(t1 - t0 + 1)" : "(t1 - t0)";
+        c("for (int e = threadIdx.x; e < " + rows + " * (" + columns + " / 8); e += THREADS) {");
         c.in();
-        c("const int t = t0 + e / (" + columns + " / 8), i0 = e % (" + columns + " / 8) * 8;");
+        c("const int t = " + first + " + e / (" + columns + " / 8), i0 = e % (" + columns + " / 8) * 8;");
         c("float gt8[8], gm8[8];");
+        if (before_read)
+          c("if (t < 0) { LADLE_UNROLL for (int u = 0; u < 8; ++u) gt8[u] = 0.0f; } else");
         c("ladle_load8_f32(gt8, &" + gates + "[t * " + columns + " + i0]);");
         c("ladle_load8_f32(gm8, &" + gates + "[tm * " + columns + " + i0]);");
         c("LADLE_UNROLL for (int u = 0; u < 8; ++u) worst = fmaxf(worst, fabsf(gt8[u] - gm8[u]));");
@@ -1194,10 +1253,42 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("}");
     c("const int te = t1 - 1;");
     c("(void)te; (void)tm;");
+    if (before_read) {
+      // A one-token step has no intra-step scores (strictly causal): q~ = q against t0 - 1, so the
+      // state is read as it entered the step whatever the token's own gate (a hard reset included).
+      c("const int tq = t1 - t0 == 1 ? t0 - 1 : tm;  // q~'s reference token (-1: the chunk's start)");
+      c("(void)tq;");
+    }
     c("");
-    c("// 3a. Factors against tm, in place for rows t0..t1: q~ = q 2^(G_t - G_tm), k~ = k 2^(G_tm - G_t),");
-    c("//     v~ = v 2^(Gv_tm - Gv_t); the state for the read, S 2^(G_tm - G_t0-1) 2^(Gv_tm - Gv_t0-1).");
-    if (kgate == KeyGate::vector) {
+    if (before_read) {
+      c("// 3a. Factors, in place for rows t0..t1: q~ = q 2^(G_t-1 - G_tq), k~ = k 2^(G_tm - G_t); the state for");
+      c("//     the read, S 2^(G_tq - G_t0-1).");
+    } else {
+      c("// 3a. Factors against tm, in place for rows t0..t1: q~ = q 2^(G_t - G_tm), k~ = k 2^(G_tm - G_t),");
+      c("//     v~ = v 2^(Gv_tm - Gv_t); the state for the read, S 2^(G_tm - G_t0-1) 2^(Gv_tm - Gv_t0-1).");
+    }
+    if (kgate == KeyGate::vector && before_read) {
+      c(staging_unroll + "for (int e = threadIdx.x; e < (t1 - t0) * (BK / 8); e += THREADS) {");
+      c.in();
+      c("const int t = t0 + e / (BK / 8), i0 = e % (BK / 8) * 8;");
+      c("float qv8[8], kv8[8], gt8[8], gm8[8], gp8[8], gq8[8];");
+      c("ladle_load8_bf16(qv8, &qs[t * QLD + i0]);");
+      c("ladle_load8_bf16(kv8, &ks[t * QLD + i0]);");
+      c("ladle_load8_f32(gt8, &kg[t * BK + i0]);");
+      c("ladle_load8_f32(gm8, &kg[tm * BK + i0]);");
+      c("if (t > 0) ladle_load8_f32(gp8, &kg[(t - 1) * BK + i0]);");
+      c("else { LADLE_UNROLL for (int u = 0; u < 8; ++u) gp8[u] = 0.0f; }");
+      c("if (tq >= 0) ladle_load8_f32(gq8, &kg[tq * BK + i0]);");
+      c("else { LADLE_UNROLL for (int u = 0; u < 8; ++u) gq8[u] = 0.0f; }");
+      c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
+      c("  qv8[u] *= ladle_exp2(gp8[u] - gq8[u]);");
+      c("  kv8[u] *= ladle_exp2(gm8[u] - gt8[u]);");
+      c("}");
+      c("ladle_store8_bf16(&qs[t * QLD + i0], qv8);");
+      c("ladle_store8_bf16(&ks[t * QLD + i0], kv8);");
+      c.out();
+      c("}");
+    } else if (kgate == KeyGate::vector) {
       c(staging_unroll + "for (int e = threadIdx.x; e < (t1 - t0) * (BK / 8); e += THREADS) {");
       c.in();
       c("const int t = t0 + e / (BK / 8), i0 = e % (BK / 8) * 8;");
@@ -1230,7 +1321,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c("}");
     }
     std::string factor;
-    if (kgate == KeyGate::vector) factor += " * ladle_exp2(" + kg_at("tm", "kk") + " - " + before(kg_at("t0 - 1", "kk")) + ")";
+    if (kgate == KeyGate::vector) factor += " * ladle_exp2(" + read_gate("kk") + " - " + before(kg_at("t0 - 1", "kk")) + ")";
     if (vgate) factor += " * ladle_exp2(" + vg_at("tm", "col") + " - " + before(vg_at("t0 - 1", "col")) + ")";
     std::string factor1 = factor;
     for (std::size_t at = factor1.find("col"); at != std::string::npos; at = factor1.find("col", at + 9))
@@ -1278,7 +1369,7 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       }
     } else {
       // The head gate (a per-token scalar) enters the read per row in 3b instead.
-      const auto read = state_factors("tm", "read", false);
+      const auto read = state_factors(before_read ? "tq" : "tm", "read", false);
       for_state([&] {
         c("if ((r & 1) == 0) {");
         c.in();
@@ -1320,7 +1411,16 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("LADLE_UNROLL for (int nt = 0; nt < 2; ++nt)");
     c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
     c("    const int t = bi * 16 + gid + 8 * half, s = bj * 16 + nt * 8 + tig * 2;");
-    if (kgate == KeyGate::scalar) {
+    if (before_read) {
+      // Strictly causal (s < t), the head gate from t - 1; the bonus read on the diagonal.
+      const std::string head0 = kgate == KeyGate::scalar ? " * ladle_exp2(hg[t - 1] - hg[s])" : "";
+      const std::string head1 = kgate == KeyGate::scalar ? " * ladle_exp2(hg[t - 1] - hg[s + 1])" : "";
+      const auto diagonal = [&](const std::string& col) {
+        return bonus ? "(" + col + " == t && t >= t0 && t < t1 ? bq[t] : 0.0f)" : std::string("0.0f");
+      };
+      c("    const float p0 = s >= t0 && s < t && t < t1 ? pacc[nt][2 * half]" + head0 + " : " + diagonal("s") + ";");
+      c("    const float p1 = s + 1 >= t0 && s + 1 < t && t < t1 ? pacc[nt][2 * half + 1]" + head1 + " : " + diagonal("s + 1") + ";");
+    } else if (kgate == KeyGate::scalar) {
       c("    const float p0 = s >= t0 && s <= t && t < t1 ? pacc[nt][2 * half] * ladle_exp2(hg[t] - hg[s]) : 0.0f;");
       c("    const float p1 = s + 1 >= t0 && s + 1 <= t && t < t1 ? pacc[nt][2 * half + 1] * ladle_exp2(hg[t] - hg[s + 1]) : 0.0f;");
     } else {
@@ -1362,7 +1462,10 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
       c.in();
       c("const float g_start = " + before("hg[t0 - 1]") + ";");
       c("const int ra = row0 + gid < C - 1 ? row0 + gid : C - 1, rb = row0 + gid + 8 < C - 1 ? row0 + gid + 8 : C - 1;");
-      c("const float fa = ladle_exp2(hg[ra] - g_start), fb = ladle_exp2(hg[rb] - g_start);");
+      if (before_read)  // the gates up to t - 1: none for the step's first row
+        c("const float fa = ladle_exp2((ra > t0 ? hg[ra - 1] : g_start) - g_start), fb = ladle_exp2((rb > t0 ? hg[rb - 1] : g_start) - g_start);");
+      else
+        c("const float fa = ladle_exp2(hg[ra] - g_start), fb = ladle_exp2(hg[rb] - g_start);");
       c("LADLE_UNROLL for (int nt = 0; nt < OCOLS / 8; ++nt) acc[nt][0] *= fa, acc[nt][1] *= fa, acc[nt][2] *= fb, acc[nt][3] *= fb;");
       c.out();
       c("}");

@@ -116,6 +116,7 @@ std::string gate_reads(const ir::Variant& variant, ir::Slot slot) {
 
 std::string ws_variant_unsupported(const ir::Variant& variant) {
   if (variant.normalize) return "the ws form has no normaliser";
+  if (variant.read_before_update) return "the ws form reads after the update (a read before it takes the serial or split form)";
   if (variant.has(ir::Slot::log_decay_v)) {
     if (variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head))
       return "the ws form takes a value-side gate alone (no key-side gate or per-head decay beside it)";

@@ -47,7 +47,8 @@ inline Bound bind_case(const cuda_cases::Case& c, std::uint64_t seed) {
     if (in.kind == ir::InputKind::token_head) shape.pop_back();
     if (in.kind == ir::InputKind::head) shape = {c.H};
     if (in.kind == ir::InputKind::head_key) shape = {c.H, c.K};
-    const bool gate = in.name == "g" || in.name == "gk" || in.name == "gv" || in.name == "g_t" || in.name == "state";
+    // w: RWKV6's per-key log decay.
+    const bool gate = in.name == "g" || in.name == "gk" || in.name == "gv" || in.name == "g_t" || in.name == "state" || in.name == "w";
     std::uniform_real_distribution<double> positive(in.name == "tau" ? 4.0 : 0.5, in.name == "tau" ? 32.0 : 1.5);
     // A hard_reset case's value goes into the gates where cuda_cases::hard_reset_at says, into x
     // (logsigmoid(-inf) = -inf) and, negated, into y (-softplus(+inf) = -inf); g_gamma takes it

@@ -58,6 +58,9 @@ inline std::vector<Case> all() {
     const double inf = std::numeric_limits<double>::infinity();
     const ladle::ir::Variant head_gate =
         dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_head(dsl::token_head("g_t")), dsl::q, dsl::scalar("scale")), "head_gate");
+    const ladle::ir::Variant read_before_head =
+        dsl::lower(dsl::read_before(dsl::scan(dsl::k, dsl::v).decay_head(dsl::token_head("g_t")), dsl::q, dsl::scalar("scale")),
+                   "read_before_head_gate");
     struct Reset {
       const char* name;
       ladle::ir::Variant variant;
@@ -81,6 +84,11 @@ inline std::vector<Case> all() {
         {"every gate of -1e30", recurrent_variant(true, true, true, true), -1e30, false, true, E::f32, {16, 16, 16, 2}},
         {"GLA, gates of -200 (log2 -289)", recurrent_variant(true, false, false, true), -200, false, true, E::f32, {16, 64, 16, 8}},
         {"GLA, gates of -100 (finite, strong)", recurrent_variant(true, false, false, false), -100, false, true, E::f32, {16, 64, 16, 4}},
+        // A read before the update reads the state as it entered the token, reset or not.
+        {"RWKV6, -inf per key dimension", ladle::rwkv6_variant(), -inf, false, true, E::f32, {16, 64, 16, 4}},
+        {"RWKV6, -inf per key dimension, bf16 gates, reverse", ladle::rwkv6_variant(), -inf, true, true, E::bf16, {16, 16, 16, 2}},
+        {"RWKV6, gates of -100 (finite, strong)", ladle::rwkv6_variant(), -100, false, true, E::f32, {16, 32, 16, 8}},
+        {"a read before the update, a per-token head gate of -inf", read_before_head, -inf, true, true, E::f32, {16, 64, 32, 4}},
     };
     for (const Reset& r : resets) {
       cuda_cases::Case c = cuda_cases::all()[0];
@@ -112,6 +120,11 @@ inline std::vector<Case> all() {
     c.variant = ladle::recurrent_variant(false, false, false, true);
     retype(c);
     cases.push_back({c, {16, 32, 16, 2}});
+    c.name = "RWKV6 near " + std::to_string(level);
+    c.variant = ladle::rwkv6_variant();
+    c.spec.reverse = level < -5;
+    retype(c);
+    cases.push_back({c, {16, 64, 16, 4}});
   }
   return cases;
 }
@@ -408,7 +421,11 @@ inline std::vector<SegmentedCase> ws_segmented() {
     probe.tile = first, probe.phase = ladle::cuda::ChunkedPhase::states, probe.segmented = true;
     if (!ladle::cuda::chunked_ws_unsupported(v, probe).empty()) continue;
     if (j % 3 == 2) first = {c.tile.block_k, 64, 64, 8, 64, 64, 4, false};  // the suffix pass where it applies
-    if (j % 2 == 0) c.tile = ws_tile(c.c.K, j % 4 == 0 ? 128 : 64);
+    if (j % 2 == 0) {  // the serial form in the ws form where it runs the variant (not a read before the update)
+      ladle::cuda::ChunkedKernelSpec serial = c.spec();
+      serial.tile = ws_tile(c.c.K, j % 4 == 0 ? 128 : 64), serial.arch = "sm_90a";
+      if (ladle::cuda::chunked_ws_unsupported(v, serial).empty()) c.tile = serial.tile;
+    }
     c.c.name += std::string(" (segmented, ") + (first.ws ? "ws state pass" : "suffix state pass") + " of a key gate, " +
                 (c.tile.ws ? "ws serial" : "serial") + ")";
     cases.push_back({c, first, j % 2 ? 100 : 128, j % 3 == 1 ? 2 : 1});

@@ -194,6 +194,29 @@ TEST_CASE("delta rules on the chunked (tensor-core) form: chunks, partial chunks
   check_case(plain);
 }
 
+TEST_CASE("rwkv6 on the chunked (tensor-core) form: chunks, partial chunks, packed, states, strong decay, u per batch", "[ops][update_forms][chunked]") {
+  // On the GPU these run the chunked family's read before the update (codegen/cuda_chunked.h): q~
+  // with the gates up to t - 1, strictly causal scores, the bonus on their diagonal.
+  for (bool reverse : {false, true}) {
+    Case c;
+    c.form = Form::rwkv6, c.type = DType::bf16, c.reverse = reverse;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 2, c.T = 200, c.H = 4, c.H_kv = 2, c.K = 128, c.V = 128;
+    check_case(c);
+    c.cu_seqlens = {0, 64, 64, 130, 131, 300};  // a whole chunk, an empty sequence, a chunk and a token, one token
+    c.K = 64, c.V = 96, c.initial_state = !reverse;
+    check_case(c);
+  }
+  Case strong;  // w near -8 per token and feature: 16-token and single-token steps
+  strong.form = Form::rwkv6, strong.decay_level = -8.0, strong.T = 130, strong.type = DType::bf16;
+  strong.algorithm = ladle::Algorithm::chunked, strong.K = 32, strong.V = 48;
+  check_case(strong);
+  Case batch_u;  // u [B,H,K], fp32 inputs forced onto the tensor cores, K and V not multiples of 16
+  batch_u.form = Form::rwkv6, batch_u.u_per_batch = true, batch_u.T = 100, batch_u.algorithm = ladle::Algorithm::chunked;
+  batch_u.K = 40, batch_u.V = 24;
+  check_case(batch_u);
+}
+
 TEST_CASE("update forms take packed sequences with an empty one, rank-3 inputs and GQA", "[ops][update_forms][varlen]") {
   for (Form form : all_forms)
     for (bool reverse : {false, true})
@@ -300,14 +323,12 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
   CHECK_THROWS_WITH(ladle::run_variant_for_backward(ladle::delta_rule_variant(false, false), q.tensor.view(), k.tensor.view(),
                                                     v.tensor.view(), {{{"beta", beta.tensor.view()}}, {{"scale", 1.0f}}}),
                     Contains("backward of the delta rule is not built yet"));
-  // The chunked family does not run the bonus read yet, nor the delta rule past K = 128: a forced
-  // chunked call says so (on a GPU machine; without one the GPU backend is refused first).
+  // The chunked delta rule stops at K = 128: a forced chunked call says so (on a GPU machine;
+  // without one the GPU backend is refused first).
   ladle::UpdateFormOptions chunked = cpu;
   chunked.backend = ladle::Backend::gpu;
   chunked.algorithm = ladle::Algorithm::chunked;
   if (ladle::driver_available()) {
-    CHECK_THROWS_WITH(ladle::rwkv6(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), u.tensor.view(), chunked),
-                      Contains("rwkv6: algorithm chunked") && Contains("a read before the update with a bonus"));
     const auto wide_q = test::normal(rng, DType::f32, {1, 4, 2, 160}), wide_k = test::normal(rng, DType::f32, {1, 4, 2, 160});
     CHECK_THROWS_WITH(ladle::delta_rule(wide_q.tensor.view(), wide_k.tensor.view(), v.tensor.view(), beta.tensor.view(), chunked),
                       Contains("K = 160, expected at most 128"));
