@@ -277,15 +277,16 @@ void copy_device_to_device(std::uint64_t dst, std::uint64_t src, std::size_t byt
 Location location_of(const void* address) {
   Device::get(Device::current());  // a current context
   const auto pointer = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(address));
+  // cuPointerGetAttributes, not cuPointerGetAttribute: for an address the driver never saw (ordinary
+  // host memory) it answers CUDA_SUCCESS with memory type 0 instead of CUDA_ERROR_INVALID_VALUE, so
+  // a host tensor's check is not an API error (compute-sanitizer reported every one of them).
   unsigned int memory_type = 0;
-  const CUresult found = api().cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pointer);
-  // An address the driver never saw (ordinary host memory) is CUDA_ERROR_INVALID_VALUE: not a failure.
-  if (found == CUDA_ERROR_INVALID_VALUE) return Location::host();
-  LADLE_CU(found);
+  int ordinal = 0;
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* values[] = {&memory_type, &ordinal};
+  LADLE_CU(api().cuPointerGetAttributes(2, attributes, values, pointer));
   // Managed memory counts as device memory: kernels read it where it is.
   if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) return Location::host();
-  int ordinal = 0;
-  LADLE_CU(api().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer));
   return Location::device(ordinal);
 }
 

@@ -27,7 +27,7 @@ namespace ladle::detail {
   X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) \
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)     \
   X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)  \
-  X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuTensorMapEncodeTiled) X(cuPointerGetAttribute)
+  X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuTensorMapEncodeTiled) X(cuPointerGetAttributes)
 
 struct NvrtcApi {
 #define LADLE_DECLARE(name) decltype(&::name) name = nullptr;

@@ -116,15 +116,16 @@ inline std::vector<Case> all() {
     c.spec.reverse = true;
     retype(c);
     cases.push_back({c, {16, 64, 16, 8}});
-    c.name = "g_gamma near " + std::to_string(level);
-    c.variant = ladle::recurrent_variant(false, false, false, true);
-    retype(c);
-    cases.push_back({c, {16, 32, 16, 2}});
     c.name = "RWKV6 near " + std::to_string(level);
     c.variant = ladle::rwkv6_variant();
     c.spec.reverse = level < -5;
     retype(c);
     cases.push_back({c, {16, 64, 16, 4}});
+    c.spec.reverse = true;
+    c.name = "g_gamma near " + std::to_string(level);
+    c.variant = ladle::recurrent_variant(false, false, false, true);
+    retype(c);
+    cases.push_back({c, {16, 32, 16, 2}});  // (kept last: the source test reads it)
   }
   return cases;
 }
