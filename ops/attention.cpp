@@ -124,11 +124,12 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
 
 namespace {
 
+// Device tensors are copied down to be hashed (ops/detail/fingerprint.h), on the call's stream.
 std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                           const AttentionRunOptions& options) {
   return ops::detail::fingerprint({q, k, v, options.q_segment_ids, options.kv_segment_ids, options.softmax_aux, options.cu_seqlens_q,
                                    options.cu_seqlens_k},
-                                  inputs.tensors, inputs.scalars);
+                                  inputs.tensors, inputs.scalars, options.gpu.stream);
 }
 
 // A gradient's view shaped as `canonical` (the bound input's view): leading axes added and each
