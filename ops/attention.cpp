@@ -162,8 +162,13 @@ AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant,
       // As run_attention runs it: device tensors in place, o and lse where q lives. The fingerprint
       // after it, once the GPU path has checked every address it hashes.
       AttentionResult result = run_attention(variant, q, k, v, inputs, run);
-      AttentionForward out{{result.o, options.return_lse ? result.lse : std::nullopt},
+      // The caller's copies of o and lse (saved keeps its own), made on the call's stream: a Tensor's
+      // copy constructor orders a device copy on the default stream, which a non-blocking stream's
+      // kernels are not ordered with.
+      const auto copied = [&](const Tensor& t) { return t.to(t.location(), options.gpu.stream); };
+      AttentionForward out{{copied(result.o), std::nullopt},
                            {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
+      if (options.return_lse) out.result.lse = copied(*result.lse);
       out.saved.o = std::make_shared<const Tensor>(std::move(result.o));
       out.saved.lse = std::make_shared<const Tensor>(std::move(*result.lse));
       return out;
@@ -219,10 +224,10 @@ AttentionGradients backward_on_gpu(const AttentionSaved& saved, const TensorView
   ops::AttentionArgs device = ops::bind_attention(op, saved.variant, q, k, v, device_inputs, device_options);
   AttentionOutputs outputs{call.input("o", saved.o->view()), call.input("lse", saved.lse->view())};
   ops::bind_attention_outputs(op, device_options, outputs, device);
-
-  AttentionGradients out = allocate_gradients(saved, saved.q.on_device() ? saved.q.location : Location::host(), options.gpu.stream);
   cpu::AttentionGrads grads;
   grads.d_output = ops::detail::lead_with_ones(call.input("d_output", d_output), 4);
+
+  AttentionGradients out = allocate_gradients(saved, saved.q.on_device() ? saved.q.location : Location::host(), options.gpu.stream);
   // The gradients as the kernels write them: canonical views (broadcast axes at stride 0).
   grads.dq = broadcast_like(call.output("dq", out.dq.view()), device.q);
   grads.dk = broadcast_like(call.output("dk", out.dk.view()), device.k);
