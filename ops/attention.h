@@ -131,17 +131,18 @@ struct AttentionGradients {
 };
 
 // The forward of run_attention, keeping what its backward needs, and the backward. Backend gpu (or
-// automatic with a GPU or a device tensor) runs both on the GPU (gpu_attention_backward.h: sm_90a, q, k, v of one 16-bit
-// type, head dims up to 128; backend gpu refuses anything else by name, automatic falls back to the
-// CPU, and then refuses a device tensor by name); backend cpu runs both on the CPU. Host and device
-// tensors are taken as run_attention takes them (options.gpu): on the GPU, device tensors are read in
-// place on options.gpu.stream and host ones uploaded, or refused by name when upload_host_tensors is
-// off; on the CPU a device tensor is refused by name. The backward reads d_output = dL/do
-// ([B,Tq,H,Dv] or packed [Tq,H,Dv], any floating dtype) under the same rules, on the forward's
-// stream (saved keeps the pointer: the stream must outlive it; a call on device tensors alone
-// returns with its work queued). Dropout drops the same
-// elements in both (the keep mask is drawn again from the seed). Bad input throws InvalidArgument
-// naming it: a d_output of the wrong shape or dtype, a saved value whose tensors changed.
+// automatic with a GPU or a device tensor) runs both on the GPU (gpu_attention_backward.h: sm_90a,
+// q, k, v of one 16-bit type, head dims up to 128; backend gpu refuses anything else by name,
+// automatic falls back to the CPU, and then refuses a device tensor by name); backend cpu runs both
+// on the CPU. Host and device tensors are taken as run_attention takes them (options.gpu): on the
+// GPU, device tensors are read in place on options.gpu.stream and host ones uploaded, or refused by
+// name when upload_host_tensors is off; on the CPU a device tensor is refused by name. The backward
+// reads d_output = dL/do ([B,Tq,H,Dv] or packed [Tq,H,Dv], any floating dtype) under the same rules,
+// on the forward's stream (saved keeps the pointer: the stream must outlive it); on device tensors
+// alone it waits for the stream once, for the fingerprint's copy of the saved tensors. Dropout drops
+// the same elements in both (the keep mask is drawn again from the seed). Bad input throws
+// InvalidArgument naming it: a d_output of the wrong shape or dtype, a saved value whose tensors
+// changed.
 AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
                                             const TensorView& v, const VariantInputs& inputs = {},
                                             const AttentionRunOptions& options = {});

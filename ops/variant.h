@@ -138,12 +138,12 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
 // ([B,T,H,V] or packed [T,H,V], any floating dtype) and optionally d_final_state = dL/d final_state
 // ([N,H,K,V]). After a GPU forward, d_output and d_final_state may be host or device memory, as the
 // forward's tensors may: device ones are read in place on the forward's options.gpu.stream (saved
-// keeps the pointer: the stream must outlive it; a call on device tensors alone returns with its
-// work queued, gradients in device memory), host ones are
-// uploaded, or refused by name when options.gpu.upload_host_tensors is off. After a CPU forward the
-// backward reads every tensor on the host and refuses a device one by name. Bad input throws
-// InvalidArgument naming it: a d_output or d_final_state of the wrong shape or dtype, a saved value
-// whose tensors no longer hold what its forward read.
+// keeps the pointer: the stream must outlive it), host ones are uploaded, or refused by name when
+// options.gpu.upload_host_tensors is off. On device tensors alone the call waits for the stream
+// once, for the fingerprint's copy of the saved tensors, and returns with its kernels queued. After
+// a CPU forward the backward reads every tensor on the host and refuses a device one by name. Bad
+// input throws InvalidArgument naming it: a d_output or d_final_state of the wrong shape or dtype, a
+// saved value whose tensors no longer hold what its forward read.
 RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
                                         const std::optional<TensorView>& d_final_state = std::nullopt);
 
