@@ -235,7 +235,8 @@ AttentionGradients backward_on_gpu(const AttentionSaved& saved, const TensorView
   grads.d_tensors.resize(saved.variant.inputs.size());
   for (std::size_t i = 0; i < saved.variant.inputs.size(); ++i) {
     const auto found = out.inputs.find(saved.variant.inputs[i].name);
-    if (found != out.inputs.end()) grads.d_tensors[i] = broadcast_like(call.output("d" + found->first, found->second.view()), device.tensors[i]);
+    if (found != out.inputs.end())
+      grads.d_tensors[i] = broadcast_like(call.output("d" + found->first, found->second.view()), device.tensors[i]);
   }
   if (out.d_softmax_aux) grads.d_softmax_aux = broadcast_like(call.output("d_softmax_aux", out.d_softmax_aux->view()), *device.softmax_aux);
   gpu::run_attention_backward_into(saved.variant, device, grads, {options.gpu.stream});

@@ -213,7 +213,8 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
 // device tensors read in place, host ones uploaded on options.gpu.stream (or refused by name when
 // upload_host_tensors is off); the gradients live where q lives, as the forward's outputs do, so a
 // call on device tensors alone returns with its work queued on the stream.
-RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView& d_output, const std::optional<TensorView>& d_final_state) {
+RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView& d_output,
+                                   const std::optional<TensorView>& d_final_state) {
   const ir::Variant& variant = saved.variant;
   const RunOptions& options = saved.options;
   const std::string op = op_name(variant) + " backward";
