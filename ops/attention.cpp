@@ -144,6 +144,15 @@ TensorView broadcast_like(const TensorView& grad, const TensorView& canonical) {
   return view;
 }
 
+// That saved's tensors still hold what its forward read. On the GPU path it runs once the GpuCall
+// has checked every address with the driver, so a mislabelled pointer is refused by name before
+// the fingerprint copies from it.
+void check_fingerprint(const std::string& op, const AttentionSaved& saved) {
+  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
+    throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
+                               "another call)");
+}
+
 }  // namespace
 
 AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
@@ -226,6 +235,7 @@ AttentionGradients backward_on_gpu(const AttentionSaved& saved, const TensorView
   ops::bind_attention_outputs(op, device_options, outputs, device);
   cpu::AttentionGrads grads;
   grads.d_output = ops::detail::lead_with_ones(call.input("d_output", d_output), 4);
+  check_fingerprint(op, saved);
 
   AttentionGradients out = allocate_gradients(saved, saved.q.on_device() ? saved.q.location : Location::host(), options.gpu.stream);
   // The gradients as the kernels write them: canonical views (broadcast axes at stride 0).
@@ -259,9 +269,6 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
   std::deque<Tensor> keep;
   ops::AttentionArgs args =
       ops::bind_attention(op, saved.variant, saved.q, saved.k, saved.v, saved.inputs, with_host_seqlens(saved.options, keep));
-  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
-    throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
-                               "another call)");
   const ops::detail::Checker check(op);
   check.floating("d_output", d_output);
   if (d_output.shape != args.output_shape())
@@ -269,6 +276,7 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
                std::string(args.packed ? "[Tq,H,Dv] = " : "[B,Tq,H,Dv] = ") + ops::detail::shape_text(args.output_shape()));
   check.data("d_output", d_output);
   if (on_gpu) return backward_on_gpu(saved, d_output);
+  check_fingerprint(op, saved);
 
   AttentionGradients out = allocate_gradients(saved, Location::host(), nullptr);
   cpu::AttentionGrads grads;

@@ -149,17 +149,22 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
 namespace {
 
 // The checks every backward makes before any work: saved, d_output and d_final_state against the
-// forward's arguments (cu_seqlens read on the host: a device one is copied into `seqlens`), and the
-// fingerprint of what the forward read.
+// forward's arguments (cu_seqlens read on the host: a device one is copied into `seqlens`).
 ops::BoundInputs check_backward(const std::string& op, const RecurrentSaved& saved, const TensorView& d_output,
                                 const std::optional<TensorView>& d_final_state, std::optional<Tensor>& seqlens) {
-  const ops::detail::Checker check(op);
   ops::BoundInputs bound = ops::bind_inputs(op, saved.variant, saved.q, saved.k, saved.v, saved.inputs,
                                             with_host_seqlens(saved.options, seqlens));
-  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
-    check.fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to another call)");
   ops::bind_backward(op, bound, d_output, d_final_state);
   return bound;
+}
+
+// That saved's tensors still hold what its forward read. On the GPU path it runs once the GpuCall
+// has checked every address with the driver, so a mislabelled pointer is refused by name before
+// the fingerprint copies from it.
+void check_fingerprint(const std::string& op, const RecurrentSaved& saved) {
+  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
+    ops::detail::Checker(op).fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
+                                  "another call)");
 }
 
 // What both CPU backwards share: the checks of saved, d_output and d_final_state, the zeroed gradients
@@ -186,6 +191,7 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
                    Tensor(DType::f32, saved.v.shape, 0.0f), {}, std::nullopt},
                   {},
                   std::nullopt};
+  check_fingerprint(op, saved);
   const ops::RecurrentDims& d = s.bound.dims;
   s.d_tensors.resize(variant.inputs.size());
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
@@ -211,8 +217,9 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
 
 // The backward on the GPU (gpu::run_variant_backward_into) under the forward's rules (GpuCall):
 // device tensors read in place, host ones uploaded on options.gpu.stream (or refused by name when
-// upload_host_tensors is off); the gradients live where q lives, as the forward's outputs do, so a
-// call on device tensors alone returns with its work queued on the stream.
+// upload_host_tensors is off); the gradients live where q lives, as the forward's outputs do. On
+// device tensors alone it waits for the stream once (the fingerprint's copy) and returns with its
+// kernels queued.
 RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView& d_output,
                                    const std::optional<TensorView>& d_final_state) {
   const ir::Variant& variant = saved.variant;
@@ -232,6 +239,7 @@ RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView
   const TensorView d_o = call.input("d_output", d_output);
   std::optional<TensorView> d_final;
   if (d_final_state) d_final = call.input("d_final_state", *d_final_state);
+  check_fingerprint(op, saved);
 
   const Location where = saved.q.on_device() ? saved.q.location : Location::host();
   const auto gradient = [&](const std::vector<std::int64_t>& shape) { return Tensor(DType::f32, shape, where, options.gpu.stream); };
