@@ -322,6 +322,36 @@ TEST_CASE("on a GPU, the recurrent backward on device tensors matches the one on
   copy(test::normal(rng, DType::bf16, {B, T, H, K}).tensor.view(), device_k.view(), &stream);
   REQUIRE_THROWS_WITH(ladle::run_variant_backward(forward.saved, device_d_o.view(), device_d_s.view()),
                       Contains("saved") && Contains("forward read"));
+
+  // Packed sequences (one empty) with cu_seqlens on the device too: the checks read a host copy of it.
+  const std::int64_t total = 200;
+  Tensor cu(DType::i64, {4});
+  const std::int64_t offsets[4] = {0, 60, 60, total};
+  std::memcpy(cu.data(), offsets, sizeof offsets);
+  const Tensor packed_q = test::normal(rng, DType::bf16, {1, total, H, K}).tensor,
+               packed_k = test::normal(rng, DType::bf16, {1, total, H, K}, 0.25).tensor,
+               packed_v = test::normal(rng, DType::bf16, {1, total, H, V}).tensor,
+               packed_g = test::log_gate(rng, DType::f32, {1, total, H, K}).tensor,
+               packed_d_o = test::normal(rng, DType::bf16, {1, total, H, V}).tensor;
+  ladle::RunOptions packed_options;
+  packed_options.backend = ladle::Backend::gpu;
+  packed_options.cu_seqlens = cu.view();
+  const ladle::RecurrentForward packed_host_forward = ladle::run_variant_for_backward(
+      gla, packed_q.view(), packed_k.view(), packed_v.view(), {{{"g", packed_g.view()}}, {{"scale", 0.125f}}}, packed_options);
+  const ladle::RecurrentGradients packed_want = ladle::run_variant_backward(packed_host_forward.saved, packed_d_o.view());
+  const Tensor device_cu = to_device(cu), device_packed_q = to_device(packed_q), device_packed_k = to_device(packed_k),
+               device_packed_v = to_device(packed_v), device_packed_g = to_device(packed_g), device_packed_d_o = to_device(packed_d_o);
+  packed_options.cu_seqlens = device_cu.view();
+  packed_options.gpu.stream = &stream;
+  packed_options.gpu.upload_host_tensors = false;
+  const ladle::RecurrentForward packed_forward =
+      ladle::run_variant_for_backward(gla, device_packed_q.view(), device_packed_k.view(), device_packed_v.view(),
+                                      {{{"g", device_packed_g.view()}}, {{"scale", 0.125f}}}, packed_options);
+  const ladle::RecurrentGradients packed_got = ladle::run_variant_backward(packed_forward.saved, device_packed_d_o.view());
+  check_device_gradient("q (packed)", packed_got.dq, packed_want.dq, stream);
+  check_device_gradient("k (packed)", packed_got.dk, packed_want.dk, stream);
+  check_device_gradient("v (packed)", packed_got.dv, packed_want.dv, stream);
+  check_device_gradient("g (packed)", packed_got.inputs.at("g"), packed_want.inputs.at("g"), stream);
 }
 
 TEST_CASE("on a GPU, the attention backward on device tensors matches the one on host tensors and returns device gradients",
