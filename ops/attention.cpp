@@ -124,11 +124,12 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
 
 namespace {
 
+// Device tensors are copied down to be hashed (ops/detail/fingerprint.h), on the call's stream.
 std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                           const AttentionRunOptions& options) {
   return ops::detail::fingerprint({q, k, v, options.q_segment_ids, options.kv_segment_ids, options.softmax_aux, options.cu_seqlens_q,
                                    options.cu_seqlens_k},
-                                  inputs.tensors, inputs.scalars);
+                                  inputs.tensors, inputs.scalars, options.gpu.stream);
 }
 
 // A gradient's view shaped as `canonical` (the bound input's view): leading axes added and each
@@ -143,30 +144,48 @@ TensorView broadcast_like(const TensorView& grad, const TensorView& canonical) {
   return view;
 }
 
+// That saved's tensors still hold what its forward read. On the GPU path it runs once the GpuCall
+// has checked every address with the driver, so a mislabelled pointer is refused by name before
+// the fingerprint copies from it.
+void check_fingerprint(const std::string& op, const AttentionSaved& saved) {
+  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
+    throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
+                               "another call)");
+}
+
 }  // namespace
 
 AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
                                             const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options) {
   const std::string op = op_name(variant);
-  ops::detail::require_host_views(op, argument_views(q, k, v, inputs, options),
-                                  "the forward kept for a backward takes host tensors for now (run_attention takes device ones)");
   AttentionRunOptions run = options;
-  if (options.backend == Backend::gpu || (options.backend == Backend::automatic && driver_available())) {
+  if (ops::detail::runs_on_gpu(op, options.backend, argument_views(q, k, v, inputs, options))) {
     // The GPU backward when it takes the call (backend gpu: else an error saying why; automatic: else the CPU).
-    const ops::AttentionArgs host = ops::bind_attention(op, variant, q, k, v, inputs, options);
+    std::deque<Tensor> keep;
+    const ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, with_host_seqlens(options, keep));
     Device::get();
-    const std::vector<std::string> problems = gpu::gpu_attention_backward_unsupported(variant, host);
+    const std::vector<std::string> problems = gpu::gpu_attention_backward_unsupported(variant, args);
     if (problems.empty()) {
       run.backend = Backend::gpu;
       run.return_lse = true;  // the backward's softmax statistics
+      // As run_attention runs it: device tensors in place, o and lse where q lives. The fingerprint
+      // after it, once the GPU path has checked every address it hashes.
       AttentionResult result = run_attention(variant, q, k, v, inputs, run);
-      AttentionForward out{{result.o, options.return_lse ? result.lse : std::nullopt},
+      // The caller's copies of o and lse (saved keeps its own), made on the call's stream: a Tensor's
+      // copy constructor orders a device copy on the default stream, which a non-blocking stream's
+      // kernels are not ordered with.
+      const auto copied = [&](const Tensor& t) { return t.to(t.location(), options.gpu.stream); };
+      AttentionForward out{{copied(result.o), std::nullopt},
                            {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
+      if (options.return_lse) out.result.lse = copied(*result.lse);
       out.saved.o = std::make_shared<const Tensor>(std::move(result.o));
       out.saved.lse = std::make_shared<const Tensor>(std::move(*result.lse));
       return out;
     }
     if (options.backend == Backend::gpu) throw InvalidArgument(op + ": backend = gpu: the GPU backward does not take this call: " + problems.front());
+    ops::detail::require_host_views(op, argument_views(q, k, v, inputs, options),
+                                    "the GPU backward does not take this call (" + problems.front() +
+                                        "), and the CPU path that backend = automatic falls back to reads every tensor on the host");
   }
   run.backend = Backend::cpu;
   AttentionForward out{run_attention(variant, q, k, v, inputs, run), {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
@@ -175,48 +194,64 @@ AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant,
 
 namespace {
 
-// The backward on the GPU for host tensors: every input, the forward's o and lse and d_output uploaded,
-// the gradients (fp32, in their inputs' shapes) computed on device buffers and downloaded into `out`.
-void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, AttentionGradients& out) {
-  const std::string op = op_name(saved.variant) + " backward";
-  std::deque<Tensor> keep;
-  const auto put = [&](const TensorView& view) {
-    keep.push_back(Tensor::copy_of(view, Location::device(0)));
-    return keep.back().view();
+// The gradients a backward returns, at `where`: dq, dk, dv, every floating tensor input's of the
+// score expression (a mask has none) and the sinks'. Host ones start at 0 (the CPU backward adds
+// into them); the GPU backward overwrites every gradient.
+AttentionGradients allocate_gradients(const AttentionSaved& saved, Location where, const Stream* stream) {
+  const auto gradient = [&](const std::vector<std::int64_t>& shape) {
+    return where.is_device() ? Tensor(DType::f32, shape, where, stream) : Tensor(DType::f32, shape, 0.0f);
   };
+  AttentionGradients out{gradient(saved.q.shape), gradient(saved.k.shape), gradient(saved.v.shape), {}, std::nullopt};
+  for (const ir::Input& in : saved.variant.inputs) {
+    if (in.role != ir::Role::other || in.kind == ir::InputKind::scalar) continue;
+    const TensorView& given = saved.inputs.tensors.at(in.name);
+    if (given.type == DType::u8) continue;  // a mask: no gradient
+    out.inputs.emplace(in.name, gradient(given.shape));
+  }
+  if (saved.options.softmax_aux) out.d_softmax_aux.emplace(gradient(saved.options.softmax_aux->shape));
+  return out;
+}
+
+// The backward on the GPU under the forward's rules (GpuCall): device tensors read in place, host
+// ones (the saved arguments, the forward's o and lse, d_output) uploaded on options.gpu.stream or
+// refused by name when upload_host_tensors is off. The gradients live where q lives, as the
+// forward's outputs do: a host one is computed in a device stand-in and copied back by finish().
+AttentionGradients backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output) {
+  const std::string op = op_name(saved.variant) + " backward";
+  const AttentionRunOptions& options = saved.options;
+  ops::detail::GpuCall call(op, options.gpu);
+  const TensorView q = call.input("q", saved.q), k = call.input("k", saved.k), v = call.input("v", saved.v);
   VariantInputs device_inputs;
   device_inputs.scalars = saved.inputs.scalars;
-  for (const auto& [name, view] : saved.inputs.tensors) device_inputs.tensors[name] = put(view);
-  AttentionRunOptions device_options = saved.options;
-  if (saved.options.q_segment_ids) device_options.q_segment_ids = put(*saved.options.q_segment_ids);
-  if (saved.options.kv_segment_ids) device_options.kv_segment_ids = put(*saved.options.kv_segment_ids);
-  if (saved.options.softmax_aux) device_options.softmax_aux = put(*saved.options.softmax_aux);
-  const TensorView dq_in = put(saved.q), dk_in = put(saved.k), dv_in = put(saved.v);
-  ops::AttentionArgs device = ops::bind_attention(op, saved.variant, dq_in, dk_in, dv_in, device_inputs, device_options);
-  AttentionOutputs outputs{put(saved.o->view()), put(saved.lse->view())};
+  for (const auto& [name, view] : saved.inputs.tensors) device_inputs.tensors[name] = call.input(name, view);
+  AttentionRunOptions device_options = options;
+  if (options.q_segment_ids) device_options.q_segment_ids = call.input("q_segment_ids", *options.q_segment_ids);
+  if (options.kv_segment_ids) device_options.kv_segment_ids = call.input("kv_segment_ids", *options.kv_segment_ids);
+  if (options.softmax_aux) device_options.softmax_aux = call.input("softmax_aux", *options.softmax_aux);
+  if (options.cu_seqlens_q) device_options.cu_seqlens_q = call.host_input("cu_seqlens_q", *options.cu_seqlens_q);
+  if (options.cu_seqlens_k) device_options.cu_seqlens_k = call.host_input("cu_seqlens_k", *options.cu_seqlens_k);
+  ops::AttentionArgs device = ops::bind_attention(op, saved.variant, q, k, v, device_inputs, device_options);
+  AttentionOutputs outputs{call.input("o", saved.o->view()), call.input("lse", saved.lse->view())};
   ops::bind_attention_outputs(op, device_options, outputs, device);
-
-  // Device gradients in the host gradients' shapes, seen through the canonical views.
-  std::vector<std::pair<Tensor*, Tensor*>> downloads;
-  const auto gradient = [&](Tensor& host, const TensorView& canonical) {
-    keep.emplace_back(DType::f32, host.shape(), Location::device(0));
-    downloads.emplace_back(&host, &keep.back());
-    return broadcast_like(keep.back().view(), canonical);
-  };
   cpu::AttentionGrads grads;
-  grads.d_output = ops::detail::lead_with_ones(put(d_output), 4);
-  grads.dq = gradient(out.dq, device.q);
-  grads.dk = gradient(out.dk, device.k);
-  grads.dv = gradient(out.dv, device.v);
+  grads.d_output = ops::detail::lead_with_ones(call.input("d_output", d_output), 4);
+  check_fingerprint(op, saved);
+
+  AttentionGradients out = allocate_gradients(saved, saved.q.on_device() ? saved.q.location : Location::host(), options.gpu.stream);
+  // The gradients as the kernels write them: canonical views (broadcast axes at stride 0).
+  grads.dq = broadcast_like(call.output("dq", out.dq.view()), device.q);
+  grads.dk = broadcast_like(call.output("dk", out.dk.view()), device.k);
+  grads.dv = broadcast_like(call.output("dv", out.dv.view()), device.v);
   grads.d_tensors.resize(saved.variant.inputs.size());
   for (std::size_t i = 0; i < saved.variant.inputs.size(); ++i) {
     const auto found = out.inputs.find(saved.variant.inputs[i].name);
-    if (found != out.inputs.end()) grads.d_tensors[i] = gradient(found->second, device.tensors[i]);
+    if (found != out.inputs.end())
+      grads.d_tensors[i] = broadcast_like(call.output("d" + found->first, found->second.view()), device.tensors[i]);
   }
-  if (out.d_softmax_aux) grads.d_softmax_aux = gradient(*out.d_softmax_aux, *device.softmax_aux);
-  gpu::run_attention_backward_into(saved.variant, device, grads);
-  Device::get().synchronize();
-  for (auto& [host, stand_in] : downloads) copy(stand_in->view(), host->view());
+  if (out.d_softmax_aux) grads.d_softmax_aux = broadcast_like(call.output("d_softmax_aux", out.d_softmax_aux->view()), *device.softmax_aux);
+  gpu::run_attention_backward_into(saved.variant, device, grads, {options.gpu.stream});
+  call.finish();
+  return out;
 }
 
 }  // namespace
@@ -224,20 +259,26 @@ void backward_on_gpu(const AttentionSaved& saved, const TensorView& d_output, At
 AttentionGradients run_attention_backward(const AttentionSaved& saved, const TensorView& d_output) {
   const std::string op = op_name(saved.variant) + " backward";
   if (!saved.valid) throw InvalidArgument(op + ": saved holds no forward (make it with run_attention_for_backward)");
-  require_host(op, "d_output", d_output, "the backward takes host tensors for now");
-  ops::AttentionArgs args = ops::bind_attention(op, saved.variant, saved.q, saved.k, saved.v, saved.inputs, saved.options);
-  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
-    throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
-                               "another call)");
+  const bool on_gpu = saved.o && saved.lse;  // the forward ran on the GPU
+  // The CPU backward reads every tensor on the host: a device one is refused by name.
+  if (!on_gpu) {
+    auto views = argument_views(saved.q, saved.k, saved.v, saved.inputs, saved.options);
+    views.push_back({"d_output", &d_output});
+    ops::detail::runs_on_gpu(op, Backend::cpu, views);
+  }
+  std::deque<Tensor> keep;
+  ops::AttentionArgs args =
+      ops::bind_attention(op, saved.variant, saved.q, saved.k, saved.v, saved.inputs, with_host_seqlens(saved.options, keep));
   const ops::detail::Checker check(op);
   check.floating("d_output", d_output);
   if (d_output.shape != args.output_shape())
     check.fail("d_output has shape " + ops::detail::shape_text(d_output.shape) + ", expected the output's shape " +
                std::string(args.packed ? "[Tq,H,Dv] = " : "[B,Tq,H,Dv] = ") + ops::detail::shape_text(args.output_shape()));
   check.data("d_output", d_output);
+  if (on_gpu) return backward_on_gpu(saved, d_output);
+  check_fingerprint(op, saved);
 
-  AttentionGradients out{Tensor(DType::f32, saved.q.shape, 0.0f), Tensor(DType::f32, saved.k.shape, 0.0f),
-                         Tensor(DType::f32, saved.v.shape, 0.0f), {}, std::nullopt};
+  AttentionGradients out = allocate_gradients(saved, Location::host(), nullptr);
   cpu::AttentionGrads grads;
   grads.d_output = ops::detail::lead_with_ones(d_output, 4);
   grads.dq = broadcast_like(out.dq.view(), args.q);
@@ -245,21 +286,10 @@ AttentionGradients run_attention_backward(const AttentionSaved& saved, const Ten
   grads.dv = broadcast_like(out.dv.view(), args.v);
   grads.d_tensors.resize(saved.variant.inputs.size());
   for (std::size_t i = 0; i < saved.variant.inputs.size(); ++i) {
-    const ir::Input& in = saved.variant.inputs[i];
-    if (in.role != ir::Role::other || in.kind == ir::InputKind::scalar) continue;
-    const TensorView& given = saved.inputs.tensors.at(in.name);
-    if (given.type == DType::u8) continue;  // a mask: no gradient
-    Tensor& g = out.inputs.emplace(in.name, Tensor(DType::f32, given.shape, 0.0f)).first->second;
-    grads.d_tensors[i] = broadcast_like(g.view(), args.tensors[i]);
+    const auto found = out.inputs.find(saved.variant.inputs[i].name);
+    if (found != out.inputs.end()) grads.d_tensors[i] = broadcast_like(found->second.view(), args.tensors[i]);
   }
-  if (args.softmax_aux) {
-    out.d_softmax_aux.emplace(DType::f32, saved.options.softmax_aux->shape, 0.0f);
-    grads.d_softmax_aux = broadcast_like(out.d_softmax_aux->view(), *args.softmax_aux);
-  }
-  if (saved.o && saved.lse) {
-    backward_on_gpu(saved, d_output, out);
-    return out;
-  }
+  if (args.softmax_aux) grads.d_softmax_aux = broadcast_like(out.d_softmax_aux->view(), *args.softmax_aux);
   cpu::run_attention_backward(saved.variant, args, grads);
   return out;
 }

@@ -99,9 +99,11 @@ struct AttentionOptions {
   GpuOptions gpu;
 };
 
-// What the backward of an attention call needs, held by the caller: the call's arguments (views:
-// the caller keeps those tensors alive and unchanged until the backward; a fingerprint of their
-// contents is checked). The CPU backward forms the logits and the softmax again from them.
+// What the backward of an attention call needs, held by the caller: the call's arguments (views,
+// host or device memory as they were given: the caller keeps those tensors alive and unchanged until
+// the backward; a fingerprint of their contents is checked, for device tensors by copying their bytes
+// to the host on options.gpu.stream at the forward and again at the backward:
+// ops/detail/fingerprint.h). The CPU backward forms the logits and the softmax again from them.
 struct AttentionSaved {
   ir::AttentionVariant variant;
   TensorView q, k, v;
@@ -109,7 +111,7 @@ struct AttentionSaved {
   AttentionRunOptions options;
   std::uint64_t fingerprint = 0;
   bool valid = false;  // made by a forward
-  // A forward that ran on the GPU keeps its o and lse: the GPU backward reads them.
+  // A forward that ran on the GPU keeps its o and lse (where q lives): the GPU backward reads them.
   std::shared_ptr<const Tensor> o, lse;
 };
 
@@ -120,7 +122,8 @@ struct AttentionForward {
 
 // dL/dq, dL/dk, dL/dv (GQA: dk, dv summed over the query heads that share them), dL/d every
 // tensor input the score expression reads (a bias, an ALiBi slope: by name, in the shape it was
-// given in, summed over broadcast axes), dL/d softmax_aux (the sinks' logits). f32.
+// given in, summed over broadcast axes), dL/d softmax_aux (the sinks' logits). f32, where the
+// forward's outputs live: device memory when q is device memory (after a GPU forward), else the host.
 struct AttentionGradients {
   Tensor dq, dk, dv;
   std::map<std::string, Tensor> inputs;
@@ -128,12 +131,18 @@ struct AttentionGradients {
 };
 
 // The forward of run_attention, keeping what its backward needs, and the backward. Backend gpu (or
-// automatic with a GPU) runs both on the GPU (gpu_attention_backward.h: sm_90a, q, k, v of one 16-bit
-// type, head dims up to 128; backend gpu refuses anything else by name, automatic falls back to the
-// CPU); backend cpu runs both on the CPU. The backward reads
-// d_output = dL/do ([B,Tq,H,Dv] or packed [Tq,H,Dv], any floating dtype). Dropout drops the same
-// elements in both (the keep mask is drawn again from the seed). Bad input throws InvalidArgument
-// naming it: a d_output of the wrong shape or dtype, a saved value whose tensors changed.
+// automatic with a GPU or a device tensor) runs both on the GPU (gpu_attention_backward.h: sm_90a,
+// q, k, v of one 16-bit type, head dims up to 128; backend gpu refuses anything else by name,
+// automatic falls back to the CPU, and then refuses a device tensor by name); backend cpu runs both
+// on the CPU. Host and device tensors are taken as run_attention takes them (options.gpu): on the
+// GPU, device tensors are read in place on options.gpu.stream and host ones uploaded, or refused by
+// name when upload_host_tensors is off; on the CPU a device tensor is refused by name. The backward
+// reads d_output = dL/do ([B,Tq,H,Dv] or packed [Tq,H,Dv], any floating dtype) under the same rules,
+// on the forward's stream (saved keeps the pointer: the stream must outlive it); on device tensors
+// alone it waits for the stream once, for the fingerprint's copy of the saved tensors. Dropout drops
+// the same elements in both (the keep mask is drawn again from the seed). Bad input throws
+// InvalidArgument naming it: a d_output of the wrong shape or dtype, a saved value whose tensors
+// changed.
 AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
                                             const TensorView& v, const VariantInputs& inputs = {},
                                             const AttentionRunOptions& options = {});

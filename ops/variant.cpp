@@ -105,9 +105,10 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
 
 namespace {
 
+// Device tensors are copied down to be hashed (ops/detail/fingerprint.h), on the call's stream.
 std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                           const RunOptions& options) {
-  return ops::detail::fingerprint({q, k, v, options.initial_state}, inputs.tensors, inputs.scalars);
+  return ops::detail::fingerprint({q, k, v, options.initial_state}, inputs.tensors, inputs.scalars, options.gpu.stream);
 }
 
 }  // namespace
@@ -117,16 +118,18 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
   const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
   if (!variant.plain_form()) check.fail("the backward of " + ir::form_name(variant) + " is not built yet (run_variant runs its forward)");
-  ops::detail::require_host_views(op, argument_views(q, k, v, inputs, options),
-                                  "the forward kept for a backward takes host tensors for now (run_variant takes device ones)");
+  if (ops::detail::runs_on_gpu(op, options.backend, argument_views(q, k, v, inputs, options))) {
+    // The forward as run_variant runs it (device tensors in place, outputs where q lives); the
+    // fingerprint after it, once the GPU path has checked every address it hashes.
+    RecurrentForward out{run_variant(variant, q, k, v, inputs, options), {variant, q, k, v, inputs, options, nullptr, 0, true}};
+    out.saved.options.backend = Backend::gpu;
+    out.saved.fingerprint = fingerprint(q, k, v, inputs, options);
+    return out;
+  }
+  // The CPU path: every view is host memory (runs_on_gpu refused a device one).
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   RecurrentForward out{{Tensor(bound.dims.type, bound.dims.output_shape()), std::nullopt},
                        {variant, q, k, v, inputs, options, nullptr, fingerprint(q, k, v, inputs, options), true}};
-  if (options.backend == Backend::gpu || (options.backend == Backend::automatic && driver_available())) {
-    out.result = run_variant(variant, q, k, v, inputs, options);
-    out.saved.options.backend = Backend::gpu;
-    return out;
-  }
   out.saved.options.backend = Backend::cpu;
   RecurrentOutputs outputs{out.result.o.view(), std::nullopt};
   if (options.return_state) {
@@ -145,7 +148,26 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
 
 namespace {
 
-// What both backwards share: the checks of saved, d_output and d_final_state, the zeroed gradients
+// The checks every backward makes before any work: saved, d_output and d_final_state against the
+// forward's arguments (cu_seqlens read on the host: a device one is copied into `seqlens`).
+ops::BoundInputs check_backward(const std::string& op, const RecurrentSaved& saved, const TensorView& d_output,
+                                const std::optional<TensorView>& d_final_state, std::optional<Tensor>& seqlens) {
+  ops::BoundInputs bound = ops::bind_inputs(op, saved.variant, saved.q, saved.k, saved.v, saved.inputs,
+                                            with_host_seqlens(saved.options, seqlens));
+  ops::bind_backward(op, bound, d_output, d_final_state);
+  return bound;
+}
+
+// That saved's tensors still hold what its forward read. On the GPU path it runs once the GpuCall
+// has checked every address with the driver, so a mislabelled pointer is refused by name before
+// the fingerprint copies from it.
+void check_fingerprint(const std::string& op, const RecurrentSaved& saved) {
+  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
+    ops::detail::Checker(op).fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
+                                  "another call)");
+}
+
+// What both CPU backwards share: the checks of saved, d_output and d_final_state, the zeroed gradients
 // and the canonical views of them that the CPU code adds into.
 struct BackwardSetup {
   ops::BoundInputs bound;
@@ -157,19 +179,20 @@ struct BackwardSetup {
 BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_output, const std::optional<TensorView>& d_final_state) {
   const ir::Variant& variant = saved.variant;
   const std::string op = op_name(variant) + " backward";
-  const ops::detail::Checker check(op);
-  if (!saved.valid) check.fail("saved holds no forward (make it with run_variant_for_backward)");
-  ops::detail::require_host_views(op, {{"d_output", &d_output}, {"d_final_state", d_final_state ? &*d_final_state : nullptr}},
-                                  "the backward takes host tensors for now");
-  BackwardSetup s{ops::bind_inputs(op, variant, saved.q, saved.k, saved.v, saved.inputs, saved.options),
+  // The CPU reads every tensor, the forward's and the backward's, on the host: a device one is
+  // refused by name (a CPU forward saved host views only; a GPU forward's may be device ones).
+  auto views = argument_views(saved.q, saved.k, saved.v, saved.inputs, saved.options);
+  views.push_back({"d_output", &d_output});
+  if (d_final_state) views.push_back({"d_final_state", &*d_final_state});
+  ops::detail::runs_on_gpu(op, Backend::cpu, views);
+  std::optional<Tensor> seqlens;  // none: cu_seqlens is host memory
+  BackwardSetup s{check_backward(op, saved, d_output, d_final_state, seqlens),
                   {Tensor(DType::f32, saved.q.shape, 0.0f), Tensor(DType::f32, saved.k.shape, 0.0f),
                    Tensor(DType::f32, saved.v.shape, 0.0f), {}, std::nullopt},
                   {},
                   std::nullopt};
-  if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
-    check.fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to another call)");
+  check_fingerprint(op, saved);
   const ops::RecurrentDims& d = s.bound.dims;
-  ops::bind_backward(op, s.bound, d_output, d_final_state);
   s.d_tensors.resize(variant.inputs.size());
   for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
     const ir::Input& in = variant.inputs[i];
@@ -192,11 +215,58 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
   return s;
 }
 
+// The backward on the GPU (gpu::run_variant_backward_into) under the forward's rules (GpuCall):
+// device tensors read in place, host ones uploaded on options.gpu.stream (or refused by name when
+// upload_host_tensors is off); the gradients live where q lives, as the forward's outputs do. On
+// device tensors alone it waits for the stream once (the fingerprint's copy) and returns with its
+// kernels queued.
+RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView& d_output,
+                                   const std::optional<TensorView>& d_final_state) {
+  const ir::Variant& variant = saved.variant;
+  const RunOptions& options = saved.options;
+  const std::string op = op_name(variant) + " backward";
+  std::optional<Tensor> seqlens;
+  const ops::BoundInputs bound = check_backward(op, saved, d_output, d_final_state, seqlens);
+
+  ops::detail::GpuCall call(op, options.gpu);
+  const TensorView q = call.input("q", saved.q), k = call.input("k", saved.k), v = call.input("v", saved.v);
+  VariantInputs inputs;
+  inputs.scalars = saved.inputs.scalars;
+  for (const auto& [name, view] : saved.inputs.tensors) inputs.tensors[name] = call.input(name, view);
+  RunOptions device_options = options;
+  if (options.initial_state) device_options.initial_state = call.input("initial_state", *options.initial_state);
+  if (options.cu_seqlens) device_options.cu_seqlens = call.host_input("cu_seqlens", *options.cu_seqlens);
+  const TensorView d_o = call.input("d_output", d_output);
+  std::optional<TensorView> d_final;
+  if (d_final_state) d_final = call.input("d_final_state", *d_final_state);
+  check_fingerprint(op, saved);
+
+  const Location where = saved.q.on_device() ? saved.q.location : Location::host();
+  const auto gradient = [&](const std::vector<std::int64_t>& shape) { return Tensor(DType::f32, shape, where, options.gpu.stream); };
+  RecurrentGradients out{gradient(saved.q.shape), gradient(saved.k.shape), gradient(saved.v.shape), {}, std::nullopt};
+  gpu::RecurrentGradientViews views{call.output("dq", out.dq.view()), call.output("dk", out.dk.view()), call.output("dv", out.dv.view()),
+                                    {}, std::nullopt};
+  for (const ir::Input& in : variant.inputs) {
+    if (in.kind == ir::InputKind::scalar || in.role != ir::Role::other) continue;
+    Tensor& g = out.inputs.emplace(in.name, gradient(saved.inputs.tensors.at(in.name).shape)).first->second;
+    views.inputs[in.name] = call.output("d" + in.name, g.view());
+  }
+  if (options.initial_state) {
+    out.d_initial_state.emplace(gradient(bound.dims.state_shape()));
+    views.d_initial_state = call.output("d_initial_state", out.d_initial_state->view());
+  }
+  gpu::run_variant_backward_into(variant, q, k, v, inputs, device_options, d_o, d_final, views, {options.gpu.stream});
+  call.finish();
+  return out;
+}
+
 }  // namespace
 
 RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
                                         const std::optional<TensorView>& d_final_state) {
-  if (saved.valid && !saved.checkpoints) return run_variant_backward_composed(saved, d_output, d_final_state, Backend::gpu);
+  if (!saved.valid)
+    throw InvalidArgument(op_name(saved.variant) + " backward: saved holds no forward (make it with run_variant_for_backward)");
+  if (!saved.checkpoints) return run_variant_backward_composed(saved, d_output, d_final_state, Backend::gpu);
   BackwardSetup s = setup_backward(saved, d_output, d_final_state);
   cpu::RecurrentGrads grads;
   grads.d_output = ops::detail::lead_with_ones(d_output, 4);
@@ -212,14 +282,13 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
                                                  const std::optional<TensorView>& d_final_state, Backend backend) {
   const ir::Variant& variant = saved.variant;
   const std::string op = op_name(variant) + " backward";
+  if (!saved.valid) throw InvalidArgument(op + ": saved holds no forward (make it with run_variant_for_backward)");
+  // Where it runs as a forward would decide (backend = cpu refuses a device tensor by name).
+  auto views = argument_views(saved.q, saved.k, saved.v, saved.inputs, saved.options);
+  views.push_back({"d_output", &d_output});
+  if (d_final_state) views.push_back({"d_final_state", &*d_final_state});
+  if (ops::detail::runs_on_gpu(op, backend, views)) return backward_on_gpu(saved, d_output, d_final_state);
   BackwardSetup s = setup_backward(saved, d_output, d_final_state);
-  if (backend == Backend::gpu || (backend == Backend::automatic && driver_available())) {
-    gpu::RecurrentGradientViews views{s.out.dq.view(), s.out.dk.view(), s.out.dv.view(), {}, std::nullopt};
-    for (const auto& [name, t] : s.out.inputs) views.inputs[name] = t.view();
-    if (s.out.d_initial_state) views.d_initial_state = s.out.d_initial_state->view();
-    gpu::run_variant_backward(variant, saved.q, saved.k, saved.v, saved.inputs, saved.options, d_output, d_final_state, views);
-    return std::move(s.out);
-  }
   if (variant.normalize)
     throw InvalidArgument(op + ": the backward by composition on the CPU has no normalised read (the GPU's and the direct CPU backward do)");
   const cpu::RecurrentArgs& a = s.bound.args;

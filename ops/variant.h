@@ -95,7 +95,8 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
 // The gradients of a loss L through run_variant: dL/dq, dL/dk, dL/dv, dL/d(every named tensor
 // input: gates, a user expression's per-token and per-head inputs), dL/d initial_state. f32, each
 // in the shape it was given in (an [H] parameter's gradient sums over the batch, GQA's dk and dv
-// over the query heads that share them). Scalars passed by value get none.
+// over the query heads that share them). Scalars passed by value get none. They live where the
+// forward's outputs do: device memory when q is device memory (after a GPU forward), else the host.
 struct RecurrentGradients {
   Tensor dq, dk, dv;
   std::map<std::string, Tensor> inputs;   // by input name
@@ -103,9 +104,11 @@ struct RecurrentGradients {
 };
 
 // What the backward needs from a forward call, held by the caller (no global state): the call's
-// arguments (host views for now: the caller keeps those tensors alive and unchanged until the backward; a
-// fingerprint of their contents is checked) and the state entering every 64-token chunk of every
-// (sequence, head), so that the backward does not run the forward again.
+// arguments (views, host or device memory as they were given: the caller keeps those tensors alive
+// and unchanged until the backward; a fingerprint of their contents is checked, for device tensors
+// by copying their bytes to the host on options.gpu.stream at the forward and again at the
+// backward: ops/detail/fingerprint.h) and, after a CPU forward, the state entering every 64-token
+// chunk of every (sequence, head), so that the backward does not run the forward again.
 struct RecurrentSaved {
   ir::Variant variant;
   TensorView q, k, v;
@@ -121,29 +124,38 @@ struct RecurrentForward {
   RecurrentSaved saved;
 };
 
-// The forward of run_variant, keeping what its backward needs. Where it runs follows options.backend
-// as run_variant does. After a CPU forward the backward runs on the CPU (checkpoints of the state
-// every 64 tokens); after a GPU forward it runs on the GPU, as three recurrences of the plain form
-// over the slots (run_variant_backward_composed; a normalised read's normaliser is the state's extra
-// column).
+// The forward of run_variant, keeping what its backward needs. Where it runs, and how it treats host
+// and device tensors, follows options.backend and options.gpu as run_variant does (device tensors
+// read in place, outputs where q lives; backend = cpu refuses a device tensor by name). After a CPU
+// forward the backward runs on the CPU (checkpoints of the state every 64 tokens); after a GPU
+// forward it runs on the GPU, as three recurrences of the plain form over the slots
+// (run_variant_backward_composed; a normalised read's normaliser is the state's extra column).
 RecurrentForward run_variant_for_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const VariantInputs& inputs = {}, const RunOptions& options = {});
 
 // The backward of run_variant, derived from the variant's expression (the gradient of gate math
 // such as logsigmoid(x) / tau comes from ir::derivative of the lowered slots): d_output = dL/do
 // ([B,T,H,V] or packed [T,H,V], any floating dtype) and optionally d_final_state = dL/d final_state
-// ([N,H,K,V]). Bad input throws InvalidArgument naming it: a d_output or d_final_state of the wrong
-// shape or dtype, a saved value whose tensors no longer hold what its forward read.
+// ([N,H,K,V]). After a GPU forward, d_output and d_final_state may be host or device memory, as the
+// forward's tensors may: device ones are read in place on the forward's options.gpu.stream (saved
+// keeps the pointer: the stream must outlive it), host ones are uploaded, or refused by name when
+// options.gpu.upload_host_tensors is off. On device tensors alone the call waits for the stream
+// once, for the fingerprint's copy of the saved tensors, and returns with its kernels queued. After
+// a CPU forward the backward reads every tensor on the host and refuses a device one by name. Bad
+// input throws InvalidArgument naming it: a d_output or d_final_state of the wrong shape or dtype, a
+// saved value whose tensors no longer hold what its forward read.
 RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
                                         const std::optional<TensorView>& d_final_state = std::nullopt);
 
-// The backward by composition, on `backend` (gpu, or automatic with a GPU: gpu::run_variant_backward of
-// ops/gpu_backward.h, generated kernels on device tensors; cpu: the same algorithm on the host, which
-// the tests hold against the direct CPU backward): the slots (q, k, v features, the log decays, the
-// scale) evaluated at every token, then three recurrences of the plain form:
-// dq = scale S_t do_t over the transposed state, and dv, dk over dS in the other direction (the
-// decays shifted by one token); the decays' gradients as reverse sums of q . dq - k . dk (and
-// o . do - v . dv), and the inputs' through ir::derivative. On the CPU not for normalised reads.
+// The backward by composition, on `backend` (gpu, or automatic with a GPU or a device tensor:
+// gpu::run_variant_backward_into of ops/gpu_backward.h, generated kernels on device tensors, host and
+// device tensors taken as run_variant_backward takes them; cpu: the same algorithm on the host, which
+// the tests hold against the direct CPU backward, refusing a device tensor by name): the slots (q, k,
+// v features, the log decays, the scale) evaluated at every token, then three recurrences of the
+// plain form: dq = scale S_t do_t over the transposed state, and dv, dk over dS in the other
+// direction (the decays shifted by one token); the decays' gradients as reverse sums of
+// q . dq - k . dk (and o . do - v . dv), and the inputs' through ir::derivative. On the CPU not for
+// normalised reads.
 RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, const TensorView& d_output,
                                                  const std::optional<TensorView>& d_final_state, Backend backend);
 

@@ -1,13 +1,18 @@
 // Every op takes host or device tensors through the same entry points: the CPU path refuses a
 // device tensor by name, the GPU path refuses host tensors when uploads are off, and on a GPU a
 // pointer said to live on the wrong side is caught before any kernel reads it. On a GPU, an op on
-// device tensors on a user's stream matches the CPU path and returns device tensors.
+// device tensors on a user's stream matches the CPU path and returns device tensors. The same for
+// the backward entry points: their forwards, their backwards and the saved values between them.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstring>
 #include <deque>
+#include <memory>
 #include <random>
 
 #include <ladle/ops/attention.h>
+#include <ladle/ops/detail/fingerprint.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
@@ -53,7 +58,7 @@ TEST_CASE("the CPU path refuses a device tensor, naming it and what it expected"
   attention_cpu.backend = ladle::Backend::cpu;
   REQUIRE_THROWS_WITH(ladle::attention(said_to_be_device(q), k.view(), v.view(), attention_cpu),
                       Contains("attention: q is f32[1,8,2,4] on cuda:0, expected host memory"));
-  // The backward keeps host tensors: a device one is refused by name, whatever the backend.
+  // The forward kept for a backward follows the same rules.
   REQUIRE_THROWS_WITH(ladle::attention_for_backward(q.view(), said_to_be_device(k), v.view(), attention_cpu),
                       Contains("attention: k is f32[1,8,2,4] on cuda:0, expected host memory"));
   // Nothing was written.
@@ -137,4 +142,266 @@ TEST_CASE("on a GPU, an op on device tensors on a user's stream matches the CPU 
   mixed.gpu.stream = &stream;
   ladle::gla_into(dq.view(), dk.view(), dv.view(), dg.view(), mixed, {host_o.view(), std::nullopt});
   CHECK(test::relative_error(host_o, test::values_of(reference.o)) < 1e-2);
+}
+
+TEST_CASE("the backward on the CPU path refuses a device tensor, naming it, and reads none", "[ops][locations][backward]") {
+  std::mt19937_64 rng(19);
+  const Tensor q = test::normal(rng, DType::f32, {1, 8, 2, 4}).tensor, k = test::normal(rng, DType::f32, {1, 8, 2, 4}).tensor,
+               v = test::normal(rng, DType::f32, {1, 8, 2, 4}).tensor, g = test::log_gate(rng, DType::f32, {1, 8, 2, 4}).tensor,
+               d_o = test::normal(rng, DType::f32, {1, 8, 2, 4}).tensor, d_s = test::normal(rng, DType::f32, {1, 2, 4, 4}).tensor;
+  const ladle::ir::Variant& gla = ladle::gla_variant(false);
+  ladle::RunOptions cpu;
+  cpu.backend = ladle::Backend::cpu;
+  cpu.return_state = true;
+  REQUIRE_THROWS_WITH(ladle::run_variant_for_backward(gla, q.view(), k.view(), v.view(),
+                                                      {{{"g", said_to_be_device(g)}}, {{"scale", 0.5f}}}, cpu),
+                      Contains("gla: g is f32[1,8,2,4] on cuda:0, expected host memory"));
+  const ladle::RecurrentForward forward =
+      ladle::run_variant_for_backward(gla, q.view(), k.view(), v.view(), {{{"g", g.view()}}, {{"scale", 0.5f}}}, cpu);
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward(forward.saved, said_to_be_device(d_o)),
+                      Contains("gla backward: d_output is f32[1,8,2,4] on cuda:0, expected host memory"));
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward(forward.saved, d_o.view(), said_to_be_device(d_s)),
+                      Contains("gla backward: d_final_state is f32[1,2,4,4] on cuda:0, expected host memory"));
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward_composed(forward.saved, said_to_be_device(d_o), std::nullopt, ladle::Backend::cpu),
+                      Contains("gla backward: d_output is f32[1,8,2,4] on cuda:0, expected host memory"));
+  // A saved value holding a device view (as a GPU forward's may) is refused by the CPU backward, not read.
+  ladle::RecurrentSaved saved_on_device = forward.saved;
+  saved_on_device.q = said_to_be_device(q);
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward(saved_on_device, d_o.view()),
+                      Contains("gla backward: q is f32[1,8,2,4] on cuda:0, expected host memory"));
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward_composed(saved_on_device, d_o.view(), std::nullopt, ladle::Backend::cpu),
+                      Contains("gla backward: q is f32[1,8,2,4] on cuda:0, expected host memory"));
+  const ladle::RecurrentGradients gradients = ladle::run_variant_backward(forward.saved, d_o.view(), d_s.view());
+  CHECK(gradients.dq.location() == Location::host());
+  CHECK(std::isfinite(gradients.inputs.at("g").get(0)));
+
+  ladle::AttentionOptions attention_cpu;
+  attention_cpu.backend = ladle::Backend::cpu;
+  const ladle::AttentionForward attention = ladle::attention_for_backward(q.view(), k.view(), v.view(), attention_cpu);
+  REQUIRE_THROWS_WITH(ladle::run_attention_backward(attention.saved, said_to_be_device(d_o)),
+                      Contains("attention backward: d_output is f32[1,8,2,4] on cuda:0, expected host memory"));
+  ladle::AttentionSaved attention_on_device = attention.saved;
+  attention_on_device.v = said_to_be_device(v);
+  REQUIRE_THROWS_WITH(ladle::run_attention_backward(attention_on_device, d_o.view()),
+                      Contains("attention backward: v is f32[1,8,2,4] on cuda:0, expected host memory"));
+  CHECK(ladle::run_attention_backward(attention.saved, d_o.view()).dq.location() == Location::host());
+}
+
+// A saved value as a GPU forward makes it (no checkpoints; o and lse kept for attention), forged from
+// a CPU forward's so that this runs without a GPU: the GPU backward refuses its host tensors by name
+// when uploads are off, before any device work.
+TEST_CASE("the backward on the GPU path refuses host tensors by name when uploads are off", "[ops][locations][backward]") {
+  std::mt19937_64 rng(20);
+  const Tensor q = test::normal(rng, DType::bf16, {1, 16, 2, 8}).tensor, k = test::normal(rng, DType::bf16, {1, 16, 2, 8}).tensor,
+               v = test::normal(rng, DType::bf16, {1, 16, 2, 8}).tensor, g = test::log_gate(rng, DType::f32, {1, 16, 2, 8}).tensor,
+               d_o = test::normal(rng, DType::bf16, {1, 16, 2, 8}).tensor;
+  const ladle::ir::Variant& gla = ladle::gla_variant(false);
+  const ladle::VariantInputs inputs{{{"g", g.view()}}, {{"scale", 0.5f}}};
+  ladle::RunOptions gpu;
+  gpu.backend = ladle::Backend::gpu;
+  gpu.gpu.upload_host_tensors = false;
+  REQUIRE_THROWS_WITH(ladle::run_variant_for_backward(gla, q.view(), k.view(), v.view(), inputs, gpu),
+                      Contains("gla: q is bf16[1,16,2,8] on host, expected device memory: upload_host_tensors is off"));
+
+  ladle::RunOptions cpu;
+  cpu.backend = ladle::Backend::cpu;
+  ladle::RecurrentSaved saved = ladle::run_variant_for_backward(gla, q.view(), k.view(), v.view(), inputs, cpu).saved;
+  saved.checkpoints = nullptr;
+  saved.options.backend = ladle::Backend::gpu;
+  saved.options.gpu.upload_host_tensors = false;
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward(saved, d_o.view()),
+                      Contains("gla backward: q is bf16[1,16,2,8] on host, expected device memory: upload_host_tensors is off"));
+
+  ladle::AttentionOptions attention_cpu;
+  attention_cpu.backend = ladle::Backend::cpu;
+  attention_cpu.return_lse = true;
+  ladle::AttentionForward attention = ladle::attention_for_backward(q.view(), k.view(), v.view(), attention_cpu);
+  ladle::AttentionSaved attention_saved = attention.saved;
+  attention_saved.o = std::make_shared<const Tensor>(attention.result.o);
+  attention_saved.lse = std::make_shared<const Tensor>(*attention.result.lse);
+  attention_saved.options.backend = ladle::Backend::gpu;
+  attention_saved.options.gpu.upload_host_tensors = false;
+  REQUIRE_THROWS_WITH(ladle::run_attention_backward(attention_saved, d_o.view()),
+                      Contains("attention backward: q is bf16[1,16,2,8] on host, expected device memory: upload_host_tensors is off"));
+}
+
+// The fingerprint hashes a device view's span copied to the host with the view's own strides: the span
+// of a view with a broadcast and a reversed axis, copied elsewhere, hashes as the view in place does.
+TEST_CASE("the fingerprint of a view's span copied elsewhere is the view's own", "[ops][locations][backward]") {
+  std::mt19937_64 rng(21);
+  const Tensor base = test::normal(rng, DType::bf16, {3, 5, 4}).tensor;
+  TensorView view = base.view();
+  view.shape = {3, 2, 5, 2};
+  view.strides = {20, 0, -4, 2};  // a broadcast axis, the second axis reversed, every other feature
+  view.data = static_cast<std::byte*>(base.view().data) + 16 * 2;  // element [0, 4, 0] of base
+  const ladle::ops::detail::Span span = ladle::ops::detail::span_of(view);
+  CHECK(span.before == 16 * 2);
+  CHECK(span.bytes == static_cast<std::size_t>(20 * 2 + 16 + 2 + 1) * 2);  // elements 0 .. 2*20 + 4*4 + 2 of base
+  std::vector<unsigned char> copied(span.bytes);
+  std::memcpy(copied.data(), static_cast<const std::byte*>(view.data) - span.before, span.bytes);
+  TensorView moved = view;
+  moved.data = copied.data() + span.before;
+  CHECK(ladle::ops::detail::fingerprint(1, moved) == ladle::ops::detail::fingerprint(1, view));
+  copied[span.bytes - 1] ^= 1;  // the last element's high byte
+  CHECK(ladle::ops::detail::fingerprint(1, moved) != ladle::ops::detail::fingerprint(1, view));
+}
+
+namespace {
+
+// A device gradient against the same gradient from host tensors: the same kernels on the same values,
+// only where the tensors started differs (the tolerance allows for sums whose order atomics decide).
+void check_device_gradient(const std::string& name, const Tensor& got, const Tensor& want, const ladle::Stream& stream) {
+  INFO("d" << name);
+  CHECK(got.location() == Location::device(0));
+  CHECK(want.location() == Location::host());
+  REQUIRE(got.shape() == want.shape());
+  const double error = test::relative_error(got.to(Location::host(), &stream), test::values_of(want));
+  INFO("relative error " << error);
+  CHECK(error < 1e-4);
+}
+
+}  // namespace
+
+TEST_CASE("on a GPU, the recurrent backward on device tensors matches the one on host tensors and returns device gradients",
+          "[ops][locations][backward][gpu]") {
+  if (!ladle::driver_available()) {
+    WARN("not exercised here (it needs a GPU): " << ladle::driver_unavailable_reason());
+    return;
+  }
+  std::mt19937_64 rng(22);
+  const std::int64_t B = 2, T = 100, H = 2, K = 64, V = 64;
+  const Tensor q = test::normal(rng, DType::bf16, {B, T, H, K}).tensor, k = test::normal(rng, DType::bf16, {B, T, H, K}, 0.25).tensor,
+               v = test::normal(rng, DType::bf16, {B, T, H, V}).tensor, g = test::log_gate(rng, DType::f32, {B, T, H, K}).tensor,
+               h0 = test::normal(rng, DType::f32, {B, H, K, V}, 0.1).tensor, d_o = test::normal(rng, DType::bf16, {B, T, H, V}).tensor,
+               d_s = test::normal(rng, DType::f32, {B, H, K, V}, 0.1).tensor;
+  const ladle::ir::Variant& gla = ladle::gla_variant(false);
+  ladle::RunOptions host_options;
+  host_options.backend = ladle::Backend::gpu;
+  host_options.initial_state = h0.view();
+  host_options.return_state = true;
+  const ladle::RecurrentForward host_forward =
+      ladle::run_variant_for_backward(gla, q.view(), k.view(), v.view(), {{{"g", g.view()}}, {{"scale", 0.125f}}}, host_options);
+  const ladle::RecurrentGradients want = ladle::run_variant_backward(host_forward.saved, d_o.view(), d_s.view());
+
+  const ladle::Stream stream;
+  const auto to_device = [&](const Tensor& t) { return t.to(Location::device(0), &stream); };
+  Tensor device_q = to_device(q), device_k = to_device(k), device_v = to_device(v), device_g = to_device(g), device_h0 = to_device(h0),
+         device_d_o = to_device(d_o), device_d_s = to_device(d_s);
+  ladle::RunOptions device_options = host_options;
+  device_options.initial_state = device_h0.view();
+  device_options.gpu.stream = &stream;
+  device_options.gpu.upload_host_tensors = false;  // nothing may be uploaded: every tensor is on the device
+  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(
+      gla, device_q.view(), device_k.view(), device_v.view(), {{{"g", device_g.view()}}, {{"scale", 0.125f}}}, device_options);
+  CHECK(forward.result.o.location() == Location::device(0));
+  CHECK(forward.saved.q.on_device());
+  CHECK(test::relative_error(forward.result.o.to(Location::host(), &stream), test::values_of(host_forward.result.o)) < 1e-4);
+  const ladle::RecurrentGradients got = ladle::run_variant_backward(forward.saved, device_d_o.view(), device_d_s.view());
+  check_device_gradient("q", got.dq, want.dq, stream);
+  check_device_gradient("k", got.dk, want.dk, stream);
+  check_device_gradient("v", got.dv, want.dv, stream);
+  check_device_gradient("g", got.inputs.at("g"), want.inputs.at("g"), stream);
+  REQUIRE(got.d_initial_state);
+  check_device_gradient("_initial_state", *got.d_initial_state, *want.d_initial_state, stream);
+
+  // Uploads off: a host d_output is refused by name.
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward(forward.saved, d_o.view(), device_d_s.view()),
+                      Contains("gla backward: d_output is bf16[2,100,2,64] on host, expected device memory: upload_host_tensors is off"));
+
+  // Mixed, uploads on: device q, k, v, a host gate and initial state, a host d_output; the gradients live
+  // where q lives.
+  ladle::RunOptions mixed_options = host_options;
+  mixed_options.gpu.stream = &stream;
+  const ladle::RecurrentForward mixed = ladle::run_variant_for_backward(gla, device_q.view(), device_k.view(), device_v.view(),
+                                                                       {{{"g", g.view()}}, {{"scale", 0.125f}}}, mixed_options);
+  const ladle::RecurrentGradients mixed_got = ladle::run_variant_backward(mixed.saved, d_o.view(), device_d_s.view());
+  check_device_gradient("q (mixed)", mixed_got.dq, want.dq, stream);
+  check_device_gradient("g (mixed)", mixed_got.inputs.at("g"), want.inputs.at("g"), stream);
+
+  // A device tensor changed since the forward: its bytes, copied down and hashed, tell.
+  copy(test::normal(rng, DType::bf16, {B, T, H, K}).tensor.view(), device_k.view(), &stream);
+  REQUIRE_THROWS_WITH(ladle::run_variant_backward(forward.saved, device_d_o.view(), device_d_s.view()),
+                      Contains("saved") && Contains("forward read"));
+
+  // Packed sequences (one empty) with cu_seqlens on the device too: the checks read a host copy of it.
+  const std::int64_t total = 200;
+  Tensor cu(DType::i64, {4});
+  const std::int64_t offsets[4] = {0, 60, 60, total};
+  std::memcpy(cu.data(), offsets, sizeof offsets);
+  const Tensor packed_q = test::normal(rng, DType::bf16, {1, total, H, K}).tensor,
+               packed_k = test::normal(rng, DType::bf16, {1, total, H, K}, 0.25).tensor,
+               packed_v = test::normal(rng, DType::bf16, {1, total, H, V}).tensor,
+               packed_g = test::log_gate(rng, DType::f32, {1, total, H, K}).tensor,
+               packed_d_o = test::normal(rng, DType::bf16, {1, total, H, V}).tensor;
+  ladle::RunOptions packed_options;
+  packed_options.backend = ladle::Backend::gpu;
+  packed_options.cu_seqlens = cu.view();
+  const ladle::RecurrentForward packed_host_forward = ladle::run_variant_for_backward(
+      gla, packed_q.view(), packed_k.view(), packed_v.view(), {{{"g", packed_g.view()}}, {{"scale", 0.125f}}}, packed_options);
+  const ladle::RecurrentGradients packed_want = ladle::run_variant_backward(packed_host_forward.saved, packed_d_o.view());
+  const Tensor device_cu = to_device(cu), device_packed_q = to_device(packed_q), device_packed_k = to_device(packed_k),
+               device_packed_v = to_device(packed_v), device_packed_g = to_device(packed_g), device_packed_d_o = to_device(packed_d_o);
+  packed_options.cu_seqlens = device_cu.view();
+  packed_options.gpu.stream = &stream;
+  packed_options.gpu.upload_host_tensors = false;
+  const ladle::RecurrentForward packed_forward =
+      ladle::run_variant_for_backward(gla, device_packed_q.view(), device_packed_k.view(), device_packed_v.view(),
+                                      {{{"g", device_packed_g.view()}}, {{"scale", 0.125f}}}, packed_options);
+  const ladle::RecurrentGradients packed_got = ladle::run_variant_backward(packed_forward.saved, device_packed_d_o.view());
+  check_device_gradient("q (packed)", packed_got.dq, packed_want.dq, stream);
+  check_device_gradient("k (packed)", packed_got.dk, packed_want.dk, stream);
+  check_device_gradient("v (packed)", packed_got.dv, packed_want.dv, stream);
+  check_device_gradient("g (packed)", packed_got.inputs.at("g"), packed_want.inputs.at("g"), stream);
+}
+
+TEST_CASE("on a GPU, the attention backward on device tensors matches the one on host tensors and returns device gradients",
+          "[ops][locations][backward][gpu]") {
+  if (!ladle::driver_available()) {
+    WARN("not exercised here (it needs a GPU): " << ladle::driver_unavailable_reason());
+    return;
+  }
+  std::mt19937_64 rng(23);
+  const std::int64_t B = 2, T = 130, H = 2, D = 64;
+  const Tensor q = test::normal(rng, DType::bf16, {B, T, H, D}).tensor, k = test::normal(rng, DType::bf16, {B, T, H, D}).tensor,
+               v = test::normal(rng, DType::bf16, {B, T, H, D}).tensor, bias = test::normal(rng, DType::f32, {T, T}).tensor,
+               sinks = test::normal(rng, DType::f32, {H, 3}).tensor, d_o = test::normal(rng, DType::bf16, {B, T, H, D}).tensor;
+  ladle::AttentionOptions host_options;
+  host_options.backend = ladle::Backend::gpu;  // the GPU backward (sm_90a) or an error naming why not
+  host_options.scale = 0.125f;
+  host_options.causal = true;
+  host_options.bias = bias.view();  // broadcast over B and H: its gradient sums over them
+  host_options.softmax_aux = sinks.view();
+  const ladle::AttentionForward host_forward = ladle::attention_for_backward(q.view(), k.view(), v.view(), host_options);
+  const ladle::AttentionGradients want = ladle::run_attention_backward(host_forward.saved, d_o.view());
+
+  const ladle::Stream stream;
+  const auto to_device = [&](const Tensor& t) { return t.to(Location::device(0), &stream); };
+  Tensor device_q = to_device(q), device_k = to_device(k), device_v = to_device(v), device_bias = to_device(bias),
+         device_sinks = to_device(sinks), device_d_o = to_device(d_o);
+  ladle::AttentionOptions device_options = host_options;
+  device_options.bias = device_bias.view();
+  device_options.softmax_aux = device_sinks.view();
+  device_options.gpu.stream = &stream;
+  device_options.gpu.upload_host_tensors = false;  // nothing may be uploaded: every tensor is on the device
+  const ladle::AttentionForward forward =
+      ladle::attention_for_backward(device_q.view(), device_k.view(), device_v.view(), device_options);
+  CHECK(forward.result.o.location() == Location::device(0));
+  REQUIRE(forward.saved.o);
+  CHECK(forward.saved.o->location() == Location::device(0));
+  CHECK(test::relative_error(forward.result.o.to(Location::host(), &stream), test::values_of(host_forward.result.o)) < 1e-4);
+  const ladle::AttentionGradients got = ladle::run_attention_backward(forward.saved, device_d_o.view());
+  check_device_gradient("q", got.dq, want.dq, stream);
+  check_device_gradient("k", got.dk, want.dk, stream);
+  check_device_gradient("v", got.dv, want.dv, stream);
+  check_device_gradient(" bias", got.inputs.at("bias"), want.inputs.at("bias"), stream);
+  REQUIRE(got.d_softmax_aux);
+  check_device_gradient(" softmax_aux", *got.d_softmax_aux, *want.d_softmax_aux, stream);
+
+  // Uploads off: a host d_output is refused by name.
+  REQUIRE_THROWS_WITH(ladle::run_attention_backward(forward.saved, d_o.view()),
+                      Contains("attention backward: d_output is bf16[2,130,2,64] on host, expected device memory: "
+                               "upload_host_tensors is off"));
+  // A device tensor changed since the forward: its bytes, copied down and hashed, tell.
+  copy(test::normal(rng, DType::bf16, {B, T, H, D}).tensor.view(), device_v.view(), &stream);
+  REQUIRE_THROWS_WITH(ladle::run_attention_backward(forward.saved, device_d_o.view()), Contains("saved") && Contains("forward read"));
 }
