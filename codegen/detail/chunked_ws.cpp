@@ -65,7 +65,8 @@ int fixed_bytes(const ChunkedTile& tile, bool states, int gate_inputs, bool valu
   const int consumers = tile.block_v / 64, kb = tile.block_k / 64;
   if (value_gate) return 1024 + consumers * (tile.block_k * 128 + ws_chunk * 128 + ws_chunk * 72 * 4 + 8 * 64 * 4 + 16);
   if (!states && gate_inputs > 0)
-    return 1024 + consumers * tile.block_k * 128 + 2 * kb * ws_chunk * 128 + (3 * key_parts(tile) + 2) * tile.block_k * 4 + 16;
+    return 1024 + consumers * tile.block_k * 128 + 2 * kb * ws_chunk * 128 + (3 * key_parts(tile) + 2) * tile.block_k * 4 + 16 +
+           2 * ws_chunk * 4;  // bq: a read before the update's bonus per step, two chunks
   const int update = gate_inputs > 0 ? kb * ws_chunk * 128 + tile.block_k * 4 : ws_chunk * 128;
   return 1024 + consumers * ((states ? 0 : tile.block_k * 128) + update + 4 * ws_chunk * 4);
 }
@@ -116,7 +117,13 @@ std::string gate_reads(const ir::Variant& variant, ir::Slot slot) {
 
 std::string ws_variant_unsupported(const ir::Variant& variant) {
   if (variant.normalize) return "the ws form has no normaliser";
-  if (variant.read_before_update) return "the ws form reads after the update (a read before it takes the serial or split form)";
+  // A read before the update (RWKV6): with a key-side gate alone (the per-feature steps), and a bonus per head.
+  if (variant.read_before_update) {
+    if (!variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head))
+      return "the ws form reads before the update only with a key-side gate alone (RWKV6's decay)";
+    if (variant.has(ir::Slot::bonus) && ir::extent(variant, variant.slot(ir::Slot::bonus)).token)
+      return "the ws form takes a bonus per head (u [H,K]), not one that varies over tokens";
+  }
   if (variant.has(ir::Slot::log_decay_v)) {
     if (variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head))
       return "the ws form takes a value-side gate alone (no key-side gate or per-head decay beside it)";
@@ -207,6 +214,9 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   // A value-side gate (vserial): its per-token inputs come by TMA beside v, one box per consumer.
   const std::vector<int> gate_boxes = ws_gate_inputs(variant);
   const bool kgate = variant.has(ir::Slot::log_decay_k), kserial = kgate && !states;
+  // A read before the update (kserial only): q~ carries G_(t-1), the scores are strictly causal, the bonus
+  // on their diagonal; a single-token step reads the state as it entered (q~ against G_(t0-1)).
+  const bool before_read = variant.read_before_update && !states, bonus = before_read && variant.has(ir::Slot::bonus);
   const bool vgate = variant.has(ir::Slot::log_decay_v);
   const int GB = static_cast<int>(gate_boxes.size());
   if (spec.phase != ChunkedPhase::serial && !states) fail("the ws form has a serial kernel and a segmented state pass only");
@@ -286,6 +296,9 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
               "  P_ts = score_ts (t0 <= s <= t < t1), o += P v, S's rows *= 2^(G_t1-1 - R); after the steps o *= scale, stored.\n"
               "Each factor is at most 2^FIT_LIMIT and each product of two a decay, so nothing overflows; the consumers\n"
               "split the per-feature work (PARTS threads a feature) and meet at named barriers per step.\n";
+  if (kserial && before_read)
+    header += std::string("Read before the update: q~_t = q_t 2^(G_t-1 - R) (a single token: q~ = q, st = bf16(S) before its decay), ") +
+              "P_ts = score_ts for s < t" + (bonus ? ", P_tt = q_t . bonus . k_t (bq, per step)" : "") + ".\n";
   else
     header += "log2 head decay through token t of the chunk and G_C its total:\n"
               "  st = bf16(S), vup = 2^(G_C - G_s) v_s (both 128-byte swizzled, as TMA writes its boxes), S *= 2^(G_C);\n"
@@ -371,6 +384,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("//   tot, llo, lhi [PARTS][BK] f32                  each part's log2 sum per feature and its range from the part's start");
     c("//   pre, post [BK] f32                             the step's factors per key row: 2^(R - G_t0-1), 2^(G_t1-1 - R)");
     c("//   fitw [2]                                       which windows (bits 0-7) and whether the chunk (bit 8) do not fit");
+    c("//   bq [2][C] f32                                  a read before the update's bonus q . u . k per step (two chunks)");
     c("//   full [STAGES], empty [STAGES]                  mbarriers");
   } else {
     c("//   ring [STAGES][QB + KB + CONSUMERS][C][64] bf16 q boxes, k boxes, v boxes (TMA, swizzled)");
@@ -398,7 +412,9 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("float* const pre = lhi + PARTS * BK;");
     c("float* const post = pre + BK;");
     c("unsigned* const fitw = reinterpret_cast<unsigned*>(post + BK);");
-    c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(fitw + 4);");
+    c("float* const bq = reinterpret_cast<float*>(fitw + 4);  // [2][C]: the bonus read per step, this chunk's and the last's");
+    c("(void)bq;");
+    c("unsigned long long* const full = reinterpret_cast<unsigned long long*>(bq + 2 * C);");
   } else {
     c(std::string("unsigned short* const vup_all = st_all + ") + (states ? "0" : "CONSUMERS * BK * 64") + ";");
     c(std::string("constexpr int UPD = ") + (kgate ? "KB * C * 64;  // kup = k 2^(G_C - G_s) per consumer (a key-side gate)" : "C * 64;  // vup per consumer"));
@@ -655,11 +671,53 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     // Constants, not pointer differences: two registers fewer (at 128,64,128,12 with states, 8 bytes spilled).
     c("constexpr unsigned qi_offset = STAGES * STAGE_BYTES + CONSUMERS * BK * 128;  // qi - base, in bytes");
     c("constexpr unsigned ki_offset = qi_offset + KB * BOX;");
+    if (bonus) {
+      // The bonus does not vary over tokens: lane l's features l, l + 32, ... are the same every row.
+      c("// The bonus weight of this lane's key features lane + 32 j (0 past K), for the rows' q . u . k.");
+      c("float ub[BK / 32];");
+      c("LADLE_UNROLL for (int j = 0; j < BK / 32; ++j) {");
+      c.in();
+      c("const int i = lane + 32 * j;");
+      std::vector<bool> loaded(inputs.size(), false);
+      for (const ir::Node& node : variant.slot(ir::Slot::bonus).nodes) {
+        if (node.op != ir::Op::input || loaded[node.input]) continue;
+        const std::size_t k = static_cast<std::size_t>(node.input);
+        loaded[k] = true;
+        if (inputs[k].kind == ir::InputKind::head_key)
+          c("const float " + id[k] + "_b = i < K ? ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + " + id[k] + "_head * " + id[k] +
+            "_stride_h + i * " + id[k] + "_stride_d) : 0.0f;");
+      }
+      c("ub[j] = i < K ? " + render_slot(variant, id, ir::Slot::bonus, "_b") + " : 0.0f;");
+      c.out();
+      c("}");
+    }
     c("");
     chunk_loop_head();
     c("ladle_mbarrier_wait(&full[stage], parity);");
     c("const unsigned stage_offset = stage * STAGE_BYTES;");
     c("");
+    if (bonus) {
+      c("// 2-. The bonus read of each step, q . u . k (the scores' diagonal): a warp a row, read after the next");
+      c("//     barrier; two buffers, so a consumer still forming the last chunk's P reads that chunk's.");
+      c("float* const bq_c = bq + (c & 1) * C;");
+      c("for (int step = (threadIdx.x - 128) / 32; step < C; step += NT / 32) {");
+      c.in();
+      c("const int row = REVERSE ? C - 1 - step : step;");
+      c("float part_b = 0.0f;");
+      c("LADLE_UNROLL for (int j = 0; j < BK / 32; ++j) {");
+      c.in();
+      c("const int i = lane + 32 * j, ib = i / 64, ic = i % 64;");
+      c("const float qx = ladle_bf16_float(ring[(stage_offset + ib * BOX) / 2 + swz(row, ic)]);");
+      c("const float kx = ladle_bf16_float(ring[(stage_offset + (QB + ib) * BOX) / 2 + swz(row, ic)]);");
+      c("part_b += qx * ub[j] * kx;");
+      c.out();
+      c("}");
+      c("LADLE_UNROLL for (int d = 16; d > 0; d /= 2) part_b += __shfl_xor_sync(0xffffffffu, part_b, d);");
+      c("if (lane == 0) bq_c[step] = step < valid ? part_b : 0.0f;");
+      c.out();
+      c("}");
+      c("");
+    }
     c("// 2a. G of feature f over this part's steps, from the part's start (Gl), and its range with the 0 before it.");
     c("float Gl[TP];");
     c("float run = 0.0f, lo = 0.0f, hi = 0.0f;");
@@ -715,21 +773,26 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c("const int at = fb * (C * 64) + swz(row, fc);");
       if (recompute) {
         c("float gu = offset;");
+        if (before_read) c("float gp = offset;  // G_(t-1)");
         c("if (mine) {");
         c.in();
         gate_at("row");
+        if (before_read) c("gp = offset + again;");
         c("again += step < valid && f < K ? lg : 0.0f;");
         c("gu = offset + again;");
         c.out();
         c("}");
         c("const bool inside = mine && step >= t0 && step < t1;");
         c("const float d = gu - Rs;");
+        if (before_read) c("const float dq = gp - Rq;");
       } else {
         c("const bool inside = step >= t0 && step < t1;");
         c("const float d = offset + Gl[u] - Rs;");
+        if (before_read) c("const float dq = offset + (u > 0 ? Gl[u > 0 ? u - 1 : 0] : 0.0f) - Rq;");
       }
       c("const float qx = ladle_bf16_float(q_box[swz(row, fc)]), kx = ladle_bf16_float(k_box[swz(row, fc)]);");
-      c("qi[at] = inside ? static_cast<unsigned short>(ladle_pack_bf16(qx * ladle_exp2(d), 0.0f) & 0xffffu) : 0;");
+      c(std::string("qi[at] = inside ? static_cast<unsigned short>(ladle_pack_bf16(qx * ladle_exp2(") + (before_read ? "dq" : "d") +
+        "), 0.0f) & 0xffffu) : 0;");
       c("ki[at] = inside ? static_cast<unsigned short>(ladle_pack_bf16(kx * ladle_exp2(-d), 0.0f) & 0xffffu) : 0;");
       c.out();
       c("}");
@@ -742,10 +805,18 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
       c("    const int feat = 64 * mt + 16 * warp + gid + 8 * half;");
       c("    const float factor = pre[feat];");
-      c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
-      c("      S[mt][nb][2 * half] *= factor, S[mt][nb][2 * half + 1] *= factor;");
-      c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
-      c("    }");
+      if (before_read) {  // st = S 2^(Rq - G_t0-1): S itself for a single-token step (Rq = G_t0-1), else S pre
+        c("    const float read_factor = single ? 1.0f : factor;");
+        c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+        c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half] * read_factor, S[mt][nb][2 * half + 1] * read_factor);");
+        c("      S[mt][nb][2 * half] *= factor, S[mt][nb][2 * half + 1] *= factor;");
+        c("    }");
+      } else {
+        c("    LADLE_UNROLL for (int nb = 0; nb < 8; ++nb) {");
+        c("      S[mt][nb][2 * half] *= factor, S[mt][nb][2 * half + 1] *= factor;");
+        c("      *reinterpret_cast<unsigned*>(st + swz(feat, 8 * nb + 2 * tig)) = ladle_pack_bf16(S[mt][nb][2 * half], S[mt][nb][2 * half + 1]);");
+        c("    }");
+      }
       c("  }");
       c("ladle_fence_proxy_async();  // st, before wgmma reads it");
       c("ladle_named_barrier_sync(1 + consumer, 128);");
@@ -773,7 +844,11 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c("");
       c("// 2e. P: the scores of the step's pairs, s before or at t (k~ is zero before t0); o += P v (P from");
       c("//     registers, v N-major).");
-      emit_p("step_s <= step_t && step_t < t1 ? score[nb][r] : 0.0f");
+      if (before_read)  // strictly causal; the bonus on the diagonal of the step's rows
+        emit_p("step_s < step_t && step_t < t1 ? score[nb][r] : " +
+               std::string(bonus ? "(step_s == step_t && step_t >= t0 && step_t < t1 ? bq[(c & 1) * C + step_t] : 0.0f)" : "0.0f"));
+      else
+        emit_p("step_s <= step_t && step_t < t1 ? score[nb][r] : 0.0f");
       c("ladle_wgmma_wait<1>();  // o += q~ st done");
       c("ladle_wgmma_fence_operand<64>(o_acc);");
       c("ladle_wgmma_fence();");
@@ -795,6 +870,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("const int t0 = 0, t1 = valid;");
     c("const bool o_started = false, mine = part == 0;");
     c("const float Rs = R, gprev = 0.0f, glast = total;");
+    if (before_read) c("const float Rq = Rs;\nconstexpr bool single = false;");
     emit_step(false);
     c.out();
     c("} else {");
@@ -829,6 +905,12 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
     c("Rs = mode == 2 ? gfirst : 0.5f * (wlo + whi);");
     c.out();
     c("}");
+    if (before_read) {
+      // A single token reads the state as it entered (q~ = q against G_(t0-1)) whatever its own gate;
+      // its k~ = k against G_t0 (its scores are all masked: strictly causal).
+      c("const bool single = mode == 2;");
+      c("const float Rq = single ? gprev : Rs;");
+    }
     emit_step(true);
     c("o_started = true;");
     c("t0 = t1;");
