@@ -3,18 +3,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include <ladle/codegen/detail/parallel.h>
 #include <ladle/runtime/error.h>
 
 #include "loaded_kernel.h"
 
 namespace ladle::ops::detail {
 namespace {
-
-std::uint64_t load_bits(const unsigned char* p, std::size_t size) {
-  std::uint64_t bits = 0;
-  std::memcpy(&bits, p, size);  // little-endian: the element's bytes are the word's low bytes
-  return bits;
-}
 
 // The kernel's parameter of the view's merged axes (struct ladle_hash_layout in the source).
 struct KernelLayout {
@@ -54,6 +49,76 @@ std::uint64_t layout_seed(const TensorView& view) {
   return seed;
 }
 
+namespace {
+
+std::uint64_t term(std::int64_t w, std::uint64_t word, std::uint64_t seed) {
+  return splitmix64(word ^ splitmix64(static_cast<std::uint64_t>(w) + seed));
+}
+
+// Words [first, last) of a contiguous view of `bytes` bytes (the last word's tail zero). The host is
+// little-endian, as the GPU is: a word's low bytes hold its first element, as the kernel packs them.
+std::uint64_t contiguous_sum(const unsigned char* data, std::size_t bytes, std::uint64_t seed, std::int64_t first, std::int64_t last) {
+  std::uint64_t sum = 0;
+  const auto whole = static_cast<std::int64_t>(bytes / 8);
+  for (std::int64_t w = first; w < std::min(last, whole); ++w) {
+    std::uint64_t word;
+    std::memcpy(&word, data + 8 * w, 8);
+    sum += term(w, word, seed);
+  }
+  if (last > whole && bytes % 8 != 0) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, data + 8 * whole, bytes % 8);
+    sum += term(whole, word, seed);
+  }
+  return sum;
+}
+
+// Elements [first, last) of a strided view in row-major order (first a multiple of the elements a
+// word holds), packed into words as the kernel packs them: runs along the last axis, the
+// multi-index carried between runs.
+template <class Element>
+std::uint64_t strided_sum(const unsigned char* data, const HashLayout& layout, std::uint64_t seed, std::int64_t first, std::int64_t last) {
+  constexpr std::int64_t per = 8 / sizeof(Element);
+  const int rank = static_cast<int>(layout.shape.size());
+  std::vector<std::int64_t> index(static_cast<std::size_t>(rank), 0);
+  std::int64_t offset = 0, rest = first;  // offset in elements from data
+  for (int d = rank - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    index[u] = rest % layout.shape[u];
+    rest /= layout.shape[u];
+    offset += index[u] * layout.strides[u];
+  }
+  const auto inner = static_cast<std::size_t>(rank - 1);
+  const std::int64_t extent = layout.shape[inner], stride = layout.strides[inner];
+  std::uint64_t sum = 0, word = 0;
+  std::int64_t e = first;
+  while (e < last) {
+    const std::int64_t run = std::min(extent - index[inner], last - e);
+    const unsigned char* p = data + offset * static_cast<std::int64_t>(sizeof(Element));
+    for (std::int64_t r = 0; r < run; ++r, ++e) {
+      Element bits;
+      std::memcpy(&bits, p + r * stride * static_cast<std::int64_t>(sizeof(Element)), sizeof(Element));
+      word |= static_cast<std::uint64_t>(bits) << (8 * sizeof(Element) * static_cast<std::size_t>(e % per));
+      if (e % per == per - 1) sum += term(e / per, word, seed), word = 0;
+    }
+    offset += run * stride;
+    if ((index[inner] += run) < extent) continue;
+    offset -= extent * stride;
+    index[inner] = 0;
+    for (int d = rank - 2; d >= 0; --d) {
+      const auto u = static_cast<std::size_t>(d);
+      offset += layout.strides[u];
+      if (++index[u] < layout.shape[u]) break;
+      offset -= index[u] * layout.strides[u];
+      index[u] = 0;
+    }
+  }
+  if (e % per != 0) sum += term(e / per, word, seed);  // the last word's tail zero
+  return sum;
+}
+
+}  // namespace
+
 std::uint64_t content_hash(const TensorView& view, std::uint64_t seed) {
   const HashLayout layout = hash_layout(view);
   if (layout.count == 0) return 0;
@@ -61,41 +126,29 @@ std::uint64_t content_hash(const TensorView& view, std::uint64_t seed) {
   const std::int64_t per = static_cast<std::int64_t>(8 / size);
   const std::int64_t words = (layout.count + per - 1) / per;
   const auto* data = static_cast<const unsigned char*>(view.data);
-  const auto term = [&](std::int64_t w, std::uint64_t word) { return splitmix64(word ^ splitmix64(static_cast<std::uint64_t>(w) + seed)); };
+  const bool contiguous = layout.shape.size() == 1 && layout.strides[0] == 1;
+  const auto part_sum = [&](std::int64_t first, std::int64_t last) -> std::uint64_t {  // words [first, last)
+    if (contiguous) return contiguous_sum(data, static_cast<std::size_t>(layout.count) * size, seed, first, last);
+    const std::int64_t begin = first * per, end = std::min(last * per, layout.count);
+    switch (size) {
+      case 1: return strided_sum<std::uint8_t>(data, layout, seed, begin, end);
+      case 2: return strided_sum<std::uint16_t>(data, layout, seed, begin, end);
+      case 4: return strided_sum<std::uint32_t>(data, layout, seed, begin, end);
+      default: return strided_sum<std::uint64_t>(data, layout, seed, begin, end);
+    }
+  };
+  // The sum does not depend on its order: a large tensor is summed in parts of 2 MiB over threads.
+  constexpr std::int64_t part_words = std::int64_t{1} << 18;
+  const std::int64_t parts = (words + part_words - 1) / part_words;
+  if (parts <= 1) return part_sum(0, words);
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(parts), 0);
+  cpu::detail::parallel_items(parts, 0, [&] {
+    return [&](std::int64_t part) {
+      sums[static_cast<std::size_t>(part)] = part_sum(part * part_words, std::min(words, (part + 1) * part_words));
+    };
+  });
   std::uint64_t sum = 0;
-  if (layout.shape.size() == 1 && layout.strides[0] == 1) {
-    // Contiguous: the words are the bytes as they lie, the last one's tail zero.
-    const std::size_t bytes = static_cast<std::size_t>(layout.count) * size, whole = bytes / 8;
-    for (std::size_t w = 0; w < whole; ++w) {
-      std::uint64_t word;
-      std::memcpy(&word, data + 8 * w, 8);
-      sum += term(static_cast<std::int64_t>(w), word);
-    }
-    if (bytes % 8 != 0) {
-      std::uint64_t word = 0;
-      std::memcpy(&word, data + 8 * whole, bytes % 8);
-      sum += term(static_cast<std::int64_t>(whole), word);
-    }
-    return sum;
-  }
-  // Strided: the elements gathered in row-major order, the multi-index stepped as the kernel steps it.
-  const int rank = static_cast<int>(layout.shape.size());
-  std::vector<std::int64_t> index(static_cast<std::size_t>(rank), 0);
-  std::int64_t offset = 0;  // in elements from view.data
-  for (std::int64_t w = 0; w < words; ++w) {
-    std::uint64_t word = 0;
-    for (std::int64_t j = 0; j < per && w * per + j < layout.count; ++j) {
-      word |= load_bits(data + offset * static_cast<std::int64_t>(size), size) << (8 * size * static_cast<std::size_t>(j));
-      for (int d = rank - 1; d >= 0; --d) {
-        const auto u = static_cast<std::size_t>(d);
-        offset += layout.strides[u];
-        if (++index[u] < layout.shape[u]) break;
-        offset -= index[u] * layout.strides[u];
-        index[u] = 0;
-      }
-    }
-    sum += term(w, word);
-  }
+  for (const std::uint64_t s : sums) sum += s;
   return sum;
 }
 

@@ -299,6 +299,25 @@ TEST_CASE("the fingerprint of equal contents in different strided layouts is the
   }
 }
 
+// Past 2 MiB the host sums its words in parts over threads: the parts of a contiguous view and of
+// a transposed one (which cut the row-major order at other places in memory) add up alike.
+TEST_CASE("the fingerprint of a large tensor summed in parts is the same in every layout", "[ops][locations][backward][fingerprint]") {
+  std::mt19937_64 rng(29);
+  for (const DType type : {DType::bf16, DType::f32}) {
+    INFO(ladle::dtype_name(type));
+    const std::vector<std::int64_t> shape = {2, 1031, 4, 130};  // > 1M elements
+    Tensor dense(type, shape), storage(type, {1 + dense.numel()});
+    fill_bytes(rng, dense);
+    const TensorView transposed = reversed_axes(storage, shape, 1);
+    write_through(transposed, dense);
+    const std::uint64_t want = hash_of(dense.view());
+    CHECK(hash_of(transposed) == want);
+    auto* last = static_cast<unsigned char*>(transposed.data) + byte_offset(transposed, dense.numel() - 1);
+    *last ^= 1;
+    CHECK(hash_of(transposed) != want);
+  }
+}
+
 TEST_CASE("the fingerprint changes with any one element, the last included", "[ops][locations][backward][fingerprint]") {
   std::mt19937_64 rng(25);
   for (const DType type : {DType::u8, DType::bf16, DType::f32, DType::f64}) {
