@@ -273,7 +273,10 @@ std::vector<std::uint64_t> device_content_hashes(const std::vector<TensorView>& 
     const HashLayout& layout = layouts[i];
     if (layout.count == 0) continue;
     KernelLayout kernel_layout{};
-    for (std::size_t d = 0; d < layout.shape.size(); ++d) kernel_layout.shape[d] = layout.shape[d], kernel_layout.strides[d] = layout.strides[d];
+    for (std::size_t d = 0; d < layout.shape.size(); ++d) {
+      kernel_layout.shape[d] = layout.shape[d];
+      kernel_layout.strides[d] = layout.strides[d];
+    }
     const std::int64_t per = static_cast<std::int64_t>(8 / dtype_size(view.type));
     const std::int64_t words = (layout.count + per - 1) / per;
     // A few blocks an SM keep every SM's loads in flight; the grid-stride loop takes the rest.

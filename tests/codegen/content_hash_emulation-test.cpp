@@ -45,7 +45,10 @@ std::uint64_t emulated_hash(const TensorView& view, std::uint64_t seed, unsigned
   const ladle::ops::detail::HashLayout layout = ladle::ops::detail::hash_layout(view);
   REQUIRE(layout.shape.size() <= static_cast<std::size_t>(LADLE_HASH_MAX_RANK));
   ladle_hash_layout kernel_layout{};
-  for (std::size_t d = 0; d < layout.shape.size(); ++d) kernel_layout.shape[d] = layout.shape[d], kernel_layout.strides[d] = layout.strides[d];
+  for (std::size_t d = 0; d < layout.shape.size(); ++d) {
+    kernel_layout.shape[d] = layout.shape[d];
+    kernel_layout.strides[d] = layout.strides[d];
+  }
   unsigned long long sum = 0;
   cuda_emulation::launch(blocks, 1, 256, [&] {
     ladle_content_hash(static_cast<const unsigned char*>(view.data), static_cast<int>(ladle::dtype_size(view.type)),
