@@ -124,7 +124,7 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
 
 namespace {
 
-// Device tensors are copied down to be hashed (ops/detail/fingerprint.h), on the call's stream.
+// Device tensors are hashed on the device (ops/detail/fingerprint.h), on the call's stream.
 std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                           const AttentionRunOptions& options) {
   return ops::detail::fingerprint({q, k, v, options.q_segment_ids, options.kv_segment_ids, options.softmax_aux, options.cu_seqlens_q,
@@ -146,7 +146,7 @@ TensorView broadcast_like(const TensorView& grad, const TensorView& canonical) {
 
 // That saved's tensors still hold what its forward read. On the GPU path it runs once the GpuCall
 // has checked every address with the driver, so a mislabelled pointer is refused by name before
-// the fingerprint copies from it.
+// the fingerprint's kernel reads it.
 void check_fingerprint(const std::string& op, const AttentionSaved& saved) {
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
     throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "

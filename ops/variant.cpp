@@ -105,7 +105,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
 
 namespace {
 
-// Device tensors are copied down to be hashed (ops/detail/fingerprint.h), on the call's stream.
+// Device tensors are hashed on the device (ops/detail/fingerprint.h), on the call's stream.
 std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                           const RunOptions& options) {
   return ops::detail::fingerprint({q, k, v, options.initial_state}, inputs.tensors, inputs.scalars, options.gpu.stream);
@@ -160,7 +160,7 @@ ops::BoundInputs check_backward(const std::string& op, const RecurrentSaved& sav
 
 // That saved's tensors still hold what its forward read. On the GPU path it runs once the GpuCall
 // has checked every address with the driver, so a mislabelled pointer is refused by name before
-// the fingerprint copies from it.
+// the fingerprint's kernel reads it.
 void check_fingerprint(const std::string& op, const RecurrentSaved& saved) {
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
     ops::detail::Checker(op).fail("saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
@@ -218,8 +218,8 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
 // The backward on the GPU (gpu::run_variant_backward_into) under the forward's rules (GpuCall):
 // device tensors read in place, host ones uploaded on options.gpu.stream (or refused by name when
 // upload_host_tensors is off); the gradients live where q lives, as the forward's outputs do. On
-// device tensors alone it waits for the stream once (the fingerprint's copy) and returns with its
-// kernels queued.
+// device tensors alone it waits for the stream once (the fingerprint's sums, 8 bytes a tensor) and
+// returns with its kernels queued.
 RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView& d_output,
                                    const std::optional<TensorView>& d_final_state) {
   const ir::Variant& variant = saved.variant;

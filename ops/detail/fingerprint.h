@@ -1,105 +1,73 @@
-// A fingerprint of what a forward call read (FNV-1a over the bytes of every element of its
-// tensors and its scalars), so that a backward can tell that the saved value it is handed still
-// matches the tensors behind its views. Internal to ops.
+// A fingerprint of what a forward call read (its tensors' dtypes, shapes and contents, its named
+// tensors' and scalars' names, its scalars' values), so that a backward can tell that the saved
+// value it is handed still matches the tensors behind its views. Internal to ops.
 //
-// A device view is hashed on the host: the bytes it spans are copied down on the call's stream
-// (which waits for the stream) and hashed as host memory with the same strides, so a device
-// tensor gives the value its host copy would and a changed one is caught exactly as a host one
-// is. The copy is the price of the check, paid at the forward and again at the backward; hashing
-// on the device would save it (nothing else in the GPU path returns to the host).
+// A tensor's contents hash as a sum, so that a GPU can form it in parallel where the tensor lives:
+// the elements' bytes in row-major order (whatever the strides) are cut into 8-byte words w_i (the
+// last padded with zeros), and the hash is sum_i mix(w_i ^ mix(i + seed)) mod 2^64, with mix
+// splitmix64's finaliser and seed from the dtype and shape. mix is a bijection, so one changed word
+// always changes the sum; the index inside makes moved words change it too. A device view is hashed
+// by a kernel on the call's stream (content_hash_kernel_source) and only the sums come back: one
+// copy of 8 bytes a device tensor and one wait for the stream per fingerprint, at the forward and
+// again at the backward. A host view is hashed on the host by the same function, so a tensor hashes
+// alike wherever it lives.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/tensor/tensor_view.h>
 
 namespace ladle::ops::detail {
 
-inline std::uint64_t fingerprint(std::uint64_t h, const TensorView& view) {
-  const std::size_t size = dtype_size(view.type);
-  // Contiguous: 8 bytes at a time (then the tail byte by byte).
-  std::int64_t count = 1, expected = 1;
-  bool contiguous = true;
-  for (int d = view.rank() - 1; d >= 0; --d) {
-    if (view.shape[static_cast<std::size_t>(d)] != 1 && view.strides[static_cast<std::size_t>(d)] != expected) contiguous = false;
-    expected *= view.shape[static_cast<std::size_t>(d)];
-    count *= view.shape[static_cast<std::size_t>(d)];
-  }
-  if (contiguous) {
-    const auto* bytes = static_cast<const unsigned char*>(view.data);
-    const std::size_t total = static_cast<std::size_t>(count) * size;
-    std::size_t at = 0;
-    for (; at + 8 <= total; at += 8) {
-      std::uint64_t word;
-      std::memcpy(&word, bytes + at, 8);
-      h = (h ^ word) * 1099511628211ull;
-    }
-    for (; at < total; ++at) h = (h ^ bytes[at]) * 1099511628211ull;
-    return h;
-  }
-  std::vector<std::int64_t> index(static_cast<std::size_t>(view.rank()), 0);
-  const auto* base = static_cast<const unsigned char*>(view.data);
-  for (std::int64_t e = 0; e < count; ++e) {
-    std::int64_t offset = 0;
-    for (int d = 0; d < view.rank(); ++d) offset += index[static_cast<std::size_t>(d)] * view.strides[static_cast<std::size_t>(d)];
-    for (std::size_t b = 0; b < size; ++b) h = (h ^ base[static_cast<std::size_t>(offset) * size + b]) * 1099511628211ull;
-    for (int d = view.rank() - 1; d >= 0; --d) {
-      if (++index[static_cast<std::size_t>(d)] < view.shape[static_cast<std::size_t>(d)]) break;
-      index[static_cast<std::size_t>(d)] = 0;
-    }
-  }
-  return h;
+// splitmix64's finaliser (the step after its counter): a bijection of 64-bit words whose every
+// output bit depends on every input bit.
+constexpr std::uint64_t splitmix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
-// The bytes a view's elements span, from its lowest element to past its highest (strides may be
-// 0 or negative): `before` bytes lie between the span's start and view.data.
-struct Span {
-  std::int64_t before = 0;
-  std::size_t bytes = 0;
+// The kernel's limit on the axes of a view once merged (hash_layout); the ops' tensors have at most
+// five before merging.
+constexpr int max_hash_rank = 8;
+
+// A view's elements in row-major order, its axes merged where that order allows: size-1 axes dropped
+// and an axis folded into the next where it steps over exactly the next one's extent (so a
+// contiguous view is one axis of stride 1). The row-major index of every element is unchanged.
+struct HashLayout {
+  std::vector<std::int64_t> shape, strides;  // in elements; one axis at least when count > 0
+  std::int64_t count = 0;
 };
-inline Span span_of(const TensorView& view) {
-  if (view.numel() == 0) return {};
-  const std::int64_t size = static_cast<std::int64_t>(dtype_size(view.type));
-  std::int64_t lowest = 0, highest = 0;  // element offsets from view.data
-  for (int d = 0; d < view.rank(); ++d) {
-    const std::int64_t reach = (view.shape[static_cast<std::size_t>(d)] - 1) * view.strides[static_cast<std::size_t>(d)];
-    (reach < 0 ? lowest : highest) += reach;
-  }
-  return {-lowest * size, static_cast<std::size_t>((highest - lowest + 1) * size)};
-}
+HashLayout hash_layout(const TensorView& view);
 
-// A view wherever it lives: a device view's span (not a dense copy, which the driver cannot make
-// of a strided view) is copied to the host on `stream`, then hashed as above with the view's own
-// strides, so it hashes as the same view in host memory would.
-inline std::uint64_t fingerprint_anywhere(std::uint64_t h, const TensorView& view, const Stream* stream) {
-  if (view.on_host() || view.numel() == 0) return fingerprint(h, view);
-  const Span span = span_of(view);
-  std::vector<unsigned char> bytes(span.bytes);
-  Device::get(view.location.ordinal);
-  copy_device_to_host(bytes.data(), reinterpret_cast<std::uintptr_t>(view.data) - static_cast<std::uintptr_t>(span.before), bytes.size(),
-                      stream);
-  TensorView host = view;
-  host.data = bytes.data() + span.before;
-  host.location = Location::host();
-  return fingerprint(h, host);
-}
+// The seed a view's contents are hashed with: its dtype and shape (not its strides), so that equal
+// words in a tensor of another dtype or shape hash apart.
+std::uint64_t layout_seed(const TensorView& view);
 
-// Over the given views (absent ones skipped) and named tensors and scalars, on the host or the
-// device (device views copied down on `stream`).
-inline std::uint64_t fingerprint(const std::vector<std::optional<TensorView>>& views, const std::map<std::string, TensorView>& tensors,
-                                 const std::map<std::string, float>& scalars, const Stream* stream) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const auto& view : views)
-    if (view) h = fingerprint_anywhere(h, *view, stream);
-  for (const auto& [name, view] : tensors) h = fingerprint_anywhere(h, view, stream);
-  for (const auto& [name, value] : scalars) h = fingerprint(h, TensorView::contiguous(&value, DType::f32, {1}));
-  return h;
-}
+// The contents' hash of a host view, as the header says: the same value the kernel forms for the
+// same elements in device memory. Contiguous views are read 8 bytes at a time.
+std::uint64_t content_hash(const TensorView& view, std::uint64_t seed);
+
+// The contents' hashes of device views (all on one device), each with its seed, formed on the
+// device on `stream`; waits for the stream once, for the sums' copy.
+std::vector<std::uint64_t> device_content_hashes(const std::vector<TensorView>& views, const std::vector<std::uint64_t>& seeds,
+                                                 const Stream* stream);
+
+// The kernel device_content_hashes launches (ladle_content_hash), and it compiled through the cache
+// for `arch` (empty: this GPU's).
+std::string content_hash_kernel_source();
+CompiledProgram compile_content_hash_kernel(const std::string& arch = "");
+
+// Over the given views in order (an absent one counts as absent) and the named tensors and scalars,
+// on the host or the device (device views hashed on `stream`).
+std::uint64_t fingerprint(const std::vector<std::optional<TensorView>>& views, const std::map<std::string, TensorView>& tensors,
+                          const std::map<std::string, float>& scalars, const Stream* stream);
 
 }  // namespace ladle::ops::detail

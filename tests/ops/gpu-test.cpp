@@ -4,6 +4,7 @@
 // with a GPU, recurrent-test.cpp runs the whole matrix on it against the fp64 reference.
 #include <catch2/catch.hpp>
 
+#include <ladle/ops/detail/fingerprint.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
@@ -104,6 +105,22 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
   for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
                            "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})
     CHECK(helpers.ptx.find(std::string(".entry ") + name) != std::string::npos);
+}
+
+// The kernel that hashes a device tensor for the backward's fingerprint (ops/detail/fingerprint.h):
+// what a GPU runs at every backward entry point, so it must build for every target without a driver.
+TEST_CASE("NVRTC compiles the fingerprint's content-hash kernel for sm_80 and sm_90a without spills", "[gpu][nvrtc][backward]") {
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    INFO(arch);
+    const ladle::CompiledProgram program = ladle::ops::detail::compile_content_hash_kernel(arch);
+    CHECK(program.ptx.find(".entry ladle_content_hash") != std::string::npos);
+    CHECK_FALSE(program.cubin.empty());
+    const auto* r = program.resources("ladle_content_hash");
+    REQUIRE(r != nullptr);
+    INFO(r->registers << " registers, " << r->spill_store_bytes << " bytes spilled");
+    CHECK(r->registers > 0);
+    CHECK(r->spill_store_bytes == 0);
+  }
 }
 
 TEST_CASE("the sm_90a cubins of the named ops fit without spills at K = V = 64, 128 and 256", "[gpu][nvrtc]") {

@@ -225,25 +225,213 @@ TEST_CASE("the backward on the GPU path refuses host tensors by name when upload
                       Contains("attention backward: q is bf16[1,16,2,8] on host, expected device memory: upload_host_tensors is off"));
 }
 
-// The fingerprint hashes a device view's span copied to the host with the view's own strides: the span
-// of a view with a broadcast and a reversed axis, copied elsewhere, hashes as the view in place does.
-TEST_CASE("the fingerprint of a view's span copied elsewhere is the view's own", "[ops][locations][backward]") {
-  std::mt19937_64 rng(21);
-  const Tensor base = test::normal(rng, DType::bf16, {3, 5, 4}).tensor;
-  TensorView view = base.view();
-  view.shape = {3, 2, 5, 2};
-  view.strides = {20, 0, -4, 2};  // a broadcast axis, the second axis reversed, every other feature
-  view.data = static_cast<std::byte*>(base.view().data) + 16 * 2;  // element [0, 4, 0] of base
-  const ladle::ops::detail::Span span = ladle::ops::detail::span_of(view);
-  CHECK(span.before == 16 * 2);
-  CHECK(span.bytes == static_cast<std::size_t>(20 * 2 + 16 + 2 + 1) * 2);  // elements 0 .. 2*20 + 4*4 + 2 of base
-  std::vector<unsigned char> copied(span.bytes);
-  std::memcpy(copied.data(), static_cast<const std::byte*>(view.data) - span.before, span.bytes);
-  TensorView moved = view;
-  moved.data = copied.data() + span.before;
-  CHECK(ladle::ops::detail::fingerprint(1, moved) == ladle::ops::detail::fingerprint(1, view));
-  copied[span.bytes - 1] ^= 1;  // the last element's high byte
-  CHECK(ladle::ops::detail::fingerprint(1, moved) != ladle::ops::detail::fingerprint(1, view));
+namespace {
+
+// Random bytes in every element (the hash reads bits, NaNs included).
+void fill_bytes(std::mt19937_64& rng, Tensor& t) {
+  auto* bytes = static_cast<unsigned char*>(t.data());
+  for (std::size_t i = 0; i < static_cast<std::size_t>(t.numel()) * ladle::dtype_size(t.type()); ++i)
+    bytes[i] = static_cast<unsigned char>(rng());
+}
+
+// The byte offset from view.data of the element with row-major index i.
+std::int64_t byte_offset(const TensorView& view, std::int64_t i) {
+  std::int64_t offset = 0;
+  for (int d = view.rank() - 1; d >= 0; --d) {
+    offset += i % view.shape[static_cast<std::size_t>(d)] * view.strides[static_cast<std::size_t>(d)];
+    i /= view.shape[static_cast<std::size_t>(d)];
+  }
+  return offset * static_cast<std::int64_t>(ladle::dtype_size(view.type));
+}
+
+// Writes dense's elements (row-major) through `view`, a strided view of other memory.
+void write_through(const TensorView& view, const Tensor& dense) {
+  const std::size_t size = ladle::dtype_size(view.type);
+  for (std::int64_t i = 0; i < dense.numel(); ++i)
+    std::memcpy(static_cast<std::byte*>(view.data) + byte_offset(view, i), static_cast<const std::byte*>(dense.data()) + i * size, size);
+}
+
+// A view with dense's shape over `storage` (as many elements), axes stored in reverse order (a
+// transpose of every axis), starting `skip` elements in.
+TensorView reversed_axes(Tensor& storage, const std::vector<std::int64_t>& shape, std::int64_t skip = 0) {
+  TensorView view = storage.view();
+  view.data = static_cast<std::byte*>(storage.data()) + skip * static_cast<std::int64_t>(ladle::dtype_size(storage.type()));
+  view.shape = shape;
+  view.strides.assign(shape.size(), 1);
+  for (std::size_t d = 1; d < shape.size(); ++d) view.strides[d] = view.strides[d - 1] * shape[d - 1];
+  return view;
+}
+
+std::uint64_t hash_of(const TensorView& view) { return ladle::ops::detail::content_hash(view, ladle::ops::detail::layout_seed(view)); }
+
+std::uint64_t fingerprint_of(const TensorView& view, const ladle::Stream* stream = nullptr) {
+  return ladle::ops::detail::fingerprint({view}, {}, {}, stream);
+}
+
+}  // namespace
+
+// The fingerprint hashes a tensor's elements in row-major order: the same contents in another
+// layout (axes transposed, a reversed axis, a broadcast one, an unaligned start) hash alike.
+TEST_CASE("the fingerprint of equal contents in different strided layouts is the same", "[ops][locations][backward][fingerprint]") {
+  std::mt19937_64 rng(24);
+  for (const DType type : {DType::u8, DType::bf16, DType::f32, DType::f64}) {
+    INFO(ladle::dtype_name(type));
+    const std::vector<std::int64_t> shape = {3, 5, 7};  // 105 elements: a partial last word for every size but 8
+    Tensor dense(type, shape);
+    fill_bytes(rng, dense);
+    Tensor storage(type, {1 + 105});
+    const TensorView transposed = reversed_axes(storage, shape, 1);  // also one element past an 8-byte boundary
+    write_through(transposed, dense);
+    CHECK(hash_of(transposed) == hash_of(dense.view()));
+    CHECK(fingerprint_of(transposed) == fingerprint_of(dense.view()));
+
+    // The middle axis reversed (a negative stride) and a broadcast axis, against their dense copy.
+    TensorView strided = dense.view();
+    strided.shape = {3, 2, 5, 7};
+    strided.strides = {35, 0, -7, 1};
+    strided.data = static_cast<std::byte*>(dense.data()) + 4 * 7 * static_cast<std::int64_t>(ladle::dtype_size(type));
+    Tensor copied(type, strided.shape);
+    for (std::int64_t i = 0; i < copied.numel(); ++i)
+      std::memcpy(static_cast<std::byte*>(copied.data()) + i * static_cast<std::int64_t>(ladle::dtype_size(type)),
+                  static_cast<const std::byte*>(strided.data) + byte_offset(strided, i), ladle::dtype_size(type));
+    CHECK(hash_of(strided) == hash_of(copied.view()));
+    CHECK(fingerprint_of(strided) == fingerprint_of(copied.view()));
+  }
+}
+
+// Past 2 MiB the host sums its words in parts over threads: the parts of a contiguous view and of
+// a transposed one (which cut the row-major order at other places in memory) add up alike.
+TEST_CASE("the fingerprint of a large tensor summed in parts is the same in every layout", "[ops][locations][backward][fingerprint]") {
+  std::mt19937_64 rng(29);
+  for (const DType type : {DType::bf16, DType::f32}) {
+    INFO(ladle::dtype_name(type));
+    const std::vector<std::int64_t> shape = {2, 1031, 4, 130};  // > 1M elements
+    Tensor dense(type, shape), storage(type, {1 + dense.numel()});
+    fill_bytes(rng, dense);
+    const TensorView transposed = reversed_axes(storage, shape, 1);
+    write_through(transposed, dense);
+    const std::uint64_t want = hash_of(dense.view());
+    CHECK(hash_of(transposed) == want);
+    auto* last = static_cast<unsigned char*>(transposed.data) + byte_offset(transposed, dense.numel() - 1);
+    *last ^= 1;
+    CHECK(hash_of(transposed) != want);
+  }
+}
+
+TEST_CASE("the fingerprint changes with any one element, the last included", "[ops][locations][backward][fingerprint]") {
+  std::mt19937_64 rng(25);
+  for (const DType type : {DType::u8, DType::bf16, DType::f32, DType::f64}) {
+    INFO(ladle::dtype_name(type));
+    const std::vector<std::int64_t> shape = {3, 5, 7};
+    Tensor dense(type, shape), storage(type, {1 + 105});
+    fill_bytes(rng, dense);
+    const TensorView transposed = reversed_axes(storage, shape, 1);
+    write_through(transposed, dense);
+    const std::uint64_t want = fingerprint_of(dense.view());
+    const std::size_t size = ladle::dtype_size(type);
+    for (std::int64_t i = 0; i < dense.numel(); ++i) {
+      INFO("element " << i);
+      for (const TensorView& view : {dense.view(), transposed}) {
+        auto* byte = static_cast<unsigned char*>(view.data) + byte_offset(view, i) + static_cast<std::int64_t>(size) - 1;
+        *byte ^= 0x10;  // one bit of the element's high byte
+        CHECK(fingerprint_of(view) != want);
+        *byte ^= 0x10;
+        CHECK(fingerprint_of(view) == want);
+      }
+    }
+    // Two elements swapped: the same bytes, in other places.
+    Tensor swapped = dense;
+    std::memcpy(swapped.data(), static_cast<const std::byte*>(dense.data()) + size, size);
+    std::memcpy(static_cast<std::byte*>(swapped.data()) + size, dense.data(), size);
+    if (std::memcmp(swapped.data(), dense.data(), 2 * size) != 0) CHECK(fingerprint_of(swapped.view()) != want);
+  }
+}
+
+TEST_CASE("the fingerprint tells dtypes, shapes, names, absent tensors and scalars apart", "[ops][locations][backward][fingerprint]") {
+  std::mt19937_64 rng(26);
+  Tensor t(DType::f32, {2, 8});
+  fill_bytes(rng, t);
+  TensorView as_i32 = t.view(), reshaped = t.view(), as_bf16 = t.view();
+  as_i32.type = DType::i32;
+  reshaped.shape = {4, 4}, reshaped.strides = {4, 1};
+  as_bf16.type = DType::bf16, as_bf16.shape = {2, 16}, as_bf16.strides = {16, 1};  // the same bytes
+  const std::uint64_t f32 = fingerprint_of(t.view());
+  CHECK(fingerprint_of(as_i32) != f32);
+  CHECK(fingerprint_of(reshaped) != f32);
+  CHECK(fingerprint_of(as_bf16) != f32);
+  using ladle::ops::detail::fingerprint;
+  CHECK(fingerprint({t.view(), std::nullopt}, {}, {}, nullptr) != fingerprint({std::nullopt, t.view()}, {}, {}, nullptr));
+  CHECK(fingerprint({t.view()}, {}, {}, nullptr) != fingerprint({t.view(), std::nullopt}, {}, {}, nullptr));
+  CHECK(fingerprint({}, {{"a", t.view()}}, {}, nullptr) != fingerprint({}, {{"b", t.view()}}, {}, nullptr));
+  CHECK(fingerprint({}, {}, {{"scale", 0.5f}}, nullptr) != fingerprint({}, {}, {{"scale", 0.25f}}, nullptr));
+  CHECK(fingerprint({}, {}, {{"scale", 0.5f}}, nullptr) != fingerprint({}, {}, {{"tau", 0.5f}}, nullptr));
+  CHECK(fingerprint({}, {}, {{"scale", 0.5f}}, nullptr) == fingerprint({}, {}, {{"scale", 0.5f}}, nullptr));
+}
+
+// On a GPU a device tensor is hashed by a kernel where it lives; the sum must be the host's for
+// the same elements, or a GPU backward could not check a forward that read host tensors uploaded.
+TEST_CASE("on a GPU, the fingerprint of a device tensor is the host's of the same contents, and a changed element is caught",
+          "[ops][locations][backward][fingerprint][gpu]") {
+  if (!ladle::driver_available()) {
+    WARN("not exercised here (it needs a GPU): " << ladle::driver_unavailable_reason());
+    return;
+  }
+  std::mt19937_64 rng(27);
+  const ladle::Stream stream;
+  struct Case {
+    DType type;
+    std::vector<std::int64_t> shape;
+  };
+  const Case cases[] = {{DType::bf16, {3, 5, 7}},          {DType::f32, {3, 5, 7}},          {DType::u8, {3, 5, 7}},
+                        {DType::f64, {3, 5, 7}},           {DType::bf16, {2, 1031, 4, 130}},  // > 1M elements, odd extents
+                        {DType::f32, {2, 1031, 4, 130}}};
+  for (const Case& c : cases) {
+    INFO(ladle::dtype_name(c.type) << " " << c.shape.size() << " axes, " << c.shape[1] << " in the second");
+    Tensor dense(c.type, c.shape);
+    fill_bytes(rng, dense);
+    const std::int64_t n = dense.numel();
+    Tensor storage(c.type, {1 + n});
+    const TensorView host_transposed = reversed_axes(storage, c.shape, 1);
+    write_through(host_transposed, dense);
+    const Tensor device_dense = dense.to(Location::device(0), &stream), device_storage = storage.to(Location::device(0), &stream);
+    TensorView device_transposed = host_transposed;  // the same strides over the device copy
+    device_transposed.location = Location::device(0);
+    device_transposed.data = static_cast<std::byte*>(device_storage.view().data) + ladle::dtype_size(c.type);
+    // An unaligned contiguous view: the storage from its second element (the device's direct path
+    // needs 8-byte alignment, so it gathers).
+    TensorView host_unaligned = TensorView::contiguous(static_cast<std::byte*>(storage.data()) + ladle::dtype_size(c.type), c.type, {n});
+    TensorView device_unaligned = host_unaligned;
+    device_unaligned.data = device_transposed.data, device_unaligned.location = Location::device(0);
+
+    const std::vector<TensorView> device_views = {device_dense.view(), device_transposed, device_unaligned};
+    const std::vector<TensorView> host_views = {dense.view(), host_transposed, host_unaligned};
+    std::vector<std::uint64_t> seeds;
+    for (const TensorView& view : host_views) seeds.push_back(ladle::ops::detail::layout_seed(view));
+    const std::vector<std::uint64_t> sums = ladle::ops::detail::device_content_hashes(device_views, seeds, &stream);
+    for (std::size_t i = 0; i < host_views.size(); ++i) {
+      INFO("view " << i << " (dense, transposed, unaligned)");
+      CHECK(sums[i] == ladle::ops::detail::content_hash(host_views[i], seeds[i]));
+      CHECK(fingerprint_of(device_views[i], &stream) == fingerprint_of(host_views[i]));
+    }
+    CHECK(fingerprint_of(device_transposed, &stream) == fingerprint_of(dense.view()));
+
+    // One element changed on the device (the first, one inside, the last): caught.
+    const std::uint64_t want = fingerprint_of(dense.view());
+    const std::size_t size = ladle::dtype_size(c.type);
+    for (const std::int64_t i : {std::int64_t{0}, n / 3, n - 1}) {
+      INFO("element " << i);
+      for (const TensorView& view : {device_dense.view(), device_transposed}) {
+        const auto address = reinterpret_cast<std::uintptr_t>(view.data) + static_cast<std::uintptr_t>(byte_offset(view, i));
+        unsigned char byte = 0;
+        ladle::copy_device_to_host(&byte, address + size - 1, 1, &stream);
+        const unsigned char changed = byte ^ 0x10;
+        ladle::copy_host_to_device(address + size - 1, &changed, 1, &stream);
+        CHECK(fingerprint_of(view, &stream) != want);
+        ladle::copy_host_to_device(address + size - 1, &byte, 1, &stream);
+        CHECK(fingerprint_of(view, &stream) == want);
+      }
+    }
+  }
 }
 
 namespace {
@@ -318,7 +506,7 @@ TEST_CASE("on a GPU, the recurrent backward on device tensors matches the one on
   check_device_gradient("q (mixed)", mixed_got.dq, want.dq, stream);
   check_device_gradient("g (mixed)", mixed_got.inputs.at("g"), want.inputs.at("g"), stream);
 
-  // A device tensor changed since the forward: its bytes, copied down and hashed, tell.
+  // A device tensor changed since the forward: its hash, formed on the device, tells.
   copy(test::normal(rng, DType::bf16, {B, T, H, K}).tensor.view(), device_k.view(), &stream);
   REQUIRE_THROWS_WITH(ladle::run_variant_backward(forward.saved, device_d_o.view(), device_d_s.view()),
                       Contains("saved") && Contains("forward read"));
@@ -401,7 +589,7 @@ TEST_CASE("on a GPU, the attention backward on device tensors matches the one on
   REQUIRE_THROWS_WITH(ladle::run_attention_backward(forward.saved, d_o.view()),
                       Contains("attention backward: d_output is bf16[2,130,2,64] on host, expected device memory: "
                                "upload_host_tensors is off"));
-  // A device tensor changed since the forward: its bytes, copied down and hashed, tell.
+  // A device tensor changed since the forward: its hash, formed on the device, tells.
   copy(test::normal(rng, DType::bf16, {B, T, H, D}).tensor.view(), device_v.view(), &stream);
   REQUIRE_THROWS_WITH(ladle::run_attention_backward(forward.saved, device_d_o.view()), Contains("saved") && Contains("forward read"));
 }
