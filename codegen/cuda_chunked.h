@@ -18,6 +18,12 @@
 // after its first token fails the check, and the sums after it are kept apart from it so the
 // small gates that follow keep their precision (normal chunks: one compare and add per gate).
 //
+// A read before the update (RWKV6's bonus read, o_t = q_t^T S_(t-1) + (q_t . u . k_t) v_t) is the
+// same recurrence read a token earlier: q~ carries the gates up to t - 1 (G_(t-1), 0 at the chunk's
+// start, which the fit check includes), the intra-chunk scores are strictly causal, and the bonus
+// (formed once per chunk from the staged rows) is their diagonal; a one-token step reads against
+// t0 - 1, so it reads the state as it entered whatever its own gate. The state pass is unchanged.
+//
 // Bytes: q, k, v, the gates and o cross global memory once per value tile (block_v = V: once),
 // the state once in and once out per sequence; nothing per chunk.
 //
@@ -171,7 +177,8 @@ struct ChunkedGrid {
 ChunkedGrid chunked_grid(const ChunkedKernel& kernel, std::int64_t sequences, std::int64_t heads, std::int64_t key_dim,
                          std::int64_t value_dim, std::int64_t chunks);
 
-// Why the chunked family cannot run this variant (empty: it can). It needs no normaliser.
+// Why the chunked family cannot run this variant (empty: it can). It needs no normaliser, and runs
+// the additive update read after or before it (not the delta rule: cuda_chunked_delta.h).
 std::string chunked_unsupported(const ir::Variant& variant);
 
 // Dynamic shared memory a block of this variant, tile and phase needs, in bytes.
