@@ -1,7 +1,6 @@
 #include "gpu_backward.h"
 
 #include <algorithm>
-#include <deque>
 #include <array>
 #include <cmath>
 #include <variant>
@@ -441,45 +440,6 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     packed.add(static_cast<int>(VS));
     loaded.function->launch({blocks_of(N * H * K * V, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
-}
-
-void run_variant_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
-                          const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients) {
-  const std::string op = op_name(variant);
-  // Everything is checked on the host first, so bad input never reaches the device.
-  const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
-  ops::bind_backward(op, bound, d_output, d_final_state);
-  Device::get();
-  std::deque<Tensor> keep;
-  const auto put = [&](const TensorView& host) {
-    require_host(op, "an input", host, "gpu::run_variant_backward takes host tensors (run_variant_backward_into device ones)");
-    keep.push_back(Tensor::copy_of(host, Location::device(0)));
-    return keep.back().view();
-  };
-  VariantInputs device_inputs;
-  device_inputs.scalars = inputs.scalars;
-  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = put(view);
-  RunOptions device_options = options;
-  if (options.initial_state) device_options.initial_state = put(*options.initial_state);
-  const TensorView dq = put(q), dk = put(k), dv = put(v), d_o = put(d_output);
-  std::optional<TensorView> d_final;
-  if (d_final_state) d_final = put(*d_final_state);
-  // The gradients on the device, then back into the caller's host tensors.
-  std::deque<std::pair<Tensor, TensorView>> outs;
-  const auto out = [&](const TensorView& host) {
-    if (host.type != DType::f32 || host.strides != TensorView::contiguous(nullptr, DType::f32, host.shape).strides)
-      throw InvalidArgument(op + ": host gradients must be fp32 and contiguous");
-    require_host(op, "a gradient", host, "gpu::run_variant_backward writes host tensors (run_variant_backward_into device ones)");
-    outs.emplace_back(Tensor(DType::f32, host.shape, Location::device(0)), host);
-    return outs.back().first.view();
-  };
-  RecurrentGradientViews device_grads{out(gradients.dq), out(gradients.dk), out(gradients.dv), {}, std::nullopt};
-  for (const auto& [name, view] : gradients.inputs) device_grads.inputs[name] = out(view);
-  if (gradients.d_initial_state) device_grads.d_initial_state = out(*gradients.d_initial_state);
-  run_variant_backward_into(variant, dq, dk, dv, device_inputs, device_options, d_o, d_final, device_grads);
-  Device::get().synchronize();
-  for (auto& [device, host] : outs) copy(device.view(), host);
 }
 
 }  // namespace ladle::gpu

@@ -31,17 +31,13 @@ struct RecurrentGradientViews {
 };
 
 // The backward of gpu::run_variant_into with the same arguments (device views; options.cu_seqlens on
-// the host, as there), d_output [B,T,H,V] (or packed [T,H,V]) of any floating dtype and strides, and
+// the host, as there; ladle::run_variant_backward routes host and device tensors here), d_output
+// [B,T,H,V] (or packed [T,H,V]) of any floating dtype and strides, and
 // optionally d_final_state [N,H,K,V]. Bad input throws InvalidArgument naming it.
 void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
                                const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
                                const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
                                const LaunchOptions& launch = {});
-
-// The same on host tensors: uploads, runs, downloads into `gradients` (host views, fp32, contiguous).
-void run_variant_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
-                          const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients);
 
 // Generates and compiles (through the cache) the backward's two generated kernels for a call, without
 // launching: what ladle-dump shows. arch empty: this GPU's.
