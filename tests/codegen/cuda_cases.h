@@ -213,6 +213,11 @@ inline std::vector<Case> all() {
     c.cu_seqlens.clear();
     c.spec.reverse = false;
     c.H_kv = 2;
+    c.name = "read before the update, a bonus per token sigmoid(x) u, a key gate";
+    c.variant = dsl::lower(dsl::read_before(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("w")), dsl::q, dsl::scalar("scale"))
+                               .bonus(dsl::sigmoid(dsl::token_key("x")) * dsl::head_key("u")),
+                           "token_bonus");
+    add(c, E::f32, E::f32);
     c.name = "read before the update, no bonus, head decay";
     c.variant = dsl::lower(dsl::read_before(dsl::scan(dsl::k, dsl::v).decay_head(dsl::token_head("g_t")), dsl::q, dsl::scalar("scale")),
                            "read_before");

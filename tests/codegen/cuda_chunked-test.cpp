@@ -258,6 +258,22 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
              Catch::Contains("a value-side gate alone"));
   CHECK_THAT(cuda::validate_chunked_tile(ws, recurrent_variant(true, false, false, true), 128, 128, 0, "sm_90a").front(),
              Catch::Contains("a key-side gate or a per-head decay, not both"));
+  // A read before the update: the ws form takes RWKV6 (a key-side gate alone, a bonus per head), not a
+  // head decay or a bonus that varies over tokens (the serial form runs those).
+  namespace dsl = ladle::dsl;
+  CHECK(cuda::validate_chunked_tile(ws, ladle::rwkv6_variant(), 128, 128, 0, "sm_90a").empty());
+  const ir::Variant before_head =
+      dsl::lower(dsl::read_before(dsl::scan(dsl::k, dsl::v).decay_head(dsl::token_head("g_t")), dsl::q, dsl::scalar("scale")), "before_head");
+  CHECK_THAT(cuda::validate_chunked_tile(ws, before_head, 128, 128, 0, "sm_90a").front(),
+             Catch::Contains("reads before the update only with a key-side gate alone"));
+  const ir::Variant token_bonus =
+      dsl::lower(dsl::read_before(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("w")), dsl::q, dsl::scalar("scale"))
+                     .bonus(dsl::token_key("u")),
+                 "token_bonus");
+  CHECK_THAT(cuda::validate_chunked_tile(ws, token_bonus, 128, 128, 0, "sm_90a").front(), Catch::Contains("not one that varies over tokens"));
+  CHECK(cuda::chunked_unsupported(before_head).empty());
+  CHECK(cuda::chunked_unsupported(token_bonus).empty());
+  CHECK_THAT(cuda::chunked_unsupported(ladle::delta_rule_variant(false, false)), Catch::Contains("generate_chunked_delta"));
   cuda::ChunkedTile bad = ws;
   bad.warps = 8;
   CHECK_THAT(cuda::validate_chunked_tile(bad, simple_gla, 128, 128).front(), Catch::Contains("ws needs warps = 12"));
