@@ -56,6 +56,25 @@ AttentionRunOptions with_host_seqlens(const AttentionRunOptions& options, std::d
   return checked;
 }
 
+// A call's named inputs and options as the GPU path reads them (the forward's and the backward's):
+// each tensor through `call` (device memory in place, host memory uploaded or refused by name), the
+// packed sequences' offsets on the host.
+struct DeviceArguments {
+  VariantInputs inputs;
+  AttentionRunOptions options;
+};
+
+DeviceArguments device_arguments(ops::detail::GpuCall& call, const VariantInputs& inputs, const AttentionRunOptions& options) {
+  DeviceArguments out{{{}, inputs.scalars}, options};
+  for (const auto& [name, view] : inputs.tensors) out.inputs.tensors[name] = call.input(name, view);
+  if (options.q_segment_ids) out.options.q_segment_ids = call.input("q_segment_ids", *options.q_segment_ids);
+  if (options.kv_segment_ids) out.options.kv_segment_ids = call.input("kv_segment_ids", *options.kv_segment_ids);
+  if (options.softmax_aux) out.options.softmax_aux = call.input("softmax_aux", *options.softmax_aux);
+  if (options.cu_seqlens_q) out.options.cu_seqlens_q = call.host_input("cu_seqlens_q", *options.cu_seqlens_q);
+  if (options.cu_seqlens_k) out.options.cu_seqlens_k = call.host_input("cu_seqlens_k", *options.cu_seqlens_k);
+  return out;
+}
+
 // The GPU path: device tensors as they are, host ones through the call's stream.
 void run_on_gpu(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
                 const VariantInputs& inputs, const AttentionRunOptions& options, const AttentionOutputs& outputs) {
@@ -68,15 +87,7 @@ void run_on_gpu(const ir::AttentionVariant& variant, const TensorView& q, const 
     ops::bind_attention_outputs(op, checked, outputs, args);
   }
   ops::detail::GpuCall call(op, options.gpu);
-  VariantInputs device_inputs;
-  device_inputs.scalars = inputs.scalars;
-  for (const auto& [name, view] : inputs.tensors) device_inputs.tensors[name] = call.input(name, view);
-  AttentionRunOptions device_options = options;
-  if (options.q_segment_ids) device_options.q_segment_ids = call.input("q_segment_ids", *options.q_segment_ids);
-  if (options.kv_segment_ids) device_options.kv_segment_ids = call.input("kv_segment_ids", *options.kv_segment_ids);
-  if (options.softmax_aux) device_options.softmax_aux = call.input("softmax_aux", *options.softmax_aux);
-  if (options.cu_seqlens_q) device_options.cu_seqlens_q = call.host_input("cu_seqlens_q", *options.cu_seqlens_q);
-  if (options.cu_seqlens_k) device_options.cu_seqlens_k = call.host_input("cu_seqlens_k", *options.cu_seqlens_k);
+  const auto [device_inputs, device_options] = device_arguments(call, inputs, options);
   const TensorView dq = call.input("q", q), dk = call.input("k", k), dv = call.input("v", v);
   ops::AttentionArgs device = ops::bind_attention(op, variant, dq, dk, dv, device_inputs, device_options);
   AttentionOutputs device_outputs{call.output("o", outputs.o), std::nullopt};
@@ -221,15 +232,7 @@ AttentionGradients backward_on_gpu(const AttentionSaved& saved, const TensorView
   const AttentionRunOptions& options = saved.options;
   ops::detail::GpuCall call(op, options.gpu);
   const TensorView q = call.input("q", saved.q), k = call.input("k", saved.k), v = call.input("v", saved.v);
-  VariantInputs device_inputs;
-  device_inputs.scalars = saved.inputs.scalars;
-  for (const auto& [name, view] : saved.inputs.tensors) device_inputs.tensors[name] = call.input(name, view);
-  AttentionRunOptions device_options = options;
-  if (options.q_segment_ids) device_options.q_segment_ids = call.input("q_segment_ids", *options.q_segment_ids);
-  if (options.kv_segment_ids) device_options.kv_segment_ids = call.input("kv_segment_ids", *options.kv_segment_ids);
-  if (options.softmax_aux) device_options.softmax_aux = call.input("softmax_aux", *options.softmax_aux);
-  if (options.cu_seqlens_q) device_options.cu_seqlens_q = call.host_input("cu_seqlens_q", *options.cu_seqlens_q);
-  if (options.cu_seqlens_k) device_options.cu_seqlens_k = call.host_input("cu_seqlens_k", *options.cu_seqlens_k);
+  const auto [device_inputs, device_options] = device_arguments(call, saved.inputs, options);
   ops::AttentionArgs device = ops::bind_attention(op, saved.variant, q, k, v, device_inputs, device_options);
   AttentionOutputs outputs{call.input("o", saved.o->view()), call.input("lse", saved.lse->view())};
   ops::bind_attention_outputs(op, device_options, outputs, device);
