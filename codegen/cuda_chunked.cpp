@@ -960,14 +960,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     c("LADLE_UNROLL for (int u = 0; u < 8; ++u) {");
     c.in();
     c("const int i = i0 + u;");
-    std::vector<bool> loaded(inputs.size(), false);
-    for (const ir::Node& node : variant.slot(ir::Slot::bonus).nodes) {
-      if (node.op != ir::Op::input || loaded[node.input]) continue;
-      const std::size_t k = static_cast<std::size_t>(node.input);
-      loaded[k] = true;
+    for (const std::size_t k : slot_inputs(variant, ir::Slot::bonus))
       if (inputs[k].kind == ir::InputKind::token_key || inputs[k].kind == ir::InputKind::head_key)
         c("const float " + id[k] + "_b = live && i < K ? " + row_load(id, k, "i") + " : 0.0f;");
-    }
     c("part += qv8[u] * (" + render(ir::Slot::bonus, "_b") + ") * kv8[u];");
     c.out();
     c("}");

@@ -678,15 +678,10 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
       c("LADLE_UNROLL for (int j = 0; j < BK / 32; ++j) {");
       c.in();
       c("const int i = lane + 32 * j;");
-      std::vector<bool> loaded(inputs.size(), false);
-      for (const ir::Node& node : variant.slot(ir::Slot::bonus).nodes) {
-        if (node.op != ir::Op::input || loaded[node.input]) continue;
-        const std::size_t k = static_cast<std::size_t>(node.input);
-        loaded[k] = true;
+      for (const std::size_t k : slot_inputs(variant, ir::Slot::bonus))
         if (inputs[k].kind == ir::InputKind::head_key)
           c("const float " + id[k] + "_b = i < K ? ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + " + id[k] + "_head * " + id[k] +
             "_stride_h + i * " + id[k] + "_stride_d) : 0.0f;");
-      }
       c("ub[j] = i < K ? " + render_slot(variant, id, ir::Slot::bonus, "_b") + " : 0.0f;");
       c.out();
       c("}");

@@ -445,6 +445,17 @@ InputUse input_use(const ir::Variant& variant) {
   return use;
 }
 
+std::vector<std::size_t> slot_inputs(const ir::Variant& variant, ir::Slot slot) {
+  std::vector<std::size_t> out;
+  std::vector<bool> seen(variant.inputs.size(), false);
+  for (const ir::Node& node : variant.slot(slot).nodes)
+    if (node.op == ir::Op::input && !seen[static_cast<std::size_t>(node.input)]) {
+      seen[static_cast<std::size_t>(node.input)] = true;
+      out.push_back(static_cast<std::size_t>(node.input));
+    }
+  return out;
+}
+
 std::string render_slot(const ir::Variant& variant, const std::vector<std::string>& ids, ir::Slot slot,
                         const std::string& suffix) {
   return render_expr(variant, ids, variant.slot(slot), suffix);

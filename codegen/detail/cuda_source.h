@@ -54,6 +54,8 @@ struct InputUse {
   std::vector<bool> used, key_side, value_side;
 };
 InputUse input_use(const ir::Variant& variant);
+// The inputs a slot's expression reads, each once, in the order it first reads them.
+std::vector<std::size_t> slot_inputs(const ir::Variant& variant, ir::Slot slot);
 
 // A slot's expression as C, reading each input from the generator's locals: token_key and
 // token_value inputs as <id><suffix> (x_i at a key row, x_j at a value column), token_head
