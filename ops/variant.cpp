@@ -108,7 +108,8 @@ namespace {
 // Device tensors are hashed on the device (ops/detail/fingerprint.h), on the call's stream.
 std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                           const RunOptions& options) {
-  return ops::detail::fingerprint({q, k, v, options.initial_state}, inputs.tensors, inputs.scalars, options.gpu.stream);
+  // cu_seqlens too: other offsets over the same tokens are another call.
+  return ops::detail::fingerprint({q, k, v, options.initial_state, options.cu_seqlens}, inputs.tensors, inputs.scalars, options.gpu.stream);
 }
 
 }  // namespace

@@ -479,6 +479,20 @@ TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurr
   q.set(3, 0.25f);
   CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
   CHECK_THROWS_WITH(ladle::run_variant_backward(ladle::RecurrentSaved{}, good.view()), Catch::Contains("run_variant_for_backward"));
+  {  // packed sequences whose offsets changed since the forward: another call, refused as well
+    Tensor pq(DType::f32, {1, 6, 2, 3}, 0.5f), pk(DType::f32, {1, 6, 2, 3}, 0.25f), pv(DType::f32, {1, 6, 2, 2}, 0.5f);
+    Tensor offsets(DType::i64, {3});
+    const std::int64_t at[] = {0, 2, 6};
+    std::memcpy(offsets.data(), at, sizeof(at));
+    ladle::RunOptions packed = options;
+    packed.cu_seqlens = offsets.view();
+    const ladle::RecurrentForward pf = ladle::run_variant_for_backward(variant, pq.view(), pk.view(), pv.view(), inputs, packed);
+    Tensor pd(DType::f32, {1, 6, 2, 2}, 1.0f);
+    CHECK_NOTHROW(ladle::run_variant_backward(pf.saved, pd.view()));
+    const std::int64_t moved[] = {0, 4, 6};
+    std::memcpy(offsets.data(), moved, sizeof(moved));
+    CHECK_THROWS_WITH(ladle::run_variant_backward(pf.saved, pd.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
+  }
   // The composition on the CPU has no normalised read (the GPU's has, and the direct CPU backward).
   namespace dsl = ladle::dsl;
   const ir::Variant normalized = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v), dsl::q, dsl::scalar("scale")).normalized(), "normalized");
