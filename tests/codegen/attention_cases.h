@@ -1,7 +1,7 @@
 // The softmax-attention kernels the codegen-cuda_attention test runs on the host emulation:
 // every mask and modifier of the op, a user score modifier and predicate, GQA, varlen with an
 // empty sequence, D = 64 / 128 with Dv != D, f16 / bf16 / f32, and a sweep of tiles. Sizes
-// are small (one std::thread per CUDA thread) but span several tiles and partial ones. The
+// are small (one fiber per CUDA thread) but span several tiles and partial ones. The
 // last ones (hopper()) run the Hopper paths (mma = wgmma and ws, sm_90a) over the same kinds of cases.
 // attention_emit renders them at build time.
 #pragma once

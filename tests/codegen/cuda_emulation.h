@@ -1,6 +1,6 @@
 // Runs generated CUDA kernels on the host, so that CI without a GPU checks what they
-// compute: each CUDA thread of a block is a std::thread, __syncthreads is a std::barrier,
-// __shared__ arrays are static (blocks run one after another), dynamic shared memory is a
+// compute: each CUDA thread of a block is a fiber on the launching thread (below: control passes
+// only where a thread waits), __syncthreads is a barrier over the block's fibers, __shared__ arrays are static (blocks run one after another), dynamic shared memory is a
 // buffer per block, and the 16-bit helpers are the host ones. The warp-wide tensor-core
 // operations of the chunked and attention families (ldmatrix, mma.sync m16n8k16 with bf16 or
 // f16 operands, __shfl_xor_sync, __shfl_up_sync) are emulated through a per-warp exchange: every lane posts
@@ -20,9 +20,6 @@
 #pragma once
 
 #include <atomic>
-#include <barrier>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <cmath>
@@ -34,7 +31,11 @@
 #include <map>
 #include <math.h>
 #include <mutex>
-#include <thread>
+#include <exception>
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 #include <vector>
 
 #include <ladle/tensor/dtype.h>
@@ -44,30 +45,258 @@ namespace cuda_emulation {
 struct Index {
   unsigned x = 0, y = 0, z = 0;
 };
+
+// ---- The CUDA threads of a block as fibers on the launching thread
+// Each CUDA thread runs on a stack of its own, and control passes between them only where a
+// thread waits (a barrier, an mbarrier, a warp-wide exchange): a switch costs nanoseconds, where
+// one OS thread per CUDA thread cost a futex wake-up per waiter and left the emulation tests
+// spending most of their time in the scheduler. A pass resumes every live fiber once, forward on
+// even blocks and backward on odd ones, so that a missing barrier shows in either direction; a
+// pass in which every fiber found its wait still unmet is a deadlock, reported at once.
+struct TensorReduction {  // a TMA add reduction a thread has issued and not yet waited for (below)
+  ladle::TensorMapDescription map;
+  int c[5];
+  std::size_t base;
+};
+struct WarpExchange;
+struct WarpgroupExchange;
+
 inline thread_local Index thread_index, block_index, grid_dim, block_dim;
-inline thread_local std::barrier<>* barrier = nullptr;
+inline thread_local WarpExchange* warp_exchange = nullptr;
+inline thread_local WarpgroupExchange* warpgroup_exchange = nullptr;
+inline thread_local std::vector<TensorReduction> pending_reductions;
+
+[[noreturn]] inline void scheduler_fault(const char* what) {
+  std::fprintf(stderr, "emulated CUDA threads: %s\n", what);
+  std::abort();
+}
+
+struct Fiber {
+  void* sp = nullptr;            // the saved stack pointer (x86-64) while it is not running
+#if !defined(__x86_64__)
+  ucontext_t context;
+#endif
+  unsigned char* stack = nullptr;  // its stack (under a guard page), reused by later launches
+  Index thread;
+  WarpExchange* warp = nullptr;
+  WarpgroupExchange* group = nullptr;
+  std::vector<TensorReduction> reductions;
+  const std::function<void()>* kernel = nullptr;
+  bool done = false, stalled = false;
+  std::exception_ptr error;
+};
+
+#if defined(__x86_64__)
+// ladle_emulation_switch(&from->sp, to->sp): saves the callee-saved registers, the SSE and x87
+// control words on the current stack, stores its pointer, and resumes the other stack the same
+// way. A new fiber's stack is laid out as if it had switched away at the top of
+// ladle_emulation_start, which calls fiber_main(r12 = the fiber).
+extern "C" void ladle_emulation_switch(void** save, void* load);
+extern "C" void ladle_emulation_start();
+asm(R"(
+  .text
+  .globl ladle_emulation_switch
+  .type ladle_emulation_switch, @function
+ladle_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size ladle_emulation_switch, .-ladle_emulation_switch
+  .globl ladle_emulation_start
+  .type ladle_emulation_start, @function
+ladle_emulation_start:
+  movq %r12, %rdi
+  callq *%r13
+  ud2
+  .size ladle_emulation_start, .-ladle_emulation_start
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+#endif
+
+struct Scheduler {
+  static constexpr std::size_t stack_bytes = 512 * 1024, guard_bytes = 4096;
+  std::vector<std::unique_ptr<Fiber>> fibers;  // grown as blocks need, stacks kept
+  Fiber* current = nullptr;
+  void* main_sp = nullptr;
+#if !defined(__x86_64__)
+  ucontext_t main_context;
+#endif
+  unsigned long long blocks = 0;
+
+  ~Scheduler() {
+    for (const auto& f : fibers) munmap(f->stack - guard_bytes, stack_bytes + guard_bytes);
+  }
+  static void fiber_main(Fiber* f);
+  void prepare(Fiber& f) {
+    if (!f.stack) {
+      void* memory = mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (memory == MAP_FAILED) scheduler_fault("no memory for a thread's stack");
+      if (mprotect(memory, guard_bytes, PROT_NONE) != 0) scheduler_fault("the stack's guard page could not be set");
+      f.stack = static_cast<unsigned char*>(memory) + guard_bytes;
+    }
+    f.done = f.stalled = false;
+    f.error = nullptr;
+    f.reductions.clear();
+#if defined(__x86_64__)
+    // The frame ladle_emulation_switch pops: control words, r15, r14, r13 (the entry), r12 (the
+    // fiber), rbx, rbp, and the return address; 16-byte aligned once it has returned.
+    auto* top = reinterpret_cast<std::uint64_t*>(f.stack + stack_bytes);
+    std::uint64_t* sp = top - 8;
+    const std::uint32_t words[2] = {0x1F80u, 0x037Fu};  // the default MXCSR and x87 control word
+    std::memcpy(&sp[0], words, 8);
+    sp[1] = 0, sp[2] = 0;                                              // r15, r14
+    sp[3] = reinterpret_cast<std::uint64_t>(&Scheduler::fiber_main);  // r13
+    sp[4] = reinterpret_cast<std::uint64_t>(&f);                      // r12
+    sp[5] = 0, sp[6] = 0;                                              // rbx, rbp
+    sp[7] = reinterpret_cast<std::uint64_t>(&ladle_emulation_start);
+    f.sp = sp;
+#else
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = stack_bytes;
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, reinterpret_cast<void (*)()>(&context_entry), 0);
+#endif
+  }
+#if !defined(__x86_64__)
+  static void context_entry();
+#endif
+  void resume(Fiber& f) {
+    current = &f;
+    thread_index = f.thread;
+    warp_exchange = f.warp;
+    warpgroup_exchange = f.group;
+    std::swap(pending_reductions, f.reductions);
+#if defined(__x86_64__)
+    ladle_emulation_switch(&main_sp, f.sp);
+#else
+    swapcontext(&main_context, &f.context);
+#endif
+    std::swap(pending_reductions, f.reductions);
+    current = nullptr;
+  }
+  // Back to the scheduler from the running fiber.
+  void suspend() {
+    Fiber& f = *current;
+#if defined(__x86_64__)
+    ladle_emulation_switch(&f.sp, main_sp);
+#else
+    swapcontext(&f.context, &main_context);
+#endif
+  }
+  // Runs `threads` fibers of one block to completion; rethrows the first exception one threw.
+  void run_block(unsigned threads, const std::function<void()>& kernel, const std::function<void(Fiber&, unsigned)>& place) {
+    while (fibers.size() < threads) fibers.push_back(std::make_unique<Fiber>());
+    for (unsigned t = 0; t < threads; ++t) {
+      Fiber& f = *fibers[t];
+      prepare(f);
+      f.kernel = &kernel;
+      place(f, t);
+    }
+    const bool backward = blocks++ % 2 == 1;
+    for (unsigned live = threads; live > 0;) {
+      bool progress = false;
+      for (unsigned n = 0; n < threads; ++n) {
+        Fiber& f = *fibers[backward ? threads - 1 - n : n];
+        if (f.done) continue;
+        resume(f);
+        if (f.error) std::rethrow_exception(f.error);  // the others are abandoned mid-kernel
+        if (f.done) --live;
+        progress = progress || f.done || !f.stalled;
+      }
+      if (live > 0 && !progress) scheduler_fault("every thread waits and none can go on (a deadlock: arrivals that do not pair up)");
+    }
+  }
+};
+inline thread_local Scheduler scheduler;
+inline void Scheduler::fiber_main(Fiber* f) {
+  try {
+    (*f->kernel)();
+  } catch (...) {
+    f->error = std::current_exception();
+  }
+  f->done = true;
+  scheduler.suspend();
+  scheduler_fault("a finished thread was resumed");
+}
+#if !defined(__x86_64__)
+inline void Scheduler::context_entry() { fiber_main(scheduler.current); }
+#endif
+
+// Gives the other threads a turn: where a thread waits, or dawdles.
+inline void yield() {
+  if (!scheduler.current) scheduler_fault("a wait outside an emulated kernel");
+  scheduler.current->stalled = false;
+  scheduler.suspend();
+}
+// Returns once `ready()` holds, letting the other threads run meanwhile.
+template <class Ready>
+inline void wait_until(const Ready& ready) {
+  if (ready()) return;
+  if (!scheduler.current) scheduler_fault("a wait outside an emulated kernel");
+  scheduler.current->stalled = false;  // it got here: progress
+  for (;;) {
+    scheduler.suspend();
+    if (ready()) return;
+    scheduler.current->stalled = true;  // resumed and still waiting
+  }
+}
+
+// A barrier of `expected` threads: every arrival of one generation waits until the last one.
+class Barrier {
+ public:
+  explicit Barrier(unsigned expected) : expected_(expected) {}
+  void arrive_and_wait() {
+    const unsigned long long mine = generation_;
+    if (++arrived_ == expected_) {
+      arrived_ = 0, ++generation_;
+      return;
+    }
+    wait_until([&] { return generation_ != mine; });
+  }
+
+ private:
+  unsigned expected_, arrived_ = 0;
+  unsigned long long generation_ = 0;
+};
+inline thread_local Barrier* barrier = nullptr;
 
 // What the lanes of one warp post for a warp-wide operation.
 struct WarpExchange {
-  std::barrier<> barrier{32};
+  Barrier barrier{32};
   const unsigned short* address[32] = {};
   unsigned a[32][4] = {};
   unsigned b[32][2] = {};
   float value[32] = {};
 };
-inline thread_local WarpExchange* warp_exchange = nullptr;
 // What the threads of one warpgroup (4 warps) post for a wgmma.
 struct WarpgroupExchange {
-  std::barrier<> barrier{128};
+  Barrier barrier{128};
   unsigned a[128][4] = {};
   unsigned long long a_desc[128] = {}, b_desc[128] = {};
 };
-inline thread_local WarpgroupExchange* warpgroup_exchange = nullptr;
 // The block's named barriers (bar.sync / bar.arrive id, count; 0 is __syncthreads'): barrier id
-// completes a generation once `count` threads have arrived, waking those that sync on it.
+// completes a generation once `count` threads have arrived, releasing those that sync on it.
 struct NamedBarriers {
-  std::mutex mutex;
-  std::condition_variable changed;
   unsigned arrived[16] = {}, count[16] = {};
   unsigned long long generation[16] = {};
 };
@@ -82,28 +311,26 @@ inline void named_barrier(unsigned id, unsigned count, bool wait) {
   if (id == 0 || id >= 16) named_barrier_fault("barrier id outside 1..15");
   if (count == 0 || count % 32 != 0) named_barrier_fault("thread count not a positive multiple of 32");
   NamedBarriers& b = *named_barriers;
-  std::unique_lock<std::mutex> lock(b.mutex);
   if (b.arrived[id] == 0) b.count[id] = count;
   else if (b.count[id] != count) named_barrier_fault("threads arrived with different counts in one generation");
   const unsigned long long mine = b.generation[id];
   if (++b.arrived[id] == count) {
     b.arrived[id] = 0, ++b.generation[id];
-    b.changed.notify_all();
     return;
   }
-  if (!wait) return;
-  if (!b.changed.wait_for(lock, std::chrono::seconds(120), [&] { return b.generation[id] != mine; }))
-    named_barrier_fault("no completion in 120 s: the arrivals do not pair up (a deadlock)");
+  if (wait) wait_until([&] { return b.generation[id] != mine; });
 }
 inline thread_local unsigned char* shared_buffer = nullptr;
 inline constexpr std::size_t dynamic_shared_bytes = 256 * 1024;
 
-// Runs every block of a (grid_x, grid_y, grid_z) grid of `threads`-thread blocks, block by block.
+// Runs every block of a (grid_x, grid_y, grid_z) grid of `threads`-thread blocks, block by block,
+// each block's threads as fibers on the calling thread.
 inline void launch(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads, const std::function<void()>& kernel) {
+  if (scheduler.current) scheduler_fault("a launch from inside an emulated kernel");
   for (unsigned bz = 0; bz < grid_z; ++bz)
   for (unsigned by = 0; by < grid_y; ++by)
     for (unsigned bx = 0; bx < grid_x; ++bx) {
-      std::barrier<> block_barrier(static_cast<std::ptrdiff_t>(threads));
+      Barrier block_barrier(threads);
       std::vector<std::unique_ptr<WarpExchange>> warps;
       for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<WarpExchange>());
       NamedBarriers named;
@@ -111,21 +338,17 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned t
       for (unsigned g = 0; g < threads / 128; ++g) groups.push_back(std::make_unique<WarpgroupExchange>());
       // Dynamic shared memory starts as garbage on a GPU: NaN bytes here.
       std::vector<unsigned char> shared(dynamic_shared_bytes, 0xff);
-      std::vector<std::thread> block;
-      for (unsigned tx = 0; tx < threads; ++tx)
-        block.emplace_back([&, tx] {
-          thread_index = {tx, 0, 0};
-          block_index = {bx, by, bz};
-          grid_dim = {grid_x, grid_y, grid_z};
-          block_dim = {threads, 1, 1};
-          barrier = &block_barrier;
-          warp_exchange = warps[tx / 32].get();
-          warpgroup_exchange = tx / 128 < groups.size() ? groups[tx / 128].get() : nullptr;
-          named_barriers = &named;
-          shared_buffer = shared.data();
-          kernel();
-        });
-      for (std::thread& t : block) t.join();
+      block_index = {bx, by, bz};
+      grid_dim = {grid_x, grid_y, grid_z};
+      block_dim = {threads, 1, 1};
+      barrier = &block_barrier;
+      named_barriers = &named;
+      shared_buffer = shared.data();
+      scheduler.run_block(threads, kernel, [&](Fiber& f, unsigned tx) {
+        f.thread = {tx, 0, 0};
+        f.warp = warps[tx / 32].get();
+        f.group = tx / 128 < groups.size() ? groups[tx / 128].get() : nullptr;
+      });
     }
 }
 inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std::function<void()>& kernel) {
@@ -555,12 +778,6 @@ inline void tma_load(void* dst, const ladle_tensor_map* map, const int (&c)[Rank
 // ladle_bulk_wait) and then read shared memory as it is at that moment, so a kernel that writes
 // the source again before waiting, or ends without waiting (the thread's list dies with it),
 // gets wrong sums.
-struct TensorReduction {
-  ladle::TensorMapDescription map;
-  int c[5];
-  std::size_t base;
-};
-inline thread_local std::vector<TensorReduction> pending_reductions;
 inline void run_pending_reductions() {
   for (const TensorReduction& r : pending_reductions) {
     std::size_t elements = 1;
@@ -621,7 +838,7 @@ inline void ladle_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned by
 // Returns once the phase of parity `parity` has completed: while the current phase has that
 // parity, it has not.
 inline void ladle_mbarrier_wait(unsigned long long* bar, unsigned parity) {
-  while (cuda_emulation::mbarrier_phase(bar) == (parity & 1)) std::this_thread::yield();
+  cuda_emulation::wait_until([&] { return cuda_emulation::mbarrier_phase(bar) != (parity & 1); });
 }
 inline void ladle_tma_load_4d(void* dst, const ladle_tensor_map* map, int c0, int c1, int c2, int c3, unsigned long long* bar) {
   cuda_emulation::tma_load<4>(dst, map, {c0, c1, c2, c3}, bar);

@@ -377,7 +377,7 @@ TEST_CASE("emulated mbarriers: a two-stage ring passes values in order and holds
     __syncthreads();
     std::mt19937 rng(threadIdx.x);
     const auto dawdle = [&] {
-      for (unsigned n = rng() % 64; n > 0; --n) std::this_thread::yield();
+      for (unsigned n = rng() % 64; n > 0; --n) cuda_emulation::yield();
     };
     if (threadIdx.x == 0)
       for (int i = 0; i < count; ++i) {
