@@ -103,6 +103,11 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args) {
 
 cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                                                 const std::optional<cuda::AttentionTile>& tile) {
+  return attention_kernel_spec(variant, args, tile, device_target());
+}
+
+cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                                const std::optional<cuda::AttentionTile>& tile, const GpuTarget& target) {
   cuda::AttentionKernelSpec spec;
   for (std::size_t i = 0; i < variant.inputs.size(); ++i)
     spec.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? DType::f32 : args.tensors[i].type);
@@ -119,9 +124,9 @@ cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& vari
   if (const std::optional<double> factor = cuda::attention_logit_factor(variant, args.scalars);
       factor && std::isfinite(*factor) && *factor > 0.0)
     spec.positive_logit_factor = true;
-  spec.tile = tile.value_or(heuristic_attention_tile(args));
-  if (driver_available()) spec.arch = Device::get().properties().arch();
-  const int max_shared = driver_available() ? Device::get().properties().max_shared_per_block_optin : 0;
+  spec.tile = tile ? *tile : heuristic_attention_tile(args, target.sms > 0 ? target.sms : 132, target.arch, target.max_shared_bytes);
+  spec.arch = target.arch;
+  const int max_shared = target.max_shared_bytes;
   const bool split = cuda::attention_split_f32(variant, spec);
   if (auto problems = cuda::validate_attention_tile(spec.tile, spec.D, spec.Dv, max_shared, split, spec.arch); !problems.empty()) {
     std::string all;
@@ -138,7 +143,7 @@ CompiledAttention compile_attention(const ir::AttentionVariant& variant, const c
   cuda::AttentionKernelSpec target = spec;  // the kernel is generated for the arch it is compiled for
   if (target.arch.empty()) target.arch = arch;
   out.kernel = cuda::generate_attention(variant, target);
-  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch, out.kernel.shared_bytes);
   return out;
 }
 

@@ -34,6 +34,10 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
 // empty: heuristic_attention_tile. Throws InvalidArgument for a tile that does not fit.
 cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                                                 const std::optional<cuda::AttentionTile>& tile = std::nullopt);
+// The same for a target (gpu_recurrent.h): `tile` empty, the heuristic tile for that target; what
+// ladle-dump and ladle::generated_kernels plan with, and the launcher with device_target().
+cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                                const std::optional<cuda::AttentionTile>& tile, const GpuTarget& target);
 
 // Generates and compiles (through the cache) without launching: what ladle-dump shows and
 // what CI compiles. arch empty: this GPU, else the default target.

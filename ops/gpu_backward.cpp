@@ -137,13 +137,13 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
 }
 
 CompiledProgram compile_backward_helpers(const std::string& arch) {
-  return detail::compile_named(cuda::backward_helpers_source(), "ladle_bwd_helpers", arch);
+  return detail::compile_named(cuda::backward_helpers_source(), "ladle_bwd_helpers", arch, 0);
 }
 
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch) {
   CompiledBackward out;
   out.kernel = cuda::generate_backward(variant, spec);
-  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch, 0);
   return out;
 }
 

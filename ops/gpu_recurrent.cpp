@@ -182,12 +182,30 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
 // with wide tiles; narrow ones give more blocks. Measured on H100 at K=V=128 (GLA bf16):
 // B2 T16384 H16: 128,32,16 6.2 ms vs 128,64,8 11.4 ms; B8 T4096 H16: 128,64,8 3.35 ms vs
 // 128,32,16 3.79 ms. Without a device (dump, CI) the size-only heuristic applies.
-cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound) {
+GpuTarget device_target() {
+  if (!driver_available()) return {};
+  const DeviceProperties& device = Device::get().properties();
+  return {device.arch(), device.sm_count, device.max_shared_per_block_optin};
+}
+
+GpuTarget named_target(const std::string& arch) {
+  if (arch.empty()) return device_target();
+  GpuTarget target{arch, 132, 0};
+  const auto is = [&](const char* prefix) { return arch.rfind(prefix, 0) == 0; };
+  if (is("sm_90") || is("sm_100")) target.max_shared_bytes = 227 * 1024;
+  else if (is("sm_80") || is("sm_87")) target.max_shared_bytes = 163 * 1024;
+  else if (is("sm_86") || is("sm_89") || is("sm_120")) target.max_shared_bytes = 99 * 1024;
+  return target;
+}
+
+cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound) { return heuristic_tile(bound, device_target()); }
+
+cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound, const GpuTarget& target) {
   const auto& args = bound.args;
   cuda::RecurrentTile tile = cuda::default_tile(args.key_dim, args.value_dim);
-  if (tile.block_k != 128 || !driver_available()) return tile;
+  if (tile.block_k != 128 || target.sms == 0) return tile;
   const std::int64_t wide_blocks = bound.dims.N * args.heads * ((args.value_dim + 63) / 64);
-  if (wide_blocks < Device::get().properties().sm_count) {
+  if (wide_blocks < target.sms) {
     tile.block_v = 32;
     tile.warps = 16;
   }
@@ -196,9 +214,14 @@ cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound) {
 
 cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                       const RunOptions& options) {
+  return kernel_spec(variant, bound, options, device_target());
+}
+
+cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                      const RunOptions& options, const GpuTarget& target) {
   const auto& args = bound.args;
   cuda::RecurrentKernelSpec spec;
-  spec.tile = options.tile.value_or(heuristic_tile(bound));
+  spec.tile = options.tile.value_or(heuristic_tile(bound, target));
   if (auto problems = cuda::validate_tile(spec.tile, args.key_dim, args.value_dim, variant); !problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
@@ -242,12 +265,16 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // used only when named. Where the call runs segmented (chunked_segment_tokens), `sequences` is the
 // number of segments: B2 T16384 in 4 segments takes B8 T4096's tile, 128,32,128,8.
 std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options) {
+  return chunked_segment_tokens(bound, options, device_target());
+}
+
+std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options, const GpuTarget& target) {
   if (options.chunked_segment_tokens) return *options.chunked_segment_tokens;  // checked by bind_inputs
   if (options.chunked_tile && options.chunked_tile->split()) return 0;
   const auto& args = bound.args;
   const std::int64_t N = bound.dims.N;
   if (N == 0) return 0;
-  const int sms = driver_available() ? Device::get().properties().sm_count : 132;
+  const int sms = target.sms > 0 ? target.sms : 132;
   const std::int64_t per_sequence = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back() / N;
   // Measured on the H100 (bench/RESULTS.md, issue 11, fifth step): GLA B2 T16384 H16 in 4
   // segments of 4096 tokens runs as B8 T4096 does, plus the segments' own states.
@@ -276,16 +303,18 @@ std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& boun
 }
 
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences) {
+  return heuristic_chunked_tile(variant, bound, sequences, device_target());
+}
+
+cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences,
+                                         const GpuTarget& target) {
   const auto& args = bound.args;
   const std::int64_t N = sequences > 0 ? sequences : bound.dims.N;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
-  int max_shared = 227 * 1024, sms = 132;
-  std::string arch = "sm_90a";  // without a device: the H100's figures
-  if (driver_available()) {
-    max_shared = Device::get().properties().max_shared_per_block_optin;
-    sms = Device::get().properties().sm_count;
-    arch = Device::get().properties().arch();
-  }
+  // Without a device: the H100's figures.
+  const GpuTarget known = target.arch.empty() ? named_target("sm_90a") : target;
+  const int max_shared = known.max_shared_bytes, sms = known.sms > 0 ? known.sms : 132;
+  const std::string& arch = known.arch;
   const auto valid = [&](const cuda::ChunkedTile& t) {
     return cuda::validate_chunked_tile(t, variant, args.key_dim, args.value_dim, max_shared).empty();
   };
@@ -429,11 +458,16 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
 
 cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                             const RunOptions& options) {
+  return chunked_kernel_spec(variant, bound, options, device_target());
+}
+
+cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                            const RunOptions& options, const GpuTarget& target) {
   const auto& args = bound.args;
   cuda::ChunkedKernelSpec spec;
-  spec.tile = options.chunked_tile.value_or(heuristic_chunked_tile(variant, bound));
-  const int max_shared = driver_available() ? Device::get().properties().max_shared_per_block_optin : 0;
-  if (driver_available()) spec.arch = Device::get().properties().arch();
+  spec.tile = options.chunked_tile.value_or(heuristic_chunked_tile(variant, bound, 0, target));
+  const int max_shared = target.max_shared_bytes;
+  spec.arch = target.arch;
   if (auto problems = cuda::validate_chunked_tile(spec.tile, variant, args.key_dim, args.value_dim, max_shared, spec.arch);
       !problems.empty()) {
     std::string all;
@@ -457,7 +491,7 @@ CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedK
   cuda::ChunkedKernelSpec target = spec;  // the kernel is generated for the arch it is compiled for
   if (target.arch.empty()) target.arch = arch;
   out.kernel = cuda::generate_chunked(variant, target);
-  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch, out.kernel.shared_bytes);
   return out;
 }
 
@@ -483,7 +517,7 @@ struct CompiledDelta {
 CompiledDelta compile_delta(const ir::Variant& variant, const cuda::ChunkedDeltaSpec& spec, const std::string& arch) {
   CompiledDelta out;
   out.kernel = cuda::generate_chunked_delta(variant, spec);
-  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch, out.kernel.shared_bytes);
   return out;
 }
 
@@ -498,15 +532,11 @@ std::string delta_spec_key(const ir::Variant& variant, const cuda::ChunkedDeltaS
   return key;
 }
 
-// The delta rule's chunked form (codegen/cuda_chunked_delta.h), three kernels on the call's stream:
-// prepare over every chunk (W, U, k and gamma into work arrays), states (the serial pass over each
-// sequence's chunks: h and E), outputs over every chunk.
-void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, std::uint64_t offsets,
-                       const LaunchOptions& launch) {
+}  // namespace
+
+std::vector<cuda::ChunkedDeltaSpec> chunked_delta_specs(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                                        const RunOptions& options) {
   const auto& args = bound.args;
-  const std::int64_t N = bound.dims.N, C = cuda::chunked_delta_chunk;
-  const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, C);
-  const std::int64_t chunks = chunk_offsets.back();
   const cuda::KernelTypes types = kernel_types(variant, bound, options);
   cuda::ChunkedDeltaSpec prepare = cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::prepare);
   // 16-byte loads of q, k and v where each row of 8 features is 16 contiguous, aligned bytes.
@@ -523,6 +553,39 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   cuda::ChunkedDeltaSpec states = prepare, outputs = prepare;
   states.phase = cuda::ChunkedDeltaPhase::states;
   outputs.phase = cuda::ChunkedDeltaPhase::outputs;
+  return {prepare, states, outputs};
+}
+
+std::vector<cuda::ChunkedKernelSpec> chunked_launch_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& spec,
+                                                          const ops::BoundInputs& bound, bool segmented, const GpuTarget& target) {
+  if (segmented) {
+    const SegmentedSpecs specs = segmented_chunked_specs(variant, spec, bound.args.key_dim, bound.args.value_dim,
+                                                         target.max_shared_bytes, ws_states_copyable(variant, bound).empty());
+    std::vector<cuda::ChunkedKernelSpec> out{specs.first};
+    if (specs.fold_runs()) out.push_back(specs.fold);
+    out.push_back(specs.serial);
+    return out;
+  }
+  if (!spec.tile.split()) return {spec};
+  cuda::ChunkedKernelSpec states = spec, outputs = spec;
+  states.phase = cuda::ChunkedPhase::states;
+  outputs.phase = cuda::ChunkedPhase::outputs;
+  return {states, outputs};
+}
+
+namespace {
+
+// The delta rule's chunked form (codegen/cuda_chunked_delta.h), three kernels on the call's stream:
+// prepare over every chunk (W, U, k and gamma into work arrays), states (the serial pass over each
+// sequence's chunks: h and E), outputs over every chunk.
+void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, std::uint64_t offsets,
+                       const LaunchOptions& launch) {
+  const auto& args = bound.args;
+  const std::int64_t N = bound.dims.N, C = cuda::chunked_delta_chunk;
+  const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, C);
+  const std::int64_t chunks = chunk_offsets.back();
+  const std::vector<cuda::ChunkedDeltaSpec> specs = chunked_delta_specs(variant, bound, options);
+  const cuda::ChunkedDeltaSpec &prepare = specs[0], &states = specs[1], &outputs = specs[2];
   const std::string arch = Device::get().properties().arch();
   const auto loaded = [&](const cuda::ChunkedDeltaSpec& spec) -> const auto& {
     return detail::loaded_kernel<cuda::ChunkedDeltaKernel>(delta_spec_key(variant, spec, arch), arch, [&](const std::string& target) {
@@ -570,7 +633,7 @@ CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::Recu
                                     const std::string& arch) {
   CompiledRecurrent out;
   out.kernel = cuda::generate_recurrent(variant, spec);
-  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch);
+  out.program = detail::compile_named(out.kernel.source, out.kernel.name, arch, 0);
   return out;
 }
 
@@ -651,8 +714,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       // 2. The fold: the state entering every segment but the first of its sequence, in place.
       // 3. Every segment: the serial form from h0 or the fold's state.
       const int max_shared = Device::get().properties().max_shared_per_block_optin;
-      const auto [first, fold, serial] =
+      const SegmentedSpecs segmented_specs =
           segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared, ws_states_copyable(variant, bound).empty());
+      const auto& [first, fold, serial] = segmented_specs;
       const std::int64_t pieces = chunked_state_pieces(variant, first, bound, segments, segment_tokens);
       if (pieces > 1) segments = cuda::chunked_segments(bound.dims.N, args.tokens, args.cu_seqlens, segment_tokens, args.reverse, pieces);
       const std::int64_t S = segments.segments(), earlier = segments.earlier_segments();
@@ -680,7 +744,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
         run(split, 0, earlier);
         // 2. each sequence's earlier segments folded in order: the state entering each segment (the ws
         //    serial kernel folds them itself as it starts)
-        if (!serial.tile.ws) {
+        if (segmented_specs.fold_runs()) {
           spec = fold;
           split.segments = all_rows;
           run(split, 0, S);

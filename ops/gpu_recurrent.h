@@ -7,6 +7,7 @@
 // check it and then uploaded. ladle::run_variant_into (variant.h) takes host tensors too.
 #pragma once
 
+#include <ladle/codegen/cuda_chunked_delta.h>
 #include <ladle/codegen/cuda_recurrent.h>
 #include <ladle/runtime/compiler.h>
 
@@ -23,9 +24,25 @@ struct LaunchOptions {
   const Stream* stream = nullptr;  // nullptr: the default stream
 };
 
+// The GPU a kernel is chosen for: this one (device_target), or one named by its arch without a
+// device (named_target: what ladle-dump and ladle::generated_kernels plan for). Every heuristic
+// below takes one, so that a plan made without a GPU picks what the launcher picks on that GPU.
+struct GpuTarget {
+  std::string arch;          // "sm_90a", "sm_80"; "": not known (no device)
+  int sms = 0;               // streaming multiprocessors; 0: not known
+  int max_shared_bytes = 0;  // opt-in shared memory per block; 0: not checked
+};
+// This GPU's figures; without a driver, {"", 0, 0}.
+GpuTarget device_target();
+// A GPU of that arch: 132 SMs (an H100's) and the arch's opt-in shared memory per block
+// (sm_90/sm_100: 227 KiB, sm_80/sm_87: 163 KiB, sm_86/sm_89/sm_120: 99 KiB, else 0: not checked).
+// An empty arch: device_target().
+GpuTarget named_target(const std::string& arch);
+
 // The tile used without tuning: by K and V, and on a GPU also by the number of blocks the
 // shape gives (narrow tiles when wide ones would leave SMs idle).
 cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound);
+cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound, const GpuTarget& target);
 
 // The dtypes and flags of the kernel a call needs, whichever family runs it (every input's
 // dtype, the output's, reverse, varlen, states): what both specs and the tuned keys hold.
@@ -34,6 +51,8 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
 // The kernel spec a call needs (dtypes of every input, reverse, varlen, states, tile).
 cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                       const RunOptions& options);
+cuda::RecurrentKernelSpec kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                      const RunOptions& options, const GpuTarget& target);
 
 // Generates and compiles (through the cache) without launching: what ladle-dump shows and
 // what CI compiles for every variant. arch empty: this GPU, else the default target.
@@ -53,6 +72,7 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 // than half the SMs and the sequences are long, a power-of-two cut of each sequence that keeps at
 // least 1024 tokens a segment. A split tile runs whole sequences.
 std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options);
+std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options, const GpuTarget& target);
 
 // Why TMA cannot copy this call's q, k and v as the chunked ws form reads them (empty: it can):
 // bf16 [B,T,X,D] views with contiguous features, a 16-byte aligned start and strides of whole 16 bytes.
@@ -62,15 +82,23 @@ std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& boun
 // of blocks the shape gives (sequences: the segments when the call runs segmented, else 0: N).
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound,
                                          std::int64_t sequences = 0);
+// The same for a target (device_target() without a driver is planned as named_target("sm_90a")).
+cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences,
+                                         const GpuTarget& target);
 // The split form of a serial tile (state tiles 64 x 64 of 4 warps, bf16 per-chunk states).
 cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim);
 cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
                                             const RunOptions& options);
+cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                            const RunOptions& options, const GpuTarget& target);
 // The segmented form's two kernels for a call's serial spec: the state pass over every segment but
 // the last (the split form's state tile of split_chunked_tile, at 64-token chunks where they fit
 // max_shared_bytes; 0: not checked), then the serial form over every segment.
 struct SegmentedSpecs {
   cuda::ChunkedKernelSpec first, fold, serial;  // the state pass, the fold, the serial form
+  // Whether the fold runs as a kernel of its own: not after a ws serial tile, whose kernel folds the
+  // earlier segments' states itself as it starts.
+  bool fold_runs() const { return !serial.tile.ws; }
 };
 // On sm_90a (serial.arch, or a ws serial tile) the state pass runs in the ws form where the variant
 // and types allow (cuda::chunked_ws_unsupported of a states spec) and ws_state_pass is set: the caller
@@ -80,6 +108,14 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
                                        bool ws_state_pass = true);
 // Why TMA cannot copy this call's k, v and key-gate inputs as the ws state pass reads them (empty: it can).
 std::string ws_states_copyable(const ir::Variant& variant, const ops::BoundInputs& bound);
+// The chunked kernels a call of serial spec `spec` launches, in order: the split form's state and
+// output passes, the segmented form's state pass, fold (where it runs) and serial form
+// (segmented: the call runs segmented, chunked_segment_tokens > 0), else spec alone.
+std::vector<cuda::ChunkedKernelSpec> chunked_launch_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& spec,
+                                                          const ops::BoundInputs& bound, bool segmented, const GpuTarget& target);
+// The delta rule's chunked form: its prepare, states and outputs specs for a call.
+std::vector<cuda::ChunkedDeltaSpec> chunked_delta_specs(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                                        const RunOptions& options);
 struct CompiledChunked {
   cuda::ChunkedKernel kernel;
   CompiledProgram program;

@@ -11,6 +11,7 @@
 
 #include "cache.h"
 #include "detail/api.h"
+#include "dump.h"
 #include "driver.h"
 #include "error.h"
 #include "hash.h"
@@ -256,6 +257,7 @@ CompiledProgram compile(const std::string& source, const CompileOptions& options
     if (auto hit = cache.lookup(key)) {
       hit->from_cache = true;
       hit->compile_ms = ms_since(start);
+      dump_program(*hit, options.program_name);
       return *std::move(hit);
     }
   }
@@ -263,6 +265,7 @@ CompiledProgram compile(const std::string& source, const CompileOptions& options
   log::debug(fmt::format("compiled {} for {} in {:.1f} ms", options.program_name, arch,
                          program.compile_ms));
   if (options.use_cache) program.entry_path = cache.store(program);
+  dump_program(program, options.program_name);
   return program;
 }
 

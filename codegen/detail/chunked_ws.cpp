@@ -287,7 +287,7 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
               "  columns *= 2^(G_C - R). Each factor is at most 2^FIT_LIMIT and each product of two a decay. Where a\n"
               "  column does not fit: R = G_C (vt a decay), o's state part *= 2^(G_t), and o_t += sum_s P_ts 2^(G_t - G_s) v_s\n"
               "  per element, from P in vt's place.\n";
-  else if (kserial)
+  else if (kserial) {
     header += "log2 decay of key feature i through token t of the chunk (G_-1 = 0), in steps [t0, t1) with a reference R per\n"
               "feature (the whole chunk where every feature's G over t0 - 1 .. t1 - 1 spans at most 2 FIT_LIMIT, R its\n"
               "midpoint; else 8-token windows that fit, R theirs; else single tokens, R = G_t0):\n"
@@ -296,15 +296,16 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
               "  P_ts = score_ts (t0 <= s <= t < t1), o += P v, S's rows *= 2^(G_t1-1 - R); after the steps o *= scale, stored.\n"
               "Each factor is at most 2^FIT_LIMIT and each product of two a decay, so nothing overflows; the consumers\n"
               "split the per-feature work (PARTS threads a feature) and meet at named barriers per step.\n";
-  if (kserial && before_read)
-    header += std::string("Read before the update: q~_t = q_t 2^(G_t-1 - R) (a single token: q~ = q, st = bf16(S) before its decay), ") +
-              "P_ts = score_ts for s < t" + (bonus ? ", P_tt = q_t . bonus . k_t (bq, per step)" : "") + ".\n";
-  else
+    if (before_read)
+      header += std::string("Read before the update: q~_t = q_t 2^(G_t-1 - R) (a single token: q~ = q, st = bf16(S) before its decay), ") +
+                "P_ts = score_ts for s < t" + (bonus ? ", P_tt = q_t . bonus . k_t (bq, per step)" : "") + ".\n";
+  } else {  // a per-head decay
     header += "log2 head decay through token t of the chunk and G_C its total:\n"
               "  st = bf16(S), vup = 2^(G_C - G_s) v_s (both 128-byte swizzled, as TMA writes its boxes), S *= 2^(G_C);\n"
               "  one wgmma batch: score = q k^T, o = q st, S += k^T vup;\n"
               "  P_ts = scale q_t.k_s 2^(G_t - G_s) (s <= t), o_t *= scale 2^(G_t), then o += P v; o stored.\n"
               "Every factor is a decay (at most 1): no reference token, no fallback.\n";
+  }
   if (states)
     header += "The segmented form's state pass in the ws form: one segment (segments[n]) from a zero state, only the\n"
               "update (no q, no output); writes the segment's own final state and total log2 decay (segment_states,\n"

@@ -11,16 +11,21 @@
 
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
+#include <ladle/runtime/dump.h>
 
 namespace ladle::gpu::detail {
 
 // A generated kernel's source compiled through the cache for `arch` (empty: this GPU, else the
-// default target), named `name`.cu in NVRTC's log and the cache's manifest.
-inline CompiledProgram compile_named(const std::string& source, const std::string& name, const std::string& arch) {
+// default target), named `name`.cu in NVRTC's log and the cache's manifest; dynamic_shared_bytes
+// (what the launcher passes, -1: not known) goes into LADLE_DUMP's resources (compile dumps without it).
+inline CompiledProgram compile_named(const std::string& source, const std::string& name, const std::string& arch,
+                                     int dynamic_shared_bytes = -1) {
   CompileOptions options;
   options.arch = arch;
   options.program_name = name + ".cu";
-  return compile(source, options);
+  CompiledProgram program = compile(source, options);
+  if (dynamic_shared_bytes >= 0) dump_program(program, options.program_name, dynamic_shared_bytes);
+  return program;
 }
 
 template <class Generated>

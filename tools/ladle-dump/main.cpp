@@ -1,27 +1,34 @@
 // ladle-dump: shows everything ladle generates for a kernel: the CUDA source, the PTX,
-// the resource usage ptxas reported, the cache entry, and the SASS when cuobjdump exists.
-//   ladle-dump kernel.cu [--arch sm_90a] [--sass] [--only source|ptx|resources|path]
+// the resource usage ptxas reported (static shared memory, and the dynamic shared memory the launcher
+// passes), the cache entry, and the SASS when cuobjdump exists.
+//   ladle-dump kernel.cu [--arch sm_90a] [--sass] [--only source|ptx|resources|path] [-D NAME=VALUE]
 //   ladle-dump --op gla|recurrent|delta_rule|gated_delta_rule|rwkv6 [--gates g,gk,gv,g_gamma|l2norm] [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
-//              [--reverse] [--varlen] [--states]   (the generated kernel; the delta rules' chunked form: its three)
+//              [--reverse] [--varlen] [--states] [--segmented] [-B 8 -T 1024 -H 16]
 //              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers;
 //                              with --op attention: prep and main, sm_90a)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
-//              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma]] [--varlen] [--lse]
-//              (with --op attention, -D is the head dim; otherwise a preprocessor definition)
+//              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma|ws]] [--varlen] [--lse] [-B -T -H]
+//              (with --op attention, -D is the head dim; with a .cu file a preprocessor definition)
+// An op's kernels are the ones its launcher launches for a call of that shape on --arch: chosen by
+// ladle::generated_kernels (ops/generated_kernels.h), through the launcher's own heuristics, never a
+// copy of them here. A flag that does not apply to the op (or to a .cu file) is refused by name.
 // Nothing here runs a kernel, so nothing needs a CUDA driver: with --arch the driver is not
 // opened (tests/tools pins it); without it the target is this GPU when the driver reports one, else sm_80 (the
 // attention backward: sm_90a). The PTX and resource-usage headings name the target; a machine
 // without a GPU gets no warning about its missing driver.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <ladle/codegen/cuda_chunked_delta.h>
 #include <ladle/ops/attention.h>
@@ -29,9 +36,11 @@
 #include <ladle/ops/gpu_attention.h>
 #include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/ops/gpu_backward.h>
+#include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/compiler.h>
+#include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 
 namespace fs = std::filesystem;
@@ -66,20 +75,36 @@ std::string run_capture(const std::string& command) {
 
 void section(const std::string& title) { std::cout << fmt::format("\n===== {} =====\n", title); }
 
-void print_resources(const ladle::CompiledProgram& program) {
-  std::cout << fmt::format("{:<40} {:>5} {:>7} {:>7} {:>7} {:>8} {:>6}\n", "kernel", "regs",
-                           "stack", "spill-st", "spill-ld", "smem", "cmem");
+// Static shared memory as ptxas reports it, dynamic as the launcher passes it ("-": not known, a .cu file).
+void print_resources(const ladle::CompiledProgram& program, int dynamic_shared_bytes) {
+  std::cout << fmt::format("{:<40} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}\n", "kernel", "regs", "stack", "spill-st",
+                           "spill-ld", "smem", "dyn-smem", "cmem");
+  const std::string dynamic = dynamic_shared_bytes >= 0 ? std::to_string(dynamic_shared_bytes) : "-";
   for (const auto& k : program.kernels) {
     if (k.registers < 0) {
       std::cout << fmt::format("{:<40} (PTX only: compile for a real arch, e.g. --arch sm_90a, "
                                "for resource usage)\n", k.name);
       continue;
     }
-    std::cout << fmt::format("{:<40} {:>5} {:>7} {:>7} {:>7} {:>8} {:>6}\n", k.name, k.registers,
-                             k.stack_frame_bytes, k.spill_store_bytes, k.spill_load_bytes,
-                             k.shared_bytes, k.constant_bytes);
+    std::cout << fmt::format("{:<40} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}\n", k.name, k.registers, k.stack_frame_bytes,
+                             k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, dynamic, k.constant_bytes);
   }
 }
+
+// The flags that apply to one kind of dump only: refused elsewhere, naming the flag and what was chosen.
+const std::vector<std::string> attention_flags = {"--mask", "--mods", "--dv", "--lse"};
+const std::vector<std::string> recurrent_flags = {"--gates", "-K", "-V", "--algo", "--reverse", "--states", "--segmented"};
+const std::vector<std::string> op_flags = {"--dtype", "--tile", "--varlen", "--backward", "-B", "-T", "-H"};
+
+ladle::DType dtype_of(const std::string& name) {
+  return name == "f32" ? ladle::DType::f32 : name == "f16" ? ladle::DType::f16 : ladle::DType::bf16;
+}
+
+// A call's kernels, compiled as the launcher compiles them, beside what the launcher passes at launch.
+struct Shown {
+  ladle::CompiledProgram program;
+  int dynamic_shared_bytes = -1;  // -1: not known
+};
 
 }  // namespace
 
@@ -90,35 +115,42 @@ int main(int argc, char** argv) {
   bool sass = false;
   std::string op, gates, dtype = "bf16", tile_text;
   int key_dim = 128, value_dim = 128;
+  std::int64_t batch = 8, tokens = 1024, heads = 16;
   bool reverse = false, varlen = false, states = false, segmented = false, backward = false;
   auto* file_option = app.add_option("file", file, "a CUDA C++ source file (.cu)")->check(CLI::ExistingFile);
-  auto* op_option = app.add_option("--op", op, "show the kernel ladle generates for an op")
+  auto* op_option = app.add_option("--op", op, "show the kernels ladle generates and launches for an op")
                         ->check(CLI::IsMember({"gla", "recurrent", "delta_rule", "gated_delta_rule", "rwkv6", "attention"}));
   file_option->excludes(op_option);
   app.add_option("--gates", gates, "recurrent: comma-separated gates among g,gk,gv,g_gamma; gla: g_gamma adds it; "
                                   "delta_rule, gated_delta_rule: l2norm (q and k L2-normalised in the kernel)");
   app.add_option("--dtype", dtype, "input and output dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  app.add_option("-K", key_dim, "key head dim");
-  app.add_option("-V", value_dim, "value head dim");
+  app.add_option("-K", key_dim, "key head dim")->check(CLI::PositiveNumber);
+  app.add_option("-V", value_dim, "value head dim")->check(CLI::PositiveNumber);
+  app.add_option("-B", batch, "the call's batch (the launcher's tile depends on the shape)")->check(CLI::PositiveNumber);
+  app.add_option("-T", tokens, "tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("-H", heads, "heads")->check(CLI::PositiveNumber);
   std::string algo = "recurrent";
   app.add_option("--algo", algo, "the kernel family: recurrent (token by token) or chunked (tensor cores)")
       ->check(CLI::IsMember({"recurrent", "chunked"}));
   app.add_option("--tile", tile_text,
-                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma|,ws] (default with --arch sm_90a: ws for a per-head decay, a key-side gate alone or a value-side gate alone in bf16, else wgmma) or a split tile; attention: block_m,block_n,warps,stages[,sync|wgmma|ws] (wgmma, ws: --arch sm_90a; default: the heuristic)");
+                 "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma|,ws] or a split tile; "
+                 "attention: block_m,block_n,warps,stages[,sync|wgmma|ws] (wgmma, ws: --arch sm_90a); default: the tile the "
+                 "launcher's heuristic takes for the shape (-B, -T, -H) on --arch");
   app.add_flag("--reverse", reverse, "t = T..1");
-  app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens)");
+  app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens): B sequences of T tokens");
   app.add_flag("--backward", backward,
                "recurrent ops: the backward's generated kernels (slots, totals, chain; 16-bit slots with --algo chunked) "
                "and its helpers, as a call of these types runs them; attention: the backward's prep and main kernels (sm_90a)");
   app.add_flag("--states", states, "initial and final states");
   app.add_flag("--segmented", segmented,
-               "chunked: the segmented form's two kernels (each segment's own state, then the serial form over segments)");
+               "chunked: the segmented form's kernels as the launcher runs them (each segment's own state, the fold where "
+               "it runs, then the serial form over segments of T/4 tokens)");
   std::string masks, mods;
   int value_head_dim = 0;
   bool lse = false;
   app.add_option("--mask", masks, "attention: comma-separated among causal,window,segments,mask,sinks,dropout");
   app.add_option("--mods", mods, "attention: comma-separated score modifiers among bias,softcap");
-  app.add_option("--dv", value_head_dim, "attention: the value head dim (default: D)");
+  app.add_option("--dv", value_head_dim, "attention: the value head dim (default: D)")->check(CLI::PositiveNumber);
   app.add_flag("--lse", lse, "attention: also write the log-sum-exp");
   app.add_option("--arch", arch,
                  "target, e.g. sm_90a or compute_80 (default: this GPU, else sm_80)");
@@ -126,167 +158,202 @@ int main(int argc, char** argv) {
   app.add_flag("--sass", sass, "also disassemble the cubin with cuobjdump");
   app.add_option("--only", only, "print one part only")
       ->check(CLI::IsMember({"source", "ptx", "resources", "path"}));
+  // An option given without its value is named here: CLI11 would hand the next flag's value to another
+  // option or take it as the file (-K --arch sm_90a: "File does not exist: sm_90a").
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const CLI::Option* option = flag.size() > 1 && flag[0] == '-' && flag.find('=') == std::string::npos ? app.get_option_no_throw(flag) : nullptr;
+    if (!option || option->get_items_expected_min() == 0) continue;  // not an option, or a flag
+    const std::string next = i + 1 < argc ? argv[i + 1] : "";
+    if (next.empty() || (next[0] == '-' && next.find_first_not_of("0123456789.", 1) != std::string::npos)) {
+      std::cerr << fmt::format("ladle-dump: {} needs a value{}\n", flag, next.empty() ? "" : fmt::format(" (got the flag {})", next));
+      return 2;
+    }
+    ++i;
+  }
   CLI11_PARSE(app, argc, argv);
   if (file.empty() && op.empty()) {
     std::cerr << "ladle-dump: give a .cu file or --op\n" << app.help();
     return 2;
   }
+  // A flag that does not apply to what was chosen is refused by name, not ignored.
+  const auto refuse = [&](const std::vector<std::string>& flags, const std::string& why) {
+    for (const std::string& flag : flags)
+      if (app.count(flag) > 0) {
+        std::cerr << fmt::format("ladle-dump: {} {}\n", flag, why);
+        return true;
+      }
+    return false;
+  };
+  if (op.empty()) {
+    if (refuse(attention_flags, "applies to --op attention, not to a .cu file") ||
+        refuse(recurrent_flags, "applies to the recurrent ops (--op gla, recurrent, ...), not to a .cu file") ||
+        refuse(op_flags, "applies to --op, not to a .cu file"))
+      return 2;
+  } else if (op == "attention") {
+    if (refuse(recurrent_flags, "applies to the recurrent ops (gla, recurrent, delta_rule, gated_delta_rule, rwkv6), not to --op attention"))
+      return 2;
+  } else {
+    if (refuse(attention_flags, "applies to --op attention, not to --op " + op)) return 2;
+    if (app.count("-D") > 0) {
+      std::cerr << fmt::format("ladle-dump: -D applies to a .cu file (a definition) or --op attention (the head dim), not to --op {}; "
+                               "the key and value head dims are -K and -V\n", op);
+      return 2;
+    }
+    if (segmented && algo != "chunked") {
+      std::cerr << "ladle-dump: --segmented applies to --algo chunked (the segmented form is the chunked family's), got --algo " << algo << "\n";
+      return 2;
+    }
+    if (backward && (segmented || !tile_text.empty())) {
+      std::cerr << fmt::format("ladle-dump: {} applies to the forward's kernels, not to --backward (the backward plans its own)\n",
+                               segmented ? "--segmented" : "--tile");
+      return 2;
+    }
+  }
+  if (varlen && batch < 1) batch = 1;
 
   try {
-    ladle::CompiledProgram program;
-    std::vector<ladle::CompiledProgram> programs;  // the kernels before `program` (a family of several)
+    std::vector<Shown> programs;
+    const std::string target = arch.empty() ? (ladle::driver_available() ? "" : ladle::default_ptx_arch()) : arch;
+    ladle::CallShape shape;
+    shape.batch = batch, shape.tokens = tokens, shape.heads = heads, shape.type = dtype_of(dtype);
+    if (varlen) {  // B sequences of T tokens, packed
+      shape.sequence_lengths.assign(static_cast<std::size_t>(batch), tokens);
+      shape.batch = 1, shape.tokens = batch * tokens;
+    }
+    // Prints the plan's kernels, compiled; an error from a head dim the user gave names that flag.
+    const auto show = [&](const std::vector<ladle::GeneratedKernel>& kernels) {
+      for (const ladle::GeneratedKernel& kernel : kernels) {
+        std::cout << fmt::format("  {}: {} (tile {}, {} threads, {} bytes of dynamic shared memory)\n", kernel.role, kernel.name,
+                                 kernel.tile, kernel.threads, kernel.dynamic_shared_bytes);
+        programs.push_back({ladle::compile_generated(kernel, target), kernel.dynamic_shared_bytes});
+      }
+    };
+    const auto dims_flags = [&]() {
+      std::string given;
+      for (const char* flag : {"-K", "-V", "-D", "--dv"})
+        if (app.count(flag) > 0) given += fmt::format("{}{} {}", given.empty() ? "" : ", ", flag, app[flag]->as<std::string>());
+      return given;
+    };
+    const auto planned = [&](auto plan) {
+      try {
+        return plan();
+      } catch (const ladle::InvalidArgument& e) {
+        if (!tile_text.empty() || dims_flags().empty()) throw;
+        throw ladle::InvalidArgument(fmt::format("{}: no kernel takes these head dims: {}", dims_flags(), e.what()));
+      }
+    };
     if (op == "attention") {
       // -D is the head dim here (as the op's docs write it), a definition for .cu files.
       int head_dim = 128;
-      if (defines.size() > 1 || (defines.size() == 1 && defines[0].find_first_not_of("0123456789") != std::string::npos))
-        throw ladle::InvalidArgument("ladle-dump: with --op attention, -D takes the head dim (e.g. -D 128)");
+      if (defines.size() > 1 || (defines.size() == 1 && (defines[0].empty() || defines[0].find_first_not_of("0123456789") != std::string::npos)))
+        throw ladle::InvalidArgument(fmt::format("-D '{}': with --op attention, -D takes the head dim (e.g. -D 128)", fmt::join(defines, " ")));
       if (!defines.empty()) head_dim = std::stoi(defines[0]);
+      if (head_dim <= 0) throw ladle::InvalidArgument(fmt::format("-D {}: expected a head dim > 0", head_dim));
       const int dv = value_head_dim > 0 ? value_head_dim : head_dim;
       const std::string list = masks + (!masks.empty() && !mods.empty() ? "," : "") + mods;
       const ladle::ir::AttentionVariant& variant = ladle::attention_variant(ladle::parse_attention_features(list));
-      const auto type = dtype == "f32" ? ladle::DType::f32 : dtype == "f16" ? ladle::DType::f16 : ladle::DType::bf16;
-      ladle::cuda::AttentionKernelSpec spec;
-      for (const auto& input : variant.inputs)
-        spec.input_types.push_back(input.role != ladle::ir::Role::other ? type
-                                   : input.name == "attention_mask"     ? ladle::DType::u8
-                                                                        : ladle::DType::f32);
-      spec.output_type = type;
-      spec.D = head_dim, spec.Dv = dv;
-      spec.varlen = varlen;
-      spec.lse = lse;
-      spec.tile = ladle::cuda::default_attention_tile(head_dim, dv);
-      if (!tile_text.empty()) {
-        spec.tile = ladle::cuda::parse_attention_tile(tile_text);
-      }
-      spec.arch = arch;
-      // As a call with a positive scale (and soft cap) compiles it: the factor folded into p's FFMA.
-      const auto factor = ladle::cuda::attention_logit_factor(variant, std::vector<float>(variant.inputs.size(), 1.0f));
-      spec.positive_logit_factor = factor && *factor > 0.0;
-      if (auto problems = ladle::cuda::validate_attention_tile(spec.tile, head_dim, dv, 0, ladle::cuda::attention_split_f32(variant, spec), arch);
-          !problems.empty())
-        throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
+      const auto type = dtype_of(dtype);
       if (backward) {  // the backward's two kernels (prep, main: sm_90a), every gradient wanted, d_output of q's type
         ladle::cuda::AttentionBackwardSpec bspec;
-        bspec.input_types = spec.input_types;
+        for (const auto& input : variant.inputs)
+          bspec.input_types.push_back(input.role != ladle::ir::Role::other ? type
+                                      : input.name == "attention_mask"     ? ladle::DType::u8
+                                                                           : ladle::DType::f32);
         bspec.D = head_dim, bspec.Dv = dv, bspec.varlen = varlen;
         bspec.output_type = bspec.d_output_type = type;
         bspec.sinks_gradient = variant.sinks;
         for (std::size_t k = 0; k < variant.inputs.size(); ++k)
-          bspec.input_gradients.push_back(spec.input_types[k] == ladle::DType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
+          bspec.input_gradients.push_back(bspec.input_types[k] == ladle::DType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
         bspec.arch = arch.empty() ? "sm_90a" : arch;
         bspec.dq_tma = true;  // an aligned dq, as the launcher's default tile takes it (dQ by TMA reductions)
-        program = ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch).program;
+        programs.push_back({ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch).program, -1});
         std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}\n", ladle::ir::hash_hex(variant), head_dim, dv,
                                  dtype, bspec.arch);
       } else {
-        program = ladle::gpu::compile_attention(variant, spec, arch).program;
-        std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}\n", ladle::ir::hash_hex(variant),
-                                 ladle::cuda::to_string(spec.tile), head_dim, dv, dtype);
+        shape.key_dim = head_dim, shape.value_dim = dv;
+        ladle::AttentionRunOptions options;
+        options.return_lse = lse;
+        if (variant.dropout) options.dropout_p = 0.1f;  // as a call with dropout: the launcher plans by it
+        std::optional<ladle::cuda::AttentionTile> tile;
+        if (!tile_text.empty()) tile = ladle::cuda::parse_attention_tile(tile_text);
+        const auto kernels = planned([&] { return ladle::generated_kernels(variant, shape, options, target, tile); });
+        std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}, B={} T={} H={}, {}\n", ladle::ir::hash_hex(variant),
+                                 kernels.front().tile, head_dim, dv, dtype, batch, tokens, heads, target.empty() ? "this GPU" : target);
+        show(kernels);
       }
     } else if (!op.empty()) {
+      // The widest key head dim any recurrent or chunked kernel takes (cuda::validate_tile: block_k up to 256).
+      if (key_dim > 256) throw ladle::InvalidArgument(fmt::format("-K {} exceeds 256, the widest key head dim the kernels take", key_dim));
       const ladle::ir::Variant& variant = ladle::named_variant(op, gates);
-      const auto type = dtype == "f32" ? ladle::DType::f32 : dtype == "f16" ? ladle::DType::f16 : ladle::DType::bf16;
-      ladle::cuda::KernelTypes types;
-      for (const auto& input : variant.inputs)
-        types.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? ladle::DType::f32 : type);
-      types.output_type = type;
-      types.reverse = reverse;
-      types.varlen = varlen;
-      types.initial_state = types.final_state = states;
-      std::string tile_name;
+      const auto type = dtype_of(dtype);
+      ladle::RunOptions options;
+      options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
+      options.reverse = reverse;
+      options.return_state = states;
+      shape.key_dim = key_dim, shape.value_dim = value_dim, shape.initial_state = states;
+      if (!tile_text.empty()) {
+        if (algo == "chunked") {
+          options.chunked_tile = ladle::cuda::parse_chunked_tile(tile_text);
+        } else {
+          ladle::cuda::RecurrentTile tile;
+          if (std::sscanf(tile_text.c_str(), "%d,%d,%d", &tile.block_k, &tile.block_v, &tile.warps) != 3)
+            throw ladle::InvalidArgument("--tile '" + tile_text + "', expected block_k,block_v,warps");
+          options.tile = tile;
+        }
+      }
+      if (segmented) {
+        if (options.chunked_tile && options.chunked_tile->split())
+          throw ladle::InvalidArgument("--segmented takes a serial tile, got --tile " + tile_text);
+        options.chunked_segment_tokens = std::max<std::int64_t>(64, (tokens / 4 + 63) / 64 * 64);
+      }
       if (backward) {
         // A call of these types with every query head (small host tensors, never read): the plan the
         // library makes for it, then each generated kernel and the helpers.
         const std::int64_t T = 64;
         std::vector<ladle::Tensor> keep;
-        const auto tensor = [&](ladle::DType t, std::vector<std::int64_t> shape) {
-          keep.emplace_back(t, std::move(shape), 0.0f);
+        const auto tensor = [&](ladle::DType t, std::vector<std::int64_t> dims) {
+          keep.emplace_back(t, std::move(dims), 0.0f);
           return keep.back().view();
         };
         keep.reserve(16);
         ladle::VariantInputs inputs;
         for (const auto& input : variant.inputs) {
-          if (input.kind == ladle::ir::InputKind::scalar) inputs.scalars.emplace(input.name, 1.0f);
-          else if (input.role == ladle::ir::Role::other)
-            inputs.tensors.emplace(input.name, input.kind == ladle::ir::InputKind::head ? tensor(type, {1})
-                                               : input.kind == ladle::ir::InputKind::token_head ? tensor(type, {1, T, 1})
-                                               : tensor(type, {1, T, 1, input.kind == ladle::ir::InputKind::token_value ? value_dim : key_dim}));
+          using Kind = ladle::ir::InputKind;
+          if (input.role != ladle::ir::Role::other) continue;
+          switch (input.kind) {
+            case Kind::scalar: inputs.scalars.emplace(input.name, 1.0f); break;
+            case Kind::head: inputs.tensors.emplace(input.name, tensor(type, {1})); break;
+            case Kind::head_key: inputs.tensors.emplace(input.name, tensor(type, {1, key_dim})); break;  // RWKV6's u [H,K]
+            case Kind::token_head: inputs.tensors.emplace(input.name, tensor(type, {1, T, 1})); break;
+            case Kind::token_value: inputs.tensors.emplace(input.name, tensor(type, {1, T, 1, value_dim})); break;
+            default: inputs.tensors.emplace(input.name, tensor(type, {1, T, 1, key_dim})); break;
+          }
         }
-        ladle::RunOptions options;
-        options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
-        options.reverse = reverse;
         ladle::Tensor offsets(ladle::DType::i64, {2});
         static_cast<std::int64_t*>(offsets.data())[0] = 0, static_cast<std::int64_t*>(offsets.data())[1] = T;
         if (varlen) options.cu_seqlens = offsets.view();
         if (states) options.initial_state = tensor(ladle::DType::f32, {1, 1, key_dim, value_dim});
         const auto q = tensor(type, {1, T, 1, key_dim}), k = tensor(type, {1, T, 1, key_dim}), v = tensor(type, {1, T, 1, value_dim});
-        const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options);
-        for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain})
-          programs.push_back(ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), arch).program);
-        program = ladle::gpu::compile_backward_helpers(arch);
-        tile_name = "(backward: one thread per feature, blocks of " + std::to_string(ladle::cuda::backward_chunk) + " steps)";
-      } else if (algo == "chunked" && variant.update == ladle::ir::Update::delta) {
-        // The delta rule's chunked form: its three kernels (codegen/cuda_chunked_delta.h), as the library
-        // runs them for contiguous 16-bit q, k and v (16-byte loads).
-        if (const std::string why = ladle::cuda::chunked_delta_unsupported(variant, key_dim, value_dim); !why.empty())
-          throw ladle::InvalidArgument("ladle-dump: --algo chunked: " + why);
-        ladle::cuda::ChunkedDeltaSpec spec = ladle::cuda::chunked_delta_spec(types, key_dim, value_dim, ladle::cuda::ChunkedDeltaPhase::prepare);
-        spec.vector_loads = type != ladle::DType::f32 && key_dim % 8 == 0 && value_dim % 8 == 0;
-        for (auto phase : {ladle::cuda::ChunkedDeltaPhase::prepare, ladle::cuda::ChunkedDeltaPhase::states, ladle::cuda::ChunkedDeltaPhase::outputs}) {
-          spec.phase = phase;
-          const ladle::cuda::ChunkedDeltaKernel kernel = ladle::cuda::generate_chunked_delta(variant, spec);
-          ladle::CompileOptions options;
-          options.arch = arch;
-          options.program_name = kernel.name + ".cu";
-          (phase == ladle::cuda::ChunkedDeltaPhase::outputs ? program : programs.emplace_back()) = ladle::compile(kernel.source, options);
+        const ladle::ops::BoundInputs bound =
+            planned([&] { return ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options); });
+        try {
+          for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain})
+            programs.push_back(
+                {ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), target).program, 0});
+        } catch (const ladle::InvalidArgument& e) {
+          throw ladle::InvalidArgument(fmt::format("--backward: --op {} has no generated backward: {}", op, e.what()));
         }
-        tile_name = "(chunk 64, block_k " + std::to_string(spec.block_k) + ", 64 value columns a block)";
-      } else if (algo == "chunked") {
-        ladle::cuda::ChunkedKernelSpec spec;
-        static_cast<ladle::cuda::KernelTypes&>(spec) = types;
-        spec.tile = ladle::cuda::default_chunked_tile(key_dim, value_dim);
-        if (ladle::cuda::chunked_wgmma_arch(arch)) {  // sm_90a: the state update on wgmma where the tile allows
-          ladle::cuda::ChunkedTile w = spec.tile;
-          w.wgmma = true;
-          if (ladle::cuda::validate_chunked_tile(w, variant, key_dim, value_dim, 0, arch).empty()) spec.tile = w;
-          // A per-head decay, or a key- or value-side gate alone, with bf16 q, k, v: the warp-specialised form, as the library's heuristic takes it.
-          ladle::cuda::ChunkedTile ws{key_dim <= 64 ? 64 : 128, 64, value_dim <= 64 ? 64 : 128, value_dim <= 64 ? 8 : 12};
-          ws.ws = true;
-          ladle::cuda::ChunkedKernelSpec ws_spec = spec;
-          ws_spec.tile = ws;
-          if (key_dim <= 128 && ladle::cuda::validate_chunked_tile(ws, variant, key_dim, value_dim, 0, arch).empty() &&
-              ladle::cuda::chunked_ws_unsupported(variant, ws_spec).empty())
-            spec.tile = ws;
-        }
-        if (!tile_text.empty()) spec.tile = ladle::cuda::parse_chunked_tile(tile_text);
-        if (auto problems = ladle::cuda::validate_chunked_tile(spec.tile, variant, key_dim, value_dim, 0, arch); !problems.empty())
-          throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
-        if (segmented) {  // the segmented form: each segment's own state (the split tile's state pass), then the serial form
-          if (spec.tile.split()) throw ladle::InvalidArgument("ladle-dump: --segmented takes a serial tile, got " + tile_text);
-          const auto segmented_specs = ladle::gpu::segmented_chunked_specs(variant, spec, key_dim, value_dim);
-          programs.push_back(ladle::gpu::compile_chunked(variant, segmented_specs.first, arch).program);
-          programs.push_back(ladle::gpu::compile_chunked(variant, segmented_specs.fold, arch).program);
-          spec = segmented_specs.serial;
-        } else if (spec.tile.split()) {  // the family's two kernels: the state pass, then the output pass
-          spec.phase = ladle::cuda::ChunkedPhase::states;
-          programs.push_back(ladle::gpu::compile_chunked(variant, spec, arch).program);
-          spec.phase = ladle::cuda::ChunkedPhase::outputs;
-        }
-        program = ladle::gpu::compile_chunked(variant, spec, arch).program;
-        tile_name = ladle::cuda::to_string(spec.tile);
+        programs.push_back({ladle::gpu::compile_backward_helpers(target), 0});
+        std::cout << fmt::format("op {} ({} variant {}), {} tile (backward: one thread per feature, blocks of {} steps), K={} V={} {}\n",
+                                 op, variant.name, ladle::ir::hash_hex(variant), algo, ladle::cuda::backward_chunk, key_dim, value_dim, dtype);
       } else {
-        ladle::cuda::RecurrentKernelSpec spec;
-        static_cast<ladle::cuda::KernelTypes&>(spec) = types;
-        spec.tile = ladle::cuda::default_tile(key_dim, value_dim);
-        if (!tile_text.empty() && std::sscanf(tile_text.c_str(), "%d,%d,%d", &spec.tile.block_k, &spec.tile.block_v, &spec.tile.warps) != 3)
-          throw ladle::InvalidArgument("ladle-dump: --tile '" + tile_text + "', expected block_k,block_v,warps");
-        if (auto problems = ladle::cuda::validate_tile(spec.tile, key_dim, value_dim, variant); !problems.empty())
-          throw ladle::InvalidArgument("ladle-dump: tile " + ladle::cuda::to_string(spec.tile) + ": " + problems.front());
-        program = ladle::gpu::compile_recurrent(variant, spec, arch).program;
-        tile_name = ladle::cuda::to_string(spec.tile);
+        const auto kernels = planned([&] { return ladle::generated_kernels(variant, shape, options, target); });
+        std::cout << fmt::format("op {} ({} variant {}), {} tile {}, K={} V={} {}, B={} T={} H={}, {}\n", op, variant.name,
+                                 ladle::ir::hash_hex(variant), algo, kernels.back().tile, key_dim, value_dim, dtype, batch, tokens,
+                                 heads, target.empty() ? "this GPU" : target);
+        show(kernels);
       }
-      std::cout << fmt::format("op {} ({} variant {}), {} tile {}, K={} V={} {}\n", op, variant.name,
-                               ladle::ir::hash_hex(variant), algo, tile_name, key_dim, value_dim, dtype);
     } else {
       std::ifstream in(file);
       std::stringstream text;
@@ -295,12 +362,11 @@ int main(int argc, char** argv) {
       options.arch = arch;
       options.program_name = fs::path(file).filename().string();
       for (const auto& d : defines) options.flags.push_back("-D" + d);
-      program = ladle::compile(text.str(), options);
+      programs.push_back({ladle::compile(text.str(), options), -1});
     }
 
     auto want = [&](const char* part) { return only.empty() || only == part; };
-    programs.push_back(std::move(program));
-    for (const ladle::CompiledProgram& shown : programs) {
+    for (const auto& [shown, dynamic_shared_bytes] : programs) {
       if (programs.size() > 1) std::cout << fmt::format("\n##### kernel {}\n", shown.kernels.empty() ? shown.key : shown.kernels.front().name);
       if (want("source")) {
         section("source");
@@ -312,7 +378,7 @@ int main(int argc, char** argv) {
       }
       if (want("resources")) {
         section(fmt::format("resource usage ({})", shown.arch));
-        print_resources(shown);
+        print_resources(shown, dynamic_shared_bytes);
       }
       if (want("path")) {
         section("cache");

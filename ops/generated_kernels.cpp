@@ -1,0 +1,203 @@
+#include "generated_kernels.h"
+
+#include <fmt/format.h>
+#include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+
+#include <cstddef>
+#include <numeric>
+
+#include "attention_bind.h"
+#include "bind.h"
+#include "detail/loaded_kernel.h"
+#include "gpu_attention.h"
+#include "gpu_recurrent.h"
+
+namespace ladle {
+namespace {
+
+// What every view points at: an address aligned as a fresh allocation's. The plan reads shapes,
+// strides and alignment, never the data (cu_seqlens excepted: those are real, below).
+alignas(256) const std::byte placeholder[256] = {};
+
+TensorView view_of(DType type, std::vector<std::int64_t> shape) {
+  TensorView view;
+  view.data = const_cast<std::byte*>(placeholder);
+  view.type = type;
+  view.strides.assign(shape.size(), 1);
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d)
+    view.strides[d] = view.strides[d + 1] * shape[d + 1];
+  view.shape = std::move(shape);
+  return view;
+}
+
+gpu::GpuTarget plan_target(const std::string& arch) {
+  if (!arch.empty()) return gpu::named_target(arch);
+  if (driver_available()) return gpu::device_target();
+  return gpu::named_target(default_ptx_arch());
+}
+
+std::string name_of(const ir::Variant& variant) {
+  return variant.name.empty() ? "variant" : variant.name;
+}
+
+// The packed sequences' offsets [N+1] (i64), or an empty tensor.
+Tensor offsets_of(const CallShape& shape) {
+  if (shape.sequence_lengths.empty()) return Tensor();
+  Tensor offsets(DType::i64, {static_cast<std::int64_t>(shape.sequence_lengths.size()) + 1});
+  auto* out = static_cast<std::int64_t*>(offsets.data());
+  out[0] = 0;
+  std::partial_sum(shape.sequence_lengths.begin(), shape.sequence_lengths.end(), out + 1);
+  return offsets;
+}
+
+DType input_type(const CallShape& shape, const std::string& name, DType otherwise) {
+  const auto found = shape.input_types.find(name);
+  return found != shape.input_types.end() ? found->second : otherwise;
+}
+
+float scalar_of(const CallShape& shape, const std::string& name) {
+  const auto found = shape.scalars.find(name);
+  return found != shape.scalars.end() ? found->second : 1.0f;
+}
+
+}  // namespace
+
+std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const CallShape& shape,
+                                               const RunOptions& options, const std::string& arch) {
+  const std::int64_t B = shape.batch, T = shape.tokens, H = shape.heads,
+                     Hkv = shape.kv_heads > 0 ? shape.kv_heads : shape.heads;
+  const std::int64_t K = shape.key_dim, V = shape.value_dim;
+  const TensorView q = view_of(shape.type, {B, T, H, K}), k = view_of(shape.type, {B, T, Hkv, K}),
+                   v = view_of(shape.type, {B, T, Hkv, V});
+  VariantInputs inputs;
+  for (const ir::Input& input : variant.inputs) {
+    if (input.role != ir::Role::other) continue;
+    const DType type = input_type(shape, input.name, shape.type);
+    switch (input.kind) {
+      case ir::InputKind::scalar:
+        inputs.scalars.emplace(input.name, scalar_of(shape, input.name));
+        break;
+      case ir::InputKind::token_key:
+        inputs.tensors.emplace(input.name, view_of(type, {B, T, H, K}));
+        break;
+      case ir::InputKind::token_value:
+        inputs.tensors.emplace(input.name, view_of(type, {B, T, H, V}));
+        break;
+      case ir::InputKind::token_head:
+        inputs.tensors.emplace(input.name, view_of(type, {B, T, H}));
+        break;
+      case ir::InputKind::head:
+        inputs.tensors.emplace(input.name, view_of(type, {H}));
+        break;
+      case ir::InputKind::head_key:
+        inputs.tensors.emplace(input.name, view_of(type, {H, K}));
+        break;
+      case ir::InputKind::pair:
+        throw InvalidArgument(fmt::format(
+            "generated_kernels: {} is a pair input [B,H,Tq,Tk], which only attention variants read",
+            input.name));
+    }
+  }
+  const Tensor offsets = offsets_of(shape);
+  RunOptions call = options;
+  call.cu_seqlens.reset();
+  call.initial_state.reset();
+  if (!shape.sequence_lengths.empty()) call.cu_seqlens = offsets.view();
+  const std::int64_t N =
+      shape.sequence_lengths.empty() ? B : static_cast<std::int64_t>(shape.sequence_lengths.size());
+  if (shape.initial_state) call.initial_state = view_of(DType::f32, {N, H, K, V});
+  const ops::BoundInputs bound = ops::bind_inputs(name_of(variant), variant, q, k, v, inputs, call);
+  const gpu::GpuTarget target = plan_target(arch);
+
+  std::vector<GeneratedKernel> out;
+  const Algorithm algorithm = gpu::choose_algorithm(variant, bound, call);
+  if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {
+    const char* roles[] = {"delta prepare", "delta states", "delta outputs"};
+    int i = 0;
+    for (const cuda::ChunkedDeltaSpec& spec : gpu::chunked_delta_specs(variant, bound, call)) {
+      cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(variant, spec);
+      out.push_back({kernel.name, std::move(kernel.source), roles[i++],
+                     fmt::format("chunk {} block_k={} value_pad={}", cuda::chunked_delta_chunk,
+                                 spec.block_k, spec.value_pad),
+                     kernel.threads, kernel.shared_bytes});
+    }
+  } else if (algorithm == Algorithm::chunked) {
+    // As the launcher: the segments by shape, the tile for that many (segments of) sequences.
+    const std::int64_t segment_tokens = gpu::chunked_segment_tokens(bound, call, target);
+    RunOptions tiled = call;
+    if (!tiled.chunked_tile) {
+      std::int64_t sequences = 0;
+      if (segment_tokens > 0)
+        sequences = cuda::chunked_segments(bound.dims.N, bound.args.tokens, bound.args.cu_seqlens,
+                                           segment_tokens, bound.args.reverse)
+                        .segments();
+      tiled.chunked_tile = gpu::heuristic_chunked_tile(variant, bound, sequences, target);
+    }
+    const cuda::ChunkedKernelSpec spec = gpu::chunked_kernel_spec(variant, bound, tiled, target);
+    for (const cuda::ChunkedKernelSpec& each :
+         gpu::chunked_launch_specs(variant, spec, bound, segment_tokens > 0, target)) {
+      cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, each);
+      out.push_back(
+          {kernel.name, std::move(kernel.source),
+           std::string(each.segmented ? "segmented " : "chunked ") + cuda::to_string(each.phase),
+           cuda::to_string(each.tile), kernel.threads, kernel.shared_bytes});
+    }
+  } else {
+    const cuda::RecurrentKernelSpec spec = gpu::kernel_spec(variant, bound, call, target);
+    cuda::RecurrentKernel kernel = cuda::generate_recurrent(variant, spec);
+    out.push_back({kernel.name, std::move(kernel.source), "recurrent", cuda::to_string(spec.tile),
+                   kernel.threads, 0});
+  }
+  return out;
+}
+
+std::vector<GeneratedKernel> generated_kernels(const ir::AttentionVariant& variant,
+                                               const CallShape& shape,
+                                               const AttentionRunOptions& options,
+                                               const std::string& arch,
+                                               const std::optional<cuda::AttentionTile>& tile) {
+  const std::int64_t B = shape.batch, Tq = shape.tokens,
+                     Tk = shape.key_tokens > 0 ? shape.key_tokens : shape.tokens;
+  const std::int64_t H = shape.heads, Hkv = shape.kv_heads > 0 ? shape.kv_heads : shape.heads;
+  const TensorView q = view_of(shape.type, {B, Tq, H, shape.key_dim}),
+                   k = view_of(shape.type, {B, Tk, Hkv, shape.key_dim}),
+                   v = view_of(shape.type, {B, Tk, Hkv, shape.value_dim});
+  VariantInputs inputs;
+  for (const ir::Input& input : variant.inputs) {
+    if (input.role != ir::Role::other) continue;
+    const DType type =
+        input_type(shape, input.name, input.name == "attention_mask" ? DType::u8 : DType::f32);
+    if (input.kind == ir::InputKind::scalar)
+      inputs.scalars.emplace(input.name, scalar_of(shape, input.name));
+    else if (input.kind == ir::InputKind::pair)
+      inputs.tensors.emplace(input.name, view_of(type, {B, H, Tq, Tk}));
+    else
+      inputs.tensors.emplace(input.name, view_of(type, {H}));
+  }
+  AttentionRunOptions call = options;
+  call.q_segment_ids.reset(), call.kv_segment_ids.reset(), call.softmax_aux.reset(),
+      call.cu_seqlens_q.reset(), call.cu_seqlens_k.reset();
+  if (variant.segment_ids)
+    call.q_segment_ids = view_of(DType::i32, {B, Tq}),
+    call.kv_segment_ids = view_of(DType::i32, {B, Tk});
+  if (variant.sinks) call.softmax_aux = view_of(DType::f32, {H, 1});
+  const Tensor offsets = offsets_of(shape);
+  if (!shape.sequence_lengths.empty()) call.cu_seqlens_q = call.cu_seqlens_k = offsets.view();
+  const ops::AttentionArgs args = ops::bind_attention(
+      variant.name.empty() ? "attention" : variant.name, variant, q, k, v, inputs, call);
+  const cuda::AttentionKernelSpec spec =
+      gpu::attention_kernel_spec(variant, args, tile, plan_target(arch));
+  cuda::AttentionKernel kernel = cuda::generate_attention(variant, spec);
+  std::vector<GeneratedKernel> out;
+  out.push_back({kernel.name, std::move(kernel.source), "attention", cuda::to_string(spec.tile),
+                 kernel.threads, kernel.shared_bytes});
+  return out;
+}
+
+CompiledProgram compile_generated(const GeneratedKernel& kernel, const std::string& arch) {
+  return gpu::detail::compile_named(kernel.source, kernel.name, arch, kernel.dynamic_shared_bytes);
+}
+
+}  // namespace ladle

@@ -1,0 +1,174 @@
+// ladle-dump shows what the launcher launches: for attention and the recurrent and chunked ops on
+// sm_90a and sm_80, the kernels the tool prints are the ones the launcher's heuristics choose for
+// that target (ladle::generated_kernels, built on gpu::attention_kernel_spec,
+// heuristic_chunked_tile, chunked_launch_specs ...), and those are the forms the heuristics
+// document.
+#include <ladle/codegen/cuda_attention.h>
+#include <ladle/ops/attention.h>
+#include <ladle/ops/generated_kernels.h>
+#include <ladle/ops/gla.h>
+#include <ladle/ops/gpu_recurrent.h>
+#include <ladle/ops/recurrent.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "runtime/scoped_env.h"
+#include "runtime/temp_dir.h"
+
+using namespace ladle;
+
+namespace {
+
+std::string run_tool(const std::string& arguments) {
+  std::string out;
+  const std::string command =
+      std::string(LADLE_DUMP_TOOL) + " " + arguments + " --only resources 2>&1";
+  if (FILE* pipe = ::popen(command.c_str(), "r")) {
+    char buffer[4096];
+    std::size_t n;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+    ::pclose(pipe);
+  }
+  return out;
+}
+
+// The generated kernels' names in the tool's resource tables, in order.
+std::vector<std::string> shown_kernels(const std::string& output) {
+  std::vector<std::string> names;
+  const std::regex row(R"(\n(ladle_[a-z_]+_[0-9a-f]+) +[0-9]+ )");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), row);
+       it != std::sregex_iterator(); ++it)
+    names.push_back((*it)[1]);
+  return names;
+}
+
+std::vector<std::string> names_of(const std::vector<GeneratedKernel>& kernels) {
+  std::vector<std::string> names;
+  for (const auto& k : kernels) names.push_back(k.name);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ladle-dump --op attention shows the kernel the launcher's heuristic takes on sm_90a and "
+    "sm_80") {
+  test::TempDir cache;
+  const test::ScopedEnv env("LADLE_CACHE_DIR", cache.path().c_str());
+  AttentionFeatures causal;
+  causal.causal = true;
+  const ir::AttentionVariant& variant = attention_variant(causal);
+  CallShape shape;  // the tool's default shape: B8 T1024 H16
+  shape.key_dim = shape.value_dim = 128;
+  for (const std::string arch : {"sm_90a", "sm_80"}) {
+    const auto planned = generated_kernels(variant, shape, {}, arch);
+    REQUIRE(planned.size() == 1);
+    // 16-bit q, k, v and D a multiple of 8: the ws pipeline on sm_90a, mma.sync on sm_80.
+    REQUIRE((planned[0].tile.find("mma=ws") != std::string::npos) == (arch == "sm_90a"));
+    if (arch == "sm_80") REQUIRE(planned[0].tile.find("wgmma") == std::string::npos);
+    const std::string output =
+        run_tool("--op attention --mask causal --dtype bf16 -D 128 --arch " + arch);
+    INFO(output);
+    REQUIRE(shown_kernels(output) == names_of(planned));
+    REQUIRE(output.find("tile " + planned[0].tile) != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "ladle-dump --op gla shows the launcher's recurrent and chunked kernels, the segmented form "
+    "without a fold on ws tiles") {
+  test::TempDir cache;
+  const test::ScopedEnv env("LADLE_CACHE_DIR", cache.path().c_str());
+  const ir::Variant& variant = named_variant("gla", "");
+  for (const std::string arch : {"sm_90a", "sm_80"}) {
+    RunOptions recurrent;
+    recurrent.algorithm = Algorithm::recurrent;
+    const auto fused = generated_kernels(variant, CallShape{}, recurrent, arch);
+    REQUIRE(fused.size() == 1);
+    REQUIRE(fused[0].role == "recurrent");
+    std::string output = run_tool("--op gla --arch " + arch);
+    INFO(output);
+    REQUIRE(shown_kernels(output) == names_of(fused));
+
+    RunOptions chunked;
+    chunked.algorithm = Algorithm::chunked;
+    const auto serial = generated_kernels(variant, CallShape{}, chunked, arch);
+    REQUIRE(serial.size() == 1);
+    const bool ws =
+        serial[0].tile.size() > 3 && serial[0].tile.substr(serial[0].tile.size() - 3) == " ws";
+    REQUIRE(ws == (arch == "sm_90a"));  // a key gate alone in bf16: the ws form on sm_90a
+    REQUIRE(serial[0].dynamic_shared_bytes > 0);
+    output = run_tool("--op gla --algo chunked --arch " + arch);
+    REQUIRE(shown_kernels(output) == names_of(serial));
+    // The dynamic shared memory the launcher passes, beside ptxas' static figure.
+    REQUIRE(output.find(" " + std::to_string(serial[0].dynamic_shared_bytes) + " ") !=
+            std::string::npos);
+
+    chunked.chunked_segment_tokens = 256;  // --segmented at T 1024: segments of T/4
+    const auto segmented = generated_kernels(variant, CallShape{}, chunked, arch);
+    std::vector<std::string> roles;
+    for (const auto& k : segmented) roles.push_back(k.role);
+    if (ws)
+      REQUIRE(roles == std::vector<std::string>{"segmented states", "segmented serial"});
+    else
+      REQUIRE(roles ==
+              std::vector<std::string>{"segmented states", "segmented fold", "segmented serial"});
+    output = run_tool("--op gla --algo chunked --segmented --arch " + arch);
+    REQUIRE(shown_kernels(output) == names_of(segmented));
+  }
+}
+
+TEST_CASE("ladle-dump's kernels follow the shape as the launcher's do") {
+  test::TempDir cache;
+  const test::ScopedEnv env("LADLE_CACHE_DIR", cache.path().c_str());
+  const ir::Variant& variant = named_variant("gla", "");
+  RunOptions chunked;
+  chunked.algorithm = Algorithm::chunked;
+  CallShape few;  // two long sequences of 16 heads: segmented by shape, as the launcher cuts them
+  few.batch = 2, few.tokens = 16384;
+  const auto kernels = generated_kernels(variant, few, chunked, "sm_90a");
+  REQUIRE(kernels.size() >= 2);
+  REQUIRE(kernels.back().role == "segmented serial");
+  const std::string output = run_tool("--op gla --algo chunked -B 2 -T 16384 -H 16 --arch sm_90a");
+  INFO(output);
+  REQUIRE(shown_kernels(output) == names_of(kernels));
+}
+
+TEST_CASE("ladle-dump refuses flags that do not apply, naming the flag and the op") {
+  REQUIRE(run_tool("--op gla --mask causal --arch sm_90a")
+              .find("ladle-dump: --mask applies to --op attention, not to --op gla") !=
+          std::string::npos);
+  REQUIRE(run_tool("--op gla -D 64 --arch sm_90a").find("ladle-dump: -D applies to") !=
+          std::string::npos);
+  REQUIRE(run_tool("--op attention --gates gk --arch sm_90a")
+              .find("ladle-dump: --gates applies to the recurrent ops") != std::string::npos);
+  REQUIRE(run_tool("--op attention -K 64 --arch sm_90a")
+              .find("ladle-dump: -K applies to the recurrent ops") != std::string::npos);
+  REQUIRE(run_tool("--op gla -K 300 --arch sm_90a").find("ladle-dump: -K 300 exceeds 256") !=
+          std::string::npos);
+  // -K without its value: named, and the next flag's value is not taken for a file.
+  const std::string missing = run_tool("--op gla -K --arch sm_90a");
+  INFO(missing);
+  REQUIRE(missing.find("ladle-dump: -K needs a value (got the flag --arch)") != std::string::npos);
+  REQUIRE(missing.find("File does not exist") == std::string::npos);
+}
+
+TEST_CASE(
+    "ladle-dump --op rwkv6 --backward binds u as [H,K] and says by name that the op has no "
+    "backward") {
+  test::TempDir cache;
+  const test::ScopedEnv env("LADLE_CACHE_DIR", cache.path().c_str());
+  const std::string output = run_tool("--op rwkv6 --backward --arch sm_90a");
+  INFO(output);
+  REQUIRE(output.find("ladle-dump: --backward: --op rwkv6 has no generated backward") !=
+          std::string::npos);
+  REQUIRE(output.find("u has shape") ==
+          std::string::npos);  // the tool's u binds: [H,K], not [B,T,H,K]
+  // An op with a backward still shows its kernels.
+  REQUIRE(run_tool("--op gla --backward --arch sm_90a").find("ladle_bwd_slots_") !=
+          std::string::npos);
+}
