@@ -48,6 +48,16 @@ std::string driver_unavailable_reason() {
   }
 }
 
+std::string driver_unavailable_summary() {
+  const std::string failure = detail::cuda_failure_summary();
+  if (!failure.empty()) return failure;
+  try {
+    return Device::count() == 0 ? "no GPU (the CUDA driver reports none)" : "";
+  } catch (const std::exception& e) {
+    return e.what();  // a failed driver call: one line naming the call
+  }
+}
+
 std::string DeviceProperties::arch() const {
   // The "a" targets unlock arch-specific instructions (wgmma, setmaxnreg) on Hopper and
   // later; code built for them runs only on that exact major.minor, which is this device.

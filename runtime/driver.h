@@ -20,8 +20,11 @@ struct CompiledProgram;
 
 // True when libcuda.so.1 opened, cuInit succeeded and at least one device exists.
 bool driver_available() noexcept;
-// Why driver_available() is false ("" when it is true).
+// Why driver_available() is false ("" when it is true), with the library paths tried.
 std::string driver_unavailable_reason();
+// The same reason in one short line, for a program's status line: "no CUDA driver
+// (libcuda.so.1 could not be opened)" ("" when driver_available() is true).
+std::string driver_unavailable_summary();
 
 struct DeviceProperties {
   int ordinal = 0;

@@ -142,9 +142,17 @@ const NvrtcApi& nvrtc() {
 
 namespace {
 
-// Opens libcuda, binds the table and runs cuInit(0); returns why that failed ("" when it did
-// not), with no_driver set when the machine has no usable driver (rather than an old one).
-std::string load_driver(CudaApi& api, bool& no_driver) {
+// Why libcuda could not be used: the full message (with the paths tried), the same in one
+// line, and whether the machine has no usable driver (rather than an old one).
+struct DriverFailure {
+  std::string message;
+  std::string summary;
+  bool no_driver = false;
+};
+
+// Opens libcuda, binds the table and runs cuInit(0); returns why that failed (an empty
+// message when it did not).
+DriverFailure load_driver(CudaApi& api) {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("LADLE_CUDA_DRIVER_LIBRARY"); env && *env) {
     candidates.emplace_back(env);  // explicit: the only candidate
@@ -154,10 +162,11 @@ std::string load_driver(CudaApi& api, bool& no_driver) {
   }
   Opened lib = open_first(candidates);
   if (!lib.handle) {
-    no_driver = true;
-    return "no CUDA driver: libcuda.so.1 could not be opened (no NVIDIA driver installed "
-           "on this machine?); GPU execution is unavailable, the CPU path still works. Tried:" +
-           lib.errors;
+    return {
+        "no CUDA driver: libcuda.so.1 could not be opened (no NVIDIA driver installed "
+        "on this machine?); GPU execution is unavailable, the CPU path still works. Tried:" +
+            lib.errors,
+        fmt::format("no CUDA driver ({} could not be opened)", candidates.front()), true};
   }
   try {
     LADLE_CUDA_FUNCTIONS(LADLE_BIND)
@@ -167,36 +176,52 @@ std::string load_driver(CudaApi& api, bool& no_driver) {
     if (init != CUDA_SUCCESS) {
       const char* name = nullptr;
       api.cuGetErrorName(init, &name);
-      no_driver = true;
-      return fmt::format("no CUDA driver: cuInit failed with {} ({}); no usable GPU",
-                         name ? name : "unknown error", static_cast<int>(init));
+      const std::string error = name ? name : "unknown error";
+      return {fmt::format("no CUDA driver: cuInit failed with {} ({}); no usable GPU", error,
+                          static_cast<int>(init)),
+              fmt::format("no usable GPU (cuInit failed with {})", error), true};
     }
   } catch (const Error& e) {
-    return e.what();
+    return {e.what(), e.what(), false};  // bind's message is one line already
   }
-  return "";
+  return {};
+}
+
+CudaApi& cuda_table() {
+  static CudaApi api;
+  return api;
+}
+
+// Loads the driver on first use; the same answer after that.
+const DriverFailure& driver_failure() {
+  static DriverFailure failure;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    CudaApi& api = cuda_table();
+    failure = load_driver(api);
+    // Only a path that runs something (or asks which GPU is here) opens the driver; the debug
+    // line shows when that happens, so that compiling alone can be checked never to (ladle-dump
+    // --arch: tests/tools).
+    log::debug(failure.message.empty()
+                   ? fmt::format("CUDA driver: opened {}", api.library_path)
+                   : fmt::format("CUDA driver: not available: {}", failure.message));
+  });
+  return failure;
 }
 
 }  // namespace
 
 const CudaApi& cuda() {
-  static CudaApi api;
-  static std::string failure;
-  static bool no_driver = false;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    failure = load_driver(api, no_driver);
-    // Only a path that runs something (or asks which GPU is here) opens the driver; the debug
-    // line shows when that happens, so that compiling alone can be checked never to (ladle-dump
-    // --arch: tests/tools).
-    log::debug(failure.empty() ? fmt::format("CUDA driver: opened {}", api.library_path)
-                               : fmt::format("CUDA driver: not available: {}", failure));
-  });
-  if (!failure.empty()) {
-    if (no_driver) throw NoCudaDriver(failure);
-    throw LibraryUnavailable(failure);
+  const DriverFailure& failure = driver_failure();
+  if (!failure.message.empty()) {
+    if (failure.no_driver) throw NoCudaDriver(failure.message);
+    throw LibraryUnavailable(failure.message);
   }
-  return api;
+  return cuda_table();
+}
+
+std::string cuda_failure_summary() {
+  return driver_failure().summary;
 }
 
 void check_cuda(CUresult result, const char* call) {

@@ -2,15 +2,17 @@
 // (as an application's tensors would already be there), GLA runs on them with uploads turned off
 // (so no hidden host round trip can happen) and returns device tensors; the result comes back to
 // the host only to be checked against the CPU path. Without a GPU it says why and runs the same
-// call on host tensors on the CPU path, checked against a plain loop.
+// call on host tensors on the CPU path, checked against a plain loop. The last line is the
+// verdict: `device_stream: ok`, or `device_stream: FAILED (why)` and exit status 1.
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <ladle/ops/gla.h>
 #include <ladle/runtime/driver.h>
-#include <ladle/runtime/error.h>
 #include <ladle/runtime/tensor.h>
 
 namespace {
@@ -59,42 +61,74 @@ std::vector<double> loop(const ladle::Tensor& q, const ladle::Tensor& k, const l
   return out;
 }
 
-}  // namespace
+// "" when `error` is below the tolerance, else what failed.
+std::string check(double error, const char* against) {
+  const double tolerance = 1e-2;  // bf16 inputs
+  std::printf("relative error against %s %.2e (< %g)\n", against, error, tolerance);
+  if (error < tolerance) return "";  // NaN fails too
+  char why[128];
+  std::snprintf(why, sizeof why, "relative error %.2e against %s, expected < %g", error, against,
+                tolerance);
+  return why;
+}
 
-int main() {
+// GLA on the GPU on device tensors, checked against the CPU path; without a GPU, on host
+// tensors on the CPU path, checked against the loop. Returns "" when the check held.
+std::string run() {
   std::mt19937 rng(15);
   const ladle::DType bf16 = ladle::DType::bf16;
   const ladle::Tensor q = random(rng, bf16, {B, T, H, K}), k = random(rng, bf16, {B, T, H, K}),
                       v = random(rng, bf16, {B, T, H, V}), g = random(rng, ladle::DType::f32, {B, T, H, K}, true);
-  try {
-    if (!ladle::driver_available()) {
-      std::printf("GPU: %s\n", ladle::driver_unavailable_reason().c_str());
-      std::printf("running the same call on host tensors on the CPU path instead\n");
-      const ladle::RecurrentResult result = ladle::gla(q.view(), k.view(), v.view(), g.view());
-      const double error = relative_error(result.o, loop(q, k, v, g));
-      std::printf("o: %s, relative error against the loop %.2e\n", ladle::describe(result.o.view()).c_str(), error);
-      return error < 1e-2 ? 0 : 1;
-    }
-    const ladle::Stream stream;  // the application's stream
-    const ladle::Location gpu = ladle::Location::device(0);
-    const ladle::Tensor dq = q.to(gpu, &stream), dk = k.to(gpu, &stream), dv = v.to(gpu, &stream), dg = g.to(gpu, &stream);
-    ladle::GlaOptions options;
-    options.gpu.stream = &stream;
-    options.gpu.upload_host_tensors = false;  // every tensor is on the device: nothing may be copied
-    const ladle::RecurrentResult result = ladle::gla(dq.view(), dk.view(), dv.view(), dg.view(), options);
-    std::printf("ran on %s: o is %s, queued on the application's stream\n", ladle::Device::get().properties().name.c_str(),
-                ladle::describe(result.o.view()).c_str());
-    const ladle::Tensor o = result.o.to(ladle::Location::host(), &stream);  // waits for the stream
-    ladle::GlaOptions cpu;
-    cpu.backend = ladle::Backend::cpu;
-    const ladle::Tensor expected = ladle::gla(q.view(), k.view(), v.view(), g.view(), cpu).o;
-    std::vector<double> reference(static_cast<std::size_t>(expected.numel()));
-    for (std::int64_t i = 0; i < expected.numel(); ++i) reference[static_cast<std::size_t>(i)] = expected.get(i);
-    const double error = relative_error(o, reference);
-    std::printf("relative error against the CPU path %.2e\n", error);
-    return error < 1e-2 ? 0 : 1;
-  } catch (const ladle::Error& e) {
-    std::fprintf(stderr, "device_stream: %s\n", e.what());
-    return 1;
+  if (!ladle::driver_available()) {
+    const ladle::RecurrentResult result = ladle::gla(q.view(), k.view(), v.view(), g.view());
+    std::printf("o: %s\n", ladle::describe(result.o.view()).c_str());
+    return check(relative_error(result.o, loop(q, k, v, g)), "the loop");
   }
+  const ladle::Stream stream;  // the application's stream
+  const ladle::Location gpu = ladle::Location::device(0);
+  const ladle::Tensor dq = q.to(gpu, &stream), dk = k.to(gpu, &stream), dv = v.to(gpu, &stream),
+                      dg = g.to(gpu, &stream);
+  ladle::GlaOptions options;
+  options.gpu.stream = &stream;
+  options.gpu.upload_host_tensors = false;  // every tensor is on the device: nothing may be copied
+  const ladle::RecurrentResult result =
+      ladle::gla(dq.view(), dk.view(), dv.view(), dg.view(), options);
+  std::printf("ran on %s: o is %s, queued on the application's stream\n",
+              ladle::Device::get().properties().name.c_str(),
+              ladle::describe(result.o.view()).c_str());
+  const ladle::Tensor o = result.o.to(ladle::Location::host(), &stream);  // waits for the stream
+  ladle::GlaOptions cpu;
+  cpu.backend = ladle::Backend::cpu;
+  const ladle::Tensor expected = ladle::gla(q.view(), k.view(), v.view(), g.view(), cpu).o;
+  std::vector<double> reference(static_cast<std::size_t>(expected.numel()));
+  for (std::int64_t i = 0; i < expected.numel(); ++i)
+    reference[static_cast<std::size_t>(i)] = expected.get(i);
+  return check(relative_error(o, reference), "the CPU path");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    std::fprintf(stderr, "example-device-stream: unknown argument '%s' (expected: no arguments)\n",
+                 argv[1]);
+    return 2;
+  }
+  if (!ladle::driver_available())
+    std::printf("running on the CPU, on host tensors: %s\n",
+                ladle::driver_unavailable_summary().c_str());
+  std::string failure;
+  try {
+    failure = run();
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
+    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
+  }
+  if (failure.empty()) {
+    std::printf("device_stream: ok\n");
+    return 0;
+  }
+  std::printf("device_stream: FAILED (%s)\n", failure.c_str());
+  return 1;
 }

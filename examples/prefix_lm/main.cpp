@@ -6,12 +6,15 @@
 // The mask and the bias are evaluated inside the kernel from the indices, so nothing of
 // size Tq x Tk is ever built in memory. The variant runs on the GPU when there is one, else
 // on the CPU path, and is checked against a plain loop; its CUDA kernel is compiled through
-// NVRTC either way (`example-prefix-lm --dump` prints it).
+// NVRTC either way (`example-prefix-lm --dump` prints it). The last line is the verdict:
+// `prefix_lm: ok`, or `prefix_lm: FAILED (why)` and exit status 1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <ladle/dsl/dsl.h>
@@ -19,8 +22,10 @@
 #include <ladle/ops/gpu_attention.h>
 #include <ladle/runtime/driver.h>
 
-int main(int argc, char** argv) {
-  const bool dump = argc > 1 && std::strcmp(argv[1], "--dump") == 0;
+namespace {
+
+// Runs the variant and checks it; returns "" when everything held, else what failed.
+std::string run(bool dump) {
   using namespace ladle;
 
   // 1. The variant, as an expression. Nothing runs until lower().
@@ -84,9 +89,14 @@ int main(int argc, char** argv) {
       }
   const double error = std::sqrt(diff / norm);
   const double tolerance = driver_available() ? 2e-3 : 1e-5;  // fp32 inputs meet the tensor cores on a GPU
-  const bool ok = error < tolerance;  // NaN fails too
-  std::printf("prefix_lm_alibi on the %s: relative error %.3g against a plain loop (< %g): %s\n",
-              driver_available() ? "GPU" : "CPU", error, tolerance, ok ? "ok" : "FAILED");
+  std::printf("prefix_lm_alibi on the %s: relative error %.3g against a plain loop (< %g)\n",
+              driver_available() ? "GPU" : "CPU", error, tolerance);
+  if (!(error < tolerance)) {  // NaN fails too
+    char why[128];
+    std::snprintf(why, sizeof why, "relative error %.3g against the plain loop, expected < %g",
+                  error, tolerance);
+    return why;
+  }
 
   // 5. The kernel ladle generates for it (bf16 inputs, D = 128), compiled by NVRTC for Hopper.
   cuda::AttentionKernelSpec spec;
@@ -103,5 +113,37 @@ int main(int argc, char** argv) {
               static_cast<std::size_t>(std::count(compiled.kernel.source.begin(), compiled.kernel.source.end(), '\n')),
               compiled.program.ptx.size(), r ? r->registers : -1, r ? r->spill_store_bytes : -1);
   if (dump) std::printf("%s\n", compiled.kernel.source.c_str());
-  return ok ? 0 : 1;
+  if (compiled.program.ptx.empty() || !r)
+    return "NVRTC gave no PTX or no sm_90a resources for " + compiled.kernel.name;
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool dump = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--dump") != 0) {
+      std::fprintf(stderr, "example-prefix-lm: unknown argument '%s' (expected: --dump)\n",
+                   argv[i]);
+      return 2;
+    }
+    dump = true;
+  }
+  if (!ladle::driver_available())
+    std::printf("running on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
+  std::string failure;
+  try {
+    failure = run(dump);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
+    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
+  }
+  if (failure.empty()) {
+    std::printf("prefix_lm: ok\n");
+    return 0;
+  }
+  std::printf("prefix_lm: FAILED (%s)\n", failure.c_str());
+  return 1;
 }

@@ -2,19 +2,26 @@
 // a learned per-head temperature tau. A teacher with known temperatures makes the targets; the
 // student starts from tau = 1 and follows the gradient that ladle derives from the same expression
 // (run_variant_for_backward, then run_variant_backward: d tau comes from ir::derivative of the gate
-// math), and also learns its per-token gate input x. The loss must fall by 10x, else exit 1.
+// math), and also learns its per-token gate input x. The loss must fall by 10x: the last line
+// is the verdict, `train_gate: ok`, or `train_gate: FAILED (why)` and exit status 1.
 // Everything runs on the GPU when there is one (the backward by composition over the GPU's
 // recurrence kernels), else on the CPU path.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/variant.h>
 #include <ladle/runtime/driver.h>
 
-int main() {
+namespace {
+
+// Trains the student; returns "" when the loss fell by 10x, else what failed.
+std::string train() {
   using namespace ladle;
   const ir::Variant variant = dsl::lower(
       dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")), dsl::q,
@@ -35,7 +42,6 @@ int main() {
   tau_teacher.set(0, 4.0f), tau_teacher.set(1, 0.5f);
 
   RunOptions options;  // backend automatic: the GPU when there is one
-  std::printf("training on the %s\n", driver_available() ? "GPU" : "CPU");
   const auto inputs = [&](const Tensor& x, const Tensor& tau) {
     VariantInputs in;
     in.tensors.emplace("x", x.view());
@@ -72,7 +78,40 @@ int main() {
     for (std::int64_t i = 0; i < x.numel(); ++i) x.set(i, x.get(i) - lr_x * float(n) / float(x.numel()) * dx.get(i));
     for (std::int64_t h = 0; h < H; ++h) tau.set(h, std::max(0.05f, tau.get(h) - lr_tau * dtau.get(h)));
   }
-  const bool fell = last * 10.0 <= first;
-  std::printf("loss %.6f -> %.6f (%s)\n", first, last, fell ? "fell by 10x or more: ok" : "did not fall by 10x: FAILED");
-  return fell ? 0 : 1;
+  std::printf("loss %.6f -> %.6f, must fall by 10x or more\n", first, last);
+  if (!(last * 10.0 <= first)) {  // NaN fails too
+    char why[128];
+    std::snprintf(why, sizeof why, "loss %.6f -> %.6f fell by %.3gx, expected 10x or more", first,
+                  last, first / last);
+    return why;
+  }
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    std::fprintf(stderr, "example-train-gate: unknown argument '%s' (expected: no arguments)\n",
+                 argv[1]);
+    return 2;
+  }
+  if (ladle::driver_available())
+    std::printf("training on the GPU\n");
+  else
+    std::printf("training on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
+  std::string failure;
+  try {
+    failure = train();
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
+    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
+  }
+  if (failure.empty()) {
+    std::printf("train_gate: ok\n");
+    return 0;
+  }
+  std::printf("train_gate: FAILED (%s)\n", failure.c_str());
+  return 1;
 }

@@ -5,15 +5,19 @@
 //                     with the model's own gates: b = sigmoid(x), g = -exp(A) softplus(y + dt)
 //   RWKV6             read_before(scan(k, v).decay_k(w), r).bonus(u)  o = r^T (S + diag(u) k v^T), then S = diag(exp(w)) S + k v^T
 // The named ops (ladle::delta_rule, gated_delta_rule, rwkv6) are these expressions with fla's argument
-// conventions; `example-update-forms --dump` prints each lowered variant.
+// conventions; `example-update-forms --dump` prints each lowered variant. The last line is the
+// verdict: `update_forms: ok`, or `update_forms: FAILED (why)` and exit status 1.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/variant.h>
+#include <ladle/runtime/driver.h>
 
 namespace {
 
@@ -50,10 +54,8 @@ double error(const Tensor& o, const std::vector<double>& ref) {
   return std::sqrt(diff / norm);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const bool dump = argc > 1 && std::strcmp(argv[1], "--dump") == 0;
+// Runs each form and checks it against its loop; returns "" when all held, else which failed.
+std::string run(bool dump) {
   std::mt19937 rng(14);
   const std::size_t rows = std::size_t(B) * T * H;
   const auto q = random(rng, rows * K), k = random(rng, rows * K, 0.25f), v = random(rng, rows * V);
@@ -61,13 +63,19 @@ int main(int argc, char** argv) {
   const std::vector<float> A = {0.1f, -0.5f}, dt = {0.2f, 0.0f};
   const auto at = [&](const std::vector<float>& a, int b, int t, int h, int i, int width) { return double(a[((std::size_t(b) * T + t) * H + h) * width + i]); };
   const auto sigmoid = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
-  bool ok = true;
+  const double tolerance = 1e-4;
+  std::string failed;  // "DeltaNet relative error 3.1e-02, RWKV6 ..."
   const auto report = [&](const char* name, const ir::Variant& variant, const VariantInputs& inputs, const std::vector<double>& ref) {
     if (dump) std::printf("%s\n", ir::to_string(variant).c_str());
     const RecurrentResult r = run_variant(variant, view(q, {B, T, H, K}), view(k, {B, T, H, K}), view(v, {B, T, H, V}), inputs);
     const double e = error(r.o, ref);
-    std::printf("%-16s relative error against the loop: %.2e\n", name, e);
-    ok = ok && e < 1e-4;
+    std::printf("%-16s relative error against the loop: %.2e (< %g)\n", name, e, tolerance);
+    if (!(e < tolerance)) {  // NaN fails too
+      char why[96];
+      std::snprintf(why, sizeof why, "%s%s relative error %.2e", failed.empty() ? "" : ", ", name,
+                    e);
+      failed += why;
+    }
   };
 
   // DeltaNet and Gated DeltaNet: one expression each; the gated one computes its gates in the kernel.
@@ -105,5 +113,38 @@ int main(int argc, char** argv) {
                S[i * V + j] = std::exp(-std::exp(at(w, b, t, h, i, K))) * S[i * V + j] + at(k, b, t, h, i, K) * at(v, b, t, h, j, V);
            }
          }));
-  return ok ? 0 : 1;
+  if (failed.empty()) return "";
+  char expected[32];
+  std::snprintf(expected, sizeof expected, ", expected < %g", tolerance);
+  return failed + expected;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool dump = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--dump") != 0) {
+      std::fprintf(stderr, "example-update-forms: unknown argument '%s' (expected: --dump)\n",
+                   argv[i]);
+      return 2;
+    }
+    dump = true;
+  }
+  if (!ladle::driver_available())
+    std::printf("running on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
+  std::string failure;
+  try {
+    failure = run(dump);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
+    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
+  }
+  if (failure.empty()) {
+    std::printf("update_forms: ok\n");
+    return 0;
+  }
+  std::printf("update_forms: FAILED (%s)\n", failure.c_str());
+  return 1;
 }

@@ -48,6 +48,8 @@ std::string nvrtc_library_file();
 // Throw LibraryUnavailable (NoCudaDriver for libcuda) with the paths tried.
 const NvrtcApi& nvrtc();
 const CudaApi& cuda();  // also calls cuInit(0) once
+// Why cuda() throws, in one line without the paths tried ("" when it does not throw).
+std::string cuda_failure_summary();
 
 // Checked calls: throw CudaError naming the call and the driver's error name.
 void check_cuda(CUresult result, const char* call);
