@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
 build=${LADLE_BUILD_DIR:-build}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLADLE_WERROR=ON
+# The same flags as tools/run-main.sh (whose build this reuses), with the tests turned back on.
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLADLE_WERROR=ON -DLADLE_BUILD_TESTS=ON
 cmake --build "$build" -j"$(nproc)"
 export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-$PWD/$build/test-cache}
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
