@@ -1,2 +1,13 @@
-#define CATCH_CONFIG_MAIN
+// The test programs' main: Catch2's, after pinning what the tests run. Ops tests on the GPU take
+// the heuristic tile unless the caller's environment names a policy (the tuner's own tests pass
+// theirs explicitly), so that a test program run by hand does not tune every shape it meets (ops
+// tests ran past 200 s that way); ctest sets the same.
+#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+int main(int argc, char** argv) {
+  setenv("LADLE_AUTOTUNE", "heuristic", /*overwrite=*/0);
+  return Catch::Session().run(argc, argv);
+}

@@ -9,7 +9,9 @@ build=${LADLE_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLADLE_WERROR=ON -DLADLE_BUILD_TESTS=ON
 cmake --build "$build" -j"$(nproc)"
 export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-$PWD/$build/test-cache}
-ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+# The default set; the full emulation sweep (label `full`) runs with `ctest --test-dir build -L full`.
+# --timeout: no test may run past 240 s (the suite's programs take at most about 140 s here).
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE full --timeout 240
 
 echo "== install, then build an application against the installed package"
 rm -rf "$build/install" "$build/embed"

@@ -19,6 +19,7 @@
 #include "case_binding.h"
 #include "chunked_cases.h"
 #include "cuda_emulation.h"
+#include "sweep.h"
 #include "chunked_kernels.inc"
 
 using namespace ladle;
@@ -134,6 +135,13 @@ void check_against_cpu(const chunked_cases::Case& cc, std::uint64_t seed,
   CHECK(errors.o < 1e-2);
   if (cc.c.spec.final_state) CHECK(errors.final_state < 1e-2);
 }
+// The runs of a case under the sweep (sweep.h): lengths vary, the kernel and its arguments' layout do not.
+std::vector<std::pair<chunked_cases::Case, std::uint64_t>> runs(const chunked_cases::Case& cc, std::uint64_t seed) {
+  return sweep::runs(cc, seed, [](auto& c) -> auto& { return c.c; });
+}
+std::vector<std::pair<chunked_cases::SegmentedCase, std::uint64_t>> runs(const chunked_cases::SegmentedCase& sc, std::uint64_t seed) {
+  return sweep::runs(sc, seed, [](auto& c) -> auto& { return c.c.c; });
+}
 
 // Runs a segmented case's kernels on the emulation as the launcher does and checks the result against
 // the CPU path: the state pass over every earlier segment (whose states and decays must then all be
@@ -186,11 +194,14 @@ TEST_CASE("chunked: every kernel, run on the host emulation of CUDA, computes wh
     REQUIRE(kernel.name == emulated_kernels[i].name);
     REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V).empty());
     REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
-    check_against_cpu(cases[i], 2000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
-      Arguments arguments(kernel.params, c, gpu_run.args);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
-      cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_kernels[i].launch(arguments.data()); });
-    });
+    for (const auto& [run, seed] : runs(cases[i], 2000 + i)) {
+      INFO(run.c.name);
+      check_against_cpu(run, seed, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+        Arguments arguments(kernel.params, c, gpu_run.args);
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
+        cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_kernels[i].launch(arguments.data()); });
+      });
+    }
   }
 }
 
@@ -205,11 +216,14 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a), run on the host emulatio
     REQUIRE(kernel.name == emulated_wgmma_kernels[i].name);
     REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a").empty());
     REQUIRE_THAT(kernel.source, Catch::Contains("ladle_wgmma_rs_bf16<BV>(sacc[m]"));
-    check_against_cpu(cases[i], 5000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
-      Arguments arguments(kernel.params, c, gpu_run.args);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
-      cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_wgmma_kernels[i].launch(arguments.data()); });
-    });
+    for (const auto& [run, seed] : runs(cases[i], 5000 + i)) {
+      INFO(run.c.name);
+      check_against_cpu(run, seed, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+        Arguments arguments(kernel.params, c, gpu_run.args);
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
+        cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_wgmma_kernels[i].launch(arguments.data()); });
+      });
+    }
   }
 }
 
@@ -232,11 +246,14 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a: TMA producer, wgmma consu
     REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a").empty());
     REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
     REQUIRE(kernel.threads == static_cast<unsigned>(128 * (1 + cases[i].tile.block_v / 64)));
-    check_against_cpu(cases[i], 7000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
-      Arguments arguments(kernel.params, c, gpu_run.args);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
-      cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_ws_kernels[i].launch(arguments.data()); });
-    });
+    for (const auto& [run, seed] : runs(cases[i], 7000 + i)) {
+      INFO(run.c.name);
+      check_against_cpu(run, seed, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+        Arguments arguments(kernel.params, c, gpu_run.args);
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
+        cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_ws_kernels[i].launch(arguments.data()); });
+      });
+    }
   }
 }
 
@@ -390,7 +407,10 @@ TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the
       CHECK(!sc.first.ws);  // the ws state pass takes no value-side gate
       ++value_gated;
     }
-    check_segmented(sc, 8000 + i, first, fold, serial, emulated_ws_segmented_kernels[i]);
+    for (const auto& [run, seed] : runs(sc, 8000 + i)) {
+      INFO(run.c.c.name);
+      check_segmented(run, seed, first, fold, serial, emulated_ws_segmented_kernels[i]);
+    }
   }
   CHECK(key_gated >= 2);
   CHECK(key_state_passes >= 2);
@@ -414,29 +434,32 @@ TEST_CASE("chunked: the split form (state pass, then every chunk at once) comput
     REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V).empty());
     REQUIRE(static_cast<std::size_t>(outputs.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
     CHECK(states.shared_bytes == cuda::chunked_shared_bytes(c.variant, cases[i].tile, cuda::ChunkedPhase::states));
-    check_against_cpu(cases[i], 3000 + i, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
-      // The chunks of every sequence, numbered as the launcher numbers them.
-      const int C = cases[i].tile.chunk;
-      std::vector<std::int64_t> offsets{0};
-      for (int n = 0; n < bound.sequences; ++n) {
-        const std::int64_t length = c.cu_seqlens.empty() ? c.T : c.cu_seqlens[n + 1] - c.cu_seqlens[n];
-        offsets.push_back(offsets.back() + (length + C - 1) / C);
-      }
-      const std::int64_t chunks = offsets.back();
-      const std::size_t element = cases[i].tile.state_f32 ? 4 : 2;
-      std::vector<unsigned char> chunk_states(static_cast<std::size_t>(chunks * c.H * c.K * c.V) * element, 0xff);  // NaN
-      SplitArguments split{chunk_states.data(), offsets.data(), bound.sequences};
-      for (const auto* kernel : {&states, &outputs}) {
-        Arguments arguments(kernel->params, c, gpu_run.args, split);
-        const auto& launcher = kernel == &states ? emulated_split_kernels[i].states : emulated_split_kernels[i].outputs;
-        const cuda::ChunkedGrid grid = cuda::chunked_grid(*kernel, bound.sequences, c.H, c.K, c.V, chunks);
-        cuda_emulation::launch(grid.x, grid.y, grid.z, kernel->threads, [&] { launcher.launch(arguments.data()); });
-      }
-      // The state pass wrote the state entering every chunk: nothing is left NaN.
-      Tensor written(element == 4 ? DType::f32 : DType::bf16, {std::int64_t(chunk_states.size() / element)});
-      std::memcpy(written.data(), chunk_states.data(), chunk_states.size());
-      for (const double x : test::values_of(written)) REQUIRE(!std::isnan(x));
-    });
+    for (const auto& [run, seed] : runs(cases[i], 3000 + i)) {
+      INFO(run.c.name);
+      check_against_cpu(run, seed, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+        // The chunks of every sequence, numbered as the launcher numbers them.
+        const int C = cases[i].tile.chunk;
+        std::vector<std::int64_t> offsets{0};
+        for (int n = 0; n < bound.sequences; ++n) {
+          const std::int64_t length = run.c.cu_seqlens.empty() ? run.c.T : run.c.cu_seqlens[n + 1] - run.c.cu_seqlens[n];
+          offsets.push_back(offsets.back() + (length + C - 1) / C);
+        }
+        const std::int64_t chunks = offsets.back();
+        const std::size_t element = cases[i].tile.state_f32 ? 4 : 2;
+        std::vector<unsigned char> chunk_states(static_cast<std::size_t>(chunks * c.H * c.K * c.V) * element, 0xff);  // NaN
+        SplitArguments split{chunk_states.data(), offsets.data(), bound.sequences};
+        for (const auto* kernel : {&states, &outputs}) {
+          Arguments arguments(kernel->params, c, gpu_run.args, split);
+          const auto& launcher = kernel == &states ? emulated_split_kernels[i].states : emulated_split_kernels[i].outputs;
+          const cuda::ChunkedGrid grid = cuda::chunked_grid(*kernel, bound.sequences, c.H, c.K, c.V, chunks);
+          cuda_emulation::launch(grid.x, grid.y, grid.z, kernel->threads, [&] { launcher.launch(arguments.data()); });
+        }
+        // The state pass wrote the state entering every chunk: nothing is left NaN.
+        Tensor written(element == 4 ? DType::f32 : DType::bf16, {std::int64_t(chunk_states.size() / element)});
+        std::memcpy(written.data(), chunk_states.data(), chunk_states.size());
+        for (const double x : test::values_of(written)) REQUIRE(!std::isnan(x));
+      });
+    }
   }
 }
 
@@ -459,7 +482,10 @@ TEST_CASE("chunked: the segmented form (each segment's own state, then the seria
     REQUIRE(static_cast<std::size_t>(first.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
     CHECK_THAT(fold.source, Catch::Contains("S = 2^D_j S + L_j"));
     CHECK_THAT(serial.source, Catch::Contains("the fold kernel's"));
-    check_segmented(sc, 4000 + i, first, fold, serial, emulated_segmented_kernels[i]);
+    for (const auto& [run, seed] : runs(sc, 4000 + i)) {
+      INFO(run.c.c.name);
+      check_segmented(run, seed, first, fold, serial, emulated_segmented_kernels[i]);
+    }
   }
 }
 
