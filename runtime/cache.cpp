@@ -102,6 +102,12 @@ DiskCache::Settings DiskCache::settings_from_env() {
   if (const char* max = std::getenv("LADLE_CACHE_MAX_BYTES"); max && *max) {
     settings.max_bytes = parse_size(max);
   }
+  if (const char* read_only = std::getenv("LADLE_CACHE_READONLY"); read_only && *read_only) {
+    const std::string value = read_only;
+    if (value != "0" && value != "1")
+      throw InvalidArgument(fmt::format("LADLE_CACHE_READONLY='{}', expected 1 (read only) or 0", value));
+    settings.read_only = value == "1";
+  }
   return settings;
 }
 
@@ -117,7 +123,25 @@ DiskCache::DiskCache(Settings settings) : settings_(std::move(settings)) {
     log::warn("compile cache: no cache directory (set LADLE_CACHE_DIR or HOME); memory only");
     return;
   }
+  std::error_code ec;
+  const bool exists = fs::is_directory(settings_.dir, ec);
+  if (settings_.read_only) {
+    read_only_ = true;
+    if (!exists)
+      log::warn(fmt::format("compile cache: the read-only cache '{}' does not exist; kernels are compiled and kept in "
+                            "memory only",
+                            settings_.dir.string()));
+    return;
+  }
   if (!detail::is_writable_directory(settings_.dir)) {
+    if (exists) {
+      read_only_ = true;
+      log::warn(fmt::format(
+          "compile cache: '{}' is not writable; its entries are used, and new kernels are kept in memory only for "
+          "this process (set LADLE_CACHE_DIR to a writable directory, or LADLE_CACHE_READONLY=1 to say so)",
+          settings_.dir.string()));
+      return;
+    }
     memory_only_ = true;
     log::warn(fmt::format(
         "compile cache: '{}' is not writable; kernels are cached in memory only for this "
@@ -194,16 +218,16 @@ std::optional<CompiledProgram> DiskCache::lookup(const std::string& key) {
     std::lock_guard lock(mutex_);
     if (auto it = memory_.find(key); it != memory_.end()) return it->second;
   }
-  if (!disk_enabled()) return std::nullopt;
+  if (!disk_readable()) return std::nullopt;
   const fs::path entry = settings_.dir / key;
   std::error_code ec;
   if (!fs::exists(entry, ec)) return std::nullopt;
   auto program = read_entry(entry);
   if (!program) {
-    remove_entry_dir(entry);
+    if (!read_only_) remove_entry_dir(entry);
     return std::nullopt;
   }
-  touch(entry);
+  if (!read_only_) touch(entry);
   std::lock_guard lock(mutex_);
   memory_.emplace(key, *program);
   return program;
@@ -310,6 +334,10 @@ std::uint64_t DiskCache::disk_bytes() const {
 }
 
 std::size_t DiskCache::clear() {
+  if (read_only_)
+    throw InvalidArgument(fmt::format("the compile cache '{}' is read only (LADLE_CACHE_READONLY=1 or not writable); "
+                                      "nothing was removed",
+                                      settings_.dir.string()));
   {
     std::lock_guard lock(mutex_);
     memory_.clear();
@@ -349,7 +377,7 @@ void DiskCache::evict_to(std::uint64_t max_bytes) {
 }
 
 std::optional<std::string> DiskCache::read_note(const std::string& name) const {
-  if (!disk_enabled()) return std::nullopt;
+  if (!disk_readable()) return std::nullopt;
   return read_file(settings_.dir / (".note-" + name));
 }
 

@@ -4,6 +4,9 @@
 // An entry is built in a private temporary directory and renamed into place, so a reader
 // sees either no entry or a whole one; a reader that finds a damaged entry (a checksum or
 // size that disagrees with the manifest) treats it as a miss, and the next store replaces it.
+// A read-only cache (LADLE_CACHE_READONLY=1, or a directory this process cannot write) serves
+// its entries and keeps what it compiles in memory: an application ships a cache built ahead
+// of time (`ladle-cache prebuild`) and loads it where it cannot, or must not, be written.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,7 @@ class DiskCache {
     std::filesystem::path dir;  // empty: no disk (memory only)
     std::uint64_t max_bytes = std::uint64_t{2} << 30;  // LRU bound on the disk
     bool disabled = false;      // neither memory nor disk
+    bool read_only = false;     // entries are read, never written, touched or removed
 
     static Settings at(std::filesystem::path dir) {
       Settings s;
@@ -48,7 +52,8 @@ class DiskCache {
   };
 
   // Settings from the environment: LADLE_DISABLE_CACHE=1, LADLE_CACHE_DIR, else
-  // $XDG_CACHE_HOME/ladle, else ~/.cache/ladle; LADLE_CACHE_MAX_BYTES (suffix K/M/G ok).
+  // $XDG_CACHE_HOME/ladle, else ~/.cache/ladle; LADLE_CACHE_MAX_BYTES (suffix K/M/G ok);
+  // LADLE_CACHE_READONLY=1.
   static Settings settings_from_env();
   // The process-wide cache built from settings_from_env().
   static DiskCache& global();
@@ -64,7 +69,11 @@ class DiskCache {
   // Returns the entry path ("" if memory-only).
   std::string store(const CompiledProgram& program);
 
-  bool disk_enabled() const { return !memory_only_ && !settings_.disabled; }
+  // Whether entries are written to the disk (not for a read-only or memory-only cache).
+  bool disk_enabled() const { return !memory_only_ && !read_only_ && !settings_.disabled; }
+  // Whether entries are read from the disk (a read-only cache's too).
+  bool disk_readable() const { return !memory_only_ && !settings_.disabled; }
+  bool read_only() const { return read_only_; }
   bool enabled() const { return !settings_.disabled; }
   const std::filesystem::path& dir() const { return settings_.dir; }
   std::uint64_t max_bytes() const { return settings_.max_bytes; }
@@ -88,6 +97,7 @@ class DiskCache {
 
   Settings settings_;
   bool memory_only_ = false;
+  bool read_only_ = false;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, CompiledProgram> memory_;
 };

@@ -192,17 +192,25 @@ std::string nvrtc_version_for_key(DiskCache& cache) {
   const std::string file = detail::nvrtc_library_file();
   std::error_code ec;
   const auto canonical = file.empty() ? std::filesystem::path() : std::filesystem::canonical(file, ec);
-  if (file.empty() || ec || !cache.disk_enabled()) return remembered = nvrtc_version();
+  static const std::regex version_pattern(R"(\d+\.\d+)");
+  // No NVRTC here: a cache built ahead of time (ladle-cache prebuild) says which NVRTC built its
+  // entries, so that a deployment without NVRTC still finds them (a miss then needs NVRTC).
+  if ((file.empty() || ec) && cache.disk_readable())
+    if (auto shipped = cache.read_note("nvrtc-version"); shipped && std::regex_match(*shipped, version_pattern))
+      return remembered = *shipped;
+  if (file.empty() || ec || !cache.disk_readable()) return remembered = nvrtc_version();
   const auto size = std::filesystem::file_size(canonical, ec);
   const auto mtime = std::filesystem::last_write_time(canonical, ec).time_since_epoch().count();
   if (ec) return remembered = nvrtc_version();
   const std::string note =
       "nvrtc-" + content_hash(fmt::format("{}|{}|{}", canonical.string(), size, mtime)).substr(0, 16);
-  static const std::regex version_pattern(R"(\d+\.\d+)");
-  if (auto known = cache.read_note(note); known && std::regex_match(*known, version_pattern))
-    return remembered = *known;
-  remembered = nvrtc_version();
-  cache.write_note(note, remembered);
+  if (auto known = cache.read_note(note); known && std::regex_match(*known, version_pattern)) {
+    remembered = *known;
+  } else {
+    remembered = nvrtc_version();
+    cache.write_note(note, remembered);
+  }
+  if (cache.read_note("nvrtc-version") != remembered) cache.write_note("nvrtc-version", remembered);
   return remembered;
 }
 

@@ -197,7 +197,9 @@ TunedEntry TunedCache::from_json(std::string_view text) {
 TunedCache::Settings TunedCache::Settings::from_env() {
   const auto compile = DiskCache::settings_from_env();
   if (compile.disabled || compile.dir.empty()) return memory_only();
-  return at(compile.dir / "tuned");
+  Settings settings = at(compile.dir / "tuned");
+  settings.read_only = compile.read_only;
+  return settings;
 }
 
 TunedCache& TunedCache::global() {
@@ -205,8 +207,16 @@ TunedCache& TunedCache::global() {
   return cache;
 }
 
-TunedCache::TunedCache(Settings settings) : dir_(std::move(settings.dir)) {
-  if (dir_.empty()) return;
+TunedCache::TunedCache(Settings settings) : dir_(std::move(settings.dir)), read_only_(settings.read_only) {
+  if (dir_.empty() || read_only_) return;
+  std::error_code ec;
+  if (!detail::is_writable_directory(dir_) && fs::is_directory(dir_, ec)) {
+    read_only_ = true;
+    log::warn(fmt::format("tuned-config cache: '{}' is not writable; its configs are used, and new ones are kept in "
+                          "memory only for this process",
+                          dir_.string()));
+    return;
+  }
   if (!detail::is_writable_directory(dir_)) {
     log::warn(fmt::format(
         "tuned-config cache: '{}' is not writable; tuned configs are kept in memory only for "
@@ -260,7 +270,7 @@ fs::path TunedCache::store(const TunedKey& key, const TuneResult& result) {
   TunedEntry entry{key, result, {}};
   if (entry.result.created_unix == 0) entry.result.created_unix = now_unix();
   entry.result.source = TuneSource::cache;
-  if (disk_enabled()) {
+  if (disk_enabled() && !read_only_) {
     const fs::path path = path_for(key);
     try {
       std::error_code ec;
@@ -314,6 +324,10 @@ std::vector<TunedFileInfo> TunedCache::list() const {
 }
 
 std::size_t TunedCache::clear() {
+  if (read_only_)
+    throw InvalidArgument(fmt::format("the tuned-config cache '{}' is read only (LADLE_CACHE_READONLY=1 or not "
+                                      "writable); nothing was removed",
+                                      dir_.string()));
   std::size_t removed = 0;
   {
     std::lock_guard lock(mutex_);

@@ -74,10 +74,11 @@ class TunedCache {
  public:
   struct Settings {
     std::filesystem::path dir;  // the tuned/ directory itself; empty: memory only
+    bool read_only = false;     // files are read, never written (new results stay in memory)
     static Settings at(std::filesystem::path dir) { return {std::move(dir)}; }
     static Settings memory_only() { return {}; }
     // <compile cache dir>/tuned from DiskCache::settings_from_env(); memory only (silently)
-    // under LADLE_DISABLE_CACHE.
+    // under LADLE_DISABLE_CACHE; read only under LADLE_CACHE_READONLY=1.
     static Settings from_env();
   };
 
@@ -89,7 +90,8 @@ class TunedCache {
   // Keeps result in memory and (atomically) on disk; returns the file ("" when memory only).
   std::filesystem::path store(const TunedKey& key, const TuneResult& result);
 
-  bool disk_enabled() const { return !dir_.empty(); }
+  bool disk_enabled() const { return !dir_.empty(); }  // read from the disk (and written unless read only)
+  bool read_only() const { return read_only_; }
   const std::filesystem::path& dir() const { return dir_; }
   std::filesystem::path path_for(const TunedKey& key) const;  // where key's file is (or would be)
 
@@ -104,6 +106,7 @@ class TunedCache {
 
  private:
   std::filesystem::path dir_;
+  bool read_only_ = false;
   mutable std::mutex mutex_;
   std::map<std::string, TunedEntry> memory_;  // by key hash
   std::set<std::string> reported_;            // hashes whose damaged file was reported

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -257,4 +258,61 @@ TEST_CASE("clear removes ladle's entries and nothing else") {
   REQUIRE(entry_dirs(dir.path()).empty());
   REQUIRE(fs::exists(dir.path() / "not-ours.txt"));
   REQUIRE_FALSE(compile(test::vector_add_source, sm90(), cache).from_cache);
+}
+
+TEST_CASE("a read-only cache serves its entries and writes, touches and removes nothing") {
+  test::TempDir dir;
+  std::string key;
+  {
+    DiskCache cache(DiskCache::Settings::at(dir.path()));
+    key = compile(test::vector_add_source, sm90(), cache).key;
+  }
+  const auto listing = [&] {
+    std::vector<std::pair<std::string, fs::file_time_type>> files;
+    for (const auto& e : fs::recursive_directory_iterator(dir.path())) files.emplace_back(e.path().string(), e.last_write_time());
+    std::sort(files.begin(), files.end());
+    return files;
+  };
+  const auto before = listing();
+  {
+    ScopedEnv read_only("LADLE_CACHE_READONLY", "1");
+    ScopedEnv location("LADLE_CACHE_DIR", dir.path().c_str());
+    DiskCache::Settings settings = DiskCache::settings_from_env();
+    REQUIRE(settings.read_only);
+    DiskCache cache(settings);
+    REQUIRE(cache.read_only());
+    REQUIRE(cache.disk_readable());
+    REQUIRE_FALSE(cache.disk_enabled());
+    auto hit = compile(test::vector_add_source, sm90(), cache);
+    CHECK(hit.from_cache);
+    CHECK(hit.key == key);
+    CHECK_FALSE(hit.cubin.empty());
+    // A kernel it does not hold is compiled and kept in memory, not written.
+    auto miss = compile(test::block_sum_source, sm90(), cache);
+    CHECK_FALSE(miss.from_cache);
+    CHECK(miss.entry_path.empty());
+    CHECK(compile(test::block_sum_source, sm90(), cache).from_cache);
+    CHECK_THROWS_WITH(cache.clear(), Catch::Contains("read only") && Catch::Contains(dir.path().string()));
+  }
+  CHECK(listing() == before);
+
+  // A damaged entry is a miss there, and stays for a writable process to replace.
+  const fs::path ptx = dir.path() / key / "kernel.ptx";
+  {
+    std::fstream f(ptx, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('#');
+  }
+  DiskCache::Settings settings = DiskCache::Settings::at(dir.path());
+  settings.read_only = true;
+  DiskCache cache(settings);
+  CHECK_FALSE(cache.lookup(key).has_value());
+  CHECK(fs::exists(ptx));
+}
+
+TEST_CASE("LADLE_CACHE_READONLY takes 1 or 0 and names anything else") {
+  ScopedEnv read_only("LADLE_CACHE_READONLY", "yes");
+  CHECK_THROWS_WITH(DiskCache::settings_from_env(), Catch::Contains("LADLE_CACHE_READONLY='yes'") && Catch::Contains("expected 1"));
+  ScopedEnv off("LADLE_CACHE_READONLY", "0");
+  CHECK_FALSE(DiskCache::settings_from_env().read_only);
 }

@@ -1,13 +1,22 @@
 // ladle-cache: lists, sizes and clears the compile cache (docs/caches.md) and the
-// tuned-config cache beside it.
+// tuned-config cache beside it, and fills it ahead of time for a deployment.
 //   ladle-cache list | size | path | tuned [-v] | clear [--compiled | --tuned]
+//   ladle-cache prebuild --op gla [--op attention ...] --arch sm_90a [--shape 8x4096x16x128x128 ...]
+//                        [--dtype bf16] [--gates ...] [--mask ... --mods ...] [--algo ...] [--states]
+#include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <future>
 #include <iostream>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <ladle/ops/attention.h>
+#include <ladle/ops/generated_kernels.h>
+#include <ladle/ops/recurrent.h>
 #include <ladle/runtime/cache.h>
 #include <ladle/runtime/error.h>
 #include <ladle/runtime/tuned_cache.h>
@@ -64,6 +73,108 @@ void show_tuned(const ladle::TunedCache& cache, bool verbose) {
   }
   std::cout << fmt::format("{} tuned configs in {}\n", files.size(), cache.dir().string());
 }
+
+// "8x4096x16x128x128": B x T x H x K x V (attention: B x T x H x D x Dv).
+ladle::CallShape parse_shape(const std::string& text) {
+  std::vector<std::int64_t> sizes;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find('x', start), text.size());
+    const std::string part = text.substr(start, end - start);
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 9) sizes.clear(), start = text.size() + 1;
+    else sizes.push_back(std::stoll(part)), start = end + 1;
+  }
+  if (sizes.size() != 5 || std::count(sizes.begin(), sizes.end(), 0) > 0)
+    throw ladle::InvalidArgument(
+        fmt::format("--shape '{}', expected BxTxHxKxV of positive sizes, e.g. 8x4096x16x128x128", text));
+  ladle::CallShape shape;
+  shape.batch = sizes[0], shape.tokens = sizes[1], shape.heads = sizes[2], shape.key_dim = sizes[3], shape.value_dim = sizes[4];
+  return shape;
+}
+
+ladle::DType parse_dtype(const std::string& name) {
+  if (name == "bf16") return ladle::DType::bf16;
+  if (name == "f16") return ladle::DType::f16;
+  if (name == "f32") return ladle::DType::f32;
+  throw ladle::InvalidArgument(fmt::format("--dtype '{}', expected bf16, f16 or f32", name));
+}
+
+struct PrebuildRequest {
+  std::vector<std::string> ops, shapes{"8x1024x16x128x128"};
+  std::string arch = "sm_90a", dtype = "bf16", gates, masks, mods, algo = "automatic";
+  bool states = false;
+};
+
+// Plans every kernel the requested calls launch on the arch (the launcher's own plan), compiles
+// them in parallel into the cache and prints one line each. Returns the number that failed.
+int prebuild(const PrebuildRequest& request, ladle::DiskCache& cache) {
+  if (cache.read_only()) throw ladle::InvalidArgument(fmt::format("prebuild: the cache '{}' is read only", cache.dir().string()));
+  if (!cache.disk_enabled())
+    throw ladle::InvalidArgument("prebuild: the cache has no directory to fill (LADLE_DISABLE_CACHE, or no LADLE_CACHE_DIR / HOME)");
+  const ladle::DType type = parse_dtype(request.dtype);
+  const bool attention = std::count(request.ops.begin(), request.ops.end(), "attention") > 0;
+  const bool recurrent = std::count(request.ops.begin(), request.ops.end(), "attention") < static_cast<long>(request.ops.size());
+  if (!attention && (!request.masks.empty() || !request.mods.empty()))
+    throw ladle::InvalidArgument(fmt::format("--mask and --mods apply to --op attention, not to --op {}", fmt::join(request.ops, ", --op ")));
+  if (!recurrent && (!request.gates.empty() || request.algo != "automatic" || request.states))
+    throw ladle::InvalidArgument("--gates, --algo and --states apply to the recurrent ops, not to --op attention");
+  std::vector<std::pair<std::string, ladle::GeneratedKernel>> planned;  // (call, kernel)
+  for (const std::string& op : request.ops)
+    for (const std::string& text : request.shapes) {
+      ladle::CallShape shape = parse_shape(text);
+      shape.type = type;
+      const std::string call = fmt::format("{} {} {}", op, text, request.dtype);
+      std::vector<ladle::GeneratedKernel> kernels;
+      if (op == "attention") {
+        const std::string list = request.masks + (!request.masks.empty() && !request.mods.empty() ? "," : "") + request.mods;
+        const ladle::ir::AttentionVariant& variant = ladle::attention_variant(ladle::parse_attention_features(list));
+        ladle::AttentionRunOptions options;
+        if (variant.dropout) options.dropout_p = 0.1f;
+        kernels = ladle::generated_kernels(variant, shape, options, request.arch);
+      } else {
+        const ladle::ir::Variant& variant = ladle::named_variant(op, request.gates);
+        ladle::RunOptions options;
+        if (request.algo == "chunked") options.algorithm = ladle::Algorithm::chunked;
+        else if (request.algo == "recurrent") options.algorithm = ladle::Algorithm::recurrent;
+        else if (request.algo != "automatic")
+          throw ladle::InvalidArgument(fmt::format("--algo '{}', expected automatic, recurrent or chunked", request.algo));
+        options.return_state = request.states;
+        shape.initial_state = request.states;
+        kernels = ladle::generated_kernels(variant, shape, options, request.arch);
+      }
+      for (auto& kernel : kernels) {  // a kernel two calls share (its name hashes its source) is compiled once
+        const auto same = [&](const auto& p) { return p.second.name == kernel.name; };
+        if (std::none_of(planned.begin(), planned.end(), same)) planned.emplace_back(call, std::move(kernel));
+      }
+    }
+  // Compile side by side: each kernel is its own NVRTC program.
+  const std::size_t workers = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 16));
+  std::vector<std::future<ladle::CompiledProgram>> running;
+  std::size_t next = 0, failed = 0, compiled = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const auto launch = [&] {
+    const ladle::GeneratedKernel& kernel = planned[next++].second;
+    running.push_back(std::async(std::launch::async, [&kernel, &request] { return ladle::compile_generated(kernel, request.arch); }));
+  };
+  while (next < planned.size() && running.size() < workers) launch();
+  for (std::size_t i = 0; i < planned.size(); ++i) {
+    const auto& [call, kernel] = planned[i];
+    try {
+      const ladle::CompiledProgram program = running[i].get();
+      compiled += program.from_cache ? 0 : 1;
+      std::cout << fmt::format("{:<40} {:<18} {}  {}\n", call, kernel.role, kernel.name,
+                               program.from_cache ? "already cached" : fmt::format("compiled in {:.0f} ms", program.compile_ms));
+    } catch (const std::exception& e) {
+      ++failed;
+      std::cout << fmt::format("{:<40} {:<18} {}  FAILED: {}\n", call, kernel.role, kernel.name, e.what());
+    }
+    if (next < planned.size()) launch();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("{} kernels for {} ({} compiled, {} already cached, {} failed) in {:.1f} s into {}\n", planned.size(),
+                           request.arch, compiled, planned.size() - compiled - failed, failed, seconds, cache.dir().string());
+  return static_cast<int>(failed);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,6 +192,21 @@ int main(int argc, char** argv) {
       "tuned", "one line per tuned config: family, shape bucket, dtype, GPU, best time and config");
   bool verbose = false;
   tuned->add_flag("-v,--verbose", verbose, "also print each entry's candidate table");
+  auto* prebuild_command = app.add_subcommand(
+      "prebuild",
+      "compile the kernels that named ops launch at given shapes on an arch into the cache, ahead of time "
+      "(no GPU needed); ship the directory and load it with LADLE_CACHE_READONLY=1");
+  PrebuildRequest request;
+  prebuild_command->add_option("--op", request.ops, "gla, recurrent, delta_rule, gated_delta_rule, rwkv6 or attention (repeat for more)")
+      ->required();
+  prebuild_command->add_option("--shape", request.shapes, "BxTxHxKxV (attention: BxTxHxDxDv), repeat for more; default 8x1024x16x128x128");
+  prebuild_command->add_option("--arch", request.arch, "the target, e.g. sm_90a (H100, H200) or sm_80 (A100); default sm_90a");
+  prebuild_command->add_option("--dtype", request.dtype, "bf16, f16 or f32 (q, k, v); default bf16");
+  prebuild_command->add_option("--gates", request.gates, "recurrent ops: as ladle-dump --gates (g,gk,gv,g_gamma; l2norm)");
+  prebuild_command->add_option("--mask", request.masks, "attention: causal,window,segments,mask,sinks,dropout");
+  prebuild_command->add_option("--mods", request.mods, "attention: bias,softcap");
+  prebuild_command->add_option("--algo", request.algo, "recurrent ops: automatic (the op's choice), recurrent or chunked");
+  prebuild_command->add_flag("--states", request.states, "recurrent ops: calls with an initial state and the final state returned");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -91,6 +217,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     ladle::DiskCache cache(settings);
+    if (*prebuild_command) return prebuild(request, cache) == 0 ? 0 : 1;
     ladle::TunedCache tuned_cache(ladle::TunedCache::Settings::from_env());
     if (*path) std::cout << cache.dir().string() << "\n";
     if (*size) {

@@ -1,0 +1,102 @@
+// Kernels built ahead of time: `ladle-cache prebuild` compiles, with no GPU, the kernels the
+// launcher would compile for named ops at given shapes on an arch; a process that then loads that
+// directory read-only (LADLE_CACHE_READONLY=1) finds every one of them, so a deployment compiles
+// nothing. The GPU half (a call on an H100 running on a cache prebuilt here, zero compiles) is
+// bench/prebuild.sh.
+#include <ladle/ops/attention.h>
+#include <ladle/ops/generated_kernels.h>
+#include <ladle/ops/recurrent.h>
+#include <ladle/runtime/cache.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "runtime/scoped_env.h"
+#include "runtime/temp_dir.h"
+
+using namespace ladle;
+
+namespace {
+
+// Runs the tool with `arguments` and the given cache directory; returns its output and status.
+std::pair<std::string, int> run_tool(const std::string& arguments, const std::filesystem::path& cache_dir) {
+  std::string out;
+  const std::string command =
+      "LADLE_CACHE_DIR='" + cache_dir.string() + "' " + std::string(LADLE_CACHE_TOOL) + " " + arguments + " 2>&1";
+  int status = -1;
+  if (FILE* pipe = ::popen(command.c_str(), "r")) {
+    char buffer[4096];
+    std::size_t n;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+    status = ::pclose(pipe);
+  }
+  return {out, status};
+}
+
+CallShape small_shape() {
+  CallShape shape;
+  shape.batch = 2, shape.tokens = 256, shape.heads = 4, shape.key_dim = 64, shape.value_dim = 64;
+  return shape;
+}
+
+}  // namespace
+
+TEST_CASE("a cache prebuilt by ladle-cache holds every kernel the calls launch; read only, nothing compiles") {
+  test::TempDir dir;
+  const std::string calls = "--op gla --op attention --mask causal --shape 2x256x4x64x64 --shape 1x4096x2x64x64 --arch sm_90a";
+  const auto [first, status] = run_tool("prebuild " + calls, dir.path());
+  INFO(first);
+  REQUIRE(status == 0);
+  std::smatch counts;
+  REQUIRE(std::regex_search(first, counts, std::regex(R"(([0-9]+) kernels for sm_90a \(([0-9]+) compiled, 0 already cached, 0 failed\))")));
+  CHECK(std::stoi(counts[1]) >= 3);  // GLA at two shapes (the long one segmented: more kernels), attention's kernel
+  CHECK(counts[1] == counts[2]);
+  // Again: the same keys, every one already there.
+  const auto [second, again] = run_tool("prebuild " + calls, dir.path());
+  CHECK(again == 0);
+  CHECK_THAT(second, Catch::Contains(std::string(counts[1]) + " kernels for sm_90a (0 compiled, " + std::string(counts[1]) + " already cached, 0 failed)"));
+
+  // A process of the application, the directory read only: the launcher's kernels for those calls
+  // are all found (this process's global cache is built here, from this environment).
+  test::ScopedEnv location("LADLE_CACHE_DIR", dir.path().c_str());
+  test::ScopedEnv read_only("LADLE_CACHE_READONLY", "1");
+  REQUIRE(DiskCache::global().read_only());
+  std::set<std::string> found;
+  for (const std::int64_t tokens : {256, 4096}) {
+    CallShape shape = small_shape();
+    if (tokens == 4096) shape.batch = 1, shape.tokens = 4096, shape.heads = 2;
+    for (const GeneratedKernel& kernel : generated_kernels(named_variant("gla"), shape, {}, "sm_90a")) {
+      INFO(kernel.role << " " << kernel.name);
+      CHECK(compile_generated(kernel, "sm_90a").from_cache);
+      found.insert(kernel.name);
+    }
+    AttentionRunOptions options;
+    const auto& causal = attention_variant(parse_attention_features("causal"));
+    for (const GeneratedKernel& kernel : generated_kernels(causal, shape, options, "sm_90a")) {
+      INFO(kernel.role << " " << kernel.name);
+      CHECK(compile_generated(kernel, "sm_90a").from_cache);
+      found.insert(kernel.name);
+    }
+  }
+  CHECK(static_cast<int>(found.size()) == std::stoi(counts[1]));
+}
+
+TEST_CASE("ladle-cache prebuild names a bad shape, dtype or flag") {
+  test::TempDir dir;
+  const auto [shape, s1] = run_tool("prebuild --op gla --shape 8x4096x16", dir.path());
+  CHECK(s1 != 0);
+  CHECK_THAT(shape, Catch::Contains("--shape '8x4096x16', expected BxTxHxKxV"));
+  const auto [dtype, s2] = run_tool("prebuild --op gla --dtype f8", dir.path());
+  CHECK(s2 != 0);
+  CHECK_THAT(dtype, Catch::Contains("--dtype 'f8', expected bf16, f16 or f32"));
+  const auto [mask, s3] = run_tool("prebuild --op gla --mask causal", dir.path());
+  CHECK(s3 != 0);
+  CHECK_THAT(mask, Catch::Contains("--mask and --mods apply to --op attention, not to --op gla"));
+  const auto [op, s4] = run_tool("prebuild --op glaa", dir.path());
+  CHECK(s4 != 0);
+  CHECK_THAT(op, Catch::Contains("glaa"));
+}
