@@ -204,7 +204,7 @@ TEST_CASE("NVRTC compiles the chunked kernel of every gate combination, 16-bit d
   CHECK(compiled == 2 * 16 * 2);
 }
 
-TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V = 64, 128, 256, fit without spills", "[gpu][nvrtc][chunked]") {
+TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V = 64, 128, 256, fit without spills", "[gpu][nvrtc][chunked][sweep]") {
   const auto& gla = ladle::gla_variant(false);
   const auto& simple = ladle::recurrent_variant(false, false, false, true);
   const auto user = ladle::dsl::lower(

@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
         if (!tile_text.empty()) tile = ladle::cuda::parse_attention_tile(tile_text);
         const auto kernels = planned([&] { return ladle::generated_kernels(variant, shape, options, target, tile); });
         std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}, B={} T={} H={}, {}\n", ladle::ir::hash_hex(variant),
-                                 kernels.front().tile, head_dim, dv, dtype, batch, tokens, heads, target.empty() ? "this GPU" : target);
+                                 kernels.front().tile, head_dim, dv, dtype, batch, tokens, heads, target.empty() ? ladle::Device::get().properties().arch() : target);
         show(kernels);
       }
     } else if (!op.empty()) {
@@ -351,7 +351,7 @@ int main(int argc, char** argv) {
         const auto kernels = planned([&] { return ladle::generated_kernels(variant, shape, options, target); });
         std::cout << fmt::format("op {} ({} variant {}), {} tile {}, K={} V={} {}, B={} T={} H={}, {}\n", op, variant.name,
                                  ladle::ir::hash_hex(variant), algo, kernels.back().tile, key_dim, value_dim, dtype, batch, tokens,
-                                 heads, target.empty() ? "this GPU" : target);
+                                 heads, target.empty() ? ladle::Device::get().properties().arch() : target);
         show(kernels);
       }
     } else {

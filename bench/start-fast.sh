@@ -1,0 +1,45 @@
+# Issue 34 on the GPU machine, in one call: the test programs' times with a GPU (each <= 120 s?),
+# a cache prebuilt on a machine without a GPU loaded read only (zero compiles?), and the cold first
+# call and tuning times per op. Needs .deps and .prebuilt carried (.prebuilt: `ladle-cache prebuild`
+# run here, see bench/RESULTS.md). Writes $OUT/ctest.log, $OUT/first-calls.txt.
+#   bash bench/start-fast.sh [tests] [first]
+set -uo pipefail
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+what=${*:-tests first}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+. bench/build.sh "$out/build.log" all
+echo "build done: $SECONDS s"
+if [[ $what == *tests* ]]; then
+  # Each program alone on the GPU (-j1 for the GPU programs' own times; the emulation and NVRTC
+  # programs, which need no GPU, beside them would only slow them).
+  export LADLE_CACHE_DIR=$(mktemp -d)
+  ctest --test-dir "$build" -LE full -j6 --timeout 300 -E "^codegen-" > "$out/ctest.log" 2>&1
+  grep -E "tests passed|tests failed|Failed|Timeout" "$out/ctest.log" | head -20
+  grep -E "Test +#" "$out/ctest.log" | awk '{print $(NF-1), $4}' | sort -rn | head -12
+  echo "tests done: $SECONDS s"
+fi
+if [[ $what == *first* ]]; then
+  bench=$build/tools/ladle-bench/ladle-bench-recurrent
+  shape="-B 8 -T 4096 -H 16 -K 128 -V 128"
+  first() {  # label, env..., -- args
+    local label=$1; shift
+    local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    local cache=$(mktemp -d)
+    local line=$(env LADLE_CACHE_DIR=$cache LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
+    local compiles=$(grep -c "compiled .* in .* ms" "$out/stderr.txt")
+    echo "$label | $(echo "$line" | grep -oE '"first_call_ms":[0-9.]+' | cut -d: -f2) ms first call | $compiles NVRTC compiles | $(echo "$line" | grep -oE '"(ms|total_ms)":[0-9.]+')"
+  }
+  {
+    for op in gla simple_gla rwkv6 gated_delta_rule; do
+      first "cold, heuristic, $op fwd B8 T4096" LADLE_AUTOTUNE=heuristic -- --op $op --algo chunked $shape --reps 5
+    done
+    first "cold, heuristic, gla fwd B2 T16384" LADLE_AUTOTUNE=heuristic -- --op gla --algo chunked -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 5
+    first "cold, heuristic, gla fwd+bwd B8 T4096" LADLE_AUTOTUNE=heuristic -- --op gla --algo chunked $shape --reps 5 --backward
+    first "prebuilt read-only cache, gla fwd B8 T4096" LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=$PWD/.prebuilt LADLE_CACHE_READONLY=1 -- --op gla --algo chunked $shape --reps 5
+    first "prebuilt read-only cache, gla fwd B2 T16384" LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=$PWD/.prebuilt LADLE_CACHE_READONLY=1 -- --op gla --algo chunked -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 5
+    first "tuning (cold, cached policy), gla fwd B8 T4096" -- --op gla --algo chunked $shape --reps 5
+    first "tuning (cold, cached policy), gla fwd B2 T16384" -- --op gla --algo chunked -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 5
+  } | tee "$out/first-calls.txt"
+fi
+echo "all done: $SECONDS s"
