@@ -253,6 +253,17 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
     CHECK(r->spill_store_bytes == 0);
     CHECK(result.kernel.shared_bytes <= 227 * 1024);
   }
+}
+
+TEST_CASE("the chunked family's split and segmented forms and its sm_80 tile compile without spills", "[gpu][nvrtc][chunked][sweep-forms]") {
+  const auto& gla = ladle::gla_variant(false);
+  const auto& simple = ladle::recurrent_variant(false, false, false, true);
+  const auto user = ladle::dsl::lower(
+      ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v)
+                           .decay_k(ladle::dsl::logsigmoid(ladle::dsl::token_key("x")) / ladle::dsl::head_param("tau"))
+                           .decay_v(-ladle::dsl::softplus(ladle::dsl::token_value("y")) / 16.0f),
+                       ladle::dsl::q, ladle::dsl::scalar("scale")),
+      "user_gk_gv");
   // The split form: both kernels (state pass, output pass) of every variant and head dim.
   for (int D : {64, 128, 256})
     for (const ladle::ir::Variant* v : {&gla, &simple, &user}) {

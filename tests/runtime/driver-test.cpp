@@ -41,11 +41,17 @@ TEST_CASE("the driver layer either runs a kernel or says why it cannot") {
     const std::string reason = driver_unavailable_reason();
     INFO("no GPU here: " << reason);
     REQUIRE_THAT(reason, Catch::Contains("no CUDA driver"));
+    // The one-line form the examples print: the same reason, no list of the paths tried.
+    const std::string summary = driver_unavailable_summary();
+    CHECK_THAT(summary, Catch::StartsWith("no CUDA driver") || Catch::StartsWith("no usable GPU") || Catch::StartsWith("no GPU"));
+    CHECK(summary.find('\n') == std::string::npos);
+    CHECK(summary.size() < reason.size());
     REQUIRE_THROWS_AS(Device::count(), NoCudaDriver);
     REQUIRE_THROWS_AS(DeviceBuffer(16), NoCudaDriver);
     return;
   }
   // On a machine with a GPU: a real launch, checked element by element.
+  CHECK(driver_unavailable_summary().empty());
   const auto& props = Device::get().properties();
   REQUIRE(props.sm_count > 0);
   auto program = compile(test::vector_add_source);
