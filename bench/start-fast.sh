@@ -3,18 +3,19 @@
 # call and tuning times per op. Needs .deps and .prebuilt carried (.prebuilt: `ladle-cache prebuild`
 # run here, see bench/RESULTS.md). Writes $OUT/ctest.log, $OUT/first-calls.txt.
 #   bash bench/start-fast.sh [tests] [first]
+# LADLE_TARGETS (default all) names what to build, LADLE_TESTS a ctest -R regex (default every test).
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 what=${*:-tests first}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-. bench/build.sh "$out/build.log" all
+. bench/build.sh "$out/build.log" ${LADLE_TARGETS:-all}
 echo "build done: $SECONDS s"
 if [[ $what == *tests* ]]; then
   # Each program alone on the GPU (-j1 for the GPU programs' own times; the emulation and NVRTC
   # programs, which need no GPU, beside them would only slow them).
   export LADLE_CACHE_DIR=$(mktemp -d)
-  ctest --test-dir "$build" -LE full -j6 --timeout 300 -E "^codegen-" > "$out/ctest.log" 2>&1
+  ctest --test-dir "$build" -LE full -j6 --timeout 300 -E "^codegen-" -R "${LADLE_TESTS:-.}" > "$out/ctest.log" 2>&1
   grep -E "tests passed|tests failed|Failed|Timeout" "$out/ctest.log" | head -20
   grep -E "Test +#" "$out/ctest.log" | awk '{print $(NF-1), $4}' | sort -rn | head -12
   echo "tests done: $SECONDS s"
