@@ -157,7 +157,8 @@ class AttentionCandidate : public Candidate {
   void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
 
   Check matches_reference(const Config& config) override {
-    return compare_outputs(run(config), reference_, tolerance_);
+    const std::vector<std::byte> out = run(config);
+    return compare_outputs(out.data(), reference_.data(), out.size() / dtype_size(args_.o.type), args_.o.type, tolerance_);
   }
 
   double time_ms(const Config& config) override {
@@ -166,16 +167,14 @@ class AttentionCandidate : public Candidate {
   }
 
  private:
-  std::vector<float> run(const Config& config) {
+  // The output as the device wrote it (compared raw: compare_outputs).
+  std::vector<std::byte> run(const Config& config) {
     o_.fill_bytes(0xff, &stream_);
     run_attention_into(variant_, args_, LaunchOptions{&stream_}, to_attention_tile(config));
     stream_.synchronize();
     std::vector<std::byte> bytes(o_.bytes());
     o_.copy_to_host(bytes.data(), bytes.size());
-    const std::size_t size = dtype_size(args_.o.type);
-    std::vector<float> values(bytes.size() / size);
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = load_float(bytes.data() + i * size, args_.o.type);
-    return values;
+    return bytes;
   }
 
   const ir::AttentionVariant& variant_;
@@ -185,7 +184,7 @@ class AttentionCandidate : public Candidate {
   std::string arch_;
   Stream stream_;
   DeviceBuffer o_, lse_;
-  std::vector<float> reference_;
+  std::vector<std::byte> reference_;
 };
 
 }  // namespace
@@ -337,7 +336,10 @@ class AttentionBackwardCandidate : public Candidate {
 
   void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
 
-  Check matches_reference(const Config& config) override { return compare_outputs(run(config), reference_, 1e-2); }
+  Check matches_reference(const Config& config) override {
+    const std::vector<float> out = run(config);
+    return compare_outputs(out.data(), reference_.data(), out.size(), DType::f32, 1e-2);
+  }
 
   double time_ms(const Config& config) override {
     const cuda::AttentionBackwardTile tile = to_attention_backward_tile(config);

@@ -26,7 +26,7 @@ struct RecurrentFamily {
     options.tile = to_recurrent_tile(config);
   }
   static void compile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
-                      const std::string& arch) {
+                      const std::string& arch, const GpuTarget&) {
     compile_recurrent(variant, kernel_spec(variant, bound, options), arch);
   }
   // fp32 throughout: only the summation order differs between tiles.
@@ -38,9 +38,14 @@ struct ChunkedFamily {
     options.algorithm = Algorithm::chunked;
     options.chunked_tile = to_chunked_tile(config);
   }
+  // Every kernel the call launches with this tile (a segmented call's state pass and fold too),
+  // so that none is left to compile on the tuner's own thread, one after another.
   static void compile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
-                      const std::string& arch) {
-    compile_chunked(variant, chunked_kernel_spec(variant, bound, options), arch);
+                      const std::string& arch, const GpuTarget& target) {
+    const bool segmented = chunked_segment_tokens(bound, options, target) > 0;
+    const cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, options, target);
+    for (const cuda::ChunkedKernelSpec& each : chunked_launch_specs(variant, spec, bound, segmented, target))
+      compile_chunked(variant, each, arch);
   }
   // bf16 tensor-core operands whatever the output type: another chunk length or reference
   // token rounds different products, so an fp32 output gets the 16-bit tolerance too.
@@ -54,7 +59,7 @@ class TileCandidate : public Candidate {
   TileCandidate(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, TensorView q,
                 TensorView k, TensorView v, VariantInputs inputs)
       : variant_(variant), bound_(bound), options_(options), q_(q), k_(k), v_(v), inputs_(std::move(inputs)),
-        arch_(Device::get().properties().arch()) {
+        arch_(Device::get().properties().arch()), target_(device_target()) {
     const auto& dims = bound.dims;
     // q, k and v are the canonical views ([B,T,H,D] also for packed [T,H,D] inputs): o takes their rank.
     const std::vector<std::int64_t> o_shape = {dims.B, dims.T, dims.H, dims.V};
@@ -72,13 +77,15 @@ class TileCandidate : public Candidate {
   }
 
   void prepare(const Config& config) override {
-    Family::compile(variant_, bound_, with_tile(config), arch_);  // warms the compile cache
+    Family::compile(variant_, bound_, with_tile(config), arch_, target_);  // warms the compile cache
   }
 
   void record_reference(const Config& heuristic) override { reference_ = run(heuristic); }
 
   Check matches_reference(const Config& config) override {
-    return compare_outputs(run(config), reference_, Family::tolerance(bound_.dims.type));
+    const std::vector<std::byte> out = run(config);
+    return compare_outputs(out.data(), reference_.data(), out.size() / dtype_size(bound_.dims.type), bound_.dims.type,
+                           Family::tolerance(bound_.dims.type));
   }
 
   double time_ms(const Config& config) override {
@@ -95,16 +102,14 @@ class TileCandidate : public Candidate {
     return options;
   }
 
-  std::vector<float> run(const Config& config) {
+  // The output as the device wrote it (compared raw: compare_outputs).
+  std::vector<std::byte> run(const Config& config) {
     o_.fill_bytes(0xff);
     run_variant_into(variant_, q_, k_, v_, inputs_, with_tile(config), outputs_, {&stream_});
     stream_.synchronize();
     std::vector<std::byte> bytes(o_.bytes());
     o_.copy_to_host(bytes.data(), bytes.size());
-    const std::size_t size = dtype_size(bound_.dims.type);
-    std::vector<float> values(bytes.size() / size);
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = load_float(bytes.data() + i * size, bound_.dims.type);
-    return values;
+    return bytes;
   }
 
   const ir::Variant& variant_;
@@ -113,10 +118,11 @@ class TileCandidate : public Candidate {
   TensorView q_, k_, v_;
   VariantInputs inputs_;
   std::string arch_;
+  GpuTarget target_;  // this GPU's, read on the caller's thread (prepare() runs on workers without a context)
   Stream stream_;
   DeviceBuffer o_, state_;
   RecurrentOutputs outputs_;
-  std::vector<float> reference_;
+  std::vector<std::byte> reference_;
 };
 
 // The candidate runs on the caller's device inputs (bound.args holds canonical views).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -29,6 +30,51 @@ Check compare_outputs(const std::vector<float>& out, const std::vector<float>& r
   if (!(error <= tolerance)) return Check::fail(fmt::format("relative L2 error {:.2e} > {:.0e}", error, tolerance));
   return Check::pass();
 }
+Check compare_outputs(const void* out, const void* reference, std::size_t count, DType type, double tolerance) {
+  if (type != DType::f32 && type != DType::f16 && type != DType::bf16)
+    throw InvalidArgument(fmt::format("compare_outputs: type {}, expected f32, f16 or bf16", dtype_name(type)));
+  const std::size_t size = dtype_size(type);
+  const auto* a = static_cast<const std::byte*>(out);
+  const auto* b = static_cast<const std::byte*>(reference);
+  // Sums of squares per part, each part's in double, added in order (the same result on every run).
+  const std::size_t parts = std::clamp<std::size_t>(count >> 20, 1, std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  std::vector<double> diff(parts, 0.0), norm(parts, 0.0);
+  const auto sum = [&](std::size_t part) {
+    const std::size_t begin = count * part / parts, end = count * (part + 1) / parts;
+    double d = 0, n = 0;
+    const auto add = [&](auto load) {
+      for (std::size_t i = begin; i < end; ++i) {
+        const double x = load(a + i * size), r = load(b + i * size);
+        d += (x - r) * (x - r);
+        n += r * r;
+      }
+    };
+    if (type == DType::bf16) {
+      add([](const std::byte* p) {
+        std::uint16_t bits;
+        std::memcpy(&bits, p, 2);
+        const std::uint32_t wide = std::uint32_t{bits} << 16;
+        float f;
+        std::memcpy(&f, &wide, 4);
+        return f;
+      });
+    } else {
+      add([type](const std::byte* p) { return load_float(p, type); });
+    }
+    diff[part] = d, norm[part] = n;
+  };
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t part = 1; part < parts; ++part) threads.emplace_back(sum, part);
+    sum(0);
+  }
+  double d = 0, n = 0;
+  for (std::size_t part = 0; part < parts; ++part) d += diff[part], n += norm[part];
+  const double error = n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+  if (!(error <= tolerance)) return Check::fail(fmt::format("relative L2 error {:.2e} > {:.0e}", error, tolerance));
+  return Check::pass();
+}
+
 namespace {
 
 constexpr double kDefaultBudgetMs = 15000;

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <limits>
+#include <random>
 #include <thread>
 
 #include "capture_stderr.h"
@@ -609,4 +611,36 @@ TEST_CASE("by default progress goes to the log at info level, silent above it") 
   } else {  // LADLE_LOG=warn: nothing
     REQUIRE(text.find("tun") == std::string::npos);
   }
+}
+
+TEST_CASE("compare_outputs over raw f32, f16 and bf16 elements agrees with the float comparison, over threads") {
+  // 3M elements: several parts, each summed on its own thread.
+  const std::size_t n = 3 << 20;
+  std::mt19937 rng(34);
+  std::normal_distribution<float> normal;
+  std::vector<float> reference(n), out(n);
+  for (std::size_t i = 0; i < n; ++i) reference[i] = normal(rng), out[i] = reference[i] * (1.0f + 0.004f * normal(rng));
+  for (const DType type : {DType::f32, DType::f16, DType::bf16}) {
+    INFO(dtype_name(type));
+    const std::size_t size = dtype_size(type);
+    std::vector<std::byte> raw_out(n * size), raw_reference(n * size);
+    std::vector<float> rounded_out(n), rounded_reference(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      store_float(raw_out.data() + i * size, type, out[i]);
+      store_float(raw_reference.data() + i * size, type, reference[i]);
+      rounded_out[i] = load_float(raw_out.data() + i * size, type);
+      rounded_reference[i] = load_float(raw_reference.data() + i * size, type);
+    }
+    // The same verdict as the float vectors' on both sides of the error (about 4e-3 here).
+    CHECK(compare_outputs(raw_out.data(), raw_reference.data(), n, type, 1e-2).ok);
+    CHECK(compare_outputs(rounded_out, rounded_reference, 1e-2).ok);
+    const Check tight = compare_outputs(raw_out.data(), raw_reference.data(), n, type, 1e-3);
+    CHECK_FALSE(tight.ok);
+    CHECK_THAT(tight.reason, Catch::Contains("relative L2 error 4.") || Catch::Contains("relative L2 error 3."));
+    CHECK(tight.reason == compare_outputs(rounded_out, rounded_reference, 1e-3).reason);
+    // One NaN anywhere (here in the last part) fails.
+    store_float(raw_out.data() + (n - 5) * size, type, std::numeric_limits<float>::quiet_NaN());
+    CHECK_THAT(compare_outputs(raw_out.data(), raw_reference.data(), n, type, 1e-2).reason, Catch::Contains("nan"));
+  }
+  CHECK_THROWS_WITH(compare_outputs(out.data(), reference.data(), n, DType::i32, 1e-2), Catch::Contains("type i32, expected f32, f16 or bf16"));
 }
