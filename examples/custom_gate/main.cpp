@@ -20,6 +20,8 @@
 #include <ladle/ops/variant.h>
 #include <ladle/runtime/driver.h>
 
+#include "verdict.h"
+
 namespace {
 
 // Runs the variant and checks it; returns "" when everything held, else what failed.
@@ -121,20 +123,5 @@ int main(int argc, char** argv) {
     }
     dump = true;
   }
-  if (!ladle::driver_available())
-    std::printf("running on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
-  std::string failure;
-  try {
-    failure = run(dump);
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
-    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
-  }
-  if (failure.empty()) {
-    std::printf("custom_gate: ok\n");
-    return 0;
-  }
-  std::printf("custom_gate: FAILED (%s)\n", failure.c_str());
-  return 1;
+  return example::report("custom_gate", [&] { return run(dump); });
 }

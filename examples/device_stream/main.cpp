@@ -15,6 +15,8 @@
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/tensor.h>
 
+#include "verdict.h"
+
 namespace {
 
 constexpr std::int64_t B = 2, T = 256, H = 4, K = 64, V = 64;
@@ -114,21 +116,5 @@ int main(int argc, char** argv) {
                  argv[1]);
     return 2;
   }
-  if (!ladle::driver_available())
-    std::printf("running on the CPU, on host tensors: %s\n",
-                ladle::driver_unavailable_summary().c_str());
-  std::string failure;
-  try {
-    failure = run();
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
-    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
-  }
-  if (failure.empty()) {
-    std::printf("device_stream: ok\n");
-    return 0;
-  }
-  std::printf("device_stream: FAILED (%s)\n", failure.c_str());
-  return 1;
+  return example::report("device_stream", run, "running on the CPU, on host tensors");
 }

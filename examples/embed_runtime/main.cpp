@@ -12,6 +12,8 @@
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 
+#include "verdict.h"
+
 static const char* kSaxpy = R"(
 extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -75,20 +77,5 @@ int main(int argc, char** argv) {
                  argv[1]);
     return 2;
   }
-  if (!ladle::driver_available())
-    std::printf("running on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
-  std::string failure;
-  try {
-    failure = run();
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
-    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
-  }
-  if (failure.empty()) {
-    std::printf("embed_runtime: ok\n");
-    return 0;
-  }
-  std::printf("embed_runtime: FAILED (%s)\n", failure.c_str());
-  return 1;
+  return example::report("embed_runtime", run);
 }

@@ -18,6 +18,8 @@
 #include <ladle/ops/variant.h>
 #include <ladle/runtime/driver.h>
 
+#include "verdict.h"
+
 namespace {
 
 // Trains the student; returns "" when the loss fell by 10x, else what failed.
@@ -96,22 +98,6 @@ int main(int argc, char** argv) {
                  argv[1]);
     return 2;
   }
-  if (ladle::driver_available())
-    std::printf("training on the GPU\n");
-  else
-    std::printf("training on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
-  std::string failure;
-  try {
-    failure = train();
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
-    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
-  }
-  if (failure.empty()) {
-    std::printf("train_gate: ok\n");
-    return 0;
-  }
-  std::printf("train_gate: FAILED (%s)\n", failure.c_str());
-  return 1;
+  if (ladle::driver_available()) std::printf("training on the GPU\n");
+  return example::report("train_gate", train, "training on the CPU");
 }

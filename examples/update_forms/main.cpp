@@ -19,6 +19,8 @@
 #include <ladle/ops/variant.h>
 #include <ladle/runtime/driver.h>
 
+#include "verdict.h"
+
 namespace {
 
 using namespace ladle;
@@ -131,20 +133,5 @@ int main(int argc, char** argv) {
     }
     dump = true;
   }
-  if (!ladle::driver_available())
-    std::printf("running on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
-  std::string failure;
-  try {
-    failure = run(dump);
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
-    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
-  }
-  if (failure.empty()) {
-    std::printf("update_forms: ok\n");
-    return 0;
-  }
-  std::printf("update_forms: FAILED (%s)\n", failure.c_str());
-  return 1;
+  return example::report("update_forms", [&] { return run(dump); });
 }

@@ -20,6 +20,8 @@
 #include <ladle/runtime/driver.h>
 #include <ladle/tensor/xtensor.h>
 
+#include "verdict.h"
+
 namespace {
 
 // Runs GLA on the xtensor inputs and checks it; returns "" when the check held, else what failed.
@@ -86,20 +88,5 @@ int main(int argc, char** argv) {
                  argv[1]);
     return 2;
   }
-  if (!ladle::driver_available())
-    std::printf("running on the CPU: %s\n", ladle::driver_unavailable_summary().c_str());
-  std::string failure;
-  try {
-    failure = run();
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    failure = what.substr(0, what.find('\n'));  // the verdict stays one line
-    if (failure != what) std::fprintf(stderr, "%s\n", what.c_str());
-  }
-  if (failure.empty()) {
-    std::printf("xtensor_inputs: ok\n");
-    return 0;
-  }
-  std::printf("xtensor_inputs: FAILED (%s)\n", failure.c_str());
-  return 1;
+  return example::report("xtensor_inputs", run);
 }
