@@ -109,8 +109,12 @@ std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const
       shape.sequence_lengths.empty() ? B : static_cast<std::int64_t>(shape.sequence_lengths.size());
   if (shape.initial_state) call.initial_state = view_of(DType::f32, {N, H, K, V});
   const ops::BoundInputs bound = ops::bind_inputs(name_of(variant), variant, q, k, v, inputs, call);
-  const gpu::GpuTarget target = plan_target(arch);
+  return generated_kernels(variant, bound, call, arch);
+}
 
+std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                               const RunOptions& call, const std::string& arch) {
+  const gpu::GpuTarget target = plan_target(arch);
   std::vector<GeneratedKernel> out;
   const Algorithm algorithm = gpu::choose_algorithm(variant, bound, call);
   if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {

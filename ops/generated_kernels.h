@@ -24,6 +24,9 @@
 #include "variant.h"
 
 namespace ladle {
+namespace ops {
+struct BoundInputs;
+}
 
 // The sizes and dtypes of a call, without its data: q [B,T,H,K], k [B,Tk,H_kv,K], v [B,Tk,H_kv,V]
 // (attention: K and V are the head dims D and Dv), contiguous and aligned as fresh allocations are.
@@ -60,6 +63,13 @@ struct GeneratedKernel {
 std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const CallShape& shape,
                                                const RunOptions& options = {},
                                                const std::string& arch = "");
+// The same from a call's bound arguments (ops/bind.h: bind_inputs, and bind_outputs, whose dtypes
+// the kernels take), for callers that hold the call's real views: what run_variant_into compiles
+// for it at the heuristic's tiles (or the tiles options name). The backward compiles its
+// recurrences' kernels side by side this way before it runs them.
+std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const ops::BoundInputs& bound,
+                                               const RunOptions& options, const std::string& arch = "");
+
 // The same for a softmax-attention variant (window, dropout_p and return_lse from options; segment
 // ids i32 and sinks [H,1] f32 where the variant has them; options' tensors are ignored). tile: the
 // tile a benchmark or the tuner names; empty: the heuristic's.

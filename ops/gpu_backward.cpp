@@ -1,5 +1,6 @@
 #include "gpu_backward.h"
 
+#include <future>
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -7,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <ladle/runtime/cache.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 
@@ -14,6 +16,7 @@
 
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
+#include "generated_kernels.h"
 #include "detail/pack_input.h"
 #include "recurrent.h"
 
@@ -380,6 +383,55 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     packed.add(static_cast<int>(B)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(V));
     packed.add(variant.normalize_eps).add(dos.buffer.device_ptr());
     loaded.function->launch({blocks_of(B * T * H * 32, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+  }
+  // The kernels still to come (the recurrences', the decays' totals and the chain's, the helpers),
+  // compiled side by side now: a first call would otherwise compile them one after another. (Not
+  // without a cache to keep them in: each would then be compiled twice.)
+  if (DiskCache::global().enabled()) {
+    std::vector<GeneratedKernel> planned;
+    const auto plan_recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, Gates gates, bool backwards,
+                                     const Scratch* initial, const TensorView& out, const Scratch* final_state) {
+      const ir::Variant& plain = plain_variant(gates.gk != nullptr, gates.gv != nullptr, gates.gh != nullptr);
+      RunOptions o = run;
+      o.reverse = backwards;
+      if (initial) o.initial_state = initial->view;
+      o.return_state = final_state != nullptr;
+      if (o.cu_seqlens && o.cu_seqlens->on_device()) return;  // the call reads them on the host: not here
+      VariantInputs in{{}, {{"scale", scale}}};
+      if (gates.gk) in.tensors["gk"] = gates.gk->view;
+      if (gates.gv) in.tensors["gv"] = gates.gv->view;
+      if (gates.gh) in.tensors["gh"] = gates.gh->view;
+      ops::BoundInputs b = ops::bind_inputs(op, plain, rq.view, rk.view, rv.view, in, o);
+      ops::bind_outputs(op, o, {out, final_state ? std::optional<TensorView>(final_state->view) : std::nullopt}, b);
+      for (GeneratedKernel& kernel : generated_kernels(plain, b, o, arch))
+        if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
+          planned.push_back(std::move(kernel));
+    };
+    std::vector<std::future<void>> compiling;
+    try {
+      plan_recurrence(dos, vf, kf, {lb, la, lh}, a.reverse, a.initial_state ? &h0_t : nullptr, u_out, need_s_t ? &s_t : nullptr);
+      plan_recurrence(kf, qs, dos, {la_next, lb_next, lh_next}, !a.reverse, d_final_state ? &d_final : nullptr, dv_out,
+                      a.initial_state ? &ds0 : nullptr);
+      plan_recurrence(vf, dos, qs, {lb_next, la_next, lh_next}, !a.reverse, d_final_state ? &d_final_t : nullptr, dk_out, nullptr);
+      for (const GeneratedKernel& kernel : planned)
+        compiling.push_back(std::async(std::launch::async, [&kernel, &arch] { compile_generated(kernel, arch); }));
+      for (const auto phase : {cuda::BackwardPhase::totals, cuda::BackwardPhase::chain}) {
+        if (phase == cuda::BackwardPhase::totals && !(decays_k || decays_v)) continue;
+        cuda::BackwardKernelSpec spec = plan;
+        spec.phase = phase;
+        compiling.push_back(std::async(std::launch::async, [&variant, spec, &arch] { compile_backward(variant, spec, arch); }));
+      }
+      compiling.push_back(std::async(std::launch::async, [&arch] { compile_backward_helpers(arch); }));
+    } catch (const std::exception&) {
+      // Planning is only a head start: the calls below plan, compile and report for themselves.
+    }
+    for (auto& job : compiling) {
+      try {
+        job.get();
+      } catch (const std::exception&) {
+        // As above: a kernel that fails to compile fails where it is launched, with its message.
+      }
+    }
   }
   // u_t = scale S_t do_t over the transposed state (and S_T^T at the end);
   recurrence(dos, vf, kf, {lb, la, lh}, a.reverse, a.initial_state ? &h0_t : nullptr, u_out, need_s_t ? &s_t : nullptr);
