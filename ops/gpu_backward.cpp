@@ -1,6 +1,8 @@
 #include "gpu_backward.h"
 
 #include <future>
+#include <mutex>
+#include <set>
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -385,9 +387,18 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     loaded.function->launch({blocks_of(B * T * H * 32, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
   // The kernels still to come (the recurrences', the decays' totals and the chain's, the helpers),
-  // compiled side by side now: a first call would otherwise compile them one after another. (Not
-  // without a cache to keep them in: each would then be compiled twice.)
-  if (DiskCache::global().enabled()) {
+  // compiled side by side now: a first call would otherwise compile them one after another. Once per
+  // process and call signature (planning generates every source: later calls skip it), and not
+  // without a cache to keep them in (each would be compiled twice).
+  const auto first_of_its_kind = [&] {
+    static std::mutex mutex;
+    static std::set<std::string> seen;
+    const std::string key = fmt::format("{}|{}|{} {} {} {} {} {}|{}{}{}{}", ir::hash_hex(variant), cuda::backward_spec_key(plan), B, T, H,
+                                        K, V, N, a.cu_seqlens.empty(), a.reverse, a.initial_state.has_value(), d_final_state.has_value());
+    const std::lock_guard lock(mutex);
+    return seen.insert(key).second;
+  };
+  if (DiskCache::global().enabled() && first_of_its_kind()) {
     std::vector<GeneratedKernel> planned;
     const auto plan_recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, Gates gates, bool backwards,
                                      const Scratch* initial, const TensorView& out, const Scratch* final_state) {
