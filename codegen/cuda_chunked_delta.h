@@ -24,7 +24,7 @@
 
 #include <ladle/dsl/ir.h>
 
-#include "cuda_recurrent.h"
+#include "kernel.h"
 
 namespace ladle::cuda {
 

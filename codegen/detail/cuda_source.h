@@ -10,7 +10,7 @@
 
 #include <ladle/dsl/ir.h>
 
-#include "../cuda_recurrent.h"
+#include "../kernel.h"
 
 namespace ladle::cuda::detail {
 

@@ -145,6 +145,21 @@ inline std::vector<Case> wgmma() {
     cases.push_back(c);
     ++i;
   }
+  // Two warpgroups over a 128-row state (the tiles above have one): GLA at K = V = 128, bf16 q, k,
+  // v and gates, 64-token chunks, value tiles of 16 and 32 columns.
+  for (const int block_v : {16, 32}) {
+    Case c{cuda_cases::all()[0], {128, 64, block_v, 8}};
+    c.c.name = "GLA K=V=128, two warpgroups, block_v " + std::to_string(block_v) + " (wgmma)";
+    c.c.variant = ladle::recurrent_variant(true, false, false, false);
+    c.c.K = c.c.V = 128, c.c.B = 1, c.c.H = 2, c.c.H_kv = 2, c.c.T = 150;
+    c.c.spec.initial_state = c.c.spec.final_state = true;
+    c.c.spec.input_types.assign(c.c.variant.inputs.size(), ladle::DType::bf16);
+    for (std::size_t k = 0; k < c.c.variant.inputs.size(); ++k)
+      if (c.c.variant.inputs[k].kind == ladle::ir::InputKind::scalar) c.c.spec.input_types[k] = ladle::DType::f32;
+    c.c.spec.output_type = ladle::DType::bf16;
+    c.tile.wgmma = true;
+    cases.push_back(c);
+  }
   return cases;
 }
 
