@@ -338,19 +338,30 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   struct Gates {
     const Scratch *gk, *gv, *gh;
   };
+  // One recurrence of the plain form: its variant, options, inputs and outputs.
+  struct RecurrenceCall {
+    const ir::Variant& plain;
+    RunOptions options;
+    VariantInputs inputs;
+    RecurrentOutputs outputs;
+  };
+  const auto recurrence_call = [&](Gates gates, bool backwards, const Scratch* initial, const TensorView& out,
+                                   const Scratch* final_state) {
+    RecurrenceCall call{plain_variant(gates.gk != nullptr, gates.gv != nullptr, gates.gh != nullptr), run,
+                        VariantInputs{{}, {{"scale", scale}}},
+                        {out, final_state ? std::optional<TensorView>(final_state->view) : std::nullopt}};
+    call.options.reverse = backwards;
+    if (initial) call.options.initial_state = initial->view;
+    call.options.return_state = final_state != nullptr;
+    if (gates.gk) call.inputs.tensors["gk"] = gates.gk->view;
+    if (gates.gv) call.inputs.tensors["gv"] = gates.gv->view;
+    if (gates.gh) call.inputs.tensors["gh"] = gates.gh->view;
+    return call;
+  };
   const auto recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, Gates gates, bool backwards,
                               const Scratch* initial, const TensorView& out, const Scratch* final_state) {
-    const ir::Variant& plain = plain_variant(gates.gk != nullptr, gates.gv != nullptr, gates.gh != nullptr);
-    RunOptions o = run;
-    o.reverse = backwards;
-    if (initial) o.initial_state = initial->view;
-    o.return_state = final_state != nullptr;
-    VariantInputs in{{}, {{"scale", scale}}};
-    if (gates.gk) in.tensors["gk"] = gates.gk->view;
-    if (gates.gv) in.tensors["gv"] = gates.gv->view;
-    if (gates.gh) in.tensors["gh"] = gates.gh->view;
-    RecurrentOutputs outs{out, final_state ? std::optional<TensorView>(final_state->view) : std::nullopt};
-    run_variant_into(plain, rq.view, rk.view, rv.view, in, o, outs, launch);
+    const RecurrenceCall call = recurrence_call(gates, backwards, initial, out, final_state);
+    run_variant_into(call.plain, rq.view, rk.view, rv.view, call.inputs, call.options, call.outputs, launch);
   };
   const Scratch* la = key_decay ? &log_a : nullptr;
   const Scratch* la_next = key_decay ? &log_a_next : nullptr;
@@ -402,19 +413,11 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     std::vector<GeneratedKernel> planned;
     const auto plan_recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, Gates gates, bool backwards,
                                      const Scratch* initial, const TensorView& out, const Scratch* final_state) {
-      const ir::Variant& plain = plain_variant(gates.gk != nullptr, gates.gv != nullptr, gates.gh != nullptr);
-      RunOptions o = run;
-      o.reverse = backwards;
-      if (initial) o.initial_state = initial->view;
-      o.return_state = final_state != nullptr;
-      if (o.cu_seqlens && o.cu_seqlens->on_device()) return;  // the call reads them on the host: not here
-      VariantInputs in{{}, {{"scale", scale}}};
-      if (gates.gk) in.tensors["gk"] = gates.gk->view;
-      if (gates.gv) in.tensors["gv"] = gates.gv->view;
-      if (gates.gh) in.tensors["gh"] = gates.gh->view;
-      ops::BoundInputs b = ops::bind_inputs(op, plain, rq.view, rk.view, rv.view, in, o);
-      ops::bind_outputs(op, o, {out, final_state ? std::optional<TensorView>(final_state->view) : std::nullopt}, b);
-      for (GeneratedKernel& kernel : generated_kernels(plain, b, o, arch))
+      const RecurrenceCall call = recurrence_call(gates, backwards, initial, out, final_state);
+      if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) return;  // the call reads them on the host: not here
+      ops::BoundInputs b = ops::bind_inputs(op, call.plain, rq.view, rk.view, rv.view, call.inputs, call.options);
+      ops::bind_outputs(op, call.options, call.outputs, b);
+      for (GeneratedKernel& kernel : generated_kernels(call.plain, b, call.options, arch))
         if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
           planned.push_back(std::move(kernel));
     };

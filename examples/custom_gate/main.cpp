@@ -92,36 +92,17 @@ std::string run(bool dump) {
     return why;
   }
 
-  // 5. The kernel ladle generates for it, compiled by NVRTC for Hopper.
-  cuda::RecurrentKernelSpec spec;
-  spec.tile = cuda::default_tile(K, V);
-  spec.input_types.assign(variant.inputs.size(), DType::f32);
-  spec.output_type = DType::f32;
-  const auto compiled = gpu::compile_recurrent(variant, spec, "sm_90a");
-  const auto* r = compiled.program.resources(compiled.kernel.name);
-  std::printf("generated %s: %zu lines of CUDA, %zu bytes of PTX, sm_90a cubin: %d registers, %d bytes "
-              "shared, %d bytes spilled\n",
-              compiled.kernel.name.c_str(),
-              static_cast<std::size_t>(std::count(compiled.kernel.source.begin(), compiled.kernel.source.end(), '\n')),
-              compiled.program.ptx.size(), r ? r->registers : -1, r ? r->shared_bytes : -1,
-              r ? r->spill_store_bytes : -1);
-  if (dump) std::printf("%s\n", compiled.kernel.source.c_str());
-  if (compiled.program.ptx.empty() || !r)
-    return "NVRTC gave no PTX or no sm_90a resources for " + compiled.kernel.name;
-  return "";
+  // 5. The kernels ladle generates for it at this shape in fp32, compiled by NVRTC for Hopper.
+  ladle::CallShape shape;
+  shape.batch = B, shape.tokens = T, shape.heads = H, shape.kv_heads = H_kv, shape.key_dim = K, shape.value_dim = V;
+  shape.type = DType::f32;
+  return example::show_kernels(variant, shape, ladle::RunOptions{}, dump);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool dump = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--dump") != 0) {
-      std::fprintf(stderr, "example-custom-gate: unknown argument '%s' (expected: --dump)\n",
-                   argv[i]);
-      return 2;
-    }
-    dump = true;
-  }
-  return example::report("custom_gate", [&] { return run(dump); });
+  const std::optional<bool> dump = example::parse_arguments(argc, argv, "example-custom-gate", true);
+  if (!dump) return 2;
+  return example::report("custom_gate", [&] { return run(*dump); });
 }

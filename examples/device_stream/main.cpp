@@ -111,10 +111,6 @@ std::string run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) {
-    std::fprintf(stderr, "example-device-stream: unknown argument '%s' (expected: no arguments)\n",
-                 argv[1]);
-    return 2;
-  }
+  if (!example::parse_arguments(argc, argv, "example-device-stream", false)) return 2;
   return example::report("device_stream", run, "running on the CPU, on host tensors");
 }

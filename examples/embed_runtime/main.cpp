@@ -72,10 +72,6 @@ std::string run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) {
-    std::fprintf(stderr, "example-embed-runtime: unknown argument '%s' (expected: no arguments)\n",
-                 argv[1]);
-    return 2;
-  }
+  if (!example::parse_arguments(argc, argv, "example-embed-runtime", false)) return 2;
   return example::report("embed_runtime", run);
 }

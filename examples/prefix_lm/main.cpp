@@ -101,36 +101,15 @@ std::string run(bool dump) {
   }
 
   // 5. The kernel ladle generates for it (bf16 inputs, D = 128), compiled by NVRTC for Hopper.
-  cuda::AttentionKernelSpec spec;
-  for (const auto& input : variant.inputs)
-    spec.input_types.push_back(input.kind == ir::InputKind::scalar || input.kind == ir::InputKind::head ? DType::f32
-                                                                                                      : DType::bf16);
-  spec.output_type = DType::bf16;
-  spec.D = spec.Dv = 128;
-  const auto compiled = gpu::compile_attention(variant, spec, "sm_90a");
-  const auto* r = compiled.program.resources(compiled.kernel.name);
-  std::printf("generated %s: %zu lines of CUDA, %zu bytes of PTX, sm_90a cubin: %d registers, %d bytes "
-              "spilled\n",
-              compiled.kernel.name.c_str(),
-              static_cast<std::size_t>(std::count(compiled.kernel.source.begin(), compiled.kernel.source.end(), '\n')),
-              compiled.program.ptx.size(), r ? r->registers : -1, r ? r->spill_store_bytes : -1);
-  if (dump) std::printf("%s\n", compiled.kernel.source.c_str());
-  if (compiled.program.ptx.empty() || !r)
-    return "NVRTC gave no PTX or no sm_90a resources for " + compiled.kernel.name;
-  return "";
+  ladle::CallShape shape;
+  shape.batch = 1, shape.tokens = 1024, shape.heads = 8, shape.key_dim = shape.value_dim = 128;
+  return example::show_kernels(variant, shape, ladle::AttentionRunOptions{}, dump);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool dump = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--dump") != 0) {
-      std::fprintf(stderr, "example-prefix-lm: unknown argument '%s' (expected: --dump)\n",
-                   argv[i]);
-      return 2;
-    }
-    dump = true;
-  }
-  return example::report("prefix_lm", [&] { return run(dump); });
+  const std::optional<bool> dump = example::parse_arguments(argc, argv, "example-prefix-lm", true);
+  if (!dump) return 2;
+  return example::report("prefix_lm", [&] { return run(*dump); });
 }

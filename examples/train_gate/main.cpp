@@ -93,11 +93,7 @@ std::string train() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) {
-    std::fprintf(stderr, "example-train-gate: unknown argument '%s' (expected: no arguments)\n",
-                 argv[1]);
-    return 2;
-  }
+  if (!example::parse_arguments(argc, argv, "example-train-gate", false)) return 2;
   if (ladle::driver_available()) std::printf("training on the GPU\n");
   return example::report("train_gate", train, "training on the CPU");
 }

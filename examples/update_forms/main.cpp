@@ -124,14 +124,7 @@ std::string run(bool dump) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool dump = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--dump") != 0) {
-      std::fprintf(stderr, "example-update-forms: unknown argument '%s' (expected: --dump)\n",
-                   argv[i]);
-      return 2;
-    }
-    dump = true;
-  }
-  return example::report("update_forms", [&] { return run(dump); });
+  const std::optional<bool> dump = example::parse_arguments(argc, argv, "example-update-forms", true);
+  if (!dump) return 2;
+  return example::report("update_forms", [&] { return run(*dump); });
 }

@@ -83,10 +83,6 @@ std::string run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) {
-    std::fprintf(stderr, "example-xtensor-inputs: unknown argument '%s' (expected: no arguments)\n",
-                 argv[1]);
-    return 2;
-  }
+  if (!example::parse_arguments(argc, argv, "example-xtensor-inputs", false)) return 2;
   return example::report("xtensor_inputs", run);
 }
