@@ -31,6 +31,17 @@ inline std::optional<bool> parse_arguments(int argc, char** argv, const char* pr
   return dump;
 }
 
+// One line for `what`'s relative error against a plain loop; "" when it is under tolerance (NaN is
+// not), else why not.
+inline std::string check_error(const char* what, double error, double tolerance) {
+  std::printf("%s on the %s: relative error %.3g against a plain loop (< %g)\n", what,
+              ladle::driver_available() ? "GPU" : "CPU", error, tolerance);
+  if (error < tolerance) return "";
+  char why[128];
+  std::snprintf(why, sizeof why, "relative error %.3g against the plain loop, expected < %g", error, tolerance);
+  return why;
+}
+
 // The kernels a call of `variant` at `shape` launches on Hopper (ladle::generated_kernels: the
 // launcher's own plan, no GPU needed), each compiled by NVRTC for sm_90a: one line each (lines of
 // CUDA, PTX bytes, registers, spills), the source too with `dump`. Returns "" when each compiled to

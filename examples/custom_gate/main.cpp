@@ -83,14 +83,7 @@ std::string run(bool dump) {
       }
     }
   const double error = std::sqrt(diff / norm), tolerance = 1e-5;
-  std::printf("custom_gate on the %s: relative error %.3g against a plain loop (< %g)\n",
-              driver_available() ? "GPU" : "CPU", error, tolerance);
-  if (!(error < tolerance)) {  // NaN fails too
-    char why[128];
-    std::snprintf(why, sizeof why, "relative error %.3g against the plain loop, expected < %g",
-                  error, tolerance);
-    return why;
-  }
+  if (std::string failed = example::check_error("custom_gate", error, tolerance); !failed.empty()) return failed;
 
   // 5. The kernels ladle generates for it at this shape in fp32, compiled by NVRTC for Hopper.
   ladle::CallShape shape;

@@ -91,14 +91,7 @@ std::string run(bool dump) {
       }
   const double error = std::sqrt(diff / norm);
   const double tolerance = driver_available() ? 2e-3 : 1e-5;  // fp32 inputs meet the tensor cores on a GPU
-  std::printf("prefix_lm_alibi on the %s: relative error %.3g against a plain loop (< %g)\n",
-              driver_available() ? "GPU" : "CPU", error, tolerance);
-  if (!(error < tolerance)) {  // NaN fails too
-    char why[128];
-    std::snprintf(why, sizeof why, "relative error %.3g against the plain loop, expected < %g",
-                  error, tolerance);
-    return why;
-  }
+  if (std::string failed = example::check_error("prefix_lm_alibi", error, tolerance); !failed.empty()) return failed;
 
   // 5. The kernel ladle generates for it (bf16 inputs, D = 128), compiled by NVRTC for Hopper.
   ladle::CallShape shape;

@@ -204,15 +204,21 @@ TEST_CASE("NVRTC compiles the chunked kernel of every gate combination, 16-bit d
   CHECK(compiled == 2 * 16 * 2);
 }
 
-TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V = 64, 128, 256, fit without spills", "[gpu][nvrtc][chunked][sweep]") {
-  const auto& gla = ladle::gla_variant(false);
-  const auto& simple = ladle::recurrent_variant(false, false, false, true);
-  const auto user = ladle::dsl::lower(
+// A user's key-side and value-side gates written in the DSL, for the chunked family's NVRTC sweeps.
+const ladle::ir::Variant& user_gk_gv() {
+  static const ladle::ir::Variant variant = ladle::dsl::lower(
       ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v)
                            .decay_k(ladle::dsl::logsigmoid(ladle::dsl::token_key("x")) / ladle::dsl::head_param("tau"))
                            .decay_v(-ladle::dsl::softplus(ladle::dsl::token_value("y")) / 16.0f),
                        ladle::dsl::q, ladle::dsl::scalar("scale")),
       "user_gk_gv");
+  return variant;
+}
+
+TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V = 64, 128, 256, fit without spills", "[gpu][nvrtc][chunked][sweep]") {
+  const auto& gla = ladle::gla_variant(false);
+  const auto& simple = ladle::recurrent_variant(false, false, false, true);
+  const ladle::ir::Variant& user = user_gk_gv();
   struct Item {
     const ladle::ir::Variant* variant;
     int D;
@@ -258,12 +264,7 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
 TEST_CASE("the chunked family's split and segmented forms and its sm_80 tile compile without spills", "[gpu][nvrtc][chunked][sweep-forms]") {
   const auto& gla = ladle::gla_variant(false);
   const auto& simple = ladle::recurrent_variant(false, false, false, true);
-  const auto user = ladle::dsl::lower(
-      ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v)
-                           .decay_k(ladle::dsl::logsigmoid(ladle::dsl::token_key("x")) / ladle::dsl::head_param("tau"))
-                           .decay_v(-ladle::dsl::softplus(ladle::dsl::token_value("y")) / 16.0f),
-                       ladle::dsl::q, ladle::dsl::scalar("scale")),
-      "user_gk_gv");
+  const ladle::ir::Variant& user = user_gk_gv();
   // The split form: both kernels (state pass, output pass) of every variant and head dim.
   for (int D : {64, 128, 256})
     for (const ladle::ir::Variant* v : {&gla, &simple, &user}) {
