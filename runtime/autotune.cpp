@@ -21,15 +21,9 @@ Check compare_outputs(const std::vector<float>& out, const std::vector<float>& r
   if (out.size() != reference.size())
     return Check::fail("output has " + std::to_string(out.size()) + " values, the reference " +
                        std::to_string(reference.size()));
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    diff += (double(out[i]) - reference[i]) * (double(out[i]) - reference[i]);
-    norm += double(reference[i]) * reference[i];
-  }
-  const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-  if (!(error <= tolerance)) return Check::fail(fmt::format("relative L2 error {:.2e} > {:.0e}", error, tolerance));
-  return Check::pass();
+  return compare_outputs(out.data(), reference.data(), out.size(), DType::f32, tolerance);
 }
+
 Check compare_outputs(const void* out, const void* reference, std::size_t count, DType type, double tolerance) {
   if (type != DType::f32 && type != DType::f16 && type != DType::bf16)
     throw InvalidArgument(fmt::format("compare_outputs: type {}, expected f32, f16 or bf16", dtype_name(type)));
