@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/scoped_env.h"
+#include "support/command.h"
 #include "runtime/temp_dir.h"
 
 using namespace ladle;
@@ -24,16 +25,7 @@ using namespace ladle;
 namespace {
 
 std::string run_tool(const std::string& arguments) {
-  std::string out;
-  const std::string command =
-      std::string(LADLE_DUMP_TOOL) + " " + arguments + " --only resources 2>&1";
-  if (FILE* pipe = ::popen(command.c_str(), "r")) {
-    char buffer[4096];
-    std::size_t n;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-    ::pclose(pipe);
-  }
-  return out;
+  return test::run_command(std::string(LADLE_DUMP_TOOL) + " " + arguments + " --only resources 2>&1").first;
 }
 
 // The generated kernels' names in the tool's resource tables, in order.

@@ -16,25 +16,17 @@
 #include <string>
 
 #include "runtime/scoped_env.h"
+#include "support/command.h"
 #include "runtime/temp_dir.h"
 
 using namespace ladle;
 
 namespace {
 
-// Runs the tool with `arguments` and the given cache directory; returns its output and status.
+// Runs the tool with `arguments` and the given cache directory; returns its output and exit status.
 std::pair<std::string, int> run_tool(const std::string& arguments, const std::filesystem::path& cache_dir) {
-  std::string out;
-  const std::string command =
-      "LADLE_CACHE_DIR='" + cache_dir.string() + "' " + std::string(LADLE_CACHE_TOOL) + " " + arguments + " 2>&1";
-  int status = -1;
-  if (FILE* pipe = ::popen(command.c_str(), "r")) {
-    char buffer[4096];
-    std::size_t n;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-    status = ::pclose(pipe);
-  }
-  return {out, status};
+  return test::run_command("LADLE_CACHE_DIR='" + cache_dir.string() + "' " + std::string(LADLE_CACHE_TOOL) + " " + arguments +
+                           " 2>&1");
 }
 
 CallShape small_shape() {
