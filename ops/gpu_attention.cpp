@@ -66,7 +66,7 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   // variant that reads a pair input or segment ids per score or draws dropout (ptxas compiles the consumers
   // within the launch bound's 168 registers: 128-key tiles of those spill 8-700 bytes, 64 none).
   const DType qt = args.tensors.size() >= 3 ? args.tensors[0].type : DType::f32;
-  const bool tma = cuda::attention_wgmma_arch(arch) && (qt == DType::f16 || qt == DType::bf16) &&
+  const bool tma = cuda::has_wgmma(arch) && (qt == DType::f16 || qt == DType::bf16) &&
                    args.tensors[1].type == qt && args.tensors[2].type == qt && rows_aligned(args.q) &&
                    rows_aligned(args.k) && rows_aligned(args.v);
   if (tma) {
@@ -83,7 +83,7 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   }
   if (fits(tile)) return tile;
   std::vector<cuda::AttentionMma> kinds = {cuda::AttentionMma::sync};
-  if (cuda::attention_wgmma_arch(arch) && !split) kinds.push_back(cuda::AttentionMma::wgmma);
+  if (cuda::has_wgmma(arch) && !split) kinds.push_back(cuda::AttentionMma::wgmma);
   for (const cuda::AttentionMma mma : kinds)
     for (const int block_n : {tile.block_n, 32})
       for (const int stages : {tile.stages, 1})

@@ -66,7 +66,7 @@ cuda::AttentionBackwardSpec attention_backward_spec(const ir::AttentionVariant& 
   spec.sinks_gradient = args.softmax_aux.has_value() && grads.d_softmax_aux.has_value() && args.sinks > 0;
   spec.input_gradients.assign(variant.inputs.size(), false);
   for (std::size_t k = 0; k < variant.inputs.size() && k < grads.d_tensors.size(); ++k) spec.input_gradients[k] = grads.d_tensors[k].has_value();
-  spec.arch = arch.empty() ? "sm_90a" : arch;
+  spec.arch = arch.empty() ? cuda::Target::hopper : arch;
   return spec;
 }
 
@@ -168,7 +168,7 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernels index tokens with 32-bit ints", op, args.Tq, args.Tk));
 
   const std::string arch = Device::get().properties().arch();
-  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, "sm_90a");
+  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, cuda::Target::hopper);
   const cuda::AttentionBackwardTile chosen =
       tile ? *tile : tuned_attention_backward_tile(variant, args, grads, heuristic_attention_backward_tile(base));
   const cuda::AttentionBackwardSpec spec = cuda::with_tile(base, chosen);

@@ -23,7 +23,7 @@ namespace ladle::gpu {
 // wanted (grads' entries), whether d_output must be copied to q's type for TMA (any other dtype,
 // or rows TMA cannot copy). arch: the target ("" : the default, sm_90a).
 cuda::AttentionBackwardSpec attention_backward_spec(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
-                                                    const cpu::AttentionGrads& grads, const std::string& arch = "sm_90a");
+                                                    const cpu::AttentionGrads& grads, const std::string& arch = cuda::Target::hopper);
 
 // Generates and compiles (through the cache) without launching: what ladle-dump shows.
 struct CompiledAttentionBackward {

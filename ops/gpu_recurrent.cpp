@@ -190,12 +190,7 @@ GpuTarget device_target() {
 
 GpuTarget named_target(const std::string& arch) {
   if (arch.empty()) return device_target();
-  GpuTarget target{arch, 132, 0};
-  const auto is = [&](const char* prefix) { return arch.rfind(prefix, 0) == 0; };
-  if (is("sm_90") || is("sm_100")) target.max_shared_bytes = 227 * 1024;
-  else if (is("sm_80") || is("sm_87")) target.max_shared_bytes = 163 * 1024;
-  else if (is("sm_86") || is("sm_89") || is("sm_120")) target.max_shared_bytes = 99 * 1024;
-  return target;
+  return {arch, 132, cuda::target(arch).max_shared_bytes};
 }
 
 cuda::RecurrentTile heuristic_tile(const ops::BoundInputs& bound) { return heuristic_tile(bound, device_target()); }
@@ -312,7 +307,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   const std::int64_t N = sequences > 0 ? sequences : bound.dims.N;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
   // Without a device: the H100's figures.
-  const GpuTarget known = target.arch.empty() ? named_target("sm_90a") : target;
+  const GpuTarget known = target.arch.empty() ? named_target(cuda::Target::hopper) : target;
   const int max_shared = known.max_shared_bytes, sms = known.sms > 0 ? known.sms : 132;
   const std::string& arch = known.arch;
   const auto valid = [&](const cuda::ChunkedTile& t) {
@@ -344,7 +339,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   if (!valid(tile)) tile.chunk = 32;
   // sm_90a, a per-head decay, bf16 q, k, v that TMA can copy: the warp-specialised form (a TMA
   // producer beside one wgmma consumer warpgroup per 64 value columns).
-  if (cuda::chunked_wgmma_arch(arch) && args.key_dim <= 128) {
+  if (cuda::has_wgmma(arch) && args.key_dim <= 128) {
     cuda::ChunkedTile ws{args.key_dim <= 64 ? 64 : 128, 64, args.value_dim <= 64 ? 64 : 128, 0};
     ws.warps = 4 + ws.block_v / 16;
     ws.ws = true;
@@ -356,7 +351,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   }
   // sm_90a: the state update on wgmma where the warps cover the state in whole warpgroups
   // (measured on the H100, 128,32,128,8: GLA B8 T4096 0.862 -> 0.852 ms, simple GLA 0.614 -> 0.586).
-  if (cuda::chunked_wgmma_arch(arch)) {
+  if (cuda::has_wgmma(arch)) {
     cuda::ChunkedTile w = tile;
     w.wgmma = true;
     if (valid(w)) tile = w;
@@ -447,7 +442,7 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
   const char* other = std::getenv("LADLE_SUFFIX_STATES");
   const char* key_states = std::getenv("LADLE_WS_KEY_STATES");
   const bool key_gate = variant.has(ir::Slot::log_decay_k) && !(key_states && std::string(key_states) == "1");
-  if (ws_state_pass && !other && !key_gate && key_dim <= 128 && (serial.tile.ws || cuda::chunked_wgmma_arch(serial.arch))) {
+  if (ws_state_pass && !other && !key_gate && key_dim <= 128 && (serial.tile.ws || cuda::has_wgmma(serial.arch))) {
     cuda::ChunkedKernelSpec ws = out.first;
     ws.tile = cuda::ChunkedTile{key_dim <= 64 ? 64 : 128, 64, 64, 8};
     ws.tile.ws = true;

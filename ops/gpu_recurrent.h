@@ -9,6 +9,7 @@
 
 #include <ladle/codegen/cuda_chunked_delta.h>
 #include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cuda/target.h>
 #include <ladle/runtime/compiler.h>
 
 #include "bind.h"
@@ -35,7 +36,7 @@ struct GpuTarget {
 // This GPU's figures; without a driver, {"", 0, 0}.
 GpuTarget device_target();
 // A GPU of that arch: 132 SMs (an H100's) and the arch's opt-in shared memory per block
-// (sm_90/sm_100: 227 KiB, sm_80/sm_87: 163 KiB, sm_86/sm_89/sm_120: 99 KiB, else 0: not checked).
+// (cuda::target(arch).max_shared_bytes; 0 where not known: not checked).
 // An empty arch: device_target().
 GpuTarget named_target(const std::string& arch);
 
@@ -82,7 +83,7 @@ std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& boun
 // of blocks the shape gives (sequences: the segments when the call runs segmented, else 0: N).
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound,
                                          std::int64_t sequences = 0);
-// The same for a target (device_target() without a driver is planned as named_target("sm_90a")).
+// The same for a target (device_target() without a driver is planned as named_target(cuda::Target::hopper)).
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences,
                                          const GpuTarget& target);
 // The split form of a serial tile (state tiles 64 x 64 of 4 warps, bf16 per-chunk states).
