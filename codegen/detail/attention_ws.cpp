@@ -19,73 +19,7 @@
 namespace ladle::cuda::detail {
 
 std::string ws_helpers() {
-  return R"(#ifndef LADLE_TENSOR_MAP_DEFINED
-#define LADLE_TENSOR_MAP_DEFINED
-// A TMA tensor map as the driver encodes it (CUtensorMap: 128 opaque bytes, 64-byte aligned).
-struct alignas(64) ladle_tensor_map {
-  unsigned long long opaque[16];
-};
-#endif
-#ifndef LADLE_PIPELINE_HELPERS
-#define LADLE_PIPELINE_HELPERS
-// mbarriers in shared memory (PTX ISA 9.7.13.15): a phase completes when its expected arrivals
-// have arrived and the bytes announced by expect_tx have landed.
-__device__ __forceinline__ void ladle_mbarrier_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ladle_shared_address(bar)), "r"(count) : "memory");
-}
-// Makes the initialised barriers visible to the async proxy (the TMA unit) before first use.
-__device__ __forceinline__ void ladle_fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-__device__ __forceinline__ void ladle_mbarrier_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ladle_shared_address(bar)) : "memory");
-}
-// One arrival that also announces `bytes` of copies to come.
-__device__ __forceinline__ void ladle_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ladle_shared_address(bar)), "r"(bytes) : "memory");
-}
-// Named barriers (1..15; 0 is __syncthreads'): bar.sync waits for `threads` arrivals in all,
-// bar.arrive adds this warp's and goes on.
-__device__ __forceinline__ void ladle_named_barrier_sync(unsigned id, unsigned threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void ladle_named_barrier_arrive(unsigned id, unsigned threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-// Returns once the phase of this parity has completed.
-__device__ __forceinline__ void ladle_mbarrier_wait(unsigned long long* bar, unsigned parity) {
-  const unsigned address = ladle_shared_address(bar);
-  unsigned done = 0;
-  do {
-    // The suspend-time hint (ns) lets the thread sleep until the phase completes instead of
-    // polling: the producer, whose ring is mostly full, otherwise spends issue slots spinning.
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(address), "r"(parity), "r"(10000000u)
-                 : "memory");
-  } while (!done);
-}
-// A box of a tensor into shared memory by TMA; the bytes complete a transaction on bar.
-__device__ __forceinline__ void ladle_tma_load_4d(void* dst, const ladle_tensor_map* map, int c0, int c1, int c2, int c3,
-                                                  unsigned long long* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(
-          ladle_shared_address(dst)),
-      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(ladle_shared_address(bar))
-      : "memory");
-}
-// Registers per thread of this warpgroup: given back by the producer, taken by the consumers.
-template <int N>
-__device__ __forceinline__ void ladle_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
-template <int N>
-__device__ __forceinline__ void ladle_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
-#endif  // LADLE_PIPELINE_HELPERS
-#ifndef LADLE_WGMMA_SW128
-#define LADLE_WGMMA_SW128
-// A wgmma matrix descriptor of a 128-byte-swizzled operand (swizzle mode 1, bits 62-63).
-__device__ __forceinline__ unsigned long long ladle_wgmma_desc_sw128(const void* p, unsigned leading_bytes, unsigned stride_bytes) {
-  return ladle_wgmma_desc(p, leading_bytes, stride_bytes) | (1ull << 62);
-}
-#endif
-)";
+  return "#include <ladle/codegen/device/pipeline.cuh>\n";
 }
 
 void emit_ws_shared(Code& c, const AttentionParts& parts) {

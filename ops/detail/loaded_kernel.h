@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include <ladle/codegen/device/headers.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/dump.h>
@@ -23,6 +24,7 @@ inline CompiledProgram compile_named(const std::string& source, const std::strin
   CompileOptions options;
   options.arch = arch;
   options.program_name = name + ".cu";
+  options.headers = device::headers_for(source);
   CompiledProgram program = compile(source, options);
   if (dynamic_shared_bytes >= 0) dump_program(program, options.program_name, dynamic_shared_bytes);
   return program;

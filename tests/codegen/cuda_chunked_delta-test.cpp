@@ -6,6 +6,7 @@
 
 #include <ladle/codegen/cpu_recurrent.h>
 #include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/codegen/device/headers.h>
 #include <ladle/ops/bind.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/update_forms.h>
@@ -123,6 +124,7 @@ TEST_CASE("chunked delta: NVRTC compiles the three kernels for sm_80 and sm_90a 
         INFO(dc.c.name << " " << kernel.name << " " << arch);
         CompileOptions options;
         options.arch = arch;
+        options.headers = ladle::device::headers_for(kernel.source);
         const CompiledProgram program = compile(kernel.source, options);
         const KernelResources* usage = program.resources(kernel.name);
         REQUIRE(usage != nullptr);

@@ -143,7 +143,7 @@ namespace {
 std::string nvcc_ptx(const std::string& source, const std::string& arch, const std::filesystem::path& dir, const std::string& stem) {
   const std::filesystem::path cu = dir / (stem + ".cu"), ptx = dir / (stem + ".ptx"), log = dir / (stem + ".log");
   std::ofstream(cu) << source;
-  const std::string command = std::string("\"") + LADLE_TEST_NVCC + "\" --ptx -arch=" + arch + " -std=c++17 \"" + cu.string() +
+  const std::string command = std::string("\"") + LADLE_TEST_NVCC + "\" --ptx -arch=" + arch + " -std=c++17 -I\"" + LADLE_TEST_INCLUDE + "\" \"" + cu.string() +
                               "\" -o \"" + ptx.string() + "\" > \"" + log.string() + "\" 2>&1";
   const int status = std::system(command.c_str());
   std::ifstream in(log);

@@ -4,6 +4,7 @@
 // with a GPU, recurrent-test.cpp runs the whole matrix on it against the fp64 reference.
 #include <catch2/catch.hpp>
 
+#include <ladle/codegen/device/headers.h>
 #include <ladle/ops/detail/fingerprint.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_backward.h>
@@ -101,6 +102,7 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
   // The helpers (the state conversion once per dtype).
   ladle::CompileOptions options;
   options.arch = "compute_80";
+  options.headers = ladle::device::headers_for(ladle::cuda::backward_helpers_source());
   const auto helpers = ladle::compile(ladle::cuda::backward_helpers_source(), options);
   for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
                            "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})

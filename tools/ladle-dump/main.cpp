@@ -31,6 +31,7 @@
 #include <fmt/ranges.h>
 
 #include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/codegen/device/headers.h>
 #include <ladle/ops/attention.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_attention.h>
@@ -362,6 +363,7 @@ int main(int argc, char** argv) {
       options.arch = arch;
       options.program_name = fs::path(file).filename().string();
       for (const auto& d : defines) options.flags.push_back("-D" + d);
+      options.headers = ladle::device::headers_for(text.str());  // a .cu file may include ladle's device headers
       programs.push_back({ladle::compile(text.str(), options), -1});
     }
 
