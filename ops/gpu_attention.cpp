@@ -64,7 +64,8 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   // sm_90a with q, k, v of one 16-bit type in rows TMA can copy: the warp-specialised pipeline,
   // two stages, 128 keys a tile where the registers allow: not past D, Dv = 128, and not for a
   // variant that reads a pair input or segment ids per score or draws dropout (ptxas compiles the consumers
-  // within the launch bound's 168 registers: 128-key tiles of those spill 8-700 bytes, 64 none).
+  // within the launch bound's 168 registers: 128-key tiles of those spill, 64-key ones do not;
+  // bench/RESULTS.md, "Evidence behind the heuristics", H1).
   const DType qt = args.tensors.size() >= 3 ? args.tensors[0].type : DType::f32;
   const bool tma = cuda::has_wgmma(arch) && (qt == DType::f16 || qt == DType::bf16) &&
                    args.tensors[1].type == qt && args.tensors[2].type == qt && rows_aligned(args.q) &&
@@ -72,8 +73,7 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   if (tma) {
     cuda::AttentionTile ws = tile;
     // A window takes 128-key tiles like the rest since its edge tiles test a row range per element
-    // (bench/RESULTS.md, issue 12: window (1024, 0) + soft cap at B8 T4096, 0.776 ms at 128 keys,
-    // 0.823 at 64; at B2 T16384 0.855 and 0.883).
+    // (faster than 64 keys: bench/RESULTS.md, "Evidence behind the heuristics", H2).
     bool light = args.dropout_p <= 0 && !args.q_segment_ids;
     for (std::size_t i = 3; i < args.tensors.size(); ++i) light = light && (!args.tensors[i].data || args.tensors[i].rank() != 4);
     ws.mma = cuda::AttentionMma::ws, ws.stages = 2, ws.block_n = D <= 128 && Dv <= 128 && light ? 128 : 64;

@@ -61,9 +61,9 @@ const auto& loaded_kernel(const ir::Variant& variant, const Spec& spec, Compile 
 
 // A segments table on the device, kept for the process: a later call with the same table (the same
 // shape) passes it again instead of copying it. Each call copied two small tables from pageable
-// memory, and the GPU waited on those copies between the kernels (measured on the H100: simple GLA
-// B2 T16384, 0.527 ms timed against 0.453 ms of kernels under Nsight Compute). 0: not cached (the
-// cache holds 512 tables; then the caller copies its own).
+// memory, and the GPU waited on those copies between the kernels (bench/RESULTS.md, "Evidence
+// behind the heuristics", H3). 0: not cached (the cache holds 512 tables; then the caller copies
+// its own).
 std::uint64_t segment_rows(const std::vector<long long>& rows) {
   static std::mutex mutex;
   static auto* const tables = new std::map<std::vector<long long>, DeviceBuffer>();  // never freed: kernels may read them at exit
@@ -179,9 +179,8 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
 }
 
 // The heuristic tile for this call's shape. Few (sequence, head) pairs leave most SMs idle
-// with wide tiles; narrow ones give more blocks. Measured on H100 at K=V=128 (GLA bf16):
-// B2 T16384 H16: 128,32,16 6.2 ms vs 128,64,8 11.4 ms; B8 T4096 H16: 128,64,8 3.35 ms vs
-// 128,32,16 3.79 ms. Without a device (dump, CI) the size-only heuristic applies.
+// with wide tiles; narrow ones give more blocks (bench/RESULTS.md, "Evidence behind the
+// heuristics", H4). Without a device (dump, CI) the size-only heuristic applies.
 GpuTarget device_target() {
   if (!driver_available()) return {};
   const DeviceProperties& device = Device::get().properties();
@@ -253,12 +252,12 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
 
 // The serial form (8 warps, one block per SM): the widest value tile K allows, narrowed while the
 // narrower grid still runs in one wave, at 64-token chunks or 32 where 64 would crowd the
-// registers or leave no room for the prefetch. Measured on the H100 (bench/RESULTS.md, issue 11,
-// third step), H16 K=V=128: 128,32,128,8 at B32 T1024 and B8 T4096 (GLA 1.01-1.03 ms), 128,64,32,8
-// at B2 T16384 (2.43 ms), each the tuner's choice too. The split form (parallel over chunks) is
-// correct but slower at every benchmark shape (GLA B8 T4096: 3.48 vs 1.05 ms), so a split tile is
-// used only when named. Where the call runs segmented (chunked_segment_tokens), `sequences` is the
-// number of segments: B2 T16384 in 4 segments takes B8 T4096's tile, 128,32,128,8.
+// registers or leave no room for the prefetch: 128,32,128,8 at B32 T1024 and B8 T4096,
+// 128,64,32,8 at B2 T16384, each the tuner's choice too. The split form (parallel over chunks) is
+// correct but slower at every benchmark shape, so a split tile is used only when named
+// (bench/RESULTS.md, "Evidence behind the heuristics", H5). Where the call runs segmented
+// (chunked_segment_tokens), `sequences` is the number of segments: B2 T16384 in 4 segments takes
+// B8 T4096's tile, 128,32,128,8.
 std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options) {
   return chunked_segment_tokens(bound, options, device_target());
 }
@@ -271,8 +270,8 @@ std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOpti
   if (N == 0) return 0;
   const int sms = target.sms > 0 ? target.sms : 132;
   const std::int64_t per_sequence = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back() / N;
-  // Measured on the H100 (bench/RESULTS.md, issue 11, fifth step): GLA B2 T16384 H16 in 4
-  // segments of 4096 tokens runs as B8 T4096 does, plus the segments' own states.
+  // B2 T16384 in 4 segments of 4096 tokens runs as B8 T4096 does, plus the segments' own states
+  // (bench/RESULTS.md, "Evidence behind the heuristics", H6).
   std::int64_t pieces = 1;
   while (2 * pieces * N * args.heads <= sms && per_sequence / (2 * pieces) >= 1024) pieces *= 2;
   if (pieces == 1) return 0;
@@ -315,7 +314,7 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   };
   // The whole value width per block where K allows it: q, k and the gates are staged and their
   // intra-chunk products formed once per (sequence, head) instead of once per value tile
-  // (measured on the H100, GLA B8 T4096: block_v 128 at 32-token chunks 1.03 ms, 64 at 64 1.44 ms).
+  // (bench/RESULTS.md, "Evidence behind the heuristics", H7).
   if (tile.block_k <= 128) {
     cuda::ChunkedTile wide = tile;
     wide.block_v = static_cast<int>(std::clamp<std::int64_t>((args.value_dim + 15) / 16 * 16, 16, 128));
@@ -328,8 +327,9 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
          valid({tile.block_k, tile.chunk, tile.block_v / 2, tile.warps}))
     tile.block_v /= 2;
   // 64-token chunks where the next chunk's prefetch fits beside them and a thread keeps at most
-  // 32 state values, else 32-token ones (block_v 128 at 8 warps, 64 state values a thread: GLA
-  // 1.30 ms at 64 without the prefetch, 1.03 at 32 with it; simple GLA spilled 40 bytes at 64).
+  // 32 state values, else 32-token ones (block_v 128 at 8 warps, 64 state values a thread: 64
+  // tokens leave no room for the prefetch, or spill; bench/RESULTS.md, "Evidence behind the
+  // heuristics", H8).
   cuda::ChunkedTile shorter = tile;
   shorter.chunk = 32;
   const bool crowded = tile.block_k * tile.block_v / (32 * tile.warps) > 32;
@@ -350,14 +350,13 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
     if (valid(ws) && cuda::chunked_ws_unsupported(variant, types).empty() && ws_copyable(variant, bound).empty()) return ws;
   }
   // sm_90a: the state update on wgmma where the warps cover the state in whole warpgroups
-  // (measured on the H100, 128,32,128,8: GLA B8 T4096 0.862 -> 0.852 ms, simple GLA 0.614 -> 0.586).
+  // (bench/RESULTS.md, "Evidence behind the heuristics", H9).
   if (cuda::has_wgmma(arch)) {
     cuda::ChunkedTile w = tile;
     w.wgmma = true;
     if (valid(w)) tile = w;
     // A per-head decay at most: 64-token chunks on wgmma, where the state update runs beside the
-    // output (measured on the H100, simple GLA B8 T4096: 128,64,128,8,wgmma 0.492 ms, 128,32,128,8,wgmma
-    // 0.539; GLA's key gate keeps 32: 1.12 against 0.84).
+    // output; GLA's key gate keeps 32 (bench/RESULTS.md, "Evidence behind the heuristics", H10).
     cuda::ChunkedTile longer = tile;
     longer.chunk = 64;
     if (tile.wgmma && cuda::chunked_head_decay_only(variant) && valid(longer) && cuda::chunked_prefetch(variant, longer))
@@ -428,17 +427,17 @@ SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::C
   out.first.initial_state = out.first.final_state = false;
   // LADLE_SUFFIX_STATES=0: the split form's state pass instead (a measurement knob, like LADLE_STATE_PIECES).
   if (const char* suffix = std::getenv("LADLE_SUFFIX_STATES"); suffix && std::string(suffix) == "0") out.first.suffix_states = false;
-  // The suffix form at 32-token chunks, two blocks per SM (measured on the H100, GLA B2 T16384 in 4
-  // pieces: state pass 0.223 ms, 0.269 at 64-token chunks; simple GLA 0.171 and 0.192);
-  // LADLE_SUFFIX_CHUNK=64 measures the other.
+  // The suffix form at 32-token chunks, two blocks per SM (bench/RESULTS.md, "Evidence behind the
+  // heuristics", H11); LADLE_SUFFIX_CHUNK=64 measures the other.
   if (cuda::chunked_suffix_states(variant, out.first)) {
     const char* chunk = std::getenv("LADLE_SUFFIX_CHUNK");
     out.first.tile.chunk = chunk && std::string(chunk) == "64" ? 64 : 32;
   }
   // A ws serial tile: the state pass in the ws form too (k and v by TMA, the update alone on wgmma,
   // one consumer warpgroup per block, two blocks per SM); LADLE_SUFFIX_STATES=0 or =1 measures the others.
-  // A key-side gate keeps the suffix pass: its ws form measured slower on the H100 (GLA B2 T16384: 0.338
-  // ms against 0.220; the per-feature sums are latency-bound) unless LADLE_WS_KEY_STATES=1 asks for it.
+  // A key-side gate keeps the suffix pass: its ws form is slower (the per-feature sums are
+  // latency-bound; bench/RESULTS.md, "Evidence behind the heuristics", H12) unless
+  // LADLE_WS_KEY_STATES=1 asks for it.
   const char* other = std::getenv("LADLE_SUFFIX_STATES");
   const char* key_states = std::getenv("LADLE_WS_KEY_STATES");
   const bool key_gate = variant.has(ir::Slot::log_decay_k) && !(key_states && std::string(key_states) == "1");
@@ -681,8 +680,8 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       segments = cuda::chunked_segments(bound.dims.N, args.tokens, args.cu_seqlens, segment_tokens, args.reverse);
     if (!tiled.chunked_tile) {
       // The 8 tiles the cost model ranks best: it ranks the measured tiles in their measured order
-      // at the benchmark shapes, so a first call times those instead of all 25 (12 s at K=V=128 on
-      // the H100). ladle-tune still times every valid tile.
+      // at the benchmark shapes, so a first call times those instead of all 25 (bench/RESULTS.md,
+      // "Evidence behind the heuristics", H13). ladle-tune still times every valid tile.
       TuneOptions tune_options;
       tune_options.max_candidates = 8;
       tiled.chunked_tile = tuned_chunked_tile(variant, bound, options,

@@ -64,13 +64,13 @@ int pad16(std::int64_t dim) { return static_cast<int>((dim + 15) / 16 * 16); }
 // (x1.5 at the guard's 160). wgmma is modelled at mma.sync's rate: it differs by its registers
 // (q stays in shared memory) and its shared memory only, and a tie keeps mma.sync first (the
 // enumeration order). ws overlaps the softmax with the products and has no copies to issue and
-// no barrier per tile (measured 2x mma.sync at causal B8 T4096, bench/RESULTS.md). An SM
-// runs the blocks that fit at once (shared memory, registers estimated as 48 + the fragment
-// values, threads) and overlaps their waits; the call takes the longer of the total work over
-// the SMs and the longest block alone (fewer blocks than SMs leave SMs idle). Not yet
-// calibrated on a GPU (bench/RESULTS.md): at H16 bf16, B8 T4096 and B2 T16384, D128 and D64,
-// causal or a 1024-key window, it ranks heuristic_attention_tile first (and its 64-row tiles
-// for few blocks, its 32-key tiles at D192).
+// no barrier per tile (faster than mma.sync: bench/RESULTS.md, "Evidence behind the heuristics",
+// H14). An SM runs the blocks that fit at once (shared memory, registers estimated as 48 + the
+// fragment values, threads) and overlaps their waits; the call takes the longer of the total work
+// over the SMs and the longest block alone (fewer blocks than SMs leave SMs idle). Not yet
+// calibrated on a GPU (bench/RESULTS.md): at H16 bf16, B8 T4096 and B2 T16384, D128 and D64, causal
+// or a 1024-key window, it ranks heuristic_attention_tile first (and its 64-row tiles for few
+// blocks, its 32-key tiles at D192).
 double attention_cycles(const AttentionTuneShape& s, bool split, const Tile& tile, const DeviceLimits& device) {
   const int Dp = pad16(s.D), Dvp = pad16(s.Dv);
   const double bm = tile.block_m, bn = tile.block_n;

@@ -165,21 +165,22 @@ std::string joined(const std::vector<std::string>& problems) {
 }
 
 // A rough time of a chunked tile in SM cycles (only the ranking matters), fitted to the H100's
-// measurements of GLA at H16 K=V=128 (bench/RESULTS.md, issue 11): per chunk a block pays a fixed
-// part (barriers, the serial sum of the gates: ~1.9 us), the staging and products that scale with
-// the chunk's keys (C x block_k) and values (C x block_v), and, where the next chunk's rows are not
-// prefetched (chunked_prefetch), the latency of loading them (~5.4 us). An SM runs its share of the
-// blocks in rounds of those that fit at once (shared memory, registers estimated from the state
-// values a thread keeps, threads); fewer blocks than SMs leave SMs idle. It ranks the measured
-// tiles in their measured order at B32 T1024, B8 T4096 and B2 T16384 (block_v 128 at 32-token
-// chunks first where the (sequence, head) pairs fill the GPU, block_v 32 at B2 T16384), which is
-// heuristic_chunked_tile's choice.
+// measurements of GLA at H16 K=V=128 (bench/RESULTS.md, issue 11; the fitted parts' times in
+// "Evidence behind the heuristics", H15): per chunk a block pays a fixed part (barriers, the serial
+// sum of the gates), the staging and products that scale with the chunk's keys (C x block_k) and
+// values (C x block_v), and, where the next chunk's rows are not prefetched (chunked_prefetch), the
+// latency of loading them. An SM runs its share of the blocks in rounds of those that fit at once
+// (shared memory, registers estimated from the state values a thread keeps, threads); fewer blocks
+// than SMs leave SMs idle. It ranks the measured tiles in their measured order at B32 T1024, B8
+// T4096 and B2 T16384 (block_v 128 at 32-token chunks first where the (sequence, head) pairs fill
+// the GPU, block_v 32 at B2 T16384), which is heuristic_chunked_tile's choice.
 double chunked_cycles(const ir::Variant& variant, const TuneShape& shape, const cuda::ChunkedTile& tile,
                       const DeviceLimits& device) {
   const double C = tile.chunk, bk = tile.block_k, bv = tile.block_v;
   const int threads = 32 * tile.warps;
   const double fixed = 2800, per_key = 1.1, per_value = 1.2, unprefetched = 8000;
-  // wgmma's state update: 1-5 % less per chunk than mma.sync's (H100, 128,32,128,8).
+  // wgmma's state update: a little less per chunk than mma.sync's (bench/RESULTS.md, "Evidence
+  // behind the heuristics", H16).
   // ws (a TMA producer beside wgmma consumers, a per-head decay): the fixed part overlaps the loads;
   // predicted at about 0.6 of the serial form's chunk (issue 11, eighth step).
   const double chunk_cycles = (tile.ws ? 0.6 : tile.wgmma ? 0.97 : 1.0) *

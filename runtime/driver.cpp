@@ -180,8 +180,8 @@ DeviceBuffer DeviceBuffer::on_stream(std::size_t bytes, const Stream* stream) {
   if (bytes == 0) return buffer;
   // The device's pool keeps what stream-ordered frees give back instead of returning it to the OS
   // at every synchronisation (the default threshold, 0): the next call's scratch memory is then
-  // mapped already. Measured on the H100: the segmented chunked form's per-call scratch (6 MiB at
-  // B2 T16384) otherwise left the GPU idle between calls.
+  // mapped already. Otherwise the segmented chunked form's per-call scratch left the GPU idle
+  // between calls (bench/RESULTS.md, "Evidence behind the heuristics", H17).
   static std::once_flag keep_pool;
   std::call_once(keep_pool, [] {
     CUdevice device = 0;
