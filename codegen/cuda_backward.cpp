@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <set>
+#include <utility>
 
 #include <ladle/runtime/error.h>
 
@@ -46,105 +48,141 @@ std::string backward_spec_key(const BackwardKernelSpec& spec) {
   return key;
 }
 
-BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec) {
-  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_backward: " + what); };
-  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
-  if (!variant.plain_form()) fail("the backward of " + ir::form_name(variant) + " is not built yet");
-  if (variant.normalize && (spec.write_do || !spec.write_v || spec.direct_v))
-    fail("a normalised read's backward writes v with the normaliser's column and takes do from the normalised-read helper");
-  check_types("generate_backward", variant, spec);
-  if (!floating(spec.slot_type) || !floating(spec.d_output_type)) fail("slot_type and d_output_type must be f32, f16 or bf16");
+namespace {
 
-  // The kernel's own names: an input called s, t or u is renamed (in<i>_s) rather than shadowed.
-  const std::vector<std::string> id = identifiers(
-      variant, {"CHUNK", "REVERSE", "B", "T", "H", "K", "V", "VS", "C", "n", "h", "b", "bos", "eos", "len", "s", "s0", "s1", "i", "j", "key",
-                "value", "t", "t_step", "r", "live", "scale_t", "ga", "gb", "u", "dks", "dvs", "qs", "kf", "vf", "dos", "o_f", "carry",
-                "carry_row", "log_a", "log_a_next", "log_b", "log_b_next", "log_h", "log_h_next", "first_decay", "head_t", "ta", "tb",
-                "totals", "row", "a", "bv", "d_out", "u_i", "dk_i", "dv_j", "p", "offset", "cu_seqlens"});
-  const auto& inputs = variant.inputs;
-  const auto has = [&](ir::Slot s) { return variant.has(s); };
-  const bool decays_k = has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head);
-  const bool decays_v = has(ir::Slot::log_decay_v);
-  const InputUse use = input_use(variant);
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    if (inputs[k].kind == ir::InputKind::token_key && use.value_side[k])
-      fail("input '" + inputs[k].name + "' has the key width but a value-side slot reads it");
-    if (inputs[k].kind == ir::InputKind::token_value && use.key_side[k])
-      fail("input '" + inputs[k].name + "' has the value width but a key-side slot reads it");
+// The kernel's own names: an input called s, t or u is renamed (in<i>_s) rather than shadowed.
+const std::set<std::string> backward_template_names = {
+    "CHUNK", "REVERSE", "B", "T", "H", "K", "V", "VS", "C", "n", "h", "b", "bos", "eos", "len", "s", "s0", "s1", "i", "j", "key",
+    "value", "t", "t_step", "r", "live", "scale_t", "ga", "gb", "u", "dks", "dvs", "qs", "kf", "vf", "dos", "o_f", "carry",
+    "carry_row", "log_a", "log_a_next", "log_b", "log_b_next", "log_h", "log_h_next", "first_decay", "head_t", "ta", "tb",
+    "totals", "row", "a", "bv", "d_out", "u_i", "dk_i", "dv_j", "p", "offset", "cu_seqlens"};
+
+// Emits one phase's kernel of the recurrent backward part by part: every part reads the
+// variant, the spec and what they decide (the flags below), and writes into one Code.
+class BackwardEmitter {
+ public:
+  BackwardEmitter(const ir::Variant& variant, const BackwardKernelSpec& spec)
+      : variant_(variant),
+        spec_(spec),
+        inputs_(variant.inputs),
+        id_(identifiers(variant, backward_template_names)),
+        decays_k_(has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head)),
+        decays_v_(has(ir::Slot::log_decay_v)),
+        head_decay_(has(ir::Slot::log_decay_head)),
+        key_decay_(has(ir::Slot::log_decay_k)),
+        separate_head_(head_decay_ && !key_decay_),
+        slots_(spec.phase == BackwardPhase::slots),
+        all_(variant.inputs.size(), true),
+        added_(variant.inputs.size(), false) {}
+
+  BackwardKernel generate();
+
+ private:
+  bool has(ir::Slot s) const { return variant_.has(s); }
+  std::string slot_or(ir::Slot s, const std::string& suffix, const char* otherwise) const {
+    return has(s) ? render_slot(variant_, id_, s, suffix) : std::string(otherwise);
   }
-  const bool slots = spec.phase == BackwardPhase::slots;
 
-  BackwardKernel kernel;
-  kernel.name = std::string("ladle_bwd_") + to_string(spec.phase) + "_" + hex(fnv1a(backward_spec_key(spec), ir::hash(variant)));
+  void extra(const std::string& c_type, const std::string& name, const std::string& what = "");
+  void d_out_params();
+  void declare_parameters();
+  std::string header() const;
+  void prologue();
+  void side_loads(bool key_side);
+  void decay_stores(bool next);
+  void slots_body();
+  std::string key_term() const;
+  std::string value_term() const;
+  void step_prologue();
+  void totals_body();
+  void chain_body();
+  void chain_slot(ir::Slot s, const std::string& gradient, const std::string& suffix);
+  bool direct(std::size_t k) const;
+  void chain_writes();
 
-  // ---- Parameters: the inputs as the forward's kernels take them, then the phase's own.
-  std::vector<std::string> declarations;
+  const ir::Variant& variant_;
+  const BackwardKernelSpec& spec_;
+  const std::vector<ir::Input>& inputs_;
+  const std::vector<std::string> id_;
+  // A head decay beside a key-side one is folded into log_a; alone it is its own per-token gate, log_h.
+  const bool decays_k_, decays_v_, head_decay_, key_decay_, separate_head_, slots_;
+  const std::vector<bool> all_;
+  // Inputs that get a part in the chain (an input whose gradient a recurrence wrote gets only the other slots').
+  std::vector<bool> added_;
+  BackwardKernel kernel_;
+  std::vector<std::string> declarations_;
+  Code c_;
+};
+
+void BackwardEmitter::extra(const std::string& c_type, const std::string& name, const std::string& what) {
+  declarations_.push_back(c_type + (c_type.back() == '*' ? " __restrict__ " : " ") + name);
+  kernel_.extra_params.push_back(what.empty() ? name : what);
+  kernel_.extra_types.push_back(c_type);
+}
+
+void BackwardEmitter::d_out_params() {
+  extra(std::string("const ") + storage_type(spec_.d_output_type) + "*", "d_out");
+  for (const char* name : {"d_out_stride_b", "d_out_stride_t", "d_out_stride_h", "d_out_stride_d"}) extra("long long", name);
+}
+
+// The inputs as the forward's kernels take them, then the phase's own.
+void BackwardEmitter::declare_parameters() {
   {
-    KernelTypes types = spec;
+    KernelTypes types = spec_;
     types.initial_state = types.final_state = types.varlen = false;
     std::vector<KernelParam> all;
     std::vector<std::string> all_declarations;
-    declare_params(variant, id, types, all_declarations, all);
+    declare_params(variant_, id_, types, all_declarations, all);
     for (std::size_t p = 0; p < all.size(); ++p)
-      if (all[p].input >= 0) kernel.params.push_back(all[p]), declarations.push_back(all_declarations[p]);
+      if (all[p].input >= 0) kernel_.params.push_back(all[p]), declarations_.push_back(all_declarations[p]);
   }
-  const std::string E = storage_type(spec.slot_type);
-  const auto extra = [&](const std::string& c_type, const std::string& name, const std::string& what = "") {
-    declarations.push_back(c_type + (c_type.back() == '*' ? " __restrict__ " : " ") + name);
-    kernel.extra_params.push_back(what.empty() ? name : what);
-    kernel.extra_types.push_back(c_type);
-  };
-  const auto d_out_params = [&] {
-    extra(std::string("const ") + storage_type(spec.d_output_type) + "*", "d_out");
-    for (const char* name : {"d_out_stride_b", "d_out_stride_t", "d_out_stride_h", "d_out_stride_d"}) extra("long long", name);
-  };
-  // A head decay beside a key-side one is folded into log_a; alone it is its own per-token gate, log_h.
-  const bool head_decay = has(ir::Slot::log_decay_head), key_decay = has(ir::Slot::log_decay_k);
-  const bool separate_head = head_decay && !key_decay;
-  if (slots) {
-    if (spec.write_q) extra(E + "*", "qs");
-    if (spec.write_k) extra(E + "*", "kf");
-    if (spec.write_v) extra(E + "*", "vf");
-    if (spec.write_do) extra(E + "*", "dos");
-    if (key_decay) {
-      if (spec.write_log_a) extra("float*", "log_a");
-      extra(std::string(storage_type(spec.log_a_next_type)) + "*", "log_a_next");
+  const std::string E = storage_type(spec_.slot_type);
+  if (slots_) {
+    if (spec_.write_q) extra(E + "*", "qs");
+    if (spec_.write_k) extra(E + "*", "kf");
+    if (spec_.write_v) extra(E + "*", "vf");
+    if (spec_.write_do) extra(E + "*", "dos");
+    if (key_decay_) {
+      if (spec_.write_log_a) extra("float*", "log_a");
+      extra(std::string(storage_type(spec_.log_a_next_type)) + "*", "log_a_next");
     }
-    if (separate_head) extra("float*", "log_h"), extra("float*", "log_h_next");
-    if (decays_v) {
-      if (spec.write_log_b) extra("float*", "log_b");
-      extra(std::string(storage_type(spec.log_b_next_type)) + "*", "log_b_next");
+    if (separate_head_) extra("float*", "log_h"), extra("float*", "log_h_next");
+    if (decays_v_) {
+      if (spec_.write_log_b) extra("float*", "log_b");
+      extra(std::string(storage_type(spec_.log_b_next_type)) + "*", "log_b_next");
     }
-    if (spec.write_first) extra("float*", "first_decay");
-    if (spec.write_do) d_out_params();
+    if (spec_.write_first) extra("float*", "first_decay");
+    if (spec_.write_do) d_out_params();
   } else {
     for (const char* name : {"u", "dks", "dvs"}) extra("const float*", name);
-    if (decays_v) extra("const float*", "o_f");
+    if (decays_v_) extra("const float*", "o_f");
     d_out_params();
-    if (spec.phase == BackwardPhase::totals) {
+    if (spec_.phase == BackwardPhase::totals) {
       extra("float*", "totals");
     } else {
-      if (decays_k || decays_v) extra("const float*", "carry");
-      for (std::size_t k = 0; k < inputs.size(); ++k) {
-        if (inputs[k].kind == ir::InputKind::scalar) continue;
-        extra("float*", "d_" + id[k], "d/" + inputs[k].name);
+      if (decays_k_ || decays_v_) extra("const float*", "carry");
+      for (std::size_t k = 0; k < inputs_.size(); ++k) {
+        if (inputs_[k].kind == ir::InputKind::scalar) continue;
+        extra("float*", "d_" + id_[k], "d/" + inputs_[k].name);
         for (const char* dim : {"sb", "st", "sh", "sd"})
-          extra("long long", "d_" + id[k] + "_" + dim, "d/" + inputs[k].name + "/" + dim);
+          extra("long long", "d_" + id_[k] + "_" + dim, "d/" + inputs_[k].name + "/" + dim);
       }
     }
   }
-  if (spec.varlen) extra("const long long*", "cu_seqlens");
+  if (spec_.varlen) extra("const long long*", "cu_seqlens");
   // VS: the value-side slot tensors' row width (V, and V + 1 for a normalised read: the normaliser is
   // the state's extra column, its value 1).
   for (const char* name : {"B", "T", "H", "K", "V", "VS", "C"}) extra("int", name);
+}
 
-  // ---- Header
-  std::string header = "ladle: recurrent backward, " + std::string(to_string(spec.phase)) + " kernel " + kernel.name +
+std::string BackwardEmitter::header() const {
+  const BackwardKernelSpec& spec = spec_;
+  std::string header = "ladle: recurrent backward, " + std::string(to_string(spec.phase)) + " kernel " + kernel_.name +
                        "\nGenerated by codegen/cuda_backward.cpp; do not edit.\n\n";
-  header += ir::to_string(variant);
+  header += ir::to_string(variant_);
   header += "\nlaunch: grid (C = chunks of " + std::to_string(backward_chunk) +
             " steps in the longest sequence, N * H), block (one thread per feature: max(K, V) rounded to warps)\n";
-  header += "types: " + types_line(variant, id, spec) + "; slots " + dtype_name(spec.slot_type) + "\n";
+  header += "types: " + types_line(variant_, id_, spec) + "; slots " + dtype_name(spec.slot_type) + "\n";
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") + "\n";
   {  // the launcher's plan for this call, as far as it changes the code
     std::string in_place, written, direct;
@@ -159,7 +197,7 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
               "; slots written: " + (written.empty() ? "none" : written) + "; read in place: " + (in_place.empty() ? "none" : in_place) +
               "; gradients the recurrences write: " + (direct.empty() ? "none" : direct) + "\n";
   }
-  if (slots)
+  if (slots_)
     header += "Writes the slots at every token: qs = q_feature * scale, kf, vf, dos (d_output), the log decays and\n"
               "the next step's log decays (0 at a sequence's last step).\n";
   else if (spec.phase == BackwardPhase::totals)
@@ -168,249 +206,271 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
   else
     header += "Walks each block's steps backwards: the decays' gradients are running sums from carry; every slot's\n"
               "gradient times d slot / d input (ir::derivative) is added into that input's gradient.\n";
+  return header;
+}
 
-  Code c;
-  c(comment_block(header) + "\n" + storage_helpers);
-  c("extern \"C\" __global__ void __launch_bounds__(1024) " + kernel.name + "(");
-  c.in(), c.in();
-  for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
-  c.out();
+// The block's sequence and steps [s0, s1), this thread's features, the inputs' heads.
+void BackwardEmitter::prologue() {
+  Code& c = c_;
   c("constexpr int CHUNK = " + std::to_string(backward_chunk) + ";");
-  c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
+  c(std::string("constexpr bool REVERSE = ") + (spec_.reverse ? "true" : "false") + ";");
   c("const int n = blockIdx.y / H, h = blockIdx.y % H;");
-  emit_sequence_bounds(c, false, spec.varlen);
+  emit_sequence_bounds(c, false, spec_.varlen);
   c("const long long len = eos - bos, s0 = static_cast<long long>(blockIdx.x) * CHUNK;");
   c("if (s0 >= len) return;");
   c("const long long s1 = s0 + CHUNK < len ? s0 + CHUNK : len;");
   c("const int i = threadIdx.x, j = threadIdx.x;  // this thread's key feature and value feature");
   c("const bool key = i < K, value = j < V;");
   c("(void)B;");
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    if (inputs[k].kind == ir::InputKind::scalar) continue;
-    c("const int " + id[k] + "_head = h * " + id[k] + "_heads / H; (void)" + id[k] + "_head;");
+  for (std::size_t k = 0; k < inputs_.size(); ++k) {
+    if (inputs_[k].kind == ir::InputKind::scalar) continue;
+    c("const int " + id_[k] + "_head = h * " + id_[k] + "_heads / H; (void)" + id_[k] + "_head;");
   }
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind == ir::InputKind::head)
-      c("const float " + id[k] + "_value = ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + " + id[k] + "_head * " + id[k] +
-        "_stride_h); (void)" + id[k] + "_value;");
-  std::vector<bool> all(inputs.size(), true);
-  // The loads of a side's per-feature inputs at feature i (key) or j (value).
-  const auto side_loads = [&](bool key_side) {
-    for (std::size_t k = 0; k < inputs.size(); ++k) {
-      const bool wanted = key_side ? inputs[k].kind == ir::InputKind::token_key : inputs[k].kind == ir::InputKind::token_value;
-      if (!wanted) continue;
-      const std::string f = key_side ? "i" : "j";
-      c("const float " + id[k] + "_" + f + " = " + row_load(id, k, f) + "; (void)" + id[k] + "_" + f + ";");
-    }
-  };
-  const auto slot_or = [&](ir::Slot s, const std::string& suffix, const char* otherwise) {
-    return has(s) ? render_slot(variant, id, s, suffix) : std::string(otherwise);
-  };
+  for (std::size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].kind == ir::InputKind::head)
+      c("const float " + id_[k] + "_value = ladle_load(" + id_[k] + " + b * " + id_[k] + "_stride_b + " + id_[k] + "_head * " + id_[k] +
+        "_stride_h); (void)" + id_[k] + "_value;");
+}
 
-  // The log decays of the current token: the key side's own (log_a), the head's, the value side's.
-  const auto decay_stores = [&](bool next) {
-    const std::string guard = next ? "live ? " : "", otherwise = next ? " : 0.0f" : "";
-    const std::string suffix = next ? "_next" : "";
-    if (head_decay)
-      c("const float head_t = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_head, "") + ")" + otherwise + ";");
-    if (separate_head) c("if (threadIdx.x == 0) log_h" + suffix + "[r] = head_t;");
-    if (key_decay) {
-      c("if (key) {");
-      c.in();
-      side_loads(true);
-      c("const float a = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_k, "_i") + ")" + (head_decay ? " + head_t" : "") +
-        otherwise + ";");
-      if (next) c("ladle_store(log_a_next + r * K + i, a);");
-      else if (spec.write_log_a) c("log_a[r * K + i] = a;");
-      if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = a;");
-      c.out();
-      c("}");
-    } else if (!next && spec.write_first) {  // every entry is written: a side without decays gets 0
-      c("if (key && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = " + std::string(head_decay ? "head_t" : "0.0f") + ";");
-    }
-    if (decays_v) {
-      c("if (value) {");
-      c.in();
-      side_loads(false);
-      c("const float bv = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_v, "_j") + ")" + otherwise + ";");
-      if (next) c("ladle_store(log_b_next + r * VS + j, bv);");
-      else if (spec.write_log_b) c("log_b[r * VS + j] = bv;");
-      if (!next && spec.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = bv;");
-      c.out();
-      c("}");
-    } else if (!next && spec.write_first) {
-      c("if (value && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = 0.0f;");
-    }
-  };
-  if (slots) {
-    c("for (long long s = s0; s < s1; ++s) {");
-    c.in();
-    c("const long long t_step = REVERSE ? eos - 1 - s : bos + s;");
-    c("const long long r = (static_cast<long long>(b) * T + t_step) * H + h;  // the slot row");
-    c("{");
-    c.in();
-    c("const long long t = t_step;");
-    token_rows(c, variant, id, all, false);
-    if (spec.write_q || spec.write_k) {
-      c("if (key) {");
-      c.in();
-      side_loads(true);
-      if (spec.write_q)
-        c("ladle_store(qs + r * K + i, " + render_slot(variant, id, ir::Slot::q_feature, "_i") +
-          (spec.fold_scale ? std::string() : " * (" + slot_or(ir::Slot::scale, "", "1.0f") + ")") + ");");
-      if (spec.write_k) c("ladle_store(kf + r * K + i, " + render_slot(variant, id, ir::Slot::k_feature, "_i") + ");");
-      c.out();
-      c("}");
-    }
-    if (spec.write_v || spec.write_do) {
-      c("if (value) {");
-      c.in();
-      side_loads(false);
-      if (spec.write_v) c("ladle_store(vf + r * VS + j, " + render_slot(variant, id, ir::Slot::v, "_j") + ");");
-      if (spec.write_v && variant.normalize) c("if (j == 0) ladle_store(vf + r * VS + V, 1.0f);  // the normaliser's column");
-      if (spec.write_do)
-        c("ladle_store(dos + r * VS + j, ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * "
-          "d_out_stride_d));");
-      c.out();
-      c("}");
-    }
-    if (spec.write_log_a || spec.write_log_b || separate_head) {
-      decay_stores(false);
-    } else if (spec.write_first) {  // only the first step's decays (d initial_state): not evaluated at every step
-      c("if (s == 0) {");
-      c.in();
-      decay_stores(false);
-      c.out();
-      c("}");
-    }
-    c.out();
-    c("}");
-    if (decays_k || decays_v) {
-      c("{  // the next step's decays at this step's row: what the backward's recurrences over dS multiply by");
-      c.in();
-      c("const bool live = s + 1 < len;");
-      c("const long long t = live ? (REVERSE ? t_step - 1 : t_step + 1) : t_step;");
-      token_rows(c, variant, id, all, true);
-      decay_stores(true);
-      c.out();
-      c("}");
-    }
-    c.out();
-    c("}");
-    c.out();
-    c("}");
-    kernel.source = c.text();
-    return kernel;
+// The loads of a side's per-feature inputs at feature i (key) or j (value).
+void BackwardEmitter::side_loads(bool key_side) {
+  for (std::size_t k = 0; k < inputs_.size(); ++k) {
+    const bool wanted = key_side ? inputs_[k].kind == ir::InputKind::token_key : inputs_[k].kind == ir::InputKind::token_value;
+    if (!wanted) continue;
+    const std::string f = key_side ? "i" : "j";
+    c_("const float " + id_[k] + "_" + f + " = " + row_load(id_, k, f) + "; (void)" + id_[k] + "_" + f + ";");
   }
+}
 
-  // The decays' per-step terms, from the slots recomputed in fp32 (the recurrences' operands may be 16-bit).
-  const std::string key_term = "(" + render_slot(variant, id, ir::Slot::q_feature, "_i") + ")" +
-                               (spec.fold_scale ? "" : " * scale_t") + " * u_i - (" +
-                               render_slot(variant, id, ir::Slot::k_feature, "_i") + ") * dk_i";
-  const std::string value_term =
-      "o_f[r * VS + j] * ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * d_out_stride_d) - (" +
-      render_slot(variant, id, ir::Slot::v, "_j") + ") * dv_j";
-  const auto step_prologue = [&] {
-    c("const long long r = (static_cast<long long>(b) * T + t) * H + h;  // the slot row");
-    token_rows(c, variant, id, all, false);
-    c("const float scale_t = " + slot_or(ir::Slot::scale, "", "1.0f") + "; (void)scale_t;");
-  };
-  if (spec.phase == BackwardPhase::totals) {
-    c("float ta = 0.0f, tb = 0.0f;");
-    c("for (long long s = s0; s < s1; ++s) {");
+// The log decays of the current token: the key side's own (log_a), the head's, the value side's.
+void BackwardEmitter::decay_stores(bool next) {
+  Code& c = c_;
+  const ir::Variant& variant = variant_;
+  const std::vector<std::string>& id = id_;
+  const std::string guard = next ? "live ? " : "", otherwise = next ? " : 0.0f" : "";
+  const std::string suffix = next ? "_next" : "";
+  if (head_decay_)
+    c("const float head_t = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_head, "") + ")" + otherwise + ";");
+  if (separate_head_) c("if (threadIdx.x == 0) log_h" + suffix + "[r] = head_t;");
+  if (key_decay_) {
+    c("if (key) {");
     c.in();
-    c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
-    step_prologue();
-    if (decays_k) {
-      c("if (key) {");
-      c.in();
-      side_loads(true);
-      c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
-      c("ta += " + key_term + ";");
-      c.out();
-      c("}");
-    }
-    if (decays_v) {
-      c("if (value) {");
-      c.in();
-      side_loads(false);
-      c("const float dv_j = dvs[r * VS + j];");
-      c("tb += " + value_term + ";");
-      c.out();
-      c("}");
-    }
+    side_loads(true);
+    c("const float a = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_k, "_i") + ")" + (head_decay_ ? " + head_t" : "") +
+      otherwise + ";");
+    if (next) c("ladle_store(log_a_next + r * K + i, a);");
+    else if (spec_.write_log_a) c("log_a[r * K + i] = a;");
+    if (!next && spec_.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = a;");
     c.out();
     c("}");
-    c("const long long row = (static_cast<long long>(blockIdx.y) * C + blockIdx.x) * (K + V);");
-    c("if (key) totals[row + i] = ta;");
-    c("if (value) totals[row + K + j] = tb;");
-    c.out();
-    c("}");
-    kernel.source = c.text();
-    return kernel;
+  } else if (!next && spec_.write_first) {  // every entry is written: a side without decays gets 0
+    c("if (key && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + i] = " + std::string(head_decay_ ? "head_t" : "0.0f") + ";");
   }
+  if (decays_v_) {
+    c("if (value) {");
+    c.in();
+    side_loads(false);
+    c("const float bv = " + guard + "(" + render_slot(variant, id, ir::Slot::log_decay_v, "_j") + ")" + otherwise + ";");
+    if (next) c("ladle_store(log_b_next + r * VS + j, bv);");
+    else if (spec_.write_log_b) c("log_b[r * VS + j] = bv;");
+    if (!next && spec_.write_first) c("if (s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = bv;");
+    c.out();
+    c("}");
+  } else if (!next && spec_.write_first) {
+    c("if (value && s == 0) first_decay[static_cast<long long>(blockIdx.y) * (K + V) + K + j] = 0.0f;");
+  }
+}
 
-  // ---- chain
+void BackwardEmitter::slots_body() {
+  Code& c = c_;
+  const ir::Variant& variant = variant_;
+  const BackwardKernelSpec& spec = spec_;
+  const std::vector<std::string>& id = id_;
+  c("for (long long s = s0; s < s1; ++s) {");
+  c.in();
+  c("const long long t_step = REVERSE ? eos - 1 - s : bos + s;");
+  c("const long long r = (static_cast<long long>(b) * T + t_step) * H + h;  // the slot row");
+  c("{");
+  c.in();
+  c("const long long t = t_step;");
+  token_rows(c, variant, id, all_, false);
+  if (spec.write_q || spec.write_k) {
+    c("if (key) {");
+    c.in();
+    side_loads(true);
+    if (spec.write_q)
+      c("ladle_store(qs + r * K + i, " + render_slot(variant, id, ir::Slot::q_feature, "_i") +
+        (spec.fold_scale ? std::string() : " * (" + slot_or(ir::Slot::scale, "", "1.0f") + ")") + ");");
+    if (spec.write_k) c("ladle_store(kf + r * K + i, " + render_slot(variant, id, ir::Slot::k_feature, "_i") + ");");
+    c.out();
+    c("}");
+  }
+  if (spec.write_v || spec.write_do) {
+    c("if (value) {");
+    c.in();
+    side_loads(false);
+    if (spec.write_v) c("ladle_store(vf + r * VS + j, " + render_slot(variant, id, ir::Slot::v, "_j") + ");");
+    if (spec.write_v && variant.normalize) c("if (j == 0) ladle_store(vf + r * VS + V, 1.0f);  // the normaliser's column");
+    if (spec.write_do)
+      c("ladle_store(dos + r * VS + j, ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * "
+        "d_out_stride_d));");
+    c.out();
+    c("}");
+  }
+  if (spec.write_log_a || spec.write_log_b || separate_head_) {
+    decay_stores(false);
+  } else if (spec.write_first) {  // only the first step's decays (d initial_state): not evaluated at every step
+    c("if (s == 0) {");
+    c.in();
+    decay_stores(false);
+    c.out();
+    c("}");
+  }
+  c.out();
+  c("}");
+  if (decays_k_ || decays_v_) {
+    c("{  // the next step's decays at this step's row: what the backward's recurrences over dS multiply by");
+    c.in();
+    c("const bool live = s + 1 < len;");
+    c("const long long t = live ? (REVERSE ? t_step - 1 : t_step + 1) : t_step;");
+    token_rows(c, variant, id, all_, true);
+    decay_stores(true);
+    c.out();
+    c("}");
+  }
+  c.out();
+  c("}");
+}
+
+// The decays' per-step terms, from the slots recomputed in fp32 (the recurrences' operands may be 16-bit).
+std::string BackwardEmitter::key_term() const {
+  return std::string("(") + render_slot(variant_, id_, ir::Slot::q_feature, "_i") + ")" + (spec_.fold_scale ? "" : " * scale_t") + " * u_i - (" +
+         render_slot(variant_, id_, ir::Slot::k_feature, "_i") + ") * dk_i";
+}
+
+std::string BackwardEmitter::value_term() const {
+  return "o_f[r * VS + j] * ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * d_out_stride_d) - (" +
+         render_slot(variant_, id_, ir::Slot::v, "_j") + ") * dv_j";
+}
+
+void BackwardEmitter::step_prologue() {
+  c_("const long long r = (static_cast<long long>(b) * T + t) * H + h;  // the slot row");
+  token_rows(c_, variant_, id_, all_, false);
+  c_("const float scale_t = " + slot_or(ir::Slot::scale, "", "1.0f") + "; (void)scale_t;");
+}
+
+void BackwardEmitter::totals_body() {
+  Code& c = c_;
+  c("float ta = 0.0f, tb = 0.0f;");
+  c("for (long long s = s0; s < s1; ++s) {");
+  c.in();
+  c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
+  step_prologue();
+  if (decays_k_) {
+    c("if (key) {");
+    c.in();
+    side_loads(true);
+    c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
+    c("ta += " + key_term() + ";");
+    c.out();
+    c("}");
+  }
+  if (decays_v_) {
+    c("if (value) {");
+    c.in();
+    side_loads(false);
+    c("const float dv_j = dvs[r * VS + j];");
+    c("tb += " + value_term() + ";");
+    c.out();
+    c("}");
+  }
+  c.out();
+  c("}");
+  c("const long long row = (static_cast<long long>(blockIdx.y) * C + blockIdx.x) * (K + V);");
+  c("if (key) totals[row + i] = ta;");
+  c("if (value) totals[row + K + j] = tb;");
+}
+
+// Each slot's gradient at this thread's feature, and its derivative by every input it reads.
+void BackwardEmitter::chain_slot(ir::Slot s, const std::string& gradient, const std::string& suffix) {
+  const BackwardKernelSpec& spec = spec_;
+  if (!has(s)) return;
+  if ((s == ir::Slot::q_feature && spec.direct_q) || (s == ir::Slot::k_feature && spec.direct_k) || (s == ir::Slot::v && spec.direct_v))
+    return;
+  if (s == ir::Slot::scale && spec.fold_scale) return;  // a per-call scale: no tensor input
+  for (std::size_t k = 0; k < inputs_.size(); ++k) {
+    if (inputs_[k].kind == ir::InputKind::scalar || !reads(variant_.slot(s), k)) continue;
+    const ir::Expr d = ir::derivative(variant_.slot(s), static_cast<std::int32_t>(k));
+    if (is_zero(d)) continue;
+    c_("acc_" + id_[k] + " += (" + gradient + ") * (" + render_expr(variant_, id_, d, suffix) + ");  // " + ir::slot_name(s));
+    added_[k] = true;
+  }
+}
+
+bool BackwardEmitter::direct(std::size_t k) const {
+  const ir::Role role = inputs_[k].role;
+  return (role == ir::Role::query && spec_.direct_q) || (role == ir::Role::key && spec_.direct_k) ||
+         (role == ir::Role::value && spec_.direct_v);
+}
+
+void BackwardEmitter::chain_body() {
+  Code& c = c_;
+  const BackwardKernelSpec& spec = spec_;
+  const std::vector<std::string>& id = id_;
   c("const long long carry_row = (static_cast<long long>(blockIdx.y) * C + blockIdx.x) * (K + V);");
-  if (decays_k) c("float ga = key && carry ? carry[carry_row + i] : 0.0f;  // d L / d log_a at the current step");
-  if (decays_v) c("float gb = value && carry ? carry[carry_row + K + j] : 0.0f;  // d L / d log_b");
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind == ir::InputKind::head) c("float head_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs[k].name);
+  if (decays_k_) c("float ga = key && carry ? carry[carry_row + i] : 0.0f;  // d L / d log_a at the current step");
+  if (decays_v_) c("float gb = value && carry ? carry[carry_row + K + j] : 0.0f;  // d L / d log_b");
+  for (std::size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].kind == ir::InputKind::head) c("float head_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs_[k].name);
   c("for (long long s = s1 - 1; s >= s0; --s) {");
   c.in();
   c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
   step_prologue();
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind != ir::InputKind::scalar) c("float acc_" + id[k] + " = 0.0f; (void)acc_" + id[k] + ";");
-  // Each slot's gradient at this thread's feature, and its derivative by every input it reads.
-  // Inputs that get a part here (an input whose gradient a recurrence wrote gets only the other slots').
-  std::vector<bool> added(inputs.size(), false);
-  const auto chain_slot = [&](ir::Slot s, const std::string& gradient, const std::string& suffix) {
-    if (!has(s)) return;
-    if ((s == ir::Slot::q_feature && spec.direct_q) || (s == ir::Slot::k_feature && spec.direct_k) || (s == ir::Slot::v && spec.direct_v))
-      return;
-    if (s == ir::Slot::scale && spec.fold_scale) return;  // a per-call scale: no tensor input
-    for (std::size_t k = 0; k < inputs.size(); ++k) {
-      if (inputs[k].kind == ir::InputKind::scalar || !reads(variant.slot(s), k)) continue;
-      const ir::Expr d = ir::derivative(variant.slot(s), static_cast<std::int32_t>(k));
-      if (is_zero(d)) continue;
-      c("acc_" + id[k] + " += (" + gradient + ") * (" + render_expr(variant, id, d, suffix) + ");  // " + ir::slot_name(s));
-      added[k] = true;
-    }
-  };
-  const auto direct = [&](std::size_t k) {
-    const ir::Role role = inputs[k].role;
-    return (role == ir::Role::query && spec.direct_q) || (role == ir::Role::key && spec.direct_k) ||
-           (role == ir::Role::value && spec.direct_v);
-  };
+  for (std::size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].kind != ir::InputKind::scalar) c("float acc_" + id[k] + " = 0.0f; (void)acc_" + id[k] + ";");
   c("if (key) {");
   c.in();
   side_loads(true);
   c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
-  if (decays_k) c("ga += " + key_term + ";");
+  if (decays_k_) c("ga += " + key_term() + ";");
   chain_slot(ir::Slot::q_feature, spec.fold_scale ? "u_i" : "scale_t * u_i", "_i");
   chain_slot(ir::Slot::k_feature, "dk_i", "_i");
   chain_slot(ir::Slot::log_decay_k, "ga", "_i");
   chain_slot(ir::Slot::log_decay_head, "ga", "_i");
   // d L / d scale = sum_i q_feature_i u_i: each thread adds its feature's part.
-  chain_slot(ir::Slot::scale, "(" + render_slot(variant, id, ir::Slot::q_feature, "_i") + ") * u_i", "_i");
+  chain_slot(ir::Slot::scale, "(" + render_slot(variant_, id, ir::Slot::q_feature, "_i") + ") * u_i", "_i");
   c.out();
   c("}");
   c("if (value) {");
   c.in();
   side_loads(false);
   c("const float dv_j = dvs[r * VS + j];");
-  if (decays_v) c("gb += " + value_term + ";");
+  if (decays_v_) c("gb += " + value_term() + ";");
   chain_slot(ir::Slot::v, "dv_j", "_j");
   chain_slot(ir::Slot::log_decay_v, "gb", "_j");
   c.out();
   c("}");
-  // Writes: a feature's element is this thread's alone unless query heads share the input (GQA).
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    const auto kind = inputs[k].kind;
+  chain_writes();
+  c.out();
+  c("}");
+  for (std::size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].kind == ir::InputKind::head) {
+      const std::string d = "d_" + id[k];
+      c("for (int offset = 16; offset > 0; offset /= 2) head_" + id[k] + " += __shfl_xor_sync(0xffffffffu, head_" + id[k] + ", offset);");
+      c("if (threadIdx.x % 32 == 0 && head_" + id[k] + " != 0.0f) atomicAdd(" + d + " + b * " + d + "_sb + " + id[k] + "_head * " + d +
+        "_sh, head_" + id[k] + ");");
+    }
+}
+
+// Writes: a feature's element is this thread's alone unless query heads share the input (GQA).
+void BackwardEmitter::chain_writes() {
+  Code& c = c_;
+  const std::vector<std::string>& id = id_;
+  for (std::size_t k = 0; k < inputs_.size(); ++k) {
+    const auto kind = inputs_[k].kind;
     const std::string d = "d_" + id[k];
     const std::string at = d + " + b * " + d + "_sb + t * " + d + "_st + " + id[k] + "_head * " + d + "_sh";
-    if (direct(k) && !added[k]) continue;  // the recurrence's output is the whole gradient
+    if (direct(k) && !added_[k]) continue;  // the recurrence's output is the whole gradient
     if (kind == ir::InputKind::token_key || kind == ir::InputKind::token_value) {
       const std::string f = kind == ir::InputKind::token_key ? "i" : "j";
       c(std::string("if (") + (kind == ir::InputKind::token_key ? "key" : "value") + ") {");
@@ -429,19 +489,46 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       c("head_" + id[k] + " += acc_" + id[k] + ";");
     }
   }
+}
+
+BackwardKernel BackwardEmitter::generate() {
+  kernel_.name = std::string("ladle_bwd_") + to_string(spec_.phase) + "_" + hex(fnv1a(backward_spec_key(spec_), ir::hash(variant_)));
+  declare_parameters();
+  Code& c = c_;
+  c(comment_block(header()) + "\n" + storage_helpers);
+  c("extern \"C\" __global__ void __launch_bounds__(1024) " + kernel_.name + "(");
+  c.in(), c.in();
+  for (std::size_t p = 0; p < declarations_.size(); ++p) c(declarations_[p] + (p + 1 < declarations_.size() ? "," : ") {"));
+  c.out();
+  prologue();
+  if (slots_) slots_body();
+  else if (spec_.phase == BackwardPhase::totals) totals_body();
+  else chain_body();
   c.out();
   c("}");
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind == ir::InputKind::head) {
-      const std::string d = "d_" + id[k];
-      c("for (int offset = 16; offset > 0; offset /= 2) head_" + id[k] + " += __shfl_xor_sync(0xffffffffu, head_" + id[k] + ", offset);");
-      c("if (threadIdx.x % 32 == 0 && head_" + id[k] + " != 0.0f) atomicAdd(" + d + " + b * " + d + "_sb + " + id[k] + "_head * " + d +
-        "_sh, head_" + id[k] + ");");
-    }
-  c.out();
-  c("}");
-  kernel.source = c.text();
-  return kernel;
+  kernel_.source = c.text();
+  return std::move(kernel_);
+}
+
+}  // namespace
+
+BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec) {
+  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_backward: " + what); };
+  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
+  if (!variant.plain_form()) fail("the backward of " + ir::form_name(variant) + " is not built yet");
+  if (variant.normalize && (spec.write_do || !spec.write_v || spec.direct_v))
+    fail("a normalised read's backward writes v with the normaliser's column and takes do from the normalised-read helper");
+  check_types("generate_backward", variant, spec);
+  if (!floating(spec.slot_type) || !floating(spec.d_output_type)) fail("slot_type and d_output_type must be f32, f16 or bf16");
+  const auto& inputs = variant.inputs;
+  const InputUse use = input_use(variant);
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].kind == ir::InputKind::token_key && use.value_side[k])
+      fail("input '" + inputs[k].name + "' has the key width but a value-side slot reads it");
+    if (inputs[k].kind == ir::InputKind::token_value && use.key_side[k])
+      fail("input '" + inputs[k].name + "' has the value width but a key-side slot reads it");
+  }
+  return BackwardEmitter(variant, spec).generate();
 }
 
 std::string backward_helpers_source() {

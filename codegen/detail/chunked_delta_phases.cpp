@@ -1,0 +1,449 @@
+// The steps of the chunked delta rule's three kernels: prepare (gamma, A, T = (I + A)^-1, W and
+// U), states (h and E per chunk, the state carried over the chunks) and outputs (o).
+#include <algorithm>
+
+#include "chunked_delta_emitter.h"
+
+namespace ladle::cuda::detail {
+
+// Returns whether v's rows were prefetched into registers (vraw).
+bool ChunkedDeltaEmitter::prepare_stage() {
+  const std::string g_expr = has(ir::Slot::log_decay_head) ? render(ir::Slot::log_decay_head, "") : std::string("0.0f");
+  const std::string beta_expr = has(ir::Slot::write_strength) ? render(ir::Slot::write_strength, "") : std::string("1.0f");
+  c("// A and T in fp32 share their space with v, which is staged once T is solved (three blocks an SM).");
+  c("unsigned short* ks = reinterpret_cast<unsigned short*>(smem);  // k (features, normalised), [C][KLD]");
+  c("unsigned short* tsu = ks + C * KLD;                              // T diag(beta), [C][TLD]");
+  c("unsigned short* ts = tsu + C * TLD;                              // T diag(beta exp(gamma)), [C][TLD]");
+  c("float* af = reinterpret_cast<float*>(ts + C * TLD);              // A, [C][ALD]");
+  c("float* tf = af + C * ALD;                                        // T in fp32, [C][ALD]");
+  c("unsigned short* vs = reinterpret_cast<unsigned short*>(af);      // v, [C][PVLD], after the solve");
+  c("float* gs = reinterpret_cast<float*>(smem + " + std::to_string(2 * (C * KLD + 2 * C * TLD) + std::max(4 * 2 * C * ALD, 2 * C * PVLD)) +
+    ");  // g");
+  c("float* gam = gs + C;");
+  c("float* betas = gam + C;");
+  c("float* wfac = betas + C;                                         // beta exp(gamma), W's column factors of T");
+  c("");
+  c("// 1. Stage the chunk: g and beta a thread a row; k and v, every load in flight at once.");
+  c("if (tid < C) {");
+  c.in();
+  c("const int p = tid;");
+  token_of_row("chunk");
+  c("gs[p] = live ? " + g_expr + " : 0.0f;");
+  c("betas[p] = live ? " + beta_expr + " : 0.0f;");
+  c.out();
+  c("}");
+  stage_tile(ir::Slot::k_feature, "ks", "KLD", "BK", "K", "_i", ir::Role::key, variant.l2_normalize_qk);
+  // v's raw rows are loaded now into registers (eight 16-byte groups a thread at V <= 128) and staged
+  // once the solve is done: their latency passes behind the solve instead of after it.
+  const bool prefetch_v = spec.vector_loads && spec.value_pad <= 128;
+  if (prefetch_v) prefetch_rows(ir::Role::value, "vraw", "VPAD", "V");
+  c("__syncthreads();");
+  return prefetch_v;
+}
+
+void ChunkedDeltaEmitter::prepare_gamma() {
+  c("// 2. gamma_t = g_0 + ... + g_t (past the sequence's end g = 0: gamma stays); k normalised.");
+  c("if (tid < C) {  // an inclusive scan by shuffles in each of warps 0 and 1, then warp 1 adds warp 0's total");
+  c.in();
+  c("float s = gs[tid];");
+  c("LADLE_UNROLL for (int off = 1; off < 32; off <<= 1) {");
+  c("  const float other = __shfl_up_sync(0xffffffffu, s, off);");
+  c("  if (lane >= off) s += other;");
+  c("}");
+  c("if (tid >= 32) {  // warp 0's total, by shuffles over its 32 values");
+  c("  float total = gs[lane];");
+  c("  LADLE_UNROLL for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);");
+  c("  s += total;");
+  c("}");
+  c("gam[tid] = s;");
+  c("wfac[tid] = betas[tid] * expf(s);");
+  c("work_gamma[(gc * H + h) * C + tid] = s;");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  c("// k, normalised, for the states and outputs kernels: 16 bytes at a time.");
+  c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / 128; ++m) {");
+  c.in();
+  c("const int e = tid + m * 128;");
+  c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
+  c("ladle_st16(&work_k[((gc * H + h) * C + p) * BK + i], ladle_ld16(&ks[p * KLD + i]));");
+  c.out();
+  c("}");
+}
+
+void ChunkedDeltaEmitter::prepare_a() {
+  c("// 3. A = beta_t exp(gamma_t - gamma_s) k_t . k_s below the diagonal (fp32); warp w: rows 16w..16w+15.");
+  c("{");
+  c.in();
+  zero("acc", "8");
+  mma_rows("acc", "ks", "KLD", "warp * 16", "ks", "KLD", false, "BK / 16", "8");
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
+  c("    const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0), col = nt * 8 + (lane % 4) * 2 + (e & 1);");
+  c("    af[row * ALD + col] = col < row ? betas[row] * ladle_exp2((gam[row] - gam[col]) * LOG2E) * acc[nt][e] : 0.0f;");
+  c("  }");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+}
+
+void ChunkedDeltaEmitter::prepare_inverse() {
+  c("// 4. T = (I + A)^-1 in 16 x 16 blocks (fp32): the diagonal blocks' inverses by forward substitution,");
+  c("//    one column a thread; then block row i = 1..3: T_ij = -T_ii (sum over j <= m < i of A_im T_mj).");
+  c("if (tid < C) {");
+  c.in();
+  c("const int d = tid / 16 * 16, col = tid % 16;  // block d, column d + col");
+  c("float x[16];");
+  c("LADLE_UNROLL for (int r = 0; r < 16; ++r) {");
+  c.in();
+  c("float val = r == col ? 1.0f : 0.0f;");
+  c("LADLE_UNROLL for (int s = 0; s < r; ++s) val -= af[(d + r) * ALD + d + s] * x[s];");
+  c("x[r] = val;");
+  c("tf[(d + r) * ALD + d + col] = val;");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  c("// Block row i = 1..3: M_ij = sum over j <= m < i of A_im T_mj for every j < i, then T_ij = -T_ii M_ij;");
+  c("// a thread four columns of one row of a block (i * 64 groups), 16-byte loads of T and M.");
+  c("LADLE_UNROLL for (int i = 1; i < C / 16; ++i) {");
+  c.in();
+  c("float msum[2][4];");
+  c("LADLE_UNROLL for (int pass = 0; pass < 2; ++pass) {");
+  c.in();
+  c("const int grp = tid + 128 * pass, j = grp / 64, r = grp % 64 / 4, cq = grp % 4 * 4;");
+  c("msum[pass][0] = msum[pass][1] = msum[pass][2] = msum[pass][3] = 0.0f;");
+  c("if (grp < i * 64)");
+  c("  for (int m = j * 16; m < i * 16; ++m) {");
+  c("    const float a = af[(i * 16 + r) * ALD + m];");
+  c("    const ladle_f4 t4 = ladle_ld4(&tf[m * ALD + j * 16 + cq]);");
+  c("    msum[pass][0] += a * t4.x, msum[pass][1] += a * t4.y, msum[pass][2] += a * t4.z, msum[pass][3] += a * t4.w;");
+  c("  }");
+  c.out();
+  c("}");
+  c("__syncthreads();  // A's block row i is read for the last time: M_ij takes A_ij's place");
+  c("LADLE_UNROLL for (int pass = 0; pass < 2; ++pass) {");
+  c.in();
+  c("const int grp = tid + 128 * pass, j = grp / 64, r = grp % 64 / 4, cq = grp % 4 * 4;");
+  c("if (grp < i * 64) ladle_st4(&af[(i * 16 + r) * ALD + j * 16 + cq], ladle_f4{msum[pass][0], msum[pass][1], msum[pass][2], msum[pass][3]});");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  c("LADLE_UNROLL for (int pass = 0; pass < 2; ++pass) {");
+  c.in();
+  c("const int grp = tid + 128 * pass, j = grp / 64, r = grp % 64 / 4, cq = grp % 4 * 4;");
+  c("if (grp >= i * 64) continue;");
+  c("float sv[4] = {0.0f, 0.0f, 0.0f, 0.0f};");
+  c("LADLE_UNROLL for (int m = 0; m < 16; ++m) {");
+  c("  const float a = tf[(i * 16 + r) * ALD + i * 16 + m];");
+  c("  const ladle_f4 a4 = ladle_ld4(&af[(i * 16 + m) * ALD + j * 16 + cq]);");
+  c("  sv[0] += a * a4.x, sv[1] += a * a4.y, sv[2] += a * a4.z, sv[3] += a * a4.w;");
+  c("}");
+  c("ladle_st4(&tf[(i * 16 + r) * ALD + j * 16 + cq], ladle_f4{-sv[0], -sv[1], -sv[2], -sv[3]});");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  c.out();
+  c("}");
+}
+
+void ChunkedDeltaEmitter::prepare_w_u(bool prefetch_v) {
+  c("// W = (T diag(beta exp(gamma))) K and U = (T diag(beta)) V: T's columns scaled, two bf16 copies.");
+  c("// T is block lower triangular: the blocks above the diagonal were never written, and are zero.");
+  c("LADLE_UNROLL for (int m = 0; m < C * C / 2 / 128; ++m) {");
+  c.in();
+  c("const int e = tid + m * 128;");
+  c("const int r = e / (C / 2), s = e % (C / 2) * 2;");
+  c("const bool below = s / 16 <= r / 16;");
+  c("const float t0 = below ? tf[r * ALD + s] : 0.0f, t1 = below ? tf[r * ALD + s + 1] : 0.0f;");
+  c("*reinterpret_cast<unsigned*>(&ts[r * TLD + s]) = ladle_pack_bf16(t0 * wfac[s], t1 * wfac[s + 1]);");
+  c("*reinterpret_cast<unsigned*>(&tsu[r * TLD + s]) = ladle_pack_bf16(t0 * betas[s], t1 * betas[s + 1]);");
+  c.out();
+  c("}");
+  c("__syncthreads();  // A and T are read for the last time: v takes their space");
+  stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value, false, prefetch_v ? "vraw" : "");
+  c("__syncthreads();");
+  c("// 5. W = T (beta exp(gamma) K), U = T (beta V): 64 columns at a time, warp w: rows 16w..16w+15.");
+  c("const unsigned short* tsw = ts;");
+  c("const long long base = (gc * H + h) * C;");
+  c("for (int col0 = 0; col0 < BK + VPAD; col0 += 64) {");
+  c.in();
+  c("const bool w_part = col0 < BK;");
+  c("const unsigned short* src = w_part ? ks + col0 : vs + (col0 - BK);");
+  c("const unsigned short* tsrc = w_part ? tsw : tsu;");
+  c("const int ld = w_part ? KLD : PVLD;");
+  c("const unsigned tsrc_s = ladle_shared_address(tsrc), src_s = ladle_shared_address(src);");
+  zero("acc", "8");
+  c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt) {");
+  c.in();
+  c("unsigned afrag[4];");
+  c("ladle_ldmatrix_x4_at(afrag, tsrc_s + 2u * static_cast<unsigned>((warp * 16 + lane % 16) * TLD + kt * 16 + (lane / 16) * 8));");
+  c("LADLE_UNROLL for (int np = 0; np < 4; ++np) {");
+  c.in();
+  c("unsigned bfrag[4];");
+  c("ladle_ldmatrix_x4_trans_at(bfrag, src_s + 2u * static_cast<unsigned>((kt * 16 + lane % 16) * ld + np * 16 + (lane / 16) * 8));");
+  c("ladle_mma_bf16(acc[2 * np], afrag, bfrag[0], bfrag[1]);");
+  c("ladle_mma_bf16(acc[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("    const int row = warp * 16 + lane / 4 + half * 8, col = nt * 8 + (lane % 4) * 2;");
+  c("    const unsigned pair = ladle_pack_bf16(acc[nt][2 * half], acc[nt][2 * half + 1]);");
+  c("    if (w_part) *reinterpret_cast<unsigned*>(&work_w[(base + row) * BK + col0 + col]) = pair;");
+  c("    else *reinterpret_cast<unsigned*>(&work_u[(base + row) * VPAD + col0 - BK + col]) = pair;");
+  c("  }");
+  c.out();
+  c("}");
+}
+
+void ChunkedDeltaEmitter::states_tiles_and_state() {
+  c("// Double-buffered tiles of chunk c % 2: W and k [C][KLD], U [C][VLD] (E's decayed copy overwrites U in place).");
+  c("unsigned short* ws = reinterpret_cast<unsigned short*>(smem);");
+  c("unsigned short* ks = ws + 2 * C * KLD;");
+  c("unsigned short* us = ks + 2 * C * KLD;");
+  c("unsigned short* ss = us + 2 * C * VLD;  // S_0 in bf16, [BK][VLD]");
+  c("float* gam = reinterpret_cast<float*>(ss + BK * VLD);  // [2][C]");
+  c("");
+  c("// The state: warp w < BK / 16 keeps rows 16w..16w+15 of its 64 columns in mma accumulator order.");
+  c("float S[8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
+  c("    const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0), col = vb * 64 + nt * 8 + (lane % 4) * 2 + (e & 1);");
+  if (spec.initial_state)
+    c("    S[nt][e] = warp < BK / 16 && row < K && col < V ? ladle_load(initial_state + ((static_cast<long long>(n) * H + h) * K + row) * V + col) : 0.0f;");
+  else
+    c("    S[nt][e] = 0.0f;");
+  c("    if (warp < BK / 16) ss[row * VLD + nt * 8 + (lane % 4) * 2 + (e & 1)] = ladle_bf16_bits(S[nt][e]);");
+  c("  }");
+}
+
+void ChunkedDeltaEmitter::states_fetch() {
+  c("const long long chunks = (length + C - 1) / C;");
+  c("// Chunk c's W, k, U and gamma into buffer c % 2, as one cp.async group.");
+  c("const auto fetch = [&](long long chunk) {");
+  c.in();
+  c("const long long base = ((gc0 + chunk) * H + h) * C;");
+  c("const int buf = static_cast<int>(chunk & 1);");
+  c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / 256; ++m) {");
+  c.in();
+  c("const int e = tid + m * 256;");
+  c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
+  c("ladle_cp_async_16(&ws[(buf * C + p) * KLD + i], &work_w[(base + p) * BK + i]);");
+  c("ladle_cp_async_16(&ks[(buf * C + p) * KLD + i], &work_k[(base + p) * BK + i]);");
+  c.out();
+  c("}");
+  c("LADLE_UNROLL for (int m = 0; m < C * 8 / 256; ++m) {");
+  c.in();
+  c("const int e = tid + m * 256;");
+  c("const int p = e / 8, j = e % 8 * 8;");
+  c("ladle_cp_async_16(&us[(buf * C + p) * VLD + j], &work_u[(base + p) * VPAD + vb * 64 + j]);");
+  c.out();
+  c("}");
+  c("if (tid < C / 4) ladle_cp_async_16(&gam[buf * C + tid * 4], &work_gamma[base + tid * 4]);");
+  c("ladle_cp_async_commit();");
+  c.out();
+  c("};");
+  c("if (chunks > 0) fetch(0);");
+}
+
+void ChunkedDeltaEmitter::states_chunks() {
+  c("for (long long chunk = 0; chunk < chunks; ++chunk) {");
+  c.in();
+  c("const long long base = ((gc0 + chunk) * H + h) * C;");
+  c("const int buf = static_cast<int>(chunk & 1);");
+  c("ladle_cp_async_wait<0>();  // this chunk's tiles, the only group in flight");
+  c("__syncthreads();  // ... from every thread's copies; every warp is done with the previous chunk (its buffer, S_0's copy)");
+  c("if (chunk + 1 < chunks) fetch(chunk + 1);  // into the other buffer, whose last readers passed the barrier above");
+  c("const unsigned short* wb = ws + buf * C * KLD;");
+  c("const unsigned short* kbuf = ks + buf * C * KLD;");
+  c("unsigned short* ub = us + buf * C * VLD;");
+  c("const float* gb = gam + buf * C;");
+  states_e();
+  states_update();
+  c.out();
+  c("}");
+}
+
+void ChunkedDeltaEmitter::states_e() {
+  c("// 1. h = S_0 into the work array (16 bytes a thread at a time); E = U - W S_0: warp w, rows 16 (w % 4),");
+  c("//    columns 32 (w / 4); E into the work array, exp(gamma_last - gamma) E over U.");
+  c("LADLE_UNROLL_2 for (int m = 0; m < BK * 8 / 256; ++m) {  // (unrolled fully, ptxas spills at 128 registers with states)");
+  c.in();
+  c("const int e = tid + m * 256;");
+  c("const int row = e / 8, j = e % 8 * 8;");
+  c("ladle_st16(&work_h[(((gc0 + chunk) * H + h) * BK + row) * VPAD + vb * 64 + j], ladle_ld16(&ss[row * VLD + j]));");
+  c.out();
+  c("}");
+  c("{");
+  c.in();
+  c("const int r0 = (warp % 4) * 16, c0 = (warp / 4) * 32;");
+  zero("acc", "4");
+  mma_rows("acc", "wb", "KLD", "r0", "ss", "VLD", true, "BK / 16", "4", "c0");
+  c("const float last = gb[C - 1];");
+  c("// The two rows' decays first: the stores below could alias gamma's buffer for the compiler.");
+  c("const float dec[2] = {expf(last - gb[r0 + lane / 4]), expf(last - gb[r0 + lane / 4 + 8])};");
+  c("LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
+  c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("    const int row = r0 + lane / 4 + half * 8, col = c0 + nt * 8 + (lane % 4) * 2;");
+  c("    const unsigned u2 = *reinterpret_cast<const unsigned*>(&ub[row * VLD + col]);");
+  c("    const float e0 = ladle_bits_float(u2 << 16) - acc[nt][2 * half];");
+  c("    const float e1 = ladle_bits_float(u2 & 0xffff0000u) - acc[nt][2 * half + 1];");
+  c("    const float d = dec[half];");
+  c("    *reinterpret_cast<unsigned*>(&work_e[(base + row) * VPAD + vb * 64 + col]) = ladle_pack_bf16(e0, e1);");
+  c("    *reinterpret_cast<unsigned*>(&ub[row * VLD + col]) = ladle_pack_bf16(e0 * d, e1 * d);");
+  c("  }");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+}
+
+void ChunkedDeltaEmitter::states_update() {
+  c("// 2. S = exp(gamma_last) S + K^T (exp(gamma_last - gamma) E): warp w < BK / 16, rows 16w..16w+15.");
+  c("if (warp < BK / 16) {");
+  c.in();
+  c("const float decay = expf(gb[C - 1]);");
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt) S[nt][0] *= decay, S[nt][1] *= decay, S[nt][2] *= decay, S[nt][3] *= decay;");
+  c("const unsigned kbuf_s = ladle_shared_address(kbuf), ub_s = ladle_shared_address(ub);");
+  c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt) {");
+  c.in();
+  c("unsigned afrag[4];  // K^T: rows are features, the k-dimension tokens");
+  c("ladle_ldmatrix_x4_trans_at(afrag, kbuf_s + 2u * static_cast<unsigned>((kt * 16 + lane % 8 + (lane / 16) * 8) * KLD + warp * 16 + ((lane / 8) & 1) * 8));");
+  c("LADLE_UNROLL for (int np = 0; np < 4; ++np) {");
+  c.in();
+  c("unsigned bfrag[4];");
+  c("ladle_ldmatrix_x4_trans_at(bfrag, ub_s + 2u * static_cast<unsigned>((kt * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8));");
+  c("ladle_mma_bf16(S[2 * np], afrag, bfrag[0], bfrag[1]);");
+  c("ladle_mma_bf16(S[2 * np + 1], afrag, bfrag[2], bfrag[3]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("// S_0's copy is overwritten without a barrier: its readers (step 1) passed the one before step 2, its next");
+  c("// readers come after the next chunk's first.");
+  c("if (warp < BK / 16)");
+  c("  LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("    LADLE_UNROLL for (int half = 0; half < 2; ++half)");
+  c("      *reinterpret_cast<unsigned*>(&ss[(warp * 16 + lane / 4 + half * 8) * VLD + nt * 8 + (lane % 4) * 2]) =");
+  c("          ladle_pack_bf16(S[nt][2 * half], S[nt][2 * half + 1]);");
+}
+
+void ChunkedDeltaEmitter::states_final() {
+  c("if (warp < BK / 16)");
+  c("  LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("    LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
+  c("      const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0), col = vb * 64 + nt * 8 + (lane % 4) * 2 + (e & 1);");
+  c("      if (row < K && col < V) final_state[((static_cast<long long>(n) * H + h) * K + row) * V + col] = S[nt][e];");
+  c("    }");
+}
+
+void ChunkedDeltaEmitter::outputs_loads() {
+  const std::string G = std::to_string(groups), threads = std::to_string(kernel.threads);
+  c("constexpr int G = " + G + ";  // 64-column groups a block: warps 4g..4g+3 take group g");
+  c("unsigned short* qs = reinterpret_cast<unsigned short*>(smem);  // q (features, normalised), [C][KLD]");
+  c("unsigned short* ks = qs + C * KLD;                               // k (normalised), [C][KLD]");
+  c("unsigned short* hs = ks + C * KLD + warp / 4 * BK * VLD;         // h = S_0's 64 columns of this warp's group, [BK][VLD]");
+  c("unsigned short* es = ks + C * KLD + G * BK * VLD + warp / 4 * C * VLD;  // E's 64 columns, [C][VLD]");
+  c("float* gam = reinterpret_cast<float*>(ks + C * KLD + G * (BK * VLD + C * VLD));");
+  c("float* qscale = gam + C;");
+  c("const long long base = (gc * H + h) * C;");
+  c("// 1. q's raw rows into registers first; k, each group's h and E, and gamma by cp.async; then q through");
+  c("//    its feature map into shared memory; the scale.");
+  const bool prefetch_q = spec.vector_loads && chunked_delta_chunk * spec.block_k / 8 / static_cast<int>(kernel.threads) <= 8;
+  if (prefetch_q) prefetch_rows(ir::Role::query, "qraw", "BK", "K");
+  c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int e = tid + m * " + threads + ";");
+  c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
+  c("ladle_cp_async_16(&ks[p * KLD + i], &work_k[(base + p) * BK + i]);");
+  c.out();
+  c("}");
+  c("unsigned short* const hs0 = ks + C * KLD;");
+  c("unsigned short* const es0 = hs0 + G * BK * VLD;");
+  c("LADLE_UNROLL for (int m = 0; m < G * BK * 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int e = tid + m * " + threads + ";");
+  c("const int grp = e / (BK * 8), row = e % (BK * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G + grp) * 64 + j;");
+  c("if (col < VPAD) ladle_cp_async_16(&hs0[(grp * BK + row) * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + col]);");
+  c.out();
+  c("}");
+  c("LADLE_UNROLL for (int m = 0; m < G * C * 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int e = tid + m * " + threads + ";");
+  c("const int grp = e / (C * 8), p = e % (C * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G + grp) * 64 + j;");
+  c("if (col < VPAD) ladle_cp_async_16(&es0[(grp * C + p) * VLD + j], &work_e[(base + p) * VPAD + col]);");
+  c.out();
+  c("}");
+  c("if (tid < C / 4) ladle_cp_async_16(&gam[tid * 4], &work_gamma[base + tid * 4]);");
+  c("ladle_cp_async_commit();");
+  c("if (tid < C) {");
+  c.in();
+  c("const int p = tid;");
+  token_of_row("chunk");
+  c("qscale[p] = " + (has(ir::Slot::scale) ? render(ir::Slot::scale, "") : std::string("1.0f")) + ";");
+  c.out();
+  c("}");
+  stage_tile(ir::Slot::q_feature, "qs", "KLD", "BK", "K", "_i", ir::Role::query, variant.l2_normalize_qk, prefetch_q ? "qraw" : "");
+  c("ladle_cp_async_wait<0>();");
+  c("__syncthreads();");
+  c("if (vb * 64 >= VPAD) return;  // a group past V (V over 128 with an odd number of 64-column blocks)");
+}
+
+void ChunkedDeltaEmitter::outputs_products() {
+  c("// 2. Warp w, rows 16 (w % 4)..+15: P = q k^T (masked, decayed), kept in registers as the A operand of");
+  c("//    P E (an accumulator tile is an A fragment's layout); O = exp(gamma) q h + P E.");
+  c("const int r0 = warp % 4 * 16;");
+  zero("acc", "8");
+  mma_rows("acc", "qs", "KLD", "r0", "ks", "KLD", false, "BK / 16", "8");
+  c("unsigned pfrag[C / 16][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("    const int row = r0 + lane / 4 + half * 8, col = nt * 8 + (lane % 4) * 2;");
+  c("    const float d0 = col <= row ? ladle_exp2((gam[row] - gam[col]) * LOG2E) : 0.0f, d1 = col + 1 <= row ? ladle_exp2((gam[row] - gam[col + 1]) * LOG2E) : 0.0f;");
+  c("    pfrag[nt / 2][(nt % 2) * 2 + half] = ladle_pack_bf16(acc[nt][2 * half] * d0, acc[nt][2 * half + 1] * d1);");
+  c("  }");
+  c("// 32 columns at a time (16 accumulators beside P's 16 registers: 128 registers a thread at 256 threads).");
+  c("const unsigned es_s = ladle_shared_address(es);");
+  c("const float row_decay[2] = {expf(gam[r0 + lane / 4]), expf(gam[r0 + lane / 4 + 8])};");
+  c("LADLE_UNROLL_1 for (int vh = 0; vh < 2; ++vh) {");
+  c.in();
+  zero("ov", "4");
+  mma_rows("ov", "qs", "KLD", "r0", "hs", "VLD", true, "BK / 16", "4", "vh * 32");
+  c("LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
+  c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) ov[nt][e] *= row_decay[e / 2];");
+  c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt)");
+  c("  LADLE_UNROLL for (int np = 0; np < 2; ++np) {");
+  c("    unsigned bfrag[4];");
+  c("    ladle_ldmatrix_x4_trans_at(bfrag, es_s + 2u * static_cast<unsigned>((kt * 16 + lane % 16) * VLD + vh * 32 + np * 16 + (lane / 16) * 8));");
+  c("    ladle_mma_bf16(ov[2 * np], pfrag[kt], bfrag[0], bfrag[1]);");
+  c("    ladle_mma_bf16(ov[2 * np + 1], pfrag[kt], bfrag[2], bfrag[3]);");
+  c("  }");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {  // rows lane / 4 and lane / 4 + 8: one address each");
+  c.in();
+  c("const int row = r0 + lane / 4 + half * 8;");
+  c("const long long step = chunk * C + row;");
+  c("if (step >= length) continue;");
+  c("const long long tok = REVERSE ? eos - 1 - step : bos + step;");
+  c("const float factor = qscale[row];");
+  c("const int col0 = vb * 64 + vh * 32 + (lane % 4) * 2;");
+  c("auto* const out = o + b * o_stride_b + tok * o_stride_t + h * o_stride_h + static_cast<long long>(col0) * o_stride_d;");
+  c("if (o_stride_d == 1 && (reinterpret_cast<unsigned long long>(out) & (2 * sizeof(*out) - 1)) == 0 && col0 + 25 < V) {");
+  c("  // every pair aligned and inside the row: one store a pair");
+  c("  LADLE_UNROLL for (int nt = 0; nt < 4; ++nt) ladle_store_pair(out + nt * 8, factor * ov[nt][2 * half], factor * ov[nt][2 * half + 1]);");
+  c("} else {");
+  c("  LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
+  c("    LADLE_UNROLL for (int e = 0; e < 2; ++e)");
+  c("      if (col0 + nt * 8 + e < V) ladle_store(out + (nt * 8 + e) * o_stride_d, factor * ov[nt][2 * half + e]);");
+  c("}");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+}
+
+}  // namespace ladle::cuda::detail
