@@ -87,8 +87,35 @@ AttentionGrid attention_grid(std::int64_t heads, std::int64_t blocks) {
   return {static_cast<unsigned>(group), static_cast<unsigned>(blocks), static_cast<unsigned>(heads / group)};
 }
 
-AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
-  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_attention: " + what); };
+namespace {
+
+// What every part of the kernel's text reads.
+struct Forward {
+  const ir::AttentionVariant& variant;
+  const AttentionKernelSpec& spec;
+  const AttentionTile& tile;
+  Operands ops;
+  bool ws;     // the warp-specialised TMA pipeline
+  bool wgmma;  // the products on wgmma (ws included)
+  int threads;
+  int producer_registers, consumer_registers;  // ws with two consumer warpgroups: setmaxnreg
+  std::vector<std::string> id;                 // the inputs' C names
+  std::vector<bool> used;                      // the inputs the score or keep expression reads
+};
+
+// The logit and keep expressions as the key loop renders them.
+struct Logit {
+  HoistedExpression hoisted;
+  bool folded = false;     // expression is rest, of the logit factor * rest
+  std::string expression;  // log2 e * the score expression (or its rest)
+  std::string factor;      // folded: the positive leading factor
+  std::string keep;        // empty: no user predicate
+};
+
+[[noreturn]] void fail(const std::string& what) { throw InvalidArgument("generate_attention: " + what); }
+
+// The spec's checks against the variant and the tile (throws InvalidArgument); its operand types.
+Operands checked_operands(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
   if (spec.input_types.size() != variant.inputs.size())
     fail("input_types has " + std::to_string(spec.input_types.size()) + " entries, expected one per input (" +
@@ -108,34 +135,25 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   if (const auto problems = validate_attention_tile(spec.tile, spec.D, spec.Dv, 0, ops.split, spec.arch); !problems.empty())
     fail("tile " + to_string(spec.tile) + " at D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ": " +
          problems.front());
-
-  const AttentionTile& tile = spec.tile;
-  const bool ws = tile.mma == AttentionMma::ws;
-  const bool wgmma = tile.mma == AttentionMma::wgmma || ws;  // the products on wgmma
-  if (ws && !ops.async)
-    fail("tile " + to_string(tile) + " copies q, k, v with TMA: they must be of one 16-bit type with 16-byte aligned rows "
+  if (spec.tile.mma == AttentionMma::ws && !ops.async)
+    fail("tile " + to_string(spec.tile) + " copies q, k, v with TMA: they must be of one 16-bit type with 16-byte aligned rows "
          "and a unit stride over the head dim (async_copy), here they are not");
-  // ws: a producer warpgroup beside the consumers' warps; with two consumer warpgroups the
-  // producer gives its registers to them (setmaxnreg: 128 x 24 + 256 x 240 = the 64K register file).
-  const int threads = 32 * tile.warps + (ws ? 128 : 0);
-  const int producer_registers = ws && tile.warps == 8 ? 24 : 0, consumer_registers = ws && tile.warps == 8 ? 240 : 0;
-  ir::Variant named;  // identifiers() reads only the inputs
-  named.inputs = variant.inputs;
-  const std::vector<std::string> id = identifiers(named, template_names());
-  const auto& inputs = variant.inputs;
+  return ops;
+}
 
-  AttentionKernel kernel;
-  std::string key = to_string(tile) + "|" + std::to_string(spec.D) + "," + std::to_string(spec.Dv) +
-                    (spec.varlen ? " L" : "") + (spec.lse ? " E" : "") + (ops.async ? " A" : "") +
-                    dtype_name(spec.output_type) + dtype_name(spec.q_segment_ids_type) +
-                    dtype_name(spec.kv_segment_ids_type) + dtype_name(spec.sinks_type);
-  for (DType t : spec.input_types) key += dtype_name(t);
-  kernel.name = "ladle_attention_" + hex(fnv1a(key, ir::hash(variant)));
-  kernel.threads = static_cast<unsigned>(threads);
-  kernel.block_m = tile.block_m;
-  kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);
+std::vector<bool> inputs_read(const ir::AttentionVariant& variant) {
+  std::vector<bool> used(variant.inputs.size(), false);
+  for (const ir::Expr* e : {&variant.score, &variant.keep})
+    for (const ir::Node& node : e->nodes)
+      if (node.op == ir::Op::input) used[node.input] = true;
+  return used;
+}
 
-  // ---- Parameters
+std::string storage(DType t) { return t == DType::u8 ? "unsigned char" : storage_type(t); }
+
+// The kernel's parameters, into kernel.params; returns their declarations.
+std::vector<std::string> declare_params(const Forward& f, AttentionKernel& kernel) {
+  const AttentionKernelSpec& spec = f.spec;
   std::vector<std::string> declarations;
   using Role = AttentionParam::Role;
   using Type = AttentionParam::Type;
@@ -143,11 +161,10 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
     kernel.params.push_back({name, c_type, type, role, input});
   };
-  const auto storage = [&](DType t) -> std::string { return t == DType::u8 ? "unsigned char" : storage_type(t); };
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    const ir::Input& in = inputs[k];
+  for (std::size_t k = 0; k < f.variant.inputs.size(); ++k) {
+    const ir::Input& in = f.variant.inputs[k];
     const int index = static_cast<int>(k);
-    const std::string& name = id[k];
+    const std::string& name = f.id[k];
     if (in.kind == ir::InputKind::scalar) {
       param("float", name, Type::f32, Role::input, index);
       continue;
@@ -159,9 +176,9 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     if (in.kind != ir::InputKind::head) param("long long", name + "_stride_d", Type::i64, Role::input_stride_d, index);
     if (in.role == ir::Role::key) param("int", name + "_heads", Type::i32, Role::input_heads, index);
   }
-  if (ws)
-    for (const auto& [name, index, rows] : {std::tuple{"q_map", 0, tile.block_m}, std::tuple{"k_map", 1, tile.block_n},
-                                            std::tuple{"v_map", 2, tile.block_n}}) {
+  if (f.ws)
+    for (const auto& [name, index, rows] : {std::tuple{"q_map", 0, f.tile.block_m}, std::tuple{"k_map", 1, f.tile.block_n},
+                                            std::tuple{"v_map", 2, f.tile.block_n}}) {
       declarations.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
       kernel.params.push_back({name, "ladle_tensor_map", Type::tensor_map, Role::tensor_map, index, rows});
     }
@@ -171,20 +188,24 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
   param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
   if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
-  if (variant.sinks) {
+  if (f.variant.sinks) {
     param("const " + storage(spec.sinks_type) + "*", "softmax_aux", Type::pointer, Role::softmax_aux);
     param("long long", "softmax_aux_stride_h", Type::i64, Role::softmax_aux_stride_h);
     param("long long", "softmax_aux_stride_s", Type::i64, Role::softmax_aux_stride_s);
     param("int", "sinks", Type::i32, Role::sinks);
   }
-  declare_mask_params(param, variant, spec.q_segment_ids_type, spec.kv_segment_ids_type, spec.varlen);
+  declare_mask_params(param, f.variant, spec.q_segment_ids_type, spec.kv_segment_ids_type, spec.varlen);
   param("int", "B", Type::i32, Role::batch);
   param("int", "Tq", Type::i32, Role::q_tokens);
   param("int", "Tk", Type::i32, Role::k_tokens);
   param("int", "H", Type::i32, Role::heads);
+  return declarations;
+}
 
-  // ---- The expressions, rendered at one (i, j) of the tile
-  const auto load = [&](const ir::Input& in, std::int32_t k) -> std::string {
+// ---- The expressions, rendered at one (i, j) of the tile
+
+ir::LoadFn input_load(const std::vector<std::string>& id) {
+  return [&id](const ir::Input& in, std::int32_t k) -> std::string {
     switch (in.kind) {
       case ir::InputKind::pair:
         return "ladle_load(" + id[k] + "_row[r / 2] + (k_bos + j) * " + id[k] + "_stride_d)";
@@ -194,17 +215,23 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
     }
     return "0.0f";
   };
-  const auto leaf = [&](ir::Op op) -> std::string {
-    switch (op) {
-      case ir::Op::score: return "score[nt][r]";
-      case ir::Op::query_index: return "static_cast<float>(i)";
-      case ir::Op::key_index: return "static_cast<float>(j)";
-      case ir::Op::head_index: return "static_cast<float>(h)";
-      case ir::Op::batch_index: return "static_cast<float>(n)";
-      default: break;
-    }
-    return "0.0f";
-  };
+}
+
+std::string leaf_at(ir::Op op) {
+  switch (op) {
+    case ir::Op::score: return "score[nt][r]";
+    case ir::Op::query_index: return "static_cast<float>(i)";
+    case ir::Op::key_index: return "static_cast<float>(j)";
+    case ir::Op::head_index: return "static_cast<float>(h)";
+    case ir::Op::batch_index: return "static_cast<float>(n)";
+    default: break;
+  }
+  return "0.0f";
+}
+
+Logit render_logit(const Forward& f) {
+  const auto& inputs = f.variant.inputs;
+  const ir::LoadFn load = input_load(f.id);
   // The logit in log2 units, log2 e * score expression, with its invariant factors hoisted out of
   // the key loop (detail/hoist.h: a soft cap costs one multiply, not a division, before its
   // tanh). tanh: with 16-bit operands the hardware's tanh.approx.f32 (one MUFU operation,
@@ -212,8 +239,10 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   // (split into bf16 pairs for fp32 accuracy) ladle_tanh_exp2, 1 - 2 / (2^y + 1) with y the
   // argument times 2 log2 e, which the rewrite folds into the hoisted factor before it.
   constexpr double log2e = 1.4426950408889634;
-  const bool approximate_tanh = !ops.split;
-  const HoistedExpression hoisted = hoist_invariants(inputs, variant.score, log2e, approximate_tanh ? 1.0 : 2.0 * log2e);
+  const bool approximate_tanh = !f.ops.split;
+  Logit logit;
+  logit.hoisted = hoist_invariants(inputs, f.variant.score, log2e, approximate_tanh ? 1.0 : 2.0 * log2e);
+  const HoistedExpression& hoisted = logit.hoisted;
   const auto hoisted_load = [&](const ir::Input& in, std::int32_t k) -> std::string {
     return static_cast<std::size_t>(k) >= hoisted.first_hoisted ? in.name : load(in, k);
   };
@@ -224,93 +253,107 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   const std::optional<LeadingFactor> lead = leading_factor(hoisted);
   const std::vector<float> unit_scalars(inputs.size(), 1.0f);
   const bool scalar_factor = lead && scalar_value(hoisted, lead->factor, unit_scalars).has_value();
-  if (spec.positive_logit_factor && !scalar_factor)
-    throw InvalidArgument("generate_attention: positive_logit_factor is set but the logit " + ir::to_string(inputs, variant.score) +
+  if (f.spec.positive_logit_factor && !scalar_factor)
+    throw InvalidArgument("generate_attention: positive_logit_factor is set but the logit " + ir::to_string(inputs, f.variant.score) +
                           " has no leading factor of scalars and constants (attention_logit_factor gives none)");
-  // mma.sync tiles keep the whole logit: there the fold's registers spill the 128 x 64 tile at D = 64
-  // on sm_80 (32 bytes), and its gain was measured on the Hopper tiles.
-  const bool folded = tile.mma != AttentionMma::sync && scalar_factor &&
-                      (spec.positive_logit_factor || scalar_value(hoisted, lead->factor, {}).value_or(0.0) > 0.0);
-  const std::string logit_expression =
-      ir::render_c(hoisted.inputs, folded ? subtree(hoisted.expr, lead->rest) : hoisted.expr, hoisted_load, leaf, functions);
-  const std::string logit_factor =
-      folded ? ir::render_c(hoisted.inputs, subtree(hoisted.expr, lead->factor), hoisted_load, leaf, functions) : "";
+  // mma.sync tiles keep the whole logit: there the fold's extra registers spill, and its gain is on
+  // the Hopper tiles.
+  logit.folded = f.tile.mma != AttentionMma::sync && scalar_factor &&
+                 (f.spec.positive_logit_factor || scalar_value(hoisted, lead->factor, {}).value_or(0.0) > 0.0);
+  logit.expression =
+      ir::render_c(hoisted.inputs, logit.folded ? subtree(hoisted.expr, lead->rest) : hoisted.expr, hoisted_load, leaf_at, functions);
+  logit.factor =
+      logit.folded ? ir::render_c(hoisted.inputs, subtree(hoisted.expr, lead->factor), hoisted_load, leaf_at, functions) : "";
   functions.tanh = "ladle_tanh";
-  const std::string keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf, functions);
-  const AttentionParts parts{variant, spec, logit_expression, keep_expression, folded, ops.qk_f16, ops.pv_f16,
-                             producer_registers, consumer_registers};
-  std::vector<bool> used(inputs.size(), false);
-  for (const ir::Expr* e : {&variant.score, &variant.keep})
-    for (const ir::Node& node : e->nodes)
-      if (node.op == ir::Op::input) used[node.input] = true;
+  logit.keep = f.variant.keep.empty() ? "" : ir::render_c(inputs, f.variant.keep, load, leaf_at, functions);
+  return logit;
+}
 
-  // ---- Header
-  const std::string qk_type = ops.split ? "bf16 hi+lo (fp32 inputs split)" : ops.qk_f16 ? "f16" : "bf16";
-  const std::string pv_type = ops.split ? "bf16 hi+lo (fp32 inputs split)" : ops.pv_f16 ? "f16" : "bf16";
+// ---- The kernel's text
+
+// The comment block at the top of the source: the variant, the tile, the launch, the operand types.
+std::string header_text(const Forward& f, const AttentionKernel& kernel) {
+  const AttentionKernelSpec& spec = f.spec;
+  const AttentionTile& tile = f.tile;
+  const auto& inputs = f.variant.inputs;
+  const std::string qk_type = f.ops.split ? "bf16 hi+lo (fp32 inputs split)" : f.ops.qk_f16 ? "f16" : "bf16";
+  const std::string pv_type = f.ops.split ? "bf16 hi+lo (fp32 inputs split)" : f.ops.pv_f16 ? "f16" : "bf16";
   std::string header = "ladle: attention kernel " + kernel.name + "\nGenerated by codegen/cuda_attention.cpp; do not edit.\n\n";
-  header += ir::to_string(variant);
-  header += "\nlogit = " + ir::to_string(inputs, variant.score) + "\n";
-  if (!variant.keep.empty()) header += "keep  = " + ir::to_string(inputs, variant.keep) + "\n";
-  header += "config: " + to_string(tile) + " (" + std::to_string(threads) + " threads), D=" + std::to_string(spec.D) +
+  header += ir::to_string(f.variant);
+  header += "\nlogit = " + ir::to_string(inputs, f.variant.score) + "\n";
+  if (!f.variant.keep.empty()) header += "keep  = " + ir::to_string(inputs, f.variant.keep) + "\n";
+  header += "config: " + to_string(tile) + " (" + std::to_string(f.threads) + " threads), D=" + std::to_string(spec.D) +
             " Dv=" + std::to_string(spec.Dv) + "\n";
-  header += "launch: grid attention_grid(N * H, ceil(Tq / " + std::to_string(tile.block_m) + "))" + ", block (" + std::to_string(threads) +
+  header += "launch: grid attention_grid(N * H, ceil(Tq / " + std::to_string(tile.block_m) + "))" + ", block (" + std::to_string(f.threads) +
             "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
   std::string types;
   for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].kind != ir::InputKind::scalar) types += id[k] + " " + dtype_name(spec.input_types[k]) + ", ";
+    if (inputs[k].kind != ir::InputKind::scalar) types += f.id[k] + " " + dtype_name(spec.input_types[k]) + ", ";
   header += "types: " + types + "o " + dtype_name(spec.output_type) + "; score = q k^T with " + qk_type +
             " operands, o_acc += P V with " + pv_type + " operands, fp32 accumulation and softmax\n";
-  header += wgmma ? "tensor cores: wgmma.mma_async m64n" + std::to_string(tile.block_n) + "k16 (q, k from shared memory) and m64n" +
-                        std::to_string(pad16(spec.Dv)) + "k16 (P from registers, V N-major), sm_90a; one warpgroup per 64 rows\n"
-                  : std::string("tensor cores: mma.sync m16n8k16 (sm_80 and later)\n");
-  if (ws) {
+  header += f.wgmma ? "tensor cores: wgmma.mma_async m64n" + std::to_string(tile.block_n) + "k16 (q, k from shared memory) and m64n" +
+                          std::to_string(pad16(spec.Dv)) + "k16 (P from registers, V N-major), sm_90a; one warpgroup per 64 rows\n"
+                    : std::string("tensor cores: mma.sync m16n8k16 (sm_80 and later)\n");
+  if (f.ws) {
     header += "pipeline: warp-specialised. Warpgroup 0 produces: TMA (cp.async.bulk.tensor, 128-byte swizzle) copies q once\n"
               "and K, V into a ring of " + std::to_string(tile.stages) + " stages, each guarded by mbarriers (full: the bytes landed;\n"
               "empty: every consumer warp released it). Warpgroups 1.." + std::to_string(tile.warps / 4) +
               " consume, 64 rows each: tile t's q k^T and tile t-1's P V in flight\n"
               "together, tile t's softmax while P V finishes." +
-              (consumer_registers ? " setmaxnreg: producer " + std::to_string(producer_registers) + ", consumers " +
-                                        std::to_string(consumer_registers) + " registers per thread."
-                                  : std::string()) + "\n";
+              (f.consumer_registers ? " setmaxnreg: producer " + std::to_string(f.producer_registers) + ", consumers " +
+                                          std::to_string(f.consumer_registers) + " registers per thread."
+                                    : std::string()) + "\n";
   } else {
-    header += std::string("K/V staging: ") + (ops.async ? "cp.async, 16 bytes per copy" : "loads converted in registers") +
+    header += std::string("K/V staging: ") + (f.ops.async ? "cp.async, 16 bytes per copy" : "loads converted in registers") +
               (tile.stages == 2 ? ", double-buffered" : ", single buffer") + "\n";
   }
   header += std::string("varlen=") + (spec.varlen ? "1" : "0") + " lse=" + (spec.lse ? "1" : "0") + "\n";
   header += "GQA: query head h reads key/value head h / (H / H_kv).\n";
+  return header;
+}
 
-  Code c;
-  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + attention_helpers +
-    (wgmma ? wgmma_helpers(tile.block_n, pad16(spec.Dv), ops.qk_f16, ops.pv_f16) : std::string()) +
-    (ws ? ws_helpers() : std::string()));
-  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + (ws ? ", 1" : "") + ") " + kernel.name + "(");
+// The device helpers the kernel calls (each guarded, so that a host emulation may define its own).
+std::string device_helpers(const Forward& f) {
+  return storage_helpers + std::string(tensor_core_helpers) + attention_helpers +
+         (f.wgmma ? wgmma_helpers(f.tile.block_n, pad16(f.spec.Dv), f.ops.qk_f16, f.ops.pv_f16) : std::string()) +
+         (f.ws ? ws_helpers() : std::string());
+}
+
+// The signature, the tile's constants and this thread's place in its warp and warpgroup.
+void emit_signature(Code& c, const Forward& f, const std::string& name, const std::vector<std::string>& declarations) {
+  const AttentionTile& tile = f.tile;
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(f.threads) + (f.ws ? ", 1" : "") + ") " + name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
   c("constexpr int BM = " + std::to_string(tile.block_m) + ", BN = " + std::to_string(tile.block_n) + ", WARPS = " +
     std::to_string(tile.warps) + ", THREADS = 32 * WARPS, STAGES = " + std::to_string(tile.stages) + ";");
-  c("constexpr int D = " + std::to_string(spec.D) + ", DV = " + std::to_string(spec.Dv) +
+  c("constexpr int D = " + std::to_string(f.spec.D) + ", DV = " + std::to_string(f.spec.Dv) +
     ";  // head dims");
-  c("constexpr int DP = " + std::to_string(pad16(spec.D)) + ", DVP = " + std::to_string(pad16(spec.Dv)) +
+  c("constexpr int DP = " + std::to_string(pad16(f.spec.D)) + ", DVP = " + std::to_string(pad16(f.spec.Dv)) +
     ";  // rounded up to the tensor-core step (zero columns past D, DV)");
-  if (ws) c("// Tiles as TMA writes them: boxes of 64 head-dim columns (below).");
-  else if (wgmma) c("constexpr int KLD = DP, VLD = DVP;  // tiles of 8 x 8 core matrices, no padding");
+  if (f.ws) c("// Tiles as TMA writes them: boxes of 64 head-dim columns (below).");
+  else if (f.wgmma) c("constexpr int KLD = DP, VLD = DVP;  // tiles of 8 x 8 core matrices, no padding");
   else c("constexpr int KLD = DP + 8, VLD = DVP + 8;  // padded rows: conflict-free ldmatrix");
   c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
-  if (ws) {
+  if (f.ws) {
     c("// Warpgroup 0 is the producer; warp w >= 4 is consumer warp w - 4.");
     c("const int lane = threadIdx.x % 32, warp = static_cast<int>(threadIdx.x / 32) - 4, gid = lane / 4, tig = lane % 4;");
   } else {
     c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
   }
-  if (wgmma) {
+  if (f.wgmma) {
     c("// Owns rows 64 * warpgroup.. of the block (warp: 16 of them); read through a shuffle so that the");
     c("// compiler knows it is warp-uniform and keeps the descriptors built from it in uniform registers.");
     c("const int warpgroup = ladle_warp_uniform(warp / 4);");
   }
+}
+
+// The block's rows, head and sequence, and the key tiles its rows may attend.
+void emit_block_range(Code& c, const Forward& f) {
   // The grid (attention_grid): x a group's heads, y the row blocks, z the groups. (Unsigned, as the
-  // signed forms cost the mma.sync kernel at D = 64 a spill on sm_80.)
-  if (variant.causal && !spec.varlen) {
+  // signed forms cost the mma.sync kernel a spill.)
+  if (f.variant.causal && !f.spec.varlen) {
     // Under a causal mask the last row blocks see the most keys: a group's start first, so that
     // the light ones fill the tail of the grid instead of the heavy ones.
     c("const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;");
@@ -321,7 +364,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("const int n = head / H, h = head % H;");
   c("");
   c("// The sequence: its first query and key, their counts, the batch row.");
-  if (spec.varlen) {
+  if (f.spec.varlen) {
     c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
     c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
     c("const int b = 0;");
@@ -331,121 +374,138 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   }
   c("(void)B;");
   c("if (m0 >= q_len) return;");
-  c("const int hk = h / (H / " + id[1] + "_heads);");
+  c("const int hk = h / (H / " + f.id[1] + "_heads);");
   c("");
   c("// The keys any row of this block may attend: the causal / window range of rows m0..row_last");
   c("// around the diagonal j = i + (k_len - q_len). Tiles outside it are never loaded.");
   c("const int diagonal = k_len - q_len, row_last = (m0 + BM < q_len ? m0 + BM : q_len) - 1;");
   c("long long key_begin = 0, key_end = k_len;");
-  emit_key_range(c, variant, "m0", "row_last", "key_begin", "key_end");
+  emit_key_range(c, f.variant, "m0", "row_last", "key_begin", "key_end");
   c("const int tile_begin = static_cast<int>(key_begin / BN);");
   c("const int tile_end = key_end > key_begin ? static_cast<int>((key_end + BN - 1) / BN) : tile_begin;");
   c("");
+}
+
+// The sequences' q, K, V rows and the shared-memory tiles of the mma.sync and wgmma paths.
+void emit_tiles(Code& c, const Forward& f) {
+  const AttentionKernelSpec& spec = f.spec;
+  const AttentionTile& tile = f.tile;
+  const std::vector<std::string>& id = f.id;
   const std::string qt = storage_type(spec.input_types[0]), kt = storage_type(spec.input_types[1]),
                     vt = storage_type(spec.input_types[2]);
-  if (ws) {
-    emit_ws_shared(c, parts);
+  c("const " + qt + "* const q_seq = " + id[0] + " + b * " + id[0] + "_stride_b + q_bos * " + id[0] + "_stride_t + h * " +
+    id[0] + "_stride_h;");
+  c("const " + kt + "* const k_seq = " + id[1] + " + b * " + id[1] + "_stride_b + k_bos * " + id[1] + "_stride_t + hk * " +
+    id[1] + "_stride_h;");
+  c("const " + vt + "* const v_seq = " + id[2] + " + b * " + id[2] + "_stride_b + k_bos * " + id[2] + "_stride_t + hk * " +
+    id[2] + "_stride_h;");
+  c("");
+  c("LADLE_DYNAMIC_SHARED(smem);");
+  const auto offset = [](const std::string& base, int bytes) {
+    return "reinterpret_cast<unsigned short*>(smem + " + base + std::to_string(bytes) + ")";
+  };
+  if (f.wgmma) {
+    const auto align128 = [](int bytes) { return (bytes + 127) / 128 * 128; };
+    const int q_bytes = align128(tile.block_m * pad16(spec.D) * 2), k_bytes = align128(tile.block_n * pad16(spec.D) * 2),
+              v_bytes = align128(tile.block_n * pad16(spec.Dv) * 2);
+    c("// The q tile [BM][DP] for the whole key loop, then per stage the K tile [BN][DP] and the V tile");
+    c("// [BN][DVP], 16-bit, each as 8 x 8 core matrices of 128 contiguous bytes (wgmma's no-swizzle layout).");
+    c("unsigned short* const q_tile = " + offset("", 0) + ";");
+    c("unsigned short* const k_tile = " + offset("", q_bytes) + ";");
+    c("unsigned short* const v_tile = " + offset("", q_bytes + k_bytes) + ";");
+    c("constexpr int STAGE_ELEMENTS = " + std::to_string((k_bytes + v_bytes) / 2) + ";  // 16-bit elements between stages");
   } else {
-    c("const " + qt + "* const q_seq = " + id[0] + " + b * " + id[0] + "_stride_b + q_bos * " + id[0] + "_stride_t + h * " +
-      id[0] + "_stride_h;");
-    c("const " + kt + "* const k_seq = " + id[1] + " + b * " + id[1] + "_stride_b + k_bos * " + id[1] + "_stride_t + hk * " +
-      id[1] + "_stride_h;");
-    c("const " + vt + "* const v_seq = " + id[2] + " + b * " + id[2] + "_stride_b + k_bos * " + id[2] + "_stride_t + hk * " +
-      id[2] + "_stride_h;");
-    c("");
-    c("LADLE_DYNAMIC_SHARED(smem);");
-    const auto offset = [](const std::string& base, int bytes) {
-      return "reinterpret_cast<unsigned short*>(smem + " + base + std::to_string(bytes) + ")";
-    };
-    if (wgmma) {
-      const auto align128 = [](int bytes) { return (bytes + 127) / 128 * 128; };
-      const int q_bytes = align128(tile.block_m * pad16(spec.D) * 2), k_bytes = align128(tile.block_n * pad16(spec.D) * 2),
-                v_bytes = align128(tile.block_n * pad16(spec.Dv) * 2);
-      c("// The q tile [BM][DP] for the whole key loop, then per stage the K tile [BN][DP] and the V tile");
-      c("// [BN][DVP], 16-bit, each as 8 x 8 core matrices of 128 contiguous bytes (wgmma's no-swizzle layout).");
-      c("unsigned short* const q_tile = " + offset("", 0) + ";");
-      c("unsigned short* const k_tile = " + offset("", q_bytes) + ";");
-      c("unsigned short* const v_tile = " + offset("", q_bytes + k_bytes) + ";");
-      c("constexpr int STAGE_ELEMENTS = " + std::to_string((k_bytes + v_bytes) / 2) + ";  // 16-bit elements between stages");
-    } else {
-      const int k_bytes = (tile.block_n * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16,
-                v_bytes = (tile.block_n * (pad16(spec.Dv) + 8) * 2 + 15) / 16 * 16;
-      const int stage_bytes = (k_bytes + v_bytes) * (ops.split ? 2 : 1);
-      c("// Per stage: the K tile [BN][KLD] and the V tile [BN][VLD], 16-bit" +
-        std::string(ops.split ? ", each as hi then lo halves." : "."));
-      c("unsigned short* const k_tile = " + offset("", 0) + ";");
-      c("unsigned short* const v_tile = " + offset("", k_bytes) + ";");
-      if (ops.split) {
-        c("unsigned short* const k_tile_lo = " + offset("", k_bytes + v_bytes) + ";");
-        c("unsigned short* const v_tile_lo = " + offset("", 2 * k_bytes + v_bytes) + ";");
-      }
-      c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
-      c("// The q tile [BM][KLD] borrows the stages before the key loop.");
-      c("unsigned short* const q_tile = " + offset("", 0) + ";");
-      if (ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16) + ";");
+    const int k_bytes = (tile.block_n * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16,
+              v_bytes = (tile.block_n * (pad16(spec.Dv) + 8) * 2 + 15) / 16 * 16;
+    const int stage_bytes = (k_bytes + v_bytes) * (f.ops.split ? 2 : 1);
+    c("// Per stage: the K tile [BN][KLD] and the V tile [BN][VLD], 16-bit" +
+      std::string(f.ops.split ? ", each as hi then lo halves." : "."));
+    c("unsigned short* const k_tile = " + offset("", 0) + ";");
+    c("unsigned short* const v_tile = " + offset("", k_bytes) + ";");
+    if (f.ops.split) {
+      c("unsigned short* const k_tile_lo = " + offset("", k_bytes + v_bytes) + ";");
+      c("unsigned short* const v_tile_lo = " + offset("", 2 * k_bytes + v_bytes) + ";");
     }
-    c("");
+    c("constexpr int STAGE_ELEMENTS = " + std::to_string(stage_bytes / 2) + ";  // 16-bit elements between stages");
+    c("// The q tile [BM][KLD] borrows the stages before the key loop.");
+    c("unsigned short* const q_tile = " + offset("", 0) + ";");
+    if (f.ops.split) c("unsigned short* const q_tile_lo = " + offset("", (tile.block_m * (pad16(spec.D) + 8) * 2 + 15) / 16 * 16) + ";");
   }
+  c("");
+}
 
-  // Staging of `rows` rows of a [T, X, width] input into a 16-bit tile.
-  const auto operand_bits = [&](bool f16) { return f16 ? std::string("ladle_f16_bits") : std::string("ladle_bf16_bits"); };
-  const auto stage_rows = [&](const std::string& src, const std::string& input, const std::string& dst, const std::string& dst_lo,
-                              const std::string& first_row, const std::string& limit, const std::string& rows,
-                              const std::string& width, const std::string& padded, const std::string& ld, bool f16) {
-    // Where (r, col) of the tile lives: padded rows of `ld`, or wgmma's core matrices.
-    const std::string at = wgmma ? core_matrix_offset("r", "col", padded) : "r * " + ld + " + col";
-    if (ops.async) {
-      c("for (int e = threadIdx.x; e < " + rows + " * (" + padded + " / 8); e += THREADS) {");
-      c.in();
-      c("const int r = e / (" + padded + " / 8), col = e % (" + padded + " / 8) * 8;");
-      c("unsigned short* const dst = " + dst + " + " + at + ";");
-      c("if (" + first_row + " + r < " + limit + " && col < " + width + ") ladle_cp_async_16(dst, " + src + " + (" + first_row + " + r) * " + input +
-        "_stride_t + col);");
-      c("else ladle_zero_16(dst);  // past the sequence or the head dim: zero, never garbage (0 * NaN would reach o)");
-      c.out();
-      c("}");
-      return;
-    }
-    c("for (int e = threadIdx.x; e < " + rows + " * " + padded + "; e += THREADS) {");
+// Staging of `rows` rows of a [T, X, width] input into a 16-bit tile (dst_lo: the lo halves of
+// split fp32 inputs).
+struct StagedRows {
+  std::string src, input, dst, dst_lo, first_row, limit, rows, width, padded, ld;
+  bool f16;
+};
+
+void emit_stage_rows(Code& c, const Forward& f, const StagedRows& s) {
+  const auto operand_bits = [](bool f16) { return f16 ? std::string("ladle_f16_bits") : std::string("ladle_bf16_bits"); };
+  // Where (r, col) of the tile lives: padded rows of `ld`, or wgmma's core matrices.
+  const std::string at = f.wgmma ? core_matrix_offset("r", "col", s.padded) : "r * " + s.ld + " + col";
+  if (f.ops.async) {
+    c("for (int e = threadIdx.x; e < " + s.rows + " * (" + s.padded + " / 8); e += THREADS) {");
     c.in();
-    c("const int r = e / " + padded + ", col = e % " + padded + ";");
-    c("const float x = " + first_row + " + r < " + limit + " && col < " + width + " ? ladle_load(" + src + " + (" + first_row + " + r) * " + input +
-      "_stride_t + col * " + input + "_stride_d) : 0.0f;");
-    if (ops.split) {
-      c("const unsigned short hi = ladle_bf16_bits(x);");
-      c(dst + "[" + at + "] = hi;");
-      c(dst_lo + "[" + at + "] = ladle_bf16_bits(x - ladle_bf16_float(hi));");
-    } else {
-      c(dst + "[" + at + "] = " + operand_bits(f16) + "(x);");
-    }
+    c("const int r = e / (" + s.padded + " / 8), col = e % (" + s.padded + " / 8) * 8;");
+    c("unsigned short* const dst = " + s.dst + " + " + at + ";");
+    c("if (" + s.first_row + " + r < " + s.limit + " && col < " + s.width + ") ladle_cp_async_16(dst, " + s.src + " + (" + s.first_row +
+      " + r) * " + s.input + "_stride_t + col);");
+    c("else ladle_zero_16(dst);  // past the sequence or the head dim: zero, never garbage (0 * NaN would reach o)");
     c.out();
     c("}");
-  };
-
-  if (ws) {
-    emit_ws_producer(c, parts);
-  } else if (wgmma) {
-    c("// 1. The q tile into shared memory, where the score products read it for the whole key loop.");
-    stage_rows("q_seq", id[0], "q_tile", "", "m0", "q_len", "BM", "D", "DP", "KLD", ops.qk_f16);
-    if (ops.async) c("ladle_cp_async_commit();");
-    c("");
-  } else {
-    c("// 1. The q fragments of this warp's 16 rows, kept in registers for the whole key loop.");
-    stage_rows("q_seq", id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "DP", "KLD", ops.qk_f16);
-    if (ops.async) {
-      c("ladle_cp_async_commit();");
-      c("ladle_cp_async_wait<0>();");
-    }
-    c("__syncthreads();");
-    c("unsigned q_frag[DP / 16][4];");
-    if (ops.split) c("unsigned q_frag_lo[DP / 16][4];");
-    c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt) {");
-    c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
-    if (ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
-    c("}");
-    c("__syncthreads();  // the stages reuse the q tile's memory");
-    c("");
+    return;
   }
+  c("for (int e = threadIdx.x; e < " + s.rows + " * " + s.padded + "; e += THREADS) {");
+  c.in();
+  c("const int r = e / " + s.padded + ", col = e % " + s.padded + ";");
+  c("const float x = " + s.first_row + " + r < " + s.limit + " && col < " + s.width + " ? ladle_load(" + s.src + " + (" + s.first_row +
+    " + r) * " + s.input + "_stride_t + col * " + s.input + "_stride_d) : 0.0f;");
+  if (f.ops.split) {
+    c("const unsigned short hi = ladle_bf16_bits(x);");
+    c(s.dst + "[" + at + "] = hi;");
+    c(s.dst_lo + "[" + at + "] = ladle_bf16_bits(x - ladle_bf16_float(hi));");
+  } else {
+    c(s.dst + "[" + at + "] = " + operand_bits(s.f16) + "(x);");
+  }
+  c.out();
+  c("}");
+}
+
+// Step 1 of the mma.sync and wgmma paths: the q tile, in shared memory (wgmma) or fragments (mma.sync).
+void emit_q_tile(Code& c, const Forward& f) {
+  const StagedRows q{"q_seq", f.id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "DP", "KLD", f.ops.qk_f16};
+  if (f.wgmma) {
+    c("// 1. The q tile into shared memory, where the score products read it for the whole key loop.");
+    StagedRows shared = q;
+    shared.dst_lo = "";
+    emit_stage_rows(c, f, shared);
+    if (f.ops.async) c("ladle_cp_async_commit();");
+    c("");
+    return;
+  }
+  c("// 1. The q fragments of this warp's 16 rows, kept in registers for the whole key loop.");
+  emit_stage_rows(c, f, q);
+  if (f.ops.async) {
+    c("ladle_cp_async_commit();");
+    c("ladle_cp_async_wait<0>();");
+  }
+  c("__syncthreads();");
+  c("unsigned q_frag[DP / 16][4];");
+  if (f.ops.split) c("unsigned q_frag_lo[DP / 16][4];");
+  c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt) {");
+  c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+  if (f.ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+  c("}");
+  c("__syncthreads();  // the stages reuse the q tile's memory");
+  c("");
+}
+
+// The state of this thread's two rows and what the logit reads once per row.
+void emit_row_state(Code& c, const Forward& f, const Logit& logit) {
+  const auto& inputs = f.variant.inputs;
+  const std::vector<std::string>& id = f.id;
   c("// Per row of this thread (gid and gid + 8 of the warp's 16): whether it exists, its");
   c("// running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DVP / 8][4].");
   c("const int row0 = m0 + warp * 16 + gid;");
@@ -454,146 +514,206 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   c("float o_acc[DVP / 8][4];");
   c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][0] = o_acc[nt][1] = o_acc[nt][2] = o_acc[nt][3] = 0.0f;");
   for (std::size_t k = 0; k < inputs.size(); ++k) {
-    if (!used[k]) continue;
+    if (!f.used[k]) continue;
     if (inputs[k].kind == ir::InputKind::head)
       c("const float " + id[k] + "_value = ladle_load(" + id[k] + " + b * " + id[k] + "_stride_b + h * " + id[k] + "_stride_h);");
     if (inputs[k].kind == ir::InputKind::pair) {
       c("// " + inputs[k].name + " at (b, h, this thread's rows), indexed by packed positions");
-      c("const " + storage(spec.input_types[k]) + "* const " + id[k] + "_row[2] = {");
+      c("const " + storage(f.spec.input_types[k]) + "* const " + id[k] + "_row[2] = {");
       c("    " + id[k] + " + b * " + id[k] + "_stride_b + h * " + id[k] + "_stride_h + (q_bos + row0) * " + id[k] + "_stride_t,");
       c("    " + id[k] + " + b * " + id[k] + "_stride_b + h * " + id[k] + "_stride_h + (q_bos + row0 + 8) * " + id[k] + "_stride_t};");
     }
   }
-  if (variant.segment_ids) {
+  if (f.variant.segment_ids) {
     c("const long long q_segment[2] = {");
     c("    row_live[0] ? static_cast<long long>(q_segment_ids[b * q_segment_stride_b + (q_bos + row0) * q_segment_stride_t]) : 0,");
     c("    row_live[1] ? static_cast<long long>(q_segment_ids[b * q_segment_stride_b + (q_bos + row0 + 8) * q_segment_stride_t]) : 0};");
   }
-  if (variant.dropout) c("const float keep_scale = 1.0f / (1.0f - dropout_p);");
+  if (f.variant.dropout) c("const float keep_scale = 1.0f / (1.0f - dropout_p);");
+  const HoistedExpression& hoisted = logit.hoisted;
   if (!hoisted.invariants.empty()) {
     c("// The logit's factors that no (query, key) pair changes, once per thread (log2 units).");
     for (std::size_t k = 0; k < hoisted.invariants.size(); ++k)
       c("const float " + hoisted.inputs[hoisted.first_hoisted + k].name + " = " +
-        ir::render_c(inputs, hoisted.invariants[k], load, leaf, ir::RenderFunctions{"ladle_tanh"}) + ";");
+        ir::render_c(inputs, hoisted.invariants[k], input_load(id), leaf_at, ir::RenderFunctions{"ladle_tanh"}) + ";");
   }
-  if (folded) {
+  if (logit.folded) {
     c("// logit = ladle_logit_factor * rest (positive): logit[][] holds rest, the running maxima too.");
-    c("const float ladle_logit_factor = " + logit_factor + ";");
+    c("const float ladle_logit_factor = " + logit.factor + ";");
   }
   c("");
+}
 
-  if (ws) {
-    emit_ws_consumer_loop(c, parts);
-  } else {
-    c("// 2. K and V tiles into shared memory, stage by stage.");
-    c("const auto stage_tile = [&](int tile, int stage) {");
-    c.in();
-    c("const int j0 = tile * BN;");
-    stage_rows("k_seq", id[1], "(k_tile + stage * STAGE_ELEMENTS)", "(k_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
-               "D", "DP", "KLD", ops.qk_f16);
-    stage_rows("v_seq", id[2], "(v_tile + stage * STAGE_ELEMENTS)", "(v_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len", "BN",
-               "DV", "DVP", "VLD", ops.pv_f16);
-    if (ops.async) c("ladle_cp_async_commit();");
-    c.out();
-    c("};");
-    c("if (tile_begin < tile_end) stage_tile(tile_begin, 0);");
-    c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
-    c.in();
-    if (tile.stages == 2) {
-      c("const int stage = (tile - tile_begin) & 1;");
-      c("if (tile + 1 < tile_end) {  // the next tile streams in while this one is computed");
-      c("  stage_tile(tile + 1, stage ^ 1);");
-      if (ops.async) c("  ladle_cp_async_wait<1>();");
-      c("} else {");
-      if (ops.async) c("  ladle_cp_async_wait<0>();");
-      c("}");
-    } else {
-      c("const int stage = 0;");
-      c("if (tile > tile_begin) stage_tile(tile, 0);");
-      if (ops.async) c("ladle_cp_async_wait<0>();");
-    }
-    if (wgmma) c("ladle_fence_proxy_async();  // this thread's shared-memory writes, visible to wgmma's async proxy");
-    c("__syncthreads();");
-    c("const int j0 = tile * BN;");
-    c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS;");
-    c("const unsigned short* const v_s = v_tile + stage * STAGE_ELEMENTS;");
-    if (ops.split) {
-      c("const unsigned short* const k_s_lo = k_tile_lo + stage * STAGE_ELEMENTS;");
-      c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS;");
-    }
-    c("");
-    if (wgmma) {
-      emit_wgmma_scores(c, parts);
-    } else {
-      const std::string qk_mma = ops.qk_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
-      c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
-      c("float score[BN / 8][4];");
-      c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
-      c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
-      c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
-      c.in();
-      c("  unsigned k_frag[4];");
-      c("  ladle_ldmatrix_x4(k_frag, &k_s[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
-      c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);");
-      c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
-      if (ops.split) {
-        c("  " + qk_mma + "(score[2 * np], q_frag_lo[kt], k_frag[0], k_frag[1]);  // lo q x hi k");
-        c("  " + qk_mma + "(score[2 * np + 1], q_frag_lo[kt], k_frag[2], k_frag[3]);");
-        c("  ladle_ldmatrix_x4(k_frag, &k_s_lo[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
-        c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);  // hi q x lo k");
-        c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
-      }
-      c.out();
-      c("  }");
-      c("");
-    }
-    emit_logits(c, parts);
-    emit_online_softmax(c, parts);
-    if (wgmma) {
-      emit_wgmma_pv(c, parts);
-    } else {
-      const std::string pv_mma = ops.pv_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
-      c("// 6. o_acc += P V: P's accumulator layout is the A operand of the next product.");
-      const std::string pack = ops.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
-      c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
-      c.in();
-      if (ops.split) {
-        c("float p_hi[2][4], p_lo[2][4];");
-        c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
-        c("  p_hi[e / 4][e % 4] = ladle_bf16_float(ladle_bf16_bits(p[2 * kk + e / 4][e % 4]));");
-        c("  p_lo[e / 4][e % 4] = p[2 * kk + e / 4][e % 4] - p_hi[e / 4][e % 4];");
-        c("}");
-        c("const unsigned p_frag[4] = {ladle_pack_bf16(p_hi[0][0], p_hi[0][1]), ladle_pack_bf16(p_hi[0][2], p_hi[0][3]),");
-        c("                            ladle_pack_bf16(p_hi[1][0], p_hi[1][1]), ladle_pack_bf16(p_hi[1][2], p_hi[1][3])};");
-        c("const unsigned p_frag_lo[4] = {ladle_pack_bf16(p_lo[0][0], p_lo[0][1]), ladle_pack_bf16(p_lo[0][2], p_lo[0][3]),");
-        c("                               ladle_pack_bf16(p_lo[1][0], p_lo[1][1]), ladle_pack_bf16(p_lo[1][2], p_lo[1][3])};");
-      } else {
-        c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
-        c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
-      }
-      c("LADLE_UNROLL for (int np = 0; np < DVP / 16; ++np) {");
-      c.in();
-      c("unsigned v_frag[4];");
-      c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
-      c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);");
-      c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
-      if (ops.split) {
-        c(pv_mma + "(o_acc[2 * np], p_frag_lo, v_frag[0], v_frag[1]);  // lo p x hi v");
-        c(pv_mma + "(o_acc[2 * np + 1], p_frag_lo, v_frag[2], v_frag[3]);");
-        c("ladle_ldmatrix_x4_trans(v_frag, &v_s_lo[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
-        c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);  // hi p x lo v");
-        c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
-      }
-      c.out();
-      c("}");
-      c.out();
-      c("}");
-    }
-    c("__syncthreads();  // the next tile's copy reuses this stage");
-    c.out();
-    c("}");
-    c("");
+// Step 3 on mma.sync: score = q k^T from the q fragments and the stage's K tile.
+void emit_sync_scores(Code& c, const Forward& f) {
+  const std::string qk_mma = f.ops.qk_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+  c("// 3. score = q k^T for this warp's 16 rows and the tile's BN keys.");
+  c("float score[BN / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;");
+  c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
+  c("  LADLE_UNROLL for (int np = 0; np < BN / 16; ++np) {");
+  c.in();
+  c("  unsigned k_frag[4];");
+  c("  ladle_ldmatrix_x4(k_frag, &k_s[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+  c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);");
+  c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
+  if (f.ops.split) {
+    c("  " + qk_mma + "(score[2 * np], q_frag_lo[kt], k_frag[0], k_frag[1]);  // lo q x hi k");
+    c("  " + qk_mma + "(score[2 * np + 1], q_frag_lo[kt], k_frag[2], k_frag[3]);");
+    c("  ladle_ldmatrix_x4(k_frag, &k_s_lo[(np * 16 + lane % 8 + (lane / 16) * 8) * KLD + kt * 16 + ((lane / 8) & 1) * 8]);");
+    c("  " + qk_mma + "(score[2 * np], q_frag[kt], k_frag[0], k_frag[1]);  // hi q x lo k");
+    c("  " + qk_mma + "(score[2 * np + 1], q_frag[kt], k_frag[2], k_frag[3]);");
   }
+  c.out();
+  c("  }");
+  c("");
+}
+
+// Step 6 on mma.sync: o_acc += P V with P packed from p[BN / 8][4] (hi and lo halves when split).
+void emit_sync_pv(Code& c, const Forward& f) {
+  const std::string pv_mma = f.ops.pv_f16 ? "ladle_mma_f16" : "ladle_mma_bf16";
+  c("// 6. o_acc += P V: P's accumulator layout is the A operand of the next product.");
+  const std::string pack = f.ops.pv_f16 ? "ladle_pack_f16" : "ladle_pack_bf16";
+  c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) {");
+  c.in();
+  if (f.ops.split) {
+    c("float p_hi[2][4], p_lo[2][4];");
+    c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
+    c("  p_hi[e / 4][e % 4] = ladle_bf16_float(ladle_bf16_bits(p[2 * kk + e / 4][e % 4]));");
+    c("  p_lo[e / 4][e % 4] = p[2 * kk + e / 4][e % 4] - p_hi[e / 4][e % 4];");
+    c("}");
+    c("const unsigned p_frag[4] = {ladle_pack_bf16(p_hi[0][0], p_hi[0][1]), ladle_pack_bf16(p_hi[0][2], p_hi[0][3]),");
+    c("                            ladle_pack_bf16(p_hi[1][0], p_hi[1][1]), ladle_pack_bf16(p_hi[1][2], p_hi[1][3])};");
+    c("const unsigned p_frag_lo[4] = {ladle_pack_bf16(p_lo[0][0], p_lo[0][1]), ladle_pack_bf16(p_lo[0][2], p_lo[0][3]),");
+    c("                               ladle_pack_bf16(p_lo[1][0], p_lo[1][1]), ladle_pack_bf16(p_lo[1][2], p_lo[1][3])};");
+  } else {
+    c("const unsigned p_frag[4] = {" + pack + "(p[2 * kk][0], p[2 * kk][1]), " + pack + "(p[2 * kk][2], p[2 * kk][3]),");
+    c("                            " + pack + "(p[2 * kk + 1][0], p[2 * kk + 1][1]), " + pack + "(p[2 * kk + 1][2], p[2 * kk + 1][3])};");
+  }
+  c("LADLE_UNROLL for (int np = 0; np < DVP / 16; ++np) {");
+  c.in();
+  c("unsigned v_frag[4];");
+  c("ladle_ldmatrix_x4_trans(v_frag, &v_s[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+  c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);");
+  c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+  if (f.ops.split) {
+    c(pv_mma + "(o_acc[2 * np], p_frag_lo, v_frag[0], v_frag[1]);  // lo p x hi v");
+    c(pv_mma + "(o_acc[2 * np + 1], p_frag_lo, v_frag[2], v_frag[3]);");
+    c("ladle_ldmatrix_x4_trans(v_frag, &v_s_lo[(kk * 16 + lane % 16) * VLD + np * 16 + (lane / 16) * 8]);");
+    c(pv_mma + "(o_acc[2 * np], p_frag, v_frag[0], v_frag[1]);  // hi p x lo v");
+    c(pv_mma + "(o_acc[2 * np + 1], p_frag, v_frag[2], v_frag[3]);");
+  }
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+}
+
+// Steps 2 to 6 of the mma.sync and wgmma paths: K and V staged tile by tile (double-buffered at
+// two stages), each tile's scores, logits, online softmax and P V.
+void emit_key_loop(Code& c, const Forward& f, const AttentionParts& parts) {
+  const std::vector<std::string>& id = f.id;
+  c("// 2. K and V tiles into shared memory, stage by stage.");
+  c("const auto stage_tile = [&](int tile, int stage) {");
+  c.in();
+  c("const int j0 = tile * BN;");
+  emit_stage_rows(c, f, {"k_seq", id[1], "(k_tile + stage * STAGE_ELEMENTS)", "(k_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len",
+                         "BN", "D", "DP", "KLD", f.ops.qk_f16});
+  emit_stage_rows(c, f, {"v_seq", id[2], "(v_tile + stage * STAGE_ELEMENTS)", "(v_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len",
+                         "BN", "DV", "DVP", "VLD", f.ops.pv_f16});
+  if (f.ops.async) c("ladle_cp_async_commit();");
+  c.out();
+  c("};");
+  c("if (tile_begin < tile_end) stage_tile(tile_begin, 0);");
+  c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
+  c.in();
+  if (f.tile.stages == 2) {
+    c("const int stage = (tile - tile_begin) & 1;");
+    c("if (tile + 1 < tile_end) {  // the next tile streams in while this one is computed");
+    c("  stage_tile(tile + 1, stage ^ 1);");
+    if (f.ops.async) c("  ladle_cp_async_wait<1>();");
+    c("} else {");
+    if (f.ops.async) c("  ladle_cp_async_wait<0>();");
+    c("}");
+  } else {
+    c("const int stage = 0;");
+    c("if (tile > tile_begin) stage_tile(tile, 0);");
+    if (f.ops.async) c("ladle_cp_async_wait<0>();");
+  }
+  if (f.wgmma) c("ladle_fence_proxy_async();  // this thread's shared-memory writes, visible to wgmma's async proxy");
+  c("__syncthreads();");
+  c("const int j0 = tile * BN;");
+  c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS;");
+  c("const unsigned short* const v_s = v_tile + stage * STAGE_ELEMENTS;");
+  if (f.ops.split) {
+    c("const unsigned short* const k_s_lo = k_tile_lo + stage * STAGE_ELEMENTS;");
+    c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS;");
+  }
+  c("");
+  if (f.wgmma) emit_wgmma_scores(c, parts);
+  else emit_sync_scores(c, f);
+  emit_logits(c, parts);
+  emit_online_softmax(c, parts);
+  if (f.wgmma) emit_wgmma_pv(c, parts);
+  else emit_sync_pv(c, f);
+  c("__syncthreads();  // the next tile's copy reuses this stage");
+  c.out();
+  c("}");
+  c("");
+}
+
+}  // namespace
+
+AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
+  const Operands ops = checked_operands(variant, spec);
+  const AttentionTile& tile = spec.tile;
+  const bool ws = tile.mma == AttentionMma::ws;
+  // ws: a producer warpgroup beside the consumers' warps; with two consumer warpgroups the
+  // producer gives its registers to them (setmaxnreg: 128 x 24 + 256 x 240 = the 64K register file).
+  const bool two_consumers = ws && tile.warps == 8;
+  ir::Variant named;  // identifiers() reads only the inputs
+  named.inputs = variant.inputs;
+  const Forward f{variant,
+                  spec,
+                  tile,
+                  ops,
+                  ws,
+                  tile.mma == AttentionMma::wgmma || ws,
+                  32 * tile.warps + (ws ? 128 : 0),
+                  two_consumers ? 24 : 0,
+                  two_consumers ? 240 : 0,
+                  identifiers(named, template_names()),
+                  inputs_read(variant)};
+
+  AttentionKernel kernel;
+  std::string key = to_string(tile) + "|" + std::to_string(spec.D) + "," + std::to_string(spec.Dv) +
+                    (spec.varlen ? " L" : "") + (spec.lse ? " E" : "") + (ops.async ? " A" : "") +
+                    dtype_name(spec.output_type) + dtype_name(spec.q_segment_ids_type) +
+                    dtype_name(spec.kv_segment_ids_type) + dtype_name(spec.sinks_type);
+  for (DType t : spec.input_types) key += dtype_name(t);
+  kernel.name = "ladle_attention_" + hex(fnv1a(key, ir::hash(variant)));
+  kernel.threads = static_cast<unsigned>(f.threads);
+  kernel.block_m = tile.block_m;
+  kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);
+  const std::vector<std::string> declarations = declare_params(f, kernel);
+  const Logit logit = render_logit(f);
+  const AttentionParts parts{variant, spec, logit.expression, logit.keep, logit.folded, ops.qk_f16, ops.pv_f16,
+                             f.producer_registers, f.consumer_registers};
+
+  Code c;
+  c(comment_block(header_text(f, kernel)) + "\n" + device_helpers(f));
+  emit_signature(c, f, kernel.name, declarations);
+  emit_block_range(c, f);
+  if (ws) {
+    emit_ws_shared(c, parts);
+    emit_ws_producer(c, parts);
+  } else {
+    emit_tiles(c, f);
+    emit_q_tile(c, f);
+  }
+  emit_row_state(c, f, logit);
+  if (ws) emit_ws_consumer_loop(c, parts);
+  else emit_key_loop(c, f, parts);
   emit_epilogue(c, parts);
   kernel.source = c.text();
   return kernel;
