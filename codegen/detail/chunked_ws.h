@@ -5,7 +5,7 @@
 //
 // Why a form of its own: the serial form's chunk is a chain of phases between block barriers
 // (stage, gate sums, state copy, products, store), and one block of 8 warps per SM cannot hide
-// that chain's latency (issue 11: 35 % issue slots, 14 % tensor pipe at simple GLA B8 T4096). Here
+// that chain's latency (issue 11: few issue slots used, the tensor pipe mostly idle). Here
 //   - a producer warpgroup copies q, k and v chunk by chunk with TMA into a ring of stages guarded
 //     by mbarriers, so loads never sit on the compute chain;
 //   - each consumer warpgroup owns 64 value columns of the state (fp32, wgmma accumulators) and
