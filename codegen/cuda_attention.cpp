@@ -17,26 +17,6 @@ using namespace detail;
 
 namespace {
 
-// The template's own names (an input with one of these names, or a derived one, is renamed).
-const std::set<std::string>& template_names() {
-  static const std::set<std::string> names = {
-      "BM", "BN", "WARPS", "THREADS", "D", "DV", "KLD", "VLD", "STAGES", "LOG2E", "LN2", "smem", "q_tile", "k_tile",
-      "v_tile", "q_tile_lo", "k_tile_lo", "v_tile_lo", "lane", "warp", "gid", "tig", "n", "h", "b", "hk", "m0",
-      "q_bos", "k_bos", "q_len", "k_len", "diagonal", "row_last", "key_begin", "key_end", "tile_begin", "tile_end",
-      "tile", "stage", "j0", "boundary", "q_frag", "q_frag_lo", "k_frag", "v_frag", "score", "logit", "p", "p_frag",
-      "p_frag_lo", "o_acc", "row_max", "row_sum", "row_live", "q_segment", "i", "j", "e", "r", "c", "nt", "np", "kt",
-      "kk", "half", "attend", "tile_max", "new_max", "base", "rescale", "keep_scale", "sum", "top", "scale_o",
-      "sink", "inv", "col", "q_seq", "k_seq", "v_seq", "o_row", "stage_tile", "stage_rows", "src", "dst", "x",
-      "hi", "lo", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "lse", "q_segment_ids",
-      "q_segment_stride_b", "q_segment_stride_t", "kv_segment_ids", "kv_segment_stride_b", "kv_segment_stride_t",
-      "softmax_aux", "softmax_aux_stride_h", "softmax_aux_stride_s", "sinks", "cu_seqlens_q", "cu_seqlens_k",
-      "window_left", "window_right", "dropout_p", "seed", "B", "Tq", "Tk", "H", "u", "s", "with_sinks", "k_s", "v_s",
-      "k_s_lo", "v_s_lo", "p_hi", "p_lo", "STAGE_ELEMENTS", "row0", "softmax_aux_stride_s", "warpgroup", "DP", "DVP",
-      "DPB", "DVPB", "Q_BYTES", "K_BYTES", "V_BYTES", "aligned_smem", "full_k", "full_v", "empty_k", "empty_v", "q_full",
-      "q_map", "k_map", "v_map", "q_row", "k_row", "cb", "it", "prev", "scores", "o_rescale", "part", "last",
-      "q_desc", "k_desc", "v_desc", "tile_top", "neg_base", "lo", "end"};
-  return names;
-}
 
 int pad16(int x) { return (x + 15) / 16 * 16; }
 
@@ -664,15 +644,16 @@ void emit_key_loop(Code& c, const Forward& f, const AttentionParts& parts) {
 
 }  // namespace
 
-AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
-  const Operands ops = checked_operands(variant, spec);
+namespace {
+
+// The kernel for these inputs' C names (with_input_names runs it twice).
+AttentionKernel generate_named(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec, const Operands& ops,
+                               const std::vector<std::string>& id) {
   const AttentionTile& tile = spec.tile;
   const bool ws = tile.mma == AttentionMma::ws;
   // ws: a producer warpgroup beside the consumers' warps; with two consumer warpgroups the
   // producer gives its registers to them (setmaxnreg: 128 x 24 + 256 x 240 = the 64K register file).
   const bool two_consumers = ws && tile.warps == 8;
-  ir::Variant named;  // identifiers() reads only the inputs
-  named.inputs = variant.inputs;
   const Forward f{variant,
                   spec,
                   tile,
@@ -682,7 +663,7 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
                   32 * tile.warps + (ws ? 128 : 0),
                   two_consumers ? 24 : 0,
                   two_consumers ? 240 : 0,
-                  identifiers(named, template_names()),
+                  id,
                   inputs_read(variant)};
 
   AttentionKernel kernel;
@@ -717,6 +698,14 @@ AttentionKernel generate_attention(const ir::AttentionVariant& variant, const At
   emit_epilogue(c, parts);
   kernel.source = c.text();
   return kernel;
+}
+
+}  // namespace
+
+AttentionKernel generate_attention(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
+  const Operands ops = checked_operands(variant, spec);
+  return with_input_names<AttentionKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return generate_named(variant, spec, ops, id); });
 }
 
 }  // namespace ladle::cuda

@@ -49,6 +49,8 @@
 
 #include <ladle/tensor/tensor_view.h>
 
+#include "cuda/target.h"
+
 namespace ladle::cuda {
 
 // The tensor-core instruction of a tile: mma.sync m16n8k16 (sm_80 and later), Hopper's
@@ -208,8 +210,6 @@ std::string to_string(const AttentionTile& tile);
 // Reads the tools' form "block_m,block_n,warps,stages[,sync|wgmma|ws]"; throws InvalidArgument
 // quoting the text otherwise.
 AttentionTile parse_attention_tile(const std::string& text);
-// Whether wgmma (and the ws pipeline) runs on this target: sm_90a or compute_90a.
-bool attention_wgmma_arch(const std::string& arch);
 // Whether q, k, v of these types go through the tensor cores as split bf16 pairs (fp32 inputs).
 bool attention_split_f32(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
 

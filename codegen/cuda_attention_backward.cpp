@@ -18,28 +18,6 @@ using namespace detail;
 
 namespace {
 
-// The template's own names (an input with one of these names, or a derived one, is renamed).
-const std::set<std::string>& template_names() {
-  static const std::set<std::string> names = {
-      "BM", "BN", "D", "DV", "DP", "DVP", "DPB", "DVPB", "STAGES", "LOG2E", "LN2", "smem", "aligned_smem", "k_tile", "v_tile",
-      "q_ring", "do_ring", "ds_tile", "kv_full", "full", "empty", "lane", "warp", "gid", "tig", "warpgroup", "n", "h", "hk", "b",
-      "group", "q_bos", "k_bos", "q_len", "k_len", "diagonal", "j_block", "j_last", "q_begin", "q_end", "tile_begin",
-      "tile_end", "tiles", "steps", "step", "tile", "stage", "m0", "i", "j", "nt", "r", "kt", "kk", "e", "cb", "s_acc",
-      "dp_acc", "dk_acc", "dv_acc", "dq_acc", "p_frag", "ds_frag", "lse2", "delta", "key_row", "key_live", "attend", "lg",
-      "p", "keep", "dl", "pd", "ds", "keep_scale", "kv_segment", "interior", "k_desc", "v_desc", "q_desc", "qn_desc",
-      "do_desc", "don_desc", "ds_desc", "kn_desc", "Q_BYTES", "DO_BYTES", "K_BYTES", "V_BYTES", "DS_BYTES", "stats", "stats_s", "next_stats", "load_stats",
-      "dq_stage", "DQ_STAGE_BYTES", "stage_boxes", "dq_head", "dq_part", "dq_map",
-      "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "lse", "d_output", "d_output_stride_b",
-      "d_output_stride_t", "d_output_stride_h", "d_output_stride_d", "d_output_copy", "do_map", "q_map", "k_map",
-      "v_map", "row_stats", "dq", "dq_stride_b", "dq_stride_t", "dq_stride_h", "dk", "dk_stride_b", "dk_stride_t",
-      "dk_stride_h", "dk_stride_d", "dv", "dv_stride_b", "dv_stride_t", "dv_stride_h", "dv_stride_d", "q_segment_ids",
-      "q_segment_stride_b", "q_segment_stride_t", "kv_segment_ids", "kv_segment_stride_b", "kv_segment_stride_t",
-      "softmax_aux", "softmax_aux_stride_h", "softmax_aux_stride_s", "sinks", "d_softmax_aux", "d_softmax_aux_stride_h",
-      "d_softmax_aux_stride_s", "cu_seqlens_q", "cu_seqlens_k", "window_left", "window_right", "dropout_p", "seed", "B",
-      "Tq", "Tk", "H", "H_kv", "row", "x", "sum", "part", "s", "q_row", "k_row", "col", "dst", "src", "bits", "top",
-      "value", "it"};
-  return names;
-}
 
 int pad16(int x) { return (x + 15) / 16 * 16; }
 
@@ -82,7 +60,7 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
   for (const auto& [name, dim] : {std::pair{"D", spec.D}, std::pair{"Dv", spec.Dv}})
     if (dim < 8 || dim > 128 || dim % 8 != 0)
       problems.push_back(std::string(name) + " = " + std::to_string(dim) + ": the GPU backward takes head dims of 8 to 128, multiples of 8");
-  if (spec.arch != "sm_90a" && spec.arch != "compute_90a")
+  if (!has_wgmma(spec.arch))
     problems.push_back("the GPU backward runs on wgmma and TMA: it needs the target sm_90a, the target is " +
                        (spec.arch.empty() ? std::string("unknown") : spec.arch));
   if (spec.stages < 2 || spec.stages > 4) problems.push_back("stages = " + std::to_string(spec.stages) + ", expected 2 to 4");
@@ -434,7 +412,7 @@ void emit_key_rows(Code& c, const AttentionBackwardParts& parts) {
   c("};");
   c("if (threadIdx.x < BM && steps > 0) stats_s[threadIdx.x] = load_stats(0);");
   c("__syncthreads();");
-  c("ladle_mbarrier_wait(kv_full, 0);");
+  c("kv_latch.wait();");
 }
 
 // Step 7: dK and dV of this thread's keys.
@@ -491,12 +469,9 @@ std::string attention_backward_leaf(ir::Op op) {
 }
 
 AttentionBackwardParts::AttentionBackwardParts(const ir::AttentionVariant& variant_, const AttentionBackwardSpec& spec_,
-                                               const std::set<std::string>& reserved)
-    : variant(variant_), spec(spec_) {
+                                               const std::vector<std::string>& id_)
+    : variant(variant_), spec(spec_), id(id_) {
   const auto& inputs = variant.inputs;
-  ir::Variant named;
-  named.inputs = inputs;
-  id = identifiers(named, reserved);
   f16 = spec.input_types[0] == DType::f16;
   DP = pad16(spec.D), DVP = pad16(spec.Dv), DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
   used.assign(inputs.size(), false);
@@ -527,13 +502,12 @@ AttentionBackwardParts::AttentionBackwardParts(const ir::AttentionVariant& varia
 
 }  // namespace detail
 
-AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec) {
-  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_attention_backward: " + what); };
-  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
-  if (const auto problems = attention_backward_unsupported(variant, spec); !problems.empty()) fail(problems.front());
-  for (DType t : {spec.output_type, spec.d_output_type, spec.sinks_type})
-    if (!floating(t)) fail(std::string("a floating dtype was expected, got ") + dtype_name(t));
-  const AttentionBackwardParts parts(variant, spec, template_names());
+namespace {
+
+// The kernel for these inputs' C names (with_input_names runs it twice).
+AttentionBackwardKernel generate_named(const AttentionBackwardParts& parts) {
+  const ir::AttentionVariant& variant = parts.variant;
+  const AttentionBackwardSpec& spec = parts.spec;
 
   AttentionBackwardKernel kernel;
   std::string key = std::to_string(spec.D) + "," + std::to_string(spec.Dv) + (spec.varlen ? " L" : "") +
@@ -564,6 +538,18 @@ AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& 
   c("}");
   kernel.source = c.text();
   return kernel;
+}
+
+}  // namespace
+
+AttentionBackwardKernel generate_attention_backward(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec) {
+  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_attention_backward: " + what); };
+  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
+  if (const auto problems = attention_backward_unsupported(variant, spec); !problems.empty()) fail(problems.front());
+  for (DType t : {spec.output_type, spec.d_output_type, spec.sinks_type})
+    if (!floating(t)) fail(std::string("a floating dtype was expected, got ") + dtype_name(t));
+  return with_input_names<AttentionBackwardKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return generate_named(AttentionBackwardParts(variant, spec, id)); });
 }
 
 }  // namespace ladle::cuda

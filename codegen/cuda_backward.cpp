@@ -50,22 +50,15 @@ std::string backward_spec_key(const BackwardKernelSpec& spec) {
 
 namespace {
 
-// The kernel's own names: an input called s, t or u is renamed (in<i>_s) rather than shadowed.
-const std::set<std::string> backward_template_names = {
-    "CHUNK", "REVERSE", "B", "T", "H", "K", "V", "VS", "C", "n", "h", "b", "bos", "eos", "len", "s", "s0", "s1", "i", "j", "key",
-    "value", "t", "t_step", "r", "live", "scale_t", "ga", "gb", "u", "dks", "dvs", "qs", "kf", "vf", "dos", "o_f", "carry",
-    "carry_row", "log_a", "log_a_next", "log_b", "log_b_next", "log_h", "log_h_next", "first_decay", "head_t", "ta", "tb",
-    "totals", "row", "a", "bv", "d_out", "u_i", "dk_i", "dv_j", "p", "offset", "cu_seqlens"};
-
 // Emits one phase's kernel of the recurrent backward part by part: every part reads the
 // variant, the spec and what they decide (the flags below), and writes into one Code.
 class BackwardEmitter {
  public:
-  BackwardEmitter(const ir::Variant& variant, const BackwardKernelSpec& spec)
+  BackwardEmitter(const ir::Variant& variant, const BackwardKernelSpec& spec, const std::vector<std::string>& id)
       : variant_(variant),
         spec_(spec),
         inputs_(variant.inputs),
-        id_(identifiers(variant, backward_template_names)),
+        id_(id),
         decays_k_(has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head)),
         decays_v_(has(ir::Slot::log_decay_v)),
         head_decay_(has(ir::Slot::log_decay_head)),
@@ -528,7 +521,8 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
     if (inputs[k].kind == ir::InputKind::token_value && use.key_side[k])
       fail("input '" + inputs[k].name + "' has the value width but a key-side slot reads it");
   }
-  return BackwardEmitter(variant, spec).generate();
+  return detail::with_input_names<BackwardKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return BackwardEmitter(variant, spec, id).generate(); });
 }
 
 std::string backward_helpers_source() {

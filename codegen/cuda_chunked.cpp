@@ -17,23 +17,6 @@ using namespace detail;
 
 namespace {
 
-// The template's own names (an input with one of these names is renamed).
-const std::set<std::string>& template_names() {
-  static const std::set<std::string> names = {
-      "C", "BK", "BV", "THREADS", "WARPS", "MT", "CG", "OCOLS", "SMT", "S_MPW", "S_WPM", "SCOLS", "QLD", "VLD",
-      "LOG2E", "FIT_LIMIT", "GATE_FLOOR", "REVERSE", "smem", "qs", "ks", "vs", "st", "kg", "hg", "vg", "token_scale", "fit",
-      "lane", "warp", "gid", "tig", "n", "h", "b", "v0", "bos", "eos", "length", "base", "valid", "t0", "t1", "tm",
-      "te", "span", "checks", "sacc", "acc", "aacc", "afrag", "bfrag", "worst", "fits", "e", "i", "t", "cpos",
-      "step", "live", "use", "col", "row0", "mi", "cg", "s_mt", "s_c0", "kk", "f", "o", "read_scale",
-      "head_log_decay", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
-      "cu_seqlens", "B", "T", "H", "K", "V", "q_feature", "k_feature", "v_feature", "jv", "run", "s", "p", "ld", "d",
-      "f0", "f1", "fa", "fb", "ra", "rb", "g_start", "lo", "hi", "k0", "j", "np", "nt", "kt", "sp", "r", "m", "tt", "lg", "floors",
-      "key0", "chunk_states", "chunk_offsets", "N", "gc", "VT", "chunks", "lo_n", "hi_n", "mid", "c_of", "state_at", "first_chunk",
-      "i0", "j0", "u", "key_count", "value_count", "qv8", "kv8", "kg8", "vv8", "vg8", "gt8", "gm8", "ge8", "hf", "half", "odd", "decay_row",
-      "decay_col", "decay_head", "read_row", "read_col", "read_head", "next", "next_valid", "qs_at", "ks_at", "vs_at", "st_at",
-      "chunk_worst", "g_lo", "g_hi", "g_tm", "ps", "PLD", "ps_at", "blk", "bi", "bj", "pacc", "p0", "p1", "VCS", "VRS", "vs_off", "o_row", "row_scale", "x0", "x1", "lj", "dj", "fr", "fc0", "fc1", "c0"};
-  return names;
-}
 
 int largest_split(int warps, int column_tiles) {  // a power of two <= warps dividing column_tiles
   int split = 1;
@@ -235,7 +218,6 @@ bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& 
   return spec.suffix_states && suffix_states_unsupported(variant, spec).empty();
 }
 
-bool chunked_wgmma_arch(const std::string& arch) { return arch == "sm_90a" || arch == "compute_90a"; }
 
 ChunkedTile parse_chunked_tile(const std::string& text) {
   ChunkedTile tile;
@@ -277,9 +259,9 @@ std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir
                                                std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes,
                                                const std::string& arch) {
   std::vector<std::string> problems = tile_rules(tile);
-  if (tile.wgmma && !arch.empty() && !chunked_wgmma_arch(arch))
+  if (tile.wgmma && !arch.empty() && !has_wgmma(arch))
     problems.push_back("wgmma needs the target sm_90a (wgmma.mma_async), the target is " + arch);
-  if (tile.ws && !arch.empty() && !chunked_wgmma_arch(arch))
+  if (tile.ws && !arch.empty() && !has_wgmma(arch))
     problems.push_back("ws needs the target sm_90a (TMA, wgmma.mma_async), the target is " + arch);
   if (tile.ws)
     if (const std::string why = ws_variant_unsupported(variant); !why.empty()) problems.push_back(why);
@@ -387,34 +369,14 @@ std::string fold_source(const ir::Variant& variant, const ChunkedKernelSpec& spe
 
 }  // namespace
 
-ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
-  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked: " + what); };
-  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
-  if (const std::string why = chunked_unsupported(variant); !why.empty()) fail(why);
-  if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
-  check_types("generate_chunked", variant, spec);
-  if (spec.tile.wgmma && !chunked_wgmma_arch(spec.arch))
-    fail("tile " + to_string(spec.tile) + ": wgmma needs the target sm_90a (wgmma.mma_async), the target is " +
-         (spec.arch.empty() ? std::string("not given") : spec.arch));
+namespace {
+
+// The mma.sync form's kernel (a phase of it) for these inputs' C names (with_input_names runs it twice).
+ChunkedKernel generate_named(const ir::Variant& variant, const ChunkedKernelSpec& spec, const std::vector<std::string>& id) {
   const ChunkedPhase phase = spec.phase;
-  if (!(spec.tile.ws && phase == ChunkedPhase::states) &&  // the ws form's own state pass takes the serial tile
-      (phase == ChunkedPhase::serial || phase == ChunkedPhase::fold) == spec.tile.split())
-    fail(std::string("phase ") + to_string(phase) + (spec.tile.split() ? " with a split tile (" : " needs a split tile, got (") +
-         to_string(spec.tile) + ")");
-  const bool states = phase == ChunkedPhase::states, outputs = phase == ChunkedPhase::outputs;
+  const bool states = phase == ChunkedPhase::states;
   const bool segmented = spec.segmented;
-  if (segmented && outputs) fail("the output pass has no segmented form");
-  if (phase == ChunkedPhase::fold && !segmented) fail("the fold phase is the segmented form's (segmented = true)");
-  if (segmented && spec.varlen) fail("a segmented kernel takes its tokens from the segments table, not cu_seqlens (varlen = false)");
-  if (segmented && states && (spec.initial_state || spec.final_state))
-    fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
-
-  if (spec.tile.ws && (phase == ChunkedPhase::serial || phase == ChunkedPhase::states)) return generate_ws_chunked(variant, spec);
-  if (chunked_suffix_states(variant, spec)) return generate_suffix_states(variant, spec);
-  if (spec.tile.ws && phase != ChunkedPhase::fold) fail(std::string("the ws form has no ") + to_string(phase) + " phase");
-
   const ChunkedTile tile = states ? state_tile(spec.tile) : spec.tile;
-  const std::vector<std::string> id = identifiers(variant, template_names());
 
   ChunkedKernel kernel;
   const std::string phase_name = (phase == ChunkedPhase::serial ? "" : std::string("_") + to_string(phase)) + (segmented ? "_segmented" : "");
@@ -461,6 +423,38 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   }
   kernel.source = ChunkedEmitter(variant, spec, tile, id).source(kernel, declarations);
   return kernel;
+}
+
+}  // namespace
+
+ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked: " + what); };
+  if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
+  if (const std::string why = chunked_unsupported(variant); !why.empty()) fail(why);
+  if (const auto problems = tile_rules(spec.tile); !problems.empty()) fail("tile " + to_string(spec.tile) + ": " + problems.front());
+  check_types("generate_chunked", variant, spec);
+  if (spec.tile.wgmma && !has_wgmma(spec.arch))
+    fail("tile " + to_string(spec.tile) + ": wgmma needs the target sm_90a (wgmma.mma_async), the target is " +
+         (spec.arch.empty() ? std::string("not given") : spec.arch));
+  const ChunkedPhase phase = spec.phase;
+  if (!(spec.tile.ws && phase == ChunkedPhase::states) &&  // the ws form's own state pass takes the serial tile
+      (phase == ChunkedPhase::serial || phase == ChunkedPhase::fold) == spec.tile.split())
+    fail(std::string("phase ") + to_string(phase) + (spec.tile.split() ? " with a split tile (" : " needs a split tile, got (") +
+         to_string(spec.tile) + ")");
+  const bool states = phase == ChunkedPhase::states, outputs = phase == ChunkedPhase::outputs;
+  const bool segmented = spec.segmented;
+  if (segmented && outputs) fail("the output pass has no segmented form");
+  if (phase == ChunkedPhase::fold && !segmented) fail("the fold phase is the segmented form's (segmented = true)");
+  if (segmented && spec.varlen) fail("a segmented kernel takes its tokens from the segments table, not cu_seqlens (varlen = false)");
+  if (segmented && states && (spec.initial_state || spec.final_state))
+    fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
+
+  if (spec.tile.ws && (phase == ChunkedPhase::serial || phase == ChunkedPhase::states)) return generate_ws_chunked(variant, spec);
+  if (chunked_suffix_states(variant, spec)) return generate_suffix_states(variant, spec);
+  if (spec.tile.ws && phase != ChunkedPhase::fold) fail(std::string("the ws form has no ") + to_string(phase) + " phase");
+
+  return with_input_names<ChunkedKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return generate_named(variant, spec, id); });
 }
 
 }  // namespace ladle::cuda

@@ -69,6 +69,7 @@
 
 #include <ladle/dsl/ir.h>
 
+#include "cuda/target.h"
 #include "kernel.h"
 
 namespace ladle::cuda {
@@ -204,8 +205,6 @@ bool chunked_head_decay_only(const ir::Variant& variant);
 // Whether this spec's kernel is the segmented state pass in its suffix form (spec.suffix_states,
 // phase states, segmented, and a variant, types and tile it takes).
 bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec);
-// Whether the target runs wgmma.mma_async (sm_90a, compute_90a).
-bool chunked_wgmma_arch(const std::string& arch);
 // "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma", " ws".
 std::string to_string(const ChunkedTile& tile);
 // Why the ws form cannot run this variant with these types (empty: it can); for spec.phase states, its

@@ -39,27 +39,15 @@ std::int64_t chunked_delta_h_elements(const ChunkedDeltaSpec& spec, std::int64_t
 }
 
 namespace detail {
-namespace {
 
-// The kernels' own names (an input called like one of them is renamed).
-const std::set<std::string> template_names = {
-    "C", "BK", "VPAD", "KLD", "VLD", "ALD", "TLD", "SLD", "warp", "lane", "tid", "gc", "gc0", "cps", "length", "chunks", "chunk",
-    "p", "e", "x", "nt", "np", "kt", "acc", "afrag", "bfrag", "smem", "ks", "kb", "vs", "af", "ts", "gs", "betas", "gam", "msum", "a4", "t4", "sv", "a", "pass", "G", "hs0", "es0", "vh", "ov", "vraw", "a_s", "b_s", "tsrc_s", "src_s", "kbuf_s", "ub_s", "es_s", "dec", "u2", "row_decay", "qraw", "LOG2E", "total",
-    "qs", "ws", "us", "es", "ets", "ps", "ss", "qscale", "S", "col", "row", "val", "ssum", "inv", "decay", "base", "g_p",
-    "beta_p", "live", "use", "vb", "lo", "hi", "mid", "N", "work_w", "work_u", "work_gamma", "chunk_offsets", "tok", "jj",
-    "work_k", "work_e", "work_h", "cq", "sum", "d", "col", "kbits", "wb", "kbuf", "ub", "gb", "fetch", "buf", "r0", "c0", "last", "hs",
-    "tf", "e0", "e1", "d0", "d1", "half", "raw", "f0", "grp", "m", "s", "r", "i", "j", "step", "t", "src", "ld", "w_part", "col0",
-    "PVLD", "pfrag", "off", "REVERSE", "bos", "eos", "n", "h", "b", "o", "q_row", "pair", "tsu", "tsw", "tsrc", "wfac", "t0", "t1", "use_group", "other", "factor", "out"};
-
-}  // namespace
-
-ChunkedDeltaEmitter::ChunkedDeltaEmitter(const ir::Variant& variant_in, const ChunkedDeltaSpec& spec_in)
+ChunkedDeltaEmitter::ChunkedDeltaEmitter(const ir::Variant& variant_in, const ChunkedDeltaSpec& spec_in,
+                                         const std::vector<std::string>& id_in)
     : variant(variant_in),
       spec(spec_in),
       prepare(spec_in.phase == ChunkedDeltaPhase::prepare),
       states(spec_in.phase == ChunkedDeltaPhase::states),
       BK(spec_in.block_k),
-      id(identifiers(variant_in, template_names)),
+      id(id_in),
       inputs(variant_in.inputs),
       use_of(input_use(variant_in)),
       groups(!prepare && !states && spec_in.value_pad >= 128 ? 2 : 1),
@@ -354,7 +342,8 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
       if (variant.inputs[k].role != ir::Role::other && spec.input_types[k] != DType::bf16 && spec.input_types[k] != DType::f16)
         fail("vector_loads needs 16-bit q, k and v (" + variant.inputs[k].name + " is " + dtype_name(spec.input_types[k]) + ")");
 
-  return ChunkedDeltaEmitter(variant, spec).generate();
+  return with_input_names<ChunkedDeltaKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return ChunkedDeltaEmitter(variant, spec, id).generate(); });
 }
 
 }  // namespace ladle::cuda

@@ -76,13 +76,13 @@ namespace {
 // and what they decide (the flags below), and writes into one Code.
 class RecurrentEmitter {
  public:
-  RecurrentEmitter(const ir::Variant& variant, const RecurrentKernelSpec& spec)
+  RecurrentEmitter(const ir::Variant& variant, const RecurrentKernelSpec& spec, const std::vector<std::string>& id)
       : variant_(variant),
         spec_(spec),
         tile_(spec.tile),
         threads_(32 * spec.tile.warps),
         row_groups_(threads_ / spec.tile.block_v),
-        id_(identifiers(variant, {})),
+        id_(id),
         use_of_(input_use(variant)),
         delta_(variant.update == ir::Update::delta),
         before_(variant.read_before_update),
@@ -362,7 +362,7 @@ void RecurrentEmitter::update_tokens() {
   c("//    and their part of q^T S. Positions past the end have k = 0 and decay 1.");
   c("for (int cpos = 0; cpos < CHUNK; ++cpos) {");
   c.in();
-  c("const float v_j = v_feature[cpos][column];");
+  c("const float v_col = v_feature[cpos][column];");
   if (decays_v_) c("const float decay_j = decay_v[cpos][column];");
   c("float o_part = 0.0f;");
   const int rows = (tile_.block_k + row_groups_ - 1) / row_groups_;
@@ -390,7 +390,7 @@ void RecurrentEmitter::update_delta() {
   c.out();
   c("}");
   c("LADLE_UNROLL for (int off = 1; off < ROW_GROUPS; off <<= 1) kS += __shfl_xor_sync(0xffffffffu, kS, off);");
-  c("const float correction = token_beta[cpos] * (v_j - kS);");
+  c("const float correction = token_beta[cpos] * (v_col - kS);");
   c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
   c.in();
   c("const int i = group * ROWS + r;");
@@ -408,8 +408,8 @@ void RecurrentEmitter::update_read_before() {
   c.in();
   c("const int i = group * ROWS + r;");
   c("if (i >= BLOCK_K) break;");
-  c("o_part += q_feature[cpos][i] * state[r]" + std::string(bonus_ ? " + bonus_qk[cpos][i] * v_j" : "") + ";");
-  c("state[r] = state[r]" + std::string(decays_k_ ? " * decay_k[cpos][i]" : "") + " + k_feature[cpos][i] * v_j;");
+  c("o_part += q_feature[cpos][i] * state[r]" + std::string(bonus_ ? " + bonus_qk[cpos][i] * v_col" : "") + ";");
+  c("state[r] = state[r]" + std::string(decays_k_ ? " * decay_k[cpos][i]" : "") + " + k_feature[cpos][i] * v_col;");
   c.out();
   c("}");
 }
@@ -430,7 +430,7 @@ void RecurrentEmitter::update_rows_in_fours(int rows) {
     std::string decayed = r;
     if (decays_k_) decayed += std::string(" * a4.") + lane;
     if (decays_v_) decayed += " * decay_j";
-    c(r + " = " + decayed + " + k4." + lane + " * v_j;");
+    c(r + " = " + decayed + " + k4." + lane + " * v_col;");
     c((split_read ? "o_" + std::string(lane) : std::string("o_part")) + " += q4." + std::string(lane) + " * " + r + ";");
   }
   c.out();
@@ -447,7 +447,7 @@ void RecurrentEmitter::update_rows() {
   std::string decayed = "state[r]";
   if (decays_k_) decayed += " * decay_k[cpos][i]";
   if (decays_v_) decayed += " * decay_j";
-  c("state[r] = " + decayed + " + k_feature[cpos][i] * v_j;");
+  c("state[r] = " + decayed + " + k_feature[cpos][i] * v_col;");
   c("o_part += q_feature[cpos][i] * state[r];");
   c.out();
   c("}");
@@ -541,7 +541,8 @@ RecurrentKernel generate_recurrent(const ir::Variant& variant, const RecurrentKe
   check_types("generate_recurrent", variant, spec);
   if (variant.update == ir::Update::delta && 32 * spec.tile.warps / spec.tile.block_v > 32)
     fail("tile " + to_string(spec.tile) + ": the delta rule needs at most 32 row groups (32 * warps / block_v)");
-  return RecurrentEmitter(variant, spec).generate();
+  return detail::with_input_names<RecurrentKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return RecurrentEmitter(variant, spec, id).generate(); });
 }
 
 }  // namespace ladle::cuda

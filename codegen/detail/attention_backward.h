@@ -19,7 +19,7 @@ namespace ladle::cuda::detail {
 // the expressions at one (i, j), i a query of the step's tile and j a key of this thread.
 struct AttentionBackwardParts {
   // Checks nothing: generate_attention_backward has (attention_backward_unsupported).
-  AttentionBackwardParts(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec, const std::set<std::string>& reserved);
+  AttentionBackwardParts(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec, const std::vector<std::string>& id);
 
   const ir::AttentionVariant& variant;
   const AttentionBackwardSpec& spec;

@@ -59,7 +59,6 @@ std::string to_string(const AttentionTile& tile) {
          (tile.mma == AttentionMma::wgmma ? " mma=wgmma" : tile.mma == AttentionMma::ws ? " mma=ws" : "");
 }
 
-bool attention_wgmma_arch(const std::string& arch) { return arch == "sm_90a" || arch == "compute_90a"; }
 
 std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int D, int Dv, int max_shared_bytes,
                                                  bool split_f32, const std::string& arch) {
@@ -80,7 +79,7 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
   if (tile.mma != AttentionMma::sync && tile.mma != AttentionMma::wgmma && !ws) say("mma is neither sync, wgmma nor ws");
   if (tile.mma == AttentionMma::wgmma || ws) {
     const std::string name = ws ? "mma=ws" : "mma=wgmma";
-    if (!attention_wgmma_arch(arch))
+    if (!has_wgmma(arch))
       say(name + " needs the target sm_90a (wgmma.mma_async), the target is " + (arch.empty() ? std::string("not given") : arch));
     if (split_f32) say(name + " takes f16/bf16 q, k, v (fp32 inputs: mma=sync)");
   }

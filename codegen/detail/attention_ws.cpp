@@ -40,14 +40,13 @@ void emit_ws_shared(Code& c, const AttentionParts& parts) {
   c("unsigned long long* const empty_k = full_k + 2 * STAGES;");
   c("unsigned long long* const empty_v = full_k + 3 * STAGES;");
   c("unsigned long long* const q_full = full_k + 4 * STAGES;");
+  c("// Tile t's K and V in stage t % STAGES of their rings (codegen/device/pipeline.cuh), q behind a latch.");
+  c("const ladle_stage_ring<STAGES> k_ring{full_k, empty_k}, v_ring{full_v, empty_v};");
+  c("const ladle_copy_latch q_latch{q_full};");
   c("if (threadIdx.x == 0) {");
-  c("  for (int s = 0; s < STAGES; ++s) {");
-  c("    ladle_mbarrier_init(&full_k[s], 1);  // the producer's arrive_expect_tx, then the copies' bytes");
-  c("    ladle_mbarrier_init(&full_v[s], 1);");
-  c("    ladle_mbarrier_init(&empty_k[s], WARPS);  // lane 0 of every consumer warp");
-  c("    ladle_mbarrier_init(&empty_v[s], WARPS);");
-  c("  }");
-  c("  ladle_mbarrier_init(q_full, 1);");
+  c("  k_ring.init(WARPS);  // a stage is free again once every consumer warp released it");
+  c("  v_ring.init(WARPS);");
+  c("  q_latch.init();");
   c("  ladle_fence_barrier_init();");
   c("}");
   c("__syncthreads();  // the only block-wide barrier: the producer leaves after its copies");
@@ -63,17 +62,15 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
   c("if (threadIdx.x == 0) {");
   c.in();
   c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
-  c("ladle_mbarrier_arrive_expect_tx(q_full, Q_BYTES);");
+  c("q_latch.expect(Q_BYTES);");
   c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
   c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
   c.in();
   c("const int it = tile - tile_begin, stage = it % STAGES;");
-  c("if (it >= STAGES) ladle_mbarrier_wait(&empty_k[stage], (it / STAGES - 1) & 1);");
-  c("ladle_mbarrier_arrive_expect_tx(&full_k[stage], K_BYTES);");
+  c("k_ring.acquire(it, K_BYTES);");
   c("for (int cb = 0; cb < DPB / 64; ++cb)");
   c("  ladle_tma_load_4d(k_tile + stage * (K_BYTES / 2) + cb * BN * 64, &k_map, cb * 64, k_row + tile * BN, hk, b, &full_k[stage]);");
-  c("if (it >= STAGES) ladle_mbarrier_wait(&empty_v[stage], (it / STAGES - 1) & 1);");
-  c("ladle_mbarrier_arrive_expect_tx(&full_v[stage], V_BYTES);");
+  c("v_ring.acquire(it, V_BYTES);");
   c("for (int cb = 0; cb < DVPB / 64; ++cb)");
   c("  ladle_tma_load_4d(v_tile + stage * (V_BYTES / 2) + cb * BN * 64, &v_map, cb * 64, k_row + tile * BN, hk, b, &full_v[stage]);");
   c.out();
@@ -107,8 +104,8 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
     // Warpgroup 1 gave warpgroup 0 its first turn before the loop: its last issue hands none over.
     c(last ? "if (warpgroup == 0) ladle_named_barrier_arrive(2, 256);" : "ladle_named_barrier_arrive(2 - warpgroup, 256);  // the other's turn");
   };
-  const auto issue_scores = [&](const std::string& stage, const std::string& parity, const std::string& also_wait) {
-    c("ladle_mbarrier_wait(&full_k[" + stage + "], " + parity + ");");
+  const auto issue_scores = [&](const std::string& stage, const std::string& round, const std::string& also_wait) {
+    c("k_ring.wait(" + round + ");");
     if (!also_wait.empty()) c(also_wait);
     take_turn();
     c("ladle_wgmma_fence_operand<BN>(score);");
@@ -132,7 +129,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   // Logits, softmax, then (after P V completes, where one is in flight) o_acc's rescale and P packed.
   const auto consume_scores = [&](bool pv_in_flight) {
     c("ladle_wgmma_fence_operand<BN>(score);");
-    c("if (lane == 0) ladle_mbarrier_arrive(&empty_k[stage]);");
+    c("k_ring.release(it, lane);");
     c("const int j0 = tile * BN;");
     c("");
     emit_logits(c, parts);
@@ -140,7 +137,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
     if (pv_in_flight) {
       c("ladle_wgmma_wait<0>();  // P V of the tile before done: o_acc and p_frag are free, its V stage too");
       c("ladle_wgmma_fence_operand<DVP>(o_acc);");
-      c("if (lane == 0) ladle_mbarrier_arrive(&empty_v[prev]);");
+      c("v_ring.release(it - 1, lane);");
     }
     emit_o_rescale(c);
     emit_pack_p(c, parts);
@@ -158,13 +155,13 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile, BN * 128, 1024);");
   c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
   c("float score[BN / 8][4];");
-  c("ladle_mbarrier_wait(q_full, 0);");
+  c("q_latch.wait();");
   c("if (tile_begin < tile_end) {");
   c.in();
   if (pingpong) c("if (warpgroup == 1) ladle_named_barrier_arrive(1, 256);  // warpgroup 0 issues first");
   c("{");
   c.in();
-  c("const int tile = tile_begin, stage = 0;");
+  c("const int tile = tile_begin, it = 0, stage = 0;");
   issue_scores("0", "0", "");
   pass_turn(false);
   c("ladle_wgmma_wait<0>();");
@@ -174,7 +171,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("for (int tile = tile_begin + 1; tile < tile_end; ++tile) {");
   c.in();
   c("const int it = tile - tile_begin, stage = it % STAGES, prev = (it + STAGES - 1) % STAGES;");
-  issue_scores("stage", "(it / STAGES) & 1", "ladle_mbarrier_wait(&full_v[prev], ((it - 1) / STAGES) & 1);");
+  issue_scores("stage", "it", "v_ring.wait(it - 1);");
   issue_pv("prev");
   pass_turn(false);
   c("ladle_wgmma_wait<1>();  // q k^T done; P V may still run");
@@ -184,7 +181,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("{  // the last tile's P V");
   c.in();
   c("const int last = tile_end - 1 - tile_begin, prev = last % STAGES;");
-  c("ladle_mbarrier_wait(&full_v[prev], (last / STAGES) & 1);");
+  c("v_ring.wait(last);");
   take_turn();
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
   c("ladle_wgmma_fence();");
@@ -192,7 +189,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   pass_turn(true);
   c("ladle_wgmma_wait<0>();");
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
-  c("if (lane == 0) ladle_mbarrier_arrive(&empty_v[prev]);");
+  c("v_ring.release(last, lane);");
   c.out();
   c("}");
   c.out();

@@ -17,7 +17,7 @@ namespace ladle::cuda::detail {
 // part reads (the variant, the spec, the tile's constants, the identifiers) and the Code they
 // write into; the methods are named for what they emit.
 struct ChunkedDeltaEmitter {
-  ChunkedDeltaEmitter(const ir::Variant& variant, const ChunkedDeltaSpec& spec);
+  ChunkedDeltaEmitter(const ir::Variant& variant, const ChunkedDeltaSpec& spec, const std::vector<std::string>& id);
 
   ChunkedDeltaKernel generate();
 

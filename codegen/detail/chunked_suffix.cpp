@@ -12,19 +12,6 @@ namespace {
 
 constexpr int suffix_warps = 8, suffix_threads = 32 * suffix_warps;
 
-// The template's own names (an input with one of these names is renamed).
-const std::set<std::string>& suffix_names() {
-  static const std::set<std::string> names = {
-      "C", "BK", "BV", "THREADS", "WARPS", "PAIRS", "P", "SMT", "S_MPW", "S_WPM", "SCOLS", "S_WARPS", "QLD", "VLD", "LOG2E",
-      "GATE_FLOOR", "REVERSE", "smem", "ks", "v_raw", "kg", "tot", "ktot", "hg", "hs", "ks_at", "v_at", "lane", "warp", "gid",
-      "tig", "v0", "key0", "n", "h", "seg", "b", "bos", "eos", "length", "s_mt", "s_c0", "sacc", "DL", "segment_log",
-      "prefetch", "next", "next_valid", "e", "row", "i0", "j0", "t", "count", "dst", "p", "stage", "base", "valid", "pair",
-      "part", "lo", "hi", "sum", "s", "lg", "lg0", "lg1", "x0", "x1", "f", "ku0", "ku1", "htot", "hlg", "live", "u", "m",
-      "half", "kk", "decay", "k0", "j", "afrag", "np", "bfrag", "nt", "r", "col", "dn", "o", "o_stride_b", "o_stride_t",
-      "o_stride_h", "o_stride_d", "initial_state", "final_state", "cu_seqlens", "B", "T", "H", "K", "V", "head_log_decay",
-      "read_scale", "segments", "segment_states", "segment_decay", "step", "v_base", "v_vec", "cols", "later", "sum0", "sum1", "s0", "s1"};
-  return names;
-}
 
 enum class Gate { none, scalar, vector };
 
@@ -99,7 +86,7 @@ struct SuffixContext {
   int smt, s_wpm, s_mpw, s_warps, scols;
 };
 
-SuffixContext suffix_context(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+SuffixContext suffix_context(const ir::Variant& variant, const ChunkedKernelSpec& spec, const std::vector<std::string>& id) {
   const auto& inputs = variant.inputs;
   const int C = spec.tile.chunk >= 64 ? 64 : 32, BK = spec.tile.block_k, BV = spec.tile.block_v, THREADS = suffix_threads;
   const int pairs = BK / 2, parts = std::max(1, THREADS / pairs);
@@ -129,7 +116,7 @@ SuffixContext suffix_context(const ir::Variant& variant, const ChunkedKernelSpec
   return SuffixContext{.variant = variant,
                        .spec = spec,
                        .inputs = inputs,
-                       .id = identifiers(variant, suffix_names()),
+                       .id = id,
                        .gate = key_gate_of(variant),
                        .has_head = has_head,
                        .head_varies = has_head && ir::extent(variant, variant.slot(ir::Slot::log_decay_head)).token,
@@ -584,10 +571,11 @@ class SuffixEmitter : private SuffixContext {
 
 }  // namespace
 
-ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
-  if (const std::string why = suffix_states_unsupported(variant, spec); !why.empty())
-    throw InvalidArgument("generate_chunked: the suffix state pass cannot take this variant: " + why);
-  const SuffixContext x = suffix_context(variant, spec);
+namespace {
+
+// The kernel for these inputs' C names (with_input_names runs it twice).
+ChunkedKernel generate_suffix_named(const ir::Variant& variant, const ChunkedKernelSpec& spec, const std::vector<std::string>& id) {
+  const SuffixContext x = suffix_context(variant, spec, id);
   std::vector<std::string> declarations;
   ChunkedKernel kernel = suffix_kernel(x, declarations);
   const std::vector<Carve> carves = suffix_carves(x);
@@ -615,6 +603,15 @@ ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKe
   c("}");
   kernel.source = c.text();
   return kernel;
+}
+
+}  // namespace
+
+ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  if (const std::string why = suffix_states_unsupported(variant, spec); !why.empty())
+    throw InvalidArgument("generate_chunked: the suffix state pass cannot take this variant: " + why);
+  return with_input_names<ChunkedKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return generate_suffix_named(variant, spec, id); });
 }
 
 }  // namespace ladle::cuda::detail

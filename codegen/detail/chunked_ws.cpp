@@ -15,27 +15,6 @@ namespace ladle::cuda::detail {
 
 namespace {
 
-// The template's own names (an input with one of these names is renamed).
-const std::set<std::string>& ws_names() {
-  static const std::set<std::string> names = {
-      "C", "BK", "BV", "KB", "CONSUMERS", "STAGES", "BOX", "STAGE_BYTES", "THREADS", "LOG2E", "GATE_FLOOR", "REVERSE", "smem",
-      "base", "ring", "st_all", "vup_all", "gate_all", "full", "empty", "n", "h", "b", "bos", "eos", "seg", "v0", "length",
-      "chunks", "consumer", "wt", "warp", "lane", "gid", "tig", "cv0", "st", "vup", "gsum", "S", "desc", "c", "stage", "parity",
-      "row0", "valid", "g0", "g1", "pair", "prefix", "total", "d", "other", "G0", "G1", "decay", "score", "o_acc", "p_frag",
-      "p", "ta", "tb", "step_a", "step_b", "G_a", "G_b", "f_a", "f_b", "mt", "nb", "r", "kk", "kt", "col", "feat", "row",
-      "step", "w", "e", "piece", "x", "u", "live", "t", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d",
-      "initial_state", "final_state", "cu_seqlens", "B", "T", "H", "K", "V", "read_scale", "segments", "segment_states",
-      "segment_decay", "q_map", "k_map", "v_map", "dst", "value", "o_row", "pos", "half", "s", "next", "stage_desc", "sd",
-      "keep", "G_s", "step_s", "first", "start", "x0", "x1", "shift", "g", "G", "G_C", "tot", "lg", "fb", "fc", "k_box", "kx",
-      "gtot", "gtot_all", "UPD", "GB", "VB", "QB", "f", "step_t", "v_box", "segment_log", "dj", "lj", "j", "i", "m", "mt",
-      "NT", "PARTS", "TP", "FIT_LIMIT", "ct", "part", "Gl", "run", "lo", "hi", "tot", "llo", "lhi", "pre", "post", "fitw",
-      "offset", "glo", "ghi", "R", "fails", "fail", "wlo", "whi", "t0", "t1", "mode", "Rs", "gprev", "glast", "gfirst", "mine",
-      "qi", "ki", "dk", "dec", "again", "gu", "at", "qx", "kx", "qi_offset", "ki_offset", "inside", "factor", "o_started", "q_box", "fit_all", "wend",
-      "GVB", "GS", "ladle_vf4", "ladle_vf2", "g4", "r4", "gs", "rs", "ga", "gb", "rj", "vt", "vt_all", "vt_offset", "gv", "gv_all",
-      "part", "part_all", "rv", "vfail", "vfail_all", "col_g", "half_g", "exact", "col0", "R_of", "pend", "pend_mine", "fst", "fS",
-      "pa", "pb", "vs", "Gs"};
-  return names;
-}
 
 // Whether slot s reads input `role` as it is: the expression is that input alone.
 bool plain(const ir::Variant& variant, ir::Slot s, ir::Role role) {
@@ -215,12 +194,12 @@ void check_ws_spec(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
   if (spec.phase != ChunkedPhase::serial && !states) fail("the ws form has a serial kernel and a segmented state pass only");
   if (states && (!spec.segmented || spec.initial_state || spec.final_state))
     fail("the ws state pass is the segmented form's (segmented, from zero: initial_state = final_state = false)");
-  if (!chunked_wgmma_arch(spec.arch))
+  if (!has_wgmma(spec.arch))
     fail("tile " + to_string(tile) + ": ws needs the target sm_90a (TMA, wgmma.mma_async), the target is " +
          (spec.arch.empty() ? std::string("not given") : spec.arch));
 }
 
-WsContext ws_context(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+WsContext ws_context(const ir::Variant& variant, const ChunkedKernelSpec& spec, const std::vector<std::string>& id) {
   const ChunkedTile& tile = spec.tile;
   const bool states = spec.phase == ChunkedPhase::states;
   const std::vector<int> gate_boxes = ws_gate_inputs(variant);
@@ -254,7 +233,7 @@ WsContext ws_context(const ir::Variant& variant, const ChunkedKernelSpec& spec) 
                    .CONSUMERS = CONSUMERS,
                    .STAGES = stages_of(tile, states, GB, vgate),
                    .THREADS = 128 * (1 + CONSUMERS),
-                   .id = identifiers(variant, ws_names()),
+                   .id = id,
                    .use_of = input_use(variant),
                    .qi = states ? -1 : input_of(variant, ir::Slot::q_feature),
                    .ki = input_of(variant, ir::Slot::k_feature),
@@ -393,9 +372,11 @@ void emit_ws_signature(Code& c, const WsContext& x, const std::string& header, c
 
 }  // namespace
 
-ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
-  check_ws_spec(variant, spec);
-  const WsContext x = ws_context(variant, spec);
+namespace {
+
+// The kernel for these inputs' C names (with_input_names runs it twice).
+ChunkedKernel generate_ws_named(const ir::Variant& variant, const ChunkedKernelSpec& spec, const std::vector<std::string>& id) {
+  const WsContext x = ws_context(variant, spec, id);
   std::vector<std::string> declarations;
   ChunkedKernel kernel = ws_kernel(x, declarations);
   Code c;
@@ -425,6 +406,14 @@ ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKerne
   c("}");
   kernel.source = c.text();
   return kernel;
+}
+
+}  // namespace
+
+ChunkedKernel generate_ws_chunked(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  check_ws_spec(variant, spec);
+  return with_input_names<ChunkedKernel>(
+      variant.inputs, [&](const std::vector<std::string>& id) { return generate_ws_named(variant, spec, id); });
 }
 
 }  // namespace ladle::cuda::detail

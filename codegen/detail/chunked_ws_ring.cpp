@@ -1,17 +1,14 @@
-// The ws kernel's ring of stages: the mbarriers full / empty, the producer's loop over the chunks
-// (wait for a free stage, arrive_expect_tx, the copies) and the consumers' side of it (the stage and
-// phase parity of a chunk, the wait for its bytes, the release). Kept apart from the forms' parts so
-// that a device header shared by the Hopper kernels can replace it whole.
+// The ws kernel's ring of stages, over the device ring (ladle_stage_ring, codegen/device/pipeline.cuh:
+// the mbarriers' protocol): the producer's loop over the chunks (a free stage, then the copies) and
+// the consumers' side of it (the stage of a chunk, the wait for its bytes, the release).
 #include "chunked_ws_emit.h"
 
 namespace ladle::cuda::detail {
 
 void WsEmitter::ring_init() const {
+  c("const ladle_stage_ring<STAGES> stage_ring{full, empty};  // chunk c in stage c % STAGES");
   c("if (threadIdx.x == 0) {");
-  c("  for (int s = 0; s < STAGES; ++s) {");
-  c("    ladle_mbarrier_init(&full[s], 1);               // the producer's arrive_expect_tx, then the copies' bytes");
-  c("    ladle_mbarrier_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp");
-  c("  }");
+  c("  stage_ring.init(4 * CONSUMERS);  // a stage is free again once every consumer warp released it");
   c("  ladle_fence_barrier_init();");
   fit_words_init();
   c("}");
@@ -30,10 +27,9 @@ void WsEmitter::producer() const {
   c("for (int c = 0; c < chunks; ++c) {");
   c.in();
   c("const int stage = c % STAGES;");
-  c("if (c >= STAGES) ladle_mbarrier_wait(&empty[stage], (c / STAGES - 1) & 1);");
+  c("stage_ring.acquire(c, STAGE_BYTES);  // the stage released, its bytes announced");
   c("const int row0 = static_cast<int>(REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C);");
   c("unsigned short* const dst = ring + stage * (STAGE_BYTES / 2);");
-  c("ladle_mbarrier_arrive_expect_tx(&full[stage], STAGE_BYTES);");
   producer_copies();
   c.out();
   c("}");
@@ -50,16 +46,15 @@ void WsEmitter::chunk_loop_head() const {
   c("for (int c = 0; c < chunks; ++c) {");
   c.in();
   c("const int stage = c % STAGES;");
-  c("const unsigned parity = (c / STAGES) & 1;");
   c("const long long row0 = REVERSE ? eos - static_cast<long long>(c + 1) * C : bos + static_cast<long long>(c) * C;");
   c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
 }
 
-void WsEmitter::stage_wait() const { c("ladle_mbarrier_wait(&full[stage], parity);"); }
+void WsEmitter::stage_wait() const { c("stage_ring.wait(c);"); }
 
 void WsEmitter::stage_release(bool with_comment) const {
   c("__syncwarp();");
-  c(std::string("if (lane == 0) ladle_mbarrier_arrive(&empty[stage]);") + (with_comment ? "  // this warp is done with the stage" : ""));
+  c(std::string("stage_ring.release(c, lane);") + (with_comment ? "  // this warp is done with the stage" : ""));
 }
 
 }  // namespace ladle::cuda::detail

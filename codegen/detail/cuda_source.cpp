@@ -29,54 +29,91 @@ const char* storage_type(DType type) {
 
 bool floating(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 
-// Identifiers the kernel template uses; an input whose name (or a name derived from it)
-// would clash with one of these, or with C++, is renamed.
+// C++ and CUDA words an input's name could plausibly be: never an identifier of ours.
 const std::set<std::string>& cpp_words() {
   static const std::set<std::string> names = {
-      // the template's own (fused recurrent)
-      "BLOCK_K", "BLOCK_V", "THREADS", "ROW_GROUPS", "ROWS", "KEY_ROWS", "REVERSE", "q_feature", "k_feature",
-      "decay_k", "v_feature", "decay_v", "o_partial", "q_normaliser", "column", "group", "j", "jv", "n", "h", "b",
-      "bos", "eos", "state", "normaliser", "step", "t", "i", "m", "r", "c", "o_part", "o_sum", "z", "read_scale",
-      "head_log_decay", "o", "o_stride_b", "o_stride_t", "o_stride_h", "o_stride_d", "initial_state", "final_state",
-      "cu_seqlens", "B", "T", "H", "K", "V", "rg", "in_range", "jv_local",
-      // ... and its update forms' (the delta rule, the bonus read, L2 normalisation)
-      "kS", "correction", "token_decay", "token_beta", "bonus_qk", "q_inverse_norm", "k_inverse_norm", "qq", "kk", "off",
-      // C++ words a name could plausibly be
       "auto", "bool", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
       "extern", "float", "for", "goto", "if", "inline", "int", "long", "new", "delete", "register", "return",
       "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void",
       "volatile", "while", "class", "namespace", "template", "this", "true", "false", "private", "public",
       "operator", "asm", "export", "final", "override", "try", "catch", "throw", "using", "virtual", "friend",
       "mutable", "explicit", "typename", "constexpr", "nullptr", "threadIdx", "blockIdx", "blockDim", "gridDim",
-      "warpSize"};
+      "warpSize", "min", "max", "std"};
   return names;
 }
 
-// One C identifier per input: its name where that is safe and readable, else in<i>_<name>.
-std::vector<std::string> identifiers(const ir::Variant& variant, const std::set<std::string>& reserved) {
-  const auto sanitize = [](const std::string& name) {
-    std::string id;
-    for (char c : name) id += std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? c : '_';
-    if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0]))) id = "_" + id;
-    return id;
-  };
-  const auto derived = [](const std::string& id) {
-    return std::vector<std::string>{id,           id + "_row",      id + "_head",     id + "_value",    id + "_heads",
-                                    id + "_i",    id + "_j",        id + "_x8",       id + "_raw",        id + "_base",     id + "_vec",      id + "_t",        id + "_stride_b", id + "_stride_t", id + "_stride_h",
-                                    id + "_stride_d"};
-  };
+namespace {
+
+std::string sanitized(const std::string& name) {
+  std::string id;
+  for (char c : name) id += std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? c : '_';
+  if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0]))) id = "_" + id;
+  return id;
+}
+
+bool word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Every identifier of `source` outside // comments and literals, once each (numbers skipped).
+std::set<std::string> source_names(const std::string& source) {
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < source.size();) {
+    if (source.compare(i, 2, "//") == 0) {
+      i = source.find('\n', i);
+      if (i == std::string::npos) break;
+    } else if (source[i] == '"' || source[i] == '\'') {  // a literal's text (asm strings) names nothing
+      const char quote = source[i++];
+      while (i < source.size() && source[i] != quote && source[i] != '\n') i += source[i] == '\\' ? 2 : 1;
+      ++i;
+    } else if (word_char(source[i]) && !std::isdigit(static_cast<unsigned char>(source[i]))) {
+      std::size_t end = i;
+      while (end < source.size() && word_char(source[end])) ++end;
+      names.insert(source.substr(i, end - i));
+      i = end;
+    } else if (word_char(source[i])) {  // 1.0f, 0x3FFFFu
+      while (i < source.size() && (word_char(source[i]) || source[i] == '.')) ++i;
+    } else {
+      ++i;
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> placeholder_identifiers(const std::vector<ir::Input>& inputs) {
   std::vector<std::string> ids;
-  for (const ir::Input& in : variant.inputs) ids.push_back(sanitize(in.name));
-  // An input keeps its own name unless a name derived from it is taken (by the template or
-  // another input) or looks like a renamed one.
+  for (std::size_t i = 0; i < inputs.size(); ++i) ids.push_back("in" + std::to_string(i) + "_" + sanitized(inputs[i].name));
+  return ids;
+}
+
+std::vector<std::string> input_identifiers(const std::vector<ir::Input>& inputs, const std::string& probe,
+                                           const std::vector<std::string>& placeholders) {
+  // The probe's names: the kernel's own, and per input the suffixes its text derives from the
+  // input's name (q -> q_head, q_stride_t, q_map, ...). A placeholder is never the prefix of
+  // another input's (the index follows "in" and ends at "_").
+  std::set<std::string> taken;
+  std::vector<std::set<std::string>> suffixes(placeholders.size());
+  for (const std::string& name : source_names(probe)) {
+    bool derived = false;
+    for (std::size_t i = 0; i < placeholders.size(); ++i)
+      if (name.rfind(placeholders[i], 0) == 0) suffixes[i].insert(name.substr(placeholders[i].size())), derived = true;
+    if (!derived) taken.insert(name);
+  }
+  std::vector<std::string> ids;
+  for (const ir::Input& in : inputs) ids.push_back(sanitized(in.name));
+  // An input keeps its own name unless a name the text derives from it is the kernel's own, a
+  // C++ word, another input's, ladle's (ladle_*, LADLE_*) or a placeholder's form (in<digit>...).
   std::map<std::string, int> uses;
-  for (const std::string& id : ids)
-    for (const std::string& name : derived(id)) ++uses[name];
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (const std::string& suffix : suffixes[i]) ++uses[ids[i] + suffix];
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    bool clash = ids[i].rfind("ladle_", 0) == 0 ||
+    bool clash = ids[i].rfind("ladle_", 0) == 0 || ids[i].rfind("LADLE_", 0) == 0 ||
                  (ids[i].rfind("in", 0) == 0 && ids[i].size() > 2 && std::isdigit(static_cast<unsigned char>(ids[i][2])));
-    for (const std::string& name : derived(ids[i])) clash = clash || uses[name] > 1 || (reserved.count(name) > 0 || cpp_words().count(name) > 0);
-    if (clash) ids[i] = "in" + std::to_string(i) + "_" + ids[i];
+    for (const std::string& suffix : suffixes[i]) {
+      const std::string name = ids[i] + suffix;
+      clash = clash || uses[name] > 1 || taken.count(name) > 0 || cpp_words().count(name) > 0;
+    }
+    if (clash) ids[i] = placeholders[i];
   }
   return ids;
 }

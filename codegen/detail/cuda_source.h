@@ -19,9 +19,27 @@ int next_power_of_two(std::int64_t x);
 const char* storage_type(DType type);  // ladle_f16, ladle_bf16 or float
 bool floating(DType t);
 
-// One C identifier per input: its name where that is safe and readable, else in<i>_<name>.
-// `reserved` lists the template's own names (C++ words are always reserved).
-std::vector<std::string> identifiers(const ir::Variant& variant, const std::set<std::string>& reserved);
+// Every input as in<i>_<name>: names no kernel text uses for anything else.
+std::vector<std::string> placeholder_identifiers(const std::vector<ir::Input>& inputs);
+// One C identifier per input: its own name where that is safe, else its placeholder. `probe` is
+// the kernel's source generated with the placeholders: the names it takes that are not derived
+// from an input are the kernel's own, and those derived from one tell which suffixes the text
+// appends to that input's name.
+std::vector<std::string> input_identifiers(const std::vector<ir::Input>& inputs, const std::string& probe,
+                                           const std::vector<std::string>& placeholders);
+
+// A kernel whose inputs keep their own names wherever the kernel's text leaves them free, without
+// a list of the text's names to keep up to date: `generate(id)` (id: one C identifier per input)
+// runs first with placeholders, which no text uses otherwise, and reading that text tells which
+// names are free. Generating is cheap beside compiling, and its result is cached.
+template <class Kernel, class Generate>
+Kernel with_input_names(const std::vector<ir::Input>& inputs, Generate generate) {
+  const std::vector<std::string> placeholders = placeholder_identifiers(inputs);
+  Kernel probe = generate(placeholders);
+  const std::vector<std::string> id = input_identifiers(inputs, probe.source, placeholders);
+  if (id == placeholders) return probe;
+  return generate(id);
+}
 
 // The 16-bit storage types and typed loads/stores through float (no cuda_fp16.h, so NVRTC
 // needs no include path), plus LADLE_UNROLL.

@@ -103,4 +103,14 @@ struct ladle_stage_ring {
     if (lane == 0) ladle_mbarrier_arrive(&empty[round % STAGES]);
   }
 };
+
+// A copy barrier used once (q's tile in the attention forward, a block's K and V in its backward):
+// the producer announces the bytes, the consumers wait for its first phase.
+struct ladle_copy_latch {
+  unsigned long long* bar;
+
+  __device__ __forceinline__ void init() const { ladle_mbarrier_init(bar, 1); }
+  __device__ __forceinline__ void expect(unsigned bytes) const { ladle_mbarrier_arrive_expect_tx(bar, bytes); }
+  __device__ __forceinline__ void wait() const { ladle_mbarrier_wait(bar, 0); }
+};
 #endif  // LADLE_STAGE_RING

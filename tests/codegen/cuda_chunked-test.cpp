@@ -315,7 +315,10 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
   CHECK(kernel.threads == 384);
   CHECK_THAT(kernel.name, Catch::StartsWith("ladle_chunked_ws_"));
   CHECK_THAT(kernel.source, Catch::Contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"));
-  CHECK_THAT(kernel.source, Catch::Contains("cp.async.bulk.tensor.4d"));
+  // TMA and the stage ring come from the device header (codegen/device/pipeline.cuh).
+  CHECK_THAT(kernel.source, Catch::Contains("#include <ladle/codegen/device/pipeline.cuh>"));
+  CHECK_THAT(kernel.source, Catch::Contains("stage_ring.acquire(c, STAGE_BYTES);"));
+  CHECK_THAT(kernel.source, Catch::Contains("ladle_tma_load_4d("));
   CHECK_THAT(kernel.source, Catch::Contains("ladle_wgmma_ss_bf16_tab<64>(S[mt]"));
   CHECK_THAT(kernel.source, Catch::Contains("const __grid_constant__ ladle_tensor_map q_map"));
   int maps = 0;

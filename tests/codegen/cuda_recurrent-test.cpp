@@ -53,7 +53,7 @@ TEST_CASE("the source opens with the printed variant and the config, and uses th
   CHECK_THAT(kernel.source, Catch::Contains("extern \"C\" __global__ void __launch_bounds__(128) " + kernel.name + "("));
   CHECK_THAT(kernel.source, Catch::Contains("decay_k[cpos][i] = use ? expf((g_i + gk_i) + head_log_decay) : 1.0f;"));
   CHECK_THAT(kernel.source, Catch::Contains("decay_v[cpos][jv_local] = use ? expf(gv_j) : 1.0f;"));
-  CHECK_THAT(kernel.source, Catch::Contains("state[r] = state[r] * decay_k[cpos][i] * decay_j + k_feature[cpos][i] * v_j;"));
+  CHECK_THAT(kernel.source, Catch::Contains("state[r] = state[r] * decay_k[cpos][i] * decay_j + k_feature[cpos][i] * v_col;"));
   CHECK_THAT(kernel.source, Catch::Contains("const long long bos = cu_seqlens[n], eos = cu_seqlens[n + 1];"));
   CHECK_THAT(kernel.source, Catch::Contains("const ladle_bf16* __restrict__ initial_state,"));
   CHECK(kernel.threads == 128);

@@ -86,7 +86,7 @@ Config chunked(int block_k, int chunk, int block_v, int warps, bool wgmma = fals
 }
 
 // Whether the heuristic's device runs wgmma (sm_90a; without a device, the H100 it assumes).
-bool hopper() { return cuda::chunked_wgmma_arch(heuristic_device().arch); }
+bool hopper() { return cuda::has_wgmma(heuristic_device().arch); }
 
 }  // namespace
 
