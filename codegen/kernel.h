@@ -57,7 +57,7 @@ struct KernelParam {
     segment_decay,    //   [S'][H][DL] f32: its total log2 decay (key side, then value side)
     input_tensor_map, // the chunked family's ws form: the TMA map of input `input` (q, k or v) as
                       //   [B,T,X,D], boxes of 64 features by box_rows tokens (runtime/tensor_map.h)
-    delta_w,          // the chunked delta rule's work arrays (codegen/cuda_chunked_delta.h): W, U,
+    delta_w,          // the chunked delta rule's work arrays (codegen/cuda/chunked_delta.h): W, U,
     delta_u,          //   k (normalised), E and the state entering the chunk h of every chunk, bf16,
     delta_k,          //   and the chunk's cumulative log decay gamma, f32
     delta_e,

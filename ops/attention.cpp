@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include <ladle/codegen/cpu_attention.h>
+#include <ladle/codegen/cpu/attention.h>
 #include <ladle/dsl/softmax.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>

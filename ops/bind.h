@@ -7,7 +7,7 @@
 
 #include <string_view>
 
-#include <ladle/codegen/cpu_recurrent.h>
+#include <ladle/codegen/cpu/recurrent.h>
 
 #include "variant.h"
 

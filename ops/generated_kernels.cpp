@@ -1,7 +1,7 @@
 #include "generated_kernels.h"
 
 #include <fmt/format.h>
-#include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/codegen/cuda/chunked_delta.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 

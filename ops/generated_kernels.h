@@ -11,7 +11,7 @@
 // (runtime/dump.h).
 #pragma once
 
-#include <ladle/codegen/cuda_attention.h>
+#include <ladle/codegen/cuda/attention.h>
 #include <ladle/runtime/compiler.h>
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The GPU path of every softmax-attention variant: the tile kernel of codegen/cuda_attention.h
+// The GPU path of every softmax-attention variant: the tile kernel of codegen/cuda/attention.h
 // generated for this variant, dtypes and head dims, compiled through the cache (once per
 // process and kernel), and launched on a stream. ops/attention.cpp binds and checks the
 // arguments (ops/attention_bind.h) and calls run_attention_into with *device* pointers in
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include <ladle/codegen/cuda_attention.h>
+#include <ladle/codegen/cuda/attention.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/tensor_map.h>

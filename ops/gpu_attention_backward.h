@@ -1,4 +1,4 @@
-// The softmax-attention backward on the GPU: the two kernels of codegen/cuda_attention_backward.h
+// The softmax-attention backward on the GPU: the two kernels of codegen/cuda/attention_backward.h
 // generated for the variant, compiled through the cache and launched on a stream, on device
 // tensors throughout (nothing returns to the host between the kernels).
 //   gpu::run_attention_backward_into(variant, args /* device views, o and lse the forward's */, grads, {&stream});
@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
-#include <ladle/codegen/cpu_attention.h>
-#include <ladle/codegen/cuda_attention_backward.h>
+#include <ladle/codegen/cpu/attention.h>
+#include <ladle/codegen/cuda/attention_backward.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/tensor_map.h>

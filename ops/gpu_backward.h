@@ -1,5 +1,5 @@
 // The recurrent backward on the GPU, by composition, for any variant the DSL lowers (normalised
-// reads aside): generated kernels evaluate the slots at every token (codegen/cuda_backward.h), three
+// reads aside): generated kernels evaluate the slots at every token (codegen/cuda/backward.h), three
 // recurrences of the plain form run on the forward's kernels (the chunked tensor-core family for
 // 16-bit inputs of chunk-sized sequences, the fused-recurrent one otherwise, the slots then in fp32):
 //   u_t = S_t do_t          over the transposed state, in the forward's direction;
@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include <ladle/codegen/cuda_backward.h>
+#include <ladle/codegen/cuda/backward.h>
 
 #include "gpu_recurrent.h"
 

@@ -1,6 +1,6 @@
 #include "gpu_recurrent.h"
 
-#include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/codegen/cuda/chunked_delta.h>
 
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
@@ -569,7 +569,7 @@ std::vector<cuda::ChunkedKernelSpec> chunked_launch_specs(const ir::Variant& var
 
 namespace {
 
-// The delta rule's chunked form (codegen/cuda_chunked_delta.h), three kernels on the call's stream:
+// The delta rule's chunked form (codegen/cuda/chunked_delta.h), three kernels on the call's stream:
 // prepare over every chunk (W, U, k and gamma into work arrays), states (the serial pass over each
 // sequence's chunks: h and E), outputs over every chunk.
 void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, std::uint64_t offsets,

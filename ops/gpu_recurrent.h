@@ -7,8 +7,8 @@
 // check it and then uploaded. ladle::run_variant_into (variant.h) takes host tensors too.
 #pragma once
 
-#include <ladle/codegen/cuda_chunked_delta.h>
-#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cuda/chunked_delta.h>
+#include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/codegen/cuda/target.h>
 #include <ladle/runtime/compiler.h>
 

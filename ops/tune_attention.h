@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include <ladle/codegen/cpu_attention.h>
-#include <ladle/codegen/cuda_attention.h>
-#include <ladle/codegen/cuda_attention_backward.h>
+#include <ladle/codegen/cpu/attention.h>
+#include <ladle/codegen/cuda/attention.h>
+#include <ladle/codegen/cuda/attention_backward.h>
 #include <ladle/runtime/autotune.h>
 
 #include "attention_bind.h"
@@ -72,7 +72,7 @@ TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::Atten
 cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                                          const cuda::AttentionTile& heuristic, const TuneOptions& tune_options = {});
 
-// ---- The backward (codegen/cuda_attention_backward.h): stages {2, 3, 4} x dq_tma {0, 1}, valid by
+// ---- The backward (codegen/cuda/attention_backward.h): stages {2, 3, 4} x dq_tma {0, 1}, valid by
 // attention_backward_unsupported for the call's spec with the tile applied and the device's
 // opt-in shared memory; dq_tma = 1 only where the call's dq allows TMA (its spec's dq_tma) and
 // the stage fits beside the ring. No cost model: the space is six tiles at most.

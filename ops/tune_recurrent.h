@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include <ladle/codegen/cuda_chunked.h>
-#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cuda/chunked.h>
+#include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/runtime/autotune.h>
 
 #include "bind.h"

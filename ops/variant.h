@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include <ladle/codegen/cpu_recurrent.h>
-#include <ladle/codegen/cuda_chunked.h>
-#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cpu/recurrent.h>
+#include <ladle/codegen/cuda/chunked.h>
+#include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/dsl/ir.h>
 
 #include <ladle/runtime/tensor.h>

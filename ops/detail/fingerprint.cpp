@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include <ladle/codegen/detail/parallel.h>
+#include <ladle/codegen/cpu/parallel.h>
 #include <ladle/runtime/error.h>
 
 #include "loaded_kernel.h"

@@ -2,8 +2,8 @@
 // what every kernel of the recurrence families takes first. Internal to ops (not installed).
 #pragma once
 
-#include <ladle/codegen/cpu_recurrent.h>
-#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cpu/recurrent.h>
+#include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/runtime/driver.h>
 
 namespace ladle::gpu::detail {

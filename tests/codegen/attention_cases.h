@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <ladle/codegen/cuda_attention.h>
-#include <ladle/codegen/cuda_attention_backward.h>
+#include <ladle/codegen/cuda/attention.h>
+#include <ladle/codegen/cuda/attention_backward.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/attention.h>
 
@@ -314,7 +314,7 @@ inline std::vector<Case> all() {
   return cases;
 }
 
-// The backward's cases (codegen/cuda_attention_backward.h, sm_90a): every mask and modifier with
+// The backward's cases (codegen/cuda/attention_backward.h, sm_90a): every mask and modifier with
 // its gradients (a bias's, an ALiBi slope's, the sinks'), D = Dv = 64 (one warpgroup forms dQ) and
 // D = 128, Dv != D and head dims padded inside a box, GQA, Tq != Tk, varlen with an empty sequence,
 // f16 and bf16, a d_output of another dtype (prep's copy), rings that wrap. Sizes span several key

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <ladle/codegen/cuda_backward.h>
+#include <ladle/codegen/cuda/backward.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>

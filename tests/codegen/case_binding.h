@@ -2,8 +2,8 @@
 // kernel argument array a launcher would pack from them (for the host emulation).
 #pragma once
 
-#include <ladle/codegen/cpu_recurrent.h>
-#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cpu/recurrent.h>
+#include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/ops/bind.h>
 #include <ladle/ops/gpu_attention.h>
 #include <ladle/runtime/tensor_map.h>

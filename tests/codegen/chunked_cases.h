@@ -5,7 +5,7 @@
 // time.
 #pragma once
 
-#include <ladle/codegen/cuda_chunked.h>
+#include <ladle/codegen/cuda/chunked.h>
 
 #include <algorithm>
 #include <limits>

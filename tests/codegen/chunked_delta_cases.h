@@ -1,10 +1,10 @@
-// The chunked delta-rule kernels (codegen/cuda_chunked_delta.h) the codegen-cuda_chunked_delta test
+// The chunked delta-rule kernels (codegen/cuda/chunked_delta.h) the codegen-cuda_chunked_delta test
 // runs on the host emulation: every delta-rule case of cuda_cases.h (plain, gated, L2-normalised, a
 // user's gates as expressions, GQA, masked K and V, packed with an empty sequence, reverse), over
 // sequences of several 64-token chunks and a partial one. chunked_delta_emit renders them.
 #pragma once
 
-#include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/codegen/cuda/chunked_delta.h>
 
 #include "cuda_cases.h"
 

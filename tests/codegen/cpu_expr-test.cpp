@@ -2,7 +2,7 @@
 // gate math that stays finite at extreme inputs.
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cpu_expr.h>
+#include <ladle/codegen/cpu/expr.h>
 #include <ladle/dsl/dsl.h>
 
 #include <cmath>

@@ -5,7 +5,7 @@
 // combination (PTX) and a sweep of tiles for sm_90a without spills.
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cuda_attention.h>
+#include <ladle/codegen/cuda/attention.h>
 #include <ladle/ops/attention_bind.h>
 #include <ladle/ops/gpu_attention.h>
 #include <ladle/runtime/compiler.h>

@@ -1,4 +1,4 @@
-// The softmax-attention backward's CUDA generator (codegen/cuda_attention_backward.h). Without a GPU
+// The softmax-attention backward's CUDA generator (codegen/cuda/attention_backward.h). Without a GPU
 // its two kernels run on the host emulation of CUDA (TMA copies, mbarriers, named barriers, wgmma
 // from swizzled shared memory and from registers) against the CPU backward (itself checked against
 // finite differences of the fp64 reference in ops-backward), on fresh random inputs with the
@@ -6,8 +6,8 @@
 // launcher's own packing. NVRTC compiles them for sm_90a without spills.
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cpu_attention.h>
-#include <ladle/codegen/cuda_attention_backward.h>
+#include <ladle/codegen/cpu/attention.h>
+#include <ladle/codegen/cuda/attention_backward.h>
 #include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/runtime/error.h>
 

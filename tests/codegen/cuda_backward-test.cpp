@@ -1,4 +1,4 @@
-// The recurrent backward's generated kernels (codegen/cuda_backward.h) on the host emulation of CUDA
+// The recurrent backward's generated kernels (codegen/cuda/backward.h) on the host emulation of CUDA
 // (cuda_emulation.h), so that CI without a GPU checks what they compute: the slots kernel against the
 // CPU path's slots (cpu::materialize_slots), shifted decays included; the chain kernel, given random
 // recurrence outputs and carries, against the same running sums and the CPU path's chain rule
@@ -10,8 +10,8 @@
 #include <random>
 #include <variant>
 
-#include <ladle/codegen/cpu_recurrent.h>
-#include <ladle/codegen/cuda_backward.h>
+#include <ladle/codegen/cpu/recurrent.h>
+#include <ladle/codegen/cuda/backward.h>
 #include <ladle/ops/bind.h>
 #include <ladle/runtime/driver.h>
 

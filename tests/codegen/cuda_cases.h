@@ -4,7 +4,7 @@
 // host emulation; the test renders them again for nvcc and checks the names agree.
 #pragma once
 
-#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/update_forms.h>

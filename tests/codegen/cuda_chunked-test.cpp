@@ -4,8 +4,8 @@
 // and sm_90a (cubin, no spills).
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cuda_chunked.h>
-#include <ladle/codegen/cpu_recurrent.h>
+#include <ladle/codegen/cuda/chunked.h>
+#include <ladle/codegen/cpu/recurrent.h>
 #include <ladle/ops/bind.h>
 #include <ladle/runtime/compiler.h>
 #include <ladle/runtime/error.h>

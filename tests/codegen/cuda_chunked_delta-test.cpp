@@ -1,11 +1,11 @@
-// The chunked delta-rule generator (codegen/cuda_chunked_delta.h): its kernels run on the host
+// The chunked delta-rule generator (codegen/cuda/chunked_delta.h): its kernels run on the host
 // emulation of CUDA (ldmatrix and mma.sync fragments as the PTX ISA lays them out) against the CPU
 // path, which tests/ops/update_forms holds against the fp64 oracle; NVRTC compiles them for sm_80 and
 // sm_90a without spills; bad specs and variants are refused by name.
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cpu_recurrent.h>
-#include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/codegen/cpu/recurrent.h>
+#include <ladle/codegen/cuda/chunked_delta.h>
 #include <ladle/codegen/device/headers.h>
 #include <ladle/ops/bind.h>
 #include <ladle/ops/recurrent.h>

@@ -4,7 +4,7 @@
 // and nvcc, which must compile every kernel to PTX for sm_90a.
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cuda_recurrent.h>
+#include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/ops/bind.h>
 #include <ladle/runtime/error.h>
 

@@ -1,11 +1,11 @@
-// hoist_invariants (codegen/detail/hoist.h): the attention family's logit with its invariant
+// hoist_invariants (codegen/cuda/detail/hoist.h): the attention family's logit with its invariant
 // factors computed once. Checked by value (the rewritten expression, its hoisted values read
 // back in, equals factor * the expression as written, in double arithmetic, on random leaves)
 // and by form (a soft cap keeps no division per element; index differences stay exact).
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cuda_attention.h>
-#include <ladle/codegen/detail/hoist.h>
+#include <ladle/codegen/cuda/attention.h>
+#include <ladle/codegen/cuda/detail/hoist.h>
 #include <ladle/dsl/dsl.h>
 
 #include <cmath>

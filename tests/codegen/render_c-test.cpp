@@ -3,7 +3,7 @@
 // compared value by value with the CPU evaluator, extreme inputs included.
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cpu_expr.h>
+#include <ladle/codegen/cpu/expr.h>
 #include <ladle/codegen/render_c.h>
 #include <ladle/dsl/dsl.h>
 

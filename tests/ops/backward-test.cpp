@@ -6,7 +6,7 @@
 // ir::derivative against finite differences of the CPU evaluator for every differentiable op.
 #include <catch2/catch.hpp>
 
-#include <ladle/codegen/cpu_expr.h>
+#include <ladle/codegen/cpu/expr.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_backward.h>

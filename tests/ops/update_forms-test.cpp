@@ -172,7 +172,7 @@ TEST_CASE("delta rules normalise q and k in the kernel, and hold at beta = 1 on 
 }
 
 TEST_CASE("delta rules on the chunked (tensor-core) form: chunks, partial chunks, packed, states, K and V of the models", "[ops][update_forms][chunked]") {
-  // On the GPU these run the chunked delta kernels (codegen/cuda_chunked_delta.h); the CPU path runs
+  // On the GPU these run the chunked delta kernels (codegen/cuda/chunked_delta.h); the CPU path runs
   // the same calls sequentially.
   for (Form form : {Form::delta, Form::gated_delta})
     for (bool reverse : {false, true}) {
@@ -195,7 +195,7 @@ TEST_CASE("delta rules on the chunked (tensor-core) form: chunks, partial chunks
 }
 
 TEST_CASE("rwkv6 on the chunked (tensor-core) form: chunks, partial chunks, packed, states, strong decay, u per batch", "[ops][update_forms][chunked]") {
-  // On the GPU these run the chunked family's read before the update (codegen/cuda_chunked.h): q~
+  // On the GPU these run the chunked family's read before the update (codegen/cuda/chunked.h): q~
   // with the gates up to t - 1, strictly causal scores, the bonus on their diagonal.
   for (bool reverse : {false, true}) {
     Case c;

@@ -3,7 +3,7 @@
 // that target (ladle::generated_kernels, built on gpu::attention_kernel_spec,
 // heuristic_chunked_tile, chunked_launch_specs ...), and those are the forms the heuristics
 // document.
-#include <ladle/codegen/cuda_attention.h>
+#include <ladle/codegen/cuda/attention.h>
 #include <ladle/ops/attention.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>

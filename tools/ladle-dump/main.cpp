@@ -30,7 +30,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <ladle/codegen/cuda_chunked_delta.h>
+#include <ladle/codegen/cuda/chunked_delta.h>
 #include <ladle/codegen/device/headers.h>
 #include <ladle/ops/attention.h>
 #include <ladle/ops/gla.h>

@@ -1,0 +1,200 @@
+// The warp-specialised Hopper pipeline of the softmax-attention family (AttentionTile::mma = ws,
+// sm_90a): a producer warpgroup loading q once and K, V tile by tile with TMA into a ring of
+// shared-memory stages guarded by mbarriers, and consumer warpgroups overlapping their wgmma
+// products with the softmax. See codegen/cuda/attention.h for the schedule.
+//
+// Shared memory (from a 1024-byte aligned base: the 128-byte swizzle repeats every 1024 bytes and
+// wgmma's descriptors assume the pattern starts there):
+//   q_tile [DPB / 64][BM][64]    boxes of 64 head-dim columns, one 128-byte row per token
+//   k_tile [STAGES][DPB / 64][BN][64], v_tile [STAGES][DVPB / 64][BN][64]
+//   mbarriers full_k, full_v, empty_k, empty_v [STAGES], q_full
+// TMA writes each 128-byte row r with its 16-byte pieces permuted (piece p at p ^ (r % 8)); the
+// descriptors say so (swizzle mode 1) and wgmma undoes it:
+//   q and K as K-major operands: 8 rows at SBO = 1024 bytes, the next 16 of D 32 bytes further
+//   within the row (the start address advances; LBO unused), the next 64 of D in the next box;
+//   V as the N-major B of o += P V: 64 of Dv per 128-byte row, the next 64 at LBO = BN * 128
+//   bytes (the next box), the next 8 keys at SBO = 1024, the next 16 keys 2048 bytes further.
+#include "attention_parts.h"
+
+namespace ladle::cuda::detail {
+
+std::string ws_helpers() {
+  return "#include <ladle/codegen/device/pipeline.cuh>\n";
+}
+
+void emit_ws_shared(Code& c, const AttentionParts& parts) {
+  (void)parts;
+  c("// Shared memory from a 1024-byte aligned base: q [DPB / 64][BM][64], per stage K [DPB / 64][BN][64] and");
+  c("// V [DVPB / 64][BN][64] (boxes of 64 head-dim columns as TMA writes them, 128-byte swizzle), then the");
+  c("// mbarriers: full (the copy landed) and empty (every consumer warp is done) per stage for K and for V,");
+  c("// and one for q.");
+  c("constexpr int DPB = (D + 63) / 64 * 64, DVPB = (DV + 63) / 64 * 64;  // head dims in whole boxes");
+  c("constexpr unsigned Q_BYTES = BM * DPB * 2, K_BYTES = BN * DPB * 2, V_BYTES = BN * DVPB * 2;");
+  c("LADLE_DYNAMIC_SHARED(smem);");
+  c("unsigned char* const aligned_smem = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
+  c("unsigned short* const q_tile = reinterpret_cast<unsigned short*>(aligned_smem);");
+  c("unsigned short* const k_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_BYTES);");
+  c("unsigned short* const v_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_BYTES + STAGES * K_BYTES);");
+  c("unsigned long long* const full_k = reinterpret_cast<unsigned long long*>(aligned_smem + Q_BYTES + STAGES * (K_BYTES + V_BYTES));");
+  c("unsigned long long* const full_v = full_k + STAGES;");
+  c("unsigned long long* const empty_k = full_k + 2 * STAGES;");
+  c("unsigned long long* const empty_v = full_k + 3 * STAGES;");
+  c("unsigned long long* const q_full = full_k + 4 * STAGES;");
+  c("// Tile t's K and V in stage t % STAGES of their rings (codegen/device/pipeline.cuh), q behind a latch.");
+  c("const ladle_stage_ring<STAGES> k_ring{full_k, empty_k}, v_ring{full_v, empty_v};");
+  c("const ladle_copy_latch q_latch{q_full};");
+  c("if (threadIdx.x == 0) {");
+  c("  k_ring.init(WARPS);  // a stage is free again once every consumer warp released it");
+  c("  v_ring.init(WARPS);");
+  c("  q_latch.init();");
+  c("  ladle_fence_barrier_init();");
+  c("}");
+  c("__syncthreads();  // the only block-wide barrier: the producer leaves after its copies");
+  c("");
+}
+
+void emit_ws_producer(Code& c, const AttentionParts& parts) {
+  c("// 1. The producer warpgroup: one thread issues every copy, in the order the consumers use them. A");
+  c("//    stage is refilled once every consumer warp has released it (empty), one phase per round.");
+  c("if (threadIdx.x < 128) {");
+  c.in();
+  if (parts.consumer_registers > 0) c("ladle_setmaxnreg_dec<" + std::to_string(parts.producer_registers) + ">();");
+  c("if (threadIdx.x == 0) {");
+  c.in();
+  c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
+  c("q_latch.expect(Q_BYTES);");
+  c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
+  c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
+  c.in();
+  c("const int it = tile - tile_begin, stage = it % STAGES;");
+  c("k_ring.acquire(it, K_BYTES);");
+  c("for (int cb = 0; cb < DPB / 64; ++cb)");
+  c("  ladle_tma_load_4d(k_tile + stage * (K_BYTES / 2) + cb * BN * 64, &k_map, cb * 64, k_row + tile * BN, hk, b, &full_k[stage]);");
+  c("v_ring.acquire(it, V_BYTES);");
+  c("for (int cb = 0; cb < DVPB / 64; ++cb)");
+  c("  ladle_tma_load_4d(v_tile + stage * (V_BYTES / 2) + cb * BN * 64, &v_map, cb * 64, k_row + tile * BN, hk, b, &full_v[stage]);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("return;");
+  c.out();
+  c("}");
+  if (parts.consumer_registers > 0) c("ladle_setmaxnreg_inc<" + std::to_string(parts.consumer_registers) + ">();");
+  c("");
+}
+
+void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
+  const std::string ss = parts.qk_f16 ? "ladle_wgmma_ss_f16<BN>" : "ladle_wgmma_ss_bf16<BN>";
+  const std::string rs = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
+  // The text of one tile's scores: issue q k^T into score (its first product overwrites it), and
+  // P V of the tile before it. ptxas keeps wgmma asynchronous only where no other instruction touches an
+  // accumulator between its issue and the wait that completes it, so the issues are straight-line
+  // code with every register access before the fence.
+  // The mbarrier waits (loops) come before the fence: ptxas fences again where code runs between.
+  // Two consumer warpgroups take turns issuing (ping-pong): a warpgroup waits for its turn (named
+  // barrier 1 + its index) once its data has landed, issues, then hands the turn over (the other's
+  // barrier), so that one warpgroup's products run while the other forms its softmax.
+  const bool pingpong = parts.spec.tile.warps == 8;
+  const auto take_turn = [&] {
+    if (pingpong) c("ladle_named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn to issue");
+  };
+  const auto pass_turn = [&](bool last) {
+    if (!pingpong) return;
+    // Warpgroup 1 gave warpgroup 0 its first turn before the loop: its last issue hands none over.
+    c(last ? "if (warpgroup == 0) ladle_named_barrier_arrive(2, 256);" : "ladle_named_barrier_arrive(2 - warpgroup, 256);  // the other's turn");
+  };
+  const auto issue_scores = [&](const std::string& stage, const std::string& round, const std::string& also_wait) {
+    c("k_ring.wait(" + round + ");");
+    if (!also_wait.empty()) c(also_wait);
+    take_turn();
+    c("ladle_wgmma_fence_operand<BN>(score);");
+    c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+    c("ladle_wgmma_fence();");
+    c("// 3. score = q k^T: one m64nBNk16 per 16 of D, both K-major and swizzled (SBO 1024: the next 8");
+    c("//    rows; the next 16 of D 32 bytes on within the 128-byte row, the next 64 in the next box). The");
+    c("//    first product overwrites score (scale-d = 0): no zeroing.");
+    c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
+    c("  " + ss + "(score, q_desc + ((kt / 4) * BM * 64 + (kt % 4) * 16) * 2 / 16,");
+    c("      k_desc + (" + stage + " * K_BYTES + ((kt / 4) * BN * 64 + (kt % 4) * 16) * 2) / 16, kt > 0);");
+    c("ladle_wgmma_commit();");
+  };
+  const auto issue_pv = [&](const std::string& stage) {
+    c("// 6. o_acc += P V of the tile before: one m64nDVPk16 per 16 keys, V N-major and swizzled (SBO");
+    c("//    1024: the next 8 keys; LBO BN * 128: the next 64 of Dv, in the next box).");
+    c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk)");
+    c("  " + rs + "(o_acc, p_frag[kk], v_desc + (" + stage + " * V_BYTES + kk * 16 * 64 * 2) / 16);");
+    c("ladle_wgmma_commit();");
+  };
+  // Logits, softmax, then (after P V completes, where one is in flight) o_acc's rescale and P packed.
+  const auto consume_scores = [&](bool pv_in_flight) {
+    c("ladle_wgmma_fence_operand<BN>(score);");
+    c("k_ring.release(it, lane);");
+    c("const int j0 = tile * BN;");
+    c("");
+    emit_logits(c, parts);
+    emit_online_softmax(c, parts, true);
+    if (pv_in_flight) {
+      c("ladle_wgmma_wait<0>();  // P V of the tile before done: o_acc and p_frag are free, its V stage too");
+      c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+      c("v_ring.release(it - 1, lane);");
+    }
+    emit_o_rescale(c);
+    emit_pack_p(c, parts);
+  };
+
+  c("// 2. The key loop. The first tile's scores alone; then iteration t issues tile t's q k^T and tile");
+  c("//    t-1's P V together, reads the scores as soon as the first is done (the second still running)");
+  c("//    and forms tile t's P while P V finishes; the last P V after the loop. A stage goes back to");
+  c("//    the producer (empty) as soon as its product has read it.");
+  c("// The descriptors of this warpgroup's q rows and of the first K and V stages, formed once: a");
+  c("// product's own adds its byte offset / 16 to the start address (bits 0-13; shared memory ends");
+  c("// below 256 KiB, so the sum never carries out of them).");
+  c("const unsigned long long q_desc = ladle_wgmma_desc_sw128(q_tile + warpgroup * 64 * 64, 16, 1024);");
+  c("const unsigned long long k_desc = ladle_wgmma_desc_sw128(k_tile, 16, 1024);");
+  c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile, BN * 128, 1024);");
+  c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
+  c("float score[BN / 8][4];");
+  c("q_latch.wait();");
+  c("if (tile_begin < tile_end) {");
+  c.in();
+  if (pingpong) c("if (warpgroup == 1) ladle_named_barrier_arrive(1, 256);  // warpgroup 0 issues first");
+  c("{");
+  c.in();
+  c("const int tile = tile_begin, it = 0, stage = 0;");
+  issue_scores("0", "0", "");
+  pass_turn(false);
+  c("ladle_wgmma_wait<0>();");
+  consume_scores(false);
+  c.out();
+  c("}");
+  c("for (int tile = tile_begin + 1; tile < tile_end; ++tile) {");
+  c.in();
+  c("const int it = tile - tile_begin, stage = it % STAGES, prev = (it + STAGES - 1) % STAGES;");
+  issue_scores("stage", "it", "v_ring.wait(it - 1);");
+  issue_pv("prev");
+  pass_turn(false);
+  c("ladle_wgmma_wait<1>();  // q k^T done; P V may still run");
+  consume_scores(true);
+  c.out();
+  c("}");
+  c("{  // the last tile's P V");
+  c.in();
+  c("const int last = tile_end - 1 - tile_begin, prev = last % STAGES;");
+  c("v_ring.wait(last);");
+  take_turn();
+  c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+  c("ladle_wgmma_fence();");
+  issue_pv("prev");
+  pass_turn(true);
+  c("ladle_wgmma_wait<0>();");
+  c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+  c("v_ring.release(last, lane);");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("");
+}
+
+}  // namespace ladle::cuda::detail
