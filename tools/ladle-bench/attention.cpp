@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
         }
         const ladle::cuda::AttentionKernelSpec spec = ladle::gpu::attention_kernel_spec(variant, args, tile);
         // Warm up for at least 200 ms (and 3 runs): the first timed runs of a process otherwise
-        // catch the GPU's clocks still rising (up to 6 % slower at B2 T16384).
+        // catch the GPU's clocks still rising (bench/RESULTS.md, issue 35).
         // pass 0: the forward; with --backward, pass 1: the backward alone, pass 2: forward + backward.
         int stages = 0;
         const auto run = [&](int pass) {
