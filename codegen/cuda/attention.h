@@ -187,8 +187,8 @@ struct AttentionKernel {
 // groups; the kernels read head blockIdx.z * gridDim.x + blockIdx.x and block blockIdx.y. Blocks
 // start in that order, so a group's heads run their blocks side by side (what they read stays in
 // L2; heads varying fastest over the whole grid were slower both ways: bench/RESULTS.md, issue
-// 35) and the heaviest blocks of every group start first (causal: the forward's last row blocks, the backward's first
-// key blocks), leaving the light ones to fill the tail. Throws InvalidArgument past the grid's
+// 35) and the heaviest blocks of every group start first (causal: the forward's last row blocks,
+// the backward's first key blocks), leaving the light ones to fill the tail. Throws InvalidArgument past the grid's
 // limits (65535 blocks along y, 65535 groups along z), naming the counts.
 struct AttentionGrid {
   unsigned x = 1, y = 1, z = 1;
