@@ -113,4 +113,18 @@ struct ladle_copy_latch {
   __device__ __forceinline__ void expect(unsigned bytes) const { ladle_mbarrier_arrive_expect_tx(bar, bytes); }
   __device__ __forceinline__ void wait() const { ladle_mbarrier_wait(bar, 0); }
 };
+
+// The roles of a warp-specialised block: warpgroup 0 produces (one of its threads issues the
+// copies), the others consume. With PRODUCER_REGISTERS > 0 the producer gives registers back
+// (setmaxnreg.dec) and the consumers take CONSUMER_REGISTERS each (setmaxnreg.inc); 0 keeps the
+// launch's share. True in the producer's warpgroup, which leaves once its copies are issued.
+template <int PRODUCER_REGISTERS, int CONSUMER_REGISTERS>
+__device__ __forceinline__ bool ladle_producer_warpgroup() {
+  if (threadIdx.x < 128) {
+    if constexpr (PRODUCER_REGISTERS > 0) ladle_setmaxnreg_dec<PRODUCER_REGISTERS>();
+    return true;
+  }
+  if constexpr (CONSUMER_REGISTERS > 0) ladle_setmaxnreg_inc<CONSUMER_REGISTERS>();
+  return false;
+}
 #endif  // LADLE_STAGE_RING

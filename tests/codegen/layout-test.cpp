@@ -134,7 +134,7 @@ TEST_CASE("the layout scan measures functions as written", "[layout]") {
   CHECK(found[1].lines == 9);
 }
 
-TEST_CASE("codegen: the stage ring's protocol lives in the device headers", "[layout]") {
+TEST_CASE("codegen: the stage ring's protocol and the register split live in the device headers", "[layout]") {
   // A generator emits calls of ladle_stage_ring; the mbarrier protocol (init counts, expect_tx,
   // phase parity) is written in codegen/device/pipeline.cuh alone.
   for (const fs::path& path : sources(root / "codegen")) {
@@ -143,6 +143,7 @@ TEST_CASE("codegen: the stage ring's protocol lives in the device headers", "[la
     INFO(path.lexically_relative(root).string());
     CHECK(text.find("ladle_mbarrier_arrive_expect_tx(") == std::string::npos);
     CHECK(text.find("ladle_mbarrier_init(") == std::string::npos);
+    CHECK(text.find("ladle_setmaxnreg_") == std::string::npos);  // the register split: ladle_producer_warpgroup
   }
   CHECK(read(root / "codegen/device/pipeline.cuh").find("struct ladle_stage_ring") != std::string::npos);
 }

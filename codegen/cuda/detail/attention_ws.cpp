@@ -56,9 +56,10 @@ void emit_ws_shared(Code& c, const AttentionParts& parts) {
 void emit_ws_producer(Code& c, const AttentionParts& parts) {
   c("// 1. The producer warpgroup: one thread issues every copy, in the order the consumers use them. A");
   c("//    stage is refilled once every consumer warp has released it (empty), one phase per round.");
-  c("if (threadIdx.x < 128) {");
+  const bool split = parts.consumer_registers > 0;  // the producer's registers go to the consumers
+  c("if (ladle_producer_warpgroup<" + std::to_string(split ? parts.producer_registers : 0) + ", " +
+    std::to_string(split ? parts.consumer_registers : 0) + ">()) {");
   c.in();
-  if (parts.consumer_registers > 0) c("ladle_setmaxnreg_dec<" + std::to_string(parts.producer_registers) + ">();");
   c("if (threadIdx.x == 0) {");
   c.in();
   c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
@@ -80,7 +81,6 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
   c("return;");
   c.out();
   c("}");
-  if (parts.consumer_registers > 0) c("ladle_setmaxnreg_inc<" + std::to_string(parts.consumer_registers) + ">();");
   c("");
 }
 

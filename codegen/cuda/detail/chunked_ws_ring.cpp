@@ -19,9 +19,10 @@ void WsEmitter::producer() const {
   c("// 1. The producer warpgroup: one thread issues every copy. A chunk's box starts at row0, so that");
   c("//    row r holds token row0 + r either way; rows outside [bos, eos) are masked by the consumers");
   c("//    (and outside the tensor TMA writes zeros).");
-  c("if (threadIdx.x < 128) {");
+  // The state pass keeps the launch's registers; the serial form gives the producer's to the consumers.
+  c("if (ladle_producer_warpgroup<" + std::to_string(states ? 0 : ws_producer_registers) + ", " +
+    std::to_string(states ? 0 : ws_consumer_registers) + ">()) {");
   c.in();
-  if (!states) c("ladle_setmaxnreg_dec<" + std::to_string(ws_producer_registers) + ">();");
   c("if (threadIdx.x == 0) {");
   c.in();
   c("for (int c = 0; c < chunks; ++c) {");
@@ -38,7 +39,6 @@ void WsEmitter::producer() const {
   c("return;");
   c.out();
   c("}");
-  if (!states) c("ladle_setmaxnreg_inc<" + std::to_string(ws_consumer_registers) + ">();");
 }
 
 // The chunk loop's opening: its stage, the box's first row and the chunk's tokens in the sequence.
