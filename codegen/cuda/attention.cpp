@@ -197,17 +197,7 @@ ir::LoadFn input_load(const std::vector<std::string>& id) {
   };
 }
 
-std::string leaf_at(ir::Op op) {
-  switch (op) {
-    case ir::Op::score: return "score[nt][r]";
-    case ir::Op::query_index: return "static_cast<float>(i)";
-    case ir::Op::key_index: return "static_cast<float>(j)";
-    case ir::Op::head_index: return "static_cast<float>(h)";
-    case ir::Op::batch_index: return "static_cast<float>(n)";
-    default: break;
-  }
-  return "0.0f";
-}
+std::string leaf_at(ir::Op op) { return attention_leaf(op, "score[nt][r]"); }
 
 Logit render_logit(const Forward& f) {
   const auto& inputs = f.variant.inputs;

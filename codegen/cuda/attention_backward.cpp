@@ -456,17 +456,7 @@ ir::LoadFn attention_backward_load(const std::vector<std::string>& id) {
   };
 }
 
-std::string attention_backward_leaf(ir::Op op) {
-  switch (op) {
-    case ir::Op::score: return "s_acc[nt][r]";
-    case ir::Op::query_index: return "static_cast<float>(i)";
-    case ir::Op::key_index: return "static_cast<float>(j)";
-    case ir::Op::head_index: return "static_cast<float>(h)";
-    case ir::Op::batch_index: return "static_cast<float>(n)";
-    default: break;
-  }
-  return "0.0f";
-}
+std::string attention_backward_leaf(ir::Op op) { return attention_leaf(op, "s_acc[nt][r]"); }
 
 AttentionBackwardParts::AttentionBackwardParts(const ir::AttentionVariant& variant_, const AttentionBackwardSpec& spec_,
                                                const std::vector<std::string>& id_)

@@ -8,6 +8,18 @@
 
 namespace ladle::cuda::detail {
 
+std::string attention_leaf(ir::Op op, const std::string& score) {
+  switch (op) {
+    case ir::Op::score: return score;
+    case ir::Op::query_index: return "static_cast<float>(i)";
+    case ir::Op::key_index: return "static_cast<float>(j)";
+    case ir::Op::head_index: return "static_cast<float>(h)";
+    case ir::Op::batch_index: return "static_cast<float>(n)";
+    default: break;
+  }
+  return "0.0f";
+}
+
 void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, DType q_segment_ids_type,
                          DType kv_segment_ids_type, bool varlen) {
   using Role = AttentionParam::Role;

@@ -35,6 +35,9 @@ void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVaria
 // The keys that rows first..last may attend, as [begin, end) narrowed in place (the caller declares
 // both, 64-bit under a window, from 0 and the sequence's k_len): the causal and window edges
 // around the diagonal j = i + (k_len - q_len).
+// A leaf of a score expression: the score itself (the accumulator element `score`) or an index.
+std::string attention_leaf(ir::Op op, const std::string& score);
+
 void emit_key_range(Code& c, const ir::AttentionVariant& variant, const std::string& first, const std::string& last,
                     const std::string& begin, const std::string& end);
 // Step 4: logit[BN / 8][4] (log2 units, -inf where masked) from score[BN / 8][4].
