@@ -25,6 +25,8 @@ cases=(
   "rec|gated_delta_rule fwd|--op gated_delta_rule --algo chunked $shape"
   "rec|rwkv6 fwd|--op rwkv6 --algo chunked -B 8 -T 4096 -H 16 -K 64 -V 64"
   "rec|gla fwd+bwd|--op gla --algo chunked $shape --backward"
+  "rec|gla fwd B2 T16384 (segmented)|--op gla --algo chunked -B 2 -T 16384 -H 16 -K 128 -V 128"
+  "rec|simple_gla fwd B2 T16384 (segmented)|--op simple_gla --algo chunked -B 2 -T 16384 -H 16 -K 128 -V 128"
   "att|causal fwd, fwd+bwd|--case causal -B 8 -T 4096 -H 16 -D 128 --backward"
   "att|window+softcap fwd, fwd+bwd|--case window_softcap -B 8 -T 4096 -H 16 -D 128 --backward"
 )

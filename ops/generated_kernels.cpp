@@ -12,6 +12,7 @@
 #include "bind.h"
 #include "detail/loaded_kernel.h"
 #include "gpu_attention.h"
+#include "chunked_plan.h"
 #include "gpu_recurrent.h"
 
 namespace ladle {
@@ -128,25 +129,13 @@ std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const
                      kernel.threads, kernel.shared_bytes});
     }
   } else if (algorithm == Algorithm::chunked) {
-    // As the launcher: the segments by shape, the tile for that many (segments of) sequences.
-    const std::int64_t segment_tokens = gpu::chunked_segment_tokens(bound, call, target);
-    RunOptions tiled = call;
-    if (!tiled.chunked_tile) {
-      std::int64_t sequences = 0;
-      if (segment_tokens > 0)
-        sequences = cuda::chunked_segments(bound.dims.N, bound.args.tokens, bound.args.cu_seqlens,
-                                           segment_tokens, bound.args.reverse)
-                        .segments();
-      tiled.chunked_tile = gpu::heuristic_chunked_tile(variant, bound, sequences, target);
-    }
-    const cuda::ChunkedKernelSpec spec = gpu::chunked_kernel_spec(variant, bound, tiled, target);
-    for (const cuda::ChunkedKernelSpec& each :
-         gpu::chunked_launch_specs(variant, spec, bound, segment_tokens > 0, target)) {
-      cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, each);
+    // The launcher's plan: the segments by shape, the tile for that many (segments of) sequences.
+    for (const gpu::ChunkedLaunch& each : gpu::plan_chunked(variant, bound, call, target).launches) {
+      cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, each.spec);
       out.push_back(
           {kernel.name, std::move(kernel.source),
-           std::string(each.segmented ? "segmented " : "chunked ") + cuda::to_string(each.phase),
-           cuda::to_string(each.tile), kernel.threads, kernel.shared_bytes});
+           std::string(each.spec.segmented ? "segmented " : "chunked ") + cuda::to_string(each.spec.phase),
+           cuda::to_string(each.spec.tile), kernel.threads, kernel.shared_bytes});
     }
   } else {
     const cuda::RecurrentKernelSpec spec = gpu::kernel_spec(variant, bound, call, target);

@@ -176,264 +176,315 @@ const ir::Variant& plain_variant(bool gk, bool gv, bool gh) {
 
 }  // namespace
 
-void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
-                               const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
-                               const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
-                               const LaunchOptions& launch) {
-  const std::string op = op_name(variant);
-  const ops::detail::Checker check(op);
-  const ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
-  ops::bind_backward(op, bound, d_output, d_final_state);
-  const cpu::RecurrentArgs& a = bound.args;
-  const ops::RecurrentDims& d = bound.dims;
-  const std::int64_t B = a.batch, T = a.tokens, H = a.heads, K = a.key_dim, V = a.value_dim, N = d.N;
-  const unsigned threads = cuda::backward_threads(K, V);
-  // A normalised read: the normaliser n_t is the state's extra column (its value 1), VS = V + 1 columns.
-  const std::int64_t VS = variant.normalize ? V + 1 : V;
+namespace {
 
+struct Gates {
+  const Scratch *gk, *gv, *gh;
+};
+
+// One recurrence of the plain form: its variant, options, inputs and outputs.
+struct RecurrenceCall {
+  const ir::Variant& plain;
+  RunOptions options;
+  VariantInputs inputs;
+  RecurrentOutputs outputs;
+};
+
+// The operands of one recurrence: q, k and v of the plain form, its gates and direction, its
+// initial state, output and final state.
+struct Recurrence {
+  const Scratch &rq, &rk, &rv;
+  Gates gates;
+  bool backwards;
+  const Scratch* initial;
+  TensorView out;
+  const Scratch* final_state;
+};
+
+// One call of the backward, a method per step, in run()'s order. The constructor checks every
+// argument before any GPU work.
+class BackwardCall {
+ public:
+  BackwardCall(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
+               const RunOptions& options, const TensorView& d_output, const std::optional<TensorView>& d_final_state,
+               const RecurrentGradientViews& gradients, const LaunchOptions& launch)
+      : variant_(variant), options_(options), d_output_(d_output), d_final_state_(d_final_state), gradients_(gradients),
+        launch_(launch), op_(op_name(variant)), check_(op_), bound_(ops::bind_inputs(op_, variant, q, k, v, inputs, options)),
+        a_(bound_.args) {
+    ops::bind_backward(op_, bound_, d_output, d_final_state);
+    B_ = a_.batch, T_ = a_.tokens, H_ = a_.heads, K_ = a_.key_dim, V_ = a_.value_dim, N_ = bound_.dims.N;
+    threads_ = cuda::backward_threads(K_, V_);
+    VS_ = variant.normalize ? V_ + 1 : V_;  // a normalised read: the normaliser is the state's extra column (its value 1)
+    check_gradients(q, k, v, inputs);
+    plan_ = backward_kernel_spec(variant, bound_, options, cuda::BackwardPhase::slots, d_output.type);
+    scale_ = plan_.fold_scale ? *call_scale(variant, a_) : 1.0f;
+    // A head decay beside a key-side one is folded into log_a; alone it is the recurrences' per-token head gate.
+    key_decay_ = variant.has(ir::Slot::log_decay_k);
+    head_decay_ = variant.has(ir::Slot::log_decay_head) && !key_decay_;
+    decays_k_ = key_decay_ || head_decay_;
+    decays_v_ = variant.has(ir::Slot::log_decay_v);
+    need_s_t_ = d_final_state && (decays_k_ || decays_v_);
+  }
+
+  void run() {
+    Device::get();
+    arch_ = Device::get().properties().arch();
+    if (!zero_gradients()) return;
+    write_slots();
+    convert_states();
+    recurrences();
+    decay_totals();
+    chain();
+    initial_state_gradient();
+  }
+
+ private:
   // The gradients: fp32, contiguous, each in its input's shape.
-  const auto gradient = [&](const std::string& name, const TensorView* given, const TensorView& input) -> const TensorView& {
-    if (!given) check.fail("gradients has no tensor for input '" + name + "'");
-    check.type(("gradients." + name).c_str(), *given, DType::f32, "fp32 gradients");
+  const TensorView& gradient(const std::string& name, const TensorView* given, const TensorView& input) const {
+    if (!given) check_.fail("gradients has no tensor for input '" + name + "'");
+    check_.type(("gradients." + name).c_str(), *given, DType::f32, "fp32 gradients");
     if (given->shape != input.shape)
-      check.fail("gradients." + name + " has shape " + ops::detail::shape_text(given->shape) + ", expected its input's " +
-                 ops::detail::shape_text(input.shape));
+      check_.fail("gradients." + name + " has shape " + ops::detail::shape_text(given->shape) + ", expected its input's " +
+                  ops::detail::shape_text(input.shape));
     if (given->strides != TensorView::contiguous(nullptr, DType::f32, given->shape).strides)
-      check.fail("gradients." + name + " must be contiguous");
-    check.data(("gradients." + name).c_str(), *given);
+      check_.fail("gradients." + name + " must be contiguous");
+    check_.data(("gradients." + name).c_str(), *given);
     return *given;
-  };
-  std::vector<const TensorView*> grad_of(variant.inputs.size(), nullptr);
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    const ir::Input& in = variant.inputs[i];
-    if (in.kind == ir::InputKind::scalar) continue;
-    if (in.role == ir::Role::query) grad_of[i] = &gradient("dq", &gradients.dq, q);
-    else if (in.role == ir::Role::key) grad_of[i] = &gradient("dk", &gradients.dk, k);
-    else if (in.role == ir::Role::value) grad_of[i] = &gradient("dv", &gradients.dv, v);
-    else {
-      const auto found = gradients.inputs.find(in.name);
-      grad_of[i] = &gradient(in.name, found == gradients.inputs.end() ? nullptr : &found->second, inputs.tensors.at(in.name));
+  }
+
+  void check_gradients(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs) {
+    grad_of_.assign(variant_.inputs.size(), nullptr);
+    for (std::size_t i = 0; i < variant_.inputs.size(); ++i) {
+      const ir::Input& in = variant_.inputs[i];
+      if (in.kind == ir::InputKind::scalar) continue;
+      if (in.role == ir::Role::query) grad_of_[i] = &gradient("dq", &gradients_.dq, q);
+      else if (in.role == ir::Role::key) grad_of_[i] = &gradient("dk", &gradients_.dk, k);
+      else if (in.role == ir::Role::value) grad_of_[i] = &gradient("dv", &gradients_.dv, v);
+      else {
+        const auto found = gradients_.inputs.find(in.name);
+        grad_of_[i] = &gradient(in.name, found == gradients_.inputs.end() ? nullptr : &found->second, inputs.tensors.at(in.name));
+      }
+    }
+    if (options_.initial_state) {
+      if (!gradients_.d_initial_state) check_.fail("options.initial_state is given but gradients.d_initial_state is not");
+      gradient("d_initial_state", &*gradients_.d_initial_state, *options_.initial_state);
     }
   }
-  if (options.initial_state) {
-    if (!gradients.d_initial_state) check.fail("options.initial_state is given but gradients.d_initial_state is not");
-    gradient("d_initial_state", &*gradients.d_initial_state, *options.initial_state);
-  }
-  const cuda::BackwardKernelSpec plan = backward_kernel_spec(variant, bound, options, cuda::BackwardPhase::slots, d_output.type);
-  const float scale = plan.fold_scale ? *call_scale(variant, a) : 1.0f;
 
-  Device::get();
-  const Stream* stream = launch.stream;
-  // The gradients the chain adds into start at 0; those a recurrence writes are written whole.
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    if (!grad_of[i]) continue;
-    const ir::Role role = variant.inputs[i].role;
-    if ((role == ir::Role::query && plan.direct_q) || (role == ir::Role::key && plan.direct_k) || (role == ir::Role::value && plan.direct_v))
-      continue;
-    fill_device_bytes(ptr(grad_of[i]->data), static_cast<std::size_t>(grad_of[i]->numel()) * 4, 0, stream);
+  // The gradients the chain adds into start at 0; those a recurrence writes are written whole. False:
+  // the call has no work (every gradient is 0).
+  bool zero_gradients() {
+    const Stream* stream = launch_.stream;
+    for (std::size_t i = 0; i < variant_.inputs.size(); ++i) {
+      if (!grad_of_[i]) continue;
+      const ir::Role role = variant_.inputs[i].role;
+      if ((role == ir::Role::query && plan_.direct_q) || (role == ir::Role::key && plan_.direct_k) ||
+          (role == ir::Role::value && plan_.direct_v))
+        continue;
+      fill_device_bytes(ptr(grad_of_[i]->data), static_cast<std::size_t>(grad_of_[i]->numel()) * 4, 0, stream);
+    }
+    if (N_ * H_ * K_ * V_ == 0) {
+      for (const TensorView* g : {&gradients_.dq, &gradients_.dk, &gradients_.dv})
+        fill_device_bytes(ptr(g->data), static_cast<std::size_t>(g->numel()) * 4, 0, stream);
+      return false;
+    }
+    std::int64_t longest = 0;
+    for (std::int64_t n = 0; n < N_; ++n)
+      longest = std::max(longest, a_.cu_seqlens.empty() ? T_
+                                                        : a_.cu_seqlens[static_cast<std::size_t>(n) + 1] - a_.cu_seqlens[static_cast<std::size_t>(n)]);
+    C_ = (longest + cuda::backward_chunk - 1) / cuda::backward_chunk;
+    if (!a_.cu_seqlens.empty()) {
+      offsets_ = DeviceBuffer::on_stream(a_.cu_seqlens.size() * sizeof(std::int64_t), stream);
+      offsets_.copy_from_host(a_.cu_seqlens.data(), offsets_.bytes(), 0, stream);
+    }
+    return true;
   }
-  if (N * H * K * V == 0) {
-    for (const TensorView* g : {&gradients.dq, &gradients.dk, &gradients.dv}) fill_device_bytes(ptr(g->data), static_cast<std::size_t>(g->numel()) * 4, 0, stream);
-    return;
-  }
-  // A head decay beside a key-side one is folded into log_a; alone it is the recurrences' per-token head gate.
-  const bool key_decay = variant.has(ir::Slot::log_decay_k), head_decay = variant.has(ir::Slot::log_decay_head) && !key_decay;
-  const bool decays_k = key_decay || head_decay, decays_v = variant.has(ir::Slot::log_decay_v);
-  std::int64_t longest = 0;
-  for (std::int64_t n = 0; n < N; ++n)
-    longest = std::max(longest, a.cu_seqlens.empty() ? T : a.cu_seqlens[static_cast<std::size_t>(n) + 1] - a.cu_seqlens[static_cast<std::size_t>(n)]);
-  const std::int64_t C = (longest + cuda::backward_chunk - 1) / cuda::backward_chunk;
-  DeviceBuffer offsets;
-  if (!a.cu_seqlens.empty()) {
-    offsets = DeviceBuffer::on_stream(a.cu_seqlens.size() * sizeof(std::int64_t), stream);
-    offsets.copy_from_host(a.cu_seqlens.data(), offsets.bytes(), 0, stream);
-  }
-  const std::string arch = Device::get().properties().arch();
-  const auto generated = [&](cuda::BackwardPhase phase) -> const detail::LoadedKernel<cuda::BackwardKernel>& {
-    cuda::BackwardKernelSpec spec = plan;
+
+  const detail::LoadedKernel<cuda::BackwardKernel>& generated(cuda::BackwardPhase phase) const {
+    cuda::BackwardKernelSpec spec = plan_;
     spec.phase = phase;
-    const std::string key = "backward|" + ir::hash_hex(variant) + "|" + cuda::backward_spec_key(spec);
-    return detail::loaded_kernel<cuda::BackwardKernel>(key, arch, [&](const std::string& target) {
-      return compile_backward(variant, spec, target);
+    const std::string key = "backward|" + ir::hash_hex(variant_) + "|" + cuda::backward_spec_key(spec);
+    return detail::loaded_kernel<cuda::BackwardKernel>(key, arch_, [&](const std::string& target) {
+      return compile_backward(variant_, spec, target);
     });
-  };
-  const auto launch_generated = [&](const detail::LoadedKernel<cuda::BackwardKernel>& loaded, const std::map<std::string, Extra>& extras) {
+  }
+
+  void launch_generated(cuda::BackwardPhase phase) const {
+    const auto& loaded = generated(phase);
     KernelArgs packed;
     for (const cuda::KernelParam& p : loaded.kernel.params)
-      if (!detail::pack_input(packed, p, variant, a)) throw Error(op + ": kernel parameter " + p.name + " is not an input's");
+      if (!detail::pack_input(packed, p, variant_, a_)) throw Error(op_ + ": kernel parameter " + p.name + " is not an input's");
     for (const std::string& name : loaded.kernel.extra_params) {
-      const auto found = extras.find(name);
-      if (found == extras.end()) throw Error(op + ": no argument for the backward kernel's parameter " + name);
+      const auto found = extras_.find(name);
+      if (found == extras_.end()) throw Error(op_ + ": no argument for the backward kernel's parameter " + name);
       std::visit([&](auto value) { packed.add(value); }, found->second);
     }
-    loaded.function->launch({static_cast<unsigned>(C), static_cast<unsigned>(N * H), 1}, {threads, 1, 1}, packed, 0, stream);
-  };
-  const DType E = plan.slot_type;
-  const auto input_view = [&](ir::Slot slot, ir::InputKind kind) {
-    return a.tensors[static_cast<std::size_t>(plain_input(variant, a, slot, kind))];
-  };
-  const auto wrap = [](const TensorView& view) { return Scratch{DeviceBuffer(), view}; };
+    loaded.function->launch({static_cast<unsigned>(C_), static_cast<unsigned>(N_ * H_), 1}, {threads_, 1, 1}, packed, 0, launch_.stream);
+  }
+
+  TensorView input_view(ir::Slot slot, ir::InputKind kind) const {
+    return a_.tensors[static_cast<std::size_t>(plain_input(variant_, a_, slot, kind))];
+  }
+  static Scratch wrap(const TensorView& view) { return Scratch{DeviceBuffer(), view}; }
 
   // 1. The slots: scratch tensors for those that are not one of the call's tensors as they stand.
-  const std::vector<std::int64_t> key_shape{B, T, H, K}, value_shape{B, T, H, VS}, head_shape{B, T, H};
-  Scratch qs = plan.write_q ? scratch(E, key_shape, stream) : wrap(input_view(ir::Slot::q_feature, ir::InputKind::token_key));
-  Scratch kf = plan.write_k ? scratch(E, key_shape, stream) : wrap(input_view(ir::Slot::k_feature, ir::InputKind::token_key));
-  Scratch vf = plan.write_v ? scratch(E, value_shape, stream) : wrap(input_view(ir::Slot::v, ir::InputKind::token_value));
-  Scratch dos = plan.write_do || variant.normalize ? scratch(E, value_shape, stream) : wrap(ops::detail::lead_with_ones(d_output, 4));
-  Scratch log_a, log_a_next, log_b, log_b_next, log_h, log_h_next, first_decay;
-  if (key_decay) {
-    log_a = plan.write_log_a ? scratch(DType::f32, key_shape, stream) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
-    log_a_next = scratch(plan.log_a_next_type, key_shape, stream);
+  void write_slots() {
+    const Stream* stream = launch_.stream;
+    const DType E = plan_.slot_type;
+    key_shape_ = {B_, T_, H_, K_}, value_shape_ = {B_, T_, H_, VS_};
+    const std::vector<std::int64_t> head_shape{B_, T_, H_};
+    qs_ = plan_.write_q ? scratch(E, key_shape_, stream) : wrap(input_view(ir::Slot::q_feature, ir::InputKind::token_key));
+    kf_ = plan_.write_k ? scratch(E, key_shape_, stream) : wrap(input_view(ir::Slot::k_feature, ir::InputKind::token_key));
+    vf_ = plan_.write_v ? scratch(E, value_shape_, stream) : wrap(input_view(ir::Slot::v, ir::InputKind::token_value));
+    dos_ = plan_.write_do || variant_.normalize ? scratch(E, value_shape_, stream) : wrap(ops::detail::lead_with_ones(d_output_, 4));
+    if (key_decay_) {
+      log_a_ = plan_.write_log_a ? scratch(DType::f32, key_shape_, stream) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
+      log_a_next_ = scratch(plan_.log_a_next_type, key_shape_, stream);
+    }
+    if (head_decay_) log_h_ = scratch(DType::f32, head_shape, stream), log_h_next_ = scratch(DType::f32, head_shape, stream);
+    if (decays_v_) {
+      log_b_ = plan_.write_log_b ? scratch(DType::f32, value_shape_, stream)
+                                 : wrap(input_view(ir::Slot::log_decay_v, ir::InputKind::token_value));
+      log_b_next_ = scratch(plan_.log_b_next_type, value_shape_, stream);
+    }
+    if (plan_.write_first) first_decay_ = scratch(DType::f32, {N_, H_, K_ + V_}, stream);
+    extras_ = {{"B", static_cast<int>(B_)}, {"T", static_cast<int>(T_)}, {"H", static_cast<int>(H_)},
+               {"K", static_cast<int>(K_)}, {"V", static_cast<int>(V_)}, {"VS", static_cast<int>(VS_)},
+               {"C", static_cast<int>(C_)},
+               {"cu_seqlens", offsets_.device_ptr()},
+               {"qs", ptr(qs_.view.data)}, {"kf", ptr(kf_.view.data)}, {"vf", ptr(vf_.view.data)},
+               {"dos", ptr(dos_.view.data)}, {"log_a", ptr(log_a_.view.data)},
+               {"log_a_next", ptr(log_a_next_.view.data)}, {"log_b", ptr(log_b_.view.data)},
+               {"log_b_next", ptr(log_b_next_.view.data)}, {"log_h", ptr(log_h_.view.data)},
+               {"log_h_next", ptr(log_h_next_.view.data)}, {"first_decay", ptr(first_decay_.view.data)}};
+    const TensorView g = ops::detail::lead_with_ones(d_output_, 4);
+    extras_["d_out"] = ptr(g.data);
+    extras_["d_out_stride_b"] = static_cast<long long>(g.strides[0]);
+    extras_["d_out_stride_t"] = static_cast<long long>(g.strides[1]);
+    extras_["d_out_stride_h"] = static_cast<long long>(g.strides[2]);
+    extras_["d_out_stride_d"] = static_cast<long long>(g.strides[3]);
+    if (C_ > 0) launch_generated(cuda::BackwardPhase::slots);
   }
-  if (head_decay) log_h = scratch(DType::f32, head_shape, stream), log_h_next = scratch(DType::f32, head_shape, stream);
-  if (decays_v) {
-    log_b = plan.write_log_b ? scratch(DType::f32, value_shape, stream) : wrap(input_view(ir::Slot::log_decay_v, ir::InputKind::token_value));
-    log_b_next = scratch(plan.log_b_next_type, value_shape, stream);
-  }
-  if (plan.write_first) first_decay = scratch(DType::f32, {N, H, K + V}, stream);
-  std::map<std::string, Extra> extras{{"B", static_cast<int>(B)}, {"T", static_cast<int>(T)}, {"H", static_cast<int>(H)},
-                                      {"K", static_cast<int>(K)}, {"V", static_cast<int>(V)}, {"VS", static_cast<int>(VS)},
-                                      {"C", static_cast<int>(C)},
-                                      {"cu_seqlens", offsets.device_ptr()},
-                                      {"qs", ptr(qs.view.data)}, {"kf", ptr(kf.view.data)}, {"vf", ptr(vf.view.data)},
-                                      {"dos", ptr(dos.view.data)}, {"log_a", ptr(log_a.view.data)},
-                                      {"log_a_next", ptr(log_a_next.view.data)}, {"log_b", ptr(log_b.view.data)},
-                                      {"log_b_next", ptr(log_b_next.view.data)}, {"log_h", ptr(log_h.view.data)},
-                                      {"log_h_next", ptr(log_h_next.view.data)}, {"first_decay", ptr(first_decay.view.data)}};
-  {
-    const TensorView g = ops::detail::lead_with_ones(d_output, 4);
-    extras["d_out"] = ptr(g.data);
-    extras["d_out_stride_b"] = static_cast<long long>(g.strides[0]);
-    extras["d_out_stride_t"] = static_cast<long long>(g.strides[1]);
-    extras["d_out_stride_h"] = static_cast<long long>(g.strides[2]);
-    extras["d_out_stride_d"] = static_cast<long long>(g.strides[3]);
-  }
-  if (C > 0) launch_generated(generated(cuda::BackwardPhase::slots), extras);
 
-  // 2. The states in fp32, as given and transposed: h0 for the forward's o, h0^T for u; d_final for dv,
-  //    d_final^T for dk (divided by a folded scale: those recurrences read dS / scale, times scale).
-  const auto convert = [&](const TensorView& state, float factor, Scratch* out, Scratch* out_t) {
-    if (out) *out = scratch(DType::f32, {N, H, K, VS}, stream);
-    if (out_t) *out_t = scratch(DType::f32, {N, H, VS, K}, stream);
+  // A state in fp32, as given (out) and transposed (out_t), times factor.
+  void convert(const TensorView& state, float factor, Scratch* out, Scratch* out_t) const {
+    const Stream* stream = launch_.stream;
+    if (out) *out = scratch(DType::f32, {N_, H_, K_, VS_}, stream);
+    if (out_t) *out_t = scratch(DType::f32, {N_, H_, VS_, K_}, stream);
     for (Scratch* padded : {out, out_t})  // the normaliser's column starts at 0 (and d final_state has none)
-      if (padded && VS != V) fill_device_bytes(padded->buffer.device_ptr(), padded->buffer.bytes(), 0, stream);
+      if (padded && VS_ != V_) fill_device_bytes(padded->buffer.device_ptr(), padded->buffer.bytes(), 0, stream);
     const auto& loaded = helper(std::string("ladle_bwd_convert_") + type_suffix(state.type));
     KernelArgs packed;
     packed.add(ptr(state.data));
     for (int dim = 0; dim < 4; ++dim) packed.add(static_cast<long long>(state.strides[static_cast<std::size_t>(dim)]));
-    packed.add(static_cast<int>(N)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V)).add(static_cast<int>(VS));
+    packed.add(static_cast<int>(N_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_)).add(static_cast<int>(VS_));
     packed.add(factor);
     packed.add(out ? out->buffer.device_ptr() : std::uint64_t{0}).add(out_t ? out_t->buffer.device_ptr() : std::uint64_t{0});
-    loaded.function->launch({blocks_of(N * H * K * V, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
-  };
-  Scratch h0, h0_t, d_final, d_final_t;
-  if (a.initial_state) convert(*a.initial_state, 1.0f, decays_v || variant.normalize ? &h0 : nullptr, &h0_t);
-  if (d_final_state) convert(*d_final_state, 1.0f / scale, &d_final, &d_final_t);
+    loaded.function->launch({blocks_of(N_ * H_ * K_ * V_, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+  }
 
-  // 3. The recurrences of the plain form, outputs in fp32 (into the gradients themselves where a slot is
-  //    exactly q, k or v).
-  RunOptions run;
-  run.cu_seqlens = options.cu_seqlens;
-  run.algorithm = options.algorithm == Algorithm::recurrent ? Algorithm::recurrent : Algorithm::automatic;
-  struct Gates {
-    const Scratch *gk, *gv, *gh;
-  };
-  // One recurrence of the plain form: its variant, options, inputs and outputs.
-  struct RecurrenceCall {
-    const ir::Variant& plain;
-    RunOptions options;
-    VariantInputs inputs;
-    RecurrentOutputs outputs;
-  };
-  const auto recurrence_call = [&](Gates gates, bool backwards, const Scratch* initial, const TensorView& out,
-                                   const Scratch* final_state) {
-    RecurrenceCall call{plain_variant(gates.gk != nullptr, gates.gv != nullptr, gates.gh != nullptr), run,
-                        VariantInputs{{}, {{"scale", scale}}},
-                        {out, final_state ? std::optional<TensorView>(final_state->view) : std::nullopt}};
-    call.options.reverse = backwards;
-    if (initial) call.options.initial_state = initial->view;
-    call.options.return_state = final_state != nullptr;
-    if (gates.gk) call.inputs.tensors["gk"] = gates.gk->view;
-    if (gates.gv) call.inputs.tensors["gv"] = gates.gv->view;
-    if (gates.gh) call.inputs.tensors["gh"] = gates.gh->view;
+  // 2. The states in fp32, as given and transposed: h0 for the forward's o, h0^T for u; d_final for dv,
+  //    d_final^T for dk (divided by a folded scale: those recurrences read dS / scale, times scale).
+  void convert_states() {
+    if (a_.initial_state) convert(*a_.initial_state, 1.0f, decays_v_ || variant_.normalize ? &h0_ : nullptr, &h0_t_);
+    if (d_final_state_) convert(*d_final_state_, 1.0f / scale_, &d_final_, &d_final_t_);
+  }
+
+  RecurrenceCall recurrence_call(const Recurrence& r) const {
+    RunOptions run;
+    run.cu_seqlens = options_.cu_seqlens;
+    run.algorithm = options_.algorithm == Algorithm::recurrent ? Algorithm::recurrent : Algorithm::automatic;
+    RecurrenceCall call{plain_variant(r.gates.gk != nullptr, r.gates.gv != nullptr, r.gates.gh != nullptr), run,
+                        VariantInputs{{}, {{"scale", scale_}}},
+                        {r.out, r.final_state ? std::optional<TensorView>(r.final_state->view) : std::nullopt}};
+    call.options.reverse = r.backwards;
+    if (r.initial) call.options.initial_state = r.initial->view;
+    call.options.return_state = r.final_state != nullptr;
+    if (r.gates.gk) call.inputs.tensors["gk"] = r.gates.gk->view;
+    if (r.gates.gv) call.inputs.tensors["gv"] = r.gates.gv->view;
+    if (r.gates.gh) call.inputs.tensors["gh"] = r.gates.gh->view;
     return call;
-  };
-  const auto recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, Gates gates, bool backwards,
-                              const Scratch* initial, const TensorView& out, const Scratch* final_state) {
-    const RecurrenceCall call = recurrence_call(gates, backwards, initial, out, final_state);
-    run_variant_into(call.plain, rq.view, rk.view, rv.view, call.inputs, call.options, call.outputs, launch);
-  };
-  const Scratch* la = key_decay ? &log_a : nullptr;
-  const Scratch* la_next = key_decay ? &log_a_next : nullptr;
-  const Scratch* lh = head_decay ? &log_h : nullptr;
-  const Scratch* lh_next = head_decay ? &log_h_next : nullptr;
-  const Scratch* lb = decays_v ? &log_b : nullptr;
-  const Scratch* lb_next = decays_v ? &log_b_next : nullptr;
-  const bool need_s_t = d_final_state && (decays_k || decays_v);
-  const auto grad_view = [&](ir::Role role, const TensorView& fallback) {
-    for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-      if (variant.inputs[i].role == role) return ops::detail::lead_with_ones(*grad_of[i], 4);
+  }
+  void run_recurrence(const Recurrence& r) const {
+    const RecurrenceCall call = recurrence_call(r);
+    run_variant_into(call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options, call.outputs, launch_);
+  }
+
+  TensorView grad_view(ir::Role role, const TensorView& fallback) const {
+    for (std::size_t i = 0; i < variant_.inputs.size(); ++i)
+      if (variant_.inputs[i].role == role) return ops::detail::lead_with_ones(*grad_of_[i], 4);
     return fallback;
-  };
-  Scratch u, dks, dvs, s_t, ds0, o_f;
-  if (!plan.direct_q) u = scratch(DType::f32, key_shape, stream);
-  if (!plan.direct_k) dks = scratch(DType::f32, key_shape, stream);
-  if (!plan.direct_v) dvs = scratch(DType::f32, value_shape, stream);
-  const TensorView u_out = plan.direct_q ? grad_view(ir::Role::query, u.view) : u.view;
-  const TensorView dk_out = plan.direct_k ? grad_view(ir::Role::key, dks.view) : dks.view;
-  const TensorView dv_out = plan.direct_v ? grad_view(ir::Role::value, dvs.view) : dvs.view;
-  if (need_s_t) s_t = scratch(DType::f32, {N, H, VS, K}, stream);
-  if (a.initial_state) ds0 = scratch(DType::f32, {N, H, K, VS}, stream);
-  if (variant.normalize) {
-    // The forward's read of [S | n] (num, then den - eps), then do' = do / den and d den for the normaliser's column.
-    Scratch num = scratch(DType::f32, value_shape, stream);
-    recurrence(qs, kf, vf, {la, nullptr, lh}, a.reverse, a.initial_state ? &h0 : nullptr, num.view, nullptr);
-    const auto& loaded = helper(std::string("ladle_bwd_normalized_") + type_suffix(d_output.type));
-    const TensorView g = ops::detail::lead_with_ones(d_output, 4);
+  }
+
+  // The three recurrences (the decays of the first in the forward's direction, the others' shifted one step):
+  // u_t = scale S_t do_t over the transposed state (and S_T^T at the end); dv_t = dS_t^T k_t (and dS
+  // before the first step); dk_t = dS_t v_t.
+  std::array<Recurrence, 3> the_recurrences() const {
+    const Scratch* la = key_decay_ ? &log_a_ : nullptr;
+    const Scratch* la_next = key_decay_ ? &log_a_next_ : nullptr;
+    const Scratch* lh = head_decay_ ? &log_h_ : nullptr;
+    const Scratch* lh_next = head_decay_ ? &log_h_next_ : nullptr;
+    const Scratch* lb = decays_v_ ? &log_b_ : nullptr;
+    const Scratch* lb_next = decays_v_ ? &log_b_next_ : nullptr;
+    const bool reverse = a_.reverse;
+    return {Recurrence{dos_, vf_, kf_, {lb, la, lh}, reverse, a_.initial_state ? &h0_t_ : nullptr, u_out_, need_s_t_ ? &s_t_ : nullptr},
+            Recurrence{kf_, qs_, dos_, {la_next, lb_next, lh_next}, !reverse, d_final_state_ ? &d_final_ : nullptr, dv_out_,
+                       a_.initial_state ? &ds0_ : nullptr},
+            Recurrence{vf_, dos_, qs_, {lb_next, la_next, lh_next}, !reverse, d_final_state_ ? &d_final_t_ : nullptr, dk_out_, nullptr}};
+  }
+
+  // The forward's read of [S | n] (num, then den - eps), then do' = do / den and d den for the normaliser's column.
+  void normalized_read() {
+    const Stream* stream = launch_.stream;
+    Scratch num = scratch(DType::f32, value_shape_, stream);
+    run_recurrence({qs_, kf_, vf_, {key_decay_ ? &log_a_ : nullptr, nullptr, head_decay_ ? &log_h_ : nullptr}, a_.reverse,
+                    a_.initial_state ? &h0_ : nullptr, num.view, nullptr});
+    const auto& loaded = helper(std::string("ladle_bwd_normalized_") + type_suffix(d_output_.type));
+    const TensorView g = ops::detail::lead_with_ones(d_output_, 4);
     KernelArgs packed;
     packed.add(num.buffer.device_ptr()).add(ptr(g.data));
     for (int dim = 0; dim < 4; ++dim) packed.add(static_cast<long long>(g.strides[static_cast<std::size_t>(dim)]));
-    packed.add(static_cast<int>(B)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(V));
-    packed.add(variant.normalize_eps).add(dos.buffer.device_ptr());
-    loaded.function->launch({blocks_of(B * T * H * 32, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+    packed.add(static_cast<int>(B_)).add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(V_));
+    packed.add(variant_.normalize_eps).add(dos_.buffer.device_ptr());
+    loaded.function->launch({blocks_of(B_ * T_ * H_ * 32, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
-  // The kernels still to come (the recurrences', the decays' totals and the chain's, the helpers),
-  // compiled side by side now: a first call would otherwise compile them one after another. Once per
-  // process and call signature (planning generates every source: later calls skip it), and not
-  // without a cache to keep them in (each would be compiled twice).
-  const auto first_of_its_kind = [&] {
+
+  // Once per process and call signature: planning generates every source, later calls skip it.
+  bool first_of_its_kind() const {
     static std::mutex mutex;
     static std::set<std::string> seen;
-    const std::string key = fmt::format("{}|{}|{} {} {} {} {} {}|{}{}{}{}", ir::hash_hex(variant), cuda::backward_spec_key(plan), B, T, H,
-                                        K, V, N, a.cu_seqlens.empty(), a.reverse, a.initial_state.has_value(), d_final_state.has_value());
+    const std::string key = fmt::format("{}|{}|{} {} {} {} {} {}|{}{}{}{}", ir::hash_hex(variant_), cuda::backward_spec_key(plan_), B_,
+                                        T_, H_, K_, V_, N_, a_.cu_seqlens.empty(), a_.reverse, a_.initial_state.has_value(),
+                                        d_final_state_.has_value());
     const std::lock_guard lock(mutex);
     return seen.insert(key).second;
-  };
-  if (DiskCache::global().enabled() && first_of_its_kind()) {
+  }
+
+  // The kernels still to come (the recurrences', the decays' totals and the chain's, the helpers),
+  // compiled side by side now: a first call would otherwise compile them one after another. Not
+  // without a cache to keep them in (each would be compiled twice).
+  void compile_ahead() const {
+    if (!DiskCache::global().enabled() || !first_of_its_kind()) return;
     std::vector<GeneratedKernel> planned;
-    const auto plan_recurrence = [&](const Scratch& rq, const Scratch& rk, const Scratch& rv, Gates gates, bool backwards,
-                                     const Scratch* initial, const TensorView& out, const Scratch* final_state) {
-      const RecurrenceCall call = recurrence_call(gates, backwards, initial, out, final_state);
-      if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) return;  // the call reads them on the host: not here
-      ops::BoundInputs b = ops::bind_inputs(op, call.plain, rq.view, rk.view, rv.view, call.inputs, call.options);
-      ops::bind_outputs(op, call.options, call.outputs, b);
-      for (GeneratedKernel& kernel : generated_kernels(call.plain, b, call.options, arch))
-        if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
-          planned.push_back(std::move(kernel));
-    };
     std::vector<std::future<void>> compiling;
+    const std::string& arch = arch_;
     try {
-      plan_recurrence(dos, vf, kf, {lb, la, lh}, a.reverse, a.initial_state ? &h0_t : nullptr, u_out, need_s_t ? &s_t : nullptr);
-      plan_recurrence(kf, qs, dos, {la_next, lb_next, lh_next}, !a.reverse, d_final_state ? &d_final : nullptr, dv_out,
-                      a.initial_state ? &ds0 : nullptr);
-      plan_recurrence(vf, dos, qs, {lb_next, la_next, lh_next}, !a.reverse, d_final_state ? &d_final_t : nullptr, dk_out, nullptr);
+      for (const Recurrence& r : the_recurrences()) {
+        const RecurrenceCall call = recurrence_call(r);
+        if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) continue;  // the call reads them on the host: not here
+        ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options);
+        ops::bind_outputs(op_, call.options, call.outputs, b);
+        for (GeneratedKernel& kernel : generated_kernels(call.plain, b, call.options, arch))
+          if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
+            planned.push_back(std::move(kernel));
+      }
       for (const GeneratedKernel& kernel : planned)
         compiling.push_back(std::async(std::launch::async, [&kernel, &arch] { compile_generated(kernel, arch); }));
       for (const auto phase : {cuda::BackwardPhase::totals, cuda::BackwardPhase::chain}) {
-        if (phase == cuda::BackwardPhase::totals && !(decays_k || decays_v)) continue;
-        cuda::BackwardKernelSpec spec = plan;
+        if (phase == cuda::BackwardPhase::totals && !(decays_k_ || decays_v_)) continue;
+        cuda::BackwardKernelSpec spec = plan_;
         spec.phase = phase;
-        compiling.push_back(std::async(std::launch::async, [&variant, spec, &arch] { compile_backward(variant, spec, arch); }));
+        compiling.push_back(std::async(std::launch::async, [this, spec, &arch] { compile_backward(variant_, spec, arch); }));
       }
       compiling.push_back(std::async(std::launch::async, [&arch] { compile_backward_helpers(arch); }));
     } catch (const std::exception&) {
@@ -447,65 +498,115 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
       }
     }
   }
-  // u_t = scale S_t do_t over the transposed state (and S_T^T at the end);
-  recurrence(dos, vf, kf, {lb, la, lh}, a.reverse, a.initial_state ? &h0_t : nullptr, u_out, need_s_t ? &s_t : nullptr);
-  // dv_t = dS_t^T k_t and dS before the first step; dk_t = dS_t v_t.
-  recurrence(kf, qs, dos, {la_next, lb_next, lh_next}, !a.reverse, d_final_state ? &d_final : nullptr, dv_out, a.initial_state ? &ds0 : nullptr);
-  recurrence(vf, dos, qs, {lb_next, la_next, lh_next}, !a.reverse, d_final_state ? &d_final_t : nullptr, dk_out, nullptr);
-  // The forward's output (unnormalised, fp32), for the value-side decay's gradient.
-  if (decays_v) {
-    o_f = scratch(DType::f32, value_shape, stream);
-    recurrence(qs, kf, vf, {la, lb, lh}, a.reverse, a.initial_state ? &h0 : nullptr, o_f.view, nullptr);
+
+  // 3. The recurrences of the plain form, outputs in fp32 (into the gradients themselves where a slot is
+  //    exactly q, k or v); the forward's output again (unnormalised, fp32) for a value-side decay's gradient.
+  void recurrences() {
+    const Stream* stream = launch_.stream;
+    if (!plan_.direct_q) u_ = scratch(DType::f32, key_shape_, stream);
+    if (!plan_.direct_k) dks_ = scratch(DType::f32, key_shape_, stream);
+    if (!plan_.direct_v) dvs_ = scratch(DType::f32, value_shape_, stream);
+    u_out_ = plan_.direct_q ? grad_view(ir::Role::query, u_.view) : u_.view;
+    dk_out_ = plan_.direct_k ? grad_view(ir::Role::key, dks_.view) : dks_.view;
+    dv_out_ = plan_.direct_v ? grad_view(ir::Role::value, dvs_.view) : dvs_.view;
+    if (need_s_t_) s_t_ = scratch(DType::f32, {N_, H_, VS_, K_}, stream);
+    if (a_.initial_state) ds0_ = scratch(DType::f32, {N_, H_, K_, VS_}, stream);
+    if (variant_.normalize) normalized_read();
+    compile_ahead();
+    for (const Recurrence& r : the_recurrences()) run_recurrence(r);
+    if (decays_v_) {
+      o_f_ = scratch(DType::f32, value_shape_, stream);
+      run_recurrence({qs_, kf_, vf_, {key_decay_ ? &log_a_ : nullptr, &log_b_, head_decay_ ? &log_h_ : nullptr}, a_.reverse,
+                      a_.initial_state ? &h0_ : nullptr, o_f_.view, nullptr});
+    }
   }
 
   // 4. The decays' gradients: each block's totals, then what each block's running sums start from.
-  extras["u"] = ptr(u_out.data);
-  extras["dks"] = ptr(dk_out.data);
-  extras["dvs"] = ptr(dv_out.data);
-  extras["o_f"] = o_f.buffer.device_ptr();
-  Scratch totals, carry;
-  if ((decays_k || decays_v) && C > 0) {
-    totals = scratch(DType::f32, {N, H, C, K + V}, stream);
-    carry = scratch(DType::f32, {N, H, C, K + V}, stream);
-    extras["totals"] = totals.buffer.device_ptr();
-    launch_generated(generated(cuda::BackwardPhase::totals), extras);
+  void decay_totals() {
+    const Stream* stream = launch_.stream;
+    extras_["u"] = ptr(u_out_.data);
+    extras_["dks"] = ptr(dk_out_.data);
+    extras_["dvs"] = ptr(dv_out_.data);
+    extras_["o_f"] = o_f_.buffer.device_ptr();
+    if (!(decays_k_ || decays_v_) || C_ == 0) return;
+    totals_ = scratch(DType::f32, {N_, H_, C_, K_ + V_}, stream);
+    carry_ = scratch(DType::f32, {N_, H_, C_, K_ + V_}, stream);
+    extras_["totals"] = totals_.buffer.device_ptr();
+    launch_generated(cuda::BackwardPhase::totals);
     const auto& loaded = helper("ladle_bwd_carry");
     KernelArgs packed;
-    packed.add(totals.buffer.device_ptr()).add(need_s_t ? d_final.buffer.device_ptr() : std::uint64_t{0});
-    packed.add(scale).add(s_t.buffer.device_ptr()).add(carry.buffer.device_ptr()).add(offsets.device_ptr());
-    packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
-    packed.add(static_cast<int>(VS)).add(static_cast<int>(C));
-    loaded.function->launch({blocks_of(N * H * (K + V), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+    packed.add(totals_.buffer.device_ptr()).add(need_s_t_ ? d_final_.buffer.device_ptr() : std::uint64_t{0});
+    packed.add(scale_).add(s_t_.buffer.device_ptr()).add(carry_.buffer.device_ptr()).add(offsets_.device_ptr());
+    packed.add(static_cast<int>(N_)).add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_));
+    packed.add(static_cast<int>(VS_)).add(static_cast<int>(C_));
+    loaded.function->launch({blocks_of(N_ * H_ * (K_ + V_), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
 
   // 5. The chain rule into every input's gradient.
-  extras["carry"] = carry.buffer.device_ptr();
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    if (!grad_of[i]) continue;
-    const ir::Input& in = variant.inputs[i];
-    const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
-    const TensorView g = ops::detail::lead_with_ones(*grad_of[i], rank);
-    // [H] broadcasts over the batch: every b adds into the same element.
-    const long long sb = in.kind == ir::InputKind::head && grad_of[i]->rank() == 1 ? 0 : g.strides[0];
-    const std::string key = "d/" + in.name;
-    extras[key] = ptr(g.data);
-    extras[key + "/sb"] = sb;
-    extras[key + "/st"] = static_cast<long long>(rank >= 3 ? g.strides[1] : 0);
-    extras[key + "/sh"] = static_cast<long long>(g.strides[rank == 2 ? 1 : 2]);
-    extras[key + "/sd"] = static_cast<long long>(rank == 4 ? g.strides[3] : 0);
+  void chain() {
+    extras_["carry"] = carry_.buffer.device_ptr();
+    for (std::size_t i = 0; i < variant_.inputs.size(); ++i) {
+      if (!grad_of_[i]) continue;
+      const ir::Input& in = variant_.inputs[i];
+      const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
+      const TensorView g = ops::detail::lead_with_ones(*grad_of_[i], rank);
+      // [H] broadcasts over the batch: every b adds into the same element.
+      const long long sb = in.kind == ir::InputKind::head && grad_of_[i]->rank() == 1 ? 0 : g.strides[0];
+      const std::string key = "d/" + in.name;
+      extras_[key] = ptr(g.data);
+      extras_[key + "/sb"] = sb;
+      extras_[key + "/st"] = static_cast<long long>(rank >= 3 ? g.strides[1] : 0);
+      extras_[key + "/sh"] = static_cast<long long>(g.strides[rank == 2 ? 1 : 2]);
+      extras_[key + "/sd"] = static_cast<long long>(rank == 4 ? g.strides[3] : 0);
+    }
+    if (C_ > 0) launch_generated(cuda::BackwardPhase::chain);
   }
-  if (C > 0) launch_generated(generated(cuda::BackwardPhase::chain), extras);
 
   // 6. d initial_state = A_0 dS_0 B_0 at each sequence's first step (dS_0 read as dS_0 / scale).
-  if (a.initial_state) {
+  void initial_state_gradient() const {
+    if (!a_.initial_state) return;
     const auto& loaded = helper("ladle_bwd_initial");
     KernelArgs packed;
-    packed.add(ds0.buffer.device_ptr()).add(first_decay.buffer.device_ptr()).add(scale);
-    packed.add(ptr(gradients.d_initial_state->data)).add(offsets.device_ptr());
-    packed.add(static_cast<int>(N)).add(static_cast<int>(T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V));
-    packed.add(static_cast<int>(VS));
-    loaded.function->launch({blocks_of(N * H * K * V, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+    packed.add(ds0_.buffer.device_ptr()).add(first_decay_.buffer.device_ptr()).add(scale_);
+    packed.add(ptr(gradients_.d_initial_state->data)).add(offsets_.device_ptr());
+    packed.add(static_cast<int>(N_)).add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_));
+    packed.add(static_cast<int>(VS_));
+    loaded.function->launch({blocks_of(N_ * H_ * K_ * V_, 256), 1, 1}, {256, 1, 1}, packed, 0, launch_.stream);
   }
+
+  const ir::Variant& variant_;
+  const RunOptions& options_;
+  const TensorView& d_output_;
+  const std::optional<TensorView>& d_final_state_;
+  const RecurrentGradientViews& gradients_;
+  const LaunchOptions& launch_;
+  const std::string op_;
+  const ops::detail::Checker check_;
+  const ops::BoundInputs bound_;
+  const cpu::RecurrentArgs& a_;
+  std::int64_t B_ = 0, T_ = 0, H_ = 0, K_ = 0, V_ = 0, N_ = 0, VS_ = 0, C_ = 0;
+  unsigned threads_ = 0;
+  std::vector<const TensorView*> grad_of_;
+  cuda::BackwardKernelSpec plan_;
+  float scale_ = 1.0f;
+  bool key_decay_ = false, head_decay_ = false, decays_k_ = false, decays_v_ = false, need_s_t_ = false;
+  std::string arch_;
+  DeviceBuffer offsets_;
+  std::vector<std::int64_t> key_shape_, value_shape_;
+  Scratch qs_, kf_, vf_, dos_, log_a_, log_a_next_, log_b_, log_b_next_, log_h_, log_h_next_, first_decay_;
+  Scratch h0_, h0_t_, d_final_, d_final_t_;
+  Scratch u_, dks_, dvs_, s_t_, ds0_, o_f_, totals_, carry_;
+  TensorView u_out_, dk_out_, dv_out_;
+  std::map<std::string, Extra> extras_;
+};
+
+}  // namespace
+
+void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                               const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
+                               const LaunchOptions& launch) {
+  BackwardCall(variant, q, k, v, inputs, options, d_output, d_final_state, gradients, launch).run();
 }
 
 }  // namespace ladle::gpu

@@ -4,6 +4,7 @@
 
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
+#include "chunked_plan.h"
 #include "gpu_attention.h"
 #include "tune_recurrent.h"
 
@@ -250,235 +251,6 @@ Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& b
   return per_sequence >= chunked_min_tokens ? Algorithm::chunked : Algorithm::recurrent;
 }
 
-// The serial form (8 warps, one block per SM): the widest value tile K allows, narrowed while the
-// narrower grid still runs in one wave, at 64-token chunks or 32 where 64 would crowd the
-// registers or leave no room for the prefetch: 128,32,128,8 at B32 T1024 and B8 T4096,
-// 128,64,32,8 at B2 T16384, each the tuner's choice too. The split form (parallel over chunks) is
-// correct but slower at every benchmark shape, so a split tile is used only when named
-// (bench/RESULTS.md, "Evidence behind the heuristics", H5). Where the call runs segmented
-// (chunked_segment_tokens), `sequences` is the number of segments: B2 T16384 in 4 segments takes
-// B8 T4096's tile, 128,32,128,8.
-std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options) {
-  return chunked_segment_tokens(bound, options, device_target());
-}
-
-std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options, const GpuTarget& target) {
-  if (options.chunked_segment_tokens) return *options.chunked_segment_tokens;  // checked by bind_inputs
-  if (options.chunked_tile && options.chunked_tile->split()) return 0;
-  const auto& args = bound.args;
-  const std::int64_t N = bound.dims.N;
-  if (N == 0) return 0;
-  const int sms = target.sms > 0 ? target.sms : 132;
-  const std::int64_t per_sequence = args.cu_seqlens.empty() ? args.tokens : args.cu_seqlens.back() / N;
-  // B2 T16384 in 4 segments of 4096 tokens runs as B8 T4096 does, plus the segments' own states
-  // (bench/RESULTS.md, "Evidence behind the heuristics", H6).
-  std::int64_t pieces = 1;
-  while (2 * pieces * N * args.heads <= sms && per_sequence / (2 * pieces) >= 1024) pieces *= 2;
-  if (pieces == 1) return 0;
-  return ((per_sequence + pieces - 1) / pieces + 63) / 64 * 64;
-}
-
-// Why TMA cannot copy this call's q, k and v (and a key-side gate's per-token inputs) as the ws form
-// reads them (empty: it can): q, k and v in bf16, the gate's inputs in 16 bits; each [B,T,X,D] view
-// needs contiguous features, a 16-byte aligned start and strides of whole 16 bytes.
-std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& bound) {
-  const std::vector<int> gate = cuda::chunked_ws_gate_inputs(variant);
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    const ir::Role role = variant.inputs[i].role;
-    const bool gate_input = std::find(gate.begin(), gate.end(), static_cast<int>(i)) != gate.end();
-    if (role != ir::Role::query && role != ir::Role::key && role != ir::Role::value && !gate_input) continue;
-    const TensorView& view = bound.args.tensors[i];
-    if (!gate_input && view.type != DType::bf16) return variant.inputs[i].name + " is not bf16";
-    if (gate_input && view.type != DType::bf16 && view.type != DType::f16) return variant.inputs[i].name + " is not 16-bit";
-    const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
-    if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
-  }
-  return {};
-}
-
-cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences) {
-  return heuristic_chunked_tile(variant, bound, sequences, device_target());
-}
-
-cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences,
-                                         const GpuTarget& target) {
-  const auto& args = bound.args;
-  const std::int64_t N = sequences > 0 ? sequences : bound.dims.N;
-  cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
-  // Without a device: the H100's figures.
-  const GpuTarget known = target.arch.empty() ? named_target(cuda::Target::hopper) : target;
-  const int max_shared = known.max_shared_bytes, sms = known.sms > 0 ? known.sms : 132;
-  const std::string& arch = known.arch;
-  const auto valid = [&](const cuda::ChunkedTile& t) {
-    return cuda::validate_chunked_tile(t, variant, args.key_dim, args.value_dim, max_shared).empty();
-  };
-  // The whole value width per block where K allows it: q, k and the gates are staged and their
-  // intra-chunk products formed once per (sequence, head) instead of once per value tile
-  // (bench/RESULTS.md, "Evidence behind the heuristics", H7).
-  if (tile.block_k <= 128) {
-    cuda::ChunkedTile wide = tile;
-    wide.block_v = static_cast<int>(std::clamp<std::int64_t>((args.value_dim + 15) / 16 * 16, 16, 128));
-    if (valid(wide)) tile = wide;
-  }
-  // Few (sequence, head) pairs: narrower value tiles give more blocks, while the narrower grid
-  // still runs in one wave (B2 T16384: block_v 32, 128 blocks, beat 64 and 128).
-  const auto blocks = [&](int block_v) { return N * args.heads * ((args.value_dim + block_v - 1) / block_v); };
-  while (tile.block_v > 32 && 2 * blocks(tile.block_v) <= sms &&
-         valid({tile.block_k, tile.chunk, tile.block_v / 2, tile.warps}))
-    tile.block_v /= 2;
-  // 64-token chunks where the next chunk's prefetch fits beside them and a thread keeps at most
-  // 32 state values, else 32-token ones (block_v 128 at 8 warps, 64 state values a thread: 64
-  // tokens leave no room for the prefetch, or spill; bench/RESULTS.md, "Evidence behind the
-  // heuristics", H8).
-  cuda::ChunkedTile shorter = tile;
-  shorter.chunk = 32;
-  const bool crowded = tile.block_k * tile.block_v / (32 * tile.warps) > 32;
-  if ((!valid(tile) || crowded || !cuda::chunked_prefetch(variant, tile)) && valid(shorter) &&
-      cuda::chunked_prefetch(variant, shorter))
-    tile = shorter;
-  if (!valid(tile)) tile.chunk = 32;
-  // sm_90a, a per-head decay, bf16 q, k, v that TMA can copy: the warp-specialised form (a TMA
-  // producer beside one wgmma consumer warpgroup per 64 value columns).
-  if (cuda::has_wgmma(arch) && args.key_dim <= 128) {
-    cuda::ChunkedTile ws{args.key_dim <= 64 ? 64 : 128, 64, args.value_dim <= 64 ? 64 : 128, 0};
-    ws.warps = 4 + ws.block_v / 16;
-    ws.ws = true;
-    cuda::ChunkedKernelSpec types;
-    types.tile = ws;
-    for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-      types.input_types.push_back(variant.inputs[i].kind == ir::InputKind::scalar ? DType::f32 : args.tensors[i].type);
-    if (valid(ws) && cuda::chunked_ws_unsupported(variant, types).empty() && ws_copyable(variant, bound).empty()) return ws;
-  }
-  // sm_90a: the state update on wgmma where the warps cover the state in whole warpgroups
-  // (bench/RESULTS.md, "Evidence behind the heuristics", H9).
-  if (cuda::has_wgmma(arch)) {
-    cuda::ChunkedTile w = tile;
-    w.wgmma = true;
-    if (valid(w)) tile = w;
-    // A per-head decay at most: 64-token chunks on wgmma, where the state update runs beside the
-    // output; GLA's key gate keeps 32 (bench/RESULTS.md, "Evidence behind the heuristics", H10).
-    cuda::ChunkedTile longer = tile;
-    longer.chunk = 64;
-    if (tile.wgmma && cuda::chunked_head_decay_only(variant) && valid(longer) && cuda::chunked_prefetch(variant, longer))
-      tile = longer;
-  }
-  return tile;
-}
-
-// The split form's default for these sizes: the heuristic's output tile at block_v 64, state
-// tiles of 64 x 64 (smaller where K or V is) with 4 warps, bf16 per-chunk states.
-cuda::ChunkedTile split_chunked_tile(const cuda::ChunkedTile& serial, std::int64_t value_dim) {
-  cuda::ChunkedTile tile = serial;
-  tile.wgmma = false;  // the split form's kernels run mma.sync
-  if (tile.ws) tile.ws = false, tile.warps = 8;  // the ws form has no state pass of its own
-  tile.state_block_k = std::min(64, tile.block_k);
-  tile.state_block_v = std::min<int>(64, static_cast<int>((value_dim + 15) / 16 * 16));
-  tile.state_warps = 4;
-  return tile;
-}
-
-// The suffix state pass (one block of 8 warps per SM, each owning a whole state tile) in pieces
-// where the earlier segments alone leave SMs idle: the smallest power of two up to 16 that gives
-// two blocks per SM, while a piece keeps at least 512 tokens. LADLE_STATE_PIECES overrides it (a
-// measurement knob: bench/RESULTS.md, issue 11, eighth step).
-std::int64_t chunked_state_pieces(const ir::Variant& variant, const cuda::ChunkedKernelSpec& first, const ops::BoundInputs& bound,
-                                  const cuda::ChunkedSegments& segments, std::int64_t segment_tokens) {
-  if (const char* forced = std::getenv("LADLE_STATE_PIECES"); forced && *forced) {
-    const long long value = std::atoll(forced);
-    if (value < 1) throw InvalidArgument(fmt::format("LADLE_STATE_PIECES = '{}', expected a count >= 1", forced));
-    return value;
-  }
-  if (!first.tile.ws && !cuda::chunked_suffix_states(variant, first)) return 1;
-  const int sms = driver_available() ? Device::get().properties().sm_count : 132;
-  const std::int64_t value_tiles = (bound.args.value_dim + first.tile.block_v - 1) / first.tile.block_v;
-  const std::int64_t blocks = segments.earlier_segments() * bound.args.heads * value_tiles;
-  std::int64_t pieces = 1;
-  while (pieces < 16 && blocks * pieces < 2 * sms && segment_tokens / (2 * pieces) >= 512) pieces *= 2;
-  return pieces;
-}
-
-std::string ws_states_copyable(const ir::Variant& variant, const ops::BoundInputs& bound) {
-  std::vector<int> inputs = cuda::chunked_ws_gate_inputs(variant);
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-    if (variant.inputs[i].role == ir::Role::key || variant.inputs[i].role == ir::Role::value) inputs.push_back(static_cast<int>(i));
-  for (int i : inputs) {
-    const TensorView& view = bound.args.tensors[static_cast<std::size_t>(i)];
-    if (view.type != DType::bf16 && view.type != DType::f16) return variant.inputs[i].name + " is not 16-bit";
-    const auto problems = validate_tensor_map(attention_tensor_map(view, 64));
-    if (!problems.empty()) return variant.inputs[i].name + ": " + problems.front();
-  }
-  return {};
-}
-
-SegmentedSpecs segmented_chunked_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& serial,
-                                       std::int64_t key_dim, std::int64_t value_dim, int max_shared_bytes, bool ws_state_pass) {
-  SegmentedSpecs out{serial, serial, serial};
-  out.serial.segmented = true;
-  out.serial.varlen = false;
-  out.fold = out.serial;
-  out.fold.phase = cuda::ChunkedPhase::fold;
-  out.first = out.serial;
-  out.first.tile = split_chunked_tile(serial.tile, value_dim);
-  cuda::ChunkedTile longer = out.first.tile;  // 64-token chunks where the tile allows them
-  longer.chunk = 64;
-  longer.warps = std::max(longer.warps, 4);
-  if (cuda::validate_chunked_tile(longer, variant, key_dim, value_dim, max_shared_bytes).empty()) out.first.tile = longer;
-  out.first.phase = cuda::ChunkedPhase::states;
-  out.first.initial_state = out.first.final_state = false;
-  // LADLE_SUFFIX_STATES=0: the split form's state pass instead (a measurement knob, like LADLE_STATE_PIECES).
-  if (const char* suffix = std::getenv("LADLE_SUFFIX_STATES"); suffix && std::string(suffix) == "0") out.first.suffix_states = false;
-  // The suffix form at 32-token chunks, two blocks per SM (bench/RESULTS.md, "Evidence behind the
-  // heuristics", H11); LADLE_SUFFIX_CHUNK=64 measures the other.
-  if (cuda::chunked_suffix_states(variant, out.first)) {
-    const char* chunk = std::getenv("LADLE_SUFFIX_CHUNK");
-    out.first.tile.chunk = chunk && std::string(chunk) == "64" ? 64 : 32;
-  }
-  // A ws serial tile: the state pass in the ws form too (k and v by TMA, the update alone on wgmma,
-  // one consumer warpgroup per block, two blocks per SM); LADLE_SUFFIX_STATES=0 or =1 measures the others.
-  // A key-side gate keeps the suffix pass: its ws form is slower (the per-feature sums are
-  // latency-bound; bench/RESULTS.md, "Evidence behind the heuristics", H12) unless
-  // LADLE_WS_KEY_STATES=1 asks for it.
-  const char* other = std::getenv("LADLE_SUFFIX_STATES");
-  const char* key_states = std::getenv("LADLE_WS_KEY_STATES");
-  const bool key_gate = variant.has(ir::Slot::log_decay_k) && !(key_states && std::string(key_states) == "1");
-  if (ws_state_pass && !other && !key_gate && key_dim <= 128 && (serial.tile.ws || cuda::has_wgmma(serial.arch))) {
-    cuda::ChunkedKernelSpec ws = out.first;
-    ws.tile = cuda::ChunkedTile{key_dim <= 64 ? 64 : 128, 64, 64, 8};
-    ws.tile.ws = true;
-    if (cuda::chunked_ws_unsupported(variant, ws).empty()) out.first = ws;
-  }
-  return out;
-}
-
-cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
-                                            const RunOptions& options) {
-  return chunked_kernel_spec(variant, bound, options, device_target());
-}
-
-cuda::ChunkedKernelSpec chunked_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound,
-                                            const RunOptions& options, const GpuTarget& target) {
-  const auto& args = bound.args;
-  cuda::ChunkedKernelSpec spec;
-  spec.tile = options.chunked_tile.value_or(heuristic_chunked_tile(variant, bound, 0, target));
-  const int max_shared = target.max_shared_bytes;
-  spec.arch = target.arch;
-  if (auto problems = cuda::validate_chunked_tile(spec.tile, variant, args.key_dim, args.value_dim, max_shared, spec.arch);
-      !problems.empty()) {
-    std::string all;
-    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
-    throw InvalidArgument(fmt::format("{}: chunked_tile ({}) does not fit K={} V={}: {}", op_name(variant),
-                                      cuda::to_string(spec.tile), args.key_dim, args.value_dim, all));
-  }
-  static_cast<cuda::KernelTypes&>(spec) = kernel_types(variant, bound, options);
-  if (spec.tile.ws) {
-    if (const std::string why = cuda::chunked_ws_unsupported(variant, spec); !why.empty())
-      throw InvalidArgument(fmt::format("{}: chunked_tile ({}): {}", op_name(variant), cuda::to_string(spec.tile), why));
-    if (const std::string why = ws_copyable(variant, bound); !why.empty())
-      throw InvalidArgument(fmt::format("{}: chunked_tile ({}) copies q, k and v by TMA: {}", op_name(variant),
-                                        cuda::to_string(spec.tile), why));
-  }
-  return spec;
-}
 
 CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedKernelSpec& spec, const std::string& arch) {
   CompiledChunked out;
@@ -550,22 +322,6 @@ std::vector<cuda::ChunkedDeltaSpec> chunked_delta_specs(const ir::Variant& varia
   return {prepare, states, outputs};
 }
 
-std::vector<cuda::ChunkedKernelSpec> chunked_launch_specs(const ir::Variant& variant, const cuda::ChunkedKernelSpec& spec,
-                                                          const ops::BoundInputs& bound, bool segmented, const GpuTarget& target) {
-  if (segmented) {
-    const SegmentedSpecs specs = segmented_chunked_specs(variant, spec, bound.args.key_dim, bound.args.value_dim,
-                                                         target.max_shared_bytes, ws_states_copyable(variant, bound).empty());
-    std::vector<cuda::ChunkedKernelSpec> out{specs.first};
-    if (specs.fold_runs()) out.push_back(specs.fold);
-    out.push_back(specs.serial);
-    return out;
-  }
-  if (!spec.tile.split()) return {spec};
-  cuda::ChunkedKernelSpec states = spec, outputs = spec;
-  states.phase = cuda::ChunkedPhase::states;
-  outputs.phase = cuda::ChunkedPhase::outputs;
-  return {states, outputs};
-}
 
 namespace {
 
@@ -621,6 +377,74 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   }
 }
 
+// A chunked plan's kernels on the call's stream, in order (ops/chunked_plan.h): the work arrays its
+// form needs live on the stream; a launch over no rows (no earlier segments, no chunks) is left out.
+void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const ops::BoundInputs& bound, std::uint64_t offsets,
+                      const LaunchOptions& launch) {
+  const auto& args = bound.args;
+  const std::int64_t N = bound.dims.N;
+  const Stream* stream = launch.stream;
+  SplitArguments split;
+  std::int64_t chunks = 0;
+  std::uint64_t earlier_rows = 0, all_rows = 0;  // the segments tables on the device
+  DeviceBuffer states, device_offsets, all_copy, earlier_copy, own_states, own_decay;
+  if (plan.form == ChunkedPlan::Form::split) {
+    // The state pass writes the state entering every chunk; then every chunk's output in parallel.
+    const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, plan.spec.tile.chunk);
+    chunks = chunk_offsets.back();
+    states = DeviceBuffer::on_stream(static_cast<std::size_t>(chunks * args.heads * args.key_dim * args.value_dim) *
+                                         (plan.spec.tile.state_f32 ? 4 : 2),
+                                     stream);
+    split.chunk_states = states.device_ptr();
+    split.sequences = N;
+    if (!args.cu_seqlens.empty()) {
+      device_offsets = DeviceBuffer::on_stream(chunk_offsets.size() * sizeof(std::int64_t), stream);
+      device_offsets.copy_from_host(chunk_offsets.data(), device_offsets.bytes(), 0, stream);
+      split.chunk_offsets = device_offsets.device_ptr();
+    }
+  } else if (plan.form == ChunkedPlan::Form::segmented) {
+    // The tables from the cache of earlier calls' (segment_rows), else copied for this call; each
+    // earlier segment's own final state and total decay.
+    const auto upload_rows = [&](const std::vector<long long>& rows) {
+      DeviceBuffer buffer = DeviceBuffer::on_stream(std::max<std::size_t>(8, rows.size() * sizeof(long long)), stream);
+      if (!rows.empty()) buffer.copy_from_host(rows.data(), rows.size() * sizeof(long long), 0, stream);
+      return buffer;
+    };
+    all_rows = segment_rows(plan.segments.all);
+    if (!all_rows) all_copy = upload_rows(plan.segments.all), all_rows = all_copy.device_ptr();
+    earlier_rows = segment_rows(plan.segments.earlier);
+    if (!earlier_rows) earlier_copy = upload_rows(plan.segments.earlier), earlier_rows = earlier_copy.device_ptr();
+    const std::int64_t earlier = plan.segments.earlier_segments();
+    const std::int64_t width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
+    own_states = DeviceBuffer::on_stream(
+        std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), stream);
+    own_decay = DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), stream);
+    split.segment_states = own_states.device_ptr();
+    split.segment_decay = own_decay.device_ptr();
+  }
+  for (const ChunkedLaunch& each : plan.launches) {
+    SplitArguments arguments = split;
+    std::int64_t rows = N;  // the grid's sequences
+    switch (each.over) {
+      case ChunkedLaunch::Over::sequences:
+      case ChunkedLaunch::Over::chunks: break;
+      case ChunkedLaunch::Over::earlier_segments: rows = plan.segments.earlier_segments(), arguments.segments = earlier_rows; break;
+      case ChunkedLaunch::Over::all_segments: rows = plan.segments.segments(), arguments.segments = all_rows; break;
+    }
+    // The state pass and the fold only where some sequence has earlier segments; the output pass
+    // only where there are chunks (the state pass still passes h0 to the final state).
+    if (plan.form == ChunkedPlan::Form::segmented && each.spec.phase != cuda::ChunkedPhase::serial && plan.segments.earlier_segments() == 0)
+      continue;
+    if (each.spec.phase == cuda::ChunkedPhase::outputs && chunks == 0) continue;
+    const auto& loaded = loaded_kernel(variant, each.spec, compile_chunked);
+    KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets, arguments);
+    const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, rows, args.heads, args.key_dim, args.value_dim, chunks);
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0) continue;
+    loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
+                            static_cast<unsigned>(loaded.kernel.shared_bytes), stream);
+  }
+}
+
 }  // namespace
 
 CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::RecurrentKernelSpec& spec,
@@ -673,104 +497,17 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   } else if (algorithm == Algorithm::chunked) {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_chunked_tile).
     RunOptions tiled = options;
-    // Few long sequences: the serial form over segments of them (cuda::ChunkedSegments).
-    const std::int64_t segment_tokens = chunked_segment_tokens(bound, options);
-    cuda::ChunkedSegments segments;
-    if (segment_tokens > 0)
-      segments = cuda::chunked_segments(bound.dims.N, args.tokens, args.cu_seqlens, segment_tokens, args.reverse);
+    const GpuTarget target = device_target();
     if (!tiled.chunked_tile) {
       // The 8 tiles the cost model ranks best: it ranks the measured tiles in their measured order
       // at the benchmark shapes, so a first call times those instead of all 25 (bench/RESULTS.md,
       // "Evidence behind the heuristics", H13). ladle-tune still times every valid tile.
       TuneOptions tune_options;
       tune_options.max_candidates = 8;
-      tiled.chunked_tile = tuned_chunked_tile(variant, bound, options,
-                                              heuristic_chunked_tile(variant, bound, segments.segments()), tune_options);
+      const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
+      tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
     }
-    cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, tiled);
-    if (segment_tokens > 0 && spec.tile.split())
-      throw InvalidArgument(fmt::format("{}: chunked_segment_tokens = {} with a split chunked_tile ({}): the split form runs whole "
-                                        "sequences (name a serial tile, or chunked_segment_tokens = 0)",
-                                        op, segment_tokens, cuda::to_string(spec.tile)));
-    const std::int64_t N = bound.dims.N;
-    // Launches spec's kernel over `sequences` (the call's N, or the rows of a segments table).
-    const auto run = [&](const SplitArguments& split, std::int64_t chunks, std::int64_t sequences) {
-      const auto& loaded = loaded_kernel(variant, spec, compile_chunked);
-      KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr(), split);
-      const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, sequences, args.heads, args.key_dim, args.value_dim, chunks);
-      if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
-      loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
-                              static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
-    };
-    if (segment_tokens > 0) {
-      // 1. Every segment but the last of its sequence: its own final state and decay, from zero
-      //    (the split form's state pass, 64 x 64 state tiles of 4 warps, 64-token chunks).
-      // 2. The fold: the state entering every segment but the first of its sequence, in place.
-      // 3. Every segment: the serial form from h0 or the fold's state.
-      const int max_shared = Device::get().properties().max_shared_per_block_optin;
-      const SegmentedSpecs segmented_specs =
-          segmented_chunked_specs(variant, spec, args.key_dim, args.value_dim, max_shared, ws_states_copyable(variant, bound).empty());
-      const auto& [first, fold, serial] = segmented_specs;
-      const std::int64_t pieces = chunked_state_pieces(variant, first, bound, segments, segment_tokens);
-      if (pieces > 1) segments = cuda::chunked_segments(bound.dims.N, args.tokens, args.cu_seqlens, segment_tokens, args.reverse, pieces);
-      const std::int64_t S = segments.segments(), earlier = segments.earlier_segments();
-      const std::int64_t width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
-      const auto upload_rows = [&](const std::vector<long long>& rows) {
-        DeviceBuffer buffer = DeviceBuffer::on_stream(std::max<std::size_t>(8, rows.size() * sizeof(long long)), launch.stream);
-        if (!rows.empty()) buffer.copy_from_host(rows.data(), rows.size() * sizeof(long long), 0, launch.stream);
-        return buffer;
-      };
-      // The tables from the cache of earlier calls' (segment_rows), else copied for this call.
-      DeviceBuffer all_copy, earlier_copy;
-      std::uint64_t all_rows = segment_rows(segments.all), earlier_rows = segment_rows(segments.earlier);
-      if (!all_rows) all_copy = upload_rows(segments.all), all_rows = all_copy.device_ptr();
-      if (!earlier_rows) earlier_copy = upload_rows(segments.earlier), earlier_rows = earlier_copy.device_ptr();
-      DeviceBuffer own_states = DeviceBuffer::on_stream(
-          std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), launch.stream);
-      DeviceBuffer own_decay =
-          DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), launch.stream);
-      SplitArguments split;
-      split.segment_states = own_states.device_ptr();
-      split.segment_decay = own_decay.device_ptr();
-      if (earlier > 0) {
-        spec = first;
-        split.segments = earlier_rows;
-        run(split, 0, earlier);
-        // 2. each sequence's earlier segments folded in order: the state entering each segment (the ws
-        //    serial kernel folds them itself as it starts)
-        if (segmented_specs.fold_runs()) {
-          spec = fold;
-          split.segments = all_rows;
-          run(split, 0, S);
-        }
-      }
-      spec = serial;
-      split.segments = all_rows;
-      run(split, 0, S);
-    } else if (!spec.tile.split()) {
-      run({}, 0, N);
-    } else {
-      // The split form: the state pass writes the state entering every chunk, then every
-      // chunk's output is formed in parallel. The per-chunk states live on the call's stream.
-      const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, spec.tile.chunk);
-      const std::int64_t chunks = chunk_offsets.back();
-      const std::size_t state_bytes = static_cast<std::size_t>(chunks * args.heads * args.key_dim * args.value_dim) *
-                                      (spec.tile.state_f32 ? 4 : 2);
-      DeviceBuffer states = DeviceBuffer::on_stream(state_bytes, launch.stream);
-      DeviceBuffer device_offsets;
-      SplitArguments split{states.device_ptr(), 0, N};
-      if (!args.cu_seqlens.empty()) {
-        device_offsets = DeviceBuffer::on_stream(chunk_offsets.size() * sizeof(std::int64_t), launch.stream);
-        device_offsets.copy_from_host(chunk_offsets.data(), device_offsets.bytes(), 0, launch.stream);
-        split.chunk_offsets = device_offsets.device_ptr();
-      }
-      spec.phase = cuda::ChunkedPhase::states;
-      run(split, chunks, N);
-      if (chunks > 0) {
-        spec.phase = cuda::ChunkedPhase::outputs;
-        run(split, chunks, N);
-      }
-    }
+    run_chunked_plan(plan_chunked(variant, bound, tiled, target), variant, bound, offsets.device_ptr(), launch);
   } else {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
     RunOptions tiled = options;

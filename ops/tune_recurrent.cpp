@@ -12,6 +12,7 @@
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/event_timer.h>
 
+#include "chunked_plan.h"
 #include "gpu_recurrent.h"
 
 namespace ladle::gpu {
@@ -42,10 +43,7 @@ struct ChunkedFamily {
   // so that none is left to compile on the tuner's own thread, one after another.
   static void compile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                       const std::string& arch, const GpuTarget& target) {
-    const bool segmented = chunked_segment_tokens(bound, options, target) > 0;
-    const cuda::ChunkedKernelSpec spec = chunked_kernel_spec(variant, bound, options, target);
-    for (const cuda::ChunkedKernelSpec& each : chunked_launch_specs(variant, spec, bound, segmented, target))
-      compile_chunked(variant, each, arch);
+    for (const ChunkedLaunch& each : plan_chunked(variant, bound, options, target).launches) compile_chunked(variant, each.spec, arch);
   }
   // bf16 tensor-core operands whatever the output type: another chunk length or reference
   // token rounds different products, so an fp32 output gets the 16-bit tolerance too.

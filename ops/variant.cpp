@@ -11,6 +11,7 @@
 #include "detail/fingerprint.h"
 #include "detail/gpu_call.h"
 #include "gpu_backward.h"
+#include "chunked_plan.h"
 #include "gpu_recurrent.h"
 #include "recurrent.h"
 

@@ -214,8 +214,8 @@ bool chunked_head_decay_only(const ir::Variant& variant) {
   return key_gate(variant) != KeyGate::vector && !variant.has(ir::Slot::log_decay_v);
 }
 
-bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
-  return spec.suffix_states && suffix_states_unsupported(variant, spec).empty();
+std::string chunked_suffix_states_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
+  return suffix_states_unsupported(variant, spec);
 }
 
 
@@ -449,8 +449,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
   if (segmented && states && (spec.initial_state || spec.final_state))
     fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
 
+  if (spec.suffix_states && spec.tile.ws) fail("suffix_states with a ws tile: the ws form's state pass is its own");
   if (spec.tile.ws && (phase == ChunkedPhase::serial || phase == ChunkedPhase::states)) return generate_ws_chunked(variant, spec);
-  if (chunked_suffix_states(variant, spec)) return generate_suffix_states(variant, spec);
+  if (spec.suffix_states) return generate_suffix_states(variant, spec);  // refuses what it cannot run
   if (spec.tile.ws && phase != ChunkedPhase::fold) fail(std::string("the ws form has no ") + to_string(phase) + " phase");
 
   return with_input_names<ChunkedKernel>(

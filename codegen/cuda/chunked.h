@@ -115,9 +115,10 @@ struct ChunkedKernelSpec : KernelTypes {
   // states phase needs initial_state = final_state = false.
   bool segmented = false;
   // The segmented state pass in its suffix form (detail/chunked_suffix.h: the whole state tile per
-  // block, each gate sum formed once, v read as copied) where the variant allows it; false: the
-  // split form's state pass with the tile's state_* fields.
-  bool suffix_states = true;
+  // block, each gate sum formed once, v read as copied), as the plan asks (gpu::plan_chunked sets it
+  // where chunked_suffix_states_unsupported is empty); false: the split form's state pass with the
+  // tile's state_* fields. generate_chunked refuses a spec that asks for it where it cannot run.
+  bool suffix_states = false;
   // The target the kernel is compiled for (gpu::compile_chunked fills it in): a wgmma tile needs
   // sm_90a or compute_90a.
   std::string arch;
@@ -202,9 +203,10 @@ std::vector<std::string> validate_chunked_tile(const ChunkedTile& tile, const ir
 // gate): the serial form then forms P beside the state's read copy and issues the state update
 // before the output, with no pass over the staged rows between them.
 bool chunked_head_decay_only(const ir::Variant& variant);
-// Whether this spec's kernel is the segmented state pass in its suffix form (spec.suffix_states,
-// phase states, segmented, and a variant, types and tile it takes).
-bool chunked_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec);
+// Why this spec's kernel cannot be the segmented state pass in its suffix form (empty: it can; the
+// spec's own suffix_states is not read): it needs phase states, segmented, and a variant, types and
+// tile it takes.
+std::string chunked_suffix_states_unsupported(const ir::Variant& variant, const ChunkedKernelSpec& spec);
 // "block_k=128 chunk=64 block_v=64 warps=8", then " states=64x64x4" (" f32") when split, " wgmma", " ws".
 std::string to_string(const ChunkedTile& tile);
 // Why the ws form cannot run this variant with these types (empty: it can); for spec.phase states, its

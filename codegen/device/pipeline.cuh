@@ -127,4 +127,21 @@ __device__ __forceinline__ bool ladle_producer_warpgroup() {
   if constexpr (CONSUMER_REGISTERS > 0) ladle_setmaxnreg_inc<CONSUMER_REGISTERS>();
   return false;
 }
+// Two consumer warpgroups taking turns to issue their tensor-core products (ping-pong), so that
+// one warpgroup's products run while the other forms its softmax. Named barrier 1 + w is
+// warpgroup w's turn: it waits there for the other's hand-over (both warpgroups count: 256
+// threads), issues, then arrives at the other's. Warpgroup 1 hands warpgroup 0 its first turn
+// before the loop, so warpgroup 1's last issue hands none over.
+struct ladle_pingpong {
+  int warpgroup;  // 0 or 1 among the consumers
+
+  __device__ __forceinline__ void start() const {
+    if (warpgroup == 1) ladle_named_barrier_arrive(1, 256);  // warpgroup 0 issues first
+  }
+  __device__ __forceinline__ void take_turn() const { ladle_named_barrier_sync(1 + warpgroup, 256); }
+  __device__ __forceinline__ void pass_turn() const { ladle_named_barrier_arrive(2 - warpgroup, 256); }
+  __device__ __forceinline__ void pass_last_turn() const {
+    if (warpgroup == 0) ladle_named_barrier_arrive(2, 256);
+  }
+};
 #endif  // LADLE_STAGE_RING

@@ -350,6 +350,8 @@ struct SegmentedCase {
     if (first.ws) s.arch = "sm_90a";
     s.phase = ladle::cuda::ChunkedPhase::states;
     s.initial_state = s.final_state = false;
+    // The suffix form where the variant takes it, as the library's plan asks for it.
+    if (!first.ws) s.suffix_states = ladle::cuda::chunked_suffix_states_unsupported(c.c.variant, s).empty();
     return s;
   }
 };
@@ -382,7 +384,7 @@ inline std::vector<SegmentedCase> segmented() {
     SegmentedCase sc{serial, first, lengths[i % 5], pieces[i % 7]};
     // Where the state pass takes its suffix form (64-token chunks), segments of 130 tokens over
     // 200, whole or in two pieces of 65: the pass walks several chunks of each.
-    if (ladle::cuda::chunked_suffix_states(sc.c.c.variant, sc.first_spec())) {
+    if (sc.first_spec().suffix_states) {
       cuda_cases::Case& t = sc.c.c;
       if (t.cu_seqlens.empty()) t.T = std::max(t.T, 200);
       else t.cu_seqlens = {0, 150, 150, 200}, t.T = 200;

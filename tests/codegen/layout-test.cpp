@@ -134,7 +134,7 @@ TEST_CASE("the layout scan measures functions as written", "[layout]") {
   CHECK(found[1].lines == 9);
 }
 
-TEST_CASE("codegen: the stage ring's protocol and the register split live in the device headers", "[layout]") {
+TEST_CASE("codegen: the stage ring's protocol, the register split and the ping-pong live in the device headers", "[layout]") {
   // A generator emits calls of ladle_stage_ring; the mbarrier protocol (init counts, expect_tx,
   // phase parity) is written in codegen/device/pipeline.cuh alone.
   for (const fs::path& path : sources(root / "codegen")) {
@@ -144,8 +144,11 @@ TEST_CASE("codegen: the stage ring's protocol and the register split live in the
     CHECK(text.find("ladle_mbarrier_arrive_expect_tx(") == std::string::npos);
     CHECK(text.find("ladle_mbarrier_init(") == std::string::npos);
     CHECK(text.find("ladle_setmaxnreg_") == std::string::npos);  // the register split: ladle_producer_warpgroup
+    CHECK(text.find("ladle_named_barrier_arrive(") == std::string::npos);  // turns handed over: ladle_pingpong
   }
-  CHECK(read(root / "codegen/device/pipeline.cuh").find("struct ladle_stage_ring") != std::string::npos);
+  const std::string pipeline = read(root / "codegen/device/pipeline.cuh");
+  CHECK(pipeline.find("struct ladle_stage_ring") != std::string::npos);
+  CHECK(pipeline.find("struct ladle_pingpong") != std::string::npos);
 }
 
 TEST_CASE("ladle: one place decides which arch runs wgmma", "[layout]") {

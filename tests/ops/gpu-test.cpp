@@ -8,6 +8,7 @@
 #include <ladle/ops/detail/fingerprint.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/gpu_backward.h>
+#include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/driver.h>

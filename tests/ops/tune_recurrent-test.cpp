@@ -4,6 +4,7 @@
 // tuning of the chunked space through the Tuner with a fake candidate and clock.
 #include <catch2/catch.hpp>
 
+#include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/tune_recurrent.h>

@@ -7,6 +7,7 @@
 #include <ladle/ops/attention.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>
+#include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 

@@ -38,6 +38,7 @@
 #include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/generated_kernels.h>
+#include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/compiler.h>

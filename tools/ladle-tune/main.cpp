@@ -29,6 +29,7 @@
 #include <ladle/ops/gpu_attention.h>
 #include <ladle/ops/gpu_attention_backward.h>
 #include <ladle/ops/gpu_backward.h>
+#include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/tune_attention.h>

@@ -92,17 +92,15 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   // accumulator between its issue and the wait that completes it, so the issues are straight-line
   // code with every register access before the fence.
   // The mbarrier waits (loops) come before the fence: ptxas fences again where code runs between.
-  // Two consumer warpgroups take turns issuing (ping-pong): a warpgroup waits for its turn (named
-  // barrier 1 + its index) once its data has landed, issues, then hands the turn over (the other's
-  // barrier), so that one warpgroup's products run while the other forms its softmax.
+  // Two consumer warpgroups take turns issuing (ladle_pingpong, pipeline.cuh): a warpgroup waits for
+  // its turn once its data has landed, issues, then hands the turn over, so that one warpgroup's
+  // products run while the other forms its softmax.
   const bool pingpong = parts.spec.tile.warps == 8;
   const auto take_turn = [&] {
-    if (pingpong) c("ladle_named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn to issue");
+    if (pingpong) c("turns.take_turn();");
   };
   const auto pass_turn = [&](bool last) {
-    if (!pingpong) return;
-    // Warpgroup 1 gave warpgroup 0 its first turn before the loop: its last issue hands none over.
-    c(last ? "if (warpgroup == 0) ladle_named_barrier_arrive(2, 256);" : "ladle_named_barrier_arrive(2 - warpgroup, 256);  // the other's turn");
+    if (pingpong) c(last ? "turns.pass_last_turn();" : "turns.pass_turn();");
   };
   const auto issue_scores = [&](const std::string& stage, const std::string& round, const std::string& also_wait) {
     c("k_ring.wait(" + round + ");");
@@ -155,10 +153,11 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile, BN * 128, 1024);");
   c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
   c("float score[BN / 8][4];");
+  if (pingpong) c("const ladle_pingpong turns{warpgroup};");
   c("q_latch.wait();");
   c("if (tile_begin < tile_end) {");
   c.in();
-  if (pingpong) c("if (warpgroup == 1) ladle_named_barrier_arrive(1, 256);  // warpgroup 0 issues first");
+  if (pingpong) c("turns.start();");
   c("{");
   c.in();
   c("const int tile = tile_begin, it = 0, stage = 0;");

@@ -609,7 +609,7 @@ ChunkedKernel generate_suffix_named(const ir::Variant& variant, const ChunkedKer
 
 ChunkedKernel generate_suffix_states(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
   if (const std::string why = suffix_states_unsupported(variant, spec); !why.empty())
-    throw InvalidArgument("generate_chunked: the suffix state pass cannot take this variant: " + why);
+    throw InvalidArgument("generate_chunked: suffix_states: the suffix state pass cannot take this spec: " + why);
   return with_input_names<ChunkedKernel>(
       variant.inputs, [&](const std::vector<std::string>& id) { return generate_suffix_named(variant, spec, id); });
 }
