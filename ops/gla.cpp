@@ -51,4 +51,10 @@ void gla_into(const TensorView& q, const TensorView& k, const TensorView& v, con
   run_variant_into(gla_variant(options.g_gamma.has_value()), q, k, v, ops::named_inputs(q, o), ops::run_options(o), outputs);
 }
 
+RecurrentForward gla_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                  const GlaOptions& options) {
+  const RecurrentOptions o = as_recurrent(g, options);
+  return run_variant_for_backward(gla_variant(options.g_gamma.has_value()), q, k, v, ops::named_inputs(q, o), ops::run_options(o));
+}
+
 }  // namespace ladle

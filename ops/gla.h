@@ -28,6 +28,12 @@ RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& 
 void gla_into(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
               const GlaOptions& options, const RecurrentOutputs& outputs);
 
+// Training: the forward of gla(), keeping what its backward needs; then
+// ladle::run_variant_backward(forward.saved, d_o[, d_final_state]) gives dq, dk, dv, d initial_state
+// and grads.inputs.at("g") (and "g_gamma" where given), each in its input's shape.
+RecurrentForward gla_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                  const GlaOptions& options = {});
+
 const ir::Variant& gla_variant(bool g_gamma);
 
 }  // namespace ladle

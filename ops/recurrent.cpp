@@ -97,6 +97,11 @@ void recurrent_into(const TensorView& q, const TensorView& k, const TensorView& 
   run_variant_into(variant_for(options), q, k, v, ops::named_inputs(q, options), ops::run_options(options), outputs);
 }
 
+RecurrentForward recurrent_for_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const RecurrentOptions& options) {
+  return run_variant_for_backward(variant_for(options), q, k, v, ops::named_inputs(q, options), ops::run_options(options));
+}
+
 namespace ops {
 
 VariantInputs named_inputs(const TensorView& q, const RecurrentOptions& options) {

@@ -49,6 +49,15 @@ RecurrentResult recurrent(const TensorView& q, const TensorView& k, const Tensor
 void recurrent_into(const TensorView& q, const TensorView& k, const TensorView& v,
                     const RecurrentOptions& options, const RecurrentOutputs& outputs);
 
+// Training: the forward of recurrent(), keeping what its backward needs (variant.h,
+// run_variant_for_backward); then ladle::run_variant_backward(forward.saved, d_o[, d_final_state])
+// gives dq, dk, dv, d initial_state and the gates' gradients by their names here ("g", "gk", "gv",
+// "g_gamma"), each in the shape its gate was given in. The same options as recurrent().
+//   auto forward = ladle::recurrent_for_backward(q, k, v, {.g = g});
+//   auto grads = ladle::run_variant_backward(forward.saved, d_o);  // grads.inputs.at("g")
+RecurrentForward recurrent_for_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const RecurrentOptions& options = {});
+
 // The lowered expression recurrent() runs for this set of gates (for dumps and codegen).
 const ir::Variant& recurrent_variant(bool g, bool gk, bool gv, bool g_gamma);
 

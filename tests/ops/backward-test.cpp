@@ -98,12 +98,13 @@ struct GradCase {
   bool normalize = false;  // read(...).normalized(1e-6) with g: o_t / ((scale q)^T n_t + eps), q and k positive
   bool token_scale = false;  // with g: the read scale sigmoid(s) of a per-token, per-head input s
   bool reverse = false, initial_state = false;
+  int named = 0;  // the forward by name: 1 ladle::recurrent_for_backward, 2 ladle::gla_for_backward (g, optional g_gamma)
   DType type = DType::f32;  // of q, k, v and the gates (the values as stored are the reference's)
   int B = 2, T = 11, H = 2, H_kv = 2, K = 4, V = 3;
   std::vector<std::int64_t> cu_seqlens;
   std::string describe() const {
     return "g=" + std::to_string(g) + " gk=" + std::to_string(gk) + " gv=" + std::to_string(gv) + " g_gamma=" + std::to_string(g_gamma) +
-           " user=" + std::to_string(user) + " normalize=" + std::to_string(normalize) + " token_scale=" + std::to_string(token_scale) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
+           " user=" + std::to_string(user) + " named=" + std::to_string(named) + " normalize=" + std::to_string(normalize) + " token_scale=" + std::to_string(token_scale) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
            " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) +
            " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size()) + " " + ladle::dtype_name(type);
   }
@@ -224,8 +225,26 @@ void check_gradients(const GradCase& c) {
   for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
   for (std::size_t e = 0; e < w_s.size(); ++e) d_s.set(static_cast<std::int64_t>(e), float(w_s[e]));
   options.return_state = true;
-  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(variant, find("q")->filled.tensor.view(),
-                                                                          find("k")->filled.tensor.view(), find("v")->filled.tensor.view(), inputs, options);
+  const auto by_name = [&] {
+    ladle::RecurrentOptions named;
+    const auto gate = [&](const char* name) -> std::optional<ladle::TensorView> {
+      if (const Param* p = find(name)) return p->filled.tensor.view();
+      return std::nullopt;
+    };
+    named.g = gate("g"), named.gk = gate("gk"), named.gv = gate("gv"), named.g_gamma = gate("g_gamma");
+    named.scale = float(scale), named.initial_state = options.initial_state, named.reverse = c.reverse;
+    named.cu_seqlens = options.cu_seqlens, named.return_state = true, named.backend = ladle::Backend::cpu;
+    const ladle::TensorView q = find("q")->filled.tensor.view(), k = find("k")->filled.tensor.view(), v = find("v")->filled.tensor.view();
+    if (c.named == 1) return ladle::recurrent_for_backward(q, k, v, named);
+    ladle::GlaOptions gla;
+    gla.g_gamma = named.g_gamma, gla.scale = named.scale, gla.initial_state = named.initial_state, gla.reverse = c.reverse;
+    gla.cu_seqlens = named.cu_seqlens, gla.return_state = true, gla.backend = ladle::Backend::cpu;
+    return ladle::gla_for_backward(q, k, v, *named.g, gla);
+  };
+  const ladle::RecurrentForward forward =
+      c.named ? by_name()
+              : ladle::run_variant_for_backward(variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(),
+                                                find("v")->filled.tensor.view(), inputs, options);
   // The forward it saved from is run_variant's.
   const ladle::RecurrentResult plain = ladle::run_variant(variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(),
                                                           find("v")->filled.tensor.view(), inputs, options);
@@ -280,6 +299,23 @@ TEST_CASE("the recurrent backward matches finite differences of the fp64 referen
     c.reverse = bits % 3 == 1;
     c.initial_state = bits % 2 == 0;
     check_gradients(c);
+  }
+}
+
+TEST_CASE("the named ops' backward (recurrent_for_backward, gla_for_backward) matches finite differences of the fp64 reference",
+          "[backward][recurrent]") {
+  for (int bits = 0; bits < 4; ++bits) {
+    GradCase c;
+    c.named = 1;
+    c.g = bits & 1, c.gk = bits & 2, c.gv = true, c.g_gamma = bits % 3 == 0;
+    c.reverse = bits == 1, c.initial_state = bits % 2 == 0;
+    check_gradients(c);
+    GradCase gla;
+    gla.named = 2;
+    gla.g = true, gla.g_gamma = bits & 1;
+    gla.reverse = bits == 2, gla.initial_state = bits & 2;
+    if (bits == 3) gla.cu_seqlens = {0, 4, 4, 11}, gla.T = 11;  // packed, with an empty sequence
+    check_gradients(gla);
   }
 }
 
