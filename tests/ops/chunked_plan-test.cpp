@@ -197,6 +197,13 @@ TEST_CASE("a chunked plan refuses a tile that does not fit, naming it", "[plan]"
   options.chunked_tile = cuda::parse_chunked_tile("64,64,64,8");  // K = 128 needs block_k 128
   const Call call(gla(), 2, 1000, 4, 128, 128, options);
   CHECK_THROWS_WITH(call.plan(), Catch::Contains("chunked_tile (block_k=64"));
+  // A tile that computes NaN on the GPU with a key-side gate (an open bug) is refused for GLA, not
+  // for a per-head decay.
+  options.chunked_tile = cuda::parse_chunked_tile("128,64,16,8,wgmma");
+  const Call open_bug(gla(), 2, 1000, 4, 128, 128, options);
+  CHECK_THROWS_WITH(open_bug.plan(), Catch::Contains("block_v 16 on wgmma with two warpgroups"));
+  const Call head_decay(simple_gla(), 2, 1000, 4, 128, 128, options);
+  CHECK(head_decay.plan().spec.tile == *options.chunked_tile);
   options.chunked_tile = cuda::parse_chunked_tile("128,64,128,12,ws");
   const Call on_sm80(gla(), 2, 1000, 4, 128, 128, options);
   CHECK_THROWS_AS(on_sm80.plan({}, "sm_80"), InvalidArgument);
