@@ -214,7 +214,13 @@ TEST_CASE("chunked: the state update on wgmma (sm_90a), run on the host emulatio
     const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.variant, cases[i].spec());
     INFO(c.name << " (" << kernel.name << ", " << cuda::to_string(cases[i].tile) << ")");
     REQUIRE(kernel.name == emulated_wgmma_kernels[i].name);
-    REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a").empty());
+    // Every tile is valid, but the one the library refuses for an open bug: on the GPU it computes NaN
+    // from the second chunk on; here it must still compute right (the emulation is not where it fails).
+    const auto problems = cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a");
+    const bool open_bug = cases[i].tile.block_v == 16 && cases[i].tile.warps == 8 && cases[i].tile.chunk == 64 &&
+                         !cuda::chunked_head_decay_only(c.variant);
+    if (open_bug) REQUIRE_THAT(problems.front(), Catch::Contains("an open bug"));
+    else REQUIRE(problems.empty());
     REQUIRE_THAT(kernel.source, Catch::Contains("ladle_wgmma_rs_bf16<BV>(sacc[m]"));
     for (const auto& [run, seed] : runs(cases[i], 5000 + i)) {
       INFO(run.c.name);
@@ -243,7 +249,13 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a: TMA producer, wgmma consu
     const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.variant, cases[i].spec());
     INFO(c.name << " (" << kernel.name << ", " << cuda::to_string(cases[i].tile) << ")");
     REQUIRE(kernel.name == emulated_ws_kernels[i].name);
-    REQUIRE(cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a").empty());
+    // Every tile is valid, but the one the library refuses for an open bug: on the GPU it computes NaN
+    // from the second chunk on; here it must still compute right (the emulation is not where it fails).
+    const auto problems = cuda::validate_chunked_tile(cases[i].tile, c.variant, c.K, c.V, 0, "sm_90a");
+    const bool open_bug = cases[i].tile.block_v == 16 && cases[i].tile.warps == 8 && cases[i].tile.chunk == 64 &&
+                         !cuda::chunked_head_decay_only(c.variant);
+    if (open_bug) REQUIRE_THAT(problems.front(), Catch::Contains("an open bug"));
+    else REQUIRE(problems.empty());
     REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
     REQUIRE(kernel.threads == static_cast<unsigned>(128 * (1 + cases[i].tile.block_v / 64)));
     for (const auto& [run, seed] : runs(cases[i], 7000 + i)) {

@@ -149,7 +149,9 @@ TEST_CASE("the chunked space's validity is validate_chunked_tile with the device
   // With wgmma (sm_90a): the same tiles at 4 or 8 warps (a warpgroup's rows divide block_k) again.
   const auto valid = space.enumerate(h100());
   REQUIRE(std::count_if(valid.begin(), valid.end(), [](const Config& c) { return c["wgmma"] == 0; }) == 25);
-  REQUIRE(valid.size() == (hopper() ? 46u : 25u));
+  // One wgmma tile less: 128,64,16,8,wgmma, refused with GLA's key gate (NaN on the GPU, an open bug).
+  REQUIRE(valid.size() == (hopper() ? 45u : 25u));
+  REQUIRE_THAT(*space.why_invalid(chunked(128, 64, 16, 8, true), h100()), Catch::Contains("an open bug"));
   REQUIRE_THAT(*space.why_invalid(chunked(128, 16, 16, 2, true), h100()), Catch::Contains("warps = 4 or 8"));
   REQUIRE_THAT(*space.why_invalid(chunked(128, 64, 64, 2), h100()), Catch::Contains("needs at least 4 warps"));
   REQUIRE_THAT(*space.why_invalid(chunked(128, 16, 128, 2), h100()), Catch::Contains("state values"));
