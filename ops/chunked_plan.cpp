@@ -353,4 +353,29 @@ ChunkedPlan plan_chunked(const ir::Variant& variant, const ops::BoundInputs& bou
   return plan;
 }
 
+ChunkedPlan plan_entry_states(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                              const cuda::ChunkedSegments& segments, const GpuTarget& target, const ChunkedPlanKnobs& knobs) {
+  const auto& args = bound.args;
+  if (segments.all.size() % 8 != 0 || segments.earlier.size() % 8 != 0 || segments.all.empty())
+    throw InvalidArgument(op_name(variant) + ": segments: tables of 8 values a row, at least one segment, expected");
+  ChunkedPlan plan;
+  plan.form = ChunkedPlan::Form::segmented;
+  plan.segments = segments;
+  RunOptions tiled = options;
+  if (!tiled.chunked_tile) {
+    tiled.chunked_tile = heuristic_chunked_tile(variant, bound, segments.segments(), target);
+    if (tiled.chunked_tile->split() || (tiled.chunked_tile->ws && !ws_copyable(variant, bound).empty()))
+      tiled.chunked_tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
+  }
+  plan.spec = chunked_kernel_spec(variant, bound, tiled, target);
+  if (plan.spec.tile.split())
+    throw InvalidArgument(fmt::format("{}: chunked_tile ({}): the entry states run the segmented form, which takes a serial tile",
+                                      op_name(variant), cuda::to_string(plan.spec.tile)));
+  const SegmentedSpecs specs = segmented_chunked_specs(variant, plan.spec, args.key_dim, args.value_dim, target.max_shared_bytes,
+                                                       ws_states_copyable(variant, bound).empty(), knobs);
+  plan.spec = specs.serial;
+  plan.launches = {{specs.first, ChunkedLaunch::Over::earlier_segments}, {specs.fold, ChunkedLaunch::Over::all_segments}};
+  return plan;
+}
+
 }  // namespace ladle::gpu

@@ -73,6 +73,13 @@ std::string to_string(const ChunkedPlan& plan);
 ChunkedPlan plan_chunked(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                          const GpuTarget& target, const ChunkedPlanKnobs& knobs = chunked_plan_knobs());
 
+// The segmented form's state pass and fold alone, over the caller's segments (one piece each): what
+// gpu::run_entry_states launches. The serial tile (the heuristic's for that many segments, else the
+// default where the heuristic's is a split tile) chooses the state pass as plan_chunked would.
+ChunkedPlan plan_entry_states(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                              const cuda::ChunkedSegments& segments, const GpuTarget& target,
+                              const ChunkedPlanKnobs& knobs = chunked_plan_knobs());
+
 // Tokens per segment of the chunked serial form for this call (0: whole sequences): the
 // caller's RunOptions::chunked_segment_tokens, else, where the (sequence, head) pairs fill less
 // than half the SMs and the sequences are long, a power-of-two cut of each sequence that keeps at

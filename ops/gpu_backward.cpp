@@ -18,6 +18,7 @@
 
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
+#include "chunked_plan.h"
 #include "generated_kernels.h"
 #include "detail/pack_input.h"
 #include "recurrent.h"
@@ -224,6 +225,8 @@ class BackwardCall {
     decays_k_ = key_decay_ || head_decay_;
     decays_v_ = variant.has(ir::Slot::log_decay_v);
     need_s_t_ = d_final_state && (decays_k_ || decays_v_);
+    // 16-bit slots: the recurrences run on the tensor cores, and the carries come from boundary states.
+    boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_);
   }
 
   void run() {
@@ -386,7 +389,7 @@ class BackwardCall {
   // 2. The states in fp32, as given and transposed: h0 for the forward's o, h0^T for u; d_final for dv,
   //    d_final^T for dk (divided by a folded scale: those recurrences read dS / scale, times scale).
   void convert_states() {
-    if (a_.initial_state) convert(*a_.initial_state, 1.0f, decays_v_ || variant_.normalize ? &h0_ : nullptr, &h0_t_);
+    if (a_.initial_state) convert(*a_.initial_state, 1.0f, decays_v_ || variant_.normalize || boundary_states_ ? &h0_ : nullptr, &h0_t_);
     if (d_final_state_) convert(*d_final_state_, 1.0f / scale_, &d_final_, &d_final_t_);
   }
 
@@ -478,10 +481,24 @@ class BackwardCall {
           if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
             planned.push_back(std::move(kernel));
       }
+      if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device()))
+        for (const EntryStates& each : entry_state_calls()) {
+          const RecurrenceCall call = recurrence_call(each.recurrence);
+          RunOptions chunked = call.options;
+          chunked.algorithm = Algorithm::chunked;
+          const Recurrence& r = each.recurrence;
+          const ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, chunked);
+          for (const ChunkedLaunch& launch : plan_entry_states(call.plain, b, chunked, each.segments, device_target()).launches) {
+            cuda::ChunkedKernel kernel = cuda::generate_chunked(call.plain, launch.spec);
+            if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
+              planned.push_back({kernel.name, std::move(kernel.source), "entry states", cuda::to_string(launch.spec.tile), kernel.threads,
+                                 kernel.shared_bytes});
+          }
+        }
       for (const GeneratedKernel& kernel : planned)
         compiling.push_back(std::async(std::launch::async, [&kernel, &arch] { compile_generated(kernel, arch); }));
       for (const auto phase : {cuda::BackwardPhase::totals, cuda::BackwardPhase::chain}) {
-        if (phase == cuda::BackwardPhase::totals && !(decays_k_ || decays_v_)) continue;
+        if (phase == cuda::BackwardPhase::totals && (!(decays_k_ || decays_v_) || boundary_states_)) continue;
         cuda::BackwardKernelSpec spec = plan_;
         spec.phase = phase;
         compiling.push_back(std::async(std::launch::async, [this, spec, &arch] { compile_backward(variant_, spec, arch); }));
@@ -521,7 +538,9 @@ class BackwardCall {
     }
   }
 
-  // 4. The decays' gradients: each block's totals, then what each block's running sums start from.
+  // 4. The decays' gradients: what each block's running sums start from (carry). With 16-bit slots,
+  //    from the states at the blocks' boundaries (boundary_carry); with fp32 slots, each block's totals
+  //    summed back from the sequence's end.
   void decay_totals() {
     const Stream* stream = launch_.stream;
     extras_["u"] = ptr(u_out_.data);
@@ -529,8 +548,9 @@ class BackwardCall {
     extras_["dvs"] = ptr(dv_out_.data);
     extras_["o_f"] = o_f_.buffer.device_ptr();
     if (!(decays_k_ || decays_v_) || C_ == 0) return;
-    totals_ = scratch(DType::f32, {N_, H_, C_, K_ + V_}, stream);
     carry_ = scratch(DType::f32, {N_, H_, C_, K_ + V_}, stream);
+    if (boundary_states_) return boundary_carry();
+    totals_ = scratch(DType::f32, {N_, H_, C_, K_ + V_}, stream);
     extras_["totals"] = totals_.buffer.device_ptr();
     launch_generated(cuda::BackwardPhase::totals);
     const auto& loaded = helper("ladle_bwd_carry");
@@ -540,6 +560,87 @@ class BackwardCall {
     packed.add(static_cast<int>(N_)).add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_));
     packed.add(static_cast<int>(VS_)).add(static_cast<int>(C_));
     loaded.function->launch({blocks_of(N_ * H_ * (K_ + V_), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+  }
+
+  // The same segments in the other direction: each sequence's rows in reverse order.
+  static cuda::ChunkedSegments reversed(const cuda::ChunkedSegments& forward) {
+    cuda::ChunkedSegments out;
+    const std::size_t rows = forward.all.size() / 8;
+    for (std::size_t begin = 0; begin < rows;) {
+      std::size_t end = begin;
+      while (end < rows && forward.all[end * 8 + 3] == forward.all[begin * 8 + 3]) ++end;
+      for (std::size_t r = end; r-- > begin;) {
+        long long row[8];
+        std::copy_n(forward.all.begin() + static_cast<std::ptrdiff_t>(r * 8), 8, row);
+        row[4] = static_cast<long long>(end - 1 - r);
+        row[6] = r == begin ? 1 : 0;
+        out.all.insert(out.all.end(), row, row + 8);
+        if (r != begin) out.earlier.insert(out.earlier.end(), row, row + 8);
+      }
+      begin = end;
+    }
+    return out;
+  }
+
+  // The carry of block c of a sequence, e its last step: sum over the state of S_e A_(e+1) dS_(e+1) B_(e+1),
+  // by row and by column (A, B the decays of step e + 1), in fp32. Only the 64 steps inside a block are
+  // then summed from the recurrences' rounded outputs (the chain); summing every later block's totals
+  // instead carried their bf16 rounding amplified (docs/design.md). S_e is the state the forward's
+  // recurrence (qs, kf, vf) enters block c + 1 with, dS_(e+1) / scale the one dv's recurrence (kf, qs,
+  // dos, the decays shifted) enters block c with: the segmented form's state pass and fold over 64-step
+  // segments, cut at the same steps in both directions.
+  // The two calls of gpu::run_entry_states: the forward's recurrence over the blocks, and dv's over the same
+  // blocks in the other order.
+  struct EntryStates {
+    Recurrence recurrence;
+    cuda::ChunkedSegments segments;
+  };
+  std::array<EntryStates, 2> entry_state_calls() const {
+    const cuda::ChunkedSegments blocks = cuda::chunked_segments(N_, T_, a_.cu_seqlens, cuda::backward_chunk, a_.reverse);
+    const Scratch* la = key_decay_ ? &log_a_ : nullptr;
+    const Scratch* lh = head_decay_ ? &log_h_ : nullptr;
+    const Scratch* lb = decays_v_ ? &log_b_ : nullptr;
+    const Scratch* la_next = key_decay_ ? &log_a_next_ : nullptr;
+    const Scratch* lh_next = head_decay_ ? &log_h_next_ : nullptr;
+    const Scratch* lb_next = decays_v_ ? &log_b_next_ : nullptr;
+    return {EntryStates{Recurrence{qs_, kf_, vf_, {la, lb, lh}, a_.reverse, a_.initial_state ? &h0_ : nullptr, u_out_, nullptr}, blocks},
+            EntryStates{Recurrence{kf_, qs_, dos_, {la_next, lb_next, lh_next}, !a_.reverse, d_final_state_ ? &d_final_ : nullptr, dv_out_,
+                                   nullptr},
+                        reversed(blocks)}};
+  }
+
+  void boundary_carry() {
+    const Stream* stream = launch_.stream;
+    const std::array<EntryStates, 2> calls = entry_state_calls();
+    const cuda::ChunkedSegments& blocks = calls[0].segments;
+    const std::int64_t rows = blocks.earlier_segments();
+    std::array<Scratch, 2> states;
+    DeviceBuffer first;
+    if (rows > 0) {
+      for (std::size_t c = 0; c < 2; ++c) {
+        states[c] = scratch(DType::f32, {rows, H_, K_, V_}, stream);
+        const Recurrence& r = calls[c].recurrence;
+        const RecurrenceCall call = recurrence_call(r);
+        run_entry_states(call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options, calls[c].segments,
+                         states[c].buffer.device_ptr(), launch_);
+      }
+      first_rows_.assign(static_cast<std::size_t>(N_), 0);
+      for (std::size_t r = 0; r < blocks.all.size(); r += 8) first_rows_[static_cast<std::size_t>(blocks.all[r + 3])] = blocks.all[r + 5];
+      first = DeviceBuffer::on_stream(first_rows_.size() * sizeof(long long), stream);
+      first.copy_from_host(first_rows_.data(), first.bytes(), 0, stream);
+    }
+    const Scratch &s_states = states[0], &d_states = states[1];
+    const auto type_code = [](DType t) { return t == DType::bf16 ? 1 : t == DType::f16 ? 2 : 0; };
+    const auto& loaded = helper("ladle_bwd_carry_states");
+    KernelArgs packed;
+    packed.add(s_states.buffer.device_ptr()).add(d_states.buffer.device_ptr()).add(first.device_ptr());
+    packed.add(log_a_next_.buffer.device_ptr()).add(type_code(plan_.log_a_next_type)).add(log_h_next_.buffer.device_ptr());
+    packed.add(log_b_next_.buffer.device_ptr()).add(type_code(plan_.log_b_next_type));
+    packed.add(need_s_t_ ? d_final_.buffer.device_ptr() : std::uint64_t{0}).add(scale_).add(s_t_.buffer.device_ptr());
+    packed.add(carry_.buffer.device_ptr()).add(offsets_.device_ptr());
+    packed.add(static_cast<int>(N_)).add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_));
+    packed.add(static_cast<int>(C_)).add(a_.reverse ? 1 : 0);
+    loaded.function->launch({static_cast<unsigned>(C_), static_cast<unsigned>(N_ * H_), 1}, {256, 1, 1}, packed, 0, stream);
   }
 
   // 5. The chain rule into every input's gradient.
@@ -589,7 +690,8 @@ class BackwardCall {
   std::vector<const TensorView*> grad_of_;
   cuda::BackwardKernelSpec plan_;
   float scale_ = 1.0f;
-  bool key_decay_ = false, head_decay_ = false, decays_k_ = false, decays_v_ = false, need_s_t_ = false;
+  bool key_decay_ = false, head_decay_ = false, decays_k_ = false, decays_v_ = false, need_s_t_ = false, boundary_states_ = false;
+  std::vector<long long> first_rows_;  // boundary_carry: each sequence's first row of the boundary tables
   std::string arch_;
   DeviceBuffer offsets_;
   std::vector<std::int64_t> key_shape_, value_shape_;

@@ -379,8 +379,10 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
 
 // A chunked plan's kernels on the call's stream, in order (ops/chunked_plan.h): the work arrays its
 // form needs live on the stream; a launch over no rows (no earlier segments, no chunks) is left out.
+// entry_states: the segmented form's states table ([earlier rows][H][K][V] f32) where the caller keeps
+// it (run_entry_states), else one of this call's.
 void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const ops::BoundInputs& bound, std::uint64_t offsets,
-                      const LaunchOptions& launch) {
+                      const LaunchOptions& launch, std::uint64_t entry_states = 0) {
   const auto& args = bound.args;
   const std::int64_t N = bound.dims.N;
   const Stream* stream = launch.stream;
@@ -416,10 +418,11 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     if (!earlier_rows) earlier_copy = upload_rows(plan.segments.earlier), earlier_rows = earlier_copy.device_ptr();
     const std::int64_t earlier = plan.segments.earlier_segments();
     const std::int64_t width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
-    own_states = DeviceBuffer::on_stream(
-        std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), stream);
+    if (!entry_states)
+      own_states = DeviceBuffer::on_stream(
+          std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), stream);
     own_decay = DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), stream);
-    split.segment_states = own_states.device_ptr();
+    split.segment_states = entry_states ? entry_states : own_states.device_ptr();
     split.segment_decay = own_decay.device_ptr();
   }
   for (const ChunkedLaunch& each : plan.launches) {
@@ -523,6 +526,42 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     if (launch.stream) launch.stream->synchronize();
     else Device::get().synchronize();
   }
+}
+
+}  // namespace ladle::gpu
+
+namespace ladle::gpu {
+
+void run_entry_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
+                      std::uint64_t states, const LaunchOptions& launch) {
+  const std::string op = op_name(variant) + " entry states";
+  const char* const why = "ladle::gpu::run_entry_states takes device tensors";
+  require_device(op, "q", q, why);
+  require_device(op, "k", k, why);
+  require_device(op, "v", v, why);
+  for (const auto& [name, view] : inputs.tensors) require_device(op, name, view, why);
+  if (options.initial_state) require_device(op, "initial_state", *options.initial_state, why);
+  if (options.return_state) throw InvalidArgument(op + ": options.return_state: the entry states have no final state");
+  RunOptions checked = options;
+  checked.algorithm = Algorithm::chunked;  // choose_algorithm refuses what the family cannot run
+  std::optional<Tensor> seqlens;
+  if (options.cu_seqlens && options.cu_seqlens->on_device()) {
+    seqlens = Tensor::copy_of(*options.cu_seqlens, Location::host(), launch.stream);
+    checked.cu_seqlens = seqlens->view();
+  }
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
+  if (bound.args.initial_state && !is_contiguous(*bound.args.initial_state))
+    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
+  // No output: the state pass and the fold write none, but take the serial form's parameters (o's strides).
+  bound.args.output = TensorView::contiguous(nullptr, bound.dims.type,
+                                             {bound.args.batch, bound.args.tokens, bound.args.heads, bound.args.value_dim});
+  if (variant.update == ir::Update::delta)
+    throw InvalidArgument(op + ": the entry states come from the chunked family's state pass, not the delta rule's");
+  choose_algorithm(variant, bound, checked);
+  const ChunkedPlan plan = plan_entry_states(variant, bound, checked, segments, device_target());
+  if (plan.segments.earlier_segments() == 0 || bound.args.heads * bound.args.key_dim * bound.args.value_dim == 0) return;
+  run_chunked_plan(plan, variant, bound, 0, launch, states);
 }
 
 }  // namespace ladle::gpu

@@ -83,4 +83,17 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs, const LaunchOptions& launch = {});
 
+// The state entering every segment but each sequence's first, for a call of the chunked family cut
+// by the caller's `segments` (cuda::ChunkedSegments, one piece per segment; the tokens of each
+// sequence in order, in the recurrence's direction): the segmented form's state pass and fold
+// alone (gpu::plan_entry_states), written to `states`, device fp32 [segments.earlier rows][H][K][V]:
+// row r holds the state after the segment of row r. The recurrent backward reads its forward
+// state and its dS at the 64-step blocks this way (ops/gpu_backward.cpp). Device tensors;
+// options.algorithm is taken as chunked and options.return_state must be false. Throws
+// InvalidArgument where the chunked family cannot run the call (the delta rule, a dtype or shape
+// it refuses).
+void run_entry_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
+                      std::uint64_t states, const LaunchOptions& launch = {});
+
 }  // namespace ladle::gpu

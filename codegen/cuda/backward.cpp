@@ -565,6 +565,75 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
   }
 }
 
+// A log decay of the type named by `type` (0 f32, 1 bf16, 2 f16).
+__device__ __forceinline__ float ladle_bwd_load(const void* p, int type, long long at) {
+  if (type == 1) return ladle_load(static_cast<const ladle_bf16*>(p) + at);
+  if (type == 2) return ladle_load(static_cast<const ladle_f16*>(p) + at);
+  return static_cast<const float*>(p)[at];
+}
+
+// The carries from the states at the blocks' boundaries: block (c, n H + h) of LADLE_BWD_CHUNK steps,
+// e its last step, has carry[f] = factor sum over the state's elements of S_e . A_(e+1) D_(e+1) . B_(e+1)
+// (f = i < K: over row i; f = K + j: over column j), S_e the forward's state after step e (s_states
+// row first[n] + c) and D_(e+1) the gradient reaching it from later steps, divided by factor (d_states row
+// first[n] + chunks - 2 - c), A and B the decays at step e + 1 (log_a_next, log_h_next and log_b_next of
+// step e, null where the variant has none; their types by a_type and b_type). The sequence's last block
+// takes factor sum(d_final * S_T) as ladle_bwd_carry does (d_final [N,H,K,V], s_t [N,H,V,K]; null: 0).
+// Grid (C, N H), block 256; K up to 1024.
+extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
+    const float* __restrict__ s_states, const float* __restrict__ d_states, const long long* __restrict__ first,
+    const void* __restrict__ log_a_next, int a_type, const float* __restrict__ log_h_next, const void* __restrict__ log_b_next,
+    int b_type, const float* __restrict__ d_final, float factor, const float* __restrict__ s_t, float* __restrict__ carry,
+    const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int C, int reverse) {
+  __shared__ float rows[1024], decay_a[1024];
+  const int p = blockIdx.y, n = p / H, h = p % H, c = blockIdx.x, KV = K + V;
+  int b; long long bos, eos;
+  ladle_bwd_bounds(cu_seqlens, n, T, b, bos, eos);
+  const long long chunks = (eos - bos + LADLE_BWD_CHUNK - 1) / LADLE_BWD_CHUNK;
+  if (c >= chunks) return;
+  float* const out = carry + (static_cast<long long>(p) * C + c) * KV;
+  if (c == chunks - 1) {  // after the sequence: d_final and S_T
+    for (int f = threadIdx.x; f < KV; f += blockDim.x) {
+      float acc = 0.0f;
+      if (d_final && f < K)
+        for (int j = 0; j < V; ++j) acc += d_final[(static_cast<long long>(p) * K + f) * V + j] * s_t[(static_cast<long long>(p) * V + j) * K + f];
+      else if (d_final)
+        for (int i = 0; i < K; ++i) acc += d_final[(static_cast<long long>(p) * K + i) * V + (f - K)] * s_t[(static_cast<long long>(p) * V + (f - K)) * K + i];
+      out[f] = factor * acc;
+    }
+    return;
+  }
+  const long long e = static_cast<long long>(c) * LADLE_BWD_CHUNK + LADLE_BWD_CHUNK - 1;
+  const long long r = (static_cast<long long>(b) * T + (reverse ? eos - 1 - e : bos + e)) * H + h;  // step e's slot row
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    float la = log_a_next ? ladle_bwd_load(log_a_next, a_type, r * K + i) : 0.0f;
+    if (log_h_next) la += log_h_next[r];
+    decay_a[i] = expf(la);
+    rows[i] = 0.0f;
+  }
+  __syncthreads();
+  const long long area = static_cast<long long>(K) * V;
+  const float* const S = s_states + ((first[n] + c) * H + h) * area;
+  const float* const D = d_states + ((first[n] + chunks - 2 - c) * H + h) * area;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int j0 = 0; j0 < V; j0 += blockDim.x) {
+    if (j0 + warp * 32 >= V) continue;  // a whole warp past the columns (uniform)
+    const int j = j0 + threadIdx.x;
+    const bool live = j < V;
+    const float decay_b = live && log_b_next ? expf(ladle_bwd_load(log_b_next, b_type, r * V + j)) : 1.0f;
+    float column = 0.0f;
+    for (int i = 0; i < K; ++i) {
+      float x = live ? S[static_cast<long long>(i) * V + j] * D[static_cast<long long>(i) * V + j] * decay_a[i] * decay_b : 0.0f;
+      column += x;
+      for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+      if (lane == 0) atomicAdd(&rows[i], x);
+    }
+    if (live) out[K + j] = factor * column;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < K; i += blockDim.x) out[i] = factor * rows[i];
+}
+
 // One thread per (n, h, i, j): d_h0 = factor exp(log_a_0[i]) dS_0 exp(log_b_0[j]), the total log decays at the sequence's
 // first step from first_decay [N,H,K+V] (null: no decay); dS_0 alone for an empty sequence.
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_initial(

@@ -81,6 +81,11 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
 // The kernels that do not depend on the variant, in one source (compiled once per arch):
 //   ladle_bwd_carry: per (sequence, head, feature), the sum over every later block of the
 //     sequence plus sum(d_final * S_T) -> carry (what the chain's running sums start from);
+//   ladle_bwd_carry_states: the same carries from the states at the blocks' boundaries: per block,
+//     factor sum of S_e . A_(e+1) dS_(e+1) B_(e+1) by row (key side) and by column (value side), S_e the
+//     forward's state after the block and dS_(e+1) the gradient that reaches it, from tables of the
+//     segmented form's entry states (gpu::run_entry_states), with only fp32 rounding: no sum over
+//     later blocks, whose bf16-rounded terms cancel;
 //   ladle_bwd_initial: d initial_state = factor exp(log_a_0) dS_0 exp(log_b_0) (first_decay);
 //   ladle_bwd_convert_<f32|bf16|f16>: a strided [N,H,R,C] state times a factor to fp32 [N,H,R,C] and
 //     [N,H,C,R].

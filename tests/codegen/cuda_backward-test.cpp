@@ -310,6 +310,53 @@ TEST_CASE("the backward's helper kernels, run on the host emulation, compute wha
         for (long long c = chunks_of[p / H]; c < C; ++c) CHECK(carry[(p * C + c) * (K + V) + f] == -7.0f);  // past the sequence
       }
   }
+  SECTION("carry_states: factor sum of S_e A dS_(e+1) B by row and column at each boundary, d_final * S_T after the last") {
+    const int TP = 170;  // the packed row: sequences of 150 tokens (blocks 0-2: rows 0 and 1 of the tables) and 20 (one block)
+    const std::vector<long long> first{0, 2};
+    const std::vector<float> s_states = random(2 * H * K * V), d_states = random(2 * H * K * V), d_final = random(N * H * K * V),
+                             s_t = random(N * H * V * K), log_h = random(TP * H);
+    std::vector<ladle_bf16> log_a(TP * H * K);
+    std::vector<ladle_f16> log_b(TP * H * V);
+    for (auto& x : log_a) ladle_store(&x, 0.3f * unit(rng));
+    for (auto& x : log_b) ladle_store(&x, 0.3f * unit(rng));
+    for (const int reverse : {0, 1}) {
+      INFO("reverse " << reverse);
+      std::vector<float> carry(N * H * C * (K + V), -7.0f);
+      cuda_emulation::launch(C, N * H, 256, [&] {
+        ladle_bwd_carry_states(s_states.data(), d_states.data(), first.data(), log_a.data(), 1, log_h.data(), log_b.data(), 2,
+                               d_final.data(), 2.0f, s_t.data(), carry.data(), cu.data(), N, TP, H, K, V, C, reverse);
+      });
+      for (int p = 0; p < N * H; ++p) {
+        const int n = p / H, h = p % H;
+        const long long bos = cu[n], eos = cu[n + 1], chunks = chunks_of[n];
+        for (long long c = 0; c < C; ++c)
+          for (int f = 0; f < K + V; ++f) {
+            const float got = carry[(p * C + c) * (K + V) + f];
+            if (c >= chunks) {
+              CHECK(got == -7.0f);  // past the sequence
+              continue;
+            }
+            double want = 0.0;
+            if (c == chunks - 1) {
+              for (int x = 0; x < (f < K ? V : K); ++x) {
+                const int i = f < K ? f : x, j = f < K ? x : f - K;
+                want += double(d_final[(p * K + i) * V + j]) * s_t[(p * V + j) * K + i];
+              }
+            } else {
+              const long long e = c * 64 + 63, t = reverse ? eos - 1 - e : bos + e, r = t * H + h;
+              const long long srow = first[n] + c, drow = first[n] + chunks - 2 - c;
+              for (int x = 0; x < (f < K ? V : K); ++x) {
+                const int i = f < K ? f : x, j = f < K ? x : f - K;
+                const double decay = std::exp(double(ladle_load(&log_a[r * K + i])) + log_h[r] + double(ladle_load(&log_b[r * V + j])));
+                want += decay * s_states[((srow * H + h) * K + i) * V + j] * d_states[((drow * H + h) * K + i) * V + j];
+              }
+            }
+            want *= 2.0;
+            CHECK(std::abs(got - want) < 1e-4 * std::max(1.0, std::abs(want)));
+          }
+      }
+    }
+  }
   SECTION("initial: factor exp(log_a_0) dS_0 exp(log_b_0), dS_0 read from [N,H,K,VS]") {
     const std::vector<float> ds0 = random(N * H * K * VS), first = random(N * H * (K + V));
     std::vector<float> d_h0(N * H * K * V, -7.0f);
