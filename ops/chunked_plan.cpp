@@ -374,7 +374,13 @@ ChunkedPlan plan_entry_states(const ir::Variant& variant, const ops::BoundInputs
   const SegmentedSpecs specs = segmented_chunked_specs(variant, plan.spec, args.key_dim, args.value_dim, target.max_shared_bytes,
                                                        ws_states_copyable(variant, bound).empty(), knobs);
   plan.spec = specs.serial;
-  plan.launches = {{specs.first, ChunkedLaunch::Over::earlier_segments}, {specs.fold, ChunkedLaunch::Over::all_segments}};
+  for (std::size_t r = 0; r < segments.all.size(); r += 8)
+    plan.segment_tokens = std::max<std::int64_t>(plan.segment_tokens, segments.all[r + 2] - segments.all[r + 1]);
+  // The fold runs here though the serial form does not: after a ws serial tile it runs in the mma.sync
+  // form's tile (the fold is the same kernel whatever the tile; the ws serial kernel folds for itself).
+  cuda::ChunkedKernelSpec fold = specs.fold;
+  if (fold.tile.ws) fold.tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
+  plan.launches = {{specs.first, ChunkedLaunch::Over::earlier_segments}, {fold, ChunkedLaunch::Over::all_segments}};
   return plan;
 }
 

@@ -29,6 +29,7 @@ RecurrentOptions as_recurrent(const TensorView& g, const GlaOptions& options) {
   o.gpu = options.gpu;
   o.algorithm = options.algorithm;
   o.chunked_tile = options.chunked_tile;
+  o.gate_gradients = options.gate_gradients;
   return o;
 }
 

@@ -226,7 +226,8 @@ class BackwardCall {
     decays_v_ = variant.has(ir::Slot::log_decay_v);
     need_s_t_ = d_final_state && (decays_k_ || decays_v_);
     // 16-bit slots: the recurrences run on the tensor cores, and the carries come from boundary states.
-    boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_);
+    boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_) &&
+                       options.gate_gradients == GateGradients::boundary_states;
   }
 
   void run() {

@@ -129,6 +129,7 @@ RunOptions run_options(const RecurrentOptions& options) {
   run.gpu = options.gpu;
   run.algorithm = options.algorithm;
   run.chunked_tile = options.chunked_tile;
+  run.gate_gradients = options.gate_gradients;
   run.chunked_segment_tokens = options.chunked_segment_tokens;
   return run;
 }

@@ -52,6 +52,18 @@ struct GpuOptions {
 enum class Algorithm { automatic, recurrent, chunked };
 inline constexpr std::int64_t chunked_min_tokens = 64;
 
+// How the GPU backward forms the decays' gradients where its recurrences run on the tensor cores
+// (16-bit slots). Each 64-step block sums its own steps' terms backwards from a carry, the gradient
+// the later steps leave; the carry comes from
+//   boundary_states: the forward's state and the gradient dS at the block's end, their product summed
+//     in fp32 (the segmented form's state pass and fold in both directions): precise at any length
+//     (GLA's dg 5.6e-3 at T 1000, fla 0.6's 1.6e-3), slower (GLA's backward 5.15 ms at B8 T4096 H16
+//     K=V=128 on an H100);
+//   block_sums: the later blocks' sums of q . dq - k . dk, whose bf16 rounding adds up along the
+//     sequence (GLA's dg 2.9e-2 at T 1000), faster (2.06 ms there).
+// bench/RESULTS.md, "Issue 36: gate gradients from the boundary states".
+enum class GateGradients { boundary_states, block_sums };
+
 struct RunOptions {
   std::optional<TensorView> initial_state;  // [N,H,K,V], f32 (f16, bf16 are widened)
   std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64: packed sequences
@@ -69,6 +81,8 @@ struct RunOptions {
   // segment; 0: whole sequences; empty: by shape (few long sequences are cut so that the blocks
   // cover the GPU: chunked_segment_tokens).
   std::optional<std::int64_t> chunked_segment_tokens;
+  // The GPU backward's gate gradients (above); the CPU backward is exact in either.
+  GateGradients gate_gradients = GateGradients::boundary_states;
 };
 
 // Outputs live where q lives: device memory when q is device memory, else the host.

@@ -234,3 +234,35 @@ TEST_CASE("ladle-dump's kernels are the plan's launches", "[plan]") {
     for (std::size_t i = 0; i < shown.size(); ++i) CHECK(shown[i].name == cuda::generate_chunked(gla(), plan.launches[i].spec).name);
   }
 }
+
+TEST_CASE("the entry states' plan is the segmented state pass and fold over the caller's table, in either direction", "[plan]") {
+  for (const ir::Variant* variant : {&gla(), &simple_gla()})
+    for (const bool reverse : {false, true}) {
+      RunOptions options;
+      options.reverse = reverse;
+      const Call call(*variant, 2, 1000, 4, 128, 128, options);
+      // The backward's 64-step blocks: 16 a sequence, the last of 40 tokens, 15 earlier rows each.
+      const cuda::ChunkedSegments blocks = cuda::chunked_segments(2, 1000, {}, 64, reverse);
+      REQUIRE(blocks.segments() == 32);
+      REQUIRE(blocks.earlier_segments() == 30);
+      const gpu::ChunkedPlan plan = gpu::plan_entry_states(*variant, call.bound, call.options, blocks, gpu::named_target("sm_90a"));
+      INFO(variant->name << (reverse ? " reverse: " : ": ") << gpu::to_string(plan));
+      CHECK(plan.form == gpu::ChunkedPlan::Form::segmented);
+      CHECK(plan.segments.all == blocks.all);
+      CHECK(plan.segments.earlier == blocks.earlier);
+      REQUIRE(plan.launches.size() == 2);  // no serial form: no output
+      CHECK(plan.launches[0].spec.phase == cuda::ChunkedPhase::states);
+      CHECK(plan.launches[0].over == Over::earlier_segments);
+      CHECK(plan.launches[1].spec.phase == cuda::ChunkedPhase::fold);
+      CHECK(plan.launches[1].over == Over::all_segments);
+      for (const gpu::ChunkedLaunch& launch : plan.launches) {
+        CHECK(launch.spec.segmented);
+        CHECK(launch.spec.reverse == reverse);
+        CHECK_FALSE(launch.spec.varlen);
+      }
+      check_generates(*variant, plan);
+    }
+  const Call call(gla(), 1, 100, 1, 64, 64);
+  CHECK_THROWS_AS(gpu::plan_entry_states(gla(), call.bound, call.options, cuda::ChunkedSegments{}, gpu::named_target("sm_90a")),
+                  InvalidArgument);
+}

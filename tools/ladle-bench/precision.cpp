@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("-K", K)->check(CLI::PositiveNumber);
   app.add_option("-V", V)->check(CLI::PositiveNumber);
   app.add_option("--seed", seed);
+  std::string gate_gradients = "boundary_states";
+  app.add_option("--gate-gradients", gate_gradients, "RunOptions::gate_gradients (ops/variant.h)")
+      ->check(CLI::IsMember({"boundary_states", "block_sums"}));
   app.add_option("--out", out_dir, "directory for meta.json and the tensors")->required();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -102,16 +105,20 @@ int main(int argc, char** argv) {
     std::map<std::string, Tensor> device_inputs;
     for (const auto& [name, t] : inputs) device_inputs.emplace(name, device(t));
     const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+    const ladle::GateGradients mode =
+        gate_gradients == "block_sums" ? ladle::GateGradients::block_sums : ladle::GateGradients::boundary_states;
 
     ladle::RecurrentForward forward;
     if (op == "gla") {
       ladle::GlaOptions options;
       options.scale = scale;
+      options.gate_gradients = mode;
       forward = ladle::gla_for_backward(dq_.view(), dk_.view(), dv_.view(), device_inputs.at("g").view(), options);
     } else if (op == "g_gamma") {
       ladle::RecurrentOptions options;
       options.scale = scale;
       options.g_gamma = device_inputs.at("g_gamma").view();
+      options.gate_gradients = mode;
       forward = ladle::recurrent_for_backward(dq_.view(), dk_.view(), dv_.view(), options);
     } else {
       namespace dsl = ladle::dsl;
@@ -125,13 +132,15 @@ int main(int argc, char** argv) {
       ladle::VariantInputs variant_inputs;
       variant_inputs.scalars.emplace("scale", scale);
       for (const auto& [name, t] : device_inputs) variant_inputs.tensors.emplace(name, t.view());
-      forward = ladle::run_variant_for_backward(user, dq_.view(), dk_.view(), dv_.view(), variant_inputs, {});
+      ladle::RunOptions options;
+      options.gate_gradients = mode;
+      forward = ladle::run_variant_for_backward(user, dq_.view(), dk_.view(), dv_.view(), variant_inputs, options);
     }
     const ladle::RecurrentGradients grads = ladle::run_variant_backward(forward.saved, ddo.view());
 
     const std::filesystem::path dir(out_dir);
     std::filesystem::create_directories(dir);
-    nlohmann::json meta{{"op", op}, {"B", B}, {"T", T}, {"H", H}, {"K", K}, {"V", V}, {"scale", scale}};
+    nlohmann::json meta{{"op", op}, {"gate_gradients", gate_gradients}, {"B", B}, {"T", T}, {"H", H}, {"K", K}, {"V", V}, {"scale", scale}};
     nlohmann::json shapes = nlohmann::json::object();
     write(dir, "q", q, shapes), write(dir, "k", k, shapes), write(dir, "v", v, shapes), write(dir, "do", d_o, shapes);
     for (const auto& [name, t] : inputs) write(dir, name, t, shapes);

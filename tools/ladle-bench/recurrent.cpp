@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   app.add_flag("--backward", backward,
                "time the forward and the backward (gpu::run_variant_backward_into, device tensors, d_output random) "
                "with events; the loss sum(o * d_output)");
+  std::string gate_gradients = "boundary_states";
+  app.add_option("--gate-gradients", gate_gradients, "--backward: RunOptions::gate_gradients (ops/variant.h)")
+      ->check(CLI::IsMember({"boundary_states", "block_sums"}));
   CLI11_PARSE(app, argc, argv);
   try {
     auto& device = ladle::Device::get();
@@ -149,6 +152,8 @@ int main(int argc, char** argv) {
       }
       ladle::RunOptions options;
       options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
+      options.gate_gradients =
+          gate_gradients == "block_sums" ? ladle::GateGradients::block_sums : ladle::GateGradients::boundary_states;
       ladle::gpu::LaunchOptions launch{&stream};
       const auto forward = [&] { ladle::gpu::run_variant_into(variant, qv, kv, vv, inputs, options, {ov, std::nullopt}, launch); };
       const auto backward_pass = [&] {
@@ -176,8 +181,9 @@ int main(int argc, char** argv) {
       ladle::Device::get().synchronize();
       dq.copy_to_host(first.data(), 4);
       std::printf("{\"op\":\"%s_fwd_bwd\",\"impl\":\"ladle\",\"algo\":\"%s\",\"shape\":\"B%d T%d H%d K%d V%d bf16\","
-                  "\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"total_ms\":%.3f,\"first_call_ms\":%.0f,\"dq0\":%.6g}\n",
-                  op.c_str(), algo.c_str(), B, T, H, K, V, fwd, bwd, both, first_ms, first[0]);
+                  "\"gate_gradients\":\"%s\",\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"total_ms\":%.3f,\"first_call_ms\":%.0f,"
+                  "\"dq0\":%.6g}\n",
+                  op.c_str(), algo.c_str(), B, T, H, K, V, gate_gradients.c_str(), fwd, bwd, both, first_ms, first[0]);
       return 0;
     }
     if (tiles.empty()) tiles.push_back("");
