@@ -353,8 +353,10 @@ class Chain {
 void size_slot_rows(SlotRows& g, std::int64_t K, std::int64_t V) {
   for (std::size_t s = 0; s < ir::slot_count; ++s)
     g[s].resize(static_cast<std::size_t>(s == slot_index(ir::Slot::v) || s == slot_index(ir::Slot::log_decay_v) ? V
-                                         : s == slot_index(ir::Slot::log_decay_head) || s == slot_index(ir::Slot::scale) ? 1
-                                                                                                                          : K));
+                                         : s == slot_index(ir::Slot::log_decay_head) || s == slot_index(ir::Slot::scale) ||
+                                                   s == slot_index(ir::Slot::write_strength)
+                                             ? 1
+                                             : K));
 }
 
 // The backward of one (sequence, head) pair at a time (see run_recurrent_backward).
@@ -374,6 +376,7 @@ class Backward {
     chunk_states_.resize(static_cast<std::size_t>(C + 1) * K * V);
     chunk_z_.resize(static_cast<std::size_t>(C + 1) * K);
     dS_.resize(K * V), dz_.resize(K), do_.resize(V), num_.resize(V);
+    qhat_.resize(K), khat_.resize(K), dqhat_.resize(K), dkhat_.resize(K), c_.resize(V), e_.resize(V), de_.resize(V);
     size_slot_rows(g_, args.key_dim, args.value_dim);
   }
 
@@ -448,11 +451,27 @@ class Backward {
     }
     for (std::size_t j = 0; j < bv_.size(); ++j) bv_[j] = has(ir::Slot::log_decay_v) ? std::exp(row(ir::Slot::log_decay_v)[j]) : 1.0f;
     scale_ = has(ir::Slot::scale) ? row(ir::Slot::scale)[0] : 1.0f;
+    if (variant_.plain_form()) return;
+    // The update forms: q and k as the recurrence reads them (L2-normalised where asked, q times the
+    // scale), the head decay, beta.
+    const std::vector<float>& q = row(ir::Slot::q_feature);
+    const std::vector<float>& k = row(ir::Slot::k_feature);
+    q_rn_ = k_rn_ = 1.0f;
+    if (variant_.l2_normalize_qk) {
+      double qq = 0, kk = 0;
+      for (std::size_t i = 0; i < q.size(); ++i) qq += double(q[i]) * q[i], kk += double(k[i]) * k[i];
+      q_rn_ = static_cast<float>(1.0 / std::sqrt(qq + ir::l2_normalize_eps));
+      k_rn_ = static_cast<float>(1.0 / std::sqrt(kk + ir::l2_normalize_eps));
+    }
+    for (std::size_t i = 0; i < q.size(); ++i) qhat_[i] = scale_ * q_rn_ * q[i], khat_[i] = k_rn_ * k[i];
+    head_decay_ = has(ir::Slot::log_decay_head) ? std::exp(row(ir::Slot::log_decay_head)[0]) : 1.0f;
+    beta_ = has(ir::Slot::write_strength) ? row(ir::Slot::write_strength)[0] : 1.0f;
   }
 
   // S_t = diag(a) S_{t-1} diag(b) + k v^T and z_t = a z_{t-1} + k (in place when next == prev).
-  void advance(const float* prev, float* next, const float* zprev, float* znext) const {
+  void advance(const float* prev, float* next, const float* zprev, float* znext) {
     const std::int64_t K = args_.key_dim, V = args_.value_dim;
+    if (!variant_.plain_form()) return advance_update_form(prev, next);
     const std::vector<float>& k = row(ir::Slot::k_feature);
     const std::vector<float>& v = row(ir::Slot::v);
     for (std::int64_t i = 0; i < K; ++i)
@@ -460,9 +479,137 @@ class Backward {
     for (std::int64_t i = 0; i < K; ++i) znext[i] = zprev[i] * a_[i] + k[i];
   }
 
+  // The update forms' step (Worker::token_update_form): the delta rule, P = alpha S_{t-1}, c = P^T k,
+  // e = beta (v - c), S_t = P + k e^T (c and e kept for back_step); the read before the update,
+  // S_t = diag(a) S_{t-1} + k v^T.
+  void advance_update_form(const float* prev, float* next) {
+    const std::int64_t K = args_.key_dim, V = args_.value_dim;
+    const std::vector<float>& v = row(ir::Slot::v);
+    if (variant_.update == ir::Update::delta) {
+      std::fill(c_.begin(), c_.end(), 0.0f);
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j) c_[static_cast<std::size_t>(j)] += khat_[static_cast<std::size_t>(i)] * head_decay_ * prev[i * V + j];
+      for (std::int64_t j = 0; j < V; ++j) e_[static_cast<std::size_t>(j)] = beta_ * (v[static_cast<std::size_t>(j)] - c_[static_cast<std::size_t>(j)]);
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j)
+          next[i * V + j] = head_decay_ * prev[i * V + j] + khat_[static_cast<std::size_t>(i)] * e_[static_cast<std::size_t>(j)];
+    } else {
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < V; ++j)
+          next[i * V + j] = a_[static_cast<std::size_t>(i)] * prev[i * V + j] + khat_[static_cast<std::size_t>(i)] * v[static_cast<std::size_t>(j)];
+    }
+  }
+
+  // One token back in an update form, as back_step: dS = dL/dS_t becomes dL/dS_{t-1}.
+  void back_step_update_form(std::int64_t b, std::int64_t t, std::int64_t h, const float* prev, const float* cur) {
+    const std::int64_t K = args_.key_dim, V = args_.value_dim;
+    const auto at = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+    const std::vector<float>& q = row(ir::Slot::q_feature);
+    const std::vector<float>& k = row(ir::Slot::k_feature);
+    const std::vector<float>& v = row(ir::Slot::v);
+    const TensorView& d_out = grads_.d_output;
+    for (std::int64_t j = 0; j < V; ++j) do_[at(j)] = load_float(element(d_out, {b, t, h, j}), d_out.type);
+    for (auto& g : g_) std::fill(g.begin(), g.end(), 0.0f);
+    std::vector<float>& gv = g_[slot_index(ir::Slot::v)];
+    std::fill(dqhat_.begin(), dqhat_.end(), 0.0f);
+    std::fill(dkhat_.begin(), dkhat_.end(), 0.0f);
+    float* dS = dS_.data();
+    float ghead = 0.0f;
+    if (variant_.update == ir::Update::delta) {
+      // The read after the update: o = qhat^T S_t.
+      for (std::int64_t i = 0; i < K; ++i) {
+        float r = 0.0f;
+        for (std::int64_t j = 0; j < V; ++j) r += cur[i * V + j] * do_[at(j)], dS[i * V + j] += qhat_[at(i)] * do_[at(j)];
+        dqhat_[at(i)] = r;
+      }
+      advance_update_form(prev, num_scratch());  // c and e of this token
+      // S_t = P + k e^T: dk += dS e, de = dS^T k; e = beta (v - c): dv = beta de, dbeta = de . (v - c), dc = -beta de;
+      // c = P^T k: dk += P dc, dP = dS + k dc^T; P = alpha S_{t-1}: d log alpha = dP . P, dS_{t-1} = alpha dP.
+      std::fill(de_.begin(), de_.end(), 0.0f);
+      for (std::int64_t i = 0; i < K; ++i) {
+        float r = 0.0f;
+        for (std::int64_t j = 0; j < V; ++j) r += dS[i * V + j] * e_[at(j)], de_[at(j)] += dS[i * V + j] * khat_[at(i)];
+        dkhat_[at(i)] += r;
+      }
+      float gbeta = 0.0f;
+      for (std::int64_t j = 0; j < V; ++j) {
+        gv[at(j)] = beta_ * de_[at(j)];
+        gbeta += de_[at(j)] * (v[at(j)] - c_[at(j)]);
+        de_[at(j)] *= -beta_;  // now dc
+      }
+      g_[slot_index(ir::Slot::write_strength)][0] = gbeta;
+      for (std::int64_t i = 0; i < K; ++i) {
+        float r = 0.0f;
+        for (std::int64_t j = 0; j < V; ++j) {
+          const float p = head_decay_ * prev[i * V + j];
+          const float dp = dS[i * V + j] + khat_[at(i)] * de_[at(j)];
+          r += p * de_[at(j)];
+          ghead += dp * p;
+          dS[i * V + j] = head_decay_ * dp;
+        }
+        dkhat_[at(i)] += r;
+      }
+    } else {
+      // The read before the update, o = qhat^T S_{t-1} + (qhat . diag(u) k) v, then S_t = diag(a) S_{t-1} + k v^T.
+      std::vector<float>& ga = g_[slot_index(ir::Slot::log_decay_k)];
+      std::vector<float>& gu = g_[slot_index(ir::Slot::bonus)];
+      const bool bonus = has(ir::Slot::bonus);
+      float weight = 0.0f, dweight = 0.0f;
+      for (std::int64_t j = 0; j < V; ++j) dweight += v[at(j)] * do_[at(j)];
+      if (bonus)
+        for (std::int64_t i = 0; i < K; ++i) weight += qhat_[at(i)] * row(ir::Slot::bonus)[at(i)] * khat_[at(i)];
+      for (std::int64_t i = 0; i < K; ++i) {
+        float dk = 0.0f, da = 0.0f, dq = 0.0f;
+        for (std::int64_t j = 0; j < V; ++j) {
+          const float d = dS[i * V + j];
+          dk += d * v[at(j)];
+          gv[at(j)] += d * khat_[at(i)];
+          da += d * prev[i * V + j];
+          dq += prev[i * V + j] * do_[at(j)];
+          dS[i * V + j] = a_[at(i)] * d + qhat_[at(i)] * do_[at(j)];
+        }
+        ga[at(i)] = a_[at(i)] * da;
+        ghead += ga[at(i)];
+        if (bonus) {
+          const float u = row(ir::Slot::bonus)[at(i)];
+          dq += u * khat_[at(i)] * dweight;
+          dk += qhat_[at(i)] * u * dweight;
+          gu[at(i)] = qhat_[at(i)] * khat_[at(i)] * dweight;
+        }
+        dqhat_[at(i)] = dq, dkhat_[at(i)] = dk;
+      }
+      if (bonus)
+        for (std::int64_t j = 0; j < V; ++j) gv[at(j)] += weight * do_[at(j)];
+    }
+    g_[slot_index(ir::Slot::log_decay_head)][0] = ghead;
+    // qhat = scale r_q q and khat = r_k k, r = (sum x^2 + eps)^(-1/2) where L2-normalised (else 1):
+    // d x = r dy - x r^3 (dy . x) with dy the normalised vector's gradient.
+    std::vector<float>& gq = g_[slot_index(ir::Slot::q_feature)];
+    std::vector<float>& gk = g_[slot_index(ir::Slot::k_feature)];
+    float gscale = 0.0f, qdot = 0.0f, kdot = 0.0f;
+    for (std::int64_t i = 0; i < K; ++i) {
+      gscale += dqhat_[at(i)] * q_rn_ * q[at(i)];
+      qdot += dqhat_[at(i)] * q[at(i)], kdot += dkhat_[at(i)] * k[at(i)];
+    }
+    const bool l2 = variant_.l2_normalize_qk;
+    for (std::int64_t i = 0; i < K; ++i) {
+      gq[at(i)] = scale_ * (q_rn_ * dqhat_[at(i)] - (l2 ? q[at(i)] * q_rn_ * q_rn_ * q_rn_ * qdot : 0.0f));
+      gk[at(i)] = k_rn_ * dkhat_[at(i)] - (l2 ? k[at(i)] * k_rn_ * k_rn_ * k_rn_ * kdot : 0.0f);
+    }
+    g_[slot_index(ir::Slot::scale)][0] = gscale;
+    chain_.token(b, t, h, g_);
+  }
+
+  // A K x V scratch state that advance_update_form may write (back_step_update_form wants only its c and e).
+  float* num_scratch() {
+    scratch_state_.resize(static_cast<std::size_t>(args_.key_dim * args_.value_dim));
+    return scratch_state_.data();
+  }
+
   // One token back: the slots' gradients from dL/do_t and dS = dL/dS_t, dS becomes dL/dS_{t-1},
   // and the inputs' gradients through the derivative programs.
   void back_step(std::int64_t b, std::int64_t t, std::int64_t h, const float* prev, const float* cur, const float* zprev, const float* zcur) {
+    if (!variant_.plain_form()) return back_step_update_form(b, t, h, prev, cur);
     const std::int64_t K = args_.key_dim, V = args_.value_dim;
     const std::vector<float>& q = row(ir::Slot::q_feature);
     const std::vector<float>& k = row(ir::Slot::k_feature);
@@ -534,8 +681,10 @@ class Backward {
   TokenLoader loader_;
   Chain chain_;
   std::vector<float> scratch_, a_, bv_, checkpoints_, z_checkpoints_, chunk_states_, chunk_z_, dS_, dz_, do_, num_;
+  // The update forms: q and k as read (qhat includes the scale), their gradients, the delta rule's c and e.
+  std::vector<float> qhat_, khat_, dqhat_, dkhat_, c_, e_, de_, scratch_state_;
   SlotRows rows_, g_;
-  float scale_ = 1.0f;
+  float scale_ = 1.0f, q_rn_ = 1.0f, k_rn_ = 1.0f, head_decay_ = 1.0f, beta_ = 1.0f;
 };
 
 Programs slot_programs(const ir::Variant& variant, const RecurrentArgs& args) {
@@ -645,8 +794,6 @@ void each_token(const RecurrentArgs& args, std::int64_t groups, const MakeBody& 
 }  // namespace
 
 void run_recurrent_backward(const ir::Variant& variant, const RecurrentArgs& args, const RecurrentGrads& grads) {
-  if (!variant.plain_form())
-    throw std::invalid_argument("run_recurrent_backward: the backward of " + ir::form_name(variant) + " is not built yet");
   if (!grads.checkpoints) throw std::invalid_argument("run_recurrent_backward: no checkpoints (the forward makes them: RecurrentArgs::checkpoints)");
   if (grads.checkpoints->interval != Backward::C)
     throw std::invalid_argument("run_recurrent_backward: checkpoints every " + std::to_string(grads.checkpoints->interval) +

@@ -20,7 +20,10 @@
 #include <functional>
 #include <random>
 
+#include <ladle/ops/update_forms.h>
+
 #include "reference/recurrent_reference.h"
+#include "reference/update_forms_reference.h"
 #include "support/tensors.h"
 
 using ladle::DType;
@@ -316,6 +319,129 @@ TEST_CASE("the named ops' backward (recurrent_for_backward, gla_for_backward) ma
     gla.reverse = bits == 2, gla.initial_state = bits & 2;
     if (bits == 3) gla.cu_seqlens = {0, 4, 4, 11}, gla.T = 11;  // packed, with an empty sequence
     check_gradients(gla);
+  }
+}
+
+namespace {
+
+// An update form's case: the delta rule (gated: with a head decay g), or RWKV6's read before the update.
+struct FormCase {
+  enum Form { delta, gated_delta, rwkv6 } form = delta;
+  bool l2 = false, reverse = false, initial_state = false, gqa = false, packed = false;
+  std::string describe() const {
+    return std::string(form == delta ? "delta rule" : form == gated_delta ? "gated delta rule" : "rwkv6") + (l2 ? " l2" : "") +
+           (reverse ? " reverse" : "") + (initial_state ? " h0" : "") + (gqa ? " GQA" : "") + (packed ? " packed" : "");
+  }
+};
+
+// The CPU backward of an update form against central differences of its fp64 oracle
+// (update_forms_reference.h), for every input it reads and the initial state.
+void check_form_gradients(const FormCase& c) {
+  INFO(c.describe());
+  std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.describe())));
+  const int T = 9, H = 2, H_kv = c.gqa ? 1 : 2, K = 4, V = 3;
+  const std::vector<std::int64_t> cu = c.packed ? std::vector<std::int64_t>{0, 3, 3, 9} : std::vector<std::int64_t>{};
+  const int B = c.packed ? 1 : 2, N = c.packed ? 3 : 2;
+  std::vector<Param> params;
+  params.push_back({"q", test::normal(rng, DType::f32, {B, T, H, K})});
+  params.push_back({"k", test::normal(rng, DType::f32, {B, T, H_kv, K}, c.l2 ? 1.0 : 0.5)});
+  params.push_back({"v", test::normal(rng, DType::f32, {B, T, H_kv, V})});
+  std::uniform_real_distribution<double> mild(-0.6, -0.02), strength(0.1, 0.9), any(-1.0, 1.0);
+  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, std::uniform_real_distribution<double>& draw) {
+    params.push_back({name, test::filled(DType::f32, std::move(shape), [&] { return draw(rng); })});
+  };
+  if (c.form != FormCase::rwkv6) add("beta", {B, T, H}, strength);
+  if (c.form == FormCase::gated_delta) add("g", {B, T, H}, mild);
+  if (c.form == FormCase::rwkv6) add("w", {B, T, H, K}, mild), add("u", {H, K}, any);
+  if (c.initial_state) add("h0", {N, H, K, V}, any);
+  const double scale = 0.6;
+  const ir::Variant& variant =
+      c.form == FormCase::rwkv6 ? ladle::rwkv6_variant() : ladle::delta_rule_variant(c.form == FormCase::gated_delta, c.l2);
+  const auto find = [&](const std::string& name) -> Param* {
+    for (Param& p : params)
+      if (p.name == name) return &p;
+    return nullptr;
+  };
+  std::vector<double> w_o(static_cast<std::size_t>(B) * T * H * V), w_s(static_cast<std::size_t>(N) * H * K * V);
+  std::normal_distribution<double> unit(0.0, 1.0);
+  for (double& w : w_o) w = unit(rng);
+  for (double& w : w_s) w = unit(rng);
+  const auto loss = [&] {
+    reference::UpdateForm ref;
+    ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
+    ref.q = find("q")->filled.values, ref.k = find("k")->filled.values, ref.v = find("v")->filled.values;
+    ref.scale = scale, ref.reverse = c.reverse, ref.cu_seqlens = cu, ref.l2_normalize = c.l2;
+    if (c.initial_state) ref.initial_state = find("h0")->filled.values;
+    if (const Param* p = find("beta")) ref.beta = p->filled.values;
+    if (const Param* p = find("g")) ref.g = p->filled.values;
+    if (const Param* p = find("w")) ref.w = p->filled.values;
+    if (const Param* p = find("u")) ref.u = p->filled.values;
+    const reference::RecurrentOutput out = c.form == FormCase::rwkv6 ? reference::bonus_read(ref) : reference::delta_rule(ref);
+    double l = 0.0;
+    for (std::size_t e = 0; e < w_o.size(); ++e) l += w_o[e] * out.o[e];
+    for (std::size_t e = 0; e < w_s.size(); ++e) l += w_s[e] * out.final_state[e];
+    return l;
+  };
+  ladle::VariantInputs inputs;
+  inputs.scalars.emplace("scale", float(scale));
+  for (const Param& p : params)
+    if (p.name != "q" && p.name != "k" && p.name != "v" && p.name != "h0") inputs.tensors.emplace(p.name, p.filled.tensor.view());
+  ladle::RunOptions options;
+  options.backend = ladle::Backend::cpu;
+  options.reverse = c.reverse;
+  options.return_state = true;
+  Tensor offsets;
+  if (c.packed) {
+    offsets = Tensor(DType::i64, {static_cast<std::int64_t>(cu.size())});
+    std::copy(cu.begin(), cu.end(), static_cast<std::int64_t*>(offsets.data()));
+    options.cu_seqlens = offsets.view();
+  }
+  if (c.initial_state) options.initial_state = find("h0")->filled.tensor.view();
+  Tensor d_o(DType::f32, {B, T, H, V}), d_s(DType::f32, {N, H, K, V});
+  for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
+  for (std::size_t e = 0; e < w_s.size(); ++e) d_s.set(static_cast<std::int64_t>(e), float(w_s[e]));
+  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(
+      variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(), find("v")->filled.tensor.view(), inputs, options);
+  const ladle::RecurrentGradients grads = ladle::run_variant_backward(forward.saved, d_o.view(), d_s.view());
+  for (Param& p : params) {
+    double largest = 0.0, worst = 0.0;
+    const Tensor& got = p.name == "q"    ? grads.dq
+                        : p.name == "k"  ? grads.dk
+                        : p.name == "v"  ? grads.dv
+                        : p.name == "h0" ? *grads.d_initial_state
+                                         : grads.inputs.at(p.name);
+    REQUIRE(got.shape() == p.filled.tensor.shape());
+    std::vector<double> numeric(p.filled.values.size());
+    for (std::size_t e = 0; e < p.filled.values.size(); ++e) {
+      const double keep = p.filled.values[e], h = 1e-5 * std::max(1.0, std::abs(keep));
+      p.filled.values[e] = keep + h;
+      const double up = loss();
+      p.filled.values[e] = keep - h;
+      const double down = loss();
+      p.filled.values[e] = keep;
+      numeric[e] = (up - down) / (2 * h);
+      largest = std::max(largest, std::abs(numeric[e]));
+    }
+    for (std::size_t e = 0; e < numeric.size(); ++e) worst = std::max(worst, std::abs(double(got.get(static_cast<std::int64_t>(e))) - numeric[e]));
+    INFO("d" << p.name << ": largest |gradient| " << largest << ", worst error " << worst);
+    CHECK(largest > 0.0);
+    CHECK(worst <= 2e-4 * std::max(1.0, largest));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the update forms' backward (delta rule, gated delta rule, RWKV6) matches finite differences of the fp64 reference",
+          "[backward][recurrent]") {
+  for (int bits = 0; bits < 8; ++bits) {
+    for (const FormCase::Form form : {FormCase::delta, FormCase::gated_delta, FormCase::rwkv6}) {
+      FormCase c;
+      c.form = form;
+      c.l2 = form != FormCase::rwkv6 && (bits & 1);
+      c.reverse = bits & 2, c.initial_state = bits & 4;
+      c.gqa = bits % 3 == 0, c.packed = bits % 3 == 1;
+      check_form_gradients(c);
+    }
   }
 }
 

@@ -319,10 +319,24 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
   l2.use_qk_l2norm_in_kernel = true;
   CHECK_THROWS_WITH(ladle::rwkv6(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), u.tensor.view(), l2),
                     Contains("use_qk_l2norm_in_kernel"));
-  // The backward of these forms is not built: refused by name, not run wrong.
-  CHECK_THROWS_WITH(ladle::run_variant_for_backward(ladle::delta_rule_variant(false, false), q.tensor.view(), k.tensor.view(),
-                                                    v.tensor.view(), {{{"beta", beta.tensor.view()}}, {{"scale", 1.0f}}}),
-                    Contains("backward of the delta rule is not built yet"));
+  // The backward of these forms runs on the CPU; the GPU's and the composition are refused by name, not run wrong.
+  {
+    const ladle::VariantInputs inputs{{{"beta", beta.tensor.view()}}, {{"scale", 1.0f}}};
+    ladle::RunOptions on_cpu;
+    on_cpu.backend = ladle::Backend::cpu;
+    const ladle::RecurrentForward forward = ladle::run_variant_for_backward(ladle::delta_rule_variant(false, false), q.tensor.view(),
+                                                                           k.tensor.view(), v.tensor.view(), inputs, on_cpu);
+    const auto d_o = test::normal(rng, DType::f32, forward.result.o.shape());
+    CHECK_THROWS_WITH(ladle::run_variant_backward_composed(forward.saved, d_o.tensor.view(), std::nullopt, ladle::Backend::cpu),
+                      Contains("composition runs the diagonal form, not the delta rule"));
+    if (ladle::driver_available()) {
+      ladle::RunOptions on_gpu;
+      on_gpu.backend = ladle::Backend::gpu;
+      CHECK_THROWS_WITH(ladle::run_variant_for_backward(ladle::delta_rule_variant(false, false), q.tensor.view(), k.tensor.view(),
+                                                        v.tensor.view(), inputs, on_gpu),
+                        Contains("GPU backward of the delta rule is not built yet"));
+    }
+  }
   // The chunked delta rule stops at K = 128: a forced chunked call says so (on a GPU machine;
   // without one the GPU backend is refused first).
   ladle::UpdateFormOptions chunked = cpu;
