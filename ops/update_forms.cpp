@@ -99,4 +99,21 @@ void rwkv6_into(const TensorView& r, const TensorView& k, const TensorView& v, c
   run_variant_into(rwkv6_checked(options), r, k, v, inputs_of(r, options, {{"w", &w}, {"u", &u}}), run_options(options), outputs);
 }
 
+RecurrentForward delta_rule_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
+                                        const UpdateFormOptions& options) {
+  return run_variant_for_backward(delta_rule_variant(false, options.use_qk_l2norm_in_kernel), q, k, v,
+                                  inputs_of(q, options, {{"beta", &beta}}), run_options(options));
+}
+
+RecurrentForward gated_delta_rule_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                              const TensorView& beta, const UpdateFormOptions& options) {
+  return run_variant_for_backward(delta_rule_variant(true, options.use_qk_l2norm_in_kernel), q, k, v,
+                                  inputs_of(q, options, {{"g", &g}, {"beta", &beta}}), run_options(options));
+}
+
+RecurrentForward rwkv6_for_backward(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w,
+                                    const TensorView& u, const UpdateFormOptions& options) {
+  return run_variant_for_backward(rwkv6_checked(options), r, k, v, inputs_of(r, options, {{"w", &w}, {"u", &u}}), run_options(options));
+}
+
 }  // namespace ladle

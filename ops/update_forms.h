@@ -48,6 +48,18 @@ RecurrentResult rwkv6(const TensorView& r, const TensorView& k, const TensorView
 void rwkv6_into(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w, const TensorView& u,
                 const UpdateFormOptions& options, const RecurrentOutputs& outputs);
 
+// Training: each op's forward, keeping what its backward needs (variant.h, run_variant_for_backward);
+// then ladle::run_variant_backward(forward.saved, d_o[, d_final_state]) gives dq (dr), dk, dv,
+// d initial_state and grads.inputs.at("beta"), "g", "w", "u", each in its input's shape. The backward
+// runs on the CPU (options.backend = cpu; a GPU forward's backward is refused by name, not built yet),
+// with q and k L2-normalised in it where use_qk_l2norm_in_kernel is set.
+RecurrentForward delta_rule_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
+                                        const UpdateFormOptions& options = {});
+RecurrentForward gated_delta_rule_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                              const TensorView& beta, const UpdateFormOptions& options = {});
+RecurrentForward rwkv6_for_backward(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w,
+                                    const TensorView& u, const UpdateFormOptions& options = {});
+
 // The lowered expressions the ops run (for dumps, codegen and the tools' --op).
 const ir::Variant& delta_rule_variant(bool gated, bool l2_normalize_qk);
 const ir::Variant& rwkv6_variant();

@@ -2,10 +2,13 @@
 // a learned per-head temperature tau. A teacher with known temperatures makes the targets; the
 // student starts from tau = 1 and follows the gradient that ladle derives from the same expression
 // (run_variant_for_backward, then run_variant_backward: d tau comes from ir::derivative of the gate
-// math), and also learns its per-token gate input x. The loss must fall by 10x: the last line
-// is the verdict, `train_gate: ok`, or `train_gate: FAILED (why)` and exit status 1.
-// Everything runs on the GPU when there is one (the backward by composition over the GPU's
-// recurrence kernels), else on the CPU path.
+// math), and also learns its per-token gate input x. Then a small Gated DeltaNet layer,
+//   S_t = exp(logsigmoid(a_t) / 4) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  beta_t = sigmoid(b_t),
+// q and k L2-normalised in it, learns its decay and write-strength inputs a and b from a teacher the
+// same way (the update forms' backward, on the CPU). Each loss must fall by 10x: the last line is the
+// verdict, `train_gate: ok`, or `train_gate: FAILED (why)` and exit status 1.
+// The gate runs on the GPU when there is one (the backward by composition over the GPU's
+// recurrence kernels), else on the CPU path; the Gated DeltaNet layer on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -90,10 +93,74 @@ std::string train() {
   return "";
 }
 
+// The Gated DeltaNet layer: a and b [B,T,H] learned from a teacher's outputs.
+std::string train_gated_deltanet() {
+  using namespace ladle;
+  namespace d = dsl;
+  const ir::Variant variant = d::lower(
+      d::read(d::scan(d::k, d::v).decay_head(d::logsigmoid(d::token_head("a")) / 4.0f).delta(d::sigmoid(d::token_head("b"))), d::q,
+              d::scalar("scale"))
+          .l2_normalized(),
+      "gated_deltanet");
+  const std::int64_t B = 2, T = 40, H = 2, K = 8, V = 8;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto random = [&](std::vector<std::int64_t> shape, float stddev) {
+    Tensor t(DType::f32, std::move(shape));
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, stddev * normal(rng));
+    return t;
+  };
+  const Tensor q = random({B, T, H, K}, 1.0f), k = random({B, T, H, K}, 1.0f), v = random({B, T, H, V}, 1.0f);
+  const Tensor a_teacher = random({B, T, H}, 1.5f), b_teacher = random({B, T, H}, 1.5f);
+  RunOptions options;
+  options.backend = Backend::cpu;  // the update forms' backward runs on the CPU
+  const auto inputs = [&](const Tensor& a, const Tensor& b) {
+    VariantInputs in;
+    in.tensors.emplace("a", a.view());
+    in.tensors.emplace("b", b.view());
+    in.scalars.emplace("scale", 1.0f / std::sqrt(float(K)));
+    return in;
+  };
+  const RecurrentResult target = run_variant(variant, q.view(), k.view(), v.view(), inputs(a_teacher, b_teacher), options);
+  Tensor a = random({B, T, H}, 1.0f), b = random({B, T, H}, 1.0f);
+  for (std::int64_t i = 0; i < a.numel(); ++i) a.set(i, a.get(i) + a_teacher.get(i)), b.set(i, b.get(i) + b_teacher.get(i));
+  const float lr = 1000.0f;  // the loss is a mean over 1,280 outputs: each input's gradient is small
+  double first = 0.0, last = 0.0;
+  for (int step = 0; step <= 200; ++step) {
+    const RecurrentForward forward = run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs(a, b), options);
+    const std::int64_t n = forward.result.o.numel();
+    Tensor d_o(DType::f32, forward.result.o.shape());
+    double loss = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double diff = double(forward.result.o.get(i)) - double(target.o.get(i));
+      loss += diff * diff / double(n);
+      d_o.set(i, float(2.0 * diff / double(n)));
+    }
+    if (step == 0) first = loss;
+    last = loss;
+    if (step % 50 == 0) std::printf("Gated DeltaNet step %3d  loss %.6f\n", step, loss);
+    if (step == 200) break;
+    const RecurrentGradients grads = run_variant_backward(forward.saved, d_o.view());
+    const Tensor &da = grads.inputs.at("a"), &db = grads.inputs.at("b");
+    for (std::int64_t i = 0; i < a.numel(); ++i) a.set(i, a.get(i) - lr * da.get(i)), b.set(i, b.get(i) - lr * db.get(i));
+  }
+  std::printf("Gated DeltaNet loss %.6f -> %.6f, must fall by 10x or more\n", first, last);
+  if (!(last * 10.0 <= first)) {
+    char why[128];
+    std::snprintf(why, sizeof why, "Gated DeltaNet loss %.6f -> %.6f fell by %.3gx, expected 10x or more", first, last, first / last);
+    return why;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (!example::parse_arguments(argc, argv, "example-train-gate", false)) return 2;
   if (ladle::driver_available()) std::printf("training on the GPU\n");
-  return example::report("train_gate", train, "training on the CPU");
+  return example::report("train_gate", [] {
+    const std::string gate = train();
+    const std::string deltanet = train_gated_deltanet();
+    return gate.empty() ? deltanet : deltanet.empty() ? gate : gate + "; " + deltanet;
+  }, "training on the CPU");
 }

@@ -328,8 +328,10 @@ namespace {
 struct FormCase {
   enum Form { delta, gated_delta, rwkv6 } form = delta;
   bool l2 = false, reverse = false, initial_state = false, gqa = false, packed = false;
+  bool named = false;  // the forward by the named op's training entry (delta_rule_for_backward, ...)
   std::string describe() const {
-    return std::string(form == delta ? "delta rule" : form == gated_delta ? "gated delta rule" : "rwkv6") + (l2 ? " l2" : "") +
+    return std::string(form == delta ? "delta rule" : form == gated_delta ? "gated delta rule" : "rwkv6") + (named ? " named" : "") +
+           (l2 ? " l2" : "") +
            (reverse ? " reverse" : "") + (initial_state ? " h0" : "") + (gqa ? " GQA" : "") + (packed ? " packed" : "");
   }
 };
@@ -400,8 +402,21 @@ void check_form_gradients(const FormCase& c) {
   Tensor d_o(DType::f32, {B, T, H, V}), d_s(DType::f32, {N, H, K, V});
   for (std::size_t e = 0; e < w_o.size(); ++e) d_o.set(static_cast<std::int64_t>(e), float(w_o[e]));
   for (std::size_t e = 0; e < w_s.size(); ++e) d_s.set(static_cast<std::int64_t>(e), float(w_s[e]));
-  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(
-      variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(), find("v")->filled.tensor.view(), inputs, options);
+  const auto by_name = [&] {
+    ladle::UpdateFormOptions named;
+    named.scale = float(scale), named.initial_state = options.initial_state, named.return_state = true;
+    named.cu_seqlens = options.cu_seqlens, named.reverse = c.reverse, named.use_qk_l2norm_in_kernel = c.l2;
+    named.backend = ladle::Backend::cpu;
+    const ladle::TensorView q = find("q")->filled.tensor.view(), k = find("k")->filled.tensor.view(), v = find("v")->filled.tensor.view();
+    const auto view = [&](const char* name) { return find(name)->filled.tensor.view(); };
+    if (c.form == FormCase::delta) return ladle::delta_rule_for_backward(q, k, v, view("beta"), named);
+    if (c.form == FormCase::gated_delta) return ladle::gated_delta_rule_for_backward(q, k, v, view("g"), view("beta"), named);
+    return ladle::rwkv6_for_backward(q, k, v, view("w"), view("u"), named);
+  };
+  const ladle::RecurrentForward forward =
+      c.named ? by_name()
+              : ladle::run_variant_for_backward(variant, find("q")->filled.tensor.view(), find("k")->filled.tensor.view(),
+                                                find("v")->filled.tensor.view(), inputs, options);
   const ladle::RecurrentGradients grads = ladle::run_variant_backward(forward.saved, d_o.view(), d_s.view());
   for (Param& p : params) {
     double largest = 0.0, worst = 0.0;
@@ -440,6 +455,7 @@ TEST_CASE("the update forms' backward (delta rule, gated delta rule, RWKV6) matc
       c.l2 = form != FormCase::rwkv6 && (bits & 1);
       c.reverse = bits & 2, c.initial_state = bits & 4;
       c.gqa = bits % 3 == 0, c.packed = bits % 3 == 1;
+      c.named = bits % 4 == 3;
       check_form_gradients(c);
     }
   }
