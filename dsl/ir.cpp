@@ -72,7 +72,9 @@ const char* slot_name(Slot slot) {
 
 std::string form_name(const Variant& variant) {
   if (variant.update == Update::delta) {
-    std::string out = variant.has(Slot::log_decay_head) ? "the gated delta rule" : "the delta rule";
+    std::string out = variant.has(Slot::log_decay_k)      ? "the delta rule with a key-side decay (KDA)"
+                      : variant.has(Slot::log_decay_head) ? "the gated delta rule"
+                                                          : "the delta rule";
     if (variant.read_before_update) out += " read before the update";
     return out;
   }
@@ -295,7 +297,9 @@ std::string to_string(const Variant& variant) {
   if (variant.update == Update::delta) {
     const std::string beta = has(Slot::write_strength) ? "write_strength " : "";
     if (has(Slot::log_decay_head)) out += "exp(log_decay_head) ";
-    for (const std::string& part : {std::string("(I - "), beta, k, std::string(" "), k, std::string("^T) S_{t-1} + "), beta, k, std::string(" v^T\n")})
+    const std::string decayed = has(Slot::log_decay_k) ? "diag(exp(log_decay_k)) S_{t-1}" : "S_{t-1}";
+    for (const std::string& part : {std::string("(I - "), beta, k, std::string(" "), k, std::string("^T) "), decayed, std::string(" + "), beta, k,
+                                    std::string(" v^T\n")})
       out += part;
   } else {
     if (has(Slot::log_decay_k)) out += "diag(exp(log_decay_k)) ";
@@ -433,8 +437,8 @@ std::vector<std::string> validate(const Variant& variant) {
   }
   // The update forms: which slots and flags go with which.
   if (variant.update == Update::delta) {
-    if (variant.has(Slot::log_decay_k) || variant.has(Slot::log_decay_v))
-      problems.push_back("the delta rule decays the state by a per-head log_decay_head only, not by a key- or value-side decay");
+    if (variant.has(Slot::log_decay_v))
+      problems.push_back("the delta rule decays the state's rows (log_decay_head, or log_decay_k: KDA), not by a value-side decay");
     if (variant.normalize) problems.push_back("the delta rule has no normaliser (normalize)");
     if (variant.read_before_update) problems.push_back("the delta rule is read after its update (read_before_update is not defined for it)");
   } else {

@@ -7,7 +7,8 @@
 //   .normalized(eps)        o_t / ((scale q)^T n_t + eps), n_t the scan of k alone
 // Two further update forms (docs/operations.md: update forms):
 //   scan(k, v).delta(beta)  the delta rule: S <- (I - beta k k^T) S + beta k v^T; with
-//                           .decay_head(g) the gated delta rule: S <- exp(g) (I - beta k k^T) S + beta k v^T
+//                           .decay_head(g) the gated delta rule: S <- exp(g) (I - beta k k^T) S + beta k v^T;
+//                           with .decay_k(g) KDA: S <- (I - beta k k^T) diag(exp(g)) S + beta k v^T
 //   read(...).l2_normalized()   q and k divided by their L2 norm over K (eps 1e-6), inside the kernel
 //   read_before(state, q[, scale])  o_t = (scale q)^T S_{t-1}, read before the update
 //   .bonus(u)               o_t = (scale q)^T (S_{t-1} + diag(u) k v^T)   (RWKV6; u over K)
@@ -32,11 +33,12 @@ class Scan {
                 "scan(k, v): the key must vary over the key features [..,K] (k, or an expression of k)");
   static_assert(V::extent.feature == ir::Feature::value,
                 "scan(k, v): the value must vary over the value features [..,V] (v, or an expression of v)");
-  // The delta rule's correction (I - beta k k^T) and a diagonal decay do not commute: the form
-  // the chunked kernels solve (Gated DeltaNet's) has a per-head decay only.
-  static_assert(!is_present<Beta> || (!is_present<GK> && !is_present<GV>),
-                "delta(beta): the delta rule takes a per-head decay only (decay_head, the gated delta "
-                "rule), not a key- or value-side decay (decay_k, decay_v)");
+  // The delta rule decays the state's rows before its correction: per head (Gated DeltaNet) or per
+  // key feature (KDA: S <- (I - beta k k^T) diag(exp(g)) S + beta k v^T). A value-side decay would
+  // scale the columns the correction writes: not a form anyone trains.
+  static_assert(!is_present<Beta> || !is_present<GV>,
+                "delta(beta): the delta rule takes a per-head or key-side decay (decay_head: the gated "
+                "delta rule; decay_k: KDA), not a value-side decay (decay_v)");
 
  public:
   static constexpr bool has_decay_v = is_present<GV>;

@@ -48,6 +48,22 @@ RecurrentResult rwkv6(const TensorView& r, const TensorView& k, const TensorView
 void rwkv6_into(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w, const TensorView& u,
                 const UpdateFormOptions& options, const RecurrentOutputs& outputs);
 
+// Kimi Delta Attention (KDA), with fla's chunk_kda arguments: the delta rule under a decay per key feature,
+//   S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,   o_t = (scale q_t)^T S_t,
+// g [B,T,H,K] in log space, beta [B,T,H]. With use_gate_in_kernel, g is the raw input and the decay is
+// -exp(A_log) softplus(g + dt_bias) (A_log [H], dt_bias [H,K] or absent: fla's [H*K] viewed as [H,K]);
+// with use_beta_sigmoid_in_kernel, beta is sigmoid(beta). The gate math is part of the expression, so
+// the backward reaches A_log, dt_bias and the raw g and beta. Runs on the CPU path and the
+// fused-recurrent GPU kernels (the chunked ones take a per-head decay: algorithm chunked is refused).
+struct KdaOptions : UpdateFormOptions {
+  bool use_gate_in_kernel = false;
+  std::optional<TensorView> A_log;    // [H], with use_gate_in_kernel
+  std::optional<TensorView> dt_bias;  // [H,K], with use_gate_in_kernel (optional)
+  bool use_beta_sigmoid_in_kernel = false;
+};
+RecurrentResult kda(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                    const KdaOptions& options = {});
+
 // Training: each op's forward, keeping what its backward needs (variant.h, run_variant_for_backward);
 // then ladle::run_variant_backward(forward.saved, d_o[, d_final_state]) gives dq (dr), dk, dv,
 // d initial_state and grads.inputs.at("beta"), "g", "w", "u", each in its input's shape. The backward
@@ -59,9 +75,14 @@ RecurrentForward gated_delta_rule_for_backward(const TensorView& q, const Tensor
                                               const TensorView& beta, const UpdateFormOptions& options = {});
 RecurrentForward rwkv6_for_backward(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w,
                                     const TensorView& u, const UpdateFormOptions& options = {});
+// KDA's: the gradients "g", "beta", and "A_log", "dt_bias" where given.
+RecurrentForward kda_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                  const TensorView& beta, const KdaOptions& options = {});
 
 // The lowered expressions the ops run (for dumps, codegen and the tools' --op).
 const ir::Variant& delta_rule_variant(bool gated, bool l2_normalize_qk);
 const ir::Variant& rwkv6_variant();
+// KDA's expression: gate in the kernel (with dt_bias or not), beta's sigmoid in the kernel, L2.
+const ir::Variant& kda_variant(bool gate_in_kernel, bool dt_bias, bool beta_sigmoid, bool l2_normalize_qk);
 
 }  // namespace ladle

@@ -225,14 +225,15 @@ class Worker {
     float* S = state_.data();
     std::fill(out_.begin(), out_.end(), 0.0f);
     if (variant_.update == ir::Update::delta) {
-      // S <- a S; S <- S + beta k (v - S^T k)^T; o = q^T S.
+      // S <- diag(a) S (a per head, or per key feature: KDA); S <- S + beta k (v - S^T k)^T; o = q^T S.
       const float beta = has(ir::Slot::write_strength) ? slot(ir::Slot::write_strength)[0] : 1.0f;
       std::vector<float>& correction = correction_;  // S^T k, then beta (v - S^T k)
       std::fill(correction.begin(), correction.end(), 0.0f);
       for (std::int64_t i = 0; i < K; ++i) {
         float* row = S + i * V;
+        const float a = has(ir::Slot::log_decay_k) ? std::exp(slot(ir::Slot::log_decay_k)[i]) * head_decay : head_decay;
         for (std::int64_t j = 0; j < V; ++j) {
-          row[j] *= head_decay;
+          row[j] *= a;
           correction[j] += key_[i] * row[j];
         }
       }
@@ -464,7 +465,6 @@ class Backward {
       k_rn_ = static_cast<float>(1.0 / std::sqrt(kk + ir::l2_normalize_eps));
     }
     for (std::size_t i = 0; i < q.size(); ++i) qhat_[i] = scale_ * q_rn_ * q[i], khat_[i] = k_rn_ * k[i];
-    head_decay_ = has(ir::Slot::log_decay_head) ? std::exp(row(ir::Slot::log_decay_head)[0]) : 1.0f;
     beta_ = has(ir::Slot::write_strength) ? row(ir::Slot::write_strength)[0] : 1.0f;
   }
 
@@ -479,20 +479,23 @@ class Backward {
     for (std::int64_t i = 0; i < K; ++i) znext[i] = zprev[i] * a_[i] + k[i];
   }
 
-  // The update forms' step (Worker::token_update_form): the delta rule, P = alpha S_{t-1}, c = P^T k,
+  // The update forms' step (Worker::token_update_form): the delta rule, P = diag(a) S_{t-1} (a per head,
+  // or per key feature: KDA), c = P^T k,
   // e = beta (v - c), S_t = P + k e^T (c and e kept for back_step); the read before the update,
   // S_t = diag(a) S_{t-1} + k v^T.
   void advance_update_form(const float* prev, float* next) {
     const std::int64_t K = args_.key_dim, V = args_.value_dim;
     const std::vector<float>& v = row(ir::Slot::v);
     if (variant_.update == ir::Update::delta) {
+      // a_: the row decays, exp(log_decay_k + log_decay_head) (slots()).
       std::fill(c_.begin(), c_.end(), 0.0f);
       for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j) c_[static_cast<std::size_t>(j)] += khat_[static_cast<std::size_t>(i)] * head_decay_ * prev[i * V + j];
+        for (std::int64_t j = 0; j < V; ++j)
+          c_[static_cast<std::size_t>(j)] += khat_[static_cast<std::size_t>(i)] * a_[static_cast<std::size_t>(i)] * prev[i * V + j];
       for (std::int64_t j = 0; j < V; ++j) e_[static_cast<std::size_t>(j)] = beta_ * (v[static_cast<std::size_t>(j)] - c_[static_cast<std::size_t>(j)]);
       for (std::int64_t i = 0; i < K; ++i)
         for (std::int64_t j = 0; j < V; ++j)
-          next[i * V + j] = head_decay_ * prev[i * V + j] + khat_[static_cast<std::size_t>(i)] * e_[static_cast<std::size_t>(j)];
+          next[i * V + j] = a_[static_cast<std::size_t>(i)] * prev[i * V + j] + khat_[static_cast<std::size_t>(i)] * e_[static_cast<std::size_t>(j)];
     } else {
       for (std::int64_t i = 0; i < K; ++i)
         for (std::int64_t j = 0; j < V; ++j)
@@ -538,16 +541,19 @@ class Backward {
         de_[at(j)] *= -beta_;  // now dc
       }
       g_[slot_index(ir::Slot::write_strength)][0] = gbeta;
+      std::vector<float>& ga = g_[slot_index(ir::Slot::log_decay_k)];  // P = diag(a) S_{t-1}: d log a_i = dP_i . P_i
       for (std::int64_t i = 0; i < K; ++i) {
-        float r = 0.0f;
+        float r = 0.0f, da = 0.0f;
         for (std::int64_t j = 0; j < V; ++j) {
-          const float p = head_decay_ * prev[i * V + j];
+          const float p = a_[at(i)] * prev[i * V + j];
           const float dp = dS[i * V + j] + khat_[at(i)] * de_[at(j)];
           r += p * de_[at(j)];
-          ghead += dp * p;
-          dS[i * V + j] = head_decay_ * dp;
+          da += dp * p;
+          dS[i * V + j] = a_[at(i)] * dp;
         }
         dkhat_[at(i)] += r;
+        ga[at(i)] = da;
+        ghead += da;
       }
     } else {
       // The read before the update, o = qhat^T S_{t-1} + (qhat . diag(u) k) v, then S_t = diag(a) S_{t-1} + k v^T.
@@ -684,7 +690,7 @@ class Backward {
   // The update forms: q and k as read (qhat includes the scale), their gradients, the delta rule's c and e.
   std::vector<float> qhat_, khat_, dqhat_, dkhat_, c_, e_, de_, scratch_state_;
   SlotRows rows_, g_;
-  float scale_ = 1.0f, q_rn_ = 1.0f, k_rn_ = 1.0f, head_decay_ = 1.0f, beta_ = 1.0f;
+  float scale_ = 1.0f, q_rn_ = 1.0f, k_rn_ = 1.0f, beta_ = 1.0f;
 };
 
 Programs slot_programs(const ir::Variant& variant, const RecurrentArgs& args) {

@@ -14,6 +14,8 @@ using namespace detail;
 
 std::string chunked_delta_unsupported(const ir::Variant& variant, std::int64_t key_dim, std::int64_t value_dim) {
   if (variant.update != ir::Update::delta) return "the chunked delta kernels run the delta rule only";
+  if (variant.has(ir::Slot::log_decay_k))
+    return "the chunked delta kernels take a per-head decay; a key-side decay (KDA) runs on the fused-recurrent kernels for now";
   if (key_dim > 128) return "K = " + std::to_string(key_dim) + ", expected at most 128 for the chunked delta rule";
   if (value_dim > 256) return "V = " + std::to_string(value_dim) + ", expected at most 256 for the chunked delta rule";
   return {};
@@ -333,6 +335,8 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked_delta: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
   if (variant.update != ir::Update::delta) fail("the chunked delta kernels run the delta rule only (" + ir::form_name(variant) + ")");
+  if (variant.has(ir::Slot::log_decay_k))
+    fail("the chunked delta kernels take a per-head decay, not " + ir::form_name(variant) + "'s key-side decay");
   if (spec.block_k != 64 && spec.block_k != 128) fail("block_k = " + std::to_string(spec.block_k) + ", expected 64 or 128");
   if (spec.value_pad < 64 || spec.value_pad > 256 || spec.value_pad % 64 != 0)
     fail("value_pad = " + std::to_string(spec.value_pad) + ", expected a multiple of 64 up to 256");

@@ -88,7 +88,7 @@ class RecurrentEmitter {
         before_(variant.read_before_update),
         l2_(variant.l2_normalize_qk),
         bonus_(variant.has(ir::Slot::bonus)),
-        decays_k_(has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head)),  // the delta rule: head decay only
+        decays_k_(has(ir::Slot::log_decay_k) || has(ir::Slot::log_decay_head)),  // the delta rule: per head, or per key row (KDA)
         decays_v_(has(ir::Slot::log_decay_v)),
         scale_per_token_(varies_over_tokens(ir::Slot::scale)) {}
 
@@ -380,12 +380,13 @@ void RecurrentEmitter::update_tokens() {
 void RecurrentEmitter::update_delta() {
   Code& c = c_;
   c("float kS = 0.0f;");
-  if (decays_k_) c("const float token_decay = decay_k[cpos][0];  // the head decay, the same on every row");
+  const bool per_row = has(ir::Slot::log_decay_k);  // KDA: each key row decays by its own gate
+  if (decays_k_ && !per_row) c("const float token_decay = decay_k[cpos][0];  // the head decay, the same on every row");
   c("LADLE_UNROLL for (int r = 0; r < ROWS; ++r) {");
   c.in();
   c("const int i = group * ROWS + r;");
   c("if (i >= BLOCK_K) break;");
-  if (decays_k_) c("state[r] *= token_decay;");
+  if (decays_k_) c(per_row ? "state[r] *= decay_k[cpos][i];  // diag(exp(log_decay_k + log_decay_head)) S" : "state[r] *= token_decay;");
   c("kS += k_feature[cpos][i] * state[r];");
   c.out();
   c("}");

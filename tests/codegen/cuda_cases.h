@@ -201,7 +201,25 @@ inline std::vector<Case> all() {
                                .l2_normalized(),
                            "user_gdn");
     add(c, E::f32, E::f32, &tall);
+    c.name = "KDA: the delta rule under a key-side decay -exp(A_log) softplus(g + dt_bias), sigmoid beta, L2, more rows than threads";
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v)
+                                         .decay_k(-dsl::exp(dsl::head_param("A_log")) *
+                                                  dsl::softplus(dsl::token_key("g") + dsl::head_key("dt_bias")))
+                                         .delta(dsl::sigmoid(dsl::token_head("b"))),
+                                     dsl::q, dsl::scalar("scale"))
+                               .l2_normalized(),
+                           "kda_gate");
+    add(c, E::f32, E::f32, &tall);
     c.K = 8, c.V = 12;
+    c.name = "KDA, a precomputed gate, packed, reverse, states, bf16";
+    c.variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")).delta(dsl::token_head("beta")), dsl::q,
+                                     dsl::scalar("scale")),
+                           "kda");
+    c.cu_seqlens = {0, 4, 4, 10};
+    c.spec.reverse = true;
+    add(c, E::bf16, E::f32);
+    c.cu_seqlens.clear();
+    c.spec.reverse = false;
     c.name = "rwkv6, states";
     c.variant = rwkv6_variant();
     add(c, E::f32, E::f32);

@@ -101,6 +101,14 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
   CHECK_THAT(cuda::chunked_delta_unsupported(gated, 128, 512), Catch::Contains("V = 512"));
   CHECK_THAT(cuda::chunked_delta_unsupported(rwkv6_variant(), 64, 64), Catch::Contains("the delta rule only"));
   CHECK(cuda::chunked_delta_unsupported(gated, 128, 128).empty());
+  {  // KDA's key-side decay: the fused-recurrent kernels run it
+    const ir::Variant& kda = kda_variant(false, false, false, true);
+    CHECK_THAT(cuda::chunked_delta_unsupported(kda, 128, 128), Catch::Contains("key-side decay (KDA)"));
+    cuda::KernelTypes kda_types = types;
+    kda_types.input_types.assign(kda.inputs.size(), DType::bf16);
+    CHECK_THROWS_WITH(cuda::generate_chunked_delta(kda, cuda::chunked_delta_spec(kda_types, 128, 128, ChunkedDeltaPhase::states)),
+                      Catch::Contains("key-side decay"));
+  }
   cuda::ChunkedDeltaSpec bad = states;
   bad.block_k = 96;
   CHECK_THROWS_WITH(cuda::generate_chunked_delta(gated, bad), Catch::Contains("block_k = 96, expected 64 or 128"));

@@ -74,7 +74,10 @@ TEST_CASE("validate reports hand-built variants that mix the forms", "[dsl][upda
   ir::Variant gla = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(w), dsl::q));
   ir::Variant v = gla;
   v.update = ir::Update::delta;
-  CHECK(mentions(ir::validate(v), "per-head log_decay_head only"));
+  CHECK(ir::validate(v).empty());  // a key-side decay with the delta rule: KDA
+  CHECK(ir::form_name(v) == "the delta rule with a key-side decay (KDA)");
+  v.slot(Slot::log_decay_v) = gla.slot(Slot::log_decay_k);
+  CHECK(mentions(ir::validate(v), "not by a value-side decay"));
   v = gla;
   v.l2_normalize_qk = true;
   CHECK(mentions(ir::validate(v), "l2_normalize_qk belongs to the delta rule"));

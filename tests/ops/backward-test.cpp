@@ -326,11 +326,12 @@ namespace {
 
 // An update form's case: the delta rule (gated: with a head decay g), or RWKV6's read before the update.
 struct FormCase {
-  enum Form { delta, gated_delta, rwkv6 } form = delta;
+  enum Form { delta, gated_delta, rwkv6, kda, kda_gate } form = delta;  // kda_gate: -exp(A_log) softplus(g + dt_bias), sigmoid(beta)
   bool l2 = false, reverse = false, initial_state = false, gqa = false, packed = false;
   bool named = false;  // the forward by the named op's training entry (delta_rule_for_backward, ...)
   std::string describe() const {
-    return std::string(form == delta ? "delta rule" : form == gated_delta ? "gated delta rule" : "rwkv6") + (named ? " named" : "") +
+    const char* names[] = {"delta rule", "gated delta rule", "rwkv6", "kda", "kda, the gate in the kernel"};
+    return std::string(names[form]) + (named ? " named" : "") +
            (l2 ? " l2" : "") +
            (reverse ? " reverse" : "") + (initial_state ? " h0" : "") + (gqa ? " GQA" : "") + (packed ? " packed" : "");
   }
@@ -352,13 +353,18 @@ void check_form_gradients(const FormCase& c) {
   const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, std::uniform_real_distribution<double>& draw) {
     params.push_back({name, test::filled(DType::f32, std::move(shape), [&] { return draw(rng); })});
   };
-  if (c.form != FormCase::rwkv6) add("beta", {B, T, H}, strength);
+  if (c.form != FormCase::rwkv6) add("beta", {B, T, H}, c.form == FormCase::kda_gate ? any : strength);
   if (c.form == FormCase::gated_delta) add("g", {B, T, H}, mild);
+  if (c.form == FormCase::kda) add("g", {B, T, H, K}, mild);
+  if (c.form == FormCase::kda_gate) add("g", {B, T, H, K}, any), add("A_log", {H}, any), add("dt_bias", {H, K}, any);
   if (c.form == FormCase::rwkv6) add("w", {B, T, H, K}, mild), add("u", {H, K}, any);
   if (c.initial_state) add("h0", {N, H, K, V}, any);
   const double scale = 0.6;
-  const ir::Variant& variant =
-      c.form == FormCase::rwkv6 ? ladle::rwkv6_variant() : ladle::delta_rule_variant(c.form == FormCase::gated_delta, c.l2);
+  const bool kda = c.form == FormCase::kda || c.form == FormCase::kda_gate;
+  const ir::Variant& variant = c.form == FormCase::rwkv6 ? ladle::rwkv6_variant()
+                               : kda ? ladle::kda_variant(c.form == FormCase::kda_gate, c.form == FormCase::kda_gate,
+                                                          c.form == FormCase::kda_gate, c.l2)
+                                     : ladle::delta_rule_variant(c.form == FormCase::gated_delta, c.l2);
   const auto find = [&](const std::string& name) -> Param* {
     for (Param& p : params)
       if (p.name == name) return &p;
@@ -375,7 +381,17 @@ void check_form_gradients(const FormCase& c) {
     ref.scale = scale, ref.reverse = c.reverse, ref.cu_seqlens = cu, ref.l2_normalize = c.l2;
     if (c.initial_state) ref.initial_state = find("h0")->filled.values;
     if (const Param* p = find("beta")) ref.beta = p->filled.values;
-    if (const Param* p = find("g")) ref.g = p->filled.values;
+    if (c.form == FormCase::gated_delta) ref.g = find("g")->filled.values;
+    if (c.form == FormCase::kda) ref.gk = find("g")->filled.values;
+    if (c.form == FormCase::kda_gate) {  // the gate's and beta's math, in fp64
+      const std::vector<double>&g = find("g")->filled.values, &a_log = find("A_log")->filled.values, &bias = find("dt_bias")->filled.values;
+      ref.gk.resize(g.size());
+      for (std::size_t e = 0; e < g.size(); ++e) {
+        const std::size_t h = e / K % H, i = e % K;
+        ref.gk[e] = -std::exp(a_log[h]) * std::log1p(std::exp(g[e] + bias[h * K + i]));
+      }
+      for (double& b : ref.beta) b = 1.0 / (1.0 + std::exp(-b));
+    }
     if (const Param* p = find("w")) ref.w = p->filled.values;
     if (const Param* p = find("u")) ref.u = p->filled.values;
     const reference::RecurrentOutput out = c.form == FormCase::rwkv6 ? reference::bonus_read(ref) : reference::delta_rule(ref);
@@ -411,6 +427,15 @@ void check_form_gradients(const FormCase& c) {
     const auto view = [&](const char* name) { return find(name)->filled.tensor.view(); };
     if (c.form == FormCase::delta) return ladle::delta_rule_for_backward(q, k, v, view("beta"), named);
     if (c.form == FormCase::gated_delta) return ladle::gated_delta_rule_for_backward(q, k, v, view("g"), view("beta"), named);
+    if (kda) {
+      ladle::KdaOptions kda_options;
+      static_cast<ladle::UpdateFormOptions&>(kda_options) = named;
+      if (c.form == FormCase::kda_gate) {
+        kda_options.use_gate_in_kernel = kda_options.use_beta_sigmoid_in_kernel = true;
+        kda_options.A_log = view("A_log"), kda_options.dt_bias = view("dt_bias");
+      }
+      return ladle::kda_for_backward(q, k, v, view("g"), view("beta"), kda_options);
+    }
     return ladle::rwkv6_for_backward(q, k, v, view("w"), view("u"), named);
   };
   const ladle::RecurrentForward forward =
@@ -446,10 +471,10 @@ void check_form_gradients(const FormCase& c) {
 
 }  // namespace
 
-TEST_CASE("the update forms' backward (delta rule, gated delta rule, RWKV6) matches finite differences of the fp64 reference",
+TEST_CASE("the update forms' backward (delta rule, gated delta rule, RWKV6, KDA) matches finite differences of the fp64 reference",
           "[backward][recurrent]") {
   for (int bits = 0; bits < 8; ++bits) {
-    for (const FormCase::Form form : {FormCase::delta, FormCase::gated_delta, FormCase::rwkv6}) {
+    for (const FormCase::Form form : {FormCase::delta, FormCase::gated_delta, FormCase::rwkv6, FormCase::kda, FormCase::kda_gate}) {
       FormCase c;
       c.form = form;
       c.l2 = form != FormCase::rwkv6 && (bits & 1);

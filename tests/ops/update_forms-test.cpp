@@ -348,3 +348,92 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
                       Contains("K = 160, expected at most 128"));
   }
 }
+
+TEST_CASE("kda matches the fp64 oracle: the gate and beta's sigmoid in the kernel, L2, GQA, packed, reverse, dtypes",
+          "[ops][update_forms][kda]") {
+  for (int bits = 0; bits < 8; ++bits) {
+    const bool gate_in_kernel = bits & 1, l2 = bits & 2, packed = bits & 4;
+    const bool dt_bias = gate_in_kernel && bits != 1, sigmoid = bits % 3 != 0, reverse = bits % 3 == 1;
+    const DType type = bits % 4 == 3 ? DType::bf16 : bits % 4 == 1 ? DType::f16 : DType::f32;
+    const int H = 4, H_kv = bits % 2 ? 2 : 4, K = 8, V = 6;
+    const std::vector<std::int64_t> cu = packed ? std::vector<std::int64_t>{0, 5, 5, 13} : std::vector<std::int64_t>{};
+    const int B = packed ? 1 : 2, T = packed ? 13 : 9, N = packed ? 3 : 2;
+    INFO("gate_in_kernel " << gate_in_kernel << " dt_bias " << dt_bias << " sigmoid " << sigmoid << " l2 " << l2 << " packed " << packed
+                           << " reverse " << reverse << " " << ladle::dtype_name(type) << " H_kv " << H_kv);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(900 + bits));
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    const double k_spread = l2 ? 1.0 : 1.0 / std::sqrt(double(K));
+    const test::Filled q = test::normal(rng, type, {B, T, H, K}), k = test::normal(rng, type, {B, T, H_kv, K}, k_spread),
+                       v = test::normal(rng, type, {B, T, H_kv, V});
+    // g: the log decay itself (logsigmoid(x) / 4), or the gate's raw input; beta: in (0, 1), or its logit.
+    const test::Filled g = test::filled(DType::f32, {B, T, H, K}, [&] { return gate_in_kernel ? 2 * unit(rng) - 1 : test::logsigmoid(4 * unit(rng) - 2) / 4; });
+    const test::Filled beta = test::filled(DType::f32, {B, T, H}, [&] { return sigmoid ? 4 * unit(rng) - 2 : 0.1 + 0.8 * unit(rng); });
+    const test::Filled a_log = test::filled(DType::f32, {H}, [&] { return unit(rng) - 1.5; });
+    const test::Filled bias = test::filled(DType::f32, {H, K}, [&] { return unit(rng) - 0.5; });
+    const test::Filled h0 = test::normal(rng, DType::f32, {N, H, K, V});
+
+    reference::UpdateForm ref;
+    ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
+    ref.q = q.values, ref.k = k.values, ref.v = v.values, ref.scale = 1.0 / std::sqrt(double(K));
+    ref.cu_seqlens = cu, ref.reverse = reverse, ref.l2_normalize = l2, ref.initial_state = h0.values;
+    ref.beta = beta.values;
+    if (sigmoid)
+      for (double& x : ref.beta) x = 1.0 / (1.0 + std::exp(-x));
+    ref.gk = g.values;
+    if (gate_in_kernel)
+      for (std::size_t e = 0; e < ref.gk.size(); ++e) {
+        const std::size_t h = e / K % H, i = e % K;
+        const double x = ref.gk[e] + (dt_bias ? bias.values[h * K + i] : 0.0);
+        ref.gk[e] = -std::exp(a_log.values[h]) * (x > 20 ? x : std::log1p(std::exp(x)));
+      }
+    const reference::RecurrentOutput expected = reference::delta_rule(ref);
+
+    ladle::KdaOptions options;
+    options.return_state = true, options.reverse = reverse, options.use_qk_l2norm_in_kernel = l2;
+    options.use_gate_in_kernel = gate_in_kernel, options.use_beta_sigmoid_in_kernel = sigmoid;
+    options.initial_state = h0.tensor.view();
+    if (gate_in_kernel) options.A_log = a_log.tensor.view();
+    if (dt_bias) options.dt_bias = bias.tensor.view();
+    Tensor offsets;
+    if (packed) {
+      offsets = Tensor(DType::i64, {4});
+      std::memcpy(offsets.data(), cu.data(), cu.size() * sizeof(std::int64_t));
+      options.cu_seqlens = offsets.view();
+    }
+    for (ladle::Backend backend : test::backends()) {
+      options.backend = backend;
+      INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
+      const ladle::RecurrentResult got = ladle::kda(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), beta.tensor.view(), options);
+      CHECK(test::relative_error(got.o, expected.o) < test::tolerance(type));
+      REQUIRE(got.final_state);
+      CHECK(test::relative_error(*got.final_state, expected.final_state) < test::tolerance(type));
+    }
+  }
+}
+
+TEST_CASE("kda refuses a gate it cannot form and the chunked form by name", "[ops][update_forms][kda][errors]") {
+  using Catch::Matchers::Contains;
+  std::mt19937_64 rng(5);
+  const test::Filled q = test::normal(rng, DType::f32, {1, 4, 2, 8}), v = test::normal(rng, DType::f32, {1, 4, 2, 8});
+  const test::Filled g = test::normal(rng, DType::f32, {1, 4, 2, 8}), beta = test::normal(rng, DType::f32, {1, 4, 2});
+  const test::Filled a_log = test::normal(rng, DType::f32, {2});
+  ladle::KdaOptions options;
+  options.backend = ladle::Backend::cpu;
+  options.use_gate_in_kernel = true;
+  CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g.tensor.view(), beta.tensor.view(), options),
+                    Contains("kda") && Contains("A_log [H] is required"));
+  options.use_gate_in_kernel = false;
+  options.A_log = a_log.tensor.view();
+  CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g.tensor.view(), beta.tensor.view(), options),
+                    Contains("A_log is given but use_gate_in_kernel is off"));
+  options.A_log.reset();
+  const test::Filled g_wrong = test::normal(rng, DType::f32, {1, 4, 2});
+  CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g_wrong.tensor.view(), beta.tensor.view(), options),
+                    Contains("g has shape"));
+  if (ladle::driver_available()) {
+    options.backend = ladle::Backend::gpu;
+    options.algorithm = ladle::Algorithm::chunked;
+    CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g.tensor.view(), beta.tensor.view(), options),
+                      Contains("key-side decay (KDA) runs on the fused-recurrent kernels"));
+  }
+}

@@ -185,3 +185,33 @@ TEST_CASE("bonus read: the state is the gated recurrence's; the read is before t
         for (int j = 0; j < V; ++j) CHECK(std::abs(before.o[qh * V + j] - (after.o[qh * V + j] - qk * p.v[kh * V + j])) < 1e-12);
       }
 }
+
+TEST_CASE("KDA: a key-side decay equal on every key is the gated delta rule; at beta = 0 each row decays by its own gate") {
+  std::mt19937_64 rng(7);
+  reference::UpdateForm p = random_form(rng, 2, 8, 2, 1, 5, 4);
+  p.beta = sigmoid_values(rng, std::size_t(2) * 8 * 2);
+  p.l2_normalize = true;
+  p.initial_state = random_values(rng, std::size_t(2) * 2 * 5 * 4);
+  reference::UpdateForm gated = p, kda = p;
+  gated.g = random_values(rng, std::size_t(2) * 8 * 2, -0.4, 0.2);
+  kda.gk.resize(gated.g.size() * 5);
+  for (std::size_t e = 0; e < kda.gk.size(); ++e) kda.gk[e] = gated.g[e / 5];
+  const reference::RecurrentOutput a = reference::delta_rule(gated), b = reference::delta_rule(kda);
+  CHECK(max_difference(a.o, b.o) < 1e-12);
+  CHECK(max_difference(a.final_state, b.final_state) < 1e-12);
+
+  // beta = 0: S_T = diag(exp(sum of gk)) S_0, a different decay on each key row.
+  kda.beta.assign(kda.beta.size(), 0.0);
+  kda.gk = random_values(rng, kda.gk.size(), -0.3, 0.2);
+  const reference::RecurrentOutput c = reference::delta_rule(kda);
+  for (int n = 0; n < 2; ++n)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 5; ++i) {
+        double log_decay = 0.0;
+        for (int t = 0; t < 8; ++t) log_decay += kda.gk[((std::size_t(n) * 8 + t) * 2 + h) * 5 + i];
+        for (int j = 0; j < 4; ++j) {
+          const std::size_t at = ((std::size_t(n) * 2 + h) * 5 + i) * 4 + j;
+          CHECK(std::abs(c.final_state[at] - std::exp(log_decay) * kda.initial_state[at]) < 1e-12);
+        }
+      }
+}

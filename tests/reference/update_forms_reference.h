@@ -5,8 +5,9 @@
 // initial and final states [N,H,K,V], packed sequences with B = 1.
 //
 // Delta rule (DeltaNet) and gated delta rule (Gated DeltaNet), read after the update:
-//   S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = (scale q_t)^T S_t
-//   alpha_t = exp(g_t) (g [B,T,H] log decay; empty: 1), beta_t [B,T,H] (empty: 1)
+//   S_t = (I - beta_t k_t k_t^T) A_t S_{t-1} + beta_t k_t v_t^T,   o_t = (scale q_t)^T S_t
+//   A_t = exp(g_t) (g [B,T,H] log decay; empty: 1) times diag(exp(gk_t)) (KDA: gk [B,T,H,K] log
+//   decay per key feature; empty: 1), beta_t [B,T,H] (empty: 1)
 //   l2_normalize: q and k divided by sqrt(sum over K of x^2 + eps) first (eps 1e-6)
 // Bonus read (RWKV6), read before the update:
 //   o_t = (scale q_t)^T (S_{t-1} + diag(u) k_t v_t^T),   S_t = diag(exp(w_t)) S_{t-1} + k_t v_t^T
@@ -30,6 +31,7 @@ struct UpdateForm {
   bool reverse = false;
   // Delta rule
   std::vector<double> beta, g;  // empty, or [B,T,H]
+  std::vector<double> gk;       // empty, or [B,T,H,K] (KDA)
   bool l2_normalize = false;
   double eps = 1e-6;
   // Bonus read
@@ -88,13 +90,16 @@ inline RecurrentOutput delta_rule(const UpdateForm& p) {
     const std::vector<double> q = detail::normalized(&p.q[qh * K], K, p.l2_normalize, p.eps);
     const std::vector<double> k = detail::normalized(&p.k[kh * K], K, p.l2_normalize, p.eps);
     const double beta = p.beta.empty() ? 1.0 : p.beta[qh], alpha = p.g.empty() ? 1.0 : std::exp(p.g[qh]);
-    // kS = k^T S_{t-1} (a row of V); S_t = alpha (S - beta k kS) + beta k v^T.
+    // S <- A S (row i times alpha exp(gk_i)); kS = k^T S (a row of V); S_t = S - beta k kS + beta k v^T.
+    for (int i = 0; i < K; ++i) {
+      const double a = alpha * (p.gk.empty() ? 1.0 : std::exp(p.gk[qh * K + i]));
+      for (int j = 0; j < V; ++j) S[i * V + j] *= a;
+    }
     std::vector<double> kS(V, 0.0);
     for (int i = 0; i < K; ++i)
       for (int j = 0; j < V; ++j) kS[j] += k[i] * S[i * V + j];
     for (int i = 0; i < K; ++i)
-      for (int j = 0; j < V; ++j)
-        S[i * V + j] = alpha * (S[i * V + j] - beta * k[i] * kS[j]) + beta * k[i] * p.v[kh * V + j];
+      for (int j = 0; j < V; ++j) S[i * V + j] += beta * k[i] * (p.v[kh * V + j] - kS[j]);
     for (int j = 0; j < V; ++j) {
       double o = 0.0;
       for (int i = 0; i < K; ++i) o += p.scale * q[i] * S[i * V + j];
