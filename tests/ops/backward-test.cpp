@@ -709,6 +709,17 @@ TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurr
     std::memcpy(offsets.data(), moved, sizeof(moved));
     CHECK_THROWS_WITH(ladle::run_variant_backward(pf.saved, pd.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
   }
+  {  // The update forms' backward: a d_output of the wrong shape, and a saved value whose tensors changed
+    Tensor beta(DType::f32, {1, 4, 2}, 0.5f), g(DType::f32, {1, 4, 2, 3}, -0.1f);
+    ladle::KdaOptions kda;
+    kda.backend = ladle::Backend::cpu;
+    const ladle::RecurrentForward kf = ladle::kda_for_backward(q.view(), k.view(), v.view(), g.view(), beta.view(), kda);
+    CHECK_THROWS_WITH(ladle::run_variant_backward(kf.saved, wrong.view()),
+                      Catch::Contains("kda backward") && Catch::Contains("d_output has shape [1,4,2,3]"));
+    CHECK_NOTHROW(ladle::run_variant_backward(kf.saved, good.view()));
+    beta.set(0, 0.25f);
+    CHECK_THROWS_WITH(ladle::run_variant_backward(kf.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
+  }
   // The composition on the CPU has no normalised read (the GPU's has, and the direct CPU backward).
   namespace dsl = ladle::dsl;
   const ir::Variant normalized = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v), dsl::q, dsl::scalar("scale")).normalized(), "normalized");
