@@ -62,6 +62,11 @@ def main():
                             chunk_rwkv6=chunk_rwkv6, fused_recurrent_rwkv6=fused_recurrent_rwkv6)
     except Exception as e:  # noqa: BLE001
         print(json.dumps({"error": f"fla update-form import failed: {e!r}"}), flush=True)
+    try:
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+        update_forms.update(chunk_kda=chunk_kda, fused_recurrent_kda=fused_recurrent_kda)
+    except Exception as e:  # noqa: BLE001
+        print(json.dumps({"error": f"fla kda import failed: {e!r}"}), flush=True)
     for shape in args.shapes.split(","):
         B, T, H, K, V = map(int, shape.split("x"))
         label = f"B{B} T{T} H{H} K{K} V{V} {args.dtype}"
@@ -81,7 +86,9 @@ def main():
                 beta = torch.sigmoid(torch.randn(B, T, H, device="cuda")).to(dtype)
                 g_head = (torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda")) / 16).float()
                 u = 0.5 * torch.sin(0.37 * torch.arange(H * K, device="cuda", dtype=torch.float32)).reshape(H, K).to(dtype)
-                if op.endswith("gated_delta_rule"):
+                if op.endswith("kda"):  # KDA: g [B,T,H,K] = logsigmoid(x)/16 in fp32, beta as above, L2 in the kernel
+                    fn = lambda: f(q, k, v, g.float(), beta, use_qk_l2norm_in_kernel=True)
+                elif op.endswith("gated_delta_rule"):
                     fn = lambda: f(q, k, v, g_head, beta, use_qk_l2norm_in_kernel=True)
                 elif op.endswith("delta_rule"):
                     fn = lambda: f(q, k, v, beta, use_qk_l2norm_in_kernel=True)

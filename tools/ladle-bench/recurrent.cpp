@@ -5,7 +5,9 @@
 // or user (a variant fla has no kernel for: key gate logsigmoid(x)/tau with a per-head tau,
 // plus a value gate -softplus(y)/16), delta_rule and gated_delta_rule (beta = sigmoid(x) [B,T,H],
 // g [B,T,H] = logsigmoid(x)/16, q and k L2-normalised in the kernel as fla's use_qk_l2norm_in_kernel),
-// rwkv6 (w = logsigmoid(x)/16 [B,T,H,K], u [H,K]); --algo recurrent or chunked. Prints one JSON line per
+// rwkv6 (w = logsigmoid(x)/16 [B,T,H,K], u [H,K]), kda (g [B,T,H,K] = logsigmoid(x)/16, beta as the delta
+// rules', q and k L2-normalised; --algo recurrent: the chunked form is not built); --algo recurrent or chunked.
+// Prints one JSON line per
 // tile tried:
 //   {"op":"chunk_gla","impl":"ladle","tile":"...","ms":...,"GBps":...,"floor_ms":...}
 // plus the measured device copy bandwidth for the byte floor.
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--segment-tokens", segment_list,
                  "chunked: tokens per segment of the serial form (repeatable; 0: whole sequences); default: by shape");
   std::string op = "gla", algo = "recurrent";
-  app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user", "delta_rule", "gated_delta_rule", "rwkv6"}));
+  app.add_option("--op", op)->check(CLI::IsMember({"gla", "simple_gla", "user", "delta_rule", "gated_delta_rule", "rwkv6", "kda"}));
   app.add_option("--algo", algo)->check(CLI::IsMember({"recurrent", "chunked"}));
   bool backward = false;
   app.add_flag("--backward", backward,
@@ -68,7 +70,7 @@ int main(int argc, char** argv) {
     auto& device = ladle::Device::get();
     const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
     const long long n_h = 1LL * B * T * H;
-    const bool delta = op == "delta_rule" || op == "gated_delta_rule";
+    const bool delta = op == "delta_rule" || op == "gated_delta_rule" || op == "kda";
     ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_k * 2), o(n_v * 2), y(n_v * 2), heads(H * 4);
     ladle::DeviceBuffer beta(n_h * 2), g_head(n_h * 2), u(1LL * H * K * 4);
     ladle::bench::fill_bf16(q, 1, false);
@@ -114,6 +116,7 @@ int main(int argc, char** argv) {
                          : op == "simple_gla"          ? 2.0 * (2.0 * n_k + 2.0 * n_v)
                          : op == "delta_rule"          ? 2.0 * (2.0 * n_k + 2.0 * n_v + n_h)
                          : op == "gated_delta_rule"    ? 2.0 * (2.0 * n_k + 2.0 * n_v + 2.0 * n_h)
+                         : op == "kda"                 ? 2.0 * (3.0 * n_k + 2.0 * n_v + n_h)
                                                        : 2.0 * (3.0 * n_k + 3.0 * n_v);
     const std::string label = (algo == "chunked" ? "chunk_" : "fused_recurrent_") + std::string(op == "user" ? "user_gk_gv" : op);
     const ladle::ir::Variant user_variant = ladle::dsl::lower(
@@ -127,8 +130,9 @@ int main(int argc, char** argv) {
                                         : op == "delta_rule"       ? ladle::delta_rule_variant(false, true)
                                         : op == "gated_delta_rule" ? ladle::delta_rule_variant(true, true)
                                         : op == "rwkv6"            ? ladle::rwkv6_variant()
+                                        : op == "kda"              ? ladle::kda_variant(false, false, false, true)
                                                                    : user_variant;
-    if (backward && (delta || op == "rwkv6")) {
+    if (backward && (delta || op == "rwkv6")) {  // their backward runs on the CPU only
       std::fprintf(stderr, "ladle-bench-recurrent: --backward: the backward of %s is not built yet\n", op.c_str());
       return 1;
     }
@@ -224,6 +228,7 @@ int main(int argc, char** argv) {
       }
       if (delta) inputs.tensors.emplace("beta", view(beta, {B, T, H}));
       if (op == "gated_delta_rule") inputs.tensors.emplace("g", view(g_head, {B, T, H}));
+      if (op == "kda") inputs.tensors.emplace("g", gv);
       if (op == "rwkv6") {
         inputs.tensors.emplace("w", gv);
         inputs.tensors.emplace("u", u.view(ladle::DType::f32, {H, K}));
