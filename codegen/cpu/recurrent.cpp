@@ -378,6 +378,7 @@ class Backward {
     chunk_z_.resize(static_cast<std::size_t>(C + 1) * K);
     dS_.resize(K * V), dz_.resize(K), do_.resize(V), num_.resize(V);
     qhat_.resize(K), khat_.resize(K), dqhat_.resize(K), dkhat_.resize(K), c_.resize(V), e_.resize(V), de_.resize(V);
+    scratch_state_.resize(K * V);
     size_slot_rows(g_, args.key_dim, args.value_dim);
   }
 
@@ -525,7 +526,7 @@ class Backward {
         for (std::int64_t j = 0; j < V; ++j) r += cur[i * V + j] * do_[at(j)], dS[i * V + j] += qhat_[at(i)] * do_[at(j)];
         dqhat_[at(i)] = r;
       }
-      advance_update_form(prev, num_scratch());  // c and e of this token
+      advance_update_form(prev, scratch_state_.data());  // c and e of this token (the state written is not kept)
       // S_t = P + k e^T: dk += dS e, de = dS^T k; e = beta (v - c): dv = beta de, dbeta = de . (v - c), dc = -beta de;
       // c = P^T k: dk += P dc, dP = dS + k dc^T; P = alpha S_{t-1}: d log alpha = dP . P, dS_{t-1} = alpha dP.
       std::fill(de_.begin(), de_.end(), 0.0f);
@@ -604,12 +605,6 @@ class Backward {
     }
     g_[slot_index(ir::Slot::scale)][0] = gscale;
     chain_.token(b, t, h, g_);
-  }
-
-  // A K x V scratch state that advance_update_form may write (back_step_update_form wants only its c and e).
-  float* num_scratch() {
-    scratch_state_.resize(static_cast<std::size_t>(args_.key_dim * args_.value_dim));
-    return scratch_state_.data();
   }
 
   // One token back: the slots' gradients from dL/do_t and dS = dL/dS_t, dS becomes dL/dS_{t-1},
