@@ -1,4 +1,5 @@
 #include "recurrent.h"
+#include "update_form_steps.h"
 
 #include <algorithm>
 #include <array>
@@ -377,8 +378,7 @@ class Backward {
     chunk_states_.resize(static_cast<std::size_t>(C + 1) * K * V);
     chunk_z_.resize(static_cast<std::size_t>(C + 1) * K);
     dS_.resize(K * V), dz_.resize(K), do_.resize(V), num_.resize(V);
-    qhat_.resize(K), khat_.resize(K), dqhat_.resize(K), dkhat_.resize(K), c_.resize(V), e_.resize(V), de_.resize(V);
-    scratch_state_.resize(K * V);
+    qhat_.resize(K), khat_.resize(K), dqhat_.resize(K), dkhat_.resize(K), work_.resize(3 * V + K * V);
     size_slot_rows(g_, args.key_dim, args.value_dim);
   }
 
@@ -480,114 +480,36 @@ class Backward {
     for (std::int64_t i = 0; i < K; ++i) znext[i] = zprev[i] * a_[i] + k[i];
   }
 
-  // The update forms' step (Worker::token_update_form): the delta rule, P = diag(a) S_{t-1} (a per head,
-  // or per key feature: KDA), c = P^T k,
-  // e = beta (v - c), S_t = P + k e^T (c and e kept for back_step); the read before the update,
-  // S_t = diag(a) S_{t-1} + k v^T.
+  // The update forms' token (update_form_steps.h) as the slots give it.
+  update_form_steps::Token update_form_token() const {
+    return {args_.key_dim, args_.value_dim, qhat_.data(), khat_.data(), row(ir::Slot::v).data(), a_.data(), beta_,
+            has(ir::Slot::bonus) ? row(ir::Slot::bonus).data() : nullptr};
+  }
   void advance_update_form(const float* prev, float* next) {
-    const std::int64_t K = args_.key_dim, V = args_.value_dim;
-    const std::vector<float>& v = row(ir::Slot::v);
-    if (variant_.update == ir::Update::delta) {
-      // a_: the row decays, exp(log_decay_k + log_decay_head) (slots()).
-      std::fill(c_.begin(), c_.end(), 0.0f);
-      for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j)
-          c_[static_cast<std::size_t>(j)] += khat_[static_cast<std::size_t>(i)] * a_[static_cast<std::size_t>(i)] * prev[i * V + j];
-      for (std::int64_t j = 0; j < V; ++j) e_[static_cast<std::size_t>(j)] = beta_ * (v[static_cast<std::size_t>(j)] - c_[static_cast<std::size_t>(j)]);
-      for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j)
-          next[i * V + j] = a_[static_cast<std::size_t>(i)] * prev[i * V + j] + khat_[static_cast<std::size_t>(i)] * e_[static_cast<std::size_t>(j)];
-    } else {
-      for (std::int64_t i = 0; i < K; ++i)
-        for (std::int64_t j = 0; j < V; ++j)
-          next[i * V + j] = a_[static_cast<std::size_t>(i)] * prev[i * V + j] + khat_[static_cast<std::size_t>(i)] * v[static_cast<std::size_t>(j)];
-    }
+    const update_form_steps::Token x = update_form_token();
+    if (variant_.update == ir::Update::delta) update_form_steps::delta_advance(x, prev, next, work_.data(), work_.data() + x.V);
+    else update_form_steps::read_before_advance(x, prev, next);
   }
 
-  // One token back in an update form, as back_step: dS = dL/dS_t becomes dL/dS_{t-1}.
+  // One token back in an update form, as back_step: dS = dL/dS_t becomes dL/dS_{t-1}; then the slots'
+  // gradients through the L2 normalisation and the scale, and the chain.
   void back_step_update_form(std::int64_t b, std::int64_t t, std::int64_t h, const float* prev, const float* cur) {
     const std::int64_t K = args_.key_dim, V = args_.value_dim;
     const auto at = [](std::int64_t x) { return static_cast<std::size_t>(x); };
     const std::vector<float>& q = row(ir::Slot::q_feature);
     const std::vector<float>& k = row(ir::Slot::k_feature);
-    const std::vector<float>& v = row(ir::Slot::v);
     const TensorView& d_out = grads_.d_output;
     for (std::int64_t j = 0; j < V; ++j) do_[at(j)] = load_float(element(d_out, {b, t, h, j}), d_out.type);
     for (auto& g : g_) std::fill(g.begin(), g.end(), 0.0f);
-    std::vector<float>& gv = g_[slot_index(ir::Slot::v)];
-    std::fill(dqhat_.begin(), dqhat_.end(), 0.0f);
-    std::fill(dkhat_.begin(), dkhat_.end(), 0.0f);
-    float* dS = dS_.data();
+    std::vector<float>& ga = g_[slot_index(ir::Slot::log_decay_k)];
+    update_form_steps::TokenGradients grads{dqhat_.data(), dkhat_.data(), g_[slot_index(ir::Slot::v)].data(), ga.data(),
+                                            g_[slot_index(ir::Slot::bonus)].data()};
+    const update_form_steps::Token x = update_form_token();
+    if (variant_.update == ir::Update::delta) update_form_steps::delta_back(x, prev, cur, do_.data(), dS_.data(), grads, work_.data());
+    else update_form_steps::read_before_back(x, prev, do_.data(), dS_.data(), grads);
+    g_[slot_index(ir::Slot::write_strength)][0] = grads.dbeta;
     float ghead = 0.0f;
-    if (variant_.update == ir::Update::delta) {
-      // The read after the update: o = qhat^T S_t.
-      for (std::int64_t i = 0; i < K; ++i) {
-        float r = 0.0f;
-        for (std::int64_t j = 0; j < V; ++j) r += cur[i * V + j] * do_[at(j)], dS[i * V + j] += qhat_[at(i)] * do_[at(j)];
-        dqhat_[at(i)] = r;
-      }
-      advance_update_form(prev, scratch_state_.data());  // c and e of this token (the state written is not kept)
-      // S_t = P + k e^T: dk += dS e, de = dS^T k; e = beta (v - c): dv = beta de, dbeta = de . (v - c), dc = -beta de;
-      // c = P^T k: dk += P dc, dP = dS + k dc^T; P = alpha S_{t-1}: d log alpha = dP . P, dS_{t-1} = alpha dP.
-      std::fill(de_.begin(), de_.end(), 0.0f);
-      for (std::int64_t i = 0; i < K; ++i) {
-        float r = 0.0f;
-        for (std::int64_t j = 0; j < V; ++j) r += dS[i * V + j] * e_[at(j)], de_[at(j)] += dS[i * V + j] * khat_[at(i)];
-        dkhat_[at(i)] += r;
-      }
-      float gbeta = 0.0f;
-      for (std::int64_t j = 0; j < V; ++j) {
-        gv[at(j)] = beta_ * de_[at(j)];
-        gbeta += de_[at(j)] * (v[at(j)] - c_[at(j)]);
-        de_[at(j)] *= -beta_;  // now dc
-      }
-      g_[slot_index(ir::Slot::write_strength)][0] = gbeta;
-      std::vector<float>& ga = g_[slot_index(ir::Slot::log_decay_k)];  // P = diag(a) S_{t-1}: d log a_i = dP_i . P_i
-      for (std::int64_t i = 0; i < K; ++i) {
-        float r = 0.0f, da = 0.0f;
-        for (std::int64_t j = 0; j < V; ++j) {
-          const float p = a_[at(i)] * prev[i * V + j];
-          const float dp = dS[i * V + j] + khat_[at(i)] * de_[at(j)];
-          r += p * de_[at(j)];
-          da += dp * p;
-          dS[i * V + j] = a_[at(i)] * dp;
-        }
-        dkhat_[at(i)] += r;
-        ga[at(i)] = da;
-        ghead += da;
-      }
-    } else {
-      // The read before the update, o = qhat^T S_{t-1} + (qhat . diag(u) k) v, then S_t = diag(a) S_{t-1} + k v^T.
-      std::vector<float>& ga = g_[slot_index(ir::Slot::log_decay_k)];
-      std::vector<float>& gu = g_[slot_index(ir::Slot::bonus)];
-      const bool bonus = has(ir::Slot::bonus);
-      float weight = 0.0f, dweight = 0.0f;
-      for (std::int64_t j = 0; j < V; ++j) dweight += v[at(j)] * do_[at(j)];
-      if (bonus)
-        for (std::int64_t i = 0; i < K; ++i) weight += qhat_[at(i)] * row(ir::Slot::bonus)[at(i)] * khat_[at(i)];
-      for (std::int64_t i = 0; i < K; ++i) {
-        float dk = 0.0f, da = 0.0f, dq = 0.0f;
-        for (std::int64_t j = 0; j < V; ++j) {
-          const float d = dS[i * V + j];
-          dk += d * v[at(j)];
-          gv[at(j)] += d * khat_[at(i)];
-          da += d * prev[i * V + j];
-          dq += prev[i * V + j] * do_[at(j)];
-          dS[i * V + j] = a_[at(i)] * d + qhat_[at(i)] * do_[at(j)];
-        }
-        ga[at(i)] = a_[at(i)] * da;
-        ghead += ga[at(i)];
-        if (bonus) {
-          const float u = row(ir::Slot::bonus)[at(i)];
-          dq += u * khat_[at(i)] * dweight;
-          dk += qhat_[at(i)] * u * dweight;
-          gu[at(i)] = qhat_[at(i)] * khat_[at(i)] * dweight;
-        }
-        dqhat_[at(i)] = dq, dkhat_[at(i)] = dk;
-      }
-      if (bonus)
-        for (std::int64_t j = 0; j < V; ++j) gv[at(j)] += weight * do_[at(j)];
-    }
+    for (float d : ga) ghead += d;
     g_[slot_index(ir::Slot::log_decay_head)][0] = ghead;
     // qhat = scale r_q q and khat = r_k k, r = (sum x^2 + eps)^(-1/2) where L2-normalised (else 1):
     // d x = r dy - x r^3 (dy . x) with dy the normalised vector's gradient.
@@ -682,8 +604,8 @@ class Backward {
   TokenLoader loader_;
   Chain chain_;
   std::vector<float> scratch_, a_, bv_, checkpoints_, z_checkpoints_, chunk_states_, chunk_z_, dS_, dz_, do_, num_;
-  // The update forms: q and k as read (qhat includes the scale), their gradients, the delta rule's c and e.
-  std::vector<float> qhat_, khat_, dqhat_, dkhat_, c_, e_, de_, scratch_state_;
+  // The update forms: q and k as read (qhat includes the scale), their gradients, update_form_steps' work.
+  std::vector<float> qhat_, khat_, dqhat_, dkhat_, work_;
   SlotRows rows_, g_;
   float scale_ = 1.0f, q_rn_ = 1.0f, k_rn_ = 1.0f, beta_ = 1.0f;
 };
