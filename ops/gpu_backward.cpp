@@ -423,13 +423,19 @@ class BackwardCall {
   // The three recurrences (the decays of the first in the forward's direction, the others' shifted one step):
   // u_t = scale S_t do_t over the transposed state (and S_T^T at the end); dv_t = dS_t^T k_t (and dS
   // before the first step); dk_t = dS_t v_t.
+  // The log decays the recurrences take (null where the variant has none): the step's own, or the
+  // next step's (shifted one step, for the recurrences over dS).
+  struct Decays {
+    const Scratch *a, *b, *h;  // key side, value side, head alone
+  };
+  Decays decays(bool next) const {
+    return {key_decay_ ? (next ? &log_a_next_ : &log_a_) : nullptr, decays_v_ ? (next ? &log_b_next_ : &log_b_) : nullptr,
+            head_decay_ ? (next ? &log_h_next_ : &log_h_) : nullptr};
+  }
+
   std::array<Recurrence, 3> the_recurrences() const {
-    const Scratch* la = key_decay_ ? &log_a_ : nullptr;
-    const Scratch* la_next = key_decay_ ? &log_a_next_ : nullptr;
-    const Scratch* lh = head_decay_ ? &log_h_ : nullptr;
-    const Scratch* lh_next = head_decay_ ? &log_h_next_ : nullptr;
-    const Scratch* lb = decays_v_ ? &log_b_ : nullptr;
-    const Scratch* lb_next = decays_v_ ? &log_b_next_ : nullptr;
+    const Decays now = decays(false), next = decays(true);
+    const Scratch *la = now.a, *lb = now.b, *lh = now.h, *la_next = next.a, *lb_next = next.b, *lh_next = next.h;
     const bool reverse = a_.reverse;
     return {Recurrence{dos_, vf_, kf_, {lb, la, lh}, reverse, a_.initial_state ? &h0_t_ : nullptr, u_out_, need_s_t_ ? &s_t_ : nullptr},
             Recurrence{kf_, qs_, dos_, {la_next, lb_next, lh_next}, !reverse, d_final_state_ ? &d_final_ : nullptr, dv_out_,
@@ -598,15 +604,11 @@ class BackwardCall {
   };
   std::array<EntryStates, 2> entry_state_calls() const {
     const cuda::ChunkedSegments blocks = cuda::chunked_segments(N_, T_, a_.cu_seqlens, cuda::backward_chunk, a_.reverse);
-    const Scratch* la = key_decay_ ? &log_a_ : nullptr;
-    const Scratch* lh = head_decay_ ? &log_h_ : nullptr;
-    const Scratch* lb = decays_v_ ? &log_b_ : nullptr;
-    const Scratch* la_next = key_decay_ ? &log_a_next_ : nullptr;
-    const Scratch* lh_next = head_decay_ ? &log_h_next_ : nullptr;
-    const Scratch* lb_next = decays_v_ ? &log_b_next_ : nullptr;
-    return {EntryStates{Recurrence{qs_, kf_, vf_, {la, lb, lh}, a_.reverse, a_.initial_state ? &h0_ : nullptr, u_out_, nullptr}, blocks},
-            EntryStates{Recurrence{kf_, qs_, dos_, {la_next, lb_next, lh_next}, !a_.reverse, d_final_state_ ? &d_final_ : nullptr, dv_out_,
-                                   nullptr},
+    const Decays now = decays(false), next = decays(true);
+    return {EntryStates{Recurrence{qs_, kf_, vf_, {now.a, now.b, now.h}, a_.reverse, a_.initial_state ? &h0_ : nullptr, u_out_, nullptr},
+                        blocks},
+            EntryStates{Recurrence{kf_, qs_, dos_, {next.a, next.b, next.h}, !a_.reverse, d_final_state_ ? &d_final_ : nullptr,
+                                   dv_out_, nullptr},
                         reversed(blocks)}};
   }
 

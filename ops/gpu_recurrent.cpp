@@ -458,26 +458,39 @@ CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::Recu
   return out;
 }
 
-void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
-                      const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
-                      const RecurrentOutputs& outputs, const LaunchOptions& launch) {
-  const std::string op = op_name(variant);
-  // Device tensors only (ladle::run_variant_into takes host ones too); cu_seqlens may be either: the
-  // checks read it on the host.
-  const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
+namespace {
+
+// The device-tensor entries' common checks: q, k, v, the tensor inputs and initial_state on the
+// device (cu_seqlens may be either: the checks read it on the host, from `seqlens`, a host copy of a
+// device one). Returns the options with cu_seqlens on the host.
+RunOptions device_call(const std::string& op, const char* why, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const VariantInputs& inputs, const RunOptions& options, const LaunchOptions& launch,
+                       std::optional<Tensor>& seqlens) {
   require_device(op, "q", q, why);
   require_device(op, "k", k, why);
   require_device(op, "v", v, why);
   for (const auto& [name, view] : inputs.tensors) require_device(op, name, view, why);
   if (options.initial_state) require_device(op, "initial_state", *options.initial_state, why);
-  require_device(op, "o", outputs.o, why);
-  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
   RunOptions checked = options;
-  std::optional<Tensor> seqlens;
   if (options.cu_seqlens && options.cu_seqlens->on_device()) {
     seqlens = Tensor::copy_of(*options.cu_seqlens, Location::host(), launch.stream);
     checked.cu_seqlens = seqlens->view();
   }
+  return checked;
+}
+
+}  // namespace
+
+void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                      const RecurrentOutputs& outputs, const LaunchOptions& launch) {
+  const std::string op = op_name(variant);
+  // Device tensors only (ladle::run_variant_into takes host ones too).
+  const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
+  require_device(op, "o", outputs.o, why);
+  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
+  std::optional<Tensor> seqlens;
+  const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
   ops::bind_outputs(op, options, outputs, bound);
   const auto& args = bound.args;
@@ -536,20 +549,10 @@ void run_entry_states(const ir::Variant& variant, const TensorView& q, const Ten
                       const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
                       std::uint64_t states, const LaunchOptions& launch) {
   const std::string op = op_name(variant) + " entry states";
-  const char* const why = "ladle::gpu::run_entry_states takes device tensors";
-  require_device(op, "q", q, why);
-  require_device(op, "k", k, why);
-  require_device(op, "v", v, why);
-  for (const auto& [name, view] : inputs.tensors) require_device(op, name, view, why);
-  if (options.initial_state) require_device(op, "initial_state", *options.initial_state, why);
   if (options.return_state) throw InvalidArgument(op + ": options.return_state: the entry states have no final state");
-  RunOptions checked = options;
-  checked.algorithm = Algorithm::chunked;  // choose_algorithm refuses what the family cannot run
   std::optional<Tensor> seqlens;
-  if (options.cu_seqlens && options.cu_seqlens->on_device()) {
-    seqlens = Tensor::copy_of(*options.cu_seqlens, Location::host(), launch.stream);
-    checked.cu_seqlens = seqlens->view();
-  }
+  RunOptions checked = device_call(op, "ladle::gpu::run_entry_states takes device tensors", q, k, v, inputs, options, launch, seqlens);
+  checked.algorithm = Algorithm::chunked;  // choose_algorithm refuses what the family cannot run
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
   if (bound.args.initial_state && !is_contiguous(*bound.args.initial_state))
     throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");

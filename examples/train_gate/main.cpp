@@ -25,6 +25,19 @@
 
 namespace {
 
+// L = mean((o - target)^2); d_o = dL/do = 2 (o - target) / n.
+double mean_squared_error(const ladle::Tensor& o, const ladle::Tensor& target, ladle::Tensor& d_o) {
+  const std::int64_t n = o.numel();
+  d_o = ladle::Tensor(ladle::DType::f32, o.shape());
+  double loss = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double diff = double(o.get(i)) - double(target.get(i));
+    loss += diff * diff / double(n);
+    d_o.set(i, float(2.0 * diff / double(n)));
+  }
+  return loss;
+}
+
 // Trains the student; returns "" when the loss fell by 10x, else what failed.
 std::string train() {
   using namespace ladle;
@@ -63,15 +76,9 @@ std::string train() {
   double first = 0.0, last = 0.0;
   for (int step = 0; step <= 150; ++step) {
     const RecurrentForward forward = run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs(x, tau), options);
-    // L = mean((o - target)^2), dL/do = 2 (o - target) / n.
     const std::int64_t n = forward.result.o.numel();
-    Tensor d_o(DType::f32, forward.result.o.shape());
-    double loss = 0.0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const double diff = double(forward.result.o.get(i)) - double(target.o.get(i));
-      loss += diff * diff / double(n);
-      d_o.set(i, float(2.0 * diff / double(n)));
-    }
+    Tensor d_o;
+    const double loss = mean_squared_error(forward.result.o, target.o, d_o);
     if (step == 0) first = loss;
     last = loss;
     if (step % 25 == 0) std::printf("step %2d  loss %.6f  tau = [%.3f, %.3f]\n", step, loss, tau.get(0), tau.get(1));
@@ -128,14 +135,8 @@ std::string train_gated_deltanet() {
   double first = 0.0, last = 0.0;
   for (int step = 0; step <= 200; ++step) {
     const RecurrentForward forward = run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs(a, b), options);
-    const std::int64_t n = forward.result.o.numel();
-    Tensor d_o(DType::f32, forward.result.o.shape());
-    double loss = 0.0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const double diff = double(forward.result.o.get(i)) - double(target.o.get(i));
-      loss += diff * diff / double(n);
-      d_o.set(i, float(2.0 * diff / double(n)));
-    }
+    Tensor d_o;
+    const double loss = mean_squared_error(forward.result.o, target.o, d_o);
     if (step == 0) first = loss;
     last = loss;
     if (step % 50 == 0) std::printf("Gated DeltaNet step %3d  loss %.6f\n", step, loss);

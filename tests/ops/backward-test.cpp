@@ -120,6 +120,22 @@ struct Param {
   test::Filled filled;
 };
 
+// Central differences of loss() by each value of p (restored after), and the largest of them.
+std::vector<double> numeric_gradient(Param& p, const std::function<double()>& loss, double& largest) {
+  std::vector<double> numeric(p.filled.values.size());
+  for (std::size_t e = 0; e < p.filled.values.size(); ++e) {
+    const double keep = p.filled.values[e], h = 1e-5 * std::max(1.0, std::abs(keep));
+    p.filled.values[e] = keep + h;
+    const double up = loss();
+    p.filled.values[e] = keep - h;
+    const double down = loss();
+    p.filled.values[e] = keep;
+    numeric[e] = (up - down) / (2 * h);
+    largest = std::max(largest, std::abs(numeric[e]));
+  }
+  return numeric;
+}
+
 void check_gradients(const GradCase& c) {
   INFO(c.describe());
   std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.describe())));
@@ -264,18 +280,8 @@ void check_gradients(const GradCase& c) {
                          ladle::run_variant_backward_composed(forward.saved, d_o.view(), d_s.view(), ladle::Backend::gpu));
 
   for (Param& p : params) {
-    std::vector<double> numeric(p.filled.values.size());
     double largest = 0.0;
-    for (std::size_t e = 0; e < p.filled.values.size(); ++e) {
-      const double keep = p.filled.values[e], h = 1e-5 * std::max(1.0, std::abs(keep));
-      p.filled.values[e] = keep + h;
-      const double up = loss();
-      p.filled.values[e] = keep - h;
-      const double down = loss();
-      p.filled.values[e] = keep;
-      numeric[e] = (up - down) / (2 * h);
-      largest = std::max(largest, std::abs(numeric[e]));
-    }
+    const std::vector<double> numeric = numeric_gradient(p, loss, largest);
     for (const auto& [how, grads] : results) {
       const Tensor& got = p.name == "q"    ? grads.dq
                               : p.name == "k"  ? grads.dk
@@ -451,17 +457,7 @@ void check_form_gradients(const FormCase& c) {
                         : p.name == "h0" ? *grads.d_initial_state
                                          : grads.inputs.at(p.name);
     REQUIRE(got.shape() == p.filled.tensor.shape());
-    std::vector<double> numeric(p.filled.values.size());
-    for (std::size_t e = 0; e < p.filled.values.size(); ++e) {
-      const double keep = p.filled.values[e], h = 1e-5 * std::max(1.0, std::abs(keep));
-      p.filled.values[e] = keep + h;
-      const double up = loss();
-      p.filled.values[e] = keep - h;
-      const double down = loss();
-      p.filled.values[e] = keep;
-      numeric[e] = (up - down) / (2 * h);
-      largest = std::max(largest, std::abs(numeric[e]));
-    }
+    const std::vector<double> numeric = numeric_gradient(p, loss, largest);
     for (std::size_t e = 0; e < numeric.size(); ++e) worst = std::max(worst, std::abs(double(got.get(static_cast<std::int64_t>(e))) - numeric[e]));
     INFO("d" << p.name << ": largest |gradient| " << largest << ", worst error " << worst);
     CHECK(largest > 0.0);
