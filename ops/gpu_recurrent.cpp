@@ -487,10 +487,10 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   const std::string op = op_name(variant);
   // Device tensors only (ladle::run_variant_into takes host ones too).
   const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
-  require_device(op, "o", outputs.o, why);
-  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
   std::optional<Tensor> seqlens;
   const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
+  require_device(op, "o", outputs.o, why);
+  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
   ops::bind_outputs(op, options, outputs, bound);
   const auto& args = bound.args;
