@@ -349,7 +349,7 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   DeviceBuffer u = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_u_elements(prepare, chunks, H), 2), launch.stream);
   DeviceBuffer e = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_u_elements(prepare, chunks, H), 2), launch.stream);
   DeviceBuffer hs = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_h_elements(prepare, chunks, H), 2), launch.stream);
-  DeviceBuffer gamma = DeviceBuffer::on_stream(bytes(chunks * H * C, 4), launch.stream);
+  DeviceBuffer gamma = DeviceBuffer::on_stream(bytes(cuda::chunked_delta_gamma_elements(prepare, chunks, H), 4), launch.stream);
   DeviceBuffer device_offsets;
   SplitArguments work;
   work.sequences = N;

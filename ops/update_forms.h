@@ -53,8 +53,8 @@ void rwkv6_into(const TensorView& r, const TensorView& k, const TensorView& v, c
 // g [B,T,H,K] in log space, beta [B,T,H]. With use_gate_in_kernel, g is the raw input and the decay is
 // -exp(A_log) softplus(g + dt_bias) (A_log [H], dt_bias [H,K] or absent: fla's [H*K] viewed as [H,K]);
 // with use_beta_sigmoid_in_kernel, beta is sigmoid(beta). The gate math is part of the expression, so
-// the backward reaches A_log, dt_bias and the raw g and beta. Runs on the CPU path and the
-// fused-recurrent GPU kernels (the chunked ones take a per-head decay: algorithm chunked is refused).
+// the backward reaches A_log, dt_bias and the raw g and beta. Runs on the CPU path and, on the GPU, on
+// the chunked delta kernels (per-feature gates; codegen/cuda/chunked_delta.h) or the fused-recurrent ones.
 struct KdaOptions : UpdateFormOptions {
   bool use_gate_in_kernel = false;
   std::optional<TensorView> A_log;    // [H], with use_gate_in_kernel

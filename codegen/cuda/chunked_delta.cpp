@@ -14,8 +14,6 @@ using namespace detail;
 
 std::string chunked_delta_unsupported(const ir::Variant& variant, std::int64_t key_dim, std::int64_t value_dim) {
   if (variant.update != ir::Update::delta) return "the chunked delta kernels run the delta rule only";
-  if (variant.has(ir::Slot::log_decay_k))
-    return "the chunked delta kernels take a per-head decay; a key-side decay (KDA) runs on the fused-recurrent kernels for now";
   if (key_dim > 128) return "K = " + std::to_string(key_dim) + ", expected at most 128 for the chunked delta rule";
   if (value_dim > 256) return "V = " + std::to_string(value_dim) + ", expected at most 256 for the chunked delta rule";
   return {};
@@ -39,6 +37,9 @@ std::int64_t chunked_delta_u_elements(const ChunkedDeltaSpec& spec, std::int64_t
 std::int64_t chunked_delta_h_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads) {
   return chunks * heads * spec.block_k * spec.value_pad;
 }
+std::int64_t chunked_delta_gamma_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads) {
+  return chunks * heads * std::max(chunked_delta_chunk, spec.block_k);
+}
 
 namespace detail {
 
@@ -47,6 +48,7 @@ ChunkedDeltaEmitter::ChunkedDeltaEmitter(const ir::Variant& variant_in, const Ch
     : variant(variant_in),
       spec(spec_in),
       prepare(spec_in.phase == ChunkedDeltaPhase::prepare),
+      kda(variant_in.has(ir::Slot::log_decay_k)),
       states(spec_in.phase == ChunkedDeltaPhase::states),
       BK(spec_in.block_k),
       id(id_in),
@@ -75,10 +77,12 @@ void ChunkedDeltaEmitter::declare_parameters() {
 }
 
 int ChunkedDeltaEmitter::shared_bytes() const {
+  // KDA: prepare adds the gates' tile G [C][GLD] (fp32); states keeps G_last [2][BK] for gamma [2][C];
+  // outputs stages G where h and E land once G is spent (it fits there: BK VLD + C VLD >= 2 C GLD).
   if (prepare)
-    return 2 * (C * KLD + 2 * C * TLD) + std::max(4 * 2 * C * ALD, 2 * C * PVLD) + 4 * 4 * C;
-  if (states) return 2 * (2 * (2 * C * KLD + C * VLD) + BK * VLD) + 4 * 2 * C;
-  return 2 * (2 * C * KLD + groups * (BK * VLD + C * VLD)) + 4 * 2 * C;
+    return 2 * (C * KLD + 2 * C * TLD) + std::max(4 * 2 * C * ALD, 2 * C * PVLD) + 4 * 4 * C + (kda ? 4 * C * GLD : 0);
+  if (states) return 2 * (2 * (2 * C * KLD + C * VLD) + BK * VLD) + 4 * 2 * std::max(C, BK);
+  return 2 * (2 * C * KLD + std::max(groups * (BK * VLD + C * VLD), kda ? 2 * C * GLD : 0)) + 4 * 2 * C;
 }
 
 std::string ChunkedDeltaEmitter::header(const char* phase_name) const {
@@ -97,6 +101,9 @@ std::string ChunkedDeltaEmitter::header(const char* phase_name) const {
                      : "launch: grid (chunks over all sequences, H, ceil(V / " + std::to_string(kernel.block_v) + ")), block (" +
                            std::to_string(kernel.threads) + ")\n"
                        "per chunk: o = scale (exp(gamma) q h + tril(q k^T exp(gamma_t - gamma_s)) E)\n";
+  if (kda)
+    header += "KDA: gamma is per feature (G, log2); A and P in 16 x 16 blocks against per-feature references (below the\n"
+              "diagonal: row block I's first row; a diagonal block: its row 7 where the gates fit, else element by element)\n";
   header += "types: " + types_line(variant, id, spec) + "\n";
   header += std::string("loads: ") + (spec.vector_loads ? "q, k, v by 16 bytes (8 features)" : "element by element") + "\n";
   header += std::string("reverse=") + (spec.reverse ? "1" : "0") + " varlen=" + (spec.varlen ? "1" : "0") +
@@ -110,6 +117,10 @@ void ChunkedDeltaEmitter::constants() {
     ", TLD = " + std::to_string(TLD) + ", PVLD = " + std::to_string(PVLD) + ";");
   c(std::string("constexpr bool REVERSE = ") + (spec.reverse ? "true" : "false") + ";");
   c("constexpr float LOG2E = 1.4426950408889634f;  // exp(x) = 2^(x log2 e), on the special function unit");
+  if (kda) {
+    c("constexpr int GLD = " + std::to_string(GLD) + ";  // the gates' tile G [C][GLD], fp32, log2");
+    c("constexpr float FIT_LIMIT = 100.0f;  // |G_t - G_ref| allowed in a diagonal block's products (log2)");
+  }
   c("const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;");
   c("LADLE_DYNAMIC_SHARED(smem);");
   c("");
@@ -292,7 +303,7 @@ void ChunkedDeltaEmitter::zero(const std::string& acc, const std::string& ntiles
 
 ChunkedDeltaKernel ChunkedDeltaEmitter::generate() {
   kernel.threads = states ? 256 : 128 * groups;
-  kernel.blocks_per_sm = states || groups == 2 ? 2 : 3;
+  kernel.blocks_per_sm = states || groups == 2 || (prepare && kda) ? 2 : 3;
   kernel.block_v = 64 * groups;
   const char* phase_name = prepare ? "prepare" : states ? "states" : "outputs";
   const std::string spec_key = std::string(phase_name) + "|" + std::to_string(BK) + "|" +
@@ -319,9 +330,13 @@ ChunkedDeltaKernel ChunkedDeltaEmitter::generate() {
     states_fetch();
     states_chunks();
     if (spec.final_state) states_final();
+  } else if (kda) {
+    outputs_loads_kda();
+    outputs_values();
   } else {
     outputs_loads();
-    outputs_products();
+    outputs_scores();
+    outputs_values();
   }
   c.out();
   c("}");
@@ -335,8 +350,7 @@ ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const Chun
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_chunked_delta: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
   if (variant.update != ir::Update::delta) fail("the chunked delta kernels run the delta rule only (" + ir::form_name(variant) + ")");
-  if (variant.has(ir::Slot::log_decay_k))
-    fail("the chunked delta kernels take a per-head decay, not " + ir::form_name(variant) + "'s key-side decay");
+  if (variant.has(ir::Slot::log_decay_v)) fail("the chunked delta kernels take no value-side decay (" + ir::form_name(variant) + ")");
   if (spec.block_k != 64 && spec.block_k != 128) fail("block_k = " + std::to_string(spec.block_k) + ", expected 64 or 128");
   if (spec.value_pad < 64 || spec.value_pad > 256 || spec.value_pad % 64 != 0)
     fail("value_pad = " + std::to_string(spec.value_pad) + ", expected a multiple of 64 up to 256");

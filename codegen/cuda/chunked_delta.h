@@ -16,6 +16,15 @@
 //            + tril(q k^T decayed) E, every chunk in parallel, q and k staged once for 128 value columns.
 // q and k pass through their feature maps (and the L2 normalisation) as they are staged; beta, the
 // decay and the scale are the variant's expressions. K <= 128, V <= 256.
+//
+// KDA (a key-side decay, with or without a per-head one): gamma is per feature, G_t = g_1 + ... + g_t in
+// log2 (a log2 gate below -256, a hard reset's -inf included, counts as -256: 2^-256 = 0 in fp32).
+// A_ts = beta_t sum_i k_ti k_si 2^(G_ti - G_si) and P_ts = sum_i q_ti k_si 2^(G_ti - G_si) are formed in
+// 16 x 16 blocks with per-feature references: a block below the diagonal, rows from block I and columns
+// from block J < I, as (k_t 2^(G_t - G_16I)) . (k_s 2^(G_16I - G_s)), both factors at most 1 whatever the
+// decay; a diagonal block against its row 7 where |G_t - G_ref| <= 100 over its 16 rows (every factor
+// within 2^+-100), else element by element. W = T diag(beta) (K 2^G); the states kernel takes
+// k 2^(G_last - G) and 2^(G_last) per state row; the outputs kernel stages k and the gates itself.
 #pragma once
 
 #include <cstdint>
@@ -57,10 +66,11 @@ std::string chunked_delta_unsupported(const ir::Variant& variant, std::int64_t k
 ChunkedDeltaSpec chunked_delta_spec(const KernelTypes& types, std::int64_t key_dim, std::int64_t value_dim, ChunkedDeltaPhase phase);
 // The work arrays' sizes in elements, for `chunks` chunks (over all sequences) and H heads: W and k
 // [chunks][H][C][block_k], U and E [chunks][H][C][value_pad], h [chunks][H][block_k][value_pad] (bf16),
-// gamma [chunks][H][C] (f32).
+// gamma [chunks][H][C] (f32; KDA: G_last [chunks][H][block_k], log2), sized for both.
 std::int64_t chunked_delta_w_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads);
 std::int64_t chunked_delta_u_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads);
 std::int64_t chunked_delta_h_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads);
+std::int64_t chunked_delta_gamma_elements(const ChunkedDeltaSpec& spec, std::int64_t chunks, std::int64_t heads);
 
 // Throws InvalidArgument for a variant the family does not run or a malformed spec.
 ChunkedDeltaKernel generate_chunked_delta(const ir::Variant& variant, const ChunkedDeltaSpec& spec);

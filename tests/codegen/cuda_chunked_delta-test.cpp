@@ -53,7 +53,7 @@ TEST_CASE("chunked delta: every case on the host emulation computes what the CPU
       std::vector<unsigned short> w = bf16s(cuda::chunked_delta_w_elements(prepare, chunks, c.H)), kn = w;
       std::vector<unsigned short> u = bf16s(cuda::chunked_delta_u_elements(prepare, chunks, c.H)), e = u;
       std::vector<unsigned short> h = bf16s(cuda::chunked_delta_h_elements(prepare, chunks, c.H));
-      std::vector<float> gamma(static_cast<std::size_t>(chunks * c.H * C), std::numeric_limits<float>::quiet_NaN());
+      std::vector<float> gamma(static_cast<std::size_t>(cuda::chunked_delta_gamma_elements(prepare, chunks, c.H)), std::numeric_limits<float>::quiet_NaN());
       SplitArguments work;
       work.chunk_offsets = offsets.data();
       work.sequences = bound.sequences;
@@ -101,13 +101,15 @@ TEST_CASE("chunked delta: the source says what it computes; specs and variants a
   CHECK_THAT(cuda::chunked_delta_unsupported(gated, 128, 512), Catch::Contains("V = 512"));
   CHECK_THAT(cuda::chunked_delta_unsupported(rwkv6_variant(), 64, 64), Catch::Contains("the delta rule only"));
   CHECK(cuda::chunked_delta_unsupported(gated, 128, 128).empty());
-  {  // KDA's key-side decay: the fused-recurrent kernels run it
-    const ir::Variant& kda = kda_variant(false, false, false, true);
-    CHECK_THAT(cuda::chunked_delta_unsupported(kda, 128, 128), Catch::Contains("key-side decay (KDA)"));
+  {  // KDA's key-side decay: per-feature gates, the scores against per-feature references
+    const ir::Variant& kda = kda_variant(true, true, true, true);
+    CHECK(cuda::chunked_delta_unsupported(kda, 128, 128).empty());
     cuda::KernelTypes kda_types = types;
     kda_types.input_types.assign(kda.inputs.size(), DType::bf16);
-    CHECK_THROWS_WITH(cuda::generate_chunked_delta(kda, cuda::chunked_delta_spec(kda_types, 128, 128, ChunkedDeltaPhase::states)),
-                      Catch::Contains("key-side decay"));
+    const cuda::ChunkedDeltaKernel outputs = cuda::generate_chunked_delta(kda, cuda::chunked_delta_spec(kda_types, 128, 128, ChunkedDeltaPhase::outputs));
+    CHECK_THAT(outputs.source, Catch::Contains("KDA: gamma is per feature"));
+    CHECK_THAT(outputs.source, Catch::Contains("the diagonal block element by element"));
+    CHECK(outputs.shared_bytes == cuda::generate_chunked_delta(gated, cuda::chunked_delta_spec(types, 128, 128, ChunkedDeltaPhase::outputs)).shared_bytes);
   }
   cuda::ChunkedDeltaSpec bad = states;
   bad.block_k = 96;
@@ -139,10 +141,11 @@ TEST_CASE("chunked delta: NVRTC compiles the three kernels for sm_80 and sm_90a 
         INFO(usage->registers << " registers, " << usage->spill_store_bytes << " bytes spilled");
         CHECK(usage->spill_store_bytes == 0);
         CHECK(usage->spill_load_bytes == 0);
-        // Blocks an SM: prepare 3 (128 threads), states 2 (256), outputs 2 (256) or 3 (128, V <= 64): the
-        // launch bounds and the shared memory keep what the kernel promises.
+        // Blocks an SM: prepare 3 (128 threads; KDA 2, for its gates' tile), states 2 (256), outputs 2 (256)
+        // or 3 (128, V <= 64): the launch bounds and the shared memory keep what the kernel promises.
         const int blocks = kernel.blocks_per_sm;
-        CHECK(blocks == (phase == ChunkedDeltaPhase::prepare || kernel.threads == 128 ? 3 : 2));
+        const bool kda = dc.c.variant.has(ir::Slot::log_decay_k);
+        CHECK(blocks == (phase == ChunkedDeltaPhase::prepare ? (kda ? 2 : 3) : kernel.threads == 128 ? 3 : 2));
         CHECK(usage->registers * int(kernel.threads) * blocks <= 65536);
         CHECK(kernel.shared_bytes * blocks <= 227 * 1024);
       }

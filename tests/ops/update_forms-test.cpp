@@ -349,69 +349,139 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
   }
 }
 
-TEST_CASE("kda matches the fp64 oracle: the gate and beta's sigmoid in the kernel, L2, GQA, packed, reverse, dtypes",
-          "[ops][update_forms][kda]") {
-  for (int bits = 0; bits < 8; ++bits) {
-    const bool gate_in_kernel = bits & 1, l2 = bits & 2, packed = bits & 4;
-    const bool dt_bias = gate_in_kernel && bits != 1, sigmoid = bits % 3 != 0, reverse = bits % 3 == 1;
-    const DType type = bits % 4 == 3 ? DType::bf16 : bits % 4 == 1 ? DType::f16 : DType::f32;
-    const int H = 4, H_kv = bits % 2 ? 2 : 4, K = 8, V = 6;
-    const std::vector<std::int64_t> cu = packed ? std::vector<std::int64_t>{0, 5, 5, 13} : std::vector<std::int64_t>{};
-    const int B = packed ? 1 : 2, T = packed ? 13 : 9, N = packed ? 3 : 2;
-    INFO("gate_in_kernel " << gate_in_kernel << " dt_bias " << dt_bias << " sigmoid " << sigmoid << " l2 " << l2 << " packed " << packed
-                           << " reverse " << reverse << " " << ladle::dtype_name(type) << " H_kv " << H_kv);
-    std::mt19937_64 rng(static_cast<std::uint64_t>(900 + bits));
-    std::uniform_real_distribution<double> unit(0.0, 1.0);
-    const double k_spread = l2 ? 1.0 : 1.0 / std::sqrt(double(K));
-    const test::Filled q = test::normal(rng, type, {B, T, H, K}), k = test::normal(rng, type, {B, T, H_kv, K}, k_spread),
-                       v = test::normal(rng, type, {B, T, H_kv, V});
-    // g: the log decay itself (logsigmoid(x) / 4), or the gate's raw input; beta: in (0, 1), or its logit.
-    const test::Filled g = test::filled(DType::f32, {B, T, H, K}, [&] { return gate_in_kernel ? 2 * unit(rng) - 1 : test::logsigmoid(4 * unit(rng) - 2) / 4; });
-    const test::Filled beta = test::filled(DType::f32, {B, T, H}, [&] { return sigmoid ? 4 * unit(rng) - 2 : 0.1 + 0.8 * unit(rng); });
-    const test::Filled a_log = test::filled(DType::f32, {H}, [&] { return unit(rng) - 1.5; });
-    const test::Filled bias = test::filled(DType::f32, {H, K}, [&] { return unit(rng) - 0.5; });
-    const test::Filled h0 = test::normal(rng, DType::f32, {N, H, K, V});
+namespace {
 
-    reference::UpdateForm ref;
-    ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
-    ref.q = q.values, ref.k = k.values, ref.v = v.values, ref.scale = 1.0 / std::sqrt(double(K));
-    ref.cu_seqlens = cu, ref.reverse = reverse, ref.l2_normalize = l2, ref.initial_state = h0.values;
-    ref.beta = beta.values;
-    if (sigmoid)
-      for (double& x : ref.beta) x = 1.0 / (1.0 + std::exp(-x));
-    ref.gk = g.values;
-    if (gate_in_kernel)
-      for (std::size_t e = 0; e < ref.gk.size(); ++e) {
-        const std::size_t h = e / K % H, i = e % K;
-        const double x = ref.gk[e] + (dt_bias ? bias.values[h * K + i] : 0.0);
-        ref.gk[e] = -std::exp(a_log.values[h]) * (x > 20 ? x : std::log1p(std::exp(x)));
-      }
-    const reference::RecurrentOutput expected = reference::delta_rule(ref);
+struct KdaCase {
+  int B = 2, T = 9, H = 4, H_kv = 4, K = 8, V = 6;
+  DType type = DType::f32;
+  bool gate_in_kernel = false, dt_bias = false, sigmoid = false, l2 = false, reverse = false;
+  std::vector<std::int64_t> cu_seqlens;
+  double decay_level = 0;  // not 0: g around this per token (strong decay: -8)
+  bool hard_resets = false;  // g = -inf at some tokens and features (exp(-inf) = 0 wipes those rows)
+  ladle::Algorithm algorithm = ladle::Algorithm::automatic;
+  std::uint64_t seed = 900;
+};
 
-    ladle::KdaOptions options;
-    options.return_state = true, options.reverse = reverse, options.use_qk_l2norm_in_kernel = l2;
-    options.use_gate_in_kernel = gate_in_kernel, options.use_beta_sigmoid_in_kernel = sigmoid;
-    options.initial_state = h0.tensor.view();
-    if (gate_in_kernel) options.A_log = a_log.tensor.view();
-    if (dt_bias) options.dt_bias = bias.tensor.view();
-    Tensor offsets;
-    if (packed) {
-      offsets = Tensor(DType::i64, {4});
-      std::memcpy(offsets.data(), cu.data(), cu.size() * sizeof(std::int64_t));
-      options.cu_seqlens = offsets.view();
+void check_kda(KdaCase c) {
+  if (!c.cu_seqlens.empty()) c.B = 1, c.T = static_cast<int>(c.cu_seqlens.back());
+  const int N = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
+  const int B = c.B, T = c.T, H = c.H, H_kv = c.H_kv, K = c.K, V = c.V;
+  INFO("gate_in_kernel " << c.gate_in_kernel << " dt_bias " << c.dt_bias << " sigmoid " << c.sigmoid << " l2 " << c.l2 << " packed "
+                         << c.cu_seqlens.size() << " reverse " << c.reverse << " " << ladle::dtype_name(c.type) << " B " << B << " T " << T
+                         << " H " << H << " H_kv " << H_kv << " K " << K << " V " << V << " decay_level " << c.decay_level
+                         << " hard_resets " << c.hard_resets << " chunked " << (c.algorithm == ladle::Algorithm::chunked));
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const double k_spread = c.l2 ? 1.0 : 1.0 / std::sqrt(double(K));
+  const test::Filled q = test::normal(rng, c.type, {B, T, H, K}), k = test::normal(rng, c.type, {B, T, H_kv, K}, k_spread),
+                     v = test::normal(rng, c.type, {B, T, H_kv, V});
+  // g: the log decay itself (logsigmoid(x) / 4, or around decay_level), or the gate's raw input; beta: in
+  // (0, 1), or its logit. Hard resets: -inf at every 37th token in two features of three (raw input: -inf
+  // goes through softplus(-inf) = 0, so those cases plant +inf instead: -exp(A) softplus(+inf) = -inf).
+  std::int64_t element = 0;
+  const test::Filled g = test::filled(DType::f32, {B, T, H, K}, [&] {
+    const std::int64_t e = element++, t = e / (std::int64_t{H} * K) % T, i = e % K;
+    if (c.hard_resets && t % 37 == 5 && i % 3 != 1)
+      return c.gate_in_kernel ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+    if (c.gate_in_kernel) return 2 * unit(rng) - 1;
+    return c.decay_level != 0 ? c.decay_level * (0.5 + unit(rng)) : test::logsigmoid(4 * unit(rng) - 2) / 4;
+  });
+  const test::Filled beta = test::filled(DType::f32, {B, T, H}, [&] { return c.sigmoid ? 4 * unit(rng) - 2 : 0.1 + 0.8 * unit(rng); });
+  const test::Filled a_log = test::filled(DType::f32, {H}, [&] { return unit(rng) - 1.5; });
+  const test::Filled bias = test::filled(DType::f32, {H, K}, [&] { return unit(rng) - 0.5; });
+  const test::Filled h0 = test::normal(rng, DType::f32, {N, H, K, V});
+
+  reference::UpdateForm ref;
+  ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
+  ref.q = q.values, ref.k = k.values, ref.v = v.values, ref.scale = 1.0 / std::sqrt(double(K));
+  ref.cu_seqlens = c.cu_seqlens, ref.reverse = c.reverse, ref.l2_normalize = c.l2, ref.initial_state = h0.values;
+  ref.beta = beta.values;
+  if (c.sigmoid)
+    for (double& x : ref.beta) x = 1.0 / (1.0 + std::exp(-x));
+  ref.gk = g.values;
+  if (c.gate_in_kernel)
+    for (std::size_t e = 0; e < ref.gk.size(); ++e) {
+      const std::size_t h = e / K % H, i = e % K;
+      const double x = ref.gk[e] + (c.dt_bias ? bias.values[h * K + i] : 0.0);
+      ref.gk[e] = -std::exp(a_log.values[h]) * (x > 20 ? x : std::log1p(std::exp(x)));
     }
-    for (ladle::Backend backend : test::backends()) {
-      options.backend = backend;
-      INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
-      const ladle::RecurrentResult got = ladle::kda(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), beta.tensor.view(), options);
-      CHECK(test::relative_error(got.o, expected.o) < test::tolerance(type));
-      REQUIRE(got.final_state);
-      CHECK(test::relative_error(*got.final_state, expected.final_state) < test::tolerance(type));
-    }
+  const reference::RecurrentOutput expected = reference::delta_rule(ref);
+
+  ladle::KdaOptions options;
+  options.return_state = true, options.reverse = c.reverse, options.use_qk_l2norm_in_kernel = c.l2;
+  options.use_gate_in_kernel = c.gate_in_kernel, options.use_beta_sigmoid_in_kernel = c.sigmoid;
+  options.algorithm = c.algorithm;
+  options.initial_state = h0.tensor.view();
+  if (c.gate_in_kernel) options.A_log = a_log.tensor.view();
+  if (c.dt_bias) options.dt_bias = bias.tensor.view();
+  Tensor offsets;
+  if (!c.cu_seqlens.empty()) {
+    offsets = Tensor(DType::i64, {static_cast<std::int64_t>(c.cu_seqlens.size())});
+    std::memcpy(offsets.data(), c.cu_seqlens.data(), c.cu_seqlens.size() * sizeof(std::int64_t));
+    options.cu_seqlens = offsets.view();
+  }
+  for (ladle::Backend backend : test::backends()) {
+    options.backend = backend;
+    INFO("backend " << (backend == ladle::Backend::gpu ? "gpu" : "cpu"));
+    const ladle::RecurrentResult got = ladle::kda(q.tensor.view(), k.tensor.view(), v.tensor.view(), g.tensor.view(), beta.tensor.view(), options);
+    // The chunked form multiplies in bf16 on the tensor cores whatever the inputs' dtype.
+    const bool tensor_cores = backend == ladle::Backend::gpu && c.algorithm == ladle::Algorithm::chunked;
+    const double tolerance = tensor_cores ? test::tolerance(DType::bf16) : test::tolerance(c.type);
+    const double o_error = test::relative_error(got.o, expected.o);
+    INFO("o error " << o_error);
+    CHECK(o_error < tolerance);
+    REQUIRE(got.final_state);
+    CHECK(test::relative_error(*got.final_state, expected.final_state) < tolerance);
   }
 }
 
-TEST_CASE("kda refuses a gate it cannot form and the chunked form by name", "[ops][update_forms][kda][errors]") {
+}  // namespace
+
+TEST_CASE("kda matches the fp64 oracle: the gate and beta's sigmoid in the kernel, L2, GQA, packed, reverse, dtypes",
+          "[ops][update_forms][kda]") {
+  for (int bits = 0; bits < 8; ++bits) {
+    KdaCase c;
+    c.gate_in_kernel = bits & 1, c.l2 = bits & 2;
+    c.dt_bias = c.gate_in_kernel && bits != 1, c.sigmoid = bits % 3 != 0, c.reverse = bits % 3 == 1;
+    c.type = bits % 4 == 3 ? DType::bf16 : bits % 4 == 1 ? DType::f16 : DType::f32;
+    c.H_kv = bits % 2 ? 2 : 4;
+    if (bits & 4) c.cu_seqlens = {0, 5, 5, 13};
+    c.seed = static_cast<std::uint64_t>(900 + bits);
+    check_kda(c);
+  }
+}
+
+TEST_CASE("kda on the chunked (tensor-core) form: chunks, partial chunks, packed, states, strong decay, hard resets, K and V of the models",
+          "[ops][update_forms][kda][chunked]") {
+  // On the GPU these run the chunked delta kernels with per-feature gates (codegen/cuda/chunked_delta.h);
+  // the CPU path runs the same calls sequentially.
+  for (bool reverse : {false, true}) {
+    KdaCase c;
+    c.type = DType::bf16, c.l2 = true, c.reverse = reverse, c.sigmoid = true, c.gate_in_kernel = reverse, c.dt_bias = reverse;
+    c.algorithm = ladle::Algorithm::chunked;
+    c.B = 2, c.T = 200, c.H = 4, c.H_kv = 2, c.K = 128, c.V = 128, c.seed = 950 + reverse;
+    check_kda(c);
+    c.cu_seqlens = {0, 64, 64, 130, 131, 300};  // a whole chunk, an empty sequence, a chunk and a token, one token
+    c.K = 64, c.V = 96;
+    check_kda(c);
+  }
+  KdaCase strong;  // strong decay: g around -8 a token (every diagonal block element by element)
+  strong.type = DType::bf16, strong.decay_level = -8.0, strong.T = 130, strong.K = 32, strong.V = 48, strong.l2 = true;
+  strong.algorithm = ladle::Algorithm::chunked;
+  check_kda(strong);
+  KdaCase medium = strong;  // g around -1.5: the diagonal blocks fit, the chunk does not
+  medium.decay_level = -1.5, medium.K = 128, medium.V = 64, medium.seed = 951;
+  check_kda(medium);
+  KdaCase resets = medium;  // hard resets (g = -inf) with the gate in the kernel, packed, reverse
+  resets.decay_level = 0, resets.hard_resets = true, resets.gate_in_kernel = true, resets.reverse = true;
+  resets.cu_seqlens = {0, 100, 100, 250}, resets.seed = 952;
+  check_kda(resets);
+  KdaCase plain;  // unnormalised keys, fp32 inputs forced onto the tensor cores
+  plain.T = 100, plain.algorithm = ladle::Algorithm::chunked, plain.K = 100, plain.V = 40, plain.seed = 953;
+  check_kda(plain);
+}
+
+TEST_CASE("kda refuses a gate it cannot form by name", "[ops][update_forms][kda][errors]") {
   using Catch::Matchers::Contains;
   std::mt19937_64 rng(5);
   const test::Filled q = test::normal(rng, DType::f32, {1, 4, 2, 8}), v = test::normal(rng, DType::f32, {1, 4, 2, 8});
@@ -430,10 +500,4 @@ TEST_CASE("kda refuses a gate it cannot form and the chunked form by name", "[op
   const test::Filled g_wrong = test::normal(rng, DType::f32, {1, 4, 2});
   CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g_wrong.tensor.view(), beta.tensor.view(), options),
                     Contains("g has shape"));
-  if (ladle::driver_available()) {
-    options.backend = ladle::Backend::gpu;
-    options.algorithm = ladle::Algorithm::chunked;
-    CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g.tensor.view(), beta.tensor.view(), options),
-                      Contains("key-side decay (KDA) runs on the fused-recurrent kernels"));
-  }
 }

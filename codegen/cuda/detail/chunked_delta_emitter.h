@@ -59,11 +59,18 @@ struct ChunkedDeltaEmitter {
   void states_final();
   // outputs: o = scale (exp(gamma) q h + P E).
   void outputs_loads();
-  void outputs_products();
+  void outputs_scores();
+  void outputs_values();
+  // KDA: the gates' tile G (per-feature cumulative log2 decay), the scores with per-feature references.
+  void kda_stage_gates(const std::string& tile);
+  void kda_scan_gates(const std::string& tile);
+  void kda_scores(const std::string& x, const std::string& y, bool inclusive);
+  void kda_scale_rows(const std::string& tile);
+  void outputs_loads_kda();
 
   const ir::Variant& variant;
   const ChunkedDeltaSpec& spec;
-  const bool prepare, states;
+  const bool prepare, kda, states;
   const int C = chunked_delta_chunk, BK;
   const std::vector<std::string> id;
   const std::vector<ir::Input>& inputs;
@@ -72,7 +79,7 @@ struct ChunkedDeltaEmitter {
   // staged once for both halves), else 64 (four warps).
   const int groups;
   // Shared memory (bf16 tiles padded by 8 elements a row, so that ldmatrix's 8 rows hit 8 bank groups).
-  const int KLD, VLD = 72, ALD = C + 4, TLD = C + 8, PVLD;
+  const int KLD, VLD = 72, ALD = C + 4, TLD = C + 8, PVLD, GLD = BK + 8;
   ChunkedDeltaKernel kernel;
   std::vector<std::string> declarations;
   Code c;

@@ -8,7 +8,8 @@ namespace ladle::cuda::detail {
 
 // Returns whether v's rows were prefetched into registers (vraw).
 bool ChunkedDeltaEmitter::prepare_stage() {
-  const std::string g_expr = has(ir::Slot::log_decay_head) ? render(ir::Slot::log_decay_head, "") : std::string("0.0f");
+  // KDA: the per-head decay, if any, joins the key-side one in G; gamma stays 0 (W's factor is beta).
+  const std::string g_expr = has(ir::Slot::log_decay_head) && !kda ? render(ir::Slot::log_decay_head, "") : std::string("0.0f");
   const std::string beta_expr = has(ir::Slot::write_strength) ? render(ir::Slot::write_strength, "") : std::string("1.0f");
   c("// A and T in fp32 share their space with v, which is staged once T is solved (three blocks an SM).");
   c("unsigned short* ks = reinterpret_cast<unsigned short*>(smem);  // k (features, normalised), [C][KLD]");
@@ -22,6 +23,7 @@ bool ChunkedDeltaEmitter::prepare_stage() {
   c("float* gam = gs + C;");
   c("float* betas = gam + C;");
   c("float* wfac = betas + C;                                         // beta exp(gamma), W's column factors of T");
+  if (kda) c("float* G = wfac + C;  // the gates, per feature: g in log2, then G_t = g_1 + ... + g_t, [C][GLD]");
   c("");
   c("// 1. Stage the chunk: g and beta a thread a row; k and v, every load in flight at once.");
   c("if (tid < C) {");
@@ -33,6 +35,7 @@ bool ChunkedDeltaEmitter::prepare_stage() {
   c.out();
   c("}");
   stage_tile(ir::Slot::k_feature, "ks", "KLD", "BK", "K", "_i", ir::Role::key, variant.l2_normalize_qk);
+  if (kda) kda_stage_gates("G");
   // v's raw rows are loaded now into registers (eight 16-byte groups a thread at V <= 128) and staged
   // once the solve is done: their latency passes behind the solve instead of after it.
   const bool prefetch_v = spec.vector_loads && spec.value_pad <= 128;
@@ -57,10 +60,26 @@ void ChunkedDeltaEmitter::prepare_gamma() {
   c("}");
   c("gam[tid] = s;");
   c("wfac[tid] = betas[tid] * expf(s);");
-  c("work_gamma[(gc * H + h) * C + tid] = s;");
+  if (!kda) c("work_gamma[(gc * H + h) * C + tid] = s;");
   c.out();
   c("}");
   c("__syncthreads();");
+  if (kda) {
+    kda_scan_gates("G");
+    c("if (tid < BK) work_gamma[(gc * H + h) * BK + tid] = G[(C - 1) * GLD + tid];  // G_last, for the states kernel");
+    c("// k 2^(G_last - G_t) (at most k), for the states kernel's update: 16 bytes at a time.");
+    c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / 128; ++m) {");
+    c.in();
+    c("const int e = tid + m * 128;");
+    c("const int p = e / (BK / 8), i = e % (BK / 8) * 8;");
+    c("float kv8[8];");
+    c("ladle_load8_bf16(kv8, &ks[p * KLD + i]);");
+    c("LADLE_UNROLL for (int u = 0; u < 8; ++u) kv8[u] *= ladle_exp2(G[(C - 1) * GLD + i + u] - G[p * GLD + i + u]);");
+    c("ladle_store8_bf16(&work_k[((gc * H + h) * C + p) * BK + i], kv8);");
+    c.out();
+    c("}");
+    return;
+  }
   c("// k, normalised, for the states and outputs kernels: 16 bytes at a time.");
   c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / 128; ++m) {");
   c.in();
@@ -72,6 +91,22 @@ void ChunkedDeltaEmitter::prepare_gamma() {
 }
 
 void ChunkedDeltaEmitter::prepare_a() {
+  if (kda) {
+    c("// 3. A = beta_t sum_i k_ti k_si 2^(G_ti - G_si) below the diagonal (fp32); warp w: rows 16w..16w+15.");
+    c("{");
+    c.in();
+    c("const int r0 = warp * 16;");
+    kda_scores("ks", "ks", false);
+    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+    c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
+    c("    const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0), col = nt * 8 + (lane % 4) * 2 + (e & 1);");
+    c("    af[row * ALD + col] = col < row ? betas[row] * acc[nt][e] : 0.0f;");
+    c("  }");
+    c.out();
+    c("}");
+    c("__syncthreads();");
+    return;
+  }
   c("// 3. A = beta_t exp(gamma_t - gamma_s) k_t . k_s below the diagonal (fp32); warp w: rows 16w..16w+15.");
   c("{");
   c.in();
@@ -161,6 +196,7 @@ void ChunkedDeltaEmitter::prepare_w_u(bool prefetch_v) {
   c("*reinterpret_cast<unsigned*>(&tsu[r * TLD + s]) = ladle_pack_bf16(t0 * betas[s], t1 * betas[s + 1]);");
   c.out();
   c("}");
+  if (kda) kda_scale_rows("ks");
   c("__syncthreads();  // A and T are read for the last time: v takes their space");
   stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value, false, prefetch_v ? "vraw" : "");
   c("__syncthreads();");
@@ -206,7 +242,8 @@ void ChunkedDeltaEmitter::states_tiles_and_state() {
   c("unsigned short* ks = ws + 2 * C * KLD;");
   c("unsigned short* us = ks + 2 * C * KLD;");
   c("unsigned short* ss = us + 2 * C * VLD;  // S_0 in bf16, [BK][VLD]");
-  c("float* gam = reinterpret_cast<float*>(ss + BK * VLD);  // [2][C]");
+  c(kda ? "float* gam = reinterpret_cast<float*>(ss + BK * VLD);  // G_last, [2][BK] (log2)"
+        : "float* gam = reinterpret_cast<float*>(ss + BK * VLD);  // [2][C]");
   c("");
   c("// The state: warp w < BK / 16 keeps rows 16w..16w+15 of its 64 columns in mma accumulator order.");
   c("float S[8][4];");
@@ -243,7 +280,10 @@ void ChunkedDeltaEmitter::states_fetch() {
   c("ladle_cp_async_16(&us[(buf * C + p) * VLD + j], &work_u[(base + p) * VPAD + vb * 64 + j]);");
   c.out();
   c("}");
-  c("if (tid < C / 4) ladle_cp_async_16(&gam[buf * C + tid * 4], &work_gamma[base + tid * 4]);");
+  if (kda)
+    c("if (tid < BK / 4) ladle_cp_async_16(&gam[buf * BK + tid * 4], &work_gamma[((gc0 + chunk) * H + h) * BK + tid * 4]);");
+  else
+    c("if (tid < C / 4) ladle_cp_async_16(&gam[buf * C + tid * 4], &work_gamma[base + tid * 4]);");
   c("ladle_cp_async_commit();");
   c.out();
   c("};");
@@ -261,7 +301,7 @@ void ChunkedDeltaEmitter::states_chunks() {
   c("const unsigned short* wb = ws + buf * C * KLD;");
   c("const unsigned short* kbuf = ks + buf * C * KLD;");
   c("unsigned short* ub = us + buf * C * VLD;");
-  c("const float* gb = gam + buf * C;");
+  c(kda ? "const float* gb = gam + buf * BK;" : "const float* gb = gam + buf * C;");
   states_e();
   states_update();
   c.out();
@@ -283,9 +323,13 @@ void ChunkedDeltaEmitter::states_e() {
   c("const int r0 = (warp % 4) * 16, c0 = (warp / 4) * 32;");
   zero("acc", "4");
   mma_rows("acc", "wb", "KLD", "r0", "ss", "VLD", true, "BK / 16", "4", "c0");
-  c("const float last = gb[C - 1];");
-  c("// The two rows' decays first: the stores below could alias gamma's buffer for the compiler.");
-  c("const float dec[2] = {expf(last - gb[r0 + lane / 4]), expf(last - gb[r0 + lane / 4 + 8])};");
+  if (kda) {
+    c("const float dec[2] = {1.0f, 1.0f};  // KDA: the decays are in k 2^(G_last - G)");
+  } else {
+    c("const float last = gb[C - 1];");
+    c("// The two rows' decays first: the stores below could alias gamma's buffer for the compiler.");
+    c("const float dec[2] = {expf(last - gb[r0 + lane / 4]), expf(last - gb[r0 + lane / 4 + 8])};");
+  }
   c("LADLE_UNROLL for (int nt = 0; nt < 4; ++nt)");
   c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c("    const int row = r0 + lane / 4 + half * 8, col = c0 + nt * 8 + (lane % 4) * 2;");
@@ -302,11 +346,17 @@ void ChunkedDeltaEmitter::states_e() {
 }
 
 void ChunkedDeltaEmitter::states_update() {
-  c("// 2. S = exp(gamma_last) S + K^T (exp(gamma_last - gamma) E): warp w < BK / 16, rows 16w..16w+15.");
+  c(kda ? "// 2. S = 2^(G_last) S + (k 2^(G_last - G))^T E: warp w < BK / 16, rows 16w..16w+15."
+        : "// 2. S = exp(gamma_last) S + K^T (exp(gamma_last - gamma) E): warp w < BK / 16, rows 16w..16w+15.");
   c("if (warp < BK / 16) {");
   c.in();
-  c("const float decay = expf(gb[C - 1]);");
-  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt) S[nt][0] *= decay, S[nt][1] *= decay, S[nt][2] *= decay, S[nt][3] *= decay;");
+  if (kda) {
+    c("const float decay0 = ladle_exp2(gb[warp * 16 + lane / 4]), decay1 = ladle_exp2(gb[warp * 16 + lane / 4 + 8]);  // 2^G_last, per row");
+    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt) S[nt][0] *= decay0, S[nt][1] *= decay0, S[nt][2] *= decay1, S[nt][3] *= decay1;");
+  } else {
+    c("const float decay = expf(gb[C - 1]);");
+    c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt) S[nt][0] *= decay, S[nt][1] *= decay, S[nt][2] *= decay, S[nt][3] *= decay;");
+  }
   c("const unsigned kbuf_s = ladle_shared_address(kbuf), ub_s = ladle_shared_address(ub);");
   c("LADLE_UNROLL for (int kt = 0; kt < C / 16; ++kt) {");
   c.in();
@@ -394,7 +444,7 @@ void ChunkedDeltaEmitter::outputs_loads() {
   c("if (vb * 64 >= VPAD) return;  // a group past V (V over 128 with an odd number of 64-column blocks)");
 }
 
-void ChunkedDeltaEmitter::outputs_products() {
+void ChunkedDeltaEmitter::outputs_scores() {
   c("// 2. Warp w, rows 16 (w % 4)..+15: P = q k^T (masked, decayed), kept in registers as the A operand of");
   c("//    P E (an accumulator tile is an A fragment's layout); O = exp(gamma) q h + P E.");
   c("const int r0 = warp % 4 * 16;");
@@ -407,9 +457,15 @@ void ChunkedDeltaEmitter::outputs_products() {
   c("    const float d0 = col <= row ? ladle_exp2((gam[row] - gam[col]) * LOG2E) : 0.0f, d1 = col + 1 <= row ? ladle_exp2((gam[row] - gam[col + 1]) * LOG2E) : 0.0f;");
   c("    pfrag[nt / 2][(nt % 2) * 2 + half] = ladle_pack_bf16(acc[nt][2 * half] * d0, acc[nt][2 * half + 1] * d1);");
   c("  }");
+}
+
+void ChunkedDeltaEmitter::outputs_values() {
   c("// 32 columns at a time (16 accumulators beside P's 16 registers: 128 registers a thread at 256 threads).");
   c("const unsigned es_s = ladle_shared_address(es);");
-  c("const float row_decay[2] = {expf(gam[r0 + lane / 4]), expf(gam[r0 + lane / 4 + 8])};");
+  if (kda)
+    c("const float row_decay[2] = {1.0f, 1.0f};  // KDA: q's rows carry 2^G already");
+  else
+    c("const float row_decay[2] = {expf(gam[r0 + lane / 4]), expf(gam[r0 + lane / 4 + 8])};");
   c("LADLE_UNROLL_1 for (int vh = 0; vh < 2; ++vh) {");
   c.in();
   zero("ov", "4");
@@ -446,4 +502,186 @@ void ChunkedDeltaEmitter::outputs_products() {
   c("}");
 }
 
+// KDA: the gates' tile (fp32, log2): g_t of each feature (the key-side decay's expression, plus the
+// per-head decay's where the variant has one), 0 past the sequence's end, at least -256 (a hard reset's
+// -inf included: 2^-256 = 0 in fp32 wipes exactly, and differences stay finite).
+void ChunkedDeltaEmitter::kda_stage_gates(const std::string& tile) {
+  const std::string threads = std::to_string(kernel.threads);
+  std::string expr = render(ir::Slot::log_decay_k, "_i");
+  if (has(ir::Slot::log_decay_head)) expr = "(" + expr + ") + (" + render(ir::Slot::log_decay_head, "") + ")";
+  c("// The gates, g in log2 a feature, into " + tile + ": eight features a thread, two groups in flight.");
+  c("LADLE_UNROLL_2 for (int m = 0; m < C * BK / 8 / " + std::string(threads) + "; ++m) {");
+  c.in();
+  c("const int grp = tid + m * " + threads + ";");
+  c("const int p = grp / (BK / 8), f0 = grp % (BK / 8) * 8;");
+  token_of_row("chunk");
+  c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
+  c.in();
+  c("const int i = f0 + e;");
+  c("const bool use = live && i < K;");
+  for (std::size_t k : slot_inputs(variant, ir::Slot::log_decay_k))
+    if (inputs[k].kind == ir::InputKind::token_key || inputs[k].kind == ir::InputKind::head_key)
+      c("const float " + id[k] + "_i = use ? " + row_load(k, "i") + " : 0.0f;");
+  c(tile + "[p * GLD + i] = use ? fmaxf((" + expr + ") * LOG2E, -256.0f) : 0.0f;");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+}
+
+// KDA: G_t = g_1 + ... + g_t in place, a thread a feature (after a barrier past the staging).
+void ChunkedDeltaEmitter::kda_scan_gates(const std::string& tile) {
+  c("if (tid < BK) {  // the per-feature cumulative sums, a thread a feature");
+  c("  float run = 0.0f;");
+  c("  LADLE_UNROLL_4 for (int p = 0; p < C; ++p) run = " + tile + "[p * GLD + tid] = run + " + tile + "[p * GLD + tid];");
+  c("}");
+  c("__syncthreads();");
+}
+
+// KDA: the chunk's scores x_t . y_s 2^(G_t - G_s) (per feature) for warp rows r0..r0+15 (the block row
+// I = r0 / 16) into acc[8][4], every column of blocks J <= I (the caller masks s < t or s <= t). Blocks
+// J < I: A fragments x_t 2^(G_t - G_16I), B fragments y_s 2^(G_16I - G_s), both factors at most 1 whatever
+// the decay. The diagonal block: against its row 7 where every |G_t - G_ref| <= FIT_LIMIT over its rows,
+// else element by element (exact for any decay; only where it is needed).
+void ChunkedDeltaEmitter::kda_scores(const std::string& x, const std::string& y, bool inclusive) {
+  c("const int I = r0 / 16;  // the warp's block row");
+  c("// Features f, f + 1 of row `row` of a bf16 tile, times 2^(sign (G_row - G_ref)), packed as bf16.");
+  c("const auto kda_pair = [&](const unsigned short* tile, int row, int ref, int f, float sign) -> unsigned {");
+  c("  const unsigned bits = *reinterpret_cast<const unsigned*>(&tile[row * KLD + f]);");
+  c("  const float x_lo = ladle_bits_float(bits << 16) * ladle_exp2(sign * (G[row * GLD + f] - G[ref * GLD + f]));");
+  c("  const float x_hi = ladle_bits_float(bits & 0xffff0000u) * ladle_exp2(sign * (G[row * GLD + f + 1] - G[ref * GLD + f + 1]));");
+  c("  return ladle_pack_bf16(x_lo, x_hi);");
+  c("};");
+  c("float worst = 0.0f;  // the diagonal block's fit: max |G_t - G_(r0 + 7)| over its rows and features");
+  c("for (int e = lane; e < 16 * BK; e += 32) worst = fmaxf(worst, fabsf(G[(r0 + e / BK) * GLD + e % BK] - G[(r0 + 7) * GLD + e % BK]));");
+  c("LADLE_UNROLL for (int d = 16; d > 0; d /= 2) worst = fmaxf(worst, __shfl_xor_sync(0xffffffffu, worst, d));");
+  c("const bool fits = worst <= FIT_LIMIT;");
+  zero("acc", "8");
+  c("LADLE_UNROLL_1 for (int kt = 0; kt < BK / 16; ++kt) {");
+  c.in();
+  c("const int f = kt * 16 + (lane % 4) * 2, ra = r0 + lane / 4;");
+  c("if (I > 0) {");
+  c.in();
+  c("unsigned a_off[4] = {kda_pair(" + x + ", ra, r0, f, 1.0f), kda_pair(" + x + ", ra + 8, r0, f, 1.0f), kda_pair(" + x +
+    ", ra, r0, f + 8, 1.0f), kda_pair(" + x + ", ra + 8, r0, f + 8, 1.0f)};");
+  c("LADLE_UNROLL for (int J = 0; J < 3; ++J)");
+  c("  if (J < I)");
+  c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("      const int rb = J * 16 + half * 8 + lane / 4;");
+  c("      ladle_mma_bf16(acc[2 * J + half], a_off, kda_pair(" + y + ", rb, r0, f, -1.0f), kda_pair(" + y + ", rb, r0, f + 8, -1.0f));");
+  c("    }");
+  c.out();
+  c("}");
+  c("if (fits) {");
+  c.in();
+  c("const int rm = r0 + 7;");
+  c("unsigned a_dia[4] = {kda_pair(" + x + ", ra, rm, f, 1.0f), kda_pair(" + x + ", ra + 8, rm, f, 1.0f), kda_pair(" + x +
+    ", ra, rm, f + 8, 1.0f), kda_pair(" + x + ", ra + 8, rm, f + 8, 1.0f)};");
+  c("LADLE_UNROLL for (int J = 0; J < 4; ++J)");
+  c("  if (J == I)");
+  c("    LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("      const int rb = r0 + half * 8 + lane / 4;");
+  c("      ladle_mma_bf16(acc[2 * J + half], a_dia, kda_pair(" + y + ", rb, rm, f, -1.0f), kda_pair(" + y + ", rb, rm, f + 8, -1.0f));");
+  c("    }");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("if (!fits)  // the diagonal block element by element: 2^(G_t - G_s) per feature");
+  c("  LADLE_UNROLL for (int J = 0; J < 4; ++J)");
+  c("    if (J == I)");
+  c("      LADLE_UNROLL for (int nt = 0; nt < 2; ++nt)");
+  c("        LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
+  c("          const int row = r0 + lane / 4 + (e >= 2 ? 8 : 0), col = r0 + nt * 8 + (lane % 4) * 2 + (e & 1);");
+  c("          float sum = 0.0f;");
+  c(std::string("          if (col ") + (inclusive ? "<=" : "<") + " row)");
+  c("            for (int f = 0; f < BK; ++f)");
+  c("              sum += ladle_bf16_float(" + x + "[row * KLD + f]) * ladle_bf16_float(" + y + "[col * KLD + f]) *");
+  c("                     ladle_exp2(G[row * GLD + f] - G[col * GLD + f]);");
+  c("          acc[2 * J + nt][e] = sum;");
+  c("        }");
+}
+
+// KDA: the rows of a bf16 tile [C][KLD] times 2^(G_t) (at most 1: the decay from the chunk's start), in place.
+void ChunkedDeltaEmitter::kda_scale_rows(const std::string& tile) {
+  const std::string threads = std::to_string(kernel.threads);
+  c("// " + tile + " times 2^(G_t), per feature, in place.");
+  c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int grp = tid + m * " + threads + ";");
+  c("const int p = grp / (BK / 8), i = grp % (BK / 8) * 8;");
+  c("float x8[8];");
+  c("ladle_load8_bf16(x8, &" + tile + "[p * KLD + i]);");
+  c("LADLE_UNROLL for (int u = 0; u < 8; ++u) x8[u] *= ladle_exp2(G[p * GLD + i + u]);");
+  c("ladle_store8_bf16(&" + tile + "[p * KLD + i], x8);");
+  c.out();
+  c("}");
+}
+
+// KDA's outputs kernel up to P: q, k (from the inputs, through their feature maps and the L2
+// normalisation) and the gates staged; G; P = tril(q k^T, per-feature decays) into registers; q times
+// 2^G in place; then h and E by cp.async into the space G held.
+void ChunkedDeltaEmitter::outputs_loads_kda() {
+  const std::string threads = std::to_string(kernel.threads);
+  c("constexpr int G_GROUPS = " + std::to_string(groups) + ";  // 64-column groups a block: warps 4g..4g+3 take group g");
+  c("unsigned short* qs = reinterpret_cast<unsigned short*>(smem);  // q (features, normalised), [C][KLD]");
+  c("unsigned short* ks = qs + C * KLD;                               // k (normalised), [C][KLD]");
+  c("unsigned short* const hs0 = ks + C * KLD;");
+  c("unsigned short* const es0 = hs0 + G_GROUPS * BK * VLD;");
+  c("unsigned short* hs = hs0 + warp / 4 * BK * VLD;                  // h = S_0's 64 columns of this warp's group, [BK][VLD]");
+  c("unsigned short* es = es0 + warp / 4 * C * VLD;                   // E's 64 columns, [C][VLD]");
+  c("float* G = reinterpret_cast<float*>(hs0);                        // the gates [C][GLD], until h and E come");
+  c("float* qscale = reinterpret_cast<float*>(hs0 + " + std::to_string(std::max(groups * (BK * VLD + C * VLD), 2 * C * GLD)) + ");");
+  c("const long long base = (gc * H + h) * C;");
+  c("// 1. q, k and the gates staged; the scale.");
+  c("if (tid < C) {");
+  c.in();
+  c("const int p = tid;");
+  token_of_row("chunk");
+  c("qscale[p] = " + (has(ir::Slot::scale) ? render(ir::Slot::scale, "") : std::string("1.0f")) + ";");
+  c.out();
+  c("}");
+  stage_tile(ir::Slot::q_feature, "qs", "KLD", "BK", "K", "_i", ir::Role::query, variant.l2_normalize_qk);
+  stage_tile(ir::Slot::k_feature, "ks", "KLD", "BK", "K", "_i", ir::Role::key, variant.l2_normalize_qk);
+  kda_stage_gates("G");
+  c("__syncthreads();");
+  kda_scan_gates("G");
+  c("// 2. Warp w, rows 16 (w % 4)..+15: P = tril(q k^T) with the per-feature decays, kept in registers as");
+  c("//    the A operand of P E (an accumulator tile is an A fragment's layout).");
+  c("const int r0 = warp % 4 * 16;");
+  c("unsigned pfrag[C / 16][4];");
+  c("{");
+  c.in();
+  kda_scores("qs", "ks", true);
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("    const int row = r0 + lane / 4 + half * 8, col = nt * 8 + (lane % 4) * 2;");
+  c("    pfrag[nt / 2][(nt % 2) * 2 + half] = ladle_pack_bf16(col <= row ? acc[nt][2 * half] : 0.0f, col + 1 <= row ? acc[nt][2 * half + 1] : 0.0f);");
+  c("  }");
+  c.out();
+  c("}");
+  c("__syncthreads();  // every warp's P is formed: q may change");
+  kda_scale_rows("qs");
+  c("__syncthreads();  // G is spent: h and E take its space");
+  c("LADLE_UNROLL for (int m = 0; m < G_GROUPS * BK * 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int e = tid + m * " + threads + ";");
+  c("const int grp = e / (BK * 8), row = e % (BK * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G_GROUPS + grp) * 64 + j;");
+  c("if (col < VPAD) ladle_cp_async_16(&hs0[(grp * BK + row) * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + col]);");
+  c.out();
+  c("}");
+  c("LADLE_UNROLL for (int m = 0; m < G_GROUPS * C * 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int e = tid + m * " + threads + ";");
+  c("const int grp = e / (C * 8), p = e % (C * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G_GROUPS + grp) * 64 + j;");
+  c("if (col < VPAD) ladle_cp_async_16(&es0[(grp * C + p) * VLD + j], &work_e[(base + p) * VPAD + col]);");
+  c.out();
+  c("}");
+  c("ladle_cp_async_commit();");
+  c("ladle_cp_async_wait<0>();");
+  c("__syncthreads();");
+  c("if (vb * 64 >= VPAD) return;  // a group past V (V over 128 with an odd number of 64-column blocks)");
+}
+
 }  // namespace ladle::cuda::detail
+
