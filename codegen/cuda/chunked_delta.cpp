@@ -77,10 +77,10 @@ void ChunkedDeltaEmitter::declare_parameters() {
 }
 
 int ChunkedDeltaEmitter::shared_bytes() const {
-  // KDA: prepare adds the gates' tile G [C][GLD] (fp32); states keeps G_last [2][BK] for gamma [2][C];
-  // outputs stages G where h and E land once G is spent (it fits there: BK VLD + C VLD >= 2 C GLD).
+  // KDA: prepare keeps the gates' tile G [C][GLD] (fp32) in A's space until A is written; states keeps
+  // G_last [2][BK] for gamma [2][C]; outputs stages G where h and E land once G is spent.
   if (prepare)
-    return 2 * (C * KLD + 2 * C * TLD) + std::max(4 * 2 * C * ALD, 2 * C * PVLD) + 4 * 4 * C + (kda ? 4 * C * GLD : 0);
+    return 2 * (C * KLD + 2 * C * TLD) + std::max({4 * 2 * C * ALD, 2 * C * PVLD, kda ? 4 * C * GLD : 0}) + 4 * 4 * C + (kda ? 16 : 0);
   if (states) return 2 * (2 * (2 * C * KLD + C * VLD) + BK * VLD) + 4 * 2 * std::max(C, BK);
   return 2 * (2 * C * KLD + std::max(groups * (BK * VLD + C * VLD), kda ? 2 * C * GLD : 0)) + 4 * 2 * C;
 }
@@ -303,7 +303,7 @@ void ChunkedDeltaEmitter::zero(const std::string& acc, const std::string& ntiles
 
 ChunkedDeltaKernel ChunkedDeltaEmitter::generate() {
   kernel.threads = states ? 256 : 128 * groups;
-  kernel.blocks_per_sm = states || groups == 2 || (prepare && kda) ? 2 : 3;
+  kernel.blocks_per_sm = states || groups == 2 ? 2 : 3;
   kernel.block_v = 64 * groups;
   const char* phase_name = prepare ? "prepare" : states ? "states" : "outputs";
   const std::string spec_key = std::string(phase_name) + "|" + std::to_string(BK) + "|" +

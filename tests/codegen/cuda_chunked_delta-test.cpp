@@ -141,11 +141,10 @@ TEST_CASE("chunked delta: NVRTC compiles the three kernels for sm_80 and sm_90a 
         INFO(usage->registers << " registers, " << usage->spill_store_bytes << " bytes spilled");
         CHECK(usage->spill_store_bytes == 0);
         CHECK(usage->spill_load_bytes == 0);
-        // Blocks an SM: prepare 3 (128 threads; KDA 2, for its gates' tile), states 2 (256), outputs 2 (256)
-        // or 3 (128, V <= 64): the launch bounds and the shared memory keep what the kernel promises.
+        // Blocks an SM: prepare 3 (128 threads), states 2 (256), outputs 2 (256) or 3 (128, V <= 64): the
+        // launch bounds and the shared memory keep what the kernel promises.
         const int blocks = kernel.blocks_per_sm;
-        const bool kda = dc.c.variant.has(ir::Slot::log_decay_k);
-        CHECK(blocks == (phase == ChunkedDeltaPhase::prepare ? (kda ? 2 : 3) : kernel.threads == 128 ? 3 : 2));
+        CHECK(blocks == (phase == ChunkedDeltaPhase::prepare || kernel.threads == 128 ? 3 : 2));
         CHECK(usage->registers * int(kernel.threads) * blocks <= 65536);
         CHECK(kernel.shared_bytes * blocks <= 227 * 1024);
       }

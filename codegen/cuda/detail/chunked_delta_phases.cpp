@@ -23,7 +23,11 @@ bool ChunkedDeltaEmitter::prepare_stage() {
   c("float* gam = gs + C;");
   c("float* betas = gam + C;");
   c("float* wfac = betas + C;                                         // beta exp(gamma), W's column factors of T");
-  if (kda) c("float* G = wfac + C;  // the gates, per feature: g in log2, then G_t = g_1 + ... + g_t, [C][GLD]");
+  if (kda) {
+    c("float* G = af;  // the gates [C][GLD] (log2, then G_t = g_1 + ... + g_t), in A's space until A is written");
+    c("unsigned* fitw = reinterpret_cast<unsigned*>(wfac + C);  // each 16-row block's spread about its row 7 (float bits)");
+    c("if (tid < C / 16) fitw[tid] = 0u;");
+  }
   c("");
   c("// 1. Stage the chunk: g and beta a thread a row; k and v, every load in flight at once.");
   c("if (tid < C) {");
@@ -97,6 +101,9 @@ void ChunkedDeltaEmitter::prepare_a() {
     c.in();
     c("const int r0 = warp * 16;");
     kda_scores("ks", "ks", false);
+    c("__syncthreads();  // every warp's scores are formed: k may change, and G's space takes A");
+    kda_scale_rows("ks");
+    c("__syncthreads();");
     c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
     c("  LADLE_UNROLL for (int e = 0; e < 4; ++e) {");
     c("    const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0), col = nt * 8 + (lane % 4) * 2 + (e & 1);");
@@ -196,7 +203,6 @@ void ChunkedDeltaEmitter::prepare_w_u(bool prefetch_v) {
   c("*reinterpret_cast<unsigned*>(&tsu[r * TLD + s]) = ladle_pack_bf16(t0 * betas[s], t1 * betas[s + 1]);");
   c.out();
   c("}");
-  if (kda) kda_scale_rows("ks");
   c("__syncthreads();  // A and T are read for the last time: v takes their space");
   stage_tile(ir::Slot::v, "vs", "PVLD", "VPAD", "V", "_j", ir::Role::value, false, prefetch_v ? "vraw" : "");
   c("__syncthreads();");
@@ -509,31 +515,61 @@ void ChunkedDeltaEmitter::kda_stage_gates(const std::string& tile) {
   const std::string threads = std::to_string(kernel.threads);
   std::string expr = render(ir::Slot::log_decay_k, "_i");
   if (has(ir::Slot::log_decay_head)) expr = "(" + expr + ") + (" + render(ir::Slot::log_decay_head, "") + ")";
-  c("// The gates, g in log2 a feature, into " + tile + ": eight features a thread, two groups in flight.");
-  c("LADLE_UNROLL_2 for (int m = 0; m < C * BK / 8 / " + std::string(threads) + "; ++m) {");
+  // Each token-key input's eight features by one 16-byte load (two for fp32) where the row is
+  // contiguous and aligned (ladle_load8 checks), every group of the loop in flight at once: the
+  // element-by-element form spent a fifth of the prepare kernel's stalls waiting on these loads.
+  c("// The gates, g in log2 a feature, into " + tile + ": eight features a thread at a time, every group in flight.");
+  c("LADLE_UNROLL for (int m = 0; m < C * BK / 8 / " + std::string(threads) + "; ++m) {");
   c.in();
   c("const int grp = tid + m * " + threads + ";");
   c("const int p = grp / (BK / 8), f0 = grp % (BK / 8) * 8;");
   token_of_row("chunk");
+  c("const int count = live ? (K - f0 < 8 ? K - f0 : 8) : 0;  // features of the group in the row (<= 0: none)");
+  const std::vector<std::size_t> reads = slot_inputs(variant, ir::Slot::log_decay_k);
+  for (std::size_t k : reads)
+    if (inputs[k].kind == ir::InputKind::token_key || inputs[k].kind == ir::InputKind::head_key)
+      c("float " + id[k] + "_x8[8];"),
+      c("ladle_load8(" + id[k] + "_x8, " + id[k] + " + (count > 0 ? " + id[k] + "_row + f0 * " + id[k] + "_stride_d : 0), " + id[k] +
+        "_stride_d, count);");
+  c("float gx[8];");
   c("LADLE_UNROLL for (int e = 0; e < 8; ++e) {");
   c.in();
-  c("const int i = f0 + e;");
-  c("const bool use = live && i < K;");
-  for (std::size_t k : slot_inputs(variant, ir::Slot::log_decay_k))
+  c("const bool use = e < count;");
+  for (std::size_t k : reads)
     if (inputs[k].kind == ir::InputKind::token_key || inputs[k].kind == ir::InputKind::head_key)
-      c("const float " + id[k] + "_i = use ? " + row_load(k, "i") + " : 0.0f;");
-  c(tile + "[p * GLD + i] = use ? fmaxf((" + expr + ") * LOG2E, -256.0f) : 0.0f;");
+      c("const float " + id[k] + "_i = use ? " + id[k] + "_x8[e] : 0.0f;");
+  c("gx[e] = use ? fmaxf((" + expr + ") * LOG2E, -256.0f) : 0.0f;");
   c.out();
   c("}");
+  c("ladle_st4(&" + tile + "[p * GLD + f0], ladle_f4{gx[0], gx[1], gx[2], gx[3]});");
+  c("ladle_st4(&" + tile + "[p * GLD + f0 + 4], ladle_f4{gx[4], gx[5], gx[6], gx[7]});");
   c.out();
   c("}");
 }
 
 // KDA: G_t = g_1 + ... + g_t in place, a thread a feature (after a barrier past the staging).
 void ChunkedDeltaEmitter::kda_scan_gates(const std::string& tile) {
-  c("if (tid < BK) {  // the per-feature cumulative sums, a thread a feature");
-  c("  float run = 0.0f;");
-  c("  LADLE_UNROLL_4 for (int p = 0; p < C; ++p) run = " + tile + "[p * GLD + tid] = run + " + tile + "[p * GLD + tid];");
+  // Each 16-row block's spread about its row 7 (max over its rows and features of |G_t - G_7|, the
+  // diagonal blocks' fit) comes with the scan: per feature, then by shuffles over the warp, then
+  // atomicMax on the float's bits (non-negative: they order as the floats) into fitw[block].
+  c("if (tid < BK) {  // the per-feature cumulative sums, a thread a feature, and each block's spread about its row 7");
+  c.in();
+  c("float run = 0.0f;");
+  c("LADLE_UNROLL for (int blk = 0; blk < C / 16; ++blk) {");
+  c.in();
+  c("float g_lo = 3.0e38f, g_hi = -3.0e38f, g_mid = 0.0f;");
+  c("LADLE_UNROLL for (int r = 0; r < 16; ++r) {");
+  c("  const int p = blk * 16 + r;");
+  c("  run = " + tile + "[p * GLD + tid] = run + " + tile + "[p * GLD + tid];");
+  c("  g_lo = fminf(g_lo, run), g_hi = fmaxf(g_hi, run);");
+  c("  if (r == 7) g_mid = run;");
+  c("}");
+  c("float spread = fmaxf(g_hi - g_mid, g_mid - g_lo);");
+  c("LADLE_UNROLL for (int d = 16; d > 0; d /= 2) spread = fmaxf(spread, __shfl_xor_sync(0xffffffffu, spread, d));");
+  c("if (lane == 0) atomicMax(&fitw[blk], ladle_float_bits(spread));");
+  c.out();
+  c("}");
+  c.out();
   c("}");
   c("__syncthreads();");
 }
@@ -552,10 +588,7 @@ void ChunkedDeltaEmitter::kda_scores(const std::string& x, const std::string& y,
   c("  const float x_hi = ladle_bits_float(bits & 0xffff0000u) * ladle_exp2(sign * (G[row * GLD + f + 1] - G[ref * GLD + f + 1]));");
   c("  return ladle_pack_bf16(x_lo, x_hi);");
   c("};");
-  c("float worst = 0.0f;  // the diagonal block's fit: max |G_t - G_(r0 + 7)| over its rows and features");
-  c("for (int e = lane; e < 16 * BK; e += 32) worst = fmaxf(worst, fabsf(G[(r0 + e / BK) * GLD + e % BK] - G[(r0 + 7) * GLD + e % BK]));");
-  c("LADLE_UNROLL for (int d = 16; d > 0; d /= 2) worst = fmaxf(worst, __shfl_xor_sync(0xffffffffu, worst, d));");
-  c("const bool fits = worst <= FIT_LIMIT;");
+  c("const bool fits = ladle_bits_float(fitw[I]) <= FIT_LIMIT;  // the diagonal block's spread (the scan's)");
   zero("acc", "8");
   c("LADLE_UNROLL_1 for (int kt = 0; kt < BK / 16; ++kt) {");
   c.in();
@@ -632,6 +665,8 @@ void ChunkedDeltaEmitter::outputs_loads_kda() {
   c("unsigned short* es = es0 + warp / 4 * C * VLD;                   // E's 64 columns, [C][VLD]");
   c("float* G = reinterpret_cast<float*>(hs0);                        // the gates [C][GLD], until h and E come");
   c("float* qscale = reinterpret_cast<float*>(hs0 + " + std::to_string(std::max(groups * (BK * VLD + C * VLD), 2 * C * GLD)) + ");");
+  c("unsigned* fitw = reinterpret_cast<unsigned*>(qscale + C);  // each 16-row block's spread about its row 7 (float bits)");
+  c("if (tid < C / 16) fitw[tid] = 0u;");
   c("const long long base = (gc * H + h) * C;");
   c("// 1. q, k and the gates staged; the scale.");
   c("if (tid < C) {");
