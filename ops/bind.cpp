@@ -69,13 +69,31 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
     return p;
   };
   check.shape("q", q, token_pattern(-1, "H", -1, "K"));
-  check.shape("k", k, token_pattern(-1, "H_kv", d.K, "K"));
-  d.H_kv = k.shape[k.rank() - 2];
-  check.shape("v", v, token_pattern(d.H_kv, "H_kv", -1, "V"));
+  check.shape("k", k, token_pattern(-1, "H_k", d.K, "K"));
+  check.shape("v", v, token_pattern(-1, "H_v", -1, "V"));
   d.V = v.shape[v.rank() - 1];
-  if (d.H % d.H_kv != 0)
-    check.fail("q has " + std::to_string(d.H) + " heads, which the " + std::to_string(d.H_kv) +
-               " heads of k and v do not divide (GQA needs H % H_kv == 0)");
+  // Heads: GQA (k and v share H_kv heads, a divisor of q's H) or grouped value heads (fla's GVA: q
+  // and k share H heads, v has HV, a multiple of H). The recurrence runs one state per head of the
+  // most: o, the state and every per-token input take that many heads.
+  const std::int64_t Hq = d.H, Hk = k.shape[k.rank() - 2], Hv = v.shape[v.rank() - 2];
+  const auto heads_text = [&] {
+    return "q has " + std::to_string(Hq) + " heads, k " + std::to_string(Hk) + " and v " + std::to_string(Hv);
+  };
+  if (Hv > Hq) {
+    if (Hk != Hq)
+      check.fail(heads_text() + ": grouped value heads (v with more heads than q) need k with q's heads (" + std::to_string(Hq) + ")");
+    if (Hv % Hq != 0)
+      check.fail(heads_text() + ": grouped value heads need HV a multiple of H (v's " + std::to_string(Hv) + " heads, q's " +
+                 std::to_string(Hq) + ")");
+    d.H = Hv, d.H_kv = Hq;
+  } else {
+    if (Hk != Hv)
+      check.fail(heads_text() + ": k and v share their heads (GQA), or v has more heads than q (grouped value heads)");
+    if (Hq % Hk != 0)
+      check.fail("q has " + std::to_string(Hq) + " heads, which the " + std::to_string(Hk) +
+                 " heads of k and v do not divide (GQA needs H % H_kv == 0)");
+    d.H_kv = Hk;
+  }
   check.data("q", q);
   check.data("k", k);
   check.data("v", v);

@@ -17,6 +17,8 @@ namespace ladle::ops {
 struct RecurrentDims {
   bool packed = false;  // q is [T,H,K] (allowed with cu_seqlens)
   DType type = DType::f32;  // of q, k, v and o
+  // H: the recurrence's heads (q's, or v's with grouped value heads); H_kv: the heads of k and v (GQA),
+  // or of q and k (grouped value heads).
   std::int64_t B = 0, T = 0, H = 0, H_kv = 0, K = 0, V = 0, N = 0;
 
   std::vector<std::int64_t> output_shape() const;  // [B,T,H,V], or [T,H,V] when packed

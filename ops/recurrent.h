@@ -1,7 +1,8 @@
 // recurrent attention (docs/operations.md):
 //   S_t = diag(exp(g_t + gk_t)) S_{t-1} diag(exp(gv_t)) exp(g_gamma[h]) + k_t v_t^T
 //   o_t = (scale q_t)^T S_t
-// q [B,T,H,K]; k [B,T,H_kv,K] and v [B,T,H_kv,V] with H_kv dividing H (GQA); g, gk
+// q [B,T,H,K]; k [B,T,H_kv,K] and v [B,T,H_kv,V] with H_kv dividing H (GQA), or grouped value
+// heads (q, k [B,T,H,K], v [B,T,HV,V], HV a multiple of H: then o, gates and states take HV); g, gk
 // [B,T,H,K]; gv [B,T,H,V]; g_gamma [H] or [B,H]; every gate optional and in log space.
 // scale defaults to 1/sqrt(K). Inputs f32, f16 or bf16; state and accumulation fp32; o in
 // the dtype of q. With cu_seqlens [N+1] the batch is 1 (inputs [1,T,H,D] or [T,H,D]) and

@@ -6,7 +6,9 @@
 //                      S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
 //   rwkv6:             read_before(scan(k, v).decay_k(w), r, scale).bonus(u)
 //                      o_t = (scale r_t)^T (S_{t-1} + diag(u) k_t v_t^T),  S_t = diag(exp(w_t)) S_{t-1} + k_t v_t^T
-// Shapes: q (r) [B,T,H,K]; k [B,T,H_kv,K], v [B,T,H_kv,V] (H_kv divides H); beta and g [B,T,H];
+// Shapes: q (r) [B,T,H,K]; k [B,T,H_kv,K], v [B,T,H_kv,V] (H_kv divides H), or grouped value heads
+// (fla's GVA: q, k [B,T,H,K], v [B,T,HV,V] with HV a multiple of H; o, beta, g, w, u, the states then
+// take HV heads: docs/operations.md); beta and g [B,T,H];
 // w [B,T,H,K] (log space); u [H,K] or [B,H,K]. With cu_seqlens [N+1] the batch is 1 (inputs
 // [1,T,H,D] or [T,H,D]). scale defaults to 1/sqrt(K). Inputs f32, f16 or bf16; state and
 // accumulation fp32; o in the dtype of q; states [N,H,K,V] f32.

@@ -4,7 +4,8 @@
 //   auto variant = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(x) / tau),
 //                                       dsl::q, dsl::scalar("scale")), "custom_gate");
 //   auto result = ladle::run_variant(variant, q, k, v, {{{"x", x}, {"tau", tau}}, {{"scale", 0.125f}}});
-// Shapes follow docs/operations.md: q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V], per-token
+// Shapes follow docs/operations.md: q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V] (or grouped value
+// heads: v [B,T,HV,V], HV a multiple of H, the recurrence over HV heads), per-token
 // inputs [B,T,H,K|V] or [B,T,H], per-head inputs [H] or [B,H]; with cu_seqlens the batch is
 // 1 and per-token inputs may drop it. Every mismatch throws InvalidArgument naming the input.
 #pragma once

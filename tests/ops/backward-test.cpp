@@ -104,11 +104,12 @@ struct GradCase {
   int named = 0;  // the forward by name: 1 ladle::recurrent_for_backward, 2 ladle::gla_for_backward (g, optional g_gamma)
   DType type = DType::f32;  // of q, k, v and the gates (the values as stored are the reference's)
   int B = 2, T = 11, H = 2, H_kv = 2, K = 4, V = 3;
+  int gva = 0;  // grouped value heads: q and k with this many heads, v (and the gates, o, the state) with H
   std::vector<std::int64_t> cu_seqlens;
   std::string describe() const {
     return "g=" + std::to_string(g) + " gk=" + std::to_string(gk) + " gv=" + std::to_string(gv) + " g_gamma=" + std::to_string(g_gamma) +
            " user=" + std::to_string(user) + " named=" + std::to_string(named) + " normalize=" + std::to_string(normalize) + " token_scale=" + std::to_string(token_scale) + " reverse=" + std::to_string(reverse) + " h0=" + std::to_string(initial_state) +
-           " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) +
+           " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(H_kv) + " gva=" + std::to_string(gva) +
            " K=" + std::to_string(K) + " V=" + std::to_string(V) + " packed=" + std::to_string(cu_seqlens.size()) + " " + ladle::dtype_name(type);
   }
 };
@@ -141,7 +142,8 @@ void check_gradients(const GradCase& c) {
   std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.describe())));
   const int N = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
   const int B = c.cu_seqlens.empty() ? c.B : 1;
-  const std::vector<std::int64_t> qk = {B, c.T, c.H, c.K}, kk = {B, c.T, c.H_kv, c.K}, vv = {B, c.T, c.H_kv, c.V};
+  const int Hq = c.gva ? c.gva : c.H, Hk = c.gva ? c.gva : c.H_kv, Hv = c.gva ? c.H : c.H_kv;
+  const std::vector<std::int64_t> qk = {B, c.T, Hq, c.K}, kk = {B, c.T, Hk, c.K}, vv = {B, c.T, Hv, c.V}, gk_shape = {B, c.T, c.H, c.K};
   std::vector<Param> params;
   std::uniform_real_distribution<double> feature(0.2, 1.0);  // a normaliser away from 0
   if (c.normalize) {
@@ -156,11 +158,11 @@ void check_gradients(const GradCase& c) {
   const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, std::uniform_real_distribution<double>& draw) {
     params.push_back({name, test::filled(c.type, std::move(shape), [&] { return draw(rng); })});
   };
-  if (c.g) add("g", qk, mild);
-  if (c.gk) add("gk", qk, mild);
+  if (c.g) add("g", gk_shape, mild);
+  if (c.gk) add("gk", gk_shape, mild);
   if (c.gv) add("gv", {B, c.T, c.H, c.V}, mild);
   if (c.g_gamma) add("g_gamma", {c.H}, mild);
-  if (c.user) add("x", qk, any), add("tau", {c.H}, positive);
+  if (c.user) add("x", gk_shape, any), add("tau", {c.H}, positive);
   if (c.token_scale) add("s", {B, c.T, c.H}, any);
   if (c.initial_state) add("h0", {N, c.H, c.K, c.V}, any);
   const double scale = 0.7;
@@ -192,7 +194,7 @@ void check_gradients(const GradCase& c) {
   // The fp64 loss at the params' current values.
   const auto loss = [&] {
     reference::Recurrent ref;
-    ref.B = B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V;
+    ref.B = B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V, ref.gva_heads = c.gva;
     ref.q = find("q")->filled.values, ref.k = find("k")->filled.values, ref.v = find("v")->filled.values;
     if (c.g) ref.g = find("g")->filled.values;
     if (c.gk) ref.gk = find("gk")->filled.values;
@@ -523,6 +525,13 @@ TEST_CASE("the recurrent backward handles packed sequences with an empty one, GQ
   gqa.H = 4, gqa.H_kv = 2, gqa.K = 5, gqa.V = 2;
   gqa.reverse = true;
   check_gradients(gqa);
+  GradCase gva;  // grouped value heads: dq and dk sum over the value heads that share them
+  gva.g = gva.gv = gva.g_gamma = true;
+  gva.H = 4, gva.gva = 2, gva.K = 3, gva.V = 4;
+  gva.initial_state = true;
+  check_gradients(gva);
+  gva.g = gva.gv = gva.g_gamma = false, gva.user = true, gva.reverse = true;
+  check_gradients(gva);
 }
 
 // The GPU backward at chunk-sized lengths with 16-bit inputs: the slots in bf16 and the three
@@ -536,7 +545,7 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       "user_gate");
   struct Case {
     const ir::Variant* variant;
-    bool reverse, packed, initial_state, gqa;
+    bool reverse, packed, initial_state, gqa, gva = false;  // gva: q and k with 2 heads, v with 4
   };
   const ir::Variant normalized = dsl::lower(
       dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")), dsl::q, dsl::scalar("scale")).normalized(1e-6f), "normalized");
@@ -544,12 +553,13 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
                                 {&normalized, true, true, true, false},
                                 {&ladle::recurrent_variant(true, false, true, true), true, true, true, false},
                                 {&user, false, true, false, true},
-                                {&ladle::recurrent_variant(false, false, false, false), true, false, false, false}};
+                                {&ladle::recurrent_variant(false, false, false, false), true, false, false, false},
+                                {&ladle::gla_variant(false), false, true, true, false, true}};
   int seed = 0;
   for (const Case& c : cases) {
     const ir::Variant& variant = *c.variant;
     std::mt19937_64 rng(static_cast<std::uint64_t>(700 + seed++));
-    const std::int64_t T = 300, H = 4, H_kv = c.gqa ? 2 : 4, K = 64, V = 64, B = c.packed ? 1 : 2;
+    const std::int64_t T = 300, H = 4, H_kv = c.gqa ? 2 : 4, K = 64, V = 64, B = c.packed ? 1 : 2, Hqk = c.gva ? 2 : H;
     const std::vector<std::int64_t> cu{0, 100, 100, 300};
     const std::int64_t N = c.packed ? 3 : B;
     std::vector<test::Filled> keep;
@@ -560,11 +570,11 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
     keep.reserve(16);
     // A normalised read: positive q and k keep the normaliser (scale q)^T n away from 0.
     std::uniform_real_distribution<double> positive(0.2, 1.0);
-    const Tensor& q = variant.normalize ? add(test::filled(DType::bf16, {B, T, H, K}, [&] { return positive(rng); }))
-                                            : add(test::normal(rng, DType::bf16, {B, T, H, K}));
+    const Tensor& q = variant.normalize ? add(test::filled(DType::bf16, {B, T, Hqk, K}, [&] { return positive(rng); }))
+                                            : add(test::normal(rng, DType::bf16, {B, T, Hqk, K}));
     const Tensor& k = variant.normalize ? add(test::filled(DType::bf16, {B, T, H_kv, K}, [&] { return positive(rng); }))
-                                            : add(test::normal(rng, DType::bf16, {B, T, H_kv, K}, 0.25));
-    const Tensor& v = add(test::normal(rng, DType::bf16, {B, T, H_kv, V}));
+                                            : add(test::normal(rng, DType::bf16, {B, T, c.gva ? Hqk : H_kv, K}, 0.25));
+    const Tensor& v = add(test::normal(rng, DType::bf16, {B, T, c.gva ? H : H_kv, V}));
     ladle::VariantInputs inputs;
     if (variant.find_input("scale") >= 0) inputs.scalars.emplace("scale", 0.125f);
     for (const ir::Input& in : variant.inputs) {

@@ -21,6 +21,7 @@ namespace {
 
 struct Case {
   int B = 2, T = 9, H = 4, H_kv = 2, K = 8, V = 12;
+  int gva = 0;  // grouped value heads: q and k with this many heads, v (and o, the gates, the state) with H
   bool g = false, gk = false, gv = false, g_gamma = false;
   bool gamma_per_batch = false;  // g_gamma [B,H] instead of [H]
   bool reverse = false;
@@ -38,7 +39,7 @@ struct Case {
 
   std::string describe() const {
     std::ostringstream s;
-    s << "B=" << B << " T=" << T << " H=" << H << " H_kv=" << H_kv << " K=" << K << " V=" << V << " gates:"
+    s << "B=" << B << " T=" << T << " H=" << H << " H_kv=" << H_kv << " gva=" << gva << " K=" << K << " V=" << V << " gates:"
       << (g ? " g" : "") << (gk ? " gk" : "") << (gv ? " gv" : "") << (g_gamma ? (gamma_per_batch ? " g_gamma[B,H]" : " g_gamma[H]") : "")
       << " reverse=" << reverse << " dtype=" << ladle::dtype_name(type)
       << " gates=" << ladle::dtype_name(gate_type) << " varlen=" << cu_seqlens.size()
@@ -92,11 +93,11 @@ void check_case(Case c) {
   };
   const int N = c.cu_seqlens.empty() ? c.B : static_cast<int>(c.cu_seqlens.size()) - 1;
 
-  test::Filled q = test::normal(rng, c.type, token_shape(c.H, c.K));
-  test::Filled k = test::normal(rng, c.type, token_shape(c.H_kv, c.K));
-  test::Filled v = test::normal(rng, c.type, token_shape(c.H_kv, c.V));
+  test::Filled q = test::normal(rng, c.type, token_shape(c.gva ? c.gva : c.H, c.K));
+  test::Filled k = test::normal(rng, c.type, token_shape(c.gva ? c.gva : c.H_kv, c.K));
+  test::Filled v = test::normal(rng, c.type, token_shape(c.gva ? c.H : c.H_kv, c.V));
   reference::Recurrent ref;
-  ref.B = c.B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V;
+  ref.B = c.B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V, ref.gva_heads = c.gva;
   ref.q = q.values, ref.k = k.values, ref.v = v.values;
   ref.reverse = c.reverse;
   ref.scale = c.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.K)));
@@ -217,6 +218,32 @@ TEST_CASE("recurrent supports GQA and K != V", "[ops][recurrent][gqa]") {
       c.type = c.gate_type = type;
       c.g = c.gk = c.gv = c.g_gamma = true;
       c.initial_state = true;
+      check_case(c);
+    }
+}
+
+TEST_CASE("recurrent and chunked take grouped value heads (v with more heads than q and k, fla's GVA)", "[ops][recurrent][gva]") {
+  struct Heads {
+    int H, gva;
+  };
+  for (const Heads& s : {Heads{4, 2}, Heads{6, 2}, Heads{4, 1}})
+    for (DType type : all_types) {
+      Case c;
+      c.H = s.H, c.gva = s.gva;
+      c.type = c.gate_type = type;
+      c.g = c.gk = c.gv = c.g_gamma = true;
+      c.initial_state = true;
+      check_case(c);
+    }
+  for (ladle::Algorithm algorithm : {ladle::Algorithm::recurrent, ladle::Algorithm::chunked})
+    for (int form = 0; form < 3; ++form) {  // GLA (a key gate), simple GLA (g_gamma), a value gate; packed
+      Case c;
+      c.algorithm = algorithm;
+      c.B = 2, c.T = 150, c.H = 8, c.gva = 4, c.K = 64, c.V = 64;
+      c.type = c.gate_type = DType::bf16;
+      c.gk = form == 0, c.g_gamma = form == 1, c.gv = form == 2;
+      c.initial_state = true, c.reverse = form == 1;
+      if (form == 2) c.cu_seqlens = {0, 70, 70, 200};
       check_case(c);
     }
 }

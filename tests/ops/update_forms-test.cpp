@@ -27,6 +27,7 @@ enum class Form { delta, gated_delta, rwkv6 };
 struct Case {
   Form form = Form::delta;
   int B = 2, T = 9, H = 4, H_kv = 2, K = 8, V = 12;
+  int gva = 0;  // grouped value heads: q and k with this many heads, v (and o, g, beta, the state) with H
   bool reverse = false;
   bool initial_state = true;
   bool l2 = false;          // use_qk_l2norm_in_kernel
@@ -42,7 +43,7 @@ struct Case {
   std::string describe() const {
     std::ostringstream s;
     s << (form == Form::delta ? "delta_rule" : form == Form::gated_delta ? "gated_delta_rule" : "rwkv6") << " B=" << B << " T=" << T
-      << " H=" << H << " H_kv=" << H_kv << " K=" << K << " V=" << V << " reverse=" << reverse << " h0=" << initial_state
+      << " H=" << H << " H_kv=" << H_kv << " gva=" << gva << " K=" << K << " V=" << V << " reverse=" << reverse << " h0=" << initial_state
       << " l2=" << l2 << " beta_one=" << beta_one << " u_per_batch=" << u_per_batch << " decay_level=" << decay_level
       << " dtype=" << ladle::dtype_name(type) << " varlen=" << cu_seqlens.size() << " rank3=" << packed_rank3
       << " algorithm=" << (algorithm == ladle::Algorithm::chunked ? "chunked" : algorithm == ladle::Algorithm::recurrent ? "recurrent" : "auto");
@@ -69,12 +70,12 @@ void check_case(Case c) {
   // Without in-kernel normalisation the keys are drawn at unit length on average, as a model's
   // normalised keys are: (I - beta k k^T) then stays a contraction.
   const double k_spread = delta && !c.l2 ? 1.0 / std::sqrt(double(c.K)) : 1.0;
-  test::Filled q = test::normal(rng, c.type, token_shape(c.H, c.K));
-  test::Filled k = test::normal(rng, c.type, token_shape(c.H_kv, c.K), k_spread);
-  test::Filled v = test::normal(rng, c.type, token_shape(c.H_kv, c.V));
+  test::Filled q = test::normal(rng, c.type, token_shape(c.gva ? c.gva : c.H, c.K));
+  test::Filled k = test::normal(rng, c.type, token_shape(c.gva ? c.gva : c.H_kv, c.K), k_spread);
+  test::Filled v = test::normal(rng, c.type, token_shape(c.gva ? c.H : c.H_kv, c.V));
 
   reference::UpdateForm ref;
-  ref.B = c.B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V;
+  ref.B = c.B, ref.T = c.T, ref.H = c.H, ref.H_kv = c.H_kv, ref.K = c.K, ref.V = c.V, ref.gva_heads = c.gva;
   ref.q = q.values, ref.k = k.values, ref.v = v.values;
   ref.reverse = c.reverse;
   ref.scale = c.scale.value_or(1.0 / std::sqrt(double(c.K)));
@@ -353,6 +354,7 @@ namespace {
 
 struct KdaCase {
   int B = 2, T = 9, H = 4, H_kv = 4, K = 8, V = 6;
+  int gva = 0;  // grouped value heads: q and k with this many heads, v (and o, g, beta, the state) with H
   DType type = DType::f32;
   bool gate_in_kernel = false, dt_bias = false, sigmoid = false, l2 = false, reverse = false;
   std::vector<std::int64_t> cu_seqlens;
@@ -369,12 +371,13 @@ void check_kda(KdaCase c) {
   INFO("gate_in_kernel " << c.gate_in_kernel << " dt_bias " << c.dt_bias << " sigmoid " << c.sigmoid << " l2 " << c.l2 << " packed "
                          << c.cu_seqlens.size() << " reverse " << c.reverse << " " << ladle::dtype_name(c.type) << " B " << B << " T " << T
                          << " H " << H << " H_kv " << H_kv << " K " << K << " V " << V << " decay_level " << c.decay_level
-                         << " hard_resets " << c.hard_resets << " chunked " << (c.algorithm == ladle::Algorithm::chunked));
+                         << " hard_resets " << c.hard_resets << " gva " << c.gva << " chunked " << (c.algorithm == ladle::Algorithm::chunked));
   std::mt19937_64 rng(c.seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const double k_spread = c.l2 ? 1.0 : 1.0 / std::sqrt(double(K));
-  const test::Filled q = test::normal(rng, c.type, {B, T, H, K}), k = test::normal(rng, c.type, {B, T, H_kv, K}, k_spread),
-                     v = test::normal(rng, c.type, {B, T, H_kv, V});
+  const int Hq = c.gva ? c.gva : H, Hk = c.gva ? c.gva : H_kv, Hv = c.gva ? H : H_kv;
+  const test::Filled q = test::normal(rng, c.type, {B, T, Hq, K}), k = test::normal(rng, c.type, {B, T, Hk, K}, k_spread),
+                     v = test::normal(rng, c.type, {B, T, Hv, V});
   // g: the log decay itself (logsigmoid(x) / 4, or around decay_level), or the gate's raw input; beta: in
   // (0, 1), or its logit. Hard resets: -inf at every 37th token in two features of three (raw input: -inf
   // goes through softplus(-inf) = 0, so those cases plant +inf instead: -exp(A) softplus(+inf) = -inf).
@@ -392,7 +395,7 @@ void check_kda(KdaCase c) {
   const test::Filled h0 = test::normal(rng, DType::f32, {N, H, K, V});
 
   reference::UpdateForm ref;
-  ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V;
+  ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H_kv, ref.K = K, ref.V = V, ref.gva_heads = c.gva;
   ref.q = q.values, ref.k = k.values, ref.v = v.values, ref.scale = 1.0 / std::sqrt(double(K));
   ref.cu_seqlens = c.cu_seqlens, ref.reverse = c.reverse, ref.l2_normalize = c.l2, ref.initial_state = h0.values;
   ref.beta = beta.values;
@@ -479,6 +482,47 @@ TEST_CASE("kda on the chunked (tensor-core) form: chunks, partial chunks, packed
   KdaCase plain;  // unnormalised keys, fp32 inputs forced onto the tensor cores
   plain.T = 100, plain.algorithm = ladle::Algorithm::chunked, plain.K = 100, plain.V = 40, plain.seed = 953;
   check_kda(plain);
+}
+
+TEST_CASE("update forms and KDA take grouped value heads (v, g, beta with more heads than q and k, fla's GVA)", "[ops][update_forms][gva]") {
+  for (ladle::Algorithm algorithm : {ladle::Algorithm::automatic, ladle::Algorithm::chunked})
+    for (Form form : all_forms) {
+      Case c;
+      c.form = form, c.algorithm = algorithm, c.H = 8, c.gva = 4, c.l2 = form != Form::rwkv6;
+      if (algorithm == ladle::Algorithm::chunked) c.T = 150, c.K = 64, c.V = 64, c.type = DType::bf16, c.reverse = form == Form::delta;
+      check_case(c);
+      c.H = 6, c.gva = 2, c.cu_seqlens = {0, 5, 5, 13};
+      if (algorithm == ladle::Algorithm::chunked) c.cu_seqlens = {0, 70, 70, 200};
+      check_case(c);
+    }
+  for (ladle::Algorithm algorithm : {ladle::Algorithm::automatic, ladle::Algorithm::chunked}) {
+    KdaCase c;
+    c.H = 8, c.gva = 4, c.l2 = true, c.sigmoid = true, c.gate_in_kernel = true, c.dt_bias = true, c.algorithm = algorithm;
+    if (algorithm == ladle::Algorithm::chunked) c.T = 150, c.K = 64, c.V = 64, c.type = DType::bf16;
+    check_kda(c);
+  }
+}
+
+TEST_CASE("grouped value heads are refused where the heads do not divide, by name", "[ops][update_forms][gva][errors]") {
+  using Catch::Matchers::Contains;
+  std::mt19937_64 rng(6);
+  const auto make = [&](int heads, int features) { return test::normal(rng, DType::f32, {1, 4, heads, features}); };
+  const test::Filled q = make(4, 8), k = make(4, 8), v6 = make(6, 8), v8 = make(8, 8), k2 = make(2, 8), k3 = make(3, 8);
+  const test::Filled beta8 = test::normal(rng, DType::f32, {1, 4, 8}), beta4 = test::normal(rng, DType::f32, {1, 4, 4});
+  ladle::UpdateFormOptions options;
+  options.backend = ladle::Backend::cpu;
+  CHECK_THROWS_WITH(ladle::delta_rule(q.tensor.view(), k.tensor.view(), v6.tensor.view(), beta8.tensor.view(), options),
+                    Contains("delta_rule") && Contains("HV a multiple of H") && Contains("v's 6 heads"));
+  CHECK_THROWS_WITH(ladle::delta_rule(q.tensor.view(), k2.tensor.view(), v8.tensor.view(), beta8.tensor.view(), options),
+                    Contains("need k with q's heads (4)"));
+  CHECK_THROWS_WITH(ladle::delta_rule(q.tensor.view(), k3.tensor.view(), k3.tensor.view(), beta4.tensor.view(), options),
+                    Contains("do not divide"));
+  CHECK_THROWS_WITH(ladle::delta_rule(q.tensor.view(), k2.tensor.view(), q.tensor.view(), beta4.tensor.view(), options),
+                    Contains("k and v share their heads"));
+  // beta follows v's heads (the recurrence's) under grouped value heads
+  CHECK_THROWS_WITH(ladle::delta_rule(q.tensor.view(), k.tensor.view(), v8.tensor.view(), beta4.tensor.view(), options),
+                    Contains("beta has shape") && Contains("[B,T,H] = [1,4,8]"));
+  CHECK_NOTHROW(ladle::delta_rule(q.tensor.view(), k.tensor.view(), v8.tensor.view(), beta8.tensor.view(), options));
 }
 
 TEST_CASE("kda refuses a gate it cannot form by name", "[ops][update_forms][kda][errors]") {

@@ -15,6 +15,8 @@ namespace reference {
 struct Recurrent {
   int B = 1, T = 0, H = 1, H_kv = 1, K = 1, V = 1;
   std::vector<double> q, k, v;        // [B,T,H,K], [B,T,H_kv,K], [B,T,H_kv,V]
+  // Grouped value heads (fla's GVA): gva_heads > 0 gives q and k that many heads and v H (a multiple).
+  int gva_heads = 0;
   std::vector<double> g, gk, gv;      // empty, or [B,T,H,K], [B,T,H,K], [B,T,H,V]
   std::vector<double> g_gamma;        // empty, [H], or [B,H]
   double scale = 1.0;
@@ -31,7 +33,8 @@ struct RecurrentOutput {
 };
 
 inline RecurrentOutput recurrent(const Recurrent& p) {
-  const int B = p.B, T = p.T, H = p.H, K = p.K, V = p.V, group = p.H / p.H_kv;
+  const int B = p.B, T = p.T, H = p.H, K = p.K, V = p.V;
+  const int Hq = p.gva_heads ? p.gva_heads : H, Hk = p.gva_heads ? p.gva_heads : p.H_kv, Hv = p.gva_heads ? H : p.H_kv;
   // Sequences as (batch row, first token, end token).
   struct Sequence { int b, begin, end; };
   std::vector<Sequence> sequences;
@@ -49,7 +52,6 @@ inline RecurrentOutput recurrent(const Recurrent& p) {
   for (int n = 0; n < N; ++n) {
     const int b = sequences[n].b;
     for (int h = 0; h < H; ++h) {
-      const int hk = h / group;
       std::vector<double> S(std::size_t(K) * V, 0.0), z(K, 0.0);
       if (!p.initial_state.empty())
         for (int i = 0; i < K * V; ++i) S[i] = p.initial_state[(std::size_t(n) * H + h) * K * V + i];
@@ -59,23 +61,25 @@ inline RecurrentOutput recurrent(const Recurrent& p) {
       const int length = sequences[n].end - sequences[n].begin;
       for (int step = 0; step < length; ++step) {
         const int t = p.reverse ? sequences[n].end - 1 - step : sequences[n].begin + step;
-        const std::size_t qh = (std::size_t(b) * T + t) * H + h;      // [b,t,h] among H heads
-        const std::size_t kh = (std::size_t(b) * T + t) * p.H_kv + hk;  // [b,t,hk] among H_kv heads
+        const std::size_t qh = (std::size_t(b) * T + t) * H + h;                 // [b,t,h] among H heads (o, gates)
+        const std::size_t qq = (std::size_t(b) * T + t) * Hq + h * Hq / H;      // q's head
+        const std::size_t kh = (std::size_t(b) * T + t) * Hk + h * Hk / H;      // k's head
+        const std::size_t vh = (std::size_t(b) * T + t) * Hv + h * Hv / H;      // v's head
         for (int i = 0; i < K; ++i) {
           double log_a = log_c;
           if (!p.g.empty()) log_a += p.g[qh * K + i];
           if (!p.gk.empty()) log_a += p.gk[qh * K + i];
           for (int j = 0; j < V; ++j) {
             const double log_b = p.gv.empty() ? 0.0 : p.gv[qh * V + j];
-            S[i * V + j] = std::exp(log_a + log_b) * S[i * V + j] + p.k[kh * K + i] * p.v[kh * V + j];
+            S[i * V + j] = std::exp(log_a + log_b) * S[i * V + j] + p.k[kh * K + i] * p.v[vh * V + j];
           }
           z[i] = std::exp(log_a) * z[i] + p.k[kh * K + i];
         }
         double denominator = 0.0;
-        for (int i = 0; i < K; ++i) denominator += p.scale * p.q[qh * K + i] * z[i];
+        for (int i = 0; i < K; ++i) denominator += p.scale * p.q[qq * K + i] * z[i];
         for (int j = 0; j < V; ++j) {
           double o = 0.0;
-          for (int i = 0; i < K; ++i) o += p.scale * p.q[qh * K + i] * S[i * V + j];
+          for (int i = 0; i < K; ++i) o += p.scale * p.q[qq * K + i] * S[i * V + j];
           out.o[qh * V + j] = p.normalize ? o / (denominator + p.eps) : o;
         }
       }

@@ -25,6 +25,11 @@ namespace reference {
 struct UpdateForm {
   int B = 1, T = 0, H = 1, H_kv = 1, K = 1, V = 1;
   std::vector<double> q, k, v;           // [B,T,H,K], [B,T,H_kv,K], [B,T,H_kv,V]
+  // Grouped value heads (fla's GVA): gva_heads > 0 gives q and k that many heads and v H (a multiple).
+  int gva_heads = 0;
+  int q_heads() const { return gva_heads ? gva_heads : H; }
+  int k_heads() const { return gva_heads ? gva_heads : H_kv; }
+  int v_heads() const { return gva_heads ? H : H_kv; }
   double scale = 1.0;
   std::vector<double> initial_state;     // empty, or [N,H,K,V]
   std::vector<std::int64_t> cu_seqlens;  // empty, or [N+1] with B = 1
@@ -84,10 +89,13 @@ inline std::vector<double> normalized(const double* x, int n, bool on, double ep
 }  // namespace detail
 
 inline RecurrentOutput delta_rule(const UpdateForm& p) {
-  const int T = p.T, H = p.H, K = p.K, V = p.V, group = p.H / p.H_kv;
+  const int T = p.T, H = p.H, K = p.K, V = p.V;
   return detail::run(p, [&](int b, int t, int h, std::vector<double>& S, RecurrentOutput& out) {
-    const std::size_t qh = (std::size_t(b) * T + t) * H + h, kh = (std::size_t(b) * T + t) * p.H_kv + h / group;
-    const std::vector<double> q = detail::normalized(&p.q[qh * K], K, p.l2_normalize, p.eps);
+    const std::size_t qh = (std::size_t(b) * T + t) * H + h;  // o, the gates
+    const std::size_t qq = (std::size_t(b) * T + t) * p.q_heads() + h * p.q_heads() / H;
+    const std::size_t kh = (std::size_t(b) * T + t) * p.k_heads() + h * p.k_heads() / H;
+    const std::size_t vh = (std::size_t(b) * T + t) * p.v_heads() + h * p.v_heads() / H;
+    const std::vector<double> q = detail::normalized(&p.q[qq * K], K, p.l2_normalize, p.eps);
     const std::vector<double> k = detail::normalized(&p.k[kh * K], K, p.l2_normalize, p.eps);
     const double beta = p.beta.empty() ? 1.0 : p.beta[qh], alpha = p.g.empty() ? 1.0 : std::exp(p.g[qh]);
     // S <- A S (row i times alpha exp(gk_i)); kS = k^T S (a row of V); S_t = S - beta k kS + beta k v^T.
@@ -99,7 +107,7 @@ inline RecurrentOutput delta_rule(const UpdateForm& p) {
     for (int i = 0; i < K; ++i)
       for (int j = 0; j < V; ++j) kS[j] += k[i] * S[i * V + j];
     for (int i = 0; i < K; ++i)
-      for (int j = 0; j < V; ++j) S[i * V + j] += beta * k[i] * (p.v[kh * V + j] - kS[j]);
+      for (int j = 0; j < V; ++j) S[i * V + j] += beta * k[i] * (p.v[vh * V + j] - kS[j]);
     for (int j = 0; j < V; ++j) {
       double o = 0.0;
       for (int i = 0; i < K; ++i) o += p.scale * q[i] * S[i * V + j];
@@ -109,19 +117,22 @@ inline RecurrentOutput delta_rule(const UpdateForm& p) {
 }
 
 inline RecurrentOutput bonus_read(const UpdateForm& p) {
-  const int T = p.T, H = p.H, K = p.K, V = p.V, group = p.H / p.H_kv;
+  const int T = p.T, H = p.H, K = p.K, V = p.V;
   return detail::run(p, [&](int b, int t, int h, std::vector<double>& S, RecurrentOutput& out) {
-    const std::size_t qh = (std::size_t(b) * T + t) * H + h, kh = (std::size_t(b) * T + t) * p.H_kv + h / group;
+    const std::size_t qh = (std::size_t(b) * T + t) * H + h;  // o, the gates
+    const std::size_t qq = (std::size_t(b) * T + t) * p.q_heads() + h * p.q_heads() / H;
+    const std::size_t kh = (std::size_t(b) * T + t) * p.k_heads() + h * p.k_heads() / H;
+    const std::size_t vh = (std::size_t(b) * T + t) * p.v_heads() + h * p.v_heads() / H;
     const std::size_t uh = p.u.size() == std::size_t(H) * K ? std::size_t(h) : std::size_t(b) * H + h;
     for (int j = 0; j < V; ++j) {
       double o = 0.0;
       for (int i = 0; i < K; ++i)
-        o += p.scale * p.q[qh * K + i] * (S[i * V + j] + p.u[uh * K + i] * p.k[kh * K + i] * p.v[kh * V + j]);
+        o += p.scale * p.q[qq * K + i] * (S[i * V + j] + p.u[uh * K + i] * p.k[kh * K + i] * p.v[vh * V + j]);
       out.o[qh * V + j] = o;
     }
     for (int i = 0; i < K; ++i) {
       const double a = std::exp(p.w[qh * K + i]);
-      for (int j = 0; j < V; ++j) S[i * V + j] = a * S[i * V + j] + p.k[kh * K + i] * p.v[kh * V + j];
+      for (int j = 0; j < V; ++j) S[i * V + j] = a * S[i * V + j] + p.k[kh * K + i] * p.v[vh * V + j];
     }
   });
 }

@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
   app.add_option("-H", H);
   app.add_option("-K", K);
   app.add_option("-V", V);
+  int HV = 0;
+  app.add_option("--HV", HV, "v's heads (grouped value heads, fla's GVA: a multiple of H; v, o, the gates and beta take HV heads, q and k H); default H");
   app.add_option("--reps", reps);
   app.add_option("--tile", tiles, "recurrent: block_k,block_v,warps; chunked: block_k,chunk,block_v,warps[,wgmma|,ws] or block_k,chunk,block_v,warps,state_block_k,state_block_v,state_warps[,f32] (repeatable); default: the heuristic");
   std::vector<long long> segment_list;
@@ -66,13 +68,23 @@ int main(int argc, char** argv) {
   app.add_option("--gate-gradients", gate_gradients, "--backward: RunOptions::gate_gradients (ops/variant.h)")
       ->check(CLI::IsMember({"boundary_states", "block_sums"}));
   CLI11_PARSE(app, argc, argv);
+  if (HV == 0) HV = H;
+  if (HV < H || HV % H != 0) {
+    std::fprintf(stderr, "ladle-bench-recurrent: --HV %d, expected a multiple of -H (%d)\n", HV, H);
+    return 1;
+  }
+  if (backward && HV != H) {
+    std::fprintf(stderr, "ladle-bench-recurrent: --HV with --backward: the bench times the backward without grouped value heads\n");
+    return 1;
+  }
   try {
     auto& device = ladle::Device::get();
-    const long long n_k = 1LL * B * T * H * K, n_v = 1LL * B * T * H * V;
-    const long long n_h = 1LL * B * T * H;
+    // q and k: H heads; v, o, the gates and beta: HV (the recurrence's heads).
+    const long long n_k = 1LL * B * T * H * K, n_g = 1LL * B * T * HV * K, n_v = 1LL * B * T * HV * V;
+    const long long n_h = 1LL * B * T * HV;
     const bool delta = op == "delta_rule" || op == "gated_delta_rule" || op == "kda";
-    ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_k * 2), o(n_v * 2), y(n_v * 2), heads(H * 4);
-    ladle::DeviceBuffer beta(n_h * 2), g_head(n_h * 2), u(1LL * H * K * 4);
+    ladle::DeviceBuffer q(n_k * 2), k(n_k * 2), v(n_v * 2), g(n_g * 2), o(n_v * 2), y(n_v * 2), heads(HV * 4);
+    ladle::DeviceBuffer beta(n_h * 2), g_head(n_h * 2), u(1LL * HV * K * 4);
     ladle::bench::fill_bf16(q, 1, false);
     ladle::bench::fill_bf16(k, 2, false);
     ladle::bench::fill_bf16(v, 3, false);
@@ -80,12 +92,12 @@ int main(int argc, char** argv) {
     if (op == "user") ladle::bench::fill_bf16(y, 5, false);
     if (delta) ladle::bench::fill_sigmoid_bf16(beta, 6), ladle::bench::fill_bf16(g_head, 7, true);
     if (op == "rwkv6") {
-      std::vector<float> bonus(static_cast<std::size_t>(H) * K);
+      std::vector<float> bonus(static_cast<std::size_t>(HV) * K);
       for (std::size_t i = 0; i < bonus.size(); ++i) bonus[i] = 0.5f * std::sin(0.37f * static_cast<float>(i));
       u.copy_from_host(bonus.data(), bonus.size() * 4);
     }
-    std::vector<float> per_head(H);
-    for (int h = 0; h < H; ++h) per_head[h] = op == "user" ? 16.0f : std::log(1.0f - std::exp2(-5.0f - h * 0.5f));
+    std::vector<float> per_head(HV);
+    for (int h = 0; h < HV; ++h) per_head[h] = op == "user" ? 16.0f : std::log(1.0f - std::exp2(-5.0f - h * 0.5f));
     heads.copy_from_host(per_head.data(), per_head.size() * 4);
     device.synchronize();
 
@@ -109,15 +121,15 @@ int main(int argc, char** argv) {
       return b.view(ladle::DType::bf16,
                                            std::move(shape));
     };
-    const auto qv = view(q, {B, T, H, K}), kv = view(k, {B, T, H, K}), vv = view(v, {B, T, H, V}),
-               gv = view(g, {B, T, H, K}), ov = view(o, {B, T, H, V});
+    const auto qv = view(q, {B, T, H, K}), kv = view(k, {B, T, H, K}), vv = view(v, {B, T, HV, V}),
+               gv = view(g, {B, T, HV, K}), ov = view(o, {B, T, HV, V});
     // The floor: every input read once, o written once.
-    const double bytes = op == "gla" || op == "rwkv6" ? 2.0 * (3.0 * n_k + 2.0 * n_v)
+    const double bytes = op == "gla" || op == "rwkv6" ? 2.0 * (2.0 * n_k + n_g + 2.0 * n_v)
                          : op == "simple_gla"          ? 2.0 * (2.0 * n_k + 2.0 * n_v)
                          : op == "delta_rule"          ? 2.0 * (2.0 * n_k + 2.0 * n_v + n_h)
                          : op == "gated_delta_rule"    ? 2.0 * (2.0 * n_k + 2.0 * n_v + 2.0 * n_h)
-                         : op == "kda"                 ? 2.0 * (3.0 * n_k + 2.0 * n_v + n_h)
-                                                       : 2.0 * (3.0 * n_k + 3.0 * n_v);
+                         : op == "kda"                 ? 2.0 * (2.0 * n_k + n_g + 2.0 * n_v + n_h)
+                                                       : 2.0 * (2.0 * n_k + n_g + 3.0 * n_v);
     const std::string label = (algo == "chunked" ? "chunk_" : "fused_recurrent_") + std::string(op == "user" ? "user_gk_gv" : op);
     const ladle::ir::Variant user_variant = ladle::dsl::lower(
         ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v)
@@ -220,18 +232,18 @@ int main(int argc, char** argv) {
       inputs.scalars.emplace("scale", 1.0f / std::sqrt(static_cast<float>(K)));
       if (op == "gla") inputs.tensors.emplace("g", gv);
       if (op == "simple_gla")
-        inputs.tensors.emplace("g_gamma", heads.view(ladle::DType::f32, {H}));
+        inputs.tensors.emplace("g_gamma", heads.view(ladle::DType::f32, {HV}));
       if (op == "user") {
         inputs.tensors.emplace("x", gv);
-        inputs.tensors.emplace("y", view(y, {B, T, H, V}));
-        inputs.tensors.emplace("tau", heads.view(ladle::DType::f32, {H}));
+        inputs.tensors.emplace("y", view(y, {B, T, HV, V}));
+        inputs.tensors.emplace("tau", heads.view(ladle::DType::f32, {HV}));
       }
-      if (delta) inputs.tensors.emplace("beta", view(beta, {B, T, H}));
-      if (op == "gated_delta_rule") inputs.tensors.emplace("g", view(g_head, {B, T, H}));
+      if (delta) inputs.tensors.emplace("beta", view(beta, {B, T, HV}));
+      if (op == "gated_delta_rule") inputs.tensors.emplace("g", view(g_head, {B, T, HV}));
       if (op == "kda") inputs.tensors.emplace("g", gv);
       if (op == "rwkv6") {
         inputs.tensors.emplace("w", gv);
-        inputs.tensors.emplace("u", u.view(ladle::DType::f32, {H, K}));
+        inputs.tensors.emplace("u", u.view(ladle::DType::f32, {HV, K}));
       }
       ladle::gpu::LaunchOptions launch{&stream};
       try {
@@ -252,9 +264,10 @@ int main(int argc, char** argv) {
         }
         std::sort(ms.begin(), ms.end());
         const double median = ms[ms.size() / 2];
-        std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"B%d T%d H%d K%d V%d bf16\","
+        const std::string heads_text = HV == H ? "H" + std::to_string(H) : "H" + std::to_string(H) + " HV" + std::to_string(HV);
+        std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"B%d T%d %s K%d V%d bf16\","
                     "\"tile\":\"%s\",\"segment_tokens\":\"%s\",\"ms\":%.4f,\"GBps\":%.1f,\"floor_ms\":%.4f,\"first_call_ms\":%.1f}\n",
-                    label.c_str(), B, T, H, K, V, tile_text.empty() ? untiled_label.c_str() : tile_text.c_str(),
+                    label.c_str(), B, T, heads_text.c_str(), K, V, tile_text.empty() ? untiled_label.c_str() : tile_text.c_str(),
                     segment_label.c_str(), median, bytes / (median * 1e-3) / 1e9, bytes / (copy_gbps * 1e9) * 1e3, first_call_ms);
       } catch (const std::exception& e) {
         std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"tile\":\"%s\",\"error\":\"%s\"}\n", label.c_str(),
