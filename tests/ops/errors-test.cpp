@@ -59,14 +59,16 @@ TEST_CASE("rank and shape mismatches between q, k and v are named", "[ops][error
   REQUIRE_THROWS_WITH(ladle::recurrent(t.make({6, 4, 8}), t.make({6, 2, 8}), t.make({6, 2, 5})),
                       Contains("q has shape [6,4,8], expected [B,T,H,K] (the 3-dimensional [T,H,K] needs cu_seqlens)"));
   REQUIRE_THROWS_WITH(ladle::recurrent(q, t.make({2, 6, 8}), v),
-                      Contains("recurrent: k has shape [2,6,8], expected [B,T,H_kv,K] = [2,6,H_kv,8]"));
+                      Contains("recurrent: k has shape [2,6,8], expected [B,T,H_k,K] = [2,6,H_k,8]"));
   REQUIRE_THROWS_WITH(ladle::recurrent(q, t.make({2, 6, 2, 7}), v),
-                      Contains("k has shape [2,6,2,7], expected [B,T,H_kv,K] = [2,6,H_kv,8]"));
+                      Contains("k has shape [2,6,2,7], expected [B,T,H_k,K] = [2,6,H_k,8]"));
   REQUIRE_THROWS_WITH(ladle::recurrent(q, t.make({1, 6, 2, 8}), v), Contains("k has shape [1,6,2,8]"));
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, t.make({2, 5, 2, 5})),
-                      Contains("v has shape [2,5,2,5], expected [B,T,H_kv,V] = [2,6,2,V]"));
+                      Contains("v has shape [2,5,2,5], expected [B,T,H_v,V] = [2,6,H_v,V]"));
   REQUIRE_THROWS_WITH(ladle::recurrent(q, k, t.make({2, 6, 4, 5})),
-                      Contains("v has shape [2,6,4,5], expected [B,T,H_kv,V] = [2,6,2,V]"));
+                      Contains("recurrent: q has 4 heads, k 2 and v 4: k and v share their heads (GQA)"));
+  REQUIRE_THROWS_WITH(ladle::recurrent(q, k, t.make({2, 6, 8, 5})),
+                      Contains("grouped value heads (v with more heads than q) need k with q's heads (4)"));
   REQUIRE_THROWS_WITH(ladle::recurrent(t.make({2, 6, 0, 8}), k, v), Contains("q has shape [2,6,0,8]"));
 }
 
