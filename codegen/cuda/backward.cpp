@@ -580,6 +580,11 @@ __device__ __forceinline__ float ladle_bwd_load(const void* p, int type, long lo
 // step e, null where the variant has none; their types by a_type and b_type). The sequence's last block
 // takes factor sum(d_final * S_T) as ladle_bwd_carry does (d_final [N,H,K,V], s_t [N,H,V,K]; null: 0).
 // Grid (C, N H), block 256; K up to 1024.
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define LADLE_BWD_UNROLL_4 _Pragma("unroll 4")
+#else
+#define LADLE_BWD_UNROLL_4
+#endif
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
     const float* __restrict__ s_states, const float* __restrict__ d_states, const long long* __restrict__ first,
     const void* __restrict__ log_a_next, int a_type, const float* __restrict__ log_h_next, const void* __restrict__ log_b_next,
@@ -615,22 +620,41 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
   const long long area = static_cast<long long>(K) * V;
   const float* const S = s_states + ((first[n] + c) * H + h) * area;
   const float* const D = d_states + ((first[n] + chunks - 2 - c) * H + h) * area;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int j0 = 0; j0 < V; j0 += blockDim.x) {
-    if (j0 + warp * 32 >= V) continue;  // a whole warp past the columns (uniform)
-    const int j = j0 + threadIdx.x;
-    const bool live = j < V;
-    const float decay_b = live && log_b_next ? expf(ladle_bwd_load(log_b_next, b_type, r * V + j)) : 1.0f;
-    float column = 0.0f;
-    for (int i = 0; i < K; ++i) {
-      float x = live ? S[static_cast<long long>(i) * V + j] * D[static_cast<long long>(i) * V + j] * decay_a[i] * decay_b : 0.0f;
-      column += x;
-      for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-      if (lane == 0) atomicAdd(&rows[i], x);
+  // Warp w takes rows w, w + 8, ...; a lane the columns j0 + lane + 32 m of each 128-column group: every
+  // load of a row in flight at once, the row's sum by shuffles (its warp alone writes it: no atomics),
+  // the columns' partial sums in registers, then over the warps through shared memory. x = S D b_j; a
+  // row sums a_i x, a column a_i x over the rows.
+  __shared__ float columns[8][128];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int j0 = 0; j0 < V; j0 += 128) {
+    float decay_b[4], column[4];
+    for (int m = 0; m < 4; ++m) {
+      const int j = j0 + lane + 32 * m;
+      decay_b[m] = j < V ? (log_b_next ? expf(ladle_bwd_load(log_b_next, b_type, r * V + j)) : 1.0f) : 0.0f;
+      column[m] = 0.0f;
     }
-    if (live) out[K + j] = factor * column;
+    LADLE_BWD_UNROLL_4 for (int i = warp; i < K; i += warps) {
+      const float* const s_row = S + static_cast<long long>(i) * V + j0 + lane;
+      const float* const d_row = D + static_cast<long long>(i) * V + j0 + lane;
+      float row = 0.0f;
+      for (int m = 0; m < 4; ++m) {
+        const bool live = j0 + lane + 32 * m < V;
+        const float x = live ? s_row[32 * m] * d_row[32 * m] * decay_b[m] : 0.0f;
+        column[m] += decay_a[i] * x;
+        row += x;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) row += __shfl_xor_sync(0xffffffffu, row, offset);
+      if (lane == 0) rows[i] += decay_a[i] * row;
+    }
+    for (int m = 0; m < 4; ++m) columns[warp][lane + 32 * m] = column[m];
+    __syncthreads();
+    for (int t = threadIdx.x; t < 128; t += blockDim.x) {
+      float sum = 0.0f;
+      for (int w = 0; w < warps; ++w) sum += columns[w][t];
+      if (j0 + t < V) out[K + j0 + t] = factor * sum;
+    }
+    __syncthreads();
   }
-  __syncthreads();
   for (int i = threadIdx.x; i < K; i += blockDim.x) out[i] = factor * rows[i];
 }
 
