@@ -618,25 +618,44 @@ class BackwardCall {
     const cuda::ChunkedSegments& blocks = calls[0].segments;
     const std::int64_t rows = blocks.earlier_segments();
     std::array<Scratch, 2> states;
-    DeviceBuffer first;
+    DeviceBuffer first, s_first;
     if (rows > 0) {
+      // S_e: the forward's recurrence runs in its own direction, so its blocks are the split form's
+      // chunks: the state entering every chunk in one pass per state tile (gpu::run_chunk_states),
+      // the state after block c of sequence n at chunk row s_first[n] + c. dS: dv's recurrence runs
+      // the other way, whose chunks need not meet the blocks (T not a multiple of 64): the segmented
+      // form's state pass and fold over the reversed blocks (gpu::run_entry_states), row first[n] + r.
+      std::vector<long long> chunk_rows(static_cast<std::size_t>(N_), 0);
+      long long total_chunks = 0;
+      for (std::int64_t n = 0; n < N_; ++n) {
+        const std::int64_t length = a_.cu_seqlens.empty() ? T_ : a_.cu_seqlens[static_cast<std::size_t>(n) + 1] - a_.cu_seqlens[static_cast<std::size_t>(n)];
+        chunk_rows[static_cast<std::size_t>(n)] = total_chunks + 1;
+        total_chunks += (length + cuda::backward_chunk - 1) / cuda::backward_chunk;
+      }
+      states[0] = scratch(DType::f32, {total_chunks, H_, K_, V_}, stream);
+      states[1] = scratch(DType::f32, {rows, H_, K_, V_}, stream);
       for (std::size_t c = 0; c < 2; ++c) {
-        states[c] = scratch(DType::f32, {rows, H_, K_, V_}, stream);
         const Recurrence& r = calls[c].recurrence;
         const RecurrenceCall call = recurrence_call(r);
-        run_entry_states(call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options, calls[c].segments,
-                         states[c].buffer.device_ptr(), launch_);
+        if (c == 0)
+          run_chunk_states(call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options, static_cast<int>(cuda::backward_chunk),
+                           states[c].buffer.device_ptr(), launch_);
+        else
+          run_entry_states(call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options, calls[c].segments,
+                           states[c].buffer.device_ptr(), launch_);
       }
       first_rows_.assign(static_cast<std::size_t>(N_), 0);
       for (std::size_t r = 0; r < blocks.all.size(); r += 8) first_rows_[static_cast<std::size_t>(blocks.all[r + 3])] = blocks.all[r + 5];
       first = DeviceBuffer::on_stream(first_rows_.size() * sizeof(long long), stream);
       first.copy_from_host(first_rows_.data(), first.bytes(), 0, stream);
+      s_first = DeviceBuffer::on_stream(chunk_rows.size() * sizeof(long long), stream);
+      s_first.copy_from_host(chunk_rows.data(), s_first.bytes(), 0, stream);
     }
     const Scratch &s_states = states[0], &d_states = states[1];
     const auto type_code = [](DType t) { return t == DType::bf16 ? 1 : t == DType::f16 ? 2 : 0; };
     const auto& loaded = helper("ladle_bwd_carry_states");
     KernelArgs packed;
-    packed.add(s_states.buffer.device_ptr()).add(d_states.buffer.device_ptr()).add(first.device_ptr());
+    packed.add(s_states.buffer.device_ptr()).add(d_states.buffer.device_ptr()).add(s_first.device_ptr()).add(first.device_ptr());
     packed.add(log_a_next_.buffer.device_ptr()).add(type_code(plan_.log_a_next_type)).add(log_h_next_.buffer.device_ptr());
     packed.add(log_b_next_.buffer.device_ptr()).add(type_code(plan_.log_b_next_type));
     packed.add(need_s_t_ ? d_final_.buffer.device_ptr() : std::uint64_t{0}).add(scale_).add(s_t_.buffer.device_ptr());

@@ -379,8 +379,8 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
 
 // A chunked plan's kernels on the call's stream, in order (ops/chunked_plan.h): the work arrays its
 // form needs live on the stream; a launch over no rows (no earlier segments, no chunks) is left out.
-// entry_states: the segmented form's states table ([earlier rows][H][K][V] f32) where the caller keeps
-// it (run_entry_states), else one of this call's.
+// entry_states: the segmented form's states table ([earlier rows][H][K][V] f32) or the split form's
+// per-chunk states where the caller keeps them (run_entry_states, run_chunk_states), else one of this call's.
 void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const ops::BoundInputs& bound, std::uint64_t offsets,
                       const LaunchOptions& launch, std::uint64_t entry_states = 0) {
   const auto& args = bound.args;
@@ -394,10 +394,11 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     // The state pass writes the state entering every chunk; then every chunk's output in parallel.
     const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, plan.spec.tile.chunk);
     chunks = chunk_offsets.back();
-    states = DeviceBuffer::on_stream(static_cast<std::size_t>(chunks * args.heads * args.key_dim * args.value_dim) *
-                                         (plan.spec.tile.state_f32 ? 4 : 2),
-                                     stream);
-    split.chunk_states = states.device_ptr();
+    if (!entry_states)
+      states = DeviceBuffer::on_stream(static_cast<std::size_t>(chunks * args.heads * args.key_dim * args.value_dim) *
+                                           (plan.spec.tile.state_f32 ? 4 : 2),
+                                       stream);
+    split.chunk_states = entry_states ? entry_states : states.device_ptr();
     split.sequences = N;
     if (!args.cu_seqlens.empty()) {
       device_offsets = DeviceBuffer::on_stream(chunk_offsets.size() * sizeof(std::int64_t), stream);
@@ -565,6 +566,41 @@ void run_entry_states(const ir::Variant& variant, const TensorView& q, const Ten
   const ChunkedPlan plan = plan_entry_states(variant, bound, checked, segments, device_target());
   if (plan.segments.earlier_segments() == 0 || bound.args.heads * bound.args.key_dim * bound.args.value_dim == 0) return;
   run_chunked_plan(plan, variant, bound, 0, launch, states);
+}
+
+void run_chunk_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const VariantInputs& inputs, const RunOptions& options, int chunk, std::uint64_t states,
+                      const LaunchOptions& launch) {
+  const std::string op = op_name(variant) + " chunk states";
+  if (options.return_state) throw InvalidArgument(op + ": options.return_state: the chunk states have no final state");
+  if (chunk != 16 && chunk != 32 && chunk != 64) throw InvalidArgument(op + ": chunk = " + std::to_string(chunk) + ", expected 16, 32 or 64");
+  std::optional<Tensor> seqlens;
+  RunOptions checked = device_call(op, "ladle::gpu::run_chunk_states takes device tensors", q, k, v, inputs, options, launch, seqlens);
+  checked.algorithm = Algorithm::chunked;
+  checked.chunked_segment_tokens = 0;  // the split form runs whole sequences
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
+  if (bound.args.initial_state && !is_contiguous(*bound.args.initial_state))
+    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
+  bound.args.output = TensorView::contiguous(nullptr, bound.dims.type,
+                                             {bound.args.batch, bound.args.tokens, bound.args.heads, bound.args.value_dim});
+  if (variant.update == ir::Update::delta)
+    throw InvalidArgument(op + ": the chunk states come from the chunked family's state pass, not the delta rule's");
+  choose_algorithm(variant, bound, checked);
+  // The split form's default tile at this chunk, its states in fp32; only its state pass runs.
+  cuda::ChunkedTile tile = split_chunked_tile(cuda::default_chunked_tile(bound.args.key_dim, bound.args.value_dim), bound.args.value_dim);
+  tile.chunk = chunk, tile.state_f32 = true;
+  checked.chunked_tile = tile;
+  ChunkedPlan plan = plan_chunked(variant, bound, checked, device_target());
+  if (plan.form != ChunkedPlan::Form::split || plan.launches.empty() || plan.launches.front().spec.phase != cuda::ChunkedPhase::states)
+    throw InvalidArgument(op + ": the split form's state pass does not run this call (" + to_string(plan) + ")");
+  plan.launches.resize(1);
+  if (bound.args.heads * bound.args.key_dim * bound.args.value_dim == 0) return;
+  DeviceBuffer offsets;  // the split form walks packed sequences by cu_seqlens on the device
+  if (!bound.args.cu_seqlens.empty()) {
+    offsets = DeviceBuffer::on_stream(bound.args.cu_seqlens.size() * sizeof(std::int64_t), launch.stream);
+    offsets.copy_from_host(bound.args.cu_seqlens.data(), offsets.bytes(), 0, launch.stream);
+  }
+  run_chunked_plan(plan, variant, bound, offsets.device_ptr(), launch, states);
 }
 
 }  // namespace ladle::gpu

@@ -96,4 +96,14 @@ void run_entry_states(const ir::Variant& variant, const TensorView& q, const Ten
                       const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
                       std::uint64_t states, const LaunchOptions& launch = {});
 
+// The state entering every chunk of `chunk` tokens (in the recurrence's direction, each sequence's
+// chunks after the earlier sequences'), h0 for each sequence's first: the split form's state pass
+// alone, fp32, written to `states`, device [chunks over all sequences][H][K][V]. Where the caller's
+// blocks are the chunks of the recurrence's own direction, this is one serial pass per state tile
+// instead of run_entry_states' state pass and fold. Device tensors; options.return_state must be
+// false; chunk is 16, 32 or 64. Throws InvalidArgument where the chunked family cannot run the call.
+void run_chunk_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const VariantInputs& inputs, const RunOptions& options, int chunk, std::uint64_t states,
+                      const LaunchOptions& launch = {});
+
 }  // namespace ladle::gpu

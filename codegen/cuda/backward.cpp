@@ -575,7 +575,7 @@ __device__ __forceinline__ float ladle_bwd_load(const void* p, int type, long lo
 // The carries from the states at the blocks' boundaries: block (c, n H + h) of LADLE_BWD_CHUNK steps,
 // e its last step, has carry[f] = factor sum over the state's elements of S_e . A_(e+1) D_(e+1) . B_(e+1)
 // (f = i < K: over row i; f = K + j: over column j), S_e the forward's state after step e (s_states
-// row first[n] + c) and D_(e+1) the gradient reaching it from later steps, divided by factor (d_states row
+// row s_first[n] + c: the split form's chunk states, the first row of each sequence's being h0, skipped) and D_(e+1) the gradient reaching it from later steps, divided by factor (d_states row
 // first[n] + chunks - 2 - c), A and B the decays at step e + 1 (log_a_next, log_h_next and log_b_next of
 // step e, null where the variant has none; their types by a_type and b_type). The sequence's last block
 // takes factor sum(d_final * S_T) as ladle_bwd_carry does (d_final [N,H,K,V], s_t [N,H,V,K]; null: 0).
@@ -586,7 +586,8 @@ __device__ __forceinline__ float ladle_bwd_load(const void* p, int type, long lo
 #define LADLE_BWD_UNROLL_4
 #endif
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
-    const float* __restrict__ s_states, const float* __restrict__ d_states, const long long* __restrict__ first,
+    const float* __restrict__ s_states, const float* __restrict__ d_states, const long long* __restrict__ s_first,
+    const long long* __restrict__ first,
     const void* __restrict__ log_a_next, int a_type, const float* __restrict__ log_h_next, const void* __restrict__ log_b_next,
     int b_type, const float* __restrict__ d_final, float factor, const float* __restrict__ s_t, float* __restrict__ carry,
     const long long* __restrict__ cu_seqlens, int N, int T, int H, int K, int V, int C, int reverse) {
@@ -618,7 +619,7 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
   }
   __syncthreads();
   const long long area = static_cast<long long>(K) * V;
-  const float* const S = s_states + ((first[n] + c) * H + h) * area;
+  const float* const S = s_states + ((s_first[n] + c) * H + h) * area;
   const float* const D = d_states + ((first[n] + chunks - 2 - c) * H + h) * area;
   // Warp w takes rows w, w + 8, ...; a lane the columns j0 + lane + 32 m of each 128-column group: every
   // load of a row in flight at once, the row's sum by shuffles (its warp alone writes it: no atomics),

@@ -323,7 +323,7 @@ TEST_CASE("the backward's helper kernels, run on the host emulation, compute wha
       INFO("reverse " << reverse);
       std::vector<float> carry(N * H * C * (K + V), -7.0f);
       cuda_emulation::launch(C, N * H, 256, [&] {
-        ladle_bwd_carry_states(s_states.data(), d_states.data(), first.data(), log_a.data(), 1, log_h.data(), log_b.data(), 2,
+        ladle_bwd_carry_states(s_states.data(), d_states.data(), first.data(), first.data(), log_a.data(), 1, log_h.data(), log_b.data(), 2,
                                d_final.data(), 2.0f, s_t.data(), carry.data(), cu.data(), N, TP, H, K, V, C, reverse);
       });
       for (int p = 0; p < N * H; ++p) {
