@@ -156,6 +156,25 @@ TEST_CASE("a bad tile is refused with the tile and the sizes named", "[gpu]") {
                       Catch::Contains("tile") && Catch::Contains("K=32"));
 }
 
+TEST_CASE("the backward's state passes refuse what they cannot take by name", "[gpu][backward]") {
+  // Host tensors, a chunk the split form does not take, a final state the passes do not write: each
+  // refused before any device work (the values themselves are checked by the GPU backward's test).
+  std::mt19937_64 rng(4);
+  auto q = test::normal(rng, DType::bf16, {1, 80, 2, 32});
+  auto k = test::normal(rng, DType::bf16, {1, 80, 2, 32});
+  auto v = test::normal(rng, DType::bf16, {1, 80, 2, 32});
+  const ladle::ir::Variant& variant = ladle::recurrent_variant(false, false, false, false);
+  const ladle::VariantInputs inputs{{}, {{"scale", 0.5f}}};
+  ladle::RunOptions options;
+  REQUIRE_THROWS_WITH(ladle::gpu::run_chunk_states(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(), inputs, options, 48, 0),
+                      Catch::Contains("chunk states: chunk = 48, expected 16, 32 or 64"));
+  REQUIRE_THROWS_WITH(ladle::gpu::run_chunk_states(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(), inputs, options, 64, 0),
+                      Catch::Contains("chunk states") && Catch::Contains("device tensors"));
+  options.return_state = true;
+  REQUIRE_THROWS_WITH(ladle::gpu::run_chunk_states(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(), inputs, options, 64, 0),
+                      Catch::Contains("options.return_state: the chunk states have no final state"));
+}
+
 // GLA on the GPU backend against the CPU path on the same random inputs; without a driver,
 // the GPU backend must say so with NoCudaDriver.
 static void check_gla_gpu_against_cpu(std::uint64_t seed, std::vector<std::int64_t> shape, bool return_state) {
