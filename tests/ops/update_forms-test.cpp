@@ -544,4 +544,8 @@ TEST_CASE("kda refuses a gate it cannot form by name", "[ops][update_forms][kda]
   const test::Filled g_wrong = test::normal(rng, DType::f32, {1, 4, 2});
   CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g_wrong.tensor.view(), beta.tensor.view(), options),
                     Contains("g has shape"));
+  // beta over the features (fla's beta is per head): refused by name, with the shape expected
+  const test::Filled beta_features = test::normal(rng, DType::f32, {1, 4, 2, 8});
+  CHECK_THROWS_WITH(ladle::kda(q.tensor.view(), q.tensor.view(), v.tensor.view(), g.tensor.view(), beta_features.tensor.view(), options),
+                    Contains("kda: beta has shape [1,4,2,8], expected [B,T,H]"));
 }
