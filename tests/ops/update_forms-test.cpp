@@ -452,6 +452,13 @@ TEST_CASE("kda matches the fp64 oracle: the gate and beta's sigmoid in the kerne
     c.seed = static_cast<std::uint64_t>(900 + bits);
     check_kda(c);
   }
+  KdaCase strong;  // strong decay (g around -8) and hard resets on the fused-recurrent path (short sequences)
+  strong.decay_level = -8.0, strong.T = 40, strong.l2 = true, strong.type = DType::bf16, strong.seed = 910;
+  check_kda(strong);
+  KdaCase resets;
+  resets.hard_resets = true, resets.T = 45, resets.gate_in_kernel = true, resets.reverse = true, resets.cu_seqlens = {0, 20, 20, 45};
+  resets.seed = 911;
+  check_kda(resets);
 }
 
 TEST_CASE("kda on the chunked (tensor-core) form: chunks, partial chunks, packed, states, strong decay, hard resets, K and V of the models",
