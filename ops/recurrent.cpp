@@ -56,6 +56,7 @@ const ir::Variant& recurrent_variant(bool g, bool gk, bool gv, bool g_gamma) {
 
 const ir::Variant& named_variant(std::string_view op, std::string_view gates) {
   bool g = false, gk = false, gv = false, g_gamma = false, l2norm = false;
+  bool in_kernel_gate = false, dt_bias = false, beta_sigmoid = false;  // kda's
   for (std::size_t start = 0; start < gates.size();) {
     std::size_t end = gates.find(',', start);
     if (end == std::string_view::npos) end = gates.size();
@@ -65,10 +66,21 @@ const ir::Variant& named_variant(std::string_view op, std::string_view gates) {
     else if (gate == "gv") gv = true;
     else if (gate == "g_gamma") g_gamma = true;
     else if (gate == "l2norm") l2norm = true;
+    else if (gate == "gate") in_kernel_gate = true;
+    else if (gate == "dt_bias") dt_bias = true;
+    else if (gate == "sigmoid") beta_sigmoid = true;
     else if (!gate.empty())
-      throw InvalidArgument("named_variant: gate '" + std::string(gate) + "', expected g, gk, gv, g_gamma or l2norm");
+      throw InvalidArgument("named_variant: gate '" + std::string(gate) + "', expected g, gk, gv, g_gamma or l2norm (kda: l2norm, gate, dt_bias, sigmoid)");
     start = end + 1;
   }
+  if (op == "kda") {
+    if (g || gk || gv || g_gamma)
+      throw InvalidArgument("named_variant: kda takes no gates (its g and beta are its own); only l2norm, gate, dt_bias and sigmoid");
+    if (dt_bias && !in_kernel_gate) throw InvalidArgument("named_variant: kda's dt_bias belongs to the gate in the kernel (add gate)");
+    return kda_variant(in_kernel_gate, dt_bias, beta_sigmoid, l2norm);
+  }
+  if (in_kernel_gate || dt_bias || beta_sigmoid)
+    throw InvalidArgument("named_variant: gate, dt_bias and sigmoid belong to kda");
   if (op == "delta_rule" || op == "gated_delta_rule") {
     if (g || gk || gv || g_gamma)
       throw InvalidArgument("named_variant: " + std::string(op) + " takes no gates (its g and beta are its own); only l2norm");
@@ -84,7 +96,7 @@ const ir::Variant& named_variant(std::string_view op, std::string_view gates) {
     return gla_variant(g_gamma);
   }
   if (op == "recurrent") return recurrent_variant(g, gk, gv, g_gamma);
-  throw InvalidArgument("named_variant: op '" + std::string(op) + "', expected gla, recurrent, delta_rule, gated_delta_rule or rwkv6");
+  throw InvalidArgument("named_variant: op '" + std::string(op) + "', expected gla, recurrent, delta_rule, gated_delta_rule, rwkv6 or kda");
 }
 
 RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -41,7 +41,8 @@ struct RecurrentOptions {
 // The variant of a named op by name, with gates named as in the tools' --gates flag:
 // "recurrent" with any of g,gk,gv,g_gamma (comma-separated); "gla" (always g) with an
 // optional g_gamma; "delta_rule" and "gated_delta_rule" with an optional l2norm (q and k
-// L2-normalised in the kernel); "rwkv6" (update_forms.h). Unknown ops or gates throw
+// L2-normalised in the kernel); "rwkv6"; "kda" with l2norm, gate (the decay formed in the kernel), dt_bias
+// and sigmoid (beta's in the kernel) (update_forms.h). Unknown ops or gates throw
 // InvalidArgument naming them.
 const ir::Variant& named_variant(std::string_view op, std::string_view gates = "");
 

@@ -2,7 +2,8 @@
 // the resource usage ptxas reported (static shared memory, and the dynamic shared memory the launcher
 // passes), the cache entry, and the SASS when cuobjdump exists.
 //   ladle-dump kernel.cu [--arch sm_90a] [--sass] [--only source|ptx|resources|path] [-D NAME=VALUE]
-//   ladle-dump --op gla|recurrent|delta_rule|gated_delta_rule|rwkv6 [--gates g,gk,gv,g_gamma|l2norm] [--dtype bf16] [-K 128 -V 128]
+//   ladle-dump --op gla|recurrent|delta_rule|gated_delta_rule|rwkv6|kda [--gates g,gk,gv,g_gamma|l2norm|gate,dt_bias,sigmoid]
+//              [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states] [--segmented] [-B 8 -T 1024 -H 16]
 //              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers;
@@ -121,10 +122,11 @@ int main(int argc, char** argv) {
   bool reverse = false, varlen = false, states = false, segmented = false, backward = false;
   auto* file_option = app.add_option("file", file, "a CUDA C++ source file (.cu)")->check(CLI::ExistingFile);
   auto* op_option = app.add_option("--op", op, "show the kernels ladle generates and launches for an op")
-                        ->check(CLI::IsMember({"gla", "recurrent", "delta_rule", "gated_delta_rule", "rwkv6", "attention"}));
+                        ->check(CLI::IsMember({"gla", "recurrent", "delta_rule", "gated_delta_rule", "rwkv6", "kda", "attention"}));
   file_option->excludes(op_option);
   app.add_option("--gates", gates, "recurrent: comma-separated gates among g,gk,gv,g_gamma; gla: g_gamma adds it; "
-                                  "delta_rule, gated_delta_rule: l2norm (q and k L2-normalised in the kernel)");
+                                  "delta_rule, gated_delta_rule: l2norm (q and k L2-normalised in the kernel); kda: l2norm, gate (the "
+                                  "decay -exp(A_log) softplus(g) formed in the kernel), dt_bias (with gate), sigmoid (beta's in the kernel)");
   app.add_option("--dtype", dtype, "input and output dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("-K", key_dim, "key head dim")->check(CLI::PositiveNumber);
   app.add_option("-V", value_dim, "value head dim")->check(CLI::PositiveNumber);
@@ -193,7 +195,7 @@ int main(int argc, char** argv) {
         refuse(op_flags, "applies to --op, not to a .cu file"))
       return 2;
   } else if (op == "attention") {
-    if (refuse(recurrent_flags, "applies to the recurrent ops (gla, recurrent, delta_rule, gated_delta_rule, rwkv6), not to --op attention"))
+    if (refuse(recurrent_flags, "applies to the recurrent ops (gla, recurrent, delta_rule, gated_delta_rule, rwkv6, kda), not to --op attention"))
       return 2;
   } else {
     if (refuse(attention_flags, "applies to --op attention, not to --op " + op)) return 2;
