@@ -246,6 +246,23 @@ TEST_CASE("recurrent and chunked take grouped value heads (v with more heads tha
       if (form == 2) c.cu_seqlens = {0, 70, 70, 200};
       check_case(c);
     }
+  // The chunked family's other forms, named: split (a state pass, then every chunk at once), segmented
+  // (few long sequences), and on sm_90a the warp-specialised form, whose TMA maps are q's, k's and v's own.
+  Case c;
+  c.algorithm = ladle::Algorithm::chunked;
+  c.B = 1, c.T = 600, c.H = 8, c.gva = 4, c.K = 64, c.V = 64;
+  c.type = c.gate_type = DType::bf16;
+  c.gk = true, c.initial_state = true;
+  c.chunked_tile = ladle::cuda::parse_chunked_tile("64,64,64,8,64,64,4");
+  check_case(c);
+  c.chunked_tile.reset(), c.segment_tokens = 128;
+  check_case(c);
+  if (ladle::driver_available() && ladle::Device::get().properties().arch() == "sm_90a") {
+    ladle::cuda::ChunkedTile ws{64, 64, 64, 8};
+    ws.ws = true;
+    c.segment_tokens.reset(), c.chunked_tile = ws;
+    check_case(c);
+  }
 }
 
 TEST_CASE("recurrent takes g_gamma per batch, gates in another dtype, and an explicit scale", "[ops][recurrent]") {
