@@ -1,6 +1,7 @@
 # KDA's forward beside fla's in one GPU call (issue 37): ladle's chunked form (the chunked delta
 # kernels with per-feature gates) and fused-recurrent form, and fla 0.6's chunk_kda and
-# fused_recurrent_kda, at B8 T4096 H16 K=V=128 bf16 and the shapes given (g = logsigmoid(x)/16
+# fused_recurrent_kda, at B8 T4096 H16 K=V=128 bf16 and the shapes given (and ladle's chunked form with
+# grouped value heads, HV = 2H, beside 2H heads) (g = logsigmoid(x)/16
 # [B,T,H,K], beta = sigmoid(x), q and k L2-normalised in the kernel); then each ladle kernel's time
 # under Nsight Compute (gpu__time_duration, fixed clocks). Needs .deps carried, and fla's wheels in
 # .whl for the fla rows.
@@ -15,6 +16,10 @@ for shape in $shapes; do
   IFS=x read -r B T H K V <<< "$shape"
   for algo in chunked recurrent; do
     LADLE_AUTOTUNE=${LADLE_AUTOTUNE:-heuristic} timeout 150 "$bench" --algo $algo --op kda -B "$B" -T "$T" -H "$H" -K "$K" -V "$V" --reps 20
+  done
+  # Grouped value heads: twice the value heads on the same q and k, beside twice the heads.
+  for heads in "-H $H --HV $((2 * H))" "-H $((2 * H))"; do
+    LADLE_AUTOTUNE=${LADLE_AUTOTUNE:-heuristic} timeout 150 "$bench" --algo chunked --op kda -B "$B" -T "$T" $heads -K "$K" -V "$V" --reps 20
   done
   if [ -d /tmp/site ]; then
     PYTHONPATH=/tmp/site timeout 400 python3 bench/fla_bench.py --ops chunk_kda,fused_recurrent_kda --shapes "$shape"
