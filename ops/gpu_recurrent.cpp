@@ -546,23 +546,38 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
 
 namespace ladle::gpu {
 
+namespace {
+
+// The checks and binding the backward's state passes share (run_entry_states, run_chunk_states): no
+// final state, device tensors, a contiguous h0, no output (the passes write none, but take the
+// chunked kernels' parameters, o's strides among them), the chunked family and not the delta rule's.
+// `options` comes back checked, its cu_seqlens on the host.
+ops::BoundInputs bind_state_pass(const std::string& op, const char* why, const ir::Variant& variant, const TensorView& q,
+                                 const TensorView& k, const TensorView& v, const VariantInputs& inputs,
+                                 const LaunchOptions& launch, RunOptions& options) {
+  if (options.return_state) throw InvalidArgument(op + ": options.return_state: the state passes write no final state");
+  std::optional<Tensor> seqlens;
+  options = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
+  options.algorithm = Algorithm::chunked;  // choose_algorithm refuses what the family cannot run
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
+  if (bound.args.initial_state && !is_contiguous(*bound.args.initial_state))
+    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
+  bound.args.output = TensorView::contiguous(nullptr, bound.dims.type,
+                                             {bound.args.batch, bound.args.tokens, bound.args.heads, bound.args.value_dim});
+  if (variant.update == ir::Update::delta)
+    throw InvalidArgument(op + ": the states come from the chunked family's state pass, not the delta rule's");
+  choose_algorithm(variant, bound, options);
+  return bound;
+}
+
+}  // namespace
+
 void run_entry_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
                       const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
                       std::uint64_t states, const LaunchOptions& launch) {
   const std::string op = op_name(variant) + " entry states";
-  if (options.return_state) throw InvalidArgument(op + ": options.return_state: the entry states have no final state");
-  std::optional<Tensor> seqlens;
-  RunOptions checked = device_call(op, "ladle::gpu::run_entry_states takes device tensors", q, k, v, inputs, options, launch, seqlens);
-  checked.algorithm = Algorithm::chunked;  // choose_algorithm refuses what the family cannot run
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
-  if (bound.args.initial_state && !is_contiguous(*bound.args.initial_state))
-    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
-  // No output: the state pass and the fold write none, but take the serial form's parameters (o's strides).
-  bound.args.output = TensorView::contiguous(nullptr, bound.dims.type,
-                                             {bound.args.batch, bound.args.tokens, bound.args.heads, bound.args.value_dim});
-  if (variant.update == ir::Update::delta)
-    throw InvalidArgument(op + ": the entry states come from the chunked family's state pass, not the delta rule's");
-  choose_algorithm(variant, bound, checked);
+  RunOptions checked = options;
+  const ops::BoundInputs bound = bind_state_pass(op, "ladle::gpu::run_entry_states takes device tensors", variant, q, k, v, inputs, launch, checked);
   const ChunkedPlan plan = plan_entry_states(variant, bound, checked, segments, device_target());
   if (plan.segments.earlier_segments() == 0 || bound.args.heads * bound.args.key_dim * bound.args.value_dim == 0) return;
   run_chunked_plan(plan, variant, bound, 0, launch, states);
@@ -572,20 +587,10 @@ void run_chunk_states(const ir::Variant& variant, const TensorView& q, const Ten
                       const VariantInputs& inputs, const RunOptions& options, int chunk, std::uint64_t states,
                       const LaunchOptions& launch) {
   const std::string op = op_name(variant) + " chunk states";
-  if (options.return_state) throw InvalidArgument(op + ": options.return_state: the chunk states have no final state");
   if (chunk != 16 && chunk != 32 && chunk != 64) throw InvalidArgument(op + ": chunk = " + std::to_string(chunk) + ", expected 16, 32 or 64");
-  std::optional<Tensor> seqlens;
-  RunOptions checked = device_call(op, "ladle::gpu::run_chunk_states takes device tensors", q, k, v, inputs, options, launch, seqlens);
-  checked.algorithm = Algorithm::chunked;
+  RunOptions checked = options;
   checked.chunked_segment_tokens = 0;  // the split form runs whole sequences
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
-  if (bound.args.initial_state && !is_contiguous(*bound.args.initial_state))
-    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
-  bound.args.output = TensorView::contiguous(nullptr, bound.dims.type,
-                                             {bound.args.batch, bound.args.tokens, bound.args.heads, bound.args.value_dim});
-  if (variant.update == ir::Update::delta)
-    throw InvalidArgument(op + ": the chunk states come from the chunked family's state pass, not the delta rule's");
-  choose_algorithm(variant, bound, checked);
+  const ops::BoundInputs bound = bind_state_pass(op, "ladle::gpu::run_chunk_states takes device tensors", variant, q, k, v, inputs, launch, checked);
   // The split form's default tile at this chunk, its states in fp32; only its state pass runs.
   cuda::ChunkedTile tile = split_chunked_tile(cuda::default_chunked_tile(bound.args.key_dim, bound.args.value_dim), bound.args.value_dim);
   tile.chunk = chunk, tile.state_f32 = true;

@@ -59,6 +59,7 @@ struct ChunkedDeltaEmitter {
   void states_final();
   // outputs: o = scale (exp(gamma) q h + P E).
   void outputs_loads();
+  void outputs_fetch_h_e(const std::string& group_count);
   void outputs_scores();
   void outputs_values();
   // KDA: the gates' tile G (per-feature cumulative log2 decay), the scores with per-feature references.

@@ -398,6 +398,26 @@ void ChunkedDeltaEmitter::states_final() {
   c("    }");
 }
 
+// The outputs kernel's h (S_0) and E tiles of each 64-column group by cp.async into hs0 and es0;
+// `group_count` names the kernel's constant for the 64-column groups a block.
+void ChunkedDeltaEmitter::outputs_fetch_h_e(const std::string& group_count) {
+  const std::string threads = std::to_string(kernel.threads);
+  c("LADLE_UNROLL for (int m = 0; m < " + group_count + " * BK * 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int e = tid + m * " + threads + ";");
+  c("const int grp = e / (BK * 8), row = e % (BK * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * " + group_count + " + grp) * 64 + j;");
+  c("if (col < VPAD) ladle_cp_async_16(&hs0[(grp * BK + row) * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + col]);");
+  c.out();
+  c("}");
+  c("LADLE_UNROLL for (int m = 0; m < " + group_count + " * C * 8 / " + threads + "; ++m) {");
+  c.in();
+  c("const int e = tid + m * " + threads + ";");
+  c("const int grp = e / (C * 8), p = e % (C * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * " + group_count + " + grp) * 64 + j;");
+  c("if (col < VPAD) ladle_cp_async_16(&es0[(grp * C + p) * VLD + j], &work_e[(base + p) * VPAD + col]);");
+  c.out();
+  c("}");
+}
+
 void ChunkedDeltaEmitter::outputs_loads() {
   const std::string G = std::to_string(groups), threads = std::to_string(kernel.threads);
   c("constexpr int G = " + G + ";  // 64-column groups a block: warps 4g..4g+3 take group g");
@@ -421,20 +441,7 @@ void ChunkedDeltaEmitter::outputs_loads() {
   c("}");
   c("unsigned short* const hs0 = ks + C * KLD;");
   c("unsigned short* const es0 = hs0 + G * BK * VLD;");
-  c("LADLE_UNROLL for (int m = 0; m < G * BK * 8 / " + threads + "; ++m) {");
-  c.in();
-  c("const int e = tid + m * " + threads + ";");
-  c("const int grp = e / (BK * 8), row = e % (BK * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G + grp) * 64 + j;");
-  c("if (col < VPAD) ladle_cp_async_16(&hs0[(grp * BK + row) * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + col]);");
-  c.out();
-  c("}");
-  c("LADLE_UNROLL for (int m = 0; m < G * C * 8 / " + threads + "; ++m) {");
-  c.in();
-  c("const int e = tid + m * " + threads + ";");
-  c("const int grp = e / (C * 8), p = e % (C * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G + grp) * 64 + j;");
-  c("if (col < VPAD) ladle_cp_async_16(&es0[(grp * C + p) * VLD + j], &work_e[(base + p) * VPAD + col]);");
-  c.out();
-  c("}");
+  outputs_fetch_h_e("G");
   c("if (tid < C / 4) ladle_cp_async_16(&gam[tid * 4], &work_gamma[base + tid * 4]);");
   c("ladle_cp_async_commit();");
   c("if (tid < C) {");
@@ -698,20 +705,7 @@ void ChunkedDeltaEmitter::outputs_loads_kda() {
   c("__syncthreads();  // every warp's P is formed: q may change");
   kda_scale_rows("qs");
   c("__syncthreads();  // G is spent: h and E take its space");
-  c("LADLE_UNROLL for (int m = 0; m < G_GROUPS * BK * 8 / " + threads + "; ++m) {");
-  c.in();
-  c("const int e = tid + m * " + threads + ";");
-  c("const int grp = e / (BK * 8), row = e % (BK * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G_GROUPS + grp) * 64 + j;");
-  c("if (col < VPAD) ladle_cp_async_16(&hs0[(grp * BK + row) * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + col]);");
-  c.out();
-  c("}");
-  c("LADLE_UNROLL for (int m = 0; m < G_GROUPS * C * 8 / " + threads + "; ++m) {");
-  c.in();
-  c("const int e = tid + m * " + threads + ";");
-  c("const int grp = e / (C * 8), p = e % (C * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * G_GROUPS + grp) * 64 + j;");
-  c("if (col < VPAD) ladle_cp_async_16(&es0[(grp * C + p) * VLD + j], &work_e[(base + p) * VPAD + col]);");
-  c.out();
-  c("}");
+  outputs_fetch_h_e("G_GROUPS");
   c("ladle_cp_async_commit();");
   c("ladle_cp_async_wait<0>();");
   c("__syncthreads();");
