@@ -21,14 +21,8 @@
 
 namespace ladle::gpu {
 
-// Device-resident gradients, written by the call (fp32, contiguous, each in its input's shape): dq,
-// dk, dv, every named tensor input's (by name; each must be given) and d initial_state when the
-// call has one.
-struct RecurrentGradientViews {
-  TensorView dq, dk, dv;
-  std::map<std::string, TensorView> inputs;
-  std::optional<TensorView> d_initial_state;
-};
+// Device-resident gradients (ladle::RecurrentGradientViews of variant.h), written by the call.
+using RecurrentGradientViews = ladle::RecurrentGradientViews;
 
 // The backward of gpu::run_variant_into with the same arguments (device views; options.cu_seqlens on
 // the host, as there; ladle::run_variant_backward routes host and device tensors here), d_output

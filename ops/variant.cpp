@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include <ladle/runtime/driver.h>
 
@@ -223,9 +224,34 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
 
 // The backward on the GPU (gpu::run_variant_backward_into) under the forward's rules (GpuCall):
 // device tensors read in place, host ones uploaded on options.gpu.stream (or refused by name when
-// upload_host_tensors is off); the gradients live where q lives, as the forward's outputs do. On
-// device tensors alone it waits for the stream once (the fingerprint's sums, 8 bytes a tensor) and
-// returns with its kernels queued.
+// upload_host_tensors is off), into `gradients` wherever they live (host ones through device
+// stand-ins). `verify` runs once the GpuCall has checked every address (a saved value's fingerprint).
+void backward_into_on_gpu(const std::string& op, const ir::Variant& variant, const TensorView& q_in, const TensorView& k_in,
+                          const TensorView& v_in, const VariantInputs& inputs_in, const RunOptions& options,
+                          const TensorView& d_output, const std::optional<TensorView>& d_final_state,
+                          const RecurrentGradientViews& gradients, const std::function<void()>& verify) {
+  ops::detail::GpuCall call(op, options.gpu);
+  const TensorView q = call.input("q", q_in), k = call.input("k", k_in), v = call.input("v", v_in);
+  VariantInputs inputs;
+  inputs.scalars = inputs_in.scalars;
+  for (const auto& [name, view] : inputs_in.tensors) inputs.tensors[name] = call.input(name, view);
+  RunOptions device_options = options;
+  if (options.initial_state) device_options.initial_state = call.input("initial_state", *options.initial_state);
+  if (options.cu_seqlens) device_options.cu_seqlens = call.host_input("cu_seqlens", *options.cu_seqlens);
+  const TensorView d_o = call.input("d_output", d_output);
+  std::optional<TensorView> d_final;
+  if (d_final_state) d_final = call.input("d_final_state", *d_final_state);
+  if (verify) verify();
+  RecurrentGradientViews views{call.output("dq", gradients.dq), call.output("dk", gradients.dk), call.output("dv", gradients.dv), {}, std::nullopt};
+  for (const auto& [name, view] : gradients.inputs) views.inputs[name] = call.output("d" + name, view);
+  if (gradients.d_initial_state) views.d_initial_state = call.output("d_initial_state", *gradients.d_initial_state);
+  gpu::run_variant_backward_into(variant, q, k, v, inputs, device_options, d_o, d_final, views, {options.gpu.stream});
+  call.finish();
+}
+
+// The backward of a saved GPU forward, into gradients it allocates where q lives. On device tensors
+// alone it waits for the stream once (the fingerprint's sums, 8 bytes a tensor) and returns with its
+// kernels queued.
 RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView& d_output,
                                    const std::optional<TensorView>& d_final_state) {
   const ir::Variant& variant = saved.variant;
@@ -234,35 +260,20 @@ RecurrentGradients backward_on_gpu(const RecurrentSaved& saved, const TensorView
   std::optional<Tensor> seqlens;
   const ops::BoundInputs bound = check_backward(op, saved, d_output, d_final_state, seqlens);
 
-  ops::detail::GpuCall call(op, options.gpu);
-  const TensorView q = call.input("q", saved.q), k = call.input("k", saved.k), v = call.input("v", saved.v);
-  VariantInputs inputs;
-  inputs.scalars = saved.inputs.scalars;
-  for (const auto& [name, view] : saved.inputs.tensors) inputs.tensors[name] = call.input(name, view);
-  RunOptions device_options = options;
-  if (options.initial_state) device_options.initial_state = call.input("initial_state", *options.initial_state);
-  if (options.cu_seqlens) device_options.cu_seqlens = call.host_input("cu_seqlens", *options.cu_seqlens);
-  const TensorView d_o = call.input("d_output", d_output);
-  std::optional<TensorView> d_final;
-  if (d_final_state) d_final = call.input("d_final_state", *d_final_state);
-  check_fingerprint(op, saved);
-
   const Location where = saved.q.on_device() ? saved.q.location : Location::host();
   const auto gradient = [&](const std::vector<std::int64_t>& shape) { return Tensor(DType::f32, shape, where, options.gpu.stream); };
   RecurrentGradients out{gradient(saved.q.shape), gradient(saved.k.shape), gradient(saved.v.shape), {}, std::nullopt};
-  gpu::RecurrentGradientViews views{call.output("dq", out.dq.view()), call.output("dk", out.dk.view()), call.output("dv", out.dv.view()),
-                                    {}, std::nullopt};
+  RecurrentGradientViews views{out.dq.view(), out.dk.view(), out.dv.view(), {}, std::nullopt};
   for (const ir::Input& in : variant.inputs) {
     if (in.kind == ir::InputKind::scalar || in.role != ir::Role::other) continue;
-    Tensor& g = out.inputs.emplace(in.name, gradient(saved.inputs.tensors.at(in.name).shape)).first->second;
-    views.inputs[in.name] = call.output("d" + in.name, g.view());
+    views.inputs[in.name] = out.inputs.emplace(in.name, gradient(saved.inputs.tensors.at(in.name).shape)).first->second.view();
   }
   if (options.initial_state) {
     out.d_initial_state.emplace(gradient(bound.dims.state_shape()));
-    views.d_initial_state = call.output("d_initial_state", out.d_initial_state->view());
+    views.d_initial_state = out.d_initial_state->view();
   }
-  gpu::run_variant_backward_into(variant, q, k, v, inputs, device_options, d_o, d_final, views, {options.gpu.stream});
-  call.finish();
+  backward_into_on_gpu(op, variant, saved.q, saved.k, saved.v, saved.inputs, options, d_output, d_final_state, views,
+                       [&] { check_fingerprint(op, saved); });
   return out;
 }
 
@@ -468,6 +479,60 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
     }
   cpu::chain_slot_gradients(variant, a, g, s.d_tensors);
   return std::move(s.out);
+}
+
+void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                               const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients) {
+  const std::string op = op_name(variant) + " backward";
+  const ops::detail::Checker check(op);
+  auto views = argument_views(q, k, v, inputs, options);
+  views.push_back({"d_output", &d_output});
+  if (d_final_state) views.push_back({"d_final_state", &*d_final_state});
+  const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
+  if (on_gpu && !variant.plain_form())
+    check.fail("the GPU backward of " + ir::form_name(variant) + " is not built yet (options.backend = cpu, or host tensors, "
+               "train it on the CPU)");
+  {
+    // Every argument and every gradient's shape, before any work.
+    std::optional<Tensor> seqlens;
+    ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, with_host_seqlens(options, seqlens));
+    ops::bind_backward(op, bound, d_output, d_final_state);
+    const auto expect = [&](const std::string& name, const TensorView* given, const std::vector<std::int64_t>& shape) {
+      if (!given) check.fail("gradients has no tensor for input '" + name + "'");
+      check.type(("gradients.d" + name).c_str(), *given, DType::f32, "fp32 gradients");
+      if (given->shape != shape)
+        check.fail("gradients.d" + name + " has shape " + ops::detail::shape_text(given->shape) + ", expected " +
+                   ops::detail::shape_text(shape));
+    };
+    expect("q", &gradients.dq, q.shape);
+    expect("k", &gradients.dk, k.shape);
+    expect("v", &gradients.dv, v.shape);
+    for (const ir::Input& in : variant.inputs) {
+      if (in.kind == ir::InputKind::scalar || in.role != ir::Role::other) continue;
+      const auto it = gradients.inputs.find(in.name);
+      expect(in.name, it == gradients.inputs.end() ? nullptr : &it->second, inputs.tensors.at(in.name).shape);
+    }
+    for (const auto& [name, view] : gradients.inputs)
+      if (variant.find_input(name) < 0) check.fail("gradients." + name + ": the variant has no input of that name");
+    if (options.initial_state) expect("_initial_state", gradients.d_initial_state ? &*gradients.d_initial_state : nullptr, bound.dims.state_shape());
+    else if (gradients.d_initial_state) check.fail("gradients.d_initial_state is given but options.initial_state is not");
+  }
+  if (on_gpu) {
+    backward_into_on_gpu(op, variant, q, k, v, inputs, options, d_output, d_final_state, gradients, {});
+    return;
+  }
+  // The CPU: the forward again, for its checkpoints, then the direct CPU backward, copied out.
+  RunOptions cpu = options;
+  cpu.backend = Backend::cpu;
+  cpu.return_state = false;
+  const RecurrentForward forward = run_variant_for_backward(variant, q, k, v, inputs, cpu);
+  const RecurrentGradients grads = run_variant_backward(forward.saved, d_output, d_final_state);
+  copy(grads.dq.view(), gradients.dq);
+  copy(grads.dk.view(), gradients.dk);
+  copy(grads.dv.view(), gradients.dv);
+  for (const auto& [name, tensor] : grads.inputs) copy(tensor.view(), gradients.inputs.at(name));
+  if (grads.d_initial_state) copy(grads.d_initial_state->view(), *gradients.d_initial_state);
 }
 
 }  // namespace ladle

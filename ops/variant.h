@@ -162,6 +162,27 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
 RecurrentGradients run_variant_backward(const RecurrentSaved& saved, const TensorView& d_output,
                                         const std::optional<TensorView>& d_final_state = std::nullopt);
 
+// Caller-owned gradients, written by the call (fp32, contiguous, each in its input's shape): dq, dk,
+// dv, every named tensor input's (by name; each must be given) and d initial_state when the call has
+// one.
+struct RecurrentGradientViews {
+  TensorView dq, dk, dv;
+  std::map<std::string, TensorView> inputs;
+  std::optional<TensorView> d_initial_state;
+};
+
+// The backward of run_variant from the forward's own arguments, into caller-owned gradients, for
+// callers that keep those arguments themselves (an autograd framework: ladle's Python entry). No
+// saved value and no fingerprint, so nothing waits for the stream. On the GPU (as run_variant decides
+// from options.backend and the tensors) it runs the GPU backward's kernels on options.gpu.stream, with
+// no forward (host tensors uploaded, a host cu_seqlens read in place, a device one copied to the
+// host); the diagonal form only (the update forms' GPU backward is refused by name). On the CPU it
+// runs the forward again for its checkpoints, then the CPU backward, and copies the gradients into
+// the outputs. Bad input throws InvalidArgument naming it.
+void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                               const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients);
+
 // The backward by composition, on `backend` (gpu, or automatic with a GPU or a device tensor:
 // gpu::run_variant_backward_into of ops/gpu_backward.h, generated kernels on device tensors, host and
 // device tensors taken as run_variant_backward takes them; cpu: the same algorithm on the host, which

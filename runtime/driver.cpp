@@ -135,7 +135,7 @@ Stream::Stream() {
 }
 
 Stream::~Stream() {
-  if (stream_) api().cuStreamDestroy(static_cast<CUstream>(stream_));
+  if (owned_ && stream_) api().cuStreamDestroy(static_cast<CUstream>(stream_));
 }
 
 void Stream::synchronize() const { LADLE_CU(api().cuStreamSynchronize(static_cast<CUstream>(stream_))); }

@@ -63,14 +63,22 @@ class Device {
 class Stream {
  public:
   Stream();  // a new non-blocking stream on the current device
+  // A stream the caller owns (a framework's current stream, e.g. PyTorch's), used as it is and
+  // never destroyed here; nullptr is the legacy default stream.
+  static Stream borrowed(void* handle) { return Stream(handle, Borrow{}); }
   ~Stream();
+  Stream(Stream&& other) noexcept : stream_(other.stream_), owned_(other.owned_) { other.owned_ = false; }
+  Stream& operator=(Stream&&) = delete;
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   void synchronize() const;
   void* handle() const { return stream_; }
 
  private:
+  struct Borrow {};
+  Stream(void* handle, Borrow) : stream_(handle), owned_(false) {}
   void* stream_ = nullptr;
+  bool owned_ = true;
 };
 
 class Event {

@@ -1,0 +1,93 @@
+"""ladle from Python: attention variants as expressions, run on the GPU or the CPU.
+
+    import ladle
+    from ladle import dsl
+    x = dsl.token_key("x")
+    variant = dsl.lower(dsl.read(dsl.scan(dsl.k, dsl.v).decay_k(dsl.logsigmoid(x) / 16), dsl.q), "my_gate")
+    o, _ = ladle.run_variant(variant, q, k, v, {"x": x_values})       # numpy arrays: the CPU path
+    print(ladle.generated_kernels(variant)[0]["source"])               # the CUDA it generates
+
+Tensors are anything with __dlpack__ (numpy arrays, torch tensors), read in place. For autograd,
+torch.compile and fla's names, use ladle.torch.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from . import _ladle, dsl
+from ._ladle import Variant, driver_available, named_variant
+
+__version__ = _ladle.version
+__all__ = ["Variant", "dsl", "named_variant", "run_variant", "generated_kernels", "driver_available", "output_shapes"]
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def capsule(x, name: str):
+    """A DLPack capsule of x, read in place; a torch tensor's without a stream handshake (the
+    call runs on the caller's current stream)."""
+    if _is_torch(x):
+        import torch.utils.dlpack
+
+        return torch.utils.dlpack.to_dlpack(x)
+    if hasattr(x, "__dlpack__"):
+        return x.__dlpack__()
+    raise TypeError(f"{name}: expected a tensor with __dlpack__ (a numpy array or a torch tensor), got {type(x).__name__}")
+
+
+def output_shapes(q, v, cu_seqlens=None, batch: Optional[int] = None):
+    """o's shape and the final state's for q, v: o [B,T,max(H,HV),V] (packed: [T,..]), state [N,H,K,V]."""
+    if len(q.shape) not in (3, 4):
+        raise ValueError(f"q has shape {list(q.shape)}, expected [B,T,H,K] or packed [T,H,K]")
+    if len(v.shape) != len(q.shape):
+        raise ValueError(f"v has shape {list(v.shape)}, expected the rank of q ({len(q.shape)})")
+    heads = max(int(q.shape[-2]), int(v.shape[-2]))
+    o = tuple(q.shape[:-2]) + (heads, int(v.shape[-1]))
+    n = (int(cu_seqlens.shape[0]) - 1) if cu_seqlens is not None else (int(q.shape[0]) if len(q.shape) == 4 else 1)
+    return o, (n, heads, int(q.shape[-1]), int(v.shape[-1]))
+
+
+def _split_inputs(inputs: Optional[Mapping]):
+    tensors, scalars = {}, {}
+    for name, value in (inputs or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scalars[name] = float(value)
+        elif value is not None:
+            tensors[name] = value
+    return tensors, scalars
+
+
+def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, scale: Optional[float] = None,
+                initial_state=None, output_final_state: bool = False, cu_seqlens=None, reverse: bool = False,
+                backend: str = "auto", algorithm: str = "auto"):
+    """Runs a variant on numpy arrays (the CPU path) or any DLPack tensors, without autograd.
+
+    inputs: the variant's other inputs by name (tensors, or floats for its scalars); scale, when the
+    variant reads a scalar named "scale", defaults to 1/sqrt(K). Returns (o, final_state or None),
+    o in q's dtype, the state f32. For torch tensors with autograd use ladle.torch.run_variant."""
+    import numpy as np
+
+    if not isinstance(variant, Variant):
+        raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
+    tensors, scalars = _split_inputs(inputs)
+    if any(name == "scale" for name, kind, _ in variant.inputs if kind == "scalar") and "scale" not in scalars:
+        scalars["scale"] = float(scale) if scale is not None else float(q.shape[-1]) ** -0.5
+    o_shape, state_shape = output_shapes(q, v, cu_seqlens)
+    o = np.empty(o_shape, dtype=q.dtype)
+    final = np.empty(state_shape, dtype=np.float32) if output_final_state else None
+    _ladle.run(variant, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
+               {name: capsule(t, name) for name, t in tensors.items()}, scalars, capsule(o, "o"),
+               None if final is None else capsule(final, "final_state"),
+               None if initial_state is None else capsule(initial_state, "initial_state"),
+               None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, algorithm, 0, False, True)
+    return o, final
+
+
+def generated_kernels(variant: Variant, *, batch: int = 8, tokens: int = 1024, heads: int = 16, key_dim: int = 128,
+                      value_dim: int = 128, dtype: str = "bf16", arch: str = "sm_90a", algorithm: str = "auto"):
+    """The kernels a call of this shape launches on `arch`, as the launcher plans them (no GPU
+    needed): a list of {"name", "source", "role", "tile"}."""
+    return _ladle.generated_kernels(variant, batch, tokens, heads, key_dim, value_dim, dtype, arch, algorithm)

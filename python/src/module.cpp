@@ -1,0 +1,269 @@
+// ladle._ladle: the C++ library as Python sees it (nanobind). Tensors cross as DLPack capsules,
+// taken over by ladle::DLPackTensor (runtime/dlpack.h), so nothing is copied in either direction;
+// outputs and gradients are the caller's (torch.empty, numpy.empty), written in place. The Python
+// package (python/ladle) builds variants, checks arguments the way the C++ ops do and wraps these
+// calls as torch custom ops.
+#include <Python.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <ladle/dsl/ir.h>
+#include <ladle/ops/generated_kernels.h>
+#include <ladle/ops/recurrent.h>
+#include <ladle/ops/variant.h>
+#include <ladle/runtime/dlpack.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+#include <ladle/runtime/version.h>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// The capsules of one call, taken over for the call's length (their deleters run at the end, with
+// the GIL held, as numpy's need).
+class Capsules {
+ public:
+  ladle::TensorView take(nb::handle capsule, const std::string& name) {
+    PyObject* object = capsule.ptr();
+    if (!PyCapsule_IsValid(object, "dltensor"))
+      throw ladle::InvalidArgument(name + ": expected a DLPack capsule that was not used yet (from torch.utils.dlpack.to_dlpack "
+                                          "or __dlpack__()), got " + std::string(Py_TYPE(object)->tp_name));
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(object, "dltensor"));
+    PyCapsule_SetName(object, "used_dltensor");  // ownership passes here, as DLPack asks
+    return held_.emplace_back(managed).view();
+  }
+  std::optional<ladle::TensorView> take_optional(nb::handle capsule, const std::string& name) {
+    if (capsule.is_none()) return std::nullopt;
+    return take(capsule, name);
+  }
+  std::map<std::string, ladle::TensorView> take_all(const nb::dict& capsules, const std::string& what) {
+    std::map<std::string, ladle::TensorView> views;
+    for (auto [key, value] : capsules) {
+      const std::string name = nb::cast<std::string>(key);
+      views.emplace(name, take(value, what + name));
+    }
+    return views;
+  }
+
+ private:
+  std::vector<ladle::DLPackTensor> held_;
+};
+
+ladle::Backend backend_of(const std::string& name) {
+  if (name == "auto" || name == "automatic") return ladle::Backend::automatic;
+  if (name == "cpu") return ladle::Backend::cpu;
+  if (name == "gpu" || name == "cuda") return ladle::Backend::gpu;
+  throw ladle::InvalidArgument("backend is '" + name + "', expected 'auto', 'cpu' or 'cuda'");
+}
+
+ladle::Algorithm algorithm_of(const std::string& name) {
+  if (name == "auto" || name == "automatic") return ladle::Algorithm::automatic;
+  if (name == "chunked" || name == "chunk") return ladle::Algorithm::chunked;
+  if (name == "recurrent" || name == "fused_recurrent") return ladle::Algorithm::recurrent;
+  throw ladle::InvalidArgument("algorithm is '" + name + "', expected 'auto', 'chunked' or 'recurrent'");
+}
+
+ladle::ir::Op op_of(const std::string& name) {
+  using ladle::ir::Op;
+  for (int i = static_cast<int>(Op::neg); i <= static_cast<int>(Op::pow); ++i)
+    if (name == ladle::ir::op_name(static_cast<Op>(i))) return static_cast<Op>(i);
+  throw ladle::InvalidArgument("no elementwise operation named '" + name + "'");
+}
+
+ladle::ir::InputKind kind_of(const std::string& name) {
+  using ladle::ir::InputKind;
+  for (InputKind kind : {InputKind::token_key, InputKind::token_value, InputKind::token_head, InputKind::head, InputKind::head_key,
+                         InputKind::scalar})
+    if (name == ladle::ir::kind_name(kind)) return kind;
+  throw ladle::InvalidArgument("no input kind named '" + name + "'");
+}
+
+ladle::ir::Role role_of(const std::string& name) {
+  using ladle::ir::Role;
+  for (Role role : {Role::query, Role::key, Role::value, Role::other})
+    if (name == ladle::ir::role_name(role)) return role;
+  throw ladle::InvalidArgument("no input role named '" + name + "'");
+}
+
+// One slot's expression from the Python DSL's nested tuples:
+//   ("input", name, kind, role) | ("constant", value) | (op, a) | (op, a, b)
+std::int32_t build(ladle::ir::ExprBuilder& builder, nb::handle node) {
+  const nb::tuple t = nb::cast<nb::tuple>(node);
+  const std::string head = nb::cast<std::string>(t[0]);
+  if (head == "input") {
+    const std::string name = nb::cast<std::string>(t[1]);
+    return builder.input(name.c_str(), kind_of(nb::cast<std::string>(t[2])), role_of(nb::cast<std::string>(t[3])));
+  }
+  if (head == "constant") return builder.constant(nb::cast<float>(t[1]));
+  const ladle::ir::Op op = op_of(head);
+  if (t.size() == 2) return builder.unary(op, build(builder, t[1]));
+  const std::int32_t a = build(builder, t[1]);
+  return builder.binary(op, a, build(builder, t[2]));
+}
+
+ladle::ir::Slot slot_of(const std::string& name) {
+  for (std::size_t i = 0; i < ladle::ir::slot_count; ++i)
+    if (name == ladle::ir::slot_name(static_cast<ladle::ir::Slot>(i))) return static_cast<ladle::ir::Slot>(i);
+  throw ladle::InvalidArgument("no slot named '" + name + "'");
+}
+
+// A variant from the Python DSL: slots by name, the update form's flags; checked by ir::validate.
+ladle::ir::Variant make_variant(const std::string& name, const nb::dict& slots, bool delta, bool read_before, bool l2, bool normalize,
+                                float eps) {
+  ladle::ir::Variant variant;
+  variant.name = name;
+  // Slot order, as the C++ DSL lowers them, so that the same expression hashes alike from both.
+  std::map<ladle::ir::Slot, nb::handle> ordered;
+  for (auto [key, value] : slots) ordered.emplace(slot_of(nb::cast<std::string>(key)), value);
+  for (const auto& [slot, expr] : ordered) {
+    ladle::ir::ExprBuilder builder(variant);
+    build(builder, expr);
+    variant.slot(slot) = builder.take();
+  }
+  variant.update = delta ? ladle::ir::Update::delta : ladle::ir::Update::additive;
+  variant.read_before_update = read_before;
+  variant.l2_normalize_qk = l2;
+  variant.normalize = normalize;
+  variant.normalize_eps = eps;
+  const std::vector<std::string> problems = ladle::ir::validate(variant);
+  if (!problems.empty()) {
+    std::string all;
+    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw ladle::InvalidArgument((name.empty() ? std::string("variant") : name) + ": " + all);
+  }
+  return variant;
+}
+
+// The options every call shares.
+ladle::RunOptions run_options(Capsules& held, nb::handle initial_state, nb::handle cu_seqlens, bool reverse, const std::string& backend,
+                              const std::string& algorithm, const ladle::Stream* stream, bool upload) {
+  ladle::RunOptions options;
+  options.initial_state = held.take_optional(initial_state, "initial_state");
+  options.cu_seqlens = held.take_optional(cu_seqlens, "cu_seqlens");
+  options.reverse = reverse;
+  options.backend = backend_of(backend);
+  options.algorithm = algorithm_of(algorithm);
+  options.gpu.stream = stream;
+  // The torch entry passes false: its tensors are where it put them, and a host one on the GPU path
+  // is refused by name rather than copied unnoticed.
+  options.gpu.upload_host_tensors = upload;
+  return options;
+}
+
+std::optional<ladle::Stream> stream_of(std::uintptr_t handle, bool given) {
+  if (!given) return std::nullopt;
+  return ladle::Stream::borrowed(reinterpret_cast<void*>(handle));
+}
+
+}  // namespace
+
+NB_MODULE(_ladle, m) {
+  m.doc() = "ladle's C++ library: variants, the recurrent run and its backward, generated kernels";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ladle::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const ladle::LibraryUnavailable& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+  m.attr("version") = ladle::version();
+
+  nb::class_<ladle::ir::Variant>(m, "Variant")
+      .def_prop_ro("name", [](const ladle::ir::Variant& v) { return v.name; })
+      .def_prop_ro("hash", [](const ladle::ir::Variant& v) { return ladle::ir::hash_hex(v); })
+      .def_prop_ro("form", [](const ladle::ir::Variant& v) { return ladle::ir::form_name(v); })
+      .def_prop_ro("plain_form", &ladle::ir::Variant::plain_form)
+      .def_prop_ro("inputs",
+                   [](const ladle::ir::Variant& v) {
+                     std::vector<std::tuple<std::string, std::string, std::string>> out;
+                     for (const auto& in : v.inputs) out.emplace_back(in.name, ladle::ir::kind_name(in.kind), ladle::ir::role_name(in.role));
+                     return out;
+                   },
+                   "(name, kind, role) of every input, in order of first use")
+      .def("__str__", [](const ladle::ir::Variant& v) { return ladle::ir::to_string(v); })
+      .def("__repr__", [](const ladle::ir::Variant& v) { return "<ladle.Variant " + (v.name.empty() ? std::string("variant") : v.name) + " " + ladle::ir::hash_hex(v) + ">"; });
+
+  m.def("make_variant", &make_variant, "name"_a, "slots"_a, "delta"_a = false, "read_before"_a = false, "l2"_a = false,
+        "normalize"_a = false, "eps"_a = 1e-10f);
+  m.def("named_variant", [](const std::string& op, const std::string& gates) { return ladle::named_variant(op, gates); }, "op"_a,
+        "gates"_a = "");
+  m.def("input_shape", [](const std::string& kind, const std::string& role) { return ladle::ir::shape_of(kind_of(kind), role_of(role)); });
+
+  m.def(
+      "run",
+      [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
+         const std::map<std::string, float>& scalars, nb::handle o, nb::handle final_state, nb::handle initial_state,
+         nb::handle cu_seqlens, bool reverse, const std::string& backend, const std::string& algorithm, std::uintptr_t stream,
+         bool has_stream, bool upload) {
+        Capsules held;
+        ladle::VariantInputs inputs;
+        const ladle::TensorView qv = held.take(q, "q"), kv = held.take(k, "k"), vv = held.take(v, "v");
+        inputs.tensors = held.take_all(tensors, "");
+        inputs.scalars = scalars;
+        const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
+        ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, algorithm, s ? &*s : nullptr, upload);
+        ladle::RecurrentOutputs outputs{held.take(o, "o"), held.take_optional(final_state, "final_state")};
+        options.return_state = outputs.final_state.has_value();
+        nb::gil_scoped_release release;
+        ladle::run_variant_into(variant, qv, kv, vv, inputs, options, outputs);
+      },
+      "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "o"_a, "final_state"_a.none(), "initial_state"_a.none(),
+      "cu_seqlens"_a.none(), "reverse"_a, "backend"_a, "algorithm"_a, "stream"_a, "has_stream"_a, "upload"_a);
+
+  m.def(
+      "backward",
+      [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
+         const std::map<std::string, float>& scalars, nb::handle initial_state, nb::handle cu_seqlens, bool reverse,
+         const std::string& backend, std::uintptr_t stream, bool has_stream, bool upload, nb::handle d_output, nb::handle d_final_state,
+         nb::handle dq, nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state) {
+        Capsules held;
+        ladle::VariantInputs inputs;
+        const ladle::TensorView qv = held.take(q, "q"), kv = held.take(k, "k"), vv = held.take(v, "v");
+        inputs.tensors = held.take_all(tensors, "");
+        inputs.scalars = scalars;
+        const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
+        const ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, "auto", s ? &*s : nullptr, upload);
+        const ladle::TensorView d_o = held.take(d_output, "d_output");
+        const std::optional<ladle::TensorView> d_final = held.take_optional(d_final_state, "d_final_state");
+        ladle::RecurrentGradientViews grads{held.take(dq, "dq"), held.take(dk, "dk"), held.take(dv, "dv"),
+                                            held.take_all(d_tensors, "d"), held.take_optional(d_initial_state, "d_initial_state")};
+        nb::gil_scoped_release release;
+        ladle::run_variant_backward_into(variant, qv, kv, vv, inputs, options, d_o, d_final, grads);
+      },
+      "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "initial_state"_a.none(), "cu_seqlens"_a.none(), "reverse"_a,
+      "backend"_a, "stream"_a, "has_stream"_a, "upload"_a, "d_output"_a, "d_final_state"_a.none(), "dq"_a, "dk"_a, "dv"_a, "d_tensors"_a,
+      "d_initial_state"_a.none());
+
+  m.def(
+      "generated_kernels",
+      [](const ladle::ir::Variant& variant, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t key_dim,
+         std::int64_t value_dim, const std::string& dtype, const std::string& arch, const std::string& algorithm) {
+        ladle::CallShape shape;
+        shape.batch = batch, shape.tokens = tokens, shape.heads = heads, shape.key_dim = key_dim, shape.value_dim = value_dim;
+        shape.type = ladle::parse_dtype(dtype);
+        ladle::RunOptions options;
+        options.algorithm = algorithm_of(algorithm);
+        std::vector<std::map<std::string, std::string>> out;
+        for (const ladle::GeneratedKernel& k : ladle::generated_kernels(variant, shape, options, arch))
+          out.push_back({{"name", k.name}, {"source", k.source}, {"role", k.role}, {"tile", k.tile}});
+        return out;
+      },
+      "variant"_a, "batch"_a, "tokens"_a, "heads"_a, "key_dim"_a, "value_dim"_a, "dtype"_a, "arch"_a, "algorithm"_a);
+
+  m.def("driver_available", [] { return ladle::driver_available(); }, "whether libcuda could be opened");
+}
