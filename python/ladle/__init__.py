@@ -19,7 +19,8 @@ from . import _ladle, dsl
 from ._ladle import Variant, driver_available, named_variant
 
 __version__ = _ladle.version
-__all__ = ["Variant", "dsl", "named_variant", "run_variant", "generated_kernels", "driver_available", "output_shapes"]
+__all__ = ["Variant", "dsl", "named_variant", "run_variant", "run_variant_backward", "generated_kernels", "driver_available",
+           "output_shapes"]
 
 
 def _is_torch(x) -> bool:
@@ -60,6 +61,18 @@ def _split_inputs(inputs: Optional[Mapping]):
     return tensors, scalars
 
 
+def _prepare(variant, q_, inputs, scale, **arrays):
+    for name, x in arrays.items():
+        if not hasattr(x, "shape") or not (hasattr(x, "__dlpack__") or _is_torch(x)):
+            raise TypeError(f"{name}: expected a tensor with __dlpack__ (a numpy array or a torch tensor), got {type(x).__name__}")
+    if not isinstance(variant, Variant):
+        raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
+    tensors, scalars = _split_inputs(inputs)
+    if any(name == "scale" for name, kind, _ in variant.inputs if kind == "scalar") and "scale" not in scalars:
+        scalars["scale"] = float(scale) if scale is not None else float(q_.shape[-1]) ** -0.5
+    return tensors, scalars
+
+
 def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, scale: Optional[float] = None,
                 initial_state=None, output_final_state: bool = False, cu_seqlens=None, reverse: bool = False,
                 backend: str = "auto", algorithm: str = "auto"):
@@ -70,11 +83,7 @@ def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, 
     o in q's dtype, the state f32. For torch tensors with autograd use ladle.torch.run_variant."""
     import numpy as np
 
-    if not isinstance(variant, Variant):
-        raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
-    tensors, scalars = _split_inputs(inputs)
-    if any(name == "scale" for name, kind, _ in variant.inputs if kind == "scalar") and "scale" not in scalars:
-        scalars["scale"] = float(scale) if scale is not None else float(q.shape[-1]) ** -0.5
+    tensors, scalars = _prepare(variant, q, inputs, scale, q=q, k=k, v=v)
     o_shape, state_shape = output_shapes(q, v, cu_seqlens)
     o = np.empty(o_shape, dtype=q.dtype)
     final = np.empty(state_shape, dtype=np.float32) if output_final_state else None
@@ -84,6 +93,32 @@ def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, 
                None if initial_state is None else capsule(initial_state, "initial_state"),
                None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, algorithm, 0, False, True)
     return o, final
+
+
+def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d_output, *, d_final_state=None,
+                         scale: Optional[float] = None, initial_state=None, cu_seqlens=None, reverse: bool = False,
+                         backend: str = "auto"):
+    """The gradients of sum(o * d_output) [+ sum(final_state * d_final_state)] through run_variant with
+    the same arguments, on numpy arrays (or any DLPack tensors), without autograd: a dict of fp32
+    arrays, "q", "k", "v", every tensor input by its name, and "initial_state" when one was given."""
+    import numpy as np
+
+    tensors, scalars = _prepare(variant, q, inputs, scale, q=q, k=k, v=v)
+    grads = {"q": np.empty(q.shape, np.float32), "k": np.empty(k.shape, np.float32), "v": np.empty(v.shape, np.float32)}
+    d_tensors = {name: np.empty(t.shape, np.float32) for name, t in tensors.items()}
+    d_h0 = None if initial_state is None else np.empty(initial_state.shape, np.float32)
+    _ladle.backward(variant, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
+                    {name: capsule(t, name) for name, t in tensors.items()}, scalars,
+                    None if initial_state is None else capsule(initial_state, "initial_state"),
+                    None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, 0, False, True,
+                    capsule(d_output, "d_output"), None if d_final_state is None else capsule(d_final_state, "d_final_state"),
+                    capsule(grads["q"], "dq"), capsule(grads["k"], "dk"), capsule(grads["v"], "dv"),
+                    {name: capsule(t, "d" + name) for name, t in d_tensors.items()},
+                    None if d_h0 is None else capsule(d_h0, "d_initial_state"))
+    grads.update(d_tensors)
+    if d_h0 is not None:
+        grads["initial_state"] = d_h0
+    return grads
 
 
 def generated_kernels(variant: Variant, *, batch: int = 8, tokens: int = 1024, heads: int = 16, key_dim: int = 128,

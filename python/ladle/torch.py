@@ -1,0 +1,294 @@
+"""ladle for PyTorch: fla's names and arguments, and any DSL variant, as torch custom ops.
+
+    import ladle.torch as lt
+    o, final_state = lt.chunk_gla(q, k, v, g, output_final_state=True)      # as fla.ops.gla.chunk_gla
+    o, _ = lt.run_variant(my_variant, q, k, v, {"x": x, "tau": tau})         # a DSL variant, with autograd
+
+Every op is one torch custom op (torch.library.custom_op: ladle::recurrent and its backward
+ladle::recurrent_backward) with a fake implementation and a registered autograd formula, so it
+traces under torch.compile(fullgraph=True) and runs inside CUDA graph capture. CUDA tensors run on
+the GPU on the current stream, read and written in place (DLPack, no copies); CPU tensors run on
+the CPU path. Gradients are formed in fp32 by ladle's backward and returned in each input's dtype.
+Misuse raises ValueError naming the argument, as the C++ ops do.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+import torch.utils.dlpack as _dlpack
+
+from . import _ladle, dsl, output_shapes
+from ._ladle import Variant
+
+__all__ = [
+    "run_variant",
+    "register_variant",
+    "chunk_gla",
+    "fused_recurrent_gla",
+    "chunk_simple_gla",
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_rwkv6",
+    "chunk_kda",
+]
+
+# Variants reach the custom ops by their hash (a string in the op's schema); the objects stay here.
+_variants: dict[str, Variant] = {}
+
+
+def register_variant(variant: Variant) -> str:
+    if not isinstance(variant, Variant):
+        raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
+    key = variant.hash
+    _variants.setdefault(key, variant)
+    return key
+
+
+def _variant(key: str) -> Variant:
+    try:
+        return _variants[key]
+    except KeyError:
+        raise ValueError(f"variant {key}: not registered in this process (ladle.torch.register_variant)") from None
+
+
+def _where(q: torch.Tensor):
+    """backend, stream handle, whether a stream was given."""
+    if q.is_cuda:
+        return "gpu", torch.cuda.current_stream(q.device).cuda_stream, True
+    return "cpu", 0, False
+
+
+def _names(joined: str) -> list[str]:
+    """The op schemas carry lists of names as one comma-separated string (no list[str] in a schema)."""
+    return joined.split(",") if joined else []
+
+
+def _cap(t: torch.Tensor):
+    return _dlpack.to_dlpack(t)
+
+
+def _opt(t: Optional[torch.Tensor]):
+    return None if t is None else _dlpack.to_dlpack(t)
+
+
+@torch.library.custom_op("ladle::recurrent", mutates_args=())
+def _recurrent(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
+               names: str, scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor],
+               cu_seqlens: Optional[torch.Tensor], reverse: bool, output_final_state: bool,
+               algorithm: str) -> tuple[torch.Tensor, torch.Tensor]:
+    o_shape, state_shape = output_shapes(q, v, cu_seqlens)
+    o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
+    final = torch.empty(state_shape if output_final_state else (0,), dtype=torch.float32, device=q.device)
+    backend, stream, has_stream = _where(q)
+    _ladle.run(_variant(variant), _cap(q), _cap(k), _cap(v), {n: _cap(t) for n, t in zip(_names(names), tensors)},
+               dict(zip(_names(scalar_names), scalars)), _cap(o), _cap(final) if output_final_state else None, _opt(initial_state),
+               _opt(cu_seqlens), reverse, backend, algorithm, stream, has_stream, False)
+    return o, final
+
+
+@_recurrent.register_fake
+def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, output_final_state, algorithm):
+    o_shape, state_shape = output_shapes(q, v, cu_seqlens)
+    return (q.new_empty(o_shape), q.new_empty(state_shape if output_final_state else (0,), dtype=torch.float32))
+
+
+@torch.library.custom_op("ladle::recurrent_backward", mutates_args=())
+def _recurrent_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
+                        names: str, scalars: list[float], scalar_names: str,
+                        initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], reverse: bool,
+                        d_o: torch.Tensor, d_final_state: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    f32 = dict(dtype=torch.float32, device=q.device)
+    dq, dk, dv = torch.empty(q.shape, **f32), torch.empty(k.shape, **f32), torch.empty(v.shape, **f32)
+    d_tensors = [torch.empty(t.shape, **f32) for t in tensors]
+    d_h0 = torch.empty(initial_state.shape if initial_state is not None else (0,), **f32)
+    backend, stream, has_stream = _where(q)
+    _ladle.backward(_variant(variant), _cap(q), _cap(k), _cap(v), {n: _cap(t) for n, t in zip(_names(names), tensors)},
+                    dict(zip(_names(scalar_names), scalars)), _opt(initial_state), _opt(cu_seqlens), reverse, backend, stream,
+                    has_stream, False, _cap(d_o.contiguous()), _opt(d_final_state), _cap(dq), _cap(dk), _cap(dv),
+                    {n: _cap(t) for n, t in zip(_names(names), d_tensors)}, _cap(d_h0) if initial_state is not None else None)
+    return [dq, dk, dv, *d_tensors, d_h0]
+
+
+@_recurrent_backward.register_fake
+def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, d_o, d_final_state):
+    f32 = dict(dtype=torch.float32)
+    return [q.new_empty(q.shape, **f32), k.new_empty(k.shape, **f32), v.new_empty(v.shape, **f32),
+            *[t.new_empty(t.shape, **f32) for t in tensors],
+            q.new_empty(initial_state.shape if initial_state is not None else (0,), **f32)]
+
+
+def _setup_context(ctx, inputs, output):
+    (variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, _, _) = inputs
+    ctx.save_for_backward(q, k, v, initial_state, cu_seqlens, *tensors)
+    ctx.args = (variant, names, scalars, scalar_names, reverse)
+
+
+def _backward(ctx, d_o, d_final):
+    q, k, v, initial_state, cu_seqlens, *tensors = ctx.saved_tensors
+    variant, names, scalars, scalar_names, reverse = ctx.args
+    if d_o is None:
+        d_o = torch.zeros(output_shapes(q, v, cu_seqlens)[0], dtype=q.dtype, device=q.device)
+    if d_final is not None and d_final.numel() == 0:
+        d_final = None
+    grads = _recurrent_backward(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
+                                d_o, d_final)
+    dq, dk, dv, *rest = grads
+    d_tensors, d_h0 = rest[:-1], rest[-1]
+    return (None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), [g.to(t.dtype) for g, t in zip(d_tensors, tensors)], None,
+            None, None, None if initial_state is None else d_h0.to(initial_state.dtype), None, None, None, None)
+
+
+_recurrent.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check_tensor(x, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Optional[Mapping] = None, *,
+                scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
+                cu_seqlens: Optional[torch.Tensor] = None, reverse: bool = False, algorithm: str = "auto"):
+    """Runs a variant (ladle.dsl.lower, ladle.named_variant) with autograd: returns (o, final_state or None).
+
+    inputs: the variant's other inputs by name (tensors, or floats for its scalars). A scalar named
+    "scale" defaults to 1/sqrt(K). Shapes follow fla: q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V] or
+    grouped value heads v [B,T,HV,V]; with cu_seqlens [N+1] the batch is 1."""
+    key = register_variant(variant)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(x, name)
+    tensor_inputs, scalar_inputs = {}, {}
+    declared = {name: kind for name, kind, _ in variant.inputs}
+    for name, value in (inputs or {}).items():
+        if name not in declared:
+            raise ValueError(f"inputs['{name}']: the variant has no input of that name (its inputs: {', '.join(declared)})")
+        if declared[name] == "scalar":
+            if isinstance(value, torch.Tensor):
+                raise ValueError(f"inputs['{name}']: a scalar input takes a float, got a tensor")
+            scalar_inputs[name] = float(value)
+        else:
+            tensor_inputs[name] = _check_tensor(value, f"inputs['{name}']")
+    if declared.get("scale") == "scalar" and "scale" not in scalar_inputs:
+        scalar_inputs["scale"] = float(scale) if scale is not None else float(q.shape[-1]) ** -0.5
+    elif scale is not None and declared.get("scale") != "scalar":
+        raise ValueError("scale: the variant reads no scalar named 'scale'")
+    names = list(tensor_inputs)
+    o, final = _recurrent(key, q, k, v, [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()),
+                          ",".join(scalar_inputs), initial_state, cu_seqlens, reverse, output_final_state, algorithm)
+    return o, (final if output_final_state else None)
+
+
+def _refuse(op: str, kwargs: Mapping, **unsupported):
+    """fla's keyword arguments that ladle does not take: refused by name unless left at their default."""
+    for name, (value, default) in unsupported.items():
+        if value != default:
+            raise ValueError(f"{op}: {name}={value!r} is not supported by ladle (only {default!r})")
+    for name in kwargs:
+        if name not in ("cu_seqlens_cpu", "chunk_indices"):
+            raise ValueError(f"{op}: unexpected keyword argument '{name}'")
+
+
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, state_v_first=False, cu_seqlens=None,
+              **kwargs):
+    """fla.ops.gla.chunk_gla: g [B,T,H,K] the key-side log decay."""
+    _refuse("chunk_gla", kwargs, state_v_first=(state_v_first, False))
+    return run_variant(_ladle.named_variant("gla"), q, k, v, {"g": g}, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, algorithm="chunked")
+
+
+def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=None, output_final_state=False, reverse=False,
+                        state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla.ops.gla.fused_recurrent_gla: gk [B,T,H,K] and gv [B,T,H,V], each optional."""
+    _refuse("fused_recurrent_gla", kwargs, state_v_first=(state_v_first, False))
+    gates = ",".join(name for name, x in (("gk", gk), ("gv", gv)) if x is not None)
+    inputs = {name: x for name, x in (("gk", gk), ("gv", gv)) if x is not None}
+    return run_variant(_ladle.named_variant("recurrent", gates), q, k, v, inputs, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, reverse=reverse, algorithm="recurrent")
+
+
+def _simple_gla_variant(g: bool, g_gamma: bool) -> Variant:
+    state = dsl.scan(dsl.k, dsl.v)
+    if g:
+        state = state.decay_head(dsl.token_head("g"))
+    if g_gamma:
+        state = state.decay_head(dsl.head_param("g_gamma"))
+    return dsl.lower(dsl.read(state, dsl.q, dsl.scalar("scale")), "simple_gla")
+
+
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                     state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla.ops.simple_gla.chunk_simple_gla: g [B,T,H] a per-token head decay, g_gamma [H] a constant one."""
+    _refuse("chunk_simple_gla", kwargs, state_v_first=(state_v_first, False))
+    inputs = {name: x for name, x in (("g", g), ("g_gamma", g_gamma)) if x is not None}
+    return run_variant(_simple_gla_variant(g is not None, g_gamma is not None), q, k, v, inputs, scale=scale,
+                       initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                       algorithm="chunked")
+
+
+def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+                     cu_seqlens=None, **kwargs):
+    """fla.ops.delta_rule.chunk_delta_rule: beta [B,T,H]."""
+    _refuse("chunk_delta_rule", kwargs)
+    return run_variant(_ladle.named_variant("delta_rule", "l2norm" if use_qk_l2norm_in_kernel else ""), q, k, v,
+                       {"beta": beta}, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                       cu_seqlens=cu_seqlens)
+
+
+def _gated_delta_variant(beta_sigmoid: bool, l2: bool) -> Variant:
+    beta = dsl.token_head("beta")
+    state = dsl.scan(dsl.k, dsl.v).decay_head(dsl.token_head("g")).delta(dsl.sigmoid(beta) if beta_sigmoid else beta)
+    r = dsl.read(state, dsl.q, dsl.scalar("scale"))
+    return dsl.lower(r.l2_normalized() if l2 else r, "gated_delta_rule")
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                           state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla.ops.gated_delta_rule.chunk_gated_delta_rule: g [B,T,H] the log decay, beta [B,T,H]."""
+    _refuse("chunk_gated_delta_rule", {k_: v_ for k_, v_ in kwargs.items() if k_ != "cp_context" or v_ is not None},
+            allow_neg_eigval=(allow_neg_eigval, False), state_v_first=(state_v_first, False))
+    return run_variant(_gated_delta_variant(use_beta_sigmoid_in_kernel, use_qk_l2norm_in_kernel), q, k, v,
+                       {"g": g, "beta": beta}, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, **kwargs):
+    """fla.ops.rwkv6.chunk_rwkv6: w [B,T,H,K] the log decay, u [H,K] the bonus."""
+    _refuse("chunk_rwkv6", kwargs)
+    return run_variant(_ladle.named_variant("rwkv6"), r, k, v, {"w": w, "u": u}, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+              use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
+              lower_bound=None, disable_recompute=False, return_intermediate_states=False, state_v_first=False,
+              cu_seqlens=None, A_log=None, dt_bias=None, **kwargs):
+    """fla.ops.kda.chunk_kda: g [B,T,H,K] (the log decay, or with use_gate_in_kernel the raw gate: the decay is
+    -exp(A_log) softplus(g + dt_bias), A_log [H], dt_bias [H*K] or [H,K]), beta [B,T,H]."""
+    _refuse("chunk_kda", {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("cp_context", "use_graph", "max_num_seqs")
+                          or (k_ == "cp_context" and v_ is not None)},
+            allow_neg_eigval=(allow_neg_eigval, False), safe_gate=(safe_gate, False), lower_bound=(lower_bound, None),
+            return_intermediate_states=(return_intermediate_states, False), state_v_first=(state_v_first, False))
+    gates = []
+    inputs = {"g": g, "beta": beta}
+    if use_qk_l2norm_in_kernel:
+        gates.append("l2norm")
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise ValueError("chunk_kda: use_gate_in_kernel computes the decay as -exp(A_log) softplus(g + dt_bias): A_log [H] is required")
+        gates.append("gate")
+        inputs["A_log"] = A_log
+        if dt_bias is not None:
+            gates.append("dt_bias")
+            heads, key_dim = int(g.shape[-2]), int(g.shape[-1])
+            inputs["dt_bias"] = dt_bias.view(heads, key_dim) if dt_bias.dim() == 1 and dt_bias.numel() == heads * key_dim else dt_bias
+    elif A_log is not None or dt_bias is not None:
+        raise ValueError(f"chunk_kda: {'A_log' if A_log is not None else 'dt_bias'} is given but use_gate_in_kernel is off "
+                         "(g is then the log decay itself)")
+    if use_beta_sigmoid_in_kernel:
+        gates.append("sigmoid")
+    return run_variant(_ladle.named_variant("kda", ",".join(gates)), q, k, v, inputs, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens)
