@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The Python entry on the GPU machine (issue 40), in one call: `pip install .` (scikit-build-core and
+# nanobind from .whl/py, no registry there), the pytest suite with torch and the GPU (every test
+# marked torch or gpu runs), then bench/torch_entry.py beside fla (.whl/*.whl). Logs under $OUT.
+# Carry .deps and .whl:  bash bench/python-check.sh [tests|bench|all] [torch_entry.py arguments]
+set -uo pipefail
+what=${1:-all}
+shift || true
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+repo=$PWD
+python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())"
+python3 -m pip install -q --no-index --find-links .whl/py nanobind scikit-build-core pytest > "$out/pip-tools.log" 2>&1 ||
+  { tail -5 "$out/pip-tools.log"; echo "PIP (tools) FAILED"; exit 1; }
+start=$(date +%s)
+if ! python3 -m pip install --no-index --no-build-isolation -q \
+     -C cmake.define.CMAKE_PREFIX_PATH="$repo/.deps/root/usr" -C build-dir=/tmp/ladle-wheel . > "$out/pip-install.log" 2>&1; then
+  tail -30 "$out/pip-install.log"; echo "PIP INSTALL FAILED"; exit 1
+fi
+echo "pip install .: $(( $(date +%s) - start )) s"
+export LADLE_CACHE_DIR=$(mktemp -d)
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  (cd /tmp && timeout 400 python3 -m pytest -q -rs "$repo/python/tests" > "$out/pytest.txt" 2>&1)
+  echo "pytest rc=$? $(tail -1 "$out/pytest.txt")"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$out/pytest.txt" | head -20
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl > /tmp/fla-install.log 2>&1
+  fi
+  (cd /tmp && PYTHONPATH=/tmp/site timeout 400 python3 "$repo/bench/torch_entry.py" "$@" > "$out/torch_entry.jsonl" 2> "$out/torch_entry.err")
+  echo "torch_entry rc=$?"; cat "$out/torch_entry.jsonl"; tail -5 "$out/torch_entry.err"
+fi

@@ -1,0 +1,156 @@
+"""ladle.torch beside fla in one process on the GPU (issue 40), printing one JSON object per line:
+  - the cost of one call from Python at a tiny shape whose kernel is cached (host-bound: wall time
+    per call over 2,000 calls, one synchronisation at the end), ladle and fla;
+  - fla's names at the benchmark shapes, forward and forward + backward, ladle and fla interleaved
+    (triton.testing.do_bench medians, CUDA events);
+  - GLA's gradients against an fp64 oracle, ladle's error beside fla's on the same inputs.
+Run by bench/python-check.sh (fla's wheels on PYTHONPATH)."""
+import argparse
+import json
+import time
+
+import torch
+import triton
+
+import ladle.torch as lt
+
+try:
+    from fla.ops.delta_rule import chunk_delta_rule as fla_chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
+    from fla.ops.gla import chunk_gla as fla_chunk_gla
+    from fla.ops.kda import chunk_kda as fla_chunk_kda
+    from fla.ops.rwkv6 import chunk_rwkv6 as fla_chunk_rwkv6
+    from fla.ops.simple_gla import chunk_simple_gla as fla_chunk_simple_gla
+    HAVE_FLA = True
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"note": f"fla not importable: {e}"}))
+    HAVE_FLA = False
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def per_call_us(fn, n=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def inputs(B, T, H, K, V, seed=0, grad=False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    bf = torch.bfloat16
+    x = {
+        "q": r(B, T, H, K).to(bf), "k": torch.nn.functional.normalize(r(B, T, H, K), dim=-1).to(bf), "v": r(B, T, H, V).to(bf),
+        "gk": (torch.nn.functional.logsigmoid(r(B, T, H, K)) / 16).to(bf),
+        "gh": -torch.rand(B, T, H, device="cuda", generator=g) * 0.1,
+        "beta": torch.rand(B, T, H, device="cuda", generator=g).to(bf),
+        "u": r(H, K).to(bf),
+    }
+    if grad:
+        for name in ("q", "k", "v", "gk", "gh"):
+            x[name].requires_grad_(True)
+    return x
+
+
+def ops(x):
+    """name -> (ladle call, fla call, has a GPU backward in ladle)."""
+    q, k, v, gk, gh, beta, u = (x[n] for n in ("q", "k", "v", "gk", "gh", "beta", "u"))
+    table = {
+        "chunk_gla": (lambda: lt.chunk_gla(q, k, v, gk)[0], lambda: fla_chunk_gla(q, k, v, gk)[0], True),
+        "chunk_simple_gla": (lambda: lt.chunk_simple_gla(q, k, v, g=gh)[0], lambda: fla_chunk_simple_gla(q, k, v, g=gh)[0], True),
+        "chunk_delta_rule": (lambda: lt.chunk_delta_rule(q, k, v, beta)[0], lambda: fla_chunk_delta_rule(q, k, v, beta)[0], False),
+        "chunk_gated_delta_rule": (lambda: lt.chunk_gated_delta_rule(q, k, v, gh, beta)[0],
+                                   lambda: fla_chunk_gated_delta_rule(q, k, v, gh, beta)[0], False),
+        "chunk_rwkv6": (lambda: lt.chunk_rwkv6(q, k, v, gk, u)[0], lambda: fla_chunk_rwkv6(q, k, v, gk, u)[0], False),
+        "chunk_kda": (lambda: lt.chunk_kda(q, k, v, gk, beta)[0], lambda: fla_chunk_kda(q, k, v, gk, beta)[0], False),
+    }
+    return table
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="8x4096x16x128x128,2x16384x16x128x128")
+    p.add_argument("--ops", default="chunk_gla,chunk_simple_gla,chunk_delta_rule,chunk_gated_delta_rule,chunk_rwkv6,chunk_kda")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: overhead,speed,grad")
+    args = p.parse_args()
+    skip = set(args.skip.split(","))
+
+    if "overhead" not in skip:
+        x = inputs(1, 64, 1, 64, 64)
+        table = ops(x)
+        for name in ("chunk_gla", "chunk_gated_delta_rule"):
+            ours, theirs, _ = table[name]
+            row = {"part": "overhead", "op": name, "shape": "B1 T64 H1 K64 V64 bf16", "ladle_us": per_call_us(ours)}
+            if HAVE_FLA:
+                row["fla_us"] = per_call_us(theirs)
+                row["ladle_us_again"] = per_call_us(ours)
+            emit(**row)
+
+    if "speed" not in skip:
+        for shape in args.shapes.split(","):
+            B, T, H, K, V = (int(s) for s in shape.split("x"))
+            label = f"B{B} T{T} H{H} K{K} V{V} bf16"
+            for name in args.ops.split(","):
+                x = inputs(B, T, H, K, V, grad=True)
+                ours, theirs, has_backward = ops(x)[name]
+                row = {"part": "speed", "op": name, "shape": label, "ladle_fwd_ms": bench(ours)}
+                if HAVE_FLA:
+                    row["fla_fwd_ms"] = bench(theirs)
+                    row["ladle_fwd_ms_again"] = bench(ours)
+                leaves = [x[n] for n in ("q", "k", "v", "gk" if "gla" in name and "simple" not in name else "gh")]
+                do = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+
+                def fwd_bwd(f):
+                    return lambda: torch.autograd.grad(f(), leaves, do, allow_unused=True)
+
+                if has_backward:
+                    row["ladle_fwd_bwd_ms"] = bench(fwd_bwd(ours))
+                if HAVE_FLA and name in ("chunk_gla", "chunk_simple_gla", "chunk_gated_delta_rule", "chunk_delta_rule"):
+                    row["fla_fwd_bwd_ms"] = bench(fwd_bwd(theirs))
+                    if has_backward:
+                        row["ladle_fwd_bwd_ms_again"] = bench(fwd_bwd(ours))
+                emit(**row)
+                del x
+                torch.cuda.empty_cache()
+
+    if "grad" not in skip:
+        # GLA's gradients at T 1000 against fp64 (issue 36's distribution), ladle beside fla.
+        B, T, H, K, V = 1, 1000, 2, 128, 128
+        x = inputs(B, T, H, K, V, seed=3)
+        base = [x["q"], x["k"], x["v"], x["gk"]]
+        do = torch.randn(B, T, H, V, device="cuda")
+
+        def grads(f, dtype, device):
+            leaves = [t.detach().to(device, dtype).requires_grad_(True) for t in base]
+            return torch.autograd.grad(f(*leaves), leaves, do.to(device, dtype))
+
+        def oracle(q, k, v, g):
+            S = torch.zeros(B, H, K, V, dtype=q.dtype, device=q.device)
+            outs = []
+            for t in range(T):
+                S = S * g[:, t].exp()[..., None] + k[:, t][..., None] * v[:, t][..., None, :]
+                outs.append(K ** -0.5 * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+            return torch.stack(outs, 1)
+
+        ref = grads(oracle, torch.float64, "cuda")
+        rows = {"ladle": grads(lambda q, k, v, g: lt.chunk_gla(q, k, v, g)[0], torch.bfloat16, "cuda")}
+        if HAVE_FLA:
+            rows["fla"] = grads(lambda q, k, v, g: fla_chunk_gla(q, k, v, g)[0], torch.bfloat16, "cuda")
+        for impl, got in rows.items():
+            emit(part="grad", op="chunk_gla", impl=impl, shape=f"B{B} T{T} H{H} K{K} V{V} bf16",
+                 **{f"d{n}": ((a.double() - b).norm() / b.norm()).item() for n, a, b in zip("qkvg", got, ref)})
+
+
+if __name__ == "__main__":
+    main()

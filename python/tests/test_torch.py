@@ -1,0 +1,295 @@
+"""ladle.torch: fla's names and DSL variants as torch custom ops, against an fp64 oracle written in
+torch (autograd gives its gradients), on fresh random inputs. Marked `torch`; the CUDA ones also
+`gpu` (they run on the GPU machine: bench/python-check.sh). Without torch, or without a GPU, pytest
+reports each skipped test with its reason (the README's test command passes -rs)."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed here: the torch tests run on the GPU machine")
+
+import ladle  # noqa: E402
+import ladle.torch as lt  # noqa: E402
+from ladle import dsl  # noqa: E402
+
+pytestmark = pytest.mark.torch
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: runs on the GPU machine")
+
+
+def oracle(q, k, v, scale, gk=None, gv=None, gh=None, beta=None, u=None, h0=None, l2=False):
+    """The recurrence one token at a time in fp64 (differentiable): see tests/reference.py."""
+    q, k, v = q.double(), k.double(), v.double()
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if l2:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    S = torch.zeros(B, H, K, V, dtype=torch.float64, device=q.device) if h0 is None else h0.double()
+    outs = []
+    for t in range(T):
+        D = torch.ones(B, H, K, V, dtype=torch.float64, device=q.device)
+        if gk is not None:
+            D = D * gk[:, t].double().exp()[..., None]
+        if gv is not None:
+            D = D * gv[:, t].double().exp()[..., None, :]
+        if gh is not None:
+            D = D * gh[:, t].double().exp()[..., None, None]
+        kt, vt, qt = k[:, t], v[:, t], q[:, t]
+        if u is not None:
+            bonus = (u.double()[None] * kt * qt).sum(-1, keepdim=True)
+            outs.append(scale * (torch.einsum("bhk,bhkv->bhv", qt, S) + bonus * vt))
+            S = D * S + kt[..., None] * vt[..., None, :]
+            continue
+        S = D * S
+        if beta is not None:
+            b = beta[:, t].double()[..., None]
+            S = S + (b * kt)[..., None] * (vt - torch.einsum("bhk,bhkv->bhv", kt, S))[..., None, :]
+        else:
+            S = S + kt[..., None] * vt[..., None, :]
+        outs.append(scale * torch.einsum("bhk,bhkv->bhv", qt, S))
+    return torch.stack(outs, 1), S
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def leaf(x):
+    return x.detach().clone().requires_grad_(True)
+
+
+def grads_of(outputs, inputs, d_outputs):
+    return torch.autograd.grad(outputs, inputs, d_outputs, allow_unused=True)
+
+
+def check(fn, ref, args, tol_o, tol_g, names, backward=True):
+    """fn and ref on the same leaves; o, the final state and every gradient compared."""
+    ours = [leaf(a) for a in args]
+    theirs = [leaf(a.detach().double().cpu()) for a in args]
+    o, s = fn(*ours)
+    ro, rs = ref(*theirs)
+    assert rel(o.cpu(), ro) < tol_o, f"o: {rel(o.cpu(), ro)}"
+    assert rel(s.cpu(), rs) < tol_o, f"final state: {rel(s.cpu(), rs)}"
+    if not backward:
+        return
+    do = torch.randn_like(ro)
+    ds = torch.randn_like(rs)
+    g_ours = grads_of((o, s), ours, (do.to(o.device, o.dtype), ds.to(s.device, s.dtype)))
+    g_ref = grads_of((ro, rs), theirs, (do, ds))
+    for name, a, b in zip(names, g_ours, g_ref):
+        assert a is not None and a.dtype == ours[names.index(name)].dtype, name
+        assert rel(a.cpu(), b) < tol_g, f"d{name}: {rel(a.cpu(), b)}"
+
+
+def shapes(device, dtype, B=2, T=70, H=2, K=32, V=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(device, dtype)  # noqa: E731
+    return r, (B, T, H, K, V)
+
+
+# --- the CPU path (fp32) ---------------------------------------------------------------------------
+
+
+def test_chunk_gla_forward_and_gradients_on_the_cpu():
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32)
+    q, k, v, h0 = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), r(B, H, K, V)
+    g = torch.nn.functional.logsigmoid(r(B, T, H, K)) / 8
+    check(lambda q, k, v, g, h0: lt.chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True),
+          lambda q, k, v, g, h0: oracle(q, k, v, K ** -0.5, gk=g, h0=h0),
+          (q, k, v, g, h0), 1e-5, 1e-4, ["q", "k", "v", "g", "initial_state"])
+
+
+def test_dsl_variant_with_a_user_gate_on_the_cpu():
+    x, tau = dsl.token_key("x"), dsl.head_param("tau")
+    variant = dsl.lower(dsl.read(dsl.scan(dsl.k, dsl.v).decay_k(dsl.logsigmoid(x) / tau), dsl.q, dsl.scalar("scale")), "gate")
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32, seed=1)
+    args = (r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), r(B, T, H, K), torch.rand(H) * 8 + 2)
+
+    def ours(q, k, v, x_, tau_):
+        o, s = lt.run_variant(variant, q, k, v, {"x": x_, "tau": tau_}, scale=0.25, output_final_state=True)
+        return o, s
+
+    def ref(q, k, v, x_, tau_):
+        return oracle(q, k, v, 0.25, gk=torch.nn.functional.logsigmoid(x_) / tau_[None, None, :, None])
+
+    check(ours, ref, args, 1e-5, 1e-4, ["q", "k", "v", "x", "tau"])
+
+
+def test_update_forms_on_the_cpu():
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=40, seed=2)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+    g = -torch.rand(B, T, H) * 0.5
+    beta = torch.rand(B, T, H)
+    check(lambda q, k, v, g, b: lt.chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True, output_final_state=True),
+          lambda q, k, v, g, b: oracle(q, k, v, K ** -0.5, gh=g, beta=b, l2=True), (q, k, v, g, beta), 1e-5, 1e-4,
+          ["q", "k", "v", "g", "beta"])
+    w, u = -torch.rand(B, T, H, K), r(H, K)
+    check(lambda q, k, v, w, u: lt.chunk_rwkv6(q, k, v, w, u, output_final_state=True),
+          lambda q, k, v, w, u: oracle(q, k, v, K ** -0.5, gk=w, u=u), (q, k, v, w, u), 1e-5, 1e-4, ["r", "k", "v", "w", "u"])
+
+
+def test_custom_op_registration_passes_opcheck():
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=20, seed=3)
+    key = lt.register_variant(ladle.named_variant("gla"))
+    q, k, v, g = r(B, T, H, K).requires_grad_(), r(B, T, H, K).requires_grad_(), r(B, T, H, V).requires_grad_(), \
+        (-torch.rand(B, T, H, K)).requires_grad_()
+    torch.library.opcheck(torch.ops.ladle.recurrent.default, (key, q, k, v, [g], "g", [K ** -0.5], "scale", None, None, False,
+                                                               True, "auto"))
+
+
+def test_torch_errors_name_the_argument():
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=8, seed=4)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+    with pytest.raises(ValueError, match="state_v_first"):
+        lt.chunk_gla(q, k, v, -torch.rand(B, T, H, K), state_v_first=True)
+    with pytest.raises(ValueError, match="unexpected keyword argument 'head_first'"):
+        lt.chunk_gla(q, k, v, -torch.rand(B, T, H, K), head_first=True)
+    with pytest.raises(ValueError, match=r"g has shape \[2,8,2,31\]"):
+        lt.chunk_gla(q, k, v, -torch.rand(B, T, H, K - 1))
+    with pytest.raises(ValueError, match="A_log"):
+        lt.chunk_kda(q, k, v, r(B, T, H, K), torch.rand(B, T, H), use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match="inputs\\['y'\\]"):
+        lt.run_variant(ladle.named_variant("gla"), q, k, v, {"g": q, "y": q})
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
+        lt.run_variant(ladle.named_variant("gla"), [1.0], k, v, {"g": q})
+
+
+# --- the GPU (bf16) --------------------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.gpu
+def test_ops_on_the_gpu_against_fp64():
+    dev = "cuda"
+    r, (B, T, H, K, V) = shapes(dev, torch.bfloat16, B=2, T=200, H=4, K=64, V=64, seed=5)
+    q, k, v, h0 = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), r(B, H, K, V).float()
+    kn = torch.nn.functional.normalize(k.float(), dim=-1).bfloat16()
+    gk = (torch.nn.functional.logsigmoid(r(B, T, H, K).float()) / 16)
+    gh = -torch.rand(B, T, H, device=dev) * 0.2
+    beta = torch.rand(B, T, H, device=dev).bfloat16()
+    # Forward and backward: the diagonal forms.
+    check(lambda q, k, v, g, h0: lt.chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True),
+          lambda q, k, v, g, h0: oracle(q, k, v, K ** -0.5, gk=g, h0=h0), (q, k, v, gk.bfloat16(), h0), 1e-2, 2e-2,
+          ["q", "k", "v", "g", "initial_state"])
+    check(lambda q, k, v, g: lt.chunk_simple_gla(q, k, v, g=g, output_final_state=True),
+          lambda q, k, v, g: oracle(q, k, v, K ** -0.5, gh=g), (q, k, v, gh), 1e-2, 2e-2, ["q", "k", "v", "g"])
+    check(lambda q, k, v, g: lt.fused_recurrent_gla(q, k, v, gk=g, output_final_state=True),
+          lambda q, k, v, g: oracle(q, k, v, K ** -0.5, gk=g), (q, k, v, gk.bfloat16()), 1e-2, 2e-2, ["q", "k", "v", "gk"])
+    # The update forms: forward on the tensor cores; their GPU backward is refused by name (not built yet).
+    check(lambda q, k, v, b: lt.chunk_delta_rule(q, k, v, b, output_final_state=True),
+          lambda q, k, v, b: oracle(q, k, v, K ** -0.5, beta=b), (q, kn, v, beta), 1e-2, None, [], backward=False)
+    check(lambda q, k, v, g, b: lt.chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True, output_final_state=True),
+          lambda q, k, v, g, b: oracle(q, k, v, K ** -0.5, gh=g, beta=b, l2=True), (q, k, v, gh, beta), 1e-2, None, [],
+          backward=False)
+    check(lambda q, k, v, w, u: lt.chunk_rwkv6(q, k, v, w, u, output_final_state=True),
+          lambda q, k, v, w, u: oracle(q, k, v, K ** -0.5, gk=w, u=u), (q, k, v, gk.bfloat16(), r(H, K).float()), 1e-2, None, [],
+          backward=False)
+    check(lambda q, k, v, g, b: lt.chunk_kda(q, k, v, g, b, use_qk_l2norm_in_kernel=True, output_final_state=True),
+          lambda q, k, v, g, b: oracle(q, k, v, K ** -0.5, gk=g, beta=b, l2=True), (q, k, v, gk.bfloat16(), beta), 1e-2, None, [],
+          backward=False)
+    qq = leaf(q)
+    o, _ = lt.chunk_gated_delta_rule(qq, k, v, gh, beta)
+    with pytest.raises(ValueError, match="GPU backward of the gated delta rule is not built yet"):
+        o.sum().backward()
+
+
+@gpu
+@pytest.mark.gpu
+def test_packed_sequences_and_grouped_value_heads_on_the_gpu():
+    dev = "cuda"
+    r, (B, T, H, K, V) = shapes(dev, torch.bfloat16, B=1, T=300, H=2, K=64, V=64, seed=6)
+    lengths = [100, 0, 135, 65]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    q, k, v = r(1, T, H, K), r(1, T, H, K), r(1, T, 2 * H, V)  # grouped value heads: HV = 2 H
+    g = (torch.nn.functional.logsigmoid(r(1, T, 2 * H, K).float()) / 16).bfloat16()
+    o, s = lt.chunk_gla(q, k, v, g, cu_seqlens=cu, output_final_state=True)
+    assert o.shape == (1, T, 2 * H, V) and s.shape == (4, 2 * H, K, V)
+    qr, kr = q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2)
+    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        if a == b:
+            assert s[n].abs().max().item() == 0
+            continue
+        ro, rs = oracle(qr[:, a:b].cpu(), kr[:, a:b].cpu(), v[:, a:b].cpu(), K ** -0.5, gk=g[:, a:b].cpu())
+        assert rel(o[:, a:b].cpu(), ro) < 1e-2 and rel(s[n:n + 1].cpu(), rs) < 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_matches_eager():
+    torch.manual_seed(7)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, d=128, heads=2, k=64):
+            super().__init__()
+            self.heads, self.k = heads, k
+            self.qkvg = torch.nn.Linear(d, 4 * heads * k, bias=False)
+            self.out = torch.nn.Linear(heads * k, d, bias=False)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v, g = self.qkvg(x).view(B, T, 4, self.heads, self.k).unbind(2)
+            o, _ = lt.chunk_gla(q.contiguous(), k.contiguous(), v.contiguous(),
+                                (torch.nn.functional.logsigmoid(g) / 16).contiguous())
+            return self.out(o.reshape(B, T, -1))
+
+    layer = Layer().cuda().bfloat16()
+    x = torch.randn(2, 256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    eager = layer(x)
+    eager.float().square().mean().backward()
+    g_eager = x.grad.clone()
+    x.grad = None
+    compiled = torch.compile(layer, fullgraph=True)
+    out = compiled(x)
+    out.float().square().mean().backward()
+    assert rel(out.float(), eager.float()) < 1e-2
+    assert rel(x.grad.float(), g_eager.float()) < 2e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay():
+    r, (B, T, H, K, V) = shapes("cuda", torch.bfloat16, B=2, T=256, H=4, K=64, V=64, seed=8)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+    g = (torch.nn.functional.logsigmoid(r(B, T, H, K).float()) / 16).bfloat16()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        lt.chunk_gla(q, k, v, g)  # compiles and plans outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, _ = lt.chunk_gla(q, k, v, g)
+    for seed in (9, 10):
+        r2, _ = shapes("cuda", torch.bfloat16, B=B, T=T, H=H, K=K, V=V, seed=seed)
+        q.copy_(r2(B, T, H, K)), k.copy_(r2(B, T, H, K)), v.copy_(r2(B, T, H, V))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected, _ = lt.chunk_gla(q, k, v, g)
+        assert torch.equal(o, expected)
+        ro, _ = oracle(q.cpu(), k.cpu(), v.cpu(), K ** -0.5, gk=g.cpu())
+        assert rel(o.cpu(), ro) < 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_gla_layer_trains():
+    torch.manual_seed(11)
+    d, heads, kd = 64, 2, 32
+    proj = torch.nn.Linear(d, 4 * heads * kd).cuda()
+    head = torch.nn.Linear(heads * kd, d).cuda()
+    opt = torch.optim.Adam([*proj.parameters(), *head.parameters()], lr=3e-3)
+    x = torch.randn(4, 128, d, device="cuda")
+    target = torch.roll(x, 1, dims=1)  # the previous token: a recurrence can learn it
+    losses = []
+    for _ in range(60):
+        q, k, v, g = proj(x).view(4, 128, 4, heads, kd).unbind(2)
+        o, _ = lt.chunk_gla(q.bfloat16().contiguous(), k.bfloat16().contiguous(), v.bfloat16().contiguous(),
+                            (torch.nn.functional.logsigmoid(g) / 8).bfloat16().contiguous())
+        loss = torch.nn.functional.mse_loss(head(o.float().reshape(4, 128, -1)), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v_) for v_ in losses)
+    assert losses[-1] < 0.7 * losses[0], losses[::10]
