@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from . import _ladle, dsl
-from ._ladle import Variant, driver_available, named_variant
+from . import _ladle
+from ._ladle import driver_available
+from ._variant import Variant, named_variant
+from . import dsl  # noqa: E402 (after Variant: dsl.lower makes one)
 
 __version__ = _ladle.version
 __all__ = ["Variant", "dsl", "named_variant", "run_variant", "run_variant_backward", "generated_kernels", "driver_available",
@@ -68,7 +70,7 @@ def _prepare(variant, q_, inputs, scale, **arrays):
     if not isinstance(variant, Variant):
         raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
     tensors, scalars = _split_inputs(inputs)
-    if any(name == "scale" for name, kind, _ in variant.inputs if kind == "scalar") and "scale" not in scalars:
+    if variant.kinds.get("scale") == "scalar" and "scale" not in scalars:
         scalars["scale"] = float(scale) if scale is not None else float(q_.shape[-1]) ** -0.5
     return tensors, scalars
 
@@ -87,7 +89,7 @@ def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, 
     o_shape, state_shape = output_shapes(q, v, cu_seqlens)
     o = np.empty(o_shape, dtype=q.dtype)
     final = np.empty(state_shape, dtype=np.float32) if output_final_state else None
-    _ladle.run(variant, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
+    _ladle.run(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
                {name: capsule(t, name) for name, t in tensors.items()}, scalars, capsule(o, "o"),
                None if final is None else capsule(final, "final_state"),
                None if initial_state is None else capsule(initial_state, "initial_state"),
@@ -107,7 +109,7 @@ def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d
     grads = {"q": np.empty(q.shape, np.float32), "k": np.empty(k.shape, np.float32), "v": np.empty(v.shape, np.float32)}
     d_tensors = {name: np.empty(t.shape, np.float32) for name, t in tensors.items()}
     d_h0 = None if initial_state is None else np.empty(initial_state.shape, np.float32)
-    _ladle.backward(variant, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
+    _ladle.backward(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
                     {name: capsule(t, name) for name, t in tensors.items()}, scalars,
                     None if initial_state is None else capsule(initial_state, "initial_state"),
                     None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, 0, False, True,
@@ -125,4 +127,6 @@ def generated_kernels(variant: Variant, *, batch: int = 8, tokens: int = 1024, h
                       value_dim: int = 128, dtype: str = "bf16", arch: str = "sm_90a", algorithm: str = "auto"):
     """The kernels a call of this shape launches on `arch`, as the launcher plans them (no GPU
     needed): a list of {"name", "source", "role", "tile"}."""
-    return _ladle.generated_kernels(variant, batch, tokens, heads, key_dim, value_dim, dtype, arch, algorithm)
+    if not isinstance(variant, Variant):
+        raise TypeError(f"variant: expected a ladle.Variant, got {type(variant).__name__}")
+    return _ladle.generated_kernels(variant.native, batch, tokens, heads, key_dim, value_dim, dtype, arch, algorithm)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from . import _ladle
+from ._variant import Variant
 
 NONE, KEY, VALUE = "none", "key", "value"
 
@@ -299,7 +300,7 @@ def read_before(state: Scan, query, scale=None) -> Read:
     return _read(state, query, scale, True)
 
 
-def lower(r: Read, name: str = "") -> "_ladle.Variant":
+def lower(r: Read, name: str = "") -> Variant:
     """The variant of a read: what ladle.run_variant and the torch entry run."""
     if not isinstance(r, Read):
         raise TypeError(f"lower(read): expected a read(...) of a scan, got {type(r).__name__}")
@@ -308,5 +309,5 @@ def lower(r: Read, name: str = "") -> "_ladle.Variant":
                     ("scale", r.scale), ("write_strength", r.state.beta), ("bonus", r.bonus_weight)):
         if e is not None:
             slots[slot] = e.node
-    return _ladle.make_variant(name, slots, delta=r.state.beta is not None, read_before=r.before, l2=r.l2,
-                               normalize=r.normalize, eps=r.eps)
+    return Variant(_ladle.make_variant(name, slots, delta=r.state.beta is not None, read_before=r.before, l2=r.l2,
+                               normalize=r.normalize, eps=r.eps))

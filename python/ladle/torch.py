@@ -20,7 +20,7 @@ import torch
 import torch.utils.dlpack as _dlpack
 
 from . import _ladle, dsl, output_shapes
-from ._ladle import Variant
+from ._variant import Variant, named_variant
 
 __all__ = [
     "run_variant",
@@ -34,23 +34,15 @@ __all__ = [
     "chunk_kda",
 ]
 
-# Variants reach the custom ops by their hash (a string in the op's schema); the objects stay here.
-_variants: dict[str, Variant] = {}
-
-
 def register_variant(variant: Variant) -> str:
+    """The string the custom ops name a variant by (its hash); every Variant is known by it already."""
     if not isinstance(variant, Variant):
         raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
-    key = variant.hash
-    _variants.setdefault(key, variant)
-    return key
+    return variant.hash
 
 
-def _variant(key: str) -> Variant:
-    try:
-        return _variants[key]
-    except KeyError:
-        raise ValueError(f"variant {key}: not registered in this process (ladle.torch.register_variant)") from None
+def _variant(key: str):
+    return Variant.by_hash(key).native
 
 
 def _where(q: torch.Tensor):
@@ -157,11 +149,13 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     inputs: the variant's other inputs by name (tensors, or floats for its scalars). A scalar named
     "scale" defaults to 1/sqrt(K). Shapes follow fla: q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V] or
     grouped value heads v [B,T,HV,V]; with cu_seqlens [N+1] the batch is 1."""
-    key = register_variant(variant)
+    if not isinstance(variant, Variant):
+        raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
+    key = variant.hash
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(x, name)
     tensor_inputs, scalar_inputs = {}, {}
-    declared = {name: kind for name, kind, _ in variant.inputs}
+    declared = variant.kinds
     for name, value in (inputs or {}).items():
         if name not in declared:
             raise ValueError(f"inputs['{name}']: the variant has no input of that name (its inputs: {', '.join(declared)})")
@@ -181,6 +175,17 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return o, (final if output_final_state else None)
 
 
+# Every variant the fla-named functions run, made at import: under torch.compile the functions only
+# read them (a call into the extension while tracing would break the graph).
+_GLA = named_variant("gla")
+_RECURRENT = {gates: named_variant("recurrent", gates) for gates in ("", "gk", "gv", "gk,gv")}
+_DELTA = {l2: named_variant("delta_rule", "l2norm" if l2 else "") for l2 in (False, True)}
+_RWKV6 = named_variant("rwkv6")
+_KDA = {gates: named_variant("kda", gates) for gates in
+        (",".join(g for g, on in (("l2norm", l2), ("gate", gate), ("dt_bias", dt), ("sigmoid", sig)) if on)
+         for l2 in (False, True) for gate in (False, True) for dt in (False, True) for sig in (False, True) if gate or not dt)}
+
+
 def _refuse(op: str, kwargs: Mapping, **unsupported):
     """fla's keyword arguments that ladle does not take: refused by name unless left at their default."""
     for name, (value, default) in unsupported.items():
@@ -195,7 +200,7 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
               **kwargs):
     """fla.ops.gla.chunk_gla: g [B,T,H,K] the key-side log decay."""
     _refuse("chunk_gla", kwargs, state_v_first=(state_v_first, False))
-    return run_variant(_ladle.named_variant("gla"), q, k, v, {"g": g}, scale=scale, initial_state=initial_state,
+    return run_variant(_GLA, q, k, v, {"g": g}, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens, algorithm="chunked")
 
 
@@ -205,7 +210,7 @@ def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=Non
     _refuse("fused_recurrent_gla", kwargs, state_v_first=(state_v_first, False))
     gates = ",".join(name for name, x in (("gk", gk), ("gv", gv)) if x is not None)
     inputs = {name: x for name, x in (("gk", gk), ("gv", gv)) if x is not None}
-    return run_variant(_ladle.named_variant("recurrent", gates), q, k, v, inputs, scale=scale, initial_state=initial_state,
+    return run_variant(_RECURRENT[gates], q, k, v, inputs, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens, reverse=reverse, algorithm="recurrent")
 
 
@@ -218,12 +223,15 @@ def _simple_gla_variant(g: bool, g_gamma: bool) -> Variant:
     return dsl.lower(dsl.read(state, dsl.q, dsl.scalar("scale")), "simple_gla")
 
 
+_SIMPLE_GLA = {(g, gg): _simple_gla_variant(g, gg) for g in (False, True) for gg in (False, True)}
+
+
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
                      state_v_first=False, cu_seqlens=None, **kwargs):
     """fla.ops.simple_gla.chunk_simple_gla: g [B,T,H] a per-token head decay, g_gamma [H] a constant one."""
     _refuse("chunk_simple_gla", kwargs, state_v_first=(state_v_first, False))
     inputs = {name: x for name, x in (("g", g), ("g_gamma", g_gamma)) if x is not None}
-    return run_variant(_simple_gla_variant(g is not None, g_gamma is not None), q, k, v, inputs, scale=scale,
+    return run_variant(_SIMPLE_GLA[(g is not None, g_gamma is not None)], q, k, v, inputs, scale=scale,
                        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                        algorithm="chunked")
 
@@ -232,7 +240,7 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
                      cu_seqlens=None, **kwargs):
     """fla.ops.delta_rule.chunk_delta_rule: beta [B,T,H]."""
     _refuse("chunk_delta_rule", kwargs)
-    return run_variant(_ladle.named_variant("delta_rule", "l2norm" if use_qk_l2norm_in_kernel else ""), q, k, v,
+    return run_variant(_DELTA[bool(use_qk_l2norm_in_kernel)], q, k, v,
                        {"beta": beta}, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                        cu_seqlens=cu_seqlens)
 
@@ -244,13 +252,16 @@ def _gated_delta_variant(beta_sigmoid: bool, l2: bool) -> Variant:
     return dsl.lower(r.l2_normalized() if l2 else r, "gated_delta_rule")
 
 
+_GATED_DELTA = {(sig, l2): _gated_delta_variant(sig, l2) for sig in (False, True) for l2 in (False, True)}
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                            state_v_first=False, cu_seqlens=None, **kwargs):
     """fla.ops.gated_delta_rule.chunk_gated_delta_rule: g [B,T,H] the log decay, beta [B,T,H]."""
     _refuse("chunk_gated_delta_rule", {k_: v_ for k_, v_ in kwargs.items() if k_ != "cp_context" or v_ is not None},
             allow_neg_eigval=(allow_neg_eigval, False), state_v_first=(state_v_first, False))
-    return run_variant(_gated_delta_variant(use_beta_sigmoid_in_kernel, use_qk_l2norm_in_kernel), q, k, v,
+    return run_variant(_GATED_DELTA[(bool(use_beta_sigmoid_in_kernel), bool(use_qk_l2norm_in_kernel))], q, k, v,
                        {"g": g, "beta": beta}, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
@@ -258,7 +269,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, **kwargs):
     """fla.ops.rwkv6.chunk_rwkv6: w [B,T,H,K] the log decay, u [H,K] the bonus."""
     _refuse("chunk_rwkv6", kwargs)
-    return run_variant(_ladle.named_variant("rwkv6"), r, k, v, {"w": w, "u": u}, scale=scale, initial_state=initial_state,
+    return run_variant(_RWKV6, r, k, v, {"w": w, "u": u}, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
@@ -290,5 +301,5 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                          "(g is then the log decay itself)")
     if use_beta_sigmoid_in_kernel:
         gates.append("sigmoid")
-    return run_variant(_ladle.named_variant("kda", ",".join(gates)), q, k, v, inputs, scale=scale, initial_state=initial_state,
+    return run_variant(_KDA[",".join(gates)], q, k, v, inputs, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens)

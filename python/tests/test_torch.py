@@ -138,6 +138,28 @@ def test_custom_op_registration_passes_opcheck():
                                                                True, "auto"))
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fla_names_trace_without_a_graph_break(backend):
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=24, seed=12)
+    x = dsl.token_key("x")
+    gate = dsl.lower(dsl.read(dsl.scan(dsl.k, dsl.v).decay_k(dsl.logsigmoid(x) / 8), dsl.q, dsl.scalar("scale")), "g8")
+
+    def f(q, k, v, g, beta):
+        a, _ = lt.chunk_gla(q, k, v, g)
+        b, s = lt.chunk_gated_delta_rule(q, k, v, g.mean(-1), beta, use_qk_l2norm_in_kernel=True, output_final_state=True)
+        c, _ = lt.run_variant(gate, q, k, v, {"x": g})
+        return a + b + c, s
+
+    args = [r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), -torch.rand(B, T, H, K), torch.rand(B, T, H)]
+    eager = f(*args)
+    compiled = torch.compile(f, backend=backend, fullgraph=True)(*args)
+    assert torch.allclose(eager[0], compiled[0]) and torch.allclose(eager[1], compiled[1])
+    leaves = [leaf(a) for a in args]
+    o, _ = torch.compile(f, backend=backend, fullgraph=True)(*leaves)
+    o.sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+
+
 def test_torch_errors_name_the_argument():
     r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=8, seed=4)
     q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
