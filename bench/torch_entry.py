@@ -1,6 +1,6 @@
 """ladle.torch beside fla in one process on the GPU (issue 40), printing one JSON object per line:
-  - the cost of one call from Python at a tiny shape whose kernel is cached (host-bound: wall time
-    per call over 2,000 calls, one synchronisation at the end), ladle and fla;
+  - the cost of one call from Python at a tiny shape whose kernel is cached (host and wall time per
+    call over 300 calls queued back to back, one synchronisation at the end), ladle and fla;
   - fla's names at the benchmark shapes, forward and forward + backward, ladle and fla interleaved
     (triton.testing.do_bench medians, CUDA events);
   - GLA's gradients against an fp64 oracle, ladle's error beside fla's on the same inputs.
@@ -35,15 +35,18 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def per_call_us(fn, n=2000):
+def per_call_us(fn, n=300):
+    """Host microseconds a call (the time to return from n calls queued back to back, under the
+    driver's queue depth) and wall microseconds (until the GPU has finished them)."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
         fn()
+    host = time.perf_counter()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    return round((host - t) / n * 1e6, 1), round((time.perf_counter() - t) / n * 1e6, 1)
 
 
 def inputs(B, T, H, K, V, seed=0, grad=False):
@@ -91,10 +94,10 @@ def main():
         table = ops(x)
         for name in ("chunk_gla", "chunk_gated_delta_rule"):
             ours, theirs, _ = table[name]
-            row = {"part": "overhead", "op": name, "shape": "B1 T64 H1 K64 V64 bf16", "ladle_us": per_call_us(ours)}
+            row = {"part": "overhead", "op": name, "shape": "B1 T64 H1 K64 V64 bf16", "ladle_host_wall_us": per_call_us(ours)}
             if HAVE_FLA:
-                row["fla_us"] = per_call_us(theirs)
-                row["ladle_us_again"] = per_call_us(ours)
+                row["fla_host_wall_us"] = per_call_us(theirs)
+                row["ladle_host_wall_us_again"] = per_call_us(ours)
             emit(**row)
 
     if "speed" not in skip:

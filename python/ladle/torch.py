@@ -46,9 +46,9 @@ def _variant(key: str):
 
 
 def _where(q: torch.Tensor):
-    """backend, stream handle, whether a stream was given."""
+    """backend, stream handle, whether a stream was given: the current stream of q's device."""
     if q.is_cuda:
-        return "gpu", torch.cuda.current_stream(q.device).cuda_stream, True
+        return "gpu", torch._C._cuda_getCurrentRawStream(q.device.index), True
     return "cpu", 0, False
 
 
@@ -65,11 +65,11 @@ def _opt(t: Optional[torch.Tensor]):
     return None if t is None else _dlpack.to_dlpack(t)
 
 
-@torch.library.custom_op("ladle::recurrent", mutates_args=())
-def _recurrent(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
-               names: str, scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor],
-               cu_seqlens: Optional[torch.Tensor], reverse: bool, output_final_state: bool,
-               algorithm: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor], names: str,
+         scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+         reverse: bool, output_final_state: bool, algorithm: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward itself: the body of the custom op ladle::recurrent, and what an eager call that
+    needs no gradient runs directly (the dispatcher's layers cost more than the call: bench/torch_overhead.py)."""
     o_shape, state_shape = output_shapes(q, v, cu_seqlens)
     o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
     final = torch.empty(state_shape if output_final_state else (0,), dtype=torch.float32, device=q.device)
@@ -78,6 +78,15 @@ def _recurrent(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                dict(zip(_names(scalar_names), scalars)), _cap(o), _cap(final) if output_final_state else None, _opt(initial_state),
                _opt(cu_seqlens), reverse, backend, algorithm, stream, has_stream, False)
     return o, final
+
+
+@torch.library.custom_op("ladle::recurrent", mutates_args=())
+def _recurrent(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
+               names: str, scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor],
+               cu_seqlens: Optional[torch.Tensor], reverse: bool, output_final_state: bool,
+               algorithm: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
+                output_final_state, algorithm)
 
 
 @_recurrent.register_fake
@@ -170,7 +179,11 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     elif scale is not None and declared.get("scale") != "scalar":
         raise ValueError("scale: the variant reads no scalar named 'scale'")
     names = list(tensor_inputs)
-    o, final = _recurrent(key, q, k, v, [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()),
+    # The custom op where autograd or a compiler must see it; else the forward at once.
+    graph = torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or any(t.requires_grad for t in tensor_inputs.values())
+        or (initial_state is not None and initial_state.requires_grad)))
+    o, final = (_recurrent if graph else _run)(key, q, k, v, [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()),
                           ",".join(scalar_inputs), initial_state, cu_seqlens, reverse, output_final_state, algorithm)
     return o, (final if output_final_state else None)
 

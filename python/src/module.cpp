@@ -172,6 +172,9 @@ std::optional<ladle::Stream> stream_of(std::uintptr_t handle, bool given) {
 
 NB_MODULE(_ladle, m) {
   m.doc() = "ladle's C++ library: variants, the recurrent run and its backward, generated kernels";
+  // ladle.Variant objects live in a registry until the interpreter exits (the torch ops name them by
+  // hash), so nanobind's exit-time leak report would list them every time.
+  nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
