@@ -95,11 +95,12 @@ def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu
     return (q.new_empty(o_shape), q.new_empty(state_shape if output_final_state else (0,), dtype=torch.float32))
 
 
-@torch.library.custom_op("ladle::recurrent_backward", mutates_args=())
-def _recurrent_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
-                        names: str, scalars: list[float], scalar_names: str,
-                        initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], reverse: bool,
-                        d_o: torch.Tensor, d_final_state: Optional[torch.Tensor]) -> list[torch.Tensor]:
+def _run_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor], names: str,
+                  scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor],
+                  cu_seqlens: Optional[torch.Tensor], reverse: bool, d_o: torch.Tensor,
+                  d_final_state: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    """The backward itself (fp32 gradients): the body of ladle::recurrent_backward, and what an eager
+    backward runs directly."""
     f32 = dict(dtype=torch.float32, device=q.device)
     dq, dk, dv = torch.empty(q.shape, **f32), torch.empty(k.shape, **f32), torch.empty(v.shape, **f32)
     d_tensors = [torch.empty(t.shape, **f32) for t in tensors]
@@ -110,6 +111,15 @@ def _recurrent_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch
                     has_stream, False, _cap(d_o.contiguous()), _opt(d_final_state), _cap(dq), _cap(dk), _cap(dv),
                     {n: _cap(t) for n, t in zip(_names(names), d_tensors)}, _cap(d_h0) if initial_state is not None else None)
     return [dq, dk, dv, *d_tensors, d_h0]
+
+
+@torch.library.custom_op("ladle::recurrent_backward", mutates_args=())
+def _recurrent_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
+                        names: str, scalars: list[float], scalar_names: str,
+                        initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], reverse: bool,
+                        d_o: torch.Tensor, d_final_state: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    return _run_backward(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, d_o,
+                         d_final_state)
 
 
 @_recurrent_backward.register_fake
@@ -126,22 +136,47 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (variant, names, scalars, scalar_names, reverse)
 
 
-def _backward(ctx, d_o, d_final):
+def _gradients(backward, ctx, d_o, d_final):
+    """dq, dk, dv, the tensor inputs' (a list) and d initial_state, each in its input's dtype."""
     q, k, v, initial_state, cu_seqlens, *tensors = ctx.saved_tensors
     variant, names, scalars, scalar_names, reverse = ctx.args
     if d_o is None:
         d_o = torch.zeros(output_shapes(q, v, cu_seqlens)[0], dtype=q.dtype, device=q.device)
     if d_final is not None and d_final.numel() == 0:
         d_final = None
-    grads = _recurrent_backward(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
-                                d_o, d_final)
-    dq, dk, dv, *rest = grads
+    dq, dk, dv, *rest = backward(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
+                                 d_o, d_final)
     d_tensors, d_h0 = rest[:-1], rest[-1]
-    return (None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), [g.to(t.dtype) for g, t in zip(d_tensors, tensors)], None,
-            None, None, None if initial_state is None else d_h0.to(initial_state.dtype), None, None, None, None)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), [g.to(t.dtype) for g, t in zip(d_tensors, tensors)],
+            None if initial_state is None else d_h0.to(initial_state.dtype))
+
+
+def _backward(ctx, d_o, d_final):
+    dq, dk, dv, d_tensors, d_h0 = _gradients(_recurrent_backward, ctx, d_o, d_final)
+    return (None, dq, dk, dv, d_tensors, None, None, None, d_h0, None, None, None, None)
 
 
 _recurrent.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Recurrent(torch.autograd.Function):
+    """The eager form of ladle::recurrent with its autograd: the same forward and backward, without the
+    custom op's layers (about 100 us a call of pytree and schema work: bench/torch_overhead.py).
+    torch.compile sees the custom op instead."""
+
+    @staticmethod
+    def forward(ctx, variant, names, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens, initial_state,
+                q, k, v, *tensors):
+        o, final = _run(variant, q, k, v, list(tensors), names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
+                        output_final_state, algorithm)
+        ctx.save_for_backward(q, k, v, initial_state, cu_seqlens, *tensors)
+        ctx.args = (variant, names, scalars, scalar_names, reverse)
+        return o, final
+
+    @staticmethod
+    def backward(ctx, d_o, d_final):
+        dq, dk, dv, d_tensors, d_h0 = _gradients(_run_backward, ctx, d_o, d_final)
+        return (None, None, None, None, None, None, None, None, d_h0, dq, dk, dv, *d_tensors)
 
 
 def _check_tensor(x, name: str) -> torch.Tensor:
@@ -179,12 +214,19 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     elif scale is not None and declared.get("scale") != "scalar":
         raise ValueError("scale: the variant reads no scalar named 'scale'")
     names = list(tensor_inputs)
-    # The custom op where autograd or a compiler must see it; else the forward at once.
-    graph = torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad or any(t.requires_grad for t in tensor_inputs.values())
-        or (initial_state is not None and initial_state.requires_grad)))
-    o, final = (_recurrent if graph else _run)(key, q, k, v, [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()),
-                          ",".join(scalar_inputs), initial_state, cu_seqlens, reverse, output_final_state, algorithm)
+    tensors, joined, scalars, scalar_names = [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()), \
+        ",".join(scalar_inputs)
+    if torch.compiler.is_compiling():
+        # The custom op, which the compiler traces (its fake kernel) and differentiates (its autograd).
+        o, final = _recurrent(key, q, k, v, tensors, joined, scalars, scalar_names, initial_state, cu_seqlens, reverse,
+                              output_final_state, algorithm)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(t.requires_grad for t in tensors)
+                                      or (initial_state is not None and initial_state.requires_grad)):
+        o, final = _Recurrent.apply(key, joined, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens,
+                                    initial_state, q, k, v, *tensors)
+    else:
+        o, final = _run(key, q, k, v, tensors, joined, scalars, scalar_names, initial_state, cu_seqlens, reverse,
+                        output_final_state, algorithm)
     return o, (final if output_final_state else None)
 
 
