@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine and runs every test that needs no GPU: the Catch2 suite, then an
-# install and an application built against the installed package (find_package(ladle)).
+# Sets up a fresh machine and runs every test that needs no GPU: the Catch2 suite, the Python
+# package (pip install . and pytest on the CPU path), then an install and an application built
+# against the installed package (find_package(ladle)).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
@@ -12,6 +13,22 @@ export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-$PWD/$build/test-cache}
 # The default set; the full emulation sweep (label `full`) runs with `ctest --test-dir build -L full`.
 # --timeout: no test may run past 240 s (the suite's programs take at most about 140 s here).
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE full --timeout 240
+
+echo "== the Python package: pip install . into a venv (scikit-build-core, nanobind), then its tests"
+# torch is not installed here: its tests are reported as skipped, each with its reason (-rs); they
+# run on the GPU machine (bench/python-check.sh).
+venv="$build/python-venv"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv" 2> /dev/null || {
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv > /dev/null
+    python3 -m venv "$venv"
+  }
+fi
+"$venv/bin/pip" install -q --disable-pip-version-check nanobind scikit-build-core pytest numpy
+"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation -C build-dir="$PWD/$build/python-wheel" \
+  -C cmake.define.LADLE_WERROR=ON .
+(cd "$build" && "$venv/bin/python" -m pytest -q -rs "$OLDPWD/python/tests")
 
 echo "== install, then build an application against the installed package"
 rm -rf "$build/install" "$build/embed"
