@@ -32,6 +32,7 @@ __all__ = [
     "chunk_gated_delta_rule",
     "chunk_rwkv6",
     "chunk_kda",
+    "attention",
 ]
 
 def register_variant(variant: Variant) -> str:
@@ -358,3 +359,79 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         gates.append("sigmoid")
     return run_variant(_KDA[",".join(gates)], q, k, v, inputs, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+class _Attention(torch.autograd.Function):
+    """Softmax attention with its backward: the forward keeps ladle's saved value (the GPU forward's o
+    and lse, the caller's tensors behind its views) for the backward."""
+
+    @staticmethod
+    def forward(ctx, args, q, k, v, bias, sinks):
+        backend, stream, has_stream = _where(q)
+        o, lse, saved = _ladle.attention(_cap(q), _cap(k), _cap(v), args["scale"], _opt(bias), args["softcap"], args["causal"],
+                                         args["window"], _opt(args["attn_mask"]), _opt(args["q_segment_ids"]),
+                                         _opt(args["kv_segment_ids"]), _opt(sinks), _opt(args["cu_seqlens_q"]),
+                                         _opt(args["cu_seqlens_k"]), args["dropout_p"], args["seed"], args["return_lse"], True,
+                                         backend, stream, has_stream)
+        ctx.saved = saved
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype, None if sinks is None else sinks.dtype)
+        o = _dlpack.from_dlpack(o)
+        lse = _dlpack.from_dlpack(lse) if lse is not None else o.new_empty(0, dtype=torch.float32)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, d_lse):
+        if d_o is None:
+            return None, None, None, None, None, None
+        _, stream, has_stream = _where(d_o)
+        grads = _ladle.attention_backward(ctx.saved, _cap(d_o.contiguous()), stream, has_stream)
+        ctx.saved = None  # one backward: the saved forward's memory goes now
+        got = {name: _dlpack.from_dlpack(c) for name, c in grads.items()}
+        dq, dk, dv = (got[n].to(t) for n, t in zip("qkv", ctx.dtypes[:3]))
+        d_bias = got["bias"].to(ctx.dtypes[3]) if "bias" in got and ctx.dtypes[3] is not None else None
+        d_sinks = got["sinks"].to(ctx.dtypes[4]) if "sinks" in got and ctx.dtypes[4] is not None else None
+        return None, dq, dk, dv, d_bias, d_sinks
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None, causal: bool = False,
+              window: Optional[tuple] = None, softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None,
+              bias: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
+              q_segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
+              cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+              dropout_p: float = 0.0, seed: int = 0, return_lse: bool = False):
+    """Softmax attention in FlashAttention's layout (docs/operations.md): q [B,Tq,H,D], k [B,Tk,H_kv,D],
+    v [B,Tk,H_kv,Dv] (GQA: H_kv divides H), o [B,Tq,H,Dv] in q's dtype. causal aligns the diagonal to
+    the last key (j <= i + Tk - Tq); window = (left, right) keys around it (-1: unbounded); softcap: s =
+    cap tanh(s / cap); sinks [H] or [H,S]: logits in the denominator only; bias (float) and attn_mask
+    (nonzero: attend) broadcastable to [B,H,Tq,Tk]; segment ids [B,T]; packed sequences with
+    cu_seqlens_q and cu_seqlens_k; dropout_p with a seed. Returns o, or (o, lse) with return_lse.
+
+    With autograd: dq, dk, dv, d bias and d sinks (on the GPU: sm_90a, q, k, v of one 16-bit type, head
+    dims up to 128; else the CPU path, host tensors only). Eager only for now: under torch.compile the
+    call is not traced (a graph break; fullgraph=True refuses it)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(x, name)
+    if window is not None and (len(window) != 2):
+        raise ValueError(f"window: expected (left, right), got {window!r}")
+    if sinks is not None and sinks.dim() == 1:
+        sinks = sinks.view(-1, 1)
+    args = dict(scale=scale, softcap=softcap, causal=causal,
+                window=None if window is None else (int(window[0]), int(window[1])), attn_mask=attn_mask,
+                q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_k=cu_seqlens_k, dropout_p=float(dropout_p), seed=int(seed), return_lse=return_lse)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sinks))
+    if needs_grad:
+        o, lse = _Attention.apply(args, q, k, v, bias, sinks)
+    else:
+        backend, stream, has_stream = _where(q)
+        o, lse, _ = _ladle.attention(_cap(q), _cap(k), _cap(v), scale, _opt(bias), softcap, causal, args["window"],
+                                     _opt(attn_mask), _opt(q_segment_ids), _opt(kv_segment_ids), _opt(sinks),
+                                     _opt(cu_seqlens_q), _opt(cu_seqlens_k), args["dropout_p"], args["seed"], return_lse,
+                                     False, backend, stream, has_stream)
+        o = _dlpack.from_dlpack(o)
+        lse = _dlpack.from_dlpack(lse) if lse is not None else None
+    return (o, lse) if return_lse else o
+
+
+attention = torch.compiler.disable(attention)

@@ -14,11 +14,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <ladle/dsl/ir.h>
+#include <ladle/ops/attention.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/variant.h>
@@ -49,6 +51,8 @@ class Capsules {
     if (capsule.is_none()) return std::nullopt;
     return take(capsule, name);
   }
+  // The capsules taken so far, for a value that outlives the call (a saved forward's views).
+  std::vector<ladle::DLPackTensor> release() { return std::move(held_); }
   std::map<std::string, ladle::TensorView> take_all(const nb::dict& capsules, const std::string& what) {
     std::map<std::string, ladle::TensorView> views;
     for (auto [key, value] : capsules) {
@@ -60,6 +64,29 @@ class Capsules {
 
  private:
   std::vector<ladle::DLPackTensor> held_;
+};
+
+// A ladle tensor handed to Python as a DLPack capsule (torch.utils.dlpack.from_dlpack takes it): the
+// capsule owns it until a consumer renames the capsule, as DLPack asks.
+nb::object to_capsule(ladle::Tensor tensor) {
+  DLManagedTensor* managed = ladle::to_dlpack(std::move(tensor));
+  PyObject* capsule = PyCapsule_New(managed, "dltensor", [](PyObject* self) {
+    if (!PyCapsule_IsValid(self, "dltensor")) return;  // taken by a consumer
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(self, "dltensor"));
+    if (m->deleter) m->deleter(m);
+  });
+  if (capsule == nullptr) {
+    managed->deleter(managed);
+    throw nb::python_error();
+  }
+  return nb::steal(capsule);
+}
+
+// An attention forward kept for its backward: the saved value and the caller's tensors behind its
+// views (their DLPack owners), alive until the backward's autograd node dies.
+struct SavedAttention {
+  ladle::AttentionSaved saved;
+  std::vector<ladle::DLPackTensor> held;
 };
 
 ladle::Backend backend_of(const std::string& name) {
@@ -251,6 +278,82 @@ NB_MODULE(_ladle, m) {
       "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "initial_state"_a.none(), "cu_seqlens"_a.none(), "reverse"_a,
       "backend"_a, "stream"_a, "has_stream"_a, "upload"_a, "d_output"_a, "d_final_state"_a.none(), "dq"_a, "dk"_a, "dv"_a, "d_tensors"_a,
       "d_initial_state"_a.none());
+
+  nb::class_<SavedAttention>(m, "SavedAttention");
+  m.def(
+      "attention",
+      [](nb::handle q, nb::handle k, nb::handle v, std::optional<float> scale, nb::handle bias, std::optional<float> soft_cap,
+         bool causal, std::optional<std::pair<std::int64_t, std::int64_t>> window, nb::handle mask, nb::handle q_segment_ids,
+         nb::handle kv_segment_ids, nb::handle sinks, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, float dropout_p,
+         std::uint64_t seed, bool return_lse, bool for_backward, const std::string& backend, std::uintptr_t stream,
+         bool has_stream) {
+        Capsules held;
+        ladle::AttentionOptions options;
+        const ladle::TensorView qv = held.take(q, "q"), kv = held.take(k, "k"), vv = held.take(v, "v");
+        options.scale = scale;
+        options.bias = held.take_optional(bias, "bias");
+        options.logits_soft_cap = soft_cap;
+        options.causal = causal;
+        options.sliding_window = window;
+        options.attention_mask = held.take_optional(mask, "attn_mask");
+        options.q_segment_ids = held.take_optional(q_segment_ids, "q_segment_ids");
+        options.kv_segment_ids = held.take_optional(kv_segment_ids, "kv_segment_ids");
+        options.softmax_aux = held.take_optional(sinks, "sinks");
+        options.cu_seqlens_q = held.take_optional(cu_seqlens_q, "cu_seqlens_q");
+        options.cu_seqlens_k = held.take_optional(cu_seqlens_k, "cu_seqlens_k");
+        options.dropout_p = dropout_p;
+        options.seed = seed;
+        options.return_lse = return_lse;
+        options.backend = backend_of(backend);
+        options.gpu.upload_host_tensors = false;
+        auto s = std::make_unique<ladle::Stream>(ladle::Stream::borrowed(reinterpret_cast<void*>(stream)));
+        options.gpu.stream = has_stream ? s.get() : nullptr;
+        nb::object saved = nb::none();
+        ladle::AttentionResult result;
+        if (for_backward) {
+          ladle::AttentionForward forward;
+          {
+            nb::gil_scoped_release release;
+            forward = ladle::attention_for_backward(qv, kv, vv, options);
+          }
+          result = std::move(forward.result);
+          // The backward runs on the stream of its own call: saved must not keep this one's pointer.
+          forward.saved.options.gpu.stream = nullptr;
+          saved = nb::cast(SavedAttention{std::move(forward.saved), held.release()});
+        } else {
+          nb::gil_scoped_release release;
+          result = ladle::attention(qv, kv, vv, options);
+        }
+        nb::object lse = result.lse ? to_capsule(std::move(*result.lse)) : nb::none();
+        return nb::make_tuple(to_capsule(std::move(result.o)), lse, saved);
+      },
+      "q"_a, "k"_a, "v"_a, "scale"_a.none(), "bias"_a.none(), "soft_cap"_a.none(), "causal"_a, "window"_a.none(),
+      "mask"_a.none(), "q_segment_ids"_a.none(), "kv_segment_ids"_a.none(), "sinks"_a.none(), "cu_seqlens_q"_a.none(),
+      "cu_seqlens_k"_a.none(), "dropout_p"_a, "seed"_a, "return_lse"_a, "for_backward"_a, "backend"_a, "stream"_a,
+      "has_stream"_a);
+
+  m.def(
+      "attention_backward",
+      [](SavedAttention& saved, nb::handle d_output, std::uintptr_t stream, bool has_stream) {
+        Capsules held;
+        const ladle::TensorView d_o = held.take(d_output, "d_output");
+        const ladle::Stream s = ladle::Stream::borrowed(reinterpret_cast<void*>(stream));
+        saved.saved.options.gpu.stream = has_stream ? &s : nullptr;
+        ladle::AttentionGradients grads;
+        {
+          nb::gil_scoped_release release;
+          grads = ladle::run_attention_backward(saved.saved, d_o);
+        }
+        saved.saved.options.gpu.stream = nullptr;
+        nb::dict out;
+        out["q"] = to_capsule(std::move(grads.dq));
+        out["k"] = to_capsule(std::move(grads.dk));
+        out["v"] = to_capsule(std::move(grads.dv));
+        for (auto& [name, tensor] : grads.inputs) out[nb::str(name.c_str())] = to_capsule(std::move(tensor));
+        if (grads.d_softmax_aux) out["sinks"] = to_capsule(std::move(*grads.d_softmax_aux));
+        return out;
+      },
+      "saved"_a, "d_output"_a, "stream"_a, "has_stream"_a);
 
   m.def(
       "generated_kernels",

@@ -177,6 +177,58 @@ def test_torch_errors_name_the_argument():
         lt.run_variant(ladle.named_variant("gla"), [1.0], k, v, {"g": q})
 
 
+def attention_oracle(q, k, v, scale, causal=False, window=None, softcap=None, sinks=None):
+    """Softmax attention in fp64, [B,T,H,D], GQA by repetition; sinks [H] add one logit each."""
+    q, k, v = q.double(), k.double(), v.double()
+    H, Hkv = q.shape[2], k.shape[2]
+    k, v = k.repeat_interleave(H // Hkv, 2), v.repeat_interleave(H // Hkv, 2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    Tq, Tk = q.shape[1], k.shape[1]
+    i = torch.arange(Tq)[:, None] + (Tk - Tq)
+    j = torch.arange(Tk)[None, :]
+    keep = torch.ones(Tq, Tk, dtype=torch.bool)
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            keep &= j >= i - left
+        if right >= 0:
+            keep &= j <= i + right
+    s = s.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        sink = sinks.double().view(1, H, 1, 1).expand(s.shape[0], H, Tq, 1)
+        p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
+    else:
+        p = torch.softmax(s, -1)
+    return torch.einsum("bhij,bjhd->bihd", p, v)
+
+
+def test_attention_with_masks_sinks_and_gqa_on_the_cpu():
+    r, _ = shapes("cpu", torch.float32, seed=13)
+    B, T, H, Hkv, D = 2, 40, 4, 2, 16
+    q, k, v, sinks = r(B, T, H, D), r(B, T, Hkv, D), r(B, T, Hkv, D), r(H)
+    for kw in (dict(causal=True), dict(causal=True, window=(8, 0), softcap=5.0), dict(window=(5, 3), sinks=True)):
+        use_sinks = kw.pop("sinks", False)
+        ours = [leaf(x) for x in (q, k, v, sinks)]
+        theirs = [leaf(x.double()) for x in (q, k, v, sinks)]
+        o = lt.attention(*ours[:3], sinks=ours[3] if use_sinks else None, **kw)
+        ro = attention_oracle(*theirs[:3], D ** -0.5, sinks=theirs[3] if use_sinks else None, **kw)
+        assert rel(o, ro) < 1e-5, kw
+        do = torch.randn_like(ro)
+        n = 4 if use_sinks else 3
+        g_ours = torch.autograd.grad(o, ours[:n], do.float())
+        g_ref = torch.autograd.grad(ro, theirs[:n], do)
+        for name, a, b in zip(["q", "k", "v", "sinks"], g_ours, g_ref):
+            assert a.dtype == torch.float32 and rel(a, b) < 1e-4, (kw, name, rel(a, b))
+    o, lse = lt.attention(q, k, v, causal=True, return_lse=True)
+    assert lse.shape[-1] == T or lse.numel() == B * H * T
+    with pytest.raises(ValueError, match="window"):
+        lt.attention(q, k, v, window=(1, 2, 3))
+
+
 # --- the GPU (bf16) --------------------------------------------------------------------------------
 
 
@@ -291,6 +343,27 @@ def test_cuda_graph_capture_and_replay():
         assert torch.equal(o, expected)
         ro, _ = oracle(q.cpu(), k.cpu(), v.cpu(), K ** -0.5, gk=g.cpu())
         assert rel(o.cpu(), ro) < 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_attention_on_the_gpu_against_fp64():
+    r, _ = shapes("cuda", torch.bfloat16, seed=14)
+    B, T, H, Hkv, D = 2, 300, 4, 2, 64
+    q, k, v, sinks = r(B, T, H, D), r(B, T, Hkv, D), r(B, T, Hkv, D), r(H).float()
+    for kw in (dict(causal=True), dict(causal=True, window=(64, 0), softcap=20.0, sinks=True)):
+        use_sinks = kw.pop("sinks", False)
+        ours = [leaf(x) for x in (q, k, v, sinks)]
+        theirs = [leaf(x.detach().cpu().double()) for x in (q, k, v, sinks)]
+        o = lt.attention(*ours[:3], sinks=ours[3] if use_sinks else None, **kw)
+        ro = attention_oracle(*theirs[:3], D ** -0.5, sinks=theirs[3] if use_sinks else None, **kw)
+        assert o.is_cuda and o.dtype == torch.bfloat16 and rel(o.cpu(), ro) < 1e-2, kw
+        do = torch.randn_like(ro)
+        n = 4 if use_sinks else 3
+        g_ours = torch.autograd.grad(o, ours[:n], do.to("cuda", torch.bfloat16))
+        g_ref = torch.autograd.grad(ro, theirs[:n], do)
+        for name, a, b in zip(["q", "k", "v", "sinks"], g_ours, g_ref):
+            assert a.dtype == ours[["q", "k", "v", "sinks"].index(name)].dtype and rel(a.cpu(), b) < 2e-2, (kw, name, rel(a.cpu(), b))
 
 
 @gpu
