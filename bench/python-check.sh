@@ -20,7 +20,7 @@ fi
 echo "pip install .: $(( $(date +%s) - start )) s"
 export LADLE_CACHE_DIR=$(mktemp -d)
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  (cd /tmp && timeout 400 python3 -m pytest -q -rs "$repo/python/tests" > "$out/pytest.txt" 2>&1)
+  (cd /tmp && timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -rs "$repo/python/tests" > "$out/pytest.txt" 2>&1)
   echo "pytest rc=$? $(tail -1 "$out/pytest.txt")"
   grep -E "^(FAILED|ERROR|SKIPPED)" "$out/pytest.txt" | head -20
 fi
@@ -28,7 +28,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   if ls .whl/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl > /tmp/fla-install.log 2>&1
   fi
-  (cd /tmp && LADLE_AUTOTUNE=${LADLE_AUTOTUNE:-heuristic} PYTHONPATH=/tmp/site timeout 400 python3 "$repo/bench/torch_entry.py" "$@" > "$out/torch_entry.jsonl" 2> "$out/torch_entry.err")
+  (cd /tmp && LADLE_AUTOTUNE=${LADLE_AUTOTUNE:-heuristic} PYTHONPATH=/tmp/site timeout ${BENCH_TIMEOUT:-400} python3 "$repo/bench/torch_entry.py" "$@" > "$out/torch_entry.jsonl" 2> "$out/torch_entry.err")
   echo "torch_entry rc=$?"; cat "$out/torch_entry.jsonl"; tail -5 "$out/torch_entry.err"
 fi
 if [ "$what" = overhead ] || [ "$what" = all ]; then
