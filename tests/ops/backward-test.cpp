@@ -681,6 +681,82 @@ TEST_CASE("the GPU backward refuses missing or malformed gradient tensors by nam
                     Catch::Contains("d_output has shape [1,8,2,4]"));
 }
 
+TEST_CASE("run_variant_backward_into takes the forward's arguments and writes the caller's gradients", "[backward][recurrent]") {
+  namespace dsl = ladle::dsl;
+  const auto x = dsl::token_key("x");
+  const auto tau = dsl::head_param("tau");
+  const ir::Variant variant =
+      dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(x) / tau), dsl::q, dsl::scalar("scale")), "user_gate");
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal;
+  const auto random = [&](std::vector<std::int64_t> shape) {
+    Tensor t(DType::f32, std::move(shape));
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, normal(rng));
+    return t;
+  };
+  const Tensor q = random({2, 19, 2, 4}), k = random({2, 19, 2, 4}), v = random({2, 19, 2, 3}), xs = random({2, 19, 2, 4});
+  const Tensor h0 = random({2, 2, 4, 3}), d_o = random({2, 19, 2, 3}), d_final = random({2, 2, 4, 3});
+  Tensor taus(DType::f32, {2});
+  taus.set(0, 3.0f);
+  taus.set(1, 9.0f);
+  ladle::VariantInputs inputs;
+  inputs.tensors = {{"x", xs.view()}, {"tau", taus.view()}};
+  inputs.scalars = {{"scale", 0.4f}};
+  ladle::RunOptions options;
+  options.backend = ladle::Backend::cpu;
+  options.initial_state = h0.view();
+  options.return_state = true;
+  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
+  const ladle::RecurrentGradients expected = ladle::run_variant_backward(forward.saved, d_o.view(), d_final.view());
+
+  Tensor dq(DType::f32, q.shape()), dk(DType::f32, k.shape()), dv(DType::f32, v.shape()), dx(DType::f32, xs.shape()),
+      dtau(DType::f32, taus.shape()), dh0(DType::f32, h0.shape());
+  const ladle::RecurrentGradientViews grads{dq.view(), dk.view(), dv.view(), {{"x", dx.view()}, {"tau", dtau.view()}}, dh0.view()};
+  ladle::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, options, d_o.view(), d_final.view(), grads);
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    REQUIRE(a.shape() == b.shape());
+    for (std::int64_t i = 0; i < a.numel(); ++i) REQUIRE(a.get(i) == b.get(i));
+  };
+  same(dq, expected.dq);
+  same(dk, expected.dk);
+  same(dv, expected.dv);
+  same(dx, expected.inputs.at("x"));
+  same(dtau, expected.inputs.at("tau"));
+  same(dh0, *expected.d_initial_state);
+  float norm = 0;
+  for (std::int64_t i = 0; i < dtau.numel(); ++i) norm += std::abs(dtau.get(i));
+  CHECK(norm > 0);  // the gate's parameter is reached, not left at zero
+
+  // Missing, misshapen and unknown gradients are refused by name, before any work.
+  ladle::RecurrentGradientViews missing = grads;
+  missing.inputs.erase("tau");
+  CHECK_THROWS_WITH(ladle::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, options, d_o.view(), std::nullopt, missing),
+                    Catch::Contains("gradients has no tensor for input 'tau'"));
+  ladle::RecurrentGradientViews misshapen = grads;
+  misshapen.dq = dk.view();
+  misshapen.dq.shape = {2, 19, 2, 3};
+  CHECK_THROWS_WITH(ladle::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, options, d_o.view(), std::nullopt, misshapen),
+                    Catch::Contains("gradients.dq has shape [2,19,2,3]"));
+  ladle::RecurrentGradientViews unknown = grads;
+  unknown.inputs.emplace("y", dx.view());
+  CHECK_THROWS_WITH(ladle::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, options, d_o.view(), std::nullopt, unknown),
+                    Catch::Contains("gradients.y") && Catch::Contains("no input of that name"));
+  ladle::RunOptions no_state = options;
+  no_state.initial_state.reset();
+  CHECK_THROWS_WITH(ladle::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, no_state, d_o.view(), std::nullopt, grads),
+                    Catch::Contains("d_initial_state is given but options.initial_state is not"));
+  // The update forms' GPU backward is not built: refused by name when the call would run on the GPU.
+  const ir::Variant& gdn = ladle::delta_rule_variant(true, false);
+  ladle::RunOptions gpu = options;
+  gpu.backend = ladle::Backend::gpu;
+  if (!ladle::driver_available())
+    CHECK_THROWS_AS(ladle::run_variant_backward_into(gdn, q.view(), k.view(), v.view(), inputs, gpu, d_o.view(), std::nullopt, grads),
+                    ladle::Error);
+  else
+    CHECK_THROWS_WITH(ladle::run_variant_backward_into(gdn, q.view(), k.view(), v.view(), inputs, gpu, d_o.view(), std::nullopt, grads),
+                      Catch::Contains("GPU backward of the gated delta rule is not built yet"));
+}
+
 TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurrent]") {
   const ir::Variant& variant = ladle::recurrent_variant(false, false, false, false);
   Tensor q(DType::f32, {1, 4, 2, 3}, 0.5f), k(DType::f32, {1, 4, 2, 3}, 0.5f), v(DType::f32, {1, 4, 2, 2}, 0.5f);
