@@ -17,11 +17,11 @@ from typing import Mapping, Optional
 
 from . import _ladle
 from ._ladle import driver_available
-from ._variant import Variant, named_variant
+from ._variant import AttentionVariant, Variant, named_variant
 from . import dsl  # noqa: E402 (after Variant: dsl.lower makes one)
 
 __version__ = _ladle.version
-__all__ = ["Variant", "dsl", "named_variant", "run_variant", "run_variant_backward", "generated_kernels", "driver_available",
+__all__ = ["Variant", "AttentionVariant", "dsl", "named_variant", "run_variant", "run_variant_backward", "generated_kernels", "driver_available",
            "output_shapes"]
 
 

@@ -41,6 +41,25 @@ class Variant:
             raise ValueError(f"variant {key}: no variant of that hash was made in this process") from None
 
 
+class AttentionVariant:
+    """What ladle.dsl.lower returns for a softmax(...): name, hash, inputs ((name, kind, role), q, k, v
+    first), kinds; str() prints it as the dump tool does."""
+
+    def __init__(self, native: "_ladle.AttentionVariant"):
+        self.native = native
+        self.name = native.name
+        self.hash = native.hash
+        self.inputs = tuple(native.inputs)
+        self.kinds = {name: kind for name, kind, _ in self.inputs}
+        self._text = str(native)
+
+    def __str__(self) -> str:
+        return self._text
+
+    def __repr__(self) -> str:
+        return f"<ladle.AttentionVariant {self.name or 'attention'} {self.hash}>"
+
+
 _named: dict = {}
 
 

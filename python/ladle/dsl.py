@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from . import _ladle
-from ._variant import Variant
+from ._variant import AttentionVariant, Variant
 
 NONE, KEY, VALUE = "none", "key", "value"
 
@@ -30,6 +30,7 @@ _KIND_EXTENT = {
     "head": (False, True, NONE),
     "head_key": (False, True, KEY),
     "scalar": (False, False, NONE),
+    "pair": (True, True, NONE),
 }
 
 
@@ -73,6 +74,17 @@ class Expr:
     def __rtruediv__(self, o): return self._binary("div", o, True)
     def __pow__(self, o): return self._binary("pow", o)
     def __rpow__(self, o): return self._binary("pow", o, True)
+    # Comparisons and logic, for softmax-attention masks: 1 for true, 0 for false. == and != stay
+    # Python's (use eq, ne); &, | and ~ are and, or and not.
+    def __lt__(self, o): return self._binary("less", o)
+    def __le__(self, o): return self._binary("less_equal", o)
+    def __gt__(self, o): return self._binary("less", o, True)
+    def __ge__(self, o): return self._binary("less_equal", o, True)
+    def __and__(self, o): return self._binary("and", o)
+    def __rand__(self, o): return self._binary("and", o, True)
+    def __or__(self, o): return self._binary("or", o)
+    def __ror__(self, o): return self._binary("or", o, True)
+    def __invert__(self): return _unary("not", self)
     def __neg__(self): return _unary("neg", self)
     def __abs__(self): return _unary("abs", self)
 
@@ -94,6 +106,8 @@ def _text(node: tuple) -> str:
         return node[1]
     if head == "constant":
         return repr(node[1])
+    if head == "leaf":
+        return node[1]
     if len(node) == 2:
         return f"{head}({_text(node[1])})"
     return f"{head}({_text(node[1])}, {_text(node[2])})"
@@ -159,15 +173,72 @@ def relu(x): return _unary("relu", x)
 def silu(x): return _unary("silu", x)
 
 
+def eq(a, b): return as_expression(a, "eq(a, b)")._binary("equal", b)
+def ne(a, b): return as_expression(a, "ne(a, b)")._binary("not_equal", b)
+
+
 def minimum(a, b): return as_expression(a, "minimum(a, b)")._binary("min", b)
 def maximum(a, b): return as_expression(a, "maximum(a, b)")._binary("max", b)
+
+
+# Softmax attention (dsl/softmax.h): the leaves a score expression reads besides its inputs.
+score = Expr(("leaf", "score"), True, True, NONE)              # q_i . k_j, the raw dot product
+query_index = Expr(("leaf", "i"), True, False, NONE)  # i, from the start of the query's sequence
+key_index = Expr(("leaf", "j"), True, False, NONE)      # j, from the start of the key's sequence
+head_index = Expr(("leaf", "h"), False, True, NONE)    # h, the query head
+batch_index = Expr(("leaf", "b"), False, False, NONE)  # b (the sequence under cu_seqlens)
+
+
+def pair(name: str) -> Expr:
+    """[B,H,Tq,Tk], B and H broadcastable: per (query, key) pair (a bias, a mask)."""
+    return _symbol(name, "pair")
+
+
+def soft_cap(x, cap) -> Expr:
+    """cap * tanh(x / cap)."""
+    c = as_expression(cap, "soft_cap(x, cap): cap")
+    return c * tanh(as_expression(x, "soft_cap(x, cap): x") / c)
+
+
+@dataclass(frozen=True, eq=False)
+class Softmax:
+    """softmax(logit): p_i = softmax_j(logit_ij) over the attended keys, o_i = sum_j p_ij v_j."""
+
+    logit: Expr
+    keep: Optional[Expr] = None
+    is_causal: bool = False
+    has_window: bool = False
+    has_segment_ids: bool = False
+    has_sinks: bool = False
+    has_dropout: bool = False
+
+    def causal(self) -> "Softmax": return replace(self, is_causal=True)
+    def sliding_window(self) -> "Softmax": return replace(self, has_window=True)
+    def segment_ids(self) -> "Softmax": return replace(self, has_segment_ids=True)
+    def sinks(self) -> "Softmax": return replace(self, has_sinks=True)
+    def dropout(self) -> "Softmax": return replace(self, has_dropout=True)
+
+    def mask(self, predicate) -> "Softmax":
+        """Attend where the predicate is nonzero (and where earlier masks allow)."""
+        p = as_expression(predicate, "mask(predicate)")
+        if p.feature != NONE:
+            raise ValueError("mask(predicate): the predicate is one number per (query, key) pair")
+        return replace(self, keep=p if self.keep is None else self.keep & p)
+
+
+def softmax(logit) -> Softmax:
+    e = as_expression(logit, "softmax(logit)")
+    if e.feature != NONE:
+        raise ValueError("softmax(logit): the logit is one number per (query, key) pair; it must not vary over features "
+                         "(q_i . k_j is dsl.score)")
+    return Softmax(e)
 
 
 def _add_log(old: Optional[Expr], g: Expr) -> Expr:
     return g if old is None else old + g
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Scan:
     """scan(k, v): the state S_t = (decays) S_{t-1} + k v^T, or the delta rule's update."""
 
@@ -226,7 +297,7 @@ def scan(key, value) -> Scan:
     return Scan(kk, vv)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Read:
     """read(state, q[, scale]): o_t = (scale q)^T S_t; read_before: o_t = (scale q)^T S_{t-1}."""
 
@@ -300,10 +371,15 @@ def read_before(state: Scan, query, scale=None) -> Read:
     return _read(state, query, scale, True)
 
 
-def lower(r: Read, name: str = "") -> Variant:
-    """The variant of a read: what ladle.run_variant and the torch entry run."""
+def lower(r, name: str = ""):
+    """The variant of a read (a ladle.Variant: what ladle.run_variant and ladle.torch.run_variant run) or
+    of a softmax (a ladle.AttentionVariant: what ladle.torch.run_attention runs)."""
+    if isinstance(r, Softmax):
+        return AttentionVariant(_ladle.make_attention_variant(
+            name, r.logit.node, None if r.keep is None else r.keep.node, r.is_causal, r.has_window, r.has_segment_ids,
+            r.has_sinks, r.has_dropout))
     if not isinstance(r, Read):
-        raise TypeError(f"lower(read): expected a read(...) of a scan, got {type(r).__name__}")
+        raise TypeError(f"lower(read): expected a read(...) of a scan or a softmax(...), got {type(r).__name__}")
     slots = {"q_feature": r.query.node, "k_feature": r.state.key.node, "v": r.state.value.node}
     for slot, e in (("log_decay_k", r.state.gk), ("log_decay_v", r.state.gv), ("log_decay_head", r.state.gh),
                     ("scale", r.scale), ("write_strength", r.state.beta), ("bonus", r.bonus_weight)):

@@ -20,7 +20,7 @@ import torch
 import torch.utils.dlpack as _dlpack
 
 from . import _ladle, dsl, output_shapes
-from ._variant import Variant, named_variant
+from ._variant import AttentionVariant, Variant, named_variant
 
 __all__ = [
     "run_variant",
@@ -33,6 +33,7 @@ __all__ = [
     "chunk_rwkv6",
     "chunk_kda",
     "attention",
+    "run_attention",
 ]
 
 def register_variant(variant: Variant) -> str:
@@ -362,19 +363,15 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
 
 class _Attention(torch.autograd.Function):
-    """Softmax attention with its backward: the forward keeps ladle's saved value (the GPU forward's o
-    and lse, the caller's tensors behind its views) for the backward."""
+    """Softmax attention with its backward, for the named op and DSL variants alike: call(q, k, v,
+    sinks, tensors, for_backward) runs the forward and returns o, lse and ladle's saved value (the GPU
+    forward's o and lse, the caller's tensors behind its views), which the backward consumes."""
 
     @staticmethod
-    def forward(ctx, args, q, k, v, bias, sinks):
-        backend, stream, has_stream = _where(q)
-        o, lse, saved = _ladle.attention(_cap(q), _cap(k), _cap(v), args["scale"], _opt(bias), args["softcap"], args["causal"],
-                                         args["window"], _opt(args["attn_mask"]), _opt(args["q_segment_ids"]),
-                                         _opt(args["kv_segment_ids"]), _opt(sinks), _opt(args["cu_seqlens_q"]),
-                                         _opt(args["cu_seqlens_k"]), args["dropout_p"], args["seed"], args["return_lse"], True,
-                                         backend, stream, has_stream)
-        ctx.saved = saved
-        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype, None if sinks is None else sinks.dtype)
+    def forward(ctx, call, names, q, k, v, sinks, *tensors):
+        o, lse, saved = call(q, k, v, sinks, tensors, True)
+        ctx.saved, ctx.names = saved, names
+        ctx.dtypes = [None if x is None else x.dtype for x in (q, k, v, sinks, *tensors)]
         o = _dlpack.from_dlpack(o)
         lse = _dlpack.from_dlpack(lse) if lse is not None else o.new_empty(0, dtype=torch.float32)
         ctx.mark_non_differentiable(lse)
@@ -382,16 +379,36 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o, d_lse):
-        if d_o is None:
-            return None, None, None, None, None, None
         _, stream, has_stream = _where(d_o)
         grads = _ladle.attention_backward(ctx.saved, _cap(d_o.contiguous()), stream, has_stream)
         ctx.saved = None  # one backward: the saved forward's memory goes now
         got = {name: _dlpack.from_dlpack(c) for name, c in grads.items()}
-        dq, dk, dv = (got[n].to(t) for n, t in zip("qkv", ctx.dtypes[:3]))
-        d_bias = got["bias"].to(ctx.dtypes[3]) if "bias" in got and ctx.dtypes[3] is not None else None
-        d_sinks = got["sinks"].to(ctx.dtypes[4]) if "sinks" in got and ctx.dtypes[4] is not None else None
-        return None, dq, dk, dv, d_bias, d_sinks
+        keys = ["q", "k", "v", "sinks", *ctx.names]
+        out = [got[n].to(t) if n in got and t is not None else None for n, t in zip(keys, ctx.dtypes)]
+        return (None, None, *out)
+
+
+def _attend(call, names, q, k, v, sinks, tensors, return_lse):
+    """The forward at once when no gradient is needed, else through _Attention."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks, *tensors)):
+        o, lse = _Attention.apply(call, names, q, k, v, sinks, *tensors)
+    else:
+        o, lse, _ = call(q, k, v, sinks, tensors, False)
+        o = _dlpack.from_dlpack(o)
+        lse = _dlpack.from_dlpack(lse) if lse is not None else None
+    return (o, lse) if return_lse else o
+
+
+def _sinks(sinks):
+    return sinks.view(-1, 1) if sinks is not None and sinks.dim() == 1 else sinks
+
+
+def _window(window):
+    if window is None:
+        return None
+    if len(window) != 2:
+        raise ValueError(f"window: expected (left, right), got {window!r}")
+    return int(window[0]), int(window[1])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None, causal: bool = False,
@@ -412,26 +429,53 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optio
     call is not traced (a graph break; fullgraph=True refuses it)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(x, name)
-    if window is not None and (len(window) != 2):
-        raise ValueError(f"window: expected (left, right), got {window!r}")
-    if sinks is not None and sinks.dim() == 1:
-        sinks = sinks.view(-1, 1)
-    args = dict(scale=scale, softcap=softcap, causal=causal,
-                window=None if window is None else (int(window[0]), int(window[1])), attn_mask=attn_mask,
-                q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, cu_seqlens_q=cu_seqlens_q,
-                cu_seqlens_k=cu_seqlens_k, dropout_p=float(dropout_p), seed=int(seed), return_lse=return_lse)
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sinks))
-    if needs_grad:
-        o, lse = _Attention.apply(args, q, k, v, bias, sinks)
-    else:
-        backend, stream, has_stream = _where(q)
-        o, lse, _ = _ladle.attention(_cap(q), _cap(k), _cap(v), scale, _opt(bias), softcap, causal, args["window"],
-                                     _opt(attn_mask), _opt(q_segment_ids), _opt(kv_segment_ids), _opt(sinks),
-                                     _opt(cu_seqlens_q), _opt(cu_seqlens_k), args["dropout_p"], args["seed"], return_lse,
-                                     False, backend, stream, has_stream)
-        o = _dlpack.from_dlpack(o)
-        lse = _dlpack.from_dlpack(lse) if lse is not None else None
-    return (o, lse) if return_lse else o
+    win = _window(window)
+
+    def call(q_, k_, v_, sinks_, tensors, for_backward):
+        backend, stream, has_stream = _where(q_)
+        return _ladle.attention(_cap(q_), _cap(k_), _cap(v_), scale, _opt(tensors[0]), softcap, causal, win, _opt(attn_mask),
+                                _opt(q_segment_ids), _opt(kv_segment_ids), _opt(sinks_), _opt(cu_seqlens_q), _opt(cu_seqlens_k),
+                                float(dropout_p), int(seed), return_lse, for_backward, backend, stream, has_stream)
+
+    return _attend(call, ("bias",), q, k, v, _sinks(sinks), (bias,), return_lse)
+
+
+def run_attention(variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Optional[Mapping] = None, *,
+                  scale: Optional[float] = None, window: Optional[tuple] = None, sinks: Optional[torch.Tensor] = None,
+                  q_segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
+                  cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+                  dropout_p: float = 0.0, seed: int = 0, return_lse: bool = False):
+    """Runs a softmax-attention variant of the DSL (ladle.dsl.lower(ladle.dsl.softmax(...))) with
+    autograd: inputs by name (pair tensors [B,H,Tq,Tk] broadcastable, per-head [H], floats for
+    scalars; a scalar named "scale" defaults to 1/sqrt(D)); the run-time parts (window sizes, segment
+    ids, sinks, packed sequences, dropout) as attention() takes them. Gradients reach q, k, v, every
+    floating tensor input and the sinks. Eager only, as attention()."""
+    if not isinstance(variant, AttentionVariant):
+        raise TypeError(f"variant: expected a ladle.AttentionVariant (ladle.dsl.lower of a softmax), got {type(variant).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(x, name)
+    tensors, scalars = {}, {}
+    for name, value in (inputs or {}).items():
+        if name not in variant.kinds or name in ("q", "k", "v"):
+            raise ValueError(f"inputs['{name}']: the variant has no input of that name (its inputs: {', '.join(variant.kinds)})")
+        if variant.kinds[name] == "scalar":
+            scalars[name] = float(value)
+        else:
+            tensors[name] = _check_tensor(value, f"inputs['{name}']")
+    if variant.kinds.get("scale") == "scalar" and "scale" not in scalars:
+        scalars["scale"] = float(scale) if scale is not None else float(q.shape[-1]) ** -0.5
+    left, right = _window(window) or (-1, -1)
+    names = tuple(tensors)
+
+    def call(q_, k_, v_, sinks_, given, for_backward):
+        backend, stream, has_stream = _where(q_)
+        return _ladle.run_attention(variant.native, _cap(q_), _cap(k_), _cap(v_), {n: _cap(t) for n, t in zip(names, given)},
+                                    scalars, left, right, _opt(q_segment_ids), _opt(kv_segment_ids), _opt(sinks_),
+                                    _opt(cu_seqlens_q), _opt(cu_seqlens_k), float(dropout_p), int(seed), return_lse,
+                                    for_backward, backend, stream, has_stream)
+
+    return _attend(call, names, q, k, v, _sinks(sinks), tuple(tensors[n] for n in names), return_lse)
 
 
 attention = torch.compiler.disable(attention)
+run_attention = torch.compiler.disable(run_attention)

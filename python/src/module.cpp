@@ -89,6 +89,31 @@ struct SavedAttention {
   std::vector<ladle::DLPackTensor> held;
 };
 
+// An attention call's end, shared by the named op and DSL variants: the forward run without the GIL
+// (keeping its saved value, with the caller's tensors behind it, when a backward will follow), then
+// o, lse (or None) and the saved value (or None) for Python.
+template <class ForBackward, class Plain>
+nb::tuple finish_attention(Capsules& held, bool for_backward, ForBackward&& forward, Plain&& plain) {
+  nb::object saved = nb::none();
+  ladle::AttentionResult result;
+  if (for_backward) {
+    ladle::AttentionForward f;
+    {
+      nb::gil_scoped_release release;
+      f = forward();
+    }
+    result = std::move(f.result);
+    // The backward runs on the stream of its own call: saved must not keep this one's.
+    f.saved.options.gpu.stream = nullptr;
+    saved = nb::cast(SavedAttention{std::move(f.saved), held.release()});
+  } else {
+    nb::gil_scoped_release release;
+    result = plain();
+  }
+  nb::object lse = result.lse ? to_capsule(std::move(*result.lse)) : nb::none();
+  return nb::make_tuple(to_capsule(std::move(result.o)), lse, saved);
+}
+
 ladle::Backend backend_of(const std::string& name) {
   if (name == "auto" || name == "automatic") return ladle::Backend::automatic;
   if (name == "cpu") return ladle::Backend::cpu;
@@ -105,7 +130,7 @@ ladle::Algorithm algorithm_of(const std::string& name) {
 
 ladle::ir::Op op_of(const std::string& name) {
   using ladle::ir::Op;
-  for (int i = static_cast<int>(Op::neg); i <= static_cast<int>(Op::pow); ++i)
+  for (int i = static_cast<int>(Op::neg); i <= static_cast<int>(Op::logical_not); ++i)
     if (name == ladle::ir::op_name(static_cast<Op>(i))) return static_cast<Op>(i);
   throw ladle::InvalidArgument("no elementwise operation named '" + name + "'");
 }
@@ -113,7 +138,7 @@ ladle::ir::Op op_of(const std::string& name) {
 ladle::ir::InputKind kind_of(const std::string& name) {
   using ladle::ir::InputKind;
   for (InputKind kind : {InputKind::token_key, InputKind::token_value, InputKind::token_head, InputKind::head, InputKind::head_key,
-                         InputKind::scalar})
+                         InputKind::scalar, InputKind::pair})
     if (name == ladle::ir::kind_name(kind)) return kind;
   throw ladle::InvalidArgument("no input kind named '" + name + "'");
 }
@@ -126,10 +151,17 @@ ladle::ir::Role role_of(const std::string& name) {
 }
 
 // One slot's expression from the Python DSL's nested tuples:
-//   ("input", name, kind, role) | ("constant", value) | (op, a) | (op, a, b)
+//   ("input", name, kind, role) | ("constant", value) | ("leaf", op) | (op, a) | (op, a, b)
 std::int32_t build(ladle::ir::ExprBuilder& builder, nb::handle node) {
   const nb::tuple t = nb::cast<nb::tuple>(node);
   const std::string head = nb::cast<std::string>(t[0]);
+  if (head == "leaf") {
+    const std::string leaf = nb::cast<std::string>(t[1]);
+    for (ladle::ir::Op op : {ladle::ir::Op::score, ladle::ir::Op::query_index, ladle::ir::Op::key_index, ladle::ir::Op::head_index,
+                             ladle::ir::Op::batch_index})
+      if (leaf == ladle::ir::op_name(op)) return builder.leaf(op);
+    throw ladle::InvalidArgument("no attention leaf named '" + leaf + "'");
+  }
   if (head == "input") {
     const std::string name = nb::cast<std::string>(t[1]);
     return builder.input(name.c_str(), kind_of(nb::cast<std::string>(t[2])), role_of(nb::cast<std::string>(t[3])));
@@ -170,6 +202,37 @@ ladle::ir::Variant make_variant(const std::string& name, const nb::dict& slots, 
     std::string all;
     for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
     throw ladle::InvalidArgument((name.empty() ? std::string("variant") : name) + ": " + all);
+  }
+  return variant;
+}
+
+// A softmax-attention variant from the Python DSL: q, k, v first (as dsl::lower puts them), the score
+// and the optional keep predicate, the structural flags; checked by ir::validate.
+ladle::ir::AttentionVariant make_attention_variant(const std::string& name, nb::handle score, nb::handle keep, bool causal, bool window,
+                                                   bool segment_ids, bool sinks, bool dropout) {
+  using ladle::ir::InputKind, ladle::ir::Role;
+  ladle::ir::AttentionVariant variant;
+  variant.name = name;
+  {
+    ladle::ir::ExprBuilder inputs(variant.inputs);
+    inputs.input("q", InputKind::token_key, Role::query);
+    inputs.input("k", InputKind::token_key, Role::key);
+    inputs.input("v", InputKind::token_value, Role::value);
+  }
+  ladle::ir::ExprBuilder logit(variant.inputs);
+  build(logit, score);
+  variant.score = logit.take();
+  if (!keep.is_none()) {
+    ladle::ir::ExprBuilder predicate(variant.inputs);
+    build(predicate, keep);
+    variant.keep = predicate.take();
+  }
+  variant.causal = causal, variant.window = window, variant.segment_ids = segment_ids, variant.sinks = sinks, variant.dropout = dropout;
+  const std::vector<std::string> problems = ladle::ir::validate(variant);
+  if (!problems.empty()) {
+    std::string all;
+    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw ladle::InvalidArgument((name.empty() ? std::string("attention variant") : name) + ": " + all);
   }
   return variant;
 }
@@ -306,31 +369,60 @@ NB_MODULE(_ladle, m) {
         options.return_lse = return_lse;
         options.backend = backend_of(backend);
         options.gpu.upload_host_tensors = false;
-        auto s = std::make_unique<ladle::Stream>(ladle::Stream::borrowed(reinterpret_cast<void*>(stream)));
-        options.gpu.stream = has_stream ? s.get() : nullptr;
-        nb::object saved = nb::none();
-        ladle::AttentionResult result;
-        if (for_backward) {
-          ladle::AttentionForward forward;
-          {
-            nb::gil_scoped_release release;
-            forward = ladle::attention_for_backward(qv, kv, vv, options);
-          }
-          result = std::move(forward.result);
-          // The backward runs on the stream of its own call: saved must not keep this one's pointer.
-          forward.saved.options.gpu.stream = nullptr;
-          saved = nb::cast(SavedAttention{std::move(forward.saved), held.release()});
-        } else {
-          nb::gil_scoped_release release;
-          result = ladle::attention(qv, kv, vv, options);
-        }
-        nb::object lse = result.lse ? to_capsule(std::move(*result.lse)) : nb::none();
-        return nb::make_tuple(to_capsule(std::move(result.o)), lse, saved);
+        const ladle::Stream s = ladle::Stream::borrowed(reinterpret_cast<void*>(stream));
+        options.gpu.stream = has_stream ? &s : nullptr;
+        return finish_attention(
+            held, for_backward, [&] { return ladle::attention_for_backward(qv, kv, vv, options); },
+            [&] { return ladle::attention(qv, kv, vv, options); });
       },
       "q"_a, "k"_a, "v"_a, "scale"_a.none(), "bias"_a.none(), "soft_cap"_a.none(), "causal"_a, "window"_a.none(),
       "mask"_a.none(), "q_segment_ids"_a.none(), "kv_segment_ids"_a.none(), "sinks"_a.none(), "cu_seqlens_q"_a.none(),
       "cu_seqlens_k"_a.none(), "dropout_p"_a, "seed"_a, "return_lse"_a, "for_backward"_a, "backend"_a, "stream"_a,
       "has_stream"_a);
+
+  nb::class_<ladle::ir::AttentionVariant>(m, "AttentionVariant")
+      .def_prop_ro("name", [](const ladle::ir::AttentionVariant& v) { return v.name; })
+      .def_prop_ro("hash", [](const ladle::ir::AttentionVariant& v) { return ladle::ir::hash_hex(v); })
+      .def_prop_ro("inputs",
+                   [](const ladle::ir::AttentionVariant& v) {
+                     std::vector<std::tuple<std::string, std::string, std::string>> out;
+                     for (const auto& in : v.inputs) out.emplace_back(in.name, ladle::ir::kind_name(in.kind), ladle::ir::role_name(in.role));
+                     return out;
+                   })
+      .def("__str__", [](const ladle::ir::AttentionVariant& v) { return ladle::ir::to_string(v); });
+  m.def("make_attention_variant", &make_attention_variant, "name"_a, "score"_a, "keep"_a.none(), "causal"_a, "window"_a,
+        "segment_ids"_a, "sinks"_a, "dropout"_a);
+  m.def(
+      "run_attention",
+      [](const ladle::ir::AttentionVariant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
+         const std::map<std::string, float>& scalars, std::int64_t window_left, std::int64_t window_right, nb::handle q_segment_ids,
+         nb::handle kv_segment_ids, nb::handle sinks, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, float dropout_p,
+         std::uint64_t seed, bool return_lse, bool for_backward, const std::string& backend, std::uintptr_t stream,
+         bool has_stream) {
+        Capsules held;
+        const ladle::TensorView qv = held.take(q, "q"), kv = held.take(k, "k"), vv = held.take(v, "v");
+        ladle::VariantInputs inputs;
+        inputs.tensors = held.take_all(tensors, "");
+        inputs.scalars = scalars;
+        ladle::AttentionRunOptions options;
+        options.window_left = window_left, options.window_right = window_right;
+        options.q_segment_ids = held.take_optional(q_segment_ids, "q_segment_ids");
+        options.kv_segment_ids = held.take_optional(kv_segment_ids, "kv_segment_ids");
+        options.softmax_aux = held.take_optional(sinks, "sinks");
+        options.cu_seqlens_q = held.take_optional(cu_seqlens_q, "cu_seqlens_q");
+        options.cu_seqlens_k = held.take_optional(cu_seqlens_k, "cu_seqlens_k");
+        options.dropout_p = dropout_p, options.seed = seed, options.return_lse = return_lse;
+        options.backend = backend_of(backend);
+        options.gpu.upload_host_tensors = false;
+        const ladle::Stream s = ladle::Stream::borrowed(reinterpret_cast<void*>(stream));
+        options.gpu.stream = has_stream ? &s : nullptr;
+        return finish_attention(
+            held, for_backward, [&] { return ladle::run_attention_for_backward(variant, qv, kv, vv, inputs, options); },
+            [&] { return ladle::run_attention(variant, qv, kv, vv, inputs, options); });
+      },
+      "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "window_left"_a, "window_right"_a, "q_segment_ids"_a.none(),
+      "kv_segment_ids"_a.none(), "sinks"_a.none(), "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "dropout_p"_a, "seed"_a,
+      "return_lse"_a, "for_backward"_a, "backend"_a, "stream"_a, "has_stream"_a);
 
   m.def(
       "attention_backward",

@@ -229,6 +229,39 @@ def test_attention_with_masks_sinks_and_gqa_on_the_cpu():
         lt.attention(q, k, v, window=(1, 2, 3))
 
 
+def test_a_dsl_attention_variant_with_its_gradients_on_the_cpu():
+    # ALiBi with a learned slope per head, a soft cap and a banded mask, written in the DSL.
+    slope = dsl.head_param("slope")
+    logit = dsl.soft_cap(dsl.score * dsl.scalar("scale") + slope * (dsl.key_index - dsl.query_index), 10.0)
+    band = (dsl.query_index - dsl.key_index < 6) & (dsl.key_index <= dsl.query_index)
+    variant = dsl.lower(dsl.softmax(logit).mask(band), "alibi_band")
+    assert "slope" in variant.kinds and variant.kinds["slope"] == "head" and len(variant.hash) == 16
+    r, _ = shapes("cpu", torch.float32, seed=15)
+    B, T, H, D = 2, 30, 3, 8
+    q, k, v, slopes = r(B, T, H, D), r(B, T, H, D), r(B, T, H, D), -torch.rand(H)
+    ours = [leaf(x) for x in (q, k, v, slopes)]
+    theirs = [leaf(x.double()) for x in (q, k, v, slopes)]
+    o = lt.run_attention(variant, *ours[:3], {"slope": ours[3]})
+
+    def ref(q_, k_, v_, slope_):
+        s_ = torch.einsum("bihd,bjhd->bhij", q_, k_) * D ** -0.5
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        s_ = s_ + slope_.view(1, H, 1, 1) * (j - i)
+        s_ = 10.0 * torch.tanh(s_ / 10.0)
+        s_ = s_.masked_fill(~((i - j < 6) & (j <= i)), float("-inf"))
+        return torch.einsum("bhij,bjhd->bihd", torch.softmax(s_, -1), v_)
+
+    ro = ref(*theirs)
+    assert rel(o, ro) < 1e-5
+    do = torch.randn_like(ro)
+    for name, a, b in zip(["q", "k", "v", "slope"], torch.autograd.grad(o, ours, do.float()), torch.autograd.grad(ro, theirs, do)):
+        assert rel(a, b) < 1e-4, (name, rel(a, b))
+    with pytest.raises(ValueError, match="softmax\\(logit\\)"):
+        dsl.softmax(dsl.q)
+    with pytest.raises(ValueError, match="inputs\\['tau'\\]"):
+        lt.run_attention(variant, q, k, v, {"tau": slopes})
+
+
 # --- the GPU (bf16) --------------------------------------------------------------------------------
 
 
