@@ -7,12 +7,12 @@
 Run by bench/python-check.sh (fla's wheels on PYTHONPATH)."""
 import argparse
 import json
-import time
 
 import torch
 import triton
 
 import ladle.torch as lt
+from torch_overhead import per_call_us  # bench/, beside this script
 
 try:
     from fla.ops.delta_rule import chunk_delta_rule as fla_chunk_delta_rule
@@ -33,20 +33,6 @@ def emit(**kw):
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def per_call_us(fn, n=300):
-    """Host microseconds a call (the time to return from n calls queued back to back, under the
-    driver's queue depth) and wall microseconds (until the GPU has finished them)."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = time.perf_counter()
-    torch.cuda.synchronize()
-    return round((host - t) / n * 1e6, 1), round((time.perf_counter() - t) / n * 1e6, 1)
 
 
 def inputs(B, T, H, K, V, seed=0, grad=False):
@@ -94,10 +80,10 @@ def main():
         table = ops(x)
         for name in ("chunk_gla", "chunk_gated_delta_rule"):
             ours, theirs, _ = table[name]
-            row = {"part": "overhead", "op": name, "shape": "B1 T64 H1 K64 V64 bf16", "ladle_host_wall_us": per_call_us(ours)}
+            row = {"part": "overhead", "op": name, "shape": "B1 T64 H1 K64 V64 bf16", "ladle_host_wall_us": per_call_us(ours, 300)}
             if HAVE_FLA:
-                row["fla_host_wall_us"] = per_call_us(theirs)
-                row["ladle_host_wall_us_again"] = per_call_us(ours)
+                row["fla_host_wall_us"] = per_call_us(theirs, 300)
+                row["ladle_host_wall_us_again"] = per_call_us(ours, 300)
             emit(**row)
 
     if "speed" not in skip:

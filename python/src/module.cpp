@@ -51,6 +51,18 @@ class Capsules {
     if (capsule.is_none()) return std::nullopt;
     return take(capsule, name);
   }
+  // q, k, v and the named inputs of a call.
+  struct Arguments {
+    ladle::TensorView q, k, v;
+    ladle::VariantInputs inputs;
+  };
+  Arguments take_arguments(nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
+                           const std::map<std::string, float>& scalars) {
+    Arguments a{take(q, "q"), take(k, "k"), take(v, "v"), {}};
+    a.inputs.tensors = take_all(tensors, "");
+    a.inputs.scalars = scalars;
+    return a;
+  }
   // The capsules taken so far, for a value that outlives the call (a saved forward's views).
   std::vector<ladle::DLPackTensor> release() { return std::move(held_); }
   std::map<std::string, ladle::TensorView> take_all(const nb::dict& capsules, const std::string& what) {
@@ -173,6 +185,21 @@ std::int32_t build(ladle::ir::ExprBuilder& builder, nb::handle node) {
   return builder.binary(op, a, build(builder, t[2]));
 }
 
+// What ir::validate found wrong with a variant from Python, as one InvalidArgument.
+void refuse_problems(const std::string& name, const std::vector<std::string>& problems) {
+  if (problems.empty()) return;
+  std::string all;
+  for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
+  throw ladle::InvalidArgument(name + ": " + all);
+}
+
+// (name, kind, role) of every input, for Python.
+std::vector<std::tuple<std::string, std::string, std::string>> inputs_of(const std::vector<ladle::ir::Input>& inputs) {
+  std::vector<std::tuple<std::string, std::string, std::string>> out;
+  for (const auto& in : inputs) out.emplace_back(in.name, ladle::ir::kind_name(in.kind), ladle::ir::role_name(in.role));
+  return out;
+}
+
 ladle::ir::Slot slot_of(const std::string& name) {
   for (std::size_t i = 0; i < ladle::ir::slot_count; ++i)
     if (name == ladle::ir::slot_name(static_cast<ladle::ir::Slot>(i))) return static_cast<ladle::ir::Slot>(i);
@@ -197,12 +224,7 @@ ladle::ir::Variant make_variant(const std::string& name, const nb::dict& slots, 
   variant.l2_normalize_qk = l2;
   variant.normalize = normalize;
   variant.normalize_eps = eps;
-  const std::vector<std::string> problems = ladle::ir::validate(variant);
-  if (!problems.empty()) {
-    std::string all;
-    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
-    throw ladle::InvalidArgument((name.empty() ? std::string("variant") : name) + ": " + all);
-  }
+  refuse_problems(name.empty() ? "variant" : name, ladle::ir::validate(variant));
   return variant;
 }
 
@@ -228,12 +250,7 @@ ladle::ir::AttentionVariant make_attention_variant(const std::string& name, nb::
     variant.keep = predicate.take();
   }
   variant.causal = causal, variant.window = window, variant.segment_ids = segment_ids, variant.sinks = sinks, variant.dropout = dropout;
-  const std::vector<std::string> problems = ladle::ir::validate(variant);
-  if (!problems.empty()) {
-    std::string all;
-    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
-    throw ladle::InvalidArgument((name.empty() ? std::string("attention variant") : name) + ": " + all);
-  }
+  refuse_problems(name.empty() ? "attention variant" : name, ladle::ir::validate(variant));
   return variant;
 }
 
@@ -281,12 +298,7 @@ NB_MODULE(_ladle, m) {
       .def_prop_ro("hash", [](const ladle::ir::Variant& v) { return ladle::ir::hash_hex(v); })
       .def_prop_ro("form", [](const ladle::ir::Variant& v) { return ladle::ir::form_name(v); })
       .def_prop_ro("plain_form", &ladle::ir::Variant::plain_form)
-      .def_prop_ro("inputs",
-                   [](const ladle::ir::Variant& v) {
-                     std::vector<std::tuple<std::string, std::string, std::string>> out;
-                     for (const auto& in : v.inputs) out.emplace_back(in.name, ladle::ir::kind_name(in.kind), ladle::ir::role_name(in.role));
-                     return out;
-                   },
+      .def_prop_ro("inputs", [](const ladle::ir::Variant& v) { return inputs_of(v.inputs); },
                    "(name, kind, role) of every input, in order of first use")
       .def("__str__", [](const ladle::ir::Variant& v) { return ladle::ir::to_string(v); })
       .def("__repr__", [](const ladle::ir::Variant& v) { return "<ladle.Variant " + (v.name.empty() ? std::string("variant") : v.name) + " " + ladle::ir::hash_hex(v) + ">"; });
@@ -304,10 +316,7 @@ NB_MODULE(_ladle, m) {
          nb::handle cu_seqlens, bool reverse, const std::string& backend, const std::string& algorithm, std::uintptr_t stream,
          bool has_stream, bool upload) {
         Capsules held;
-        ladle::VariantInputs inputs;
-        const ladle::TensorView qv = held.take(q, "q"), kv = held.take(k, "k"), vv = held.take(v, "v");
-        inputs.tensors = held.take_all(tensors, "");
-        inputs.scalars = scalars;
+        const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
         const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
         ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, algorithm, s ? &*s : nullptr, upload);
         ladle::RecurrentOutputs outputs{held.take(o, "o"), held.take_optional(final_state, "final_state")};
@@ -325,10 +334,7 @@ NB_MODULE(_ladle, m) {
          const std::string& backend, std::uintptr_t stream, bool has_stream, bool upload, nb::handle d_output, nb::handle d_final_state,
          nb::handle dq, nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state) {
         Capsules held;
-        ladle::VariantInputs inputs;
-        const ladle::TensorView qv = held.take(q, "q"), kv = held.take(k, "k"), vv = held.take(v, "v");
-        inputs.tensors = held.take_all(tensors, "");
-        inputs.scalars = scalars;
+        const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
         const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
         const ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, "auto", s ? &*s : nullptr, upload);
         const ladle::TensorView d_o = held.take(d_output, "d_output");
@@ -383,12 +389,7 @@ NB_MODULE(_ladle, m) {
   nb::class_<ladle::ir::AttentionVariant>(m, "AttentionVariant")
       .def_prop_ro("name", [](const ladle::ir::AttentionVariant& v) { return v.name; })
       .def_prop_ro("hash", [](const ladle::ir::AttentionVariant& v) { return ladle::ir::hash_hex(v); })
-      .def_prop_ro("inputs",
-                   [](const ladle::ir::AttentionVariant& v) {
-                     std::vector<std::tuple<std::string, std::string, std::string>> out;
-                     for (const auto& in : v.inputs) out.emplace_back(in.name, ladle::ir::kind_name(in.kind), ladle::ir::role_name(in.role));
-                     return out;
-                   })
+      .def_prop_ro("inputs", [](const ladle::ir::AttentionVariant& v) { return inputs_of(v.inputs); })
       .def("__str__", [](const ladle::ir::AttentionVariant& v) { return ladle::ir::to_string(v); });
   m.def("make_attention_variant", &make_attention_variant, "name"_a, "score"_a, "keep"_a.none(), "causal"_a, "window"_a,
         "segment_ids"_a, "sinks"_a, "dropout"_a);
@@ -400,10 +401,7 @@ NB_MODULE(_ladle, m) {
          std::uint64_t seed, bool return_lse, bool for_backward, const std::string& backend, std::uintptr_t stream,
          bool has_stream) {
         Capsules held;
-        const ladle::TensorView qv = held.take(q, "q"), kv = held.take(k, "k"), vv = held.take(v, "v");
-        ladle::VariantInputs inputs;
-        inputs.tensors = held.take_all(tensors, "");
-        inputs.scalars = scalars;
+        const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
         ladle::AttentionRunOptions options;
         options.window_left = window_left, options.window_right = window_right;
         options.q_segment_ids = held.take_optional(q_segment_ids, "q_segment_ids");
