@@ -124,9 +124,13 @@ def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d
 
 
 def generated_kernels(variant: Variant, *, batch: int = 8, tokens: int = 1024, heads: int = 16, key_dim: int = 128,
-                      value_dim: int = 128, dtype: str = "bf16", arch: str = "sm_90a", algorithm: str = "auto"):
+                      value_dim: int = 128, dtype: str = "bf16", arch: str = "sm_90a", algorithm: str = "auto",
+                      compile: bool = False):
     """The kernels a call of this shape launches on `arch`, as the launcher plans them (no GPU
-    needed): a list of {"name", "source", "role", "tile"}."""
+    needed; what ladle-dump shows): a list of dicts with "name", "source", "role", "tile", "threads"
+    and "dynamic_shared_bytes"; with compile=True each is compiled by NVRTC through the disk cache (the
+    launcher's cache: a later run finds it there) and also holds "ptx", "registers",
+    "spill_store_bytes", "spill_load_bytes", "static_shared_bytes" and "from_cache"."""
     if not isinstance(variant, Variant):
         raise TypeError(f"variant: expected a ladle.Variant, got {type(variant).__name__}")
-    return _ladle.generated_kernels(variant.native, batch, tokens, heads, key_dim, value_dim, dtype, arch, algorithm)
+    return _ladle.generated_kernels(variant.native, batch, tokens, heads, key_dim, value_dim, dtype, arch, algorithm, compile)

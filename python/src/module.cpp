@@ -448,18 +448,43 @@ NB_MODULE(_ladle, m) {
   m.def(
       "generated_kernels",
       [](const ladle::ir::Variant& variant, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t key_dim,
-         std::int64_t value_dim, const std::string& dtype, const std::string& arch, const std::string& algorithm) {
+         std::int64_t value_dim, const std::string& dtype, const std::string& arch, const std::string& algorithm, bool compile) {
         ladle::CallShape shape;
         shape.batch = batch, shape.tokens = tokens, shape.heads = heads, shape.key_dim = key_dim, shape.value_dim = value_dim;
         shape.type = ladle::parse_dtype(dtype);
         ladle::RunOptions options;
         options.algorithm = algorithm_of(algorithm);
-        std::vector<std::map<std::string, std::string>> out;
-        for (const ladle::GeneratedKernel& k : ladle::generated_kernels(variant, shape, options, arch))
-          out.push_back({{"name", k.name}, {"source", k.source}, {"role", k.role}, {"tile", k.tile}});
+        nb::list out;
+        std::vector<ladle::GeneratedKernel> kernels;
+        {
+          nb::gil_scoped_release release;
+          kernels = ladle::generated_kernels(variant, shape, options, arch);
+        }
+        for (const ladle::GeneratedKernel& k : kernels) {
+          nb::dict d;
+          d["name"] = k.name, d["source"] = k.source, d["role"] = k.role, d["tile"] = k.tile;
+          d["threads"] = k.threads, d["dynamic_shared_bytes"] = k.dynamic_shared_bytes;
+          if (compile) {
+            // NVRTC through the disk cache, as the launcher compiles it (no GPU needed).
+            ladle::CompiledProgram program;
+            {
+              nb::gil_scoped_release release;
+              program = ladle::compile_generated(k, arch);
+            }
+            d["ptx"] = program.ptx;
+            d["from_cache"] = program.from_cache;
+            if (const ladle::KernelResources* r = program.resources(k.name)) {
+              d["registers"] = r->registers;
+              d["spill_store_bytes"] = r->spill_store_bytes;
+              d["spill_load_bytes"] = r->spill_load_bytes;
+              d["static_shared_bytes"] = r->shared_bytes;
+            }
+          }
+          out.append(d);
+        }
         return out;
       },
-      "variant"_a, "batch"_a, "tokens"_a, "heads"_a, "key_dim"_a, "value_dim"_a, "dtype"_a, "arch"_a, "algorithm"_a);
+      "variant"_a, "batch"_a, "tokens"_a, "heads"_a, "key_dim"_a, "value_dim"_a, "dtype"_a, "arch"_a, "algorithm"_a, "compile"_a);
 
   m.def("driver_available", [] { return ladle::driver_available(); }, "whether libcuda could be opened");
 }

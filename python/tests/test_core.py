@@ -146,7 +146,21 @@ def test_generated_kernels_show_the_cuda_without_a_gpu():
     first = kernels[0]
     assert 'extern "C"' in first["source"] and first["name"] in first["source"]
     assert "logsigmoid" in first["source"] or "log" in first["source"]
-    assert first["role"]
+    assert first["role"] and first["threads"] > 0
+
+
+def test_generated_kernels_compile_through_the_cache(tmp_path, monkeypatch):
+    # NVRTC compiles them here, without a GPU, into the cache a later run (C++ or Python) finds.
+    monkeypatch.setenv("LADLE_CACHE_DIR", str(tmp_path))
+    kernels = ladle.generated_kernels(ladle.named_variant("gla"), batch=2, tokens=256, heads=2, key_dim=64, value_dim=64,
+                                      arch="sm_90a", compile=True)
+    assert kernels
+    for kernel in kernels:
+        assert ".entry " + kernel["name"] in kernel["ptx"] or kernel["name"] in kernel["ptx"]
+        assert 0 < kernel["registers"] <= 255 and kernel["spill_store_bytes"] == 0, kernel["name"]
+    again = ladle.generated_kernels(ladle.named_variant("gla"), batch=2, tokens=256, heads=2, key_dim=64, value_dim=64,
+                                    arch="sm_90a", compile=True)
+    assert all(k["from_cache"] for k in again)
 
 
 def test_errors_name_the_argument():
