@@ -411,6 +411,81 @@ def _window(window):
     return int(window[0]), int(window[1])
 
 
+def _named_attention(q, k, v, bias, sinks, attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, scale, softcap,
+                     causal, has_window, window_left, window_right, dropout_p, seed, return_lse, for_backward):
+    backend, stream, has_stream = _where(q)
+    return _ladle.attention(_cap(q), _cap(k), _cap(v), scale, _opt(bias), softcap, causal,
+                            (window_left, window_right) if has_window else None, _opt(attn_mask), _opt(q_segment_ids),
+                            _opt(kv_segment_ids), _opt(sinks), _opt(cu_seqlens_q), _opt(cu_seqlens_k), dropout_p, seed, return_lse,
+                            for_backward, backend, stream, has_stream)
+
+
+@torch.library.custom_op("ladle::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                  attn_mask: Optional[torch.Tensor], q_segment_ids: Optional[torch.Tensor],
+                  kv_segment_ids: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+                  cu_seqlens_k: Optional[torch.Tensor], scale: Optional[float], softcap: Optional[float], causal: bool,
+                  has_window: bool, window_left: int, window_right: int, dropout_p: float, seed: int,
+                  return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """What torch.compile sees of attention(): o and lse (empty unless return_lse)."""
+    o, lse, _ = _named_attention(q, k, v, bias, sinks, attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, scale,
+                                 softcap, causal, has_window, window_left, window_right, dropout_p, seed, return_lse, False)
+    o = _dlpack.from_dlpack(o)
+    return o, (_dlpack.from_dlpack(lse) if lse is not None else o.new_empty(0, dtype=torch.float32))
+
+
+@_attention_op.register_fake
+def _(q, k, v, bias, sinks, attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, scale, softcap, causal,
+      has_window, window_left, window_right, dropout_p, seed, return_lse):
+    o = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+    if not return_lse:
+        return o, q.new_empty(0, dtype=torch.float32)
+    if cu_seqlens_q is not None:  # [H, total_q]
+        return o, q.new_empty((q.shape[-2], q.shape[-3]), dtype=torch.float32)
+    return o, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("ladle::attention_backward", mutates_args=())
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+                           sinks: Optional[torch.Tensor], attn_mask: Optional[torch.Tensor],
+                           q_segment_ids: Optional[torch.Tensor], kv_segment_ids: Optional[torch.Tensor],
+                           cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], scale: Optional[float],
+                           softcap: Optional[float], causal: bool, has_window: bool, window_left: int, window_right: int,
+                           dropout_p: float, seed: int, d_o: torch.Tensor) -> list[torch.Tensor]:
+    """dq, dk, dv, d bias, d sinks (fp32; empty where absent). Functional, as a compiled graph needs:
+    the forward runs again for the saved value its backward reads (the eager path keeps it instead)."""
+    _, _, saved = _named_attention(q, k, v, bias, sinks, attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k,
+                                   scale, softcap, causal, has_window, window_left, window_right, dropout_p, seed, False, True)
+    _, stream, has_stream = _where(q)
+    got = {n: _dlpack.from_dlpack(c) for n, c in _ladle.attention_backward(saved, _cap(d_o.contiguous()), stream, has_stream).items()}
+    absent = lambda: q.new_empty(0, dtype=torch.float32)  # noqa: E731 (a fresh one each: outputs may not alias)
+    return [got["q"], got["k"], got["v"], got["bias"] if "bias" in got else absent(), got["sinks"] if "sinks" in got else absent()]
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, bias, sinks, attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, scale, softcap, causal,
+      has_window, window_left, window_right, dropout_p, seed, d_o):
+    f32 = dict(dtype=torch.float32)
+    return [q.new_empty(q.shape, **f32), k.new_empty(k.shape, **f32), v.new_empty(v.shape, **f32),
+            q.new_empty(bias.shape if bias is not None else (0,), **f32), q.new_empty(sinks.shape if sinks is not None else (0,), **f32)]
+
+
+def _attention_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:10])
+    ctx.args = inputs[10:18]
+
+
+def _attention_grads(ctx, d_o, d_lse):
+    tensors = ctx.saved_tensors
+    dq, dk, dv, d_bias, d_sinks = _attention_backward_op(*tensors, *ctx.args, d_o)
+    q, k, v, bias, sinks = tensors[:5]
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None if bias is None else d_bias.to(bias.dtype),
+            None if sinks is None else d_sinks.to(sinks.dtype), *([None] * 14))
+
+
+_attention_op.register_autograd(_attention_grads, setup_context=_attention_setup)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None, causal: bool = False,
               window: Optional[tuple] = None, softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None,
               bias: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
@@ -425,11 +500,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optio
     cu_seqlens_q and cu_seqlens_k; dropout_p with a seed. Returns o, or (o, lse) with return_lse.
 
     With autograd: dq, dk, dv, d bias and d sinks (on the GPU: sm_90a, q, k, v of one 16-bit type, head
-    dims up to 128; else the CPU path, host tensors only). Eager only for now: under torch.compile the
-    call is not traced (a graph break; fullgraph=True refuses it)."""
+    dims up to 128; else the CPU path, host tensors only). Under torch.compile it is the custom op
+    ladle::attention, whose backward runs the forward again (the eager path keeps the forward's saved
+    value instead)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(x, name)
     win = _window(window)
+    if torch.compiler.is_compiling():
+        o, lse = _attention_op(q, k, v, bias, _sinks(sinks), attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k,
+                               scale, softcap, causal, win is not None, win[0] if win else -1, win[1] if win else -1,
+                               float(dropout_p), int(seed), return_lse)
+        return (o, lse) if return_lse else o
 
     def call(q_, k_, v_, sinks_, tensors, for_backward):
         backend, stream, has_stream = _where(q_)
@@ -477,5 +558,4 @@ def run_attention(variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, in
     return _attend(call, names, q, k, v, _sinks(sinks), tuple(tensors[n] for n in names), return_lse)
 
 
-attention = torch.compiler.disable(attention)
 run_attention = torch.compiler.disable(run_attention)

@@ -223,6 +223,19 @@ def test_attention_with_masks_sinks_and_gqa_on_the_cpu():
         g_ref = torch.autograd.grad(ro, theirs[:n], do)
         for name, a, b in zip(["q", "k", "v", "sinks"], g_ours, g_ref):
             assert a.dtype == torch.float32 and rel(a, b) < 1e-4, (kw, name, rel(a, b))
+    # The custom op torch.compile sees: traced whole, its backward (the forward again, then ladle's) equal to eager.
+    f = lambda q_, k_, v_, s_: lt.attention(q_, k_, v_, causal=True, window=(8, 0), softcap=5.0, sinks=s_)  # noqa: E731
+    ours = [leaf(x) for x in (q, k, v, sinks)]
+    eager = f(*ours)
+    g_eager = torch.autograd.grad(eager, ours, torch.ones_like(eager))
+    compiled = [leaf(x) for x in (q, k, v, sinks)]
+    traced = torch.compile(f, backend="aot_eager", fullgraph=True)(*compiled)
+    assert torch.allclose(traced, eager, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(traced, compiled, torch.ones_like(traced)), g_eager):
+        assert torch.allclose(a, b, atol=1e-5)
+    key = torch.ops.ladle.attention.default
+    torch.library.opcheck(key, (leaf(q), leaf(k), leaf(v), None, leaf(sinks.view(-1, 1)), None, None, None, None, None, None, 5.0,
+                                True, True, 8, 0, 0.0, 0, True))
     o, lse = lt.attention(q, k, v, causal=True, return_lse=True)
     assert lse.shape[-1] == T or lse.numel() == B * H * T
     with pytest.raises(ValueError, match="window"):
