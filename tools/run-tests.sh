@@ -18,7 +18,7 @@ echo "== the Python package: pip install . into a venv (scikit-build-core, nanob
 # torch (PyPI's, about 5.4 GB with its CUDA libraries) when the disk has room, so that its tests run
 # here on the CPU path; without it they are reported as skipped, each with its reason (-rs). The
 # tests that need a GPU run on the GPU machine (bench/python-check.sh). LADLE_TEST_TORCH=0 skips it.
-venv="$build/python-venv"
+venv="$PWD/$build/python-venv"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" 2> /dev/null || {
     sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
