@@ -45,6 +45,8 @@ class AttentionVariant:
     """What ladle.dsl.lower returns for a softmax(...): name, hash, inputs ((name, kind, role), q, k, v
     first), kinds; str() prints it as the dump tool does."""
 
+    _registry: dict = {}
+
     def __init__(self, native: "_ladle.AttentionVariant"):
         self.native = native
         self.name = native.name
@@ -52,6 +54,14 @@ class AttentionVariant:
         self.inputs = tuple(native.inputs)
         self.kinds = {name: kind for name, kind, _ in self.inputs}
         self._text = str(native)
+        AttentionVariant._registry.setdefault(self.hash, self)
+
+    @staticmethod
+    def by_hash(key: str) -> "AttentionVariant":
+        try:
+            return AttentionVariant._registry[key]
+        except KeyError:
+            raise ValueError(f"attention variant {key}: no variant of that hash was made in this process") from None
 
     def __str__(self) -> str:
         return self._text

@@ -434,15 +434,20 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optio
     return o, (_dlpack.from_dlpack(lse) if lse is not None else o.new_empty(0, dtype=torch.float32))
 
 
-@_attention_op.register_fake
-def _(q, k, v, bias, sinks, attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, scale, softcap, causal,
-      has_window, window_left, window_right, dropout_p, seed, return_lse):
+def _attention_fake(q, v, cu_seqlens_q, return_lse):
+    """o [..,Tq,H,Dv] and lse ([B,H,Tq]; packed [H,total_q]; empty unless return_lse), as the fake kernels give them."""
     o = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
     if not return_lse:
         return o, q.new_empty(0, dtype=torch.float32)
-    if cu_seqlens_q is not None:  # [H, total_q]
+    if cu_seqlens_q is not None:
         return o, q.new_empty((q.shape[-2], q.shape[-3]), dtype=torch.float32)
     return o, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@_attention_op.register_fake
+def _(q, k, v, bias, sinks, attn_mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, scale, softcap, causal,
+      has_window, window_left, window_right, dropout_p, seed, return_lse):
+    return _attention_fake(q, v, cu_seqlens_q, return_lse)
 
 
 @torch.library.custom_op("ladle::attention_backward", mutates_args=())
@@ -521,6 +526,79 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optio
     return _attend(call, ("bias",), q, k, v, _sinks(sinks), (bias,), return_lse)
 
 
+def _dsl_attention(variant, q, k, v, tensors, names, scalars, scalar_names, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
+                   cu_seqlens_k, window_left, window_right, dropout_p, seed, return_lse, for_backward):
+    backend, stream, has_stream = _where(q)
+    return _ladle.run_attention(AttentionVariant.by_hash(variant).native, _cap(q), _cap(k), _cap(v),
+                                {n: _cap(t) for n, t in zip(_names(names), tensors)}, dict(zip(_names(scalar_names), scalars)),
+                                window_left, window_right, _opt(q_segment_ids), _opt(kv_segment_ids), _opt(sinks),
+                                _opt(cu_seqlens_q), _opt(cu_seqlens_k), dropout_p, seed, return_lse, for_backward, backend, stream,
+                                has_stream)
+
+
+@torch.library.custom_op("ladle::run_attention", mutates_args=())
+def _run_attention_op(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor], names: str,
+                      scalars: list[float], scalar_names: str, sinks: Optional[torch.Tensor],
+                      q_segment_ids: Optional[torch.Tensor], kv_segment_ids: Optional[torch.Tensor],
+                      cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], window_left: int,
+                      window_right: int, dropout_p: float, seed: int, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """What torch.compile sees of run_attention(): o and lse (empty unless return_lse)."""
+    o, lse, _ = _dsl_attention(variant, q, k, v, tensors, names, scalars, scalar_names, sinks, q_segment_ids, kv_segment_ids,
+                               cu_seqlens_q, cu_seqlens_k, window_left, window_right, dropout_p, seed, return_lse, False)
+    o = _dlpack.from_dlpack(o)
+    return o, (_dlpack.from_dlpack(lse) if lse is not None else o.new_empty(0, dtype=torch.float32))
+
+
+@_run_attention_op.register_fake
+def _(variant, q, k, v, tensors, names, scalars, scalar_names, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k,
+      window_left, window_right, dropout_p, seed, return_lse):
+    return _attention_fake(q, v, cu_seqlens_q, return_lse)
+
+
+@torch.library.custom_op("ladle::run_attention_backward", mutates_args=())
+def _run_attention_backward_op(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
+                               names: str, scalars: list[float], scalar_names: str, sinks: Optional[torch.Tensor],
+                               q_segment_ids: Optional[torch.Tensor], kv_segment_ids: Optional[torch.Tensor],
+                               cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], window_left: int,
+                               window_right: int, dropout_p: float, seed: int, d_o: torch.Tensor) -> list[torch.Tensor]:
+    """dq, dk, dv, d sinks, then each tensor input's (fp32; empty where there is none): the forward again
+    for its saved value, then ladle's backward."""
+    _, _, saved = _dsl_attention(variant, q, k, v, tensors, names, scalars, scalar_names, sinks, q_segment_ids, kv_segment_ids,
+                                 cu_seqlens_q, cu_seqlens_k, window_left, window_right, dropout_p, seed, False, True)
+    _, stream, has_stream = _where(q)
+    got = {n: _dlpack.from_dlpack(c) for n, c in _ladle.attention_backward(saved, _cap(d_o.contiguous()), stream, has_stream).items()}
+    absent = lambda: q.new_empty(0, dtype=torch.float32)  # noqa: E731
+    return [got["q"], got["k"], got["v"], got["sinks"] if "sinks" in got else absent(),
+            *[got[n] if n in got else absent() for n in _names(names)]]
+
+
+@_run_attention_backward_op.register_fake
+def _(variant, q, k, v, tensors, names, scalars, scalar_names, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k,
+      window_left, window_right, dropout_p, seed, d_o):
+    f32 = dict(dtype=torch.float32)
+    return [q.new_empty(q.shape, **f32), k.new_empty(k.shape, **f32), v.new_empty(v.shape, **f32),
+            q.new_empty(sinks.shape if sinks is not None else (0,), **f32),
+            *[q.new_empty(t.shape if t.is_floating_point() else (0,), **f32) for t in tensors]]
+
+
+def _run_attention_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[1:4], inputs[8], *inputs[9:13], *inputs[4])
+    ctx.args = (inputs[0], inputs[5], inputs[6], inputs[7], *inputs[13:17], len(inputs[4]))
+
+
+def _run_attention_grads(ctx, d_o, d_lse):
+    q, k, v, sinks, qs, ks, cq, ck, *tensors = ctx.saved_tensors
+    variant, names, scalars, scalar_names, left, right, p, seed, _ = ctx.args
+    dq, dk, dv, d_sinks, *d_tensors = _run_attention_backward_op(variant, q, k, v, tensors, names, scalars, scalar_names, sinks,
+                                                                 qs, ks, cq, ck, left, right, p, seed, d_o)
+    grads = [g.to(t.dtype) if t.is_floating_point() else None for g, t in zip(d_tensors, tensors)]
+    return (None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), grads, None, None, None,
+            None if sinks is None else d_sinks.to(sinks.dtype), *([None] * 9))
+
+
+_run_attention_op.register_autograd(_run_attention_grads, setup_context=_run_attention_setup)
+
+
 def run_attention(variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Optional[Mapping] = None, *,
                   scale: Optional[float] = None, window: Optional[tuple] = None, sinks: Optional[torch.Tensor] = None,
                   q_segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
@@ -530,7 +608,8 @@ def run_attention(variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, in
     autograd: inputs by name (pair tensors [B,H,Tq,Tk] broadcastable, per-head [H], floats for
     scalars; a scalar named "scale" defaults to 1/sqrt(D)); the run-time parts (window sizes, segment
     ids, sinks, packed sequences, dropout) as attention() takes them. Gradients reach q, k, v, every
-    floating tensor input and the sinks. Eager only, as attention()."""
+    floating tensor input and the sinks. Under torch.compile it is the custom op ladle::run_attention,
+    as attention() is ladle::attention."""
     if not isinstance(variant, AttentionVariant):
         raise TypeError(f"variant: expected a ladle.AttentionVariant (ladle.dsl.lower of a softmax), got {type(variant).__name__}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -547,6 +626,11 @@ def run_attention(variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, in
         scalars["scale"] = float(scale) if scale is not None else float(q.shape[-1]) ** -0.5
     left, right = _window(window) or (-1, -1)
     names = tuple(tensors)
+    if torch.compiler.is_compiling():
+        o, lse = _run_attention_op(variant.hash, q, k, v, [tensors[n] for n in names], ",".join(names), list(scalars.values()),
+                                   ",".join(scalars), _sinks(sinks), q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k,
+                                   left, right, float(dropout_p), int(seed), return_lse)
+        return (o, lse) if return_lse else o
 
     def call(q_, k_, v_, sinks_, given, for_backward):
         backend, stream, has_stream = _where(q_)
@@ -556,6 +640,3 @@ def run_attention(variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, in
                                     for_backward, backend, stream, has_stream)
 
     return _attend(call, names, q, k, v, _sinks(sinks), tuple(tensors[n] for n in names), return_lse)
-
-
-run_attention = torch.compiler.disable(run_attention)
