@@ -70,8 +70,8 @@ def _opt(t: Optional[torch.Tensor]):
 def _run(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor], names: str,
          scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
          reverse: bool, output_final_state: bool, algorithm: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward itself: the body of the custom op ladle::recurrent, and what an eager call that
-    needs no gradient runs directly (the dispatcher's layers cost more than the call: bench/torch_overhead.py)."""
+    """The forward itself: the body of the custom op ladle::recurrent and of the eager autograd
+    function (run_variant runs a call that needs no gradient with fewer steps still)."""
     o_shape, state_shape = output_shapes(q, v, cu_seqlens)
     o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
     final = torch.empty(state_shape if output_final_state else (0,), dtype=torch.float32, device=q.device)
@@ -215,20 +215,30 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         scalar_inputs["scale"] = float(scale) if scale is not None else float(q.shape[-1]) ** -0.5
     elif scale is not None and declared.get("scale") != "scalar":
         raise ValueError("scale: the variant reads no scalar named 'scale'")
+    compiling = torch.compiler.is_compiling()
+    needs_grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or any(t.requires_grad for t in tensor_inputs.values())
+        or (initial_state is not None and initial_state.requires_grad))
+    if not compiling and not needs_grad:
+        # No gradient and no compiler: the forward at once, the fewest Python steps (bench/torch_overhead.py).
+        o_shape, state_shape = output_shapes(q, v, cu_seqlens)
+        o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
+        final = torch.empty(state_shape, dtype=torch.float32, device=q.device) if output_final_state else None
+        backend, stream, has_stream = _where(q)
+        _ladle.run(variant.native, _cap(q), _cap(k), _cap(v), {n: _cap(t) for n, t in tensor_inputs.items()}, scalar_inputs,
+                   _cap(o), None if final is None else _cap(final), _opt(initial_state), _opt(cu_seqlens), reverse, backend,
+                   algorithm, stream, has_stream, False)
+        return o, final
     names = list(tensor_inputs)
     tensors, joined, scalars, scalar_names = [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()), \
         ",".join(scalar_inputs)
-    if torch.compiler.is_compiling():
+    if compiling:
         # The custom op, which the compiler traces (its fake kernel) and differentiates (its autograd).
         o, final = _recurrent(key, q, k, v, tensors, joined, scalars, scalar_names, initial_state, cu_seqlens, reverse,
                               output_final_state, algorithm)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(t.requires_grad for t in tensors)
-                                      or (initial_state is not None and initial_state.requires_grad)):
+    else:
         o, final = _Recurrent.apply(key, joined, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens,
                                     initial_state, q, k, v, *tensors)
-    else:
-        o, final = _run(key, q, k, v, tensors, joined, scalars, scalar_names, initial_state, cu_seqlens, reverse,
-                        output_final_state, algorithm)
     return o, (final if output_final_state else None)
 
 
