@@ -1,0 +1,150 @@
+/* A stand-in libcuda for measuring ladle's host-side cost a call without a GPU (bench/host-overhead.sh).
+ * It answers the 37 driver calls ladle makes (runtime/detail/api.h) as an H100 would describe itself,
+ * keeps "device" memory in host memory (so copies and memsets work), remembers those ranges for
+ * cuPointerGetAttributes, and launches nothing: cuLaunchKernel returns at once. Loaded through
+ * LADLE_CUDA_DRIVER_LIBRARY; never part of the library or the tests' GPU runs. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#define MAX_ALLOCS 4096
+static struct {
+  uintptr_t base;
+  size_t bytes;
+} allocs[MAX_ALLOCS];
+static int n_allocs;
+
+static void remember(void* p, size_t bytes) {
+  if (n_allocs < MAX_ALLOCS) {
+    allocs[n_allocs].base = (uintptr_t)p;
+    allocs[n_allocs].bytes = bytes;
+    ++n_allocs;
+  }
+}
+
+static void forget(uintptr_t p) {
+  for (int i = 0; i < n_allocs; ++i)
+    if (allocs[i].base == p) {
+      allocs[i] = allocs[--n_allocs];
+      return;
+    }
+}
+
+static int is_device(uintptr_t p) {
+  for (int i = 0; i < n_allocs; ++i)
+    if (p >= allocs[i].base && p < allocs[i].base + (allocs[i].bytes ? allocs[i].bytes : 1)) return 1;
+  return 0;
+}
+
+CUresult cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
+CUresult cuDriverGetVersion(int* v) { *v = 13000; return CUDA_SUCCESS; }
+CUresult cuGetErrorName(CUresult e, const char** s) { (void)e; *s = "CUDA_ERROR_FAKE"; return CUDA_SUCCESS; }
+CUresult cuGetErrorString(CUresult e, const char** s) { (void)e; *s = "an error of the stand-in driver"; return CUDA_SUCCESS; }
+CUresult cuDeviceGetCount(int* n) { *n = 1; return CUDA_SUCCESS; }
+CUresult cuDeviceGet(CUdevice* d, int ordinal) { *d = ordinal; return CUDA_SUCCESS; }
+CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+  (void)d;
+  strncpy(name, "stand-in H100 (no GPU)", (size_t)len - 1);
+  name[len - 1] = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
+  (void)d;
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = 232448; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: *v = 233472; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *v = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *v = 52428800; break;
+    default: *v = 1; break;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceTotalMem(size_t* bytes, CUdevice d) { (void)d; *bytes = (size_t)80 << 30; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) { (void)d; *c = (CUcontext)0x1; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+CUresult cuStreamCreate(CUstream* s, unsigned int flags) { (void)flags; *s = (CUstream)0x2; return CUDA_SUCCESS; }
+CUresult cuStreamDestroy(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult cuEventCreate(CUevent* e, unsigned int flags) { (void)flags; *e = (CUevent)0x3; return CUDA_SUCCESS; }
+CUresult cuEventDestroy(CUevent e) { (void)e; return CUDA_SUCCESS; }
+CUresult cuEventRecord(CUevent e, CUstream s) { (void)e; (void)s; return CUDA_SUCCESS; }
+CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { (void)a; (void)b; *ms = 1.0f; return CUDA_SUCCESS; }
+CUresult cuMemAlloc(CUdeviceptr* p, size_t bytes) {
+  void* m = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  remember(m, bytes);
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemFree(CUdeviceptr p) { forget((uintptr_t)p); free((void*)(uintptr_t)p); return CUDA_SUCCESS; }
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream s) { (void)s; return cuMemAlloc(p, bytes); }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return cuMemFree(p); }
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice d) { (void)d; *pool = (CUmemoryPool)0x4; return CUDA_SUCCESS; }
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void* v) { (void)pool; (void)a; (void)v; return CUDA_SUCCESS; }
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  (void)s;
+  memcpy((void*)(uintptr_t)dst, src, n);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+  (void)s;
+  memcpy(dst, (const void*)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  (void)s;
+  memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+  (void)s;
+  memset((void*)(uintptr_t)dst, v, n);
+  return CUDA_SUCCESS;
+}
+CUresult cuModuleLoadDataEx(CUmodule* m, const void* image, unsigned int n, CUjit_option* o, void** v) {
+  (void)image; (void)n; (void)o; (void)v;
+  *m = (CUmodule)0x5;
+  return CUDA_SUCCESS;
+}
+CUresult cuModuleUnload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) { (void)m; (void)name; *f = (CUfunction)0x6; return CUDA_SUCCESS; }
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { (void)f; (void)a; (void)v; return CUDA_SUCCESS; }
+CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
+  (void)f;
+  switch (a) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 128; break;
+    default: *v = 0; break;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem,
+                        CUstream s, void** params, void** extra) {
+  (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)s; (void)params; (void)extra;
+  return CUDA_SUCCESS;
+}
+CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType t, cuuint32_t rank, void* address, const cuuint64_t* dims,
+                                const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
+                                CUtensorMapInterleave i, CUtensorMapSwizzle sw, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  (void)t; (void)rank; (void)address; (void)dims; (void)strides; (void)box; (void)element_strides; (void)i; (void)sw; (void)l2;
+  (void)oob;
+  memset(map, 0, sizeof(*map));
+  return CUDA_SUCCESS;
+}
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attributes, void** values, CUdeviceptr p) {
+  const int device = is_device((uintptr_t)p);
+  for (unsigned int i = 0; i < n; ++i) {
+    if (attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) *(unsigned int*)values[i] = device ? CU_MEMORYTYPE_DEVICE : 0;
+    else if (attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *(int*)values[i] = 0;
+  }
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,65 @@
+// ladle's host-side cost a call, without a GPU: run with the stand-in driver (fake_cuda.c, through
+// LADLE_CUDA_DRIVER_LIBRARY), which launches nothing, so the time a call takes is the library's own
+// (planning, checks, driver calls answered at once). NVRTC compiles for real, once, before timing.
+//   host-overhead [calls]   prints one line per case: microseconds a call (best of 5 runs)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include <ladle/ops/attention.h>
+#include <ladle/ops/gla.h>
+#include <ladle/runtime/tensor.h>
+
+namespace {
+
+ladle::Tensor device(ladle::DType type, std::vector<std::int64_t> shape) {
+  return ladle::Tensor(type, std::move(shape), ladle::Location::device(0));
+}
+
+double us_per_call(const std::function<void()>& call, int calls) {
+  for (int i = 0; i < 20; ++i) call();
+  double best = 1e30;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) call();
+    const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
+    best = std::min(best, took.count() / calls);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int calls = argc > 1 ? std::atoi(argv[1]) : 2000;
+  const std::string only = argc > 2 ? argv[2] : "";
+  using ladle::DType;
+  struct Shape {
+    const char* name;
+    std::int64_t B, T, H, K, V;
+  };
+  for (const Shape& s : {Shape{"B1 T64 H1 K64 V64", 1, 64, 1, 64, 64}, Shape{"B8 T4096 H16 K128 V128", 8, 4096, 16, 128, 128}}) {
+    const ladle::Tensor q = device(DType::bf16, {s.B, s.T, s.H, s.K}), k = device(DType::bf16, {s.B, s.T, s.H, s.K});
+    const ladle::Tensor v = device(DType::bf16, {s.B, s.T, s.H, s.V}), g = device(DType::bf16, {s.B, s.T, s.H, s.K});
+    const ladle::Tensor o = device(DType::bf16, {s.B, s.T, s.H, s.V});
+    for (const auto algorithm : {ladle::Algorithm::chunked, ladle::Algorithm::recurrent}) {
+      const char* form = algorithm == ladle::Algorithm::chunked ? "chunked" : "recurrent";
+      if (!only.empty() && only != form) continue;
+      ladle::GlaOptions options;
+      options.algorithm = algorithm;
+      const double us = us_per_call([&] { ladle::gla_into(q.view(), k.view(), v.view(), g.view(), options, {o.view(), std::nullopt}); },
+                                    calls);
+      std::printf("gla %-9s %-24s %8.2f us a call\n", form, s.name, us);
+    }
+    if (only.empty() || only == "attention") {
+      ladle::AttentionOptions options;
+      options.causal = true;
+      const double us = us_per_call([&] { ladle::attention_into(q.view(), k.view(), v.view(), options, {o.view(), std::nullopt}); },
+                                    calls / 4 + 1);
+      std::printf("attention causal  %-24s %8.2f us a call\n", s.name, us);
+    }
+  }
+}
