@@ -1,5 +1,7 @@
 #include "target.h"
 
+#include <map>
+#include <mutex>
 #include <regex>
 
 #include <ladle/runtime/error.h>
@@ -8,7 +10,9 @@ namespace ladle::cuda {
 
 const char* const Target::hopper = "sm_90a";
 
-Target target(const std::string& arch) {
+namespace {
+
+Target parse(const std::string& arch) {
   Target t;
   t.arch = arch;
   if (arch.empty()) return t;
@@ -29,6 +33,22 @@ Target target(const std::string& arch) {
     default: break;
   }
   return t;
+}
+
+}  // namespace
+
+// Memoised by arch: the launchers ask on every call, and the pattern match cost a chunked call's
+// host time more than the rest of its target checks (bench/host-overhead.sh).
+Target target(const std::string& arch) {
+  static std::mutex mutex;
+  static std::map<std::string, Target> parsed;
+  {
+    const std::lock_guard lock(mutex);
+    if (const auto it = parsed.find(arch); it != parsed.end()) return it->second;
+  }
+  Target t = parse(arch);  // throws for a malformed arch, which is then not kept
+  const std::lock_guard lock(mutex);
+  return parsed.emplace(arch, std::move(t)).first->second;
 }
 
 bool has_wgmma(const std::string& arch) { return target(arch).wgmma; }
