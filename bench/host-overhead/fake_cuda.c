@@ -2,7 +2,9 @@
  * It answers the 37 driver calls ladle makes (runtime/detail/api.h) as an H100 would describe itself,
  * keeps "device" memory in host memory (so copies and memsets work), remembers those ranges for
  * cuPointerGetAttributes, and launches nothing: cuLaunchKernel returns at once. Loaded through
- * LADLE_CUDA_DRIVER_LIBRARY; never part of the library or the tests' GPU runs. */
+ * LADLE_CUDA_DRIVER_LIBRARY; never part of the library. The test ops-stand_in_driver runs the GPU path's
+ * host side through it in CI (compiled there as C++: cuda.h's declarations give every function C
+ * linkage). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,79 @@
+// The GPU path's host side without a GPU: ctest runs this program with LADLE_CUDA_DRIVER_LIBRARY set to
+// a stand-in libcuda (bench/host-overhead/fake_cuda.c) that describes an H100, keeps "device" memory
+// in host memory and launches nothing. So the checks on device tensors, the plans, the NVRTC compiles
+// of the planned kernels and the argument packing of every launch run here as they run on the GPU
+// machine, and their errors are held to name their argument. Results are not checked here (nothing
+// computes them); the GPU tests do that.
+#include <catch2/catch.hpp>
+
+#include <ladle/ops/attention.h>
+#include <ladle/ops/gla.h>
+#include <ladle/ops/update_forms.h>
+#include <ladle/ops/variant.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+
+using ladle::DType;
+using ladle::Tensor;
+
+namespace {
+
+Tensor device(DType type, std::vector<std::int64_t> shape) { return Tensor(type, std::move(shape), ladle::Location::device(0)); }
+
+}  // namespace
+
+TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]") {
+  REQUIRE(ladle::driver_available());
+  REQUIRE(ladle::Device::get().properties().arch() == "sm_90a");
+  const Tensor q = device(DType::bf16, {1, 128, 2, 64}), k = device(DType::bf16, {1, 128, 2, 64});
+  const Tensor v = device(DType::bf16, {1, 128, 2, 64}), g = device(DType::bf16, {1, 128, 2, 64});
+  const Tensor o = device(DType::bf16, {1, 128, 2, 64});
+
+  SECTION("the chunked and fused-recurrent forwards plan, compile and pack their launches") {
+    for (const auto algorithm : {ladle::Algorithm::chunked, ladle::Algorithm::recurrent}) {
+      ladle::GlaOptions options;
+      options.algorithm = algorithm;
+      CHECK_NOTHROW(ladle::gla_into(q.view(), k.view(), v.view(), g.view(), options, {o.view(), std::nullopt}));
+    }
+    const Tensor narrow = device(DType::bf16, {1, 128, 2, 32});
+    CHECK_THROWS_WITH(ladle::gla_into(q.view(), k.view(), v.view(), narrow.view(), {}, {o.view(), std::nullopt}),
+                      Catch::Contains("g has shape [1,128,2,32]"));
+    const Tensor host(DType::bf16, {1, 128, 2, 64}, 0.5f);
+    ladle::GlaOptions strict;
+    strict.gpu.upload_host_tensors = false;
+    CHECK_THROWS_WITH(ladle::gla_into(q.view(), k.view(), v.view(), host.view(), strict, {o.view(), std::nullopt}),
+                      Catch::Contains("g") && Catch::Contains("upload_host_tensors"));
+  }
+
+  SECTION("softmax attention plans and packs its launch") {
+    ladle::AttentionOptions options;
+    options.causal = true;
+    CHECK_NOTHROW(ladle::attention_into(q.view(), k.view(), v.view(), options, {o.view(), std::nullopt}));
+  }
+
+  SECTION("run_variant_backward_into runs the GPU backward's launches into caller-owned gradients") {
+    const ladle::ir::Variant& gla = ladle::gla_variant(false);
+    ladle::VariantInputs inputs;
+    inputs.tensors = {{"g", g.view()}};
+    inputs.scalars = {{"scale", 0.125f}};
+    const Tensor dq = device(DType::f32, {1, 128, 2, 64}), dk = device(DType::f32, {1, 128, 2, 64});
+    const Tensor dv = device(DType::f32, {1, 128, 2, 64}), dg = device(DType::f32, {1, 128, 2, 64});
+    const ladle::RecurrentGradientViews grads{dq.view(), dk.view(), dv.view(), {{"g", dg.view()}}, std::nullopt};
+    CHECK_NOTHROW(ladle::run_variant_backward_into(gla, q.view(), k.view(), v.view(), inputs, {}, o.view(), std::nullopt, grads));
+    ladle::RecurrentGradientViews missing = grads;
+    missing.inputs.clear();
+    CHECK_THROWS_WITH(ladle::run_variant_backward_into(gla, q.view(), k.view(), v.view(), inputs, {}, o.view(), std::nullopt, missing),
+                      Catch::Contains("gradients has no tensor for input 'g'"));
+    // The update forms' GPU backward is not built: refused by name before any work.
+    const Tensor beta = device(DType::bf16, {1, 128, 2}), gh = device(DType::f32, {1, 128, 2});
+    ladle::VariantInputs gdn_inputs;
+    gdn_inputs.tensors = {{"g", gh.view()}, {"beta", beta.view()}};
+    gdn_inputs.scalars = {{"scale", 0.125f}};
+    const Tensor dgh = device(DType::f32, {1, 128, 2}), dbeta = device(DType::f32, {1, 128, 2});
+    const ladle::RecurrentGradientViews gdn_grads{dq.view(), dk.view(), dv.view(), {{"g", dgh.view()}, {"beta", dbeta.view()}},
+                                                  std::nullopt};
+    CHECK_THROWS_WITH(ladle::run_variant_backward_into(ladle::delta_rule_variant(true, false), q.view(), k.view(), v.view(), gdn_inputs,
+                                                       {}, o.view(), std::nullopt, gdn_grads),
+                      Catch::Contains("the GPU backward of the gated delta rule is not built yet"));
+  }
+}
