@@ -32,6 +32,11 @@ __all__ = [
     "chunk_gated_delta_rule",
     "chunk_rwkv6",
     "chunk_kda",
+    "fused_recurrent_simple_gla",
+    "fused_recurrent_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_rwkv6",
+    "fused_recurrent_kda",
     "attention",
     "run_attention",
 ]
@@ -350,13 +355,28 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                           or (k_ == "cp_context" and v_ is not None)},
             allow_neg_eigval=(allow_neg_eigval, False), safe_gate=(safe_gate, False), lower_bound=(lower_bound, None),
             return_intermediate_states=(return_intermediate_states, False), state_v_first=(state_v_first, False))
+    return _kda("chunk_kda", "auto", q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                use_gate_in_kernel, use_beta_sigmoid_in_kernel, cu_seqlens, A_log, dt_bias)
+
+
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                        allow_neg_eigval=False, lower_bound=None, state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla.ops.kda.fused_recurrent_kda (decode): chunk_kda's arguments, on the fused-recurrent kernel."""
+    _refuse("fused_recurrent_kda", kwargs, allow_neg_eigval=(allow_neg_eigval, False), lower_bound=(lower_bound, None),
+            state_v_first=(state_v_first, False))
+    return _kda("fused_recurrent_kda", "recurrent", q, k, v, g, beta, scale, initial_state, output_final_state,
+                use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, cu_seqlens, A_log, dt_bias)
+
+
+def _kda(op, algorithm, q, k, v, g, beta, scale, initial_state, output_final_state, l2, gate, sigmoid, cu_seqlens, A_log, dt_bias):
     gates = []
     inputs = {"g": g, "beta": beta}
-    if use_qk_l2norm_in_kernel:
+    if l2:
         gates.append("l2norm")
-    if use_gate_in_kernel:
+    if gate:
         if A_log is None:
-            raise ValueError("chunk_kda: use_gate_in_kernel computes the decay as -exp(A_log) softplus(g + dt_bias): A_log [H] is required")
+            raise ValueError(f"{op}: use_gate_in_kernel computes the decay as -exp(A_log) softplus(g + dt_bias): A_log [H] is required")
         gates.append("gate")
         inputs["A_log"] = A_log
         if dt_bias is not None:
@@ -364,12 +384,61 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             heads, key_dim = int(g.shape[-2]), int(g.shape[-1])
             inputs["dt_bias"] = dt_bias.view(heads, key_dim) if dt_bias.dim() == 1 and dt_bias.numel() == heads * key_dim else dt_bias
     elif A_log is not None or dt_bias is not None:
-        raise ValueError(f"chunk_kda: {'A_log' if A_log is not None else 'dt_bias'} is given but use_gate_in_kernel is off "
+        raise ValueError(f"{op}: {'A_log' if A_log is not None else 'dt_bias'} is given but use_gate_in_kernel is off "
                          "(g is then the log decay itself)")
-    if use_beta_sigmoid_in_kernel:
+    if sigmoid:
         gates.append("sigmoid")
     return run_variant(_KDA[",".join(gates)], q, k, v, inputs, scale=scale, initial_state=initial_state,
-                       output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, algorithm=algorithm)
+
+
+def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                               reverse=False, state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla.ops.simple_gla.fused_recurrent_simple_gla (decode): chunk_simple_gla's gates, reverse too."""
+    _refuse("fused_recurrent_simple_gla", kwargs, state_v_first=(state_v_first, False))
+    inputs = {name: x for name, x in (("g", g), ("g_gamma", g_gamma)) if x is not None}
+    return run_variant(_SIMPLE_GLA[(g is not None, g_gamma is not None)], q, k, v, inputs, scale=scale,
+                       initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                       reverse=reverse, algorithm="recurrent")
+
+
+def fused_recurrent_delta_rule(q, k, v, beta=None, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+    """fla.ops.delta_rule.fused_recurrent_delta_rule (decode)."""
+    _refuse("fused_recurrent_delta_rule", kwargs)
+    if beta is None:
+        raise ValueError("fused_recurrent_delta_rule: beta [B,T,H] is required (ladle takes no default write strength)")
+    return run_variant(_DELTA[bool(use_qk_l2norm_in_kernel)], q, k, v, {"beta": beta}, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, algorithm="recurrent")
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
+                                     output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                                     A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                                     state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule (decode): g [B,T,H] the log decay, beta [B,T,H].
+    A key-side gate gk is KDA's form (fused_recurrent_kda); a value-side gate gv is not a delta-rule form ladle has."""
+    _refuse("fused_recurrent_gated_delta_rule", kwargs, allow_neg_eigval=(allow_neg_eigval, False),
+            state_v_first=(state_v_first, False), use_gate_in_kernel=(use_gate_in_kernel, False))
+    if A_log is not None or dt_bias is not None:
+        raise ValueError(f"fused_recurrent_gated_delta_rule: {'A_log' if A_log is not None else 'dt_bias'} is not supported by "
+                         "ladle here (the gate formed in the kernel is KDA's: ladle.torch.fused_recurrent_kda)")
+    if gk is not None or gv is not None:
+        raise ValueError(f"fused_recurrent_gated_delta_rule: {'gk' if gk is not None else 'gv'} is not supported by ladle "
+                         "(a key-side gate with the delta rule is KDA: ladle.torch.fused_recurrent_kda)")
+    if g is None or beta is None:
+        raise ValueError(f"fused_recurrent_gated_delta_rule: {'g' if g is None else 'beta'} [B,T,H] is required")
+    return run_variant(_GATED_DELTA[(bool(use_beta_sigmoid_in_kernel), bool(use_qk_l2norm_in_kernel))], q, k, v,
+                       {"g": g, "beta": beta}, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                       cu_seqlens=cu_seqlens, algorithm="recurrent")
+
+
+def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, reverse=False,
+                          cu_seqlens=None, **kwargs):
+    """fla.ops.rwkv6.fused_recurrent_rwkv6 (decode)."""
+    _refuse("fused_recurrent_rwkv6", kwargs)
+    return run_variant(_RWKV6, r, k, v, {"w": w, "u": u}, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, reverse=reverse, algorithm="recurrent")
 
 
 class _Attention(torch.autograd.Function):

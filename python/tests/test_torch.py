@@ -129,6 +129,29 @@ def test_update_forms_on_the_cpu():
           lambda q, k, v, w, u: oracle(q, k, v, K ** -0.5, gk=w, u=u), (q, k, v, w, u), 1e-5, 1e-4, ["r", "k", "v", "w", "u"])
 
 
+def test_fused_recurrent_forms_match_the_oracle_on_the_cpu():
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=30, seed=16)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+    gh, beta, gk, u = -torch.rand(B, T, H) * 0.5, torch.rand(B, T, H), -torch.rand(B, T, H, K) * 0.5, r(H, K)
+    kn = torch.nn.functional.normalize(k, dim=-1)
+    cases = [
+        (lambda: lt.fused_recurrent_simple_gla(q, k, v, g=gh, output_final_state=True), oracle(q, k, v, K ** -0.5, gh=gh)),
+        (lambda: lt.fused_recurrent_delta_rule(q, kn, v, beta, output_final_state=True), oracle(q, kn, v, K ** -0.5, beta=beta)),
+        (lambda: lt.fused_recurrent_gated_delta_rule(q, k, v, g=gh, beta=beta, use_qk_l2norm_in_kernel=True, output_final_state=True),
+         oracle(q, k, v, K ** -0.5, gh=gh, beta=beta, l2=True)),
+        (lambda: lt.fused_recurrent_rwkv6(q, k, v, gk, u, output_final_state=True), oracle(q, k, v, K ** -0.5, gk=gk, u=u)),
+        (lambda: lt.fused_recurrent_kda(q, k, v, gk, beta, use_qk_l2norm_in_kernel=True, output_final_state=True),
+         oracle(q, k, v, K ** -0.5, gk=gk, beta=beta, l2=True)),
+    ]
+    for n, (ours, (ro, rs)) in enumerate(cases):
+        o, s_ = ours()
+        assert rel(o, ro) < 1e-5 and rel(s_, rs) < 1e-5, n
+    with pytest.raises(ValueError, match="fused_recurrent_kda"):
+        lt.fused_recurrent_gated_delta_rule(q, k, v, gk=gk, beta=beta)
+    with pytest.raises(ValueError, match="beta"):
+        lt.fused_recurrent_delta_rule(q, k, v)
+
+
 def test_custom_op_registration_passes_opcheck():
     r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=20, seed=3)
     key = lt.register_variant(ladle.named_variant("gla"))
