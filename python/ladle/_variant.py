@@ -7,67 +7,61 @@ from __future__ import annotations
 from . import _ladle
 
 
-class Variant:
-    """What ladle.dsl.lower and ladle.named_variant return: name, hash (16 hex digits, the same as
-    the C++ library's for the same expression), form (the update form in words), plain_form, inputs
-    ((name, kind, role) in order of first use) and kinds (name -> kind); str() prints the recurrence."""
+class _Lowered:
+    """What both kinds of variant keep: the C++ object, its name, hash (16 hex digits, the same as the
+    C++ library's for the same expression), inputs ((name, kind, role) in order of first use), kinds
+    (name -> kind) and printout; each kind keeps a registry by hash, which the custom ops read."""
 
     _registry: dict = {}
+    _native_type = None
+    _what = "variant"
+
+    def __init__(self, native):
+        if not isinstance(native, self._native_type):
+            raise TypeError(f"{type(self).__name__}: expected a lowered {self._what}, got {type(native).__name__}")
+        self.native = native
+        self.name = native.name
+        self.hash = native.hash
+        self.inputs = tuple(native.inputs)
+        self.kinds = {name: kind for name, kind, _ in self.inputs}
+        self._text = str(native)
+        type(self)._registry.setdefault(self.hash, self)
+
+    def __str__(self) -> str:
+        return self._text
+
+    def __repr__(self) -> str:
+        return f"<ladle.{type(self).__name__} {self.name or self._what} {self.hash}>"
+
+    @classmethod
+    def by_hash(cls, key: str):
+        try:
+            return cls._registry[key]
+        except KeyError:
+            raise ValueError(f"{cls._what} {key}: no {cls._what} of that hash was made in this process") from None
+
+
+class Variant(_Lowered):
+    """What ladle.dsl.lower of a read and ladle.named_variant return; also form (the update form in
+    words) and plain_form. str() prints the recurrence."""
+
+    _registry: dict = {}
+    _native_type = _ladle.Variant
+    _what = "variant"
 
     def __init__(self, native: "_ladle.Variant"):
-        if not isinstance(native, _ladle.Variant):
-            raise TypeError(f"Variant: expected a lowered variant, got {type(native).__name__}")
-        self.native = native
-        self.name = native.name
-        self.hash = native.hash
+        super().__init__(native)
         self.form = native.form
         self.plain_form = native.plain_form
-        self.inputs = tuple(native.inputs)
-        self.kinds = {name: kind for name, kind, _ in self.inputs}
-        self._text = str(native)
-        Variant._registry.setdefault(self.hash, self)
-
-    def __str__(self) -> str:
-        return self._text
-
-    def __repr__(self) -> str:
-        return f"<ladle.Variant {self.name or 'variant'} {self.hash}>"
-
-    @staticmethod
-    def by_hash(key: str) -> "Variant":
-        try:
-            return Variant._registry[key]
-        except KeyError:
-            raise ValueError(f"variant {key}: no variant of that hash was made in this process") from None
 
 
-class AttentionVariant:
-    """What ladle.dsl.lower returns for a softmax(...): name, hash, inputs ((name, kind, role), q, k, v
-    first), kinds; str() prints it as the dump tool does."""
+class AttentionVariant(_Lowered):
+    """What ladle.dsl.lower of a softmax(...) returns (q, k, v are its first inputs); str() prints it
+    as the dump tool does."""
 
     _registry: dict = {}
-
-    def __init__(self, native: "_ladle.AttentionVariant"):
-        self.native = native
-        self.name = native.name
-        self.hash = native.hash
-        self.inputs = tuple(native.inputs)
-        self.kinds = {name: kind for name, kind, _ in self.inputs}
-        self._text = str(native)
-        AttentionVariant._registry.setdefault(self.hash, self)
-
-    @staticmethod
-    def by_hash(key: str) -> "AttentionVariant":
-        try:
-            return AttentionVariant._registry[key]
-        except KeyError:
-            raise ValueError(f"attention variant {key}: no variant of that hash was made in this process") from None
-
-    def __str__(self) -> str:
-        return self._text
-
-    def __repr__(self) -> str:
-        return f"<ladle.AttentionVariant {self.name or 'attention'} {self.hash}>"
+    _native_type = _ladle.AttentionVariant
+    _what = "attention variant"
 
 
 _named: dict = {}
