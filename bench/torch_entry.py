@@ -7,6 +7,8 @@
 Run by bench/python-check.sh (fla's wheels on PYTHONPATH)."""
 import argparse
 import json
+import sys
+import time
 
 import torch
 import triton
@@ -70,7 +72,8 @@ def ops(x):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="8x4096x16x128x128,2x16384x16x128x128")
-    p.add_argument("--ops", default="chunk_gla,chunk_simple_gla,chunk_delta_rule,chunk_gated_delta_rule,chunk_rwkv6,chunk_kda")
+    # chunk_simple_gla last: its row stalled a run for minutes (fla's first call, or ladle's; not yet known).
+    p.add_argument("--ops", default="chunk_gla,chunk_gated_delta_rule,chunk_kda,chunk_delta_rule,chunk_rwkv6,chunk_simple_gla")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: overhead,speed,grad")
     args = p.parse_args()
     skip = set(args.skip.split(","))
@@ -91,6 +94,7 @@ def main():
             B, T, H, K, V = (int(s) for s in shape.split("x"))
             label = f"B{B} T{T} H{H} K{K} V{V} bf16"
             for name in args.ops.split(","):
+                print(f"{time.strftime('%H:%M:%S')} {name} {label}", file=sys.stderr, flush=True)  # progress, for a stalled run
                 x = inputs(B, T, H, K, V, grad=True)
                 ours, theirs, has_backward = ops(x)[name]
                 row = {"part": "speed", "op": name, "shape": label, "ladle_fwd_ms": bench(ours)}
