@@ -6,8 +6,11 @@
 // computes them); the GPU tests do that.
 #include <catch2/catch.hpp>
 
+#include <cstring>
+
 #include <ladle/ops/attention.h>
 #include <ladle/ops/gla.h>
+#include <ladle/ops/recurrent.h>
 #include <ladle/ops/update_forms.h>
 #include <ladle/ops/variant.h>
 #include <ladle/runtime/driver.h>
@@ -43,6 +46,32 @@ TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]
     strict.gpu.upload_host_tensors = false;
     CHECK_THROWS_WITH(ladle::gla_into(q.view(), k.view(), v.view(), host.view(), strict, {o.view(), std::nullopt}),
                       Catch::Contains("g") && Catch::Contains("upload_host_tensors"));
+  }
+
+  SECTION("the chunked delta kernels (gated delta rule, KDA), packed sequences and the segmented form") {
+    const Tensor beta = device(DType::bf16, {1, 128, 2}), gh = device(DType::f32, {1, 128, 2});
+    ladle::UpdateFormOptions options;
+    options.algorithm = ladle::Algorithm::chunked;
+    CHECK_NOTHROW(ladle::gated_delta_rule_into(q.view(), k.view(), v.view(), gh.view(), beta.view(), options, {o.view(), std::nullopt}));
+    ladle::KdaOptions kda;
+    kda.algorithm = ladle::Algorithm::chunked;
+    CHECK_NOTHROW(ladle::kda(q.view(), k.view(), v.view(), g.view(), beta.view(), kda));
+    // Packed sequences, one of them empty, with cu_seqlens on the device (the checks copy it down).
+    Tensor offsets(DType::i32, {4});
+    const std::int32_t at[] = {0, 50, 50, 128};
+    std::memcpy(offsets.data(), at, sizeof(at));
+    const Tensor device_offsets = offsets.to(ladle::Location::device(0));
+    ladle::GlaOptions packed;
+    packed.cu_seqlens = device_offsets.view();
+    packed.return_state = true;
+    const Tensor state = device(DType::f32, {3, 2, 64, 64});
+    CHECK_NOTHROW(ladle::gla_into(q.view(), k.view(), v.view(), g.view(), packed, {o.view(), state.view()}));
+    // Few long sequences: the segmented form (its state pass and fold) at 32-token segments.
+    ladle::RecurrentOptions segmented;
+    segmented.g = g.view();
+    segmented.algorithm = ladle::Algorithm::chunked;
+    segmented.chunked_segment_tokens = 64;
+    CHECK_NOTHROW(ladle::recurrent_into(q.view(), k.view(), v.view(), segmented, {o.view(), std::nullopt}));
   }
 
   SECTION("softmax attention plans and packs its launch") {
