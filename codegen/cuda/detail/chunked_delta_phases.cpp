@@ -402,20 +402,19 @@ void ChunkedDeltaEmitter::states_final() {
 // `group_count` names the kernel's constant for the 64-column groups a block.
 void ChunkedDeltaEmitter::outputs_fetch_h_e(const std::string& group_count) {
   const std::string threads = std::to_string(kernel.threads);
-  c("LADLE_UNROLL for (int m = 0; m < " + group_count + " * BK * 8 / " + threads + "; ++m) {");
-  c.in();
-  c("const int e = tid + m * " + threads + ";");
-  c("const int grp = e / (BK * 8), row = e % (BK * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * " + group_count + " + grp) * 64 + j;");
-  c("if (col < VPAD) ladle_cp_async_16(&hs0[(grp * BK + row) * VLD + j], &work_h[((gc * H + h) * BK + row) * VPAD + col]);");
-  c.out();
-  c("}");
-  c("LADLE_UNROLL for (int m = 0; m < " + group_count + " * C * 8 / " + threads + "; ++m) {");
-  c.in();
-  c("const int e = tid + m * " + threads + ";");
-  c("const int grp = e / (C * 8), p = e % (C * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * " + group_count + " + grp) * 64 + j;");
-  c("if (col < VPAD) ladle_cp_async_16(&es0[(grp * C + p) * VLD + j], &work_e[(base + p) * VPAD + col]);");
-  c.out();
-  c("}");
+  // One tile of `rows` rows of 64 columns per group, 16 bytes a thread and step.
+  const auto fetch = [&](const std::string& rows, const std::string& row, const std::string& dst, const std::string& src) {
+    c("LADLE_UNROLL for (int m = 0; m < " + group_count + " * " + rows + " * 8 / " + threads + "; ++m) {");
+    c.in();
+    c("const int e = tid + m * " + threads + ";");
+    c("const int grp = e / (" + rows + " * 8), " + row + " = e % (" + rows + " * 8) / 8, j = e % 8 * 8, col = (blockIdx.z * " +
+      group_count + " + grp) * 64 + j;");
+    c("if (col < VPAD) ladle_cp_async_16(&" + dst + ", &" + src + ");");
+    c.out();
+    c("}");
+  };
+  fetch("BK", "row", "hs0[(grp * BK + row) * VLD + j]", "work_h[((gc * H + h) * BK + row) * VPAD + col]");
+  fetch("C", "p", "es0[(grp * C + p) * VLD + j]", "work_e[(base + p) * VPAD + col]");
 }
 
 void ChunkedDeltaEmitter::outputs_loads() {
