@@ -5,7 +5,9 @@ whose kernel time is small: host and wall time per call over --n calls (one sync
   chunk_gla           ladle.torch.chunk_gla, no gradient needed (the forward called at once),
   fused_recurrent_gla the same through the fused-recurrent kernel,
   chunk_gla_autograd  chunk_gla with q requiring grad (the custom op and its autograd node),
-each printed as JSON. LADLE_AUTOTUNE=heuristic unless set. Run under nsys to count driver calls."""
+each printed as JSON. LADLE_AUTOTUNE=heuristic unless set. Run under nsys to count driver calls.
+--profile CASE: where the case's Python time goes instead (cProfile over --n calls, the 25 costliest
+functions by their own time)."""
 import argparse
 import json
 import os
@@ -45,6 +47,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--only", default="")
+    p.add_argument("--profile", default="")
     a = p.parse_args()
     B, T, H, K, V = 1, 64, 1, 64, 64
     q, k = (torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -63,6 +66,19 @@ def main():
         "chunk_gla_autograd": lambda: lt.chunk_gla(qg, k, v, g),
     }
     qg = q.clone().requires_grad_(True)
+    if a.profile:
+        import cProfile
+        import pstats
+        fn = cases[a.profile]
+        per_call_us(fn, a.n)
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(a.n):
+            fn()
+        profile.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return
     for name, fn in cases.items():
         if a.only and name != a.only:
             continue

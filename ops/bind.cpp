@@ -31,9 +31,9 @@ std::string names_read(const ir::Variant& variant) {
 
 BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const TensorView& q,
                         const TensorView& k, const TensorView& v, const VariantInputs& inputs,
-                        const RunOptions& options) {
+                        const RunOptions& options, bool variant_validated) {
   const Checker check(op);
-  check.well_formed(ir::validate(variant));
+  if (!variant_validated) check.well_formed(ir::validate(variant));
   if (options.chunked_segment_tokens && *options.chunked_segment_tokens < 0)
     check.fail("chunked_segment_tokens = " + std::to_string(*options.chunked_segment_tokens) + ", expected >= 0 (0: whole sequences)");
   if (options.chunked_segment_tokens && *options.chunked_segment_tokens > 0 && options.chunked_tile && options.chunked_tile->split())

@@ -31,9 +31,11 @@ struct BoundInputs {
 };
 
 // Checks the inputs and options; throws InvalidArgument("<op>: ...") at the first problem.
+// variant_validated: the caller knows ir::validate(variant) is empty (a call it has bound before:
+// ops/detail/call_signature.h), so it is not run again.
 BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const TensorView& q,
                         const TensorView& k, const TensorView& v, const VariantInputs& inputs,
-                        const RunOptions& options);
+                        const RunOptions& options, bool variant_validated = false);
 
 // Checks the outputs against the bound inputs and adds them to `bound.args`.
 void bind_outputs(std::string_view op, const RunOptions& options, const RecurrentOutputs& outputs,

@@ -2,6 +2,7 @@
 
 #include <ladle/codegen/cuda/chunked_delta.h>
 
+#include "detail/call_signature.h"
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
 #include "chunked_plan.h"
@@ -381,8 +382,12 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
 // form needs live on the stream; a launch over no rows (no earlier segments, no chunks) is left out.
 // entry_states: the segmented form's states table ([earlier rows][H][K][V] f32) or the split form's
 // per-chunk states where the caller keeps them (run_entry_states, run_chunk_states), else one of this call's.
+// kernels: where given, each launch's loaded kernel by index (nullptr: not loaded yet; the call loads
+// and keeps it there), so that a repeated call skips the lookup by key.
+using LoadedChunked = detail::LoadedKernel<cuda::ChunkedKernel>;
 void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const ops::BoundInputs& bound, std::uint64_t offsets,
-                      const LaunchOptions& launch, std::uint64_t entry_states = 0) {
+                      const LaunchOptions& launch, std::uint64_t entry_states = 0,
+                      std::vector<const LoadedChunked*>* kernels = nullptr) {
   const auto& args = bound.args;
   const std::int64_t N = bound.dims.N;
   const Stream* stream = launch.stream;
@@ -426,7 +431,9 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     split.segment_states = entry_states ? entry_states : own_states.device_ptr();
     split.segment_decay = own_decay.device_ptr();
   }
-  for (const ChunkedLaunch& each : plan.launches) {
+  if (kernels) kernels->resize(plan.launches.size());
+  for (std::size_t index = 0; index < plan.launches.size(); ++index) {
+    const ChunkedLaunch& each = plan.launches[index];
     SplitArguments arguments = split;
     std::int64_t rows = N;  // the grid's sequences
     switch (each.over) {
@@ -440,7 +447,9 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     if (plan.form == ChunkedPlan::Form::segmented && each.spec.phase != cuda::ChunkedPhase::serial && plan.segments.earlier_segments() == 0)
       continue;
     if (each.spec.phase == cuda::ChunkedPhase::outputs && chunks == 0) continue;
-    const auto& loaded = loaded_kernel(variant, each.spec, compile_chunked);
+    const LoadedChunked* known = kernels ? (*kernels)[index] : nullptr;
+    const LoadedChunked& loaded = known ? *known : loaded_kernel(variant, each.spec, compile_chunked);
+    if (kernels) (*kernels)[index] = &loaded;
     KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets, arguments);
     const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, rows, args.heads, args.key_dim, args.value_dim, chunks);
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) continue;
@@ -482,17 +491,70 @@ RunOptions device_call(const std::string& op, const char* why, const TensorView&
 
 }  // namespace
 
+namespace {
+
+// What run_variant_into chose for a call: its algorithm, and the chunked family's plan or the fused
+// recurrent kernel's spec (the delta rule's chunked form plans on its own).
+struct ChosenRun {
+  Algorithm algorithm = Algorithm::automatic;
+  std::optional<ChunkedPlan> chunked;
+  std::vector<const LoadedChunked*> chunked_kernels;  // the plan's, by launch (loaded kernels live for the process)
+  std::optional<cuda::RecurrentKernelSpec> recurrent;
+  const detail::LoadedKernel<cuda::RecurrentKernel>* recurrent_kernel = nullptr;
+};
+
+// Everything the checks and choices of run_variant_into read but the data's addresses: the variant,
+// the views, the options, the tuning policy, the plan's knobs and the device. None where cu_seqlens is
+// given: its values shape the plan.
+std::optional<ops::detail::CallSignature> run_signature(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                                                        const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                                                        const RecurrentOutputs& outputs, const ChunkedPlanKnobs& knobs, Policy policy) {
+  if (options.cu_seqlens || policy == Policy::force) return std::nullopt;
+  ops::detail::CallSignature s;
+  s.add(ir::hash(variant)).add(q).add(k).add(v).add(outputs.o).add(outputs.final_state).add(options.initial_state);
+  s.add(inputs.tensors.size());
+  for (const auto& [name, view] : inputs.tensors) s.add(name).add(view);
+  s.add(inputs.scalars.size());
+  for (const auto& [name, value] : inputs.scalars) s.add(name).add_float(value);
+  s.add(static_cast<std::uint64_t>(options.reverse) | static_cast<std::uint64_t>(options.return_state) << 1 |
+        static_cast<std::uint64_t>(options.algorithm) << 8 | static_cast<std::uint64_t>(policy) << 16);
+  s.add(options.tile.has_value());
+  if (options.tile) s.add(options.tile->block_k).add(options.tile->block_v).add(options.tile->warps);
+  s.add(options.chunked_tile.has_value());
+  if (const auto& t = options.chunked_tile)
+    s.add(t->block_k).add(t->chunk).add(t->block_v).add(t->warps).add(t->state_block_k).add(t->state_block_v).add(t->state_warps)
+        .add(static_cast<std::uint64_t>(t->state_f32) | static_cast<std::uint64_t>(t->wgmma) << 1 | static_cast<std::uint64_t>(t->ws) << 2);
+  s.add(options.chunked_segment_tokens.has_value()).add(options.chunked_segment_tokens.value_or(0));
+  s.add(knobs.state_pieces).add(knobs.suffix_states.has_value()).add(knobs.suffix_states.value_or(false));
+  s.add(knobs.suffix_chunk).add(knobs.ws_key_states);
+  s.add(Device::current());
+  return s;
+}
+
+ops::detail::CallMemo<ChosenRun>& chosen_runs() {
+  static auto* const memo = new ops::detail::CallMemo<ChosenRun>();
+  return *memo;
+}
+
+}  // namespace
+
 void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs, const LaunchOptions& launch) {
   const std::string op = op_name(variant);
+  // A call seen before (its signature: everything below reads but the addresses) skips the variant's
+  // validation and the choice of algorithm, tile and plan; its arguments are still checked.
+  const ChunkedPlanKnobs knobs = chunked_plan_knobs();
+  const std::optional<ops::detail::CallSignature> signature =
+      run_signature(variant, q, k, v, inputs, options, outputs, knobs, policy_from_env());
+  const std::optional<ChosenRun> known = signature ? chosen_runs().find(*signature) : std::nullopt;
   // Device tensors only (ladle::run_variant_into takes host ones too).
   const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
   std::optional<Tensor> seqlens;
   const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
   require_device(op, "o", outputs.o, why);
   if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked, known.has_value());
   ops::bind_outputs(op, options, outputs, bound);
   const auto& args = bound.args;
   if (args.initial_state && !is_contiguous(*args.initial_state))
@@ -502,7 +564,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   // No tokens still means work: each sequence's final state is its initial state.
   if (bound.dims.N * args.heads * args.value_dim == 0) return;
 
-  const Algorithm algorithm = choose_algorithm(variant, bound, options);
+  ChosenRun chosen = known.value_or(ChosenRun{});
+  const Algorithm algorithm = known ? known->algorithm : choose_algorithm(variant, bound, options);
+  chosen.algorithm = algorithm;
   DeviceBuffer offsets;
   if (!args.cu_seqlens.empty()) {
     offsets = DeviceBuffer(args.cu_seqlens.size() * sizeof(std::int64_t));
@@ -511,7 +575,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   const unsigned grid_y = static_cast<unsigned>(bound.dims.N * args.heads);
   if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {
     run_chunked_delta(variant, bound, options, offsets.device_ptr(), launch);
-  } else if (algorithm == Algorithm::chunked) {
+  } else if (algorithm == Algorithm::chunked && !chosen.chunked) {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_chunked_tile).
     RunOptions tiled = options;
     const GpuTarget target = device_target();
@@ -524,17 +588,24 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
       tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
     }
-    run_chunked_plan(plan_chunked(variant, bound, tiled, target), variant, bound, offsets.device_ptr(), launch);
+    chosen.chunked = plan_chunked(variant, bound, tiled, target, knobs);
+    run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, &chosen.chunked_kernels);
+  } else if (algorithm == Algorithm::chunked) {
+    run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, &chosen.chunked_kernels);
   } else {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
-    RunOptions tiled = options;
-    if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, heuristic_tile(bound));
-    const cuda::RecurrentKernelSpec spec = kernel_spec(variant, bound, tiled);
-    const auto& loaded = loaded_kernel(variant, spec, compile_recurrent);
+    if (!chosen.recurrent) {
+      RunOptions tiled = options;
+      if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, heuristic_tile(bound));
+      chosen.recurrent = kernel_spec(variant, bound, tiled);
+    }
+    if (!chosen.recurrent_kernel) chosen.recurrent_kernel = &loaded_kernel(variant, *chosen.recurrent, compile_recurrent);
+    const auto& loaded = *chosen.recurrent_kernel;
     KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
     const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
     loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed, 0, launch.stream);
   }
+  if (signature && !known) chosen_runs().remember(*signature, chosen);
   if (!args.cu_seqlens.empty()) {
     // The offsets buffer is freed on return: wait until the kernel has read it.
     if (launch.stream) launch.stream->synchronize();

@@ -44,11 +44,14 @@ RunOptions with_host_seqlens(const RunOptions& options, std::optional<Tensor>& k
 }
 
 // The GPU path: device tensors as they are, host ones through the call's stream.
+// views: every tensor argument, the outputs among them.
 void run_on_gpu(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
-                const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs) {
+                const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
+                const std::vector<ops::detail::NamedView>& views) {
   const std::string op = op_name(variant);
-  {
-    // Bad input, a bad tile or algorithm among it, is refused before any GPU work.
+  // Bad input, a bad tile or algorithm among it, is refused before any GPU work: here, where some
+  // tensor is to be uploaded; else gpu::run_variant_into's own checks come before its first.
+  if (std::any_of(views.begin(), views.end(), [](const ops::detail::NamedView& named) { return named.view->on_host(); })) {
     std::optional<Tensor> seqlens;
     const RunOptions checked = with_host_seqlens(options, seqlens);
     ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
@@ -99,7 +102,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   auto views = argument_views(q, k, v, inputs, options);
   views.push_back({"o", &outputs.o});
   if (outputs.final_state) views.push_back({"final_state", &*outputs.final_state});
-  if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs);
+  if (ops::detail::runs_on_gpu(op, options.backend, views)) return run_on_gpu(variant, q, k, v, inputs, options, outputs, views);
   ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, options);
   ops::bind_outputs(op, options, outputs, bound);
   cpu::run_recurrent(variant, bound.args);

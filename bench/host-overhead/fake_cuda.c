@@ -10,6 +10,32 @@
 #include <string.h>
 
 #include <cuda.h>
+#include <stdio.h>
+
+/* LADLE_FAKE_CUDA_COUNTS=1 prints, at exit, how many times each entry was called: the driver calls
+ * a ladle call makes, which on a real GPU cost 0.5-5 us each. */
+#define MAX_NAMES 64
+static struct {
+  const char* name;
+  unsigned long calls;
+} counts[MAX_NAMES];
+static int n_names;
+static void count(const char* name) {
+  for (int i = 0; i < n_names; ++i)
+    if (counts[i].name == name) {
+      ++counts[i].calls;
+      return;
+    }
+  if (n_names < MAX_NAMES) {
+    counts[n_names].name = name;
+    counts[n_names++].calls = 1;
+  }
+}
+__attribute__((destructor)) static void print_counts(void) {
+  if (!getenv("LADLE_FAKE_CUDA_COUNTS")) return;
+  for (int i = 0; i < n_names; ++i) fprintf(stderr, "%-28s %lu\n", counts[i].name, counts[i].calls);
+}
+#define COUNT count(__func__)
 
 #define MAX_ALLOCS 4096
 static struct {
@@ -40,19 +66,19 @@ static int is_device(uintptr_t p) {
   return 0;
 }
 
-CUresult cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
-CUresult cuDriverGetVersion(int* v) { *v = 13000; return CUDA_SUCCESS; }
-CUresult cuGetErrorName(CUresult e, const char** s) { (void)e; *s = "CUDA_ERROR_FAKE"; return CUDA_SUCCESS; }
-CUresult cuGetErrorString(CUresult e, const char** s) { (void)e; *s = "an error of the stand-in driver"; return CUDA_SUCCESS; }
-CUresult cuDeviceGetCount(int* n) { *n = 1; return CUDA_SUCCESS; }
-CUresult cuDeviceGet(CUdevice* d, int ordinal) { *d = ordinal; return CUDA_SUCCESS; }
-CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+CUresult cuInit(unsigned int flags) { COUNT; (void)flags; return CUDA_SUCCESS; }
+CUresult cuDriverGetVersion(int* v) { COUNT; *v = 13000; return CUDA_SUCCESS; }
+CUresult cuGetErrorName(CUresult e, const char** s) { COUNT; (void)e; *s = "CUDA_ERROR_FAKE"; return CUDA_SUCCESS; }
+CUresult cuGetErrorString(CUresult e, const char** s) { COUNT; (void)e; *s = "an error of the stand-in driver"; return CUDA_SUCCESS; }
+CUresult cuDeviceGetCount(int* n) { COUNT; *n = 1; return CUDA_SUCCESS; }
+CUresult cuDeviceGet(CUdevice* d, int ordinal) { COUNT; *d = ordinal; return CUDA_SUCCESS; }
+CUresult cuDeviceGetName(char* name, int len, CUdevice d) { COUNT;
   (void)d;
   strncpy(name, "stand-in H100 (no GPU)", (size_t)len - 1);
   name[len - 1] = 0;
   return CUDA_SUCCESS;
 }
-CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
+CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) { COUNT;
   (void)d;
   switch (a) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
@@ -67,60 +93,60 @@ CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
   }
   return CUDA_SUCCESS;
 }
-CUresult cuDeviceTotalMem(size_t* bytes, CUdevice d) { (void)d; *bytes = (size_t)80 << 30; return CUDA_SUCCESS; }
-CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) { (void)d; *c = (CUcontext)0x1; return CUDA_SUCCESS; }
-CUresult cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; return CUDA_SUCCESS; }
-CUresult cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
-CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
-CUresult cuStreamCreate(CUstream* s, unsigned int flags) { (void)flags; *s = (CUstream)0x2; return CUDA_SUCCESS; }
-CUresult cuStreamDestroy(CUstream s) { (void)s; return CUDA_SUCCESS; }
-CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
-CUresult cuEventCreate(CUevent* e, unsigned int flags) { (void)flags; *e = (CUevent)0x3; return CUDA_SUCCESS; }
-CUresult cuEventDestroy(CUevent e) { (void)e; return CUDA_SUCCESS; }
-CUresult cuEventRecord(CUevent e, CUstream s) { (void)e; (void)s; return CUDA_SUCCESS; }
-CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
-CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { (void)a; (void)b; *ms = 1.0f; return CUDA_SUCCESS; }
-CUresult cuMemAlloc(CUdeviceptr* p, size_t bytes) {
+CUresult cuDeviceTotalMem(size_t* bytes, CUdevice d) { COUNT; (void)d; *bytes = (size_t)80 << 30; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) { COUNT; (void)d; *c = (CUcontext)0x1; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRelease(CUdevice d) { COUNT; (void)d; return CUDA_SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext c) { COUNT; (void)c; return CUDA_SUCCESS; }
+CUresult cuCtxSynchronize(void) { COUNT; return CUDA_SUCCESS; }
+CUresult cuStreamCreate(CUstream* s, unsigned int flags) { COUNT; (void)flags; *s = (CUstream)0x2; return CUDA_SUCCESS; }
+CUresult cuStreamDestroy(CUstream s) { COUNT; (void)s; return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream s) { COUNT; (void)s; return CUDA_SUCCESS; }
+CUresult cuEventCreate(CUevent* e, unsigned int flags) { COUNT; (void)flags; *e = (CUevent)0x3; return CUDA_SUCCESS; }
+CUresult cuEventDestroy(CUevent e) { COUNT; (void)e; return CUDA_SUCCESS; }
+CUresult cuEventRecord(CUevent e, CUstream s) { COUNT; (void)e; (void)s; return CUDA_SUCCESS; }
+CUresult cuEventSynchronize(CUevent e) { COUNT; (void)e; return CUDA_SUCCESS; }
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { COUNT; (void)a; (void)b; *ms = 1.0f; return CUDA_SUCCESS; }
+CUresult cuMemAlloc(CUdeviceptr* p, size_t bytes) { COUNT;
   void* m = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   remember(m, bytes);
   *p = (CUdeviceptr)(uintptr_t)m;
   return CUDA_SUCCESS;
 }
-CUresult cuMemFree(CUdeviceptr p) { forget((uintptr_t)p); free((void*)(uintptr_t)p); return CUDA_SUCCESS; }
-CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream s) { (void)s; return cuMemAlloc(p, bytes); }
-CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return cuMemFree(p); }
-CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice d) { (void)d; *pool = (CUmemoryPool)0x4; return CUDA_SUCCESS; }
-CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void* v) { (void)pool; (void)a; (void)v; return CUDA_SUCCESS; }
-CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+CUresult cuMemFree(CUdeviceptr p) { COUNT; forget((uintptr_t)p); free((void*)(uintptr_t)p); return CUDA_SUCCESS; }
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream s) { COUNT; (void)s; return cuMemAlloc(p, bytes); }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { COUNT; (void)s; return cuMemFree(p); }
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice d) { COUNT; (void)d; *pool = (CUmemoryPool)0x4; return CUDA_SUCCESS; }
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void* v) { COUNT; (void)pool; (void)a; (void)v; return CUDA_SUCCESS; }
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) { COUNT;
   (void)s;
   memcpy((void*)(uintptr_t)dst, src, n);
   return CUDA_SUCCESS;
 }
-CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) { COUNT;
   (void)s;
   memcpy(dst, (const void*)(uintptr_t)src, n);
   return CUDA_SUCCESS;
 }
-CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { COUNT;
   (void)s;
   memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
   return CUDA_SUCCESS;
 }
-CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { COUNT;
   (void)s;
   memset((void*)(uintptr_t)dst, v, n);
   return CUDA_SUCCESS;
 }
-CUresult cuModuleLoadDataEx(CUmodule* m, const void* image, unsigned int n, CUjit_option* o, void** v) {
+CUresult cuModuleLoadDataEx(CUmodule* m, const void* image, unsigned int n, CUjit_option* o, void** v) { COUNT;
   (void)image; (void)n; (void)o; (void)v;
   *m = (CUmodule)0x5;
   return CUDA_SUCCESS;
 }
-CUresult cuModuleUnload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
-CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) { (void)m; (void)name; *f = (CUfunction)0x6; return CUDA_SUCCESS; }
-CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { (void)f; (void)a; (void)v; return CUDA_SUCCESS; }
-CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
+CUresult cuModuleUnload(CUmodule m) { COUNT; (void)m; return CUDA_SUCCESS; }
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) { COUNT; (void)m; (void)name; *f = (CUfunction)0x6; return CUDA_SUCCESS; }
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { COUNT; (void)f; (void)a; (void)v; return CUDA_SUCCESS; }
+CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) { COUNT;
   (void)f;
   switch (a) {
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
@@ -130,19 +156,19 @@ CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
   return CUDA_SUCCESS;
 }
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem,
-                        CUstream s, void** params, void** extra) {
+                        CUstream s, void** params, void** extra) { COUNT;
   (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)s; (void)params; (void)extra;
   return CUDA_SUCCESS;
 }
 CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType t, cuuint32_t rank, void* address, const cuuint64_t* dims,
                                 const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
-                                CUtensorMapInterleave i, CUtensorMapSwizzle sw, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+                                CUtensorMapInterleave i, CUtensorMapSwizzle sw, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) { COUNT;
   (void)t; (void)rank; (void)address; (void)dims; (void)strides; (void)box; (void)element_strides; (void)i; (void)sw; (void)l2;
   (void)oob;
   memset(map, 0, sizeof(*map));
   return CUDA_SUCCESS;
 }
-CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attributes, void** values, CUdeviceptr p) {
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attributes, void** values, CUdeviceptr p) { COUNT;
   const int device = is_device((uintptr_t)p);
   for (unsigned int i = 0; i < n; ++i) {
     if (attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) *(unsigned int*)values[i] = device ? CU_MEMORYTYPE_DEVICE : 0;
