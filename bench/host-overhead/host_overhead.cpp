@@ -10,6 +10,9 @@
 #include <string>
 
 #include <ladle/ops/attention.h>
+#include <ladle/ops/recurrent.h>
+#include <ladle/ops/variant.h>
+#include <ladle/runtime/dlpack.h>
 #include <ladle/ops/gla.h>
 #include <ladle/runtime/tensor.h>
 
@@ -53,6 +56,39 @@ int main(int argc, char** argv) {
       const double us = us_per_call([&] { ladle::gla_into(q.view(), k.view(), v.view(), g.view(), options, {o.view(), std::nullopt}); },
                                     calls);
       std::printf("gla %-9s %-24s %8.2f us a call\n", form, s.name, us);
+    }
+    if (only.empty() || only == "extension") {
+      // What the Python extension does around the same call: each tensor taken over from DLPack
+      // (ladle::DLPackTensor), the caller's stream borrowed, the variant run by run_variant_into.
+      const ladle::ir::Variant variant = ladle::named_variant("gla", "");
+      const ladle::Stream stream = ladle::Stream::borrowed(nullptr);
+      const auto dl = [](const ladle::TensorView& view) {
+        auto* managed = new DLManagedTensor{};
+        managed->dl_tensor.data = view.data;
+        managed->dl_tensor.device = {kDLCUDA, 0};
+        managed->dl_tensor.ndim = view.rank();
+        managed->dl_tensor.dtype = {kDLBfloat, 16, 1};
+        managed->dl_tensor.shape = const_cast<std::int64_t*>(view.shape.data());
+        managed->dl_tensor.strides = const_cast<std::int64_t*>(view.strides.data());
+        managed->deleter = [](DLManagedTensor* self) { delete self; };
+        return ladle::DLPackTensor(managed);
+      };
+      const ladle::TensorView qv = q.view(), kv = k.view(), vv = v.view(), gv = g.view(), ov = o.view();
+      const double us = us_per_call(
+          [&] {
+            const ladle::DLPackTensor tq = dl(qv), tk = dl(kv), tv = dl(vv), tg = dl(gv), to = dl(ov);
+            ladle::VariantInputs inputs;
+            inputs.tensors.emplace("g", tg.view());
+            inputs.scalars.emplace("scale", 0.125f);
+            ladle::RunOptions options;
+            options.backend = ladle::Backend::gpu;
+            options.algorithm = ladle::Algorithm::chunked;
+            options.gpu.stream = &stream;
+            options.gpu.upload_host_tensors = false;
+            ladle::run_variant_into(variant, tq.view(), tk.view(), tv.view(), inputs, options, {to.view(), std::nullopt});
+          },
+          calls);
+      std::printf("extension-like gla   %-24s %8.2f us a call\n", s.name, us);
     }
     if (only.empty() || only == "attention") {
       ladle::AttentionOptions options;

@@ -64,6 +64,10 @@ def _names(joined: str) -> list[str]:
     return joined.split(",") if joined else []
 
 
+_to_dlpack = _dlpack.to_dlpack
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
+
+
 def _cap(t: torch.Tensor):
     return _dlpack.to_dlpack(t)
 
@@ -226,13 +230,23 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         or (initial_state is not None and initial_state.requires_grad))
     if not compiling and not needs_grad:
         # No gradient and no compiler: the forward at once, the fewest Python steps (bench/torch_overhead.py).
-        o_shape, state_shape = output_shapes(q, v, cu_seqlens)
-        o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
-        final = torch.empty(state_shape, dtype=torch.float32, device=q.device) if output_final_state else None
-        backend, stream, has_stream = _where(q)
-        _ladle.run(variant.native, _cap(q), _cap(k), _cap(v), {n: _cap(t) for n, t in tensor_inputs.items()}, scalar_inputs,
-                   _cap(o), None if final is None else _cap(final), _opt(initial_state), _opt(cu_seqlens), reverse, backend,
-                   algorithm, stream, has_stream, False)
+        qs, vs = q.shape, v.shape
+        if cu_seqlens is None and len(qs) == 4 and len(vs) == 4:
+            heads = qs[2] if qs[2] >= vs[2] else vs[2]
+            o = q.new_empty((qs[0], qs[1], heads, vs[3]))
+            final = q.new_empty((qs[0], heads, qs[3], vs[3]), dtype=torch.float32) if output_final_state else None
+        else:
+            o_shape, state_shape = output_shapes(q, v, cu_seqlens)
+            o = q.new_empty(o_shape)
+            final = q.new_empty(state_shape, dtype=torch.float32) if output_final_state else None
+        if q.is_cuda:
+            backend, stream, has_stream = "gpu", _current_stream(q.get_device()), True
+        else:
+            backend, stream, has_stream = "cpu", 0, False
+        _ladle.run(variant.native, _to_dlpack(q), _to_dlpack(k), _to_dlpack(v),
+                   {n: _to_dlpack(t) for n, t in tensor_inputs.items()}, scalar_inputs, _to_dlpack(o),
+                   None if final is None else _to_dlpack(final), None if initial_state is None else _to_dlpack(initial_state),
+                   None if cu_seqlens is None else _to_dlpack(cu_seqlens), reverse, backend, algorithm, stream, has_stream, False)
         return o, final
     names = list(tensor_inputs)
     tensors, joined, scalars, scalar_names = [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()), \

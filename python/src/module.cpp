@@ -75,7 +75,11 @@ class Capsules {
   }
 
  private:
-  std::vector<ladle::DLPackTensor> held_;
+  std::vector<ladle::DLPackTensor> held_ = [] {
+    std::vector<ladle::DLPackTensor> v;
+    v.reserve(8);  // a call takes 5-12 capsules
+    return v;
+  }();
 };
 
 // A ladle tensor handed to Python as a DLPack capsule (torch.utils.dlpack.from_dlpack takes it): the
