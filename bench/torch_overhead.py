@@ -48,7 +48,11 @@ def main():
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--only", default="")
     p.add_argument("--profile", default="")
+    p.add_argument("--with-fla", action="store_true", help="import fla (on PYTHONPATH) first, and time its chunk_gla too")
     a = p.parse_args()
+    fla_chunk_gla = None
+    if a.with_fla:
+        from fla.ops.gla import chunk_gla as fla_chunk_gla
     B, T, H, K, V = 1, 64, 1, 64, 64
     q, k = (torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
@@ -65,6 +69,9 @@ def main():
         "fused_recurrent_gla": lambda: lt.fused_recurrent_gla(q, k, v, gk=g),
         "chunk_gla_autograd": lambda: lt.chunk_gla(qg, k, v, g),
     }
+    if fla_chunk_gla is not None:
+        cases["fla_chunk_gla"] = lambda: fla_chunk_gla(q, k, v, g)
+        cases["chunk_gla_again"] = cases["chunk_gla"]
     qg = q.clone().requires_grad_(True)
     if a.profile:
         import cProfile
