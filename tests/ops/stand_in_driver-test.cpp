@@ -6,9 +6,12 @@
 // computes them); the GPU tests do that.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include <ladle/ops/attention.h>
+#include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/update_forms.h>
@@ -46,6 +49,29 @@ TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]
     strict.gpu.upload_host_tensors = false;
     CHECK_THROWS_WITH(ladle::gla_into(q.view(), k.view(), v.view(), host.view(), strict, {o.view(), std::nullopt}),
                       Catch::Contains("g") && Catch::Contains("upload_host_tensors"));
+  }
+
+  SECTION("a repeated call reuses its plan only where what chose it is the same (ops/detail/call_signature.h)") {
+    // The heuristic's plan here is the ws form, whose TMA copies need 16-byte aligned addresses.
+    ladle::CallShape shape;
+    shape.batch = 1, shape.tokens = 128, shape.heads = 2, shape.key_dim = 64, shape.value_dim = 64;
+    ladle::RunOptions chunked;
+    chunked.algorithm = ladle::Algorithm::chunked;
+    const auto planned = ladle::generated_kernels(ladle::named_variant("gla"), shape, chunked, "sm_90a");
+    REQUIRE(std::any_of(planned.begin(), planned.end(), [](const ladle::GeneratedKernel& kernel) {
+      return kernel.tile.find("ws") != std::string::npos;
+    }));
+    ladle::GlaOptions options;
+    options.algorithm = ladle::Algorithm::chunked;
+    for (int call = 0; call < 3; ++call)
+      CHECK_NOTHROW(ladle::gla_into(q.view(), k.view(), v.view(), g.view(), options, {o.view(), std::nullopt}));
+    // The same shapes with q two bytes off: TMA cannot copy it, so the remembered ws plan must not
+    // be reused (its tensor map would refuse the address); the heuristic picks another form.
+    const Tensor wide = device(DType::bf16, {q.view().numel() + 8});
+    ladle::TensorView shifted = q.view();
+    shifted.data = static_cast<std::byte*>(wide.view().data) + 2;
+    CHECK_NOTHROW(ladle::gla_into(shifted, k.view(), v.view(), g.view(), options, {o.view(), std::nullopt}));
+    CHECK_NOTHROW(ladle::gla_into(q.view(), k.view(), v.view(), g.view(), options, {o.view(), std::nullopt}));
   }
 
   SECTION("the chunked delta kernels (gated delta rule, KDA), packed sequences and the segmented form") {
