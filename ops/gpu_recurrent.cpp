@@ -382,12 +382,13 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
 // form needs live on the stream; a launch over no rows (no earlier segments, no chunks) is left out.
 // entry_states: the segmented form's states table ([earlier rows][H][K][V] f32) or the split form's
 // per-chunk states where the caller keeps them (run_entry_states, run_chunk_states), else one of this call's.
-// kernels: where given, each launch's loaded kernel by index (nullptr: not loaded yet; the call loads
-// and keeps it there), so that a repeated call skips the lookup by key.
+// known: each launch's loaded kernel by index where an earlier call of the same signature loaded it
+// (a repeated call skips the lookup by key); loaded: where given, receives them (nullptr for a launch
+// left out).
 using LoadedChunked = detail::LoadedKernel<cuda::ChunkedKernel>;
 void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const ops::BoundInputs& bound, std::uint64_t offsets,
                       const LaunchOptions& launch, std::uint64_t entry_states = 0,
-                      std::vector<const LoadedChunked*>* kernels = nullptr) {
+                      const std::vector<const LoadedChunked*>* known = nullptr, std::vector<const LoadedChunked*>* loaded = nullptr) {
   const auto& args = bound.args;
   const std::int64_t N = bound.dims.N;
   const Stream* stream = launch.stream;
@@ -431,7 +432,7 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     split.segment_states = entry_states ? entry_states : own_states.device_ptr();
     split.segment_decay = own_decay.device_ptr();
   }
-  if (kernels) kernels->resize(plan.launches.size());
+  if (loaded) loaded->assign(plan.launches.size(), nullptr);
   for (std::size_t index = 0; index < plan.launches.size(); ++index) {
     const ChunkedLaunch& each = plan.launches[index];
     SplitArguments arguments = split;
@@ -447,14 +448,14 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     if (plan.form == ChunkedPlan::Form::segmented && each.spec.phase != cuda::ChunkedPhase::serial && plan.segments.earlier_segments() == 0)
       continue;
     if (each.spec.phase == cuda::ChunkedPhase::outputs && chunks == 0) continue;
-    const LoadedChunked* known = kernels ? (*kernels)[index] : nullptr;
-    const LoadedChunked& loaded = known ? *known : loaded_kernel(variant, each.spec, compile_chunked);
-    if (kernels) (*kernels)[index] = &loaded;
-    KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets, arguments);
-    const cuda::ChunkedGrid grid = cuda::chunked_grid(loaded.kernel, rows, args.heads, args.key_dim, args.value_dim, chunks);
+    const LoadedChunked* const was = known && index < known->size() ? (*known)[index] : nullptr;
+    const LoadedChunked& kernel = was ? *was : loaded_kernel(variant, each.spec, compile_chunked);
+    if (loaded) (*loaded)[index] = &kernel;
+    KernelArgs packed = pack_arguments(kernel.kernel.params, variant, args, offsets, arguments);
+    const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel.kernel, rows, args.heads, args.key_dim, args.value_dim, chunks);
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) continue;
-    loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
-                            static_cast<unsigned>(loaded.kernel.shared_bytes), stream);
+    kernel.function->launch({grid.x, grid.y, grid.z}, {kernel.kernel.threads, 1, 1}, packed,
+                            static_cast<unsigned>(kernel.kernel.shared_bytes), stream);
   }
 }
 
@@ -493,14 +494,13 @@ RunOptions device_call(const std::string& op, const char* why, const TensorView&
 
 namespace {
 
-// What run_variant_into chose for a call: its algorithm, and the chunked family's plan or the fused
-// recurrent kernel's spec (the delta rule's chunked form plans on its own).
+// What run_variant_into chose for a call: its algorithm, and the chunked family's plan and kernels or
+// the fused recurrent kernel (the delta rule's chunked form plans on its own).
 struct ChosenRun {
   Algorithm algorithm = Algorithm::automatic;
   std::optional<ChunkedPlan> chunked;
   std::vector<const LoadedChunked*> chunked_kernels;  // the plan's, by launch (loaded kernels live for the process)
-  std::optional<cuda::RecurrentKernelSpec> recurrent;
-  const detail::LoadedKernel<cuda::RecurrentKernel>* recurrent_kernel = nullptr;
+  const detail::LoadedKernel<cuda::RecurrentKernel>* recurrent_kernel = nullptr;  // the fused recurrent kernel's
 };
 
 // Everything the checks and choices of run_variant_into read but the data's addresses: the variant,
@@ -531,8 +531,8 @@ std::optional<ops::detail::CallSignature> run_signature(const ir::Variant& varia
   return s;
 }
 
-ops::detail::CallMemo<ChosenRun>& chosen_runs() {
-  static auto* const memo = new ops::detail::CallMemo<ChosenRun>();
+ops::detail::CallMemo<std::shared_ptr<const ChosenRun>>& chosen_runs() {
+  static auto* const memo = new ops::detail::CallMemo<std::shared_ptr<const ChosenRun>>();
   return *memo;
 }
 
@@ -547,14 +547,14 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   const ChunkedPlanKnobs knobs = chunked_plan_knobs();
   const std::optional<ops::detail::CallSignature> signature =
       run_signature(variant, q, k, v, inputs, options, outputs, knobs, policy_from_env());
-  const std::optional<ChosenRun> known = signature ? chosen_runs().find(*signature) : std::nullopt;
+  const std::shared_ptr<const ChosenRun> known = signature ? chosen_runs().find(*signature).value_or(nullptr) : nullptr;
   // Device tensors only (ladle::run_variant_into takes host ones too).
   const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
   std::optional<Tensor> seqlens;
   const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
   require_device(op, "o", outputs.o, why);
   if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked, known.has_value());
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked, known != nullptr);
   ops::bind_outputs(op, options, outputs, bound);
   const auto& args = bound.args;
   if (args.initial_state && !is_contiguous(*args.initial_state))
@@ -564,7 +564,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   // No tokens still means work: each sequence's final state is its initial state.
   if (bound.dims.N * args.heads * args.value_dim == 0) return;
 
-  ChosenRun chosen = known.value_or(ChosenRun{});
+  ChosenRun chosen;  // this call's choices, remembered below where no earlier call's are known
   const Algorithm algorithm = known ? known->algorithm : choose_algorithm(variant, bound, options);
   chosen.algorithm = algorithm;
   DeviceBuffer offsets;
@@ -575,7 +575,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   const unsigned grid_y = static_cast<unsigned>(bound.dims.N * args.heads);
   if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {
     run_chunked_delta(variant, bound, options, offsets.device_ptr(), launch);
-  } else if (algorithm == Algorithm::chunked && !chosen.chunked) {
+  } else if (algorithm == Algorithm::chunked && known) {
+    run_chunked_plan(*known->chunked, variant, bound, offsets.device_ptr(), launch, 0, &known->chunked_kernels);
+  } else if (algorithm == Algorithm::chunked) {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_chunked_tile).
     RunOptions tiled = options;
     const GpuTarget target = device_target();
@@ -589,23 +591,22 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
     }
     chosen.chunked = plan_chunked(variant, bound, tiled, target, knobs);
-    run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, &chosen.chunked_kernels);
-  } else if (algorithm == Algorithm::chunked) {
-    run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, &chosen.chunked_kernels);
+    run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, nullptr, &chosen.chunked_kernels);
   } else {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
-    if (!chosen.recurrent) {
+    if (known) {
+      chosen.recurrent_kernel = known->recurrent_kernel;
+    } else {
       RunOptions tiled = options;
       if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, heuristic_tile(bound));
-      chosen.recurrent = kernel_spec(variant, bound, tiled);
+      chosen.recurrent_kernel = &loaded_kernel(variant, kernel_spec(variant, bound, tiled), compile_recurrent);
     }
-    if (!chosen.recurrent_kernel) chosen.recurrent_kernel = &loaded_kernel(variant, *chosen.recurrent, compile_recurrent);
     const auto& loaded = *chosen.recurrent_kernel;
     KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
     const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
     loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed, 0, launch.stream);
   }
-  if (signature && !known) chosen_runs().remember(*signature, chosen);
+  if (signature && !known) chosen_runs().remember(*signature, std::make_shared<const ChosenRun>(std::move(chosen)));
   if (!args.cu_seqlens.empty()) {
     // The offsets buffer is freed on return: wait until the kernel has read it.
     if (launch.stream) launch.stream->synchronize();
