@@ -52,20 +52,20 @@ def _variant(key: str):
     return Variant.by_hash(key).native
 
 
+_to_dlpack = _dlpack.to_dlpack
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
+
+
 def _where(q: torch.Tensor):
     """backend, stream handle, whether a stream was given: the current stream of q's device."""
     if q.is_cuda:
-        return "gpu", torch._C._cuda_getCurrentRawStream(q.device.index), True
+        return "gpu", _current_stream(q.get_device()), True
     return "cpu", 0, False
 
 
 def _names(joined: str) -> list[str]:
     """The op schemas carry lists of names as one comma-separated string (no list[str] in a schema)."""
     return joined.split(",") if joined else []
-
-
-_to_dlpack = _dlpack.to_dlpack
-_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
 
 
 def _cap(t: torch.Tensor):
@@ -76,19 +76,37 @@ def _opt(t: Optional[torch.Tensor]):
     return None if t is None else _dlpack.to_dlpack(t)
 
 
+def _forward(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_inputs: Mapping, scalar_inputs: Mapping,
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], reverse: bool, algorithm: str,
+             output_final_state: bool, final_placeholder: bool = False):
+    """The forward call itself, in the fewest Python steps (a cached call's host cost: bench/torch_overhead.py):
+    o, and the final state (None where not asked for, or an empty placeholder where a custom op's schema
+    needs a tensor)."""
+    qs, vs = q.shape, v.shape
+    if cu_seqlens is None and len(qs) == 4 and len(vs) == 4:
+        heads = qs[2] if qs[2] >= vs[2] else vs[2]
+        o_shape, state_shape = (qs[0], qs[1], heads, vs[3]), (qs[0], heads, qs[3], vs[3])
+    else:
+        o_shape, state_shape = output_shapes(q, v, cu_seqlens)
+    o = q.new_empty(o_shape)
+    final = q.new_empty(state_shape, dtype=torch.float32) if output_final_state else None
+    backend, stream, has_stream = _where(q)
+    _ladle.run(native, _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), {n: _to_dlpack(t) for n, t in tensor_inputs.items()},
+               scalar_inputs, _to_dlpack(o), None if final is None else _to_dlpack(final),
+               None if initial_state is None else _to_dlpack(initial_state), None if cu_seqlens is None else _to_dlpack(cu_seqlens),
+               reverse, backend, algorithm, stream, has_stream, False)
+    if final is None and final_placeholder:
+        final = q.new_empty((0,), dtype=torch.float32)
+    return o, final
+
+
 def _run(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor], names: str,
          scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
          reverse: bool, output_final_state: bool, algorithm: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward itself: the body of the custom op ladle::recurrent and of the eager autograd
-    function (run_variant runs a call that needs no gradient with fewer steps still)."""
-    o_shape, state_shape = output_shapes(q, v, cu_seqlens)
-    o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
-    final = torch.empty(state_shape if output_final_state else (0,), dtype=torch.float32, device=q.device)
-    backend, stream, has_stream = _where(q)
-    _ladle.run(_variant(variant), _cap(q), _cap(k), _cap(v), {n: _cap(t) for n, t in zip(_names(names), tensors)},
-               dict(zip(_names(scalar_names), scalars)), _cap(o), _cap(final) if output_final_state else None, _opt(initial_state),
-               _opt(cu_seqlens), reverse, backend, algorithm, stream, has_stream, False)
-    return o, final
+    """The body of the custom op ladle::recurrent and of the eager autograd function (run_variant calls
+    _forward directly where no gradient is needed)."""
+    return _forward(_variant(variant), q, k, v, dict(zip(_names(names), tensors)), dict(zip(_names(scalar_names), scalars)),
+                    initial_state, cu_seqlens, reverse, algorithm, output_final_state, final_placeholder=True)
 
 
 @torch.library.custom_op("ladle::recurrent", mutates_args=())
@@ -230,24 +248,8 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         or (initial_state is not None and initial_state.requires_grad))
     if not compiling and not needs_grad:
         # No gradient and no compiler: the forward at once, the fewest Python steps (bench/torch_overhead.py).
-        qs, vs = q.shape, v.shape
-        if cu_seqlens is None and len(qs) == 4 and len(vs) == 4:
-            heads = qs[2] if qs[2] >= vs[2] else vs[2]
-            o = q.new_empty((qs[0], qs[1], heads, vs[3]))
-            final = q.new_empty((qs[0], heads, qs[3], vs[3]), dtype=torch.float32) if output_final_state else None
-        else:
-            o_shape, state_shape = output_shapes(q, v, cu_seqlens)
-            o = q.new_empty(o_shape)
-            final = q.new_empty(state_shape, dtype=torch.float32) if output_final_state else None
-        if q.is_cuda:
-            backend, stream, has_stream = "gpu", _current_stream(q.get_device()), True
-        else:
-            backend, stream, has_stream = "cpu", 0, False
-        _ladle.run(variant.native, _to_dlpack(q), _to_dlpack(k), _to_dlpack(v),
-                   {n: _to_dlpack(t) for n, t in tensor_inputs.items()}, scalar_inputs, _to_dlpack(o),
-                   None if final is None else _to_dlpack(final), None if initial_state is None else _to_dlpack(initial_state),
-                   None if cu_seqlens is None else _to_dlpack(cu_seqlens), reverse, backend, algorithm, stream, has_stream, False)
-        return o, final
+        return _forward(variant.native, q, k, v, tensor_inputs, scalar_inputs, initial_state, cu_seqlens, reverse, algorithm,
+                        output_final_state)
     names = list(tensor_inputs)
     tensors, joined, scalars, scalar_names = [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()), \
         ",".join(scalar_inputs)
