@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 
 #include <fmt/format.h>
 
@@ -132,48 +130,16 @@ cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::
   return heuristic_chunked_tile(variant, bound, sequences, device_target());
 }
 
-namespace {
-
-cuda::ChunkedTile choose_heuristic_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences,
-                                        const GpuTarget& target, bool copyable);
-
-}  // namespace
-
-// Memoised: a call plans its tile more than once (the checks before any GPU work, the tuner's
-// lookup, the plan), and the choice validates up to eight tiles, most of a cached call's host time
-// (bench/RESULTS.md, "Issue 40": bench/host-overhead.sh). The key holds everything the choice reads:
-// the variant (by hash), the sizes, the inputs' dtypes, the target and whether TMA can copy q, k, v.
+// Not memoised here: a repeated call skips it whole (gpu::run_variant_into's call memo,
+// ops/detail/call_signature.h).
 cuda::ChunkedTile heuristic_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences,
                                          const GpuTarget& target) {
-  const auto& args = bound.args;
-  const GpuTarget known = target.arch.empty() ? named_target(cuda::Target::hopper) : target;
-  const bool copyable = cuda::has_wgmma(known.arch) && args.key_dim <= 128 && ws_copyable(variant, bound).empty();
-  std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|", ir::hash(variant), args.key_dim, args.value_dim, args.heads,
-                                sequences > 0 ? sequences : bound.dims.N, known.arch, known.max_shared_bytes, known.sms, copyable);
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
-    if (variant.inputs[i].kind != ir::InputKind::scalar) key += dtype_name(args.tensors[i].type);
-  static std::mutex mutex;
-  static std::map<std::string, cuda::ChunkedTile> chosen;
-  {
-    const std::lock_guard lock(mutex);
-    if (const auto it = chosen.find(key); it != chosen.end()) return it->second;
-  }
-  const cuda::ChunkedTile tile = choose_heuristic_tile(variant, bound, sequences, target, copyable);
-  const std::lock_guard lock(mutex);
-  if (chosen.size() >= 4096) chosen.clear();  // a bound on a long-running process's memory
-  chosen.emplace(std::move(key), tile);
-  return tile;
-}
-
-namespace {
-
-cuda::ChunkedTile choose_heuristic_tile(const ir::Variant& variant, const ops::BoundInputs& bound, std::int64_t sequences,
-                                        const GpuTarget& target, bool copyable) {
   const auto& args = bound.args;
   const std::int64_t N = sequences > 0 ? sequences : bound.dims.N;
   cuda::ChunkedTile tile = cuda::default_chunked_tile(args.key_dim, args.value_dim);
   // Without a device: the H100's figures.
   const GpuTarget known = target.arch.empty() ? named_target(cuda::Target::hopper) : target;
+  const bool copyable = cuda::has_wgmma(known.arch) && args.key_dim <= 128 && ws_copyable(variant, bound).empty();
   const int max_shared = known.max_shared_bytes, sms = known.sms > 0 ? known.sms : 132;
   const std::string& arch = known.arch;
   const auto valid = [&](const cuda::ChunkedTile& t) {
@@ -231,8 +197,6 @@ cuda::ChunkedTile choose_heuristic_tile(const ir::Variant& variant, const ops::B
   }
   return tile;
 }
-
-}  // namespace
 
 // The split form's default for these sizes: the heuristic's output tile at block_v 64, state
 // tiles of 64 x 64 (smaller where K or V is) with 4 warps, bf16 per-chunk states.
