@@ -388,7 +388,8 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
 using LoadedChunked = detail::LoadedKernel<cuda::ChunkedKernel>;
 void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const ops::BoundInputs& bound, std::uint64_t offsets,
                       const LaunchOptions& launch, std::uint64_t entry_states = 0,
-                      const std::vector<const LoadedChunked*>* known = nullptr, std::vector<const LoadedChunked*>* loaded = nullptr) {
+                      const std::vector<const LoadedChunked*>* known = nullptr, std::vector<const LoadedChunked*>* loaded = nullptr,
+                      std::uint64_t entry_decay = 0) {
   const auto& args = bound.args;
   const std::int64_t N = bound.dims.N;
   const Stream* stream = launch.stream;
@@ -428,9 +429,10 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     if (!entry_states)
       own_states = DeviceBuffer::on_stream(
           std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), stream);
-    own_decay = DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), stream);
+    if (!entry_decay)
+      own_decay = DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * width) * 4), stream);
     split.segment_states = entry_states ? entry_states : own_states.device_ptr();
-    split.segment_decay = own_decay.device_ptr();
+    split.segment_decay = entry_decay ? entry_decay : own_decay.device_ptr();
   }
   if (loaded) loaded->assign(plan.launches.size(), nullptr);
   for (std::size_t index = 0; index < plan.launches.size(); ++index) {
@@ -653,6 +655,22 @@ void run_entry_states(const ir::Variant& variant, const TensorView& q, const Ten
   const ChunkedPlan plan = plan_entry_states(variant, bound, checked, segments, device_target());
   if (plan.segments.earlier_segments() == 0 || bound.args.heads * bound.args.key_dim * bound.args.value_dim == 0) return;
   run_chunked_plan(plan, variant, bound, 0, launch, states);
+}
+
+void run_segment_summaries(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                           const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
+                           std::uint64_t states, std::uint64_t decay, const LaunchOptions& launch) {
+  const std::string op = op_name(variant) + " segment summaries";
+  if (options.initial_state) throw InvalidArgument(op + ": options.initial_state: the summaries start from zero");
+  if (options.cu_seqlens) throw InvalidArgument(op + ": options.cu_seqlens: the segments table names the tokens");
+  RunOptions checked = options;
+  const ops::BoundInputs bound = bind_state_pass(op, "ladle::gpu::run_segment_summaries takes device tensors", variant, q, k, v, inputs, launch, checked);
+  ChunkedPlan plan = plan_entry_states(variant, bound, checked, segments, device_target());
+  if (plan.launches.empty() || plan.launches.front().spec.phase != cuda::ChunkedPhase::states)
+    throw InvalidArgument(op + ": the segmented state pass does not run this call (" + to_string(plan) + ")");
+  plan.launches.resize(1);  // the state pass alone: no fold
+  if (plan.segments.earlier_segments() == 0 || bound.args.heads * bound.args.key_dim * bound.args.value_dim == 0) return;
+  run_chunked_plan(plan, variant, bound, 0, launch, states, nullptr, nullptr, decay);
 }
 
 void run_chunk_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -96,6 +96,15 @@ void run_entry_states(const ir::Variant& variant, const TensorView& q, const Ten
                       const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
                       std::uint64_t states, const LaunchOptions& launch = {});
 
+// The segmented form's state pass alone over the `earlier` rows of the caller's `segments` (one piece
+// each, tokens of batch row b as the rows say, no cu_seqlens and no initial state): row r's own final
+// state from zero to `states` (device f32 [rows][H][K][V]) and its total log2 decay to `decay` (device
+// f32 [rows][H][DL], DL = cuda::chunked_segment_decay_width): the summaries a context-parallel call
+// exchanges (ops/context_parallel.h). Throws InvalidArgument where the chunked family cannot run the call.
+void run_segment_summaries(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                           const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
+                           std::uint64_t states, std::uint64_t decay, const LaunchOptions& launch = {});
+
 // The state entering every chunk of `chunk` tokens (in the recurrence's direction, each sequence's
 // chunks after the earlier sequences'), h0 for each sequence's first: the split form's state pass
 // alone, fp32, written to `states`, device [chunks over all sequences][H][K][V]. Where the caller's

@@ -1,0 +1,44 @@
+#include "context_parallel.h"
+
+#include "detail/cuda_source.h"
+
+namespace ladle::cuda {
+
+std::string context_parallel_source() {
+  std::string s = "// ladle: the context-parallel fold (codegen/cuda/context_parallel.cpp; do not edit).\n";
+  s += detail::storage_helpers;
+  s += R"(
+extern "C" __global__ void __launch_bounds__(256) ladle_cp_fold(
+    const float* __restrict__ summaries, long long rank_stride, const float* __restrict__ decays,
+    const void* __restrict__ source, int source_type, const long long* __restrict__ meta, const int* __restrict__ order,
+    float* __restrict__ out, int rows_per_rank, int H, int K, int V, int decay_width, int key_width, int value_gate) {
+  const long long HKV = static_cast<long long>(H) * K * V;
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= HKV) return;
+  const int n = blockIdx.y;
+  const int h = static_cast<int>(i / (static_cast<long long>(K) * V));
+  const int kk = static_cast<int>((i / V) % K), col = static_cast<int>(i % V);
+  const long long* row = meta + 4 * static_cast<long long>(n);
+  float s = 0.0f;
+  if (row[0] >= 0 && source) {
+    const long long at = row[0] * HKV + i;
+    if (source_type == 1) s = ladle_load(static_cast<const ladle_bf16*>(source) + at);
+    else if (source_type == 2) s = ladle_load(static_cast<const ladle_f16*>(source) + at);
+    else s = static_cast<const float*>(source)[at];
+  }
+  for (long long c = row[1]; c < row[1] + row[2]; ++c) {
+    const long long rank = order[c];
+    const float* d = decays + rank * rank_stride + (row[3] * H + h) * decay_width;
+    float log2_decay = 0.0f;
+    if (key_width == 1) log2_decay += d[0];
+    else if (key_width > 1) log2_decay += d[kk];
+    if (value_gate) log2_decay += d[key_width + col];
+    s = exp2f(log2_decay) * s + summaries[rank * rank_stride + row[3] * HKV + i];
+  }
+  out[static_cast<long long>(n) * HKV + i] = s;
+}
+)";
+  return s;
+}
+
+}  // namespace ladle::cuda

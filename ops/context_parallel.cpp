@@ -1,0 +1,764 @@
+// Context parallelism for the recurrent family (context_parallel.h).
+#include "context_parallel.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include <ladle/codegen/cuda/context_parallel.h>
+#include <ladle/runtime/driver.h>
+#include <ladle/runtime/error.h>
+
+#include "bind.h"
+#include "detail/checks.h"
+#include "detail/loaded_kernel.h"
+#include "gpu_recurrent.h"
+
+namespace ladle::context_parallel {
+namespace {
+
+std::string op_name(const ir::Variant& variant, const char* what) {
+  return fmt::format("{} context parallel {}", variant.name.empty() ? "variant" : variant.name, what);
+}
+
+std::uint64_t address(const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
+// ---- What every rank checks about every other -------------------------------------------------
+
+// One rank's call, exchanged first: its verdict on its own arguments and the sizes every rank must
+// agree on. A refused rank still takes part, so that every rank reports the refusal instead of
+// waiting in the next collective.
+struct Descriptor {
+  enum Field {
+    status,  // 0: the rank's arguments are fine; 1: refused (message)
+    variant_hash, dtype, batch, tokens, heads, kv_heads, key_dim, value_dim, sequences, reverse, has_initial_state,
+    return_state, packed, offsets_hash, offsets_total, location, scalars_hash, count
+  };
+  std::int64_t values[count] = {};
+  char message[384] = {};
+};
+static_assert(sizeof(Descriptor) % 8 == 0);
+
+const char* field_name(int field) {
+  switch (field) {
+    case Descriptor::variant_hash: return "the variant";
+    case Descriptor::dtype: return "the dtype of q, k and v";
+    case Descriptor::batch: return "the batch B";
+    case Descriptor::heads: return "the heads H";
+    case Descriptor::kv_heads: return "the key/value heads H_kv";
+    case Descriptor::key_dim: return "the key dim K";
+    case Descriptor::value_dim: return "the value dim V";
+    case Descriptor::sequences: return "the sequences N";
+    case Descriptor::reverse: return "options.reverse";
+    case Descriptor::has_initial_state: return "whether options.initial_state is given";
+    case Descriptor::return_state: return "options.return_state";
+    case Descriptor::packed: return "whether options.cu_seqlens is given";
+    case Descriptor::offsets_hash: return "options.cu_seqlens (the whole call's offsets, the same on every rank)";
+    case Descriptor::location: return "where the tensors live";
+    case Descriptor::scalars_hash: return "the scalar inputs";
+    default: return "a field";
+  }
+}
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
+  h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+
+// The ranks' descriptors, gathered; throws the same InvalidArgument on every rank where any refused
+// its arguments or where they disagree.
+std::vector<Descriptor> exchange(const std::string& op, Communicator& group, const Descriptor& mine, const Stream* stream) {
+  const int P = group.size();
+  std::vector<Descriptor> all(static_cast<std::size_t>(P));
+  if (group.location().is_device()) {
+    DeviceBuffer send(sizeof(Descriptor)), receive(sizeof(Descriptor) * P);
+    send.copy_from_host(&mine, sizeof mine, 0, stream);
+    group.all_gather(reinterpret_cast<void*>(send.device_ptr()), reinterpret_cast<void*>(receive.device_ptr()), sizeof mine, stream);
+    receive.copy_to_host(all.data(), sizeof(Descriptor) * P, 0, stream);
+    if (stream) stream->synchronize();
+    else Device::get().synchronize();
+  } else {
+    group.all_gather(&mine, all.data(), sizeof mine, stream);
+  }
+  for (int r = 0; r < P; ++r)
+    if (all[r].values[Descriptor::status] != 0)
+      throw InvalidArgument(r == group.rank() ? std::string(all[r].message)
+                                              : fmt::format("{}: rank {} of {} refused its arguments: {}", op, r, P, all[r].message));
+  for (int field = Descriptor::variant_hash; field < Descriptor::count; ++field) {
+    if (field == Descriptor::tokens || field == Descriptor::offsets_total) continue;
+    for (int r = 1; r < P; ++r)
+      if (all[r].values[field] != all[0].values[field])
+        throw InvalidArgument(fmt::format("{}: the ranks disagree on {}: rank 0 has {}, rank {} has {} (every rank passes its "
+                                          "slice of one call)",
+                                          op, field_name(field), all[0].values[field], r, all[r].values[field]));
+  }
+  for (int r = 0; r < P; ++r)
+    if (all[r].values[Descriptor::tokens] < 1)
+      throw InvalidArgument(fmt::format("{}: rank {} holds {} tokens, expected at least 1 (every rank holds a slice)", op, r,
+                                        all[r].values[Descriptor::tokens]));
+  if (all[0].values[Descriptor::packed]) {
+    std::int64_t total = 0;
+    for (const Descriptor& d : all) total += d.values[Descriptor::tokens];
+    if (total != all[0].values[Descriptor::offsets_total])
+      throw InvalidArgument(fmt::format("{}: options.cu_seqlens ends at {}, but the ranks' slices hold {} tokens together "
+                                        "(cu_seqlens is the whole call's, over every rank's tokens in rank order)",
+                                        op, all[0].values[Descriptor::offsets_total], total));
+  }
+  return all;
+}
+
+// ---- Where each rank's pieces of each sequence lie ---------------------------------------------
+
+struct Piece {
+  std::int64_t lo = 0, hi = 0;  // local tokens
+  std::int64_t sequence = 0;    // the whole call's
+};
+
+struct RankPieces {
+  std::vector<Piece> pieces;             // in token order (batch: one per batch row)
+  std::int64_t in = -1, out = -1;        // varlen: the piece carried in / carried out, in the recurrence's direction; -1: none
+};
+
+// One fold's rows: for each local piece, the state (or dS) it starts from.
+struct FoldRow {
+  std::int64_t source = -1;  // row of initial_state / d_final_state, -1: zero
+  std::int64_t first = 0, count = 0;  // positions in the fold's rank order
+  std::int64_t summary = 0;  // the summaries' row
+};
+
+struct Layout {
+  int P = 1, rank = 0;
+  bool packed = false, reverse = false;
+  std::int64_t B = 1, N = 0, R = 1;  // R: summary rows per rank (B, or 2 for packed: carried out, carried in)
+  std::vector<std::int64_t> starts;  // packed: [P+1] the ranks' first tokens
+  std::vector<std::int64_t> offsets;  // packed: the whole call's cu_seqlens
+  std::vector<RankPieces> ranks;
+  std::vector<int> order, reverse_order;  // the ranks in the recurrence's direction, and the other way
+
+  const RankPieces& mine() const { return ranks[static_cast<std::size_t>(rank)]; }
+  int position(int j) const { return reverse ? P - 1 - j : j; }
+  bool holds(int j, std::int64_t n) const {
+    if (!packed) return true;
+    return offsets[n] < starts[j + 1] && offsets[n + 1] > starts[j];
+  }
+  bool carried_in(std::int64_t i) const { return packed ? mine().in == i : position(rank) > 0; }
+  bool carried_out(std::int64_t i) const { return packed ? mine().out == i : position(rank) < P - 1; }
+
+  // The entry states' fold (forward direction): the earlier ranks that hold the piece's sequence.
+  std::vector<FoldRow> entry_rows(bool with_source) const {
+    std::vector<FoldRow> rows;
+    const auto& pieces = mine().pieces;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(pieces.size()); ++i) {
+      FoldRow row;
+      const std::int64_t n = pieces[i].sequence;
+      row.source = with_source ? n : -1;
+      row.summary = packed ? 0 : n;
+      if (carried_in(i)) {
+        int p = position(rank);
+        while (p > 0 && holds(order[p - 1], n)) --p;
+        row.first = p;
+        row.count = position(rank) - p;
+      }
+      rows.push_back(row);
+    }
+    return rows;
+  }
+  // The exit gradients' fold (the other way): the later ranks that hold the piece's sequence.
+  std::vector<FoldRow> exit_rows(bool with_source) const {
+    std::vector<FoldRow> rows;
+    const auto& pieces = mine().pieces;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(pieces.size()); ++i) {
+      FoldRow row;
+      const std::int64_t n = pieces[i].sequence;
+      row.source = with_source ? n : -1;
+      row.summary = packed ? 1 : n;
+      if (carried_out(i)) {
+        int p = P - 1 - position(rank);  // in reverse_order
+        while (p > 0 && holds(reverse_order[p - 1], n)) --p;
+        row.first = p;
+        row.count = (P - 1 - position(rank)) - p;
+      }
+      rows.push_back(row);
+    }
+    return rows;
+  }
+};
+
+Layout make_layout(const std::vector<Descriptor>& all, int rank, const std::vector<std::int64_t>& offsets) {
+  Layout L;
+  L.P = static_cast<int>(all.size());
+  L.rank = rank;
+  const Descriptor& d = all[0];
+  L.packed = d.values[Descriptor::packed] != 0;
+  L.reverse = d.values[Descriptor::reverse] != 0;
+  L.B = d.values[Descriptor::batch];
+  L.N = d.values[Descriptor::sequences];
+  L.R = L.packed ? 2 : L.B;
+  for (int j = 0; j < L.P; ++j) L.order.push_back(L.reverse ? L.P - 1 - j : j);
+  L.reverse_order.assign(L.order.rbegin(), L.order.rend());
+  L.ranks.resize(static_cast<std::size_t>(L.P));
+  if (!L.packed) {
+    for (int j = 0; j < L.P; ++j)
+      for (std::int64_t b = 0; b < L.B; ++b) L.ranks[j].pieces.push_back({0, all[j].values[Descriptor::tokens], b});
+    return L;
+  }
+  L.offsets = offsets;
+  L.starts.assign(1, 0);
+  for (int j = 0; j < L.P; ++j) L.starts.push_back(L.starts.back() + all[j].values[Descriptor::tokens]);
+  const std::int64_t total = L.starts.back();
+  for (std::int64_t n = 0; n < L.N; ++n) {
+    const std::int64_t bos = offsets[n], eos = offsets[n + 1];
+    for (int j = 0; j < L.P; ++j) {
+      const std::int64_t a = L.starts[j], e = L.starts[j + 1];
+      // An empty sequence belongs to the rank whose slice holds its position (the last rank at the end).
+      const bool empty_here = bos == eos && (bos >= a && (bos < e || (j == L.P - 1 && bos == total)));
+      if (!(bos < e && eos > a) && !empty_here) continue;
+      RankPieces& rp = L.ranks[j];
+      Piece piece{std::max(bos, a) - a, std::min(eos, e) - a, n};
+      const std::int64_t index = static_cast<std::int64_t>(rp.pieces.size());
+      rp.pieces.push_back(piece);
+      const bool from_before = bos < a, goes_after = eos > e;
+      if (!L.reverse) {
+        if (from_before) rp.in = index;
+        if (goes_after) rp.out = index;
+      } else {
+        if (goes_after) rp.in = index;
+        if (from_before) rp.out = index;
+      }
+    }
+  }
+  return L;
+}
+
+// ---- The call's pieces as run_variant takes them ------------------------------------------------
+
+bool is_token_input(ir::InputKind kind) {
+  return kind == ir::InputKind::token_key || kind == ir::InputKind::token_value || kind == ir::InputKind::token_head;
+}
+int canonical_rank(ir::InputKind kind) { return kind == ir::InputKind::token_head ? 3 : 4; }
+
+// q, k, v and the per-token inputs with a batch axis (packed calls may drop it).
+struct Canonical {
+  TensorView q, k, v;
+  VariantInputs inputs;
+};
+Canonical canonical(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const VariantInputs& inputs) {
+  Canonical c{ops::detail::lead_with_ones(q, 4), ops::detail::lead_with_ones(k, 4), ops::detail::lead_with_ones(v, 4), inputs};
+  for (const ir::Input& in : variant.inputs) {
+    auto found = c.inputs.tensors.find(in.name);
+    if (found != c.inputs.tensors.end() && is_token_input(in.kind) && q.rank() == 3)
+      found->second = ops::detail::lead_with_ones(found->second, canonical_rank(in.kind));
+  }
+  return c;
+}
+
+// Every tensor a call reads or writes, where the group's buffers are.
+void require_location(const std::string& op, const Communicator& group, const std::vector<std::pair<std::string, const TensorView*>>& views) {
+  const Location where = group.location();
+  for (const auto& [name, view] : views) {
+    if (!view || view->data == nullptr) continue;
+    if (name == "cu_seqlens") continue;  // read on the host, wherever it is
+    if (view->location != where)
+      throw InvalidArgument(fmt::format("{}: {} is {}, expected memory on {} (where the communicator, {}, exchanges its buffers)", op,
+                                        name, describe(*view), to_string(where), group.describe()));
+  }
+}
+
+std::vector<std::int64_t> host_offsets(const std::string& op, const TensorView& cu, const Stream* stream) {
+  Tensor host = cu.on_device() ? Tensor::copy_of(cu, Location::host(), stream) : Tensor::copy_of(cu, Location::host());
+  const ops::detail::Checker check(op);
+  const TensorView view = host.view();
+  if (view.rank() != 1 || view.shape[0] < 1) check.fail("cu_seqlens has shape " + ops::detail::shape_text(view.shape) + ", expected [N+1]");
+  std::int64_t end = ops::detail::integer_at(view, view.shape[0] - 1);
+  return ops::detail::read_offsets(check, "cu_seqlens", view, end, "cu_seqlens[N]");
+}
+
+// What a rank knows about its own call before any exchange.
+struct Call {
+  std::string op;
+  Canonical c;
+  ops::RecurrentDims dims;  // of the canonical local call (B = 1 when packed), N the whole call's
+  std::vector<std::int64_t> offsets;  // the whole call's cu_seqlens
+  bool device = false;
+  const Stream* stream = nullptr;
+};
+
+Descriptor describe_call(Call& call, const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const VariantInputs& inputs, const RunOptions& options, Communicator& group,
+                         const std::function<void(const Call&)>& more_checks) {
+  Descriptor d;
+  try {
+    if (variant.update != ir::Update::additive)
+      throw InvalidArgument(call.op + ": " + ir::form_name(variant) +
+                            " carries a K x K transition between ranks, not a diagonal decay: its context-parallel fold is not built yet");
+    if (variant.normalize)
+      throw InvalidArgument(call.op + ": a normalised read is not context parallel yet (its normaliser would be folded beside the state)");
+    std::vector<std::pair<std::string, const TensorView*>> views{{"q", &q}, {"k", &k}, {"v", &v}};
+    for (const auto& [name, view] : inputs.tensors) views.push_back({name, &view});
+    if (options.initial_state) views.push_back({"initial_state", &*options.initial_state});
+    require_location(call.op, group, views);
+    call.device = group.location().is_device();
+    call.stream = options.gpu.stream;
+    if (q.rank() == 3 && !options.cu_seqlens)
+      throw InvalidArgument(call.op + ": q has shape " + ops::detail::shape_text(q.shape) + ", expected [B,T,H,K] (packed [T,H,K] takes cu_seqlens)");
+    call.c = canonical(variant, q, k, v, inputs);
+    RunOptions plain = options;
+    plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
+    plain.backend = call.device ? Backend::gpu : Backend::cpu;
+    const ops::BoundInputs bound = ops::bind_inputs(call.op, variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain);
+    call.dims = bound.dims;
+    if (options.cu_seqlens) {
+      if (call.dims.B != 1)
+        throw InvalidArgument(fmt::format("{}: with cu_seqlens the batch is 1, but q has batch {}", call.op, call.dims.B));
+      call.offsets = host_offsets(call.op, *options.cu_seqlens, call.stream);
+      call.dims.N = static_cast<std::int64_t>(call.offsets.size()) - 1;
+    } else {
+      call.dims.N = call.dims.B;
+    }
+    if (options.initial_state) {
+      const TensorView& h0 = *options.initial_state;
+      const std::vector<std::int64_t> want{call.dims.N, call.dims.H, call.dims.K, call.dims.V};
+      if (h0.shape != want)
+        throw InvalidArgument(fmt::format("{}: initial_state has shape {}, expected the whole call's [N,H,K,V] = {}", call.op,
+                                          ops::detail::shape_text(h0.shape), ops::detail::shape_text(want)));
+      if (!h0.is_contiguous() || (h0.type != DType::f32 && h0.type != DType::bf16 && h0.type != DType::f16))
+        throw InvalidArgument(fmt::format("{}: initial_state is {}, expected a contiguous f32, bf16 or f16 tensor", call.op, describe(h0)));
+    }
+    if (more_checks) more_checks(call);
+    std::uint64_t offsets_hash = 0, scalars_hash = 0;
+    for (std::int64_t x : call.offsets) offsets_hash = mix(offsets_hash, static_cast<std::uint64_t>(x));
+    for (const auto& [name, value] : inputs.scalars) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &value, 4);
+      scalars_hash = mix(mix(scalars_hash, std::hash<std::string>{}(name)), bits);
+    }
+    d.values[Descriptor::variant_hash] = static_cast<std::int64_t>(ir::hash(variant));
+    d.values[Descriptor::dtype] = static_cast<std::int64_t>(call.dims.type);
+    d.values[Descriptor::batch] = call.dims.B;
+    d.values[Descriptor::tokens] = call.dims.T;
+    d.values[Descriptor::heads] = call.dims.H;
+    d.values[Descriptor::kv_heads] = call.dims.H_kv;
+    d.values[Descriptor::key_dim] = call.dims.K;
+    d.values[Descriptor::value_dim] = call.dims.V;
+    d.values[Descriptor::sequences] = call.dims.N;
+    d.values[Descriptor::reverse] = options.reverse;
+    d.values[Descriptor::has_initial_state] = options.initial_state.has_value();
+    d.values[Descriptor::return_state] = options.return_state;
+    d.values[Descriptor::packed] = options.cu_seqlens.has_value();
+    d.values[Descriptor::offsets_hash] = static_cast<std::int64_t>(offsets_hash);
+    d.values[Descriptor::offsets_total] = call.offsets.empty() ? 0 : call.offsets.back();
+    d.values[Descriptor::location] = call.device ? 1 : 0;
+    d.values[Descriptor::scalars_hash] = static_cast<std::int64_t>(scalars_hash);
+  } catch (const Error& e) {
+    d.values[Descriptor::status] = 1;
+    std::snprintf(d.message, sizeof d.message, "%s", e.what());
+  }
+  return d;
+}
+
+// ---- Summaries, the fold, and the local call ----------------------------------------------------
+
+std::int64_t state_size(const ops::RecurrentDims& dims) { return dims.H * dims.K * dims.V; }
+
+// Per rank, one buffer of floats: R state rows [R][H][K][V], then the transitions: on the GPU the
+// log2 decays [R][H][DL] (the segmented state pass's), on the CPU the factors [R][H][K][V].
+struct Summaries {
+  Tensor mine, all;  // [floats], [P * floats]
+  std::int64_t floats = 0, decay_width = 0, key_width = 0;
+  bool value_gate = false;
+};
+
+std::int64_t transition_floats(const ir::Variant& variant, const Call& call, const Layout& L, std::int64_t& decay_width) {
+  if (call.device) {
+    decay_width = cuda::chunked_segment_decay_width(variant, call.dims.K, call.dims.V);
+    return L.R * call.dims.H * decay_width;
+  }
+  decay_width = 0;
+  return L.R * state_size(call.dims);
+}
+
+// The local call's options: its packed pieces, its initial states, the CPU or the GPU.
+RunOptions local_options(const RunOptions& options, const Call& call, const Layout& L, std::optional<Tensor>& offsets_keep) {
+  RunOptions local = options;
+  local.backend = call.device ? Backend::gpu : Backend::cpu;
+  local.initial_state.reset();
+  local.cu_seqlens.reset();
+  if (L.packed) {
+    std::vector<std::int64_t> cu;
+    for (const Piece& p : L.mine().pieces) cu.push_back(p.lo);
+    cu.push_back(call.dims.T);
+    offsets_keep.emplace(DType::i64, std::vector<std::int64_t>{static_cast<std::int64_t>(cu.size())});
+    std::memcpy(offsets_keep->data(), cu.data(), cu.size() * sizeof(std::int64_t));
+    local.cu_seqlens = offsets_keep->view();
+  }
+  return local;
+}
+
+// The local call's tensors as the caller gave them (packed: rank 3 where q was), for run_variant.
+struct LocalArgs {
+  TensorView q, k, v;
+  VariantInputs inputs;
+};
+
+Location where(const Call& call) { return call.device ? Location::device(0) : Location::host(); }
+
+void zero(Tensor& t, const Call& call) {
+  if (t.numel() == 0) return;
+  if (call.device) fill_device_bytes(address(t.data()), t.bytes(), 0, call.stream);
+  else std::memset(t.data(), 0, t.bytes());
+}
+
+// This rank's summaries of its carried pieces (rows: batch rows, or [carried out, carried in]).
+Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& L, const LocalArgs& args, const RunOptions& options) {
+  Summaries s;
+  const std::int64_t S = state_size(call.dims);
+  const std::int64_t transitions = transition_floats(variant, call, L, s.decay_width);
+  s.value_gate = variant.has(ir::Slot::log_decay_v);
+  s.key_width = s.decay_width - (call.device && s.value_gate ? call.dims.V : 0);
+  s.floats = L.R * S + transitions;
+  s.mine = Tensor(DType::f32, {s.floats}, where(call), call.stream);
+  zero(s.mine, call);
+  const RankPieces& mine = L.mine();
+  // The pieces summarised: batch rows whole, or the carried-out and carried-in pieces (a 1-token
+  // stand-in where there is none: its summary is never folded).
+  std::vector<Piece> rows;
+  if (!L.packed) {
+    rows = mine.pieces;
+  } else {
+    rows.push_back(mine.out >= 0 ? mine.pieces[mine.out] : Piece{0, 1, 0});
+    rows.push_back(mine.in >= 0 ? mine.pieces[mine.in] : Piece{0, 1, 0});
+  }
+  if (call.device) {
+    cuda::ChunkedSegments segments;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const long long b = L.packed ? 0 : rows[i].sequence, r = static_cast<long long>(i);
+      const long long row[8] = {b, rows[i].lo, rows[i].hi, r, 0, r, 0, 0};
+      segments.earlier.insert(segments.earlier.end(), row, row + 8);
+      const long long last[8] = {b, rows[i].lo, rows[i].hi, r, 0, r, 1, 0};
+      segments.all.insert(segments.all.end(), last, last + 8);
+    }
+    RunOptions plain = options;
+    plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
+    plain.algorithm = Algorithm::chunked;
+    const std::uint64_t base = address(s.mine.data());
+    gpu::run_segment_summaries(variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain, segments, base,
+                               base + static_cast<std::uint64_t>(L.R * S) * 4, {call.stream});
+    return s;
+  }
+  // The CPU: the pieces' own final states from zero, and their transitions from a run with zero k and v
+  // from a state of ones (exact: each factor is a product of the decays, nothing is added).
+  std::optional<Tensor> keep;
+  RunOptions local = local_options(options, call, L, keep);
+  local.return_state = true;
+  const std::int64_t NL = static_cast<std::int64_t>(mine.pieces.size());
+  Tensor o(args.q.type, [&] { auto shape = args.q.shape; shape.back() = call.dims.V; shape[shape.size() - 2] = call.dims.H; return shape; }());
+  Tensor own(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V});
+  ladle::run_variant_into(variant, args.q, args.k, args.v, args.inputs, local, {o.view(), own.view()});
+  Tensor ones(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, 1.0f);
+  Tensor zero_k(args.k.type, args.k.shape, 0.0f), zero_v(args.v.type, args.v.shape, 0.0f);
+  Tensor factors(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V});
+  local.initial_state = ones.view();
+  ladle::run_variant_into(variant, args.q, zero_k.view(), zero_v.view(), args.inputs, local, {o.view(), factors.view()});
+  auto* out = static_cast<float*>(s.mine.data());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    // The local piece of this row: batch row i, or the carried piece's index.
+    const std::int64_t piece = !L.packed ? static_cast<std::int64_t>(i) : (i == 0 ? mine.out : mine.in);
+    if (piece < 0) continue;
+    std::memcpy(out + i * S, static_cast<const float*>(own.data()) + piece * S, S * 4);
+    std::memcpy(out + L.R * S + i * S, static_cast<const float*>(factors.data()) + piece * S, S * 4);
+  }
+  return s;
+}
+
+void gather(Communicator& group, Summaries& s, const Call& call) {
+  s.all = Tensor(DType::f32, {s.floats * group.size()}, where(call), call.stream);
+  group.all_gather(s.mine.data(), s.all.data(), static_cast<std::size_t>(s.floats) * 4, call.stream);
+}
+
+struct FoldKernel {
+  std::string name;
+};
+
+// out [rows.size()][H][K][V] f32: each row's fold over the gathered summaries (see FoldRow), from
+// `source` rows (initial_state or d_final_state; absent: zero).
+Tensor fold(const Call& call, const Layout& L, const Summaries& s, const std::vector<FoldRow>& rows, const std::vector<int>& order,
+            const std::optional<TensorView>& source) {
+  const std::int64_t S = state_size(call.dims), NL = static_cast<std::int64_t>(rows.size());
+  Tensor out(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, where(call), call.stream);
+  if (NL == 0 || S == 0) return out;
+  if (call.device) {
+    std::vector<long long> meta;
+    for (const FoldRow& r : rows) meta.insert(meta.end(), {r.source, r.first, r.count, r.summary});
+    DeviceBuffer device_meta = DeviceBuffer::on_stream(meta.size() * 8, call.stream);
+    device_meta.copy_from_host(meta.data(), meta.size() * 8, 0, call.stream);
+    DeviceBuffer device_order = DeviceBuffer::on_stream(order.size() * 4, call.stream);
+    device_order.copy_from_host(order.data(), order.size() * 4, 0, call.stream);
+    const std::string arch = Device::get().properties().arch();
+    const auto& loaded = gpu::detail::loaded_kernel<FoldKernel>("context parallel fold", arch, [&](const std::string& target) {
+      struct {
+        FoldKernel kernel;
+        CompiledProgram program;
+      } compiled{{cuda::context_parallel_fold_kernel},
+                 gpu::detail::compile_named(cuda::context_parallel_source(), "ladle_context_parallel", target, 0)};
+      return compiled;
+    });
+    const int source_type = !source ? 0 : source->type == DType::bf16 ? 1 : source->type == DType::f16 ? 2 : 0;
+    KernelArgs packed;
+    const std::uint64_t all = address(s.all.data());
+    packed.add(all).add(static_cast<long long>(s.floats)).add(all + static_cast<std::uint64_t>(L.R * S) * 4);  // L, stride, D
+    packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type);
+    packed.add(device_meta.device_ptr()).add(device_order.device_ptr()).add(address(out.data()));
+    packed.add(static_cast<int>(L.R)).add(static_cast<int>(call.dims.H)).add(static_cast<int>(call.dims.K)).add(static_cast<int>(call.dims.V));
+    packed.add(static_cast<int>(s.decay_width)).add(static_cast<int>(s.key_width)).add(s.value_gate ? 1 : 0);
+    loaded.function->launch({static_cast<unsigned>((S + 255) / 256), static_cast<unsigned>(NL), 1}, {256, 1, 1}, packed, 0, call.stream);
+    return out;
+  }
+  const auto* all = static_cast<const float*>(s.all.data());
+  auto* o = static_cast<float*>(out.data());
+  for (std::int64_t n = 0; n < NL; ++n) {
+    const FoldRow& r = rows[n];
+    for (std::int64_t i = 0; i < S; ++i) {
+      float x = 0.0f;
+      if (r.source >= 0 && source)
+        x = load_float(static_cast<const std::byte*>(source->data) + (r.source * S + i) * dtype_size(source->type), source->type);
+      for (std::int64_t c = r.first; c < r.first + r.count; ++c) {
+        const float* rank = all + order[c] * s.floats;
+        x = rank[L.R * S + r.summary * S + i] * x + rank[r.summary * S + i];
+      }
+      o[n * S + i] = x;
+    }
+  }
+  return out;
+}
+
+// Rows `rows` of `local` ([NL][H][K][V] f32) into their sequences' rows of `whole` ([N][H][K][V] f32,
+// zeroed first), then summed over the ranks: each sequence's row comes from the one rank that holds it.
+void assemble(Communicator& group, const Call& call, const Layout& L, const Tensor& local, const std::vector<bool>& owned,
+              const TensorView& whole) {
+  const std::int64_t S = state_size(call.dims);
+  const std::size_t row = static_cast<std::size_t>(S) * 4, bytes = static_cast<std::size_t>(L.N) * row;
+  if (call.device) fill_device_bytes(address(whole.data), bytes, 0, call.stream);
+  else std::memset(whole.data, 0, bytes);
+  const auto& pieces = L.mine().pieces;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    if (!owned[i]) continue;
+    auto* to = static_cast<std::byte*>(whole.data) + pieces[i].sequence * row;
+    const auto* from = static_cast<const std::byte*>(local.data()) + i * row;
+    if (call.device) copy_device_to_device(address(to), address(from), row, call.stream);
+    else std::memcpy(to, from, row);
+  }
+  group.all_sum(static_cast<float*>(whole.data), static_cast<std::size_t>(L.N * S), call.stream);
+}
+
+LocalArgs local_args(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs) {
+  return {q, k, v, inputs};
+}
+
+// The shared first half of both directions: descriptors, layout, summaries, the entry states.
+struct Prepared {
+  Call call;
+  Layout layout;
+  Summaries summaries;
+  Tensor entry;  // [NL][H][K][V] f32: the state each local piece starts from
+  std::optional<Tensor> offsets_keep;
+  RunOptions local;
+};
+
+Prepared prepare(const char* what, const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const VariantInputs& inputs, const RunOptions& options, Communicator& group,
+                 const std::function<void(const Call&)>& more_checks) {
+  Prepared p;
+  p.call.op = op_name(variant, what);
+  const Descriptor mine = describe_call(p.call, variant, q, k, v, inputs, options, group, more_checks);
+  const std::vector<Descriptor> all = exchange(p.call.op, group, mine, options.gpu.stream);
+  p.layout = make_layout(all, group.rank(), p.call.offsets);
+  const LocalArgs args = local_args(q, k, v, inputs);
+  if (p.layout.P > 1) {
+    p.summaries = summarise(variant, p.call, p.layout, args, options);
+    gather(group, p.summaries, p.call);
+  }
+  p.entry = fold(p.call, p.layout, p.summaries, p.layout.entry_rows(options.initial_state.has_value()), p.layout.order,
+                 options.initial_state);
+  p.local = local_options(options, p.call, p.layout, p.offsets_keep);
+  p.local.initial_state = p.entry.view();
+  return p;
+}
+
+}  // namespace
+
+void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
+                      Communicator& group) {
+  Prepared p = prepare("forward", variant, q, k, v, inputs, options, group, [&](const Call& call) {
+    require_location(call.op, group, {{"o", &outputs.o}});
+    if (options.return_state && !outputs.final_state)
+      throw InvalidArgument(call.op + ": options.return_state is set but outputs.final_state is not given");
+    if (outputs.final_state) {
+      require_location(call.op, group, {{"final_state", &*outputs.final_state}});
+      const std::vector<std::int64_t> want{call.dims.N, call.dims.H, call.dims.K, call.dims.V};
+      if (outputs.final_state->shape != want || outputs.final_state->type != DType::f32 || !outputs.final_state->is_contiguous())
+        throw InvalidArgument(fmt::format("{}: final_state is {}, expected contiguous f32 {} (the whole call's)", call.op,
+                                          describe(*outputs.final_state), ops::detail::shape_text(want)));
+    }
+    // o as the local call takes it (checked here, before any exchange).
+    RunOptions plain = options;
+    plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
+    plain.backend = call.device ? Backend::gpu : Backend::cpu;
+    ops::BoundInputs bound = ops::bind_inputs(call.op, variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain);
+    ops::bind_outputs(call.op, plain, {ops::detail::lead_with_ones(outputs.o, 4), std::nullopt}, bound);
+  });
+  const std::int64_t NL = static_cast<std::int64_t>(p.layout.mine().pieces.size());
+  std::optional<Tensor> local_final;
+  if (outputs.final_state) {
+    local_final.emplace(DType::f32, std::vector<std::int64_t>{NL, p.call.dims.H, p.call.dims.K, p.call.dims.V}, where(p.call), p.call.stream);
+    p.local.return_state = true;
+  } else {
+    p.local.return_state = false;
+  }
+  ladle::run_variant_into(variant, q, k, v, inputs, p.local,
+                          {outputs.o, local_final ? std::optional<TensorView>(local_final->view()) : std::nullopt});
+  if (outputs.final_state) {
+    std::vector<bool> owned(static_cast<std::size_t>(NL));
+    for (std::int64_t i = 0; i < NL; ++i) owned[i] = !p.layout.carried_out(i);
+    assemble(group, p.call, p.layout, *local_final, owned, *outputs.final_state);
+  }
+}
+
+RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const VariantInputs& inputs, const RunOptions& options, Communicator& group) {
+  const Location at = q.location;
+  const std::int64_t V = v.shape.empty() ? 0 : v.shape.back();
+  std::vector<std::int64_t> shape = q.shape;
+  // o takes q's layout with V features and the recurrence's heads (v's with grouped value heads).
+  if (shape.size() >= 2) {
+    shape.back() = V;
+    const std::int64_t qh = q.shape[q.shape.size() - 2], vh = v.shape.size() >= 2 ? v.shape[v.shape.size() - 2] : qh;
+    shape[shape.size() - 2] = std::max(qh, vh);
+  }
+  RecurrentResult result;
+  result.o = at.is_device() ? Tensor(q.type, shape, at, options.gpu.stream) : Tensor(q.type, shape);
+  std::optional<TensorView> final_view;
+  if (options.return_state) {
+    const std::int64_t N = options.cu_seqlens ? options.cu_seqlens->shape.at(0) - 1 : q.shape.at(0);
+    const std::int64_t H = shape.size() >= 2 ? shape[shape.size() - 2] : 0;
+    const std::int64_t K = q.shape.empty() ? 0 : q.shape.back();
+    result.final_state = at.is_device() ? Tensor(DType::f32, {N, H, K, V}, at, options.gpu.stream) : Tensor(DType::f32, {N, H, K, V});
+    final_view = result.final_state->view();
+  }
+  run_variant_into(variant, q, k, v, inputs, options, {result.o.view(), final_view}, group);
+  return result;
+}
+
+void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                               const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
+                               Communicator& group) {
+  Prepared p = prepare("backward", variant, q, k, v, inputs, options, group, [&](const Call& call) {
+    std::vector<std::pair<std::string, const TensorView*>> views{{"d_output", &d_output}, {"dq", &gradients.dq}, {"dk", &gradients.dk},
+                                                                 {"dv", &gradients.dv}};
+    if (d_final_state) views.push_back({"d_final_state", &*d_final_state});
+    if (gradients.d_initial_state) views.push_back({"d_initial_state", &*gradients.d_initial_state});
+    for (const auto& [name, view] : gradients.inputs) views.push_back({"the gradient of " + name, &view});
+    require_location(call.op, group, views);
+    const std::vector<std::int64_t> state{call.dims.N, call.dims.H, call.dims.K, call.dims.V};
+    if (d_final_state && d_final_state->shape != state)
+      throw InvalidArgument(fmt::format("{}: d_final_state has shape {}, expected the whole call's [N,H,K,V] = {}", call.op,
+                                        ops::detail::shape_text(d_final_state->shape), ops::detail::shape_text(state)));
+    if (d_final_state && !d_final_state->is_contiguous())
+      throw InvalidArgument(call.op + ": d_final_state must be contiguous");
+    if (options.initial_state.has_value() != gradients.d_initial_state.has_value())
+      throw InvalidArgument(call.op + (options.initial_state ? ": options.initial_state is given, so gradients.d_initial_state must be"
+                                                             : ": gradients.d_initial_state is given without options.initial_state"));
+    if (gradients.d_initial_state &&
+        (gradients.d_initial_state->shape != state || gradients.d_initial_state->type != DType::f32 || !gradients.d_initial_state->is_contiguous()))
+      throw InvalidArgument(fmt::format("{}: gradients.d_initial_state is {}, expected contiguous f32 {}", call.op,
+                                        describe(*gradients.d_initial_state), ops::detail::shape_text(state)));
+    const auto same_shape = [&](const char* name, const TensorView& grad, const TensorView& of) {
+      if (grad.shape != of.shape || grad.type != DType::f32 || !grad.is_contiguous())
+        throw InvalidArgument(fmt::format("{}: {} is {}, expected contiguous f32 {}", call.op, name, describe(grad),
+                                          ops::detail::shape_text(of.shape)));
+    };
+    same_shape("dq", gradients.dq, q), same_shape("dk", gradients.dk, k), same_shape("dv", gradients.dv, v);
+    for (const ir::Input& in : variant.inputs) {
+      auto given = inputs.tensors.find(in.name);
+      if (given == inputs.tensors.end()) continue;
+      auto grad = gradients.inputs.find(in.name);
+      if (grad == gradients.inputs.end())
+        throw InvalidArgument(fmt::format("{}: gradients.inputs has no \"{}\", expected its gradient's view", call.op, in.name));
+      same_shape(("the gradient of " + in.name).c_str(), grad->second, given->second);
+    }
+    RunOptions plain = options;
+    plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
+    plain.backend = call.device ? Backend::gpu : Backend::cpu;
+    const ops::BoundInputs bound = ops::bind_inputs(call.op, variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain);
+    ops::bind_backward(call.op, bound, ops::detail::lead_with_ones(d_output, 4), std::nullopt);
+  });
+  const Call& call = p.call;
+  const Layout& L = p.layout;
+  const std::int64_t NL = static_cast<std::int64_t>(L.mine().pieces.size()), S = state_size(call.dims);
+  const std::vector<std::int64_t> local_state{NL, call.dims.H, call.dims.K, call.dims.V};
+  // Scratch gradients for the first pass (and this rank's d initial_state of its pieces).
+  const auto scratch_like = [&](const TensorView& of) { return Tensor(DType::f32, of.shape, where(call), call.stream); };
+  Tensor local_d_initial(DType::f32, local_state, where(call), call.stream);
+  Tensor exit;  // [NL][H][K][V]: the dS each piece's last token receives from later tokens
+  if (L.P > 1) {
+    // 1. Each rank's dL/d(entry state) of its carried-in pieces from its own tokens (d final state 0).
+    Tensor sdq = scratch_like(q), sdk = scratch_like(k), sdv = scratch_like(v);
+    std::map<std::string, Tensor> sinputs;
+    RecurrentGradientViews first{sdq.view(), sdk.view(), sdv.view(), {}, local_d_initial.view()};
+    for (const auto& [name, view] : inputs.tensors) {
+      sinputs.emplace(name, scratch_like(view));
+      first.inputs.emplace(name, sinputs.at(name).view());
+    }
+    ladle::run_variant_backward_into(variant, q, k, v, inputs, p.local, d_output, std::nullopt, first);
+    // 2. Summaries: those dS rows, beside the transitions this rank already sent.
+    Summaries d;
+    d.floats = p.summaries.floats, d.decay_width = p.summaries.decay_width, d.key_width = p.summaries.key_width;
+    d.value_gate = p.summaries.value_gate;
+    d.mine = Tensor(DType::f32, {d.floats}, where(call), call.stream);
+    zero(d.mine, call);
+    const std::size_t row = static_cast<std::size_t>(S) * 4;
+    const auto copy = [&](void* to, const void* from, std::size_t bytes) {
+      if (call.device) copy_device_to_device(address(to), address(from), bytes, call.stream);
+      else std::memcpy(to, from, bytes);
+    };
+    auto* dm = static_cast<std::byte*>(d.mine.data());
+    const auto* sm = static_cast<const std::byte*>(p.summaries.mine.data());
+    if (!L.packed) {
+      copy(dm, local_d_initial.data(), L.B * row);
+    } else if (L.mine().in >= 0) {
+      copy(dm + row, static_cast<const std::byte*>(local_d_initial.data()) + L.mine().in * row, row);  // row 1: carried in
+    }
+    copy(dm + L.R * row, sm + L.R * row, static_cast<std::size_t>(d.floats - L.R * S) * 4);
+    gather(group, d, call);
+    // 3. The other way's fold: the dS entering each carried-out piece from the later ranks.
+    exit = fold(call, L, d, L.exit_rows(d_final_state.has_value()), L.reverse_order, d_final_state);
+  } else {
+    exit = fold(call, L, p.summaries, L.exit_rows(d_final_state.has_value()), L.reverse_order, d_final_state);
+  }
+  // 4. The slice's backward from its entry states and exit gradients.
+  RecurrentGradientViews local = gradients;
+  local.d_initial_state = local_d_initial.view();
+  ladle::run_variant_backward_into(variant, q, k, v, inputs, p.local, d_output, exit.view(), local);
+  // 5. What belongs to the whole call: d initial_state (from the rank holding each sequence's first
+  // token) and per-head inputs' gradients (every rank's tokens add to them).
+  if (gradients.d_initial_state) {
+    std::vector<bool> owned(static_cast<std::size_t>(NL));
+    for (std::int64_t i = 0; i < NL; ++i) owned[i] = !L.carried_in(i);
+    assemble(group, call, L, local_d_initial, owned, *gradients.d_initial_state);
+  }
+  for (const ir::Input& in : variant.inputs) {
+    if (is_token_input(in.kind) || in.kind == ir::InputKind::scalar) continue;
+    auto grad = gradients.inputs.find(in.name);
+    if (grad == gradients.inputs.end() || !inputs.tensors.count(in.name)) continue;
+    group.all_sum(static_cast<float*>(grad->second.data), static_cast<std::size_t>(grad->second.numel()), call.stream);
+  }
+}
+
+}  // namespace ladle::context_parallel

@@ -1,0 +1,59 @@
+// Context parallelism for the recurrent family: one long sequence cut along its tokens across ranks
+// (GPUs over NCCL, or threads: runtime/communicator.h). Each rank passes its slice of q, k, v and
+// every per-token input, in rank order along the sequence, and gets its slice of o (and, from the
+// backward, of every per-token gradient). The method is LASP-2's (fla's KCP):
+//   1. each rank summarises the piece of each sequence it passes on: its own final state from zero,
+//      L, and its total decay, D (on the GPU the chunked family's segmented state pass: k, v and the
+//      gates are read once, no output is formed);
+//   2. one all-gather of these fixed-size summaries, whatever the sequence length
+//      (B x H x K x V floats per rank, and the decays);
+//   3. a generated kernel folds the earlier ranks' summaries, S = 2^D S + L, into the state each of
+//      the rank's pieces starts from (codegen/cuda/context_parallel.h);
+//   4. the rank runs its slice from those states as run_variant would (every family, tile and form).
+// The backward folds the other way: each rank's dL/d(entry state) from its own tokens, all-gathered and
+// folded in reverse, is the d final_state its slice starts from; then run_variant_backward_into.
+//
+//   ladle::NcclCommunicator group(comm);   // the caller's ncclComm_t, rank r of P
+//   // q, k, v, g: this rank's tokens [r T/P, (r+1) T/P) of every sequence, [B, T/P, H, D] on its GPU
+//   ladle::context_parallel::run_variant_into(variant, q, k, v, {{{"g", g}}}, {}, {o}, group);
+//
+// Contract, checked on every rank (a refusal on one rank is reported on all, so none waits forever):
+//   - every rank passes the same variant, dtype, B, H, H_kv, K, V, scalars, reverse, initial_state's
+//     presence, return_state, and at least one token; slices may differ in length;
+//   - options.initial_state [N,H,K,V] is the whole call's, the same on every rank (the rank that
+//     holds each sequence's first token reads it);
+//   - options.cu_seqlens [N+1] is the whole call's packed offsets over all ranks' tokens in rank
+//     order (its last offset the sum of the slices), the same on every rank; sequences may cross any
+//     number of rank boundaries;
+//   - return_state: every rank gets the whole call's final_state [N,H,K,V];
+//   - per-head inputs (g_gamma, a user's [H] parameter) are the same on every rank;
+//   - the tensors live where the communicator's buffers do (NCCL: its device; a ThreadGroup: the host
+//     or its device);
+//   - the update forms (delta rule, KDA) and normalised reads are refused by name: their transition
+//     is not a diagonal decay (a K x K fold, issue 39's next step).
+#pragma once
+
+#include <ladle/runtime/communicator.h>
+
+#include "variant.h"
+
+namespace ladle::context_parallel {
+
+// The forward on this rank's slice (see above). outputs.o: this slice's o; outputs.final_state: the
+// whole call's final state (every rank), given when options.return_state is set.
+void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
+                      Communicator& group);
+RecurrentResult run_variant(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const VariantInputs& inputs, const RunOptions& options, Communicator& group);
+
+// The backward from the forward's own arguments (as ladle::run_variant_backward_into): d_output is this
+// slice's dL/do; d_final_state, where given, the whole call's dL/d final_state (the same on every rank).
+// Writes this slice's dq, dk, dv and per-token inputs' gradients; per-head inputs' gradients and
+// d initial_state are the whole call's, summed over the ranks (every rank holds them).
+void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                               const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
+                               Communicator& group);
+
+}  // namespace ladle::context_parallel
