@@ -414,6 +414,69 @@ void zero(Tensor& t, const Call& call) {
   else std::memset(t.data(), 0, t.bytes());
 }
 
+struct FoldKernel {
+  std::string name;
+};
+
+const gpu::detail::LoadedKernel<FoldKernel>& cp_kernel(const char* name) {
+  const std::string arch = Device::get().properties().arch();
+  return gpu::detail::loaded_kernel<FoldKernel>(std::string("context parallel|") + name, arch, [&](const std::string& target) {
+    struct {
+      FoldKernel kernel;
+      CompiledProgram program;
+    } compiled{{name}, gpu::detail::compile_named(cuda::context_parallel_source(), "ladle_context_parallel", target, 0)};
+    return compiled;
+  });
+}
+
+// Where a GPU fold reads its summaries: rank (or sub-segment) j's L rows at states + j stride, its D
+// rows at decays + j decay_stride.
+struct DeviceSummaries {
+  std::uint64_t states = 0, decays = 0;
+  long long stride = 0, decay_stride = 0;
+  std::int64_t rows_per_rank = 1, decay_width = 0, key_width = 0;
+  bool value_gate = false;
+};
+
+// The fold's tables on the device (meta rows of 4, the order), kept alive until the stream has run.
+struct FoldTables {
+  DeviceBuffer meta, order;
+};
+FoldTables upload_tables(const std::vector<FoldRow>& rows, const std::vector<int>& order, const Stream* stream) {
+  std::vector<long long> meta;
+  for (const FoldRow& r : rows) meta.insert(meta.end(), {r.source, r.first, r.count, r.summary});
+  FoldTables t{DeviceBuffer::on_stream(std::max<std::size_t>(8, meta.size() * 8), stream),
+               DeviceBuffer::on_stream(std::max<std::size_t>(4, order.size() * 4), stream)};
+  if (!meta.empty()) t.meta.copy_from_host(meta.data(), meta.size() * 8, 0, stream);
+  if (!order.empty()) t.order.copy_from_host(order.data(), order.size() * 4, 0, stream);
+  return t;
+}
+
+void launch_fold(const Call& call, const DeviceSummaries& in, const FoldTables& tables, std::int64_t rows,
+                 const std::optional<TensorView>& source, std::uint64_t out) {
+  const std::int64_t S = state_size(call.dims);
+  if (rows == 0 || S == 0) return;
+  const int source_type = !source ? 0 : source->type == DType::bf16 ? 1 : source->type == DType::f16 ? 2 : 0;
+  KernelArgs packed;
+  packed.add(in.states).add(in.stride).add(in.decays).add(in.decay_stride);
+  packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type);
+  packed.add(tables.meta.device_ptr()).add(tables.order.device_ptr()).add(out);
+  packed.add(static_cast<int>(in.rows_per_rank)).add(static_cast<int>(call.dims.H)).add(static_cast<int>(call.dims.K)).add(static_cast<int>(call.dims.V));
+  packed.add(static_cast<int>(in.decay_width)).add(static_cast<int>(in.key_width)).add(in.value_gate ? 1 : 0);
+  cp_kernel(cuda::context_parallel_fold_kernel)
+      .function->launch({static_cast<unsigned>((S + 255) / 256), static_cast<unsigned>(rows), 1}, {256, 1, 1}, packed, 0, call.stream);
+}
+
+void launch_sum_decays(const Call& call, const DeviceSummaries& in, const FoldTables& tables, std::int64_t rows, std::uint64_t out) {
+  const std::int64_t width = call.dims.H * in.decay_width;
+  if (rows == 0 || width == 0) return;
+  KernelArgs packed;
+  packed.add(in.decays).add(in.decay_stride).add(tables.meta.device_ptr()).add(tables.order.device_ptr()).add(out);
+  packed.add(static_cast<int>(call.dims.H)).add(static_cast<int>(in.decay_width));
+  cp_kernel(cuda::context_parallel_sum_kernel)
+      .function->launch({static_cast<unsigned>((width + 255) / 256), static_cast<unsigned>(rows), 1}, {256, 1, 1}, packed, 0, call.stream);
+}
+
 // This rank's summaries of its carried pieces (rows: batch rows, or [carried out, carried in]).
 Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& L, const LocalArgs& args, const RunOptions& options) {
   Summaries s;
@@ -435,20 +498,59 @@ Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& 
     rows.push_back(mine.in >= 0 ? mine.pieces[mine.in] : Piece{0, 1, 0});
   }
   if (call.device) {
+    // Each piece in m sub-segments (in the recurrence's direction), so that the state pass's blocks
+    // cover the GPU: m = 1 leaves one serial walk over the whole slice to H blocks a row.
+    std::int64_t shortest = -1;  // the real rows' (a stand-in row takes m single tokens)
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      if (!L.packed || (i == 0 ? mine.out : mine.in) >= 0)
+        shortest = shortest < 0 ? rows[i].hi - rows[i].lo : std::min(shortest, rows[i].hi - rows[i].lo);
+    const std::int64_t sms = Device::get().properties().sm_count;
+    const std::int64_t wanted = (2 * sms + L.R * call.dims.H - 1) / std::max<std::int64_t>(1, L.R * call.dims.H);
+    const std::int64_t m = std::clamp<std::int64_t>(wanted, 1, std::max<std::int64_t>(1, shortest / 1024));
+    if (L.packed)
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if ((i == 0 ? mine.out : mine.in) < 0) rows[i] = Piece{0, m, 0};
     cuda::ChunkedSegments segments;
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      const long long b = L.packed ? 0 : rows[i].sequence, r = static_cast<long long>(i);
-      const long long row[8] = {b, rows[i].lo, rows[i].hi, r, 0, r, 0, 0};
-      segments.earlier.insert(segments.earlier.end(), row, row + 8);
-      const long long last[8] = {b, rows[i].lo, rows[i].hi, r, 0, r, 1, 0};
-      segments.all.insert(segments.all.end(), last, last + 8);
+      const long long b = L.packed ? 0 : rows[i].sequence;
+      const std::int64_t length = rows[i].hi - rows[i].lo, each = (length + m - 1) / m;
+      for (std::int64_t k = 0; k < m; ++k) {
+        // Sub-segment k in the recurrence's direction.
+        const std::int64_t lo = L.reverse ? std::max(rows[i].lo, rows[i].hi - (k + 1) * each) : std::min(rows[i].hi, rows[i].lo + k * each);
+        const std::int64_t hi = L.reverse ? std::max(rows[i].lo, rows[i].hi - k * each) : std::min(rows[i].hi, rows[i].lo + (k + 1) * each);
+        const long long r = static_cast<long long>(i * m + k);
+        const long long row[8] = {b, lo, hi, r, 0, r, 0, 0};
+        segments.earlier.insert(segments.earlier.end(), row, row + 8);
+        const long long last[8] = {b, lo, hi, r, 0, r, 1, 0};
+        segments.all.insert(segments.all.end(), last, last + 8);
+      }
     }
     RunOptions plain = options;
     plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
     plain.algorithm = Algorithm::chunked;
     const std::uint64_t base = address(s.mine.data());
-    gpu::run_segment_summaries(variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain, segments, base,
-                               base + static_cast<std::uint64_t>(L.R * S) * 4, {call.stream});
+    if (m == 1) {
+      gpu::run_segment_summaries(variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain, segments, base,
+                                 base + static_cast<std::uint64_t>(L.R * S) * 4, {call.stream});
+      return s;
+    }
+    const std::int64_t parts = L.R * m;
+    DeviceBuffer part_states = DeviceBuffer::on_stream(static_cast<std::size_t>(parts * S) * 4, call.stream);
+    DeviceBuffer part_decays = DeviceBuffer::on_stream(std::max<std::size_t>(4, static_cast<std::size_t>(parts * call.dims.H * s.decay_width) * 4), call.stream);
+    gpu::run_segment_summaries(variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain, segments, part_states.device_ptr(),
+                               part_decays.device_ptr(), {call.stream});
+    // Row i's summary = the fold of its sub-segments from zero, and the sum of their decays.
+    std::vector<FoldRow> chains;
+    std::vector<int> order(static_cast<std::size_t>(parts));
+    std::iota(order.begin(), order.end(), 0);
+    for (std::int64_t i = 0; i < L.R; ++i) chains.push_back({-1, i * m, m, 0});
+    const FoldTables tables = upload_tables(chains, order, call.stream);
+    DeviceSummaries in;
+    in.states = part_states.device_ptr(), in.decays = part_decays.device_ptr();
+    in.stride = S, in.decay_stride = call.dims.H * s.decay_width;
+    in.rows_per_rank = 1, in.decay_width = s.decay_width, in.key_width = s.key_width, in.value_gate = s.value_gate;
+    launch_fold(call, in, tables, L.R, std::nullopt, base);
+    launch_sum_decays(call, in, tables, L.R, base + static_cast<std::uint64_t>(L.R * S) * 4);
     return s;
   }
   // The CPU: the pieces' own final states from zero, and their transitions from a run with zero k and v
@@ -481,9 +583,6 @@ void gather(Communicator& group, Summaries& s, const Call& call) {
   group.all_gather(s.mine.data(), s.all.data(), static_cast<std::size_t>(s.floats) * 4, call.stream);
 }
 
-struct FoldKernel {
-  std::string name;
-};
 
 // out [rows.size()][H][K][V] f32: each row's fold over the gathered summaries (see FoldRow), from
 // `source` rows (initial_state or d_final_state; absent: zero).
@@ -493,30 +592,12 @@ Tensor fold(const Call& call, const Layout& L, const Summaries& s, const std::ve
   Tensor out(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, where(call), call.stream);
   if (NL == 0 || S == 0) return out;
   if (call.device) {
-    std::vector<long long> meta;
-    for (const FoldRow& r : rows) meta.insert(meta.end(), {r.source, r.first, r.count, r.summary});
-    DeviceBuffer device_meta = DeviceBuffer::on_stream(meta.size() * 8, call.stream);
-    device_meta.copy_from_host(meta.data(), meta.size() * 8, 0, call.stream);
-    DeviceBuffer device_order = DeviceBuffer::on_stream(order.size() * 4, call.stream);
-    device_order.copy_from_host(order.data(), order.size() * 4, 0, call.stream);
-    const std::string arch = Device::get().properties().arch();
-    const auto& loaded = gpu::detail::loaded_kernel<FoldKernel>("context parallel fold", arch, [&](const std::string& target) {
-      struct {
-        FoldKernel kernel;
-        CompiledProgram program;
-      } compiled{{cuda::context_parallel_fold_kernel},
-                 gpu::detail::compile_named(cuda::context_parallel_source(), "ladle_context_parallel", target, 0)};
-      return compiled;
-    });
-    const int source_type = !source ? 0 : source->type == DType::bf16 ? 1 : source->type == DType::f16 ? 2 : 0;
-    KernelArgs packed;
-    const std::uint64_t all = address(s.all.data());
-    packed.add(all).add(static_cast<long long>(s.floats)).add(all + static_cast<std::uint64_t>(L.R * S) * 4);  // L, stride, D
-    packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type);
-    packed.add(device_meta.device_ptr()).add(device_order.device_ptr()).add(address(out.data()));
-    packed.add(static_cast<int>(L.R)).add(static_cast<int>(call.dims.H)).add(static_cast<int>(call.dims.K)).add(static_cast<int>(call.dims.V));
-    packed.add(static_cast<int>(s.decay_width)).add(static_cast<int>(s.key_width)).add(s.value_gate ? 1 : 0);
-    loaded.function->launch({static_cast<unsigned>((S + 255) / 256), static_cast<unsigned>(NL), 1}, {256, 1, 1}, packed, 0, call.stream);
+    const FoldTables tables = upload_tables(rows, order, call.stream);
+    DeviceSummaries in;
+    in.states = address(s.all.data()), in.decays = in.states + static_cast<std::uint64_t>(L.R * S) * 4;
+    in.stride = in.decay_stride = s.floats;
+    in.rows_per_rank = L.R, in.decay_width = s.decay_width, in.key_width = s.key_width, in.value_gate = s.value_gate;
+    launch_fold(call, in, tables, NL, source, address(out.data()));
     return out;
   }
   const auto* all = static_cast<const float*>(s.all.data());

@@ -396,6 +396,7 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
   SplitArguments split;
   std::int64_t chunks = 0;
   std::uint64_t earlier_rows = 0, all_rows = 0;  // the segments tables on the device
+  std::int64_t decay_width = 0;                   // DL of segment_decay
   DeviceBuffer states, device_offsets, all_copy, earlier_copy, own_states, own_decay;
   if (plan.form == ChunkedPlan::Form::split) {
     // The state pass writes the state entering every chunk; then every chunk's output in parallel.
@@ -425,7 +426,7 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     earlier_rows = segment_rows(plan.segments.earlier);
     if (!earlier_rows) earlier_copy = upload_rows(plan.segments.earlier), earlier_rows = earlier_copy.device_ptr();
     const std::int64_t earlier = plan.segments.earlier_segments();
-    const std::int64_t width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
+    const std::int64_t width = decay_width = cuda::chunked_segment_decay_width(variant, args.key_dim, args.value_dim);
     if (!entry_states)
       own_states = DeviceBuffer::on_stream(
           std::max<std::size_t>(4, static_cast<std::size_t>(earlier * args.heads * args.key_dim * args.value_dim) * 4), stream);
@@ -453,11 +454,27 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
     const LoadedChunked* const was = known && index < known->size() ? (*known)[index] : nullptr;
     const LoadedChunked& kernel = was ? *was : loaded_kernel(variant, each.spec, compile_chunked);
     if (loaded) (*loaded)[index] = &kernel;
-    KernelArgs packed = pack_arguments(kernel.kernel.params, variant, args, offsets, arguments);
-    const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel.kernel, rows, args.heads, args.key_dim, args.value_dim, chunks);
-    if (grid.x == 0 || grid.y == 0 || grid.z == 0) continue;
-    kernel.function->launch({grid.x, grid.y, grid.z}, {kernel.kernel.threads, 1, 1}, packed,
-                            static_cast<unsigned>(kernel.kernel.shared_bytes), stream);
+    // A grid walks (row, head) pairs on its y or z axis, at most 65535: a long sequence's segments
+    // (its 64-step blocks in the backward's entry states) go in launches of fewer rows, each with the
+    // table (and the state pass's outputs, which it indexes by the launch's own rows) advanced.
+    const bool over_table = each.over == ChunkedLaunch::Over::earlier_segments || each.over == ChunkedLaunch::Over::all_segments;
+    const std::int64_t most = over_table ? std::max<std::int64_t>(1, 65535 / std::max<std::int64_t>(1, args.heads)) : rows;
+    for (std::int64_t first = 0; first < std::max<std::int64_t>(rows, 1); first += most) {
+      const std::int64_t count = std::min(most, rows - first);
+      SplitArguments part = arguments;
+      if (first > 0) {
+        part.segments += static_cast<std::uint64_t>(first) * 8 * sizeof(long long);
+        if (each.spec.phase == cuda::ChunkedPhase::states) {
+          part.segment_states += static_cast<std::uint64_t>(first * args.heads * args.key_dim * args.value_dim) * 4;
+          part.segment_decay += static_cast<std::uint64_t>(first * args.heads * decay_width) * 4;
+        }
+      }
+      KernelArgs packed = pack_arguments(kernel.kernel.params, variant, args, offsets, part);
+      const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel.kernel, over_table ? count : rows, args.heads, args.key_dim, args.value_dim, chunks);
+      if (grid.x == 0 || grid.y == 0 || grid.z == 0) break;
+      kernel.function->launch({grid.x, grid.y, grid.z}, {kernel.kernel.threads, 1, 1}, packed,
+                              static_cast<unsigned>(kernel.kernel.shared_bytes), stream);
+    }
   }
 }
 

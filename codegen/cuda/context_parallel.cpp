@@ -9,7 +9,7 @@ std::string context_parallel_source() {
   s += detail::storage_helpers;
   s += R"(
 extern "C" __global__ void __launch_bounds__(256) ladle_cp_fold(
-    const float* __restrict__ summaries, long long rank_stride, const float* __restrict__ decays,
+    const float* __restrict__ summaries, long long rank_stride, const float* __restrict__ decays, long long decay_stride,
     const void* __restrict__ source, int source_type, const long long* __restrict__ meta, const int* __restrict__ order,
     float* __restrict__ out, int rows_per_rank, int H, int K, int V, int decay_width, int key_width, int value_gate) {
   const long long HKV = static_cast<long long>(H) * K * V;
@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(256) ladle_cp_fold(
   }
   for (long long c = row[1]; c < row[1] + row[2]; ++c) {
     const long long rank = order[c];
-    const float* d = decays + rank * rank_stride + (row[3] * H + h) * decay_width;
+    const float* d = decays + rank * decay_stride + (row[3] * H + h) * decay_width;
     float log2_decay = 0.0f;
     if (key_width == 1) log2_decay += d[0];
     else if (key_width > 1) log2_decay += d[kk];
@@ -36,6 +36,19 @@ extern "C" __global__ void __launch_bounds__(256) ladle_cp_fold(
     s = exp2f(log2_decay) * s + summaries[rank * rank_stride + row[3] * HKV + i];
   }
   out[static_cast<long long>(n) * HKV + i] = s;
+}
+
+// The total log2 decay of each chain of ladle_cp_fold's (its rows, source ignored): out row n
+// [H][width] = the sum over c of decays + order[c] decay_stride + meta[4n+3] H width.
+extern "C" __global__ void __launch_bounds__(256) ladle_cp_sum_decays(
+    const float* __restrict__ decays, long long decay_stride, const long long* __restrict__ meta, const int* __restrict__ order,
+    float* __restrict__ out, int H, int width) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<long long>(H) * width) return;
+  const long long* row = meta + 4 * static_cast<long long>(blockIdx.y);
+  float sum = 0.0f;
+  for (long long c = row[1]; c < row[1] + row[2]; ++c) sum += decays[order[c] * decay_stride + row[3] * H * width + i];
+  out[static_cast<long long>(blockIdx.y) * H * width + i] = sum;
 }
 )";
   return s;

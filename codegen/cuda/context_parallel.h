@@ -12,17 +12,21 @@
 
 namespace ladle::cuda {
 
-// The module's source (fixed text, one kernel):
-//   ladle_cp_fold(summaries, rank_stride, decays, source, source_type, meta, order, out, rows_per_rank,
-//                 H, K, V, decay_width, key_width, value_gate)
+// The module's source (fixed text, two kernels):
+//   ladle_cp_fold(summaries, rank_stride, decays, decay_stride, source, source_type, meta, order, out,
+//                 rows_per_rank, H, K, V, decay_width, key_width, value_gate)
 // grid (ceil(H K V / 256), rows), 256 threads: out row n [H][K][V] f32 = s after
 //   s = source row meta[4n] (f32, bf16 or f16 by source_type 0, 1, 2; zero where meta[4n] < 0),
 //   then for c in [meta[4n+1], meta[4n+1] + meta[4n+2]): j = order[c], m = meta[4n+3],
 //   s = 2^(D of rank j's row m) s + L of rank j's row m,
 // where rank j's summaries start at summaries + j rank_stride (L: [rows_per_rank][H][K][V]) and
-// decays + j rank_stride (D: [rows_per_rank][H][decay_width]). D's key part is D[0] (key_width 1)
+// decays + j decay_stride (D: [rows_per_rank][H][decay_width]). D's key part is D[0] (key_width 1)
 // or D[k] (key_width K), none for key_width 0; its value part D[key_width + v] where value_gate is 1.
+//   ladle_cp_sum_decays(decays, decay_stride, meta, order, out, H, width): grid (ceil(H width / 256),
+//                 rows): out row n [H][width] = the sum of the same chain's D (a chain's total decay).
+// A rank folds its own pieces' sub-segments with the two (one summary from many state-pass blocks).
 std::string context_parallel_source();
 inline constexpr const char* context_parallel_fold_kernel = "ladle_cp_fold";
+inline constexpr const char* context_parallel_sum_kernel = "ladle_cp_sum_decays";
 
 }  // namespace ladle::cuda
