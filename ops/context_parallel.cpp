@@ -2,6 +2,8 @@
 #include "context_parallel.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -17,6 +19,7 @@
 #include "bind.h"
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
+#include "gpu_backward.h"
 #include "gpu_recurrent.h"
 
 namespace ladle::context_parallel {
@@ -505,7 +508,7 @@ Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& 
       if (!L.packed || (i == 0 ? mine.out : mine.in) >= 0)
         shortest = shortest < 0 ? rows[i].hi - rows[i].lo : std::min(shortest, rows[i].hi - rows[i].lo);
     const std::int64_t sms = Device::get().properties().sm_count;
-    const std::int64_t wanted = (2 * sms + L.R * call.dims.H - 1) / std::max<std::int64_t>(1, L.R * call.dims.H);
+    const std::int64_t wanted = (4 * sms + L.R * call.dims.H - 1) / std::max<std::int64_t>(1, L.R * call.dims.H);
     const std::int64_t m = std::clamp<std::int64_t>(wanted, 1, std::max<std::int64_t>(1, shortest / 1024));
     if (L.packed)
       for (std::size_t i = 0; i < rows.size(); ++i)
@@ -641,6 +644,35 @@ LocalArgs local_args(const TensorView& q, const TensorView& k, const TensorView&
   return {q, k, v, inputs};
 }
 
+// LADLE_CP_PHASES=1: each phase's wall time on stderr, the stream waited for after each (a
+// measurement knob: the waits cost the overlap a call otherwise has).
+class Phases {
+ public:
+  explicit Phases(const Call& call) : call_(call), on_(enabled()), last_(std::chrono::steady_clock::now()) {}
+  void mark(const char* what) {
+    if (!on_) return;
+    if (call_.device) {
+      if (call_.stream) call_.stream->synchronize();
+      else Device::get().synchronize();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    std::fprintf(stderr, "%s: %s %.3f ms\n", call_.op.c_str(), what, std::chrono::duration<double, std::milli>(now - last_).count());
+    last_ = now;
+  }
+
+ private:
+  static bool enabled() {
+    static const bool on = [] {
+      const char* v = std::getenv("LADLE_CP_PHASES");
+      return v && std::string(v) == "1";
+    }();
+    return on;
+  }
+  const Call& call_;
+  bool on_;
+  std::chrono::steady_clock::time_point last_;
+};
+
 // The shared first half of both directions: descriptors, layout, summaries, the entry states.
 struct Prepared {
   Call call;
@@ -657,15 +689,20 @@ Prepared prepare(const char* what, const ir::Variant& variant, const TensorView&
   Prepared p;
   p.call.op = op_name(variant, what);
   const Descriptor mine = describe_call(p.call, variant, q, k, v, inputs, options, group, more_checks);
+  Phases phases(p.call);
   const std::vector<Descriptor> all = exchange(p.call.op, group, mine, options.gpu.stream);
+  phases.mark("exchange");
   p.layout = make_layout(all, group.rank(), p.call.offsets);
   const LocalArgs args = local_args(q, k, v, inputs);
   if (p.layout.P > 1) {
     p.summaries = summarise(variant, p.call, p.layout, args, options);
+    phases.mark("summaries");
     gather(group, p.summaries, p.call);
+    phases.mark("all-gather");
   }
   p.entry = fold(p.call, p.layout, p.summaries, p.layout.entry_rows(options.initial_state.has_value()), p.layout.order,
                  options.initial_state);
+  phases.mark("fold");
   p.local = local_options(options, p.call, p.layout, p.offsets_keep);
   p.local.initial_state = p.entry.view();
   return p;
@@ -702,8 +739,10 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   } else {
     p.local.return_state = false;
   }
+  Phases phases(p.call);
   ladle::run_variant_into(variant, q, k, v, inputs, p.local,
                           {outputs.o, local_final ? std::optional<TensorView>(local_final->view()) : std::nullopt});
+  phases.mark("the slice's forward");
   if (outputs.final_state) {
     std::vector<bool> owned(static_cast<std::size_t>(NL));
     for (std::int64_t i = 0; i < NL; ++i) owned[i] = !p.layout.carried_out(i);
@@ -789,15 +828,22 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   Tensor local_d_initial(DType::f32, local_state, where(call), call.stream);
   Tensor exit;  // [NL][H][K][V]: the dS each piece's last token receives from later tokens
   if (L.P > 1) {
-    // 1. Each rank's dL/d(entry state) of its carried-in pieces from its own tokens (d final state 0).
-    Tensor sdq = scratch_like(q), sdk = scratch_like(k), sdv = scratch_like(v);
-    std::map<std::string, Tensor> sinputs;
-    RecurrentGradientViews first{sdq.view(), sdk.view(), sdv.view(), {}, local_d_initial.view()};
-    for (const auto& [name, view] : inputs.tensors) {
-      sinputs.emplace(name, scratch_like(view));
-      first.inputs.emplace(name, sinputs.at(name).view());
+    // 1. Each rank's dL/d(entry state) of its carried-in pieces from its own tokens (d final state 0):
+    // on the GPU dS's recurrence alone (gpu::run_initial_state_gradient), else a whole backward.
+    Phases phases(p.call);
+    if (call.device && variant.plain_form()) {
+      gpu::run_initial_state_gradient(variant, q, k, v, inputs, p.local, d_output, std::nullopt, local_d_initial.view(), {call.stream});
+    } else {
+      Tensor sdq = scratch_like(q), sdk = scratch_like(k), sdv = scratch_like(v);
+      std::map<std::string, Tensor> sinputs;
+      RecurrentGradientViews first{sdq.view(), sdk.view(), sdv.view(), {}, local_d_initial.view()};
+      for (const auto& [name, view] : inputs.tensors) {
+        sinputs.emplace(name, scratch_like(view));
+        first.inputs.emplace(name, sinputs.at(name).view());
+      }
+      ladle::run_variant_backward_into(variant, q, k, v, inputs, p.local, d_output, std::nullopt, first);
     }
-    ladle::run_variant_backward_into(variant, q, k, v, inputs, p.local, d_output, std::nullopt, first);
+    phases.mark("the slice's dS summary");
     // 2. Summaries: those dS rows, beside the transitions this rank already sent.
     Summaries d;
     d.floats = p.summaries.floats, d.decay_width = p.summaries.decay_width, d.key_width = p.summaries.key_width;
@@ -826,7 +872,9 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   // 4. The slice's backward from its entry states and exit gradients.
   RecurrentGradientViews local = gradients;
   local.d_initial_state = local_d_initial.view();
+  Phases phases(p.call);
   ladle::run_variant_backward_into(variant, q, k, v, inputs, p.local, d_output, exit.view(), local);
+  phases.mark("the slice's backward");
   // 5. What belongs to the whole call: d initial_state (from the rank holding each sequence's first
   // token) and per-head inputs' gradients (every rank's tokens add to them).
   if (gradients.d_initial_state) {

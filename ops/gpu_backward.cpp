@@ -208,10 +208,10 @@ class BackwardCall {
  public:
   BackwardCall(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                const RunOptions& options, const TensorView& d_output, const std::optional<TensorView>& d_final_state,
-               const RecurrentGradientViews& gradients, const LaunchOptions& launch)
+               const RecurrentGradientViews& gradients, const LaunchOptions& launch, bool initial_only = false)
       : variant_(variant), options_(options), d_output_(d_output), d_final_state_(d_final_state), gradients_(gradients),
         launch_(launch), op_(op_name(variant)), check_(op_), bound_(ops::bind_inputs(op_, variant, q, k, v, inputs, options)),
-        a_(bound_.args) {
+        a_(bound_.args), initial_only_(initial_only) {
     ops::bind_backward(op_, bound_, d_output, d_final_state);
     B_ = a_.batch, T_ = a_.tokens, H_ = a_.heads, K_ = a_.key_dim, V_ = a_.value_dim, N_ = bound_.dims.N;
     threads_ = cuda::backward_threads(K_, V_);
@@ -236,6 +236,15 @@ class BackwardCall {
     if (!zero_gradients()) return;
     write_slots();
     convert_states();
+    if (initial_only_) {
+      // dS before each sequence's first step from dv's recurrence alone (its output unused).
+      dvs_ = scratch(DType::f32, value_shape_, launch_.stream);
+      dv_out_ = dvs_.view;
+      ds0_ = scratch(DType::f32, {N_, H_, K_, VS_}, launch_.stream);
+      run_recurrence(the_recurrences()[1]);
+      initial_state_gradient();
+      return;
+    }
     recurrences();
     decay_totals();
     chain();
@@ -258,7 +267,11 @@ class BackwardCall {
 
   void check_gradients(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs) {
     grad_of_.assign(variant_.inputs.size(), nullptr);
-    for (std::size_t i = 0; i < variant_.inputs.size(); ++i) {
+    if (initial_only_) {
+      if (!options_.initial_state) check_.fail("the initial state's gradient alone needs options.initial_state (its shape and type)");
+      if (variant_.normalize) check_.fail("the initial state's gradient alone is not built for a normalised read");
+    }
+    for (std::size_t i = 0; i < variant_.inputs.size() && !initial_only_; ++i) {
       const ir::Input& in = variant_.inputs[i];
       if (in.kind == ir::InputKind::scalar) continue;
       if (in.role == ir::Role::query) grad_of_[i] = &gradient("dq", &gradients_.dq, q);
@@ -288,6 +301,7 @@ class BackwardCall {
       fill_device_bytes(ptr(grad_of_[i]->data), static_cast<std::size_t>(grad_of_[i]->numel()) * 4, 0, stream);
     }
     if (N_ * H_ * K_ * V_ == 0) {
+      if (initial_only_) return false;
       for (const TensorView* g : {&gradients_.dq, &gradients_.dk, &gradients_.dv})
         fill_device_bytes(ptr(g->data), static_cast<std::size_t>(g->numel()) * 4, 0, stream);
       return false;
@@ -707,6 +721,7 @@ class BackwardCall {
   const ops::detail::Checker check_;
   const ops::BoundInputs bound_;
   const cpu::RecurrentArgs& a_;
+  const bool initial_only_;  // run_initial_state_gradient: dL/d initial_state alone
   std::int64_t B_ = 0, T_ = 0, H_ = 0, K_ = 0, V_ = 0, N_ = 0, VS_ = 0, C_ = 0;
   unsigned threads_ = 0;
   std::vector<const TensorView*> grad_of_;
@@ -731,6 +746,15 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
                                const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
                                const LaunchOptions& launch) {
   BackwardCall(variant, q, k, v, inputs, options, d_output, d_final_state, gradients, launch).run();
+}
+
+void run_initial_state_gradient(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                                const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
+                                const std::optional<TensorView>& d_final_state, const TensorView& d_initial_state,
+                                const LaunchOptions& launch) {
+  RecurrentGradientViews only;
+  only.d_initial_state = d_initial_state;
+  BackwardCall(variant, q, k, v, inputs, options, d_output, d_final_state, only, launch, true).run();
 }
 
 }  // namespace ladle::gpu
