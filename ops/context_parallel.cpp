@@ -590,9 +590,9 @@ void gather(Communicator& group, Summaries& s, const Call& call) {
 // out [rows.size()][H][K][V] f32: each row's fold over the gathered summaries (see FoldRow), from
 // `source` rows (initial_state or d_final_state; absent: zero).
 Tensor fold(const Call& call, const Layout& L, const Summaries& s, const std::vector<FoldRow>& rows, const std::vector<int>& order,
-            const std::optional<TensorView>& source) {
+            const std::optional<TensorView>& source, Tensor given = Tensor()) {
   const std::int64_t S = state_size(call.dims), NL = static_cast<std::int64_t>(rows.size());
-  Tensor out(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, where(call), call.stream);
+  Tensor out = given.numel() > 0 ? std::move(given) : Tensor(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, where(call), call.stream);
   if (NL == 0 || S == 0) return out;
   if (call.device) {
     const FoldTables tables = upload_tables(rows, order, call.stream);
@@ -683,9 +683,10 @@ struct Prepared {
   RunOptions local;
 };
 
-Prepared prepare(const char* what, const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
-                 const VariantInputs& inputs, const RunOptions& options, Communicator& group,
-                 const std::function<void(const Call&)>& more_checks) {
+// The exchange of the ranks' verdicts and sizes, the layout, and the local call's options.
+Prepared begin(const char* what, const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+               const VariantInputs& inputs, const RunOptions& options, Communicator& group,
+               const std::function<void(const Call&)>& more_checks) {
   Prepared p;
   p.call.op = op_name(variant, what);
   const Descriptor mine = describe_call(p.call, variant, q, k, v, inputs, options, group, more_checks);
@@ -693,19 +694,81 @@ Prepared prepare(const char* what, const ir::Variant& variant, const TensorView&
   const std::vector<Descriptor> all = exchange(p.call.op, group, mine, options.gpu.stream);
   phases.mark("exchange");
   p.layout = make_layout(all, group.rank(), p.call.offsets);
-  const LocalArgs args = local_args(q, k, v, inputs);
+  p.local = local_options(options, p.call, p.layout, p.offsets_keep);
+  return p;
+}
+
+// The entry states by a pass of their own: summaries, the all-gather, the fold (into `into`, where given).
+void entry_states(Prepared& p, const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                  const VariantInputs& inputs, const RunOptions& options, Communicator& group, Tensor into = Tensor()) {
+  Phases phases(p.call);
   if (p.layout.P > 1) {
-    p.summaries = summarise(variant, p.call, p.layout, args, options);
+    p.summaries = summarise(variant, p.call, p.layout, local_args(q, k, v, inputs), options);
     phases.mark("summaries");
     gather(group, p.summaries, p.call);
     phases.mark("all-gather");
   }
   p.entry = fold(p.call, p.layout, p.summaries, p.layout.entry_rows(options.initial_state.has_value()), p.layout.order,
-                 options.initial_state);
+                 options.initial_state, std::move(into));
   phases.mark("fold");
-  p.local = local_options(options, p.call, p.layout, p.offsets_keep);
   p.local.initial_state = p.entry.view();
+}
+
+Prepared prepare(const char* what, const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const VariantInputs& inputs, const RunOptions& options, Communicator& group,
+                 const std::function<void(const Call&)>& more_checks) {
+  Prepared p = begin(what, variant, q, k, v, inputs, options, group, more_checks);
+  entry_states(p, variant, q, k, v, inputs, options, group);
   return p;
+}
+
+// The GPU forward of a slice in one pass where it runs the chunked segmented form: the slice's own
+// state pass gives the summaries (gpu::run_variant_with_summaries), so k, v and the gates are read
+// for them once, not twice. False where the call runs another form (nothing launched).
+bool fused_forward(Prepared& p, const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const VariantInputs& inputs, const RunOptions& options, Communicator& group, const RecurrentOutputs& local_outputs) {
+  const Call& call = p.call;
+  const Layout& L = p.layout;
+  const std::int64_t S = state_size(call.dims), NL = static_cast<std::int64_t>(L.mine().pieces.size());
+  Tensor entry(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, where(call), call.stream);
+  RunOptions local = p.local;
+  local.initial_state = entry.view();
+  Summaries& s = p.summaries;
+  std::int64_t decay_width = 0;
+  const std::int64_t transitions = transition_floats(variant, call, L, decay_width);
+  s.decay_width = decay_width, s.value_gate = variant.has(ir::Slot::log_decay_v);
+  s.key_width = decay_width - (s.value_gate ? call.dims.V : 0);
+  s.floats = L.R * S + transitions;
+  Phases phases(call);
+  const gpu::SegmentSummariesHook hook = [&](std::uint64_t states, std::uint64_t decays, const std::vector<std::vector<long long>>& chains) {
+    // Summary row i: the fold of its piece's segments from zero, and their decays' sum.
+    s.mine = Tensor(DType::f32, {s.floats}, where(call), call.stream);
+    zero(s.mine, call);
+    std::vector<FoldRow> rows;
+    std::vector<int> order;
+    for (std::int64_t i = 0; i < L.R; ++i) {
+      const std::int64_t piece = !L.packed ? i : (i == 0 ? L.mine().out : L.mine().in);
+      FoldRow row{-1, static_cast<std::int64_t>(order.size()), 0, 0};
+      if (piece >= 0)
+        for (const long long r : chains[static_cast<std::size_t>(piece)]) order.push_back(static_cast<int>(r)), ++row.count;
+      rows.push_back(row);
+    }
+    const FoldTables tables = upload_tables(rows, order, call.stream);
+    DeviceSummaries in;
+    in.states = states, in.decays = decays, in.stride = S, in.decay_stride = call.dims.H * s.decay_width;
+    in.rows_per_rank = 1, in.decay_width = s.decay_width, in.key_width = s.key_width, in.value_gate = s.value_gate;
+    const std::uint64_t base = address(s.mine.data());
+    launch_fold(call, in, tables, L.R, std::nullopt, base);
+    launch_sum_decays(call, in, tables, L.R, base + static_cast<std::uint64_t>(L.R * S) * 4);
+    phases.mark("summaries (the slice's own state pass)");
+    gather(group, s, call);
+    phases.mark("all-gather");
+    p.entry = fold(call, L, s, L.entry_rows(options.initial_state.has_value()), L.order, options.initial_state, std::move(entry));
+    phases.mark("fold");
+  };
+  const bool ran = gpu::run_variant_with_summaries(variant, q, k, v, inputs, local, local_outputs, hook, {call.stream});
+  if (ran) phases.mark("the slice's forward (the rest)");
+  return ran;
 }
 
 }  // namespace
@@ -713,7 +776,7 @@ Prepared prepare(const char* what, const ir::Variant& variant, const TensorView&
 void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
                       const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
                       Communicator& group) {
-  Prepared p = prepare("forward", variant, q, k, v, inputs, options, group, [&](const Call& call) {
+  Prepared p = begin("forward", variant, q, k, v, inputs, options, group, [&](const Call& call) {
     require_location(call.op, group, {{"o", &outputs.o}});
     if (options.return_state && !outputs.final_state)
       throw InvalidArgument(call.op + ": options.return_state is set but outputs.final_state is not given");
@@ -739,10 +802,13 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   } else {
     p.local.return_state = false;
   }
-  Phases phases(p.call);
-  ladle::run_variant_into(variant, q, k, v, inputs, p.local,
-                          {outputs.o, local_final ? std::optional<TensorView>(local_final->view()) : std::nullopt});
-  phases.mark("the slice's forward");
+  const RecurrentOutputs local_outputs{outputs.o, local_final ? std::optional<TensorView>(local_final->view()) : std::nullopt};
+  if (!(p.call.device && p.layout.P > 1 && fused_forward(p, variant, q, k, v, inputs, options, group, local_outputs))) {
+    entry_states(p, variant, q, k, v, inputs, options, group);
+    Phases phases(p.call);
+    ladle::run_variant_into(variant, q, k, v, inputs, p.local, local_outputs);
+    phases.mark("the slice's forward");
+  }
   if (outputs.final_state) {
     std::vector<bool> owned(static_cast<std::size_t>(NL));
     for (std::int64_t i = 0; i < NL; ++i) owned[i] = !p.layout.carried_out(i);

@@ -10,6 +10,7 @@
 #include "tune_recurrent.h"
 
 #include <algorithm>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -389,7 +390,8 @@ using LoadedChunked = detail::LoadedKernel<cuda::ChunkedKernel>;
 void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const ops::BoundInputs& bound, std::uint64_t offsets,
                       const LaunchOptions& launch, std::uint64_t entry_states = 0,
                       const std::vector<const LoadedChunked*>* known = nullptr, std::vector<const LoadedChunked*>* loaded = nullptr,
-                      std::uint64_t entry_decay = 0) {
+                      std::uint64_t entry_decay = 0,
+                      const std::function<void(std::uint64_t states, std::uint64_t decay)>* after_states = nullptr) {
   const auto& args = bound.args;
   const std::int64_t N = bound.dims.N;
   const Stream* stream = launch.stream;
@@ -475,6 +477,8 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
       kernel.function->launch({grid.x, grid.y, grid.z}, {kernel.kernel.threads, 1, 1}, packed,
                               static_cast<unsigned>(kernel.kernel.shared_bytes), stream);
     }
+    if (after_states && plan.form == ChunkedPlan::Form::segmented && each.spec.phase == cuda::ChunkedPhase::states)
+      (*after_states)(split.segment_states, split.segment_decay);
   }
 }
 
@@ -631,6 +635,63 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     if (launch.stream) launch.stream->synchronize();
     else Device::get().synchronize();
   }
+}
+
+bool run_variant_with_summaries(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                                const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
+                                const SegmentSummariesHook& hook, const LaunchOptions& launch) {
+  const std::string op = op_name(variant);
+  const char* const why = "ladle::gpu::run_variant_with_summaries takes device tensors";
+  std::optional<Tensor> seqlens;
+  const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
+  require_device(op, "o", outputs.o, why);
+  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
+  ops::bind_outputs(op, options, outputs, bound);
+  const auto& args = bound.args;
+  if (!args.initial_state || !is_contiguous(*args.initial_state) || args.initial_state->type != DType::f32)
+    throw InvalidArgument(op + ": the entry states' hook fills options.initial_state: a contiguous f32 [N,H,K,V] expected");
+  if (args.final_state && !is_contiguous(*args.final_state))
+    throw InvalidArgument(op + ": final_state must be contiguous [N,H,K,V] on the GPU");
+  if (bound.dims.N * args.heads * args.key_dim * args.value_dim == 0) return false;
+  if (variant.update == ir::Update::delta || choose_algorithm(variant, bound, options) != Algorithm::chunked) return false;
+  RunOptions tiled = options;
+  const GpuTarget target = device_target();
+  if (!tiled.chunked_tile) {
+    TuneOptions tune_options;
+    tune_options.max_candidates = 8;
+    const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
+    tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
+  }
+  ChunkedPlan plan = plan_chunked(variant, bound, tiled, target, chunked_plan_knobs());
+  if (plan.form != ChunkedPlan::Form::segmented || plan.launches.empty() || plan.launches.front().spec.phase != cuda::ChunkedPhase::states)
+    return false;
+  // The state pass over every segment: each sequence's last one too, as rows after the plan's own
+  // (which keep their places: the fold and the serial kernels name them by position).
+  std::vector<std::vector<long long>> chains(static_cast<std::size_t>(bound.dims.N));
+  const std::int64_t own = plan.segments.earlier_segments();
+  for (std::int64_t r = 0; r < own; ++r) chains[static_cast<std::size_t>(plan.segments.earlier[r * 8 + 3])].push_back(r);
+  for (std::int64_t r = 0; r < plan.segments.segments(); ++r) {
+    const long long* row = &plan.segments.all[static_cast<std::size_t>(r) * 8];
+    if (row[6] == 0) continue;
+    const long long extra[8] = {row[0], row[1], row[2], row[3], row[4], row[5], 0, 0};
+    chains[static_cast<std::size_t>(row[3])].push_back(plan.segments.earlier_segments());
+    plan.segments.earlier.insert(plan.segments.earlier.end(), extra, extra + 8);
+  }
+  DeviceBuffer offsets;
+  if (!args.cu_seqlens.empty()) {
+    offsets = DeviceBuffer(args.cu_seqlens.size() * sizeof(std::int64_t));
+    offsets.copy_from_host(args.cu_seqlens.data(), offsets.bytes(), 0, launch.stream);
+  }
+  const std::function<void(std::uint64_t, std::uint64_t)> between = [&](std::uint64_t states, std::uint64_t decay) {
+    hook(states, decay, chains);
+  };
+  run_chunked_plan(plan, variant, bound, offsets.device_ptr(), launch, 0, nullptr, nullptr, 0, &between);
+  if (!args.cu_seqlens.empty()) {
+    if (launch.stream) launch.stream->synchronize();
+    else Device::get().synchronize();
+  }
+  return true;
 }
 
 }  // namespace ladle::gpu

@@ -7,6 +7,9 @@
 // check it and then uploaded. ladle::run_variant_into (variant.h) takes host tensors too.
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include <ladle/codegen/cuda/chunked_delta.h>
 #include <ladle/codegen/cuda/recurrent.h>
 #include <ladle/codegen/cuda/target.h>
@@ -95,6 +98,21 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
 void run_entry_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
                       const VariantInputs& inputs, const RunOptions& options, const cuda::ChunkedSegments& segments,
                       std::uint64_t states, const LaunchOptions& launch = {});
+
+// A context-parallel forward's slice (ops/context_parallel.h) in one pass over its tokens: where the
+// call runs the chunked segmented form, its state pass covers every segment (each sequence's last one
+// too), then `hook(segment_states, segment_decay, chains)` runs on the host, in stream order:
+// segment_states [rows][H][K][V] and segment_decay [rows][H][DL] f32 hold each segment's own final
+// state from zero and total log2 decay, chains[n] the rows of sequence n in the recurrence's
+// direction. The hook writes the state each sequence starts from into options.initial_state (device
+// f32 [N,H,K,V], contiguous) before the fold and the serial kernels read it, on the same stream.
+// Returns false, having launched nothing, where the call does not run that form (the caller
+// summarises by run_segment_summaries and runs run_variant_into instead).
+using SegmentSummariesHook =
+    std::function<void(std::uint64_t segment_states, std::uint64_t segment_decay, const std::vector<std::vector<long long>>& chains)>;
+bool run_variant_with_summaries(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                                const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
+                                const SegmentSummariesHook& hook, const LaunchOptions& launch = {});
 
 // The segmented form's state pass alone over the `earlier` rows of the caller's `segments` (one piece
 // each, tokens of batch row b as the rows say, no cu_seqlens and no initial state): row r's own final
