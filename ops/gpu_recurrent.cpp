@@ -671,12 +671,20 @@ bool run_variant_with_summaries(const ir::Variant& variant, const TensorView& q,
   std::vector<std::vector<long long>> chains(static_cast<std::size_t>(bound.dims.N));
   const std::int64_t own = plan.segments.earlier_segments();
   for (std::int64_t r = 0; r < own; ++r) chains[static_cast<std::size_t>(plan.segments.earlier[r * 8 + 3])].push_back(r);
-  for (std::int64_t r = 0; r < plan.segments.segments(); ++r) {
-    const long long* row = &plan.segments.all[static_cast<std::size_t>(r) * 8];
+  // The last segment in the plan's pieces, as its earlier ones (one long row would be the pass's slowest block).
+  const std::int64_t piece_tokens = (plan.segment_tokens + plan.state_pieces - 1) / std::max<std::int64_t>(1, plan.state_pieces);
+  const std::vector<long long> all = plan.segments.all;
+  for (std::size_t r = 0; r + 8 <= all.size(); r += 8) {
+    const long long* row = &all[r];
     if (row[6] == 0) continue;
-    const long long extra[8] = {row[0], row[1], row[2], row[3], row[4], row[5], 0, 0};
-    chains[static_cast<std::size_t>(row[3])].push_back(plan.segments.earlier_segments());
-    plan.segments.earlier.insert(plan.segments.earlier.end(), extra, extra + 8);
+    const long long lo = row[1], hi = row[2];
+    for (long long at = 0; at < hi - lo; at += std::max<std::int64_t>(1, piece_tokens)) {  // none for an empty sequence
+      const long long plo = args.reverse ? std::max(lo, hi - at - piece_tokens) : lo + at;
+      const long long phi = args.reverse ? hi - at : std::min(hi, lo + at + piece_tokens);
+      const long long extra[8] = {row[0], plo, phi, row[3], row[4], row[5], 0, 0};
+      chains[static_cast<std::size_t>(row[3])].push_back(plan.segments.earlier_segments());
+      plan.segments.earlier.insert(plan.segments.earlier.end(), extra, extra + 8);
+    }
   }
   DeviceBuffer offsets;
   if (!args.cu_seqlens.empty()) {
