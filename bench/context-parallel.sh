@@ -6,6 +6,8 @@
 #             gradients against the whole call (T = $CP_CHECK_TOKENS)
 #   time      tokens per second at T in $CP_TOKENS (default 262144 524288 1048576), H16 K=V=128 bf16,
 #             forward and forward + backward, on 1 GPU and on every GPU count up to the machine's
+#   attention causal softmax attention: the check over NCCL (T 16384), then the times at T in
+#             $CP_ATTENTION_TOKENS (default 32768 131072), H16 D=128 bf16 (the 1-GPU row: one rank)
 # Parts joined by '+' (default test+threads+nccl+time). Logs in $OUT (or ./cp-out).
 #   bash bench/context-parallel.sh test+threads
 set -uo pipefail
@@ -56,6 +58,20 @@ if has time; then
     for ((P = 1; P <= gpus; P *= 2)); do
       echo "== T = $T on $P GPU(s)"
       ranks "$P" --tokens "$T" --heads 16 --dim 128 --time "${CP_REPEATS:-5}"
+      grep -E "tokens/s|FAILED|error" "$out/rank0.txt" | head -3
+    done
+  done
+fi
+if has attention; then
+  for ((P = 2; P <= gpus; P *= 2)); do
+    echo "== attention over NCCL, $P processes, T = 16384"
+    ranks "$P" --attention --tokens 16384 --heads 8 --dim 128
+    for ((r = 0; r < P; r++)); do grep -E "relative error|context_parallel:" "$out/rank$r.txt" | sed "s/^/[rank $r] /" | tail -2; done
+  done
+  for T in ${CP_ATTENTION_TOKENS:-32768 131072}; do
+    for ((P = 1; P <= gpus; P *= 2)); do
+      echo "== attention, T = $T on $P GPU(s)"
+      ranks "$P" --attention --tokens "$T" --heads 16 --dim 128 --time "${CP_REPEATS:-3}"
       grep -E "tokens/s|FAILED|error" "$out/rank0.txt" | head -3
     done
   done

@@ -21,6 +21,10 @@
 #include "detail/loaded_kernel.h"
 #include "gpu_backward.h"
 #include "gpu_recurrent.h"
+#include "attention_bind.h"
+#include "gpu_attention.h"
+#include "gpu_attention_backward.h"
+#include <ladle/codegen/cpu/attention.h>
 
 namespace ladle::context_parallel {
 namespace {
@@ -40,7 +44,7 @@ struct Descriptor {
   enum Field {
     status,  // 0: the rank's arguments are fine; 1: refused (message)
     variant_hash, dtype, batch, tokens, heads, kv_heads, key_dim, value_dim, sequences, reverse, has_initial_state,
-    return_state, packed, offsets_hash, offsets_total, location, scalars_hash, count
+    return_state, packed, offsets_hash, offsets_total, location, scalars_hash, window_left, window_right, count
   };
   std::int64_t values[count] = {};
   char message[384] = {};
@@ -64,6 +68,8 @@ const char* field_name(int field) {
     case Descriptor::offsets_hash: return "options.cu_seqlens (the whole call's offsets, the same on every rank)";
     case Descriptor::location: return "where the tensors live";
     case Descriptor::scalars_hash: return "the scalar inputs";
+    case Descriptor::window_left: return "the window's left size";
+    case Descriptor::window_right: return "the window's right size";
     default: return "a field";
   }
 }
@@ -953,6 +959,305 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     auto grad = gradients.inputs.find(in.name);
     if (grad == gradients.inputs.end() || !inputs.tensors.count(in.name)) continue;
     group.all_sum(static_cast<float*>(grad->second.data), static_cast<std::size_t>(grad->second.numel()), call.stream);
+  }
+}
+
+// ---- Causal softmax attention ----------------------------------------------------------------------
+
+AttentionSlice attention_slice(std::int64_t tokens, int ranks, int rank) {
+  if (ranks < 1 || rank < 0 || rank >= ranks)
+    throw InvalidArgument(fmt::format("context_parallel::attention_slice: rank {} of {}, expected 0 <= rank < ranks", rank, ranks));
+  if (tokens < 2 * ranks || tokens % (2 * ranks) != 0)
+    throw InvalidArgument(fmt::format("context_parallel::attention_slice: tokens = {}, expected a multiple of 2 x ranks = {}", tokens,
+                                      2 * ranks));
+  const std::int64_t c = tokens / (2 * ranks);
+  return {rank * c, (rank + 1) * c, (2 * ranks - 1 - rank) * c, (2 * ranks - rank) * c};
+}
+
+namespace {
+
+std::string attention_op(const ir::AttentionVariant& variant, const char* what) {
+  return fmt::format("{} context parallel {}", variant.name.empty() ? "attention" : variant.name, what);
+}
+
+bool uses_positions(const ir::Expr& e) {
+  for (const ir::Node& n : e.nodes)
+    if (n.op == ir::Op::query_index || n.op == ir::Op::key_index) return true;
+  return false;
+}
+
+// Why the all-gather form cannot run this variant (empty: it can).
+std::string attention_unsupported(const ir::AttentionVariant& variant, bool backward) {
+  if (variant.dropout) return "dropout draws its keep mask from positions counted per call, not per sequence";
+  if (variant.segment_ids) return "segment ids are per token of the keys: pass cu_seqlens-free calls without them";
+  if (uses_positions(variant.score) || uses_positions(variant.keep))
+    return "the score or keep expression reads query or key positions, which each chunk's call counts from its own start";
+  for (const ir::Input& in : variant.inputs) {
+    if (in.kind == ir::InputKind::pair) return "the pair input '" + in.name + "' ([B,H,Tq,Tk]) is not cut by ranks";
+    if (backward && in.role == ir::Role::other && in.kind != ir::InputKind::scalar)
+      return "the input '" + in.name + "' would need its gradient summed over the ranks (not built yet)";
+  }
+  if (backward && variant.sinks) return "the sinks' gradient would need summing over the ranks (not built yet)";
+  return "";
+}
+
+struct AttentionCall {
+  std::string op;
+  bool device = false;
+  const Stream* stream = nullptr;
+  std::int64_t B = 0, local = 0, chunk = 0, H = 0, H_kv = 0, D = 0, Dv = 0;
+  DType type = DType::f32;
+  int P = 1, rank = 0;
+};
+
+// Checks, the exchange of verdicts, and the sizes. `more`: the direction's own checks.
+AttentionCall attention_begin(const char* what, const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const VariantInputs& inputs, const AttentionRunOptions& options,
+                              Communicator& group, bool backward, const std::function<void(const AttentionCall&)>& more) {
+  AttentionCall call;
+  call.op = attention_op(variant, what);
+  call.P = group.size(), call.rank = group.rank();
+  Descriptor d;
+  try {
+    if (const std::string why = attention_unsupported(variant, backward); !why.empty())
+      throw InvalidArgument(call.op + ": " + why);
+    if (options.cu_seqlens_q || options.cu_seqlens_k)
+      throw InvalidArgument(call.op + ": cu_seqlens: packed sequences are not context parallel for attention yet");
+    std::vector<std::pair<std::string, const TensorView*>> views{{"q", &q}, {"k", &k}, {"v", &v}};
+    for (const auto& [name, view] : inputs.tensors) views.push_back({name, &view});
+    if (options.softmax_aux) views.push_back({"softmax_aux", &*options.softmax_aux});
+    require_location(call.op, group, views);
+    for (const auto& [name, view] : std::vector<std::pair<const char*, const TensorView*>>{{"q", &q}, {"k", &k}, {"v", &v}})
+      if (view->rank() != 4)
+        throw InvalidArgument(fmt::format("{}: {} has shape {}, expected [B,T,H,D]: this rank's two chunks of the sequence", call.op, name,
+                                          ops::detail::shape_text(view->shape)));
+    call.device = group.location().is_device();
+    call.stream = options.gpu.stream;
+    AttentionRunOptions plain = options;
+    plain.return_lse = false, plain.backend = call.device ? Backend::gpu : Backend::cpu;
+    const ops::AttentionArgs args = ops::bind_attention(call.op, variant, q, k, v, inputs, plain);
+    if (args.Tq != args.Tk)
+      throw InvalidArgument(fmt::format("{}: q holds {} tokens and k {}: each rank passes the same two chunks of q, k and v", call.op,
+                                        args.Tq, args.Tk));
+    if (args.Tq % 2 != 0)
+      throw InvalidArgument(fmt::format("{}: q holds {} tokens, expected two chunks of equal length (context_parallel::attention_slice)",
+                                        call.op, args.Tq));
+    call.B = args.B, call.local = args.Tq, call.chunk = args.Tq / 2, call.H = args.H, call.H_kv = args.H_kv, call.D = args.D,
+    call.Dv = args.Dv, call.type = args.type;
+    if (more) more(call);
+    std::uint64_t scalars_hash = 0;
+    for (const auto& [name, value] : inputs.scalars) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &value, 4);
+      scalars_hash = mix(mix(scalars_hash, std::hash<std::string>{}(name)), bits);
+    }
+    d.values[Descriptor::variant_hash] = static_cast<std::int64_t>(ir::hash(variant));
+    d.values[Descriptor::dtype] = static_cast<std::int64_t>(call.type);
+    d.values[Descriptor::batch] = call.B, d.values[Descriptor::tokens] = call.local;
+    d.values[Descriptor::heads] = call.H, d.values[Descriptor::kv_heads] = call.H_kv;
+    d.values[Descriptor::key_dim] = call.D, d.values[Descriptor::value_dim] = call.Dv;
+    d.values[Descriptor::return_state] = options.return_lse;
+    d.values[Descriptor::location] = call.device ? 1 : 0;
+    d.values[Descriptor::scalars_hash] = static_cast<std::int64_t>(scalars_hash);
+    d.values[Descriptor::window_left] = options.window_left, d.values[Descriptor::window_right] = options.window_right;
+  } catch (const Error& e) {
+    d.values[Descriptor::status] = 1;
+    std::snprintf(d.message, sizeof d.message, "%s", e.what());
+  }
+  const std::vector<Descriptor> all = exchange(call.op, group, d, options.gpu.stream);
+  for (int r = 1; r < call.P; ++r)
+    if (all[r].values[Descriptor::tokens] != all[0].values[Descriptor::tokens])
+      throw InvalidArgument(fmt::format("{}: rank 0 holds {} tokens, rank {} holds {}: the load-balanced split gives every rank two "
+                                        "chunks of T / (2 ranks) (context_parallel::attention_slice)",
+                                        call.op, all[0].values[Descriptor::tokens], r, all[r].values[Descriptor::tokens]));
+  return call;
+}
+
+std::size_t bytes_of(DType t) { return dtype_size(t); }
+
+// A view of rows [first, first + count) of axis 1 of a [B,T,X,Y] (or [B,X,T] for lse: axis 2) view.
+TensorView rows(TensorView view, int axis, std::int64_t first, std::int64_t count) {
+  view.data = static_cast<std::byte*>(view.data) + first * view.strides[static_cast<std::size_t>(axis)] * static_cast<std::int64_t>(bytes_of(view.type));
+  view.shape[static_cast<std::size_t>(axis)] = count;
+  return view;
+}
+
+void copy_bytes(const AttentionCall& call, void* to, const void* from, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (call.device) copy_device_to_device(address(to), address(from), bytes, call.stream);
+  else std::memcpy(to, from, bytes);
+}
+
+// The whole sequence's keys (or values) [B,T,H_kv,X] in order, from every rank's two chunks.
+Tensor gather_sequence(Communicator& group, const AttentionCall& call, const TensorView& local, std::int64_t X) {
+  const Location at = call.device ? Location::device(0) : Location::host();
+  Tensor mine = local.is_contiguous() ? Tensor() : Tensor::copy_of(local, at, call.stream);
+  const void* send = local.is_contiguous() ? local.data : mine.data();
+  const std::size_t row = static_cast<std::size_t>(call.H_kv * X) * bytes_of(local.type);
+  const std::size_t per_rank = static_cast<std::size_t>(call.B * call.local) * row;
+  Tensor all(local.type, {static_cast<std::int64_t>(per_rank * call.P / bytes_of(local.type))}, at, call.stream);
+  group.all_gather(send, all.data(), per_rank, call.stream);
+  const std::int64_t T = call.local * call.P, c = call.chunk;
+  Tensor whole(local.type, {call.B, T, call.H_kv, X}, at, call.stream);
+  for (int j = 0; j < call.P; ++j) {
+    const AttentionSlice slice = attention_slice(T, call.P, j);
+    for (std::int64_t b = 0; b < call.B; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const std::int64_t to_row = b * T + (h == 0 ? slice.first_begin : slice.second_begin);
+        const std::int64_t from_row = (static_cast<std::int64_t>(j) * call.B + b) * call.local + h * c;
+        copy_bytes(call, static_cast<std::byte*>(whole.data()) + to_row * row, static_cast<const std::byte*>(all.data()) + from_row * row,
+                   static_cast<std::size_t>(c) * row);
+      }
+  }
+  return whole;
+}
+
+}  // namespace
+
+void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const VariantInputs& inputs, const AttentionRunOptions& options, const AttentionOutputs& outputs,
+                        Communicator& group) {
+  const AttentionCall call = attention_begin("forward", variant, q, k, v, inputs, options, group, false, [&](const AttentionCall& c) {
+    require_location(c.op, group, {{"o", &outputs.o}});
+    if (outputs.lse) require_location(c.op, group, {{"lse", &*outputs.lse}});
+    AttentionRunOptions checked = options;
+    checked.backend = c.device ? Backend::gpu : Backend::cpu;
+    ops::AttentionArgs args = ops::bind_attention(c.op, variant, q, k, v, inputs, checked);
+    ops::bind_attention_outputs(c.op, checked, outputs, args);
+  });
+  const Tensor keys = gather_sequence(group, call, k, call.D), values = gather_sequence(group, call, v, call.Dv);
+  const std::int64_t T = call.local * call.P;
+  const AttentionSlice slice = attention_slice(T, call.P, call.rank);
+  AttentionRunOptions local = options;
+  local.backend = call.device ? Backend::gpu : Backend::cpu;
+  for (int h = 0; h < 2; ++h) {
+    // This chunk's queries against every key up to its end: causal and window masks are aligned at the
+    // last query and the last key, so the chunk's rows see exactly what they see in the whole call.
+    const std::int64_t end = h == 0 ? slice.first_end : slice.second_end;
+    AttentionOutputs part{rows(outputs.o, 1, h * call.chunk, call.chunk),
+                          outputs.lse ? std::optional<TensorView>(rows(*outputs.lse, 2, h * call.chunk, call.chunk)) : std::nullopt};
+    ladle::run_attention_into(variant, rows(q, 1, h * call.chunk, call.chunk), rows(keys.view(), 1, 0, end), rows(values.view(), 1, 0, end),
+                              inputs, local, part);
+  }
+  if (call.device) {  // keys and values are freed on return
+    if (call.stream) call.stream->synchronize();
+    else Device::get().synchronize();
+  }
+}
+
+AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const VariantInputs& inputs, const AttentionRunOptions& options, Communicator& group) {
+  const Location at = q.location;
+  std::vector<std::int64_t> shape = q.shape;
+  if (shape.size() == 4 && v.shape.size() == 4) shape[3] = v.shape[3];
+  AttentionResult result;
+  result.o = at.is_device() ? Tensor(q.type, shape, at, options.gpu.stream) : Tensor(q.type, shape);
+  std::optional<TensorView> lse;
+  if (options.return_lse && q.shape.size() == 4) {
+    const std::vector<std::int64_t> lse_shape{q.shape[0], q.shape[2], q.shape[1]};
+    result.lse = at.is_device() ? Tensor(DType::f32, lse_shape, at, options.gpu.stream) : Tensor(DType::f32, lse_shape);
+    lse = result.lse->view();
+  }
+  run_attention_into(variant, q, k, v, inputs, options, {result.o.view(), lse}, group);
+  return result;
+}
+
+void run_attention_backward_into(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const VariantInputs& inputs, const AttentionRunOptions& options, const TensorView& o,
+                                 const TensorView& lse, const TensorView& d_output, const AttentionGradientViews& gradients,
+                                 Communicator& group) {
+  const AttentionCall call = attention_begin("backward", variant, q, k, v, inputs, options, group, true, [&](const AttentionCall& c) {
+    require_location(c.op, group, {{"o", &o}, {"lse", &lse}, {"d_output", &d_output}, {"dq", &gradients.dq}, {"dk", &gradients.dk},
+                                   {"dv", &gradients.dv}});
+    const auto f32 = [&](const char* name, const TensorView& g, const TensorView& of) {
+      if (g.shape != of.shape || g.type != DType::f32 || !g.is_contiguous())
+        throw InvalidArgument(fmt::format("{}: {} is {}, expected contiguous f32 {}", c.op, name, describe(g), ops::detail::shape_text(of.shape)));
+    };
+    f32("dq", gradients.dq, q), f32("dk", gradients.dk, k), f32("dv", gradients.dv, v);
+    const std::vector<std::int64_t> want_lse{c.B, c.H, c.local};
+    if (lse.shape != want_lse || lse.type != DType::f32)
+      throw InvalidArgument(fmt::format("{}: lse is {}, expected the forward's f32 {}", c.op, describe(lse), ops::detail::shape_text(want_lse)));
+    AttentionRunOptions checked = options;
+    checked.return_lse = true, checked.backend = c.device ? Backend::gpu : Backend::cpu;
+    ops::AttentionArgs args = ops::bind_attention(c.op, variant, q, k, v, inputs, checked);
+    ops::bind_attention_outputs(c.op, checked, {o, lse}, args);
+    if (d_output.shape != o.shape) throw InvalidArgument(fmt::format("{}: d_output has shape {}, expected o's {}", c.op,
+                                                                     ops::detail::shape_text(d_output.shape), ops::detail::shape_text(o.shape)));
+    if (c.device)
+      if (const auto why = gpu::gpu_attention_backward_unsupported(variant, args); !why.empty())
+        throw InvalidArgument(c.op + ": the GPU backward does not run this call: " + why.front());
+  });
+  const Location at = call.device ? Location::device(0) : Location::host();
+  const Tensor keys = gather_sequence(group, call, k, call.D), values = gather_sequence(group, call, v, call.Dv);
+  const std::int64_t T = call.local * call.P, c = call.chunk;
+  const AttentionSlice slice = attention_slice(T, call.P, call.rank);
+  // Every rank's share of every key's gradient, summed over the ranks below.
+  Tensor dk_all(DType::f32, {call.B, T, call.H_kv, call.D}, at, call.stream), dv_all(DType::f32, {call.B, T, call.H_kv, call.Dv}, at, call.stream);
+  const auto zero_tensor = [&](Tensor& t) {
+    if (call.device) fill_device_bytes(address(t.data()), t.bytes(), 0, call.stream);
+    else std::memset(t.data(), 0, t.bytes());
+  };
+  zero_tensor(dk_all), zero_tensor(dv_all);
+  AttentionRunOptions local = options;
+  local.return_lse = true, local.backend = call.device ? Backend::gpu : Backend::cpu;
+  for (int h = 0; h < 2; ++h) {
+    const std::int64_t end = h == 0 ? slice.first_end : slice.second_end;
+    const TensorView qc = rows(q, 1, h * c, c), kc = rows(keys.view(), 1, 0, end), vc = rows(values.view(), 1, 0, end);
+    ops::AttentionArgs args = ops::bind_attention(call.op, variant, qc, kc, vc, inputs, local);
+    ops::bind_attention_outputs(call.op, local, {rows(o, 1, h * c, c), rows(lse, 2, h * c, c)}, args);
+    Tensor dk_part(DType::f32, {call.B, end, call.H_kv, call.D}, at, call.stream), dv_part(DType::f32, {call.B, end, call.H_kv, call.Dv}, at, call.stream);
+    cpu::AttentionGrads grads;
+    grads.d_output = rows(d_output, 1, h * c, c);
+    grads.dq = rows(gradients.dq, 1, h * c, c);
+    grads.dk = dk_part.view(), grads.dv = dv_part.view();
+    grads.d_tensors.assign(variant.inputs.size(), std::nullopt);
+    if (call.device) {
+      gpu::run_attention_backward_into(variant, args, grads, {call.stream});
+    } else {
+      zero_tensor(dk_part), zero_tensor(dv_part);
+      for (std::int64_t b = 0; b < call.B; ++b)  // the chunk's dq rows start at zero
+        std::memset(static_cast<std::byte*>(grads.dq.data) + b * grads.dq.strides[0] * 4, 0, static_cast<std::size_t>(c * call.H * call.D) * 4);
+      cpu::run_attention_backward(variant, args, grads);
+    }
+    // dk_all[:, :end] += dk_part (and dv).
+    const auto add = [&](Tensor& to, const Tensor& from, std::int64_t X) {
+      const std::int64_t n = end * call.H_kv * X;
+      if (call.device) {
+        KernelArgs packed;
+        packed.add(address(to.data())).add(static_cast<long long>(T * call.H_kv * X)).add(address(from.data())).add(static_cast<long long>(n));
+        packed.add(static_cast<long long>(n));
+        cp_kernel(cuda::context_parallel_add_kernel)
+            .function->launch({static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(call.B), 1}, {256, 1, 1}, packed, 0, call.stream);
+      } else {
+        for (std::int64_t b = 0; b < call.B; ++b) {
+          float* t = static_cast<float*>(to.data()) + b * T * call.H_kv * X;
+          const float* f = static_cast<const float*>(from.data()) + b * n;
+          for (std::int64_t i = 0; i < n; ++i) t[i] += f[i];
+        }
+      }
+    };
+    add(dk_all, dk_part, call.D), add(dv_all, dv_part, call.Dv);
+    if (call.device) {  // the parts are freed at the end of this iteration
+      if (call.stream) call.stream->synchronize();
+      else Device::get().synchronize();
+    }
+  }
+  group.all_sum(static_cast<float*>(dk_all.data()), static_cast<std::size_t>(dk_all.numel()), call.stream);
+  group.all_sum(static_cast<float*>(dv_all.data()), static_cast<std::size_t>(dv_all.numel()), call.stream);
+  // This rank's two chunks of them.
+  for (int h = 0; h < 2; ++h) {
+    const std::int64_t first = h == 0 ? slice.first_begin : slice.second_begin;
+    for (std::int64_t b = 0; b < call.B; ++b) {
+      const std::size_t krow = static_cast<std::size_t>(call.H_kv * call.D) * 4, vrow = static_cast<std::size_t>(call.H_kv * call.Dv) * 4;
+      copy_bytes(call, static_cast<std::byte*>(gradients.dk.data) + (b * call.local + h * c) * krow,
+                 static_cast<const std::byte*>(dk_all.data()) + (b * T + first) * krow, static_cast<std::size_t>(c) * krow);
+      copy_bytes(call, static_cast<std::byte*>(gradients.dv.data) + (b * call.local + h * c) * vrow,
+                 static_cast<const std::byte*>(dv_all.data()) + (b * T + first) * vrow, static_cast<std::size_t>(c) * vrow);
+    }
+  }
+  if (call.device) {
+    if (call.stream) call.stream->synchronize();
+    else Device::get().synchronize();
   }
 }
 

@@ -35,6 +35,7 @@
 
 #include <ladle/runtime/communicator.h>
 
+#include "attention.h"
 #include "variant.h"
 
 namespace ladle::context_parallel {
@@ -55,5 +56,37 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
                                const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
                                const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
                                Communicator& group);
+
+// Causal softmax attention, by all-gather of k and v with the load-balanced split: the sequence of T
+// tokens is cut into 2P chunks of T / (2P); rank r holds chunks r and 2P-1-r, concatenated, in q, k, v
+// [B, T/P, H, D] (attention_slice gives the tokens). Each rank gathers every rank's k and v (2 x B T
+// H_kv D elements), then runs each of its chunks' queries against the keys up to the chunk's end
+// (the masks align the last query with the last key, so the rows see what they see in the whole
+// call); under the causal mask every rank forms the same number of scores, 2P c^2 with c = T / (2P).
+// Any score expression that reads no positions, with causal or window masks, a soft cap, sinks and
+// GQA; not dropout, segment ids, pair inputs (bias, mask) or cu_seqlens. o [B, T/P, H, Dv] and lse
+// [B, H, T/P] in the same layout.
+struct AttentionSlice {
+  std::int64_t first_begin, first_end, second_begin, second_end;  // this rank's two chunks' tokens
+};
+AttentionSlice attention_slice(std::int64_t tokens, int ranks, int rank);
+
+void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const VariantInputs& inputs, const AttentionRunOptions& options, const AttentionOutputs& outputs,
+                        Communicator& group);
+AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const VariantInputs& inputs, const AttentionRunOptions& options, Communicator& group);
+
+// The backward from the forward's arguments and its o and lse (return_lse): this rank's dq, dk, dv
+// (f32, contiguous, the shapes of q, k, v). The keys' gradients from every rank's queries are summed
+// over the ranks (one all-reduce of B T H_kv (D + Dv) floats). Not for variants with tensor inputs
+// beyond q, k, v or sinks (their gradients would be summed over the ranks: not built yet).
+struct AttentionGradientViews {
+  TensorView dq, dk, dv;
+};
+void run_attention_backward_into(const ir::AttentionVariant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const VariantInputs& inputs, const AttentionRunOptions& options, const TensorView& o,
+                                 const TensorView& lse, const TensorView& d_output, const AttentionGradientViews& gradients,
+                                 Communicator& group);
 
 }  // namespace ladle::context_parallel

@@ -50,6 +50,14 @@ extern "C" __global__ void __launch_bounds__(256) ladle_cp_sum_decays(
   for (long long c = row[1]; c < row[1] + row[2]; ++c) sum += decays[order[c] * decay_stride + row[3] * H * width + i];
   out[static_cast<long long>(blockIdx.y) * H * width + i] = sum;
 }
+
+// to[b * to_batch + i] += from[b * from_batch + i] for i < n, b = blockIdx.y.
+extern "C" __global__ void __launch_bounds__(256) ladle_cp_add(float* __restrict__ to, long long to_batch, const float* __restrict__ from,
+                                                               long long from_batch, long long n) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  to[blockIdx.y * to_batch + i] += from[blockIdx.y * from_batch + i];
+}
 )";
   return s;
 }

@@ -28,5 +28,8 @@ namespace ladle::cuda {
 std::string context_parallel_source();
 inline constexpr const char* context_parallel_fold_kernel = "ladle_cp_fold";
 inline constexpr const char* context_parallel_sum_kernel = "ladle_cp_sum_decays";
+// ladle_cp_add(to, to_batch, from, from_batch, n): grid (ceil(n / 256), B): to[b][i] += from[b][i], i < n
+// (an attention chunk's key gradients into the whole sequence's, ops/context_parallel.cpp).
+inline constexpr const char* context_parallel_add_kernel = "ladle_cp_add";
 
 }  // namespace ladle::cuda

@@ -13,6 +13,8 @@
 //                                                  backward; inputs of 4096 tokens repeated) and print
 //                                                  tokens per second; with --ranks 1 this is the one-GPU
 //                                                  baseline. --heads, --dim: H and K = V (4, 64).
+//                                                  --attention: causal softmax attention instead, rank r
+//                                                  holding chunks r and 2P-1-r of 2P (attention_slice).
 //
 //   for r in 0 1; do example-context-parallel --ranks 2 --rank $r --id-file /tmp/ladle-cp-id & done; wait
 //
@@ -25,11 +27,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <ladle/dsl/dsl.h>
 #include <ladle/ops/context_parallel.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/communicator.h>
@@ -45,6 +49,7 @@ struct Args {
   std::string id_file;
   std::int64_t tokens = 8192;
   int time = 0;
+  bool attention = false;  // --attention: causal softmax attention instead of GLA (over NCCL)
 };
 
 // The heads and dims (--heads, --dim: K = V).
@@ -205,6 +210,76 @@ ladle::nccl::UniqueId exchange_id(const Args& args) {
   return id;
 }
 
+// Rows [lo, hi) of input `which` for this rank's two chunks of causal attention, concatenated ([1, 2c, H, D]).
+ladle::Tensor two_chunks(int which, const ladle::context_parallel::AttentionSlice& s, std::int64_t D, bool timed, ladle::Location gpu) {
+  const std::int64_t c = s.first_end - s.first_begin;
+  ladle::Tensor out(ladle::DType::bf16, {1, 2 * c, H, D}, gpu);
+  const std::size_t bytes = static_cast<std::size_t>(c * H * D) * 2;
+  for (int h = 0; h < 2; ++h) {
+    const std::int64_t lo = h == 0 ? s.first_begin : s.second_begin;
+    const ladle::Tensor part = timed ? repeated(which, lo, lo + c, D, gpu) : slice(which, lo, lo + c, D, ladle::DType::bf16).to(gpu);
+    ladle::copy_device_to_device(reinterpret_cast<std::uintptr_t>(out.data()) + h * bytes, reinterpret_cast<std::uintptr_t>(part.data()), bytes);
+  }
+  return out;
+}
+
+// Causal attention over NCCL: checked against the whole call (its o), or timed.
+std::string run_attention_nccl(const Args& args, ladle::Communicator& group, ladle::Location gpu) {
+  namespace cp = ladle::context_parallel;
+  namespace dsl = ladle::dsl;
+  static const ladle::ir::AttentionVariant causal = dsl::lower(dsl::softmax(dsl::score * dsl::scalar("scale")).causal(), "causal");
+  const std::int64_t T = args.tokens;
+  const cp::AttentionSlice s = cp::attention_slice(T, args.ranks, args.rank);
+  const bool timed = args.time > 0;
+  const ladle::Tensor q = two_chunks(0, s, K, timed, gpu), k = two_chunks(1, s, K, timed, gpu), v = two_chunks(2, s, V, timed, gpu);
+  const ladle::VariantInputs inputs{{}, {{"scale", 1.0f / std::sqrt(static_cast<float>(K))}}};
+  ladle::AttentionRunOptions options;
+  options.backend = ladle::Backend::gpu, options.return_lse = true;
+  if (!timed) {
+    const ladle::AttentionResult mine = cp::run_attention(causal, q.view(), k.view(), v.view(), inputs, options, group);
+    const ladle::Tensor wq = slice(0, 0, T, K, ladle::DType::bf16).to(gpu), wk = slice(1, 0, T, K, ladle::DType::bf16).to(gpu),
+                        wv = slice(2, 0, T, V, ladle::DType::bf16).to(gpu);
+    const ladle::AttentionResult whole = ladle::run_attention(causal, wq.view(), wk.view(), wv.view(), inputs, options);
+    const ladle::Tensor a = host(mine.o), b = host(whole.o);
+    const std::int64_t c = s.first_end - s.first_begin, row = H * V;
+    double diff = 0, norm = 0;
+    for (std::int64_t t = 0; t < 2 * c; ++t) {
+      const std::int64_t g = t < c ? s.first_begin + t : s.second_begin + t - c;
+      for (std::int64_t i = 0; i < row; ++i) {
+        const double x = a.get(t * row + i), y = b.get(g * row + i);
+        diff += (x - y) * (x - y), norm += y * y;
+      }
+    }
+    const double e = std::sqrt(diff / norm);
+    std::printf("rank %d: causal attention's o of its two chunks against the whole call on one GPU: relative error %.3g (< 2e-2)\n",
+                args.rank, e);
+    return e < 2e-2 ? "" : "rank " + std::to_string(args.rank) + "'s attention o: relative error " + std::to_string(e);
+  }
+  ladle::Tensor o(ladle::DType::bf16, q.shape(), gpu), lse(ladle::DType::f32, {1, H, q.shape()[1]}, gpu);
+  ladle::Tensor dq(ladle::DType::f32, q.shape(), gpu), dk(ladle::DType::f32, k.shape(), gpu), dv(ladle::DType::f32, v.shape(), gpu);
+  const auto forward = [&] { cp::run_attention_into(causal, q.view(), k.view(), v.view(), inputs, options, {o.view(), lse.view()}, group); };
+  const auto timed_ms = [&](const std::function<void()>& call) {
+    for (int i = 0; i < 2; ++i) call();
+    ladle::Device::get().synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < args.time; ++i) call();
+    ladle::Device::get().synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / args.time;
+  };
+  const double f = timed_ms(forward);
+  const double fb = timed_ms([&] {
+    forward();
+    cp::run_attention_backward_into(causal, q.view(), k.view(), v.view(), inputs, options, o.view(), lse.view(), o.view(),
+                                    {dq.view(), dk.view(), dv.view()}, group);
+  });
+  if (args.rank == 0)
+    std::printf("causal attention H%lld D=%lld bf16, T = %lld on %d GPU(s): forward %.3f ms (%.3g tokens/s), forward + backward %.3f ms "
+                "(%.3g tokens/s)\n",
+                static_cast<long long>(H), static_cast<long long>(K), static_cast<long long>(T), args.ranks, f, T / (f * 1e-3), fb,
+                T / (fb * 1e-3));
+  return "";
+}
+
 // One process per GPU over NCCL.
 std::string run_nccl(const Args& args) {
   if (!ladle::driver_available()) throw std::runtime_error("--rank needs a GPU: " + ladle::driver_unavailable_summary());
@@ -213,6 +288,11 @@ std::string run_nccl(const Args& args) {
   ncclComm_t comm = ladle::nccl::init_rank(args.ranks, id, args.rank);
   ladle::NcclCommunicator group(comm);
   const ladle::Location gpu = ladle::Location::device(0);
+  if (args.attention) {
+    const std::string failure = run_attention_nccl(args, group, gpu);
+    ladle::nccl::destroy(comm);
+    return failure;
+  }
   const std::int64_t T = args.tokens, lo = T * args.rank / args.ranks, hi = T * (args.rank + 1) / args.ranks;
   const Slice mine = args.time == 0 ? make_slice(lo, hi, ladle::DType::bf16, gpu)
                                     : Slice{repeated(0, lo, hi, K, gpu), repeated(1, lo, hi, K, gpu), repeated(2, lo, hi, V, gpu),
@@ -286,10 +366,11 @@ std::optional<Args> parse(int argc, char** argv) {
     else if (a == "--id-file" && has_value) args.id_file = argv[++i];
     else if (a == "--tokens" && has_value) args.tokens = std::atoll(argv[++i]);
     else if (a == "--time" && has_value) args.time = std::atoi(argv[++i]);
+    else if (a == "--attention") args.attention = true;
     else if (a == "--heads" && has_value) H = std::atoll(argv[++i]);
     else if (a == "--dim" && has_value) K = V = std::atoll(argv[++i]);
     else {
-      std::fprintf(stderr, "example-context-parallel: unknown argument '%s' (expected --ranks P --rank r --id-file PATH [--tokens T] [--time N] [--heads H] [--dim D])\n",
+      std::fprintf(stderr, "example-context-parallel: unknown argument '%s' (expected --ranks P --rank r --id-file PATH [--tokens T] [--time N] [--heads H] [--dim D] [--attention])\n",
                    a.c_str());
       return std::nullopt;
     }
