@@ -1088,6 +1088,42 @@ void copy_bytes(const AttentionCall& call, void* to, const void* from, std::size
   else std::memcpy(to, from, bytes);
 }
 
+// dst = src for two views of one shape and dtype (where the call's tensors live): one copy per block
+// of the trailing dims both hold densely.
+void copy_view(const AttentionCall& call, const TensorView& dst, const TensorView& src) {
+  const int rank = dst.rank();
+  int dense = rank;  // dims [dense, rank) are dense in both
+  std::int64_t block = 1;
+  while (dense > 0) {
+    const std::size_t d = static_cast<std::size_t>(dense - 1);
+    if (dst.strides[d] != block || src.strides[d] != block) break;
+    block *= dst.shape[d];
+    --dense;
+  }
+  const std::size_t e = bytes_of(dst.type);
+  std::vector<std::int64_t> index(static_cast<std::size_t>(dense), 0);
+  std::int64_t count = 1;
+  for (int d = 0; d < dense; ++d) count *= dst.shape[static_cast<std::size_t>(d)];
+  for (std::int64_t n = 0; n < count; ++n) {
+    std::int64_t to = 0, from = 0;
+    for (int d = 0; d < dense; ++d) to += index[d] * dst.strides[d], from += index[d] * src.strides[d];
+    copy_bytes(call, static_cast<std::byte*>(dst.data) + to * static_cast<std::int64_t>(e),
+               static_cast<const std::byte*>(src.data) + from * static_cast<std::int64_t>(e), static_cast<std::size_t>(block) * e);
+    for (int d = dense - 1; d >= 0; --d) {
+      if (++index[d] < dst.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+// A view as the GPU kernels take it: itself where dense, else a dense copy (`keep` holds it).
+TensorView dense(const AttentionCall& call, const TensorView& view, Tensor& keep, bool copy_in) {
+  if (view.is_contiguous()) return view;
+  keep = Tensor(view.type, view.shape, call.device ? Location::device(0) : Location::host(), call.stream);
+  if (copy_in) copy_view(call, keep.view(), view);
+  return keep.view();
+}
+
 // The whole sequence's keys (or values) [B,T,H_kv,X] in order, from every rank's two chunks.
 Tensor gather_sequence(Communicator& group, const AttentionCall& call, const TensorView& local, std::int64_t X) {
   const Location at = call.device ? Location::device(0) : Location::host();
@@ -1134,10 +1170,19 @@ void run_attention_into(const ir::AttentionVariant& variant, const TensorView& q
     // This chunk's queries against every key up to its end: causal and window masks are aligned at the
     // last query and the last key, so the chunk's rows see exactly what they see in the whole call.
     const std::int64_t end = h == 0 ? slice.first_end : slice.second_end;
-    AttentionOutputs part{rows(outputs.o, 1, h * call.chunk, call.chunk),
-                          outputs.lse ? std::optional<TensorView>(rows(*outputs.lse, 2, h * call.chunk, call.chunk)) : std::nullopt};
-    ladle::run_attention_into(variant, rows(q, 1, h * call.chunk, call.chunk), rows(keys.view(), 1, 0, end), rows(values.view(), 1, 0, end),
-                              inputs, local, part);
+    const TensorView o_part = rows(outputs.o, 1, h * call.chunk, call.chunk);
+    std::optional<TensorView> lse_part;
+    if (outputs.lse) lse_part = rows(*outputs.lse, 2, h * call.chunk, call.chunk);
+    Tensor q_keep, o_keep, lse_keep;
+    const AttentionOutputs part{dense(call, o_part, o_keep, false), lse_part ? std::optional<TensorView>(dense(call, *lse_part, lse_keep, false)) : std::nullopt};
+    ladle::run_attention_into(variant, dense(call, rows(q, 1, h * call.chunk, call.chunk), q_keep, true), rows(keys.view(), 1, 0, end),
+                              rows(values.view(), 1, 0, end), inputs, local, part);
+    if (o_keep.numel() > 0) copy_view(call, o_part, o_keep.view());
+    if (lse_keep.numel() > 0) copy_view(call, *lse_part, lse_keep.view());
+    if (call.device) {  // the dense copies are freed at the end of this iteration
+      if (call.stream) call.stream->synchronize();
+      else Device::get().synchronize();
+    }
   }
   if (call.device) {  // keys and values are freed on return
     if (call.stream) call.stream->synchronize();
@@ -1202,13 +1247,16 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const Tens
   local.return_lse = true, local.backend = call.device ? Backend::gpu : Backend::cpu;
   for (int h = 0; h < 2; ++h) {
     const std::int64_t end = h == 0 ? slice.first_end : slice.second_end;
-    const TensorView qc = rows(q, 1, h * c, c), kc = rows(keys.view(), 1, 0, end), vc = rows(values.view(), 1, 0, end);
+    Tensor q_keep, o_keep, lse_keep, do_keep, dq_keep;
+    const TensorView qc = dense(call, rows(q, 1, h * c, c), q_keep, true), kc = rows(keys.view(), 1, 0, end), vc = rows(values.view(), 1, 0, end);
     ops::AttentionArgs args = ops::bind_attention(call.op, variant, qc, kc, vc, inputs, local);
-    ops::bind_attention_outputs(call.op, local, {rows(o, 1, h * c, c), rows(lse, 2, h * c, c)}, args);
+    ops::bind_attention_outputs(call.op, local, {dense(call, rows(o, 1, h * c, c), o_keep, true), dense(call, rows(lse, 2, h * c, c), lse_keep, true)},
+                                args);
+    const TensorView dq_part = rows(gradients.dq, 1, h * c, c);
     Tensor dk_part(DType::f32, {call.B, end, call.H_kv, call.D}, at, call.stream), dv_part(DType::f32, {call.B, end, call.H_kv, call.Dv}, at, call.stream);
     cpu::AttentionGrads grads;
-    grads.d_output = rows(d_output, 1, h * c, c);
-    grads.dq = rows(gradients.dq, 1, h * c, c);
+    grads.d_output = dense(call, rows(d_output, 1, h * c, c), do_keep, true);
+    grads.dq = dense(call, dq_part, dq_keep, false);
     grads.dk = dk_part.view(), grads.dv = dv_part.view();
     grads.d_tensors.assign(variant.inputs.size(), std::nullopt);
     if (call.device) {
@@ -1219,6 +1267,7 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const Tens
         std::memset(static_cast<std::byte*>(grads.dq.data) + b * grads.dq.strides[0] * 4, 0, static_cast<std::size_t>(c * call.H * call.D) * 4);
       cpu::run_attention_backward(variant, args, grads);
     }
+    if (dq_keep.numel() > 0) copy_view(call, dq_part, dq_keep.view());
     // dk_all[:, :end] += dk_part (and dv).
     const auto add = [&](Tensor& to, const Tensor& from, std::int64_t X) {
       const std::int64_t n = end * call.H_kv * X;
