@@ -1,4 +1,5 @@
 #include "attention.h"
+#include "context_parallel.h"
 
 #include <cmath>
 #include <cstring>
@@ -430,6 +431,14 @@ void attention_into(const TensorView& q, const TensorView& k, const TensorView& 
   AttentionRunOptions run;
   named_arguments(q, options, inputs, run);
   run_attention_into(attention_variant(features_of(options)), q, k, v, inputs, run, outputs);
+}
+
+AttentionResult context_parallel::attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                           const AttentionOptions& options, Communicator& group) {
+  VariantInputs inputs;
+  AttentionRunOptions run;
+  named_arguments(q, options, inputs, run);
+  return run_attention(attention_variant(features_of(options)), q, k, v, inputs, run, group);
 }
 
 }  // namespace ladle

@@ -36,6 +36,8 @@
 #include <ladle/runtime/communicator.h>
 
 #include "attention.h"
+#include "gla.h"
+#include "recurrent.h"
 #include "variant.h"
 
 namespace ladle::context_parallel {
@@ -56,6 +58,17 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
                                const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
                                const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
                                Communicator& group);
+
+// The named ops' forward, each rank on its slice (their variants and inputs as recurrent(), gla() and
+// attention() build them): the same contract as run_variant above, and as run_attention below.
+// Their backward: run_variant_backward_into of named_variant("gla") (or "recurrent" with its gates) and
+// run_attention_backward_into, with the inputs by their names ("g", "g_gamma", "scale").
+RecurrentResult recurrent(const TensorView& q, const TensorView& k, const TensorView& v, const RecurrentOptions& options,
+                          Communicator& group);
+RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const GlaOptions& options,
+                    Communicator& group);
+AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                          Communicator& group);
 
 // Causal softmax attention, by all-gather of k and v with the load-balanced split: the sequence of T
 // tokens is cut into 2P chunks of T / (2P); rank r holds chunks r and 2P-1-r, concatenated, in q, k, v

@@ -1,4 +1,5 @@
 #include "gla.h"
+#include "context_parallel.h"
 
 #include <ladle/dsl/dsl.h>
 
@@ -56,6 +57,12 @@ RecurrentForward gla_for_backward(const TensorView& q, const TensorView& k, cons
                                   const GlaOptions& options) {
   const RecurrentOptions o = as_recurrent(g, options);
   return run_variant_for_backward(gla_variant(options.g_gamma.has_value()), q, k, v, ops::named_inputs(q, o), ops::run_options(o));
+}
+
+RecurrentResult context_parallel::gla(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                     const GlaOptions& options, Communicator& group) {
+  const RecurrentOptions o = as_recurrent(g, options);
+  return run_variant(gla_variant(options.g_gamma.has_value()), q, k, v, ops::named_inputs(q, o), ops::run_options(o), group);
 }
 
 }  // namespace ladle

@@ -1,4 +1,5 @@
 #include "recurrent.h"
+#include "context_parallel.h"
 
 #include <array>
 #include <cmath>
@@ -147,5 +148,10 @@ RunOptions run_options(const RecurrentOptions& options) {
 }
 
 }  // namespace ops
+
+RecurrentResult context_parallel::recurrent(const TensorView& q, const TensorView& k, const TensorView& v, const RecurrentOptions& options,
+                                           Communicator& group) {
+  return run_variant(variant_for(options), q, k, v, ops::named_inputs(q, options), ops::run_options(options), group);
+}
 
 }  // namespace ladle

@@ -9,6 +9,7 @@
 
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/context_parallel.h>
+#include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/update_forms.h>
 #include <ladle/runtime/driver.h>
@@ -732,4 +733,43 @@ TEST_CASE("context parallel attention on one GPU cut into ranks (bf16)", "[conte
   CHECK(g.dq < 2e-2);
   CHECK(g.dk < 2e-2);
   CHECK(g.dv < 2e-2);
+}
+
+TEST_CASE("context parallel: the named ops' forms (gla, recurrent, attention) equal their whole calls", "[context_parallel][named]") {
+  std::mt19937_64 rng(53);
+  const std::int64_t B = 1, T = 40, H = 2, K = 16, V = 8;
+  const Tensor q = test::normal(rng, DType::f32, {B, T, H, K}).tensor, k = test::normal(rng, DType::f32, {B, T, H, K}).tensor;
+  const Tensor v = test::normal(rng, DType::f32, {B, T, H, V}).tensor, g = test::log_gate(rng, DType::f32, {B, T, H, K}).tensor;
+  const Tensor gamma = test::log_gate(rng, DType::f32, {H}).tensor;
+  ladle::GlaOptions gla_options;
+  gla_options.g_gamma = gamma.view(), gla_options.backend = ladle::Backend::cpu;
+  ladle::RecurrentOptions rec_options;
+  const Tensor gv = test::log_gate(rng, DType::f32, {B, T, H, V}).tensor;
+  rec_options.gv = gv.view(), rec_options.backend = ladle::Backend::cpu;
+  ladle::ThreadGroup group(2);
+  std::vector<Tensor> o_gla(2), o_rec(2);
+  const auto errors = on_ranks(2, [&](int r) {
+    const std::int64_t lo = r == 0 ? 0 : 17, hi = r == 0 ? 17 : T;
+    const Tensor qs = slice(q, 1, lo, hi), ks = slice(k, 1, lo, hi), vs = slice(v, 1, lo, hi), gs = slice(g, 1, lo, hi);
+    const Tensor gvs = slice(gv, 1, lo, hi);
+    o_gla[r] = cp::gla(qs.view(), ks.view(), vs.view(), gs.view(), gla_options, group.rank(r)).o;
+    ladle::RecurrentOptions mine = rec_options;
+    mine.gv = gvs.view();
+    o_rec[r] = cp::recurrent(qs.view(), ks.view(), vs.view(), mine, group.rank(r)).o;
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  CHECK(test::relative_error(join(o_gla, 1), values(ladle::gla(q.view(), k.view(), v.view(), g.view(), gla_options).o)) < 2e-6);
+  CHECK(test::relative_error(join(o_rec, 1), values(ladle::recurrent(q.view(), k.view(), v.view(), rec_options).o)) < 2e-6);
+  // Causal attention by its options.
+  const AttentionCase c = make_attention(rng, DType::f32, 1, 32, 2, 1, 16);
+  ladle::AttentionOptions a;
+  a.causal = true, a.backend = ladle::Backend::cpu;
+  std::vector<Tensor> o_att(2);
+  const auto att_errors = on_ranks(2, [&](int r) {
+    const cp::AttentionSlice s = cp::attention_slice(32, 2, r);
+    const Tensor qs = two_chunks(c.q, s), ks = two_chunks(c.k, s), vs = two_chunks(c.v, s);
+    o_att[r] = cp::attention(qs.view(), ks.view(), vs.view(), a, group.rank(r)).o;
+  });
+  for (const auto& e : att_errors) REQUIRE(e == "");
+  CHECK(test::relative_error(from_chunks(o_att, 2, 32), values(ladle::attention(c.q.view(), c.k.view(), c.v.view(), a).o)) < 1e-6);
 }
