@@ -157,7 +157,10 @@ CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) { COUN
 }
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem,
                         CUstream s, void** params, void** extra) { COUNT;
-  (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)s; (void)params; (void)extra;
+  (void)f; (void)smem; (void)s; (void)params; (void)extra;
+  /* The real driver's limits on a launch's shape (an H100's): refused as it refuses them. */
+  if (gx == 0 || gy == 0 || gz == 0 || gx > 2147483647u || gy > 65535u || gz > 65535u) return CUDA_ERROR_INVALID_VALUE;
+  if (bx == 0 || by == 0 || bz == 0 || (unsigned long long)bx * by * bz > 1024u || bz > 64u) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
 CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType t, cuuint32_t rank, void* address, const cuuint64_t* dims,

@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 
 #include <ladle/ops/attention.h>
+#include <ladle/ops/context_parallel.h>
+#include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/recurrent.h>
@@ -131,4 +134,63 @@ TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]
                                                        {}, o.view(), std::nullopt, gdn_grads),
                       Catch::Contains("the GPU backward of the gated delta rule is not built yet"));
   }
+}
+
+TEST_CASE("a chunked launch over more than 65535 (row, head) pairs goes in parts (the driver refuses a larger grid.y or z)",
+          "[stand-in]") {
+  // 70000 one-token segments of one head: the state pass's grid.z would be 70000 (the GPU backward at
+  // T = 256K H16 failed so before run_chunked_plan split such launches).
+  const std::int64_t rows = 70000;
+  const Tensor q = device(DType::bf16, {1, rows, 1, 16}), k = device(DType::bf16, {1, rows, 1, 16});
+  const Tensor v = device(DType::bf16, {1, rows, 1, 16}), g = device(DType::bf16, {1, rows, 1, 16});
+  ladle::cuda::ChunkedSegments segments;
+  for (long long r = 0; r < rows; ++r) {
+    const long long row[8] = {0, r, r + 1, r, 0, r, 0, 0};
+    segments.earlier.insert(segments.earlier.end(), row, row + 8);
+    const long long last[8] = {0, r, r + 1, r, 0, r, 1, 0};
+    segments.all.insert(segments.all.end(), last, last + 8);
+  }
+  const Tensor states = device(DType::f32, {rows, 1, 16, 16}), decay = device(DType::f32, {rows, 1, 16});
+  const ladle::VariantInputs inputs{{{"g", g.view()}}, {{"scale", 0.25f}}};
+  CHECK_NOTHROW(ladle::gpu::run_segment_summaries(ladle::named_variant("gla"), q.view(), k.view(), v.view(), inputs, {}, segments,
+                                                  reinterpret_cast<std::uintptr_t>(states.data()),
+                                                  reinterpret_cast<std::uintptr_t>(decay.data())));
+}
+
+TEST_CASE("context parallelism's GPU path plans, compiles and packs its launches (2 thread ranks on the stand-in device)",
+          "[stand-in][context_parallel]") {
+  // Long slices of few sequences take the one-pass forward (the slice's own segmented state pass
+  // gives the summaries), then the fold kernel; the backward adds dS's recurrence alone.
+  const std::int64_t T = 8192, H = 2, D = 64;
+  const Tensor q = device(DType::bf16, {1, T, H, D}), k = device(DType::bf16, {1, T, H, D}), v = device(DType::bf16, {1, T, H, D});
+  const Tensor g = device(DType::bf16, {1, T, H, D}), d_o = device(DType::bf16, {1, T, H, D});
+  const auto half = [](const Tensor& t, int r) {
+    ladle::TensorView view = t.view();
+    view.shape[1] /= 2;
+    view.data = static_cast<std::byte*>(view.data) + r * view.shape[1] * view.strides[1] * 2;
+    return view;
+  };
+  ladle::ThreadGroup group(2, ladle::Location::device(0));
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        const ladle::VariantInputs inputs{{{"g", half(g, r)}}, {{"scale", 0.125f}}};
+        const ladle::ir::Variant& gla = ladle::named_variant("gla");
+        const ladle::RecurrentResult out = ladle::context_parallel::run_variant(gla, half(q, r), half(k, r), half(v, r), inputs, {}, group.rank(r));
+        const Tensor dq = device(DType::f32, {1, T / 2, H, D}), dk = device(DType::f32, {1, T / 2, H, D});
+        const Tensor dv = device(DType::f32, {1, T / 2, H, D}), dg = device(DType::f32, {1, T / 2, H, D});
+        ladle::context_parallel::run_variant_backward_into(gla, half(q, r), half(k, r), half(v, r), inputs, {}, half(d_o, r), std::nullopt,
+                                                           {dq.view(), dk.view(), dv.view(), {{"g", dg.view()}}, std::nullopt}, group.rank(r));
+        ladle::AttentionOptions causal;
+        causal.causal = true;
+        (void)ladle::context_parallel::attention(half(q, r), half(k, r), half(v, r), causal, group.rank(r));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
 }
