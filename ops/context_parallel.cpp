@@ -158,39 +158,26 @@ struct Layout {
   bool carried_in(std::int64_t i) const { return packed ? mine().in == i : position(rank) > 0; }
   bool carried_out(std::int64_t i) const { return packed ? mine().out == i : position(rank) < P - 1; }
 
-  // The entry states' fold (forward direction): the earlier ranks that hold the piece's sequence.
-  std::vector<FoldRow> entry_rows(bool with_source) const {
+  // The fold's rows for this rank's pieces. entry: the state each piece starts from, over the earlier
+  // ranks (in the recurrence's direction) that hold its sequence, from their carried-out summaries;
+  // else (the backward's exit gradients) the dS each piece's end receives, over the later ranks, from
+  // their carried-in summaries. with_source: each sequence's fold starts from its row of h0 (or of
+  // d final_state).
+  std::vector<FoldRow> fold_rows(bool entry, bool with_source) const {
+    const std::vector<int>& walk = entry ? order : reverse_order;
+    const int at = entry ? position(rank) : P - 1 - position(rank);  // this rank's place in `walk`
     std::vector<FoldRow> rows;
     const auto& pieces = mine().pieces;
     for (std::int64_t i = 0; i < static_cast<std::int64_t>(pieces.size()); ++i) {
       FoldRow row;
       const std::int64_t n = pieces[i].sequence;
       row.source = with_source ? n : -1;
-      row.summary = packed ? 0 : n;
-      if (carried_in(i)) {
-        int p = position(rank);
-        while (p > 0 && holds(order[p - 1], n)) --p;
+      row.summary = packed ? (entry ? 0 : 1) : n;
+      if (entry ? carried_in(i) : carried_out(i)) {
+        int p = at;
+        while (p > 0 && holds(walk[p - 1], n)) --p;
         row.first = p;
-        row.count = position(rank) - p;
-      }
-      rows.push_back(row);
-    }
-    return rows;
-  }
-  // The exit gradients' fold (the other way): the later ranks that hold the piece's sequence.
-  std::vector<FoldRow> exit_rows(bool with_source) const {
-    std::vector<FoldRow> rows;
-    const auto& pieces = mine().pieces;
-    for (std::int64_t i = 0; i < static_cast<std::int64_t>(pieces.size()); ++i) {
-      FoldRow row;
-      const std::int64_t n = pieces[i].sequence;
-      row.source = with_source ? n : -1;
-      row.summary = packed ? 1 : n;
-      if (carried_out(i)) {
-        int p = P - 1 - position(rank);  // in reverse_order
-        while (p > 0 && holds(reverse_order[p - 1], n)) --p;
-        row.first = p;
-        row.count = (P - 1 - position(rank)) - p;
+        row.count = at - p;
       }
       rows.push_back(row);
     }
@@ -714,7 +701,7 @@ void entry_states(Prepared& p, const ir::Variant& variant, const TensorView& q, 
     gather(group, p.summaries, p.call);
     phases.mark("all-gather");
   }
-  p.entry = fold(p.call, p.layout, p.summaries, p.layout.entry_rows(options.initial_state.has_value()), p.layout.order,
+  p.entry = fold(p.call, p.layout, p.summaries, p.layout.fold_rows(true, options.initial_state.has_value()), p.layout.order,
                  options.initial_state, std::move(into));
   phases.mark("fold");
   p.local.initial_state = p.entry.view();
@@ -769,7 +756,7 @@ bool fused_forward(Prepared& p, const ir::Variant& variant, const TensorView& q,
     phases.mark("summaries (the slice's own state pass)");
     gather(group, s, call);
     phases.mark("all-gather");
-    p.entry = fold(call, L, s, L.entry_rows(options.initial_state.has_value()), L.order, options.initial_state, std::move(entry));
+    p.entry = fold(call, L, s, L.fold_rows(true, options.initial_state.has_value()), L.order, options.initial_state, std::move(entry));
     phases.mark("fold");
   };
   const bool ran = gpu::run_variant_with_summaries(variant, q, k, v, inputs, local, local_outputs, hook, {call.stream});
@@ -937,9 +924,9 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     copy(dm + L.R * row, sm + L.R * row, static_cast<std::size_t>(d.floats - L.R * S) * 4);
     gather(group, d, call);
     // 3. The other way's fold: the dS entering each carried-out piece from the later ranks.
-    exit = fold(call, L, d, L.exit_rows(d_final_state.has_value()), L.reverse_order, d_final_state);
+    exit = fold(call, L, d, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state);
   } else {
-    exit = fold(call, L, p.summaries, L.exit_rows(d_final_state.has_value()), L.reverse_order, d_final_state);
+    exit = fold(call, L, p.summaries, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state);
   }
   // 4. The slice's backward from its entry states and exit gradients.
   RecurrentGradientViews local = gradients;

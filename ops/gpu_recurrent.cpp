@@ -561,6 +561,26 @@ ops::detail::CallMemo<std::shared_ptr<const ChosenRun>>& chosen_runs() {
 
 }  // namespace
 
+namespace {
+
+// The options with their chunked tile: the caller's, else the autotuner's choice (LADLE_AUTOTUNE;
+// heuristic means heuristic_chunked_tile) among the 8 tiles the cost model ranks best: it ranks the
+// measured tiles in their measured order at the benchmark shapes, so a first call times those
+// instead of all 25 (bench/RESULTS.md, "Evidence behind the heuristics", H13). ladle-tune still
+// times every valid tile.
+RunOptions with_chunked_tile(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                             const GpuTarget& target) {
+  RunOptions tiled = options;
+  if (tiled.chunked_tile) return tiled;
+  TuneOptions tune_options;
+  tune_options.max_candidates = 8;
+  const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
+  tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
+  return tiled;
+}
+
+}  // namespace
+
 void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs, const LaunchOptions& launch) {
@@ -601,19 +621,8 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   } else if (algorithm == Algorithm::chunked && known) {
     run_chunked_plan(*known->chunked, variant, bound, offsets.device_ptr(), launch, 0, &known->chunked_kernels);
   } else if (algorithm == Algorithm::chunked) {
-    // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_chunked_tile).
-    RunOptions tiled = options;
     const GpuTarget target = device_target();
-    if (!tiled.chunked_tile) {
-      // The 8 tiles the cost model ranks best: it ranks the measured tiles in their measured order
-      // at the benchmark shapes, so a first call times those instead of all 25 (bench/RESULTS.md,
-      // "Evidence behind the heuristics", H13). ladle-tune still times every valid tile.
-      TuneOptions tune_options;
-      tune_options.max_candidates = 8;
-      const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
-      tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
-    }
-    chosen.chunked = plan_chunked(variant, bound, tiled, target, knobs);
+    chosen.chunked = plan_chunked(variant, bound, with_chunked_tile(variant, bound, options, target), target, knobs);
     run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, nullptr, &chosen.chunked_kernels);
   } else {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
@@ -655,15 +664,8 @@ bool run_variant_with_summaries(const ir::Variant& variant, const TensorView& q,
     throw InvalidArgument(op + ": final_state must be contiguous [N,H,K,V] on the GPU");
   if (bound.dims.N * args.heads * args.key_dim * args.value_dim == 0) return false;
   if (variant.update == ir::Update::delta || choose_algorithm(variant, bound, options) != Algorithm::chunked) return false;
-  RunOptions tiled = options;
   const GpuTarget target = device_target();
-  if (!tiled.chunked_tile) {
-    TuneOptions tune_options;
-    tune_options.max_candidates = 8;
-    const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
-    tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
-  }
-  ChunkedPlan plan = plan_chunked(variant, bound, tiled, target, chunked_plan_knobs());
+  ChunkedPlan plan = plan_chunked(variant, bound, with_chunked_tile(variant, bound, options, target), target, chunked_plan_knobs());
   if (plan.form != ChunkedPlan::Form::segmented || plan.launches.empty() || plan.launches.front().spec.phase != cuda::ChunkedPhase::states)
     return false;
   // The state pass over every segment: each sequence's last one too, as rows after the plan's own

@@ -210,6 +210,23 @@ ladle::nccl::UniqueId exchange_id(const Args& args) {
   return id;
 }
 
+// Wall-clock milliseconds per call of `call` (2 untimed first), the slowest rank's: each call waits
+// for the ranks' exchanges, so the ranks finish together or wait for the last.
+double timed_call(const Args& args, ladle::Communicator& group, ladle::Location gpu, const std::function<void()>& call) {
+  for (int i = 0; i < 2; ++i) call();
+  ladle::Device::get().synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < args.time; ++i) call();
+  ladle::Device::get().synchronize();
+  float ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - start).count() / static_cast<float>(args.time);
+  const ladle::Tensor send = ladle::Tensor(ladle::DType::f32, {1}, ms).to(gpu);
+  const ladle::Tensor receive = ladle::Tensor(ladle::DType::f32, {args.ranks}, 0.0f).to(gpu);
+  group.all_gather(send.data(), const_cast<void*>(receive.data()), 4, nullptr);
+  const ladle::Tensor back = receive.to(ladle::Location::host());
+  for (int r = 0; r < args.ranks; ++r) ms = std::max(ms, back.get(r));
+  return ms;
+}
+
 // Rows [lo, hi) of input `which` for this rank's two chunks of causal attention, concatenated ([1, 2c, H, D]).
 ladle::Tensor two_chunks(int which, const ladle::context_parallel::AttentionSlice& s, std::int64_t D, bool timed, ladle::Location gpu) {
   const std::int64_t c = s.first_end - s.first_begin;
@@ -258,14 +275,7 @@ std::string run_attention_nccl(const Args& args, ladle::Communicator& group, lad
   ladle::Tensor o(ladle::DType::bf16, q.shape(), gpu), lse(ladle::DType::f32, {1, H, q.shape()[1]}, gpu);
   ladle::Tensor dq(ladle::DType::f32, q.shape(), gpu), dk(ladle::DType::f32, k.shape(), gpu), dv(ladle::DType::f32, v.shape(), gpu);
   const auto forward = [&] { cp::run_attention_into(causal, q.view(), k.view(), v.view(), inputs, options, {o.view(), lse.view()}, group); };
-  const auto timed_ms = [&](const std::function<void()>& call) {
-    for (int i = 0; i < 2; ++i) call();
-    ladle::Device::get().synchronize();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < args.time; ++i) call();
-    ladle::Device::get().synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / args.time;
-  };
+  const auto timed_ms = [&](const std::function<void()>& call) { return timed_call(args, group, gpu, call); };
   const double f = timed_ms(forward);
   const double fb = timed_ms([&] {
     forward();
@@ -308,21 +318,6 @@ std::string run_nccl(const Args& args) {
   } else {
     // Wall-clock time per call (each call waits for the ranks' exchange), the slowest rank's.
     const ladle::VariantInputs inputs{{{"g", mine.g.view()}}, {{"scale", 0.125f}}};
-    const auto timed = [&](const std::function<void()>& call) {
-      for (int i = 0; i < 2; ++i) call();
-      ladle::Device::get().synchronize();
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < args.time; ++i) call();
-      ladle::Device::get().synchronize();
-      float ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - start).count() / static_cast<float>(args.time);
-      std::vector<float> all(static_cast<std::size_t>(args.ranks));
-      ladle::Tensor send(ladle::DType::f32, {1}, ms), receive(ladle::DType::f32, {args.ranks}, 0.0f);
-      ladle::Tensor dsend = send.to(gpu), dreceive = receive.to(gpu);
-      group.all_gather(dsend.data(), dreceive.data(), 4, nullptr);
-      const ladle::Tensor back = dreceive.to(ladle::Location::host());
-      for (int r = 0; r < args.ranks; ++r) ms = std::max(ms, back.get(r));
-      return ms;
-    };
     ladle::Tensor o(ladle::DType::bf16, mine.v.shape(), gpu);
     const ladle::RunOptions options = options_for(gpu);
     // One rank: the plain call, the baseline the ranks are measured against.
@@ -332,7 +327,8 @@ std::string run_nccl(const Args& args) {
       else ladle::context_parallel::run_variant_into(gla(), mine.q.view(), mine.k.view(), mine.v.view(), inputs, options, {o.view(), std::nullopt},
                                                      group);
     };
-    const float forward = timed(forward_call);
+    const auto timed = [&](const std::function<void()>& call) { return timed_call(args, group, gpu, call); };
+    const double forward = timed(forward_call);
     if (args.rank == 0)
       std::printf("GLA H%lld K=V=%lld bf16, T = %lld on %d GPU(s): forward %.3f ms (%.3g tokens/s)\n", static_cast<long long>(H),
                   static_cast<long long>(K), static_cast<long long>(T), args.ranks, forward, T / (forward * 1e-3));
@@ -340,7 +336,7 @@ std::string run_nccl(const Args& args) {
     ladle::Tensor dq(ladle::DType::f32, mine.q.shape(), gpu), dk(ladle::DType::f32, mine.k.shape(), gpu),
         dv(ladle::DType::f32, mine.v.shape(), gpu), dg(ladle::DType::f32, mine.g.shape(), gpu);
     const ladle::RecurrentGradientViews views{dq.view(), dk.view(), dv.view(), {{"g", dg.view()}}, std::nullopt};
-    const float training = timed([&] {
+    const double training = timed([&] {
       forward_call();
       if (plain)
         ladle::run_variant_backward_into(gla(), mine.q.view(), mine.k.view(), mine.v.view(), inputs, options, mine.v.view(), std::nullopt, views);

@@ -240,6 +240,18 @@ struct GradErrors {
   std::map<std::string, double> error;  // by gradient name
 };
 
+// f32 gradients for every tensor of `r` (and h0's where the call has one), at `where`, and their views.
+ladle::RecurrentGradientViews gradient_views(const Call& c, const Rank& r, Location where, std::map<std::string, Tensor>& grads,
+                                             std::optional<Tensor>& g_h0) {
+  for (const auto& [name, t] : r.tensors) grads.emplace(name, Tensor(DType::f32, t.shape(), where));
+  if (c.h0) g_h0.emplace(DType::f32, c.h0->shape(), where);
+  ladle::RecurrentGradientViews views{grads.at("q").view(), grads.at("k").view(), grads.at("v").view(), {}, std::nullopt};
+  for (const auto& [name, t] : grads)
+    if (name != "q" && name != "k" && name != "v") views.inputs.emplace(name, t.view());
+  if (g_h0) views.d_initial_state = g_h0->view();
+  return views;
+}
+
 // The backward cut at `cuts` against the whole call's backward, with fresh d_output (and d_final_state
 // where the call has states).
 GradErrors backward_cut(const Call& c, const std::vector<std::int64_t>& cuts, Location where, std::mt19937_64& rng) {
@@ -267,13 +279,8 @@ GradErrors backward_cut(const Call& c, const std::vector<std::int64_t>& cuts, Lo
     std::optional<Tensor> my_final;
     if (d_final) my_final = where.is_device() ? d_final->to(where) : *d_final;
     std::map<std::string, Tensor> grads;
-    for (const auto& [name, t] : mine.tensors) grads.emplace(name, Tensor(DType::f32, t.shape(), where));
     std::optional<Tensor> g_h0;
-    if (c.h0) g_h0.emplace(DType::f32, c.h0->shape(), where);
-    ladle::RecurrentGradientViews views{grads.at("q").view(), grads.at("k").view(), grads.at("v").view(), {}, std::nullopt};
-    for (const auto& [name, t] : grads)
-      if (name != "q" && name != "k" && name != "v") views.inputs.emplace(name, t.view());
-    if (g_h0) views.d_initial_state = g_h0->view();
+    const ladle::RecurrentGradientViews views = gradient_views(c, mine, where, grads, g_h0);
     cp::run_variant_backward_into(*c.variant, mine.q, mine.k, mine.v, mine.inputs, options, my_do.view(),
                                   my_final ? std::optional<TensorView>(my_final->view()) : std::nullopt, views, group.rank(r));
     if (where.is_device()) ladle::Device::get().synchronize();
@@ -286,13 +293,8 @@ GradErrors backward_cut(const Call& c, const std::vector<std::int64_t>& cuts, Lo
   std::optional<Tensor> h0, cu;
   const ladle::RunOptions options = options_of(c, h0, cu, where);
   std::map<std::string, Tensor> grads;
-  for (const auto& [name, t] : whole.tensors) grads.emplace(name, Tensor(DType::f32, t.shape(), where));
   std::optional<Tensor> g_h0;
-  if (c.h0) g_h0.emplace(DType::f32, c.h0->shape(), where);
-  ladle::RecurrentGradientViews views{grads.at("q").view(), grads.at("k").view(), grads.at("v").view(), {}, std::nullopt};
-  for (const auto& [name, t] : grads)
-    if (name != "q" && name != "k" && name != "v") views.inputs.emplace(name, t.view());
-  if (g_h0) views.d_initial_state = g_h0->view();
+  const ladle::RecurrentGradientViews views = gradient_views(c, whole, where, grads, g_h0);
   const Tensor whole_do = where.is_device() ? d_o.to(where) : d_o;
   std::optional<Tensor> whole_final;
   if (d_final) whole_final = where.is_device() ? d_final->to(where) : *d_final;
@@ -311,6 +313,13 @@ GradErrors backward_cut(const Call& c, const std::vector<std::int64_t>& cuts, Lo
   if (c.h0)
     for (const Tensor& t : d_h0) out.error["initial_state"] = std::max(out.error["initial_state"], test::relative_error(values(t), values(*g_h0)));
   return out;
+}
+
+// The cut call's errors against the fp64 oracle beside the whole call's own (o and final state).
+void check_beside_whole(const Compared& e) {
+  INFO("o: cut " << e.o_cut << ", whole " << e.o_whole << "; final state: cut " << e.final_cut << ", whole " << e.final_whole);
+  CHECK(e.o_cut < 1.5 * e.o_whole + 1e-4);
+  CHECK(e.final_cut < 1.5 * e.final_whole + 1e-4);
 }
 
 void check_within(const GradErrors& e, double tolerance) {
@@ -502,9 +511,7 @@ TEST_CASE("context parallel on one GPU cut into ranks (bf16; device ThreadGroup)
     CHECK(e.o < 1e-2);
     CHECK(e.final_state < 5e-3);
     // Beside the whole call's own error against the fp64 oracle.
-    INFO("o: cut " << e.o_cut << ", whole " << e.o_whole << "; final state: cut " << e.final_cut << ", whole " << e.final_whole);
-    CHECK(e.o_cut < 1.5 * e.o_whole + 1e-4);
-    CHECK(e.final_cut < 1.5 * e.final_whole + 1e-4);
+    check_beside_whole(e);
   }
   SECTION("simple GLA (g_gamma) and a value gate, packed sequences across ranks, reverse") {
     for (const bool reverse : {false, true}) {
@@ -513,26 +520,20 @@ TEST_CASE("context parallel on one GPU cut into ranks (bf16; device ThreadGroup)
       const Compared e = forward_cut(c, {200, 450, 640}, gpu);
       CHECK(e.o < 1e-2);
       CHECK(e.final_state < 5e-3);
-      INFO("o: cut " << e.o_cut << ", whole " << e.o_whole << "; final state: cut " << e.final_cut << ", whole " << e.final_whole);
-      CHECK(e.o_cut < 1.5 * e.o_whole + 1e-4);
-      CHECK(e.final_cut < 1.5 * e.final_whole + 1e-4);
+      check_beside_whole(e);
     }
   }
   SECTION("long slices: each rank's summary folded from several state-pass blocks, batch rows and packed") {
     Call c = make_call(ladle::recurrent_variant(true, false, false, false), rng, DType::bf16, 1, 8192, {}, false, true, 64, 64);
     c.H = 2;
     const Compared e = forward_cut(c, {4096}, gpu);
-    INFO("o: cut " << e.o_cut << ", whole " << e.o_whole << "; final state: cut " << e.final_cut << ", whole " << e.final_whole);
-    CHECK(e.o_cut < 1.5 * e.o_whole + 1e-4);
-    CHECK(e.final_cut < 1.5 * e.final_whole + 1e-4);
+    check_beside_whole(e);
     for (const bool reverse : {false, true}) {
       Call p = make_call(ladle::recurrent_variant(false, false, true, true), rng, DType::bf16, 1, 12288, {0, 5000, 12288}, reverse, true, 64,
                          64);
       const Compared f = forward_cut(p, {3000, 9000}, gpu);
-      INFO("reverse " << reverse << "; o: cut " << f.o_cut << ", whole " << f.o_whole << "; final state: cut " << f.final_cut << ", whole "
-                      << f.final_whole);
-      CHECK(f.o_cut < 1.5 * f.o_whole + 1e-4);
-      CHECK(f.final_cut < 1.5 * f.final_whole + 1e-4);
+      INFO("reverse " << reverse);
+      check_beside_whole(f);
     }
   }
   SECTION("GLA backward, 2 ranks") {
