@@ -290,9 +290,6 @@ Descriptor describe_call(Call& call, const ir::Variant& variant, const TensorVie
                          const std::function<void(const Call&)>& more_checks) {
   Descriptor d;
   try {
-    if (variant.update != ir::Update::additive)
-      throw InvalidArgument(call.op + ": " + ir::form_name(variant) +
-                            " carries a K x K transition between ranks, not a diagonal decay: its context-parallel fold is not built yet");
     if (variant.normalize)
       throw InvalidArgument(call.op + ": a normalised read is not context parallel yet (its normaliser would be folded beside the state)");
     std::vector<std::pair<std::string, const TensorView*>> views{{"q", &q}, {"k", &k}, {"v", &v}};
@@ -370,7 +367,14 @@ struct Summaries {
   bool value_gate = false;
 };
 
+// The update forms (the delta rules, KDA) move the state by a matrix: S_after = M S_before + L, M [K][K].
+bool matrix_transition(const ir::Variant& variant) { return variant.update != ir::Update::additive; }
+
 std::int64_t transition_floats(const ir::Variant& variant, const Call& call, const Layout& L, std::int64_t& decay_width) {
+  if (matrix_transition(variant)) {
+    decay_width = 0;
+    return L.R * call.dims.H * call.dims.K * call.dims.K;
+  }
   if (call.device) {
     decay_width = cuda::chunked_segment_decay_width(variant, call.dims.K, call.dims.V);
     return L.R * call.dims.H * decay_width;
@@ -493,7 +497,7 @@ Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& 
     rows.push_back(mine.out >= 0 ? mine.pieces[mine.out] : Piece{0, 1, 0});
     rows.push_back(mine.in >= 0 ? mine.pieces[mine.in] : Piece{0, 1, 0});
   }
-  if (call.device) {
+  if (call.device && !matrix_transition(variant)) {
     // Each piece in m sub-segments (in the recurrence's direction), so that the state pass's blocks
     // cover the GPU: m = 1 leaves one serial walk over the whole slice to H blocks a row.
     std::int64_t shortest = -1;  // the real rows' (a stand-in row takes m single tokens)
@@ -549,27 +553,53 @@ Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& 
     launch_sum_decays(call, in, tables, L.R, base + static_cast<std::uint64_t>(L.R * S) * 4);
     return s;
   }
-  // The CPU: the pieces' own final states from zero, and their transitions from a run with zero k and v
-  // from a state of ones (exact: each factor is a product of the decays, nothing is added).
+  // By runs of the slice (the CPU; on the GPU the update forms): the pieces' own final states from
+  // zero, and their transitions: for a diagonal decay from a run with zero k and v from a state of
+  // ones (each factor a product of the decays, nothing added), for the update forms from a run with
+  // zero v (K columns) from the identity, whose final state is M itself.
   std::optional<Tensor> keep;
   RunOptions local = local_options(options, call, L, keep);
   local.return_state = true;
-  const std::int64_t NL = static_cast<std::int64_t>(mine.pieces.size());
-  Tensor o(args.q.type, [&] { auto shape = args.q.shape; shape.back() = call.dims.V; shape[shape.size() - 2] = call.dims.H; return shape; }());
-  Tensor own(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V});
+  const std::int64_t NL = static_cast<std::int64_t>(mine.pieces.size()), H = call.dims.H, K = call.dims.K;
+  const bool matrix = matrix_transition(variant);
+  const std::int64_t T_cols = matrix ? K : call.dims.V, TS = H * K * T_cols;  // a transition row's columns and floats
+  const Location at = where(call);
+  const auto o_like = [&](std::int64_t cols) {
+    auto shape = args.q.shape;
+    shape.back() = cols, shape[shape.size() - 2] = H;
+    return Tensor(args.q.type, shape, at, call.stream);
+  };
+  const auto host_to = [&](const Tensor& t) { return at.is_device() ? t.to(at, call.stream) : t; };
+  Tensor o = o_like(call.dims.V), own(DType::f32, {NL, H, K, call.dims.V}, at, call.stream);
   ladle::run_variant_into(variant, args.q, args.k, args.v, args.inputs, local, {o.view(), own.view()});
-  Tensor ones(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, 1.0f);
-  Tensor zero_k(args.k.type, args.k.shape, 0.0f), zero_v(args.v.type, args.v.shape, 0.0f);
-  Tensor factors(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V});
-  local.initial_state = ones.view();
-  ladle::run_variant_into(variant, args.q, zero_k.view(), zero_v.view(), args.inputs, local, {o.view(), factors.view()});
-  auto* out = static_cast<float*>(s.mine.data());
+  Tensor start(DType::f32, {NL, H, K, T_cols}, 0.0f), factors(DType::f32, {NL, H, K, T_cols}, at, call.stream);
+  for (std::int64_t r = 0; r < NL * H; ++r)
+    for (std::int64_t i = 0; i < K; ++i)
+      for (std::int64_t c = 0; c < T_cols; ++c) start.set((r * K + i) * T_cols + c, matrix ? (i == c ? 1.0f : 0.0f) : 1.0f);
+  const Tensor device_start = host_to(start);
+  local.initial_state = device_start.view();
+  std::vector<std::int64_t> v_shape = args.v.shape;
+  v_shape.back() = T_cols;
+  const Tensor zero_v = host_to(Tensor(args.v.type, v_shape, 0.0f));
+  const Tensor zero_k = matrix ? Tensor() : host_to(Tensor(args.k.type, args.k.shape, 0.0f));
+  Tensor o_t = o_like(T_cols);
+  ladle::run_variant_into(variant, args.q, matrix ? args.k : zero_k.view(), zero_v.view(), args.inputs, local, {o_t.view(), factors.view()});
   for (std::size_t i = 0; i < rows.size(); ++i) {
     // The local piece of this row: batch row i, or the carried piece's index.
     const std::int64_t piece = !L.packed ? static_cast<std::int64_t>(i) : (i == 0 ? mine.out : mine.in);
     if (piece < 0) continue;
-    std::memcpy(out + i * S, static_cast<const float*>(own.data()) + piece * S, S * 4);
-    std::memcpy(out + L.R * S + i * S, static_cast<const float*>(factors.data()) + piece * S, S * 4);
+    auto* out = static_cast<std::byte*>(s.mine.data());
+    const auto copy = [&](std::size_t to, const void* from, std::size_t bytes) {
+      if (at.is_device()) copy_device_to_device(address(out + to), address(from), bytes, call.stream);
+      else std::memcpy(out + to, from, bytes);
+    };
+    copy(static_cast<std::size_t>(i * S) * 4, static_cast<const float*>(own.data()) + piece * S, static_cast<std::size_t>(S) * 4);
+    copy(static_cast<std::size_t>(L.R * S + static_cast<std::int64_t>(i) * TS) * 4, static_cast<const float*>(factors.data()) + piece * TS,
+         static_cast<std::size_t>(TS) * 4);
+  }
+  if (at.is_device()) {  // the runs' tensors are freed on return
+    if (call.stream) call.stream->synchronize();
+    else Device::get().synchronize();
   }
   return s;
 }
@@ -583,10 +613,25 @@ void gather(Communicator& group, Summaries& s, const Call& call) {
 // out [rows.size()][H][K][V] f32: each row's fold over the gathered summaries (see FoldRow), from
 // `source` rows (initial_state or d_final_state; absent: zero).
 Tensor fold(const Call& call, const Layout& L, const Summaries& s, const std::vector<FoldRow>& rows, const std::vector<int>& order,
-            const std::optional<TensorView>& source, Tensor given = Tensor()) {
+            const std::optional<TensorView>& source, Tensor given = Tensor(), bool matrix = false, bool transpose = false) {
   const std::int64_t S = state_size(call.dims), NL = static_cast<std::int64_t>(rows.size());
   Tensor out = given.numel() > 0 ? std::move(given) : Tensor(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, where(call), call.stream);
   if (NL == 0 || S == 0) return out;
+  if (call.device && matrix) {
+    const FoldTables tables = upload_tables(rows, order, call.stream);
+    const std::uint64_t all = address(s.all.data());
+    const int source_type = !source ? 0 : source->type == DType::bf16 ? 1 : source->type == DType::f16 ? 2 : 0;
+    KernelArgs packed;
+    packed.add(all).add(static_cast<long long>(s.floats)).add(all + static_cast<std::uint64_t>(L.R * S) * 4);
+    packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type);
+    packed.add(tables.meta.device_ptr()).add(tables.order.device_ptr()).add(address(out.data()));
+    packed.add(static_cast<int>(L.R)).add(static_cast<int>(call.dims.H)).add(static_cast<int>(call.dims.K)).add(static_cast<int>(call.dims.V));
+    packed.add(transpose ? 1 : 0);
+    cp_kernel(cuda::context_parallel_matrix_fold_kernel)
+        .function->launch({static_cast<unsigned>((call.dims.V + 31) / 32), static_cast<unsigned>(NL), static_cast<unsigned>(call.dims.H)},
+                          {256, 1, 1}, packed, static_cast<unsigned>(call.dims.K * 32 * 4), call.stream);
+    return out;
+  }
   if (call.device) {
     const FoldTables tables = upload_tables(rows, order, call.stream);
     DeviceSummaries in;
@@ -598,6 +643,33 @@ Tensor fold(const Call& call, const Layout& L, const Summaries& s, const std::ve
   }
   const auto* all = static_cast<const float*>(s.all.data());
   auto* o = static_cast<float*>(out.data());
+  if (matrix) {  // S = M S + L per head (M^T for the backward's dS)
+    const std::int64_t H = call.dims.H, K = call.dims.K, V = call.dims.V;
+    std::vector<float> x(static_cast<std::size_t>(S)), next(static_cast<std::size_t>(S));
+    for (std::int64_t n = 0; n < NL; ++n) {
+      const FoldRow& r = rows[n];
+      for (std::int64_t i = 0; i < S; ++i)
+        x[i] = r.source >= 0 && source
+                   ? load_float(static_cast<const std::byte*>(source->data) + (r.source * S + i) * dtype_size(source->type), source->type)
+                   : 0.0f;
+      for (std::int64_t c = r.first; c < r.first + r.count; ++c) {
+        const float* rank = all + order[c] * s.floats;
+        for (std::int64_t h = 0; h < H; ++h) {
+          const float* M = rank + L.R * S + (r.summary * H + h) * K * K;
+          const float* Ls = rank + r.summary * S + h * K * V;
+          for (std::int64_t i = 0; i < K; ++i)
+            for (std::int64_t v = 0; v < V; ++v) {
+              float acc = Ls[i * V + v];
+              for (std::int64_t k = 0; k < K; ++k) acc += (transpose ? M[k * K + i] : M[i * K + k]) * x[h * K * V + k * V + v];
+              next[h * K * V + i * V + v] = acc;
+            }
+        }
+        x.swap(next);
+      }
+      std::copy(x.begin(), x.end(), o + n * S);
+    }
+    return out;
+  }
   for (std::int64_t n = 0; n < NL; ++n) {
     const FoldRow& r = rows[n];
     for (std::int64_t i = 0; i < S; ++i) {
@@ -702,7 +774,7 @@ void entry_states(Prepared& p, const ir::Variant& variant, const TensorView& q, 
     phases.mark("all-gather");
   }
   p.entry = fold(p.call, p.layout, p.summaries, p.layout.fold_rows(true, options.initial_state.has_value()), p.layout.order,
-                 options.initial_state, std::move(into));
+                 options.initial_state, std::move(into), matrix_transition(variant));
   phases.mark("fold");
   p.local.initial_state = p.entry.view();
 }
@@ -796,7 +868,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     p.local.return_state = false;
   }
   const RecurrentOutputs local_outputs{outputs.o, local_final ? std::optional<TensorView>(local_final->view()) : std::nullopt};
-  if (!(p.call.device && p.layout.P > 1 && fused_forward(p, variant, q, k, v, inputs, options, group, local_outputs))) {
+  if (!(p.call.device && p.layout.P > 1 && !matrix_transition(variant) && fused_forward(p, variant, q, k, v, inputs, options, group, local_outputs))) {
     entry_states(p, variant, q, k, v, inputs, options, group);
     Phases phases(p.call);
     ladle::run_variant_into(variant, q, k, v, inputs, p.local, local_outputs);
@@ -924,9 +996,11 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     copy(dm + L.R * row, sm + L.R * row, static_cast<std::size_t>(d.floats - L.R * S) * 4);
     gather(group, d, call);
     // 3. The other way's fold: the dS entering each carried-out piece from the later ranks.
-    exit = fold(call, L, d, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state);
+    exit = fold(call, L, d, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state, Tensor(),
+                matrix_transition(variant), true);
   } else {
-    exit = fold(call, L, p.summaries, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state);
+    exit = fold(call, L, p.summaries, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state, Tensor(),
+                matrix_transition(variant), true);
   }
   // 4. The slice's backward from its entry states and exit gradients.
   RecurrentGradientViews local = gradients;

@@ -29,8 +29,10 @@
 //   - per-head inputs (g_gamma, a user's [H] parameter) are the same on every rank;
 //   - the tensors live where the communicator's buffers do (NCCL: its device; a ThreadGroup: the host
 //     or its device);
-//   - the update forms (delta rule, KDA) and normalised reads are refused by name: their transition
-//     is not a diagonal decay (a K x K fold, issue 39's next step).
+//   - the update forms (delta rule, gated delta rule, KDA) move the state by a K x K matrix, not a
+//     diagonal decay: S_after = M S_before + L. Their summaries come from two runs of the slice (from
+//     zero, and from the identity with zero v: M itself), folded by a matrix kernel; the backward folds
+//     dS by M^T (it trains where their backward runs: the CPU). Normalised reads are refused by name.
 #pragma once
 
 #include <ladle/runtime/communicator.h>

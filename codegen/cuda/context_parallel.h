@@ -28,6 +28,11 @@ namespace ladle::cuda {
 std::string context_parallel_source();
 inline constexpr const char* context_parallel_fold_kernel = "ladle_cp_fold";
 inline constexpr const char* context_parallel_sum_kernel = "ladle_cp_sum_decays";
+// ladle_cp_fold_matrix(summaries, rank_stride, transitions, source, source_type, meta, order, out,
+//                 rows_per_rank, H, K, V, transpose): the update forms' fold, S = M S + L (M^T S + L with
+//                 transpose), M [rows_per_rank][H][K][K] at transitions + j rank_stride; grid (ceil(V / 32),
+//                 rows, H), 256 threads, K * 32 floats of shared memory (K <= 256).
+inline constexpr const char* context_parallel_matrix_fold_kernel = "ladle_cp_fold_matrix";
 // ladle_cp_add(to, to_batch, from, from_batch, n): grid (ceil(n / 256), B): to[b][i] += from[b][i], i < n
 // (an attention chunk's key gradients into the whole sequence's, ops/context_parallel.cpp).
 inline constexpr const char* context_parallel_add_kernel = "ladle_cp_add";

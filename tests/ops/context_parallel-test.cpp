@@ -107,6 +107,14 @@ Call make_call(const ir::Variant& variant, std::mt19937_64& rng, DType type, std
       case ir::InputKind::token_value:
         c.tensors.emplace(in.name, test::log_gate(rng, type, token_shape(c.V)).tensor), c.per_token[in.name] = true;
         break;
+      case ir::InputKind::token_head: {
+        const std::vector<std::int64_t> shape = packed ? std::vector<std::int64_t>{T, c.H} : std::vector<std::int64_t>{c.B, T, c.H};
+        std::uniform_real_distribution<double> unit(0.1, 0.9);
+        c.tensors.emplace(in.name, in.name == "beta" ? test::filled(type, shape, [&] { return unit(rng); }).tensor
+                                                      : test::log_gate(rng, type, shape).tensor);
+        c.per_token[in.name] = true;
+        break;
+      }
       case ir::InputKind::head: c.tensors.emplace(in.name, test::log_gate(rng, DType::f32, {c.H}).tensor); break;
       case ir::InputKind::head_key: c.tensors.emplace(in.name, test::normal(rng, DType::f32, {c.H, c.K}, 0.5).tensor); break;
       case ir::InputKind::scalar: c.scalars[in.name] = 0.25f; break;
@@ -407,6 +415,27 @@ TEST_CASE("context parallel: RWKV6's read before the update with its bonus", "[c
   CHECK(e.final_state < 2e-6);
 }
 
+TEST_CASE("context parallel: the update forms (delta rule, gated delta rule, KDA) fold K x K transitions (CPU)",
+          "[context_parallel][update_forms]") {
+  std::mt19937_64 rng(29);
+  for (const char* op : {"delta_rule", "gated_delta_rule", "kda"}) {
+    for (const bool reverse : {false, true}) {
+      INFO(op << ", reverse " << reverse);
+      const ir::Variant& variant = ladle::named_variant(op, "l2norm");
+      const Call c = make_call(variant, rng, DType::f32, 2, 45, {}, reverse, true);
+      const Compared e = forward_cut(c, {11, 30}, Location::host());
+      CHECK(e.o < 2e-5);
+      CHECK(e.final_state < 2e-5);
+      const Call packed = make_call(variant, rng, DType::f32, 1, 50, {0, 18, 18, 50}, reverse, true);
+      const Compared f = forward_cut(packed, {10, 25, 40}, Location::host());
+      CHECK(f.o < 2e-5);
+      CHECK(f.final_state < 2e-5);
+      const GradErrors g = backward_cut(c, {20}, Location::host(), rng);
+      check_within(g, 5e-5);
+    }
+  }
+}
+
 TEST_CASE("context parallel: gradients of the slices equal the whole call's (CPU)", "[context_parallel][backward]") {
   std::mt19937_64 rng(3);
   SECTION("GLA with g_gamma, batch rows, three ranks, both directions") {
@@ -484,17 +513,6 @@ TEST_CASE("context parallel: misuse is refused on every rank with an error namin
     });
     for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("cu_seqlens ends at 30, but the ranks' slices hold 24 tokens"));
   }
-  SECTION("the delta rule's transition is not a diagonal decay") {
-    const ir::Variant& delta = ladle::named_variant("delta_rule");
-    ladle::ThreadGroup group(2);
-    const auto errors = on_ranks(2, [&](int r) {
-      Rank mine = rank_tensors(c, r == 0 ? 0 : 12, r == 0 ? 12 : 24, Location::host());
-      Tensor beta = test::normal(rng, DType::f32, {2, 12, 2}).tensor;
-      ladle::VariantInputs inputs{{{"beta", beta.view()}}, {{"scale", 0.25f}}};
-      cp::run_variant(delta, mine.q, mine.k, mine.v, inputs, {}, group.rank(r));
-    });
-    for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("K x K transition"));
-  }
   SECTION("a device tensor with a host group, and a rank outside the group") {
     CHECK_THROWS_WITH(ladle::ThreadGroup(2).rank(2), Catch::Contains("expected 0 to 1"));
     CHECK_THROWS_WITH(ladle::ThreadGroup(0), Catch::Contains("expected at least 1"));
@@ -534,6 +552,15 @@ TEST_CASE("context parallel on one GPU cut into ranks (bf16; device ThreadGroup)
       const Compared f = forward_cut(p, {3000, 9000}, gpu);
       INFO("reverse " << reverse);
       check_beside_whole(f);
+    }
+  }
+  SECTION("the gated delta rule and KDA: K x K transitions, 2 and 3 ranks") {
+    for (const char* op : {"gated_delta_rule", "kda"}) {
+      INFO(op);
+      Call c = make_call(ladle::named_variant(op, "l2norm"), rng, DType::bf16, 2, 1536, {}, false, true, 64, 64);
+      const Compared e = forward_cut(c, {512, 1024}, gpu);
+      CHECK(e.o < 1e-2);
+      CHECK(e.final_state < 5e-3);
     }
   }
   SECTION("GLA backward, 2 ranks") {
