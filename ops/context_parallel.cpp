@@ -63,7 +63,7 @@ const char* field_name(int field) {
     case Descriptor::sequences: return "the sequences N";
     case Descriptor::reverse: return "options.reverse";
     case Descriptor::has_initial_state: return "whether options.initial_state is given";
-    case Descriptor::return_state: return "options.return_state";
+    case Descriptor::return_state: return "options.return_state (attention: options.return_lse)";
     case Descriptor::packed: return "whether options.cu_seqlens is given";
     case Descriptor::offsets_hash: return "options.cu_seqlens (the whole call's offsets, the same on every rank)";
     case Descriptor::location: return "where the tensors live";
@@ -359,28 +359,42 @@ Descriptor describe_call(Call& call, const ir::Variant& variant, const TensorVie
 
 std::int64_t state_size(const ops::RecurrentDims& dims) { return dims.H * dims.K * dims.V; }
 
-// Per rank, one buffer of floats: R state rows [R][H][K][V], then the transitions: on the GPU the
-// log2 decays [R][H][DL] (the segmented state pass's), on the CPU the factors [R][H][K][V].
+// How a rank's summary carries its transition: the segmented state pass's log2 decays [R][H][DL] (a
+// diagonal decay on the GPU: every variant context parallelism takes runs the chunked family there), a
+// diagonal decay's factors [R][H][K][V] from a run of the slice (the CPU), or a matrix [R][H][K][K]
+// (the update forms: S_after = M S_before + L).
+enum class Transition { log2_decays, factors, matrix };
+Transition transition_of(const ir::Variant& variant, const Call& call) {
+  if (variant.update != ir::Update::additive) return Transition::matrix;
+  return call.device ? Transition::log2_decays : Transition::factors;
+}
+
+// Per rank, one buffer of floats: R state rows [R][H][K][V], then the transitions.
 struct Summaries {
   Tensor mine, all;  // [floats], [P * floats]
-  std::int64_t floats = 0, decay_width = 0, key_width = 0;
+  Transition kind = Transition::factors;
+  std::int64_t floats = 0, decay_width = 0, key_width = 0;  // log2_decays: DL and its key part
   bool value_gate = false;
 };
 
-// The update forms (the delta rules, KDA) move the state by a matrix: S_after = M S_before + L, M [K][K].
-bool matrix_transition(const ir::Variant& variant) { return variant.update != ir::Update::additive; }
-
-std::int64_t transition_floats(const ir::Variant& variant, const Call& call, const Layout& L, std::int64_t& decay_width) {
-  if (matrix_transition(variant)) {
-    decay_width = 0;
-    return L.R * call.dims.H * call.dims.K * call.dims.K;
+// The summaries' sizes and layout for this call (mine and all not yet allocated).
+Summaries layout_of(const ir::Variant& variant, const Call& call, const Layout& L) {
+  Summaries s;
+  s.kind = transition_of(variant, call);
+  s.value_gate = variant.has(ir::Slot::log_decay_v);
+  const std::int64_t H = call.dims.H, K = call.dims.K, V = call.dims.V;
+  std::int64_t transitions = 0;
+  switch (s.kind) {
+    case Transition::log2_decays:
+      s.decay_width = cuda::chunked_segment_decay_width(variant, K, V);
+      s.key_width = s.decay_width - (s.value_gate ? V : 0);
+      transitions = L.R * H * s.decay_width;
+      break;
+    case Transition::factors: transitions = L.R * H * K * V; break;
+    case Transition::matrix: transitions = L.R * H * K * K; break;
   }
-  if (call.device) {
-    decay_width = cuda::chunked_segment_decay_width(variant, call.dims.K, call.dims.V);
-    return L.R * call.dims.H * decay_width;
-  }
-  decay_width = 0;
-  return L.R * state_size(call.dims);
+  s.floats = L.R * H * K * V + transitions;
+  return s;
 }
 
 // The local call's options: its packed pieces, its initial states, the CPU or the GPU.
@@ -479,12 +493,8 @@ void launch_sum_decays(const Call& call, const DeviceSummaries& in, const FoldTa
 
 // This rank's summaries of its carried pieces (rows: batch rows, or [carried out, carried in]).
 Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& L, const LocalArgs& args, const RunOptions& options) {
-  Summaries s;
+  Summaries s = layout_of(variant, call, L);
   const std::int64_t S = state_size(call.dims);
-  const std::int64_t transitions = transition_floats(variant, call, L, s.decay_width);
-  s.value_gate = variant.has(ir::Slot::log_decay_v);
-  s.key_width = s.decay_width - (call.device && s.value_gate ? call.dims.V : 0);
-  s.floats = L.R * S + transitions;
   s.mine = Tensor(DType::f32, {s.floats}, where(call), call.stream);
   zero(s.mine, call);
   const RankPieces& mine = L.mine();
@@ -497,7 +507,7 @@ Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& 
     rows.push_back(mine.out >= 0 ? mine.pieces[mine.out] : Piece{0, 1, 0});
     rows.push_back(mine.in >= 0 ? mine.pieces[mine.in] : Piece{0, 1, 0});
   }
-  if (call.device && !matrix_transition(variant)) {
+  if (s.kind == Transition::log2_decays) {
     // Each piece in m sub-segments (in the recurrence's direction), so that the state pass's blocks
     // cover the GPU: m = 1 leaves one serial walk over the whole slice to H blocks a row.
     std::int64_t shortest = -1;  // the real rows' (a stand-in row takes m single tokens)
@@ -561,7 +571,7 @@ Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& 
   RunOptions local = local_options(options, call, L, keep);
   local.return_state = true;
   const std::int64_t NL = static_cast<std::int64_t>(mine.pieces.size()), H = call.dims.H, K = call.dims.K;
-  const bool matrix = matrix_transition(variant);
+  const bool matrix = s.kind == Transition::matrix;
   const std::int64_t T_cols = matrix ? K : call.dims.V, TS = H * K * T_cols;  // a transition row's columns and floats
   const Location at = where(call);
   const auto o_like = [&](std::int64_t cols) {
@@ -613,7 +623,8 @@ void gather(Communicator& group, Summaries& s, const Call& call) {
 // out [rows.size()][H][K][V] f32: each row's fold over the gathered summaries (see FoldRow), from
 // `source` rows (initial_state or d_final_state; absent: zero).
 Tensor fold(const Call& call, const Layout& L, const Summaries& s, const std::vector<FoldRow>& rows, const std::vector<int>& order,
-            const std::optional<TensorView>& source, Tensor given = Tensor(), bool matrix = false, bool transpose = false) {
+            const std::optional<TensorView>& source, Tensor given = Tensor(), bool transpose = false) {
+  const bool matrix = s.kind == Transition::matrix;
   const std::int64_t S = state_size(call.dims), NL = static_cast<std::int64_t>(rows.size());
   Tensor out = given.numel() > 0 ? std::move(given) : Tensor(DType::f32, {NL, call.dims.H, call.dims.K, call.dims.V}, where(call), call.stream);
   if (NL == 0 || S == 0) return out;
@@ -774,7 +785,7 @@ void entry_states(Prepared& p, const ir::Variant& variant, const TensorView& q, 
     phases.mark("all-gather");
   }
   p.entry = fold(p.call, p.layout, p.summaries, p.layout.fold_rows(true, options.initial_state.has_value()), p.layout.order,
-                 options.initial_state, std::move(into), matrix_transition(variant));
+                 options.initial_state, std::move(into));
   phases.mark("fold");
   p.local.initial_state = p.entry.view();
 }
@@ -799,11 +810,7 @@ bool fused_forward(Prepared& p, const ir::Variant& variant, const TensorView& q,
   RunOptions local = p.local;
   local.initial_state = entry.view();
   Summaries& s = p.summaries;
-  std::int64_t decay_width = 0;
-  const std::int64_t transitions = transition_floats(variant, call, L, decay_width);
-  s.decay_width = decay_width, s.value_gate = variant.has(ir::Slot::log_decay_v);
-  s.key_width = decay_width - (s.value_gate ? call.dims.V : 0);
-  s.floats = L.R * S + transitions;
+  s = layout_of(variant, call, L);
   Phases phases(call);
   const gpu::SegmentSummariesHook hook = [&](std::uint64_t states, std::uint64_t decays, const std::vector<std::vector<long long>>& chains) {
     // Summary row i: the fold of its piece's segments from zero, and their decays' sum.
@@ -868,7 +875,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     p.local.return_state = false;
   }
   const RecurrentOutputs local_outputs{outputs.o, local_final ? std::optional<TensorView>(local_final->view()) : std::nullopt};
-  if (!(p.call.device && p.layout.P > 1 && !matrix_transition(variant) && fused_forward(p, variant, q, k, v, inputs, options, group, local_outputs))) {
+  if (!(p.call.device && p.layout.P > 1 && transition_of(variant, p.call) == Transition::log2_decays && fused_forward(p, variant, q, k, v, inputs, options, group, local_outputs))) {
     entry_states(p, variant, q, k, v, inputs, options, group);
     Phases phases(p.call);
     ladle::run_variant_into(variant, q, k, v, inputs, p.local, local_outputs);
@@ -977,7 +984,7 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     phases.mark("the slice's dS summary");
     // 2. Summaries: those dS rows, beside the transitions this rank already sent.
     Summaries d;
-    d.floats = p.summaries.floats, d.decay_width = p.summaries.decay_width, d.key_width = p.summaries.key_width;
+    d.kind = p.summaries.kind, d.floats = p.summaries.floats, d.decay_width = p.summaries.decay_width, d.key_width = p.summaries.key_width;
     d.value_gate = p.summaries.value_gate;
     d.mine = Tensor(DType::f32, {d.floats}, where(call), call.stream);
     zero(d.mine, call);
@@ -996,11 +1003,9 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
     copy(dm + L.R * row, sm + L.R * row, static_cast<std::size_t>(d.floats - L.R * S) * 4);
     gather(group, d, call);
     // 3. The other way's fold: the dS entering each carried-out piece from the later ranks.
-    exit = fold(call, L, d, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state, Tensor(),
-                matrix_transition(variant), true);
+    exit = fold(call, L, d, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state, Tensor(), true);
   } else {
-    exit = fold(call, L, p.summaries, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state, Tensor(),
-                matrix_transition(variant), true);
+    exit = fold(call, L, p.summaries, L.fold_rows(false, d_final_state.has_value()), L.reverse_order, d_final_state, Tensor(), true);
   }
   // 4. The slice's backward from its entry states and exit gradients.
   RecurrentGradientViews local = gradients;
