@@ -40,6 +40,7 @@
 #include "attention.h"
 #include "gla.h"
 #include "recurrent.h"
+#include "update_forms.h"
 #include "variant.h"
 
 namespace ladle::context_parallel {
@@ -71,6 +72,15 @@ RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& 
                     Communicator& group);
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
                           Communicator& group);
+// The update forms by name (update_forms.h's arguments; their K x K transitions, above).
+RecurrentResult delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
+                           const UpdateFormOptions& options, Communicator& group);
+RecurrentResult gated_delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                 const TensorView& beta, const UpdateFormOptions& options, Communicator& group);
+RecurrentResult rwkv6(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w, const TensorView& u,
+                      const UpdateFormOptions& options, Communicator& group);
+RecurrentResult kda(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                    const KdaOptions& options, Communicator& group);
 
 // Causal softmax attention, by all-gather of k and v with the load-balanced split: the sequence of T
 // tokens is cut into 2P chunks of T / (2P); rank r holds chunks r and 2P-1-r, concatenated, in q, k, v

@@ -1,4 +1,5 @@
 #include "update_forms.h"
+#include "context_parallel.h"
 
 #include <cmath>
 
@@ -177,6 +178,29 @@ RecurrentForward kda_for_backward(const TensorView& q, const TensorView& k, cons
                                   const TensorView& beta, const KdaOptions& options) {
   const auto [variant, inputs] = kda_call(q, g, beta, options);
   return run_variant_for_backward(*variant, q, k, v, inputs, run_options(options));
+}
+
+RecurrentResult context_parallel::delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
+                                            const UpdateFormOptions& options, Communicator& group) {
+  return run_variant(delta_rule_variant(false, options.use_qk_l2norm_in_kernel), q, k, v, inputs_of(q, options, {{"beta", &beta}}),
+                     run_options(options), group);
+}
+
+RecurrentResult context_parallel::gated_delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                                  const TensorView& beta, const UpdateFormOptions& options, Communicator& group) {
+  return run_variant(delta_rule_variant(true, options.use_qk_l2norm_in_kernel), q, k, v, inputs_of(q, options, {{"g", &g}, {"beta", &beta}}),
+                     run_options(options), group);
+}
+
+RecurrentResult context_parallel::rwkv6(const TensorView& r, const TensorView& k, const TensorView& v, const TensorView& w, const TensorView& u,
+                                       const UpdateFormOptions& options, Communicator& group) {
+  return run_variant(rwkv6_checked(options), r, k, v, inputs_of(r, options, {{"w", &w}, {"u", &u}}), run_options(options), group);
+}
+
+RecurrentResult context_parallel::kda(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                                     const KdaOptions& options, Communicator& group) {
+  const auto [variant, inputs] = kda_call(q, g, beta, options);
+  return run_variant(*variant, q, k, v, inputs, run_options(options), group);
 }
 
 }  // namespace ladle

@@ -788,6 +788,28 @@ TEST_CASE("context parallel: the named ops' forms (gla, recurrent, attention) eq
   for (const auto& e : errors) REQUIRE(e == "");
   CHECK(test::relative_error(join(o_gla, 1), values(ladle::gla(q.view(), k.view(), v.view(), g.view(), gla_options).o)) < 2e-6);
   CHECK(test::relative_error(join(o_rec, 1), values(ladle::recurrent(q.view(), k.view(), v.view(), rec_options).o)) < 2e-6);
+  // The update forms by name: the gated delta rule and KDA, their gates and beta cut with the tokens.
+  std::uniform_real_distribution<double> unit(0.1, 0.9);
+  const Tensor beta = test::filled(DType::f32, {B, T, H}, [&] { return unit(rng); }).tensor;
+  const Tensor gh = test::log_gate(rng, DType::f32, {B, T, H}).tensor;
+  ladle::UpdateFormOptions uf;
+  uf.use_qk_l2norm_in_kernel = true, uf.backend = ladle::Backend::cpu;
+  ladle::KdaOptions kda_options;
+  kda_options.use_qk_l2norm_in_kernel = true, kda_options.backend = ladle::Backend::cpu;
+  const Tensor vk = test::normal(rng, DType::f32, {B, T, H, K}).tensor;  // KDA: V = K here
+  std::vector<Tensor> o_gdn(2), o_kda(2);
+  const auto uf_errors = on_ranks(2, [&](int r) {
+    const std::int64_t lo = r == 0 ? 0 : 23, hi = r == 0 ? 23 : T;
+    const Tensor qs = slice(q, 1, lo, hi), ks = slice(k, 1, lo, hi), vs = slice(v, 1, lo, hi), bs = slice(beta, 1, lo, hi);
+    const Tensor ghs = slice(gh, 1, lo, hi), gs = slice(g, 1, lo, hi), vks = slice(vk, 1, lo, hi);
+    o_gdn[r] = cp::gated_delta_rule(qs.view(), ks.view(), vs.view(), ghs.view(), bs.view(), uf, group.rank(r)).o;
+    o_kda[r] = cp::kda(qs.view(), ks.view(), vks.view(), gs.view(), bs.view(), kda_options, group.rank(r)).o;
+  });
+  for (const auto& e : uf_errors) REQUIRE(e == "");
+  CHECK(test::relative_error(join(o_gdn, 1),
+                             values(ladle::gated_delta_rule(q.view(), k.view(), v.view(), gh.view(), beta.view(), uf).o)) < 2e-5);
+  CHECK(test::relative_error(join(o_kda, 1), values(ladle::kda(q.view(), k.view(), vk.view(), g.view(), beta.view(), kda_options).o)) <
+        2e-5);
   // Causal attention by its options.
   const AttentionCase c = make_attention(rng, DType::f32, 1, 32, 2, 1, 16);
   ladle::AttentionOptions a;
