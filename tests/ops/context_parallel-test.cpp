@@ -407,6 +407,33 @@ TEST_CASE("context parallel: packed sequences across rank boundaries, an empty o
   }
 }
 
+TEST_CASE("context parallel: one rank, and GQA's shared key/value heads", "[context_parallel]") {
+  std::mt19937_64 rng(61);
+  const Call c = make_call(ladle::recurrent_variant(true, false, false, false), rng, DType::f32, 2, 33, {}, true, true);
+  const Compared one = forward_cut(c, {}, Location::host());  // a group of one: the whole call
+  CHECK(one.o < 1e-7);
+  CHECK(one.final_state < 1e-7);
+  // q with 4 heads, k and v with 2 (each serves two query heads).
+  const std::int64_t B = 1, T = 40, H = 4, Hkv = 2, K = 16, V = 8;
+  const Tensor q = test::normal(rng, DType::f32, {B, T, H, K}).tensor, k = test::normal(rng, DType::f32, {B, T, Hkv, K}).tensor;
+  const Tensor v = test::normal(rng, DType::f32, {B, T, Hkv, V}).tensor, g = test::log_gate(rng, DType::f32, {B, T, H, K}).tensor;
+  ladle::GlaOptions options;
+  options.backend = ladle::Backend::cpu, options.return_state = true;
+  ladle::ThreadGroup group(3);
+  std::vector<Tensor> o(3), finals(3);
+  const std::vector<std::int64_t> starts{0, 13, 14, T};
+  const auto errors = on_ranks(3, [&](int r) {
+    const Tensor qs = slice(q, 1, starts[r], starts[r + 1]), ks = slice(k, 1, starts[r], starts[r + 1]);
+    const Tensor vs = slice(v, 1, starts[r], starts[r + 1]), gs = slice(g, 1, starts[r], starts[r + 1]);
+    ladle::RecurrentResult out = cp::gla(qs.view(), ks.view(), vs.view(), gs.view(), options, group.rank(r));
+    o[r] = out.o, finals[r] = *out.final_state;
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  const ladle::RecurrentResult whole = ladle::gla(q.view(), k.view(), v.view(), g.view(), options);
+  CHECK(test::relative_error(join(o, 1), values(whole.o)) < 2e-6);
+  for (const Tensor& f : finals) CHECK(test::relative_error(values(f), values(*whole.final_state)) < 2e-6);
+}
+
 TEST_CASE("context parallel: RWKV6's read before the update with its bonus", "[context_parallel]") {
   std::mt19937_64 rng(11);
   const Call c = make_call(ladle::rwkv6_variant(), rng, DType::f32, 2, 50, {}, false, true);
