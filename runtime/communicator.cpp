@@ -2,7 +2,6 @@
 #include "communicator.h"
 
 #include <dlfcn.h>
-#include <nccl.h>
 
 #include <condition_variable>
 #include <cstdlib>
