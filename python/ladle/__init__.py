@@ -16,13 +16,13 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from . import _ladle
-from ._ladle import driver_available
+from ._ladle import driver_available, Communicator, NcclCommunicator, ThreadGroup, nccl_unique_id
 from ._variant import AttentionVariant, Variant, named_variant
 from . import dsl  # noqa: E402 (after Variant: dsl.lower makes one)
 
 __version__ = _ladle.version
 __all__ = ["Variant", "AttentionVariant", "dsl", "named_variant", "run_variant", "run_variant_backward", "generated_kernels", "driver_available",
-           "output_shapes"]
+           "output_shapes", "Communicator", "ThreadGroup", "NcclCommunicator", "nccl_unique_id"]
 
 
 def _is_torch(x) -> bool:
@@ -75,18 +75,44 @@ def _prepare(variant, q_, inputs, scale, **arrays):
     return tensors, scalars
 
 
+def _empty(like, shape, f32: bool = False):
+    """An uninitialised array where `like` lives: numpy on the host, torch on its device."""
+    if _is_torch(like):
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32 if f32 else like.dtype, device=like.device)
+    import numpy as np
+
+    return np.empty(shape, dtype=np.float32 if f32 else like.dtype)
+
+
 def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, scale: Optional[float] = None,
                 initial_state=None, output_final_state: bool = False, cu_seqlens=None, reverse: bool = False,
-                backend: str = "auto", algorithm: str = "auto"):
+                backend: str = "auto", algorithm: str = "auto", group: Optional[Communicator] = None):
     """Runs a variant on numpy arrays (the CPU path) or any DLPack tensors, without autograd.
 
     inputs: the variant's other inputs by name (tensors, or floats for its scalars); scale, when the
     variant reads a scalar named "scale", defaults to 1/sqrt(K). Returns (o, final_state or None),
-    o in q's dtype, the state f32. For torch tensors with autograd use ladle.torch.run_variant."""
+    o in q's dtype, the state f32. For torch tensors with autograd use ladle.torch.run_variant.
+
+    group: context parallelism (docs/operations.md): this rank's slice of the tokens of one call whose
+    other slices the group's other ranks pass (ladle.ThreadGroup(P).rank(r) for threads, or
+    ladle.NcclCommunicator(P, id, r) with id = ladle.nccl_unique_id() from rank 0, one process per GPU);
+    initial_state and cu_seqlens are the whole call's, the final state too. o (and the state) are made
+    where q lives (numpy, or torch on q's device)."""
     import numpy as np
 
     tensors, scalars = _prepare(variant, q, inputs, scale, q=q, k=k, v=v)
     o_shape, state_shape = output_shapes(q, v, cu_seqlens)
+    if group is not None:
+        o = _empty(q, o_shape)
+        final = _empty(q, state_shape, f32=True) if output_final_state else None
+        _ladle.run_cp(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
+                      {name: capsule(t, name) for name, t in tensors.items()}, scalars, capsule(o, "o"),
+                      None if final is None else capsule(final, "final_state"),
+                      None if initial_state is None else capsule(initial_state, "initial_state"),
+                      None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, algorithm, 0, False, group)
+        return o, final
     o = np.empty(o_shape, dtype=q.dtype)
     final = np.empty(state_shape, dtype=np.float32) if output_final_state else None
     _ladle.run(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
@@ -99,13 +125,31 @@ def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, 
 
 def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d_output, *, d_final_state=None,
                          scale: Optional[float] = None, initial_state=None, cu_seqlens=None, reverse: bool = False,
-                         backend: str = "auto"):
+                         backend: str = "auto", group: Optional[Communicator] = None):
     """The gradients of sum(o * d_output) [+ sum(final_state * d_final_state)] through run_variant with
     the same arguments, on numpy arrays (or any DLPack tensors), without autograd: a dict of fp32
-    arrays, "q", "k", "v", every tensor input by its name, and "initial_state" when one was given."""
+    arrays, "q", "k", "v", every tensor input by its name, and "initial_state" when one was given.
+    group: as run_variant's; the per-token gradients are this slice's, the per-head inputs' and
+    initial_state's the whole call's (summed over the ranks)."""
     import numpy as np
 
     tensors, scalars = _prepare(variant, q, inputs, scale, q=q, k=k, v=v)
+    if group is not None:
+        grads = {"q": _empty(q, tuple(q.shape), True), "k": _empty(q, tuple(k.shape), True), "v": _empty(q, tuple(v.shape), True)}
+        d_tensors = {name: _empty(q, tuple(t.shape), True) for name, t in tensors.items()}
+        d_h0 = None if initial_state is None else _empty(q, tuple(initial_state.shape), True)
+        _ladle.backward_cp(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
+                           {name: capsule(t, name) for name, t in tensors.items()}, scalars,
+                           None if initial_state is None else capsule(initial_state, "initial_state"),
+                           None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, 0, False,
+                           capsule(d_output, "d_output"), None if d_final_state is None else capsule(d_final_state, "d_final_state"),
+                           capsule(grads["q"], "dq"), capsule(grads["k"], "dk"), capsule(grads["v"], "dv"),
+                           {name: capsule(t, "d" + name) for name, t in d_tensors.items()},
+                           None if d_h0 is None else capsule(d_h0, "d_initial_state"), group)
+        grads.update(d_tensors)
+        if d_h0 is not None:
+            grads["initial_state"] = d_h0
+        return grads
     grads = {"q": np.empty(q.shape, np.float32), "k": np.empty(k.shape, np.float32), "v": np.empty(v.shape, np.float32)}
     d_tensors = {name: np.empty(t.shape, np.float32) for name, t in tensors.items()}
     d_h0 = None if initial_state is None else np.empty(initial_state.shape, np.float32)

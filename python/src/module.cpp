@@ -6,6 +6,8 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <map>
 #include <optional>
 #include <string>
@@ -13,6 +15,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -21,9 +24,11 @@
 
 #include <ladle/dsl/ir.h>
 #include <ladle/ops/attention.h>
+#include <ladle/ops/context_parallel.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/variant.h>
+#include <ladle/runtime/communicator.h>
 #include <ladle/runtime/dlpack.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
@@ -279,6 +284,42 @@ std::optional<ladle::Stream> stream_of(std::uintptr_t handle, bool given) {
   return ladle::Stream::borrowed(reinterpret_cast<void*>(handle));
 }
 
+// An NCCL communicator made for Python (ladle::nccl::init_rank, one per process and GPU), destroyed
+// with this object: Python has no ncclComm_t of its own to hand over.
+class OwnedNccl final : public ladle::Communicator {
+ public:
+  OwnedNccl(int ranks, const nb::bytes& id, int rank) {
+    ladle::nccl::UniqueId unique;
+    if (id.size() != unique.bytes.size())
+      throw ladle::InvalidArgument("NcclCommunicator: id has " + std::to_string(id.size()) + " bytes, expected " +
+                                   std::to_string(unique.bytes.size()) + " (ladle.nccl_unique_id())");
+    std::memcpy(unique.bytes.data(), id.c_str(), unique.bytes.size());
+    comm_ = ladle::nccl::init_rank(ranks, unique, rank);
+    inner_ = std::make_unique<ladle::NcclCommunicator>(comm_);
+  }
+  ~OwnedNccl() override {
+    inner_.reset();
+    try {
+      ladle::nccl::destroy(comm_);
+    } catch (...) {  // a destructor reports nothing
+    }
+  }
+  OwnedNccl(const OwnedNccl&) = delete;
+  OwnedNccl& operator=(const OwnedNccl&) = delete;
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  ladle::Location location() const override { return inner_->location(); }
+  void all_gather(const void* send, void* receive, std::size_t bytes, const ladle::Stream* stream) override {
+    inner_->all_gather(send, receive, bytes, stream);
+  }
+  void all_sum(float* data, std::size_t count, const ladle::Stream* stream) override { inner_->all_sum(data, count, stream); }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+  std::unique_ptr<ladle::NcclCommunicator> inner_;
+};
+
 }  // namespace
 
 NB_MODULE(_ladle, m) {
@@ -351,6 +392,63 @@ NB_MODULE(_ladle, m) {
       "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "initial_state"_a.none(), "cu_seqlens"_a.none(), "reverse"_a,
       "backend"_a, "stream"_a, "has_stream"_a, "upload"_a, "d_output"_a, "d_final_state"_a.none(), "dq"_a, "dk"_a, "dv"_a, "d_tensors"_a,
       "d_initial_state"_a.none());
+
+  // Context parallelism (ops/context_parallel.h): the ranks, and run / backward over them.
+  nb::class_<ladle::Communicator>(m, "Communicator")
+      .def_prop_ro("rank", &ladle::Communicator::rank)
+      .def_prop_ro("size", &ladle::Communicator::size)
+      .def("__repr__", &ladle::Communicator::describe);
+  nb::class_<ladle::ThreadGroup>(m, "ThreadGroup")
+      .def(
+          "__init__",
+          [](ladle::ThreadGroup* self, int size, bool device) {
+            new (self) ladle::ThreadGroup(size, device ? ladle::Location::device(0) : ladle::Location::host());
+          },
+          "size"_a, "device"_a = false)
+      .def_prop_ro("size", &ladle::ThreadGroup::size)
+      .def("rank", &ladle::ThreadGroup::rank, "r"_a, nb::rv_policy::reference_internal);
+  nb::class_<OwnedNccl, ladle::Communicator>(m, "NcclCommunicator").def(nb::init<int, const nb::bytes&, int>(), "ranks"_a, "id"_a, "rank"_a);
+  m.def("nccl_unique_id", [] {
+    const ladle::nccl::UniqueId id = ladle::nccl::unique_id();
+    return nb::bytes(id.bytes.data(), id.bytes.size());
+  });
+  m.def(
+      "run_cp",
+      [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
+         const std::map<std::string, float>& scalars, nb::handle o, nb::handle final_state, nb::handle initial_state,
+         nb::handle cu_seqlens, bool reverse, const std::string& backend, const std::string& algorithm, std::uintptr_t stream,
+         bool has_stream, ladle::Communicator& group) {
+        Capsules held;
+        const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
+        const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
+        ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, algorithm, s ? &*s : nullptr, false);
+        ladle::RecurrentOutputs outputs{held.take(o, "o"), held.take_optional(final_state, "final_state")};
+        options.return_state = outputs.final_state.has_value();
+        nb::gil_scoped_release release;  // the other ranks' threads run while this one waits for them
+        ladle::context_parallel::run_variant_into(variant, qv, kv, vv, inputs, options, outputs, group);
+      },
+      "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "o"_a, "final_state"_a.none(), "initial_state"_a.none(),
+      "cu_seqlens"_a.none(), "reverse"_a, "backend"_a, "algorithm"_a, "stream"_a, "has_stream"_a, "group"_a);
+  m.def(
+      "backward_cp",
+      [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
+         const std::map<std::string, float>& scalars, nb::handle initial_state, nb::handle cu_seqlens, bool reverse,
+         const std::string& backend, std::uintptr_t stream, bool has_stream, nb::handle d_output, nb::handle d_final_state, nb::handle dq,
+         nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state, ladle::Communicator& group) {
+        Capsules held;
+        const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
+        const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
+        const ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, "auto", s ? &*s : nullptr, false);
+        const ladle::TensorView d_o = held.take(d_output, "d_output");
+        const std::optional<ladle::TensorView> d_final = held.take_optional(d_final_state, "d_final_state");
+        ladle::RecurrentGradientViews grads{held.take(dq, "dq"), held.take(dk, "dk"), held.take(dv, "dv"),
+                                            held.take_all(d_tensors, "d"), held.take_optional(d_initial_state, "d_initial_state")};
+        nb::gil_scoped_release release;
+        ladle::context_parallel::run_variant_backward_into(variant, qv, kv, vv, inputs, options, d_o, d_final, grads, group);
+      },
+      "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "initial_state"_a.none(), "cu_seqlens"_a.none(), "reverse"_a,
+      "backend"_a, "stream"_a, "has_stream"_a, "d_output"_a, "d_final_state"_a.none(), "dq"_a, "dk"_a, "dv"_a, "d_tensors"_a,
+      "d_initial_state"_a.none(), "group"_a);
 
   nb::class_<SavedAttention>(m, "SavedAttention");
   m.def(
