@@ -104,22 +104,16 @@ def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, 
 
     tensors, scalars = _prepare(variant, q, inputs, scale, q=q, k=k, v=v)
     o_shape, state_shape = output_shapes(q, v, cu_seqlens)
-    if group is not None:
-        o = _empty(q, o_shape)
-        final = _empty(q, state_shape, f32=True) if output_final_state else None
-        _ladle.run_cp(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
-                      {name: capsule(t, name) for name, t in tensors.items()}, scalars, capsule(o, "o"),
-                      None if final is None else capsule(final, "final_state"),
-                      None if initial_state is None else capsule(initial_state, "initial_state"),
-                      None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, algorithm, 0, False, group)
-        return o, final
-    o = np.empty(o_shape, dtype=q.dtype)
-    final = np.empty(state_shape, dtype=np.float32) if output_final_state else None
+    # Without a group the outputs are numpy arrays (the GPU path copies host outputs back); with one
+    # they live where q does, as the group's buffers must.
+    make = _empty if group is not None else (lambda like, shape, f32=False: np.empty(shape, np.float32 if f32 else like.dtype))
+    o = make(q, o_shape)
+    final = make(q, state_shape, True) if output_final_state else None
     _ladle.run(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
                {name: capsule(t, name) for name, t in tensors.items()}, scalars, capsule(o, "o"),
                None if final is None else capsule(final, "final_state"),
                None if initial_state is None else capsule(initial_state, "initial_state"),
-               None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, algorithm, 0, False, True)
+               None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, algorithm, 0, False, True, group)
     return o, final
 
 
@@ -134,25 +128,10 @@ def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d
     import numpy as np
 
     tensors, scalars = _prepare(variant, q, inputs, scale, q=q, k=k, v=v)
-    if group is not None:
-        grads = {"q": _empty(q, tuple(q.shape), True), "k": _empty(q, tuple(k.shape), True), "v": _empty(q, tuple(v.shape), True)}
-        d_tensors = {name: _empty(q, tuple(t.shape), True) for name, t in tensors.items()}
-        d_h0 = None if initial_state is None else _empty(q, tuple(initial_state.shape), True)
-        _ladle.backward_cp(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
-                           {name: capsule(t, name) for name, t in tensors.items()}, scalars,
-                           None if initial_state is None else capsule(initial_state, "initial_state"),
-                           None if cu_seqlens is None else capsule(cu_seqlens, "cu_seqlens"), reverse, backend, 0, False,
-                           capsule(d_output, "d_output"), None if d_final_state is None else capsule(d_final_state, "d_final_state"),
-                           capsule(grads["q"], "dq"), capsule(grads["k"], "dk"), capsule(grads["v"], "dv"),
-                           {name: capsule(t, "d" + name) for name, t in d_tensors.items()},
-                           None if d_h0 is None else capsule(d_h0, "d_initial_state"), group)
-        grads.update(d_tensors)
-        if d_h0 is not None:
-            grads["initial_state"] = d_h0
-        return grads
-    grads = {"q": np.empty(q.shape, np.float32), "k": np.empty(k.shape, np.float32), "v": np.empty(v.shape, np.float32)}
-    d_tensors = {name: np.empty(t.shape, np.float32) for name, t in tensors.items()}
-    d_h0 = None if initial_state is None else np.empty(initial_state.shape, np.float32)
+    make = _empty if group is not None else (lambda like, shape, f32=True: np.empty(shape, np.float32))
+    grads = {"q": make(q, tuple(q.shape), True), "k": make(q, tuple(k.shape), True), "v": make(q, tuple(v.shape), True)}
+    d_tensors = {name: make(q, tuple(t.shape), True) for name, t in tensors.items()}
+    d_h0 = None if initial_state is None else make(q, tuple(initial_state.shape), True)
     _ladle.backward(variant.native, capsule(q, "q"), capsule(k, "k"), capsule(v, "v"),
                     {name: capsule(t, name) for name, t in tensors.items()}, scalars,
                     None if initial_state is None else capsule(initial_state, "initial_state"),
@@ -160,7 +139,7 @@ def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d
                     capsule(d_output, "d_output"), None if d_final_state is None else capsule(d_final_state, "d_final_state"),
                     capsule(grads["q"], "dq"), capsule(grads["k"], "dk"), capsule(grads["v"], "dv"),
                     {name: capsule(t, "d" + name) for name, t in d_tensors.items()},
-                    None if d_h0 is None else capsule(d_h0, "d_initial_state"))
+                    None if d_h0 is None else capsule(d_h0, "d_initial_state"), group)
     grads.update(d_tensors)
     if d_h0 is not None:
         grads["initial_state"] = d_h0

@@ -359,25 +359,26 @@ NB_MODULE(_ladle, m) {
       [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
          const std::map<std::string, float>& scalars, nb::handle o, nb::handle final_state, nb::handle initial_state,
          nb::handle cu_seqlens, bool reverse, const std::string& backend, const std::string& algorithm, std::uintptr_t stream,
-         bool has_stream, bool upload) {
+         bool has_stream, bool upload, ladle::Communicator* group) {
         Capsules held;
         const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
         const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
         ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, algorithm, s ? &*s : nullptr, upload);
         ladle::RecurrentOutputs outputs{held.take(o, "o"), held.take_optional(final_state, "final_state")};
         options.return_state = outputs.final_state.has_value();
-        nb::gil_scoped_release release;
-        ladle::run_variant_into(variant, qv, kv, vv, inputs, options, outputs);
+        nb::gil_scoped_release release;  // with a group of threads, the other ranks run while this one waits for them
+        if (group) ladle::context_parallel::run_variant_into(variant, qv, kv, vv, inputs, options, outputs, *group);
+        else ladle::run_variant_into(variant, qv, kv, vv, inputs, options, outputs);
       },
       "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "o"_a, "final_state"_a.none(), "initial_state"_a.none(),
-      "cu_seqlens"_a.none(), "reverse"_a, "backend"_a, "algorithm"_a, "stream"_a, "has_stream"_a, "upload"_a);
+      "cu_seqlens"_a.none(), "reverse"_a, "backend"_a, "algorithm"_a, "stream"_a, "has_stream"_a, "upload"_a, "group"_a.none() = nb::none());
 
   m.def(
       "backward",
       [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
          const std::map<std::string, float>& scalars, nb::handle initial_state, nb::handle cu_seqlens, bool reverse,
          const std::string& backend, std::uintptr_t stream, bool has_stream, bool upload, nb::handle d_output, nb::handle d_final_state,
-         nb::handle dq, nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state) {
+         nb::handle dq, nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state, ladle::Communicator* group) {
         Capsules held;
         const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
         const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
@@ -387,11 +388,12 @@ NB_MODULE(_ladle, m) {
         ladle::RecurrentGradientViews grads{held.take(dq, "dq"), held.take(dk, "dk"), held.take(dv, "dv"),
                                             held.take_all(d_tensors, "d"), held.take_optional(d_initial_state, "d_initial_state")};
         nb::gil_scoped_release release;
-        ladle::run_variant_backward_into(variant, qv, kv, vv, inputs, options, d_o, d_final, grads);
+        if (group) ladle::context_parallel::run_variant_backward_into(variant, qv, kv, vv, inputs, options, d_o, d_final, grads, *group);
+        else ladle::run_variant_backward_into(variant, qv, kv, vv, inputs, options, d_o, d_final, grads);
       },
       "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "initial_state"_a.none(), "cu_seqlens"_a.none(), "reverse"_a,
       "backend"_a, "stream"_a, "has_stream"_a, "upload"_a, "d_output"_a, "d_final_state"_a.none(), "dq"_a, "dk"_a, "dv"_a, "d_tensors"_a,
-      "d_initial_state"_a.none());
+      "d_initial_state"_a.none(), "group"_a.none() = nb::none());
 
   // Context parallelism (ops/context_parallel.h): the ranks, and run / backward over them.
   nb::class_<ladle::Communicator>(m, "Communicator")
@@ -412,43 +414,6 @@ NB_MODULE(_ladle, m) {
     const ladle::nccl::UniqueId id = ladle::nccl::unique_id();
     return nb::bytes(id.bytes.data(), id.bytes.size());
   });
-  m.def(
-      "run_cp",
-      [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
-         const std::map<std::string, float>& scalars, nb::handle o, nb::handle final_state, nb::handle initial_state,
-         nb::handle cu_seqlens, bool reverse, const std::string& backend, const std::string& algorithm, std::uintptr_t stream,
-         bool has_stream, ladle::Communicator& group) {
-        Capsules held;
-        const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
-        const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
-        ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, algorithm, s ? &*s : nullptr, false);
-        ladle::RecurrentOutputs outputs{held.take(o, "o"), held.take_optional(final_state, "final_state")};
-        options.return_state = outputs.final_state.has_value();
-        nb::gil_scoped_release release;  // the other ranks' threads run while this one waits for them
-        ladle::context_parallel::run_variant_into(variant, qv, kv, vv, inputs, options, outputs, group);
-      },
-      "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "o"_a, "final_state"_a.none(), "initial_state"_a.none(),
-      "cu_seqlens"_a.none(), "reverse"_a, "backend"_a, "algorithm"_a, "stream"_a, "has_stream"_a, "group"_a);
-  m.def(
-      "backward_cp",
-      [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
-         const std::map<std::string, float>& scalars, nb::handle initial_state, nb::handle cu_seqlens, bool reverse,
-         const std::string& backend, std::uintptr_t stream, bool has_stream, nb::handle d_output, nb::handle d_final_state, nb::handle dq,
-         nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state, ladle::Communicator& group) {
-        Capsules held;
-        const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
-        const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
-        const ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, "auto", s ? &*s : nullptr, false);
-        const ladle::TensorView d_o = held.take(d_output, "d_output");
-        const std::optional<ladle::TensorView> d_final = held.take_optional(d_final_state, "d_final_state");
-        ladle::RecurrentGradientViews grads{held.take(dq, "dq"), held.take(dk, "dk"), held.take(dv, "dv"),
-                                            held.take_all(d_tensors, "d"), held.take_optional(d_initial_state, "d_initial_state")};
-        nb::gil_scoped_release release;
-        ladle::context_parallel::run_variant_backward_into(variant, qv, kv, vv, inputs, options, d_o, d_final, grads, group);
-      },
-      "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "initial_state"_a.none(), "cu_seqlens"_a.none(), "reverse"_a,
-      "backend"_a, "stream"_a, "has_stream"_a, "d_output"_a, "d_final_state"_a.none(), "dq"_a, "dk"_a, "dv"_a, "d_tensors"_a,
-      "d_initial_state"_a.none(), "group"_a);
 
   nb::class_<SavedAttention>(m, "SavedAttention");
   m.def(
