@@ -78,7 +78,7 @@ def _opt(t: Optional[torch.Tensor]):
 
 def _forward(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_inputs: Mapping, scalar_inputs: Mapping,
              initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], reverse: bool, algorithm: str,
-             output_final_state: bool, final_placeholder: bool = False):
+             output_final_state: bool, final_placeholder: bool = False, group=None):
     """The forward call itself, in the fewest Python steps (a cached call's host cost: bench/torch_overhead.py):
     o, and the final state (None where not asked for, or an empty placeholder where a custom op's schema
     needs a tensor)."""
@@ -94,7 +94,7 @@ def _forward(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_i
     _ladle.run(native, _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), {n: _to_dlpack(t) for n, t in tensor_inputs.items()},
                scalar_inputs, _to_dlpack(o), None if final is None else _to_dlpack(final),
                None if initial_state is None else _to_dlpack(initial_state), None if cu_seqlens is None else _to_dlpack(cu_seqlens),
-               reverse, backend, algorithm, stream, has_stream, False)
+               reverse, backend, algorithm, stream, has_stream, False, group)
     if final is None and final_placeholder:
         final = q.new_empty((0,), dtype=torch.float32)
     return o, final
@@ -127,7 +127,7 @@ def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu
 def _run_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor], names: str,
                   scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor],
                   cu_seqlens: Optional[torch.Tensor], reverse: bool, d_o: torch.Tensor,
-                  d_final_state: Optional[torch.Tensor]) -> list[torch.Tensor]:
+                  d_final_state: Optional[torch.Tensor], group=None) -> list[torch.Tensor]:
     """The backward itself (fp32 gradients): the body of ladle::recurrent_backward, and what an eager
     backward runs directly."""
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -138,7 +138,8 @@ def _run_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     _ladle.backward(_variant(variant), _cap(q), _cap(k), _cap(v), {n: _cap(t) for n, t in zip(_names(names), tensors)},
                     dict(zip(_names(scalar_names), scalars)), _opt(initial_state), _opt(cu_seqlens), reverse, backend, stream,
                     has_stream, False, _cap(d_o.contiguous()), _opt(d_final_state), _cap(dq), _cap(dk), _cap(dv),
-                    {n: _cap(t) for n, t in zip(_names(names), d_tensors)}, _cap(d_h0) if initial_state is not None else None)
+                    {n: _cap(t) for n, t in zip(_names(names), d_tensors)}, _cap(d_h0) if initial_state is not None else None,
+                    group)
     return [dq, dk, dv, *d_tensors, d_h0]
 
 
@@ -208,6 +209,30 @@ class _Recurrent(torch.autograd.Function):
         return (None, None, None, None, None, None, None, None, d_h0, dq, dk, dv, *d_tensors)
 
 
+class _ContextParallel(torch.autograd.Function):
+    """_Recurrent over a group of ranks (ladle.ThreadGroup, ladle.NcclCommunicator): this rank's slice of
+    one call, forward and backward (ops/context_parallel.h), eagerly (a group is no tensor a custom op
+    could take)."""
+
+    @staticmethod
+    def forward(ctx, group, variant, names, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens, initial_state,
+                q, k, v, *tensors):
+        o, final = _forward(_variant(variant), q, k, v, dict(zip(_names(names), tensors)), dict(zip(_names(scalar_names), scalars)),
+                            initial_state, cu_seqlens, reverse, algorithm, output_final_state, final_placeholder=True, group=group)
+        ctx.save_for_backward(q, k, v, initial_state, cu_seqlens, *tensors)
+        ctx.args = (variant, names, scalars, scalar_names, reverse)
+        ctx.group = group
+        return o, final
+
+    @staticmethod
+    def backward(ctx, d_o, d_final):
+        def over_group(*args):
+            return _run_backward(*args, group=ctx.group)
+
+        dq, dk, dv, d_tensors, d_h0 = _gradients(over_group, ctx, d_o, d_final)
+        return (None, None, None, None, None, None, None, None, None, d_h0, dq, dk, dv, *d_tensors)
+
+
 def _check_tensor(x, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -216,12 +241,18 @@ def _check_tensor(x, name: str) -> torch.Tensor:
 
 def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Optional[Mapping] = None, *,
                 scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
-                cu_seqlens: Optional[torch.Tensor] = None, reverse: bool = False, algorithm: str = "auto"):
+                cu_seqlens: Optional[torch.Tensor] = None, reverse: bool = False, algorithm: str = "auto", group=None):
     """Runs a variant (ladle.dsl.lower, ladle.named_variant) with autograd: returns (o, final_state or None).
 
     inputs: the variant's other inputs by name (tensors, or floats for its scalars). A scalar named
     "scale" defaults to 1/sqrt(K). Shapes follow fla: q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V] or
-    grouped value heads v [B,T,HV,V]; with cu_seqlens [N+1] the batch is 1."""
+    grouped value heads v [B,T,HV,V]; with cu_seqlens [N+1] the batch is 1.
+
+    group: context parallelism (ladle.ThreadGroup(P).rank(r), ladle.NcclCommunicator): q, k, v and the
+    per-token inputs are this rank's slice of one call's tokens; initial_state, cu_seqlens and the final
+    state are the whole call's. The gradients are those of the sum of every rank's loss: each rank's
+    per-token gradients for its slice, per-head inputs' and initial_state's summed over the ranks, and the
+    final state's gradient must be the same on every rank. Eager only (not under torch.compile)."""
     if not isinstance(variant, Variant):
         raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
     key = variant.hash
@@ -243,17 +274,22 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     elif scale is not None and declared.get("scale") != "scalar":
         raise ValueError("scale: the variant reads no scalar named 'scale'")
     compiling = torch.compiler.is_compiling()
+    if group is not None and compiling:
+        raise ValueError("group: context parallelism runs eagerly; call run_variant outside torch.compile")
     needs_grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or any(t.requires_grad for t in tensor_inputs.values())
         or (initial_state is not None and initial_state.requires_grad))
     if not compiling and not needs_grad:
         # No gradient and no compiler: the forward at once, the fewest Python steps (bench/torch_overhead.py).
         return _forward(variant.native, q, k, v, tensor_inputs, scalar_inputs, initial_state, cu_seqlens, reverse, algorithm,
-                        output_final_state)
+                        output_final_state, group=group)
     names = list(tensor_inputs)
     tensors, joined, scalars, scalar_names = [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()), \
         ",".join(scalar_inputs)
-    if compiling:
+    if group is not None:
+        o, final = _ContextParallel.apply(group, key, joined, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens,
+                                          initial_state, q, k, v, *tensors)
+    elif compiling:
         # The custom op, which the compiler traces (its fake kernel) and differentiates (its autograd).
         o, final = _recurrent(key, q, k, v, tensors, joined, scalars, scalar_names, initial_state, cu_seqlens, reverse,
                               output_final_state, algorithm)

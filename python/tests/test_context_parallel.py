@@ -87,3 +87,42 @@ def test_a_bad_slice_is_refused_on_every_rank():
 def test_a_rank_outside_the_group():
     with pytest.raises(ValueError, match="expected 0 to 1"):
         ladle.ThreadGroup(2).rank(2)
+
+
+def test_torch_autograd_over_a_group_of_threads():
+    torch = pytest.importorskip("torch")
+    import ladle.torch as lt
+
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, K, V = 1, 40, 2, 16, 8
+    q, k = torch.randn(B, T, H, K, generator=gen) * 0.5, torch.randn(B, T, H, K, generator=gen) * 0.5
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 16
+    h0 = torch.randn(B, H, K, V, generator=gen) * 0.5
+    weight = torch.randn(B, T, H, V, generator=gen)
+    variant = ladle.named_variant("gla")
+
+    def leaves(*xs):
+        return [x.clone().requires_grad_(True) for x in xs]
+
+    wq, wk, wv, wg, wh0 = leaves(q, k, v, g, h0)
+    o, _ = lt.run_variant(variant, wq, wk, wv, {"g": wg}, initial_state=wh0)
+    (o * weight).sum().backward()
+    cuts = [0, 17, T]
+    group = ladle.ThreadGroup(2)
+
+    def work(r):
+        part = slice(cuts[r], cuts[r + 1])
+        rq, rk, rv, rg = leaves(q[:, part], k[:, part], v[:, part], g[:, part])
+        rh0 = h0.clone().requires_grad_(True)
+        ro, _ = lt.run_variant(variant, rq, rk, rv, {"g": rg}, initial_state=rh0, group=group.rank(r))
+        (ro * weight[:, part]).sum().backward()
+        return ro.detach(), rq.grad, rk.grad, rv.grad, rg.grad, rh0.grad
+
+    results, errors = _on_ranks(2, work)
+    assert errors == [None, None]
+    torch.testing.assert_close(torch.cat([r[0] for r in results], 1), o.detach(), rtol=1e-5, atol=1e-5)
+    for i, whole in enumerate((wq.grad, wk.grad, wv.grad, wg.grad), start=1):
+        torch.testing.assert_close(torch.cat([r[i] for r in results], 1), whole, rtol=1e-4, atol=1e-5)
+    for r in results:
+        torch.testing.assert_close(r[5], wh0.grad, rtol=1e-4, atol=1e-5)
