@@ -79,6 +79,17 @@ std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
   return h;
 }
 
+// The scalar inputs (name and bits), which every rank must pass alike.
+std::int64_t scalars_hash(const VariantInputs& inputs) {
+  std::uint64_t h = 0;
+  for (const auto& [name, value] : inputs.scalars) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    h = mix(mix(h, std::hash<std::string>{}(name)), bits);
+  }
+  return static_cast<std::int64_t>(h);
+}
+
 // The ranks' descriptors, gathered; throws the same InvalidArgument on every rank where any refused
 // its arguments or where they disagree.
 std::vector<Descriptor> exchange(const std::string& op, Communicator& group, const Descriptor& mine, const Stream* stream) {
@@ -276,9 +287,17 @@ std::vector<std::int64_t> host_offsets(const std::string& op, const TensorView& 
 }
 
 // What a rank knows about its own call before any exchange.
+// The local call's tensors as the caller gave them (packed: rank 3 where q was), for run_variant.
+struct LocalArgs {
+  TensorView q, k, v;
+  VariantInputs inputs;
+};
+
 struct Call {
   std::string op;
+  LocalArgs given;  // as the caller gave them
   Canonical c;
+  ops::BoundInputs bound;   // the canonical local call, bound without states or cu_seqlens
   ops::RecurrentDims dims;  // of the canonical local call (B = 1 when packed), N the whole call's
   std::vector<std::int64_t> offsets;  // the whole call's cu_seqlens
   bool device = false;
@@ -304,8 +323,9 @@ Descriptor describe_call(Call& call, const ir::Variant& variant, const TensorVie
     RunOptions plain = options;
     plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
     plain.backend = call.device ? Backend::gpu : Backend::cpu;
-    const ops::BoundInputs bound = ops::bind_inputs(call.op, variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain);
-    call.dims = bound.dims;
+    call.given = {q, k, v, inputs};
+    call.bound = ops::bind_inputs(call.op, variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain);
+    call.dims = call.bound.dims;
     if (options.cu_seqlens) {
       if (call.dims.B != 1)
         throw InvalidArgument(fmt::format("{}: with cu_seqlens the batch is 1, but q has batch {}", call.op, call.dims.B));
@@ -324,13 +344,8 @@ Descriptor describe_call(Call& call, const ir::Variant& variant, const TensorVie
         throw InvalidArgument(fmt::format("{}: initial_state is {}, expected a contiguous f32, bf16 or f16 tensor", call.op, describe(h0)));
     }
     if (more_checks) more_checks(call);
-    std::uint64_t offsets_hash = 0, scalars_hash = 0;
+    std::uint64_t offsets_hash = 0;
     for (std::int64_t x : call.offsets) offsets_hash = mix(offsets_hash, static_cast<std::uint64_t>(x));
-    for (const auto& [name, value] : inputs.scalars) {
-      std::uint32_t bits;
-      std::memcpy(&bits, &value, 4);
-      scalars_hash = mix(mix(scalars_hash, std::hash<std::string>{}(name)), bits);
-    }
     d.values[Descriptor::variant_hash] = static_cast<std::int64_t>(ir::hash(variant));
     d.values[Descriptor::dtype] = static_cast<std::int64_t>(call.dims.type);
     d.values[Descriptor::batch] = call.dims.B;
@@ -347,7 +362,7 @@ Descriptor describe_call(Call& call, const ir::Variant& variant, const TensorVie
     d.values[Descriptor::offsets_hash] = static_cast<std::int64_t>(offsets_hash);
     d.values[Descriptor::offsets_total] = call.offsets.empty() ? 0 : call.offsets.back();
     d.values[Descriptor::location] = call.device ? 1 : 0;
-    d.values[Descriptor::scalars_hash] = static_cast<std::int64_t>(scalars_hash);
+    d.values[Descriptor::scalars_hash] = scalars_hash(inputs);
   } catch (const Error& e) {
     d.values[Descriptor::status] = 1;
     std::snprintf(d.message, sizeof d.message, "%s", e.what());
@@ -414,11 +429,6 @@ RunOptions local_options(const RunOptions& options, const Call& call, const Layo
   return local;
 }
 
-// The local call's tensors as the caller gave them (packed: rank 3 where q was), for run_variant.
-struct LocalArgs {
-  TensorView q, k, v;
-  VariantInputs inputs;
-};
 
 Location where(const Call& call) { return call.device ? Location::device(0) : Location::host(); }
 
@@ -452,6 +462,11 @@ struct DeviceSummaries {
   bool value_gate = false;
 };
 
+// How the fold kernels read their source rows (h0 or d final_state): 0 f32, 1 bf16, 2 f16.
+int source_type(const std::optional<TensorView>& source) {
+  return !source ? 0 : source->type == DType::bf16 ? 1 : source->type == DType::f16 ? 2 : 0;
+}
+
 // The fold's tables on the device (meta rows of 4, the order), kept alive until the stream has run.
 struct FoldTables {
   DeviceBuffer meta, order;
@@ -470,10 +485,9 @@ void launch_fold(const Call& call, const DeviceSummaries& in, const FoldTables& 
                  const std::optional<TensorView>& source, std::uint64_t out) {
   const std::int64_t S = state_size(call.dims);
   if (rows == 0 || S == 0) return;
-  const int source_type = !source ? 0 : source->type == DType::bf16 ? 1 : source->type == DType::f16 ? 2 : 0;
   KernelArgs packed;
   packed.add(in.states).add(in.stride).add(in.decays).add(in.decay_stride);
-  packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type);
+  packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type(source));
   packed.add(tables.meta.device_ptr()).add(tables.order.device_ptr()).add(out);
   packed.add(static_cast<int>(in.rows_per_rank)).add(static_cast<int>(call.dims.H)).add(static_cast<int>(call.dims.K)).add(static_cast<int>(call.dims.V));
   packed.add(static_cast<int>(in.decay_width)).add(static_cast<int>(in.key_width)).add(in.value_gate ? 1 : 0);
@@ -492,7 +506,8 @@ void launch_sum_decays(const Call& call, const DeviceSummaries& in, const FoldTa
 }
 
 // This rank's summaries of its carried pieces (rows: batch rows, or [carried out, carried in]).
-Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& L, const LocalArgs& args, const RunOptions& options) {
+Summaries summarise(const ir::Variant& variant, const Call& call, const Layout& L, const RunOptions& options) {
+  const LocalArgs& args = call.given;
   Summaries s = layout_of(variant, call, L);
   const std::int64_t S = state_size(call.dims);
   s.mine = Tensor(DType::f32, {s.floats}, where(call), call.stream);
@@ -631,10 +646,9 @@ Tensor fold(const Call& call, const Layout& L, const Summaries& s, const std::ve
   if (call.device && matrix) {
     const FoldTables tables = upload_tables(rows, order, call.stream);
     const std::uint64_t all = address(s.all.data());
-    const int source_type = !source ? 0 : source->type == DType::bf16 ? 1 : source->type == DType::f16 ? 2 : 0;
     KernelArgs packed;
     packed.add(all).add(static_cast<long long>(s.floats)).add(all + static_cast<std::uint64_t>(L.R * S) * 4);
-    packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type);
+    packed.add(source ? address(source->data) : std::uint64_t{0}).add(source_type(source));
     packed.add(tables.meta.device_ptr()).add(tables.order.device_ptr()).add(address(out.data()));
     packed.add(static_cast<int>(L.R)).add(static_cast<int>(call.dims.H)).add(static_cast<int>(call.dims.K)).add(static_cast<int>(call.dims.V));
     packed.add(transpose ? 1 : 0);
@@ -716,9 +730,6 @@ void assemble(Communicator& group, const Call& call, const Layout& L, const Tens
   group.all_sum(static_cast<float*>(whole.data), static_cast<std::size_t>(L.N * S), call.stream);
 }
 
-LocalArgs local_args(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs) {
-  return {q, k, v, inputs};
-}
 
 // LADLE_CP_PHASES=1: each phase's wall time on stderr, the stream waited for after each (a
 // measurement knob: the waits cost the overlap a call otherwise has).
@@ -779,7 +790,7 @@ void entry_states(Prepared& p, const ir::Variant& variant, const TensorView& q, 
                   const VariantInputs& inputs, const RunOptions& options, Communicator& group, Tensor into = Tensor()) {
   Phases phases(p.call);
   if (p.layout.P > 1) {
-    p.summaries = summarise(variant, p.call, p.layout, local_args(q, k, v, inputs), options);
+    p.summaries = summarise(variant, p.call, p.layout, options);
     phases.mark("summaries");
     gather(group, p.summaries, p.call);
     phases.mark("all-gather");
@@ -860,11 +871,8 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
                                           describe(*outputs.final_state), ops::detail::shape_text(want)));
     }
     // o as the local call takes it (checked here, before any exchange).
-    RunOptions plain = options;
-    plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
-    plain.backend = call.device ? Backend::gpu : Backend::cpu;
-    ops::BoundInputs bound = ops::bind_inputs(call.op, variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain);
-    ops::bind_outputs(call.op, plain, {ops::detail::lead_with_ones(outputs.o, 4), std::nullopt}, bound);
+    ops::BoundInputs bound = call.bound;
+    ops::bind_outputs(call.op, {}, {ops::detail::lead_with_ones(outputs.o, 4), std::nullopt}, bound);
   });
   const std::int64_t NL = static_cast<std::int64_t>(p.layout.mine().pieces.size());
   std::optional<Tensor> local_final;
@@ -951,11 +959,7 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
         throw InvalidArgument(fmt::format("{}: gradients.inputs has no \"{}\", expected its gradient's view", call.op, in.name));
       same_shape(("the gradient of " + in.name).c_str(), grad->second, given->second);
     }
-    RunOptions plain = options;
-    plain.initial_state.reset(), plain.cu_seqlens.reset(), plain.return_state = false;
-    plain.backend = call.device ? Backend::gpu : Backend::cpu;
-    const ops::BoundInputs bound = ops::bind_inputs(call.op, variant, call.c.q, call.c.k, call.c.v, call.c.inputs, plain);
-    ops::bind_backward(call.op, bound, ops::detail::lead_with_ones(d_output, 4), std::nullopt);
+    ops::bind_backward(call.op, call.bound, ops::detail::lead_with_ones(d_output, 4), std::nullopt);
   });
   const Call& call = p.call;
   const Layout& L = p.layout;
@@ -1111,12 +1115,6 @@ AttentionCall attention_begin(const char* what, const ir::AttentionVariant& vari
     call.B = args.B, call.local = args.Tq, call.chunk = args.Tq / 2, call.H = args.H, call.H_kv = args.H_kv, call.D = args.D,
     call.Dv = args.Dv, call.type = args.type;
     if (more) more(call);
-    std::uint64_t scalars_hash = 0;
-    for (const auto& [name, value] : inputs.scalars) {
-      std::uint32_t bits;
-      std::memcpy(&bits, &value, 4);
-      scalars_hash = mix(mix(scalars_hash, std::hash<std::string>{}(name)), bits);
-    }
     d.values[Descriptor::variant_hash] = static_cast<std::int64_t>(ir::hash(variant));
     d.values[Descriptor::dtype] = static_cast<std::int64_t>(call.type);
     d.values[Descriptor::batch] = call.B, d.values[Descriptor::tokens] = call.local;
@@ -1124,7 +1122,7 @@ AttentionCall attention_begin(const char* what, const ir::AttentionVariant& vari
     d.values[Descriptor::key_dim] = call.D, d.values[Descriptor::value_dim] = call.Dv;
     d.values[Descriptor::return_state] = options.return_lse;
     d.values[Descriptor::location] = call.device ? 1 : 0;
-    d.values[Descriptor::scalars_hash] = static_cast<std::int64_t>(scalars_hash);
+    d.values[Descriptor::scalars_hash] = scalars_hash(inputs);
     d.values[Descriptor::window_left] = options.window_left, d.values[Descriptor::window_right] = options.window_right;
   } catch (const Error& e) {
     d.values[Descriptor::status] = 1;

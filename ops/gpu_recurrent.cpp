@@ -563,6 +563,24 @@ ops::detail::CallMemo<std::shared_ptr<const ChosenRun>>& chosen_runs() {
 
 namespace {
 
+// A forward on device tensors, checked and bound: every view on the device (`why` says so where one is
+// not), the outputs against the inputs, contiguous states. variant_validated: as bind_inputs takes it.
+ops::BoundInputs bind_device_run(const std::string& op, const char* why, const ir::Variant& variant, const TensorView& q,
+                                 const TensorView& k, const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                                 const RecurrentOutputs& outputs, const LaunchOptions& launch, bool variant_validated = false) {
+  std::optional<Tensor> seqlens;
+  const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
+  require_device(op, "o", outputs.o, why);
+  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
+  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked, variant_validated);
+  ops::bind_outputs(op, options, outputs, bound);
+  if (bound.args.initial_state && !is_contiguous(*bound.args.initial_state))
+    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
+  if (bound.args.final_state && !is_contiguous(*bound.args.final_state))
+    throw InvalidArgument(op + ": final_state must be contiguous [N,H,K,V] on the GPU");
+  return bound;
+}
+
 // The options with their chunked tile: the caller's, else the autotuner's choice (LADLE_AUTOTUNE;
 // heuristic means heuristic_chunked_tile) among the 8 tiles the cost model ranks best: it ranks the
 // measured tiles in their measured order at the benchmark shapes, so a first call times those
@@ -592,18 +610,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       run_signature(variant, q, k, v, inputs, options, outputs, knobs, policy_from_env());
   const std::shared_ptr<const ChosenRun> known = signature ? chosen_runs().find(*signature).value_or(nullptr) : nullptr;
   // Device tensors only (ladle::run_variant_into takes host ones too).
-  const char* const why = "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)";
-  std::optional<Tensor> seqlens;
-  const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
-  require_device(op, "o", outputs.o, why);
-  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked, known != nullptr);
-  ops::bind_outputs(op, options, outputs, bound);
+  ops::BoundInputs bound = bind_device_run(op, "ladle::gpu::run_variant_into takes device tensors (ladle::run_variant_into uploads host ones)",
+                                           variant, q, k, v, inputs, options, outputs, launch, known != nullptr);
   const auto& args = bound.args;
-  if (args.initial_state && !is_contiguous(*args.initial_state))
-    throw InvalidArgument(op + ": initial_state must be contiguous [N,H,K,V] on the GPU");
-  if (args.final_state && !is_contiguous(*args.final_state))
-    throw InvalidArgument(op + ": final_state must be contiguous [N,H,K,V] on the GPU");
   // No tokens still means work: each sequence's final state is its initial state.
   if (bound.dims.N * args.heads * args.value_dim == 0) return;
 
@@ -650,18 +659,11 @@ bool run_variant_with_summaries(const ir::Variant& variant, const TensorView& q,
                                 const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
                                 const SegmentSummariesHook& hook, const LaunchOptions& launch) {
   const std::string op = op_name(variant);
-  const char* const why = "ladle::gpu::run_variant_with_summaries takes device tensors";
-  std::optional<Tensor> seqlens;
-  const RunOptions checked = device_call(op, why, q, k, v, inputs, options, launch, seqlens);
-  require_device(op, "o", outputs.o, why);
-  if (outputs.final_state) require_device(op, "final_state", *outputs.final_state, why);
-  ops::BoundInputs bound = ops::bind_inputs(op, variant, q, k, v, inputs, checked);
-  ops::bind_outputs(op, options, outputs, bound);
+  const ops::BoundInputs bound =
+      bind_device_run(op, "ladle::gpu::run_variant_with_summaries takes device tensors", variant, q, k, v, inputs, options, outputs, launch);
   const auto& args = bound.args;
-  if (!args.initial_state || !is_contiguous(*args.initial_state) || args.initial_state->type != DType::f32)
+  if (!args.initial_state || args.initial_state->type != DType::f32)
     throw InvalidArgument(op + ": the entry states' hook fills options.initial_state: a contiguous f32 [N,H,K,V] expected");
-  if (args.final_state && !is_contiguous(*args.final_state))
-    throw InvalidArgument(op + ": final_state must be contiguous [N,H,K,V] on the GPU");
   if (bound.dims.N * args.heads * args.key_dim * args.value_dim == 0) return false;
   if (variant.update == ir::Update::delta || choose_algorithm(variant, bound, options) != Algorithm::chunked) return false;
   const GpuTarget target = device_target();
