@@ -19,6 +19,7 @@
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
 #include "chunked_plan.h"
+#include <ladle/codegen/cuda/update_backward.h>
 #include "generated_kernels.h"
 #include "detail/pack_input.h"
 #include "recurrent.h"
@@ -139,6 +140,13 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   spec.direct_k = role(k_in, ir::Role::key);
   spec.direct_v = role(v_in, ir::Role::value);
   if (variant.normalize) spec.write_v = true, spec.write_do = false, spec.direct_v = false;  // the normaliser's column
+  if (!variant.plain_form()) {  // the update forms: fp32 slots, every one written (ladle_bwd_update reads them)
+    spec.update_form = true;
+    spec.slot_type = DType::f32;
+    spec.write_q = spec.write_k = spec.write_v = spec.write_do = true;
+    spec.write_log_a = spec.write_log_b = spec.write_first = false;
+    spec.direct_q = spec.direct_k = spec.direct_v = false;
+  }
   return spec;
 }
 
@@ -234,6 +242,7 @@ class BackwardCall {
     Device::get();
     arch_ = Device::get().properties().arch();
     if (!zero_gradients()) return;
+    if (plan_.update_form) return update_form();
     write_slots();
     convert_states();
     if (initial_only_) {
@@ -685,11 +694,20 @@ class BackwardCall {
     for (std::size_t i = 0; i < variant_.inputs.size(); ++i) {
       if (!grad_of_[i]) continue;
       const ir::Input& in = variant_.inputs[i];
+      const std::string key = "d/" + in.name;
+      if (in.kind == ir::InputKind::head_key) {  // [H,K] or [B,H,K]: no token dimension ([H,K] none for B either)
+        const TensorView g = ops::detail::lead_with_ones(*grad_of_[i], 3);
+        extras_[key] = ptr(g.data);
+        extras_[key + "/sb"] = static_cast<long long>(g.strides[0]);
+        extras_[key + "/st"] = 0LL;
+        extras_[key + "/sh"] = static_cast<long long>(g.strides[1]);
+        extras_[key + "/sd"] = static_cast<long long>(g.strides[2]);
+        continue;
+      }
       const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
       const TensorView g = ops::detail::lead_with_ones(*grad_of_[i], rank);
       // [H] broadcasts over the batch: every b adds into the same element.
       const long long sb = in.kind == ir::InputKind::head && grad_of_[i]->rank() == 1 ? 0 : g.strides[0];
-      const std::string key = "d/" + in.name;
       extras_[key] = ptr(g.data);
       extras_[key + "/sb"] = sb;
       extras_[key + "/st"] = static_cast<long long>(rank >= 3 ? g.strides[1] : 0);
@@ -697,6 +715,107 @@ class BackwardCall {
       extras_[key + "/sd"] = static_cast<long long>(rank == 4 ? g.strides[3] : 0);
     }
     if (C_ > 0) launch_generated(cuda::BackwardPhase::chain);
+  }
+
+  // The update forms (cuda::UpdateBackwardSpec): their slots in fp32, ladle_bwd_update's recurrence
+  // forward to its checkpoints and back through every chunk, ladle_bwd_update_finish, then the chain.
+  void update_form() {
+    const Stream* stream = launch_.stream;
+    const std::int64_t rows = B_ * T_ * H_;
+    key_shape_ = {B_, T_, H_, K_}, value_shape_ = {B_, T_, H_, V_};
+    const std::vector<std::int64_t> head_shape{B_, T_, H_};
+    cuda::UpdateBackwardSpec spec;
+    spec.delta = variant_.update == ir::Update::delta;
+    spec.key_decay = key_decay_;
+    spec.head_decay = head_decay_;
+    spec.beta = variant_.has(ir::Slot::write_strength);
+    spec.bonus = variant_.has(ir::Slot::bonus);
+    spec.l2 = variant_.l2_normalize_qk;
+    spec.scale_table = variant_.has(ir::Slot::scale) && !plan_.fold_scale;
+    spec.reverse = a_.reverse;
+    spec.varlen = !a_.cu_seqlens.empty();
+    spec.initial_state = a_.initial_state.has_value();
+    spec.d_final = d_final_state_.has_value();
+    spec.block_v = cuda::update_backward_block_v(K_);
+    const auto zeroed = [&](const std::vector<std::int64_t>& shape) {
+      Scratch out = scratch(DType::f32, shape, stream);
+      fill_device_bytes(out.buffer.device_ptr(), out.buffer.bytes(), 0, stream);
+      return out;
+    };
+    qs_ = scratch(DType::f32, key_shape_, stream), kf_ = scratch(DType::f32, key_shape_, stream);
+    vf_ = scratch(DType::f32, value_shape_, stream), dos_ = scratch(DType::f32, value_shape_, stream);
+    if (key_decay_) log_a_ = scratch(DType::f32, key_shape_, stream);
+    if (head_decay_) log_h_ = scratch(DType::f32, head_shape, stream);
+    Scratch scale_s, beta_s, bonus_s;
+    if (spec.scale_table) scale_s = scratch(DType::f32, head_shape, stream);
+    if (spec.beta) beta_s = scratch(DType::f32, head_shape, stream);
+    if (spec.bonus) bonus_s = scratch(DType::f32, key_shape_, stream);
+    extras_ = {{"B", static_cast<int>(B_)}, {"T", static_cast<int>(T_)}, {"H", static_cast<int>(H_)},
+               {"K", static_cast<int>(K_)}, {"V", static_cast<int>(V_)}, {"VS", static_cast<int>(V_)},
+               {"C", static_cast<int>(C_)}, {"cu_seqlens", offsets_.device_ptr()},
+               {"qs", ptr(qs_.view.data)}, {"kf", ptr(kf_.view.data)}, {"vf", ptr(vf_.view.data)}, {"dos", ptr(dos_.view.data)},
+               {"log_a", log_a_.buffer.device_ptr()}, {"log_h", log_h_.buffer.device_ptr()},
+               {"scale_s", scale_s.buffer.device_ptr()}, {"beta_s", beta_s.buffer.device_ptr()},
+               {"bonus_s", bonus_s.buffer.device_ptr()}};
+    const TensorView g = ops::detail::lead_with_ones(d_output_, 4);
+    extras_["d_out"] = ptr(g.data);
+    extras_["d_out_stride_b"] = static_cast<long long>(g.strides[0]);
+    extras_["d_out_stride_t"] = static_cast<long long>(g.strides[1]);
+    extras_["d_out_stride_h"] = static_cast<long long>(g.strides[2]);
+    extras_["d_out_stride_d"] = static_cast<long long>(g.strides[3]);
+    if (C_ > 0) launch_generated(cuda::BackwardPhase::slots);
+    if (a_.initial_state) convert(*a_.initial_state, 1.0f, &h0_, nullptr);
+    if (d_final_state_) convert(*d_final_state_, 1.0f, &d_final_, nullptr);
+
+    // The slots' gradients (every one added into, atomically: zeroed first).
+    Scratch gq = zeroed(key_shape_), gk = zeroed(key_shape_), gv = zeroed(value_shape_), ga, gh, gscale, gbeta, gbonus;
+    if (key_decay_ || head_decay_) ga = zeroed(key_shape_);
+    if (head_decay_) gh = scratch(DType::f32, head_shape, stream);
+    if (spec.scale_table) gscale = scratch(DType::f32, head_shape, stream);
+    if (spec.beta) gbeta = zeroed(head_shape);
+    if (spec.bonus) gbonus = zeroed(key_shape_);
+    const std::int64_t slices = (V_ + spec.block_v - 1) / spec.block_v, KP = (K_ + 31) / 32 * 32;
+    const std::int64_t blocks = N_ * H_ * slices;
+    const std::int64_t per_block = static_cast<std::int64_t>(spec.block_v) * KP;
+    Scratch ckpt = scratch(DType::f32, {std::max<std::int64_t>(blocks * C_ * per_block, 1)}, stream);
+    Scratch chunk = scratch(DType::f32, {std::max<std::int64_t>(blocks * cuda::update_backward_chunk * per_block, 1)}, stream);
+    {
+      const std::string name = cuda::update_backward_name(spec);
+      const auto& loaded = detail::loaded_kernel<HelperKernel>("update backward|" + name, arch_, [&](const std::string& target) {
+        struct {
+          HelperKernel kernel;
+          CompiledProgram program;
+        } out{{name}, detail::compile_named(cuda::update_backward_source(spec), name, target, 0)};
+        return out;
+      });
+      const bool initial_gradient = a_.initial_state && gradients_.d_initial_state;
+      KernelArgs packed;
+      packed.add(ptr(qs_.view.data)).add(ptr(kf_.view.data)).add(ptr(vf_.view.data)).add(ptr(dos_.view.data));
+      packed.add(log_a_.buffer.device_ptr()).add(log_h_.buffer.device_ptr()).add(scale_s.buffer.device_ptr()).add(scale_);
+      packed.add(beta_s.buffer.device_ptr()).add(bonus_s.buffer.device_ptr()).add(h0_.buffer.device_ptr()).add(d_final_.buffer.device_ptr());
+      packed.add(ckpt.buffer.device_ptr()).add(chunk.buffer.device_ptr());
+      packed.add(gq.buffer.device_ptr()).add(gk.buffer.device_ptr()).add(gv.buffer.device_ptr()).add(ga.buffer.device_ptr());
+      packed.add(gbeta.buffer.device_ptr()).add(gbonus.buffer.device_ptr());
+      packed.add(initial_gradient ? ptr(gradients_.d_initial_state->data) : std::uint64_t{0});
+      packed.add(offsets_.device_ptr());
+      packed.add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_)).add(static_cast<int>(C_));
+      if (N_ * H_ > 65535) check_.fail(fmt::format("the update forms' GPU backward takes up to 65535 (sequence, head) pairs, got {}", N_ * H_));
+      loaded.function->launch({static_cast<unsigned>(slices), static_cast<unsigned>(N_ * H_), 1}, {static_cast<unsigned>(KP), 1, 1}, packed,
+                              0, stream);
+    }
+    {
+      const auto& loaded = helper("ladle_bwd_update_finish");
+      KernelArgs packed;
+      packed.add(ptr(qs_.view.data)).add(ptr(kf_.view.data)).add(scale_s.buffer.device_ptr()).add(scale_);
+      packed.add(gq.buffer.device_ptr()).add(gk.buffer.device_ptr()).add(ga.buffer.device_ptr()).add(gscale.buffer.device_ptr());
+      packed.add(gh.buffer.device_ptr()).add(spec.l2 ? 1 : 0).add(ir::l2_normalize_eps).add(static_cast<long long>(rows));
+      packed.add(static_cast<int>(K_));
+      if (rows > 0) loaded.function->launch({blocks_of(rows * 32, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+    }
+    extras_["gq"] = gq.buffer.device_ptr(), extras_["gk"] = gk.buffer.device_ptr(), extras_["gv"] = gv.buffer.device_ptr();
+    extras_["ga"] = ga.buffer.device_ptr(), extras_["gh"] = gh.buffer.device_ptr(), extras_["gscale"] = gscale.buffer.device_ptr();
+    extras_["gbeta"] = gbeta.buffer.device_ptr(), extras_["gbonus"] = gbonus.buffer.device_ptr();
+    chain();
   }
 
   // 6. d initial_state = A_0 dS_0 B_0 at each sequence's first step (dS_0 read as dS_0 / scale).

@@ -124,10 +124,6 @@ RecurrentForward run_variant_for_backward(const ir::Variant& variant, const Tens
   const std::string op = op_name(variant);
   const ops::detail::Checker check(op);
   const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, argument_views(q, k, v, inputs, options));
-  // The update forms' backward runs on the CPU (the GPU's composes plain recurrences).
-  if (!variant.plain_form() && on_gpu)
-    check.fail("the GPU backward of " + ir::form_name(variant) + " is not built yet (options.backend = cpu trains it on the CPU; "
-               "run_variant runs its forward on the GPU)");
   if (on_gpu) {
     // The forward as run_variant runs it (device tensors in place, outputs where q lives); the
     // fingerprint after it, once the GPU path has checked every address it hashes.
@@ -307,10 +303,11 @@ RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, co
   auto views = argument_views(saved.q, saved.k, saved.v, saved.inputs, saved.options);
   views.push_back({"d_output", &d_output});
   if (d_final_state) views.push_back({"d_final_state", &*d_final_state});
-  if (!variant.plain_form())
-    throw InvalidArgument(op + ": the backward by composition runs the diagonal form, not " + ir::form_name(variant) +
-                          " (run_variant_backward runs its backward on the CPU)");
+  // The update forms' GPU backward runs their recurrence in one kernel (codegen/cuda/update_backward.h).
   if (ops::detail::runs_on_gpu(op, backend, views)) return backward_on_gpu(saved, d_output, d_final_state);
+  if (!variant.plain_form())
+    throw InvalidArgument(op + ": the backward by composition on the CPU runs the diagonal form, not " + ir::form_name(variant) +
+                          " (run_variant_backward runs its CPU backward)");
   BackwardSetup s = setup_backward(saved, d_output, d_final_state);
   if (variant.normalize)
     throw InvalidArgument(op + ": the backward by composition on the CPU has no normalised read (the GPU's and the direct CPU backward do)");
@@ -493,9 +490,6 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
   views.push_back({"d_output", &d_output});
   if (d_final_state) views.push_back({"d_final_state", &*d_final_state});
   const bool on_gpu = ops::detail::runs_on_gpu(op, options.backend, views);
-  if (on_gpu && !variant.plain_form())
-    check.fail("the GPU backward of " + ir::form_name(variant) + " is not built yet (options.backend = cpu, or host tensors, "
-               "train it on the CPU)");
   {
     // Every argument and every gradient's shape, before any work.
     std::optional<Tensor> seqlens;

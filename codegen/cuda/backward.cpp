@@ -43,7 +43,7 @@ std::string backward_spec_key(const BackwardKernelSpec& spec) {
   for (DType t : {spec.slot_type, spec.d_output_type, spec.log_a_next_type, spec.log_b_next_type}) key += std::string("|") + dtype_name(t);
   key += "|";
   for (bool flag : {spec.fold_scale, spec.write_q, spec.write_k, spec.write_v, spec.write_do, spec.write_log_a, spec.write_log_b,
-                    spec.write_first, spec.direct_q, spec.direct_k, spec.direct_v})
+                    spec.write_first, spec.direct_q, spec.direct_k, spec.direct_v, spec.update_form})
     key += flag ? '1' : '0';
   return key;
 }
@@ -89,6 +89,8 @@ class BackwardEmitter {
   void step_prologue();
   void totals_body();
   void chain_body();
+  void update_slots_body();
+  void update_chain_body();
   void chain_slot(ir::Slot s, const std::string& gradient, const std::string& suffix);
   bool direct(std::size_t k) const;
   void chain_writes();
@@ -130,7 +132,28 @@ void BackwardEmitter::declare_parameters() {
       if (all[p].input >= 0) kernel_.params.push_back(all[p]), declarations_.push_back(all_declarations[p]);
   }
   const std::string E = storage_type(spec_.slot_type);
-  if (slots_) {
+  if (spec_.update_form) {
+    const bool table_scale = has(ir::Slot::scale) && !spec_.fold_scale;
+    const std::string access = slots_ ? "float*" : "const float*";
+    static constexpr const char* slot_names[2][3] = {{"gq", "gk", "gv"}, {"qs", "kf", "vf"}};
+    for (const char* name : slot_names[slots_ ? 1 : 0]) extra(access, name);
+    if (slots_) extra("float*", "dos");
+    if (key_decay_) extra(access, slots_ ? "log_a" : "ga");
+    if (separate_head_) extra(access, slots_ ? "log_h" : "gh");
+    if (table_scale) extra(access, slots_ ? "scale_s" : "gscale");
+    if (has(ir::Slot::write_strength)) extra(access, slots_ ? "beta_s" : "gbeta");
+    if (has(ir::Slot::bonus)) extra(access, slots_ ? "bonus_s" : "gbonus");
+    if (slots_) {
+      d_out_params();
+    } else {
+      for (std::size_t k = 0; k < inputs_.size(); ++k) {
+        if (inputs_[k].kind == ir::InputKind::scalar) continue;
+        extra("float*", "d_" + id_[k], "d/" + inputs_[k].name);
+        for (const char* dim : {"sb", "st", "sh", "sd"})
+          extra("long long", "d_" + id_[k] + "_" + dim, "d/" + inputs_[k].name + "/" + dim);
+      }
+    }
+  } else if (slots_) {
     if (spec_.write_q) extra(E + "*", "qs");
     if (spec_.write_k) extra(E + "*", "kf");
     if (spec_.write_v) extra(E + "*", "vf");
@@ -228,7 +251,8 @@ void BackwardEmitter::prologue() {
 // The loads of a side's per-feature inputs at feature i (key) or j (value).
 void BackwardEmitter::side_loads(bool key_side) {
   for (std::size_t k = 0; k < inputs_.size(); ++k) {
-    const bool wanted = key_side ? inputs_[k].kind == ir::InputKind::token_key : inputs_[k].kind == ir::InputKind::token_value;
+    const bool wanted = key_side ? inputs_[k].kind == ir::InputKind::token_key || inputs_[k].kind == ir::InputKind::head_key
+                                 : inputs_[k].kind == ir::InputKind::token_value;
     if (!wanted) continue;
     const std::string f = key_side ? "i" : "j";
     c_("const float " + id_[k] + "_" + f + " = " + row_load(id_, k, f) + "; (void)" + id_[k] + "_" + f + ";");
@@ -455,6 +479,88 @@ void BackwardEmitter::chain_body() {
     }
 }
 
+// The update forms' slots, fp32, at every token (BackwardKernelSpec::update_form).
+void BackwardEmitter::update_slots_body() {
+  Code& c = c_;
+  const ir::Variant& variant = variant_;
+  const std::vector<std::string>& id = id_;
+  c("for (long long s = s0; s < s1; ++s) {");
+  c.in();
+  c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
+  c("const long long r = (static_cast<long long>(b) * T + t) * H + h;  // the slot row");
+  token_rows(c, variant, id, all_, false);
+  if (head_decay_) c("const float head_t = " + render_slot(variant, id, ir::Slot::log_decay_head, "") + ";");
+  c("if (key) {");
+  c.in();
+  side_loads(true);
+  c("qs[r * K + i] = " + render_slot(variant, id, ir::Slot::q_feature, "_i") + ";");
+  c("kf[r * K + i] = " + render_slot(variant, id, ir::Slot::k_feature, "_i") + ";");
+  if (key_decay_)
+    c("log_a[r * K + i] = " + render_slot(variant, id, ir::Slot::log_decay_k, "_i") + (head_decay_ ? " + head_t" : "") + ";");
+  if (has(ir::Slot::bonus)) c("bonus_s[r * K + i] = " + render_slot(variant, id, ir::Slot::bonus, "_i") + ";");
+  c.out();
+  c("}");
+  c("if (value) {");
+  c.in();
+  side_loads(false);
+  c("vf[r * V + j] = " + render_slot(variant, id, ir::Slot::v, "_j") + ";");
+  c("dos[r * V + j] = ladle_load(d_out + b * d_out_stride_b + t * d_out_stride_t + h * d_out_stride_h + j * d_out_stride_d);");
+  c.out();
+  c("}");
+  c("if (threadIdx.x == 0) {");
+  c.in();
+  if (separate_head_) c("log_h[r] = head_t;");
+  if (has(ir::Slot::scale) && !spec_.fold_scale) c("scale_s[r] = " + render_slot(variant, id, ir::Slot::scale, "") + ";");
+  if (has(ir::Slot::write_strength)) c("beta_s[r] = " + render_slot(variant, id, ir::Slot::write_strength, "") + ";");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+}
+
+// The update forms' chain: the slots' gradients (ladle_bwd_update and ladle_bwd_update_finish wrote
+// them, fp32) times d slot / d input.
+void BackwardEmitter::update_chain_body() {
+  Code& c = c_;
+  const std::vector<std::string>& id = id_;
+  for (std::size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].kind == ir::InputKind::head) c("float head_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs_[k].name);
+  c("for (long long s = s1 - 1; s >= s0; --s) {");
+  c.in();
+  c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
+  step_prologue();
+  for (std::size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].kind != ir::InputKind::scalar) c("float acc_" + id[k] + " = 0.0f; (void)acc_" + id[k] + ";");
+  c("if (key) {");
+  c.in();
+  side_loads(true);
+  chain_slot(ir::Slot::q_feature, "gq[r * K + i]", "_i");
+  chain_slot(ir::Slot::k_feature, "gk[r * K + i]", "_i");
+  chain_slot(ir::Slot::log_decay_k, "ga[r * K + i]", "_i");
+  chain_slot(ir::Slot::log_decay_head, key_decay_ ? "ga[r * K + i]" : "(i == 0 ? gh[r] : 0.0f)", "_i");
+  chain_slot(ir::Slot::scale, "(i == 0 ? gscale[r] : 0.0f)", "_i");
+  chain_slot(ir::Slot::write_strength, "(i == 0 ? gbeta[r] : 0.0f)", "_i");
+  chain_slot(ir::Slot::bonus, "gbonus[r * K + i]", "_i");
+  c.out();
+  c("}");
+  c("if (value) {");
+  c.in();
+  side_loads(false);
+  chain_slot(ir::Slot::v, "gv[r * V + j]", "_j");
+  c.out();
+  c("}");
+  chain_writes();
+  c.out();
+  c("}");
+  for (std::size_t k = 0; k < inputs_.size(); ++k)
+    if (inputs_[k].kind == ir::InputKind::head) {
+      const std::string d = "d_" + id[k];
+      c("for (int offset = 16; offset > 0; offset /= 2) head_" + id[k] + " += __shfl_xor_sync(0xffffffffu, head_" + id[k] + ", offset);");
+      c("if (threadIdx.x % 32 == 0 && head_" + id[k] + " != 0.0f) atomicAdd(" + d + " + b * " + d + "_sb + " + id[k] + "_head * " + d +
+        "_sh, head_" + id[k] + ");");
+    }
+}
+
 // Writes: a feature's element is this thread's alone unless query heads share the input (GQA).
 void BackwardEmitter::chain_writes() {
   Code& c = c_;
@@ -475,6 +581,9 @@ void BackwardEmitter::chain_writes() {
         c("  else atomicAdd(p, acc_" + id[k] + ");");
       }
       c("}");
+    } else if (kind == ir::InputKind::head_key) {  // [H,K] or [B,H,K]: every token adds into its row
+      c("if (key && acc_" + id[k] + " != 0.0f) atomicAdd(" + d + " + b * " + d + "_sb + " + id[k] + "_head * " + d + "_sh + i * " + d +
+        "_sd, acc_" + id[k] + ");");
     } else if (kind == ir::InputKind::token_head) {
       c("for (int offset = 16; offset > 0; offset /= 2) acc_" + id[k] + " += __shfl_xor_sync(0xffffffffu, acc_" + id[k] + ", offset);");
       c("if (threadIdx.x % 32 == 0 && acc_" + id[k] + " != 0.0f) atomicAdd(" + at + ", acc_" + id[k] + ");");
@@ -494,7 +603,8 @@ BackwardKernel BackwardEmitter::generate() {
   for (std::size_t p = 0; p < declarations_.size(); ++p) c(declarations_[p] + (p + 1 < declarations_.size() ? "," : ") {"));
   c.out();
   prologue();
-  if (slots_) slots_body();
+  if (spec_.update_form) slots_ ? update_slots_body() : update_chain_body();
+  else if (slots_) slots_body();
   else if (spec_.phase == BackwardPhase::totals) totals_body();
   else chain_body();
   c.out();
@@ -508,7 +618,10 @@ BackwardKernel BackwardEmitter::generate() {
 BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKernelSpec& spec) {
   const auto fail = [](const std::string& what) { throw InvalidArgument("generate_backward: " + what); };
   if (const auto problems = ir::validate(variant); !problems.empty()) fail("malformed variant: " + problems.front());
-  if (!variant.plain_form()) fail("the backward of " + ir::form_name(variant) + " is not built yet");
+  if (!variant.plain_form() && !spec.update_form)
+    fail("the backward of " + ir::form_name(variant) + " runs its recurrence in ladle_bwd_update (spec.update_form)");
+  if (variant.plain_form() && spec.update_form) fail("update_form is for the update forms, and this variant is the diagonal-decay form");
+  if (spec.update_form && spec.phase == BackwardPhase::totals) fail("the update forms have no totals phase");
   if (variant.normalize && (spec.write_do || !spec.write_v || spec.direct_v))
     fail("a normalised read's backward writes v with the normaliser's column and takes do from the normalised-read helper");
   check_types("generate_backward", variant, spec);
@@ -562,6 +675,42 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
   for (long long c = chunks - 1; c >= 0; --c) {
     carry[(p * C + c) * KV + f] = acc;
     acc += totals[(p * C + c) * KV + f];
+  }
+}
+
+// The update forms (update_backward.h), one warp per token row r < rows: gq holds dL/d qhat and
+// becomes dL/d q_feature (qhat = scale q rn_q, rn = (sum x^2 + eps)^(-1/2) where l2, else 1: dq = scale
+// (rn dqhat - q rn^3 (dqhat . q))), gk likewise without the scale; gscale[r] = rn_q q . dqhat (null:
+// none); gh[r] = sum over K of ga (null: none). scale_s null: the call's scale.
+extern "C" __global__ void __launch_bounds__(256) ladle_bwd_update_finish(
+    const float* __restrict__ qs, const float* __restrict__ kf, const float* __restrict__ scale_s, float scale,
+    float* __restrict__ gq, float* __restrict__ gk, const float* __restrict__ ga, float* __restrict__ gscale,
+    float* __restrict__ gh, int l2, float eps, long long rows, int K) {
+  const long long r = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float qq = 0.0f, kk = 0.0f, dotq = 0.0f, dotk = 0.0f, hs = 0.0f;
+  for (int f = lane; f < K; f += 32) {
+    const float q = qs[r * K + f], k = kf[r * K + f];
+    qq += q * q, kk += k * k;
+    dotq += gq[r * K + f] * q, dotk += gk[r * K + f] * k;
+    if (gh) hs += ga[r * K + f];
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    qq += __shfl_xor_sync(0xffffffffu, qq, offset), kk += __shfl_xor_sync(0xffffffffu, kk, offset);
+    dotq += __shfl_xor_sync(0xffffffffu, dotq, offset), dotk += __shfl_xor_sync(0xffffffffu, dotk, offset);
+    hs += __shfl_xor_sync(0xffffffffu, hs, offset);
+  }
+  const float qrn = l2 ? rsqrtf(qq + eps) : 1.0f, krn = l2 ? rsqrtf(kk + eps) : 1.0f;
+  const float sc = scale_s ? scale_s[r] : scale;
+  if (lane == 0) {
+    if (gscale) gscale[r] = qrn * dotq;
+    if (gh) gh[r] = hs;
+  }
+  for (int f = lane; f < K; f += 32) {
+    const float q = qs[r * K + f], k = kf[r * K + f];
+    gq[r * K + f] = sc * (qrn * gq[r * K + f] - (l2 ? q * qrn * qrn * qrn * dotq : 0.0f));
+    gk[r * K + f] = krn * gk[r * K + f] - (l2 ? k * krn * krn * krn * dotk : 0.0f);
   }
 }
 

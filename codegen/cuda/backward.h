@@ -58,6 +58,15 @@ struct BackwardKernelSpec : KernelTypes {  // input_types, reverse, varlen (cu_s
   // chain: the recurrences wrote the gradient of q (u), k (dk) or v (dv) into the caller's tensor
   // (the slot is exactly that input, with every query head); the chain adds the other slots' parts.
   bool direct_q = false, direct_k = false, direct_v = false;
+  // The update forms (the delta rule, gated delta, KDA; a read before the update with a bonus, RWKV6),
+  // whose recurrence runs in ladle_bwd_update (codegen/cuda/update_backward.h), not by composition:
+  //   slots writes fp32 qs = q_feature (unscaled), kf, vf, dos, log_a [rows,K] (the key side's log
+  //     decay, a head decay added) or log_h [rows] (a head decay alone), scale_s [rows] (a scale that
+  //     is not per call), beta_s [rows] (write_strength), bonus_s [rows,K];
+  //   chain reads the slots' gradients in the same layout (gq, gk, gv, ga or gh, gscale, gbeta,
+  //     gbonus, fp32) and applies the chain rule into every input's gradient.
+  // The write_* and direct_* flags, slot_type and the next-step decays do not apply (fp32, all written).
+  bool update_form = false;
 };
 
 struct BackwardKernel {

@@ -647,6 +647,111 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
   }
 }
 
+// The update forms' GPU backward (ladle_bwd_update: their recurrence in fp32, the slots and the
+// chain generated) against the CPU backward, which check_form_gradients holds to finite differences of
+// the fp64 references: the same bf16 inputs, both in fp32, so they agree to fp32 rounding.
+TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backward][recurrent][gpu]") {
+  namespace dsl = ladle::dsl;
+  const ir::Variant user = dsl::lower(
+      dsl::read(dsl::scan(dsl::k, dsl::v)
+                    .decay_head(dsl::logsigmoid(dsl::token_head("x")) / dsl::head_param("tau"))
+                    .delta(dsl::sigmoid(dsl::token_head("b"))),
+                dsl::q, dsl::sigmoid(dsl::token_head("s")))
+          .l2_normalized(),
+      "user_delta");
+  struct Case {
+    const ir::Variant* variant;
+    std::int64_t K, V;
+    bool reverse, packed, initial_state, gqa, gva;
+  };
+  const std::vector<Case> cases{{&ladle::delta_rule_variant(false, true), 64, 96, false, true, true, false, false},
+                                {&ladle::delta_rule_variant(true, false), 64, 64, true, false, false, true, false},
+                                {&ladle::kda_variant(true, true, true, true), 128, 128, true, true, true, false, false},
+                                {&ladle::kda_variant(false, false, false, false), 64, 64, false, false, true, false, true},
+                                {&ladle::rwkv6_variant(), 64, 64, false, true, true, false, false},
+                                {&ladle::rwkv6_variant(), 128, 40, true, false, false, true, false},
+                                {&user, 200, 40, false, true, true, false, false},
+                                {&ladle::delta_rule_variant(true, true), 256, 24, true, false, true, false, false}};
+  int seed = 0;
+  for (const Case& c : cases) {
+    const ir::Variant& variant = *c.variant;
+    std::mt19937_64 rng(static_cast<std::uint64_t>(900 + seed++));
+    const std::int64_t T = 300, H = 4, K = c.K, V = c.V, B = c.packed ? 1 : 2;
+    // GQA: q on every head, k and v on 2; GVA: q and k on 2, v on every head. The recurrence runs over H.
+    const std::int64_t Hq = c.gva ? 2 : H, Hk = c.gqa || c.gva ? 2 : H, Hv = c.gqa ? 2 : H;
+    const std::vector<std::int64_t> cu{0, 100, 100, 300};
+    const std::int64_t N = c.packed ? 3 : B;
+    std::vector<test::Filled> keep;
+    keep.reserve(16);
+    const auto add = [&](test::Filled f) -> const Tensor& {
+      keep.push_back(std::move(f));
+      return keep.back().tensor;
+    };
+    // Unnormalised keys of norm about 1, so that the delta rule's (I - beta k k^T) stays a contraction.
+    const double k_scale = variant.l2_normalize_qk || variant.update != ir::Update::delta ? 0.5 : 1.0 / std::sqrt(double(K));
+    const Tensor& q = add(test::normal(rng, DType::bf16, {B, T, Hq, K}));
+    const Tensor& k = add(test::normal(rng, DType::bf16, {B, T, Hk, K}, k_scale));
+    const Tensor& v = add(test::normal(rng, DType::bf16, {B, T, Hv, V}));
+    ladle::VariantInputs inputs;
+    if (variant.find_input("scale") >= 0) inputs.scalars.emplace("scale", 0.125f);
+    std::uniform_real_distribution<double> unit(0.1, 0.9);
+    for (const ir::Input& in : variant.inputs) {
+      if (in.kind == ir::InputKind::scalar || in.role != ir::Role::other) continue;
+      const std::vector<std::int64_t> shape = in.kind == ir::InputKind::head       ? std::vector<std::int64_t>{H}
+                                              : in.kind == ir::InputKind::head_key ? std::vector<std::int64_t>{H, K}
+                                              : in.kind == ir::InputKind::token_head
+                                                  ? std::vector<std::int64_t>{B, T, H}
+                                                  : std::vector<std::int64_t>{B, T, H, in.kind == ir::InputKind::token_value ? V : K};
+      const bool kda_gate = variant.find_input("A_log") >= 0;
+      const Tensor& t = in.name == "tau"                      ? add(test::filled(DType::f32, shape, [&] { return 4.0 + rng() % 8; }))
+                        : in.name == "beta"                   ? add(test::filled(DType::bf16, shape, [&] { return unit(rng); }))
+                        : in.name == "A_log" || in.name == "dt_bias" ? add(test::normal(rng, DType::f32, shape, 0.3))
+                        : in.name == "u"                      ? add(test::normal(rng, DType::f32, shape, 0.5))
+                        : in.name == "g" && kda_gate          ? add(test::normal(rng, DType::bf16, shape))
+                        : in.name == "x" || in.name == "b" || in.name == "s" ? add(test::normal(rng, DType::bf16, shape))
+                                                                             : add(test::log_gate(rng, DType::f32, shape));
+      inputs.tensors.emplace(in.name, t.view());
+    }
+    ladle::RunOptions options;
+    options.backend = ladle::Backend::cpu;
+    options.reverse = c.reverse;
+    options.return_state = true;
+    Tensor offsets(DType::i64, {4});
+    std::copy(cu.begin(), cu.end(), static_cast<std::int64_t*>(offsets.data()));
+    if (c.packed) options.cu_seqlens = offsets.view();
+    if (c.initial_state) options.initial_state = add(test::normal(rng, DType::f32, {N, H, K, V}, 0.2)).view();
+    const Tensor& d_o = add(test::normal(rng, DType::bf16, {B, T, H, V}));
+    const Tensor& d_s = add(test::normal(rng, DType::f32, {N, H, K, V}, 0.1));
+    INFO(ir::to_string(variant) << " K " << K << " V " << V << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "")
+                                << (c.gqa ? " GQA" : "") << (c.gva ? " GVA" : ""));
+    const ladle::RecurrentForward on_cpu = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
+    const ladle::RecurrentGradients want = ladle::run_variant_backward(on_cpu.saved, d_o.view(), d_s.view());
+    options.backend = ladle::Backend::gpu;
+    if (!ladle::driver_available()) {
+      WARN("no GPU: " << ladle::driver_unavailable_reason());
+      CHECK_THROWS_AS(ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options), ladle::NoCudaDriver);
+      continue;
+    }
+    const ladle::RecurrentForward on_gpu = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
+    const ladle::RecurrentGradients got = ladle::run_variant_backward(on_gpu.saved, d_o.view(), d_s.view());
+    const auto compare = [&](const std::string& name, const Tensor& g, const Tensor& w) {
+      const std::vector<double> ref = test::values_of(w);
+      double norm = 0.0;
+      for (double x : ref) norm += x * x;
+      const double error = test::relative_error(g, ref);
+      INFO("d" << name << ": relative error " << error << ", |reference| " << std::sqrt(norm));
+      CHECK(g.shape() == w.shape());
+      CHECK(norm > 0.0);
+      CHECK(error < 2e-3);
+    };
+    compare("q", got.dq, want.dq);
+    compare("k", got.dk, want.dk);
+    compare("v", got.dv, want.dv);
+    for (const auto& [name, w] : want.inputs) compare(name, got.inputs.at(name), w);
+    if (c.initial_state) compare("h0", *got.d_initial_state, *want.d_initial_state);
+  }
+}
+
 // The device entry point checks its gradients before any device work, so these run without a GPU too
 // (the views are host memory that nothing reads).
 TEST_CASE("the GPU backward refuses missing or malformed gradient tensors by name", "[backward][recurrent]") {

@@ -122,7 +122,8 @@ TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]
     missing.inputs.clear();
     CHECK_THROWS_WITH(ladle::run_variant_backward_into(gla, q.view(), k.view(), v.view(), inputs, {}, o.view(), std::nullopt, missing),
                       Catch::Contains("gradients has no tensor for input 'g'"));
-    // The update forms' GPU backward is not built: refused by name before any work.
+    // The update forms' GPU backward (ladle_bwd_update): its kernels compile and launch; a gradient
+    // missing or of the wrong shape is refused by name.
     const Tensor beta = device(DType::bf16, {1, 128, 2}), gh = device(DType::f32, {1, 128, 2});
     ladle::VariantInputs gdn_inputs;
     gdn_inputs.tensors = {{"g", gh.view()}, {"beta", beta.view()}};
@@ -130,9 +131,28 @@ TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]
     const Tensor dgh = device(DType::f32, {1, 128, 2}), dbeta = device(DType::f32, {1, 128, 2});
     const ladle::RecurrentGradientViews gdn_grads{dq.view(), dk.view(), dv.view(), {{"g", dgh.view()}, {"beta", dbeta.view()}},
                                                   std::nullopt};
+    for (const bool l2 : {false, true})
+      CHECK_NOTHROW(ladle::run_variant_backward_into(ladle::delta_rule_variant(true, l2), q.view(), k.view(), v.view(), gdn_inputs, {},
+                                                     o.view(), std::nullopt, gdn_grads));
+    ladle::RecurrentGradientViews no_beta = gdn_grads;
+    no_beta.inputs.erase("beta");
     CHECK_THROWS_WITH(ladle::run_variant_backward_into(ladle::delta_rule_variant(true, false), q.view(), k.view(), v.view(), gdn_inputs,
-                                                       {}, o.view(), std::nullopt, gdn_grads),
-                      Catch::Contains("the GPU backward of the gated delta rule is not built yet"));
+                                                       {}, o.view(), std::nullopt, no_beta),
+                      Catch::Contains("gradients has no tensor for input 'beta'"));
+    const Tensor wrong = device(DType::f32, {1, 128, 3});
+    ladle::RecurrentGradientViews bad_beta = gdn_grads;
+    bad_beta.inputs.at("beta") = wrong.view();
+    CHECK_THROWS_WITH(ladle::run_variant_backward_into(ladle::delta_rule_variant(true, false), q.view(), k.view(), v.view(), gdn_inputs,
+                                                       {}, o.view(), std::nullopt, bad_beta),
+                      Catch::Contains("gradients.dbeta has shape [1,128,3], expected [1,128,2]"));
+    // RWKV6: the bonus u [H,K] and w [B,T,H,K].
+    const Tensor u = device(DType::f32, {2, 64}), du = device(DType::f32, {2, 64});
+    ladle::VariantInputs rwkv_inputs;
+    rwkv_inputs.tensors = {{"w", g.view()}, {"u", u.view()}};
+    rwkv_inputs.scalars = {{"scale", 0.125f}};
+    const ladle::RecurrentGradientViews rwkv_grads{dq.view(), dk.view(), dv.view(), {{"w", dg.view()}, {"u", du.view()}}, std::nullopt};
+    CHECK_NOTHROW(ladle::run_variant_backward_into(ladle::rwkv6_variant(), q.view(), k.view(), v.view(), rwkv_inputs, {}, o.view(),
+                                                   std::nullopt, rwkv_grads));
   }
 }
 

@@ -1,0 +1,59 @@
+// The update forms' recurrent backward on the GPU (the delta rule, the gated delta rule, KDA; a read
+// before the update with a bonus, RWKV6; q and k L2-normalised in the kernel or not), in CUDA C++.
+// The diagonal-decay form's backward composes plain recurrences (backward.h); these forms' state
+// transitions are not diagonal (the delta rule) or their read is strictly causal (RWKV6), so their
+// recurrence runs here, in fp32, from the slots the generated slots kernel wrote
+// (BackwardKernelSpec::update_form), and the generated chain kernel takes the slots' gradients on
+// to the inputs'.
+//
+// ladle_bwd_update: grid (ceil(V / block_v), N * H), block 32 * ceil(K / 32) threads; thread i holds
+// row i of the state's block_v columns (and of dS) in registers. Each block runs its sequence
+// forward once, writing the state entering every 64-step chunk (ckpt), then the chunks backwards:
+// the chunk's states again from its checkpoint (each thread keeps its own rows in `chunk`, scratch
+// only it reads back), then its steps backwards. Per step, the sums over the state's rows
+// (the delta rule's k^T S, dS's k^T dS) are one warp-transposing reduction and one exchange
+// through shared memory. It writes per token, fp32, added atomically (the value slices each add
+// theirs): dL/d qhat, dL/d khat (qhat = scale q / |q|, khat = k / |k| where L2-normalised, else
+// scale q and k), dL/d log a per key feature (the decay of the state's rows), dL/d beta, dL/d bonus;
+// dL/dv whole; and d initial_state.
+//
+// ladle_bwd_update_finish (in backward_helpers_source): per token, dL/d qhat and dL/d khat to
+// dL/d q_feature and dL/d k_feature through the normalisation and the scale, dL/d scale, and a head
+// decay's dL/d log h as the sum over K.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ladle::cuda {
+
+struct UpdateBackwardSpec {
+  bool delta = true;           // the delta rule, read after its update; false: a read before an additive update
+  bool key_decay = false;      // log_a [rows,K] (a head decay added)
+  bool head_decay = false;     // log_h [rows], a head decay alone
+  bool beta = false;           // beta_s [rows] (else 1)
+  bool bonus = false;          // bonus_s [rows,K] (a read before the update)
+  bool l2 = false;             // q and k L2-normalised over K (eps ir::l2_normalize_eps)
+  bool scale_table = false;    // scale_s [rows]; else the kernel's float scale
+  bool reverse = false;
+  bool varlen = false;         // cu_seqlens (i64)
+  bool initial_state = false;  // h0 [N,H,K,V] fp32
+  bool d_final = false;        // d_final [N,H,K,V] fp32
+  int block_v = 32;            // value columns a block: 8, 16 or 32
+};
+
+inline constexpr int update_backward_chunk = 64;  // steps between checkpoints
+
+// block_v for K: 32 up to K = 128, 16 up to 256, 8 up to 512. Throws InvalidArgument past 512.
+int update_backward_block_v(std::int64_t key_dim);
+
+// The kernel's name (ladle_bwd_update_<hash of the spec>) and source. Its parameters, in order:
+//   const float* qs, kf, vf, dos, log_a, log_h, scale_s; float scale; const float* beta_s, bonus_s,
+//   h0, d_final; float* ckpt ([N H S][C][block_v][KP]), chunk ([N H S][64][block_v][KP]);
+//   float* gq, gk, gv, ga, gbeta, gbonus, d_h0 ([N,H,K,V]; null: none);
+//   const long long* cu_seqlens; int T, H, K, V, C (checkpoints a sequence: chunks of the longest);
+// with S = ceil(V / block_v), KP = 32 ceil(K / 32). Unused pointers may be null.
+std::string update_backward_name(const UpdateBackwardSpec& spec);
+std::string update_backward_source(const UpdateBackwardSpec& spec);
+
+}  // namespace ladle::cuda
