@@ -299,9 +299,11 @@ class Chain {
     scratch_.resize(scratch);
     head_grads_.resize(variant.inputs.size());
     for (const GradProgram& g : grad_programs)
-      if (variant.inputs[static_cast<std::size_t>(g.input)].kind == ir::InputKind::head) {
+      if (shared(variant.inputs[static_cast<std::size_t>(g.input)].kind)) {
         const TensorView& d = *d_tensors[static_cast<std::size_t>(g.input)];
-        head_grads_[static_cast<std::size_t>(g.input)].assign(static_cast<std::size_t>(d.shape[0] * d.shape[1]), 0.0f);
+        // head [B,H]; head_key [B,T,H,K] over memory of [H,K] or [B,H,K] (no token stride).
+        const std::int64_t n = d.rank() == 2 ? d.shape[0] * d.shape[1] : d.shape[0] * d.shape[2] * d.shape[3];
+        head_grads_[static_cast<std::size_t>(g.input)].assign(static_cast<std::size_t>(n), 0.0f);
       }
   }
 
@@ -316,7 +318,10 @@ class Chain {
       const ir::InputKind kind = variant_.inputs[static_cast<std::size_t>(gp.input)].kind;
       const int head_dim = kind == ir::InputKind::head ? 1 : 2;
       const std::int64_t hx = h * d.shape[head_dim] / args_.heads;
-      if (gp.input_over_features) {
+      if (kind == ir::InputKind::head_key) {  // shared by every token (and sequence): this worker's sums
+        float* const sums = head_grads_[static_cast<std::size_t>(gp.input)].data() + (b * d.shape[2] + hx) * d.shape[3];
+        for (std::size_t f = 0; f < gs.size(); ++f) sums[f] += gs[f] * p[p_row ? f : 0];
+      } else if (gp.input_over_features) {
         for (std::size_t f = 0; f < gs.size(); ++f)
           *reinterpret_cast<float*>(element(d, {b, t, hx, static_cast<std::int64_t>(f)})) += gs[f] * p[p_row ? f : 0];
       } else {
@@ -330,11 +335,21 @@ class Chain {
     }
   }
 
+  // Inputs every token (and sequence) of a head shares: their gradients are summed per worker, then flushed.
+  static bool shared(ir::InputKind kind) { return kind == ir::InputKind::head || kind == ir::InputKind::head_key; }
+
   // Adds this object's sums of per-head inputs' gradients into their views (one at a time).
   void flush_head_grads() const {
     for (std::size_t x = 0; x < head_grads_.size(); ++x) {
       if (head_grads_[x].empty()) continue;
       const TensorView& d = *d_tensors_[x];
+      if (d.rank() == 4) {  // head_key
+        for (std::int64_t b = 0; b < d.shape[0]; ++b)
+          for (std::int64_t hx = 0; hx < d.shape[2]; ++hx)
+            for (std::int64_t f = 0; f < d.shape[3]; ++f)
+              *reinterpret_cast<float*>(element(d, {b, 0, hx, f})) += head_grads_[x][static_cast<std::size_t>((b * d.shape[2] + hx) * d.shape[3] + f)];
+        continue;
+      }
       for (std::int64_t b = 0; b < d.shape[0]; ++b)
         for (std::int64_t hx = 0; hx < d.shape[1]; ++hx)
           *reinterpret_cast<float*>(element(d, {b, hx})) += head_grads_[x][static_cast<std::size_t>(b * d.shape[1] + hx)];

@@ -326,22 +326,18 @@ def test_ops_on_the_gpu_against_fp64():
           lambda q, k, v, g: oracle(q, k, v, K ** -0.5, gh=g), (q, k, v, gh), 1e-2, 2e-2, ["q", "k", "v", "g"])
     check(lambda q, k, v, g: lt.fused_recurrent_gla(q, k, v, gk=g, output_final_state=True),
           lambda q, k, v, g: oracle(q, k, v, K ** -0.5, gk=g), (q, k, v, gk.bfloat16()), 1e-2, 2e-2, ["q", "k", "v", "gk"])
-    # The update forms: forward on the tensor cores; their GPU backward is refused by name (not built yet).
+    # The update forms: forward on the tensor cores, backward in fp32 (ladle_bwd_update).
     check(lambda q, k, v, b: lt.chunk_delta_rule(q, k, v, b, output_final_state=True),
-          lambda q, k, v, b: oracle(q, k, v, K ** -0.5, beta=b), (q, kn, v, beta), 1e-2, None, [], backward=False)
+          lambda q, k, v, b: oracle(q, k, v, K ** -0.5, beta=b), (q, kn, v, beta), 1e-2, 2e-2, ["q", "k", "v", "beta"])
     check(lambda q, k, v, g, b: lt.chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True, output_final_state=True),
-          lambda q, k, v, g, b: oracle(q, k, v, K ** -0.5, gh=g, beta=b, l2=True), (q, k, v, gh, beta), 1e-2, None, [],
-          backward=False)
+          lambda q, k, v, g, b: oracle(q, k, v, K ** -0.5, gh=g, beta=b, l2=True), (q, k, v, gh, beta), 1e-2, 2e-2,
+          ["q", "k", "v", "g", "beta"])
     check(lambda q, k, v, w, u: lt.chunk_rwkv6(q, k, v, w, u, output_final_state=True),
-          lambda q, k, v, w, u: oracle(q, k, v, K ** -0.5, gk=w, u=u), (q, k, v, gk.bfloat16(), r(H, K).float()), 1e-2, None, [],
-          backward=False)
+          lambda q, k, v, w, u: oracle(q, k, v, K ** -0.5, gk=w, u=u), (q, k, v, gk.bfloat16(), r(H, K).float()), 1e-2, 2e-2,
+          ["q", "k", "v", "w", "u"])
     check(lambda q, k, v, g, b: lt.chunk_kda(q, k, v, g, b, use_qk_l2norm_in_kernel=True, output_final_state=True),
-          lambda q, k, v, g, b: oracle(q, k, v, K ** -0.5, gk=g, beta=b, l2=True), (q, k, v, gk.bfloat16(), beta), 1e-2, None, [],
-          backward=False)
-    qq = leaf(q)
-    o, _ = lt.chunk_gated_delta_rule(qq, k, v, gh, beta)
-    with pytest.raises(ValueError, match="GPU backward of the gated delta rule is not built yet"):
-        o.sum().backward()
+          lambda q, k, v, g, b: oracle(q, k, v, K ** -0.5, gk=g, beta=b, l2=True), (q, k, v, gk.bfloat16(), beta), 1e-2, 2e-2,
+          ["q", "k", "v", "g", "beta"])
 
 
 @gpu

@@ -320,7 +320,8 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
   l2.use_qk_l2norm_in_kernel = true;
   CHECK_THROWS_WITH(ladle::rwkv6(q.tensor.view(), k.tensor.view(), v.tensor.view(), w.tensor.view(), u.tensor.view(), l2),
                     Contains("use_qk_l2norm_in_kernel"));
-  // The backward of these forms runs on the CPU; the GPU's and the composition are refused by name, not run wrong.
+  // The composition on the CPU runs the diagonal form only: refused by name, not run wrong. Their own
+  // backward, on the CPU and on the GPU, refuses a d_output of the wrong shape and another call's saved.
   {
     const ladle::VariantInputs inputs{{{"beta", beta.tensor.view()}}, {{"scale", 1.0f}}};
     ladle::RunOptions on_cpu;
@@ -329,13 +330,18 @@ TEST_CASE("update forms refuse bad input by name", "[ops][update_forms][errors]"
                                                                            k.tensor.view(), v.tensor.view(), inputs, on_cpu);
     const auto d_o = test::normal(rng, DType::f32, forward.result.o.shape());
     CHECK_THROWS_WITH(ladle::run_variant_backward_composed(forward.saved, d_o.tensor.view(), std::nullopt, ladle::Backend::cpu),
-                      Contains("composition runs the diagonal form, not the delta rule"));
+                      Contains("composition on the CPU runs the diagonal form, not the delta rule"));
+    std::vector<std::int64_t> wrong_shape = forward.result.o.shape();
+    wrong_shape.back() += 1;
+    const auto wrong = test::normal(rng, DType::f32, wrong_shape);
+    CHECK_THROWS_WITH(ladle::run_variant_backward(forward.saved, wrong.tensor.view()), Contains("d_output"));
     if (ladle::driver_available()) {
       ladle::RunOptions on_gpu;
       on_gpu.backend = ladle::Backend::gpu;
-      CHECK_THROWS_WITH(ladle::run_variant_for_backward(ladle::delta_rule_variant(false, false), q.tensor.view(), k.tensor.view(),
-                                                        v.tensor.view(), inputs, on_gpu),
-                        Contains("GPU backward of the delta rule is not built yet"));
+      const ladle::RecurrentForward gpu = ladle::run_variant_for_backward(ladle::delta_rule_variant(false, false), q.tensor.view(),
+                                                                         k.tensor.view(), v.tensor.view(), inputs, on_gpu);
+      CHECK_THROWS_WITH(ladle::run_variant_backward(gpu.saved, wrong.tensor.view()), Contains("d_output"));
+      CHECK_NOTHROW(ladle::run_variant_backward(gpu.saved, d_o.tensor.view()));
     }
   }
   // The chunked delta rule stops at K = 128: a forced chunked call says so (on a GPU machine;
