@@ -1,6 +1,7 @@
 #include "update_backward.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <ladle/dsl/ir.h>
 #include <ladle/runtime/error.h>
@@ -10,6 +11,10 @@
 namespace ladle::cuda {
 
 int update_backward_block_v(std::int64_t key_dim) {
+  if (const char* forced = std::getenv("LADLE_UPDATE_BWD_BLOCK_V")) {  // a measurement knob: 8, 16 or 32 where K allows
+    const int v = std::atoi(forced);
+    if ((v == 8 && key_dim <= 512) || (v == 16 && key_dim <= 256) || (v == 32 && key_dim <= 128)) return v;
+  }
   if (key_dim <= 128) return 32;
   if (key_dim <= 256) return 16;
   if (key_dim <= 512) return 8;
@@ -34,22 +39,29 @@ constexpr const char* body = R"(
 // The sum over the block's threads (the state's rows) of x[m], m < VB: a transposing butterfly in
 // each warp (lane l ends with column l % VB), the warps' sums through shared memory; every thread
 // gets every column's sum in out[]. Two barriers.
+// One level of the butterfly: lanes above OFF keep the upper half of x, those below the lower, each
+// adding its partner's; levels unrolled by the template so that every index is a constant.
+template <int OFF>
+__device__ __forceinline__ void ladle_upd_tree(float (&x)[VB], int lane) {
+  if constexpr (OFF >= 1) {
+    const bool upper = (lane & OFF) != 0;
+#pragma unroll
+    for (int m = 0; m < OFF; ++m) {
+      const float send = upper ? x[m] : x[m + OFF];
+      const float keep = upper ? x[m + OFF] : x[m];
+      x[m] = keep + __shfl_xor_sync(FULL, send, OFF);
+    }
+    ladle_upd_tree<OFF / 2>(x, lane);
+  }
+}
+
 __device__ __forceinline__ void ladle_upd_colsum(float (&x)[VB], float* red, float* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 #pragma unroll
   for (int off = 16; off >= VB; off >>= 1)
 #pragma unroll
     for (int m = 0; m < VB; ++m) x[m] += __shfl_xor_sync(FULL, x[m], off);
-#pragma unroll
-  for (int off = VB / 2; off >= 1; off >>= 1) {
-    const bool upper = (lane & off) != 0;
-#pragma unroll
-    for (int m = 0; m < off; ++m) {
-      const float send = upper ? x[m] : x[m + off];
-      const float keep = upper ? x[m + off] : x[m];
-      x[m] = keep + __shfl_xor_sync(FULL, send, off);
-    }
-  }
+  ladle_upd_tree<VB / 2>(x, lane);
   if (lane < VB) red[warp * VB + lane] = x[0];
   __syncthreads();
   if (threadIdx.x < VB) {
@@ -173,8 +185,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) KERNEL_NAME(
     return x;
   };
   // One step forward: S becomes S_t (the delta rule keeps c = k^T a S_{t-1} of its step in c_s).
-  const auto forward = [&](long long s0, int st) {
-    const Row x = row_of(s0, st);
+  const auto forward = [&](const Row& x, int st) {
 #if LADLE_DELTA
     float p[VB];
 #pragma unroll
@@ -201,7 +212,13 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) KERNEL_NAME(
 #pragma unroll
     for (int m = 0; m < VB; ++m) at[m * KP] = S[m];
     stage(s0, L);
-    for (int st = 0; st < L; ++st) forward(s0, st);
+    // Each step's row loads issued a step ahead (their latency behind the step before).
+    Row next = row_of(s0, 0);
+    for (int st = 0; st < L; ++st) {
+      const Row x = next;
+      if (st + 1 < L) next = row_of(s0, st + 1);
+      forward(x, st);
+    }
     __syncthreads();  // the next chunk's staging overwrites this one's
   }
 
@@ -216,18 +233,31 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) KERNEL_NAME(
     }
     stage(s0, L);
     float* const mine = chunk + (blk * CHUNK * VB) * KP + i;
+    Row next = row_of(s0, 0);
     for (int st = 0; st < L; ++st) {
 #pragma unroll
       for (int m = 0; m < VB; ++m) mine[(st * VB + m) * KP] = S[m];
-      forward(s0, st);
+      const Row x = next;
+      if (st + 1 < L) next = row_of(s0, st + 1);
+      forward(x, st);
     }
     __syncthreads();  // c_s complete
+    // Backwards, each step's row and state loaded a step ahead.
+    next = row_of(s0, L - 1);
+    float ahead[VB];
+#pragma unroll
+    for (int m = 0; m < VB; ++m) ahead[m] = mine[((L - 1) * VB + m) * KP];
     for (int st = L - 1; st >= 0; --st) {
-      const Row x = row_of(s0, st);
+      const Row x = next;
       const long long r = token_row(s0 + st);
       float prev[VB];
 #pragma unroll
-      for (int m = 0; m < VB; ++m) prev[m] = mine[(st * VB + m) * KP];
+      for (int m = 0; m < VB; ++m) prev[m] = ahead[m];
+      if (st > 0) {
+        next = row_of(s0, st - 1);
+#pragma unroll
+        for (int m = 0; m < VB; ++m) ahead[m] = mine[((st - 1) * VB + m) * KP];
+      }
       float dq = 0.0f, dk = 0.0f, da = 0.0f;
 #if LADLE_DELTA
       // o = qhat^T S_t, S_t = P + k e^T, P = a S_{t-1}, e = beta (v - c), c = P^T k.

@@ -144,10 +144,6 @@ int main(int argc, char** argv) {
                                         : op == "rwkv6"            ? ladle::rwkv6_variant()
                                         : op == "kda"              ? ladle::kda_variant(false, false, false, true)
                                                                    : user_variant;
-    if (backward && (delta || op == "rwkv6")) {  // their backward runs on the CPU only
-      std::fprintf(stderr, "ladle-bench-recurrent: --backward: the backward of %s is not built yet\n", op.c_str());
-      return 1;
-    }
     if (backward) {
       // The forward (o), then the backward into fp32 gradients, each timed alone and together.
       ladle::VariantInputs inputs;
@@ -161,6 +157,15 @@ int main(int argc, char** argv) {
       ladle::gpu::RecurrentGradientViews grads{f32(dq, {B, T, H, K}), f32(dk, {B, T, H, K}), f32(dv, {B, T, H, V}), {}, std::nullopt};
       if (op == "gla") inputs.tensors.emplace("g", gv), grads.inputs.emplace("g", f32(dg, {B, T, H, K}));
       if (op == "simple_gla") inputs.tensors.emplace("g_gamma", heads_view), grads.inputs.emplace("g_gamma", f32(dh, {H}));
+      // The update forms (ladle_bwd_update): beta, the head gate, the key gate, the bonus.
+      ladle::DeviceBuffer d_beta(n_h * 4), d_head(n_h * 4), du(1LL * H * K * 4);
+      if (delta) inputs.tensors.emplace("beta", view(beta, {B, T, H})), grads.inputs.emplace("beta", f32(d_beta, {B, T, H}));
+      if (op == "gated_delta_rule") inputs.tensors.emplace("g", view(g_head, {B, T, H})), grads.inputs.emplace("g", f32(d_head, {B, T, H}));
+      if (op == "kda") inputs.tensors.emplace("g", gv), grads.inputs.emplace("g", f32(dg, {B, T, H, K}));
+      if (op == "rwkv6") {
+        inputs.tensors.emplace("w", gv), grads.inputs.emplace("w", f32(dg, {B, T, H, K}));
+        inputs.tensors.emplace("u", f32(u, {H, K})), grads.inputs.emplace("u", f32(du, {H, K}));
+      }
       if (op == "user") {
         inputs.tensors.emplace("x", gv), grads.inputs.emplace("x", f32(dg, {B, T, H, K}));
         inputs.tensors.emplace("y", view(y, {B, T, H, V})), grads.inputs.emplace("y", f32(dy, {B, T, H, V}));
