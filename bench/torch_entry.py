@@ -81,6 +81,9 @@ def main():
     # chunk_simple_gla last: its row stalled a run for minutes (fla's first call, or ladle's; not yet known).
     p.add_argument("--ops", default="chunk_gla,chunk_gated_delta_rule,chunk_kda,chunk_delta_rule,chunk_rwkv6,chunk_simple_gla")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: overhead,speed,grad")
+    p.add_argument("--grad-ops", default="chunk_gla,chunk_delta_rule,chunk_gated_delta_rule,chunk_rwkv6,chunk_kda")
+    p.add_argument("--grad-fla", default="all", help="ops whose gradients fla computes too (all, none, or a list): its first "
+                   "backward of each op compiles for minutes")
     args = p.parse_args()
     skip = set(args.skip.split(","))
 
@@ -173,6 +176,8 @@ def main():
                           lambda q, k, v, g, b: fla_chunk_kda(q, k, v, g, b)[0]),
         }
         for name, (ref_fn, ours, theirs) in cases.items():
+            if name not in args.grad_ops.split(","):
+                continue
             base = [x[n].detach() for n in LEAVES[name]]
 
             def grads(f, dtype):
@@ -182,7 +187,7 @@ def main():
 
             ref = grads(ref_fn, torch.float64)
             rows = {"ladle": ours}
-            if HAVE_FLA:
+            if HAVE_FLA and (args.grad_fla == "all" or name in args.grad_fla.split(",")):
                 rows["fla"] = theirs
             for impl, f in rows.items():
                 try:
