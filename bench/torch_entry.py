@@ -145,15 +145,15 @@ def main():
             S = torch.zeros(B, H, K, V, dtype=q.dtype, device=q.device)
             outs = []
             for t in range(T):
+                kt, vt, qt = k[:, t], v[:, t], q[:, t]
+                if u is not None:  # RWKV6: the read before the update (and its decay), with the bonus
+                    outs.append(K ** -0.5 * (torch.einsum("bhk,bhkv->bhv", qt, S) + (u[None] * kt * qt).sum(-1, keepdim=True) * vt))
+                    S = S * gk[:, t].exp()[..., None] + kt[..., None] * vt[..., None, :]
+                    continue
                 if gk is not None:
                     S = S * gk[:, t].exp()[..., None]
                 if gh is not None:
                     S = S * gh[:, t].exp()[..., None, None]
-                kt, vt, qt = k[:, t], v[:, t], q[:, t]
-                if u is not None:  # RWKV6: the read before the update, with the bonus
-                    outs.append(K ** -0.5 * (torch.einsum("bhk,bhkv->bhv", qt, S) + (u[None] * kt * qt).sum(-1, keepdim=True) * vt))
-                    S = S + kt[..., None] * vt[..., None, :]
-                    continue
                 if beta is not None:
                     bt = beta[:, t][..., None]
                     S = S + (bt * kt)[..., None] * (vt - torch.einsum("bhk,bhkv->bhv", kt, S))[..., None, :]
