@@ -8,6 +8,10 @@
 // (and the forward's o again when there is a value-side decay), then generated kernels sum the log
 // decays' gradients back along each sequence and apply the chain rule through ir::derivative of the
 // slots' expressions. Nothing returns to the host between the kernels.
+// The update forms (the delta rule, gated delta rule, KDA; a read before the update, RWKV6) are no
+// composition of plain recurrences: the slots kernel writes their slots in fp32, ladle_bwd_update runs
+// their recurrence backward from checkpoints in fp32 (codegen/cuda/update_backward.h), and the chain
+// kernel takes the slots' gradients to the inputs'.
 //   ladle::gpu::run_variant_backward_into(variant, q, k, v, inputs, options, d_o, std::nullopt, grads, {&stream});
 #pragma once
 

@@ -68,9 +68,10 @@ RecurrentResult kda(const TensorView& q, const TensorView& k, const TensorView& 
 
 // Training: each op's forward, keeping what its backward needs (variant.h, run_variant_for_backward);
 // then ladle::run_variant_backward(forward.saved, d_o[, d_final_state]) gives dq (dr), dk, dv,
-// d initial_state and grads.inputs.at("beta"), "g", "w", "u", each in its input's shape. The backward
-// runs on the CPU (options.backend = cpu; a GPU forward's backward is refused by name, not built yet),
-// with q and k L2-normalised in it where use_qk_l2norm_in_kernel is set.
+// d initial_state and grads.inputs.at("beta"), "g", "w", "u", each in its input's shape, with q and k
+// L2-normalised in it where use_qk_l2norm_in_kernel is set. It runs where the forward ran: on the CPU
+// from checkpoints, on the GPU in the fused-recurrent form (codegen/cuda/update_backward.h; fp32,
+// slow at training shapes: the chunked backward on the tensor cores is not built yet).
 RecurrentForward delta_rule_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
                                         const UpdateFormOptions& options = {});
 RecurrentForward gated_delta_rule_for_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,

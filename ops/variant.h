@@ -144,7 +144,8 @@ struct RecurrentForward {
 // read in place, outputs where q lives; backend = cpu refuses a device tensor by name). After a CPU
 // forward the backward runs on the CPU (checkpoints of the state every 64 tokens); after a GPU
 // forward it runs on the GPU, as three recurrences of the plain form over the slots
-// (run_variant_backward_composed; a normalised read's normaliser is the state's extra column).
+// (run_variant_backward_composed; a normalised read's normaliser is the state's extra column), or
+// for the update forms in ladle_bwd_update (codegen/cuda/update_backward.h).
 RecurrentForward run_variant_for_backward(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const VariantInputs& inputs = {}, const RunOptions& options = {});
 
@@ -176,7 +177,7 @@ struct RecurrentGradientViews {
 // saved value and no fingerprint, so nothing waits for the stream. On the GPU (as run_variant decides
 // from options.backend and the tensors) it runs the GPU backward's kernels on options.gpu.stream, with
 // no forward (host tensors uploaded, a host cu_seqlens read in place, a device one copied to the
-// host); the diagonal form only (the update forms' GPU backward is refused by name). On the CPU it
+// host); the update forms' in ladle_bwd_update (codegen/cuda/update_backward.h). On the CPU it
 // runs the forward again for its checkpoints, then the CPU backward, and copies the gradients into
 // the outputs. Bad input throws InvalidArgument naming it.
 void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -191,7 +192,7 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
 // plain form: dq = scale S_t do_t over the transposed state, and dv, dk over dS in the other
 // direction (the decays shifted by one token); the decays' gradients as reverse sums of
 // q . dq - k . dk (and o . do - v . dv), and the inputs' through ir::derivative. On the CPU not for
-// normalised reads.
+// normalised reads nor the update forms (their GPU backward is ladle_bwd_update's, not a composition).
 RecurrentGradients run_variant_backward_composed(const RecurrentSaved& saved, const TensorView& d_output,
                                                  const std::optional<TensorView>& d_final_state, Backend backend);
 
