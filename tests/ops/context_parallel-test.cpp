@@ -483,6 +483,15 @@ TEST_CASE("context parallel: gradients of the slices equal the whole call's (CPU
       check_within(e, 5e-6);
     }
   }
+  SECTION("the update forms (K x K transitions, dS folded by M^T) and RWKV6, three ranks") {
+    for (const char* op : {"gated_delta_rule", "kda", "rwkv6"}) {
+      INFO(op);
+      const Call c = make_call(ladle::named_variant(op, op == std::string("rwkv6") ? "" : "l2norm"), rng, DType::f32, 2, 40, {}, false, true);
+      const GradErrors e = backward_cut(c, {13, 29}, Location::host(), rng);
+      check_within(e, 5e-5);
+      CHECK(e.error.count("beta") == (op == std::string("rwkv6") ? 0u : 1u));
+    }
+  }
 }
 
 TEST_CASE("context parallel: misuse is refused on every rank with an error naming it", "[context_parallel][errors]") {
@@ -594,6 +603,15 @@ TEST_CASE("context parallel on one GPU cut into ranks (bf16; device ThreadGroup)
     Call c = make_call(ladle::recurrent_variant(true, false, false, false), rng, DType::bf16, 2, 512, {}, false, true, 64, 64);
     const GradErrors e = backward_cut(c, {256}, gpu, rng);
     check_within(e, 2e-2);
+  }
+  SECTION("the gated delta rule's and RWKV6's backward (ladle_bwd_update on each slice), 2 ranks") {
+    for (const char* op : {"gated_delta_rule", "rwkv6"}) {
+      INFO(op);
+      Call c = make_call(ladle::named_variant(op, op == std::string("rwkv6") ? "" : "l2norm"), rng, DType::bf16, 2, 512, {}, false, true,
+                         64, 64);
+      const GradErrors e = backward_cut(c, {256}, gpu, rng);
+      check_within(e, 2e-2);
+    }
   }
 }
 
