@@ -32,7 +32,8 @@
 //   - the update forms (delta rule, gated delta rule, KDA) move the state by a K x K matrix, not a
 //     diagonal decay: S_after = M S_before + L. Their summaries come from two runs of the slice (from
 //     zero, and from the identity with zero v: M itself), folded by a matrix kernel; the backward folds
-//     dS by M^T (it trains where their backward runs: the CPU). Normalised reads are refused by name.
+//     dS by M^T (each slice's backward where it runs: the CPU, or the GPU's fused-recurrent form).
+//     Normalised reads are refused by name.
 #pragma once
 
 #include <ladle/runtime/communicator.h>
