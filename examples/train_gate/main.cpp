@@ -5,10 +5,10 @@
 // math), and also learns its per-token gate input x. Then a small Gated DeltaNet layer,
 //   S_t = exp(logsigmoid(a_t) / 4) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  beta_t = sigmoid(b_t),
 // q and k L2-normalised in it, learns its decay and write-strength inputs a and b from a teacher the
-// same way (the update forms' backward, on the CPU). Each loss must fall by 10x: the last line is the
-// verdict, `train_gate: ok`, or `train_gate: FAILED (why)` and exit status 1.
-// The gate runs on the GPU when there is one (the backward by composition over the GPU's
-// recurrence kernels), else on the CPU path; the Gated DeltaNet layer on the CPU.
+// same way (the update forms' backward). Each loss must fall by 10x: the last line is the verdict,
+// `train_gate: ok`, or `train_gate: FAILED (why)` and exit status 1.
+// Both run on the GPU when there is one (the gate's backward by composition over the GPU's
+// recurrence kernels, the Gated DeltaNet layer's in ladle_bwd_update), else on the CPU path.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -119,8 +119,7 @@ std::string train_gated_deltanet() {
   };
   const Tensor q = random({B, T, H, K}, 1.0f), k = random({B, T, H, K}, 1.0f), v = random({B, T, H, V}, 1.0f);
   const Tensor a_teacher = random({B, T, H}, 1.5f), b_teacher = random({B, T, H}, 1.5f);
-  RunOptions options;
-  options.backend = Backend::cpu;  // the update forms' backward runs on the CPU
+  RunOptions options;  // the GPU when there is one, else the CPU
   const auto inputs = [&](const Tensor& a, const Tensor& b) {
     VariantInputs in;
     in.tensors.emplace("a", a.view());
