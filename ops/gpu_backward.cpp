@@ -767,7 +767,8 @@ class BackwardCall {
     if (a_.initial_state) convert(*a_.initial_state, 1.0f, &h0_, nullptr);
     if (d_final_state_) convert(*d_final_state_, 1.0f, &d_final_, nullptr);
 
-    // The slots' gradients (every one added into, atomically: zeroed first).
+    // The slots' gradients: those summed over the value slices are added atomically (zeroed first);
+    // dv is written whole for every token of a sequence (zeroed for tokens outside every sequence).
     Scratch gq = zeroed(key_shape_), gk = zeroed(key_shape_), gv = zeroed(value_shape_), ga, gh, gscale, gbeta, gbonus;
     if (key_decay_ || head_decay_) ga = zeroed(key_shape_);
     if (head_decay_) gh = scratch(DType::f32, head_shape, stream);

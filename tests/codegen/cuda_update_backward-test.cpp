@@ -41,8 +41,9 @@ struct Inputs {
 
 // The inputs that have gradients, by name.
 const std::pair<const char*, std::vector<double> Inputs::*> differentiable[] = {
-    {"q", &Inputs::q},         {"k", &Inputs::k},       {"v", &Inputs::v},         {"log_a", &Inputs::log_a}, {"log_h", &Inputs::log_h},
-    {"scale_s", &Inputs::scale_s}, {"beta", &Inputs::beta}, {"bonus", &Inputs::bonus}, {"h0", &Inputs::h0}};
+    {"q", &Inputs::q},         {"k", &Inputs::k},         {"v", &Inputs::v},
+    {"log_a", &Inputs::log_a}, {"log_h", &Inputs::log_h}, {"scale_s", &Inputs::scale_s},
+    {"beta", &Inputs::beta},   {"bonus", &Inputs::bonus}, {"h0", &Inputs::h0}};
 
 std::int64_t sequences(const Case& c) { return c.cu_seqlens.empty() ? c.B : static_cast<std::int64_t>(c.cu_seqlens.size()) - 1; }
 
@@ -295,6 +296,7 @@ Inputs run_kernels(const Case& c, const Inputs& x, const EmulatedKernel& kernel)
                             s.l2 ? 1 : 0, ir::l2_normalize_eps, rows, static_cast<int>(K));
   });
 
+  // A head decay's ga holds its per-feature parts, gh their sum.
   Inputs got;
   got.q = fp64(gq), got.k = fp64(gk), got.v = fp64(gv), got.h0 = fp64(d_h0);
   if (s.key_decay) got.log_a = fp64(ga);

@@ -3,9 +3,9 @@
 // cuda_update_backward-test.cpp runs them against an fp64 reference): KDA (the delta rule with a key
 // decay, L2-normalised, packed sequences one of them empty, initial and final states' gradients), the
 // gated delta rule reversed with a per-token scale, RWKV6 (a read before the update with a key decay
-// and a bonus, packed) and a read before the update with a head decay alone, reversed. K is not
-// always a multiple of 32 (padding rows) nor V of block_v (masked columns); sequences span a
-// checkpoint (64 steps) and a partial chunk.
+// and a bonus, packed), a read before the update with a head decay alone, reversed, and the plain
+// delta rule (no decay) over three checkpoints. K is not always a multiple of 32 (padding rows) nor
+// V of block_v (masked columns); sequences span checkpoints (64 steps) and end in a partial chunk.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,13 @@ inline std::vector<Case> all() {
     c.name = "read_before_head_decay_reverse";
     c.spec.delta = false, c.spec.head_decay = true, c.spec.reverse = true, c.spec.block_v = 32;
     c.B = 2, c.T = 70, c.K = 32, c.V = 40;
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "delta_rule_three_checkpoints";
+    c.spec.delta = true, c.spec.beta = true, c.spec.l2 = true, c.spec.block_v = 8;
+    c.T = 150, c.K = 16, c.V = 12;
     cases.push_back(c);
   }
   return cases;

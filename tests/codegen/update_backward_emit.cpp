@@ -16,13 +16,14 @@ namespace {
 
 // ladle_bwd_update's parameters' types, in order (update_backward.h).
 constexpr const char* param_types[] = {
-    "const float*", "const float*", "const float*", "const float*", "const float*", "const float*", "const float*",  // qs .. scale_s
-    "float",                                                                                                        // scale
+    "const float*", "const float*", "const float*", "const float*",  // qs, kf, vf, dos
+    "const float*", "const float*", "const float*", "float",         // log_a, log_h, scale_s, scale
     "const float*", "const float*", "const float*", "const float*",  // beta_s, bonus_s, h0, d_final
-    "float*", "float*",                                                // ckpt, chunk
-    "float*", "float*", "float*", "float*", "float*", "float*", "float*",  // gq, gk, gv, ga, gbeta, gbonus, d_h0
-    "const long long*",                                                     // cu_seqlens
-    "int", "int", "int", "int", "int"};                                     // T, H, K, V, C
+    "float*", "float*",                                              // ckpt, chunk
+    "float*", "float*", "float*", "float*",                          // gq, gk, gv, ga
+    "float*", "float*", "float*",                                    // gbeta, gbonus, d_h0
+    "const long long*",                                              // cu_seqlens
+    "int", "int", "int", "int", "int"};                              // T, H, K, V, C                                     // T, H, K, V, C
 
 }  // namespace
 
