@@ -6,7 +6,8 @@
 // (BackwardKernelSpec::update_form), and the generated chain kernel takes the slots' gradients on
 // to the inputs'.
 //
-// ladle_bwd_update: grid (ceil(V / block_v), N * H), block 32 * ceil(K / 32) threads; thread i holds
+// ladle_bwd_update (its device code in codegen/device/update_backward.cuh, a template the generated
+// kernel instantiates with its form): grid (ceil(V / block_v), N * H), block 32 * ceil(K / 32) threads; thread i holds
 // row i of the state's block_v columns (and of dS) in registers. Each block runs its sequence
 // forward once, writing the state entering every 64-step chunk (ckpt), then the chunks backwards:
 // the chunk's states again from its checkpoint (each thread keeps its own rows in `chunk`, scratch
@@ -44,7 +45,8 @@ struct UpdateBackwardSpec {
 
 inline constexpr int update_backward_chunk = 64;  // steps between checkpoints
 
-// block_v for K: 32 up to K = 128, 16 up to 256, 8 up to 512. Throws InvalidArgument past 512.
+// block_v for K: 16 up to K = 256, 8 up to 512 (LADLE_UPDATE_BWD_BLOCK_V = 8, 16 or 32 forces one
+// where K allows it: a measurement knob). Throws InvalidArgument past 512.
 int update_backward_block_v(std::int64_t key_dim);
 
 // The kernel's name (ladle_bwd_update_<hash of the spec>) and source. Its parameters, in order:

@@ -1,12 +1,10 @@
 // Writes ladle_bwd_update of every case of update_backward_cases.h, each with a wrapper that unpacks
 // a driver-style argument array, and a table of them, to the file named by argv[1], then the
 // backward's helper kernels (ladle_bwd_update_finish among them); codegen-cuda_update_backward runs
-// them on the host emulation. Every kernel's source defines the same macros (its form) and the same
-// device helpers over them, so each goes into a namespace of its own and its macros are undefined
-// after it; the kernels' names (extern "C") differ by spec.
+// them on the host emulation. Every kernel's source is a thin extern "C" kernel (its name differs by
+// spec) over the template of codegen/device/update_backward.cuh, which its include guard brings in once.
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <ladle/codegen/cuda/backward.h>
 
@@ -23,7 +21,7 @@ constexpr const char* param_types[] = {
     "float*", "float*", "float*", "float*",                          // gq, gk, gv, ga
     "float*", "float*", "float*",                                    // gbeta, gbonus, d_h0
     "const long long*",                                              // cu_seqlens
-    "int", "int", "int", "int", "int"};                              // T, H, K, V, C                                     // T, H, K, V, C
+    "int", "int", "int", "int", "int"};                              // T, H, K, V, C
 
 }  // namespace
 
@@ -38,12 +36,7 @@ int main(int argc, char** argv) {
   int index = 0;
   for (const update_backward_cases::Case& c : update_backward_cases::all()) {
     const std::string source = ladle::cuda::update_backward_source(c.spec), name = ladle::cuda::update_backward_name(c.spec);
-    const std::string space = "update_backward_" + std::to_string(index);
-    out << "namespace " << space << " {\n" << source << "}  // namespace " << space << "\n";
-    std::istringstream lines(source);
-    for (std::string line; std::getline(lines, line);)
-      if (line.rfind("#define ", 0) == 0) out << "#undef " << line.substr(8, line.find_first_of(" (", 8) - 8) << "\n";
-    out << "\nstatic void launch_update_backward_" << index << "(void** args) {\n  " << space << "::" << name << "(";
+    out << source << "\nstatic void launch_update_backward_" << index << "(void** args) {\n  " << name << "(";
     for (std::size_t p = 0; p < std::size(param_types); ++p)
       out << (p ? ",\n      " : "") << "*static_cast<" << param_types[p] << "*>(args[" << p << "])";
     out << ");\n}\n\n";
