@@ -150,6 +150,29 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   return spec;
 }
 
+cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const ops::BoundInputs& bound, bool d_final) {
+  if (variant.plain_form()) throw InvalidArgument("update_backward_spec: " + ir::form_name(variant) + " is not an update form");
+  const cpu::RecurrentArgs& a = bound.args;
+  cuda::UpdateBackwardSpec spec;
+  spec.delta = variant.update == ir::Update::delta;
+  spec.key_decay = variant.has(ir::Slot::log_decay_k);
+  spec.head_decay = variant.has(ir::Slot::log_decay_head) && !spec.key_decay;  // beside a key-side one: folded into log_a
+  spec.beta = variant.has(ir::Slot::write_strength);
+  spec.bonus = variant.has(ir::Slot::bonus);
+  spec.l2 = variant.l2_normalize_qk;
+  spec.scale_table = variant.has(ir::Slot::scale) && !call_scale(variant, a).has_value();
+  spec.reverse = a.reverse;
+  spec.varlen = !a.cu_seqlens.empty();
+  spec.initial_state = a.initial_state.has_value();
+  spec.d_final = d_final;
+  spec.block_v = cuda::update_backward_block_v(a.key_dim);
+  return spec;
+}
+
+CompiledProgram compile_update_backward(const cuda::UpdateBackwardSpec& spec, const std::string& arch) {
+  return detail::compile_named(cuda::update_backward_source(spec), cuda::update_backward_name(spec), arch, 0);
+}
+
 CompiledProgram compile_backward_helpers(const std::string& arch) {
   return detail::compile_named(cuda::backward_helpers_source(), "ladle_bwd_helpers", arch, 0);
 }
@@ -724,19 +747,7 @@ class BackwardCall {
     const std::int64_t rows = B_ * T_ * H_;
     key_shape_ = {B_, T_, H_, K_}, value_shape_ = {B_, T_, H_, V_};
     const std::vector<std::int64_t> head_shape{B_, T_, H_};
-    cuda::UpdateBackwardSpec spec;
-    spec.delta = variant_.update == ir::Update::delta;
-    spec.key_decay = key_decay_;
-    spec.head_decay = head_decay_;
-    spec.beta = variant_.has(ir::Slot::write_strength);
-    spec.bonus = variant_.has(ir::Slot::bonus);
-    spec.l2 = variant_.l2_normalize_qk;
-    spec.scale_table = variant_.has(ir::Slot::scale) && !plan_.fold_scale;
-    spec.reverse = a_.reverse;
-    spec.varlen = !a_.cu_seqlens.empty();
-    spec.initial_state = a_.initial_state.has_value();
-    spec.d_final = d_final_state_.has_value();
-    spec.block_v = cuda::update_backward_block_v(K_);
+    const cuda::UpdateBackwardSpec spec = update_backward_spec(variant_, bound_, d_final_state_.has_value());
     const auto zeroed = [&](const std::vector<std::int64_t>& shape) {
       Scratch out = scratch(DType::f32, shape, stream);
       fill_device_bytes(out.buffer.device_ptr(), out.buffer.bytes(), 0, stream);
@@ -786,7 +797,7 @@ class BackwardCall {
         struct {
           HelperKernel kernel;
           CompiledProgram program;
-        } out{{name}, detail::compile_named(cuda::update_backward_source(spec), name, target, 0)};
+        } out{{name}, compile_update_backward(spec, target)};
         return out;
       });
       const bool initial_gradient = a_.initial_state && gradients_.d_initial_state;

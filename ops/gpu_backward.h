@@ -20,6 +20,7 @@
 #include <string>
 
 #include <ladle/codegen/cuda/backward.h>
+#include <ladle/codegen/cuda/update_backward.h>
 
 #include "gpu_recurrent.h"
 
@@ -54,6 +55,10 @@ struct CompiledBackward {
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch = "");
 // The helper kernels (cuda::backward_helpers_source), compiled through the cache.
 CompiledProgram compile_backward_helpers(const std::string& arch = "");
+// The update forms' recurrent kernel (ladle_bwd_update, codegen/cuda/update_backward.h) of a call:
+// its spec (d_final: the call passes d_final_state) and its program, compiled through the cache.
+cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const ops::BoundInputs& bound, bool d_final);
+CompiledProgram compile_update_backward(const cuda::UpdateBackwardSpec& spec, const std::string& arch = "");
 // The spec of a call's kernel of `phase` (the slots' dtype: q's when the recurrences run chunked).
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                                               cuda::BackwardPhase phase, DType d_output_type);

@@ -150,18 +150,25 @@ TEST_CASE("ladle-dump refuses flags that do not apply, naming the flag and the o
   REQUIRE(missing.find("File does not exist") == std::string::npos);
 }
 
-TEST_CASE(
-    "ladle-dump --op rwkv6 --backward binds u as [H,K] and says by name that the op has no "
-    "backward") {
+TEST_CASE("ladle-dump --backward shows the update forms' kernels: slots, ladle_bwd_update, chain (RWKV6's u bound as [H,K])") {
   test::TempDir cache;
   const test::ScopedEnv env("LADLE_CACHE_DIR", cache.path().c_str());
-  const std::string output = run_tool("--op rwkv6 --backward --arch sm_90a");
-  INFO(output);
-  REQUIRE(output.find("ladle-dump: --backward: --op rwkv6 has no generated backward") !=
-          std::string::npos);
-  REQUIRE(output.find("u has shape") ==
-          std::string::npos);  // the tool's u binds: [H,K], not [B,T,H,K]
-  // An op with a backward still shows its kernels.
-  REQUIRE(run_tool("--op gla --backward --arch sm_90a").find("ladle_bwd_slots_") !=
-          std::string::npos);
+  for (const char* op : {"rwkv6", "gated_delta_rule"}) {
+    const std::string output = run_tool(std::string("--op ") + op + " --backward --arch sm_90a");
+    INFO(output);
+    CHECK(output.find("u has shape") == std::string::npos);  // the tool's u binds: [H,K], not [B,T,H,K]
+    const std::size_t slots = output.find("kernel ladle_bwd_slots_"), update = output.find("kernel ladle_bwd_update_"),
+                      chain = output.find("kernel ladle_bwd_chain_");
+    REQUIRE(slots != std::string::npos);
+    REQUIRE(update != std::string::npos);
+    REQUIRE(chain != std::string::npos);
+    CHECK(slots < update);  // in launch order
+    CHECK(update < chain);
+    CHECK(output.find("ladle_bwd_totals_") == std::string::npos);  // the diagonal form's alone
+  }
+  // The diagonal form's: slots, totals, chain.
+  const std::string gla = run_tool("--op gla --backward --arch sm_90a");
+  CHECK(gla.find("ladle_bwd_slots_") != std::string::npos);
+  CHECK(gla.find("ladle_bwd_totals_") != std::string::npos);
+  CHECK(gla.find("kernel ladle_bwd_update_") == std::string::npos);
 }

@@ -6,7 +6,8 @@
 //              [--dtype bf16] [-K 128 -V 128]
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states] [--segmented] [-B 8 -T 1024 -H 16]
-//              [--backward]   (the backward's generated kernels: slots, totals, chain, and its helpers;
+//              [--backward]   (the backward's generated kernels: slots, totals, chain (the update forms: slots,
+//                              ladle_bwd_update, chain), and its helpers;
 //                              with --op attention: prep and main, sm_90a)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
 //              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma|ws]] [--varlen] [--lse] [-B -T -H]
@@ -143,7 +144,8 @@ int main(int argc, char** argv) {
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens): B sequences of T tokens");
   app.add_flag("--backward", backward,
-               "recurrent ops: the backward's generated kernels (slots, totals, chain; 16-bit slots with --algo chunked) "
+               "recurrent ops: the backward's generated kernels (slots, totals, chain; the update forms: slots, ladle_bwd_update, "
+               "chain; 16-bit slots with --algo chunked) "
                "and its helpers, as a call of these types runs them; attention: the backward's prep and main kernels (sm_90a)");
   app.add_flag("--states", states, "initial and final states");
   app.add_flag("--segmented", segmented,
@@ -342,9 +344,16 @@ int main(int argc, char** argv) {
         const ladle::ops::BoundInputs bound =
             planned([&] { return ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options); });
         try {
-          for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain})
-            programs.push_back(
-                {ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), target).program, 0});
+          // The diagonal form: slots, totals, chain. The update forms: slots, their recurrence
+          // (ladle_bwd_update, with d_final_state where --states), chain.
+          using Phase = ladle::cuda::BackwardPhase;
+          const auto phase_program = [&](Phase phase) -> Shown {
+            return {ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), target).program, 0};
+          };
+          programs.push_back(phase_program(Phase::slots));
+          if (variant.plain_form()) programs.push_back(phase_program(Phase::totals));
+          else programs.push_back({ladle::gpu::compile_update_backward(ladle::gpu::update_backward_spec(variant, bound, states), target), 0});
+          programs.push_back(phase_program(Phase::chain));
         } catch (const ladle::InvalidArgument& e) {
           throw ladle::InvalidArgument(fmt::format("--backward: --op {} has no generated backward: {}", op, e.what()));
         }
