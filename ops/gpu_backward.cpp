@@ -377,6 +377,16 @@ class BackwardCall {
   }
   static Scratch wrap(const TensorView& view) { return Scratch{DeviceBuffer(), view}; }
 
+  // d_output and its strides, as the generated kernels take them.
+  void d_output_extras() {
+    const TensorView g = ops::detail::lead_with_ones(d_output_, 4);
+    extras_["d_out"] = ptr(g.data);
+    extras_["d_out_stride_b"] = static_cast<long long>(g.strides[0]);
+    extras_["d_out_stride_t"] = static_cast<long long>(g.strides[1]);
+    extras_["d_out_stride_h"] = static_cast<long long>(g.strides[2]);
+    extras_["d_out_stride_d"] = static_cast<long long>(g.strides[3]);
+  }
+
   // 1. The slots: scratch tensors for those that are not one of the call's tensors as they stand.
   void write_slots() {
     const Stream* stream = launch_.stream;
@@ -407,12 +417,7 @@ class BackwardCall {
                {"log_a_next", ptr(log_a_next_.view.data)}, {"log_b", ptr(log_b_.view.data)},
                {"log_b_next", ptr(log_b_next_.view.data)}, {"log_h", ptr(log_h_.view.data)},
                {"log_h_next", ptr(log_h_next_.view.data)}, {"first_decay", ptr(first_decay_.view.data)}};
-    const TensorView g = ops::detail::lead_with_ones(d_output_, 4);
-    extras_["d_out"] = ptr(g.data);
-    extras_["d_out_stride_b"] = static_cast<long long>(g.strides[0]);
-    extras_["d_out_stride_t"] = static_cast<long long>(g.strides[1]);
-    extras_["d_out_stride_h"] = static_cast<long long>(g.strides[2]);
-    extras_["d_out_stride_d"] = static_cast<long long>(g.strides[3]);
+    d_output_extras();
     if (C_ > 0) launch_generated(cuda::BackwardPhase::slots);
   }
 
@@ -768,12 +773,7 @@ class BackwardCall {
                {"log_a", log_a_.buffer.device_ptr()}, {"log_h", log_h_.buffer.device_ptr()},
                {"scale_s", scale_s.buffer.device_ptr()}, {"beta_s", beta_s.buffer.device_ptr()},
                {"bonus_s", bonus_s.buffer.device_ptr()}};
-    const TensorView g = ops::detail::lead_with_ones(d_output_, 4);
-    extras_["d_out"] = ptr(g.data);
-    extras_["d_out_stride_b"] = static_cast<long long>(g.strides[0]);
-    extras_["d_out_stride_t"] = static_cast<long long>(g.strides[1]);
-    extras_["d_out_stride_h"] = static_cast<long long>(g.strides[2]);
-    extras_["d_out_stride_d"] = static_cast<long long>(g.strides[3]);
+    d_output_extras();
     if (C_ > 0) launch_generated(cuda::BackwardPhase::slots);
     if (a_.initial_state) convert(*a_.initial_state, 1.0f, &h0_, nullptr);
     if (d_final_state_) convert(*d_final_state_, 1.0f, &d_final_, nullptr);

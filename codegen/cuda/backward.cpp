@@ -1,6 +1,7 @@
 #include "backward.h"
 
 #include <algorithm>
+#include <functional>
 #include <initializer_list>
 #include <set>
 #include <utility>
@@ -91,6 +92,7 @@ class BackwardEmitter {
   void chain_body();
   void update_slots_body();
   void update_chain_body();
+  void chain_walk(const std::function<void()>& key_side, const std::function<void()>& value_side);
   void chain_slot(ir::Slot s, const std::string& gradient, const std::string& suffix);
   bool direct(std::size_t k) const;
   void chain_writes();
@@ -437,6 +439,31 @@ void BackwardEmitter::chain_body() {
   c("const long long carry_row = (static_cast<long long>(blockIdx.y) * C + blockIdx.x) * (K + V);");
   if (decays_k_) c("float ga = key && carry ? carry[carry_row + i] : 0.0f;  // d L / d log_a at the current step");
   if (decays_v_) c("float gb = value && carry ? carry[carry_row + K + j] : 0.0f;  // d L / d log_b");
+  chain_walk(
+      [&] {
+        c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
+        if (decays_k_) c("ga += " + key_term() + ";");
+        chain_slot(ir::Slot::q_feature, spec.fold_scale ? "u_i" : "scale_t * u_i", "_i");
+        chain_slot(ir::Slot::k_feature, "dk_i", "_i");
+        chain_slot(ir::Slot::log_decay_k, "ga", "_i");
+        chain_slot(ir::Slot::log_decay_head, "ga", "_i");
+        // d L / d scale = sum_i q_feature_i u_i: each thread adds its feature's part.
+        chain_slot(ir::Slot::scale, "(" + render_slot(variant_, id, ir::Slot::q_feature, "_i") + ") * u_i", "_i");
+      },
+      [&] {
+        c("const float dv_j = dvs[r * VS + j];");
+        if (decays_v_) c("gb += " + value_term() + ";");
+        chain_slot(ir::Slot::v, "dv_j", "_j");
+        chain_slot(ir::Slot::log_decay_v, "gb", "_j");
+      });
+}
+
+// The chain's walk back over a block's steps: per step every input's accumulator, the key side's
+// and the value side's parts (what key_side and value_side emit, after the side's input loads), the
+// writes; then each per-head input's sum over the block's threads.
+void BackwardEmitter::chain_walk(const std::function<void()>& key_side, const std::function<void()>& value_side) {
+  Code& c = c_;
+  const std::vector<std::string>& id = id_;
   for (std::size_t k = 0; k < inputs_.size(); ++k)
     if (inputs_[k].kind == ir::InputKind::head) c("float head_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs_[k].name);
   c("for (long long s = s1 - 1; s >= s0; --s) {");
@@ -448,23 +475,13 @@ void BackwardEmitter::chain_body() {
   c("if (key) {");
   c.in();
   side_loads(true);
-  c("const float u_i = u[r * K + i], dk_i = dks[r * K + i];");
-  if (decays_k_) c("ga += " + key_term() + ";");
-  chain_slot(ir::Slot::q_feature, spec.fold_scale ? "u_i" : "scale_t * u_i", "_i");
-  chain_slot(ir::Slot::k_feature, "dk_i", "_i");
-  chain_slot(ir::Slot::log_decay_k, "ga", "_i");
-  chain_slot(ir::Slot::log_decay_head, "ga", "_i");
-  // d L / d scale = sum_i q_feature_i u_i: each thread adds its feature's part.
-  chain_slot(ir::Slot::scale, "(" + render_slot(variant_, id, ir::Slot::q_feature, "_i") + ") * u_i", "_i");
+  key_side();
   c.out();
   c("}");
   c("if (value) {");
   c.in();
   side_loads(false);
-  c("const float dv_j = dvs[r * VS + j];");
-  if (decays_v_) c("gb += " + value_term() + ";");
-  chain_slot(ir::Slot::v, "dv_j", "_j");
-  chain_slot(ir::Slot::log_decay_v, "gb", "_j");
+  value_side();
   c.out();
   c("}");
   chain_writes();
@@ -521,44 +538,17 @@ void BackwardEmitter::update_slots_body() {
 // The update forms' chain: the slots' gradients (ladle_bwd_update and ladle_bwd_update_finish wrote
 // them, fp32) times d slot / d input.
 void BackwardEmitter::update_chain_body() {
-  Code& c = c_;
-  const std::vector<std::string>& id = id_;
-  for (std::size_t k = 0; k < inputs_.size(); ++k)
-    if (inputs_[k].kind == ir::InputKind::head) c("float head_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs_[k].name);
-  c("for (long long s = s1 - 1; s >= s0; --s) {");
-  c.in();
-  c("const long long t = REVERSE ? eos - 1 - s : bos + s;");
-  step_prologue();
-  for (std::size_t k = 0; k < inputs_.size(); ++k)
-    if (inputs_[k].kind != ir::InputKind::scalar) c("float acc_" + id[k] + " = 0.0f; (void)acc_" + id[k] + ";");
-  c("if (key) {");
-  c.in();
-  side_loads(true);
-  chain_slot(ir::Slot::q_feature, "gq[r * K + i]", "_i");
-  chain_slot(ir::Slot::k_feature, "gk[r * K + i]", "_i");
-  chain_slot(ir::Slot::log_decay_k, "ga[r * K + i]", "_i");
-  chain_slot(ir::Slot::log_decay_head, key_decay_ ? "ga[r * K + i]" : "(i == 0 ? gh[r] : 0.0f)", "_i");
-  chain_slot(ir::Slot::scale, "(i == 0 ? gscale[r] : 0.0f)", "_i");
-  chain_slot(ir::Slot::write_strength, "(i == 0 ? gbeta[r] : 0.0f)", "_i");
-  chain_slot(ir::Slot::bonus, "gbonus[r * K + i]", "_i");
-  c.out();
-  c("}");
-  c("if (value) {");
-  c.in();
-  side_loads(false);
-  chain_slot(ir::Slot::v, "gv[r * V + j]", "_j");
-  c.out();
-  c("}");
-  chain_writes();
-  c.out();
-  c("}");
-  for (std::size_t k = 0; k < inputs_.size(); ++k)
-    if (inputs_[k].kind == ir::InputKind::head) {
-      const std::string d = "d_" + id[k];
-      c("for (int offset = 16; offset > 0; offset /= 2) head_" + id[k] + " += __shfl_xor_sync(0xffffffffu, head_" + id[k] + ", offset);");
-      c("if (threadIdx.x % 32 == 0 && head_" + id[k] + " != 0.0f) atomicAdd(" + d + " + b * " + d + "_sb + " + id[k] + "_head * " + d +
-        "_sh, head_" + id[k] + ");");
-    }
+  chain_walk(
+      [&] {
+        chain_slot(ir::Slot::q_feature, "gq[r * K + i]", "_i");
+        chain_slot(ir::Slot::k_feature, "gk[r * K + i]", "_i");
+        chain_slot(ir::Slot::log_decay_k, "ga[r * K + i]", "_i");
+        chain_slot(ir::Slot::log_decay_head, key_decay_ ? "ga[r * K + i]" : "(i == 0 ? gh[r] : 0.0f)", "_i");
+        chain_slot(ir::Slot::scale, "(i == 0 ? gscale[r] : 0.0f)", "_i");
+        chain_slot(ir::Slot::write_strength, "(i == 0 ? gbeta[r] : 0.0f)", "_i");
+        chain_slot(ir::Slot::bonus, "gbonus[r * K + i]", "_i");
+      },
+      [&] { chain_slot(ir::Slot::v, "gv[r * V + j]", "_j"); });
 }
 
 // Writes: a feature's element is this thread's alone unless query heads share the input (GQA).
