@@ -19,7 +19,6 @@
 #include "detail/checks.h"
 #include "detail/loaded_kernel.h"
 #include "chunked_plan.h"
-#include <ladle/codegen/cuda/update_backward.h>
 #include "generated_kernels.h"
 #include "detail/pack_input.h"
 #include "recurrent.h"
@@ -259,6 +258,11 @@ class BackwardCall {
     // 16-bit slots: the recurrences run on the tensor cores, and the carries come from boundary states.
     boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_) &&
                        options.gate_gradients == GateGradients::boundary_states;
+    if (plan_.update_form) {  // the update forms' kernel: its limits, before any GPU work
+      update_spec_ = update_backward_spec(variant, bound_, d_final_state.has_value());
+      if (N_ * H_ > 65535)
+        check_.fail(fmt::format("the update forms' GPU backward takes up to 65535 (sequence, head) pairs, got {}", N_ * H_));
+    }
   }
 
   void run() {
@@ -752,7 +756,7 @@ class BackwardCall {
     const std::int64_t rows = B_ * T_ * H_;
     key_shape_ = {B_, T_, H_, K_}, value_shape_ = {B_, T_, H_, V_};
     const std::vector<std::int64_t> head_shape{B_, T_, H_};
-    const cuda::UpdateBackwardSpec spec = update_backward_spec(variant_, bound_, d_final_state_.has_value());
+    const cuda::UpdateBackwardSpec& spec = update_spec_;
     const auto zeroed = [&](const std::vector<std::int64_t>& shape) {
       Scratch out = scratch(DType::f32, shape, stream);
       fill_device_bytes(out.buffer.device_ptr(), out.buffer.bytes(), 0, stream);
@@ -811,7 +815,6 @@ class BackwardCall {
       packed.add(initial_gradient ? ptr(gradients_.d_initial_state->data) : std::uint64_t{0});
       packed.add(offsets_.device_ptr());
       packed.add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_)).add(static_cast<int>(C_));
-      if (N_ * H_ > 65535) check_.fail(fmt::format("the update forms' GPU backward takes up to 65535 (sequence, head) pairs, got {}", N_ * H_));
       loaded.function->launch({static_cast<unsigned>(slices), static_cast<unsigned>(N_ * H_), 1}, {static_cast<unsigned>(KP), 1, 1}, packed,
                               0, stream);
     }
@@ -827,7 +830,7 @@ class BackwardCall {
     extras_["gq"] = gq.buffer.device_ptr(), extras_["gk"] = gk.buffer.device_ptr(), extras_["gv"] = gv.buffer.device_ptr();
     extras_["ga"] = ga.buffer.device_ptr(), extras_["gh"] = gh.buffer.device_ptr(), extras_["gscale"] = gscale.buffer.device_ptr();
     extras_["gbeta"] = gbeta.buffer.device_ptr(), extras_["gbonus"] = gbonus.buffer.device_ptr();
-    chain();
+    if (!initial_only_) chain();  // run_initial_state_gradient: d initial_state alone (the kernel wrote it)
   }
 
   // 6. d initial_state = A_0 dS_0 B_0 at each sequence's first step (dS_0 read as dS_0 / scale).
@@ -857,6 +860,7 @@ class BackwardCall {
   unsigned threads_ = 0;
   std::vector<const TensorView*> grad_of_;
   cuda::BackwardKernelSpec plan_;
+  cuda::UpdateBackwardSpec update_spec_;  // the update forms'
   float scale_ = 1.0f;
   bool key_decay_ = false, head_decay_ = false, decays_k_ = false, decays_v_ = false, need_s_t_ = false, boundary_states_ = false;
   std::vector<long long> first_rows_;  // boundary_carry: each sequence's first row of the boundary tables

@@ -40,7 +40,8 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
 
 // dL/d initial_state alone, as run_variant_backward_into writes it (options.initial_state given, for its
 // shape), without dq, dk, dv or the inputs' gradients: the slots and dS's recurrence only (about a
-// forward's cost). What a context-parallel backward exchanges (ops/context_parallel.h).
+// forward's cost; the update forms: the slots and ladle_bwd_update, no chain). What a
+// context-parallel backward exchanges (ops/context_parallel.h).
 void run_initial_state_gradient(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
                                 const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
                                 const std::optional<TensorView>& d_final_state, const TensorView& d_initial_state,

@@ -13,6 +13,7 @@
 
 #include <ladle/ops/attention.h>
 #include <ladle/ops/context_parallel.h>
+#include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/gpu_recurrent.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>
@@ -145,6 +146,12 @@ TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]
     CHECK_THROWS_WITH(ladle::run_variant_backward_into(ladle::delta_rule_variant(true, false), q.view(), k.view(), v.view(), gdn_inputs,
                                                        {}, o.view(), std::nullopt, bad_beta),
                       Catch::Contains("gradients.dbeta has shape [1,128,3], expected [1,128,2]"));
+    // d initial_state alone (what a context-parallel backward exchanges): no chain, no other gradient.
+    const Tensor h0 = device(DType::f32, {1, 2, 64, 64}), dh0 = device(DType::f32, {1, 2, 64, 64});
+    ladle::RunOptions with_h0;
+    with_h0.initial_state = h0.view();
+    CHECK_NOTHROW(ladle::gpu::run_initial_state_gradient(ladle::delta_rule_variant(true, true), q.view(), k.view(), v.view(), gdn_inputs,
+                                                         with_h0, o.view(), std::nullopt, dh0.view()));
     // RWKV6: the bonus u [H,K] and w [B,T,H,K].
     const Tensor u = device(DType::f32, {2, 64}), du = device(DType::f32, {2, 64});
     ladle::VariantInputs rwkv_inputs;
