@@ -663,6 +663,8 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
     const ir::Variant* variant;
     std::int64_t K, V;
     bool reverse, packed, initial_state, gqa, gva;
+    std::int64_t T = 300;
+    DType type = DType::bf16;  // q, k, v and d_output
   };
   const std::vector<Case> cases{{&ladle::delta_rule_variant(false, true), 64, 96, false, true, true, false, false},
                                 {&ladle::delta_rule_variant(true, false), 64, 64, true, false, false, true, false},
@@ -671,12 +673,15 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
                                 {&ladle::rwkv6_variant(), 64, 64, false, true, true, false, false},
                                 {&ladle::rwkv6_variant(), 128, 40, true, false, false, true, false},
                                 {&user, 200, 40, false, true, true, false, false},
-                                {&ladle::delta_rule_variant(true, true), 256, 24, true, false, true, false, false}};
+                                {&ladle::delta_rule_variant(true, true), 256, 24, true, false, true, false, false},
+                                // Decode-sized fp32 calls (the fused-recurrent form's own use): 3 tokens a sequence.
+                                {&ladle::kda_variant(true, true, true, true), 64, 64, false, false, true, false, false, 3, DType::f32},
+                                {&ladle::rwkv6_variant(), 64, 32, true, false, true, false, false, 3, DType::f32}};
   int seed = 0;
   for (const Case& c : cases) {
     const ir::Variant& variant = *c.variant;
     std::mt19937_64 rng(static_cast<std::uint64_t>(900 + seed++));
-    const std::int64_t T = 300, H = 4, K = c.K, V = c.V, B = c.packed ? 1 : 2;
+    const std::int64_t T = c.T, H = 4, K = c.K, V = c.V, B = c.packed ? 1 : 2;
     // GQA: q on every head, k and v on 2; GVA: q and k on 2, v on every head. The recurrence runs over H.
     const std::int64_t Hq = c.gva ? 2 : H, Hk = c.gqa || c.gva ? 2 : H, Hv = c.gqa ? 2 : H;
     const std::vector<std::int64_t> cu{0, 100, 100, 300};
@@ -689,9 +694,9 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
     };
     // Unnormalised keys of norm about 1, so that the delta rule's (I - beta k k^T) stays a contraction.
     const double k_scale = variant.l2_normalize_qk || variant.update != ir::Update::delta ? 0.5 : 1.0 / std::sqrt(double(K));
-    const Tensor& q = add(test::normal(rng, DType::bf16, {B, T, Hq, K}));
-    const Tensor& k = add(test::normal(rng, DType::bf16, {B, T, Hk, K}, k_scale));
-    const Tensor& v = add(test::normal(rng, DType::bf16, {B, T, Hv, V}));
+    const Tensor& q = add(test::normal(rng, c.type, {B, T, Hq, K}));
+    const Tensor& k = add(test::normal(rng, c.type, {B, T, Hk, K}, k_scale));
+    const Tensor& v = add(test::normal(rng, c.type, {B, T, Hv, V}));
     ladle::VariantInputs inputs;
     if (variant.find_input("scale") >= 0) inputs.scalars.emplace("scale", 0.125f);
     std::uniform_real_distribution<double> unit(0.1, 0.9);
@@ -720,9 +725,9 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
     std::copy(cu.begin(), cu.end(), static_cast<std::int64_t*>(offsets.data()));
     if (c.packed) options.cu_seqlens = offsets.view();
     if (c.initial_state) options.initial_state = add(test::normal(rng, DType::f32, {N, H, K, V}, 0.2)).view();
-    const Tensor& d_o = add(test::normal(rng, DType::bf16, {B, T, H, V}));
+    const Tensor& d_o = add(test::normal(rng, c.type, {B, T, H, V}));
     const Tensor& d_s = add(test::normal(rng, DType::f32, {N, H, K, V}, 0.1));
-    INFO(ir::to_string(variant) << " K " << K << " V " << V << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "")
+    INFO(ir::to_string(variant) << " T " << T << " " << ladle::dtype_name(c.type) << " K " << K << " V " << V << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "")
                                 << (c.gqa ? " GQA" : "") << (c.gva ? " GVA" : ""));
     const ladle::RecurrentForward on_cpu = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
     const ladle::RecurrentGradients want = ladle::run_variant_backward(on_cpu.saved, d_o.view(), d_s.view());
