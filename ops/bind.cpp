@@ -143,13 +143,7 @@ BoundInputs bind_inputs(std::string_view op, const ir::Variant& variant, const T
     }
     check.data(name, view);
     if (in.kind == ir::InputKind::head_key) {
-      // [H,K] or [B,H,K] -> [B,T,H,K], constant over the tokens (and over B for [H,K]): the
-      // backends read it as a per-token input over K whose row does not move.
-      const TensorView bhk = lead_with_ones(view, 3);
-      TensorView canonical = bhk;
-      canonical.shape = {d.B, d.T, bhk.shape[1], bhk.shape[2]};
-      canonical.strides = {bhk.shape[0] == 1 ? 0 : bhk.strides[0], 0, bhk.strides[1], bhk.strides[2]};
-      args.tensors[i] = canonical;
+      args.tensors[i] = head_key_view(view, d.B, d.T);
       continue;
     }
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;

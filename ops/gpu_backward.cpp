@@ -727,17 +727,10 @@ class BackwardCall {
       if (!grad_of_[i]) continue;
       const ir::Input& in = variant_.inputs[i];
       const std::string key = "d/" + in.name;
-      if (in.kind == ir::InputKind::head_key) {  // [H,K] or [B,H,K]: no token dimension ([H,K] none for B either)
-        const TensorView g = ops::detail::lead_with_ones(*grad_of_[i], 3);
-        extras_[key] = ptr(g.data);
-        extras_[key + "/sb"] = static_cast<long long>(g.strides[0]);
-        extras_[key + "/st"] = 0LL;
-        extras_[key + "/sh"] = static_cast<long long>(g.strides[1]);
-        extras_[key + "/sd"] = static_cast<long long>(g.strides[2]);
-        continue;
-      }
       const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;
-      const TensorView g = ops::detail::lead_with_ones(*grad_of_[i], rank);
+      // The view bind_inputs made of the input, over the gradient's memory ([H,K]: no token stride).
+      const TensorView g = in.kind == ir::InputKind::head_key ? ops::detail::head_key_view(*grad_of_[i], B_, T_)
+                                                              : ops::detail::lead_with_ones(*grad_of_[i], rank);
       // [H] broadcasts over the batch: every b adds into the same element.
       const long long sb = in.kind == ir::InputKind::head && grad_of_[i]->rank() == 1 ? 0 : g.strides[0];
       extras_[key] = ptr(g.data);

@@ -209,12 +209,8 @@ BackwardSetup setup_backward(const RecurrentSaved& saved, const TensorView& d_ou
     else if (in.role == ir::Role::value) target = &s.out.dv;
     else target = &s.out.inputs.emplace(in.name, Tensor(DType::f32, saved.inputs.tensors.at(in.name).shape, 0.0f)).first->second;
     // The canonical view bind_inputs made of the input, over the gradient's memory.
-    if (in.kind == ir::InputKind::head_key) {  // [H,K] or [B,H,K] as [B,T,H,K] with no token stride (no batch one for [H,K])
-      const TensorView bhk = ops::detail::lead_with_ones(target->view(), 3);
-      TensorView view = bhk;
-      view.shape = {d.B, d.T, bhk.shape[1], bhk.shape[2]};
-      view.strides = {bhk.shape[0] == 1 ? 0 : bhk.strides[0], 0, bhk.strides[1], bhk.strides[2]};
-      s.d_tensors[i] = view;
+    if (in.kind == ir::InputKind::head_key) {
+      s.d_tensors[i] = ops::detail::head_key_view(target->view(), d.B, d.T);
       continue;
     }
     const int rank = in.kind == ir::InputKind::head ? 2 : in.kind == ir::InputKind::token_head ? 3 : 4;

@@ -79,6 +79,7 @@ class BackwardEmitter {
 
   void extra(const std::string& c_type, const std::string& name, const std::string& what = "");
   void d_out_params();
+  void gradient_params();
   void declare_parameters();
   std::string header() const;
   void prologue();
@@ -117,6 +118,15 @@ void BackwardEmitter::extra(const std::string& c_type, const std::string& name, 
   kernel_.extra_types.push_back(c_type);
 }
 
+// Every tensor input's gradient (fp32) and its strides in the canonical layout, for the chain.
+void BackwardEmitter::gradient_params() {
+  for (std::size_t k = 0; k < inputs_.size(); ++k) {
+    if (inputs_[k].kind == ir::InputKind::scalar) continue;
+    extra("float*", "d_" + id_[k], "d/" + inputs_[k].name);
+    for (const char* dim : {"sb", "st", "sh", "sd"}) extra("long long", "d_" + id_[k] + "_" + dim, "d/" + inputs_[k].name + "/" + dim);
+  }
+}
+
 void BackwardEmitter::d_out_params() {
   extra(std::string("const ") + storage_type(spec_.d_output_type) + "*", "d_out");
   for (const char* name : {"d_out_stride_b", "d_out_stride_t", "d_out_stride_h", "d_out_stride_d"}) extra("long long", name);
@@ -148,12 +158,7 @@ void BackwardEmitter::declare_parameters() {
     if (slots_) {
       d_out_params();
     } else {
-      for (std::size_t k = 0; k < inputs_.size(); ++k) {
-        if (inputs_[k].kind == ir::InputKind::scalar) continue;
-        extra("float*", "d_" + id_[k], "d/" + inputs_[k].name);
-        for (const char* dim : {"sb", "st", "sh", "sd"})
-          extra("long long", "d_" + id_[k] + "_" + dim, "d/" + inputs_[k].name + "/" + dim);
-      }
+      gradient_params();
     }
   } else if (slots_) {
     if (spec_.write_q) extra(E + "*", "qs");
@@ -179,12 +184,7 @@ void BackwardEmitter::declare_parameters() {
       extra("float*", "totals");
     } else {
       if (decays_k_ || decays_v_) extra("const float*", "carry");
-      for (std::size_t k = 0; k < inputs_.size(); ++k) {
-        if (inputs_[k].kind == ir::InputKind::scalar) continue;
-        extra("float*", "d_" + id_[k], "d/" + inputs_[k].name);
-        for (const char* dim : {"sb", "st", "sh", "sd"})
-          extra("long long", "d_" + id_[k] + "_" + dim, "d/" + inputs_[k].name + "/" + dim);
-      }
+      gradient_params();
     }
   }
   if (spec_.varlen) extra("const long long*", "cu_seqlens");

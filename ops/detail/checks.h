@@ -106,6 +106,17 @@ inline TensorView lead_with_ones(TensorView view, int rank) {
   return view;
 }
 
+// A per-head-and-feature input ([H,K] or [B,H,K]) as the recurrence reads it, [B,T,H,K] constant
+// over the tokens (and over B for [H,K]): a per-token input over K whose row does not move. The
+// same view over a gradient's memory is where every token adds its part.
+inline TensorView head_key_view(const TensorView& view, std::int64_t B, std::int64_t T) {
+  const TensorView bhk = lead_with_ones(view, 3);
+  TensorView canonical = bhk;
+  canonical.shape = {B, T, bhk.shape[1], bhk.shape[2]};
+  canonical.strides = {bhk.shape[0] == 1 ? 0 : bhk.strides[0], 0, bhk.strides[1], bhk.strides[2]};
+  return canonical;
+}
+
 // A variant input given by name: the scalar, or the tensor, with an error that names it
 // (and says so when it was given as the other kind).
 inline float named_scalar(const Checker& check, const std::string& name, const std::map<std::string, float>& scalars,
