@@ -164,7 +164,7 @@ cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const 
   spec.varlen = !a.cu_seqlens.empty();
   spec.initial_state = a.initial_state.has_value();
   spec.d_final = d_final;
-  spec.block_v = cuda::update_backward_block_v(a.key_dim);
+  spec.block_v = cuda::update_backward_block_v(a.key_dim, spec.delta);
   return spec;
 }
 

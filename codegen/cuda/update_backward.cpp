@@ -11,15 +11,15 @@
 
 namespace ladle::cuda {
 
-int update_backward_block_v(std::int64_t key_dim) {
+int update_backward_block_v(std::int64_t key_dim, bool delta) {
   if (const char* forced = std::getenv("LADLE_UPDATE_BWD_BLOCK_V")) {  // a measurement knob: 8, 16 or 32 where K allows
     const int v = std::atoi(forced);
     if ((v == 8 && key_dim <= 512) || (v == 16 && key_dim <= 256) || (v == 32 && key_dim <= 128)) return v;
   }
-  // 16 up to K = 256: the fastest of 8, 16 and 32 for the delta rule and KDA at K = 128 (an H100, B8
-  // T4096 H16; RWKV6's read before the update 7 % faster at 8: bench/RESULTS.md, "Issue 36: the
-  // update forms' backward on the GPU").
-  if (key_dim <= 256) return 16;
+  // The fastest of 8, 16 and 32 at K = 128 (an H100, B8 T4096 H16): 16 for the delta rule and KDA,
+  // 8 for RWKV6's read before the update, 7 % ahead of 16 (bench/RESULTS.md, "Issue 36: the update
+  // forms' backward on the GPU").
+  if (key_dim <= 256) return delta ? 16 : 8;
   if (key_dim <= 512) return 8;
   throw InvalidArgument("the GPU backward of the update forms takes K up to 512 (a thread per row of the state), got K = " +
                         std::to_string(key_dim) + "; options.backend = cpu trains larger K on the CPU");

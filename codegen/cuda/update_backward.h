@@ -45,9 +45,10 @@ struct UpdateBackwardSpec {
 
 inline constexpr int update_backward_chunk = 64;  // steps between checkpoints
 
-// block_v for K: 16 up to K = 256, 8 up to 512 (LADLE_UPDATE_BWD_BLOCK_V = 8, 16 or 32 forces one
-// where K allows it: a measurement knob). Throws InvalidArgument past 512.
-int update_backward_block_v(std::int64_t key_dim);
+// block_v for K and the form: up to K = 256, 16 for the delta rule and 8 for a read before the
+// update (the fastest measured of each); 8 up to 512 (LADLE_UPDATE_BWD_BLOCK_V = 8, 16 or 32 forces
+// one where K allows it: a measurement knob). Throws InvalidArgument past 512.
+int update_backward_block_v(std::int64_t key_dim, bool delta);
 
 // The kernel's name (ladle_bwd_update_<hash of the spec>) and source. Its parameters, in order:
 //   const float* qs, kf, vf, dos, log_a, log_h, scale_s; float scale; const float* beta_s, bonus_s,
