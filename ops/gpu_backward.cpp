@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <variant>
 
 #include <fmt/format.h>
@@ -165,6 +166,15 @@ cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const 
   spec.initial_state = a.initial_state.has_value();
   spec.d_final = d_final;
   spec.block_v = cuda::update_backward_block_v(a.key_dim, spec.delta);
+  // The chunked WY form on the tensor cores where it runs the form and the inputs are 16-bit (its
+  // products take bf16 operands) and longer than one chunk; else the recurrence in fp32.
+  // LADLE_UPDATE_BWD_FORM = recurrent or chunked forces one where it can run (a measurement knob).
+  const char* forced = std::getenv("LADLE_UPDATE_BWD_FORM");
+  const bool can_chunk = cuda::update_backward_unchunked(spec, a.key_dim).empty();
+  if (forced && std::string(forced) == "recurrent") spec.chunked = false;
+  else if (forced && std::string(forced) == "chunked") spec.chunked = can_chunk;
+  else spec.chunked = can_chunk && bound.dims.type != DType::f32 && bound.dims.T >= cuda::update_backward_chunk;
+  spec.block_k = cuda::update_backward_block_k(a.key_dim);
   return spec;
 }
 
@@ -783,20 +793,9 @@ class BackwardCall {
     if (spec.scale_table) gscale = scratch(DType::f32, head_shape, stream);
     if (spec.beta) gbeta = zeroed(head_shape);
     if (spec.bonus) gbonus = zeroed(key_shape_);
-    const std::int64_t slices = (V_ + spec.block_v - 1) / spec.block_v, KP = (K_ + 31) / 32 * 32;
-    const std::int64_t blocks = N_ * H_ * slices;
-    const std::int64_t per_block = static_cast<std::int64_t>(spec.block_v) * KP;
-    Scratch ckpt = scratch(DType::f32, {std::max<std::int64_t>(blocks * C_ * per_block, 1)}, stream);
-    Scratch chunk = scratch(DType::f32, {std::max<std::int64_t>(blocks * cuda::update_backward_chunk * per_block, 1)}, stream);
+    Scratch ckpt = scratch(DType::f32, {cuda::update_backward_ckpt_floats(spec, N_, H_, C_, K_, V_)}, stream);
+    Scratch chunk = scratch(DType::f32, {cuda::update_backward_chunk_floats(spec, N_, H_, K_, V_)}, stream);
     {
-      const std::string name = cuda::update_backward_name(spec);
-      const auto& loaded = detail::loaded_kernel<HelperKernel>("update backward|" + name, arch_, [&](const std::string& target) {
-        struct {
-          HelperKernel kernel;
-          CompiledProgram program;
-        } out{{name}, compile_update_backward(spec, target)};
-        return out;
-      });
       const bool initial_gradient = a_.initial_state && gradients_.d_initial_state;
       KernelArgs packed;
       packed.add(ptr(qs_.view.data)).add(ptr(kf_.view.data)).add(ptr(vf_.view.data)).add(ptr(dos_.view.data));
@@ -808,8 +807,22 @@ class BackwardCall {
       packed.add(initial_gradient ? ptr(gradients_.d_initial_state->data) : std::uint64_t{0});
       packed.add(offsets_.device_ptr());
       packed.add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_)).add(static_cast<int>(C_));
-      loaded.function->launch({static_cast<unsigned>(slices), static_cast<unsigned>(N_ * H_), 1}, {static_cast<unsigned>(KP), 1, 1}, packed,
-                              0, stream);
+      for (const cuda::UpdateBackwardLaunch& launch : cuda::update_backward_launches(spec, N_, H_, C_, K_, V_)) {
+        struct UpdateKernel {
+          std::string name;
+          int shared_bytes = 0;
+        };
+        const auto& loaded = detail::loaded_kernel<UpdateKernel>("update backward|" + launch.name, arch_, [&](const std::string& target) {
+          struct {
+            UpdateKernel kernel;
+            CompiledProgram program;
+          } out{{launch.name, launch.shared_bytes}, compile_update_backward(spec, target)};
+          return out;
+        });
+        if (launch.grid[0] > 0 && launch.grid[1] > 0 && launch.grid[2] > 0)
+          loaded.function->launch({launch.grid[0], launch.grid[1], launch.grid[2]}, {launch.threads, 1, 1}, packed,
+                                  static_cast<unsigned>(launch.shared_bytes), stream);
+      }
     }
     {
       const auto& loaded = helper("ladle_bwd_update_finish");

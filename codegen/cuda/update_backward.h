@@ -18,6 +18,20 @@
 // scale q and k), dL/d log a per key feature (the decay of the state's rows), dL/d beta, dL/d bonus;
 // dL/dv whole; and d initial_state.
 //
+// The chunked WY form (spec.chunked; codegen/device/wy_backward.cuh): the delta rule and the gated
+// delta rule on the tensor cores, the same slots in and the same gradients out, in chunks of 64 tokens
+// (the WY / UT form of chunked_delta.h). Three kernels, 256 threads each, `ckpt` their work arrays
+// (bf16 tiles: qhat, khat, W, U, E, dE, h, dh, T; g in fp32), `chunk` unused:
+//   ladle_bwd_wy_prepare   (C, N H): every chunk at once: qhat, khat, the cumulative log decay g,
+//                          T = (I + L)^(-1) by substitution in fp32, W and U;
+//   ladle_bwd_wy_states    (ceil(V / 64), N H): the only serial pass, 64 value columns a block, the
+//                          state (then dS) in shared memory in fp32: forward through the chunks (h, E),
+//                          then backward from d_final (dh, dE), and d initial_state;
+//   ladle_bwd_wy_gradients (C, N H, ceil(V / 64)): every chunk at once: dqhat, dkhat, dbeta and the head
+//                          decay's d log h (into ga[row, 0]) added atomically, dv written.
+// The products take bf16 operands with fp32 accumulators (fla's precision); the state, T and the
+// gate and strength gradients' sums are fp32. A log decay below -110 counts as -110 (exp: 0 in fp32).
+//
 // ladle_bwd_update_finish (in backward_helpers_source): per token, dL/d qhat and dL/d khat to
 // dL/d q_feature and dL/d k_feature through the normalisation and the scale, dL/d scale, and a head
 // decay's dL/d log h as the sum over K.
@@ -25,6 +39,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ladle::cuda {
 
@@ -40,10 +55,18 @@ struct UpdateBackwardSpec {
   bool varlen = false;         // cu_seqlens (i64)
   bool initial_state = false;  // h0 [N,H,K,V] fp32
   bool d_final = false;        // d_final [N,H,K,V] fp32
-  int block_v = 32;            // value columns a block: 8, 16 or 32
+  int block_v = 32;            // value columns a block: 8, 16 or 32 (the recurrent form)
+  // The chunked WY form on the tensor cores instead of the recurrence (below): the delta rule with a
+  // head decay or none, K <= 128; block_v unused.
+  bool chunked = false;
+  int block_k = 128;  // the chunked form's key rows: 64 or 128, at least K (update_backward_block_k)
 };
 
-inline constexpr int update_backward_chunk = 64;  // steps between checkpoints
+inline constexpr int update_backward_chunk = 64;  // steps between checkpoints; the chunked form's chunk
+
+// Why the chunked form cannot run this spec at K (empty: it can), and its block_k for K.
+std::string update_backward_unchunked(const UpdateBackwardSpec& spec, std::int64_t key_dim);
+inline int update_backward_block_k(std::int64_t key_dim) { return key_dim <= 64 ? 64 : 128; }
 
 // block_v for K and the form: up to K = 256, 16 for the delta rule and 8 for a read before the
 // update (the fastest measured of each); 8 up to 512 (LADLE_UPDATE_BWD_BLOCK_V = 8, 16 or 32 forces
@@ -56,7 +79,25 @@ int update_backward_block_v(std::int64_t key_dim, bool delta);
 //   float* gq, gk, gv, ga, gbeta, gbonus, d_h0 ([N,H,K,V]; null: none);
 //   const long long* cu_seqlens; int T, H, K, V, C (checkpoints a sequence: chunks of the longest);
 // with S = ceil(V / block_v), KP = 32 ceil(K / 32). Unused pointers may be null.
+// (The recurrent form.)
 std::string update_backward_name(const UpdateBackwardSpec& spec);
+// Every kernel of the spec's form, in one source: ladle_bwd_update, or the chunked form's three.
 std::string update_backward_source(const UpdateBackwardSpec& spec);
+
+// One kernel launch of a form, in order: all take the parameters above.
+struct UpdateBackwardLaunch {
+  std::string name;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned threads = 0;
+  int shared_bytes = 0;  // dynamic
+};
+// The launches for N sequences, H heads, C chunks of 64 of the longest sequence, K and V; and the
+// floats of `ckpt` and `chunk` they need (at least 1 each).
+std::vector<UpdateBackwardLaunch> update_backward_launches(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H,
+                                                           std::int64_t C, std::int64_t K, std::int64_t V);
+std::int64_t update_backward_ckpt_floats(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H, std::int64_t C,
+                                         std::int64_t K, std::int64_t V);
+std::int64_t update_backward_chunk_floats(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H, std::int64_t K,
+                                          std::int64_t V);
 
 }  // namespace ladle::cuda

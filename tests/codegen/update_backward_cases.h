@@ -65,6 +65,26 @@ inline std::vector<Case> all() {
     c.T = 150, c.K = 16, c.V = 12;
     cases.push_back(c);
   }
+  // The chunked WY form (spec.chunked): the gated delta rule packed, one sequence empty, with initial
+  // and final states and a partial chunk, K and V padded (40 of 64 key rows, 20 of 64 columns); the
+  // delta rule reversed with a per-token scale over two value slices and 128 key rows.
+  {
+    Case c;
+    c.name = "wy_gated_delta_packed_initial_final";
+    c.spec.delta = true, c.spec.head_decay = true, c.spec.beta = true, c.spec.l2 = true;
+    c.spec.varlen = true, c.spec.initial_state = true, c.spec.d_final = true, c.spec.chunked = true, c.spec.block_k = 64;
+    c.cu_seqlens = {0, 70, 70, 150};
+    c.T = 150, c.K = 40, c.V = 20;
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "wy_delta_scale_table_reverse";
+    c.spec.delta = true, c.spec.beta = true, c.spec.scale_table = true, c.spec.reverse = true, c.spec.chunked = true;
+    c.spec.block_k = 128;
+    c.B = 2, c.T = 65, c.K = 72, c.V = 72;
+    cases.push_back(c);
+  }
   return cases;
 }
 

@@ -1,4 +1,4 @@
-// Writes ladle_bwd_update of every case of update_backward_cases.h, each with a wrapper that unpacks
+// Writes the kernels (ladle_bwd_update, or the chunked form's three) of every case of update_backward_cases.h, each with a wrapper that unpacks
 // a driver-style argument array, and a table of them, to the file named by argv[1], then the
 // backward's helper kernels (ladle_bwd_update_finish among them); codegen-cuda_update_backward runs
 // them on the host emulation. Every kernel's source is a thin extern "C" kernel (its name differs by
@@ -35,12 +35,16 @@ int main(int argc, char** argv) {
   std::string table;
   int index = 0;
   for (const update_backward_cases::Case& c : update_backward_cases::all()) {
-    const std::string source = ladle::cuda::update_backward_source(c.spec), name = ladle::cuda::update_backward_name(c.spec);
-    out << source << "\nstatic void launch_update_backward_" << index << "(void** args) {\n  " << name << "(";
-    for (std::size_t p = 0; p < std::size(param_types); ++p)
-      out << (p ? ",\n      " : "") << "*static_cast<" << param_types[p] << "*>(args[" << p << "])";
-    out << ");\n}\n\n";
-    table += "    {\"" + name + "\", launch_update_backward_" + std::to_string(index++) + "},\n";
+    out << ladle::cuda::update_backward_source(c.spec) << "\n";
+    // A wrapper a kernel of the case's form (the chunked form has three); the launches' names do not
+    // depend on the sizes.
+    for (const ladle::cuda::UpdateBackwardLaunch& launch : ladle::cuda::update_backward_launches(c.spec, 1, 1, 1, c.K, c.V)) {
+      out << "static void launch_update_backward_" << index << "(void** args) {\n  " << launch.name << "(";
+      for (std::size_t p = 0; p < std::size(param_types); ++p)
+        out << (p ? ",\n      " : "") << "*static_cast<" << param_types[p] << "*>(args[" << p << "])";
+      out << ");\n}\n\n";
+      table += "    {\"" + launch.name + "\", launch_update_backward_" + std::to_string(index++) + "},\n";
+    }
   }
   out << "static const EmulatedKernel emulated_update_backward_kernels[] = {\n" << table << "};\n\n";
   out << ladle::cuda::backward_helpers_source();  // ladle_bwd_update_finish, called by name

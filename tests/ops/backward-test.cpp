@@ -15,6 +15,7 @@
 #include <ladle/runtime/error.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 #include <functional>
@@ -673,6 +674,7 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
                                 {&ladle::rwkv6_variant(), 64, 64, false, true, true, false, false},
                                 {&ladle::rwkv6_variant(), 128, 40, true, false, false, true, false},
                                 {&user, 200, 40, false, true, true, false, false},
+                                {&user, 64, 40, true, true, true, false, false},
                                 {&ladle::delta_rule_variant(true, true), 256, 24, true, false, true, false, false},
                                 // Decode-sized fp32 calls (the fused-recurrent form's own use): 3 tokens a sequence.
                                 {&ladle::kda_variant(true, true, true, true), 64, 64, false, false, true, false, false, 3, DType::f32},
@@ -737,23 +739,32 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
       CHECK_THROWS_AS(ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options), ladle::NoCudaDriver);
       continue;
     }
-    const ladle::RecurrentForward on_gpu = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
-    const ladle::RecurrentGradients got = ladle::run_variant_backward(on_gpu.saved, d_o.view(), d_s.view());
-    const auto compare = [&](const std::string& name, const Tensor& g, const Tensor& w) {
-      const std::vector<double> ref = test::values_of(w);
-      double norm = 0.0;
-      for (double x : ref) norm += x * x;
-      const double error = test::relative_error(g, ref);
-      INFO("d" << name << ": relative error " << error << ", |reference| " << std::sqrt(norm));
-      CHECK(g.shape() == w.shape());
-      CHECK(norm > 0.0);
-      CHECK(error < 2e-3);
-    };
-    compare("q", got.dq, want.dq);
-    compare("k", got.dk, want.dk);
-    compare("v", got.dv, want.dv);
-    for (const auto& [name, w] : want.inputs) compare(name, got.inputs.at(name), w);
-    if (c.initial_state) compare("h0", *got.d_initial_state, *want.d_initial_state);
+    // Each form where it runs: the recurrence in fp32, and the delta rule's chunked WY form on the
+    // tensor cores (16-bit inputs, no key-side decay, K <= 128), whose products take bf16 operands.
+    const bool chunks = c.type != DType::f32 && variant.update == ir::Update::delta && !variant.has(ir::Slot::log_decay_k) && K <= 128;
+    for (const char* form : {"recurrent", "chunked"}) {
+      if (std::string(form) == "chunked" && !chunks) continue;
+      INFO("the " << form << " form");
+      ::setenv("LADLE_UPDATE_BWD_FORM", form, 1);
+      const ladle::RecurrentForward on_gpu = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
+      const ladle::RecurrentGradients got = ladle::run_variant_backward(on_gpu.saved, d_o.view(), d_s.view());
+      ::unsetenv("LADLE_UPDATE_BWD_FORM");
+      const auto compare = [&](const std::string& name, const Tensor& g, const Tensor& w) {
+        const std::vector<double> ref = test::values_of(w);
+        double norm = 0.0;
+        for (double x : ref) norm += x * x;
+        const double error = test::relative_error(g, ref);
+        INFO("d" << name << ": relative error " << error << ", |reference| " << std::sqrt(norm));
+        CHECK(g.shape() == w.shape());
+        CHECK(norm > 0.0);
+        CHECK(error < (std::string(form) == "chunked" ? 1.5e-2 : 2e-3));
+      };
+      compare("q", got.dq, want.dq);
+      compare("k", got.dk, want.dk);
+      compare("v", got.dv, want.dv);
+      for (const auto& [name, w] : want.inputs) compare(name, got.inputs.at(name), w);
+      if (c.initial_state) compare("h0", *got.d_initial_state, *want.d_initial_state);
+    }
   }
 }
 

@@ -1,0 +1,74 @@
+// Products of bf16 tiles in shared memory on mma.sync (m16n8k16, fp32 accumulators), for kernels that
+// chain many small products a block (the chunked WY backward, wy_backward.cuh). A warp owns a 16 x 32
+// tile of the result at a time: ladle_tiles hands a block's warps the tiles of an M x N result,
+// ladle_tile_mma adds A B over a depth to the tile's accumulators, ladle_tile_each visits them.
+// Either operand may be stored either way round, so that no product needs a transposed copy:
+// A as [m][k] or [k][m] (ldmatrix .trans), B as [n][k] or [k][n] (.trans). Rows 16-byte aligned,
+// their stride a multiple of 8 elements (padded by 8 against bank conflicts). Needs tensor_core.cuh.
+#ifndef LADLE_BLOCK_MMA
+#define LADLE_BLOCK_MMA
+
+typedef float LadleTileAcc[4][4];  // [n8 block j][fragment register]: rows l/4 (0, 1) and l/4 + 8 (2, 3)
+
+__device__ __forceinline__ void ladle_tile_zero(LadleTileAcc& acc) {
+  LADLE_UNROLL
+  for (int j = 0; j < 4; ++j)
+    LADLE_UNROLL
+    for (int r = 0; r < 4; ++r) acc[j][r] = 0.0f;
+}
+
+// acc += A B for the tile at (m0, n0), over k in [0, depth) (a multiple of 16). A_KM: A stored
+// [k][m] (row stride lda), else [m][k]; B_KN: B stored [k][n], else [n][k].
+template <bool A_KM, bool B_KN>
+__device__ __forceinline__ void ladle_tile_mma(LadleTileAcc& acc, const unsigned short* A, int lda, const unsigned short* B, int ldb,
+                                               int m0, int n0, int depth) {
+  const int l = threadIdx.x & 31, row8 = l & 7, second = (l >> 3) & 1, upper = l >> 4;
+  for (int k0 = 0; k0 < depth; k0 += 16) {
+    unsigned a[4];  // matrices (m, k), (m + 8, k), (m, k + 8), (m + 8, k + 8)
+    if (A_KM) ladle_ldmatrix_x4_trans(a, A + (k0 + row8 + upper * 8) * lda + m0 + second * 8);
+    else ladle_ldmatrix_x4(a, A + (m0 + row8 + second * 8) * lda + k0 + upper * 8);
+    LADLE_UNROLL
+    for (int p = 0; p < 2; ++p) {
+      unsigned b[4];  // n blocks 2p and 2p + 1: (k, n), (k + 8, n), then the same at n + 8
+      const int nb = n0 + 16 * p;
+      if (B_KN) ladle_ldmatrix_x4_trans(b, B + (k0 + row8 + second * 8) * ldb + nb + upper * 8);
+      else ladle_ldmatrix_x4(b, B + (nb + row8 + upper * 8) * ldb + k0 + second * 8);
+      ladle_mma_bf16(acc[2 * p], a, b[0], b[1]);
+      ladle_mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// f(row, column, value) for the tile's 16 values this lane holds: rows m0 + l/4 and m0 + l/4 + 8,
+// columns n0 + 8j + 2(l % 4) and the one after.
+template <class F>
+__device__ __forceinline__ void ladle_tile_each(const LadleTileAcc& acc, int m0, int n0, F&& f) {
+  const int l = threadIdx.x & 31;
+  LADLE_UNROLL
+  for (int j = 0; j < 4; ++j)
+    LADLE_UNROLL
+    for (int r = 0; r < 4; ++r) f(m0 + (l >> 2) + (r >> 1) * 8, n0 + 8 * j + 2 * (l & 3) + (r & 1), acc[j][r]);
+}
+
+// f(m0, n0) for each 16 x 32 tile of an M x N result (M a multiple of 16, N of 32) this warp owns.
+template <class F>
+__device__ __forceinline__ void ladle_tiles(int M, int N, F&& f) {
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, across = N / 32;
+  for (int t = warp; t < (M / 16) * across; t += warps) f((t / across) * 16, (t % across) * 32);
+}
+
+// out[m0 + l/4] += top and out[m0 + l/4 + 8] += bottom summed over the tile's four lanes of a row
+// (a row's 32 columns): the sums of a tile's rows, added into shared memory.
+__device__ __forceinline__ void ladle_tile_rows_add(float* out, int m0, float top, float bottom) {
+  top += __shfl_xor_sync(0xffffffffu, top, 1);
+  top += __shfl_xor_sync(0xffffffffu, top, 2);
+  bottom += __shfl_xor_sync(0xffffffffu, bottom, 1);
+  bottom += __shfl_xor_sync(0xffffffffu, bottom, 2);
+  const int l = threadIdx.x & 31;
+  if ((l & 3) == 0) {
+    atomicAdd(out + m0 + (l >> 2), top);
+    atomicAdd(out + m0 + (l >> 2) + 8, bottom);
+  }
+}
+
+#endif  // LADLE_BLOCK_MMA

@@ -1,0 +1,574 @@
+// The delta rule's and the gated delta rule's chunked backward on the tensor cores, device side: three
+// kernels over the same parameters as ladle_bwd_update (update_backward.cuh: LadleUpdateArgs, the
+// slots the generated slots kernel wrote, the slots' gradients out), args.ckpt their work arrays.
+// codegen/cuda/update_backward.h says what each computes, its grid and its work arrays' layout.
+// Within a chunk of C = 64 tokens with cumulative log decay g (g_t = log_h_1 + ... + log_h_t; 0
+// without a decay), Gamma_ts = exp(g_t - g_s), the forward is
+//   L = tril(diag(beta) (K K^T . Gamma), -1), T = (I + L)^(-1), W = T diag(beta e^g) K, U = T diag(beta) V,
+//   E = U - W S_0, O = diag(e^g) Q S_0 + (Q K^T . Gamma)_(t >= s) E,
+//   S_C = e^(g_C) S_0 + (diag(e^(g_C - g)) K)^T E,
+// with q and k as the recurrence reads them (qhat, khat: scaled and L2-normalised). The products
+// run on mma.sync from bf16 tiles in shared memory (block_mma.cuh), fp32 accumulators; the states,
+// T's substitution and every gate and strength gradient are fp32. Needs storage.cuh, tensor_core.cuh,
+// block_mma.cuh and update_backward.cuh first.
+#ifndef LADLE_WY_BACKWARD
+#define LADLE_WY_BACKWARD
+
+#define LADLE_WY_C 64          // tokens a chunk
+#define LADLE_WY_VS 64         // value columns a block of the states and gradient kernels
+#define LADLE_WY_LOG_FLOOR (-110.0f) // a log decay below counts as this one (exp: 0 in fp32; a hard reset's -inf included)
+
+// The work arrays, carved from args.ckpt in this order, for `chunks` = N H C chunks (C: chunks of
+// the longest sequence) with KP key rows and VP = 64 ceil(V / 64) value columns, row-major per chunk:
+// qhat, khat, W [C][KP]; U, E, dE [C][VP]; h (the state entering the chunk), dh (dL/d the state
+// leaving it) [KP][VP]; T [C][C] (bf16); g [C] (fp32). update_backward_work_bytes mirrors it.
+struct LadleWyWork {
+  unsigned short *qh, *kh, *w, *u, *e, *de, *h, *dh, *t;
+  float* g;
+  __device__ __forceinline__ LadleWyWork(float* base, long long chunks, int KP, int VP) {
+    unsigned short* p = reinterpret_cast<unsigned short*>(base);
+    const long long ck = chunks * LADLE_WY_C * KP, cv = chunks * LADLE_WY_C * VP, kv = chunks * KP * VP;
+    qh = p, p += ck, kh = p, p += ck, w = p, p += ck;
+    u = p, p += cv, e = p, p += cv, de = p, p += cv;
+    h = p, p += kv, dh = p, p += kv;
+    t = p, p += chunks * LADLE_WY_C * LADLE_WY_C;
+    g = reinterpret_cast<float*>(p);
+  }
+};
+
+// One (sequence, head): its tokens' rows of the slots in the recurrence's order.
+template <unsigned FORM>
+struct LadleWySequence {
+  long long bos = 0, eos = 0, len = 0, T = 0;
+  int b = 0, h = 0, H = 0;
+  __device__ __forceinline__ LadleWySequence(const LadleUpdateArgs& p, int nh) : T(p.T), H(p.H) {
+    const int n = nh / p.H;
+    h = nh % p.H;
+    if (FORM & ladle_upd_varlen) b = 0, bos = p.cu_seqlens[n], eos = p.cu_seqlens[n + 1];
+    else b = n, bos = 0, eos = p.T;
+    len = eos - bos;
+  }
+  __device__ __forceinline__ long long row(long long step) const {
+    const long long t = (FORM & ladle_upd_reverse) ? eos - 1 - step : bos + step;
+    return (static_cast<long long>(b) * T + t) * H + h;
+  }
+};
+
+// rows x cols 16-bit values (cols a multiple of 8) from global (row stride gs) to shared (row stride ss).
+__device__ __forceinline__ void ladle_wy_copy(unsigned short* dst, int ss, const unsigned short* src, long long gs, int rows, int cols) {
+  const int per = cols / 8;
+  for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
+    const int r = e / per, c = (e % per) * 8;
+    ladle_st16(dst + r * ss + c, ladle_ld16(src + r * gs + c));
+  }
+}
+
+// The same from shared to global.
+__device__ __forceinline__ void ladle_wy_store(unsigned short* dst, long long gs, const unsigned short* src, int ss, int rows, int cols) {
+  const int per = cols / 8;
+  for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
+    const int r = e / per, c = (e % per) * 8;
+    ladle_st16(dst + r * gs + c, ladle_ld16(src + r * ss + c));
+  }
+}
+
+__device__ __forceinline__ void ladle_tile_sub(LadleTileAcc& acc, const LadleTileAcc& other) {
+  LADLE_UNROLL
+  for (int j = 0; j < 4; ++j)
+    LADLE_UNROLL
+    for (int r = 0; r < 4; ++r) acc[j][r] -= other[j][r];
+}
+
+template <int KP, unsigned FORM>
+struct LadleWy {
+  static constexpr int C = LADLE_WY_C, LK = KP + 8, LT = LADLE_WY_VS + 8, LC = LADLE_WY_C + 1;
+  static constexpr bool head = (FORM & ladle_upd_head) != 0, has_beta = (FORM & ladle_upd_beta) != 0, l2 = (FORM & ladle_upd_l2) != 0;
+  static constexpr bool scale_table = (FORM & ladle_upd_scale_table) != 0;
+
+  // Shared memory of each kernel in bytes (update_backward_shared_bytes mirrors them).
+  static constexpr int prepare_shared(int VP) { return 2 * (2 * C * LK + C * (VP + 8) + C * LT) + 4 * (2 * C * LC + 4 * C); }
+  static constexpr int states_shared() { return 4 * KP * (LADLE_WY_VS + 4) + 2 * (KP * LT + 5 * C * LK + 4 * C * LT) + 4 * C; }
+  static constexpr int gradients_shared() { return 2 * (3 * C * LK + 2 * KP * LT + 9 * C * LT) + 4 * (2 * C * LC + 5 * C + 4); }
+
+  // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: qhat,
+  //    khat, g, T (by substitution, fp32), W and U into the work arrays.
+  static __device__ void prepare(const LadleUpdateArgs& p) {
+    const int VP = (p.V + 63) / 64 * 64, LV = VP + 8, K = p.K, c = blockIdx.x, nh = blockIdx.y;
+    const LadleWySequence<FORM> seq(p, nh);
+    const long long s0 = static_cast<long long>(c) * C;
+    if (s0 >= seq.len) return;
+    const int L = static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C);
+    const LadleWyWork work(p.ckpt, static_cast<long long>(p.C) * gridDim.y, KP, VP);
+    const long long q = static_cast<long long>(nh) * p.C + c;
+    LADLE_DYNAMIC_SHARED(smem);
+    unsigned short* const kb = reinterpret_cast<unsigned short*>(smem);  // khat [C][LK]
+    unsigned short* const kgb = kb + C * LK;                              // beta e^g khat [C][LK]
+    unsigned short* const vb = kgb + C * LK;                              // beta v [C][LV]
+    unsigned short* const tb = vb + C * LV;                               // T [C][LT]
+    float* const lf = reinterpret_cast<float*>(tb + C * LT);              // L [C][LC]
+    float* const tf = lf + C * LC;                                        // T [C][LC]
+    float* const gs = tf + C * LC;
+    float* const bs = gs + C;
+    float* const qsc = bs + C;
+    float* const krn = qsc + C;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+
+    // A warp a token: the norms, the strength and the log decay (zero past the chunk's tokens).
+    for (int t = warp; t < C; t += warps) {
+      float qq = 0.0f, kk = 0.0f;
+      const long long r = seq.row(s0 + (t < L ? t : 0));
+      if (t < L)
+        for (int f = lane; f < K; f += 32) {
+          const float x = p.qs[r * K + f], y = p.kf[r * K + f];
+          qq += x * x, kk += y * y;
+        }
+      for (int off = 16; off > 0; off >>= 1) qq += __shfl_xor_sync(0xffffffffu, qq, off), kk += __shfl_xor_sync(0xffffffffu, kk, off);
+      if (lane == 0) {
+        const bool live = t < L;
+        const float sc = scale_table ? (live ? p.scale_s[r] : 0.0f) : p.scale;
+        qsc[t] = live ? sc * (l2 ? rsqrtf(qq + p.eps) : 1.0f) : 0.0f;
+        krn[t] = live ? (l2 ? rsqrtf(kk + p.eps) : 1.0f) : 0.0f;
+        bs[t] = live ? (has_beta ? p.beta_s[r] : 1.0f) : 0.0f;
+        gs[t] = live && head ? fmaxf(p.log_h[r], LADLE_WY_LOG_FLOOR) : 0.0f;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // cumulative; the rows past the chunk's tokens keep its last
+      float run = 0.0f;
+      for (int t = 0; t < C; ++t) run += gs[t], gs[t] = run;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
+      const int t = e / KP, f = e % KP;
+      float x = 0.0f, y = 0.0f;
+      if (t < L && f < K) {
+        const long long r = seq.row(s0 + t);
+        x = p.qs[r * K + f] * qsc[t], y = p.kf[r * K + f] * krn[t];
+      }
+      const unsigned short kbits = ladle_bf16_bits(y);
+      work.qh[(q * C + t) * KP + f] = ladle_bf16_bits(x);
+      work.kh[(q * C + t) * KP + f] = kbits;
+      kb[t * LK + f] = kbits;
+      kgb[t * LK + f] = ladle_bf16_bits(bs[t] * expf(gs[t]) * y);
+    }
+    for (int e = threadIdx.x; e < C * VP; e += blockDim.x) {
+      const int t = e / VP, j = e % VP;
+      vb[t * LV + j] = ladle_bf16_bits(t < L && j < p.V ? bs[t] * p.vf[seq.row(s0 + t) * p.V + j] : 0.0f);
+    }
+    if (threadIdx.x < C) work.g[q * C + threadIdx.x] = gs[threadIdx.x];
+    __syncthreads();
+    // L = tril(diag(beta) (K K^T . Gamma), -1)
+    ladle_tiles(C, C, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<false, false>(acc, kb, LK, kb, LK, m0, n0, KP);
+      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { lf[i * LC + j] = i > j ? bs[i] * expf(gs[i] - gs[j]) * x : 0.0f; });
+    });
+    __syncthreads();
+    // T = (I + L)^(-1), row by row: T_i = e_i - sum_(m < i) L_im T_m; four lanes a column, each a
+    // quarter of the sum.
+    {
+      const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
+      if (threadIdx.x < 4 * C && part == 0) tf[j] = j == 0 ? 1.0f : 0.0f;
+      __syncthreads();
+      for (int i = 1; i < C; ++i) {
+        float x = 0.0f;
+        if (threadIdx.x < 4 * C)
+          for (int m = j + part; m < i; m += 4) x += lf[i * LC + m] * tf[m * LC + j];
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        if (threadIdx.x < 4 * C && part == 0) tf[i * LC + j] = (i == j ? 1.0f : 0.0f) - x;
+        __syncthreads();
+      }
+    }
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
+      const unsigned short bits = ladle_bf16_bits(tf[(e / C) * LC + e % C]);
+      tb[(e / C) * LT + e % C] = bits;
+      work.t[q * C * C + e] = bits;
+    }
+    __syncthreads();
+    // W = T diag(beta e^g) K, U = T diag(beta) V
+    ladle_tiles(C, KP, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<false, true>(acc, tb, LT, kgb, LK, m0, n0, C);
+      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { work.w[(q * C + i) * KP + j] = ladle_bf16_bits(x); });
+    });
+    ladle_tiles(C, VP, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<false, true>(acc, tb, LT, vb, LV, m0, n0, C);
+      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { work.u[(q * C + i) * VP + j] = ladle_bf16_bits(x); });
+    });
+  }
+
+  // 2. states (grid: VP / 64, N H; 256 threads): the serial pass over one sequence's chunks for 64
+  //    value columns, the state in shared memory (fp32). Forward: h = S_0, E = U - W S_0, S_C; then
+  //    backward from d_final: dh = dS (the gradient of the state leaving the chunk),
+  //    dE = (Q K^T . Gamma)_(t >= s)^T dO + diag(e^(g_C - g)) K dS,
+  //    dS becomes e^(g_C) dS + (diag(e^g) Q)^T dO - W^T dE; at the end d initial_state.
+  static __device__ void states(const LadleUpdateArgs& p) {
+    const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, nh = blockIdx.y, j0 = blockIdx.x * LADLE_WY_VS;
+    const LadleWySequence<FORM> seq(p, nh);
+    const long long chunks = (seq.len + C - 1) / C;
+    const LadleWyWork work(p.ckpt, static_cast<long long>(p.C) * gridDim.y, KP, VP);
+    constexpr int LS = LADLE_WY_VS + 4;
+    LADLE_DYNAMIC_SHARED(smem);
+    float* const sf = reinterpret_cast<float*>(smem);                   // S, then dS [KP][LS]
+    unsigned short* const sb = reinterpret_cast<unsigned short*>(sf + KP * LS);  // S or dS in bf16 [KP][LT]
+    unsigned short* const wb = sb + KP * LT;                             // W [C][LK]
+    unsigned short* const kdb = wb + C * LK;                             // e^(g_C - g) khat [C][LK]
+    unsigned short* const qb = kdb + C * LK;                             // qhat [C][LK]
+    unsigned short* const kb = qb + C * LK;                              // khat [C][LK]
+    unsigned short* const qgb = kb + C * LK;                             // e^g qhat [C][LK]
+    unsigned short* const mb = qgb + C * LK;                             // (Q K^T . Gamma)_(t >= s) [C][LT]
+    unsigned short* const ub = mb + C * LT;                              // U, then dO [C][LT]
+    unsigned short* const eb = ub + C * LT;                              // E [C][LT]
+    unsigned short* const deb = eb + C * LT;                             // dE [C][LT]
+    float* const gs = reinterpret_cast<float*>(deb + C * LT);            // g [C]
+    const long long state_at = static_cast<long long>(nh) * K * V;
+    for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
+      const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+      const bool live = f < K && j0 + j < V;
+      sf[f * LS + j] = (FORM & ladle_upd_initial) && live ? p.h0[state_at + static_cast<long long>(f) * V + j0 + j] : 0.0f;
+    }
+    __syncthreads();
+    // S and its bf16 copy into sb, the copy also to `out` ([KP][VP] at column j0).
+    const auto publish = [&](unsigned short* out) {
+      for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
+        const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+        sb[f * LT + j] = ladle_bf16_bits(sf[f * LS + j]);
+      }
+      __syncthreads();
+      ladle_wy_store(out + j0, VP, sb, LT, KP, LADLE_WY_VS);
+    };
+    // k's rows decayed to the chunk's end: e^(g_C - g_t) khat_t.
+    const auto decayed_keys = [&](long long q) {
+      const float last = work.g[q * C + C - 1];
+      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
+        const int t = e / KP, f = e % KP;
+        kdb[t * LK + f] = ladle_bf16_bits(expf(last - work.g[q * C + t]) * ladle_bf16_float(work.kh[(q * C + t) * KP + f]));
+      }
+    };
+    for (long long c = 0; c < chunks; ++c) {
+      const long long q = static_cast<long long>(nh) * p.C + c;
+      const float decay = expf(work.g[q * C + C - 1]);
+      ladle_wy_copy(wb, LK, work.w + q * C * KP, KP, C, KP);
+      ladle_wy_copy(ub, LT, work.u + q * C * VP + j0, VP, C, LADLE_WY_VS);
+      decayed_keys(q);
+      publish(work.h + q * KP * VP);
+      __syncthreads();
+      ladle_tiles(C, LADLE_WY_VS, [&](int m0, int n0) {  // E = U - W S_0
+        LadleTileAcc acc;
+        ladle_tile_zero(acc);
+        ladle_tile_mma<false, true>(acc, wb, LK, sb, LT, m0, n0, KP);
+        ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { eb[i * LT + j] = ladle_bf16_bits(ladle_bf16_float(ub[i * LT + j]) - x); });
+      });
+      __syncthreads();
+      ladle_wy_store(work.e + q * C * VP + j0, VP, eb, LT, C, LADLE_WY_VS);
+      ladle_tiles(KP, LADLE_WY_VS, [&](int m0, int n0) {  // S_C = e^(g_C) S_0 + (diag(e^(g_C - g)) K)^T E
+        LadleTileAcc acc;
+        ladle_tile_zero(acc);
+        ladle_tile_mma<true, true>(acc, kdb, LK, eb, LT, m0, n0, C);
+        ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
+      });
+      __syncthreads();
+    }
+    for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
+      const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+      const bool live = f < K && j0 + j < V;
+      sf[f * LS + j] = (FORM & ladle_upd_d_final) && live ? p.d_final[state_at + static_cast<long long>(f) * V + j0 + j] : 0.0f;
+    }
+    __syncthreads();
+    for (long long c = chunks - 1; c >= 0; --c) {
+      const long long q = static_cast<long long>(nh) * p.C + c, s0 = c * C;
+      const int L = static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C);
+      const float decay = expf(work.g[q * C + C - 1]);
+      ladle_wy_copy(wb, LK, work.w + q * C * KP, KP, C, KP);
+      ladle_wy_copy(qb, LK, work.qh + q * C * KP, KP, C, KP);
+      ladle_wy_copy(kb, LK, work.kh + q * C * KP, KP, C, KP);
+      ladle_wy_copy(eb, LT, work.e + q * C * VP + j0, VP, C, LADLE_WY_VS);
+      for (int e = threadIdx.x; e < C * LADLE_WY_VS; e += blockDim.x) {
+        const int t = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+        ub[t * LT + j] = ladle_bf16_bits(t < L && j0 + j < V ? p.dos[seq.row(s0 + t) * V + j0 + j] : 0.0f);
+      }
+      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
+        const int t = e / KP, f = e % KP;
+        qgb[t * LK + f] = ladle_bf16_bits(expf(work.g[q * C + t]) * ladle_bf16_float(work.qh[(q * C + t) * KP + f]));
+      }
+      if (threadIdx.x < C) gs[threadIdx.x] = work.g[q * C + threadIdx.x];
+      decayed_keys(q);
+      publish(work.dh + q * KP * VP);
+      __syncthreads();
+      ladle_tiles(C, C, [&](int m0, int n0) {  // (Q K^T . Gamma)_(t >= s)
+        LadleTileAcc acc;
+        ladle_tile_zero(acc);
+        ladle_tile_mma<false, false>(acc, qb, LK, kb, LK, m0, n0, KP);
+        ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { mb[i * LT + j] = ladle_bf16_bits(i >= j ? expf(gs[i] - gs[j]) * x : 0.0f); });
+      });
+      __syncthreads();
+      ladle_tiles(C, LADLE_WY_VS, [&](int m0, int n0) {  // dE = M^T dO + diag(e^(g_C - g)) K dS
+        LadleTileAcc acc;
+        ladle_tile_zero(acc);
+        ladle_tile_mma<true, true>(acc, mb, LT, ub, LT, m0, n0, C);
+        ladle_tile_mma<false, true>(acc, kdb, LK, sb, LT, m0, n0, KP);
+        ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { deb[i * LT + j] = ladle_bf16_bits(x); });
+      });
+      __syncthreads();
+      ladle_wy_store(work.de + q * C * VP + j0, VP, deb, LT, C, LADLE_WY_VS);
+      ladle_tiles(KP, LADLE_WY_VS, [&](int m0, int n0) {  // dS = e^(g_C) dS + (diag(e^g) Q)^T dO - W^T dE
+        LadleTileAcc acc, minus;
+        ladle_tile_zero(acc);
+        ladle_tile_zero(minus);
+        ladle_tile_mma<true, true>(acc, qgb, LK, ub, LT, m0, n0, C);
+        ladle_tile_mma<true, true>(minus, wb, LK, deb, LT, m0, n0, C);
+        ladle_tile_sub(acc, minus);
+        ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
+      });
+      __syncthreads();
+    }
+    if (p.d_h0)
+      for (int e = threadIdx.x; e < K * LADLE_WY_VS; e += blockDim.x) {
+        const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+        if (j0 + j < V) p.d_h0[state_at + static_cast<long long>(f) * V + j0 + j] = sf[f * LS + j];
+      }
+  }
+
+  // 3. gradients (grid: C, N H, VP / 64; 256 threads): every chunk at once, for 64 value columns, from
+  //    h, dh, E, dE and T: dL/d qhat, d khat, d beta and d log_h added atomically (the value slices
+  //    each add theirs), dv of these columns written.
+  static __device__ void gradients(const LadleUpdateArgs& p) {
+    const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, c = blockIdx.x, nh = blockIdx.y, j0 = blockIdx.z * LADLE_WY_VS;
+    const LadleWySequence<FORM> seq(p, nh);
+    const long long s0 = static_cast<long long>(c) * C;
+    if (s0 >= seq.len) return;
+    const int L = static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C);
+    const LadleWyWork work(p.ckpt, static_cast<long long>(p.C) * gridDim.y, KP, VP);
+    const long long q = static_cast<long long>(nh) * p.C + c;
+    LADLE_DYNAMIC_SHARED(smem);
+    unsigned short* const qb = reinterpret_cast<unsigned short*>(smem);  // qhat [C][LK]
+    unsigned short* const kb = qb + C * LK;                               // khat [C][LK]
+    unsigned short* const dwb = kb + C * LK;                              // dW [C][LK]
+    unsigned short* const hb = dwb + C * LK;                              // h [KP][LT]
+    unsigned short* const dhb = hb + KP * LT;                             // dh [KP][LT]
+    unsigned short* const tb = dhb + KP * LT;                             // T [C][LT]
+    unsigned short* const eb = tb + C * LT;                               // E
+    unsigned short* const deb = eb + C * LT;                              // dE
+    unsigned short* const dob = deb + C * LT;                             // dO
+    unsigned short* const vb = dob + C * LT;                              // v
+    unsigned short* const dmb = vb + C * LT;                              // dM . Gamma, lower
+    unsigned short* const dtb = dmb + C * LT;                             // dT
+    unsigned short* const xb = dtb + C * LT;                              // dT T^T
+    unsigned short* const dsb = xb + C * LT;                              // D + D^T
+    float* const pf = reinterpret_cast<float*>(dsb + C * LT);             // Q K^T [C][LC]
+    float* const gf = pf + C * LC;                                        // K K^T [C][LC]
+    float* const gs = gf + C * LC;                                        // g
+    float* const bs = gs + C;                                             // beta
+    float* const dg = bs + C;                                             // dL/dg
+    float* const db = dg + C;                                             // dL/d beta
+    float* const ds = db + C;                                             // the state's part of dL/d g_C, by row
+    float* const dlast = ds + C;                                          // [0]: e^(g_C) <dh, h>
+    ladle_wy_copy(qb, LK, work.qh + q * C * KP, KP, C, KP);
+    ladle_wy_copy(kb, LK, work.kh + q * C * KP, KP, C, KP);
+    ladle_wy_copy(hb, LT, work.h + q * KP * VP + j0, VP, KP, LADLE_WY_VS);
+    ladle_wy_copy(dhb, LT, work.dh + q * KP * VP + j0, VP, KP, LADLE_WY_VS);
+    ladle_wy_copy(tb, LT, work.t + q * C * C, C, C, C);
+    ladle_wy_copy(eb, LT, work.e + q * C * VP + j0, VP, C, LADLE_WY_VS);
+    ladle_wy_copy(deb, LT, work.de + q * C * VP + j0, VP, C, LADLE_WY_VS);
+    for (int e = threadIdx.x; e < C * LADLE_WY_VS; e += blockDim.x) {
+      const int t = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+      const bool live = t < L && j0 + j < V;
+      const long long r = seq.row(s0 + (t < L ? t : 0));
+      dob[t * LT + j] = ladle_bf16_bits(live ? p.dos[r * V + j0 + j] : 0.0f);
+      vb[t * LT + j] = ladle_bf16_bits(live ? p.vf[r * V + j0 + j] : 0.0f);
+    }
+    if (threadIdx.x < C) {
+      const int t = threadIdx.x;
+      gs[t] = work.g[q * C + t];
+      bs[t] = t < L ? (has_beta ? p.beta_s[seq.row(s0 + t)] : 1.0f) : 0.0f;
+      dg[t] = db[t] = ds[t] = 0.0f;
+    }
+    if (threadIdx.x == 0) dlast[0] = 0.0f;
+    __syncthreads();
+    const float last = gs[C - 1];
+    ladle_tiles(C, C, [&](int m0, int n0) {  // Q K^T and K K^T
+      LadleTileAcc acc, gram;
+      ladle_tile_zero(acc);
+      ladle_tile_zero(gram);
+      ladle_tile_mma<false, false>(acc, qb, LK, kb, LK, m0, n0, KP);
+      ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, m0, n0, KP);
+      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { pf[i * LC + j] = x; });
+      ladle_tile_each(gram, m0, n0, [&](int i, int j, float x) { gf[i * LC + j] = x; });
+    });
+    // e^(g_C) <dh, h>: d g_C through S_C = e^(g_C) S_0 + ...
+    if (head) {
+      float part = 0.0f;
+      for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
+        const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+        part += ladle_bf16_float(dhb[f * LT + j]) * ladle_bf16_float(hb[f * LT + j]);
+      }
+      for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+      if ((threadIdx.x & 31) == 0) atomicAdd(dlast, expf(last) * part);
+    }
+    __syncthreads();
+    // dM = dO E^T, masked and decayed: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts.
+    ladle_tiles(C, C, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<false, false>(acc, dob, LT, eb, LT, m0, n0, LADLE_WY_VS);
+      float top = 0.0f, bottom = 0.0f;
+      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) {
+        const float d = i >= j ? expf(gs[i] - gs[j]) * x : 0.0f;
+        dmb[i * LT + j] = ladle_bf16_bits(d);
+        if (head) {
+          const float t = d * pf[i * LC + j];
+          ((i - m0) < 8 ? top : bottom) += t;
+          if (t != 0.0f) atomicAdd(dg + j, -t);
+        }
+      });
+      if (head) ladle_tile_rows_add(dg, m0, top, bottom);
+    });
+    // dW = -dE h^T
+    ladle_tiles(C, KP, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<false, false>(acc, deb, LT, hb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_each(acc, m0, n0, [&](int i, int f, float x) { dwb[i * LK + f] = ladle_bf16_bits(-x); });
+    });
+    __syncthreads();
+    // dq = diag(e^g) dO h^T + dM K; dg_t += e^(g_t) qhat_t . (dO h^T)_t
+    ladle_tiles(C, KP, [&](int m0, int n0) {
+      LadleTileAcc state, local;
+      ladle_tile_zero(state);
+      ladle_tile_zero(local);
+      ladle_tile_mma<false, false>(state, dob, LT, hb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
+      float top = 0.0f, bottom = 0.0f;
+      const int l = threadIdx.x & 31;
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int r = 0; r < 4; ++r) {
+          const int i = m0 + (l >> 2) + (r >> 1) * 8, f = n0 + 8 * j + 2 * (l & 3) + (r & 1);
+          const float x = expf(gs[i]) * state[j][r];
+          if (head) ((r >> 1) ? bottom : top) += x * ladle_bf16_float(qb[i * LK + f]);
+          if (i < L && f < K) atomicAdd(p.gq + seq.row(s0 + i) * K + f, x + local[j][r]);
+        }
+      if (head) ladle_tile_rows_add(dg, m0, top, bottom);
+    });
+    // dT = (dW (diag(beta e^g) K)^T + dE (diag(beta) V)^T); dV_b = T^T dE: dv = beta dV_b, dbeta += v . dV_b
+    ladle_tiles(C, C, [&](int m0, int n0) {
+      LadleTileAcc keys, values;
+      ladle_tile_zero(keys);
+      ladle_tile_zero(values);
+      ladle_tile_mma<false, false>(keys, dwb, LK, kb, LK, m0, n0, KP);
+      ladle_tile_mma<false, false>(values, deb, LT, vb, LT, m0, n0, LADLE_WY_VS);
+      const int l = threadIdx.x & 31;
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int r = 0; r < 4; ++r) {
+          const int i = m0 + (l >> 2) + (r >> 1) * 8, s = n0 + 8 * j + 2 * (l & 3) + (r & 1);
+          dtb[i * LT + s] = ladle_bf16_bits(bs[s] * (expf(gs[s]) * keys[j][r] + values[j][r]));
+        }
+    });
+    ladle_tiles(C, LADLE_WY_VS, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<true, true>(acc, tb, LT, deb, LT, m0, n0, C);
+      float top = 0.0f, bottom = 0.0f;
+      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) {
+        if (i < L && j0 + j < V) {
+          const long long r = seq.row(s0 + i);
+          p.gv[r * V + j0 + j] = bs[i] * x;
+          ((i - m0) < 8 ? top : bottom) += x * p.vf[r * V + j0 + j];
+        }
+      });
+      if (has_beta) ladle_tile_rows_add(db, m0, top, bottom);
+    });
+    __syncthreads();
+    // X = dT T^T
+    ladle_tiles(C, C, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<false, false>(acc, dtb, LT, tb, LT, m0, n0, C);
+      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { xb[i * LT + j] = ladle_bf16_bits(x); });
+    });
+    __syncthreads();
+    // dL = -(T^T X) below the diagonal: dbeta_t += dL_ts Gamma_ts G_ts, dg_t += dL_ts L_ts,
+    // dg_s -= dL_ts L_ts, D = dL . beta Gamma (the Gram's gradient) into D + D^T.
+    ladle_tiles(C, C, [&](int m0, int n0) {
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<true, true>(acc, tb, LT, xb, LT, m0, n0, C);
+      float top = 0.0f, bottom = 0.0f, btop = 0.0f, bbottom = 0.0f;
+      ladle_tile_each(acc, m0, n0, [&](int i, int s, float x) {
+        if (i < s) return;  // written with (s, i)
+        if (i == s || i >= L) {
+          dsb[i * LT + s] = dsb[s * LT + i] = 0;
+          return;
+        }
+        const float gamma = expf(gs[i] - gs[s]), dl = -x, plain = dl * gamma * gf[i * LC + s], d = dl * bs[i] * gamma;
+        const unsigned short bits = ladle_bf16_bits(d);
+        dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
+        ((i - m0) < 8 ? btop : bbottom) += plain;
+        if (head) {
+          const float t = bs[i] * plain;
+          ((i - m0) < 8 ? top : bottom) += t;
+          atomicAdd(dg + s, -t);
+        }
+      });
+      if (has_beta) ladle_tile_rows_add(db, m0, btop, bbottom);
+      if (head) ladle_tile_rows_add(dg, m0, top, bottom);
+    });
+    __syncthreads();
+    // dk = dM^T Q + diag(e^(g_C - g)) E dh^T + diag(beta e^g) T^T dW + (D + D^T) K;
+    // ds_t = e^(g_C - g_t) khat_t . (E dh^T)_t; dbeta_t += e^(g_t) khat_t . (T^T dW)_t, dg_t += beta_t that.
+    ladle_tiles(C, KP, [&](int m0, int n0) {
+      LadleTileAcc local, state, wy, gram;
+      ladle_tile_zero(local);
+      ladle_tile_zero(state);
+      ladle_tile_zero(wy);
+      ladle_tile_zero(gram);
+      ladle_tile_mma<true, true>(local, dmb, LT, qb, LK, m0, n0, C);
+      ladle_tile_mma<false, false>(state, eb, LT, dhb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
+      ladle_tile_mma<false, true>(gram, dsb, LT, kb, LK, m0, n0, C);
+      float stop = 0.0f, sbottom = 0.0f, wtop = 0.0f, wbottom = 0.0f;
+      const int l = threadIdx.x & 31;
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int r = 0; r < 4; ++r) {
+          const int i = m0 + (l >> 2) + (r >> 1) * 8, f = n0 + 8 * j + 2 * (l & 3) + (r & 1);
+          const float k = ladle_bf16_float(kb[i * LK + f]), fwd = expf(last - gs[i]) * state[j][r], eg = expf(gs[i]) * wy[j][r];
+          ((r >> 1) ? sbottom : stop) += k * fwd;
+          ((r >> 1) ? wbottom : wtop) += k * eg;
+          if (i < L && f < K) atomicAdd(p.gk + seq.row(s0 + i) * K + f, local[j][r] + fwd + bs[i] * eg + gram[j][r]);
+        }
+      if (head) ladle_tile_rows_add(ds, m0, stop, sbottom);
+      if (has_beta) ladle_tile_rows_add(db, m0, wtop, wbottom);
+      if (head) ladle_tile_rows_add(dg, m0, bs[m0 + (l >> 2)] * wtop, bs[m0 + (l >> 2) + 8] * wbottom);
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int t = 0; t < L; ++t) {
+        const long long r = seq.row(s0 + t);
+        if (has_beta) atomicAdd(p.gbeta + r, db[t]);
+      }
+      if (head) {
+        // d g_C: e^(g_C) <dh, h> + sum_s ds_s; each row's own -ds. Then d log_h_t = sum_(i >= t) dg_i.
+        float total = dlast[0];
+        for (int t = 0; t < L; ++t) total += ds[t], dg[t] -= ds[t];
+        dg[L - 1] += total;
+        float run = 0.0f;
+        for (int t = L - 1; t >= 0; --t) {
+          run += dg[t];
+          atomicAdd(p.ga + seq.row(s0 + t) * K, run);
+        }
+      }
+    }
+  }
+};
+
+#endif  // LADLE_WY_BACKWARD
