@@ -76,10 +76,11 @@ std::vector<UpdateBackwardLaunch> wy_launches(const UpdateBackwardSpec& spec, st
   const int c = update_backward_chunk, kp = spec.block_k, lk = kp + 8, lt = 64 + 8, lc = c + 1;
   const std::int64_t vp = (V + 63) / 64 * 64;
   const auto u = [](std::int64_t x) { return static_cast<unsigned>(x); };
+  const int stage = 2 * (3 * c * lk + 2 * c * lt) + 4 * c;  // the states kernel's, twice
   return {
       {"ladle_bwd_wy_prepare_" + hash, {u(C), u(N * H), 1}, 256,
-       static_cast<int>(2 * (2 * c * lk + c * (vp + 8) + c * lt) + 4 * (2 * c * lc + 4 * c))},
-      {"ladle_bwd_wy_states_" + hash, {u(vp / 64), u(N * H), 1}, 256, 4 * kp * (64 + 4) + 2 * (kp * lt + 5 * c * lk + 4 * c * lt) + 4 * c},
+       static_cast<int>(2 * (3 * c * lk + c * (vp + 8) + c * lt) + 4 * (2 * c * lc + 4 * c))},
+      {"ladle_bwd_wy_states_" + hash, {u(vp / 64), u(N * H), 1}, 256, 4 * kp * (64 + 4) + 2 * (kp * lt + c * lt) + 2 * stage},
       {"ladle_bwd_wy_gradients_" + hash, {u(C), u(N * H), u(vp / 64)}, 256,
        2 * (3 * c * lk + 2 * kp * lt + 9 * c * lt) + 4 * (2 * c * lc + 5 * c + 4)},
   };
@@ -152,9 +153,9 @@ std::vector<UpdateBackwardLaunch> update_backward_launches(const UpdateBackwardS
 
 std::int64_t update_backward_ckpt_floats(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H, std::int64_t C,
                                          std::int64_t K, std::int64_t V) {
-  if (spec.chunked) {  // wy_backward.cuh's LadleWyWork: nine bf16 arrays, then g in fp32
+  if (spec.chunked) {  // wy_backward.cuh's LadleWyWork: fourteen bf16 arrays, then g in fp32
     const std::int64_t c = update_backward_chunk, kp = spec.block_k, vp = (V + 63) / 64 * 64, chunks = N * H * C;
-    const std::int64_t halves = chunks * (3 * c * kp + 3 * c * vp + 2 * kp * vp + c * c);
+    const std::int64_t halves = chunks * (5 * c * kp + 5 * c * vp + 2 * kp * vp + 2 * c * c);
     return std::max<std::int64_t>(halves / 2 + chunks * c, 1);
   }
   const std::int64_t slices = (V + spec.block_v - 1) / spec.block_v, KP = (K + 31) / 32 * 32;

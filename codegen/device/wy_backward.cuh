@@ -19,19 +19,21 @@
 #define LADLE_WY_LOG_FLOOR (-110.0f) // a log decay below counts as this one (exp: 0 in fp32; a hard reset's -inf included)
 
 // The work arrays, carved from args.ckpt in this order, for `chunks` = N H C chunks (C: chunks of
-// the longest sequence) with KP key rows and VP = 64 ceil(V / 64) value columns, row-major per chunk:
-// qhat, khat, W [C][KP]; U, E, dE [C][VP]; h (the state entering the chunk), dh (dL/d the state
-// leaving it) [KP][VP]; T [C][C] (bf16); g [C] (fp32). update_backward_work_bytes mirrors it.
+// the longest sequence) with KP key rows and VP = 64 ceil(V / 64) value columns, row-major per chunk,
+// bf16: qhat, khat, kd = e^(g_C - g) khat, qg = e^g qhat, W [C][KP]; U, E, dE, dO, v [C][VP]; h (the
+// state entering the chunk), dh (dL/d the state leaving it) [KP][VP]; M = (Q K^T . Gamma)_(t >= s),
+// T [C][C]; then g [C] in fp32. update_backward_ckpt_floats mirrors it.
 struct LadleWyWork {
-  unsigned short *qh, *kh, *w, *u, *e, *de, *h, *dh, *t;
+  unsigned short *qh, *kh, *kd, *qg, *w, *u, *e, *de, *dov, *vv, *h, *dh, *m, *t;
   float* g;
   __device__ __forceinline__ LadleWyWork(float* base, long long chunks, int KP, int VP) {
     unsigned short* p = reinterpret_cast<unsigned short*>(base);
     const long long ck = chunks * LADLE_WY_C * KP, cv = chunks * LADLE_WY_C * VP, kv = chunks * KP * VP;
-    qh = p, p += ck, kh = p, p += ck, w = p, p += ck;
-    u = p, p += cv, e = p, p += cv, de = p, p += cv;
+    const long long cc = chunks * LADLE_WY_C * LADLE_WY_C;
+    qh = p, p += ck, kh = p, p += ck, kd = p, p += ck, qg = p, p += ck, w = p, p += ck;
+    u = p, p += cv, e = p, p += cv, de = p, p += cv, dov = p, p += cv, vv = p, p += cv;
     h = p, p += kv, dh = p, p += kv;
-    t = p, p += chunks * LADLE_WY_C * LADLE_WY_C;
+    m = p, p += cc, t = p, p += cc;
     g = reinterpret_cast<float*>(p);
   }
 };
@@ -54,22 +56,43 @@ struct LadleWySequence {
   }
 };
 
-// rows x cols 16-bit values (cols a multiple of 8) from global (row stride gs) to shared (row stride ss).
-__device__ __forceinline__ void ladle_wy_copy(unsigned short* dst, int ss, const unsigned short* src, long long gs, int rows, int cols) {
+// rows x cols 16-bit values (cols a multiple of 8) from global (row stride gs) into shared (row stride
+// ss) by cp.async: complete after ladle_cp_async_wait (the caller commits).
+__device__ __forceinline__ void ladle_wy_fetch(void* dst, int ss, const void* src, long long gs, int rows, int cols) {
   const int per = cols / 8;
+  unsigned short* const d = static_cast<unsigned short*>(dst);
+  const unsigned short* const g = static_cast<const unsigned short*>(src);
   for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
     const int r = e / per, c = (e % per) * 8;
-    ladle_st16(dst + r * ss + c, ladle_ld16(src + r * gs + c));
+    ladle_cp_async_16(d + r * ss + c, g + r * gs + c);
   }
 }
 
-// The same from shared to global.
+// The same from shared to global, 16 bytes a thread at a time.
 __device__ __forceinline__ void ladle_wy_store(unsigned short* dst, long long gs, const unsigned short* src, int ss, int rows, int cols) {
   const int per = cols / 8;
   for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
     const int r = e / per, c = (e % per) * 8;
     ladle_st16(dst + r * gs + c, ladle_ld16(src + r * ss + c));
   }
+}
+
+// x[u] = row[f + u] for f + u < n, else 0: one 16-byte load where n is a multiple of 4 and the row aligned.
+__device__ __forceinline__ void ladle_wy_load4(float (&x)[4], const float* row, int f, int n) {
+  if ((n & 3) == 0 && (reinterpret_cast<unsigned long long>(row) & 15ull) == 0) {
+    const ladle_f4 v = ladle_ld4(row + f);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    LADLE_UNROLL
+    for (int u = 0; u < 4; ++u) x[u] = f + u < n ? row[f + u] : 0.0f;
+  }
+}
+
+// Four bf16 values, each x[u] times `by`, at p (8-byte aligned).
+__device__ __forceinline__ void ladle_wy_put4(unsigned short* p, const float (&x)[4], float by) {
+  unsigned* const w = reinterpret_cast<unsigned*>(p);
+  w[0] = ladle_pack_bf16(x[0] * by, x[1] * by);
+  w[1] = ladle_pack_bf16(x[2] * by, x[3] * by);
 }
 
 __device__ __forceinline__ void ladle_tile_sub(LadleTileAcc& acc, const LadleTileAcc& other) {
@@ -81,19 +104,22 @@ __device__ __forceinline__ void ladle_tile_sub(LadleTileAcc& acc, const LadleTil
 
 template <int KP, unsigned FORM>
 struct LadleWy {
-  static constexpr int C = LADLE_WY_C, LK = KP + 8, LT = LADLE_WY_VS + 8, LC = LADLE_WY_C + 1;
+  static constexpr int C = LADLE_WY_C, VS = LADLE_WY_VS, LK = KP + 8, LT = LADLE_WY_VS + 8, LC = LADLE_WY_C + 1, LS = LADLE_WY_VS + 4;
   static constexpr bool head = (FORM & ladle_upd_head) != 0, has_beta = (FORM & ladle_upd_beta) != 0, l2 = (FORM & ladle_upd_l2) != 0;
   static constexpr bool scale_table = (FORM & ladle_upd_scale_table) != 0;
+  // The states kernel's stage: W, kd, qg [C][LK]; M, then U or dO [C][LT]; g [C].
+  static constexpr int stage_bytes = 2 * (3 * C * LK + 2 * C * LT) + 4 * C;
 
-  // Shared memory of each kernel in bytes (update_backward_shared_bytes mirrors them).
-  static constexpr int prepare_shared(int VP) { return 2 * (2 * C * LK + C * (VP + 8) + C * LT) + 4 * (2 * C * LC + 4 * C); }
-  static constexpr int states_shared() { return 4 * KP * (LADLE_WY_VS + 4) + 2 * (KP * LT + 5 * C * LK + 4 * C * LT) + 4 * C; }
+  // Shared memory of each kernel in bytes (update_backward.cpp's wy_launches mirrors them).
+  static constexpr int prepare_shared(int VP) { return 2 * (3 * C * LK + C * (VP + 8) + C * LT) + 4 * (2 * C * LC + 4 * C); }
+  static constexpr int states_shared() { return 4 * KP * LS + 2 * (KP * LT + C * LT) + 2 * stage_bytes; }
   static constexpr int gradients_shared() { return 2 * (3 * C * LK + 2 * KP * LT + 9 * C * LT) + 4 * (2 * C * LC + 5 * C + 4); }
 
-  // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: qhat,
-  //    khat, g, T (by substitution, fp32), W and U into the work arrays.
+  // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: every
+  //    tile the later kernels read, in bf16 (qhat, khat, kd, qg, dO, v), g, M, T (by substitution,
+  //    fp32), W and U.
   static __device__ void prepare(const LadleUpdateArgs& p) {
-    const int VP = (p.V + 63) / 64 * 64, LV = VP + 8, K = p.K, c = blockIdx.x, nh = blockIdx.y;
+    const int VP = (p.V + 63) / 64 * 64, LV = VP + 8, K = p.K, V = p.V, c = blockIdx.x, nh = blockIdx.y;
     const LadleWySequence<FORM> seq(p, nh);
     const long long s0 = static_cast<long long>(c) * C;
     if (s0 >= seq.len) return;
@@ -101,7 +127,8 @@ struct LadleWy {
     const LadleWyWork work(p.ckpt, static_cast<long long>(p.C) * gridDim.y, KP, VP);
     const long long q = static_cast<long long>(nh) * p.C + c;
     LADLE_DYNAMIC_SHARED(smem);
-    unsigned short* const kb = reinterpret_cast<unsigned short*>(smem);  // khat [C][LK]
+    unsigned short* const qb = reinterpret_cast<unsigned short*>(smem);  // qhat [C][LK]
+    unsigned short* const kb = qb + C * LK;                               // khat [C][LK]
     unsigned short* const kgb = kb + C * LK;                              // beta e^g khat [C][LK]
     unsigned short* const vb = kgb + C * LK;                              // beta v [C][LV]
     unsigned short* const tb = vb + C * LV;                               // T [C][LT]
@@ -138,31 +165,52 @@ struct LadleWy {
       for (int t = 0; t < C; ++t) run += gs[t], gs[t] = run;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
-      const int t = e / KP, f = e % KP;
-      float x = 0.0f, y = 0.0f;
+    const float last = gs[C - 1];
+    for (int e = threadIdx.x; e < C * KP / 4; e += blockDim.x) {
+      const int t = e / (KP / 4), f = (e % (KP / 4)) * 4;
+      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (t < L && f < K) {
         const long long r = seq.row(s0 + t);
-        x = p.qs[r * K + f] * qsc[t], y = p.kf[r * K + f] * krn[t];
+        ladle_wy_load4(x, p.qs + r * K, f, K);
+        ladle_wy_load4(y, p.kf + r * K, f, K);
       }
-      const unsigned short kbits = ladle_bf16_bits(y);
-      work.qh[(q * C + t) * KP + f] = ladle_bf16_bits(x);
-      work.kh[(q * C + t) * KP + f] = kbits;
-      kb[t * LK + f] = kbits;
-      kgb[t * LK + f] = ladle_bf16_bits(bs[t] * expf(gs[t]) * y);
+      const long long at = (q * C + t) * KP + f;
+      const float eg = expf(gs[t]);
+      ladle_wy_put4(qb + t * LK + f, x, qsc[t]);
+      ladle_wy_put4(kb + t * LK + f, y, krn[t]);
+      ladle_wy_put4(kgb + t * LK + f, y, bs[t] * eg * krn[t]);
+      ladle_wy_put4(work.qh + at, x, qsc[t]);
+      ladle_wy_put4(work.kh + at, y, krn[t]);
+      ladle_wy_put4(work.kd + at, y, expf(last - gs[t]) * krn[t]);
+      ladle_wy_put4(work.qg + at, x, eg * qsc[t]);
     }
-    for (int e = threadIdx.x; e < C * VP; e += blockDim.x) {
-      const int t = e / VP, j = e % VP;
-      vb[t * LV + j] = ladle_bf16_bits(t < L && j < p.V ? bs[t] * p.vf[seq.row(s0 + t) * p.V + j] : 0.0f);
+    for (int e = threadIdx.x; e < C * VP / 4; e += blockDim.x) {
+      const int t = e / (VP / 4), j = (e % (VP / 4)) * 4;
+      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (t < L && j < V) {
+        const long long r = seq.row(s0 + t);
+        ladle_wy_load4(x, p.vf + r * V, j, V);
+        ladle_wy_load4(d, p.dos + r * V, j, V);
+      }
+      const long long at = (q * C + t) * VP + j;
+      ladle_wy_put4(vb + t * LV + j, x, bs[t]);
+      ladle_wy_put4(work.vv + at, x, 1.0f);
+      ladle_wy_put4(work.dov + at, d, 1.0f);
     }
     if (threadIdx.x < C) work.g[q * C + threadIdx.x] = gs[threadIdx.x];
     __syncthreads();
-    // L = tril(diag(beta) (K K^T . Gamma), -1)
+    // M = (Q K^T . Gamma)_(t >= s) into the work array; L = tril(diag(beta) (K K^T . Gamma), -1).
     ladle_tiles(C, C, [&](int m0, int n0) {
-      LadleTileAcc acc;
+      LadleTileAcc acc, gram;
       ladle_tile_zero(acc);
-      ladle_tile_mma<false, false>(acc, kb, LK, kb, LK, m0, n0, KP);
-      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { lf[i * LC + j] = i > j ? bs[i] * expf(gs[i] - gs[j]) * x : 0.0f; });
+      ladle_tile_zero(gram);
+      ladle_tile_mma<false, false>(acc, qb, LK, kb, LK, m0, n0, KP);
+      ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, m0, n0, KP);
+      ladle_tile_each_pair(acc, m0, n0, [&](int i, int j, float x, float y) {
+        *reinterpret_cast<unsigned*>(work.m + q * C * C + i * C + j) =
+            ladle_pack_bf16(i >= j ? expf(gs[i] - gs[j]) * x : 0.0f, i >= j + 1 ? expf(gs[i] - gs[j + 1]) * y : 0.0f);
+      });
+      ladle_tile_each(gram, m0, n0, [&](int i, int j, float x) { lf[i * LC + j] = i > j ? bs[i] * expf(gs[i] - gs[j]) * x : 0.0f; });
     });
     __syncthreads();
     // T = (I + L)^(-1), row by row: T_i = e_i - sum_(m < i) L_im T_m; four lanes a column, each a
@@ -181,10 +229,11 @@ struct LadleWy {
         __syncthreads();
       }
     }
-    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
-      const unsigned short bits = ladle_bf16_bits(tf[(e / C) * LC + e % C]);
-      tb[(e / C) * LT + e % C] = bits;
-      work.t[q * C * C + e] = bits;
+    for (int e = threadIdx.x; e < C * C / 2; e += blockDim.x) {
+      const int i = (2 * e) / C, j = (2 * e) % C;
+      const unsigned pair = ladle_pack_bf16(tf[i * LC + j], tf[i * LC + j + 1]);
+      *reinterpret_cast<unsigned*>(tb + i * LT + j) = pair;
+      *reinterpret_cast<unsigned*>(work.t + q * C * C + 2 * e) = pair;
     }
     __syncthreads();
     // W = T diag(beta e^g) K, U = T diag(beta) V
@@ -192,144 +241,137 @@ struct LadleWy {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<false, true>(acc, tb, LT, kgb, LK, m0, n0, C);
-      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { work.w[(q * C + i) * KP + j] = ladle_bf16_bits(x); });
+      ladle_tile_each_pair(acc, m0, n0, [&](int i, int j, float x, float y) {
+        *reinterpret_cast<unsigned*>(work.w + (q * C + i) * KP + j) = ladle_pack_bf16(x, y);
+      });
     });
     ladle_tiles(C, VP, [&](int m0, int n0) {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<false, true>(acc, tb, LT, vb, LV, m0, n0, C);
-      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { work.u[(q * C + i) * VP + j] = ladle_bf16_bits(x); });
+      ladle_tile_each_pair(acc, m0, n0, [&](int i, int j, float x, float y) {
+        *reinterpret_cast<unsigned*>(work.u + (q * C + i) * VP + j) = ladle_pack_bf16(x, y);
+      });
     });
   }
 
   // 2. states (grid: VP / 64, N H; 256 threads): the serial pass over one sequence's chunks for 64
-  //    value columns, the state in shared memory (fp32). Forward: h = S_0, E = U - W S_0, S_C; then
-  //    backward from d_final: dh = dS (the gradient of the state leaving the chunk),
-  //    dE = (Q K^T . Gamma)_(t >= s)^T dO + diag(e^(g_C - g)) K dS,
-  //    dS becomes e^(g_C) dS + (diag(e^g) Q)^T dO - W^T dE; at the end d initial_state.
+  //    value columns, the state in shared memory (fp32), each step's tiles fetched (cp.async) during
+  //    the step before. Forward: h = S_0, E = U - W S_0, S_C; then backward from d_final: dh = dS (the
+  //    gradient of the state leaving the chunk), dE = M^T dO + kd dS, dS becomes
+  //    e^(g_C) dS + qg^T dO - W^T dE; at the end d initial_state.
   static __device__ void states(const LadleUpdateArgs& p) {
-    const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, nh = blockIdx.y, j0 = blockIdx.x * LADLE_WY_VS;
+    const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, nh = blockIdx.y, j0 = blockIdx.x * VS;
     const LadleWySequence<FORM> seq(p, nh);
-    const long long chunks = (seq.len + C - 1) / C;
+    const long long chunks = (seq.len + C - 1) / C, steps = 2 * chunks;
     const LadleWyWork work(p.ckpt, static_cast<long long>(p.C) * gridDim.y, KP, VP);
-    constexpr int LS = LADLE_WY_VS + 4;
     LADLE_DYNAMIC_SHARED(smem);
-    float* const sf = reinterpret_cast<float*>(smem);                   // S, then dS [KP][LS]
+    float* const sf = reinterpret_cast<float*>(smem);                            // S, then dS [KP][LS]
     unsigned short* const sb = reinterpret_cast<unsigned short*>(sf + KP * LS);  // S or dS in bf16 [KP][LT]
-    unsigned short* const wb = sb + KP * LT;                             // W [C][LK]
-    unsigned short* const kdb = wb + C * LK;                             // e^(g_C - g) khat [C][LK]
-    unsigned short* const qb = kdb + C * LK;                             // qhat [C][LK]
-    unsigned short* const kb = qb + C * LK;                              // khat [C][LK]
-    unsigned short* const qgb = kb + C * LK;                             // e^g qhat [C][LK]
-    unsigned short* const mb = qgb + C * LK;                             // (Q K^T . Gamma)_(t >= s) [C][LT]
-    unsigned short* const ub = mb + C * LT;                              // U, then dO [C][LT]
-    unsigned short* const eb = ub + C * LT;                              // E [C][LT]
-    unsigned short* const deb = eb + C * LT;                             // dE [C][LT]
-    float* const gs = reinterpret_cast<float*>(deb + C * LT);            // g [C]
+    unsigned short* const eb = sb + KP * LT;                                     // E, then dE [C][LT]
+    unsigned char* const stages = reinterpret_cast<unsigned char*>(eb + C * LT);
+    struct Stage {
+      unsigned short *w, *kd, *qg, *m, *x;  // x: U (forward) or dO (backward)
+      float* g;
+    };
+    const auto stage = [&](long long k) {
+      unsigned short* const b = reinterpret_cast<unsigned short*>(stages + (k & 1) * stage_bytes);
+      return Stage{b, b + C * LK, b + 2 * C * LK, b + 3 * C * LK, b + 3 * C * LK + C * LT,
+                   reinterpret_cast<float*>(b + 3 * C * LK + 2 * C * LT)};
+    };
+    const auto chunk_of = [&](long long k) { return k < chunks ? k : steps - 1 - k; };
+    const auto issue = [&](long long k) {
+      const Stage s = stage(k);
+      const long long q = static_cast<long long>(nh) * p.C + chunk_of(k);
+      ladle_wy_fetch(s.w, LK, work.w + q * C * KP, KP, C, KP);
+      ladle_wy_fetch(s.kd, LK, work.kd + q * C * KP, KP, C, KP);
+      ladle_wy_fetch(s.g, 8, work.g + q * C, 8, C / 4, 8);  // C floats as 16-bit pairs
+      if (k < chunks) {
+        ladle_wy_fetch(s.x, LT, work.u + q * C * VP + j0, VP, C, VS);
+      } else {
+        ladle_wy_fetch(s.qg, LK, work.qg + q * C * KP, KP, C, KP);
+        ladle_wy_fetch(s.m, LT, work.m + q * C * C, C, C, C);
+        ladle_wy_fetch(s.x, LT, work.dov + q * C * VP + j0, VP, C, VS);
+      }
+      ladle_cp_async_commit();
+    };
     const long long state_at = static_cast<long long>(nh) * K * V;
-    for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
-      const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
-      const bool live = f < K && j0 + j < V;
-      sf[f * LS + j] = (FORM & ladle_upd_initial) && live ? p.h0[state_at + static_cast<long long>(f) * V + j0 + j] : 0.0f;
-    }
-    __syncthreads();
-    // S and its bf16 copy into sb, the copy also to `out` ([KP][VP] at column j0).
-    const auto publish = [&](unsigned short* out) {
-      for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
-        const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
-        sb[f * LT + j] = ladle_bf16_bits(sf[f * LS + j]);
-      }
-      __syncthreads();
-      ladle_wy_store(out + j0, VP, sb, LT, KP, LADLE_WY_VS);
-    };
-    // k's rows decayed to the chunk's end: e^(g_C - g_t) khat_t.
-    const auto decayed_keys = [&](long long q) {
-      const float last = work.g[q * C + C - 1];
-      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
-        const int t = e / KP, f = e % KP;
-        kdb[t * LK + f] = ladle_bf16_bits(expf(last - work.g[q * C + t]) * ladle_bf16_float(work.kh[(q * C + t) * KP + f]));
+    const auto load_state = [&](const float* from) {  // h0 or d_final's columns, or zero
+      for (int e = threadIdx.x; e < KP * VS; e += blockDim.x) {
+        const int f = e / VS, j = e % VS;
+        sf[f * LS + j] = from && f < K && j0 + j < V ? from[state_at + static_cast<long long>(f) * V + j0 + j] : 0.0f;
       }
     };
-    for (long long c = 0; c < chunks; ++c) {
-      const long long q = static_cast<long long>(nh) * p.C + c;
-      const float decay = expf(work.g[q * C + C - 1]);
-      ladle_wy_copy(wb, LK, work.w + q * C * KP, KP, C, KP);
-      ladle_wy_copy(ub, LT, work.u + q * C * VP + j0, VP, C, LADLE_WY_VS);
-      decayed_keys(q);
-      publish(work.h + q * KP * VP);
+    const float* const d_final = (FORM & ladle_upd_d_final) ? p.d_final : nullptr;
+    load_state((FORM & ladle_upd_initial) ? p.h0 : nullptr);
+    if (steps > 0) issue(0);
+    for (long long k = 0; k < steps; ++k) {
+      if (k + 1 < steps) {
+        issue(k + 1);
+        ladle_cp_async_wait<1>();
+      } else {
+        ladle_cp_async_wait<0>();
+      }
+      if (k == chunks) load_state(d_final);
       __syncthreads();
-      ladle_tiles(C, LADLE_WY_VS, [&](int m0, int n0) {  // E = U - W S_0
-        LadleTileAcc acc;
-        ladle_tile_zero(acc);
-        ladle_tile_mma<false, true>(acc, wb, LK, sb, LT, m0, n0, KP);
-        ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { eb[i * LT + j] = ladle_bf16_bits(ladle_bf16_float(ub[i * LT + j]) - x); });
-      });
+      const Stage s = stage(k);
+      const long long q = static_cast<long long>(nh) * p.C + chunk_of(k);
+      const float decay = expf(s.g[C - 1]);
+      for (int e = threadIdx.x; e < KP * VS / 2; e += blockDim.x) {  // S or dS in bf16, and into h or dh
+        const int f = (2 * e) / VS, j = (2 * e) % VS;
+        *reinterpret_cast<unsigned*>(sb + f * LT + j) = ladle_pack_bf16(sf[f * LS + j], sf[f * LS + j + 1]);
+      }
       __syncthreads();
-      ladle_wy_store(work.e + q * C * VP + j0, VP, eb, LT, C, LADLE_WY_VS);
-      ladle_tiles(KP, LADLE_WY_VS, [&](int m0, int n0) {  // S_C = e^(g_C) S_0 + (diag(e^(g_C - g)) K)^T E
-        LadleTileAcc acc;
-        ladle_tile_zero(acc);
-        ladle_tile_mma<true, true>(acc, kdb, LK, eb, LT, m0, n0, C);
-        ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
-      });
+      ladle_wy_store((k < chunks ? work.h : work.dh) + q * KP * VP + j0, VP, sb, LT, KP, VS);
+      if (k < chunks) {
+        ladle_tiles(C, VS, [&](int m0, int n0) {  // E = U - W S_0
+          LadleTileAcc acc;
+          ladle_tile_zero(acc);
+          ladle_tile_mma<false, true>(acc, s.w, LK, sb, LT, m0, n0, KP);
+          ladle_tile_each_pair(acc, m0, n0, [&](int i, int j, float x, float y) {
+            *reinterpret_cast<unsigned*>(eb + i * LT + j) =
+                ladle_pack_bf16(ladle_bf16_float(s.x[i * LT + j]) - x, ladle_bf16_float(s.x[i * LT + j + 1]) - y);
+          });
+        });
+        __syncthreads();
+        ladle_wy_store(work.e + q * C * VP + j0, VP, eb, LT, C, VS);
+        ladle_tiles(KP, VS, [&](int m0, int n0) {  // S_C = e^(g_C) S_0 + kd^T E
+          LadleTileAcc acc;
+          ladle_tile_zero(acc);
+          ladle_tile_mma<true, true>(acc, s.kd, LK, eb, LT, m0, n0, C);
+          ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
+        });
+      } else {
+        ladle_tiles(C, VS, [&](int m0, int n0) {  // dE = M^T dO + kd dS
+          LadleTileAcc acc;
+          ladle_tile_zero(acc);
+          ladle_tile_mma<true, true>(acc, s.m, LT, s.x, LT, m0, n0, C);
+          ladle_tile_mma<false, true>(acc, s.kd, LK, sb, LT, m0, n0, KP);
+          ladle_tile_each_pair(acc, m0, n0, [&](int i, int j, float x, float y) {
+            *reinterpret_cast<unsigned*>(eb + i * LT + j) = ladle_pack_bf16(x, y);
+          });
+        });
+        __syncthreads();
+        ladle_wy_store(work.de + q * C * VP + j0, VP, eb, LT, C, VS);
+        ladle_tiles(KP, VS, [&](int m0, int n0) {  // dS = e^(g_C) dS + qg^T dO - W^T dE
+          LadleTileAcc acc, minus;
+          ladle_tile_zero(acc);
+          ladle_tile_zero(minus);
+          ladle_tile_mma<true, true>(acc, s.qg, LK, s.x, LT, m0, n0, C);
+          ladle_tile_mma<true, true>(minus, s.w, LK, eb, LT, m0, n0, C);
+          ladle_tile_sub(acc, minus);
+          ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
+        });
+      }
       __syncthreads();
     }
-    for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
-      const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
-      const bool live = f < K && j0 + j < V;
-      sf[f * LS + j] = (FORM & ladle_upd_d_final) && live ? p.d_final[state_at + static_cast<long long>(f) * V + j0 + j] : 0.0f;
-    }
-    __syncthreads();
-    for (long long c = chunks - 1; c >= 0; --c) {
-      const long long q = static_cast<long long>(nh) * p.C + c, s0 = c * C;
-      const int L = static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C);
-      const float decay = expf(work.g[q * C + C - 1]);
-      ladle_wy_copy(wb, LK, work.w + q * C * KP, KP, C, KP);
-      ladle_wy_copy(qb, LK, work.qh + q * C * KP, KP, C, KP);
-      ladle_wy_copy(kb, LK, work.kh + q * C * KP, KP, C, KP);
-      ladle_wy_copy(eb, LT, work.e + q * C * VP + j0, VP, C, LADLE_WY_VS);
-      for (int e = threadIdx.x; e < C * LADLE_WY_VS; e += blockDim.x) {
-        const int t = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
-        ub[t * LT + j] = ladle_bf16_bits(t < L && j0 + j < V ? p.dos[seq.row(s0 + t) * V + j0 + j] : 0.0f);
-      }
-      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
-        const int t = e / KP, f = e % KP;
-        qgb[t * LK + f] = ladle_bf16_bits(expf(work.g[q * C + t]) * ladle_bf16_float(work.qh[(q * C + t) * KP + f]));
-      }
-      if (threadIdx.x < C) gs[threadIdx.x] = work.g[q * C + threadIdx.x];
-      decayed_keys(q);
-      publish(work.dh + q * KP * VP);
-      __syncthreads();
-      ladle_tiles(C, C, [&](int m0, int n0) {  // (Q K^T . Gamma)_(t >= s)
-        LadleTileAcc acc;
-        ladle_tile_zero(acc);
-        ladle_tile_mma<false, false>(acc, qb, LK, kb, LK, m0, n0, KP);
-        ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { mb[i * LT + j] = ladle_bf16_bits(i >= j ? expf(gs[i] - gs[j]) * x : 0.0f); });
-      });
-      __syncthreads();
-      ladle_tiles(C, LADLE_WY_VS, [&](int m0, int n0) {  // dE = M^T dO + diag(e^(g_C - g)) K dS
-        LadleTileAcc acc;
-        ladle_tile_zero(acc);
-        ladle_tile_mma<true, true>(acc, mb, LT, ub, LT, m0, n0, C);
-        ladle_tile_mma<false, true>(acc, kdb, LK, sb, LT, m0, n0, KP);
-        ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { deb[i * LT + j] = ladle_bf16_bits(x); });
-      });
-      __syncthreads();
-      ladle_wy_store(work.de + q * C * VP + j0, VP, deb, LT, C, LADLE_WY_VS);
-      ladle_tiles(KP, LADLE_WY_VS, [&](int m0, int n0) {  // dS = e^(g_C) dS + (diag(e^g) Q)^T dO - W^T dE
-        LadleTileAcc acc, minus;
-        ladle_tile_zero(acc);
-        ladle_tile_zero(minus);
-        ladle_tile_mma<true, true>(acc, qgb, LK, ub, LT, m0, n0, C);
-        ladle_tile_mma<true, true>(minus, wb, LK, deb, LT, m0, n0, C);
-        ladle_tile_sub(acc, minus);
-        ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
-      });
+    if (chunks == 0) {
+      load_state(d_final);
       __syncthreads();
     }
     if (p.d_h0)
-      for (int e = threadIdx.x; e < K * LADLE_WY_VS; e += blockDim.x) {
-        const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+      for (int e = threadIdx.x; e < K * VS; e += blockDim.x) {
+        const int f = e / VS, j = e % VS;
         if (j0 + j < V) p.d_h0[state_at + static_cast<long long>(f) * V + j0 + j] = sf[f * LS + j];
       }
   }
@@ -338,7 +380,7 @@ struct LadleWy {
   //    h, dh, E, dE and T: dL/d qhat, d khat, d beta and d log_h added atomically (the value slices
   //    each add theirs), dv of these columns written.
   static __device__ void gradients(const LadleUpdateArgs& p) {
-    const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, c = blockIdx.x, nh = blockIdx.y, j0 = blockIdx.z * LADLE_WY_VS;
+    const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, c = blockIdx.x, nh = blockIdx.y, j0 = blockIdx.z * VS;
     const LadleWySequence<FORM> seq(p, nh);
     const long long s0 = static_cast<long long>(c) * C;
     if (s0 >= seq.len) return;
@@ -368,26 +410,23 @@ struct LadleWy {
     float* const db = dg + C;                                             // dL/d beta
     float* const ds = db + C;                                             // the state's part of dL/d g_C, by row
     float* const dlast = ds + C;                                          // [0]: e^(g_C) <dh, h>
-    ladle_wy_copy(qb, LK, work.qh + q * C * KP, KP, C, KP);
-    ladle_wy_copy(kb, LK, work.kh + q * C * KP, KP, C, KP);
-    ladle_wy_copy(hb, LT, work.h + q * KP * VP + j0, VP, KP, LADLE_WY_VS);
-    ladle_wy_copy(dhb, LT, work.dh + q * KP * VP + j0, VP, KP, LADLE_WY_VS);
-    ladle_wy_copy(tb, LT, work.t + q * C * C, C, C, C);
-    ladle_wy_copy(eb, LT, work.e + q * C * VP + j0, VP, C, LADLE_WY_VS);
-    ladle_wy_copy(deb, LT, work.de + q * C * VP + j0, VP, C, LADLE_WY_VS);
-    for (int e = threadIdx.x; e < C * LADLE_WY_VS; e += blockDim.x) {
-      const int t = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
-      const bool live = t < L && j0 + j < V;
-      const long long r = seq.row(s0 + (t < L ? t : 0));
-      dob[t * LT + j] = ladle_bf16_bits(live ? p.dos[r * V + j0 + j] : 0.0f);
-      vb[t * LT + j] = ladle_bf16_bits(live ? p.vf[r * V + j0 + j] : 0.0f);
-    }
+    ladle_wy_fetch(qb, LK, work.qh + q * C * KP, KP, C, KP);
+    ladle_wy_fetch(kb, LK, work.kh + q * C * KP, KP, C, KP);
+    ladle_wy_fetch(hb, LT, work.h + q * KP * VP + j0, VP, KP, VS);
+    ladle_wy_fetch(dhb, LT, work.dh + q * KP * VP + j0, VP, KP, VS);
+    ladle_wy_fetch(tb, LT, work.t + q * C * C, C, C, C);
+    ladle_wy_fetch(eb, LT, work.e + q * C * VP + j0, VP, C, VS);
+    ladle_wy_fetch(deb, LT, work.de + q * C * VP + j0, VP, C, VS);
+    ladle_wy_fetch(dob, LT, work.dov + q * C * VP + j0, VP, C, VS);
+    ladle_wy_fetch(vb, LT, work.vv + q * C * VP + j0, VP, C, VS);
+    ladle_wy_fetch(gs, 8, work.g + q * C, 8, C / 4, 8);  // C floats as 16-bit pairs
+    ladle_cp_async_commit();
     if (threadIdx.x < C) {
       const int t = threadIdx.x;
-      gs[t] = work.g[q * C + t];
       bs[t] = t < L ? (has_beta ? p.beta_s[seq.row(s0 + t)] : 1.0f) : 0.0f;
       dg[t] = db[t] = ds[t] = 0.0f;
     }
+    ladle_cp_async_wait<0>();
     if (threadIdx.x == 0) dlast[0] = 0.0f;
     __syncthreads();
     const float last = gs[C - 1];
@@ -403,8 +442,8 @@ struct LadleWy {
     // e^(g_C) <dh, h>: d g_C through S_C = e^(g_C) S_0 + ...
     if (head) {
       float part = 0.0f;
-      for (int e = threadIdx.x; e < KP * LADLE_WY_VS; e += blockDim.x) {
-        const int f = e / LADLE_WY_VS, j = e % LADLE_WY_VS;
+      for (int e = threadIdx.x; e < KP * VS; e += blockDim.x) {
+        const int f = e / VS, j = e % VS;
         part += ladle_bf16_float(dhb[f * LT + j]) * ladle_bf16_float(hb[f * LT + j]);
       }
       for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
@@ -415,7 +454,7 @@ struct LadleWy {
     ladle_tiles(C, C, [&](int m0, int n0) {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
-      ladle_tile_mma<false, false>(acc, dob, LT, eb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_mma<false, false>(acc, dob, LT, eb, LT, m0, n0, VS);
       float top = 0.0f, bottom = 0.0f;
       ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) {
         const float d = i >= j ? expf(gs[i] - gs[j]) * x : 0.0f;
@@ -432,7 +471,7 @@ struct LadleWy {
     ladle_tiles(C, KP, [&](int m0, int n0) {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
-      ladle_tile_mma<false, false>(acc, deb, LT, hb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_mma<false, false>(acc, deb, LT, hb, LT, m0, n0, VS);
       ladle_tile_each(acc, m0, n0, [&](int i, int f, float x) { dwb[i * LK + f] = ladle_bf16_bits(-x); });
     });
     __syncthreads();
@@ -441,7 +480,7 @@ struct LadleWy {
       LadleTileAcc state, local;
       ladle_tile_zero(state);
       ladle_tile_zero(local);
-      ladle_tile_mma<false, false>(state, dob, LT, hb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_mma<false, false>(state, dob, LT, hb, LT, m0, n0, VS);
       ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
       float top = 0.0f, bottom = 0.0f;
       const int l = threadIdx.x & 31;
@@ -462,7 +501,7 @@ struct LadleWy {
       ladle_tile_zero(keys);
       ladle_tile_zero(values);
       ladle_tile_mma<false, false>(keys, dwb, LK, kb, LK, m0, n0, KP);
-      ladle_tile_mma<false, false>(values, deb, LT, vb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_mma<false, false>(values, deb, LT, vb, LT, m0, n0, VS);
       const int l = threadIdx.x & 31;
       LADLE_UNROLL
       for (int j = 0; j < 4; ++j)
@@ -472,7 +511,7 @@ struct LadleWy {
           dtb[i * LT + s] = ladle_bf16_bits(bs[s] * (expf(gs[s]) * keys[j][r] + values[j][r]));
         }
     });
-    ladle_tiles(C, LADLE_WY_VS, [&](int m0, int n0) {
+    ladle_tiles(C, VS, [&](int m0, int n0) {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<true, true>(acc, tb, LT, deb, LT, m0, n0, C);
@@ -531,7 +570,7 @@ struct LadleWy {
       ladle_tile_zero(wy);
       ladle_tile_zero(gram);
       ladle_tile_mma<true, true>(local, dmb, LT, qb, LK, m0, n0, C);
-      ladle_tile_mma<false, false>(state, eb, LT, dhb, LT, m0, n0, LADLE_WY_VS);
+      ladle_tile_mma<false, false>(state, eb, LT, dhb, LT, m0, n0, VS);
       ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
       ladle_tile_mma<false, true>(gram, dsb, LT, kb, LK, m0, n0, C);
       float stop = 0.0f, sbottom = 0.0f, wtop = 0.0f, wbottom = 0.0f;
