@@ -23,18 +23,22 @@ template <bool A_KM, bool B_KN>
 __device__ __forceinline__ void ladle_tile_mma(LadleTileAcc& acc, const unsigned short* A, int lda, const unsigned short* B, int ldb,
                                                int m0, int n0, int depth) {
   const int l = threadIdx.x & 31, row8 = l & 7, second = (l >> 3) & 1, upper = l >> 4;
+  // This lane's row addresses in the shared window (32-bit), each k step a constant offset on.
+  const unsigned a = ladle_shared_address(A_KM ? A + (row8 + upper * 8) * lda + m0 + second * 8 : A + (m0 + row8 + second * 8) * lda + upper * 8);
+  const unsigned b = ladle_shared_address(B_KN ? B + (row8 + second * 8) * ldb + n0 + upper * 8 : B + (n0 + row8 + upper * 8) * ldb + second * 8);
+  const unsigned a_step = 2u * (A_KM ? 16u * lda : 16u), b_step = 2u * (B_KN ? 16u * ldb : 16u), b_next = 2u * (B_KN ? 16u : 16u * ldb);
   for (int k0 = 0; k0 < depth; k0 += 16) {
-    unsigned a[4];  // matrices (m, k), (m + 8, k), (m, k + 8), (m + 8, k + 8)
-    if (A_KM) ladle_ldmatrix_x4_trans(a, A + (k0 + row8 + upper * 8) * lda + m0 + second * 8);
-    else ladle_ldmatrix_x4(a, A + (m0 + row8 + second * 8) * lda + k0 + upper * 8);
+    const unsigned ak = a + (k0 / 16) * a_step, bk = b + (k0 / 16) * b_step;
+    unsigned af[4];  // matrices (m, k), (m + 8, k), (m, k + 8), (m + 8, k + 8)
+    if (A_KM) ladle_ldmatrix_x4_trans_at(af, ak);
+    else ladle_ldmatrix_x4_at(af, ak);
     LADLE_UNROLL
     for (int p = 0; p < 2; ++p) {
-      unsigned b[4];  // n blocks 2p and 2p + 1: (k, n), (k + 8, n), then the same at n + 8
-      const int nb = n0 + 16 * p;
-      if (B_KN) ladle_ldmatrix_x4_trans(b, B + (k0 + row8 + second * 8) * ldb + nb + upper * 8);
-      else ladle_ldmatrix_x4(b, B + (nb + row8 + upper * 8) * ldb + k0 + second * 8);
-      ladle_mma_bf16(acc[2 * p], a, b[0], b[1]);
-      ladle_mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
+      unsigned bf[4];  // n blocks 2p and 2p + 1: (k, n), (k + 8, n), then the same at n + 8
+      if (B_KN) ladle_ldmatrix_x4_trans_at(bf, bk + p * b_next);
+      else ladle_ldmatrix_x4_at(bf, bk + p * b_next);
+      ladle_mma_bf16(acc[2 * p], af, bf[0], bf[1]);
+      ladle_mma_bf16(acc[2 * p + 1], af, bf[2], bf[3]);
     }
   }
 }
@@ -79,6 +83,22 @@ __device__ __forceinline__ void ladle_tile_rows_add(float* out, int m0, float to
     atomicAdd(out + m0 + (l >> 2), top);
     atomicAdd(out + m0 + (l >> 2) + 8, bottom);
   }
+}
+
+// out[n0 + 8j + 2(l % 4) + e] += cols[j][e] summed over the tile's eight lanes of a column (its 16
+// rows, two a lane): the sums of a tile's columns, added into shared memory by four lanes.
+__device__ __forceinline__ void ladle_tile_cols_add(float* out, int n0, float (&cols)[4][2]) {
+  const int l = threadIdx.x & 31;
+  LADLE_UNROLL
+  for (int j = 0; j < 4; ++j)
+    LADLE_UNROLL
+    for (int e = 0; e < 2; ++e)
+      for (int off = 4; off < 32; off <<= 1) cols[j][e] += __shfl_xor_sync(0xffffffffu, cols[j][e], off);
+  if (l < 4)
+    LADLE_UNROLL
+    for (int j = 0; j < 4; ++j)
+      LADLE_UNROLL
+      for (int e = 0; e < 2; ++e) atomicAdd(out + n0 + 8 * j + 2 * l + e, cols[j][e]);
 }
 
 #endif  // LADLE_BLOCK_MMA

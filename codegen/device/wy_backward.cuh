@@ -430,6 +430,9 @@ struct LadleWy {
     if (threadIdx.x == 0) dlast[0] = 0.0f;
     __syncthreads();
     const float last = gs[C - 1];
+    const int l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3);
+    // (In each tile below: this lane's rows m0 + row8 + 8h, h < 2, and columns n0 + 8j + col2 + e,
+    // j < 4, e < 2, fragment register 2h + e; what depends on the row alone is taken once a row.)
     ladle_tiles(C, C, [&](int m0, int n0) {  // Q K^T and K K^T
       LadleTileAcc acc, gram;
       ladle_tile_zero(acc);
@@ -447,7 +450,7 @@ struct LadleWy {
         part += ladle_bf16_float(dhb[f * LT + j]) * ladle_bf16_float(hb[f * LT + j]);
       }
       for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-      if ((threadIdx.x & 31) == 0) atomicAdd(dlast, expf(last) * part);
+      if (l == 0) atomicAdd(dlast, expf(last) * part);
     }
     __syncthreads();
     // dM = dO E^T, masked and decayed: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts.
@@ -455,24 +458,39 @@ struct LadleWy {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<false, false>(acc, dob, LT, eb, LT, m0, n0, VS);
-      float top = 0.0f, bottom = 0.0f;
-      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) {
-        const float d = i >= j ? expf(gs[i] - gs[j]) * x : 0.0f;
-        dmb[i * LT + j] = ladle_bf16_bits(d);
-        if (head) {
-          const float t = d * pf[i * LC + j];
-          ((i - m0) < 8 ? top : bottom) += t;
-          if (t != 0.0f) atomicAdd(dg + j, -t);
+      float rows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+      LADLE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int i = m0 + row8 + 8 * h;
+        const float gi = gs[i];
+        LADLE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const int s = n0 + 8 * j + col2;
+          float d[2];
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            d[e] = i >= s + e ? expf(gi - gs[s + e]) * acc[j][2 * h + e] : 0.0f;
+            if (head) {
+              const float t = d[e] * pf[i * LC + s + e];
+              rows[h] += t, cols[j][e] -= t;
+            }
+          }
+          *reinterpret_cast<unsigned*>(dmb + i * LT + s) = ladle_pack_bf16(d[0], d[1]);
         }
-      });
-      if (head) ladle_tile_rows_add(dg, m0, top, bottom);
+      }
+      if (head) {
+        ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
+        ladle_tile_cols_add(dg, n0, cols);
+      }
     });
     // dW = -dE h^T
     ladle_tiles(C, KP, [&](int m0, int n0) {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<false, false>(acc, deb, LT, hb, LT, m0, n0, VS);
-      ladle_tile_each(acc, m0, n0, [&](int i, int f, float x) { dwb[i * LK + f] = ladle_bf16_bits(-x); });
+      ladle_tile_each_pair(acc, m0, n0, [&](int i, int f, float x, float y) {
+        *reinterpret_cast<unsigned*>(dwb + i * LK + f) = ladle_pack_bf16(-x, -y);
+      });
     });
     __syncthreads();
     // dq = diag(e^g) dO h^T + dM K; dg_t += e^(g_t) qhat_t . (dO h^T)_t
@@ -482,18 +500,23 @@ struct LadleWy {
       ladle_tile_zero(local);
       ladle_tile_mma<false, false>(state, dob, LT, hb, LT, m0, n0, VS);
       ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
-      float top = 0.0f, bottom = 0.0f;
-      const int l = threadIdx.x & 31;
+      float rows[2] = {0.0f, 0.0f};
       LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int i = m0 + row8 + 8 * h;
+        const float eg = expf(gs[i]);
+        float* const out = p.gq + seq.row(s0 + (i < L ? i : 0)) * K;
         LADLE_UNROLL
-        for (int r = 0; r < 4; ++r) {
-          const int i = m0 + (l >> 2) + (r >> 1) * 8, f = n0 + 8 * j + 2 * (l & 3) + (r & 1);
-          const float x = expf(gs[i]) * state[j][r];
-          if (head) ((r >> 1) ? bottom : top) += x * ladle_bf16_float(qb[i * LK + f]);
-          if (i < L && f < K) atomicAdd(p.gq + seq.row(s0 + i) * K + f, x + local[j][r]);
-        }
-      if (head) ladle_tile_rows_add(dg, m0, top, bottom);
+        for (int j = 0; j < 4; ++j)
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int f = n0 + 8 * j + col2 + e;
+            const float x = eg * state[j][2 * h + e];
+            if (head) rows[h] += x * ladle_bf16_float(qb[i * LK + f]);
+            if (i < L && f < K) atomicAdd(out + f, x + local[j][2 * h + e]);
+          }
+      }
+      if (head) ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
     });
     // dT = (dW (diag(beta e^g) K)^T + dE (diag(beta) V)^T); dV_b = T^T dE: dv = beta dV_b, dbeta += v . dV_b
     ladle_tiles(C, C, [&](int m0, int n0) {
@@ -502,28 +525,42 @@ struct LadleWy {
       ladle_tile_zero(values);
       ladle_tile_mma<false, false>(keys, dwb, LK, kb, LK, m0, n0, KP);
       ladle_tile_mma<false, false>(values, deb, LT, vb, LT, m0, n0, VS);
-      const int l = threadIdx.x & 31;
       LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j) {
+        const int s = n0 + 8 * j + col2;
+        const float b0 = bs[s], b1 = bs[s + 1], e0 = expf(gs[s]), e1 = expf(gs[s + 1]);
         LADLE_UNROLL
-        for (int r = 0; r < 4; ++r) {
-          const int i = m0 + (l >> 2) + (r >> 1) * 8, s = n0 + 8 * j + 2 * (l & 3) + (r & 1);
-          dtb[i * LT + s] = ladle_bf16_bits(bs[s] * (expf(gs[s]) * keys[j][r] + values[j][r]));
+        for (int h = 0; h < 2; ++h) {
+          const int i = m0 + row8 + 8 * h;
+          *reinterpret_cast<unsigned*>(dtb + i * LT + s) = ladle_pack_bf16(b0 * (e0 * keys[j][2 * h] + values[j][2 * h]),
+                                                                           b1 * (e1 * keys[j][2 * h + 1] + values[j][2 * h + 1]));
         }
+      }
     });
     ladle_tiles(C, VS, [&](int m0, int n0) {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<true, true>(acc, tb, LT, deb, LT, m0, n0, C);
-      float top = 0.0f, bottom = 0.0f;
-      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) {
-        if (i < L && j0 + j < V) {
-          const long long r = seq.row(s0 + i);
-          p.gv[r * V + j0 + j] = bs[i] * x;
-          ((i - m0) < 8 ? top : bottom) += x * p.vf[r * V + j0 + j];
-        }
-      });
-      if (has_beta) ladle_tile_rows_add(db, m0, top, bottom);
+      float rows[2] = {0.0f, 0.0f};
+      LADLE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int i = m0 + row8 + 8 * h;
+        if (i >= L) continue;
+        const long long r = seq.row(s0 + i);
+        const float b = bs[i];
+        LADLE_UNROLL
+        for (int j = 0; j < 4; ++j)
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int col = j0 + n0 + 8 * j + col2 + e;
+            if (col < V) {
+              const float x = acc[j][2 * h + e];
+              p.gv[r * V + col] = b * x;
+              rows[h] += x * p.vf[r * V + col];
+            }
+          }
+      }
+      if (has_beta) ladle_tile_rows_add(db, m0, rows[0], rows[1]);
     });
     __syncthreads();
     // X = dT T^T
@@ -531,7 +568,9 @@ struct LadleWy {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<false, false>(acc, dtb, LT, tb, LT, m0, n0, C);
-      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { xb[i * LT + j] = ladle_bf16_bits(x); });
+      ladle_tile_each_pair(acc, m0, n0, [&](int i, int j, float x, float y) {
+        *reinterpret_cast<unsigned*>(xb + i * LT + j) = ladle_pack_bf16(x, y);
+      });
     });
     __syncthreads();
     // dL = -(T^T X) below the diagonal: dbeta_t += dL_ts Gamma_ts G_ts, dg_t += dL_ts L_ts,
@@ -540,25 +579,33 @@ struct LadleWy {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
       ladle_tile_mma<true, true>(acc, tb, LT, xb, LT, m0, n0, C);
-      float top = 0.0f, bottom = 0.0f, btop = 0.0f, bbottom = 0.0f;
-      ladle_tile_each(acc, m0, n0, [&](int i, int s, float x) {
-        if (i < s) return;  // written with (s, i)
-        if (i == s || i >= L) {
-          dsb[i * LT + s] = dsb[s * LT + i] = 0;
-          return;
-        }
-        const float gamma = expf(gs[i] - gs[s]), dl = -x, plain = dl * gamma * gf[i * LC + s], d = dl * bs[i] * gamma;
-        const unsigned short bits = ladle_bf16_bits(d);
-        dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
-        ((i - m0) < 8 ? btop : bbottom) += plain;
-        if (head) {
-          const float t = bs[i] * plain;
-          ((i - m0) < 8 ? top : bottom) += t;
-          atomicAdd(dg + s, -t);
-        }
-      });
-      if (has_beta) ladle_tile_rows_add(db, m0, btop, bbottom);
-      if (head) ladle_tile_rows_add(dg, m0, top, bottom);
+      float rows[2] = {0.0f, 0.0f}, brows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+      LADLE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int i = m0 + row8 + 8 * h;
+        const float gi = gs[i], bi = bs[i];
+        LADLE_UNROLL
+        for (int j = 0; j < 4; ++j)
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int s = n0 + 8 * j + col2 + e;
+            if (i < s) continue;  // written with (s, i)
+            if (i == s || i >= L) {
+              dsb[i * LT + s] = dsb[s * LT + i] = 0;
+              continue;
+            }
+            const float gamma = expf(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gf[i * LC + s];
+            const unsigned short bits = ladle_bf16_bits(dl * bi * gamma);
+            dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
+            brows[h] += plain;
+            if (head) rows[h] += bi * plain, cols[j][e] -= bi * plain;
+          }
+      }
+      if (has_beta) ladle_tile_rows_add(db, m0, brows[0], brows[1]);
+      if (head) {
+        ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
+        ladle_tile_cols_add(dg, n0, cols);
+      }
     });
     __syncthreads();
     // dk = dM^T Q + diag(e^(g_C - g)) E dh^T + diag(beta e^g) T^T dW + (D + D^T) K;
@@ -573,21 +620,25 @@ struct LadleWy {
       ladle_tile_mma<false, false>(state, eb, LT, dhb, LT, m0, n0, VS);
       ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
       ladle_tile_mma<false, true>(gram, dsb, LT, kb, LK, m0, n0, C);
-      float stop = 0.0f, sbottom = 0.0f, wtop = 0.0f, wbottom = 0.0f;
-      const int l = threadIdx.x & 31;
+      float srows[2] = {0.0f, 0.0f}, wrows[2] = {0.0f, 0.0f};
       LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int i = m0 + row8 + 8 * h;
+        const float fwd = expf(last - gs[i]), eg = expf(gs[i]), bi = bs[i];
+        float* const out = p.gk + seq.row(s0 + (i < L ? i : 0)) * K;
         LADLE_UNROLL
-        for (int r = 0; r < 4; ++r) {
-          const int i = m0 + (l >> 2) + (r >> 1) * 8, f = n0 + 8 * j + 2 * (l & 3) + (r & 1);
-          const float k = ladle_bf16_float(kb[i * LK + f]), fwd = expf(last - gs[i]) * state[j][r], eg = expf(gs[i]) * wy[j][r];
-          ((r >> 1) ? sbottom : stop) += k * fwd;
-          ((r >> 1) ? wbottom : wtop) += k * eg;
-          if (i < L && f < K) atomicAdd(p.gk + seq.row(s0 + i) * K + f, local[j][r] + fwd + bs[i] * eg + gram[j][r]);
-        }
-      if (head) ladle_tile_rows_add(ds, m0, stop, sbottom);
-      if (has_beta) ladle_tile_rows_add(db, m0, wtop, wbottom);
-      if (head) ladle_tile_rows_add(dg, m0, bs[m0 + (l >> 2)] * wtop, bs[m0 + (l >> 2) + 8] * wbottom);
+        for (int j = 0; j < 4; ++j)
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int f = n0 + 8 * j + col2 + e, r = 2 * h + e;
+            const float k = ladle_bf16_float(kb[i * LK + f]), sx = fwd * state[j][r], wx = eg * wy[j][r];
+            srows[h] += k * sx, wrows[h] += k * wx;
+            if (i < L && f < K) atomicAdd(out + f, local[j][r] + sx + bi * wx + gram[j][r]);
+          }
+      }
+      if (head) ladle_tile_rows_add(ds, m0, srows[0], srows[1]);
+      if (has_beta) ladle_tile_rows_add(db, m0, wrows[0], wrows[1]);
+      if (head) ladle_tile_rows_add(dg, m0, bs[m0 + row8] * wrows[0], bs[m0 + row8 + 8] * wrows[1]);
     });
     __syncthreads();
     if (threadIdx.x == 0) {
