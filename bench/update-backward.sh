@@ -32,5 +32,5 @@ if wants ncu && command -v ncu > /dev/null; then
   LADLE_UPDATE_BWD_FORM=chunked timeout 300 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
     -k regex:ladle_bwd_ --launch-count ${NCU_COUNT:-4} "$bench" --backward --algo chunked --op ${NCU_OP:-gated_delta_rule} -B 8 -T 4096 -H 16 \
     -K 128 -V 128 --reps 1 2>&1 | grep -vE "^==PROF==|^\{" |
-    grep -E "Duration|Throughput|Occupancy|Registers|Block Limit|Warp Cycles|Issue|Eligible|Active Warps|ladle_bwd" | head -80
+    grep -E "Duration|Throughput|Occupancy|Registers|Block Limit|Warp Cycles|Issue|Eligible|Active Warps|ladle_bwd|stall" | head -${NCU_LINES:-80}
 fi

@@ -95,6 +95,19 @@ __device__ __forceinline__ void ladle_wy_put4(unsigned short* p, const float (&x
   w[1] = ladle_pack_bf16(x[2] * by, x[3] * by);
 }
 
+// p[0] += a (where first) and p[1] += b (where second): one vector reduction on sm_90 where both
+// are in and p is 8-byte aligned, else atomic adds.
+__device__ __forceinline__ void ladle_red_add2(float* p, float a, float b, bool second, bool first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (second && (reinterpret_cast<unsigned long long>(p) & 7ull) == 0) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+    return;
+  }
+#endif
+  if (first) atomicAdd(p, a);
+  if (second) atomicAdd(p + 1, b);
+}
+
 __device__ __forceinline__ void ladle_tile_sub(LadleTileAcc& acc, const LadleTileAcc& other) {
   LADLE_UNROLL
   for (int j = 0; j < 4; ++j)
@@ -113,7 +126,7 @@ struct LadleWy {
   // Shared memory of each kernel in bytes (update_backward.cpp's wy_launches mirrors them).
   static constexpr int prepare_shared(int VP) { return 2 * (3 * C * LK + C * (VP + 8) + C * LT) + 4 * (2 * C * LC + 4 * C); }
   static constexpr int states_shared() { return 4 * KP * LS + 2 * (KP * LT + C * LT) + 2 * stage_bytes; }
-  static constexpr int gradients_shared() { return 2 * (3 * C * LK + 2 * KP * LT + 9 * C * LT) + 4 * (2 * C * LC + 5 * C + 4); }
+  static constexpr int gradients_shared() { return 2 * (3 * C * LK + 2 * KP * LT + 9 * C * LT) + 4 * (5 * C + 4); }
 
   // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: every
   //    tile the later kernels read, in bf16 (qhat, khat, kd, qg, dO, v), g, M, T (by substitution,
@@ -213,19 +226,38 @@ struct LadleWy {
       ladle_tile_each(gram, m0, n0, [&](int i, int j, float x) { lf[i * LC + j] = i > j ? bs[i] * expf(gs[i] - gs[j]) * x : 0.0f; });
     });
     __syncthreads();
-    // T = (I + L)^(-1), row by row: T_i = e_i - sum_(m < i) L_im T_m; four lanes a column, each a
-    // quarter of the sum.
+    // T = (I + L)^(-1) in 16 x 16 blocks. The diagonal blocks by substitution, a lane a column of
+    // its warp's block (T_ij = [i = j] - sum_(j <= m < i) L_im T_mj reads only its own column); then
+    // the blocks below them by distance d = 1, 2, 3: T_IJ = -T_II sum_(J <= M < I) L_IM T_MJ, through
+    // X [3][16][16] (in tb's space until T is whole). Above the diagonal blocks: zero.
     {
-      const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
-      if (threadIdx.x < 4 * C && part == 0) tf[j] = j == 0 ? 1.0f : 0.0f;
+      float* const xs = reinterpret_cast<float*>(tb);
+      for (int e = threadIdx.x; e < C * C; e += blockDim.x)
+        if ((e % C) / 16 > (e / C) / 16) tf[(e / C) * LC + e % C] = 0.0f;
+      if (warp < C / 16 && lane < 16) {
+        const int o = 16 * warp, j = lane;
+        for (int i = 0; i < 16; ++i) {
+          float x = i == j ? 1.0f : 0.0f;
+          for (int m = j; m < i; ++m) x -= lf[(o + i) * LC + o + m] * tf[(o + m) * LC + o + j];
+          tf[(o + i) * LC + o + j] = x;
+        }
+      }
       __syncthreads();
-      for (int i = 1; i < C; ++i) {
-        float x = 0.0f;
-        if (threadIdx.x < 4 * C)
-          for (int m = j + part; m < i; m += 4) x += lf[i * LC + m] * tf[m * LC + j];
-        x += __shfl_xor_sync(0xffffffffu, x, 1);
-        x += __shfl_xor_sync(0xffffffffu, x, 2);
-        if (threadIdx.x < 4 * C && part == 0) tf[i * LC + j] = (i == j ? 1.0f : 0.0f) - x;
+      for (int d = 1; d < C / 16; ++d) {
+        const int pairs = C / 16 - d;
+        for (int e = threadIdx.x; e < pairs * 256; e += blockDim.x) {
+          const int J = e / 256, I = J + d, r = (e % 256) / 16, col = e % 16;
+          float x = 0.0f;
+          for (int m = 16 * J; m < 16 * I; ++m) x += lf[(16 * I + r) * LC + m] * tf[m * LC + 16 * J + col];
+          xs[e] = x;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < pairs * 256; e += blockDim.x) {
+          const int J = e / 256, I = J + d, r = (e % 256) / 16, col = e % 16;
+          float x = 0.0f;
+          for (int k = 0; k < 16; ++k) x -= tf[(16 * I + r) * LC + 16 * I + k] * xs[J * 256 + k * 16 + col];
+          tf[(16 * I + r) * LC + 16 * J + col] = x;
+        }
         __syncthreads();
       }
     }
@@ -402,9 +434,7 @@ struct LadleWy {
     unsigned short* const dtb = dmb + C * LT;                             // dT
     unsigned short* const xb = dtb + C * LT;                              // dT T^T
     unsigned short* const dsb = xb + C * LT;                              // D + D^T
-    float* const pf = reinterpret_cast<float*>(dsb + C * LT);             // Q K^T [C][LC]
-    float* const gf = pf + C * LC;                                        // K K^T [C][LC]
-    float* const gs = gf + C * LC;                                        // g
+    float* const gs = reinterpret_cast<float*>(dsb + C * LT);             // g
     float* const bs = gs + C;                                             // beta
     float* const dg = bs + C;                                             // dL/dg
     float* const db = dg + C;                                             // dL/d beta
@@ -433,15 +463,6 @@ struct LadleWy {
     const int l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3);
     // (In each tile below: this lane's rows m0 + row8 + 8h, h < 2, and columns n0 + 8j + col2 + e,
     // j < 4, e < 2, fragment register 2h + e; what depends on the row alone is taken once a row.)
-    ladle_tiles(C, C, [&](int m0, int n0) {  // Q K^T and K K^T
-      LadleTileAcc acc, gram;
-      ladle_tile_zero(acc);
-      ladle_tile_zero(gram);
-      ladle_tile_mma<false, false>(acc, qb, LK, kb, LK, m0, n0, KP);
-      ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, m0, n0, KP);
-      ladle_tile_each(acc, m0, n0, [&](int i, int j, float x) { pf[i * LC + j] = x; });
-      ladle_tile_each(gram, m0, n0, [&](int i, int j, float x) { gf[i * LC + j] = x; });
-    });
     // e^(g_C) <dh, h>: d g_C through S_C = e^(g_C) S_0 + ...
     if (head) {
       float part = 0.0f;
@@ -455,9 +476,13 @@ struct LadleWy {
     __syncthreads();
     // dM = dO E^T, masked and decayed: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts.
     ladle_tiles(C, C, [&](int m0, int n0) {
-      LadleTileAcc acc;
+      LadleTileAcc acc, qk;  // dO E^T; with a decay, Q K^T
       ladle_tile_zero(acc);
       ladle_tile_mma<false, false>(acc, dob, LT, eb, LT, m0, n0, VS);
+      if (head) {
+        ladle_tile_zero(qk);
+        ladle_tile_mma<false, false>(qk, qb, LK, kb, LK, m0, n0, KP);
+      }
       float rows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
       LADLE_UNROLL
       for (int h = 0; h < 2; ++h) {
@@ -471,7 +496,7 @@ struct LadleWy {
           for (int e = 0; e < 2; ++e) {
             d[e] = i >= s + e ? expf(gi - gs[s + e]) * acc[j][2 * h + e] : 0.0f;
             if (head) {
-              const float t = d[e] * pf[i * LC + s + e];
+              const float t = d[e] * qk[j][2 * h + e];
               rows[h] += t, cols[j][e] -= t;
             }
           }
@@ -507,14 +532,17 @@ struct LadleWy {
         const float eg = expf(gs[i]);
         float* const out = p.gq + seq.row(s0 + (i < L ? i : 0)) * K;
         LADLE_UNROLL
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j) {
+          const int f = n0 + 8 * j + col2;
+          float d[2];
           LADLE_UNROLL
           for (int e = 0; e < 2; ++e) {
-            const int f = n0 + 8 * j + col2 + e;
             const float x = eg * state[j][2 * h + e];
-            if (head) rows[h] += x * ladle_bf16_float(qb[i * LK + f]);
-            if (i < L && f < K) atomicAdd(out + f, x + local[j][2 * h + e]);
+            if (head) rows[h] += x * ladle_bf16_float(qb[i * LK + f + e]);
+            d[e] = x + local[j][2 * h + e];
           }
+          if (i < L) ladle_red_add2(out + f, d[0], d[1], f + 1 < K, f < K);
+        }
       }
       if (head) ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
     });
@@ -576,9 +604,11 @@ struct LadleWy {
     // dL = -(T^T X) below the diagonal: dbeta_t += dL_ts Gamma_ts G_ts, dg_t += dL_ts L_ts,
     // dg_s -= dL_ts L_ts, D = dL . beta Gamma (the Gram's gradient) into D + D^T.
     ladle_tiles(C, C, [&](int m0, int n0) {
-      LadleTileAcc acc;
+      LadleTileAcc acc, gram;  // T^T X, K K^T
       ladle_tile_zero(acc);
+      ladle_tile_zero(gram);
       ladle_tile_mma<true, true>(acc, tb, LT, xb, LT, m0, n0, C);
+      if (head || has_beta) ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, m0, n0, KP);
       float rows[2] = {0.0f, 0.0f}, brows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
       LADLE_UNROLL
       for (int h = 0; h < 2; ++h) {
@@ -594,7 +624,7 @@ struct LadleWy {
               dsb[i * LT + s] = dsb[s * LT + i] = 0;
               continue;
             }
-            const float gamma = expf(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gf[i * LC + s];
+            const float gamma = expf(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gram[j][2 * h + e];
             const unsigned short bits = ladle_bf16_bits(dl * bi * gamma);
             dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
             brows[h] += plain;
@@ -627,14 +657,21 @@ struct LadleWy {
         const float fwd = expf(last - gs[i]), eg = expf(gs[i]), bi = bs[i];
         float* const out = p.gk + seq.row(s0 + (i < L ? i : 0)) * K;
         LADLE_UNROLL
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j) {
+          const int f = n0 + 8 * j + col2;
+          float d[2];
           LADLE_UNROLL
           for (int e = 0; e < 2; ++e) {
-            const int f = n0 + 8 * j + col2 + e, r = 2 * h + e;
-            const float k = ladle_bf16_float(kb[i * LK + f]), sx = fwd * state[j][r], wx = eg * wy[j][r];
-            srows[h] += k * sx, wrows[h] += k * wx;
-            if (i < L && f < K) atomicAdd(out + f, local[j][r] + sx + bi * wx + gram[j][r]);
+            const int r = 2 * h + e;
+            const float sx = fwd * state[j][r], wx = eg * wy[j][r];
+            if (head || has_beta) {
+              const float k = ladle_bf16_float(kb[i * LK + f + e]);
+              srows[h] += k * sx, wrows[h] += k * wx;
+            }
+            d[e] = local[j][r] + sx + bi * wx + gram[j][r];
           }
+          if (i < L) ladle_red_add2(out + f, d[0], d[1], f + 1 < K, f < K);
+        }
       }
       if (head) ladle_tile_rows_add(ds, m0, srows[0], srows[1]);
       if (has_beta) ladle_tile_rows_add(db, m0, wrows[0], wrows[1]);
