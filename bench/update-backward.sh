@@ -12,7 +12,8 @@ wants() { [[ "+$what+" == *"+$1+"* ]]; }
 export LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-/tmp/ladle-cache}
 . bench/build.sh /tmp/update-backward-build.log ladle-bench-recurrent ops-backward
 if wants test; then
-  for width in "" 8 16; do
+  for width in ${TEST_WIDTHS:-default 8 16}; do
+    [ "$width" = default ] && width=""
     LADLE_UPDATE_BWD_BLOCK_V=$width timeout 200 "$build/tests/ops-backward" "the update forms' GPU backward agrees with the CPU backward" 2>&1 |
       tail -2 | sed "s/^/block_v ${width:-default}: /"
   done
