@@ -150,25 +150,35 @@ TEST_CASE("ladle-dump refuses flags that do not apply, naming the flag and the o
   REQUIRE(missing.find("File does not exist") == std::string::npos);
 }
 
-TEST_CASE("ladle-dump --backward shows the update forms' kernels: slots, ladle_bwd_update, chain (RWKV6's u bound as [H,K])") {
+TEST_CASE("ladle-dump --backward shows the update forms' kernels: slots, ladle_bwd_update or the chunked three, chain (RWKV6's u bound as [H,K])") {
   test::TempDir cache;
   const test::ScopedEnv env("LADLE_CACHE_DIR", cache.path().c_str());
+  // RWKV6: the fused-recurrent form; the gated delta rule (bf16, T 64): the chunked WY form's three kernels.
   for (const char* op : {"rwkv6", "gated_delta_rule"}) {
     const std::string output = run_tool(std::string("--op ") + op + " --backward --arch sm_90a");
     INFO(output);
     CHECK(output.find("u has shape") == std::string::npos);  // the tool's u binds: [H,K], not [B,T,H,K]
-    const std::size_t slots = output.find("kernel ladle_bwd_slots_"), update = output.find("kernel ladle_bwd_update_"),
+    const bool chunked = std::string(op) == "gated_delta_rule";
+    const std::size_t slots = output.find("kernel ladle_bwd_slots_"),
+                      update = output.find(chunked ? "kernel ladle_bwd_wy_prepare_" : "kernel ladle_bwd_update_"),
                       chain = output.find("kernel ladle_bwd_chain_");
     REQUIRE(slots != std::string::npos);
     REQUIRE(update != std::string::npos);
     REQUIRE(chain != std::string::npos);
     CHECK(slots < update);  // in launch order
     CHECK(update < chain);
+    if (chunked) {
+      const std::size_t states = output.find("kernel ladle_bwd_wy_states_"), gradients = output.find("kernel ladle_bwd_wy_gradients_");
+      CHECK(update < states);
+      CHECK(states < gradients);
+      CHECK(gradients < chain);
+    }
     CHECK(output.find("ladle_bwd_totals_") == std::string::npos);  // the diagonal form's alone
   }
   // The diagonal form's: slots, totals, chain.
   const std::string gla = run_tool("--op gla --backward --arch sm_90a");
   CHECK(gla.find("ladle_bwd_slots_") != std::string::npos);
   CHECK(gla.find("ladle_bwd_totals_") != std::string::npos);
-  CHECK(gla.find("kernel ladle_bwd_update_") == std::string::npos);
+  CHECK(gla.find("ladle: the update forms' recurrent backward") == std::string::npos);  // ladle_bwd_update's source
+  CHECK(gla.find("kernel ladle_bwd_wy_") == std::string::npos);
 }

@@ -7,7 +7,7 @@
 //              [--algo recurrent|chunked] [--tile 128,64,8 | 128,64,64,8 for chunked]
 //              [--reverse] [--varlen] [--states] [--segmented] [-B 8 -T 1024 -H 16]
 //              [--backward]   (the backward's generated kernels: slots, totals, chain (the update forms: slots,
-//                              ladle_bwd_update, chain), and its helpers;
+//                              ladle_bwd_update or the chunked WY form's three, chain), and its helpers;
 //                              with --op attention: prep and main, sm_90a)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
 //              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma|ws]] [--varlen] [--lse] [-B -T -H]
@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
   app.add_flag("--reverse", reverse, "t = T..1");
   app.add_flag("--varlen", varlen, "packed sequences (cu_seqlens): B sequences of T tokens");
   app.add_flag("--backward", backward,
-               "recurrent ops: the backward's generated kernels (slots, totals, chain; the update forms: slots, ladle_bwd_update, "
+               "recurrent ops: the backward's generated kernels (slots, totals, chain; the update forms: slots, ladle_bwd_update "
+               "or the chunked WY form's three, "
                "chain; 16-bit slots with --algo chunked) "
                "and its helpers, as a call of these types runs them; attention: the backward's prep and main kernels (sm_90a)");
   app.add_flag("--states", states, "initial and final states");
@@ -345,7 +346,7 @@ int main(int argc, char** argv) {
             planned([&] { return ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options); });
         try {
           // The diagonal form: slots, totals, chain. The update forms: slots, their recurrence
-          // (ladle_bwd_update, with d_final_state where --states), chain.
+          // (ladle_bwd_update or the chunked WY form's three, with d_final_state where --states), chain.
           using Phase = ladle::cuda::BackwardPhase;
           const auto phase_program = [&](Phase phase) -> Shown {
             return {ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), target).program, 0};
@@ -381,7 +382,16 @@ int main(int argc, char** argv) {
 
     auto want = [&](const char* part) { return only.empty() || only == part; };
     for (const auto& [shown, dynamic_shared_bytes] : programs) {
-      if (programs.size() > 1) std::cout << fmt::format("\n##### kernel {}\n", shown.kernels.empty() ? shown.key : shown.kernels.front().name);
+      if (programs.size() > 1) {
+        // A heading a kernel of the program, in the source's order (the chunked WY backward's
+        // source holds three).
+        std::vector<std::string> names;
+        for (const auto& kernel : shown.kernels) names.push_back(kernel.name);
+        std::sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) { return shown.source.find(a) < shown.source.find(b); });
+        if (names.empty()) names.push_back(shown.key);
+        std::cout << "\n";
+        for (const std::string& name : names) std::cout << fmt::format("##### kernel {}\n", name);
+      }
       if (want("source")) {
         section("source");
         std::cout << shown.source;
