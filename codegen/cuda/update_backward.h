@@ -21,14 +21,17 @@
 // The chunked WY form (spec.chunked; codegen/device/wy_backward.cuh): the delta rule and the gated
 // delta rule on the tensor cores, the same slots in and the same gradients out, in chunks of 64 tokens
 // (the WY / UT form of chunked_delta.h). Three kernels, 256 threads each, `ckpt` their work arrays
-// (bf16 tiles: qhat, khat, W, U, E, dE, h, dh, T; g in fp32), `chunk` unused:
-//   ladle_bwd_wy_prepare   (C, N H): every chunk at once: qhat, khat, the cumulative log decay g,
-//                          T = (I + L)^(-1) by substitution in fp32, W and U;
+// (bf16 tiles; wy_backward.cuh's LadleWyWork), `chunk` unused:
+//   ladle_bwd_wy_prepare   (C, N H): every chunk at once: every tile the others read in bf16 (qhat,
+//                          khat, e^(g_C - g) khat, e^g qhat, dO, v), the cumulative log decay g,
+//                          M = (Q K^T . Gamma)_(t >= s), T = (I + L)^(-1) in 16 x 16 blocks in fp32, W, U;
 //   ladle_bwd_wy_states    (ceil(V / 64), N H): the only serial pass, 64 value columns a block, the
 //                          state (then dS) in shared memory in fp32: forward through the chunks (h, E),
-//                          then backward from d_final (dh, dE), and d initial_state;
-//   ladle_bwd_wy_gradients (C, N H, ceil(V / 64)): every chunk at once: dqhat, dkhat, dbeta and the head
-//                          decay's d log h (into ga[row, 0]) added atomically, dv written.
+//                          then backward from d_final (dh, dE), and d initial_state; each step's tiles
+//                          fetched (cp.async) during the step before;
+//   ladle_bwd_wy_gradients (C, N H): every chunk at once, the value width 64 columns at a time (the
+//                          sums over the values in registers): dqhat, dkhat, dbeta and the head
+//                          decay's d log h (into ga[row, 0]) written, dv written.
 // The products take bf16 operands with fp32 accumulators (fla's precision); the state, T and the
 // gate and strength gradients' sums are fp32. A log decay below -110 counts as -110 (exp: 0 in fp32).
 //
