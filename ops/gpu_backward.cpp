@@ -785,13 +785,18 @@ class BackwardCall {
     if (a_.initial_state) convert(*a_.initial_state, 1.0f, &h0_, nullptr);
     if (d_final_state_) convert(*d_final_state_, 1.0f, &d_final_, nullptr);
 
-    // The slots' gradients: those summed over the value slices are added atomically (zeroed first);
-    // dv is written whole for every token of a sequence (zeroed for tokens outside every sequence).
-    Scratch gq = zeroed(key_shape_), gk = zeroed(key_shape_), gv = zeroed(value_shape_), ga, gh, gscale, gbeta, gbonus;
-    if (key_decay_ || head_decay_) ga = zeroed(key_shape_);
-    if (head_decay_) gh = scratch(DType::f32, head_shape, stream);
+    // The slots' gradients: the recurrent form adds those summed over the value slices atomically
+    // (zeroed first) and writes dv whole for every token of a sequence; the chunked form writes every
+    // one for every token of a sequence, a head decay's d log h per token (into gh directly). Zeroed
+    // where tokens outside every sequence would keep them.
+    const bool written = spec.chunked && !spec.varlen;
+    const auto slot_gradient = [&](const std::vector<std::int64_t>& shape) { return written ? scratch(DType::f32, shape, stream) : zeroed(shape); };
+    Scratch gq = slot_gradient(key_shape_), gk = slot_gradient(key_shape_), gv = slot_gradient(value_shape_), ga, gh, gscale, gbeta, gbonus;
+    if (spec.chunked && head_decay_) gh = slot_gradient(head_shape);
+    else if (key_decay_ || head_decay_) ga = zeroed(key_shape_);
+    if (head_decay_ && !spec.chunked) gh = scratch(DType::f32, head_shape, stream);
     if (spec.scale_table) gscale = scratch(DType::f32, head_shape, stream);
-    if (spec.beta) gbeta = zeroed(head_shape);
+    if (spec.beta) gbeta = spec.chunked ? slot_gradient(head_shape) : zeroed(head_shape);
     if (spec.bonus) gbonus = zeroed(key_shape_);
     Scratch ckpt = scratch(DType::f32, {cuda::update_backward_ckpt_floats(spec, N_, H_, C_, K_, V_)}, stream);
     Scratch chunk = scratch(DType::f32, {cuda::update_backward_chunk_floats(spec, N_, H_, K_, V_)}, stream);
@@ -802,7 +807,8 @@ class BackwardCall {
       packed.add(log_a_.buffer.device_ptr()).add(log_h_.buffer.device_ptr()).add(scale_s.buffer.device_ptr()).add(scale_);
       packed.add(beta_s.buffer.device_ptr()).add(bonus_s.buffer.device_ptr()).add(h0_.buffer.device_ptr()).add(d_final_.buffer.device_ptr());
       packed.add(ckpt.buffer.device_ptr()).add(chunk.buffer.device_ptr());
-      packed.add(gq.buffer.device_ptr()).add(gk.buffer.device_ptr()).add(gv.buffer.device_ptr()).add(ga.buffer.device_ptr());
+      packed.add(gq.buffer.device_ptr()).add(gk.buffer.device_ptr()).add(gv.buffer.device_ptr());
+      packed.add(spec.chunked && head_decay_ ? gh.buffer.device_ptr() : ga.buffer.device_ptr());  // the chunked form: d log h per token
       packed.add(gbeta.buffer.device_ptr()).add(gbonus.buffer.device_ptr());
       packed.add(initial_gradient ? ptr(gradients_.d_initial_state->data) : std::uint64_t{0});
       packed.add(offsets_.device_ptr());
@@ -829,7 +835,8 @@ class BackwardCall {
       KernelArgs packed;
       packed.add(ptr(qs_.view.data)).add(ptr(kf_.view.data)).add(scale_s.buffer.device_ptr()).add(scale_);
       packed.add(gq.buffer.device_ptr()).add(gk.buffer.device_ptr()).add(ga.buffer.device_ptr()).add(gscale.buffer.device_ptr());
-      packed.add(gh.buffer.device_ptr()).add(spec.l2 ? 1 : 0).add(ir::l2_normalize_eps).add(static_cast<long long>(rows));
+      packed.add(spec.chunked ? std::uint64_t{0} : gh.buffer.device_ptr()).add(spec.l2 ? 1 : 0).add(ir::l2_normalize_eps);
+      packed.add(static_cast<long long>(rows));
       packed.add(static_cast<int>(K_));
       if (rows > 0) loaded.function->launch({blocks_of(rows * 32, 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
     }

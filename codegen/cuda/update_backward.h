@@ -30,8 +30,9 @@
 //                          then backward from d_final (dh, dE), and d initial_state; each step's tiles
 //                          fetched (cp.async) during the step before;
 //   ladle_bwd_wy_gradients (C, N H): every chunk at once, the value width 64 columns at a time (the
-//                          sums over the values in registers): dqhat, dkhat, dbeta and the head
-//                          decay's d log h (into ga[row, 0]) written, dv written.
+//                          sums over the values in registers): dqhat, dkhat, dbeta, dv and the head
+//                          decay's d log h written (ga: [rows], d log h itself: the finish kernel
+//                          takes no sum), every token of a sequence; nothing atomic.
 // The products take bf16 operands with fp32 accumulators (fla's precision); the state, T and the
 // gate and strength gradients' sums are fp32. A log decay below -110 counts as -110 (exp: 0 in fp32).
 //

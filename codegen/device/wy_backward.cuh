@@ -411,8 +411,8 @@ struct LadleWy {
   // 3. gradients (grid: C, N H; 256 threads, 8 warps): every chunk at once, from h, dh, E, dE and T,
   //    the value width 64 columns at a time: what sums over the values (dM = dO E^T, dE V^T, dO h^T,
   //    dW = -dE h^T, E dh^T) accumulates in each warp's registers over the slices, dv is written per
-  //    slice; then the chunk's C x C chain once, and dL/d qhat, d khat, d beta and d log_h written
-  //    (no other block writes this chunk's tokens).
+  //    slice; then the chunk's C x C chain once, and dL/d qhat, d khat, d beta and d log_h (args.ga:
+  //    [rows], not the recurrent form's [rows, K]) written (no other block writes this chunk's tokens).
   static __device__ void gradients(const LadleUpdateArgs& p) {
     constexpr int NT = KP / 64;                         // a warp's 16 x 32 tiles of a C x KP result
     constexpr int across = KP / 32;                     // tiles across a C x KP result
@@ -698,7 +698,7 @@ struct LadleWy {
         float run = 0.0f;
         for (int t = L - 1; t >= 0; --t) {
           run += dg[t];
-          p.ga[seq.row(s0 + t) * K] = run;
+          p.ga[seq.row(s0 + t)] = run;  // the chunked form's ga: d log h per token
         }
       }
     }

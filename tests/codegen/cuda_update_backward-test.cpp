@@ -277,11 +277,15 @@ Inputs run_kernels(const Case& c, const Inputs& x) {
   std::vector<float> qs = fp32(x.q), kf = fp32(x.k), vf = fp32(x.v), dos = fp32(x.d_out), log_a = fp32(x.log_a), log_h = fp32(x.log_h),
                      scale_s = fp32(x.scale_s), beta_s = fp32(x.beta), bonus_s = fp32(x.bonus), h0 = fp32(x.h0), d_final = fp32(x.d_final);
   std::vector<float> ckpt(cuda::update_backward_ckpt_floats(s, N, H, C, K, V), nan), chunk(cuda::update_backward_chunk_floats(s, N, H, K, V), nan);
-  std::vector<float> gq(rows * K, 0.0f), gk(rows * K, 0.0f), gv(rows * V, nan), ga, gh, gscale, gbeta, gbonus, d_h0(N * H * K * V, nan);
-  if (s.key_decay || s.head_decay) ga.assign(rows * K, 0.0f);
+  // The recurrent form adds into the zeroed gq and gk; the chunked form writes every token's (its
+  // cases' sequences cover every row).
+  const float start = s.chunked ? nan : 0.0f;
+  std::vector<float> gq(rows * K, start), gk(rows * K, start), gv(rows * V, nan), ga, gh, gscale, gbeta, gbonus, d_h0(N * H * K * V, nan);
+  if (s.chunked && s.head_decay) ga.assign(rows, nan);  // the chunked form: d log h per token, written
+  else if (s.key_decay || s.head_decay) ga.assign(rows * K, 0.0f);
   if (s.head_decay) gh.assign(rows, nan);
   if (s.scale_table) gscale.assign(rows, nan);
-  if (s.beta) gbeta.assign(rows, 0.0f);
+  if (s.beta) gbeta.assign(rows, s.chunked ? nan : 0.0f);
   if (s.bonus) gbonus.assign(rows * K, 0.0f);
   std::vector<long long> offsets(c.cu_seqlens.begin(), c.cu_seqlens.end());
   const float scale = static_cast<float>(x.scale);
@@ -301,15 +305,17 @@ Inputs run_kernels(const Case& c, const Inputs& x) {
     cuda_emulation::launch(launch.grid[0], launch.grid[1], launch.grid[2], launch.threads, [&] { kernel.launch(packed.data()); });
   }
   cuda_emulation::launch(static_cast<unsigned>((rows * 32 + 255) / 256), 1, 256, [&] {
-    ladle_bwd_update_finish(qs.data(), kf.data(), or_null(scale_s), scale, gq.data(), gk.data(), or_null(ga), or_null(gscale), or_null(gh),
+    ladle_bwd_update_finish(qs.data(), kf.data(), or_null(scale_s), scale, gq.data(), gk.data(), s.chunked ? nullptr : or_null(ga),
+                            or_null(gscale), s.chunked ? nullptr : or_null(gh),
                             s.l2 ? 1 : 0, ir::l2_normalize_eps, rows, static_cast<int>(K));
   });
 
-  // A head decay's ga holds its per-feature parts, gh their sum.
+  // A head decay's ga holds its per-feature parts, gh their sum; the chunked form writes d log h
+  // per token into ga.
   Inputs got;
   got.q = fp64(gq), got.k = fp64(gk), got.v = fp64(gv), got.h0 = fp64(d_h0);
   if (s.key_decay) got.log_a = fp64(ga);
-  got.log_h = fp64(gh), got.scale_s = fp64(gscale), got.beta = fp64(gbeta), got.bonus = fp64(gbonus);
+  got.log_h = fp64(s.chunked ? ga : gh), got.scale_s = fp64(gscale), got.beta = fp64(gbeta), got.bonus = fp64(gbonus);
   return got;
 }
 
