@@ -82,7 +82,7 @@ std::vector<UpdateBackwardLaunch> wy_launches(const UpdateBackwardSpec& spec, st
        static_cast<int>(2 * (3 * c * lk + c * (vp + 8) + c * lt) + 4 * (2 * c * lc + 4 * c))},
       {"ladle_bwd_wy_states_" + hash, {u(vp / 64), u(N * H), 1}, 256, 4 * kp * (64 + 4) + 2 * (kp * lt + c * lt) + 2 * stage},
       {"ladle_bwd_wy_gradients_" + hash, {u(C), u(N * H), 1}, 256,
-       2 * (3 * c * lk + 2 * kp * lt + 9 * c * lt) + 4 * (5 * c + 4)},
+       2 * (2 * c * lk + c * lt + 2 * (2 * kp * lt + 4 * c * lt)) + 4 * (5 * c + 4)},
   };
 }
 

@@ -126,7 +126,9 @@ struct LadleWy {
   // Shared memory of each kernel in bytes (update_backward.cpp's wy_launches mirrors them).
   static constexpr int prepare_shared(int VP) { return 2 * (3 * C * LK + C * (VP + 8) + C * LT) + 4 * (2 * C * LC + 4 * C); }
   static constexpr int states_shared() { return 4 * KP * LS + 2 * (KP * LT + C * LT) + 2 * stage_bytes; }
-  static constexpr int gradients_shared() { return 2 * (3 * C * LK + 2 * KP * LT + 9 * C * LT) + 4 * (5 * C + 4); }
+  // The gradients kernel's slice: h, dh [KP][LT]; E, dE, dO, v [C][LT] (16-bit halves).
+  static constexpr int slice_halves = 2 * KP * LT + 4 * C * LT;
+  static constexpr int gradients_shared() { return 2 * (2 * C * LK + C * LT + 2 * slice_halves) + 4 * (5 * C + 4); }
 
   // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: every
   //    tile the later kernels read, in bf16 (qhat, khat, kd, qg, dO, v), g, M, T (by substitution,
@@ -426,19 +428,22 @@ struct LadleWy {
     LADLE_DYNAMIC_SHARED(smem);
     unsigned short* const qb = reinterpret_cast<unsigned short*>(smem);  // qhat [C][LK]
     unsigned short* const kb = qb + C * LK;                               // khat [C][LK]
-    unsigned short* const dwb = kb + C * LK;                              // dW [C][LK]
-    unsigned short* const hb = dwb + C * LK;                              // h's slice [KP][LT]
-    unsigned short* const dhb = hb + KP * LT;                             // dh's slice [KP][LT]
-    unsigned short* const tb = dhb + KP * LT;                             // T [C][LT]
-    unsigned short* const eb = tb + C * LT;                               // E's slice
-    unsigned short* const deb = eb + C * LT;                              // dE's slice
-    unsigned short* const dob = deb + C * LT;                             // dO's slice
-    unsigned short* const vb = dob + C * LT;                              // v's slice
-    unsigned short* const dmb = vb + C * LT;                              // dM . Gamma, lower
+    unsigned short* const tb = kb + C * LK;                               // T [C][LT]
+    unsigned short* const slices = tb + C * LT;                           // two slices' tiles (Slice)
+    struct Slice {
+      unsigned short *h, *dh, *e, *de, *dO, *v;  // h, dh [KP][LT]; E, dE, dO, v [C][LT]
+    };
+    const auto slice = [&](int n) {
+      unsigned short* const b = slices + (n & 1) * slice_halves;
+      return Slice{b, b + KP * LT, b + 2 * KP * LT, b + 2 * KP * LT + C * LT, b + 2 * KP * LT + 2 * C * LT, b + 2 * KP * LT + 3 * C * LT};
+    };
+    // After the slices, in the first one's space:
+    unsigned short* const dwb = slices;                                   // dW [C][LK]
+    unsigned short* const dmb = dwb + C * LK;                             // dM . Gamma, lower
     unsigned short* const dtb = dmb + C * LT;                             // dT
     unsigned short* const xb = dtb + C * LT;                              // dT T^T
     unsigned short* const dsb = xb + C * LT;                              // D + D^T
-    float* const gs = reinterpret_cast<float*>(dsb + C * LT);             // g
+    float* const gs = reinterpret_cast<float*>(slices + 2 * slice_halves); // g
     float* const bs = gs + C;                                             // beta
     float* const dg = bs + C;                                             // dL/dg
     float* const db = dg + C;                                             // dL/d beta
@@ -450,11 +455,23 @@ struct LadleWy {
     const int cm = (warp / 2) * 16, cn = (warp % 2) * 32;
     const auto km = [&](int i) { return ((warp + 8 * i) / across) * 16; };
     const auto kn = [&](int i) { return ((warp + 8 * i) % across) * 32; };
+    const int slices_n = VP / VS;
+    const auto fetch_slice = [&](int n) {
+      const Slice b = slice(n);
+      const int j0 = n * VS;
+      ladle_wy_fetch(b.h, LT, work.h + q * KP * VP + j0, VP, KP, VS);
+      ladle_wy_fetch(b.dh, LT, work.dh + q * KP * VP + j0, VP, KP, VS);
+      ladle_wy_fetch(b.e, LT, work.e + q * C * VP + j0, VP, C, VS);
+      ladle_wy_fetch(b.de, LT, work.de + q * C * VP + j0, VP, C, VS);
+      ladle_wy_fetch(b.dO, LT, work.dov + q * C * VP + j0, VP, C, VS);
+      ladle_wy_fetch(b.v, LT, work.vv + q * C * VP + j0, VP, C, VS);
+      ladle_cp_async_commit();
+    };
     ladle_wy_fetch(qb, LK, work.qh + q * C * KP, KP, C, KP);
     ladle_wy_fetch(kb, LK, work.kh + q * C * KP, KP, C, KP);
     ladle_wy_fetch(tb, LT, work.t + q * C * C, C, C, C);
     ladle_wy_fetch(gs, 8, work.g + q * C, 8, C / 4, 8);  // C floats as 16-bit pairs
-    ladle_cp_async_commit();
+    fetch_slice(0);  // one group with the above
     if (threadIdx.x < C) {
       const int t = threadIdx.x;
       bs[t] = t < L ? (has_beta ? p.beta_s[seq.row(s0 + t)] : 1.0f) : 0.0f;
@@ -466,17 +483,17 @@ struct LadleWy {
     ladle_tile_zero(dev);
     LADLE_UNROLL
     for (int i = 0; i < NT; ++i) ladle_tile_zero(dqs[i]), ladle_tile_zero(dws[i]), ladle_tile_zero(dks[i]);
-    for (int j0 = 0; j0 < VP; j0 += VS) {
-      __syncthreads();  // the slice before is read
-      ladle_wy_fetch(hb, LT, work.h + q * KP * VP + j0, VP, KP, VS);
-      ladle_wy_fetch(dhb, LT, work.dh + q * KP * VP + j0, VP, KP, VS);
-      ladle_wy_fetch(eb, LT, work.e + q * C * VP + j0, VP, C, VS);
-      ladle_wy_fetch(deb, LT, work.de + q * C * VP + j0, VP, C, VS);
-      ladle_wy_fetch(dob, LT, work.dov + q * C * VP + j0, VP, C, VS);
-      ladle_wy_fetch(vb, LT, work.vv + q * C * VP + j0, VP, C, VS);
-      ladle_cp_async_commit();
-      ladle_cp_async_wait<0>();
+    for (int n = 0; n < slices_n; ++n) {  // slice n's tiles, slice n + 1's in flight
+      if (n + 1 < slices_n) {
+        fetch_slice(n + 1);
+        ladle_cp_async_wait<1>();
+      } else {
+        ladle_cp_async_wait<0>();
+      }
       __syncthreads();
+      const int j0 = n * VS;
+      const Slice sl = slice(n);
+      unsigned short *const hb = sl.h, *const dhb = sl.dh, *const eb = sl.e, *const deb = sl.de, *const dob = sl.dO, *const vb = sl.v;
       ladle_tile_mma<false, false>(dm, dob, LT, eb, LT, cm, cn, VS);
       ladle_tile_mma<false, false>(dev, deb, LT, vb, LT, cm, cn, VS);
       LADLE_UNROLL
@@ -519,6 +536,7 @@ struct LadleWy {
         for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
         if (l == 0) atomicAdd(dlast, expf(gs[C - 1]) * part);
       }
+      __syncthreads();  // slice n's space is the next fetch's (and, after the last, dW's and the C x C tiles')
     }
     const float last = gs[C - 1];
     {  // dM . Gamma, masked: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts (P = Q K^T)
