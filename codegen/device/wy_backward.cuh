@@ -115,6 +115,337 @@ __device__ __forceinline__ void ladle_tile_sub(LadleTileAcc& acc, const LadleTil
     for (int r = 0; r < 4; ++r) acc[j][r] -= other[j][r];
 }
 
+// One block of LadleWy's gradients kernel (below): chunk blockIdx.x of (sequence, head)
+// blockIdx.y, its shared memory, and the steps LadleWy::gradients runs in order. In each tile: this
+// lane's rows m0 + row8 + 8h, h < 2, and columns n0 + 8j + col2 + e, j < 4, e < 2, fragment register
+// 2h + e; a warp owns tile (cm, cn) of a C x C result and tiles (km(i), kn(i)), i < NT, of a C x KP one.
+template <int KP, unsigned FORM>
+struct LadleWyGradients {
+  static constexpr int C = LADLE_WY_C, VS = LADLE_WY_VS, LK = KP + 8, LT = LADLE_WY_VS + 8;
+  static constexpr int NT = KP / 64, across = KP / 32;  // a warp's 16 x 32 tiles of a C x KP result; tiles across it
+  static constexpr bool head = (FORM & ladle_upd_head) != 0, has_beta = (FORM & ladle_upd_beta) != 0;
+  // A value slice's tiles: h, dh [KP][LT]; E, dE, dO, v [C][LT] (16-bit halves).
+  static constexpr int slice_halves = 2 * KP * LT + 4 * C * LT;
+  static constexpr int shared_bytes = 2 * (2 * C * LK + C * LT + 2 * slice_halves) + 4 * (5 * C + 4);
+  struct Slice {
+    unsigned short *h, *dh, *e, *de, *dO, *v;
+  };
+
+  const LadleUpdateArgs& p;
+  const LadleWySequence<FORM> seq;
+  const int VP, K, V;
+  const long long s0, q;
+  const int L;
+  const LadleWyWork work;
+  unsigned short *const qb, *const kb, *const tb, *const slices;  // qhat, khat [C][LK]; T [C][LT]; two slices
+  // After the slices, in the first one's space: dW [C][LK]; dM . Gamma (lower), dT, dT T^T, D + D^T [C][LT].
+  unsigned short *const dwb, *const dmb, *const dtb, *const xb, *const dsb;
+  // g, beta, dL/dg, dL/d beta, the state's part of dL/d g_C by row; dlast[0]: e^(g_C) <dh, h>.
+  float *const gs, *const bs, *const dg, *const db, *const ds, *const dlast;
+  const int warp, l, row8, col2, cm, cn;
+
+  __device__ __forceinline__ LadleWyGradients(const LadleUpdateArgs& args, unsigned char* smem)
+      : p(args), seq(args, blockIdx.y), VP((args.V + 63) / 64 * 64), K(args.K), V(args.V),
+        s0(static_cast<long long>(blockIdx.x) * C), q(static_cast<long long>(blockIdx.y) * args.C + blockIdx.x),
+        L(static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C)),
+        work(args.ckpt, static_cast<long long>(args.C) * gridDim.y, KP, (args.V + 63) / 64 * 64),
+        qb(reinterpret_cast<unsigned short*>(smem)), kb(qb + C * LK), tb(kb + C * LK), slices(tb + C * LT),
+        dwb(slices), dmb(dwb + C * LK), dtb(dmb + C * LT), xb(dtb + C * LT), dsb(xb + C * LT),
+        gs(reinterpret_cast<float*>(slices + 2 * slice_halves)), bs(gs + C), dg(bs + C), db(dg + C), ds(db + C), dlast(ds + C),
+        warp(threadIdx.x >> 5), l(threadIdx.x & 31), row8((threadIdx.x & 31) >> 2), col2(2 * (threadIdx.x & 3)),
+        cm((warp / 2) * 16), cn((warp % 2) * 32) {}
+
+  __device__ __forceinline__ bool empty() const { return s0 >= seq.len; }
+  __device__ __forceinline__ int km(int i) const { return ((warp + 8 * i) / across) * 16; }
+  __device__ __forceinline__ int kn(int i) const { return ((warp + 8 * i) % across) * 32; }
+  __device__ __forceinline__ Slice slice(int n) const {
+    unsigned short* const b = slices + (n & 1) * slice_halves;
+    return Slice{b, b + KP * LT, b + 2 * KP * LT, b + 2 * KP * LT + C * LT, b + 2 * KP * LT + 2 * C * LT, b + 2 * KP * LT + 3 * C * LT};
+  }
+  __device__ __forceinline__ void fetch_slice(int n) const {
+    const Slice b = slice(n);
+    const int j0 = n * VS;
+    ladle_wy_fetch(b.h, LT, work.h + q * KP * VP + j0, VP, KP, VS);
+    ladle_wy_fetch(b.dh, LT, work.dh + q * KP * VP + j0, VP, KP, VS);
+    ladle_wy_fetch(b.e, LT, work.e + q * C * VP + j0, VP, C, VS);
+    ladle_wy_fetch(b.de, LT, work.de + q * C * VP + j0, VP, C, VS);
+    ladle_wy_fetch(b.dO, LT, work.dov + q * C * VP + j0, VP, C, VS);
+    ladle_wy_fetch(b.v, LT, work.vv + q * C * VP + j0, VP, C, VS);
+    ladle_cp_async_commit();
+  }
+
+  // 1. The value slices, each fetched during the one before: dm = dO E^T, dev = dE V^T, dqs = dO h^T,
+  //    dws = dE h^T, dks = E dh^T summed over them; dv and d beta's v part per slice; e^(g_C) <dh, h>.
+  __device__ __forceinline__ void slices_pass(LadleTileAcc& dm, LadleTileAcc& dev, LadleTileAcc (&dqs)[NT], LadleTileAcc (&dws)[NT],
+                                              LadleTileAcc (&dks)[NT]) {
+    ladle_wy_fetch(qb, LK, work.qh + q * C * KP, KP, C, KP);
+    ladle_wy_fetch(kb, LK, work.kh + q * C * KP, KP, C, KP);
+    ladle_wy_fetch(tb, LT, work.t + q * C * C, C, C, C);
+    ladle_wy_fetch(gs, 8, work.g + q * C, 8, C / 4, 8);  // C floats as 16-bit pairs
+    fetch_slice(0);  // one group with the above
+    if (threadIdx.x < C) {
+      const int t = threadIdx.x;
+      bs[t] = t < L ? (has_beta ? p.beta_s[seq.row(s0 + t)] : 1.0f) : 0.0f;
+      dg[t] = db[t] = ds[t] = 0.0f;
+    }
+    if (threadIdx.x == 0) dlast[0] = 0.0f;
+    const int slices_n = VP / VS;
+    ladle_tile_zero(dm);
+    ladle_tile_zero(dev);
+    LADLE_UNROLL
+    for (int i = 0; i < NT; ++i) ladle_tile_zero(dqs[i]), ladle_tile_zero(dws[i]), ladle_tile_zero(dks[i]);
+    for (int n = 0; n < slices_n; ++n) {  // slice n's tiles, slice n + 1's in flight
+      if (n + 1 < slices_n) {
+        fetch_slice(n + 1);
+        ladle_cp_async_wait<1>();
+      } else {
+        ladle_cp_async_wait<0>();
+      }
+      __syncthreads();
+      const int j0 = n * VS;
+      const Slice sl = slice(n);
+      unsigned short *const hb = sl.h, *const dhb = sl.dh, *const eb = sl.e, *const deb = sl.de, *const dob = sl.dO, *const vb = sl.v;
+      ladle_tile_mma<false, false>(dm, dob, LT, eb, LT, cm, cn, VS);
+      ladle_tile_mma<false, false>(dev, deb, LT, vb, LT, cm, cn, VS);
+      LADLE_UNROLL
+      for (int i = 0; i < NT; ++i) {
+        ladle_tile_mma<false, false>(dqs[i], dob, LT, hb, LT, km(i), kn(i), VS);
+        ladle_tile_mma<false, false>(dws[i], deb, LT, hb, LT, km(i), kn(i), VS);
+        ladle_tile_mma<false, false>(dks[i], eb, LT, dhb, LT, km(i), kn(i), VS);
+      }
+      {  // dV_b = T^T dE: dv = beta dV_b, dbeta += v . dV_b (this warp's C x 64 tile of the slice)
+        LadleTileAcc acc;
+        ladle_tile_zero(acc);
+        ladle_tile_mma<true, true>(acc, tb, LT, deb, LT, cm, cn, C);
+        float rows[2] = {0.0f, 0.0f};
+        LADLE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int i = cm + row8 + 8 * h;
+          if (i >= L) continue;
+          const long long r = seq.row(s0 + i);
+          const float b = bs[i];
+          LADLE_UNROLL
+          for (int j = 0; j < 4; ++j)
+            LADLE_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              const int col = j0 + cn + 8 * j + col2 + e;
+              if (col < V) {
+                const float x = acc[j][2 * h + e];
+                p.gv[r * V + col] = b * x;
+                rows[h] += x * p.vf[r * V + col];
+              }
+            }
+        }
+        if (has_beta) ladle_tile_rows_add(db, cm, rows[0], rows[1]);
+      }
+      if (head) {  // e^(g_C) <dh, h>: d g_C through S_C = e^(g_C) S_0 + ...
+        float part = 0.0f;
+        for (int e = threadIdx.x; e < KP * VS; e += blockDim.x) {
+          const int f = e / VS, j = e % VS;
+          part += ladle_bf16_float(dhb[f * LT + j]) * ladle_bf16_float(hb[f * LT + j]);
+        }
+        for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+        if (l == 0) atomicAdd(dlast, expf(gs[C - 1]) * part);
+      }
+      __syncthreads();  // slice n's space is the next fetch's (and, after the last, dW's and the C x C tiles')
+    }
+  }
+
+  // 2. dM . Gamma (masked) and its gate terms, dW = -dE h^T, then dq = diag(e^g) dO h^T + dM K.
+  __device__ __forceinline__ void dq_pass(const LadleTileAcc& dm, const LadleTileAcc (&dws)[NT], const LadleTileAcc (&dqs)[NT]) {
+    {  // dM . Gamma, masked: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts (P = Q K^T)
+      LadleTileAcc qk;
+      if (head) {
+        ladle_tile_zero(qk);
+        ladle_tile_mma<false, false>(qk, qb, LK, kb, LK, cm, cn, KP);
+      }
+      float rows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+      LADLE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int i = cm + row8 + 8 * h;
+        const float gi = gs[i];
+        LADLE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const int s = cn + 8 * j + col2;
+          float d[2];
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            d[e] = i >= s + e ? expf(gi - gs[s + e]) * dm[j][2 * h + e] : 0.0f;
+            if (head) {
+              const float t = d[e] * qk[j][2 * h + e];
+              rows[h] += t, cols[j][e] -= t;
+            }
+          }
+          *reinterpret_cast<unsigned*>(dmb + i * LT + s) = ladle_pack_bf16(d[0], d[1]);
+        }
+      }
+      if (head) {
+        ladle_tile_rows_add(dg, cm, rows[0], rows[1]);
+        ladle_tile_cols_add(dg, cn, cols);
+      }
+    }
+    LADLE_UNROLL
+    for (int i = 0; i < NT; ++i)  // dW = -dE h^T
+      ladle_tile_each_pair(dws[i], km(i), kn(i), [&](int r, int f, float x, float y) {
+        *reinterpret_cast<unsigned*>(dwb + r * LK + f) = ladle_pack_bf16(-x, -y);
+      });
+    __syncthreads();
+    LADLE_UNROLL
+    for (int i = 0; i < NT; ++i) {  // dq = diag(e^g) dO h^T + dM K; dg_t += e^(g_t) qhat_t . (dO h^T)_t
+      const int m0 = km(i), n0 = kn(i);
+      LadleTileAcc local;
+      ladle_tile_zero(local);
+      ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
+      float rows[2] = {0.0f, 0.0f};
+      LADLE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int r = m0 + row8 + 8 * h;
+        const float eg = expf(gs[r]);
+        float* const out = p.gq + seq.row(s0 + (r < L ? r : 0)) * K;
+        LADLE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const int f = n0 + 8 * j + col2;
+          float d[2];
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const float x = eg * dqs[i][j][2 * h + e];
+            if (head) rows[h] += x * ladle_bf16_float(qb[r * LK + f + e]);
+            d[e] = x + local[j][2 * h + e];
+          }
+          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
+        }
+      }
+      if (head) ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
+    }
+  }
+
+  // 3. The WY chain: dT, X = dT T^T, dL = -(T^T X) below the diagonal and D + D^T.
+  __device__ __forceinline__ void wy_pass(const LadleTileAcc& dev) {
+    {  // dT = (dW (diag(beta e^g) K)^T + dE (diag(beta) V)^T)
+      LadleTileAcc keys;
+      ladle_tile_zero(keys);
+      ladle_tile_mma<false, false>(keys, dwb, LK, kb, LK, cm, cn, KP);
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const int s = cn + 8 * j + col2;
+        const float b0 = bs[s], b1 = bs[s + 1], e0 = expf(gs[s]), e1 = expf(gs[s + 1]);
+        LADLE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int i = cm + row8 + 8 * h;
+          *reinterpret_cast<unsigned*>(dtb + i * LT + s) =
+              ladle_pack_bf16(b0 * (e0 * keys[j][2 * h] + dev[j][2 * h]), b1 * (e1 * keys[j][2 * h + 1] + dev[j][2 * h + 1]));
+        }
+      }
+    }
+    __syncthreads();
+    {  // X = dT T^T
+      LadleTileAcc acc;
+      ladle_tile_zero(acc);
+      ladle_tile_mma<false, false>(acc, dtb, LT, tb, LT, cm, cn, C);
+      ladle_tile_each_pair(acc, cm, cn, [&](int i, int j, float x, float y) {
+        *reinterpret_cast<unsigned*>(xb + i * LT + j) = ladle_pack_bf16(x, y);
+      });
+    }
+    __syncthreads();
+    {  // dL = -(T^T X) below the diagonal: dbeta_t += dL_ts Gamma_ts G_ts, dg_t += dL_ts L_ts,
+       // dg_s -= dL_ts L_ts, D = dL . beta Gamma (the Gram's gradient) into D + D^T.
+      LadleTileAcc acc, gram;  // T^T X, K K^T
+      ladle_tile_zero(acc);
+      ladle_tile_zero(gram);
+      ladle_tile_mma<true, true>(acc, tb, LT, xb, LT, cm, cn, C);
+      if (head || has_beta) ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, cm, cn, KP);
+      float rows[2] = {0.0f, 0.0f}, brows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+      LADLE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int i = cm + row8 + 8 * h;
+        const float gi = gs[i], bi = bs[i];
+        LADLE_UNROLL
+        for (int j = 0; j < 4; ++j)
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int s = cn + 8 * j + col2 + e;
+            if (i < s) continue;  // written with (s, i)
+            if (i == s || i >= L) {
+              dsb[i * LT + s] = dsb[s * LT + i] = 0;
+              continue;
+            }
+            const float gamma = expf(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gram[j][2 * h + e];
+            const unsigned short bits = ladle_bf16_bits(dl * bi * gamma);
+            dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
+            brows[h] += plain;
+            if (head) rows[h] += bi * plain, cols[j][e] -= bi * plain;
+          }
+      }
+      if (has_beta) ladle_tile_rows_add(db, cm, brows[0], brows[1]);
+      if (head) {
+        ladle_tile_rows_add(dg, cm, rows[0], rows[1]);
+        ladle_tile_cols_add(dg, cn, cols);
+      }
+    }
+    __syncthreads();
+  }
+
+  // 4. dk, then each token's d beta and d log h.
+  __device__ __forceinline__ void dk_pass(const LadleTileAcc (&dks)[NT]) {
+    const float last = gs[C - 1];
+    // dk = dM^T Q + diag(e^(g_C - g)) E dh^T + diag(beta e^g) T^T dW + (D + D^T) K;
+    // ds_t = e^(g_C - g_t) khat_t . (E dh^T)_t; dbeta_t += e^(g_t) khat_t . (T^T dW)_t, dg_t += beta_t that.
+    LADLE_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      const int m0 = km(i), n0 = kn(i);
+      LadleTileAcc local, wy, gram;
+      ladle_tile_zero(local);
+      ladle_tile_zero(wy);
+      ladle_tile_zero(gram);
+      ladle_tile_mma<true, true>(local, dmb, LT, qb, LK, m0, n0, C);
+      ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
+      ladle_tile_mma<false, true>(gram, dsb, LT, kb, LK, m0, n0, C);
+      float srows[2] = {0.0f, 0.0f}, wrows[2] = {0.0f, 0.0f};
+      LADLE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int r = m0 + row8 + 8 * h;
+        const float fwd = expf(last - gs[r]), eg = expf(gs[r]), bi = bs[r];
+        float* const out = p.gk + seq.row(s0 + (r < L ? r : 0)) * K;
+        LADLE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const int f = n0 + 8 * j + col2;
+          float d[2];
+          LADLE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int x = 2 * h + e;
+            const float sx = fwd * dks[i][j][x], wx = eg * wy[j][x];
+            if (head || has_beta) {
+              const float k = ladle_bf16_float(kb[r * LK + f + e]);
+              srows[h] += k * sx, wrows[h] += k * wx;
+            }
+            d[e] = local[j][x] + sx + bi * wx + gram[j][x];
+          }
+          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
+        }
+      }
+      if (head) ladle_tile_rows_add(ds, m0, srows[0], srows[1]);
+      if (has_beta) ladle_tile_rows_add(db, m0, wrows[0], wrows[1]);
+      if (head) ladle_tile_rows_add(dg, m0, bs[m0 + row8] * wrows[0], bs[m0 + row8 + 8] * wrows[1]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (has_beta)
+        for (int t = 0; t < L; ++t) p.gbeta[seq.row(s0 + t)] = db[t];
+      if (head) {
+        // d g_C: e^(g_C) <dh, h> + sum_s ds_s; each row's own -ds. Then d log_h_t = sum_(i >= t) dg_i.
+        float total = dlast[0];
+        for (int t = 0; t < L; ++t) total += ds[t], dg[t] -= ds[t];
+        dg[L - 1] += total;
+        float run = 0.0f;
+        for (int t = L - 1; t >= 0; --t) {
+          run += dg[t];
+          p.ga[seq.row(s0 + t)] = run;  // the chunked form's ga: d log h per token
+        }
+      }
+    }
+  }
+};
+
 template <int KP, unsigned FORM>
 struct LadleWy {
   static constexpr int C = LADLE_WY_C, VS = LADLE_WY_VS, LK = KP + 8, LT = LADLE_WY_VS + 8, LC = LADLE_WY_C + 1, LS = LADLE_WY_VS + 4;
@@ -126,9 +457,7 @@ struct LadleWy {
   // Shared memory of each kernel in bytes (update_backward.cpp's wy_launches mirrors them).
   static constexpr int prepare_shared(int VP) { return 2 * (3 * C * LK + C * (VP + 8) + C * LT) + 4 * (2 * C * LC + 4 * C); }
   static constexpr int states_shared() { return 4 * KP * LS + 2 * (KP * LT + C * LT) + 2 * stage_bytes; }
-  // The gradients kernel's slice: h, dh [KP][LT]; E, dE, dO, v [C][LT] (16-bit halves).
-  static constexpr int slice_halves = 2 * KP * LT + 4 * C * LT;
-  static constexpr int gradients_shared() { return 2 * (2 * C * LK + C * LT + 2 * slice_halves) + 4 * (5 * C + 4); }
+  static constexpr int gradients_shared() { return LadleWyGradients<KP, FORM>::shared_bytes; }
 
   // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: every
   //    tile the later kernels read, in bf16 (qhat, khat, kd, qg, dO, v), g, M, T (by substitution,
@@ -415,311 +744,17 @@ struct LadleWy {
   //    dW = -dE h^T, E dh^T) accumulates in each warp's registers over the slices, dv is written per
   //    slice; then the chunk's C x C chain once, and dL/d qhat, d khat, d beta and d log_h (args.ga:
   //    [rows], not the recurrent form's [rows, K]) written (no other block writes this chunk's tokens).
+  //    LadleWyGradients holds the steps.
   static __device__ void gradients(const LadleUpdateArgs& p) {
-    constexpr int NT = KP / 64;                         // a warp's 16 x 32 tiles of a C x KP result
-    constexpr int across = KP / 32;                     // tiles across a C x KP result
-    const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, c = blockIdx.x, nh = blockIdx.y;
-    const LadleWySequence<FORM> seq(p, nh);
-    const long long s0 = static_cast<long long>(c) * C;
-    if (s0 >= seq.len) return;
-    const int L = static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C);
-    const LadleWyWork work(p.ckpt, static_cast<long long>(p.C) * gridDim.y, KP, VP);
-    const long long q = static_cast<long long>(nh) * p.C + c;
+    using G = LadleWyGradients<KP, FORM>;
     LADLE_DYNAMIC_SHARED(smem);
-    unsigned short* const qb = reinterpret_cast<unsigned short*>(smem);  // qhat [C][LK]
-    unsigned short* const kb = qb + C * LK;                               // khat [C][LK]
-    unsigned short* const tb = kb + C * LK;                               // T [C][LT]
-    unsigned short* const slices = tb + C * LT;                           // two slices' tiles (Slice)
-    struct Slice {
-      unsigned short *h, *dh, *e, *de, *dO, *v;  // h, dh [KP][LT]; E, dE, dO, v [C][LT]
-    };
-    const auto slice = [&](int n) {
-      unsigned short* const b = slices + (n & 1) * slice_halves;
-      return Slice{b, b + KP * LT, b + 2 * KP * LT, b + 2 * KP * LT + C * LT, b + 2 * KP * LT + 2 * C * LT, b + 2 * KP * LT + 3 * C * LT};
-    };
-    // After the slices, in the first one's space:
-    unsigned short* const dwb = slices;                                   // dW [C][LK]
-    unsigned short* const dmb = dwb + C * LK;                             // dM . Gamma, lower
-    unsigned short* const dtb = dmb + C * LT;                             // dT
-    unsigned short* const xb = dtb + C * LT;                              // dT T^T
-    unsigned short* const dsb = xb + C * LT;                              // D + D^T
-    float* const gs = reinterpret_cast<float*>(slices + 2 * slice_halves); // g
-    float* const bs = gs + C;                                             // beta
-    float* const dg = bs + C;                                             // dL/dg
-    float* const db = dg + C;                                             // dL/d beta
-    float* const ds = db + C;                                             // the state's part of dL/d g_C, by row
-    float* const dlast = ds + C;                                          // [0]: e^(g_C) <dh, h>
-    const int warp = threadIdx.x >> 5, l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3);
-    // (In each tile below: this lane's rows m0 + row8 + 8h, h < 2, and columns n0 + 8j + col2 + e,
-    // j < 4, e < 2, fragment register 2h + e.) This warp's tile of a C x C result, and of a C x KP one:
-    const int cm = (warp / 2) * 16, cn = (warp % 2) * 32;
-    const auto km = [&](int i) { return ((warp + 8 * i) / across) * 16; };
-    const auto kn = [&](int i) { return ((warp + 8 * i) % across) * 32; };
-    const int slices_n = VP / VS;
-    const auto fetch_slice = [&](int n) {
-      const Slice b = slice(n);
-      const int j0 = n * VS;
-      ladle_wy_fetch(b.h, LT, work.h + q * KP * VP + j0, VP, KP, VS);
-      ladle_wy_fetch(b.dh, LT, work.dh + q * KP * VP + j0, VP, KP, VS);
-      ladle_wy_fetch(b.e, LT, work.e + q * C * VP + j0, VP, C, VS);
-      ladle_wy_fetch(b.de, LT, work.de + q * C * VP + j0, VP, C, VS);
-      ladle_wy_fetch(b.dO, LT, work.dov + q * C * VP + j0, VP, C, VS);
-      ladle_wy_fetch(b.v, LT, work.vv + q * C * VP + j0, VP, C, VS);
-      ladle_cp_async_commit();
-    };
-    ladle_wy_fetch(qb, LK, work.qh + q * C * KP, KP, C, KP);
-    ladle_wy_fetch(kb, LK, work.kh + q * C * KP, KP, C, KP);
-    ladle_wy_fetch(tb, LT, work.t + q * C * C, C, C, C);
-    ladle_wy_fetch(gs, 8, work.g + q * C, 8, C / 4, 8);  // C floats as 16-bit pairs
-    fetch_slice(0);  // one group with the above
-    if (threadIdx.x < C) {
-      const int t = threadIdx.x;
-      bs[t] = t < L ? (has_beta ? p.beta_s[seq.row(s0 + t)] : 1.0f) : 0.0f;
-      dg[t] = db[t] = ds[t] = 0.0f;
-    }
-    if (threadIdx.x == 0) dlast[0] = 0.0f;
-    LadleTileAcc dm, dev, dqs[NT], dws[NT], dks[NT];  // dO E^T, dE V^T; dO h^T, dE h^T, E dh^T
-    ladle_tile_zero(dm);
-    ladle_tile_zero(dev);
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i) ladle_tile_zero(dqs[i]), ladle_tile_zero(dws[i]), ladle_tile_zero(dks[i]);
-    for (int n = 0; n < slices_n; ++n) {  // slice n's tiles, slice n + 1's in flight
-      if (n + 1 < slices_n) {
-        fetch_slice(n + 1);
-        ladle_cp_async_wait<1>();
-      } else {
-        ladle_cp_async_wait<0>();
-      }
-      __syncthreads();
-      const int j0 = n * VS;
-      const Slice sl = slice(n);
-      unsigned short *const hb = sl.h, *const dhb = sl.dh, *const eb = sl.e, *const deb = sl.de, *const dob = sl.dO, *const vb = sl.v;
-      ladle_tile_mma<false, false>(dm, dob, LT, eb, LT, cm, cn, VS);
-      ladle_tile_mma<false, false>(dev, deb, LT, vb, LT, cm, cn, VS);
-      LADLE_UNROLL
-      for (int i = 0; i < NT; ++i) {
-        ladle_tile_mma<false, false>(dqs[i], dob, LT, hb, LT, km(i), kn(i), VS);
-        ladle_tile_mma<false, false>(dws[i], deb, LT, hb, LT, km(i), kn(i), VS);
-        ladle_tile_mma<false, false>(dks[i], eb, LT, dhb, LT, km(i), kn(i), VS);
-      }
-      {  // dV_b = T^T dE: dv = beta dV_b, dbeta += v . dV_b (this warp's C x 64 tile of the slice)
-        LadleTileAcc acc;
-        ladle_tile_zero(acc);
-        ladle_tile_mma<true, true>(acc, tb, LT, deb, LT, cm, cn, C);
-        float rows[2] = {0.0f, 0.0f};
-        LADLE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int i = cm + row8 + 8 * h;
-          if (i >= L) continue;
-          const long long r = seq.row(s0 + i);
-          const float b = bs[i];
-          LADLE_UNROLL
-          for (int j = 0; j < 4; ++j)
-            LADLE_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const int col = j0 + cn + 8 * j + col2 + e;
-              if (col < V) {
-                const float x = acc[j][2 * h + e];
-                p.gv[r * V + col] = b * x;
-                rows[h] += x * p.vf[r * V + col];
-              }
-            }
-        }
-        if (has_beta) ladle_tile_rows_add(db, cm, rows[0], rows[1]);
-      }
-      if (head) {  // e^(g_C) <dh, h>: d g_C through S_C = e^(g_C) S_0 + ...
-        float part = 0.0f;
-        for (int e = threadIdx.x; e < KP * VS; e += blockDim.x) {
-          const int f = e / VS, j = e % VS;
-          part += ladle_bf16_float(dhb[f * LT + j]) * ladle_bf16_float(hb[f * LT + j]);
-        }
-        for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-        if (l == 0) atomicAdd(dlast, expf(gs[C - 1]) * part);
-      }
-      __syncthreads();  // slice n's space is the next fetch's (and, after the last, dW's and the C x C tiles')
-    }
-    const float last = gs[C - 1];
-    {  // dM . Gamma, masked: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts (P = Q K^T)
-      LadleTileAcc qk;
-      if (head) {
-        ladle_tile_zero(qk);
-        ladle_tile_mma<false, false>(qk, qb, LK, kb, LK, cm, cn, KP);
-      }
-      float rows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int i = cm + row8 + 8 * h;
-        const float gi = gs[i];
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const int s = cn + 8 * j + col2;
-          float d[2];
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            d[e] = i >= s + e ? expf(gi - gs[s + e]) * dm[j][2 * h + e] : 0.0f;
-            if (head) {
-              const float t = d[e] * qk[j][2 * h + e];
-              rows[h] += t, cols[j][e] -= t;
-            }
-          }
-          *reinterpret_cast<unsigned*>(dmb + i * LT + s) = ladle_pack_bf16(d[0], d[1]);
-        }
-      }
-      if (head) {
-        ladle_tile_rows_add(dg, cm, rows[0], rows[1]);
-        ladle_tile_cols_add(dg, cn, cols);
-      }
-    }
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i)  // dW = -dE h^T
-      ladle_tile_each_pair(dws[i], km(i), kn(i), [&](int r, int f, float x, float y) {
-        *reinterpret_cast<unsigned*>(dwb + r * LK + f) = ladle_pack_bf16(-x, -y);
-      });
-    __syncthreads();
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i) {  // dq = diag(e^g) dO h^T + dM K; dg_t += e^(g_t) qhat_t . (dO h^T)_t
-      const int m0 = km(i), n0 = kn(i);
-      LadleTileAcc local;
-      ladle_tile_zero(local);
-      ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
-      float rows[2] = {0.0f, 0.0f};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int r = m0 + row8 + 8 * h;
-        const float eg = expf(gs[r]);
-        float* const out = p.gq + seq.row(s0 + (r < L ? r : 0)) * K;
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const int f = n0 + 8 * j + col2;
-          float d[2];
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const float x = eg * dqs[i][j][2 * h + e];
-            if (head) rows[h] += x * ladle_bf16_float(qb[r * LK + f + e]);
-            d[e] = x + local[j][2 * h + e];
-          }
-          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
-        }
-      }
-      if (head) ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
-    }
-    {  // dT = (dW (diag(beta e^g) K)^T + dE (diag(beta) V)^T)
-      LadleTileAcc keys;
-      ladle_tile_zero(keys);
-      ladle_tile_mma<false, false>(keys, dwb, LK, kb, LK, cm, cn, KP);
-      LADLE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        const int s = cn + 8 * j + col2;
-        const float b0 = bs[s], b1 = bs[s + 1], e0 = expf(gs[s]), e1 = expf(gs[s + 1]);
-        LADLE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int i = cm + row8 + 8 * h;
-          *reinterpret_cast<unsigned*>(dtb + i * LT + s) =
-              ladle_pack_bf16(b0 * (e0 * keys[j][2 * h] + dev[j][2 * h]), b1 * (e1 * keys[j][2 * h + 1] + dev[j][2 * h + 1]));
-        }
-      }
-    }
-    __syncthreads();
-    {  // X = dT T^T
-      LadleTileAcc acc;
-      ladle_tile_zero(acc);
-      ladle_tile_mma<false, false>(acc, dtb, LT, tb, LT, cm, cn, C);
-      ladle_tile_each_pair(acc, cm, cn, [&](int i, int j, float x, float y) {
-        *reinterpret_cast<unsigned*>(xb + i * LT + j) = ladle_pack_bf16(x, y);
-      });
-    }
-    __syncthreads();
-    {  // dL = -(T^T X) below the diagonal: dbeta_t += dL_ts Gamma_ts G_ts, dg_t += dL_ts L_ts,
-       // dg_s -= dL_ts L_ts, D = dL . beta Gamma (the Gram's gradient) into D + D^T.
-      LadleTileAcc acc, gram;  // T^T X, K K^T
-      ladle_tile_zero(acc);
-      ladle_tile_zero(gram);
-      ladle_tile_mma<true, true>(acc, tb, LT, xb, LT, cm, cn, C);
-      if (head || has_beta) ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, cm, cn, KP);
-      float rows[2] = {0.0f, 0.0f}, brows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int i = cm + row8 + 8 * h;
-        const float gi = gs[i], bi = bs[i];
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j)
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const int s = cn + 8 * j + col2 + e;
-            if (i < s) continue;  // written with (s, i)
-            if (i == s || i >= L) {
-              dsb[i * LT + s] = dsb[s * LT + i] = 0;
-              continue;
-            }
-            const float gamma = expf(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gram[j][2 * h + e];
-            const unsigned short bits = ladle_bf16_bits(dl * bi * gamma);
-            dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
-            brows[h] += plain;
-            if (head) rows[h] += bi * plain, cols[j][e] -= bi * plain;
-          }
-      }
-      if (has_beta) ladle_tile_rows_add(db, cm, brows[0], brows[1]);
-      if (head) {
-        ladle_tile_rows_add(dg, cm, rows[0], rows[1]);
-        ladle_tile_cols_add(dg, cn, cols);
-      }
-    }
-    __syncthreads();
-    // dk = dM^T Q + diag(e^(g_C - g)) E dh^T + diag(beta e^g) T^T dW + (D + D^T) K;
-    // ds_t = e^(g_C - g_t) khat_t . (E dh^T)_t; dbeta_t += e^(g_t) khat_t . (T^T dW)_t, dg_t += beta_t that.
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i) {
-      const int m0 = km(i), n0 = kn(i);
-      LadleTileAcc local, wy, gram;
-      ladle_tile_zero(local);
-      ladle_tile_zero(wy);
-      ladle_tile_zero(gram);
-      ladle_tile_mma<true, true>(local, dmb, LT, qb, LK, m0, n0, C);
-      ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
-      ladle_tile_mma<false, true>(gram, dsb, LT, kb, LK, m0, n0, C);
-      float srows[2] = {0.0f, 0.0f}, wrows[2] = {0.0f, 0.0f};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int r = m0 + row8 + 8 * h;
-        const float fwd = expf(last - gs[r]), eg = expf(gs[r]), bi = bs[r];
-        float* const out = p.gk + seq.row(s0 + (r < L ? r : 0)) * K;
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const int f = n0 + 8 * j + col2;
-          float d[2];
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const int x = 2 * h + e;
-            const float sx = fwd * dks[i][j][x], wx = eg * wy[j][x];
-            if (head || has_beta) {
-              const float k = ladle_bf16_float(kb[r * LK + f + e]);
-              srows[h] += k * sx, wrows[h] += k * wx;
-            }
-            d[e] = local[j][x] + sx + bi * wx + gram[j][x];
-          }
-          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
-        }
-      }
-      if (head) ladle_tile_rows_add(ds, m0, srows[0], srows[1]);
-      if (has_beta) ladle_tile_rows_add(db, m0, wrows[0], wrows[1]);
-      if (head) ladle_tile_rows_add(dg, m0, bs[m0 + row8] * wrows[0], bs[m0 + row8 + 8] * wrows[1]);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (has_beta)
-        for (int t = 0; t < L; ++t) p.gbeta[seq.row(s0 + t)] = db[t];
-      if (head) {
-        // d g_C: e^(g_C) <dh, h> + sum_s ds_s; each row's own -ds. Then d log_h_t = sum_(i >= t) dg_i.
-        float total = dlast[0];
-        for (int t = 0; t < L; ++t) total += ds[t], dg[t] -= ds[t];
-        dg[L - 1] += total;
-        float run = 0.0f;
-        for (int t = L - 1; t >= 0; --t) {
-          run += dg[t];
-          p.ga[seq.row(s0 + t)] = run;  // the chunked form's ga: d log h per token
-        }
-      }
-    }
+    G block(p, smem);
+    if (block.empty()) return;
+    LadleTileAcc dm, dev, dqs[G::NT], dws[G::NT], dks[G::NT];  // dO E^T, dE V^T; dO h^T, dE h^T, E dh^T
+    block.slices_pass(dm, dev, dqs, dws, dks);
+    block.dq_pass(dm, dws, dqs);
+    block.wy_pass(dev);
+    block.dk_pass(dks);
   }
 };
 
