@@ -43,17 +43,6 @@ __device__ __forceinline__ void ladle_tile_mma(LadleTileAcc& acc, const unsigned
   }
 }
 
-// f(row, column, value) for the tile's 16 values this lane holds: rows m0 + l/4 and m0 + l/4 + 8,
-// columns n0 + 8j + 2(l % 4) and the one after.
-template <class F>
-__device__ __forceinline__ void ladle_tile_each(const LadleTileAcc& acc, int m0, int n0, F&& f) {
-  const int l = threadIdx.x & 31;
-  LADLE_UNROLL
-  for (int j = 0; j < 4; ++j)
-    LADLE_UNROLL
-    for (int r = 0; r < 4; ++r) f(m0 + (l >> 2) + (r >> 1) * 8, n0 + 8 * j + 2 * (l & 3) + (r & 1), acc[j][r]);
-}
-
 // f(row, column, value, next) for the tile's values in pairs of adjacent columns (column even).
 template <class F>
 __device__ __forceinline__ void ladle_tile_each_pair(const LadleTileAcc& acc, int m0, int n0, F&& f) {
@@ -62,6 +51,16 @@ __device__ __forceinline__ void ladle_tile_each_pair(const LadleTileAcc& acc, in
   for (int j = 0; j < 4; ++j)
     LADLE_UNROLL
     for (int h = 0; h < 2; ++h) f(m0 + (l >> 2) + h * 8, n0 + 8 * j + 2 * (l & 3), acc[j][2 * h], acc[j][2 * h + 1]);
+}
+
+// f(row, column, value) for the tile's 16 values this lane holds: rows m0 + l/4 and m0 + l/4 + 8,
+// columns n0 + 8j + 2(l % 4) and the one after.
+template <class F>
+__device__ __forceinline__ void ladle_tile_each(const LadleTileAcc& acc, int m0, int n0, F&& f) {
+  ladle_tile_each_pair(acc, m0, n0, [&](int r, int c, float x, float y) {
+    f(r, c, x);
+    f(r, c + 1, y);
+  });
 }
 
 // f(m0, n0) for each 16 x 32 tile of an M x N result (M a multiple of 16, N of 32) this warp owns.

@@ -459,6 +459,23 @@ struct LadleWy {
   static constexpr int states_shared() { return 4 * KP * LS + 2 * (KP * LT + C * LT) + 2 * stage_bytes; }
   static constexpr int gradients_shared() { return LadleWyGradients<KP, FORM>::shared_bytes; }
 
+  // For each four columns of each of the chunk's rows: x and y from the slots a and b ([rows][n]; zero
+  // past the chunk's tokens and past n), then put(t, f, x, y); `width` columns a row (n padded).
+  template <class Put>
+  static __device__ __forceinline__ void stage_rows(const LadleWySequence<FORM>& seq, long long s0, int L, const float* a, const float* b,
+                                                    int n, int width, Put&& put) {
+    for (int e = threadIdx.x; e < C * width / 4; e += blockDim.x) {
+      const int t = e / (width / 4), f = (e % (width / 4)) * 4;
+      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (t < L && f < n) {
+        const long long r = seq.row(s0 + t);
+        ladle_wy_load4(x, a + r * n, f, n);
+        ladle_wy_load4(y, b + r * n, f, n);
+      }
+      put(t, f, x, y);
+    }
+  }
+
   // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: every
   //    tile the later kernels read, in bf16 (qhat, khat, kd, qg, dO, v), g, M, T (by substitution,
   //    fp32), W and U.
@@ -510,14 +527,7 @@ struct LadleWy {
     }
     __syncthreads();
     const float last = gs[C - 1];
-    for (int e = threadIdx.x; e < C * KP / 4; e += blockDim.x) {
-      const int t = e / (KP / 4), f = (e % (KP / 4)) * 4;
-      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (t < L && f < K) {
-        const long long r = seq.row(s0 + t);
-        ladle_wy_load4(x, p.qs + r * K, f, K);
-        ladle_wy_load4(y, p.kf + r * K, f, K);
-      }
+    stage_rows(seq, s0, L, p.qs, p.kf, K, KP, [&](int t, int f, const float (&x)[4], const float (&y)[4]) {
       const long long at = (q * C + t) * KP + f;
       const float eg = expf(gs[t]);
       ladle_wy_put4(qb + t * LK + f, x, qsc[t]);
@@ -527,20 +537,13 @@ struct LadleWy {
       ladle_wy_put4(work.kh + at, y, krn[t]);
       ladle_wy_put4(work.kd + at, y, expf(last - gs[t]) * krn[t]);
       ladle_wy_put4(work.qg + at, x, eg * qsc[t]);
-    }
-    for (int e = threadIdx.x; e < C * VP / 4; e += blockDim.x) {
-      const int t = e / (VP / 4), j = (e % (VP / 4)) * 4;
-      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (t < L && j < V) {
-        const long long r = seq.row(s0 + t);
-        ladle_wy_load4(x, p.vf + r * V, j, V);
-        ladle_wy_load4(d, p.dos + r * V, j, V);
-      }
+    });
+    stage_rows(seq, s0, L, p.vf, p.dos, V, VP, [&](int t, int j, const float (&x)[4], const float (&d)[4]) {
       const long long at = (q * C + t) * VP + j;
       ladle_wy_put4(vb + t * LV + j, x, bs[t]);
       ladle_wy_put4(work.vv + at, x, 1.0f);
       ladle_wy_put4(work.dov + at, d, 1.0f);
-    }
+    });
     if (threadIdx.x < C) work.g[q * C + threadIdx.x] = gs[threadIdx.x];
     __syncthreads();
     // M = (Q K^T . Gamma)_(t >= s) into the work array; L = tril(diag(beta) (K K^T . Gamma), -1).
