@@ -67,7 +67,8 @@ inline std::vector<Case> all() {
   }
   // The chunked WY form (spec.chunked): the gated delta rule packed, one sequence empty, with initial
   // and final states and a partial chunk, K and V padded (40 of 64 key rows, 20 of 64 columns); the
-  // delta rule reversed with a per-token scale over two value slices and 128 key rows.
+  // delta rule reversed with a per-token scale over two value slices and 128 key rows; the gated delta
+// rule over four value slices.
   {
     Case c;
     c.name = "wy_gated_delta_packed_initial_final";
@@ -83,6 +84,14 @@ inline std::vector<Case> all() {
     c.spec.delta = true, c.spec.beta = true, c.spec.scale_table = true, c.spec.reverse = true, c.spec.chunked = true;
     c.spec.block_k = 128;
     c.B = 2, c.T = 65, c.K = 72, c.V = 72;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // four value slices (V 200 of 256 columns), the last partial
+    c.name = "wy_gated_delta_wide_values";
+    c.spec.delta = true, c.spec.head_decay = true, c.spec.beta = true, c.spec.l2 = true, c.spec.d_final = true;
+    c.spec.chunked = true, c.spec.block_k = 64;
+    c.T = 130, c.H = 1, c.K = 64, c.V = 200;
     cases.push_back(c);
   }
   return cases;
