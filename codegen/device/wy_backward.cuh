@@ -77,10 +77,16 @@ __device__ __forceinline__ void ladle_wy_store(unsigned short* dst, long long gs
   }
 }
 
-// x[u] = row[f + u] for f + u < n, else 0: one 16-byte load where n is a multiple of 4 and the row aligned.
+// x[u] = row[f + u] for f + u < n, else 0: one 16-byte load where n is a multiple of 4 and the row
+// aligned. Through the read-only path on the GPU (the slots are not written during the kernel), so
+// that the compiler may issue an unrolled loop's loads ahead of its stores.
 __device__ __forceinline__ void ladle_wy_load4(float (&x)[4], const float* row, int f, int n) {
   if ((n & 3) == 0 && (reinterpret_cast<unsigned long long>(row) & 15ull) == 0) {
+#if defined(__CUDA_ARCH__)
+    const float4 v = __ldg(reinterpret_cast<const float4*>(row + f));
+#else
     const ladle_f4 v = ladle_ld4(row + f);
+#endif
     x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
   } else {
     LADLE_UNROLL
@@ -464,6 +470,7 @@ struct LadleWy {
   template <class Put>
   static __device__ __forceinline__ void stage_rows(const LadleWySequence<FORM>& seq, long long s0, int L, const float* a, const float* b,
                                                     int n, int width, Put&& put) {
+    LADLE_UNROLL_4
     for (int e = threadIdx.x; e < C * width / 4; e += blockDim.x) {
       const int t = e / (width / 4), f = (e % (width / 4)) * 4;
       float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
