@@ -151,7 +151,6 @@ struct LadleWyGradients {
   // g, beta, dL/dg, dL/d beta, the state's part of dL/d g_C by row; dlast[0]: e^(g_C) <dh, h>.
   float *const gs, *const bs, *const dg, *const db, *const ds, *const dlast;
   float* const staged;  // dq or dk before finish_rows [C][LF], in the second slice's space
-  float* const xrows;   // the chunk's q or k rows (fp32) [C][LF], after them
   const int warp, l, row8, col2, cm, cn;
 
   __device__ __forceinline__ LadleWyGradients(const LadleUpdateArgs& args, unsigned char* smem)
@@ -162,7 +161,7 @@ struct LadleWyGradients {
         qb(reinterpret_cast<unsigned short*>(smem)), kb(qb + C * LK), tb(kb + C * LK), slices(tb + C * LT),
         dwb(slices), dmb(dwb + C * LK), dtb(dmb + C * LT), xb(dtb + C * LT), dsb(xb + C * LT),
         gs(reinterpret_cast<float*>(slices + 2 * slice_halves)), bs(gs + C), dg(bs + C), db(dg + C), ds(db + C), dlast(ds + C),
-        staged(reinterpret_cast<float*>(slices + slice_halves)), xrows(staged + C * LF), warp(threadIdx.x >> 5), l(threadIdx.x & 31), row8((threadIdx.x & 31) >> 2), col2(2 * (threadIdx.x & 3)),
+        staged(reinterpret_cast<float*>(slices + slice_halves)), warp(threadIdx.x >> 5), l(threadIdx.x & 31), row8((threadIdx.x & 31) >> 2), col2(2 * (threadIdx.x & 3)),
         cm((warp / 2) * 16), cn((warp % 2) * 32) {}
 
   __device__ __forceinline__ bool empty() const { return s0 >= seq.len; }
@@ -184,37 +183,21 @@ struct LadleWyGradients {
     ladle_cp_async_commit();
   }
 
-  // The chunk's rows of the slots x ([rows][K] fp32) into rows [C][LF] (cp.async where rows are
-  // 16-byte aligned; the caller commits and waits): finish_rows reads them, fetched during the products.
-  __device__ __forceinline__ void fetch_rows(const float* x) const {
-    const bool vector = (K & 3) == 0 && (reinterpret_cast<unsigned long long>(x) & 15ull) == 0;
-    for (int e = threadIdx.x; e < L * (KP / 4); e += blockDim.x) {
-      const int t = e / (KP / 4), f = (e % (KP / 4)) * 4;
-      if (f >= K) continue;
-      const float* const from = x + seq.row(s0 + t) * K + f;
-      if (vector) ladle_cp_async_16(xrows + t * LF + f, from);
-      else
-        for (int u = 0; u < 4 && f + u < K; ++u) xrows[t * LF + f + u] = from[u];
-    }
-    ladle_cp_async_commit();
-  }
-
   // dL/d qhat (query) or dL/d khat staged [C][LF] in fp32 to dL/d q_feature or dL/d k_feature, a warp a
-  // token: through the L2 normalisation (x_hat = x / |x|, eps inside the root; x the fetched rows) and
-  // the scale (a per-token one's gradient into gscale), as ladle_bwd_update_finish does for the
-  // recurrent form.
-  __device__ __forceinline__ void finish_rows(float* out, bool query) const {
+  // token: through the L2 normalisation (x_hat = x / |x|, eps inside the root) and the scale (a
+  // per-token one's gradient into gscale), as ladle_bwd_update_finish does for the recurrent form.
+  __device__ __forceinline__ void finish_rows(const float* x, float* out, bool query) const {
     for (int t = warp; t < L; t += 8) {
       const long long r = seq.row(s0 + t);
       float xx = 0.0f, dot = 0.0f;
       for (int f = l; f < K; f += 32) {
-        const float v = xrows[t * LF + f];
+        const float v = x[r * K + f];
         xx += v * v, dot += staged[t * LF + f] * v;
       }
       for (int off = 16; off > 0; off >>= 1) xx += __shfl_xor_sync(0xffffffffu, xx, off), dot += __shfl_xor_sync(0xffffffffu, dot, off);
       const float rn = l2 ? rsqrtf(xx + p.eps) : 1.0f, sc = query ? (scale_table ? p.scale_s[r] : p.scale) : 1.0f;
       if (query && scale_table && l == 0) p.gscale[r] = rn * dot;
-      for (int f = l; f < K; f += 32) out[r * K + f] = sc * (rn * staged[t * LF + f] - (l2 ? xrows[t * LF + f] * rn * rn * rn * dot : 0.0f));
+      for (int f = l; f < K; f += 32) out[r * K + f] = sc * (rn * staged[t * LF + f] - (l2 ? x[r * K + f] * rn * rn * rn * dot : 0.0f));
     }
   }
 
@@ -297,7 +280,6 @@ struct LadleWyGradients {
 
   // 2. dM . Gamma (masked) and its gate terms, dW = -dE h^T, then dq = diag(e^g) dO h^T + dM K.
   __device__ __forceinline__ void dq_pass(const LadleTileAcc& dm, const LadleTileAcc (&dws)[NT], const LadleTileAcc (&dqs)[NT]) {
-    fetch_rows(p.qs);  // (the slices are all read: slices_pass ends at a barrier)
     {  // dM . Gamma, masked: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts (P = Q K^T)
       LadleTileAcc qk;
       if (head) {
@@ -361,9 +343,8 @@ struct LadleWyGradients {
       }
       if (head) ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
     }
-    ladle_cp_async_wait<0>();
     __syncthreads();
-    finish_rows(p.gq, true);
+    finish_rows(p.qs, p.gq, true);
   }
 
   // 3. The WY chain: dT, X = dT T^T, dL = -(T^T X) below the diagonal and D + D^T.
@@ -434,7 +415,6 @@ struct LadleWyGradients {
 
   // 4. dk, then each token's d beta and d log h.
   __device__ __forceinline__ void dk_pass(const LadleTileAcc (&dks)[NT]) {
-    fetch_rows(p.kf);  // (finish_rows of q is done: wy_pass has barriers)
     const float last = gs[C - 1];
     // dk = dM^T Q + diag(e^(g_C - g)) E dh^T + diag(beta e^g) T^T dW + (D + D^T) K;
     // ds_t = e^(g_C - g_t) khat_t . (E dh^T)_t; dbeta_t += e^(g_t) khat_t . (T^T dW)_t, dg_t += beta_t that.
@@ -474,9 +454,8 @@ struct LadleWyGradients {
       if (has_beta) ladle_tile_rows_add(db, m0, wrows[0], wrows[1]);
       if (head) ladle_tile_rows_add(dg, m0, bs[m0 + row8] * wrows[0], bs[m0 + row8 + 8] * wrows[1]);
     }
-    ladle_cp_async_wait<0>();
     __syncthreads();
-    finish_rows(p.gk, false);
+    finish_rows(p.kf, p.gk, false);
     if (threadIdx.x == 0) {
       if (has_beta)
         for (int t = 0; t < L; ++t) p.gbeta[seq.row(s0 + t)] = db[t];
