@@ -795,7 +795,7 @@ class BackwardCall {
     if (spec.chunked && head_decay_) gh = slot_gradient(head_shape);
     else if (key_decay_ || head_decay_) ga = zeroed(key_shape_);
     if (head_decay_ && !spec.chunked) gh = scratch(DType::f32, head_shape, stream);
-    if (spec.scale_table) gscale = spec.chunked ? slot_gradient(head_shape) : scratch(DType::f32, head_shape, stream);
+    if (spec.scale_table) gscale = scratch(DType::f32, head_shape, stream);
     if (spec.beta) gbeta = spec.chunked ? slot_gradient(head_shape) : zeroed(head_shape);
     if (spec.bonus) gbonus = zeroed(key_shape_);
     Scratch ckpt = scratch(DType::f32, {cuda::update_backward_ckpt_floats(spec, N_, H_, C_, K_, V_)}, stream);
@@ -809,7 +809,7 @@ class BackwardCall {
       packed.add(ckpt.buffer.device_ptr()).add(chunk.buffer.device_ptr());
       packed.add(gq.buffer.device_ptr()).add(gk.buffer.device_ptr()).add(gv.buffer.device_ptr());
       packed.add(spec.chunked && head_decay_ ? gh.buffer.device_ptr() : ga.buffer.device_ptr());  // the chunked form: d log h per token
-      packed.add(gbeta.buffer.device_ptr()).add(gbonus.buffer.device_ptr()).add(gscale.buffer.device_ptr());
+      packed.add(gbeta.buffer.device_ptr()).add(gbonus.buffer.device_ptr());
       packed.add(initial_gradient ? ptr(gradients_.d_initial_state->data) : std::uint64_t{0});
       packed.add(offsets_.device_ptr());
       packed.add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_)).add(static_cast<int>(C_));
@@ -830,7 +830,7 @@ class BackwardCall {
                                   static_cast<unsigned>(launch.shared_bytes), stream);
       }
     }
-    if (!spec.chunked) {  // (the chunked form's gradients kernel does this itself)
+    {
       const auto& loaded = helper("ladle_bwd_update_finish");
       KernelArgs packed;
       packed.add(ptr(qs_.view.data)).add(ptr(kf_.view.data)).add(scale_s.buffer.device_ptr()).add(scale_);

@@ -57,10 +57,10 @@ constexpr const char* parameters = R"((
     const float* __restrict__ beta_s, const float* __restrict__ bonus_s, const float* __restrict__ h0,
     const float* __restrict__ d_final, float* __restrict__ ckpt, float* __restrict__ chunk, float* __restrict__ gq,
     float* __restrict__ gk, float* __restrict__ gv, float* __restrict__ ga, float* __restrict__ gbeta,
-    float* __restrict__ gbonus, float* __restrict__ gscale, float* __restrict__ d_h0, const long long* __restrict__ cu_seqlens,
-    int T, int H, int K, int V, int C) {
+    float* __restrict__ gbonus, float* __restrict__ d_h0, const long long* __restrict__ cu_seqlens, int T, int H, int K,
+    int V, int C) {
   const LadleUpdateArgs args{qs, kf, vf, dos, log_a, log_h, scale_s, scale, beta_s, bonus_s, h0, d_final, ckpt, chunk,
-                             gq, gk, gv, ga, gbeta, gbonus, gscale, d_h0, cu_seqlens, T, H, K, V, C, )";
+                             gq, gk, gv, ga, gbeta, gbonus, d_h0, cu_seqlens, T, H, K, V, C, )";
 
 std::string eps_literal() {
   char eps[32];

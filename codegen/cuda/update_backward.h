@@ -30,11 +30,9 @@
 //                          then backward from d_final (dh, dE), and d initial_state; each step's tiles
 //                          fetched (cp.async) during the step before;
 //   ladle_bwd_wy_gradients (C, N H): every chunk at once, the value width 64 columns at a time (the
-//                          sums over the values in registers): dbeta, dv and the head decay's d log h
-//                          (ga: [rows]) written for every token of a sequence, and dq, dk (of q_feature
-//                          and k_feature: through the L2 normalisation and the scale, gscale) as
-//                          ladle_bwd_update_finish forms them for the recurrent form, which this form
-//                          does not launch; nothing atomic.
+//                          sums over the values in registers): dqhat, dkhat, dbeta, dv and the head
+//                          decay's d log h written (ga: [rows], d log h itself: the finish kernel
+//                          takes no sum), every token of a sequence; nothing atomic.
 // The products take bf16 operands with fp32 accumulators (fla's precision); the state, T and the
 // gate and strength gradients' sums are fp32. A log decay below -110 counts as -110 (exp: 0 in fp32).
 //
@@ -82,7 +80,7 @@ int update_backward_block_v(std::int64_t key_dim, bool delta);
 // The kernel's name (ladle_bwd_update_<hash of the spec>) and source. Its parameters, in order:
 //   const float* qs, kf, vf, dos, log_a, log_h, scale_s; float scale; const float* beta_s, bonus_s,
 //   h0, d_final; float* ckpt ([N H S][C][block_v][KP]), chunk ([N H S][64][block_v][KP]);
-//   float* gq, gk, gv, ga, gbeta, gbonus, gscale (the chunked form's), d_h0 ([N,H,K,V]; null: none);
+//   float* gq, gk, gv, ga, gbeta, gbonus, d_h0 ([N,H,K,V]; null: none);
 //   const long long* cu_seqlens; int T, H, K, V, C (checkpoints a sequence: chunks of the longest);
 // with S = ceil(V / block_v), KP = 32 ceil(K / 32). Unused pointers may be null.
 // (The recurrent form.)

@@ -26,7 +26,7 @@ struct LadleUpdateArgs {
   const float *qs, *kf, *vf, *dos, *log_a, *log_h, *scale_s;
   float scale;
   const float *beta_s, *bonus_s, *h0, *d_final;
-  float *ckpt, *chunk, *gq, *gk, *gv, *ga, *gbeta, *gbonus, *gscale, *d_h0;  // gscale: the chunked form's
+  float *ckpt, *chunk, *gq, *gk, *gv, *ga, *gbeta, *gbonus, *d_h0;
   const long long* cu_seqlens;
   int T, H, K, V, C;
   float eps;  // the L2 normalisation's

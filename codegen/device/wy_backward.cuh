@@ -130,8 +130,6 @@ struct LadleWyGradients {
   static constexpr int C = LADLE_WY_C, VS = LADLE_WY_VS, LK = KP + 8, LT = LADLE_WY_VS + 8;
   static constexpr int NT = KP / 64, across = KP / 32;  // a warp's 16 x 32 tiles of a C x KP result; tiles across it
   static constexpr bool head = (FORM & ladle_upd_head) != 0, has_beta = (FORM & ladle_upd_beta) != 0;
-  static constexpr bool l2 = (FORM & ladle_upd_l2) != 0, scale_table = (FORM & ladle_upd_scale_table) != 0;
-  static constexpr int LF = KP + 4;  // the staged dq or dk rows (fp32), in the second slice's space
   // A value slice's tiles: h, dh [KP][LT]; E, dE, dO, v [C][LT] (16-bit halves).
   static constexpr int slice_halves = 2 * KP * LT + 4 * C * LT;
   static constexpr int shared_bytes = 2 * (2 * C * LK + C * LT + 2 * slice_halves) + 4 * (5 * C + 4);
@@ -150,7 +148,6 @@ struct LadleWyGradients {
   unsigned short *const dwb, *const dmb, *const dtb, *const xb, *const dsb;
   // g, beta, dL/dg, dL/d beta, the state's part of dL/d g_C by row; dlast[0]: e^(g_C) <dh, h>.
   float *const gs, *const bs, *const dg, *const db, *const ds, *const dlast;
-  float* const staged;  // dq or dk before finish_rows [C][LF], in the second slice's space
   const int warp, l, row8, col2, cm, cn;
 
   __device__ __forceinline__ LadleWyGradients(const LadleUpdateArgs& args, unsigned char* smem)
@@ -161,7 +158,7 @@ struct LadleWyGradients {
         qb(reinterpret_cast<unsigned short*>(smem)), kb(qb + C * LK), tb(kb + C * LK), slices(tb + C * LT),
         dwb(slices), dmb(dwb + C * LK), dtb(dmb + C * LT), xb(dtb + C * LT), dsb(xb + C * LT),
         gs(reinterpret_cast<float*>(slices + 2 * slice_halves)), bs(gs + C), dg(bs + C), db(dg + C), ds(db + C), dlast(ds + C),
-        staged(reinterpret_cast<float*>(slices + slice_halves)), warp(threadIdx.x >> 5), l(threadIdx.x & 31), row8((threadIdx.x & 31) >> 2), col2(2 * (threadIdx.x & 3)),
+        warp(threadIdx.x >> 5), l(threadIdx.x & 31), row8((threadIdx.x & 31) >> 2), col2(2 * (threadIdx.x & 3)),
         cm((warp / 2) * 16), cn((warp % 2) * 32) {}
 
   __device__ __forceinline__ bool empty() const { return s0 >= seq.len; }
@@ -181,24 +178,6 @@ struct LadleWyGradients {
     ladle_wy_fetch(b.dO, LT, work.dov + q * C * VP + j0, VP, C, VS);
     ladle_wy_fetch(b.v, LT, work.vv + q * C * VP + j0, VP, C, VS);
     ladle_cp_async_commit();
-  }
-
-  // dL/d qhat (query) or dL/d khat staged [C][LF] in fp32 to dL/d q_feature or dL/d k_feature, a warp a
-  // token: through the L2 normalisation (x_hat = x / |x|, eps inside the root) and the scale (a
-  // per-token one's gradient into gscale), as ladle_bwd_update_finish does for the recurrent form.
-  __device__ __forceinline__ void finish_rows(const float* x, float* out, bool query) const {
-    for (int t = warp; t < L; t += 8) {
-      const long long r = seq.row(s0 + t);
-      float xx = 0.0f, dot = 0.0f;
-      for (int f = l; f < K; f += 32) {
-        const float v = x[r * K + f];
-        xx += v * v, dot += staged[t * LF + f] * v;
-      }
-      for (int off = 16; off > 0; off >>= 1) xx += __shfl_xor_sync(0xffffffffu, xx, off), dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      const float rn = l2 ? rsqrtf(xx + p.eps) : 1.0f, sc = query ? (scale_table ? p.scale_s[r] : p.scale) : 1.0f;
-      if (query && scale_table && l == 0) p.gscale[r] = rn * dot;
-      for (int f = l; f < K; f += 32) out[r * K + f] = sc * (rn * staged[t * LF + f] - (l2 ? x[r * K + f] * rn * rn * rn * dot : 0.0f));
-    }
   }
 
   // 1. The value slices, each fetched during the one before: dm = dO E^T, dev = dE V^T, dqs = dO h^T,
@@ -328,6 +307,7 @@ struct LadleWyGradients {
       for (int h = 0; h < 2; ++h) {
         const int r = m0 + row8 + 8 * h;
         const float eg = expf(gs[r]);
+        float* const out = p.gq + seq.row(s0 + (r < L ? r : 0)) * K;
         LADLE_UNROLL
         for (int j = 0; j < 4; ++j) {
           const int f = n0 + 8 * j + col2;
@@ -338,13 +318,11 @@ struct LadleWyGradients {
             if (head) rows[h] += x * ladle_bf16_float(qb[r * LK + f + e]);
             d[e] = x + local[j][2 * h + e];
           }
-          ladle_store_pair(staged + r * LF + f, d[0], d[1]);
+          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
         }
       }
       if (head) ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
     }
-    __syncthreads();
-    finish_rows(p.qs, p.gq, true);
   }
 
   // 3. The WY chain: dT, X = dT T^T, dL = -(T^T X) below the diagonal and D + D^T.
@@ -433,6 +411,7 @@ struct LadleWyGradients {
       for (int h = 0; h < 2; ++h) {
         const int r = m0 + row8 + 8 * h;
         const float fwd = expf(last - gs[r]), eg = expf(gs[r]), bi = bs[r];
+        float* const out = p.gk + seq.row(s0 + (r < L ? r : 0)) * K;
         LADLE_UNROLL
         for (int j = 0; j < 4; ++j) {
           const int f = n0 + 8 * j + col2;
@@ -447,7 +426,7 @@ struct LadleWyGradients {
             }
             d[e] = local[j][x] + sx + bi * wx + gram[j][x];
           }
-          ladle_store_pair(staged + r * LF + f, d[0], d[1]);
+          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
         }
       }
       if (head) ladle_tile_rows_add(ds, m0, srows[0], srows[1]);
@@ -455,7 +434,6 @@ struct LadleWyGradients {
       if (head) ladle_tile_rows_add(dg, m0, bs[m0 + row8] * wrows[0], bs[m0 + row8 + 8] * wrows[1]);
     }
     __syncthreads();
-    finish_rows(p.kf, p.gk, false);
     if (threadIdx.x == 0) {
       if (has_beta)
         for (int t = 0; t < L; ++t) p.gbeta[seq.row(s0 + t)] = db[t];

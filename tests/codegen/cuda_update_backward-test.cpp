@@ -295,8 +295,7 @@ Inputs run_kernels(const Case& c, const Inputs& x) {
   packed.add(in(qs)).add(in(kf)).add(in(vf)).add(in(dos)).add(in(log_a)).add(in(log_h)).add(in(scale_s)).add(scale);
   packed.add(in(beta_s)).add(in(bonus_s)).add(in(h0)).add(in(d_final));
   packed.add(ckpt.data()).add(chunk.data());
-  packed.add(gq.data()).add(gk.data()).add(gv.data()).add(or_null(ga)).add(or_null(gbeta)).add(or_null(gbonus)).add(or_null(gscale));
-  packed.add(d_h0.data());
+  packed.add(gq.data()).add(gk.data()).add(gv.data()).add(or_null(ga)).add(or_null(gbeta)).add(or_null(gbonus)).add(d_h0.data());
   packed.add(static_cast<const long long*>(or_null(offsets)));
   packed.add(static_cast<int>(c.T)).add(static_cast<int>(H)).add(static_cast<int>(K)).add(static_cast<int>(V)).add(static_cast<int>(C));
   for (const cuda::UpdateBackwardLaunch& launch : cuda::update_backward_launches(s, N, H, C, K, V)) {
@@ -305,11 +304,11 @@ Inputs run_kernels(const Case& c, const Inputs& x) {
     const EmulatedKernel& kernel = emulated(launch.name);
     cuda_emulation::launch(launch.grid[0], launch.grid[1], launch.grid[2], launch.threads, [&] { kernel.launch(packed.data()); });
   }
-  if (!s.chunked)  // the chunked form's gradients kernel finishes dq and dk itself
-    cuda_emulation::launch(static_cast<unsigned>((rows * 32 + 255) / 256), 1, 256, [&] {
-      ladle_bwd_update_finish(qs.data(), kf.data(), or_null(scale_s), scale, gq.data(), gk.data(), or_null(ga), or_null(gscale),
-                              or_null(gh), s.l2 ? 1 : 0, ir::l2_normalize_eps, rows, static_cast<int>(K));
-    });
+  cuda_emulation::launch(static_cast<unsigned>((rows * 32 + 255) / 256), 1, 256, [&] {
+    ladle_bwd_update_finish(qs.data(), kf.data(), or_null(scale_s), scale, gq.data(), gk.data(), s.chunked ? nullptr : or_null(ga),
+                            or_null(gscale), s.chunked ? nullptr : or_null(gh),
+                            s.l2 ? 1 : 0, ir::l2_normalize_eps, rows, static_cast<int>(K));
+  });
 
   // A head decay's ga holds its per-feature parts, gh their sum; the chunked form writes d log h
   // per token into ga.

@@ -19,7 +19,7 @@ constexpr const char* param_types[] = {
     "const float*", "const float*", "const float*", "const float*",  // beta_s, bonus_s, h0, d_final
     "float*", "float*",                                              // ckpt, chunk
     "float*", "float*", "float*", "float*",                          // gq, gk, gv, ga
-    "float*", "float*", "float*", "float*",                          // gbeta, gbonus, gscale, d_h0
+    "float*", "float*", "float*",                                    // gbeta, gbonus, d_h0
     "const long long*",                                              // cu_seqlens
     "int", "int", "int", "int", "int"};                              // T, H, K, V, C
 
