@@ -754,9 +754,33 @@ class BackwardCall {
 
   // The update forms (cuda::UpdateBackwardSpec): their slots in fp32, ladle_bwd_update's recurrence
   // forward to its checkpoints and back through every chunk, ladle_bwd_update_finish, then the chain.
+  // The update forms' programs (slots, the form's kernels, chain, helpers), compiled side by side
+  // into the cache before the first launch (as compile_ahead does for the plain form): a cold first
+  // call would otherwise compile them one after another.
+  void compile_update_ahead() const {
+    if (!DiskCache::global().enabled() || !first_of_its_kind()) return;
+    std::vector<std::future<void>> compiling;
+    for (const auto phase : {cuda::BackwardPhase::slots, cuda::BackwardPhase::chain}) {
+      if (phase == cuda::BackwardPhase::chain && initial_only_) continue;
+      cuda::BackwardKernelSpec spec = plan_;
+      spec.phase = phase;
+      compiling.push_back(std::async(std::launch::async, [this, spec] { compile_backward(variant_, spec, arch_); }));
+    }
+    compiling.push_back(std::async(std::launch::async, [this] { compile_update_backward(update_spec_, arch_); }));
+    compiling.push_back(std::async(std::launch::async, [this] { compile_backward_helpers(arch_); }));
+    for (auto& job : compiling) {
+      try {
+        job.get();
+      } catch (const std::exception&) {
+        // A head start only: a kernel that fails to compile fails where it is launched, with its message.
+      }
+    }
+  }
+
   void update_form() {
     const Stream* stream = launch_.stream;
     const std::int64_t rows = B_ * T_ * H_;
+    compile_update_ahead();
     key_shape_ = {B_, T_, H_, K_}, value_shape_ = {B_, T_, H_, V_};
     const std::vector<std::int64_t> head_shape{B_, T_, H_};
     const cuda::UpdateBackwardSpec& spec = update_spec_;
