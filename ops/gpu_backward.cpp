@@ -150,7 +150,8 @@ cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const 
   return spec;
 }
 
-cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const ops::BoundInputs& bound, bool d_final) {
+cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const ops::BoundInputs& bound, bool d_final,
+                                              UpdateBackward form) {
   if (variant.plain_form()) throw InvalidArgument("update_backward_spec: " + ir::form_name(variant) + " is not an update form");
   const cpu::RecurrentArgs& a = bound.args;
   cuda::UpdateBackwardSpec spec;
@@ -167,12 +168,16 @@ cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const 
   spec.d_final = d_final;
   spec.block_v = cuda::update_backward_block_v(a.key_dim, spec.delta);
   // The chunked WY form on the tensor cores where it runs the form and the inputs are 16-bit (its
-  // products take bf16 operands) and longer than one chunk; else the recurrence in fp32.
-  // LADLE_UPDATE_BWD_FORM = recurrent or chunked forces one where it can run (a measurement knob).
-  const char* forced = std::getenv("LADLE_UPDATE_BWD_FORM");
+  // products take bf16 operands) and longer than one chunk; else the recurrence in fp32 (form:
+  // RunOptions::update_backward; LADLE_UPDATE_BWD_FORM = recurrent or chunked overrides it, a
+  // measurement knob).
+  if (const char* forced = std::getenv("LADLE_UPDATE_BWD_FORM")) {
+    if (std::string(forced) == "recurrent") form = UpdateBackward::recurrent;
+    else if (std::string(forced) == "chunked") form = UpdateBackward::chunked;
+  }
   const bool can_chunk = cuda::update_backward_unchunked(spec, a.key_dim).empty();
-  if (forced && std::string(forced) == "recurrent") spec.chunked = false;
-  else if (forced && std::string(forced) == "chunked") spec.chunked = can_chunk;
+  if (form == UpdateBackward::recurrent) spec.chunked = false;
+  else if (form == UpdateBackward::chunked) spec.chunked = can_chunk;
   else spec.chunked = can_chunk && bound.dims.type != DType::f32 && bound.dims.T >= cuda::update_backward_chunk;
   spec.block_k = cuda::update_backward_block_k(a.key_dim);
   return spec;
@@ -269,7 +274,7 @@ class BackwardCall {
     boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_) &&
                        options.gate_gradients == GateGradients::boundary_states;
     if (plan_.update_form) {  // the update forms' kernel: its limits, before any GPU work
-      update_spec_ = update_backward_spec(variant, bound_, d_final_state.has_value());
+      update_spec_ = update_backward_spec(variant, bound_, d_final_state.has_value(), options.update_backward);
       if (N_ * H_ > 65535)
         check_.fail(fmt::format("the update forms' GPU backward takes up to 65535 (sequence, head) pairs, got {}", N_ * H_));
     }

@@ -56,9 +56,12 @@ struct CompiledBackward {
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch = "");
 // The helper kernels (cuda::backward_helpers_source), compiled through the cache.
 CompiledProgram compile_backward_helpers(const std::string& arch = "");
-// The update forms' recurrent kernel (ladle_bwd_update, codegen/cuda/update_backward.h) of a call:
-// its spec (d_final: the call passes d_final_state) and its program, compiled through the cache.
-cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const ops::BoundInputs& bound, bool d_final);
+// The update forms' kernels (ladle_bwd_update, or the chunked WY form's; codegen/cuda/update_backward.h)
+// of a call: their spec (d_final: the call passes d_final_state; form: options.update_backward,
+// which LADLE_UPDATE_BWD_FORM = recurrent or chunked overrides) and their program, compiled through
+// the cache.
+cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const ops::BoundInputs& bound, bool d_final,
+                                              UpdateBackward form = UpdateBackward::automatic);
 CompiledProgram compile_update_backward(const cuda::UpdateBackwardSpec& spec, const std::string& arch = "");
 // The spec of a call's kernel of `phase` (the slots' dtype: q's when the recurrences run chunked).
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,

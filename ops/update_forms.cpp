@@ -61,6 +61,7 @@ RunOptions run_options(const UpdateFormOptions& options) {
   run.gpu = options.gpu;
   run.algorithm = options.algorithm;
   run.tile = options.tile;
+  run.update_backward = options.update_backward;
   return run;
 }
 

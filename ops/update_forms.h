@@ -33,6 +33,7 @@ struct UpdateFormOptions {
   GpuOptions gpu;                           // stream, and whether host tensors may be uploaded
   Algorithm algorithm = Algorithm::automatic;
   std::optional<cuda::RecurrentTile> tile;  // the fused-recurrent tile on the GPU; empty: tuned/heuristic
+  UpdateBackward update_backward = UpdateBackward::automatic;  // the GPU backward's form (variant.h)
 };
 
 RecurrentResult delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,

@@ -65,6 +65,15 @@ inline constexpr std::int64_t chunked_min_tokens = 64;
 // bench/RESULTS.md, "Issue 36: gate gradients from the boundary states".
 enum class GateGradients { boundary_states, block_sums };
 
+// The GPU backward's form for the update forms (the delta rule, gated delta rule, KDA, RWKV6):
+//   automatic: the chunked WY form on the tensor cores where it runs (the delta rule with a head decay
+//     or none, 16-bit inputs, K <= 128, T >= 64: fla's precision, 5.6x faster), else the recurrent one;
+//   recurrent: the fused-recurrent form in fp32 (twice as precise: 2.3e-3 against fp64 where the
+//     chunked form's gradients are at 4.7e-3; 44 ms against 8 ms at B8 T4096 H16 K=V=128);
+//   chunked: the chunked form where it runs, for any input dtype, else the recurrent one.
+// The CPU backward is exact in either. bench/RESULTS.md, "Issue 36: the delta rule's chunked WY backward".
+enum class UpdateBackward { automatic, recurrent, chunked };
+
 struct RunOptions {
   std::optional<TensorView> initial_state;  // [N,H,K,V], f32 (f16, bf16 are widened)
   std::optional<TensorView> cu_seqlens;     // [N+1], i32 or i64: packed sequences
@@ -84,6 +93,8 @@ struct RunOptions {
   std::optional<std::int64_t> chunked_segment_tokens;
   // The GPU backward's gate gradients (above); the CPU backward is exact in either.
   GateGradients gate_gradients = GateGradients::boundary_states;
+  // The GPU backward's form for the update forms (above).
+  UpdateBackward update_backward = UpdateBackward::automatic;
 };
 
 // Outputs live where q lives: device memory when q is device memory, else the host.

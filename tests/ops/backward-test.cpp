@@ -9,6 +9,7 @@
 #include <ladle/codegen/cpu/expr.h>
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
+#include <ladle/ops/bind.h>
 #include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/driver.h>
@@ -742,13 +743,13 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
     // Each form where it runs: the recurrence in fp32, and the delta rule's chunked WY form on the
     // tensor cores (16-bit inputs, no key-side decay, K <= 128), whose products take bf16 operands.
     const bool chunks = c.type != DType::f32 && variant.update == ir::Update::delta && !variant.has(ir::Slot::log_decay_k) && K <= 128;
-    for (const char* form : {"recurrent", "chunked"}) {
-      if (std::string(form) == "chunked" && !chunks) continue;
-      INFO("the " << form << " form");
-      ::setenv("LADLE_UPDATE_BWD_FORM", form, 1);
+    for (const ladle::UpdateBackward form : {ladle::UpdateBackward::recurrent, ladle::UpdateBackward::automatic}) {
+      const bool chunked = form == ladle::UpdateBackward::automatic && chunks;
+      if (form == ladle::UpdateBackward::automatic && !chunks) continue;
+      INFO("the " << (chunked ? "chunked" : "recurrent") << " form");
+      options.update_backward = form;
       const ladle::RecurrentForward on_gpu = ladle::run_variant_for_backward(variant, q.view(), k.view(), v.view(), inputs, options);
       const ladle::RecurrentGradients got = ladle::run_variant_backward(on_gpu.saved, d_o.view(), d_s.view());
-      ::unsetenv("LADLE_UPDATE_BWD_FORM");
       const auto compare = [&](const std::string& name, const Tensor& g, const Tensor& w) {
         const std::vector<double> ref = test::values_of(w);
         double norm = 0.0;
@@ -757,7 +758,7 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
         INFO("d" << name << ": relative error " << error << ", |reference| " << std::sqrt(norm));
         CHECK(g.shape() == w.shape());
         CHECK(norm > 0.0);
-        CHECK(error < (std::string(form) == "chunked" ? 1.5e-2 : 2e-3));
+        CHECK(error < (chunked ? 1.5e-2 : 2e-3));
       };
       compare("q", got.dq, want.dq);
       compare("k", got.dk, want.dk);
@@ -1192,5 +1193,46 @@ TEST_CASE("the attention backward on the GPU matches the CPU backward", "[backwa
       CHECK(finite);
       CHECK(error < 1e-2);
     }
+  }
+}
+
+// The update forms' GPU backward form by call (no GPU needed: the spec alone). The chunked WY form
+// where it runs (the delta rule with a head decay or none, K <= 128) for 16-bit inputs past one
+// chunk; RunOptions::update_backward asks for the recurrent one, or for the chunked one at any dtype
+// and length; KDA's key-side decay and K past 128 keep the recurrence whatever is asked.
+TEST_CASE("the update forms' GPU backward form follows the call and options.update_backward", "[backward][recurrent]") {
+  struct Case {
+    const ir::Variant* variant;
+    DType type;
+    std::int64_t T, K;
+    ladle::UpdateBackward form;
+    bool chunked;
+  };
+  using F = ladle::UpdateBackward;
+  const ir::Variant& gated = ladle::delta_rule_variant(true, true);
+  const ir::Variant& kda = ladle::kda_variant(false, false, false, true);
+  const std::vector<Case> cases{{&gated, DType::bf16, 128, 64, F::automatic, true},  {&gated, DType::bf16, 128, 64, F::recurrent, false},
+                                {&gated, DType::f32, 128, 64, F::automatic, false},  {&gated, DType::f32, 128, 64, F::chunked, true},
+                                {&gated, DType::bf16, 32, 64, F::automatic, false},  {&gated, DType::bf16, 32, 64, F::chunked, true},
+                                {&gated, DType::bf16, 128, 200, F::chunked, false},  {&kda, DType::bf16, 128, 64, F::chunked, false},
+                                {&ladle::delta_rule_variant(false, false), DType::f16, 96, 128, F::automatic, true}};
+  if (std::getenv("LADLE_UPDATE_BWD_FORM")) WARN("LADLE_UPDATE_BWD_FORM is set: it overrides the options this test checks");
+  for (const Case& c : cases) {
+    INFO(c.variant->name << " " << ladle::dtype_name(c.type) << " T " << c.T << " K " << c.K << " form " << static_cast<int>(c.form));
+    const std::int64_t H = 2, V = 32;
+    Tensor q(c.type, {1, c.T, H, c.K}, 0.5f), k(c.type, {1, c.T, H, c.K}, 0.5f), v(c.type, {1, c.T, H, V}, 0.5f);
+    Tensor g(DType::f32, {1, c.T, H}, -0.1f), beta(c.type, {1, c.T, H}, 0.5f), gk(DType::f32, {1, c.T, H, c.K}, -0.1f);
+    ladle::VariantInputs inputs;
+    for (const ir::Input& in : c.variant->inputs) {
+      if (in.role != ir::Role::other) continue;  // q, k and v
+      if (in.kind == ir::InputKind::scalar) inputs.scalars.emplace(in.name, 0.125f);
+      else if (in.name == "beta") inputs.tensors.emplace(in.name, beta.view());
+      else if (in.kind == ir::InputKind::token_key) inputs.tensors.emplace(in.name, gk.view());
+      else inputs.tensors.emplace(in.name, g.view());
+    }
+    ladle::RunOptions options;
+    options.update_backward = c.form;
+    const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs("test", *c.variant, q.view(), k.view(), v.view(), inputs, options);
+    if (!std::getenv("LADLE_UPDATE_BWD_FORM")) CHECK(ladle::gpu::update_backward_spec(*c.variant, bound, false, c.form).chunked == c.chunked);
   }
 }
