@@ -757,8 +757,6 @@ class BackwardCall {
     if (C_ > 0) launch_generated(cuda::BackwardPhase::chain);
   }
 
-  // The update forms (cuda::UpdateBackwardSpec): their slots in fp32, ladle_bwd_update's recurrence
-  // forward to its checkpoints and back through every chunk, ladle_bwd_update_finish, then the chain.
   // The update forms' programs (slots, the form's kernels, chain, helpers), compiled side by side
   // into the cache before the first launch (as compile_ahead does for the plain form): a cold first
   // call would otherwise compile them one after another.
@@ -782,6 +780,8 @@ class BackwardCall {
     }
   }
 
+  // The update forms (cuda::UpdateBackwardSpec): their slots in fp32, their form's kernels (ladle_bwd_update's
+  // recurrence, then ladle_bwd_update_finish; or the chunked WY form's three), then the chain.
   void update_form() {
     const Stream* stream = launch_.stream;
     const std::int64_t rows = B_ * T_ * H_;
