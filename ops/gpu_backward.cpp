@@ -175,7 +175,7 @@ cuda::UpdateBackwardSpec update_backward_spec(const ir::Variant& variant, const 
     if (std::string(forced) == "recurrent") form = UpdateBackward::recurrent;
     else if (std::string(forced) == "chunked") form = UpdateBackward::chunked;
   }
-  const bool can_chunk = cuda::update_backward_unchunked(spec, a.key_dim).empty();
+  const bool can_chunk = cuda::update_backward_unchunked(spec, a.key_dim, a.value_dim).empty();
   if (form == UpdateBackward::recurrent) spec.chunked = false;
   else if (form == UpdateBackward::chunked) spec.chunked = can_chunk;
   else spec.chunked = can_chunk && bound.dims.type != DType::f32 && bound.dims.T >= cuda::update_backward_chunk;
@@ -822,7 +822,7 @@ class BackwardCall {
     const auto slot_gradient = [&](const std::vector<std::int64_t>& shape) { return written ? scratch(DType::f32, shape, stream) : zeroed(shape); };
     Scratch gq = slot_gradient(key_shape_), gk = slot_gradient(key_shape_), gv = slot_gradient(value_shape_), ga, gh, gscale, gbeta, gbonus;
     if (spec.chunked && head_decay_) gh = slot_gradient(head_shape);
-    else if (key_decay_ || head_decay_) ga = zeroed(key_shape_);
+    else if (key_decay_ || head_decay_) ga = spec.chunked ? slot_gradient(key_shape_) : zeroed(key_shape_);
     if (head_decay_ && !spec.chunked) gh = scratch(DType::f32, head_shape, stream);
     if (spec.scale_table) gscale = scratch(DType::f32, head_shape, stream);
     if (spec.beta) gbeta = spec.chunked ? slot_gradient(head_shape) : zeroed(head_shape);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <vector>
 
@@ -68,21 +69,30 @@ std::string eps_literal() {
   return eps;
 }
 
-// The chunked form's kernels: their names, grids and shared memory (wy_backward.cuh's
-// LadleWy::*_shared, mirrored here).
+// The chunked form's kernels' shared memory in bytes (wy_backward.cuh's LadleWyShape, mirrored here):
+// prepare, states, gradients.
+std::array<int, 3> wy_shared(const UpdateBackwardSpec& spec, std::int64_t V) {
+  const int c = update_backward_chunk, kp = spec.block_k, lk = kp + 8, lt = 64 + 8, lc = c + 1, lg = kp + 4;
+  const int vp = static_cast<int>((V + 63) / 64 * 64), key = spec.key_decay ? 1 : 0;
+  const int r = key && 2 * c * lk > c * (vp + 8) ? 2 * c * lk : c * (vp + 8);
+  const int stage = 2 * (3 * c * lk + 2 * c * lt) + 4 * (key ? kp : c);  // the states kernel's, twice
+  return {2 * (3 * c * lk + r + c * lt + key * c * lk) + 4 * (2 * c * lc + key * c * lg + 4 * c),
+          4 * kp * (64 + 4) + 2 * (kp * lt + c * lt) + 2 * stage,
+          2 * (2 * c * lk + c * lt + 2 * (2 * kp * lt + 4 * c * lt)) + 4 * (5 * c + 4 + key * 2 * kp)};
+}
+
+// The chunked form's kernels: their names, grids and shared memory.
 std::vector<UpdateBackwardLaunch> wy_launches(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H, std::int64_t C,
                                               std::int64_t K, std::int64_t V) {
+  (void)K;
   const std::string hash = detail::hex(detail::fnv1a(spec_key(spec)));
-  const int c = update_backward_chunk, kp = spec.block_k, lk = kp + 8, lt = 64 + 8, lc = c + 1;
   const std::int64_t vp = (V + 63) / 64 * 64;
   const auto u = [](std::int64_t x) { return static_cast<unsigned>(x); };
-  const int stage = 2 * (3 * c * lk + 2 * c * lt) + 4 * c;  // the states kernel's, twice
+  const std::array<int, 3> shared = wy_shared(spec, V);
   return {
-      {"ladle_bwd_wy_prepare_" + hash, {u(C), u(N * H), 1}, 256,
-       static_cast<int>(2 * (3 * c * lk + c * (vp + 8) + c * lt) + 4 * (2 * c * lc + 4 * c))},
-      {"ladle_bwd_wy_states_" + hash, {u(vp / 64), u(N * H), 1}, 256, 4 * kp * (64 + 4) + 2 * (kp * lt + c * lt) + 2 * stage},
-      {"ladle_bwd_wy_gradients_" + hash, {u(C), u(N * H), 1}, 256,
-       2 * (2 * c * lk + c * lt + 2 * (2 * kp * lt + 4 * c * lt)) + 4 * (5 * c + 4)},
+      {"ladle_bwd_wy_prepare_" + hash, {u(C), u(N * H), 1}, 256, shared[0]},
+      {"ladle_bwd_wy_states_" + hash, {u(vp / 64), u(N * H), 1}, 256, shared[1]},
+      {"ladle_bwd_wy_gradients_" + hash, {u(C), u(N * H), 1}, 256, shared[2]},
   };
 }
 
@@ -92,10 +102,17 @@ std::string update_backward_name(const UpdateBackwardSpec& spec) {
   return "ladle_bwd_update_" + detail::hex(detail::fnv1a(spec_key(spec)));
 }
 
-std::string update_backward_unchunked(const UpdateBackwardSpec& spec, std::int64_t key_dim) {
+std::string update_backward_unchunked(const UpdateBackwardSpec& spec, std::int64_t key_dim, std::int64_t value_dim) {
   if (!spec.delta) return "the chunked form runs the delta rule (a read before the update takes the recurrent one)";
-  if (spec.key_decay) return "the chunked form takes a head decay or none (a key-side decay takes the recurrent form)";
   if (key_dim > 128) return "K = " + std::to_string(key_dim) + ", the chunked form takes K up to 128";
+  if (value_dim > 0) {
+    UpdateBackwardSpec at = spec;
+    at.block_k = update_backward_block_k(key_dim);
+    for (const int bytes : wy_shared(at, value_dim))
+      if (bytes > update_backward_shared_limit)
+        return "V = " + std::to_string(value_dim) + ", a chunked kernel would need " + std::to_string(bytes) + " bytes of shared memory (at most " +
+               std::to_string(update_backward_shared_limit) + ")";
+  }
   return {};
 }
 
@@ -111,11 +128,11 @@ std::string update_backward_source(const UpdateBackwardSpec& spec) {
     std::string s = "// ladle: the delta rule's chunked WY backward (codegen/cuda/update_backward.cpp; do not edit).\n// " + spec_key(spec) + "\n";
     s += "#include <ladle/codegen/device/storage.cuh>\n#include <ladle/codegen/device/tensor_core.cuh>\n";
     s += "#include <ladle/codegen/device/block_mma.cuh>\n#include <ladle/codegen/device/update_backward.cuh>\n";
-    s += "#include <ladle/codegen/device/wy_backward.cuh>\n";
+    s += "#include <ladle/codegen/device/wy_backward.cuh>\n#include <ladle/codegen/device/wy_gradients.cuh>\n";
     const std::vector<UpdateBackwardLaunch> launches = wy_launches(spec, 1, 1, 1, spec.block_k, 64);
     const char* const steps[] = {"prepare", "states", "gradients"};
     for (std::size_t k = 0; k < launches.size(); ++k) {
-      s += "\nextern \"C\" __global__ void __launch_bounds__(256, " + std::string(k == 0 ? "2" : "1") + ") " + launches[k].name + parameters;
+      s += "\nextern \"C\" __global__ void __launch_bounds__(256, " + std::string(k == 0 && !spec.key_decay ? "2" : "1") + ") " + launches[k].name + parameters;
       s += eps + "};\n  LadleWy<" + std::to_string(spec.block_k) + ", " + form + ">::" + steps[k] + "(args);\n}\n";
     }
     return s;
@@ -139,7 +156,7 @@ std::string update_backward_source(const UpdateBackwardSpec& spec) {
 std::vector<UpdateBackwardLaunch> update_backward_launches(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H,
                                                            std::int64_t C, std::int64_t K, std::int64_t V) {
   if (spec.chunked) {
-    if (const std::string why = update_backward_unchunked(spec, K); !why.empty()) throw InvalidArgument("update_backward_launches: " + why);
+    if (const std::string why = update_backward_unchunked(spec, K, V); !why.empty()) throw InvalidArgument("update_backward_launches: " + why);
     if (K > spec.block_k)
       throw InvalidArgument("update_backward_launches: K = " + std::to_string(K) + " past the spec's block_k " + std::to_string(spec.block_k));
     return wy_launches(spec, N, H, C, K, V);
@@ -153,10 +170,10 @@ std::vector<UpdateBackwardLaunch> update_backward_launches(const UpdateBackwardS
 
 std::int64_t update_backward_ckpt_floats(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H, std::int64_t C,
                                          std::int64_t K, std::int64_t V) {
-  if (spec.chunked) {  // wy_backward.cuh's LadleWyWork: fourteen bf16 arrays, then g in fp32
+  if (spec.chunked) {  // wy_backward.cuh's LadleWyWork: fourteen bf16 arrays, then g in fp32 ([C] a chunk, [C][KP] per feature)
     const std::int64_t c = update_backward_chunk, kp = spec.block_k, vp = (V + 63) / 64 * 64, chunks = N * H * C;
     const std::int64_t halves = chunks * (5 * c * kp + 5 * c * vp + 2 * kp * vp + 2 * c * c);
-    return std::max<std::int64_t>(halves / 2 + chunks * c, 1);
+    return std::max<std::int64_t>(halves / 2 + chunks * c * (spec.key_decay ? kp : 1), 1);
   }
   const std::int64_t slices = (V + spec.block_v - 1) / spec.block_v, KP = (K + 31) / 32 * 32;
   return std::max<std::int64_t>(N * H * slices * C * spec.block_v * KP, 1);

@@ -18,10 +18,11 @@
 // scale q and k), dL/d log a per key feature (the decay of the state's rows), dL/d beta, dL/d bonus;
 // dL/dv whole; and d initial_state.
 //
-// The chunked WY form (spec.chunked; codegen/device/wy_backward.cuh): the delta rule and the gated
-// delta rule on the tensor cores, the same slots in and the same gradients out, in chunks of 64 tokens
-// (the WY / UT form of chunked_delta.h). Three kernels, 256 threads each, `ckpt` their work arrays
-// (bf16 tiles; wy_backward.cuh's LadleWyWork), `chunk` unused:
+// The chunked WY form (spec.chunked; codegen/device/wy_backward.cuh and wy_gradients.cuh): the delta
+// rule, the gated delta rule and KDA (a per-feature decay) on the tensor cores, the same slots in and
+// the same gradients out, in chunks of 64 tokens (the WY / UT form of chunked_delta.h). Three
+// kernels, 256 threads each, `ckpt` their work arrays (bf16 tiles; wy_backward.cuh's LadleWyWork),
+// `chunk` unused:
 //   ladle_bwd_wy_prepare   (C, N H): every chunk at once: every tile the others read in bf16 (qhat,
 //                          khat, e^(g_C - g) khat, e^g qhat, dO, v), the cumulative log decay g,
 //                          M = (Q K^T . Gamma)_(t >= s), T = (I + L)^(-1) in 16 x 16 blocks in fp32, W, U;
@@ -30,9 +31,12 @@
 //                          then backward from d_final (dh, dE), and d initial_state; each step's tiles
 //                          fetched (cp.async) during the step before;
 //   ladle_bwd_wy_gradients (C, N H): every chunk at once, the value width 64 columns at a time (the
-//                          sums over the values in registers): dqhat, dkhat, dbeta, dv and the head
-//                          decay's d log h written (ga: [rows], d log h itself: the finish kernel
-//                          takes no sum), every token of a sequence; nothing atomic.
+//                          sums over the values in registers): dqhat, dkhat, dbeta, dv and the
+//                          decay's written (a head decay's d log h into ga as [rows], d log h itself:
+//                          the finish kernel takes no sum; a key decay's d log a [rows,K] as the
+//                          recurrent form's), every token of a sequence; nothing atomic.
+// A per-feature decay's products carry a reference per 16-token block (every factor at most 1, so
+// strong decays and hard resets stay exact); its diagonal blocks are summed element by element.
 // The products take bf16 operands with fp32 accumulators (fla's precision); the state, T and the
 // gate and strength gradients' sums are fp32. A log decay below -110 counts as -110 (exp: 0 in fp32).
 //
@@ -61,15 +65,17 @@ struct UpdateBackwardSpec {
   bool d_final = false;        // d_final [N,H,K,V] fp32
   int block_v = 32;            // value columns a block: 8, 16 or 32 (the recurrent form)
   // The chunked WY form on the tensor cores instead of the recurrence (below): the delta rule with a
-  // head decay or none, K <= 128; block_v unused.
+  // head decay, a key-side decay (KDA) or none, K <= 128; block_v unused.
   bool chunked = false;
   int block_k = 128;  // the chunked form's key rows: 64 or 128, at least K (update_backward_block_k)
 };
 
 inline constexpr int update_backward_chunk = 64;  // steps between checkpoints; the chunked form's chunk
 
-// Why the chunked form cannot run this spec at K (empty: it can), and its block_k for K.
-std::string update_backward_unchunked(const UpdateBackwardSpec& spec, std::int64_t key_dim);
+// Why the chunked form cannot run this spec at K (and V, where given: its shared memory; empty: it
+// can), and its block_k for K.
+inline constexpr int update_backward_shared_limit = 227 * 1024;  // an H100's opt-in, bytes a block
+std::string update_backward_unchunked(const UpdateBackwardSpec& spec, std::int64_t key_dim, std::int64_t value_dim = 0);
 inline int update_backward_block_k(std::int64_t key_dim) { return key_dim <= 64 ? 64 : 128; }
 
 // block_v for K and the form: up to K = 256, 16 for the delta rule and 8 for a read before the

@@ -1,15 +1,21 @@
-// The delta rule's and the gated delta rule's chunked backward on the tensor cores, device side: three
-// kernels over the same parameters as ladle_bwd_update (update_backward.cuh: LadleUpdateArgs, the
-// slots the generated slots kernel wrote, the slots' gradients out), args.ckpt their work arrays.
-// codegen/cuda/update_backward.h says what each computes, its grid and its work arrays' layout.
-// Within a chunk of C = 64 tokens with cumulative log decay g (g_t = log_h_1 + ... + log_h_t; 0
-// without a decay), Gamma_ts = exp(g_t - g_s), the forward is
-//   L = tril(diag(beta) (K K^T . Gamma), -1), T = (I + L)^(-1), W = T diag(beta e^g) K, U = T diag(beta) V,
-//   E = U - W S_0, O = diag(e^g) Q S_0 + (Q K^T . Gamma)_(t >= s) E,
-//   S_C = e^(g_C) S_0 + (diag(e^(g_C - g)) K)^T E,
-// with q and k as the recurrence reads them (qhat, khat: scaled and L2-normalised). The products
-// run on mma.sync from bf16 tiles in shared memory (block_mma.cuh), fp32 accumulators; the states,
-// T's substitution and every gate and strength gradient are fp32. Needs storage.cuh, tensor_core.cuh,
+// The delta rule's chunked backward on the tensor cores (the delta rule, the gated delta rule and KDA),
+// device side: three kernels over the same parameters as ladle_bwd_update (update_backward.cuh:
+// LadleUpdateArgs, the slots the generated slots kernel wrote, the slots' gradients out), args.ckpt
+// their work arrays. codegen/cuda/update_backward.h says what each computes, its grid and its work
+// arrays' layout. This header: the work arrays, prepare and states; wy_gradients.cuh: the gradients
+// kernel and the entry points (LadleWy).
+// Within a chunk of C = 64 tokens with cumulative log decay g (g_t = log_a_1 + ... + log_a_t, per key
+// feature for KDA, one a token for a head decay; 0 without a decay), Gamma_ts = exp(g_t - g_s) (per
+// feature), the forward is
+//   L = tril(diag(beta) (K K^T . Gamma), -1), T = (I + L)^(-1), W = T diag(beta) (K . e^g), U = T diag(beta) V,
+//   E = U - W S_0, O = (Q . e^g) S_0 + (Q K^T . Gamma)_(t >= s) E,
+//   S_C = diag(e^(g_C)) S_0 + (K . e^(g_C - g))^T E,
+// where for a per-feature decay (X Y^T . Gamma)_ts means sum_f x_tf y_sf e^(g_tf - g_sf), and q and k
+// are as the recurrence reads them (qhat, khat: scaled and L2-normalised). The products run on
+// mma.sync from bf16 tiles in shared memory (block_mma.cuh), fp32 accumulators; the states, T's
+// substitution and every gate and strength gradient are fp32. A per-feature decay's products below
+// the diagonal take references per 16-token block, so that no factor exceeds 1 however strong the
+// decay; the diagonal blocks' are summed element by element. Needs storage.cuh, tensor_core.cuh,
 // block_mma.cuh and update_backward.cuh first.
 #ifndef LADLE_WY_BACKWARD
 #define LADLE_WY_BACKWARD
@@ -18,11 +24,37 @@
 #define LADLE_WY_VS 64         // value columns a block of the states and gradient kernels
 #define LADLE_WY_LOG_FLOOR (-110.0f) // a log decay below counts as this one (exp: 0 in fp32; a hard reset's -inf included)
 
+// The form's constants and each kernel's shared memory in bytes (update_backward.cpp's wy_launches
+// mirrors them). KP key rows (64 or 128); GN: g's floats a token in the work arrays.
+template <int KP, unsigned FORM>
+struct LadleWyShape {
+  static constexpr int C = LADLE_WY_C, VS = LADLE_WY_VS, LK = KP + 8, LT = LADLE_WY_VS + 8, LC = LADLE_WY_C + 1, LS = LADLE_WY_VS + 4;
+  static constexpr int LG = KP + 4;  // a per-feature g's row stride in shared memory (floats)
+  static constexpr bool head = (FORM & ladle_upd_head) != 0, key = (FORM & ladle_upd_key_decay) != 0;
+  static constexpr bool has_beta = (FORM & ladle_upd_beta) != 0, l2 = (FORM & ladle_upd_l2) != 0;
+  static constexpr bool scale_table = (FORM & ladle_upd_scale_table) != 0;
+  static constexpr int GN = key ? KP : 1;
+  // prepare: qhat, khat, beta e^g khat [C][LK]; R (v, and before it a key decay's scaled operands);
+  // T [C][LT]; a key decay's k e^(g_rho - g) [C][LK]; L, T [C][LC] fp32; a key decay's g [C][LG]; four [C].
+  static constexpr int prepare_r(int VP) { return key && 2 * C * LK > C * (VP + 8) ? 2 * C * LK : C * (VP + 8); }
+  static constexpr int prepare_shared(int VP) {
+    return 2 * (3 * C * LK + prepare_r(VP) + C * LT + (key ? C * LK : 0)) + 4 * (2 * C * LC + (key ? C * LG : 0) + 4 * C);
+  }
+  // states: S or dS [KP][LS] fp32, its bf16 copy [KP][LT], E or dE [C][LT], two stages of W, kd, qg
+  // [C][LK], M and U or dO [C][LT] and g (its last row for a key decay).
+  static constexpr int stage_bytes = 2 * (3 * C * LK + 2 * C * LT) + 4 * (key ? KP : C);
+  static constexpr int states_shared() { return 4 * KP * LS + 2 * (KP * LT + C * LT) + 2 * stage_bytes; }
+  // gradients: qhat, khat [C][LK]; T [C][LT]; two value slices (h, dh [KP][LT], E, dE, dO, v [C][LT]);
+  // floats: g, beta, dg, d beta, ds [C], four, and a key decay's two [KP].
+  static constexpr int slice_halves = 2 * KP * LT + 4 * C * LT;
+  static constexpr int gradients_shared() { return 2 * (2 * C * LK + C * LT + 2 * slice_halves) + 4 * (5 * C + 4 + (key ? 2 * KP : 0)); }
+};
+
 // The work arrays, carved from args.ckpt in this order, for `chunks` = N H C chunks (C: chunks of
 // the longest sequence) with KP key rows and VP = 64 ceil(V / 64) value columns, row-major per chunk,
 // bf16: qhat, khat, kd = e^(g_C - g) khat, qg = e^g qhat, W [C][KP]; U, E, dE, dO, v [C][VP]; h (the
 // state entering the chunk), dh (dL/d the state leaving it) [KP][VP]; M = (Q K^T . Gamma)_(t >= s),
-// T [C][C]; then g [C] in fp32. update_backward_ckpt_floats mirrors it.
+// T [C][C]; then g [C][GN] in fp32. update_backward_ckpt_floats mirrors it.
 struct LadleWyWork {
   unsigned short *qh, *kh, *kd, *qg, *w, *u, *e, *de, *dov, *vv, *h, *dh, *m, *t;
   float* g;
@@ -37,7 +69,6 @@ struct LadleWyWork {
     g = reinterpret_cast<float*>(p);
   }
 };
-
 // One (sequence, head): its tokens' rows of the slots in the recurrence's order.
 template <unsigned FORM>
 struct LadleWySequence {
@@ -102,17 +133,6 @@ __device__ __forceinline__ void ladle_wy_put4(unsigned short* p, const float (&x
 }
 
 // p[0] += a (where first) and p[1] += b (where second): one vector reduction on sm_90 where both
-// are in and p is 8-byte aligned, else atomic adds.
-__device__ __forceinline__ void ladle_red_add2(float* p, float a, float b, bool second, bool first) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (second && (reinterpret_cast<unsigned long long>(p) & 7ull) == 0) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
-    return;
-  }
-#endif
-  if (first) atomicAdd(p, a);
-  if (second) atomicAdd(p + 1, b);
-}
 
 __device__ __forceinline__ void ladle_tile_sub(LadleTileAcc& acc, const LadleTileAcc& other) {
   LADLE_UNROLL
@@ -121,394 +141,84 @@ __device__ __forceinline__ void ladle_tile_sub(LadleTileAcc& acc, const LadleTil
     for (int r = 0; r < 4; ++r) acc[j][r] -= other[j][r];
 }
 
-// One block of LadleWy's gradients kernel (below): chunk blockIdx.x of (sequence, head)
-// blockIdx.y, its shared memory, and the steps LadleWy::gradients runs in order. In each tile: this
-// lane's rows m0 + row8 + 8h, h < 2, and columns n0 + 8j + col2 + e, j < 4, e < 2, fragment register
-// 2h + e; a warp owns tile (cm, cn) of a C x C result and tiles (km(i), kn(i)), i < NT, of a C x KP one.
-template <int KP, unsigned FORM>
-struct LadleWyGradients {
-  static constexpr int C = LADLE_WY_C, VS = LADLE_WY_VS, LK = KP + 8, LT = LADLE_WY_VS + 8;
-  static constexpr int NT = KP / 64, across = KP / 32;  // a warp's 16 x 32 tiles of a C x KP result; tiles across it
-  static constexpr bool head = (FORM & ladle_upd_head) != 0, has_beta = (FORM & ladle_upd_beta) != 0;
-  // A value slice's tiles: h, dh [KP][LT]; E, dE, dO, v [C][LT] (16-bit halves).
-  static constexpr int slice_halves = 2 * KP * LT + 4 * C * LT;
-  static constexpr int shared_bytes = 2 * (2 * C * LK + C * LT + 2 * slice_halves) + 4 * (5 * C + 4);
-  struct Slice {
-    unsigned short *h, *dh, *e, *de, *dO, *v;
-  };
+// Four bf16 values x[u] by[u] times `by` at p (8-byte aligned).
+__device__ __forceinline__ void ladle_wy_put4s(unsigned short* p, const float (&x)[4], float by, const float (&s)[4]) {
+  unsigned* const w = reinterpret_cast<unsigned*>(p);
+  w[0] = ladle_pack_bf16(x[0] * by * s[0], x[1] * by * s[1]);
+  w[1] = ladle_pack_bf16(x[2] * by * s[2], x[3] * by * s[3]);
+}
 
+// T = (I + L)^(-1) for a strictly lower C x C matrix L (fp32, row stride LC) into t (fp32, the same
+// stride), in 16 x 16 blocks: the diagonal blocks by substitution, a lane a column of its warp's
+// block (T_ij = [i = j] - sum_(j <= m < i) L_im T_mj reads only its own column); then the blocks
+// below them by distance d = 1, 2, 3: T_IJ = -T_II sum_(J <= M < I) L_IM T_MJ, through x [3][16][16]
+// (fp32 scratch). Above the diagonal blocks: zero. Ends on a barrier.
+template <int C, int LC>
+__device__ __forceinline__ void ladle_wy_solve(const float* lf, float* tf, float* xs) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int e = threadIdx.x; e < C * C; e += blockDim.x)
+    if ((e % C) / 16 > (e / C) / 16) tf[(e / C) * LC + e % C] = 0.0f;
+  if (warp < C / 16 && lane < 16) {
+    const int o = 16 * warp, j = lane;
+    for (int i = 0; i < 16; ++i) {
+      float x = i == j ? 1.0f : 0.0f;
+      for (int m = j; m < i; ++m) x -= lf[(o + i) * LC + o + m] * tf[(o + m) * LC + o + j];
+      tf[(o + i) * LC + o + j] = x;
+    }
+  }
+  __syncthreads();
+  for (int d = 1; d < C / 16; ++d) {
+    const int pairs = C / 16 - d;
+    for (int e = threadIdx.x; e < pairs * 256; e += blockDim.x) {
+      const int J = e / 256, I = J + d, r = (e % 256) / 16, col = e % 16;
+      float x = 0.0f;
+      for (int m = 16 * J; m < 16 * I; ++m) x += lf[(16 * I + r) * LC + m] * tf[m * LC + 16 * J + col];
+      xs[e] = x;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < pairs * 256; e += blockDim.x) {
+      const int J = e / 256, I = J + d, r = (e % 256) / 16, col = e % 16;
+      float x = 0.0f;
+      for (int k = 0; k < 16; ++k) x -= tf[(16 * I + r) * LC + 16 * I + k] * xs[J * 256 + k * 16 + col];
+      tf[(16 * I + r) * LC + 16 * J + col] = x;
+    }
+    __syncthreads();
+  }
+}
+
+// The prepare kernel's block (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head)
+// blockIdx.y. Writes every tile the later kernels read, in bf16 (qhat, khat, kd, qg, dO, v), g, M,
+// T (by substitution, fp32), W and U.
+template <int KP, unsigned FORM>
+struct LadleWyPrepare : LadleWyShape<KP, FORM> {
+  using S = LadleWyShape<KP, FORM>;
+  using S::C, S::LK, S::LT, S::LC, S::LG, S::head, S::key, S::has_beta, S::l2, S::scale_table;
   const LadleUpdateArgs& p;
   const LadleWySequence<FORM> seq;
-  const int VP, K, V;
+  const int VP, LV, K, V;
   const long long s0, q;
   const int L;
   const LadleWyWork work;
-  unsigned short *const qb, *const kb, *const tb, *const slices;  // qhat, khat [C][LK]; T [C][LT]; two slices
-  // After the slices, in the first one's space: dW [C][LK]; dM . Gamma (lower), dT, dT T^T, D + D^T [C][LT].
-  unsigned short *const dwb, *const dmb, *const dtb, *const xb, *const dsb;
-  // g, beta, dL/dg, dL/d beta, the state's part of dL/d g_C by row; dlast[0]: e^(g_C) <dh, h>.
-  float *const gs, *const bs, *const dg, *const db, *const ds, *const dlast;
-  const int warp, l, row8, col2, cm, cn;
+  // qhat, khat, beta e^g khat [C][LK]; R; T [C][LT]; k e^(g_rho - g) [C][LK] (a key decay's)
+  unsigned short *const qb, *const kb, *const kgb, *const rb, *const tb, *const kr;
+  // L, T [C][LC]; g [C][LG] (a key decay's); g (a head decay's), beta, q's and k's factors [C]
+  float *const lf, *const tf, *const gk, *const gs, *const bs, *const qsc, *const krn;
 
-  __device__ __forceinline__ LadleWyGradients(const LadleUpdateArgs& args, unsigned char* smem)
-      : p(args), seq(args, blockIdx.y), VP((args.V + 63) / 64 * 64), K(args.K), V(args.V),
+  __device__ __forceinline__ LadleWyPrepare(const LadleUpdateArgs& args, unsigned char* smem)
+      : p(args), seq(args, blockIdx.y), VP((args.V + 63) / 64 * 64), LV(VP + 8), K(args.K), V(args.V),
         s0(static_cast<long long>(blockIdx.x) * C), q(static_cast<long long>(blockIdx.y) * args.C + blockIdx.x),
         L(static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C)),
         work(args.ckpt, static_cast<long long>(args.C) * gridDim.y, KP, (args.V + 63) / 64 * 64),
-        qb(reinterpret_cast<unsigned short*>(smem)), kb(qb + C * LK), tb(kb + C * LK), slices(tb + C * LT),
-        dwb(slices), dmb(dwb + C * LK), dtb(dmb + C * LT), xb(dtb + C * LT), dsb(xb + C * LT),
-        gs(reinterpret_cast<float*>(slices + 2 * slice_halves)), bs(gs + C), dg(bs + C), db(dg + C), ds(db + C), dlast(ds + C),
-        warp(threadIdx.x >> 5), l(threadIdx.x & 31), row8((threadIdx.x & 31) >> 2), col2(2 * (threadIdx.x & 3)),
-        cm((warp / 2) * 16), cn((warp % 2) * 32) {}
+        qb(reinterpret_cast<unsigned short*>(smem)), kb(qb + C * LK), kgb(kb + C * LK), rb(kgb + C * LK), tb(rb + S::prepare_r(VP)),
+        kr(tb + C * LT), lf(reinterpret_cast<float*>(kr + (key ? C * LK : 0))), tf(lf + C * LC), gk(tf + C * LC),
+        gs(gk + (key ? C * LG : 0)), bs(gs + C), qsc(bs + C), krn(qsc + C) {}
 
   __device__ __forceinline__ bool empty() const { return s0 >= seq.len; }
-  __device__ __forceinline__ int km(int i) const { return ((warp + 8 * i) / across) * 16; }
-  __device__ __forceinline__ int kn(int i) const { return ((warp + 8 * i) % across) * 32; }
-  __device__ __forceinline__ Slice slice(int n) const {
-    unsigned short* const b = slices + (n & 1) * slice_halves;
-    return Slice{b, b + KP * LT, b + 2 * KP * LT, b + 2 * KP * LT + C * LT, b + 2 * KP * LT + 2 * C * LT, b + 2 * KP * LT + 3 * C * LT};
-  }
-  __device__ __forceinline__ void fetch_slice(int n) const {
-    const Slice b = slice(n);
-    const int j0 = n * VS;
-    ladle_wy_fetch(b.h, LT, work.h + q * KP * VP + j0, VP, KP, VS);
-    ladle_wy_fetch(b.dh, LT, work.dh + q * KP * VP + j0, VP, KP, VS);
-    ladle_wy_fetch(b.e, LT, work.e + q * C * VP + j0, VP, C, VS);
-    ladle_wy_fetch(b.de, LT, work.de + q * C * VP + j0, VP, C, VS);
-    ladle_wy_fetch(b.dO, LT, work.dov + q * C * VP + j0, VP, C, VS);
-    ladle_wy_fetch(b.v, LT, work.vv + q * C * VP + j0, VP, C, VS);
-    ladle_cp_async_commit();
-  }
 
-  // 1. The value slices, each fetched during the one before: dm = dO E^T, dev = dE V^T, dqs = dO h^T,
-  //    dws = dE h^T, dks = E dh^T summed over them; dv and d beta's v part per slice; e^(g_C) <dh, h>.
-  __device__ __forceinline__ void slices_pass(LadleTileAcc& dm, LadleTileAcc& dev, LadleTileAcc (&dqs)[NT], LadleTileAcc (&dws)[NT],
-                                              LadleTileAcc (&dks)[NT]) {
-    ladle_wy_fetch(qb, LK, work.qh + q * C * KP, KP, C, KP);
-    ladle_wy_fetch(kb, LK, work.kh + q * C * KP, KP, C, KP);
-    ladle_wy_fetch(tb, LT, work.t + q * C * C, C, C, C);
-    ladle_wy_fetch(gs, 8, work.g + q * C, 8, C / 4, 8);  // C floats as 16-bit pairs
-    fetch_slice(0);  // one group with the above
-    if (threadIdx.x < C) {
-      const int t = threadIdx.x;
-      bs[t] = t < L ? (has_beta ? p.beta_s[seq.row(s0 + t)] : 1.0f) : 0.0f;
-      dg[t] = db[t] = ds[t] = 0.0f;
-    }
-    if (threadIdx.x == 0) dlast[0] = 0.0f;
-    const int slices_n = VP / VS;
-    ladle_tile_zero(dm);
-    ladle_tile_zero(dev);
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i) ladle_tile_zero(dqs[i]), ladle_tile_zero(dws[i]), ladle_tile_zero(dks[i]);
-    for (int n = 0; n < slices_n; ++n) {  // slice n's tiles, slice n + 1's in flight
-      if (n + 1 < slices_n) {
-        fetch_slice(n + 1);
-        ladle_cp_async_wait<1>();
-      } else {
-        ladle_cp_async_wait<0>();
-      }
-      __syncthreads();
-      const int j0 = n * VS;
-      const Slice sl = slice(n);
-      unsigned short *const hb = sl.h, *const dhb = sl.dh, *const eb = sl.e, *const deb = sl.de, *const dob = sl.dO, *const vb = sl.v;
-      ladle_tile_mma<false, false>(dm, dob, LT, eb, LT, cm, cn, VS);
-      ladle_tile_mma<false, false>(dev, deb, LT, vb, LT, cm, cn, VS);
-      LADLE_UNROLL
-      for (int i = 0; i < NT; ++i) {
-        ladle_tile_mma<false, false>(dqs[i], dob, LT, hb, LT, km(i), kn(i), VS);
-        ladle_tile_mma<false, false>(dws[i], deb, LT, hb, LT, km(i), kn(i), VS);
-        ladle_tile_mma<false, false>(dks[i], eb, LT, dhb, LT, km(i), kn(i), VS);
-      }
-      {  // dV_b = T^T dE: dv = beta dV_b, dbeta += v . dV_b (this warp's C x 64 tile of the slice)
-        LadleTileAcc acc;
-        ladle_tile_zero(acc);
-        ladle_tile_mma<true, true>(acc, tb, LT, deb, LT, cm, cn, C);
-        float rows[2] = {0.0f, 0.0f};
-        LADLE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int i = cm + row8 + 8 * h;
-          if (i >= L) continue;
-          const long long r = seq.row(s0 + i);
-          const float b = bs[i];
-          LADLE_UNROLL
-          for (int j = 0; j < 4; ++j)
-            LADLE_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const int col = j0 + cn + 8 * j + col2 + e;
-              if (col < V) {
-                const float x = acc[j][2 * h + e];
-                p.gv[r * V + col] = b * x;
-                rows[h] += x * p.vf[r * V + col];
-              }
-            }
-        }
-        if (has_beta) ladle_tile_rows_add(db, cm, rows[0], rows[1]);
-      }
-      if (head) {  // e^(g_C) <dh, h>: d g_C through S_C = e^(g_C) S_0 + ...
-        float part = 0.0f;
-        for (int e = threadIdx.x; e < KP * VS; e += blockDim.x) {
-          const int f = e / VS, j = e % VS;
-          part += ladle_bf16_float(dhb[f * LT + j]) * ladle_bf16_float(hb[f * LT + j]);
-        }
-        for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-        if (l == 0) atomicAdd(dlast, expf(gs[C - 1]) * part);
-      }
-      __syncthreads();  // slice n's space is the next fetch's (and, after the last, dW's and the C x C tiles')
-    }
-  }
-
-  // 2. dM . Gamma (masked) and its gate terms, dW = -dE h^T, then dq = diag(e^g) dO h^T + dM K.
-  __device__ __forceinline__ void dq_pass(const LadleTileAcc& dm, const LadleTileAcc (&dws)[NT], const LadleTileAcc (&dqs)[NT]) {
-    {  // dM . Gamma, masked: dq += dM K, dk += dM^T Q, dg_t += dM_ts P_ts, dg_s -= dM_ts P_ts (P = Q K^T)
-      LadleTileAcc qk;
-      if (head) {
-        ladle_tile_zero(qk);
-        ladle_tile_mma<false, false>(qk, qb, LK, kb, LK, cm, cn, KP);
-      }
-      float rows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int i = cm + row8 + 8 * h;
-        const float gi = gs[i];
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const int s = cn + 8 * j + col2;
-          float d[2];
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            d[e] = i >= s + e ? expf(gi - gs[s + e]) * dm[j][2 * h + e] : 0.0f;
-            if (head) {
-              const float t = d[e] * qk[j][2 * h + e];
-              rows[h] += t, cols[j][e] -= t;
-            }
-          }
-          *reinterpret_cast<unsigned*>(dmb + i * LT + s) = ladle_pack_bf16(d[0], d[1]);
-        }
-      }
-      if (head) {
-        ladle_tile_rows_add(dg, cm, rows[0], rows[1]);
-        ladle_tile_cols_add(dg, cn, cols);
-      }
-    }
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i)  // dW = -dE h^T
-      ladle_tile_each_pair(dws[i], km(i), kn(i), [&](int r, int f, float x, float y) {
-        *reinterpret_cast<unsigned*>(dwb + r * LK + f) = ladle_pack_bf16(-x, -y);
-      });
-    __syncthreads();
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i) {  // dq = diag(e^g) dO h^T + dM K; dg_t += e^(g_t) qhat_t . (dO h^T)_t
-      const int m0 = km(i), n0 = kn(i);
-      LadleTileAcc local;
-      ladle_tile_zero(local);
-      ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
-      float rows[2] = {0.0f, 0.0f};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int r = m0 + row8 + 8 * h;
-        const float eg = expf(gs[r]);
-        float* const out = p.gq + seq.row(s0 + (r < L ? r : 0)) * K;
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const int f = n0 + 8 * j + col2;
-          float d[2];
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const float x = eg * dqs[i][j][2 * h + e];
-            if (head) rows[h] += x * ladle_bf16_float(qb[r * LK + f + e]);
-            d[e] = x + local[j][2 * h + e];
-          }
-          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
-        }
-      }
-      if (head) ladle_tile_rows_add(dg, m0, rows[0], rows[1]);
-    }
-  }
-
-  // 3. The WY chain: dT, X = dT T^T, dL = -(T^T X) below the diagonal and D + D^T.
-  __device__ __forceinline__ void wy_pass(const LadleTileAcc& dev) {
-    {  // dT = (dW (diag(beta e^g) K)^T + dE (diag(beta) V)^T)
-      LadleTileAcc keys;
-      ladle_tile_zero(keys);
-      ladle_tile_mma<false, false>(keys, dwb, LK, kb, LK, cm, cn, KP);
-      LADLE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        const int s = cn + 8 * j + col2;
-        const float b0 = bs[s], b1 = bs[s + 1], e0 = expf(gs[s]), e1 = expf(gs[s + 1]);
-        LADLE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int i = cm + row8 + 8 * h;
-          *reinterpret_cast<unsigned*>(dtb + i * LT + s) =
-              ladle_pack_bf16(b0 * (e0 * keys[j][2 * h] + dev[j][2 * h]), b1 * (e1 * keys[j][2 * h + 1] + dev[j][2 * h + 1]));
-        }
-      }
-    }
-    __syncthreads();
-    {  // X = dT T^T
-      LadleTileAcc acc;
-      ladle_tile_zero(acc);
-      ladle_tile_mma<false, false>(acc, dtb, LT, tb, LT, cm, cn, C);
-      ladle_tile_each_pair(acc, cm, cn, [&](int i, int j, float x, float y) {
-        *reinterpret_cast<unsigned*>(xb + i * LT + j) = ladle_pack_bf16(x, y);
-      });
-    }
-    __syncthreads();
-    {  // dL = -(T^T X) below the diagonal: dbeta_t += dL_ts Gamma_ts G_ts, dg_t += dL_ts L_ts,
-       // dg_s -= dL_ts L_ts, D = dL . beta Gamma (the Gram's gradient) into D + D^T.
-      LadleTileAcc acc, gram;  // T^T X, K K^T
-      ladle_tile_zero(acc);
-      ladle_tile_zero(gram);
-      ladle_tile_mma<true, true>(acc, tb, LT, xb, LT, cm, cn, C);
-      if (head || has_beta) ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, cm, cn, KP);
-      float rows[2] = {0.0f, 0.0f}, brows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int i = cm + row8 + 8 * h;
-        const float gi = gs[i], bi = bs[i];
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j)
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const int s = cn + 8 * j + col2 + e;
-            if (i < s) continue;  // written with (s, i)
-            if (i == s || i >= L) {
-              dsb[i * LT + s] = dsb[s * LT + i] = 0;
-              continue;
-            }
-            const float gamma = expf(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gram[j][2 * h + e];
-            const unsigned short bits = ladle_bf16_bits(dl * bi * gamma);
-            dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
-            brows[h] += plain;
-            if (head) rows[h] += bi * plain, cols[j][e] -= bi * plain;
-          }
-      }
-      if (has_beta) ladle_tile_rows_add(db, cm, brows[0], brows[1]);
-      if (head) {
-        ladle_tile_rows_add(dg, cm, rows[0], rows[1]);
-        ladle_tile_cols_add(dg, cn, cols);
-      }
-    }
-    __syncthreads();
-  }
-
-  // 4. dk, then each token's d beta and d log h.
-  __device__ __forceinline__ void dk_pass(const LadleTileAcc (&dks)[NT]) {
-    const float last = gs[C - 1];
-    // dk = dM^T Q + diag(e^(g_C - g)) E dh^T + diag(beta e^g) T^T dW + (D + D^T) K;
-    // ds_t = e^(g_C - g_t) khat_t . (E dh^T)_t; dbeta_t += e^(g_t) khat_t . (T^T dW)_t, dg_t += beta_t that.
-    LADLE_UNROLL
-    for (int i = 0; i < NT; ++i) {
-      const int m0 = km(i), n0 = kn(i);
-      LadleTileAcc local, wy, gram;
-      ladle_tile_zero(local);
-      ladle_tile_zero(wy);
-      ladle_tile_zero(gram);
-      ladle_tile_mma<true, true>(local, dmb, LT, qb, LK, m0, n0, C);
-      ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
-      ladle_tile_mma<false, true>(gram, dsb, LT, kb, LK, m0, n0, C);
-      float srows[2] = {0.0f, 0.0f}, wrows[2] = {0.0f, 0.0f};
-      LADLE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int r = m0 + row8 + 8 * h;
-        const float fwd = expf(last - gs[r]), eg = expf(gs[r]), bi = bs[r];
-        float* const out = p.gk + seq.row(s0 + (r < L ? r : 0)) * K;
-        LADLE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const int f = n0 + 8 * j + col2;
-          float d[2];
-          LADLE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const int x = 2 * h + e;
-            const float sx = fwd * dks[i][j][x], wx = eg * wy[j][x];
-            if (head || has_beta) {
-              const float k = ladle_bf16_float(kb[r * LK + f + e]);
-              srows[h] += k * sx, wrows[h] += k * wx;
-            }
-            d[e] = local[j][x] + sx + bi * wx + gram[j][x];
-          }
-          if (r < L && f < K) ladle_store2(out + f, d[0], d[1], f + 1 < K);
-        }
-      }
-      if (head) ladle_tile_rows_add(ds, m0, srows[0], srows[1]);
-      if (has_beta) ladle_tile_rows_add(db, m0, wrows[0], wrows[1]);
-      if (head) ladle_tile_rows_add(dg, m0, bs[m0 + row8] * wrows[0], bs[m0 + row8 + 8] * wrows[1]);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (has_beta)
-        for (int t = 0; t < L; ++t) p.gbeta[seq.row(s0 + t)] = db[t];
-      if (head) {
-        // d g_C: e^(g_C) <dh, h> + sum_s ds_s; each row's own -ds. Then d log_h_t = sum_(i >= t) dg_i.
-        float total = dlast[0];
-        for (int t = 0; t < L; ++t) total += ds[t], dg[t] -= ds[t];
-        dg[L - 1] += total;
-        float run = 0.0f;
-        for (int t = L - 1; t >= 0; --t) {
-          run += dg[t];
-          p.ga[seq.row(s0 + t)] = run;  // the chunked form's ga: d log h per token
-        }
-      }
-    }
-  }
-};
-
-template <int KP, unsigned FORM>
-struct LadleWy {
-  static constexpr int C = LADLE_WY_C, VS = LADLE_WY_VS, LK = KP + 8, LT = LADLE_WY_VS + 8, LC = LADLE_WY_C + 1, LS = LADLE_WY_VS + 4;
-  static constexpr bool head = (FORM & ladle_upd_head) != 0, has_beta = (FORM & ladle_upd_beta) != 0, l2 = (FORM & ladle_upd_l2) != 0;
-  static constexpr bool scale_table = (FORM & ladle_upd_scale_table) != 0;
-  // The states kernel's stage: W, kd, qg [C][LK]; M, then U or dO [C][LT]; g [C].
-  static constexpr int stage_bytes = 2 * (3 * C * LK + 2 * C * LT) + 4 * C;
-
-  // Shared memory of each kernel in bytes (update_backward.cpp's wy_launches mirrors them).
-  static constexpr int prepare_shared(int VP) { return 2 * (3 * C * LK + C * (VP + 8) + C * LT) + 4 * (2 * C * LC + 4 * C); }
-  static constexpr int states_shared() { return 4 * KP * LS + 2 * (KP * LT + C * LT) + 2 * stage_bytes; }
-  static constexpr int gradients_shared() { return LadleWyGradients<KP, FORM>::shared_bytes; }
-
-  // For each four columns of each of the chunk's rows: x and y from the slots a and b ([rows][n]; zero
-  // past the chunk's tokens and past n), then put(t, f, x, y); `width` columns a row (n padded).
-  template <class Put>
-  static __device__ __forceinline__ void stage_rows(const LadleWySequence<FORM>& seq, long long s0, int L, const float* a, const float* b,
-                                                    int n, int width, Put&& put) {
-    LADLE_UNROLL_4
-    for (int e = threadIdx.x; e < C * width / 4; e += blockDim.x) {
-      const int t = e / (width / 4), f = (e % (width / 4)) * 4;
-      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (t < L && f < n) {
-        const long long r = seq.row(s0 + t);
-        ladle_wy_load4(x, a + r * n, f, n);
-        ladle_wy_load4(y, b + r * n, f, n);
-      }
-      put(t, f, x, y);
-    }
-  }
-
-  // 1. prepare (grid: C, N H; 256 threads): chunk blockIdx.x of (sequence, head) blockIdx.y: every
-  //    tile the later kernels read, in bf16 (qhat, khat, kd, qg, dO, v), g, M, T (by substitution,
-  //    fp32), W and U.
-  static __device__ void prepare(const LadleUpdateArgs& p) {
-    const int VP = (p.V + 63) / 64 * 64, LV = VP + 8, K = p.K, V = p.V, c = blockIdx.x, nh = blockIdx.y;
-    const LadleWySequence<FORM> seq(p, nh);
-    const long long s0 = static_cast<long long>(c) * C;
-    if (s0 >= seq.len) return;
-    const int L = static_cast<int>(seq.len - s0 < C ? seq.len - s0 : C);
-    const LadleWyWork work(p.ckpt, static_cast<long long>(p.C) * gridDim.y, KP, VP);
-    const long long q = static_cast<long long>(nh) * p.C + c;
-    LADLE_DYNAMIC_SHARED(smem);
-    unsigned short* const qb = reinterpret_cast<unsigned short*>(smem);  // qhat [C][LK]
-    unsigned short* const kb = qb + C * LK;                               // khat [C][LK]
-    unsigned short* const kgb = kb + C * LK;                              // beta e^g khat [C][LK]
-    unsigned short* const vb = kgb + C * LK;                              // beta v [C][LV]
-    unsigned short* const tb = vb + C * LV;                               // T [C][LT]
-    float* const lf = reinterpret_cast<float*>(tb + C * LT);              // L [C][LC]
-    float* const tf = lf + C * LC;                                        // T [C][LC]
-    float* const gs = tf + C * LC;
-    float* const bs = gs + C;
-    float* const qsc = bs + C;
-    float* const krn = qsc + C;
+  // A warp a token: the norms, the strength and a head decay (zero past the chunk's tokens); a key
+  // decay's tile by all threads. Then cumulative (the rows past the chunk's tokens keep its last).
+  __device__ __forceinline__ void tokens() {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-
-    // A warp a token: the norms, the strength and the log decay (zero past the chunk's tokens).
     for (int t = warp; t < C; t += warps) {
       float qq = 0.0f, kk = 0.0f;
       const long long r = seq.row(s0 + (t < L ? t : 0));
@@ -527,33 +237,76 @@ struct LadleWy {
         gs[t] = live && head ? fmaxf(p.log_h[r], LADLE_WY_LOG_FLOOR) : 0.0f;
       }
     }
+    if (key)
+      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
+        const int t = e / KP, f = e % KP;
+        gk[t * LG + f] = t < L && f < K ? fmaxf(p.log_a[seq.row(s0 + t) * K + f], LADLE_WY_LOG_FLOOR) : 0.0f;
+      }
     __syncthreads();
-    if (threadIdx.x == 0) {  // cumulative; the rows past the chunk's tokens keep its last
+    if (key) {
+      if (threadIdx.x < KP) {
+        float run = 0.0f;
+        for (int t = 0; t < C; ++t) run += gk[t * LG + threadIdx.x], gk[t * LG + threadIdx.x] = run;
+      }
+    } else if (threadIdx.x == 0) {
       float run = 0.0f;
       for (int t = 0; t < C; ++t) run += gs[t], gs[t] = run;
     }
     __syncthreads();
+  }
+
+  // For each four columns of each of the chunk's rows: x and y from the slots a and b ([rows][n]; zero
+  // past the chunk's tokens and past n), then put(t, f, x, y); `width` columns a row (n padded).
+  template <class Put>
+  __device__ __forceinline__ void stage_rows(const float* a, const float* b, int n, int width, Put&& put) const {
+    LADLE_UNROLL_4
+    for (int e = threadIdx.x; e < C * width / 4; e += blockDim.x) {
+      const int t = e / (width / 4), f = (e % (width / 4)) * 4;
+      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (t < L && f < n) {
+        const long long r = seq.row(s0 + t);
+        ladle_wy_load4(x, a + r * n, f, n);
+        ladle_wy_load4(y, b + r * n, f, n);
+      }
+      put(t, f, x, y);
+    }
+  }
+
+  // q and k: the tiles in shared memory and in the work arrays, and g.
+  __device__ __forceinline__ void stage() {
     const float last = gs[C - 1];
-    stage_rows(seq, s0, L, p.qs, p.kf, K, KP, [&](int t, int f, const float (&x)[4], const float (&y)[4]) {
+    stage_rows(p.qs, p.kf, K, KP, [&](int t, int f, const float (&x)[4], const float (&y)[4]) {
       const long long at = (q * C + t) * KP + f;
-      const float eg = expf(gs[t]);
       ladle_wy_put4(qb + t * LK + f, x, qsc[t]);
       ladle_wy_put4(kb + t * LK + f, y, krn[t]);
-      ladle_wy_put4(kgb + t * LK + f, y, bs[t] * eg * krn[t]);
       ladle_wy_put4(work.qh + at, x, qsc[t]);
       ladle_wy_put4(work.kh + at, y, krn[t]);
-      ladle_wy_put4(work.kd + at, y, expf(last - gs[t]) * krn[t]);
-      ladle_wy_put4(work.qg + at, x, eg * qsc[t]);
+      if (key) {  // per feature: e^g, e^(g_C - g), e^(g_rho - g) with rho the last row of t's 16-token block
+        const float* const g = gk + t * LG + f;
+        float eg[4], ed[4], er[4];
+        LADLE_UNROLL
+        for (int u = 0; u < 4; ++u)
+          eg[u] = expf(g[u]), ed[u] = expf(gk[(C - 1) * LG + f + u] - g[u]), er[u] = expf(gk[(t | 15) * LG + f + u] - g[u]);
+        ladle_wy_put4s(kgb + t * LK + f, y, bs[t] * krn[t], eg);
+        ladle_wy_put4s(kr + t * LK + f, y, krn[t], er);
+        ladle_wy_put4s(work.kd + at, y, krn[t], ed);
+        ladle_wy_put4s(work.qg + at, x, qsc[t], eg);
+      } else {
+        const float eg = expf(gs[t]);
+        ladle_wy_put4(kgb + t * LK + f, y, bs[t] * eg * krn[t]);
+        ladle_wy_put4(work.kd + at, y, expf(last - gs[t]) * krn[t]);
+        ladle_wy_put4(work.qg + at, x, eg * qsc[t]);
+      }
     });
-    stage_rows(seq, s0, L, p.vf, p.dos, V, VP, [&](int t, int j, const float (&x)[4], const float (&d)[4]) {
-      const long long at = (q * C + t) * VP + j;
-      ladle_wy_put4(vb + t * LV + j, x, bs[t]);
-      ladle_wy_put4(work.vv + at, x, 1.0f);
-      ladle_wy_put4(work.dov + at, d, 1.0f);
-    });
-    if (threadIdx.x < C) work.g[q * C + threadIdx.x] = gs[threadIdx.x];
+    if (key)
+      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) work.g[q * C * KP + e] = gk[(e / KP) * LG + e % KP];
+    else if (threadIdx.x < C)
+      work.g[q * C + threadIdx.x] = gs[threadIdx.x];
     __syncthreads();
-    // M = (Q K^T . Gamma)_(t >= s) into the work array; L = tril(diag(beta) (K K^T . Gamma), -1).
+  }
+
+  // M = (Q K^T . Gamma)_(t >= s) into the work array; L = tril(diag(beta) (K K^T . Gamma), -1).
+  __device__ __forceinline__ void scores_head() {
     ladle_tiles(C, C, [&](int m0, int n0) {
       LadleTileAcc acc, gram;
       ladle_tile_zero(acc);
@@ -567,49 +320,76 @@ struct LadleWy {
       ladle_tile_each(gram, m0, n0, [&](int i, int j, float x) { lf[i * LC + j] = i > j ? bs[i] * expf(gs[i] - gs[j]) * x : 0.0f; });
     });
     __syncthreads();
-    // T = (I + L)^(-1) in 16 x 16 blocks. The diagonal blocks by substitution, a lane a column of
-    // its warp's block (T_ij = [i = j] - sum_(j <= m < i) L_im T_mj reads only its own column); then
-    // the blocks below them by distance d = 1, 2, 3: T_IJ = -T_II sum_(J <= M < I) L_IM T_MJ, through
-    // X [3][16][16] (in tb's space until T is whole). Above the diagonal blocks: zero.
-    {
-      float* const xs = reinterpret_cast<float*>(tb);
-      for (int e = threadIdx.x; e < C * C; e += blockDim.x)
-        if ((e % C) / 16 > (e / C) / 16) tf[(e / C) * LC + e % C] = 0.0f;
-      if (warp < C / 16 && lane < 16) {
-        const int o = 16 * warp, j = lane;
-        for (int i = 0; i < 16; ++i) {
-          float x = i == j ? 1.0f : 0.0f;
-          for (int m = j; m < i; ++m) x -= lf[(o + i) * LC + o + m] * tf[(o + m) * LC + o + j];
-          tf[(o + i) * LC + o + j] = x;
+  }
+
+  // The same per feature: the diagonal 16 x 16 blocks element by element, zero above them; below
+  // them, for each column block J, q and k of the rows after it against rho = J's last row
+  // (q e^(g - g_rho), at most 1) times kr (k e^(g_rho - g), at most 1) on the tensor cores.
+  __device__ __forceinline__ void scores_key() {
+    unsigned short* const m = work.m + q * C * C;
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
+      const int t = e / C, s = e % C;
+      if (s / 16 > t / 16) m[t * C + s] = 0, lf[t * LC + s] = 0.0f;
+    }
+    for (int e = threadIdx.x; e < C * 16; e += blockDim.x) {
+      const int t = 16 * (e / 256) + (e % 256) / 16, s = 16 * (e / 256) + e % 16;
+      float mq = 0.0f, mk = 0.0f;
+      if (s <= t)
+        for (int f = 0; f < KP; ++f) {
+          const float w = expf(gk[t * LG + f] - gk[s * LG + f]) * ladle_bf16_float(kb[s * LK + f]);
+          mq += ladle_bf16_float(qb[t * LK + f]) * w, mk += ladle_bf16_float(kb[t * LK + f]) * w;
         }
+      m[t * C + s] = ladle_bf16_bits(mq);
+      lf[t * LC + s] = s < t ? bs[t] * mk : 0.0f;
+    }
+    unsigned short *const qj = rb, *const kj = rb + C * LK;
+    for (int J = 0; J < C / 16 - 1; ++J) {
+      const int rho = 16 * J + 15;
+      for (int e = threadIdx.x; e < C * KP / 2; e += blockDim.x) {
+        const int t = e / (KP / 2), f = 2 * (e % (KP / 2));
+        const float w0 = t > rho ? expf(gk[t * LG + f] - gk[rho * LG + f]) : 0.0f;
+        const float w1 = t > rho ? expf(gk[t * LG + f + 1] - gk[rho * LG + f + 1]) : 0.0f;
+        *reinterpret_cast<unsigned*>(qj + t * LK + f) =
+            ladle_pack_bf16(w0 * ladle_bf16_float(qb[t * LK + f]), w1 * ladle_bf16_float(qb[t * LK + f + 1]));
+        *reinterpret_cast<unsigned*>(kj + t * LK + f) =
+            ladle_pack_bf16(w0 * ladle_bf16_float(kb[t * LK + f]), w1 * ladle_bf16_float(kb[t * LK + f + 1]));
       }
       __syncthreads();
-      for (int d = 1; d < C / 16; ++d) {
-        const int pairs = C / 16 - d;
-        for (int e = threadIdx.x; e < pairs * 256; e += blockDim.x) {
-          const int J = e / 256, I = J + d, r = (e % 256) / 16, col = e % 16;
-          float x = 0.0f;
-          for (int m = 16 * J; m < 16 * I; ++m) x += lf[(16 * I + r) * LC + m] * tf[m * LC + 16 * J + col];
-          xs[e] = x;
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < pairs * 256; e += blockDim.x) {
-          const int J = e / 256, I = J + d, r = (e % 256) / 16, col = e % 16;
-          float x = 0.0f;
-          for (int k = 0; k < 16; ++k) x -= tf[(16 * I + r) * LC + 16 * I + k] * xs[J * 256 + k * 16 + col];
-          tf[(16 * I + r) * LC + 16 * J + col] = x;
-        }
-        __syncthreads();
+      const int I = J + 1 + (threadIdx.x >> 5);
+      if (I < C / 16) {  // the 16 x 16 block (I, J): the tile's first two n8 blocks
+        LadleTileAcc acc, gram;
+        ladle_tile_zero(acc);
+        ladle_tile_zero(gram);
+        ladle_tile_mma<false, false>(acc, qj, LK, kr, LK, 16 * I, 16 * J, KP);
+        ladle_tile_mma<false, false>(gram, kj, LK, kr, LK, 16 * I, 16 * J, KP);
+        ladle_tile_each_pair(acc, 16 * I, 16 * J, [&](int i, int j, float x, float y) {
+          if (j < 16 * J + 16) *reinterpret_cast<unsigned*>(m + i * C + j) = ladle_pack_bf16(x, y);
+        });
+        ladle_tile_each(gram, 16 * I, 16 * J, [&](int i, int j, float x) {
+          if (j < 16 * J + 16) lf[i * LC + j] = bs[i] * x;
+        });
       }
+      __syncthreads();
     }
+  }
+
+  // T, then v and dO staged (beta v into R), W = T diag(beta e^g) K, U = T diag(beta) V.
+  __device__ __forceinline__ void wy() {
+    ladle_wy_solve<C, LC>(lf, tf, reinterpret_cast<float*>(tb));
     for (int e = threadIdx.x; e < C * C / 2; e += blockDim.x) {
       const int i = (2 * e) / C, j = (2 * e) % C;
       const unsigned pair = ladle_pack_bf16(tf[i * LC + j], tf[i * LC + j + 1]);
       *reinterpret_cast<unsigned*>(tb + i * LT + j) = pair;
       *reinterpret_cast<unsigned*>(work.t + q * C * C + 2 * e) = pair;
     }
+    unsigned short* const vb = rb;
+    stage_rows(p.vf, p.dos, V, VP, [&](int t, int j, const float (&x)[4], const float (&d)[4]) {
+      const long long at = (q * C + t) * VP + j;
+      ladle_wy_put4(vb + t * LV + j, x, bs[t]);
+      ladle_wy_put4(work.vv + at, x, 1.0f);
+      ladle_wy_put4(work.dov + at, d, 1.0f);
+    });
     __syncthreads();
-    // W = T diag(beta e^g) K, U = T diag(beta) V
     ladle_tiles(C, KP, [&](int m0, int n0) {
       LadleTileAcc acc;
       ladle_tile_zero(acc);
@@ -627,13 +407,23 @@ struct LadleWy {
       });
     });
   }
+};
 
-  // 2. states (grid: VP / 64, N H; 256 threads): the serial pass over one sequence's chunks for 64
-  //    value columns, the state in shared memory (fp32), each step's tiles fetched (cp.async) during
-  //    the step before. Forward: h = S_0, E = U - W S_0, S_C; then backward from d_final: dh = dS (the
-  //    gradient of the state leaving the chunk), dE = M^T dO + kd dS, dS becomes
-  //    e^(g_C) dS + qg^T dO - W^T dE; at the end d initial_state.
-  static __device__ void states(const LadleUpdateArgs& p) {
+// The states kernel (grid: VP / 64, N H; 256 threads): the serial pass over one sequence's chunks for
+// 64 value columns, the state in shared memory (fp32), each step's tiles fetched (cp.async) during
+// the step before. Forward: h = S_0, E = U - W S_0, S_C; then backward from d_final: dh = dS (the
+// gradient of the state leaving the chunk), dE = M^T dO + kd dS, dS becomes
+// diag(e^(g_C)) dS + qg^T dO - W^T dE; at the end d initial_state.
+template <int KP, unsigned FORM>
+struct LadleWyStates : LadleWyShape<KP, FORM> {
+  using S = LadleWyShape<KP, FORM>;
+  using S::C, S::VS, S::LK, S::LT, S::LS, S::key, S::stage_bytes;
+  struct Stage {
+    unsigned short *w, *kd, *qg, *m, *x;  // x: U (forward) or dO (backward)
+    float* g;                             // g's last row (a key decay's [KP]; else the whole [C])
+  };
+
+  static __device__ void run(const LadleUpdateArgs& p) {
     const int VP = (p.V + 63) / 64 * 64, K = p.K, V = p.V, nh = blockIdx.y, j0 = blockIdx.x * VS;
     const LadleWySequence<FORM> seq(p, nh);
     const long long chunks = (seq.len + C - 1) / C, steps = 2 * chunks;
@@ -643,10 +433,6 @@ struct LadleWy {
     unsigned short* const sb = reinterpret_cast<unsigned short*>(sf + KP * LS);  // S or dS in bf16 [KP][LT]
     unsigned short* const eb = sb + KP * LT;                                     // E, then dE [C][LT]
     unsigned char* const stages = reinterpret_cast<unsigned char*>(eb + C * LT);
-    struct Stage {
-      unsigned short *w, *kd, *qg, *m, *x;  // x: U (forward) or dO (backward)
-      float* g;
-    };
     const auto stage = [&](long long k) {
       unsigned short* const b = reinterpret_cast<unsigned short*>(stages + (k & 1) * stage_bytes);
       return Stage{b, b + C * LK, b + 2 * C * LK, b + 3 * C * LK, b + 3 * C * LK + C * LT,
@@ -658,7 +444,8 @@ struct LadleWy {
       const long long q = static_cast<long long>(nh) * p.C + chunk_of(k);
       ladle_wy_fetch(s.w, LK, work.w + q * C * KP, KP, C, KP);
       ladle_wy_fetch(s.kd, LK, work.kd + q * C * KP, KP, C, KP);
-      ladle_wy_fetch(s.g, 8, work.g + q * C, 8, C / 4, 8);  // C floats as 16-bit pairs
+      if (key) ladle_wy_fetch(s.g, 8, work.g + (q * C + C - 1) * KP, 8, KP / 4, 8);  // floats as 16-bit pairs
+      else ladle_wy_fetch(s.g, 8, work.g + q * C, 8, C / 4, 8);
       if (k < chunks) {
         ladle_wy_fetch(s.x, LT, work.u + q * C * VP + j0, VP, C, VS);
       } else {
@@ -689,7 +476,8 @@ struct LadleWy {
       __syncthreads();
       const Stage s = stage(k);
       const long long q = static_cast<long long>(nh) * p.C + chunk_of(k);
-      const float decay = expf(s.g[C - 1]);
+      const float head_decay = key ? 0.0f : expf(s.g[C - 1]);
+      const auto decay = [&](int f) { return key ? expf(s.g[f]) : head_decay; };
       for (int e = threadIdx.x; e < KP * VS / 2; e += blockDim.x) {  // S or dS in bf16, and into h or dh
         const int f = (2 * e) / VS, j = (2 * e) % VS;
         *reinterpret_cast<unsigned*>(sb + f * LT + j) = ladle_pack_bf16(sf[f * LS + j], sf[f * LS + j + 1]);
@@ -708,11 +496,11 @@ struct LadleWy {
         });
         __syncthreads();
         ladle_wy_store(work.e + q * C * VP + j0, VP, eb, LT, C, VS);
-        ladle_tiles(KP, VS, [&](int m0, int n0) {  // S_C = e^(g_C) S_0 + kd^T E
+        ladle_tiles(KP, VS, [&](int m0, int n0) {  // S_C = diag(e^(g_C)) S_0 + kd^T E
           LadleTileAcc acc;
           ladle_tile_zero(acc);
           ladle_tile_mma<true, true>(acc, s.kd, LK, eb, LT, m0, n0, C);
-          ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
+          ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay(f) * sf[f * LS + j] + x; });
         });
       } else {
         ladle_tiles(C, VS, [&](int m0, int n0) {  // dE = M^T dO + kd dS
@@ -726,14 +514,14 @@ struct LadleWy {
         });
         __syncthreads();
         ladle_wy_store(work.de + q * C * VP + j0, VP, eb, LT, C, VS);
-        ladle_tiles(KP, VS, [&](int m0, int n0) {  // dS = e^(g_C) dS + qg^T dO - W^T dE
+        ladle_tiles(KP, VS, [&](int m0, int n0) {  // dS = diag(e^(g_C)) dS + qg^T dO - W^T dE
           LadleTileAcc acc, minus;
           ladle_tile_zero(acc);
           ladle_tile_zero(minus);
           ladle_tile_mma<true, true>(acc, s.qg, LK, s.x, LT, m0, n0, C);
           ladle_tile_mma<true, true>(minus, s.w, LK, eb, LT, m0, n0, C);
           ladle_tile_sub(acc, minus);
-          ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay * sf[f * LS + j] + x; });
+          ladle_tile_each(acc, m0, n0, [&](int f, int j, float x) { sf[f * LS + j] = decay(f) * sf[f * LS + j] + x; });
         });
       }
       __syncthreads();
@@ -747,24 +535,6 @@ struct LadleWy {
         const int f = e / VS, j = e % VS;
         if (j0 + j < V) p.d_h0[state_at + static_cast<long long>(f) * V + j0 + j] = sf[f * LS + j];
       }
-  }
-
-  // 3. gradients (grid: C, N H; 256 threads, 8 warps): every chunk at once, from h, dh, E, dE and T,
-  //    the value width 64 columns at a time: what sums over the values (dM = dO E^T, dE V^T, dO h^T,
-  //    dW = -dE h^T, E dh^T) accumulates in each warp's registers over the slices, dv is written per
-  //    slice; then the chunk's C x C chain once, and dL/d qhat, d khat, d beta and d log_h (args.ga:
-  //    [rows], not the recurrent form's [rows, K]) written (no other block writes this chunk's tokens).
-  //    LadleWyGradients holds the steps.
-  static __device__ void gradients(const LadleUpdateArgs& p) {
-    using G = LadleWyGradients<KP, FORM>;
-    LADLE_DYNAMIC_SHARED(smem);
-    G block(p, smem);
-    if (block.empty()) return;
-    LadleTileAcc dm, dev, dqs[G::NT], dws[G::NT], dks[G::NT];  // dO E^T, dE V^T; dO h^T, dE h^T, E dh^T
-    block.slices_pass(dm, dev, dqs, dws, dks);
-    block.dq_pass(dm, dws, dqs);
-    block.wy_pass(dev);
-    block.dk_pass(dks);
   }
 };
 

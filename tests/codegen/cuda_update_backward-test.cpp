@@ -62,7 +62,8 @@ std::int64_t token_row(const Case& c, std::int64_t n, std::int64_t step, std::in
 }
 
 // Fresh inputs for the case's form: q, k, v, do ~ N(0, 1) (k over sqrt(K) where the delta rule reads
-// it unnormalised, which keeps the recurrence contracting), log decays in (-1, -0.01), beta in
+// it unnormalised, which keeps the recurrence contracting), log decays in (-1, -0.01) (a key decay's
+// times the case's decay_scale), beta in
 // (0.1, 0.9), a bonus ~ N(0, 0.5), a scale table in (0.2, 1). With a scale table the call's scale is
 // NaN: the kernels must not read it.
 Inputs draw(const Case& c, std::mt19937_64& rng) {
@@ -81,7 +82,7 @@ Inputs draw(const Case& c, std::mt19937_64& rng) {
   x.k = table(rows * K, [&] { return k_scale * unit(rng); });
   x.v = table(rows * V, [&] { return unit(rng); });
   x.d_out = table(rows * V, [&] { return unit(rng); });
-  if (s.key_decay) x.log_a = table(rows * K, [&] { return log_decay(rng); });
+  if (s.key_decay) x.log_a = table(rows * K, [&] { return c.decay_scale * log_decay(rng); });
   if (s.head_decay) x.log_h = table(rows, [&] { return log_decay(rng); });
   if (s.scale_table) x.scale_s = table(rows, [&] { return scales(rng); }), x.scale = std::numeric_limits<double>::quiet_NaN();
   if (s.beta) x.beta = table(rows, [&] { return strength(rng); });
@@ -315,7 +316,7 @@ Inputs run_kernels(const Case& c, const Inputs& x) {
   Inputs got;
   got.q = fp64(gq), got.k = fp64(gk), got.v = fp64(gv), got.h0 = fp64(d_h0);
   if (s.key_decay) got.log_a = fp64(ga);
-  got.log_h = fp64(s.chunked ? ga : gh), got.scale_s = fp64(gscale), got.beta = fp64(gbeta), got.bonus = fp64(gbonus);
+  got.log_h = fp64(s.chunked && s.head_decay ? ga : gh), got.scale_s = fp64(gscale), got.beta = fp64(gbeta), got.bonus = fp64(gbonus);
   return got;
 }
 
@@ -378,23 +379,28 @@ TEST_CASE("the update forms' backward kernels on the host emulation match an fp6
 
 TEST_CASE("the chunked form's shared memory is what its kernels carve", "[codegen][update_backward]") {
   cuda::UpdateBackwardSpec spec;
-  spec.chunked = true, spec.head_decay = true, spec.beta = true;
-  for (const int block_k : {64, 128})
-    for (const std::int64_t V : {20, 64, 72, 256}) {
-      spec.block_k = block_k;
-      INFO("block_k " << block_k << ", V " << V);
-      const std::vector<cuda::UpdateBackwardLaunch> launches = cuda::update_backward_launches(spec, 2, 3, 4, block_k, V);
-      REQUIRE(launches.size() == 3);
-      const int vp = static_cast<int>((V + 63) / 64 * 64);
-      if (block_k == 64) {
-        CHECK(launches[0].shared_bytes == LadleWy<64, 0u>::prepare_shared(vp));
-        CHECK(launches[1].shared_bytes == LadleWy<64, 0u>::states_shared());
-        CHECK(launches[2].shared_bytes == LadleWy<64, 0u>::gradients_shared());
-      } else {
-        CHECK(launches[0].shared_bytes == LadleWy<128, 0u>::prepare_shared(vp));
-        CHECK(launches[1].shared_bytes == LadleWy<128, 0u>::states_shared());
-        CHECK(launches[2].shared_bytes == LadleWy<128, 0u>::gradients_shared());
+  spec.chunked = true, spec.beta = true;
+  for (const bool key : {false, true})
+    for (const int block_k : {64, 128})
+      for (const std::int64_t V : {20, 64, 72, 256, 512}) {
+        spec.block_k = block_k, spec.head_decay = !key, spec.key_decay = key;
+        INFO("block_k " << block_k << ", V " << V << (key ? ", a key decay" : ", a head decay"));
+        const std::vector<cuda::UpdateBackwardLaunch> launches = cuda::update_backward_launches(spec, 2, 3, 4, block_k, V);
+        REQUIRE(launches.size() == 3);
+        const int vp = static_cast<int>((V + 63) / 64 * 64);
+        const auto check = [&](auto form) {
+          using W = decltype(form);
+          CHECK(launches[0].shared_bytes == W::prepare_shared(vp));
+          CHECK(launches[1].shared_bytes == W::states_shared());
+          CHECK(launches[2].shared_bytes == W::gradients_shared());
+        };
+        if (block_k == 64) key ? check(LadleWy<64, ladle_upd_key_decay>{}) : check(LadleWy<64, 0u>{});
+        else key ? check(LadleWy<128, ladle_upd_key_decay>{}) : check(LadleWy<128, 0u>{});
+        for (const cuda::UpdateBackwardLaunch& launch : launches) CHECK(launch.shared_bytes <= cuda::update_backward_shared_limit);
       }
-      for (const cuda::UpdateBackwardLaunch& launch : launches) CHECK(launch.shared_bytes <= 227 * 1024);  // an H100's opt-in
-    }
+  // Past what a block may carve, the form says so and the launches refuse.
+  spec.key_decay = true, spec.head_decay = false, spec.block_k = 128;
+  CHECK_THAT(cuda::update_backward_unchunked(spec, 128, 1024), Catch::Contains("shared memory"));
+  CHECK_THROWS_WITH(cuda::update_backward_launches(spec, 1, 1, 1, 128, 1024), Catch::Contains("V = 1024"));
+  CHECK(cuda::update_backward_unchunked(spec, 128, 128).empty());
 }

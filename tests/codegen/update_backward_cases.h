@@ -21,6 +21,7 @@ struct Case {
   ladle::cuda::UpdateBackwardSpec spec;
   std::vector<std::int64_t> cu_seqlens;  // empty: B sequences of T tokens
   std::int64_t B = 1, T = 0, H = 2, K = 0, V = 0;
+  double decay_scale = 1.0;  // log decays drawn in decay_scale (-1, -0.01)
 };
 
 inline std::vector<Case> all() {
@@ -68,7 +69,8 @@ inline std::vector<Case> all() {
   // The chunked WY form (spec.chunked): the gated delta rule packed, one sequence empty, with initial
   // and final states and a partial chunk, K and V padded (40 of 64 key rows, 20 of 64 columns); the
   // delta rule reversed with a per-token scale over two value slices and 128 key rows; the gated delta
-// rule over four value slices.
+// rule over four value slices; KDA (a per-feature decay) packed with states, and reversed with a
+// per-token scale under strong decay (log decays to -25 a step: every block's references tested).
   {
     Case c;
     c.name = "wy_gated_delta_packed_initial_final";
@@ -92,6 +94,23 @@ inline std::vector<Case> all() {
     c.spec.delta = true, c.spec.head_decay = true, c.spec.beta = true, c.spec.l2 = true, c.spec.d_final = true;
     c.spec.chunked = true, c.spec.block_k = 64;
     c.T = 130, c.H = 1, c.K = 64, c.V = 200;
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "wy_kda_packed_initial_final";
+    c.spec.delta = true, c.spec.key_decay = true, c.spec.beta = true, c.spec.l2 = true;
+    c.spec.varlen = true, c.spec.initial_state = true, c.spec.d_final = true, c.spec.chunked = true, c.spec.block_k = 64;
+    c.cu_seqlens = {0, 70, 70, 150};
+    c.T = 150, c.K = 40, c.V = 20;
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "wy_kda_strong_decay_reverse";
+    c.spec.delta = true, c.spec.key_decay = true, c.spec.beta = true, c.spec.scale_table = true, c.spec.reverse = true;
+    c.spec.d_final = true, c.spec.chunked = true, c.spec.block_k = 128;
+    c.T = 130, c.H = 1, c.K = 72, c.V = 72, c.decay_scale = 25.0;
     cases.push_back(c);
   }
   return cases;

@@ -741,8 +741,9 @@ TEST_CASE("the update forms' GPU backward agrees with the CPU backward", "[backw
       continue;
     }
     // Each form where it runs: the recurrence in fp32, and the delta rule's chunked WY form on the
-    // tensor cores (16-bit inputs, no key-side decay, K <= 128), whose products take bf16 operands.
-    const bool chunks = c.type != DType::f32 && variant.update == ir::Update::delta && !variant.has(ir::Slot::log_decay_k) && K <= 128;
+    // tensor cores (16-bit inputs, K <= 128; KDA's per-feature decay too), whose products take bf16
+    // operands.
+    const bool chunks = c.type != DType::f32 && variant.update == ir::Update::delta && K <= 128;
     for (const ladle::UpdateBackward form : {ladle::UpdateBackward::recurrent, ladle::UpdateBackward::automatic}) {
       const bool chunked = form == ladle::UpdateBackward::automatic && chunks;
       if (form == ladle::UpdateBackward::automatic && !chunks) continue;
@@ -1197,9 +1198,10 @@ TEST_CASE("the attention backward on the GPU matches the CPU backward", "[backwa
 }
 
 // The update forms' GPU backward form by call (no GPU needed: the spec alone). The chunked WY form
-// where it runs (the delta rule with a head decay or none, K <= 128) for 16-bit inputs past one
-// chunk; RunOptions::update_backward asks for the recurrent one, or for the chunked one at any dtype
-// and length; KDA's key-side decay and K past 128 keep the recurrence whatever is asked.
+// where it runs (the delta rule with a head decay, KDA's per-feature decay or none, K <= 128) for
+// 16-bit inputs past one chunk; RunOptions::update_backward asks for the recurrent one, or for the
+// chunked one at any dtype and length; RWKV6 (a read before the update) and K past 128 keep the
+// recurrence whatever is asked.
 TEST_CASE("the update forms' GPU backward form follows the call and options.update_backward", "[backward][recurrent]") {
   struct Case {
     const ir::Variant* variant;
@@ -1214,20 +1216,22 @@ TEST_CASE("the update forms' GPU backward form follows the call and options.upda
   const std::vector<Case> cases{{&gated, DType::bf16, 128, 64, F::automatic, true},  {&gated, DType::bf16, 128, 64, F::recurrent, false},
                                 {&gated, DType::f32, 128, 64, F::automatic, false},  {&gated, DType::f32, 128, 64, F::chunked, true},
                                 {&gated, DType::bf16, 32, 64, F::automatic, false},  {&gated, DType::bf16, 32, 64, F::chunked, true},
-                                {&gated, DType::bf16, 128, 200, F::chunked, false},  {&kda, DType::bf16, 128, 64, F::chunked, false},
+                                {&gated, DType::bf16, 128, 200, F::chunked, false},  {&kda, DType::bf16, 128, 64, F::automatic, true},
+                                {&kda, DType::bf16, 128, 64, F::recurrent, false},   {&ladle::rwkv6_variant(), DType::bf16, 128, 64, F::chunked, false},
                                 {&ladle::delta_rule_variant(false, false), DType::f16, 96, 128, F::automatic, true}};
   if (std::getenv("LADLE_UPDATE_BWD_FORM")) WARN("LADLE_UPDATE_BWD_FORM is set: it overrides the options this test checks");
   for (const Case& c : cases) {
     INFO(c.variant->name << " " << ladle::dtype_name(c.type) << " T " << c.T << " K " << c.K << " form " << static_cast<int>(c.form));
     const std::int64_t H = 2, V = 32;
     Tensor q(c.type, {1, c.T, H, c.K}, 0.5f), k(c.type, {1, c.T, H, c.K}, 0.5f), v(c.type, {1, c.T, H, V}, 0.5f);
-    Tensor g(DType::f32, {1, c.T, H}, -0.1f), beta(c.type, {1, c.T, H}, 0.5f), gk(DType::f32, {1, c.T, H, c.K}, -0.1f);
+    Tensor g(DType::f32, {1, c.T, H}, -0.1f), beta(c.type, {1, c.T, H}, 0.5f), gk(DType::f32, {1, c.T, H, c.K}, -0.1f), u(DType::f32, {H, c.K}, 0.1f);
     ladle::VariantInputs inputs;
     for (const ir::Input& in : c.variant->inputs) {
       if (in.role != ir::Role::other) continue;  // q, k and v
       if (in.kind == ir::InputKind::scalar) inputs.scalars.emplace(in.name, 0.125f);
       else if (in.name == "beta") inputs.tensors.emplace(in.name, beta.view());
       else if (in.kind == ir::InputKind::token_key) inputs.tensors.emplace(in.name, gk.view());
+      else if (in.kind == ir::InputKind::head_key) inputs.tensors.emplace(in.name, u.view());
       else inputs.tensors.emplace(in.name, g.view());
     }
     ladle::RunOptions options;
