@@ -23,6 +23,19 @@
 #define LADLE_WY_C 64          // tokens a chunk
 #define LADLE_WY_VS 64         // value columns a block of the states and gradient kernels
 #define LADLE_WY_LOG_FLOOR (-110.0f) // a log decay below counts as this one (exp: 0 in fp32; a hard reset's -inf included)
+#define LADLE_WY_SPAN 60.0f          // a per-feature decay's diagonal block on the tensor cores where its log decay spans at most this
+
+// A per-feature decay's span over each 16-token block, max over f of g_(16I, f) - g_(16I + 15, f), into
+// out[I] (a warp a block); g [C][ldg] cumulative. The caller synchronises.
+template <int C, int KP>
+__device__ __forceinline__ void ladle_wy_spans(const float* g, int ldg, float* out) {
+  const int lane = threadIdx.x & 31, I = threadIdx.x >> 5;
+  if (I >= C / 16) return;
+  float d = 0.0f;
+  for (int f = lane; f < KP; f += 32) d = fmaxf(d, g[16 * I * ldg + f] - g[(16 * I + 15) * ldg + f]);
+  for (int off = 16; off > 0; off >>= 1) d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, off));
+  if (lane == 0) out[I] = d;
+}
 
 // The form's constants and each kernel's shared memory in bytes (update_backward.cpp's wy_launches
 // mirrors them). KP key rows (64 or 128); GN: g's floats a token in the work arrays.
@@ -322,17 +335,46 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
     __syncthreads();
   }
 
-  // The same per feature: the diagonal 16 x 16 blocks element by element, zero above them; below
-  // them, for each column block J, q and k of the rows after it against rho = J's last row
-  // (q e^(g - g_rho), at most 1) times kr (k e^(g_rho - g), at most 1) on the tensor cores.
+  // The same per feature. The diagonal 16 x 16 blocks whose decay spans at most LADLE_WY_SPAN on the
+  // tensor cores: q and k times e^(g - g_rho) (at least 1, at most e^span; rho the block's last row)
+  // against kr; the others element by element; zero above them. Below them, for each column block J,
+  // q and k of the rows after it against rho = J's last row (q e^(g - g_rho), at most 1) times kr
+  // (k e^(g_rho - g), at most 1) on the tensor cores.
   __device__ __forceinline__ void scores_key() {
     unsigned short* const m = work.m + q * C * C;
+    unsigned short *const qj = rb, *const kj = rb + C * LK;
+    float* const span = gs;  // the head decay's, unused here
+    ladle_wy_spans<C, KP>(gk, LG, span);
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * KP / 2; e += blockDim.x) {
+      const int t = e / (KP / 2), f = 2 * (e % (KP / 2)), rho = t | 15;
+      const bool fits = span[t / 16] <= LADLE_WY_SPAN;
+      const float w0 = fits ? expf(gk[t * LG + f] - gk[rho * LG + f]) : 0.0f, w1 = fits ? expf(gk[t * LG + f + 1] - gk[rho * LG + f + 1]) : 0.0f;
+      *reinterpret_cast<unsigned*>(qj + t * LK + f) = ladle_pack_bf16(w0 * ladle_bf16_float(qb[t * LK + f]), w1 * ladle_bf16_float(qb[t * LK + f + 1]));
+      *reinterpret_cast<unsigned*>(kj + t * LK + f) = ladle_pack_bf16(w0 * ladle_bf16_float(kb[t * LK + f]), w1 * ladle_bf16_float(kb[t * LK + f + 1]));
+    }
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
       const int t = e / C, s = e % C;
       if (s / 16 > t / 16) m[t * C + s] = 0, lf[t * LC + s] = 0.0f;
     }
+    __syncthreads();
+    if (const int I = threadIdx.x >> 5; I < C / 16 && span[I] <= LADLE_WY_SPAN) {
+      const int n0 = 16 * I < C - 32 ? 16 * I : C - 32;
+      LadleTileAcc acc, gram;
+      ladle_tile_zero(acc);
+      ladle_tile_zero(gram);
+      ladle_tile_mma<false, false>(acc, qj, LK, kr, LK, 16 * I, n0, KP);
+      ladle_tile_mma<false, false>(gram, kj, LK, kr, LK, 16 * I, n0, KP);
+      ladle_tile_each_pair(acc, 16 * I, n0, [&](int i, int j, float x, float y) {
+        if (j >= 16 * I && j < 16 * I + 16) *reinterpret_cast<unsigned*>(m + i * C + j) = ladle_pack_bf16(i >= j ? x : 0.0f, i >= j + 1 ? y : 0.0f);
+      });
+      ladle_tile_each(gram, 16 * I, n0, [&](int i, int j, float x) {
+        if (j >= 16 * I && j < 16 * I + 16) lf[i * LC + j] = i > j ? bs[i] * x : 0.0f;
+      });
+    }
     for (int e = threadIdx.x; e < C * 16; e += blockDim.x) {
       const int t = 16 * (e / 256) + (e % 256) / 16, s = 16 * (e / 256) + e % 16;
+      if (span[t / 16] <= LADLE_WY_SPAN) continue;
       float mq = 0.0f, mk = 0.0f;
       if (s <= t)
         for (int f = 0; f < KP; ++f) {
@@ -342,7 +384,7 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
       m[t * C + s] = ladle_bf16_bits(mq);
       lf[t * LC + s] = s < t ? bs[t] * mk : 0.0f;
     }
-    unsigned short *const qj = rb, *const kj = rb + C * LK;
+    __syncthreads();
     for (int J = 0; J < C / 16 - 1; ++J) {
       const int rho = 16 * J + 15;
       for (int e = threadIdx.x; e < C * KP / 2; e += blockDim.x) {

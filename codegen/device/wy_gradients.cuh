@@ -159,6 +159,35 @@ struct LadleWyBlock : LadleWyShape<KP, FORM> {
     ladle_wy_fetch(b.v, LT, work.vv + q * C * VP + j0, VP, C, VS);
     ladle_cp_async_commit();
   }
+  // The diagonal block's part of a key decay's lower or upper product (ladle_wy_lower's and _upper's
+  // other half) where the block's decay spans at most LADLE_WY_SPAN (dg[I]: the spans), on the
+  // tensor cores: LOWER from kr (k e^(g_rho - g)), then times e^(g_t - g_rho); else from ct (c e^(g -
+  // g_lambda), lambda the block's first row), then times e^(g_lambda - g_s). Past the span element by
+  // element from b (w: weights per t, or null).
+  template <bool LOWER>
+  __device__ __forceinline__ void diagonal(LadleTileAcc& out, const unsigned short* X, const unsigned short* scaled_tile, const unsigned short* b,
+                                           const float* w, int m0, int n0) const {
+    const int I = m0 / 16;
+    if (dg[I] > LADLE_WY_SPAN) {
+      ladle_wy_diagonal<LOWER>(out, X, LT, b, LK, gk, LG, w, m0, n0);
+      return;
+    }
+    LadleTileAcc acc;
+    ladle_tile_zero(acc);
+    if (LOWER) ladle_tile_mma<false, true>(acc, X + 16 * I, LT, scaled_tile + 16 * I * LK, LK, m0, n0, 16);
+    else ladle_tile_mma<true, true>(acc, X + 16 * I * LT, LT, scaled_tile + 16 * I * LK, LK, m0, n0, 16);
+    const int ref = LOWER ? 16 * I + 15 : 16 * I;
+    LADLE_UNROLL
+    for (int h = 0; h < 2; ++h)
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int r = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
+          const float d = gk[r * LG + f] - gk[ref * LG + f];
+          out[j][2 * h + e] += acc[j][2 * h + e] * expf(LOWER ? d : -d);
+        }
+  }
   // A key decay's tile dst [C][LK] = khat or qhat (src) times beta (by_beta) and e^(sign (g_t - g_ref(t))),
   // ref(t) a row (or -1: g_ref = 0); then a barrier.
   template <class Ref>
@@ -318,6 +347,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
     if (key) {
       ladle_cp_async_wait<0>();
       __syncthreads();
+      ladle_wy_spans<C, KP>(gk, LG, dg);  // dg: the head decay's, unused here
       scaled(kr, kb, false, -1.0f, [](int t) { return t | 15; });
     } else {
       __syncthreads();
@@ -328,7 +358,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
       LadleTileAcc local;
       if (key) {
         ladle_wy_lower<C>(local, dmb, LT, kr, LK, gk, LG, m0, n0);
-        ladle_wy_diagonal<true>(local, dmb, LT, kb, LK, gk, LG, nullptr, m0, n0);
+        this->template diagonal<true>(local, dmb, kr, kb, nullptr, m0, n0);
       } else {
         ladle_tile_zero(local);
         ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
@@ -510,11 +540,11 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
       const int m0 = km(i), n0 = kn(i);
       LadleTileAcc local, wy, a, b;  // (dM . Gamma)^T Q, T^T dW, (dL . Gamma) K, (dL . Gamma)^T (beta K)
       ladle_wy_upper<C>(local, dmb, LT, ql, LK, gk, LG, m0, n0);
-      ladle_wy_diagonal<false>(local, dmb, LT, qb, LK, gk, LG, nullptr, m0, n0);
+      this->template diagonal<false>(local, dmb, ql, qb, nullptr, m0, n0);
       ladle_wy_lower<C>(a, dsb, LT, kr, LK, gk, LG, m0, n0);
-      ladle_wy_diagonal<true>(a, dsb, LT, kb, LK, gk, LG, nullptr, m0, n0);
+      this->template diagonal<true>(a, dsb, kr, kb, nullptr, m0, n0);
       ladle_wy_upper<C>(b, dsb, LT, bkl, LK, gk, LG, m0, n0);
-      ladle_wy_diagonal<false>(b, dsb, LT, kb, LK, gk, LG, bs, m0, n0);
+      this->template diagonal<false>(b, dsb, bkl, kb, bs, m0, n0);
       ladle_tile_zero(wy);
       ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
       float wrows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
