@@ -12,7 +12,11 @@
 //   upper: out_sf = sum_(t >= 16 floor(s / 16) + 16) X_ts c_tf e^(g_tf - g_sf), from ct = c e^(g - g_lambda)
 //          (lambda: the first row of each row's block), blocks I from the last down.
 // Every factor is at most 1, so no decay, however strong, overflows. Then the diagonal blocks, element
-// by element from the unscaled tiles (w: a weight per t, or null).
+// by element from the unscaled tiles (w: a weight per t, or null): there the products for dq and for
+// dk (whose q . dq - k . dk sum in d log a cancels over the block) take the same rounded operands, so
+// that the gate's gradients keep their precision. (On the tensor cores with scaled copies, as prepare
+// forms M and L, each side took its own rounding: KDA's d A_log and d dt_bias, sums of d log a over
+// every token, went from within 1.5e-2 to 7.6e-2 and 1.0e-1 of the fp64 reference.)
 template <int C>
 __device__ __forceinline__ void ladle_wy_lower(LadleTileAcc& out, const unsigned short* X, int ldx, const unsigned short* bt, int ldb,
                                                const float* g, int ldg, int m0, int n0) {
@@ -92,8 +96,8 @@ __device__ __forceinline__ void ladle_wy_diagonal(LadleTileAcc& out, const unsig
         const unsigned pair = *reinterpret_cast<const unsigned*>(b + o * ldb + f);
         const float b0 = ladle_bf16_float(static_cast<unsigned short>(pair & 0xffffu)), b1 = ladle_bf16_float(static_cast<unsigned short>(pair >> 16));
         const float g0 = g[o * ldg + f], g1 = g[o * ldg + f + 1];
-        out[j][2 * h] += x * b0 * (LOWER ? expf(own[j][0] - g0) : expf(g0 - own[j][0]));
-        out[j][2 * h + 1] += x * b1 * (LOWER ? expf(own[j][1] - g1) : expf(g1 - own[j][1]));
+        out[j][2 * h] += x * b0 * __expf(LOWER ? own[j][0] - g0 : g0 - own[j][0]);
+        out[j][2 * h + 1] += x * b1 * __expf(LOWER ? own[j][1] - g1 : g1 - own[j][1]);
       }
     }
   }
@@ -158,35 +162,6 @@ struct LadleWyBlock : LadleWyShape<KP, FORM> {
     ladle_wy_fetch(b.dO, LT, work.dov + q * C * VP + j0, VP, C, VS);
     ladle_wy_fetch(b.v, LT, work.vv + q * C * VP + j0, VP, C, VS);
     ladle_cp_async_commit();
-  }
-  // The diagonal block's part of a key decay's lower or upper product (ladle_wy_lower's and _upper's
-  // other half) where the block's decay spans at most LADLE_WY_SPAN (dg[I]: the spans), on the
-  // tensor cores: LOWER from kr (k e^(g_rho - g)), then times e^(g_t - g_rho); else from ct (c e^(g -
-  // g_lambda), lambda the block's first row), then times e^(g_lambda - g_s). Past the span element by
-  // element from b (w: weights per t, or null).
-  template <bool LOWER>
-  __device__ __forceinline__ void diagonal(LadleTileAcc& out, const unsigned short* X, const unsigned short* scaled_tile, const unsigned short* b,
-                                           const float* w, int m0, int n0) const {
-    const int I = m0 / 16;
-    if (dg[I] > LADLE_WY_SPAN) {
-      ladle_wy_diagonal<LOWER>(out, X, LT, b, LK, gk, LG, w, m0, n0);
-      return;
-    }
-    LadleTileAcc acc;
-    ladle_tile_zero(acc);
-    if (LOWER) ladle_tile_mma<false, true>(acc, X + 16 * I, LT, scaled_tile + 16 * I * LK, LK, m0, n0, 16);
-    else ladle_tile_mma<true, true>(acc, X + 16 * I * LT, LT, scaled_tile + 16 * I * LK, LK, m0, n0, 16);
-    const int ref = LOWER ? 16 * I + 15 : 16 * I;
-    LADLE_UNROLL
-    for (int h = 0; h < 2; ++h)
-      LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
-        LADLE_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int r = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
-          const float d = gk[r * LG + f] - gk[ref * LG + f];
-          out[j][2 * h + e] += acc[j][2 * h + e] * expf(LOWER ? d : -d);
-        }
   }
   // A key decay's tile dst [C][LK] = khat or qhat (src) times beta (by_beta) and e^(sign (g_t - g_ref(t))),
   // ref(t) a row (or -1: g_ref = 0); then a barrier.
@@ -347,7 +322,6 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
     if (key) {
       ladle_cp_async_wait<0>();
       __syncthreads();
-      ladle_wy_spans<C, KP>(gk, LG, dg);  // dg: the head decay's, unused here
       scaled(kr, kb, false, -1.0f, [](int t) { return t | 15; });
     } else {
       __syncthreads();
@@ -358,7 +332,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
       LadleTileAcc local;
       if (key) {
         ladle_wy_lower<C>(local, dmb, LT, kr, LK, gk, LG, m0, n0);
-        this->template diagonal<true>(local, dmb, kr, kb, nullptr, m0, n0);
+        ladle_wy_diagonal<true>(local, dmb, LT, kb, LK, gk, LG, nullptr, m0, n0);
       } else {
         ladle_tile_zero(local);
         ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
@@ -540,11 +514,11 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
       const int m0 = km(i), n0 = kn(i);
       LadleTileAcc local, wy, a, b;  // (dM . Gamma)^T Q, T^T dW, (dL . Gamma) K, (dL . Gamma)^T (beta K)
       ladle_wy_upper<C>(local, dmb, LT, ql, LK, gk, LG, m0, n0);
-      this->template diagonal<false>(local, dmb, ql, qb, nullptr, m0, n0);
+      ladle_wy_diagonal<false>(local, dmb, LT, qb, LK, gk, LG, nullptr, m0, n0);
       ladle_wy_lower<C>(a, dsb, LT, kr, LK, gk, LG, m0, n0);
-      this->template diagonal<true>(a, dsb, kr, kb, nullptr, m0, n0);
+      ladle_wy_diagonal<true>(a, dsb, LT, kb, LK, gk, LG, nullptr, m0, n0);
       ladle_wy_upper<C>(b, dsb, LT, bkl, LK, gk, LG, m0, n0);
-      this->template diagonal<false>(b, dsb, bkl, kb, bs, m0, n0);
+      ladle_wy_diagonal<false>(b, dsb, LT, kb, LK, gk, LG, bs, m0, n0);
       ladle_tile_zero(wy);
       ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
       float wrows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
