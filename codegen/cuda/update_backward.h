@@ -36,7 +36,9 @@
 //                          the finish kernel takes no sum; a key decay's d log a [rows,K] as the
 //                          recurrent form's), every token of a sequence; nothing atomic.
 // A per-feature decay's products carry a reference per 16-token block (every factor at most 1, so
-// strong decays and hard resets stay exact); its diagonal blocks are summed element by element.
+// strong decays and hard resets stay exact); its diagonal blocks run on the tensor cores in prepare
+// where the block's log decay spans at most 60, else (and always in the gradients kernel) element by
+// element.
 // The products take bf16 operands with fp32 accumulators (fla's precision); the state, T and the
 // gate and strength gradients' sums are fp32. A log decay below -110 counts as -110 (exp: 0 in fp32).
 //
