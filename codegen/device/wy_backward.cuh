@@ -25,6 +25,10 @@
 #define LADLE_WY_LOG_FLOOR (-110.0f) // a log decay below counts as this one (exp: 0 in fp32; a hard reset's -inf included)
 #define LADLE_WY_SPAN 60.0f          // a per-feature decay's diagonal block on the tensor cores where its log decay spans at most this
 
+// e^x as 2^(x log2 e) on the special function unit (ex2.approx.ftz: 2 ulp; below 2^-126, 0): the
+// decays' factors, differences of cumulative log decays.
+__device__ __forceinline__ float ladle_wy_exp(float x) { return ladle_exp2(1.4426950408889634f * x); }
+
 // A per-feature decay's span over each 16-token block, max over f of g_(16I, f) - g_(16I + 15, f), into
 // out[I] (a warp a block); g [C][ldg] cumulative. The caller synchronises.
 template <int C, int KP>
@@ -250,11 +254,16 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
         gs[t] = live && head ? fmaxf(p.log_h[r], LADLE_WY_LOG_FLOOR) : 0.0f;
       }
     }
-    if (key)
-      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) {
-        const int t = e / KP, f = e % KP;
-        gk[t * LG + f] = t < L && f < K ? fmaxf(p.log_a[seq.row(s0 + t) * K + f], LADLE_WY_LOG_FLOOR) : 0.0f;
+    if (key) {  // four features a thread at a time, the loads in flight together
+      LADLE_UNROLL_8
+      for (int e = threadIdx.x; e < C * KP / 4; e += blockDim.x) {
+        const int t = e / (KP / 4), f = 4 * (e % (KP / 4));
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (t < L && f < K) ladle_wy_load4(x, p.log_a + seq.row(s0 + t) * K, f, K);
+        LADLE_UNROLL
+        for (int u = 0; u < 4; ++u) gk[t * LG + f + u] = fmaxf(x[u], LADLE_WY_LOG_FLOOR);  // 0 past K and past the tokens
       }
+    }
     __syncthreads();
     if (key) {
       if (threadIdx.x < KP) {
@@ -299,15 +308,15 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
         float eg[4], ed[4], er[4];
         LADLE_UNROLL
         for (int u = 0; u < 4; ++u)
-          eg[u] = expf(g[u]), ed[u] = expf(gk[(C - 1) * LG + f + u] - g[u]), er[u] = expf(gk[(t | 15) * LG + f + u] - g[u]);
+          eg[u] = ladle_wy_exp(g[u]), ed[u] = ladle_wy_exp(gk[(C - 1) * LG + f + u] - g[u]), er[u] = ladle_wy_exp(gk[(t | 15) * LG + f + u] - g[u]);
         ladle_wy_put4s(kgb + t * LK + f, y, bs[t] * krn[t], eg);
         ladle_wy_put4s(kr + t * LK + f, y, krn[t], er);
         ladle_wy_put4s(work.kd + at, y, krn[t], ed);
         ladle_wy_put4s(work.qg + at, x, qsc[t], eg);
       } else {
-        const float eg = expf(gs[t]);
+        const float eg = ladle_wy_exp(gs[t]);
         ladle_wy_put4(kgb + t * LK + f, y, bs[t] * eg * krn[t]);
-        ladle_wy_put4(work.kd + at, y, expf(last - gs[t]) * krn[t]);
+        ladle_wy_put4(work.kd + at, y, ladle_wy_exp(last - gs[t]) * krn[t]);
         ladle_wy_put4(work.qg + at, x, eg * qsc[t]);
       }
     });
@@ -328,9 +337,9 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
       ladle_tile_mma<false, false>(gram, kb, LK, kb, LK, m0, n0, KP);
       ladle_tile_each_pair(acc, m0, n0, [&](int i, int j, float x, float y) {
         *reinterpret_cast<unsigned*>(work.m + q * C * C + i * C + j) =
-            ladle_pack_bf16(i >= j ? expf(gs[i] - gs[j]) * x : 0.0f, i >= j + 1 ? expf(gs[i] - gs[j + 1]) * y : 0.0f);
+            ladle_pack_bf16(i >= j ? ladle_wy_exp(gs[i] - gs[j]) * x : 0.0f, i >= j + 1 ? ladle_wy_exp(gs[i] - gs[j + 1]) * y : 0.0f);
       });
-      ladle_tile_each(gram, m0, n0, [&](int i, int j, float x) { lf[i * LC + j] = i > j ? bs[i] * expf(gs[i] - gs[j]) * x : 0.0f; });
+      ladle_tile_each(gram, m0, n0, [&](int i, int j, float x) { lf[i * LC + j] = i > j ? bs[i] * ladle_wy_exp(gs[i] - gs[j]) * x : 0.0f; });
     });
     __syncthreads();
   }
@@ -349,7 +358,7 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
     for (int e = threadIdx.x; e < C * KP / 2; e += blockDim.x) {
       const int t = e / (KP / 2), f = 2 * (e % (KP / 2)), rho = t | 15;
       const bool fits = span[t / 16] <= LADLE_WY_SPAN;
-      const float w0 = fits ? expf(gk[t * LG + f] - gk[rho * LG + f]) : 0.0f, w1 = fits ? expf(gk[t * LG + f + 1] - gk[rho * LG + f + 1]) : 0.0f;
+      const float w0 = fits ? ladle_wy_exp(gk[t * LG + f] - gk[rho * LG + f]) : 0.0f, w1 = fits ? ladle_wy_exp(gk[t * LG + f + 1] - gk[rho * LG + f + 1]) : 0.0f;
       *reinterpret_cast<unsigned*>(qj + t * LK + f) = ladle_pack_bf16(w0 * ladle_bf16_float(qb[t * LK + f]), w1 * ladle_bf16_float(qb[t * LK + f + 1]));
       *reinterpret_cast<unsigned*>(kj + t * LK + f) = ladle_pack_bf16(w0 * ladle_bf16_float(kb[t * LK + f]), w1 * ladle_bf16_float(kb[t * LK + f + 1]));
     }
@@ -378,7 +387,7 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
       float mq = 0.0f, mk = 0.0f;
       if (s <= t)
         for (int f = 0; f < KP; ++f) {
-          const float w = expf(gk[t * LG + f] - gk[s * LG + f]) * ladle_bf16_float(kb[s * LK + f]);
+          const float w = ladle_wy_exp(gk[t * LG + f] - gk[s * LG + f]) * ladle_bf16_float(kb[s * LK + f]);
           mq += ladle_bf16_float(qb[t * LK + f]) * w, mk += ladle_bf16_float(kb[t * LK + f]) * w;
         }
       m[t * C + s] = ladle_bf16_bits(mq);
@@ -389,8 +398,8 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
       const int rho = 16 * J + 15;
       for (int e = threadIdx.x; e < C * KP / 2; e += blockDim.x) {
         const int t = e / (KP / 2), f = 2 * (e % (KP / 2));
-        const float w0 = t > rho ? expf(gk[t * LG + f] - gk[rho * LG + f]) : 0.0f;
-        const float w1 = t > rho ? expf(gk[t * LG + f + 1] - gk[rho * LG + f + 1]) : 0.0f;
+        const float w0 = t > rho ? ladle_wy_exp(gk[t * LG + f] - gk[rho * LG + f]) : 0.0f;
+        const float w1 = t > rho ? ladle_wy_exp(gk[t * LG + f + 1] - gk[rho * LG + f + 1]) : 0.0f;
         *reinterpret_cast<unsigned*>(qj + t * LK + f) =
             ladle_pack_bf16(w0 * ladle_bf16_float(qb[t * LK + f]), w1 * ladle_bf16_float(qb[t * LK + f + 1]));
         *reinterpret_cast<unsigned*>(kj + t * LK + f) =
@@ -518,8 +527,8 @@ struct LadleWyStates : LadleWyShape<KP, FORM> {
       __syncthreads();
       const Stage s = stage(k);
       const long long q = static_cast<long long>(nh) * p.C + chunk_of(k);
-      const float head_decay = key ? 0.0f : expf(s.g[C - 1]);
-      const auto decay = [&](int f) { return key ? expf(s.g[f]) : head_decay; };
+      const float head_decay = key ? 0.0f : ladle_wy_exp(s.g[C - 1]);
+      const auto decay = [&](int f) { return key ? ladle_wy_exp(s.g[f]) : head_decay; };
       for (int e = threadIdx.x; e < KP * VS / 2; e += blockDim.x) {  // S or dS in bf16, and into h or dh
         const int f = (2 * e) / VS, j = (2 * e) % VS;
         *reinterpret_cast<unsigned*>(sb + f * LT + j) = ladle_pack_bf16(sf[f * LS + j], sf[f * LS + j + 1]);

@@ -29,7 +29,7 @@ __device__ __forceinline__ void ladle_wy_lower(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int f = n0 + 8 * j + col2 + e;
-          const float w = expf(g[(16 * J + 15) * ldg + f] - g[(16 * J - 1) * ldg + f]);
+          const float w = ladle_wy_exp(g[(16 * J + 15) * ldg + f] - g[(16 * J - 1) * ldg + f]);
           out[j][e] *= w, out[j][2 + e] *= w;
         }
     ladle_tile_mma<false, true>(out, X + 16 * J, ldx, bt + 16 * J * ldb, ldb, m0, n0, 16);
@@ -42,7 +42,7 @@ __device__ __forceinline__ void ladle_wy_lower(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int t = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
-          out[j][2 * h + e] *= expf(g[t * ldg + f] - g[(16 * I - 1) * ldg + f]);
+          out[j][2 * h + e] *= ladle_wy_exp(g[t * ldg + f] - g[(16 * I - 1) * ldg + f]);
         }
 }
 
@@ -58,7 +58,7 @@ __device__ __forceinline__ void ladle_wy_upper(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int f = n0 + 8 * j + col2 + e;
-          const float w = expf(g[(16 * I + 16) * ldg + f] - g[16 * I * ldg + f]);
+          const float w = ladle_wy_exp(g[(16 * I + 16) * ldg + f] - g[16 * I * ldg + f]);
           out[j][e] *= w, out[j][2 + e] *= w;
         }
     ladle_tile_mma<true, true>(out, X + 16 * I * ldx, ldx, ct + 16 * I * ldc, ldc, m0, n0, 16);
@@ -71,7 +71,7 @@ __device__ __forceinline__ void ladle_wy_upper(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int s = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
-          out[j][2 * h + e] *= expf(g[(16 * J + 16) * ldg + f] - g[s * ldg + f]);
+          out[j][2 * h + e] *= ladle_wy_exp(g[(16 * J + 16) * ldg + f] - g[s * ldg + f]);
         }
 }
 
@@ -96,8 +96,8 @@ __device__ __forceinline__ void ladle_wy_diagonal(LadleTileAcc& out, const unsig
         const unsigned pair = *reinterpret_cast<const unsigned*>(b + o * ldb + f);
         const float b0 = ladle_bf16_float(static_cast<unsigned short>(pair & 0xffffu)), b1 = ladle_bf16_float(static_cast<unsigned short>(pair >> 16));
         const float g0 = g[o * ldg + f], g1 = g[o * ldg + f + 1];
-        out[j][2 * h] += x * b0 * __expf(LOWER ? own[j][0] - g0 : g0 - own[j][0]);
-        out[j][2 * h + 1] += x * b1 * __expf(LOWER ? own[j][1] - g1 : g1 - own[j][1]);
+        out[j][2 * h] += x * b0 * ladle_wy_exp(LOWER ? own[j][0] - g0 : g0 - own[j][0]);
+        out[j][2 * h + 1] += x * b1 * ladle_wy_exp(LOWER ? own[j][1] - g1 : g1 - own[j][1]);
       }
     }
   }
@@ -170,8 +170,8 @@ struct LadleWyBlock : LadleWyShape<KP, FORM> {
     for (int e = threadIdx.x; e < C * KP / 2; e += blockDim.x) {
       const int t = e / (KP / 2), f = 2 * (e % (KP / 2)), r = ref(t);
       const float b = by_beta ? bs[t] : 1.0f, r0 = r < 0 ? 0.0f : gk[r * LG + f], r1 = r < 0 ? 0.0f : gk[r * LG + f + 1];
-      *reinterpret_cast<unsigned*>(dst + t * LK + f) = ladle_pack_bf16(b * ladle_bf16_float(src[t * LK + f]) * expf(sign * (gk[t * LG + f] - r0)),
-                                                                       b * ladle_bf16_float(src[t * LK + f + 1]) * expf(sign * (gk[t * LG + f + 1] - r1)));
+      *reinterpret_cast<unsigned*>(dst + t * LK + f) = ladle_pack_bf16(b * ladle_bf16_float(src[t * LK + f]) * ladle_wy_exp(sign * (gk[t * LG + f] - r0)),
+                                                                       b * ladle_bf16_float(src[t * LK + f + 1]) * ladle_wy_exp(sign * (gk[t * LG + f + 1] - r1)));
     }
     __syncthreads();
   }
@@ -265,7 +265,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
           part += ladle_bf16_float(sl.dh[f * LT + j]) * ladle_bf16_float(sl.h[f * LT + j]);
         }
         for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-        if (l == 0) atomicAdd(dlast, expf(gs[C - 1]) * part);
+        if (l == 0) atomicAdd(dlast, ladle_wy_exp(gs[C - 1]) * part);
       }
       __syncthreads();  // slice n's space is the next fetch's (and, after the last, dW's and the C x C tiles')
     }
@@ -290,7 +290,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
         float d[2];
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
-          d[e] = i >= s + e ? (head ? expf(gi - gs[s + e]) : 1.0f) * dm[j][2 * h + e] : 0.0f;
+          d[e] = i >= s + e ? (head ? ladle_wy_exp(gi - gs[s + e]) : 1.0f) * dm[j][2 * h + e] : 0.0f;
           if (head) {
             const float t = d[e] * qk[j][2 * h + e];
             rows[h] += t, cols[j][e] -= t;
@@ -341,7 +341,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
       LADLE_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int r = m0 + row8 + 8 * h;
-        const float eg = key ? 0.0f : expf(gs[r]);
+        const float eg = key ? 0.0f : ladle_wy_exp(gs[r]);
         float* const out = p.gq + seq.row(s0 + (r < L ? r : 0)) * K;
         LADLE_UNROLL
         for (int j = 0; j < 4; ++j) {
@@ -349,7 +349,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
           float d[2];
           LADLE_UNROLL
           for (int e = 0; e < 2; ++e) {
-            const float x = (key ? expf(gk[r * LG + f + e]) : eg) * dqs[i][j][2 * h + e], qf = ladle_bf16_float(qb[r * LK + f + e]);
+            const float x = (key ? ladle_wy_exp(gk[r * LG + f + e]) : eg) * dqs[i][j][2 * h + e], qf = ladle_bf16_float(qb[r * LK + f + e]);
             if (head) rows[h] += x * qf;
             d[e] = x + local[j][2 * h + e];
             dgk[i][j][2 * h + e] = key ? qf * d[e] : 0.0f;
@@ -381,7 +381,7 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
       LADLE_UNROLL
       for (int j = 0; j < 4; ++j) {
         const int s = cn + 8 * j + col2;
-        const float b0 = bs[s], b1 = bs[s + 1], e0 = key ? 1.0f : expf(gs[s]), e1 = key ? 1.0f : expf(gs[s + 1]);
+        const float b0 = bs[s], b1 = bs[s + 1], e0 = key ? 1.0f : ladle_wy_exp(gs[s]), e1 = key ? 1.0f : ladle_wy_exp(gs[s + 1]);
         LADLE_UNROLL
         for (int h = 0; h < 2; ++h) {
           const int i = cm + row8 + 8 * h;
@@ -427,7 +427,7 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
             dsb[i * LT + s] = dsb[s * LT + i] = 0;
             continue;
           }
-          const float gamma = expf(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gram[j][2 * h + e];
+          const float gamma = ladle_wy_exp(gi - gs[s]), dl = -acc[j][2 * h + e], plain = dl * gamma * gram[j][2 * h + e];
           const unsigned short bits = ladle_bf16_bits(dl * bi * gamma);
           dsb[i * LT + s] = bits, dsb[s * LT + i] = bits;
           brows[h] += plain;
@@ -461,7 +461,7 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
       LADLE_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int r = m0 + row8 + 8 * h;
-        const float fwd = expf(last - gs[r]), eg = expf(gs[r]), bi = bs[r];
+        const float fwd = ladle_wy_exp(last - gs[r]), eg = ladle_wy_exp(gs[r]), bi = bs[r];
         float* const out = p.gk + seq.row(s0 + (r < L ? r : 0)) * K;
         LADLE_UNROLL
         for (int j = 0; j < 4; ++j) {
@@ -535,7 +535,7 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
           for (int e = 0; e < 2; ++e) {
             const int x = 2 * h + e;
             const float g = gk[r * LG + f + e], k = ladle_bf16_float(kb[r * LK + f + e]);
-            const float sx = expf(gk[(C - 1) * LG + f + e] - g) * dks[i][j][x], wx = expf(g) * wy[j][x];
+            const float sx = ladle_wy_exp(gk[(C - 1) * LG + f + e] - g) * dks[i][j][x], wx = ladle_wy_exp(g) * wy[j][x];
             d[e] = local[j][x] + sx + bi * (wx + a[j][x]) + b[j][x];
             dgk[i][j][x] += k * (bi * (wx + a[j][x]) - local[j][x] - sx - b[j][x]);
             wrows[h] += k * (wx + a[j][x]);
@@ -556,7 +556,7 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
       for (int t = threadIdx.x; t < L; t += blockDim.x) p.gbeta[seq.row(s0 + t)] = db[t];
     if (static_cast<int>(threadIdx.x) < K) {  // d g_C: e^(g_C) <dh, h> + sum_s khat_s . (e^(g_C - g_s) E dh^T)_s, at the last token
       const int f = threadIdx.x;
-      float run = gc[f] + expf(gk[(C - 1) * LG + f]) * dhh[f];
+      float run = gc[f] + ladle_wy_exp(gk[(C - 1) * LG + f]) * dhh[f];
       for (int t = L - 1; t >= 0; --t) {
         run += dgt[t * LG + f];
         p.ga[seq.row(s0 + t) * K + f] = run;
