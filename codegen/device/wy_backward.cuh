@@ -125,6 +125,15 @@ __device__ __forceinline__ void ladle_wy_store(unsigned short* dst, long long gs
   }
 }
 
+// *p through the read-only path on the GPU (a slot, not written during the kernel).
+__device__ __forceinline__ float ladle_wy_ld(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
 // x[u] = row[f + u] for f + u < n, else 0: one 16-byte load where n is a multiple of 4 and the row
 // aligned. Through the read-only path on the GPU (the slots are not written during the kernel), so
 // that the compiler may issue an unrolled loop's loads ahead of its stores.
@@ -236,41 +245,50 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
   // decay's tile by all threads. Then cumulative (the rows past the chunk's tokens keep its last).
   __device__ __forceinline__ void tokens() {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int t = warp; t < C; t += warps) {
-      float qq = 0.0f, kk = 0.0f;
-      const long long r = seq.row(s0 + (t < L ? t : 0));
-      if (t < L)
-        for (int f = lane; f < K; f += 32) {
-          const float x = p.qs[r * K + f], y = p.kf[r * K + f];
-          qq += x * x, kk += y * y;
-        }
-      for (int off = 16; off > 0; off >>= 1) qq += __shfl_xor_sync(0xffffffffu, qq, off), kk += __shfl_xor_sync(0xffffffffu, kk, off);
-      if (lane == 0) {
-        const bool live = t < L;
-        const float sc = scale_table ? (live ? p.scale_s[r] : 0.0f) : p.scale;
-        qsc[t] = live ? sc * (l2 ? rsqrtf(qq + p.eps) : 1.0f) : 0.0f;
-        krn[t] = live ? (l2 ? rsqrtf(kk + p.eps) : 1.0f) : 0.0f;
-        bs[t] = live ? (has_beta ? p.beta_s[r] : 1.0f) : 0.0f;
-        gs[t] = live && head ? fmaxf(p.log_h[r], LADLE_WY_LOG_FLOOR) : 0.0f;
-      }
-    }
-    if (key) {  // four features a thread at a time, the loads in flight together
+    // A key decay's tile: a thread a feature, its tokens' loads in flight together, summed as they
+    // arrive; the other warps meanwhile take the norms, four features a lane, eight tokens at a time.
+    if (key && static_cast<int>(threadIdx.x) < KP) {
+      const int f = threadIdx.x;
+      float run = 0.0f;
       LADLE_UNROLL_8
-      for (int e = threadIdx.x; e < C * KP / 4; e += blockDim.x) {
-        const int t = e / (KP / 4), f = 4 * (e % (KP / 4));
-        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (t < L && f < K) ladle_wy_load4(x, p.log_a + seq.row(s0 + t) * K, f, K);
-        LADLE_UNROLL
-        for (int u = 0; u < 4; ++u) gk[t * LG + f + u] = fmaxf(x[u], LADLE_WY_LOG_FLOOR);  // 0 past K and past the tokens
+      for (int t = 0; t < C; ++t) {
+        run += t < L && f < K ? fmaxf(ladle_wy_ld(p.log_a + seq.row(s0 + t) * K + f), LADLE_WY_LOG_FLOOR) : 0.0f;
+        gk[t * LG + f] = run;  // the rows past the chunk's tokens keep its last
       }
     }
-    __syncthreads();
-    if (key) {
-      if (threadIdx.x < KP) {
-        float run = 0.0f;
-        for (int t = 0; t < C; ++t) run += gk[t * LG + threadIdx.x], gk[t * LG + threadIdx.x] = run;
+    const int first = key ? KP / 32 : 0, norm_warps = warps - first;
+    if (warp >= first)
+      for (int t0 = warp - first; t0 < C; t0 += 8 * norm_warps) {
+        float qq[8], kk[8];
+        LADLE_UNROLL
+        for (int i = 0; i < 8; ++i) {
+          const int t = t0 + i * norm_warps;
+          float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          if (t < L && 4 * lane < K) {
+            const long long r = seq.row(s0 + t);
+            ladle_wy_load4(x, p.qs + r * K, 4 * lane, K);
+            ladle_wy_load4(y, p.kf + r * K, 4 * lane, K);
+          }
+          qq[i] = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3];
+          kk[i] = y[0] * y[0] + y[1] * y[1] + y[2] * y[2] + y[3] * y[3];
+        }
+        LADLE_UNROLL
+        for (int i = 0; i < 8; ++i) {
+          const int t = t0 + i * norm_warps;
+          for (int off = 16; off > 0; off >>= 1) qq[i] += __shfl_xor_sync(0xffffffffu, qq[i], off), kk[i] += __shfl_xor_sync(0xffffffffu, kk[i], off);
+          if (lane == 0 && t < C) {
+            const bool live = t < L;
+            const long long r = seq.row(s0 + (live ? t : 0));
+            const float sc = scale_table ? (live ? p.scale_s[r] : 0.0f) : p.scale;
+            qsc[t] = live ? sc * (l2 ? rsqrtf(qq[i] + p.eps) : 1.0f) : 0.0f;
+            krn[t] = live ? (l2 ? rsqrtf(kk[i] + p.eps) : 1.0f) : 0.0f;
+            bs[t] = live ? (has_beta ? p.beta_s[r] : 1.0f) : 0.0f;
+            gs[t] = live && head ? fmaxf(p.log_h[r], LADLE_WY_LOG_FLOOR) : 0.0f;
+          }
+        }
       }
-    } else if (threadIdx.x == 0) {
+    __syncthreads();
+    if (!key && threadIdx.x == 0) {
       float run = 0.0f;
       for (int t = 0; t < C; ++t) run += gs[t], gs[t] = run;
     }

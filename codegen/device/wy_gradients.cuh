@@ -226,7 +226,8 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
         ladle_tile_mma<false, false>(dws[i], sl.de, LT, sl.h, LT, km(i), kn(i), VS);
         ladle_tile_mma<false, false>(dks[i], sl.e, LT, sl.dh, LT, km(i), kn(i), VS);
       }
-      {  // dV_b = T^T dE: dv = beta dV_b, dbeta += v . dV_b (this warp's C x 64 tile of the slice)
+      {  // dV_b = T^T dE: dv = beta dV_b, dbeta += v . dV_b (this warp's C x 64 tile of the slice; v's
+         // bf16 copy, in shared memory already, as fla's products take it)
         LadleTileAcc acc;
         ladle_tile_zero(acc);
         ladle_tile_mma<true, true>(acc, tb, LT, sl.de, LT, cm, cn, C);
@@ -245,7 +246,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
               if (col < V) {
                 const float x = acc[j][2 * h + e];
                 p.gv[r * V + col] = b * x;
-                rows[h] += x * p.vf[r * V + col];
+                rows[h] += x * ladle_bf16_float(sl.v[i * LT + cn + 8 * j + col2 + e]);  // v from the slice (bf16)
               }
             }
         }
