@@ -241,24 +241,26 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
 
   __device__ __forceinline__ bool empty() const { return s0 >= seq.len; }
 
-  // A warp a token: the norms, the strength and a head decay (zero past the chunk's tokens); a key
-  // decay's tile by all threads. Then cumulative (the rows past the chunk's tokens keep its last).
+  // The norms, the strength and a head decay per token (zero past the chunk's tokens); a key decay's
+  // tile; then cumulative (the rows past the chunk's tokens keep its last).
   __device__ __forceinline__ void tokens() {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    // A key decay's tile: a thread a feature, its tokens' loads in flight together, summed as they
-    // arrive; the other warps meanwhile take the norms, four features a lane, eight tokens at a time.
-    if (key && static_cast<int>(threadIdx.x) < KP) {
-      const int f = threadIdx.x;
-      float run = 0.0f;
+    // A key decay's tile, four features a thread at a time with the loads in flight together; the
+    // norms, four features a lane, eight tokens a warp at a time. Then the tile summed over the tokens
+    // by a thread a feature, sixteen rows read before they are written.
+    if (key) {
       LADLE_UNROLL_8
-      for (int t = 0; t < C; ++t) {
-        run += t < L && f < K ? fmaxf(ladle_wy_ld(p.log_a + seq.row(s0 + t) * K + f), LADLE_WY_LOG_FLOOR) : 0.0f;
-        gk[t * LG + f] = run;  // the rows past the chunk's tokens keep its last
+      for (int e = threadIdx.x; e < C * KP / 4; e += blockDim.x) {
+        const int t = e / (KP / 4), f = 4 * (e % (KP / 4));
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (t < L && f < K) ladle_wy_load4(x, p.log_a + seq.row(s0 + t) * K, f, K);
+        LADLE_UNROLL
+        for (int u = 0; u < 4; ++u) gk[t * LG + f + u] = fmaxf(x[u], LADLE_WY_LOG_FLOOR);  // 0 past K and past the tokens
       }
     }
-    const int first = key ? KP / 32 : 0, norm_warps = warps - first;
-    if (warp >= first)
-      for (int t0 = warp - first; t0 < C; t0 += 8 * norm_warps) {
+    {
+      const int norm_warps = warps;
+      for (int t0 = warp; t0 < C; t0 += 8 * norm_warps) {
         float qq[8], kk[8];
         LADLE_UNROLL
         for (int i = 0; i < 8; ++i) {
@@ -287,8 +289,19 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
           }
         }
       }
+    }
     __syncthreads();
-    if (!key && threadIdx.x == 0) {
+    if (key && static_cast<int>(threadIdx.x) < KP) {
+      const int f = threadIdx.x;
+      float run = 0.0f;
+      for (int t0 = 0; t0 < C; t0 += 16) {
+        float x[16];
+        LADLE_UNROLL
+        for (int i = 0; i < 16; ++i) x[i] = gk[(t0 + i) * LG + f];
+        LADLE_UNROLL
+        for (int i = 0; i < 16; ++i) run += x[i], gk[(t0 + i) * LG + f] = run;
+      }
+    } else if (!key && threadIdx.x == 0) {
       float run = 0.0f;
       for (int t = 0; t < C; ++t) run += gs[t], gs[t] = run;
     }
