@@ -358,6 +358,16 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
     __syncthreads();
   }
 
+};
+
+// The prepare kernel's products: M and L (a head decay's or none, or per feature), then T, W and U.
+template <int KP, unsigned FORM>
+struct LadleWyScores : LadleWyPrepare<KP, FORM> {
+  using B = LadleWyPrepare<KP, FORM>;
+  using B::B, B::C, B::LK, B::LT, B::LC, B::LG, B::key;
+  using B::p, B::VP, B::LV, B::V, B::q, B::work, B::qb, B::kb, B::kgb, B::rb, B::tb, B::kr, B::lf, B::tf, B::gk, B::gs, B::bs;
+  using B::stage_rows;
+
   // M = (Q K^T . Gamma)_(t >= s) into the work array; L = tril(diag(beta) (K K^T . Gamma), -1).
   __device__ __forceinline__ void scores_head() {
     ladle_tiles(C, C, [&](int m0, int n0) {

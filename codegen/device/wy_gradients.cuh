@@ -569,10 +569,10 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
 // The three kernels' entry points (the generated kernels call them) and their shared memory.
 template <int KP, unsigned FORM>
 struct LadleWy : LadleWyShape<KP, FORM> {
-  // 1. prepare (grid: C, N H; 256 threads): LadleWyPrepare.
+  // 1. prepare (grid: C, N H; 256 threads): LadleWyPrepare, then LadleWyScores.
   static __device__ void prepare(const LadleUpdateArgs& p) {
     LADLE_DYNAMIC_SHARED(smem);
-    LadleWyPrepare<KP, FORM> block(p, smem);
+    LadleWyScores<KP, FORM> block(p, smem);
     if (block.empty()) return;
     block.tokens();
     block.stage();
