@@ -27,7 +27,8 @@
 
 // e^x as 2^(x log2 e) on the special function unit (ex2.approx.ftz: 2 ulp; below 2^-126, 0): the
 // decays' factors, differences of cumulative log decays.
-__device__ __forceinline__ float ladle_wy_exp(float x) { return ladle_exp2(1.4426950408889634f * x); }
+#define LADLE_WY_LOG2E 1.4426950408889634f
+__device__ __forceinline__ float ladle_wy_exp(float x) { return ladle_exp2(LADLE_WY_LOG2E * x); }
 
 // A per-feature decay's span over each 16-token block, max over f of g_(16I, f) - g_(16I + 15, f), into
 // out[I] (a warp a block); g [C][ldg] cumulative. The caller synchronises.
@@ -71,7 +72,7 @@ struct LadleWyShape {
 // the longest sequence) with KP key rows and VP = 64 ceil(V / 64) value columns, row-major per chunk,
 // bf16: qhat, khat, kd = e^(g_C - g) khat, qg = e^g qhat, W [C][KP]; U, E, dE, dO, v [C][VP]; h (the
 // state entering the chunk), dh (dL/d the state leaving it) [KP][VP]; M = (Q K^T . Gamma)_(t >= s),
-// T [C][C]; then g [C][GN] in fp32. update_backward_ckpt_floats mirrors it.
+// T [C][C]; then g [C][GN] in fp32 (a key decay's in log2 units, times log2 e). update_backward_ckpt_floats mirrors it.
 struct LadleWyWork {
   unsigned short *qh, *kh, *kd, *qg, *w, *u, *e, *de, *dov, *vv, *h, *dh, *m, *t;
   float* g;
@@ -352,7 +353,7 @@ struct LadleWyPrepare : LadleWyShape<KP, FORM> {
       }
     });
     if (key)
-      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) work.g[q * C * KP + e] = gk[(e / KP) * LG + e % KP];
+      for (int e = threadIdx.x; e < C * KP; e += blockDim.x) work.g[q * C * KP + e] = LADLE_WY_LOG2E * gk[(e / KP) * LG + e % KP];
     else if (threadIdx.x < C)
       work.g[q * C + threadIdx.x] = gs[threadIdx.x];
     __syncthreads();
@@ -569,7 +570,7 @@ struct LadleWyStates : LadleWyShape<KP, FORM> {
       const Stage s = stage(k);
       const long long q = static_cast<long long>(nh) * p.C + chunk_of(k);
       const float head_decay = key ? 0.0f : ladle_wy_exp(s.g[C - 1]);
-      const auto decay = [&](int f) { return key ? ladle_wy_exp(s.g[f]) : head_decay; };
+      const auto decay = [&](int f) { return key ? ladle_exp2(s.g[f]) : head_decay; };  // a key decay's g in log2 units
       for (int e = threadIdx.x; e < KP * VS / 2; e += blockDim.x) {  // S or dS in bf16, and into h or dh
         const int f = (2 * e) / VS, j = (2 * e) % VS;
         *reinterpret_cast<unsigned*>(sb + f * LT + j) = ladle_pack_bf16(sf[f * LS + j], sf[f * LS + j + 1]);

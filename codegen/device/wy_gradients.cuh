@@ -5,7 +5,8 @@
 
 // A per-feature decay's products of a C x C matrix X (bf16 [t][s], row stride ldx) with a C x KP
 // one, for the 16 x 32 tile (m0, n0) of the result (this lane's values as in block_mma.cuh), g the
-// cumulative log decays [C][ldg] (fp32). Below the diagonal blocks, on the tensor cores:
+// cumulative log decays [C][ldg] in log2 units (fp32; e^(g_t - g_s) = 2^(g2_t - g2_s)). Below the
+// diagonal blocks, on the tensor cores:
 //   lower: out_tf = sum_(s < 16 floor(t / 16)) X_ts b_sf e^(g_tf - g_sf), from bt = b e^(g_rho - g)
 //          (rho: the last row of each row's 16-token block), block by block J with the partial sum
 //          carried from J - 1's reference to J's (a factor e^(g_rhoJ - g_rho(J-1)) per column, at most 1);
@@ -29,7 +30,7 @@ __device__ __forceinline__ void ladle_wy_lower(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int f = n0 + 8 * j + col2 + e;
-          const float w = ladle_wy_exp(g[(16 * J + 15) * ldg + f] - g[(16 * J - 1) * ldg + f]);
+          const float w = ladle_exp2(g[(16 * J + 15) * ldg + f] - g[(16 * J - 1) * ldg + f]);
           out[j][e] *= w, out[j][2 + e] *= w;
         }
     ladle_tile_mma<false, true>(out, X + 16 * J, ldx, bt + 16 * J * ldb, ldb, m0, n0, 16);
@@ -42,7 +43,7 @@ __device__ __forceinline__ void ladle_wy_lower(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int t = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
-          out[j][2 * h + e] *= ladle_wy_exp(g[t * ldg + f] - g[(16 * I - 1) * ldg + f]);
+          out[j][2 * h + e] *= ladle_exp2(g[t * ldg + f] - g[(16 * I - 1) * ldg + f]);
         }
 }
 
@@ -58,7 +59,7 @@ __device__ __forceinline__ void ladle_wy_upper(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int f = n0 + 8 * j + col2 + e;
-          const float w = ladle_wy_exp(g[(16 * I + 16) * ldg + f] - g[16 * I * ldg + f]);
+          const float w = ladle_exp2(g[(16 * I + 16) * ldg + f] - g[16 * I * ldg + f]);
           out[j][e] *= w, out[j][2 + e] *= w;
         }
     ladle_tile_mma<true, true>(out, X + 16 * I * ldx, ldx, ct + 16 * I * ldc, ldc, m0, n0, 16);
@@ -71,33 +72,43 @@ __device__ __forceinline__ void ladle_wy_upper(LadleTileAcc& out, const unsigned
         LADLE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int s = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
-          out[j][2 * h + e] *= ladle_wy_exp(g[(16 * J + 16) * ldg + f] - g[s * ldg + f]);
+          out[j][2 * h + e] *= ladle_exp2(g[(16 * J + 16) * ldg + f] - g[s * ldg + f]);
         }
 }
 
-// out_tf += sum_(s in t's block, s <= t) X_ts b_sf e^(g_tf - g_sf) (LOWER), or
-// out_sf += sum_(t in s's block, t >= s) w_t X_ts b_tf e^(g_tf - g_sf) (else; w null: 1).
+// out_tf += sum_(s in t's block, s <= t) X_ts b_sf 2^(g_tf - g_sf) (LOWER), or
+// out_sf += sum_(t in s's block, t >= s) w_t X_ts b_tf 2^(g_tf - g_sf) (else; w null: 1); X is zero
+// outside those ranges (dM masked, dL strictly lower). The lane's two rows r0 and r1 = r0 + 8 share
+// one exponential an element: the row whose terms start later takes it as is, the other times
+// 2^(g_r1 - g_r0) (at most 1); exponents clamped at 0 where X is 0, so that nothing overflows.
 template <bool LOWER>
 __device__ __forceinline__ void ladle_wy_diagonal(LadleTileAcc& out, const unsigned short* X, int ldx, const unsigned short* b, int ldb,
                                                   const float* g, int ldg, const float* w, int m0, int n0) {
-  const int l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3);
+  const int l = threadIdx.x & 31, r0 = m0 + (l >> 2), r1 = r0 + 8, col2 = 2 * (l & 3);
+  float own0[4][2], own1[4][2], ratio[4][2];
   LADLE_UNROLL
-  for (int h = 0; h < 2; ++h) {
-    const int r = m0 + row8 + 8 * h;  // t (LOWER) or s
-    float own[4][2];
+  for (int j = 0; j < 4; ++j)
     LADLE_UNROLL
-    for (int j = 0; j < 4; ++j) own[j][0] = g[r * ldg + n0 + 8 * j + col2], own[j][1] = g[r * ldg + n0 + 8 * j + col2 + 1];
-    const int first = LOWER ? m0 : r, end = LOWER ? r + 1 : m0 + 16;
-    for (int o = first; o < end; ++o) {  // o: s (LOWER) or t
-      const float x = LOWER ? ladle_bf16_float(X[r * ldx + o]) : ladle_bf16_float(X[o * ldx + r]) * (w ? w[o] : 1.0f);
+    for (int e = 0; e < 2; ++e) {
+      const int f = n0 + 8 * j + col2 + e;
+      own0[j][e] = g[r0 * ldg + f], own1[j][e] = g[r1 * ldg + f], ratio[j][e] = ladle_exp2(own1[j][e] - own0[j][e]);
+    }
+  for (int o = m0; o < m0 + 16; ++o) {  // o: s (LOWER) or t
+    const bool second = LOWER ? o > r0 : o >= r1;  // the exponential is row r1's
+    const float wo = LOWER || !w ? 1.0f : w[o];
+    const float x0 = ladle_bf16_float(LOWER ? X[r0 * ldx + o] : X[o * ldx + r0]) * wo;
+    const float x1 = ladle_bf16_float(LOWER ? X[r1 * ldx + o] : X[o * ldx + r1]) * wo;
+    LADLE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int f = n0 + 8 * j + col2;
+      const unsigned pair = *reinterpret_cast<const unsigned*>(b + o * ldb + f);
+      const float bv[2] = {ladle_bf16_float(static_cast<unsigned short>(pair & 0xffffu)), ladle_bf16_float(static_cast<unsigned short>(pair >> 16))};
       LADLE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        const int f = n0 + 8 * j + col2;
-        const unsigned pair = *reinterpret_cast<const unsigned*>(b + o * ldb + f);
-        const float b0 = ladle_bf16_float(static_cast<unsigned short>(pair & 0xffffu)), b1 = ladle_bf16_float(static_cast<unsigned short>(pair >> 16));
-        const float g0 = g[o * ldg + f], g1 = g[o * ldg + f + 1];
-        out[j][2 * h] += x * b0 * ladle_wy_exp(LOWER ? own[j][0] - g0 : g0 - own[j][0]);
-        out[j][2 * h + 1] += x * b1 * ladle_wy_exp(LOWER ? own[j][1] - g1 : g1 - own[j][1]);
+      for (int e = 0; e < 2; ++e) {
+        const float go = g[o * ldg + f + e], ref = second ? own1[j][e] : own0[j][e];
+        const float be = bv[e] * ladle_exp2(fminf(LOWER ? ref - go : go - ref, 0.0f));
+        if (LOWER) out[j][e] += x0 * be, out[j][2 + e] += x1 * be * (second ? 1.0f : ratio[j][e]);
+        else out[j][2 + e] += x1 * be, out[j][e] += x0 * be * (second ? ratio[j][e] : 1.0f);
       }
     }
   }
@@ -125,7 +136,7 @@ struct LadleWyBlock : LadleWyShape<KP, FORM> {
   unsigned short *const qb, *const kb, *const tb, *const slices;  // qhat, khat [C][LK]; T [C][LT]; two slices
   // After the slices, in their space: dW [C][LK]; dM (. Gamma, a head decay's), dT, dT T^T, dL's
   // (D + D^T for a head decay) [C][LT]; a key decay's kr = khat e^(g_rho - g), ql = qhat e^(g - g_lambda)
-  // (first khat e^g), bkl = beta khat e^(g - g_lambda) [C][LK] and g [C][LG] (fp32).
+  // (first khat e^g), bkl = beta khat e^(g - g_lambda) [C][LK] and g [C][LG] (fp32, log2 units).
   unsigned short *const dwb, *const dmb, *const dtb, *const xb, *const dsb, *const kr, *const ql, *const bkl;
   float* const gk;
   // g, beta, dL/dg, dL/d beta, the state's part of dL/d g_C by row [C]; dlast[0]: e^(g_C) <dh, h>;
@@ -170,8 +181,8 @@ struct LadleWyBlock : LadleWyShape<KP, FORM> {
     for (int e = threadIdx.x; e < C * KP / 2; e += blockDim.x) {
       const int t = e / (KP / 2), f = 2 * (e % (KP / 2)), r = ref(t);
       const float b = by_beta ? bs[t] : 1.0f, r0 = r < 0 ? 0.0f : gk[r * LG + f], r1 = r < 0 ? 0.0f : gk[r * LG + f + 1];
-      *reinterpret_cast<unsigned*>(dst + t * LK + f) = ladle_pack_bf16(b * ladle_bf16_float(src[t * LK + f]) * ladle_wy_exp(sign * (gk[t * LG + f] - r0)),
-                                                                       b * ladle_bf16_float(src[t * LK + f + 1]) * ladle_wy_exp(sign * (gk[t * LG + f + 1] - r1)));
+      *reinterpret_cast<unsigned*>(dst + t * LK + f) = ladle_pack_bf16(b * ladle_bf16_float(src[t * LK + f]) * ladle_exp2(sign * (gk[t * LG + f] - r0)),
+                                                                       b * ladle_bf16_float(src[t * LK + f + 1]) * ladle_exp2(sign * (gk[t * LG + f + 1] - r1)));
     }
     __syncthreads();
   }
@@ -350,7 +361,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
           float d[2];
           LADLE_UNROLL
           for (int e = 0; e < 2; ++e) {
-            const float x = (key ? ladle_wy_exp(gk[r * LG + f + e]) : eg) * dqs[i][j][2 * h + e], qf = ladle_bf16_float(qb[r * LK + f + e]);
+            const float x = (key ? ladle_exp2(gk[r * LG + f + e]) : eg) * dqs[i][j][2 * h + e], qf = ladle_bf16_float(qb[r * LK + f + e]);
             if (head) rows[h] += x * qf;
             d[e] = x + local[j][2 * h + e];
             dgk[i][j][2 * h + e] = key ? qf * d[e] : 0.0f;
@@ -536,7 +547,7 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
           for (int e = 0; e < 2; ++e) {
             const int x = 2 * h + e;
             const float g = gk[r * LG + f + e], k = ladle_bf16_float(kb[r * LK + f + e]);
-            const float sx = ladle_wy_exp(gk[(C - 1) * LG + f + e] - g) * dks[i][j][x], wx = ladle_wy_exp(g) * wy[j][x];
+            const float sx = ladle_exp2(gk[(C - 1) * LG + f + e] - g) * dks[i][j][x], wx = ladle_exp2(g) * wy[j][x];
             d[e] = local[j][x] + sx + bi * (wx + a[j][x]) + b[j][x];
             dgk[i][j][x] += k * (bi * (wx + a[j][x]) - local[j][x] - sx - b[j][x]);
             wrows[h] += k * (wx + a[j][x]);
@@ -557,7 +568,7 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
       for (int t = threadIdx.x; t < L; t += blockDim.x) p.gbeta[seq.row(s0 + t)] = db[t];
     if (static_cast<int>(threadIdx.x) < K) {  // d g_C: e^(g_C) <dh, h> + sum_s khat_s . (e^(g_C - g_s) E dh^T)_s, at the last token
       const int f = threadIdx.x;
-      float run = gc[f] + ladle_wy_exp(gk[(C - 1) * LG + f]) * dhh[f];
+      float run = gc[f] + ladle_exp2(gk[(C - 1) * LG + f]) * dhh[f];
       for (int t = L - 1; t >= 0; --t) {
         run += dgt[t * LG + f];
         p.ga[seq.row(s0 + t) * K + f] = run;
