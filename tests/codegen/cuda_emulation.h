@@ -387,7 +387,6 @@ inline void ladle_store(ladle_bf16* p, float value) { p->bits = ladle::bfloat16(
 inline float ladle_exp2(float x) { return std::exp2(x); }
 // rsqrt.approx on the device (2 ulp); exact here.
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline float __expf(float x) { return std::exp(x); }
 inline unsigned ladle_float_bits(float x) {
   unsigned bits;
   std::memcpy(&bits, &x, 4);
