@@ -83,8 +83,7 @@ std::array<int, 3> wy_shared(const UpdateBackwardSpec& spec, std::int64_t V) {
 
 // The chunked form's kernels: their names, grids and shared memory.
 std::vector<UpdateBackwardLaunch> wy_launches(const UpdateBackwardSpec& spec, std::int64_t N, std::int64_t H, std::int64_t C,
-                                              std::int64_t K, std::int64_t V) {
-  (void)K;
+                                              std::int64_t V) {
   const std::string hash = detail::hex(detail::fnv1a(spec_key(spec)));
   const std::int64_t vp = (V + 63) / 64 * 64;
   const auto u = [](std::int64_t x) { return static_cast<unsigned>(x); };
@@ -129,7 +128,7 @@ std::string update_backward_source(const UpdateBackwardSpec& spec) {
     s += "#include <ladle/codegen/device/storage.cuh>\n#include <ladle/codegen/device/tensor_core.cuh>\n";
     s += "#include <ladle/codegen/device/block_mma.cuh>\n#include <ladle/codegen/device/update_backward.cuh>\n";
     s += "#include <ladle/codegen/device/wy_backward.cuh>\n#include <ladle/codegen/device/wy_gradients.cuh>\n";
-    const std::vector<UpdateBackwardLaunch> launches = wy_launches(spec, 1, 1, 1, spec.block_k, 64);
+    const std::vector<UpdateBackwardLaunch> launches = wy_launches(spec, 1, 1, 1, 64);
     const char* const steps[] = {"prepare", "states", "gradients"};
     for (std::size_t k = 0; k < launches.size(); ++k) {
       s += "\nextern \"C\" __global__ void __launch_bounds__(256, " + std::string(k == 0 && !spec.key_decay ? "2" : "1") + ") " + launches[k].name + parameters;
@@ -159,7 +158,7 @@ std::vector<UpdateBackwardLaunch> update_backward_launches(const UpdateBackwardS
     if (const std::string why = update_backward_unchunked(spec, K, V); !why.empty()) throw InvalidArgument("update_backward_launches: " + why);
     if (K > spec.block_k)
       throw InvalidArgument("update_backward_launches: K = " + std::to_string(K) + " past the spec's block_k " + std::to_string(spec.block_k));
-    return wy_launches(spec, N, H, C, K, V);
+    return wy_launches(spec, N, H, C, V);
   }
   UpdateBackwardLaunch one;
   one.name = update_backward_name(spec);

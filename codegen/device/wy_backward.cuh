@@ -126,15 +126,6 @@ __device__ __forceinline__ void ladle_wy_store(unsigned short* dst, long long gs
   }
 }
 
-// *p through the read-only path on the GPU (a slot, not written during the kernel).
-__device__ __forceinline__ float ladle_wy_ld(const float* p) {
-#if defined(__CUDA_ARCH__)
-  return __ldg(p);
-#else
-  return *p;
-#endif
-}
-
 // x[u] = row[f + u] for f + u < n, else 0: one 16-byte load where n is a multiple of 4 and the row
 // aligned. Through the read-only path on the GPU (the slots are not written during the kernel), so
 // that the compiler may issue an unrolled loop's loads ahead of its stores.

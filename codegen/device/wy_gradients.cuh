@@ -3,79 +3,6 @@
 #ifndef LADLE_WY_GRADIENTS
 #define LADLE_WY_GRADIENTS
 
-// A per-feature decay's products of a C x C matrix X (bf16 [t][s], row stride ldx) with a C x KP
-// one, for the 16 x 32 tile (m0, n0) of the result (this lane's values as in block_mma.cuh), g the
-// cumulative log decays [C][ldg] in log2 units (fp32; e^(g_t - g_s) = 2^(g2_t - g2_s)). Below the
-// diagonal blocks, on the tensor cores:
-//   lower: out_tf = sum_(s < 16 floor(t / 16)) X_ts b_sf e^(g_tf - g_sf), from bt = b e^(g_rho - g)
-//          (rho: the last row of each row's 16-token block), block by block J with the partial sum
-//          carried from J - 1's reference to J's (a factor e^(g_rhoJ - g_rho(J-1)) per column, at most 1);
-//   upper: out_sf = sum_(t >= 16 floor(s / 16) + 16) X_ts c_tf e^(g_tf - g_sf), from ct = c e^(g - g_lambda)
-//          (lambda: the first row of each row's block), blocks I from the last down.
-// Every factor is at most 1, so no decay, however strong, overflows. Then the diagonal blocks, element
-// by element from the unscaled tiles (w: a weight per t, or null): there the products for dq and for
-// dk (whose q . dq - k . dk sum in d log a cancels over the block) take the same rounded operands, so
-// that the gate's gradients keep their precision. (On the tensor cores with scaled copies, as prepare
-// forms M and L, each side took its own rounding: KDA's d A_log and d dt_bias, sums of d log a over
-// every token, went from within 1.5e-2 to 7.6e-2 and 1.0e-1 of the fp64 reference.)
-template <int C>
-__device__ __forceinline__ void ladle_wy_lower(LadleTileAcc& out, const unsigned short* X, int ldx, const unsigned short* bt, int ldb,
-                                               const float* g, int ldg, int m0, int n0) {
-  const int l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3), I = m0 / 16;
-  ladle_tile_zero(out);
-  for (int J = 0; J < I; ++J) {
-    if (J > 0)
-      LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
-        LADLE_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int f = n0 + 8 * j + col2 + e;
-          const float w = ladle_exp2(g[(16 * J + 15) * ldg + f] - g[(16 * J - 1) * ldg + f]);
-          out[j][e] *= w, out[j][2 + e] *= w;
-        }
-    ladle_tile_mma<false, true>(out, X + 16 * J, ldx, bt + 16 * J * ldb, ldb, m0, n0, 16);
-  }
-  if (I > 0)
-    LADLE_UNROLL
-    for (int h = 0; h < 2; ++h)
-      LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
-        LADLE_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int t = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
-          out[j][2 * h + e] *= ladle_exp2(g[t * ldg + f] - g[(16 * I - 1) * ldg + f]);
-        }
-}
-
-template <int C>
-__device__ __forceinline__ void ladle_wy_upper(LadleTileAcc& out, const unsigned short* X, int ldx, const unsigned short* ct, int ldc,
-                                               const float* g, int ldg, int m0, int n0) {
-  const int l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3), J = m0 / 16;
-  ladle_tile_zero(out);
-  for (int I = C / 16 - 1; I > J; --I) {
-    if (I < C / 16 - 1)
-      LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
-        LADLE_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int f = n0 + 8 * j + col2 + e;
-          const float w = ladle_exp2(g[(16 * I + 16) * ldg + f] - g[16 * I * ldg + f]);
-          out[j][e] *= w, out[j][2 + e] *= w;
-        }
-    ladle_tile_mma<true, true>(out, X + 16 * I * ldx, ldx, ct + 16 * I * ldc, ldc, m0, n0, 16);
-  }
-  if (J < C / 16 - 1)
-    LADLE_UNROLL
-    for (int h = 0; h < 2; ++h)
-      LADLE_UNROLL
-      for (int j = 0; j < 4; ++j)
-        LADLE_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int s = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
-          out[j][2 * h + e] *= ladle_exp2(g[(16 * J + 16) * ldg + f] - g[s * ldg + f]);
-        }
-}
-
 // out_tf += sum_(s in t's block, s <= t) X_ts b_sf 2^(g_tf - g_sf) (LOWER), or
 // out_sf += sum_(t in s's block, t >= s) w_t X_ts b_tf 2^(g_tf - g_sf) (else; w null: 1); X is zero
 // outside those ranges (dM masked, dL strictly lower). The lane's two rows r0 and r1 = r0 + 8 share
@@ -112,6 +39,85 @@ __device__ __forceinline__ void ladle_wy_diagonal(LadleTileAcc& out, const unsig
       }
     }
   }
+}
+
+// A per-feature decay's products of a C x C matrix X (bf16 [t][s], row stride ldx) with a C x KP
+// one, for the 16 x 32 tile (m0, n0) of the result (this lane's values as in block_mma.cuh), g the
+// cumulative log decays [C][ldg] in log2 units (fp32; e^(g_t - g_s) = 2^(g2_t - g2_s)); X is zero
+// where the sum takes no term:
+//   lower: out_tf = sum_(s <= t) X_ts b_sf e^(g_tf - g_sf). Below the diagonal blocks on the tensor
+//          cores from bt = b e^(g_rho - g) (rho: the last row of each row's 16-token block), block by
+//          block J with the partial sum carried from J - 1's reference to J's (a factor
+//          e^(g_rhoJ - g_rho(J-1)) per column, at most 1);
+//   upper: out_sf = sum_(t >= s) w_t X_ts c_tf e^(g_tf - g_sf) (w null: 1). Below the diagonal blocks
+//          from ct = w c e^(g - g_lambda) (lambda: the first row of each row's block), blocks I from
+//          the last down.
+// Every factor is at most 1, so no decay, however strong, overflows. Then the diagonal block
+// (ladle_wy_diagonal), element by element from the unscaled tile b or c: there the products for dq
+// and for dk (whose q . dq - k . dk sum in d log a cancels over the block) take the same rounded
+// operands, so that the gate's gradients keep their precision. (On the tensor cores with scaled
+// copies, as prepare forms M and L, each side took its own rounding: KDA's d A_log and d dt_bias,
+// sums of d log a over every token, went from within 1.5e-2 to 7.6e-2 and 1.0e-1 of the fp64
+// reference.)
+template <int C>
+__device__ __forceinline__ void ladle_wy_lower(LadleTileAcc& out, const unsigned short* X, int ldx, const unsigned short* bt,
+                                               const unsigned short* b, int ldb, const float* g, int ldg, int m0, int n0) {
+  const int l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3), I = m0 / 16;
+  ladle_tile_zero(out);
+  for (int J = 0; J < I; ++J) {
+    if (J > 0)
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int f = n0 + 8 * j + col2 + e;
+          const float w = ladle_exp2(g[(16 * J + 15) * ldg + f] - g[(16 * J - 1) * ldg + f]);
+          out[j][e] *= w, out[j][2 + e] *= w;
+        }
+    ladle_tile_mma<false, true>(out, X + 16 * J, ldx, bt + 16 * J * ldb, ldb, m0, n0, 16);
+  }
+  if (I > 0)
+    LADLE_UNROLL
+    for (int h = 0; h < 2; ++h)
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int t = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
+          out[j][2 * h + e] *= ladle_exp2(g[t * ldg + f] - g[(16 * I - 1) * ldg + f]);
+        }
+  ladle_wy_diagonal<true>(out, X, ldx, b, ldb, g, ldg, nullptr, m0, n0);
+}
+
+template <int C>
+__device__ __forceinline__ void ladle_wy_upper(LadleTileAcc& out, const unsigned short* X, int ldx, const unsigned short* ct,
+                                               const unsigned short* c, const float* w, int ldc, const float* g, int ldg, int m0,
+                                               int n0) {
+  const int l = threadIdx.x & 31, row8 = l >> 2, col2 = 2 * (l & 3), J = m0 / 16;
+  ladle_tile_zero(out);
+  for (int I = C / 16 - 1; I > J; --I) {
+    if (I < C / 16 - 1)
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int f = n0 + 8 * j + col2 + e;
+          const float carry = ladle_exp2(g[(16 * I + 16) * ldg + f] - g[16 * I * ldg + f]);
+          out[j][e] *= carry, out[j][2 + e] *= carry;
+        }
+    ladle_tile_mma<true, true>(out, X + 16 * I * ldx, ldx, ct + 16 * I * ldc, ldc, m0, n0, 16);
+  }
+  if (J < C / 16 - 1)
+    LADLE_UNROLL
+    for (int h = 0; h < 2; ++h)
+      LADLE_UNROLL
+      for (int j = 0; j < 4; ++j)
+        LADLE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int s = m0 + row8 + 8 * h, f = n0 + 8 * j + col2 + e;
+          out[j][2 * h + e] *= ladle_exp2(g[(16 * J + 16) * ldg + f] - g[s * ldg + f]);
+        }
+  ladle_wy_diagonal<false>(out, X, ldx, c, ldc, g, ldg, w, m0, n0);
 }
 
 // One block of the gradients kernel: chunk blockIdx.x of (sequence, head) blockIdx.y and its shared
@@ -343,8 +349,7 @@ struct LadleWyFront : LadleWyBlock<KP, FORM> {
       const int m0 = km(i), n0 = kn(i);
       LadleTileAcc local;
       if (key) {
-        ladle_wy_lower<C>(local, dmb, LT, kr, LK, gk, LG, m0, n0);
-        ladle_wy_diagonal<true>(local, dmb, LT, kb, LK, gk, LG, nullptr, m0, n0);
+        ladle_wy_lower<C>(local, dmb, LT, kr, kb, LK, gk, LG, m0, n0);
       } else {
         ladle_tile_zero(local);
         ladle_tile_mma<false, true>(local, dmb, LT, kb, LK, m0, n0, C);
@@ -525,12 +530,9 @@ struct LadleWyBack : LadleWyFront<KP, FORM> {
     for (int i = 0; i < NT; ++i) {
       const int m0 = km(i), n0 = kn(i);
       LadleTileAcc local, wy, a, b;  // (dM . Gamma)^T Q, T^T dW, (dL . Gamma) K, (dL . Gamma)^T (beta K)
-      ladle_wy_upper<C>(local, dmb, LT, ql, LK, gk, LG, m0, n0);
-      ladle_wy_diagonal<false>(local, dmb, LT, qb, LK, gk, LG, nullptr, m0, n0);
-      ladle_wy_lower<C>(a, dsb, LT, kr, LK, gk, LG, m0, n0);
-      ladle_wy_diagonal<true>(a, dsb, LT, kb, LK, gk, LG, nullptr, m0, n0);
-      ladle_wy_upper<C>(b, dsb, LT, bkl, LK, gk, LG, m0, n0);
-      ladle_wy_diagonal<false>(b, dsb, LT, kb, LK, gk, LG, bs, m0, n0);
+      ladle_wy_upper<C>(local, dmb, LT, ql, qb, nullptr, LK, gk, LG, m0, n0);
+      ladle_wy_lower<C>(a, dsb, LT, kr, kb, LK, gk, LG, m0, n0);
+      ladle_wy_upper<C>(b, dsb, LT, bkl, kb, bs, LK, gk, LG, m0, n0);
       ladle_tile_zero(wy);
       ladle_tile_mma<true, true>(wy, tb, LT, dwb, LK, m0, n0, C);
       float wrows[2] = {0.0f, 0.0f}, cols[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
