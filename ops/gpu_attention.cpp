@@ -46,6 +46,27 @@ std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionK
 // the GPU has SMs (short or few sequences), 64-row tiles double the blocks. On sm_90a the ws
 // pipeline where its copies can run (16-bit q, k, v of one type in aligned rows, D and Dv
 // multiples of 8), else mma.sync, and the first tile that fits where that does not.
+bool attention_decode_shaped(const ops::AttentionArgs& args) {
+  const std::int64_t q = args.longest_q(), k = args.longest_k();
+  return args.dropout_p <= 0 && q >= 1 && q <= 16 && k >= 128 && k >= 8 * q;
+}
+
+AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms) {
+  AttentionDecodeSplit split;
+  const std::int64_t rows = args.longest_q(), groups = args.N * args.H_kv;
+  const std::int64_t row_blocks = std::max<std::int64_t>(1, (rows * (args.H / std::max<std::int64_t>(1, args.H_kv)) + tile.block_m - 1) / tile.block_m);
+  const std::int64_t tiles = std::max<std::int64_t>(1, (args.longest_k() + tile.block_n - 1) / tile.block_n);
+  // About eight blocks an SM over the call (a decode block is one to four warps), at least four key
+  // tiles a split so that each split's staging pipeline runs; at most 1024 splits.
+  const std::int64_t want = (8LL * std::max(sms, 1) + groups * row_blocks - 1) / (groups * row_blocks);
+  const std::int64_t splits = std::clamp<std::int64_t>(std::min(want, (tiles + 3) / 4), 1, 1024);
+  const std::int64_t per_split = (tiles + splits - 1) / splits;
+  split.splits = static_cast<int>((tiles + per_split - 1) / per_split);  // none empty
+  split.split_len = static_cast<int>(per_split * tile.block_n);
+  split.partial_rows = std::max<std::int64_t>(rows, 1);
+  return split;
+}
+
 cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int sms, const std::string& arch,
                                              int max_shared_bytes) {
   const int D = static_cast<int>(args.D), Dv = static_cast<int>(args.Dv);
@@ -66,6 +87,16 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   // variant that reads a pair input or segment ids per score or draws dropout (ptxas compiles the consumers
   // within the launch bound's 168 registers: 128-key tiles of those spill, 64-key ones do not;
   // bench/RESULTS.md, "Evidence behind the heuristics", H1).
+  // A few query tokens against many keys: the decode form (a GQA group's heads as rows, the keys
+  // split over blocks), one to four warps for the group's rows, 64 keys a tile.
+  if (attention_decode_shaped(args)) {
+    const std::int64_t group = args.H / std::max<std::int64_t>(1, args.H_kv);
+    const int warps = static_cast<int>(std::min<std::int64_t>(4, (args.longest_q() * group + 15) / 16));
+    for (const int block_n : {64, 32}) {
+      const cuda::AttentionTile decode{16 * warps, block_n, warps, 2, cuda::AttentionMma::decode};
+      if (fits(decode)) return decode;
+    }
+  }
   const DType qt = args.tensors.size() >= 3 ? args.tensors[0].type : DType::f32;
   const bool tma = cuda::has_wgmma(arch) && (qt == DType::f16 || qt == DType::bf16) &&
                    args.tensors[1].type == qt && args.tensors[2].type == qt && rows_aligned(args.q) &&
@@ -171,16 +202,34 @@ TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows) 
 
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
                                     const void* cu_seqlens_q, const void* cu_seqlens_k,
-                                    TensorMap (*encode)(const TensorMapDescription&)) {
+                                    TensorMap (*encode)(const TensorMapDescription&), const AttentionDecodeSplit* decode) {
   KernelArgs packed;
-  for (const cuda::AttentionParam& p : params) pack_attention_argument(packed, p, args, cu_seqlens_q, cu_seqlens_k, encode);
+  for (const cuda::AttentionParam& p : params) pack_attention_argument(packed, p, args, cu_seqlens_q, cu_seqlens_k, encode, decode);
   return packed;
 }
 
 void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& p, const ops::AttentionArgs& args,
-                             const void* cu_seqlens_q, const void* cu_seqlens_k, TensorMap (*encode)(const TensorMapDescription&)) {
+                             const void* cu_seqlens_q, const void* cu_seqlens_k, TensorMap (*encode)(const TensorMapDescription&),
+                             const AttentionDecodeSplit* decode) {
   const auto i64 = [&](std::int64_t value) { packed.add(static_cast<long long>(value)); };
   const auto i32 = [&](std::int64_t value) { packed.add(static_cast<int>(value)); };
+  switch (p.role) {  // the decode form's own
+    case Role::partial_o:
+    case Role::partial_lse:
+    case Role::partial_rows:
+    case Role::split_len:
+    case Role::kv_splits:
+    case Role::sequences:
+      if (!decode) throw InvalidArgument("attention: parameter " + p.name + " is the decode form's: its splits are not given");
+      if (p.role == Role::partial_o) packed.add(address(decode->o_part));
+      if (p.role == Role::partial_lse) packed.add(address(decode->lse_part));
+      if (p.role == Role::partial_rows) i32(decode->partial_rows);
+      if (p.role == Role::split_len) i32(decode->split_len);
+      if (p.role == Role::kv_splits) i32(decode->splits);
+      if (p.role == Role::sequences) i32(args.N);
+      return;
+    default: break;
+  }
   {
     const TensorView* view = p.input >= 0 ? &args.tensors[p.input] : nullptr;
     switch (p.role) {
@@ -228,6 +277,32 @@ void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& p, 
 
 namespace {
 
+// The decode form: the split kernel into fp32 partials on the call's stream, then the merge.
+void launch_decode(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch,
+                   const detail::LoadedKernel<cuda::AttentionKernel>& loaded, const cuda::AttentionTile& tile, const void* cu_q,
+                   const void* cu_k) {
+  const cuda::AttentionKernel& kernel = loaded.kernel;
+  if (!loaded.merge) throw Error(op_name(variant) + ": the decode kernel " + kernel.name + " has no merge kernel");
+  AttentionDecodeSplit split = attention_decode_split(args, tile, Device::get().properties().sm_count);
+  const std::int64_t rows = args.N * args.H * split.partial_rows, group = args.H / args.H_kv;
+  const DeviceBuffer o_part = DeviceBuffer::on_stream(static_cast<std::size_t>(split.splits * rows * args.Dv) * sizeof(float), launch.stream);
+  const DeviceBuffer lse_part = DeviceBuffer::on_stream(static_cast<std::size_t>(split.splits * rows) * sizeof(float), launch.stream);
+  split.o_part = reinterpret_cast<const void*>(o_part.device_ptr());
+  split.lse_part = reinterpret_cast<const void*>(lse_part.device_ptr());
+  cuda::AttentionGrid grid;
+  try {
+    grid = cuda::attention_decode_grid(split.splits, (args.longest_q() * group + kernel.block_m - 1) / kernel.block_m, args.N * args.H_kv);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {} sequences x {} key/value heads, {} query rows of {} heads each: {}", op_name(variant), args.N,
+                                      args.H_kv, args.longest_q(), group, e.what()));
+  }
+  KernelArgs packed = pack_attention_arguments(kernel.params, args, cu_q, cu_k, encode_tensor_map, &split);
+  loaded.function->launch({grid.x, grid.y, grid.z}, {kernel.threads, 1, 1}, packed, static_cast<unsigned>(kernel.shared_bytes),
+                          launch.stream);
+  KernelArgs merged = pack_attention_arguments(kernel.merge_params, args, cu_q, cu_k, encode_tensor_map, &split);
+  loaded.merge->launch({cuda::attention_merge_blocks(rows), 1, 1}, {cuda::attention_merge_threads, 1, 1}, merged, 0, launch.stream);
+}
+
 void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch,
                       const std::optional<cuda::AttentionTile>& tile) {
   const std::string op = op_name(variant);
@@ -243,9 +318,14 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
   if (args.Tq > INT32_MAX || args.Tk > INT32_MAX)
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernel indexes tokens with 32-bit ints", op, args.Tq, args.Tk));
 
-  // No tile named: the tuned one (LADLE_AUTOTUNE; heuristic: the heuristic tile, nothing built).
-  const cuda::AttentionKernelSpec spec =
-      attention_kernel_spec(variant, args, tile ? *tile : tuned_attention_tile(variant, args, heuristic_attention_tile(args)));
+  // No tile named: the tuned one (LADLE_AUTOTUNE; heuristic: the heuristic tile, nothing built). A
+  // decode-shaped call takes the heuristic's decode tile untuned (the tuner's space has no decode tiles).
+  std::optional<cuda::AttentionTile> chosen = tile;
+  if (!chosen) {
+    const cuda::AttentionTile heuristic = heuristic_attention_tile(args);
+    chosen = heuristic.mma == cuda::AttentionMma::decode ? heuristic : tuned_attention_tile(variant, args, heuristic);
+  }
+  const cuda::AttentionKernelSpec spec = attention_kernel_spec(variant, args, *chosen);
   const std::string arch = Device::get().properties().arch();
   const auto& loaded = detail::loaded_kernel<cuda::AttentionKernel>(
       spec_key(variant, spec), arch, [&](const std::string& target) { return compile_attention(variant, spec, target); });
@@ -257,17 +337,22 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
     offsets_k = DeviceBuffer(args.cu_seqlens_k.size() * sizeof(std::int64_t));
     offsets_k.copy_from_host(args.cu_seqlens_k.data(), offsets_k.bytes(), 0, launch.stream);
   }
-  KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, reinterpret_cast<const void*>(offsets_q.device_ptr()),
-                                               reinterpret_cast<const void*>(offsets_k.device_ptr()));
-  cuda::AttentionGrid grid;
+  const void* cu_q = reinterpret_cast<const void*>(offsets_q.device_ptr());
+  const void* cu_k = reinterpret_cast<const void*>(offsets_k.device_ptr());
+  if (spec.tile.mma == cuda::AttentionMma::decode) {
+    launch_decode(variant, args, launch, loaded, spec.tile, cu_q, cu_k);
+  } else {
+    KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, cu_q, cu_k);
+    cuda::AttentionGrid grid;
   try {
     grid = cuda::attention_grid(args.N * args.H, (rows + loaded.kernel.block_m - 1) / loaded.kernel.block_m);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("{}: {} sequences x {} heads, {} query rows in blocks of {}: {}", op_name(variant), args.N, args.H,
                                       rows, loaded.kernel.block_m, e.what()));
   }
-  loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
-                          static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+    loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
+                            static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
+  }
   if (spec.varlen) {
     // The offsets are freed on return: wait until the kernel has read them.
     if (launch.stream) launch.stream->synchronize();

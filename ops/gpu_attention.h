@@ -48,19 +48,41 @@ struct CompiledAttention {
 CompiledAttention compile_attention(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
                                     const std::string& arch = "");
 
+// The decode form's splits (cuda::AttentionMma::decode): how many, the keys each takes (a multiple
+// of the tile's block_n), the rows per (sequence, head) of the partial results (the longest query
+// sequence) and where those live (the launcher's scratch: o_part [splits][N][H][rows][Dv] and
+// lse_part [splits][N][H][rows], fp32).
+struct AttentionDecodeSplit {
+  int splits = 1;
+  int split_len = 0;
+  std::int64_t partial_rows = 0;
+  const void* o_part = nullptr;
+  const void* lse_part = nullptr;
+};
+// Splits for a decode tile at these arguments on `sms` SMs: enough blocks of (sequence, key/value
+// head, row block, split) to fill the SMs several times over, each split at least four key tiles.
+AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms);
+// Whether a call is decode-shaped: a few query tokens (up to 16) against many more keys (at least
+// 128, and 8 per query token), no dropout. heuristic_attention_tile then picks a decode tile where
+// one fits the head dims.
+bool attention_decode_shaped(const ops::AttentionArgs& args);
+
 // The argument array of an attention kernel, by parameter role, from bound arguments whose
 // pointers the kernel can read (device pointers on a GPU; host pointers on the host
 // emulation of tests/codegen). cu_seqlens_q / cu_seqlens_k: where the int64 offsets are.
 // Tensor maps (the ws tiles) are encoded by `encode`: the driver's encoding for a GPU,
 // describe_tensor_map for the host emulation.
+// `decode`: the splits of a decode kernel or its merge kernel (their partial_* and split roles).
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
                                     const void* cu_seqlens_q, const void* cu_seqlens_k,
-                                    TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map);
+                                    TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map,
+                                    const AttentionDecodeSplit* decode = nullptr);
 // One parameter of the forward's roles appended to `packed` (what pack_attention_arguments does for each;
 // the backward's launcher packs its own roles and hands the rest here). Throws for a backward role.
 void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& param, const ops::AttentionArgs& args,
                              const void* cu_seqlens_q, const void* cu_seqlens_k,
-                             TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map);
+                             TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map,
+                             const AttentionDecodeSplit* decode = nullptr);
 // The TMA map of a [B,T,X,D] view (q, k, v: 16-bit elements; the backward's dq: fp32): dims
 // (D, T, X, B) innermost first, boxes of 128 bytes of head-dim elements (64, or 32 fp32) by
 // box_rows tokens.

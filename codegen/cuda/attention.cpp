@@ -77,6 +77,7 @@ struct Forward {
   Operands ops;
   bool ws;     // the warp-specialised TMA pipeline
   bool wgmma;  // the products on wgmma (ws included)
+  bool decode;  // mma.sync with a group's heads as rows and the keys split (a merge kernel after)
   int threads;
   int producer_registers, consumer_registers;  // ws with two consumer warpgroups: setmaxnreg
   std::vector<std::string> id;                 // the inputs' C names
@@ -115,6 +116,8 @@ Operands checked_operands(const ir::AttentionVariant& variant, const AttentionKe
   if (const auto problems = validate_attention_tile(spec.tile, spec.D, spec.Dv, 0, ops.split, spec.arch); !problems.empty())
     fail("tile " + to_string(spec.tile) + " at D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ": " +
          problems.front());
+  if (spec.tile.mma == AttentionMma::decode && variant.dropout)
+    fail("tile " + to_string(spec.tile) + " is the decode form, which draws no dropout (an inference path): use an mma=sync tile");
   if (spec.tile.mma == AttentionMma::ws && !ops.async)
     fail("tile " + to_string(spec.tile) + " copies q, k, v with TMA: they must be of one 16-bit type with 16-byte aligned rows "
          "and a unit stride over the head dim (async_copy), here they are not");
@@ -162,13 +165,17 @@ std::vector<std::string> declare_params(const Forward& f, AttentionKernel& kerne
       declarations.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
       kernel.params.push_back({name, "ladle_tensor_map", Type::tensor_map, Role::tensor_map, index, rows});
     }
-  param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
-  param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
-  param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
-  param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
-  param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
-  if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
-  if (f.variant.sinks) {
+  if (f.decode) {  // partial results; the merge kernel takes o, lse and the sinks
+    declare_decode_params([&](const std::string& c_type, const std::string& name, Type type, Role role) { param(c_type, name, type, role); });
+  } else {
+    param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
+    param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
+    param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
+    param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
+    param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
+    if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
+  }
+  if (f.variant.sinks && !f.decode) {
     param("const " + storage(spec.sinks_type) + "*", "softmax_aux", Type::pointer, Role::softmax_aux);
     param("long long", "softmax_aux_stride_h", Type::i64, Role::softmax_aux_stride_h);
     param("long long", "softmax_aux_stride_s", Type::i64, Role::softmax_aux_stride_s);
@@ -228,7 +235,7 @@ Logit render_logit(const Forward& f) {
                           " has no leading factor of scalars and constants (attention_logit_factor gives none)");
   // mma.sync tiles keep the whole logit: there the fold's extra registers spill, and its gain is on
   // the Hopper tiles.
-  logit.folded = f.tile.mma != AttentionMma::sync && scalar_factor &&
+  logit.folded = f.wgmma && scalar_factor &&
                  (f.spec.positive_logit_factor || scalar_value(hoisted, lead->factor, {}).value_or(0.0) > 0.0);
   logit.expression =
       ir::render_c(hoisted.inputs, logit.folded ? subtree(hoisted.expr, lead->rest) : hoisted.expr, hoisted_load, leaf_at, functions);
@@ -254,8 +261,15 @@ std::string header_text(const Forward& f, const AttentionKernel& kernel) {
   if (!f.variant.keep.empty()) header += "keep  = " + ir::to_string(inputs, f.variant.keep) + "\n";
   header += "config: " + to_string(tile) + " (" + std::to_string(f.threads) + " threads), D=" + std::to_string(spec.D) +
             " Dv=" + std::to_string(spec.Dv) + "\n";
-  header += "launch: grid attention_grid(N * H, ceil(Tq / " + std::to_string(tile.block_m) + "))" + ", block (" + std::to_string(f.threads) +
-            "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
+  if (f.decode)
+    header += "launch: grid attention_decode_grid(splits, ceil(Tq G / " + std::to_string(tile.block_m) + "), N * H_kv), block (" +
+              std::to_string(f.threads) + "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes; then " +
+              kernel.merge_name + ": grid attention_merge_blocks(N * H * Tq), block (" + std::to_string(attention_merge_threads) + ")\n" +
+              "decode: the query heads of a GQA group are the rows (row = token * G + g, G = H / H_kv), so K and V are read\n"
+              "once per group; the keys are split over gridDim.x, split_len keys each; the merge weighs the splits by lse.\n";
+  else
+    header += "launch: grid attention_grid(N * H, ceil(Tq / " + std::to_string(tile.block_m) + "))" + ", block (" + std::to_string(f.threads) +
+              "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
   std::string types;
   for (std::size_t k = 0; k < inputs.size(); ++k)
     if (inputs[k].kind != ir::InputKind::scalar) types += f.id[k] + " " + dtype_name(spec.input_types[k]) + ", ";
@@ -363,8 +377,9 @@ void emit_tiles(Code& c, const Forward& f) {
   const std::vector<std::string>& id = f.id;
   const std::string qt = storage_type(spec.input_types[0]), kt = storage_type(spec.input_types[1]),
                     vt = storage_type(spec.input_types[2]);
-  c("const " + qt + "* const q_seq = " + id[0] + " + b * " + id[0] + "_stride_b + q_bos * " + id[0] + "_stride_t + h * " +
-    id[0] + "_stride_h;");
+  if (!f.decode)  // decode: each row's own head (emit_q_tile)
+    c("const " + qt + "* const q_seq = " + id[0] + " + b * " + id[0] + "_stride_b + q_bos * " + id[0] + "_stride_t + h * " +
+      id[0] + "_stride_h;");
   c("const " + kt + "* const k_seq = " + id[1] + " + b * " + id[1] + "_stride_b + k_bos * " + id[1] + "_stride_t + hk * " +
     id[1] + "_stride_h;");
   c("const " + vt + "* const v_seq = " + id[2] + " + b * " + id[2] + "_stride_b + k_bos * " + id[2] + "_stride_t + hk * " +
@@ -409,19 +424,21 @@ void emit_tiles(Code& c, const Forward& f) {
 struct StagedRows {
   std::string src, input, dst, dst_lo, first_row, limit, rows, width, padded, ld;
   bool f16;
+  std::string row_src = "", row_ok = "";  // row r's first element and whether it exists (default: src's rows first_row + r < limit)
 };
 
 void emit_stage_rows(Code& c, const Forward& f, const StagedRows& s) {
   const auto operand_bits = [](bool f16) { return f16 ? std::string("ladle_f16_bits") : std::string("ladle_bf16_bits"); };
   // Where (r, col) of the tile lives: padded rows of `ld`, or wgmma's core matrices.
   const std::string at = f.wgmma ? core_matrix_offset("r", "col", s.padded) : "r * " + s.ld + " + col";
+  const std::string row_src = s.row_src.empty() ? s.src + " + (" + s.first_row + " + r) * " + s.input + "_stride_t" : s.row_src;
+  const std::string row_ok = s.row_ok.empty() ? s.first_row + " + r < " + s.limit : s.row_ok;
   if (f.ops.async) {
     c("for (int e = threadIdx.x; e < " + s.rows + " * (" + s.padded + " / 8); e += THREADS) {");
     c.in();
     c("const int r = e / (" + s.padded + " / 8), col = e % (" + s.padded + " / 8) * 8;");
     c("unsigned short* const dst = " + s.dst + " + " + at + ";");
-    c("if (" + s.first_row + " + r < " + s.limit + " && col < " + s.width + ") ladle_cp_async_16(dst, " + s.src + " + (" + s.first_row +
-      " + r) * " + s.input + "_stride_t + col);");
+    c("if (" + row_ok + " && col < " + s.width + ") ladle_cp_async_16(dst, " + row_src + " + col);");
     c("else ladle_zero_16(dst);  // past the sequence or the head dim: zero, never garbage (0 * NaN would reach o)");
     c.out();
     c("}");
@@ -430,8 +447,7 @@ void emit_stage_rows(Code& c, const Forward& f, const StagedRows& s) {
   c("for (int e = threadIdx.x; e < " + s.rows + " * " + s.padded + "; e += THREADS) {");
   c.in();
   c("const int r = e / " + s.padded + ", col = e % " + s.padded + ";");
-  c("const float x = " + s.first_row + " + r < " + s.limit + " && col < " + s.width + " ? ladle_load(" + s.src + " + (" + s.first_row +
-    " + r) * " + s.input + "_stride_t + col * " + s.input + "_stride_d) : 0.0f;");
+  c("const float x = " + row_ok + " && col < " + s.width + " ? ladle_load(" + row_src + " + col * " + s.input + "_stride_d) : 0.0f;");
   if (f.ops.split) {
     c("const unsigned short hi = ladle_bf16_bits(x);");
     c(s.dst + "[" + at + "] = hi;");
@@ -445,7 +461,13 @@ void emit_stage_rows(Code& c, const Forward& f, const StagedRows& s) {
 
 // Step 1 of the mma.sync and wgmma paths: the q tile, in shared memory (wgmma) or fragments (mma.sync).
 void emit_q_tile(Code& c, const Forward& f) {
-  const StagedRows q{"q_seq", f.id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "DP", "KLD", f.ops.qk_f16};
+  StagedRows q{"q_seq", f.id[0], "q_tile", "q_tile_lo", "m0", "q_len", "BM", "D", "DP", "KLD", f.ops.qk_f16};
+  if (f.decode) {  // packed row m0 + r: token (m0 + r) / G of query head hk * G + (m0 + r) % G
+    const std::string& x = f.id[0];
+    q.row_src = "(" + x + " + b * " + x + "_stride_b + (q_bos + (m0 + r) / G) * " + x + "_stride_t + (hk * G + (m0 + r) % G) * " + x +
+                "_stride_h)";
+    q.row_ok = "m0 + r < rows";
+  }
   if (f.wgmma) {
     c("// 1. The q tile into shared memory, where the score products read it for the whole key loop.");
     StagedRows shared = q;
@@ -512,6 +534,72 @@ void emit_row_state(Code& c, const Forward& f, const Logit& logit) {
     c("const float ladle_logit_factor = " + logit.factor + ";");
   }
   c("");
+}
+
+// decode: the state of this thread's two packed rows, each with its own token and query head, and
+// what the logit reads per row; returns the lines that open each element's scope in the logits.
+std::vector<std::string> emit_decode_row_state(Code& c, const Forward& f, const Logit& logit) {
+  const auto& inputs = f.variant.inputs;
+  const std::vector<std::string>& id = f.id;
+  std::vector<std::string> prelude{"const int h = row_head[r / 2];", "(void)h;"};
+  c("// Per row of this thread (packed rows gid and gid + 8 of the warp's 16): whether it exists, its token");
+  c("// and query head, its running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DVP / 8][4].");
+  c("const int row0 = m0 + warp * 16 + gid;");
+  c("bool row_live[2];");
+  c("int row_token[2], row_head[2];");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("  row_live[half] = row0 + 8 * half < rows;");
+  c("  row_token[half] = (row0 + 8 * half) / G;");
+  c("  row_head[half] = hk * G + (row0 + 8 * half) % G;");
+  c("}");
+  c("float row_max[2] = {ladle_neg_inf(), ladle_neg_inf()}, row_sum[2] = {0.0f, 0.0f};");
+  c("float o_acc[DVP / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][0] = o_acc[nt][1] = o_acc[nt][2] = o_acc[nt][3] = 0.0f;");
+  std::vector<std::string> head_values;  // the lines that bind a head input's value to a row half
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (!f.used[k]) continue;
+    const std::string& x = id[k];
+    if (inputs[k].kind == ir::InputKind::head) {
+      c("const float " + x + "_per_row[2] = {ladle_load(" + x + " + b * " + x + "_stride_b + row_head[0] * " + x + "_stride_h), ladle_load(" +
+        x + " + b * " + x + "_stride_b + row_head[1] * " + x + "_stride_h)};");
+      prelude.push_back("const float " + x + "_value = " + x + "_per_row[r / 2];");
+      prelude.push_back("(void)" + x + "_value;");
+      head_values.push_back("const float " + x + "_value = " + x + "_per_row[half];");
+    }
+    if (inputs[k].kind == ir::InputKind::pair) {
+      c("// " + inputs[k].name + " at (b, each row's head and token), indexed by packed positions");
+      c("const " + storage(f.spec.input_types[k]) + "* " + x + "_row[2];");
+      c("LADLE_UNROLL for (int half = 0; half < 2; ++half)");
+      c("  " + x + "_row[half] = " + x + " + b * " + x + "_stride_b + row_head[half] * " + x + "_stride_h + (q_bos + row_token[half]) * " + x +
+        "_stride_t;");
+    }
+  }
+  if (f.variant.segment_ids) {
+    c("long long q_segment[2];");
+    c("LADLE_UNROLL for (int half = 0; half < 2; ++half)");
+    c("  q_segment[half] = row_live[half] ? static_cast<long long>(q_segment_ids[b * q_segment_stride_b + (q_bos + row_token[half]) * "
+      "q_segment_stride_t]) : 0;");
+  }
+  const HoistedExpression& hoisted = logit.hoisted;
+  if (!hoisted.invariants.empty()) {
+    c("// The logit's factors that no key changes, once per row (log2 units).");
+    for (std::size_t k = 0; k < hoisted.invariants.size(); ++k) {
+      const std::string& name = hoisted.inputs[hoisted.first_hoisted + k].name;
+      c("float " + name + "_per_row[2];");
+      c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+      c.in();
+      c("const int h = row_head[half];");
+      c("(void)h;");
+      for (const std::string& line : head_values) c(line);
+      c(name + "_per_row[half] = " + ir::render_c(inputs, hoisted.invariants[k], input_load(id), leaf_at, ir::RenderFunctions{"ladle_tanh"}) + ";");
+      c.out();
+      c("}");
+      prelude.push_back("const float " + name + " = " + name + "_per_row[r / 2];");
+      prelude.push_back("(void)" + name + ";");
+    }
+  }
+  c("");
+  return prelude;
 }
 
 // Step 3 on mma.sync: score = q k^T from the q fragments and the stage's K tile.
@@ -640,7 +728,7 @@ namespace {
 AttentionKernel generate_named(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec, const Operands& ops,
                                const std::vector<std::string>& id) {
   const AttentionTile& tile = spec.tile;
-  const bool ws = tile.mma == AttentionMma::ws;
+  const bool ws = tile.mma == AttentionMma::ws, decode = tile.mma == AttentionMma::decode;
   // ws: a producer warpgroup beside the consumers' warps; with two consumer warpgroups the
   // producer gives its registers to them (setmaxnreg: 128 x 24 + 256 x 240 = the 64K register file).
   const bool two_consumers = ws && tile.warps == 8;
@@ -650,6 +738,7 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
                   ops,
                   ws,
                   tile.mma == AttentionMma::wgmma || ws,
+                  decode,
                   32 * tile.warps + (ws ? 128 : 0),
                   two_consumers ? 24 : 0,
                   two_consumers ? 240 : 0,
@@ -666,15 +755,17 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   kernel.threads = static_cast<unsigned>(f.threads);
   kernel.block_m = tile.block_m;
   kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);
+  if (decode) kernel.merge_name = kernel.name + "_merge";
   const std::vector<std::string> declarations = declare_params(f, kernel);
   const Logit logit = render_logit(f);
-  const AttentionParts parts{variant, spec, logit.expression, logit.keep, logit.folded, ops.qk_f16, ops.pv_f16,
-                             f.producer_registers, f.consumer_registers};
+  AttentionParts parts{variant, spec, logit.expression, logit.keep, logit.folded, ops.qk_f16, ops.pv_f16,
+                       f.producer_registers, f.consumer_registers, "row0 + (r >= 2 ? 8 : 0)", "row0 + 8 * half", "m0", "row_last", {}};
 
   Code c;
   c(comment_block(header_text(f, kernel)) + "\n" + device_helpers(f));
   emit_signature(c, f, kernel.name, declarations);
-  emit_block_range(c, f);
+  if (decode) emit_decode_range(c, variant, spec.varlen, id[1] + "_heads");
+  else emit_block_range(c, f);
   if (ws) {
     emit_ws_shared(c, parts);
     emit_ws_producer(c, parts);
@@ -682,11 +773,18 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
     emit_tiles(c, f);
     emit_q_tile(c, f);
   }
-  emit_row_state(c, f, logit);
+  if (decode) {
+    parts.element_prelude = emit_decode_row_state(c, f, logit);
+    parts.row_token = "row_token[r / 2]", parts.half_token = "row_token[half]", parts.first_token = "row_first";
+  } else {
+    emit_row_state(c, f, logit);
+  }
   if (ws) emit_ws_consumer_loop(c, parts);
   else emit_key_loop(c, f, parts);
-  emit_epilogue(c, parts);
+  if (decode) emit_decode_partials(c);
+  else emit_epilogue(c, parts);
   kernel.source = c.text();
+  if (decode) kernel.source += decode_merge_kernel(variant, spec, kernel.merge_name, kernel.merge_params);
   return kernel;
 }
 

@@ -35,6 +35,17 @@
 // previous results are read, and the softmax of tile t runs while P V of tile t-1 finishes. No
 // __syncthreads in the key loop. The launcher passes three tensor maps (runtime/tensor_map.h).
 //
+// `decode` (sm_80 and later) is the mma.sync path shaped for a few query tokens against many
+// keys (flash decoding): a block takes one (sequence, key/value head) and packs the query heads
+// of its GQA group as rows (row rho = token * G + g, G = H / H_kv), so that K and V are read once
+// per group, and the keys are split over gridDim.x: split s takes keys [s split_len, (s + 1)
+// split_len) of its rows' causal / window range. Each block writes its rows' partial o (normalised
+// by its own sum) and lse (log2 units, -inf where it attended nothing) in fp32; a second kernel
+// of the same source, <name>_merge (AttentionKernel::merge_params), merges the splits by lse per
+// (sequence, head, token), adds the sinks to the denominator and stores o and lse as the forward
+// does. Grid attention_decode_grid(splits, ceil(rows G / block_m), N H_kv); the merge kernel's
+// attention_merge_blocks(N H rows), 128 threads (a warp a row).
+//
 // Launch: grid attention_grid(N * H, ceil(Tq / block_m)), block (AttentionKernel::threads: 32 * warps, plus a
 // producer warpgroup of 128 for ws), dynamic shared memory AttentionKernel::shared_bytes. The
 // parameters are listed by AttentionKernel::params.
@@ -54,14 +65,15 @@
 namespace ladle::cuda {
 
 // The tensor-core instruction of a tile: mma.sync m16n8k16 (sm_80 and later), Hopper's
-// wgmma.mma_async with cp.async staging and a barrier per tile (sm_90a only), or the
-// warp-specialised TMA + mbarrier + wgmma pipeline (ws, sm_90a only).
-enum class AttentionMma { sync, wgmma, ws };
+// wgmma.mma_async with cp.async staging and a barrier per tile (sm_90a only), the
+// warp-specialised TMA + mbarrier + wgmma pipeline (ws, sm_90a only), or mma.sync in the decode
+// form (a GQA group's heads as rows, the keys split over blocks, a merge kernel).
+enum class AttentionMma { sync, wgmma, ws, decode };
 
 struct AttentionTile {
-  int block_m = 128;  // query rows per block: 16 per warp (64 or 128)
+  int block_m = 128;  // query rows per block: 16 per warp (64 or 128; decode: 16, 32 or 64 packed rows)
   int block_n = 64;   // keys per tile: 32, 64 or 128
-  int warps = 8;      // 4 or 8; block_m = 16 * warps (wgmma, ws: one warpgroup per 64 rows; ws adds a
+  int warps = 8;      // 4 or 8 (decode: 1, 2 or 4); block_m = 16 * warps (wgmma, ws: one warpgroup per 64 rows; ws adds a
                       // producer warpgroup)
   int stages = 2;     // K/V tiles in flight: 1 or 2 (double-buffered); ws: 2 to 4 ring stages
   AttentionMma mma = AttentionMma::sync;
@@ -163,6 +175,13 @@ struct AttentionParam {
     d_softmax_aux,    // the sinks' gradient [H,S] f32 and its strides
     d_softmax_aux_stride_h,
     d_softmax_aux_stride_s,
+    // decode: the splits' partial results and their geometry (the launcher's scratch).
+    partial_o,        // [splits][N][H][partial_rows][Dv] f32: each split's o, normalised by its own sum
+    partial_lse,      // [splits][N][H][partial_rows] f32, log2 units (-inf: nothing attended)
+    partial_rows,     // the longest query sequence
+    split_len,        // keys per split, a multiple of block_n
+    kv_splits,        // the number of splits (the merge kernel's)
+    sequences,        // N (the merge kernel's)
   };
   std::string name;
   std::string c_type;
@@ -179,7 +198,11 @@ struct AttentionKernel {
   unsigned threads = 0;  // block size
   int block_m = 0;       // grid: attention_grid(N * H, ceil(Tq / block_m)) (varlen: of the longest sequence)
   int shared_bytes = 0;  // dynamic shared memory per block
+  // decode: the merge kernel in the same source (empty name: none) and its parameters.
+  std::string merge_name;
+  std::vector<AttentionParam> merge_params;
 };
+
 
 // The launch grid of the attention kernels (forward, and the backward's main kernel) over `heads`
 // (sequences x heads; x kv heads for the backward) and `blocks` (query row blocks; key blocks for
@@ -194,6 +217,13 @@ struct AttentionGrid {
   unsigned x = 1, y = 1, z = 1;
 };
 AttentionGrid attention_grid(std::int64_t heads, std::int64_t blocks);
+
+// decode: the grid of the split kernel (x the splits, y the row blocks of a group's packed rows,
+// z the (sequence, key/value head) pairs) and the merge kernel's blocks of 128 threads for `rows`
+// (sequence, head, token) rows. Throw InvalidArgument past the grid's limits, naming the counts.
+AttentionGrid attention_decode_grid(std::int64_t splits, std::int64_t row_blocks, std::int64_t groups);
+unsigned attention_merge_blocks(std::int64_t rows);
+constexpr unsigned attention_merge_threads = 128;
 
 // Dynamic shared memory a block needs: the K/V stages (sync: the q tile borrows them at the
 // start; wgmma: the q tile stays beside them, read by every score product).

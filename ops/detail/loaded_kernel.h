@@ -35,6 +35,7 @@ struct LoadedKernel {
   Generated kernel;
   std::unique_ptr<Module> module;
   std::optional<Kernel> function;
+  std::optional<Kernel> merge;  // a second kernel of the same source (attention decode's merge_name)
 };
 
 // The loaded kernel for `key` (which must name everything the source depends on and the
@@ -52,6 +53,8 @@ const LoadedKernel<Generated>& loaded_kernel(const std::string& key, const std::
     loaded->kernel = std::move(compiled.kernel);
     loaded->module = std::make_unique<Module>(compiled.program);
     loaded->function.emplace(loaded->module->kernel(loaded->kernel.name));
+    if constexpr (requires { loaded->kernel.merge_name; })
+      if (!loaded->kernel.merge_name.empty()) loaded->merge.emplace(loaded->module->kernel(loaded->kernel.merge_name));
     if constexpr (requires { loaded->kernel.shared_bytes; })
       if (loaded->kernel.shared_bytes > 48 * 1024) loaded->function->set_max_dynamic_shared(loaded->kernel.shared_bytes);
     slot = std::move(loaded);

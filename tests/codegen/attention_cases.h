@@ -50,6 +50,7 @@ struct Case {
   bool d_output_f32 = false;  // backward: d_output in fp32 (prep copies it to the case's type)
   int stages = 2;             // backward: the q / d_output ring
   bool dq_pairs = false;      // backward: dq added by red.global.add.v2 (the launcher's form for a dq not 16-byte aligned)
+  int splits = 0;             // decode tiles: the key splits the test asks for (0: the launcher's attention_decode_split)
 
   ladle::cuda::AttentionKernelSpec spec() const {
     ladle::cuda::AttentionKernelSpec s;
@@ -202,6 +203,66 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
   return cases;
 }
 
+// The decode form (mma = decode): a GQA group's query heads as the rows of one block, the keys
+// split over blocks, the merge kernel. One to 20 query tokens against up to 300 keys; groups of 1
+// to 8 heads (3: not a power of two), rows past a block (two row blocks), splits that end inside
+// a tile's range and splits a causal or window range leaves empty; every mask and modifier the
+// forward takes but dropout: causal, window, soft cap, bias, a u8 mask, segment ids, sinks (in the
+// merge), a user score with a per-head slope and a predicate over the head and batch; varlen with
+// an empty sequence and a sequence of queries with no keys; f16, bf16, f32 (split operands); the
+// converted-copy path.
+inline std::vector<Case> decode() {
+  const auto variant = [](const char* list) { return ladle::attention_variant(ladle::parse_attention_features(list)); };
+  using Tile = ladle::cuda::AttentionTile;
+  constexpr auto kind = ladle::cuda::AttentionMma::decode;
+  std::vector<Case> cases;
+  const auto add = [&](Case c, Tile tile, int splits) {
+    c.name = "decode: " + c.name;
+    c.tile = tile;
+    c.splits = splits;
+    cases.push_back(std::move(c));
+  };
+  {
+    Case c = make("one token, GQA 8:2, causal, D=64, bf16, 4 splits", variant("causal"));
+    c.H = 8, c.H_kv = 2, c.Tq = 1, c.Tk = 300;
+    add(c, {16, 32, 1, 2, kind}, 4);
+  }
+  {
+    Case c = make("5 tokens, GQA 4:1 (20 rows, two warps), window (40, 0) + soft cap + sinks (2), D=Dv=128, f16", variant("window,softcap,sinks"));
+    c.type = DType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 5, c.Tk = 260, c.window_left = 40, c.window_right = 0, c.sinks = 2;
+    add(c, {32, 64, 2, 2, kind}, 3);
+  }
+  {
+    Case c = make("user ALiBi (a slope per head) and keep predicate, GQA 4:2, 3 tokens, two batch rows, f16", user_alibi());
+    c.type = DType::f16, c.B = 2, c.H = 4, c.H_kv = 2, c.Tq = 3, c.Tk = 200, c.user_alibi = true;
+    add(c, {16, 32, 1, 1, kind}, 5);
+  }
+  {
+    Case c = make("varlen (an empty sequence, queries with no keys), bias, mask, segment ids, causal, GQA 2:1",
+                  variant("bias,mask,segments,causal"));
+    c.H = 2, c.H_kv = 1;
+    c.cu_seqlens_q = {0, 1, 1, 5, 7}, c.cu_seqlens_k = {0, 50, 50, 180, 180};
+    c.Tq = 7, c.Tk = 180;
+    add(c, {16, 32, 1, 2, kind}, 3);
+  }
+  {
+    Case c = make("f32 inputs (split operands), causal, GQA 3:1, 2 tokens, D=32", variant("causal,softcap"));
+    c.type = DType::f32, c.H = 3, c.H_kv = 1, c.Tq = 2, c.Tk = 150, c.D = c.Dv = 32;
+    add(c, {16, 32, 1, 2, kind}, 2);
+  }
+  {
+    Case c = make("20 tokens x GQA 4:1 = 80 rows (two row blocks of 64), window (30, 2), no cp.async, D=40 Dv=24", variant("window"));
+    c.H = 4, c.H_kv = 1, c.Tq = 20, c.Tk = 230, c.D = 40, c.Dv = 24, c.window_left = 30, c.window_right = 2, c.async_copy = false;
+    add(c, {64, 32, 4, 2, kind}, 4);
+  }
+  {
+    Case c = make("one token, MHA (G = 1), plain, one split, lse off", variant(""));
+    c.H = c.H_kv = 2, c.Tq = 1, c.Tk = 140, c.lse = false;
+    add(c, {16, 64, 1, 2, kind}, 1);
+  }
+  return cases;
+}
+
 inline std::vector<Case> all() {
   const auto variant = [](const char* list) { return ladle::attention_variant(ladle::parse_attention_features(list)); };
   std::vector<Case> cases;
@@ -311,6 +372,7 @@ inline std::vector<Case> all() {
   }
   for (auto kind : {ladle::cuda::AttentionMma::wgmma, ladle::cuda::AttentionMma::ws})
     for (Case& c : hopper(kind)) cases.push_back(std::move(c));
+  for (Case& c : decode()) cases.push_back(std::move(c));
   return cases;
 }
 

@@ -44,6 +44,33 @@ using attention_binding::integers;
 
 namespace {
 
+// The decode form: the split kernel into NaN-filled partials (a row a split leaves unwritten would
+// show), then the merge kernel.
+void run_decode(std::size_t index, const cuda::AttentionKernel& kernel, const ops::AttentionArgs& args, const cuda::AttentionTile& tile,
+                int splits) {
+  REQUIRE(emulated_merges[index].launch != nullptr);
+  REQUIRE(kernel.merge_name == emulated_merges[index].name);
+  gpu::AttentionDecodeSplit split = gpu::attention_decode_split(args, tile, 132);
+  if (splits > 0) {  // the case's own count, as the launcher would cut it
+    const std::int64_t tiles = (args.longest_k() + tile.block_n - 1) / tile.block_n, per = (tiles + splits - 1) / splits;
+    split.splits = static_cast<int>((tiles + per - 1) / per), split.split_len = static_cast<int>(per * tile.block_n);
+  }
+  const std::int64_t rows = args.N * args.H * split.partial_rows;
+  std::vector<float> o_part(static_cast<std::size_t>(split.splits * rows * args.Dv), std::nanf("")),
+      lse_part(static_cast<std::size_t>(split.splits * rows), std::nanf(""));
+  split.o_part = o_part.data(), split.lse_part = lse_part.data();
+  KernelArgs packed = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
+                                                    describe_tensor_map, &split);
+  const cuda::AttentionGrid grid =
+      cuda::attention_decode_grid(split.splits, (args.longest_q() * (args.H / args.H_kv) + kernel.block_m - 1) / kernel.block_m, args.N * args.H_kv);
+  cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_kernels[index].launch(packed.data()); });
+  KernelArgs merged = gpu::pack_attention_arguments(kernel.merge_params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
+                                                    describe_tensor_map, &split);
+  cuda_emulation::launch(cuda::attention_merge_blocks(rows), 1, 1, cuda::attention_merge_threads,
+                         [&] { emulated_merges[index].launch(merged.data()); });
+  INFO("splits " << split.splits << " of " << split.split_len << " keys");
+}
+
 void run_emulated(std::size_t index, const cuda::AttentionKernel& kernel, const ops::AttentionArgs& args) {
   KernelArgs packed = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
                                                     describe_tensor_map);
@@ -163,7 +190,8 @@ TEST_CASE("attention: every kernel, run on the host emulation of CUDA, matches t
     REQUIRE(kernel.name == emulated_kernels[i].name);
     REQUIRE(static_cast<std::size_t>(kernel.shared_bytes) <= cuda_emulation::dynamic_shared_bytes);
     Bound bound = bind(c, 3000 + i);
-    run_emulated(i, kernel, bound.args);
+    if (c.tile.mma == cuda::AttentionMma::decode) run_decode(i, kernel, bound.args, c.tile, c.splits);
+    else run_emulated(i, kernel, bound.args);
     const reference::AttentionOutput want = reference::attention(bound.ref);
     // 16-bit inputs: 1e-2; fp32 inputs through split bf16 operands: docs/design.md's 2e-3 for
     // fp32 through tensor cores.
@@ -193,6 +221,7 @@ TEST_CASE("attention: a sliding window stages only the key tiles its rows can re
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     if (!c.variant.window && !c.variant.causal) continue;
+    if (c.tile.mma == cuda::AttentionMma::decode) continue;  // its rows are packed heads (the decode test below)
     if (!c.cu_seqlens_q.empty() || !c.async_copy || c.type == DType::f32) continue;
     INFO(c.name);
     const cuda::AttentionKernel kernel = cuda::generate_attention(c.variant, c.spec());
@@ -421,4 +450,34 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
   spec.tile = {128, 128, 8, 2, cuda::AttentionMma::ws};
   spec.async_copy = false;
   REQUIRE_THROWS_WITH(gpu::compile_attention(causal, spec, "sm_90a"), Catch::Contains("TMA"));
+}
+
+TEST_CASE("attention: decode kernels and their merge compile for sm_90a and sm_80 without spills", "[codegen][attention][nvrtc][decode]") {
+  constexpr auto decode = cuda::AttentionMma::decode;
+  std::vector<SweepItem> items;
+  for (const char* f : {"causal", "window,softcap,sinks", "bias,mask,segments,causal"})
+    for (int warps : {1, 4}) items.push_back({f, DType::bf16, 128, 128, {16 * warps, 64, warps, 2, decode}});
+  items.push_back({"causal", DType::f16, 64, 64, {32, 128, 2, 2, decode}});
+  items.push_back({"causal", DType::f32, 64, 64, {32, 32, 2, 2, decode}});
+  for (const SweepItem& item : items) {
+    REQUIRE(cuda::validate_attention_tile(item.tile, item.D, item.Dv, 227 * 1024, item.type == DType::f32, "sm_90a").empty());
+    const auto result = compile_sm90a(item);
+    REQUIRE_FALSE(result.kernel.merge_name.empty());
+    const auto* merge = result.program.resources(result.kernel.merge_name);
+    REQUIRE(merge != nullptr);
+    CHECK(merge->spill_store_bytes == 0);
+    CHECK(result.program.ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos);
+  }
+  auto spec = spec_for(attention_variant(parse_attention_features("causal,sinks")), DType::bf16, 128, 128);
+  spec.tile = {16, 64, 1, 2, decode};
+  const auto sm80 = gpu::compile_attention(attention_variant(parse_attention_features("causal,sinks")), spec, "sm_80");
+  REQUIRE(sm80.program.resources(sm80.kernel.name) != nullptr);
+  CHECK(sm80.program.resources(sm80.kernel.name)->spill_store_bytes == 0);
+  // Dropout is the forward's alone, by name.
+  spec = spec_for(attention_variant(parse_attention_features("causal,dropout")), DType::bf16, 64, 64);
+  spec.tile = {16, 64, 1, 2, decode};
+  CHECK_THROWS_WITH(cuda::generate_attention(attention_variant(parse_attention_features("causal,dropout")), spec),
+                    Catch::Contains("decode form, which draws no dropout"));
+  CHECK(cuda::parse_attention_tile("16,64,1,2,decode") == cuda::AttentionTile{16, 64, 1, 2, decode});
+  CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 2, decode}, 128, 128).front(), Catch::Contains("expected 1, 2 or 4 (mma=decode)"));
 }

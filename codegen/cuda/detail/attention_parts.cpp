@@ -70,7 +70,7 @@ void emit_logits(Code& c, const AttentionParts& parts) {
     c("int key_lo[2], key_hi[2];");
     c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
     c.in();
-    c("const " + wide + " i = row0 + 8 * half;");
+    c("const " + wide + " i = " + parts.half_token + ";");
     c(wide + " lo = 0, end = k_len;");
     emit_key_range(c, variant, "i", "i", "lo", "end");
     c("key_lo[half] = static_cast<int>(lo < k_len ? lo : k_len);");
@@ -78,10 +78,16 @@ void emit_logits(Code& c, const AttentionParts& parts) {
     c.out();
     c("}");
   };
+  const std::string& first = parts.first_token;
+  const std::string& last = parts.last_token;
   std::string interior = "j0 + BN <= k_len";
-  if (variant.causal) interior += " && j0 + BN - 1 <= m0 + diagonal";
+  if (variant.causal) interior += " && j0 + BN - 1 <= " + first + " + diagonal";
   if (variant.window)
-    interior += " && (window_left < 0 || j0 >= row_last + diagonal - window_left) && (window_right < 0 || j0 + BN - 1 <= m0 + diagonal + window_right)";
+    interior += " && (window_left < 0 || j0 >= " + last + " + diagonal - window_left) && (window_right < 0 || j0 + BN - 1 <= " + first +
+                " + diagonal + window_right)";
+  const auto prelude = [&] {
+    for (const std::string& line : parts.element_prelude) c(line);
+  };
   c("// 4. logit = " + ir::to_string(variant.inputs, variant.score) +
     (parts.folded ? " (its rest: log2 units / ladle_logit_factor), -inf where masked. Only a" : " (in log2 units), -inf where masked. Only a"));
   c("//    tile that crosses the edge of the sequence or of the causal / window range tests it per element.");
@@ -100,8 +106,11 @@ void emit_logits(Code& c, const AttentionParts& parts) {
     c("if (!boundary) {");
     c("  LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
     c("    LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
-    c("      const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
+    c("      const int i = " + parts.row_token + ", j = j0 + nt * 8 + tig * 2 + (r & 1);");
     c("      (void)i, (void)j;");
+    c.in(), c.in(), c.in();
+    prelude();
+    c.out(), c.out(), c.out();
     c("      logit[nt][r] = " + logit_expression + ";");
     c("    }");
     c("} else {");
@@ -112,8 +121,11 @@ void emit_logits(Code& c, const AttentionParts& parts) {
   c("LADLE_UNROLL for (int nt = 0; nt < BN / 8; ++nt)");
   c("  LADLE_UNROLL for (int r = 0; r < 4; ++r) {");
   c.in();
-  c("  const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
+  c("  const int i = " + parts.row_token + ", j = j0 + nt * 8 + tig * 2 + (r & 1);");
   c("  (void)i;");
+  c.in();
+  prelude();
+  c.out();
   std::string attend = "j >= key_lo[r / 2] && j <= key_hi[r / 2]";
   if (variant.segment_ids)
     attend += " && q_segment[r / 2] == static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + j) * kv_segment_stride_t])";

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "../attention.h"
 #include "cuda_source.h"
@@ -23,6 +24,12 @@ struct AttentionParts {
   bool qk_f16 = false, pv_f16 = false;  // f16 operands (else bf16)
   // ws: registers per thread after setmaxnreg (0: no setmaxnreg), producer and consumers.
   int producer_registers = 0, consumer_registers = 0;
+  // Where the logits find a row's query token: per accumulator element r, per row half, and the
+  // first and last token of the block's rows; lines that open each element's scope (decode: the
+  // row's query head and what it reads per head).
+  std::string row_token = "row0 + (r >= 2 ? 8 : 0)", half_token = "row0 + 8 * half";
+  std::string first_token = "m0", last_token = "row_last";
+  std::vector<std::string> element_prelude;
 };
 
 // Declares one kernel parameter (C type, name, type, role), as each generator's own list does.
@@ -49,6 +56,20 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
 void emit_o_rescale(Code& c);
 // Step 7: o = o_acc / row_sum (sinks in the denominator), lse.
 void emit_epilogue(Code& c, const AttentionParts& parts);
+
+// ---- decode (attention_decode.cpp): a GQA group's query heads as rows, the keys split over blocks
+
+// The split kernel's own parameters: the partial o and lse, their rows per (sequence, head), the
+// keys per split.
+void declare_decode_params(const AttentionParamFn& param);
+// The block's (sequence, key/value head), packed rows, tokens and the key tiles of its split.
+void emit_decode_range(Code& c, const ir::AttentionVariant& variant, bool varlen, const std::string& k_heads);
+// Step 7 of the split kernel: each row's partial o and lse (log2 units); closes the kernel.
+void emit_decode_partials(Code& c);
+// The merge kernel `name` (its parameters into params): the splits combined by lse, the sinks in
+// the denominator, o and lse stored as the forward stores them.
+std::string decode_merge_kernel(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec, const std::string& name,
+                                std::vector<AttentionParam>& params);
 
 // ---- wgmma (sm_90a)
 

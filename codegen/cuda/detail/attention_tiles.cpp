@@ -46,17 +46,21 @@ AttentionTile parse_attention_tile(const std::string& text) {
   const int fields =
       std::sscanf(text.c_str(), "%d,%d,%d,%d,%15s", &tile.block_m, &tile.block_n, &tile.warps, &tile.stages, mma);
   const std::string kind = mma;
-  if ((fields != 4 && fields != 5) || (fields == 5 && kind != "sync" && kind != "wgmma" && kind != "ws"))
-    throw InvalidArgument("attention tile '" + text + "', expected block_m,block_n,warps,stages[,sync|wgmma|ws]");
+  if ((fields != 4 && fields != 5) || (fields == 5 && kind != "sync" && kind != "wgmma" && kind != "ws" && kind != "decode"))
+    throw InvalidArgument("attention tile '" + text + "', expected block_m,block_n,warps,stages[,sync|wgmma|ws|decode]");
   if (kind == "wgmma") tile.mma = AttentionMma::wgmma;
   if (kind == "ws") tile.mma = AttentionMma::ws;
+  if (kind == "decode") tile.mma = AttentionMma::decode;
   return tile;
 }
 
 std::string to_string(const AttentionTile& tile) {
   return "block_m=" + std::to_string(tile.block_m) + " block_n=" + std::to_string(tile.block_n) +
          " warps=" + std::to_string(tile.warps) + " stages=" + std::to_string(tile.stages) +
-         (tile.mma == AttentionMma::wgmma ? " mma=wgmma" : tile.mma == AttentionMma::ws ? " mma=ws" : "");
+         (tile.mma == AttentionMma::wgmma ? " mma=wgmma"
+          : tile.mma == AttentionMma::ws  ? " mma=ws"
+          : tile.mma == AttentionMma::decode ? " mma=decode"
+                                             : "");
 }
 
 
@@ -64,9 +68,19 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
                                                  bool split_f32, const std::string& arch) {
   std::vector<std::string> problems;
   const auto say = [&](const std::string& what) { problems.push_back(what); };
-  if (tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 4 or 8");
-  if (tile.block_m != 64 && tile.block_m != 128) say("block_m = " + std::to_string(tile.block_m) + ", expected 64 or 128");
-  else if (tile.block_m != 16 * tile.warps)
+  const bool decode = tile.mma == AttentionMma::decode;
+  bool block_m_ok = false;
+  if (decode) {  // a group's packed rows: 16 to 64
+    if (tile.warps != 1 && tile.warps != 2 && tile.warps != 4) say("warps = " + std::to_string(tile.warps) + ", expected 1, 2 or 4 (mma=decode)");
+    block_m_ok = tile.block_m == 16 || tile.block_m == 32 || tile.block_m == 64;
+    if (!block_m_ok)
+      say("block_m = " + std::to_string(tile.block_m) + ", expected 16, 32 or 64 (mma=decode)");
+  } else {
+    if (tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 4 or 8");
+    block_m_ok = tile.block_m == 64 || tile.block_m == 128;
+    if (!block_m_ok) say("block_m = " + std::to_string(tile.block_m) + ", expected 64 or 128");
+  }
+  if (block_m_ok && tile.block_m != 16 * tile.warps)
     say("block_m = " + std::to_string(tile.block_m) + " with " + std::to_string(tile.warps) +
         " warps, expected block_m = 16 * warps (each warp owns 16 query rows)");
   if (tile.block_n != 32 && tile.block_n != 64 && tile.block_n != 128)
@@ -76,7 +90,7 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
   if (!ws && tile.stages != 1 && tile.stages != 2) say("stages = " + std::to_string(tile.stages) + ", expected 1 or 2");
   if (D < 1 || D > 256) say("D = " + std::to_string(D) + ", expected 1 to 256");
   if (Dv < 1 || Dv > 256) say("Dv = " + std::to_string(Dv) + ", expected 1 to 256");
-  if (tile.mma != AttentionMma::sync && tile.mma != AttentionMma::wgmma && !ws) say("mma is neither sync, wgmma nor ws");
+  if (tile.mma != AttentionMma::sync && tile.mma != AttentionMma::wgmma && !ws && !decode) say("mma is none of sync, wgmma, ws, decode");
   if (tile.mma == AttentionMma::wgmma || ws) {
     const std::string name = ws ? "mma=ws" : "mma=wgmma";
     if (!has_wgmma(arch))

@@ -1,0 +1,186 @@
+// The decode form of the softmax-attention family (codegen/cuda/attention.h, AttentionMma::decode):
+// the parts that differ from the mma.sync forward. A block owns one (sequence, key/value head),
+// packed rows m0.. of its GQA group (row rho = token * G + g reads query head hk * G + g) and the
+// keys of split blockIdx.x; it writes its rows' partial o and lse, and the merge kernel of the same
+// source combines the splits. The key loop, the logits, the online softmax and P V are the forward's
+// (attention_parts.cpp), with the row's token and head per row.
+#include <ladle/runtime/error.h>
+
+#include "attention_parts.h"
+
+namespace ladle::cuda {
+
+AttentionGrid attention_decode_grid(std::int64_t splits, std::int64_t row_blocks, std::int64_t groups) {
+  if (splits < 1 || row_blocks < 1 || groups < 1)
+    throw InvalidArgument("attention_decode_grid: splits = " + std::to_string(splits) + ", row blocks = " + std::to_string(row_blocks) +
+                          ", groups = " + std::to_string(groups) + ", expected positive");
+  if (splits > 65535 || row_blocks > 65535 || groups > 65535)
+    throw InvalidArgument("attention_decode_grid: " + std::to_string(splits) + " key splits, " + std::to_string(row_blocks) +
+                          " row blocks and " + std::to_string(groups) + " (sequence, key/value head) pairs; the grid takes at most 65535 of each");
+  return {static_cast<unsigned>(splits), static_cast<unsigned>(row_blocks), static_cast<unsigned>(groups)};
+}
+
+unsigned attention_merge_blocks(std::int64_t rows) {
+  const std::int64_t warps = attention_merge_threads / 32;
+  const std::int64_t blocks = (rows + warps - 1) / warps;
+  if (rows < 1 || blocks > 0x7fffffff)
+    throw InvalidArgument("attention_merge_blocks: " + std::to_string(rows) + " rows, expected 1 to " + std::to_string(0x7fffffffLL * warps));
+  return static_cast<unsigned>(blocks);
+}
+
+namespace detail {
+
+void declare_decode_params(const AttentionParamFn& param) {
+  using Role = AttentionParam::Role;
+  using Type = AttentionParam::Type;
+  param("float*", "o_part", Type::pointer, Role::partial_o);
+  param("float*", "lse_part", Type::pointer, Role::partial_lse);
+  param("int", "partial_rows", Type::i32, Role::partial_rows);
+  param("int", "split_len", Type::i32, Role::split_len);
+}
+
+void emit_decode_range(Code& c, const ir::AttentionVariant& variant, bool varlen, const std::string& k_heads) {
+  c("// The block: (sequence, key/value head) blockIdx.z, its group's packed rows m0.. (row rho = token *");
+  c("// G + g reads query head hk * G + g), the keys of split blockIdx.x.");
+  c("const int m0 = blockIdx.y * BM;");
+  c("const int HK = " + k_heads + ", G = H / HK;");
+  c("const int n = blockIdx.z / HK, hk = blockIdx.z % HK;");
+  c("");
+  c("// The sequence: its first query and key, their counts, the batch row.");
+  if (varlen) {
+    c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
+    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
+    c("const int b = 0;");
+  } else {
+    c("const long long q_bos = 0, k_bos = 0;");
+    c("const int q_len = Tq, k_len = Tk, b = n;");
+  }
+  c("(void)B;");
+  c("const int rows = q_len * G;");
+  c("if (m0 >= rows) return;");
+  c("");
+  c("// The keys any row of this block may attend (the causal / window range of its tokens row_first..");
+  c("// row_last around the diagonal j = i + (k_len - q_len)), within this split's keys.");
+  c("const int diagonal = k_len - q_len, row_first = m0 / G, row_last = ((m0 + BM < rows ? m0 + BM : rows) - 1) / G;");
+  c("long long key_begin = 0, key_end = k_len;");
+  emit_key_range(c, variant, "row_first", "row_last", "key_begin", "key_end");
+  c("const long long split_begin = static_cast<long long>(blockIdx.x) * split_len;");
+  c("if (key_begin < split_begin) key_begin = split_begin;");
+  c("if (key_end > split_begin + split_len) key_end = split_begin + split_len;");
+  c("const int tile_begin = static_cast<int>(key_begin / BN);");
+  c("const int tile_end = key_end > key_begin ? static_cast<int>((key_end + BN - 1) / BN) : tile_begin;");
+  c("");
+}
+
+void emit_decode_partials(Code& c) {
+  c("// 7. This split's partial result per row: o_acc / its own sum, and its lse in log2 units (-inf where");
+  c("//    it attended nothing); the merge kernel weighs the splits by them.");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("const float sum = ladle_quad_sum(row_sum[half]), top = row_max[half];");
+  c("if (!row_live[half]) continue;");
+  c("const long long part_row = ((static_cast<long long>(blockIdx.x) * (gridDim.z / HK) + n) * H + row_head[half]) * partial_rows + row_token[half];");
+  c("const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;");
+  c("float* const o_row = o_part + part_row * DV;");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) {");
+  c("  const int col = nt * 8 + tig * 2;");
+  c("  if (col < DV) o_row[col] = o_acc[nt][2 * half] * inv;");
+  c("  if (col + 1 < DV) o_row[col + 1] = o_acc[nt][2 * half + 1] * inv;");
+  c("}");
+  c("if (tig == 0) lse_part[part_row] = sum > 0.0f ? top + log2f(sum) : ladle_neg_inf();");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+}
+
+std::string decode_merge_kernel(const ir::AttentionVariant& variant, const AttentionKernelSpec& spec, const std::string& name,
+                                std::vector<AttentionParam>& params) {
+  using Role = AttentionParam::Role;
+  using Type = AttentionParam::Type;
+  std::vector<std::string> declarations;
+  const auto param = [&](const std::string& c_type, const std::string& pname, Type type, Role role) {
+    declarations.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + pname);
+    params.push_back({pname, c_type, type, role});
+  };
+  param("const float*", "o_part", Type::pointer, Role::partial_o);
+  param("const float*", "lse_part", Type::pointer, Role::partial_lse);
+  param("int", "partial_rows", Type::i32, Role::partial_rows);
+  param("int", "kv_splits", Type::i32, Role::kv_splits);
+  param("int", "sequences", Type::i32, Role::sequences);
+  param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
+  param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
+  param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
+  param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
+  param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
+  if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
+  if (variant.sinks) {
+    param("const " + std::string(storage_type(spec.sinks_type)) + "*", "softmax_aux", Type::pointer, Role::softmax_aux);
+    param("long long", "softmax_aux_stride_h", Type::i64, Role::softmax_aux_stride_h);
+    param("long long", "softmax_aux_stride_s", Type::i64, Role::softmax_aux_stride_s);
+    param("int", "sinks", Type::i32, Role::sinks);
+  }
+  if (spec.varlen) param("const long long*", "cu_seqlens_q", Type::pointer, Role::cu_seqlens_q);
+  param("int", "Tq", Type::i32, Role::q_tokens);
+  param("int", "H", Type::i32, Role::heads);
+
+  Code c;
+  c("");
+  c("// The splits' merge: a warp per (sequence, head, token) row, a lane per column and every 32nd after it.");
+  c("// o = sum_s 2^(lse_s - top) o_s / (sum_s 2^(lse_s - top)" + std::string(variant.sinks ? " + the sinks' 2^(log2 e aux - top)" : "") + "), lse as");
+  c("// the forward writes it; a row with nothing attended gets o = 0.");
+  c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(attention_merge_threads) + ") " + name + "(");
+  c.in(), c.in();
+  for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
+  c.out();
+  c("constexpr int DV = " + std::to_string(spec.Dv) + ", COLS = (DV + 31) / 32;");
+  c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
+  c("(void)LOG2E; (void)LN2;");
+  c("const long long row = static_cast<long long>(blockIdx.x) * " + std::to_string(attention_merge_threads / 32) + " + threadIdx.x / 32;");
+  c("const int lane = threadIdx.x % 32;");
+  c("const long long between = static_cast<long long>(sequences) * H * partial_rows;  // one split's rows");
+  c("if (row >= between) return;");
+  c("const int token = static_cast<int>(row % partial_rows), h = static_cast<int>(row / partial_rows % H);");
+  c("const int n = static_cast<int>(row / partial_rows / H);");
+  if (spec.varlen) {
+    c("const long long q_bos = cu_seqlens_q[n];");
+    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), b = 0;");
+  } else {
+    c("const long long q_bos = 0;");
+    c("const int q_len = Tq, b = n;");
+  }
+  c("if (token >= q_len) return;");
+  c("float top = ladle_neg_inf();");
+  c("for (int s = 0; s < kv_splits; ++s) top = fmaxf(top, lse_part[s * between + row]);");
+  if (variant.sinks)
+    c("for (int s = 0; s < sinks; ++s) top = fmaxf(top, LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s));");
+  c("float sum = 0.0f, acc[COLS];");
+  c("LADLE_UNROLL for (int k = 0; k < COLS; ++k) acc[k] = 0.0f;");
+  c("if (top != ladle_neg_inf()) {");
+  c.in();
+  c("for (int s = 0; s < kv_splits; ++s) {");
+  c("  const float l = lse_part[s * between + row];");
+  c("  if (l == ladle_neg_inf()) continue;");
+  c("  const float w = ladle_exp2(l - top);");
+  c("  sum += w;");
+  c("  const float* const part = o_part + (s * between + row) * DV;");
+  c("  LADLE_UNROLL for (int k = 0; k < COLS; ++k)");
+  c("    if (lane + 32 * k < DV) acc[k] += w * part[lane + 32 * k];");
+  c("}");
+  if (variant.sinks)
+    c("for (int s = 0; s < sinks; ++s) sum += ladle_exp2(LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s) - top);");
+  c.out();
+  c("}");
+  c("const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;");
+  c(std::string(storage_type(spec.output_type)) + "* const o_row = o + b * o_stride_b + (q_bos + token) * o_stride_t + h * o_stride_h;");
+  c("LADLE_UNROLL for (int k = 0; k < COLS; ++k)");
+  c("  if (lane + 32 * k < DV) ladle_store(o_row + (lane + 32 * k) * o_stride_d, acc[k] * inv);");
+  if (spec.lse)
+    c("if (lane == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + token] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");
+  c.out();
+  c("}");
+  return c.text();
+}
+
+}  // namespace detail
+}  // namespace ladle::cuda
