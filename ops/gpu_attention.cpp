@@ -318,14 +318,10 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
   if (args.Tq > INT32_MAX || args.Tk > INT32_MAX)
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernel indexes tokens with 32-bit ints", op, args.Tq, args.Tk));
 
-  // No tile named: the tuned one (LADLE_AUTOTUNE; heuristic: the heuristic tile, nothing built). A
-  // decode-shaped call takes the heuristic's decode tile untuned (the tuner's space has no decode tiles).
-  std::optional<cuda::AttentionTile> chosen = tile;
-  if (!chosen) {
-    const cuda::AttentionTile heuristic = heuristic_attention_tile(args);
-    chosen = heuristic.mma == cuda::AttentionMma::decode ? heuristic : tuned_attention_tile(variant, args, heuristic);
-  }
-  const cuda::AttentionKernelSpec spec = attention_kernel_spec(variant, args, *chosen);
+  // No tile named: the tuned one (LADLE_AUTOTUNE; heuristic: the heuristic tile, nothing built; a
+  // decode tile untuned).
+  const cuda::AttentionKernelSpec spec =
+      attention_kernel_spec(variant, args, tile ? *tile : tuned_attention_tile(variant, args, heuristic_attention_tile(args)));
   const std::string arch = Device::get().properties().arch();
   const auto& loaded = detail::loaded_kernel<cuda::AttentionKernel>(
       spec_key(variant, spec), arch, [&](const std::string& target) { return compile_attention(variant, spec, target); });

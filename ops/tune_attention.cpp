@@ -303,7 +303,9 @@ TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::Atten
 cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                                          const cuda::AttentionTile& heuristic, const TuneOptions& tune_options) {
   const Policy policy = tune_options.policy.value_or(policy_from_env());
-  if (policy == Policy::heuristic) return heuristic;
+  // A decode tile is taken as the heuristic gives it: the space holds no decode tiles (its split
+  // count is attention_decode_split's).
+  if (policy == Policy::heuristic || heuristic.mma == cuda::AttentionMma::decode) return heuristic;
   return to_attention_tile(tuned_config(attention_tune_job(variant, args, heuristic), policy, tune_options));
 }
 

@@ -68,7 +68,8 @@ TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::Atten
                            const cuda::AttentionTile& heuristic);
 
 // The tile for this call: the heuristic under policy heuristic (nothing built, no device
-// touched), else the tuned one (tuned now on a miss under cached, always under force).
+// touched) or where the heuristic is a decode tile (the space holds none), else the tuned one (tuned
+// now on a miss under cached, always under force).
 cuda::AttentionTile tuned_attention_tile(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                                          const cuda::AttentionTile& heuristic, const TuneOptions& tune_options = {});
 

@@ -492,6 +492,35 @@ TEST_CASE("packed sequences attend within themselves, including empty and one-to
   check_case(same);
 }
 
+TEST_CASE("decode-shaped calls (a few query tokens against many keys) match the reference for every mask and modifier", "[ops][attention][decode]") {
+  // On the GPU these take the decode form (a GQA group's heads as rows, the keys split over
+  // blocks, the merge kernel by lse): each mask and modifier at 1 and 4 query tokens against 300
+  // keys, GQA 8:2, bf16; sinks in the merge; 16 tokens x 8:1 (128 rows, two row blocks) in f32;
+  // packed sequences with an empty one, queries with no keys and keys past every split.
+  for (int Tq : {1, 4})
+    for (Mask mask : all_masks)
+      for (Modifier modifier : all_modifiers) {
+        INFO("mask " << name(mask) << ", modifier " << int(modifier));
+        Case c;
+        c.Tq = Tq, c.Tk = 300, c.H = 8, c.H_kv = 2, c.D = c.Dv = 32, c.B = 2;
+        c.type = c.bias_type = DType::bf16;
+        apply(c, mask);
+        apply(c, modifier);
+        check_case(c);
+      }
+  Case sinks;
+  sinks.Tq = 2, sinks.Tk = 500, sinks.H = 4, sinks.H_kv = 1, sinks.D = 64, sinks.Dv = 48, sinks.type = DType::f16;
+  sinks.sinks_shape = {4, 3}, sinks.causal = true, sinks.soft_cap = 1.5f;
+  check_case(sinks);
+  Case wide;
+  wide.B = 1, wide.Tq = 16, wide.Tk = 1000, wide.H = 8, wide.H_kv = 1, wide.D = wide.Dv = 16, wide.causal = true;
+  check_case(wide);
+  Case packed;
+  packed.cu_seqlens_q = {0, 1, 1, 4, 6}, packed.cu_seqlens_k = {0, 260, 260, 900, 900};
+  packed.H = 4, packed.H_kv = 2, packed.D = packed.Dv = 32, packed.type = DType::bf16, packed.causal = true;
+  check_case(packed);
+}
+
 TEST_CASE("dropout with a seed is deterministic and matches the reference", "[ops][attention]") {
   for (Mask mask : {Mask::none, Mask::causal, Mask::window_both})
     for (DType type : all_types) {

@@ -487,6 +487,40 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
   REQUIRE(pick(odd, h100()).mma != AttentionMma::ws);
 }
 
+TEST_CASE("a few query tokens against many keys take the decode form, its splits filling the GPU") {
+  const auto pick = [](const Call& call, const DeviceLimits& device) {
+    return gpu::heuristic_attention_tile(call.args, device.sm_count, device.arch, device.max_shared_per_block);
+  };
+  using cuda::AttentionMma;
+  AttentionFeatures plain;
+  // B64 Tq1 Tk8192 H32:8 D128: 4 rows a group, one warp; 512 groups of 128 key tiles.
+  Call decode(64, 1, 32, 128, plain, DType::bf16, 8, 0, 8192);
+  const cuda::AttentionTile tile = pick(decode, h100());
+  REQUIRE(tile == cuda::AttentionTile{16, 64, 1, 2, AttentionMma::decode});
+  REQUIRE(pick(decode, a100()).mma == AttentionMma::decode);  // mma.sync: sm_80 too
+  TuneOptions force;
+  force.policy = Policy::force;
+  REQUIRE(gpu::tuned_attention_tile(decode.variant(), decode.args, tile, force) == tile);  // never tuned, no device touched
+  const gpu::AttentionDecodeSplit split = gpu::attention_decode_split(decode.args, tile, 132);
+  CHECK(split.splits >= 2);
+  CHECK(static_cast<std::int64_t>(split.splits) * split.split_len >= 8192);
+  CHECK((static_cast<std::int64_t>(split.splits) - 1) * split.split_len < 8192);  // no split empty
+  CHECK(split.split_len % tile.block_n == 0);
+  CHECK(split.partial_rows == 1);
+  // One sequence of 16 tokens, GQA 8:1: 128 rows, four warps a block, the keys split many ways.
+  Call wide(1, 16, 8, 64, Call::causal(), DType::bf16, 1, 0, 32768);
+  const cuda::AttentionTile four = pick(wide, h100());
+  REQUIRE(four == cuda::AttentionTile{64, 64, 4, 2, AttentionMma::decode});
+  CHECK(gpu::attention_decode_split(wide.args, four, 132).splits >= 100);
+  // Not decode-shaped: more query tokens, too few keys, dropout; D = 256 (no mma.sync tile fits).
+  CHECK(pick(Call(64, 17, 32, 128, plain, DType::bf16, 8, 0, 8192), h100()).mma != AttentionMma::decode);
+  CHECK(pick(Call(64, 4, 32, 128, plain, DType::bf16, 8, 0, 24), h100()).mma != AttentionMma::decode);
+  AttentionFeatures dropout;
+  dropout.dropout = true;
+  CHECK(pick(Call(64, 1, 32, 128, dropout, DType::bf16, 8, 0, 8192), h100()).mma != AttentionMma::decode);
+  CHECK(pick(Call(8, 1, 32, 256, plain, DType::bf16, 8, 0, 8192), h100()).mma != AttentionMma::decode);
+}
+
 // ---- The backward's tiles
 
 namespace {

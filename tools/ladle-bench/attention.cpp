@@ -4,12 +4,15 @@
 //   --case causal            causal, H = H_kv
 //   --case window_softcap    sliding window (1024, 0) + soft cap 30
 //   --case sinks_gqa         causal + 4 sinks, GQA H:H_kv = 16:2
+//   --case decode            --tq query tokens (1) against -T keys, GQA H:--hkv (8), no mask: the
+//                            decode shape (issue 38); also prints GB/s of K and V read once
 // Prints one JSON line per tile tried:
 //   {"op":"attention_causal","impl":"ladle","shape":"B8 T4096 H16 D128 bf16","tile":"...","ms":...,"TFLOPs":...}
 // where TFLOP/s counts 4 * D flops per attended (query, key) pair (q k^T and P V).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,7 +47,7 @@ double attended_pairs(long long T, bool causal, long long left, long long right)
 
 int main(int argc, char** argv) {
   CLI::App app{"ladle-bench-attention"};
-  int B = 8, T = 4096, H = 16, D = 128, reps = 20, window = 1024, sinks = 4, H_kv_gqa = 2;
+  int B = 8, T = 4096, H = 16, D = 128, reps = 20, window = 1024, sinks = 4, H_kv_gqa = 2, tq = 1, hkv_decode = 8;
   std::string which = "causal";
   std::vector<std::string> tiles;
   bool backward = false;
@@ -53,9 +56,11 @@ int main(int argc, char** argv) {
   app.add_option("-H", H);
   app.add_option("-D", D, "head dim (D = Dv)");
   app.add_option("--reps", reps);
-  app.add_option("--case", which)->check(CLI::IsMember({"causal", "window_softcap", "sinks_gqa"}));
+  app.add_option("--case", which)->check(CLI::IsMember({"causal", "window_softcap", "sinks_gqa", "decode"}));
+  app.add_option("--tq", tq, "decode: query tokens (-T is the keys)")->check(CLI::Range(1, 4096));
+  app.add_option("--hkv", hkv_decode, "decode: key/value heads (H a multiple of it)")->check(CLI::Range(1, 1024));
   app.add_option("--window", window, "window_softcap: keys before the diagonal");
-  app.add_option("--tile", tiles, "block_m,block_n,warps,stages[,sync|wgmma] (repeatable); default: the heuristic");
+  app.add_option("--tile", tiles, "block_m,block_n,warps,stages[,sync|wgmma|ws|decode] or default (repeatable); default: the heuristic");
   app.add_flag("--backward", backward, "also time the backward (ladle::gpu::run_attention_backward_into) and forward + backward");
   std::vector<int> bwd_stages{0};
   app.add_option("--bwd-stages", bwd_stages, "with --backward: the backward's q / d_output stages, each timed (0: the library's tile, tuned under LADLE_AUTOTUNE=cached)")
@@ -67,8 +72,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto& device = ladle::Device::get();
-    const int H_kv = which == "sinks_gqa" ? H_kv_gqa : H;
-    const long long n_q = 1LL * B * T * H * D, n_kv = 1LL * B * T * H_kv * D;
+    const bool decode = which == "decode";
+    const int H_kv = which == "sinks_gqa" ? H_kv_gqa : decode ? hkv_decode : H;
+    if (H % H_kv != 0) throw std::invalid_argument("--hkv " + std::to_string(H_kv) + " does not divide -H " + std::to_string(H));
+    const int Tq = decode ? tq : T;  // decode: -T is the keys
+    const long long n_q = 1LL * B * Tq * H * D, n_kv = 1LL * B * T * H_kv * D;
     ladle::DeviceBuffer q(n_q * 2), k(n_kv * 2), v(n_kv * 2), o(n_q * 2), aux(static_cast<std::size_t>(H) * sinks * 4);
     ladle::bench::fill_bf16(q, 1, false);
     ladle::bench::fill_bf16(k, 2, false);
@@ -82,8 +90,8 @@ int main(int argc, char** argv) {
       return b.view(type, std::move(shape));
     };
     const auto bf16 = ladle::DType::bf16;
-    const auto qv = view(q, bf16, {B, T, H, D}), kv = view(k, bf16, {B, T, H_kv, D}), vv = view(v, bf16, {B, T, H_kv, D});
-    const auto ov = view(o, bf16, {B, T, H, D});
+    const auto qv = view(q, bf16, {B, Tq, H, D}), kv = view(k, bf16, {B, T, H_kv, D}), vv = view(v, bf16, {B, T, H_kv, D});
+    const auto ov = view(o, bf16, {B, Tq, H, D});
 
     ladle::AttentionFeatures features;
     ladle::VariantInputs inputs;
@@ -98,6 +106,8 @@ int main(int argc, char** argv) {
       inputs.scalars["logits_soft_cap"] = 30.0f;
       options.window_left = window, options.window_right = 0;
       pairs = attended_pairs(T, false, window, 0);
+    } else if (decode) {
+      pairs = static_cast<double>(Tq) * T;  // every query token sees every key
     } else {
       features.causal = features.sinks = true;
       options.softmax_aux = view(aux, ladle::DType::f32, {H, sinks});
@@ -106,11 +116,13 @@ int main(int argc, char** argv) {
     const ladle::ir::AttentionVariant& variant = ladle::attention_variant(features);
     const double flops = 4.0 * D * pairs * B * H;
     const std::string label = "attention_" + which;
-    const std::string shape = "B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) +
+    const std::string shape = "B" + std::to_string(B) + (decode ? " Tq" + std::to_string(Tq) + " Tk" : " T") + std::to_string(T) + " H" +
+                              std::to_string(H) +
                               (H_kv != H ? ":" + std::to_string(H_kv) : "") + " D" + std::to_string(D) + " bf16";
 
     ladle::ops::AttentionArgs args = ladle::ops::bind_attention(label, variant, qv, kv, vv, inputs, options);
     // The backward's buffers: lse (the forward returns it), d_output, and fp32 gradients.
+    if (decode && backward) throw std::invalid_argument("--backward is not timed for --case decode");
     ladle::DeviceBuffer lse(static_cast<std::size_t>(B) * H * T * 4), d_out(n_q * 2), dq(n_q * 4), dk(n_kv * 4), dv(n_kv * 4);
     ladle::bench::fill_bf16(d_out, 4, false);
     if (backward) options.return_lse = true;
@@ -128,7 +140,7 @@ int main(int argc, char** argv) {
     for (const auto& tile_text : tiles) {
       try {
         std::optional<ladle::cuda::AttentionTile> tile;
-        if (!tile_text.empty()) {
+        if (!tile_text.empty() && tile_text != "default") {
           tile = ladle::cuda::parse_attention_tile(tile_text);
         } else {  // the library's own choice: the heuristic's, or the tuner's under LADLE_AUTOTUNE=cached / force
           tile = ladle::gpu::tuned_attention_tile(variant, args, ladle::gpu::heuristic_attention_tile(args), {});
@@ -172,9 +184,11 @@ int main(int argc, char** argv) {
           const double pass_flops = flops * (pass == 0 ? 1.0 : pass == 1 ? 2.5 : 3.5);
           const std::string name = label + (pass == 0 ? "" : pass == 1 ? "_bwd" : "_fwd_bwd");
           const std::string tile_name = ladle::cuda::to_string(spec.tile) + (pass != 0 && stages != 0 ? " bwd_stages=" + std::to_string(stages) : "");
-          std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
-                      name.c_str(), shape.c_str(), tile_name.c_str(), median,
-                      pass_flops / (median * 1e-3) / 1e12);
+          // decode: K and V read once (and q, o) over the time, the byte floor's rate.
+          const double bytes = 2.0 * (2.0 * static_cast<double>(n_kv) + 2.0 * static_cast<double>(n_q));
+          std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"ms\":%.4f,\"TFLOPs\":%.1f,\"GBs\":%.0f}\n",
+                      name.c_str(), shape.c_str(), tile_name.c_str(), median, pass_flops / (median * 1e-3) / 1e12,
+                      bytes / (median * 1e-3) / 1e9);
         }
       } catch (const std::exception& e) {
         std::printf("{\"op\":\"%s\",\"impl\":\"ladle\",\"shape\":\"%s\",\"tile\":\"%s\",\"error\":\"%s\"}\n", label.c_str(),
