@@ -4,7 +4,7 @@
 # decode form and (for the "before") its mma.sync forward tile, PyTorch SDPA (flash, cuDNN,
 # efficient), FlexAttention and flash_attn_with_kvcache (bench/decode_bench.py), ladle again; the
 # byte floor as torch.sum over K and V. Needs .deps carried.
-#   bash bench/decode.sh [test] [time] [ncu]      (default: test time)
+#   bash bench/decode.sh [test] [sanitize] [time] [ncu]      (default: test time)
 #   SHAPES="64x1x8192 64x4x8192" HEADS=32 KV_HEADS=8 DIM=128
 set -u
 what=${*:-test time}
@@ -16,9 +16,12 @@ if [[ " $what " == *" test "* ]]; then
   echo "== tests"
   LADLE_AUTOTUNE=heuristic timeout 200 "$build/tests/ops-attention" "[decode]" 2>&1 | tail -3
   timeout 200 "$build/tests/codegen-cuda_attention" "attention: every kernel*" "*decode kernels*" 2>&1 | tail -3
-  if command -v compute-sanitizer > /dev/null; then
+fi
+if [[ " $what " == *" sanitize "* ]] && command -v compute-sanitizer > /dev/null; then
+  echo "== compute-sanitizer memcheck over the decode cases"
+  {
     LADLE_AUTOTUNE=heuristic timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/ops-attention" "[decode]" 2>&1 | tail -3
-  fi
+  }
 fi
 ladle() {  # B Tq Tk
   LADLE_AUTOTUNE=heuristic timeout 120 "$attn" --case decode -B "$1" --tq "$2" -T "$3" -H "$H" --hkv "$HKV" -D "$D" --reps 50 \
