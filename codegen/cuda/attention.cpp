@@ -289,7 +289,7 @@ std::string header_text(const Forward& f, const AttentionKernel& kernel) {
                                     : std::string()) + "\n";
   } else {
     header += std::string("K/V staging: ") + (f.ops.async ? "cp.async, 16 bytes per copy" : "loads converted in registers") +
-              (tile.stages == 2 ? ", double-buffered" : ", single buffer") + "\n";
+              (tile.stages > 2 ? ", a ring of " + std::to_string(tile.stages) + " stages" : tile.stages == 2 ? ", double-buffered" : ", single buffer") + "\n";
   }
   header += std::string("varlen=") + (spec.varlen ? "1" : "0") + " lse=" + (spec.lse ? "1" : "0") + "\n";
   header += "GQA: query head h reads key/value head h / (H / H_kv).\n";
@@ -668,7 +668,7 @@ void emit_sync_pv(Code& c, const Forward& f) {
 }
 
 // Steps 2 to 6 of the mma.sync and wgmma paths: K and V staged tile by tile (double-buffered at
-// two stages), each tile's scores, logits, online softmax and P V.
+// two stages; decode: a ring of up to four), each tile's scores, logits, online softmax and P V.
 void emit_key_loop(Code& c, const Forward& f, const AttentionParts& parts) {
   const std::vector<std::string>& id = f.id;
   c("// 2. K and V tiles into shared memory, stage by stage.");
@@ -682,10 +682,25 @@ void emit_key_loop(Code& c, const Forward& f, const AttentionParts& parts) {
   if (f.ops.async) c("ladle_cp_async_commit();");
   c.out();
   c("};");
-  c("if (tile_begin < tile_end) stage_tile(tile_begin, 0);");
+  if (f.tile.stages > 2) {  // decode: a ring of STAGES, STAGES - 1 tiles in flight (an empty group past the end keeps the count)
+    c("for (int s = 0; s < STAGES - 1; ++s) {");
+    c("  if (tile_begin + s < tile_end) stage_tile(tile_begin + s, s);");
+    if (f.ops.async) c("  else ladle_cp_async_commit();");
+    c("}");
+  } else {
+    c("if (tile_begin < tile_end) stage_tile(tile_begin, 0);");
+  }
   c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
   c.in();
-  if (f.tile.stages == 2) {
+  if (f.tile.stages > 2) {
+    c("const int stage = (tile - tile_begin) % STAGES;");
+    c("// Tile + STAGES - 1 into the stage tile - 1 left (every warp passed the barrier after it).");
+    c("if (tile + STAGES - 1 < tile_end) stage_tile(tile + STAGES - 1, (stage + STAGES - 1) % STAGES);");
+    if (f.ops.async) {
+      c("else ladle_cp_async_commit();");
+      c("ladle_cp_async_wait<STAGES - 1>();  // this tile's group has landed");
+    }
+  } else if (f.tile.stages == 2) {
     c("const int stage = (tile - tile_begin) & 1;");
     c("if (tile + 1 < tile_end) {  // the next tile streams in while this one is computed");
     c("  stage_tile(tile + 1, stage ^ 1);");

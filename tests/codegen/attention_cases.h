@@ -223,9 +223,9 @@ inline std::vector<Case> decode() {
     cases.push_back(std::move(c));
   };
   {
-    Case c = make("one token, GQA 8:2, causal, D=64, bf16, 4 splits", variant("causal"));
+    Case c = make("one token, GQA 8:2, causal, D=64, bf16, 2 splits, a ring of 4 stages that wraps", variant("causal"));
     c.H = 8, c.H_kv = 2, c.Tq = 1, c.Tk = 300;
-    add(c, {16, 32, 1, 2, kind}, 4);
+    add(c, {16, 32, 1, 4, kind}, 2);
   }
   {
     Case c = make("5 tokens, GQA 4:1 (20 rows, two warps), window (40, 0) + soft cap + sinks (2), D=Dv=128, f16", variant("window,softcap,sinks"));
@@ -256,9 +256,9 @@ inline std::vector<Case> decode() {
     add(c, {64, 32, 4, 2, kind}, 4);
   }
   {
-    Case c = make("one token, MHA (G = 1), plain, one split, lse off", variant(""));
+    Case c = make("one token, MHA (G = 1), plain, one split, lse off, 3 stages", variant(""));
     c.H = c.H_kv = 2, c.Tq = 1, c.Tk = 140, c.lse = false;
-    add(c, {16, 64, 1, 2, kind}, 1);
+    add(c, {16, 32, 1, 3, kind}, 1);
   }
   return cases;
 }

@@ -458,6 +458,8 @@ TEST_CASE("attention: decode kernels and their merge compile for sm_90a and sm_8
   for (const char* f : {"causal", "window,softcap,sinks", "bias,mask,segments,causal"})
     for (int warps : {1, 4}) items.push_back({f, DType::bf16, 128, 128, {16 * warps, 64, warps, 2, decode}});
   items.push_back({"causal", DType::f16, 64, 64, {32, 128, 2, 2, decode}});
+  items.push_back({"causal,softcap", DType::bf16, 128, 128, {16, 32, 1, 4, decode}});
+  items.push_back({"causal", DType::bf16, 128, 128, {16, 64, 1, 3, decode}});
   items.push_back({"causal", DType::f32, 64, 64, {32, 32, 2, 2, decode}});
   for (const SweepItem& item : items) {
     REQUIRE(cuda::validate_attention_tile(item.tile, item.D, item.Dv, 227 * 1024, item.type == DType::f32, "sm_90a").empty());

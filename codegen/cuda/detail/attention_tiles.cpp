@@ -87,7 +87,8 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
     say("block_n = " + std::to_string(tile.block_n) + ", expected 32, 64 or 128");
   const bool ws = tile.mma == AttentionMma::ws;
   if (ws && (tile.stages < 2 || tile.stages > 4)) say("stages = " + std::to_string(tile.stages) + ", expected 2 to 4 (mma=ws)");
-  if (!ws && tile.stages != 1 && tile.stages != 2) say("stages = " + std::to_string(tile.stages) + ", expected 1 or 2");
+  if (decode && (tile.stages < 1 || tile.stages > 4)) say("stages = " + std::to_string(tile.stages) + ", expected 1 to 4 (mma=decode)");
+  if (!ws && !decode && tile.stages != 1 && tile.stages != 2) say("stages = " + std::to_string(tile.stages) + ", expected 1 or 2");
   if (D < 1 || D > 256) say("D = " + std::to_string(D) + ", expected 1 to 256");
   if (Dv < 1 || Dv > 256) say("Dv = " + std::to_string(Dv) + ", expected 1 to 256");
   if (tile.mma != AttentionMma::sync && tile.mma != AttentionMma::wgmma && !ws && !decode) say("mma is none of sync, wgmma, ws, decode");
