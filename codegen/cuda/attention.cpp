@@ -310,8 +310,14 @@ void emit_signature(Code& c, const Forward& f, const std::string& name, const st
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
-  c("constexpr int BM = " + std::to_string(tile.block_m) + ", BN = " + std::to_string(tile.block_n) + ", WARPS = " +
-    std::to_string(tile.warps) + ", THREADS = 32 * WARPS, STAGES = " + std::to_string(tile.stages) + ";");
+  if (f.decode) {  // the warps of a row group split each key tile: BN keys a warp of BN_TILE staged
+    c("constexpr int BM = " + std::to_string(tile.block_m) + ", BN_TILE = " + std::to_string(tile.block_n) + ", WARPS = " +
+      std::to_string(tile.warps) + ", THREADS = 32 * WARPS, STAGES = " + std::to_string(tile.stages) + ";");
+    c("constexpr int ROW_WARPS = BM / 16, KEY_WARPS = WARPS / ROW_WARPS, BN = BN_TILE / KEY_WARPS;");
+  } else {
+    c("constexpr int BM = " + std::to_string(tile.block_m) + ", BN = " + std::to_string(tile.block_n) + ", WARPS = " +
+      std::to_string(tile.warps) + ", THREADS = 32 * WARPS, STAGES = " + std::to_string(tile.stages) + ";");
+  }
   c("constexpr int D = " + std::to_string(f.spec.D) + ", DV = " + std::to_string(f.spec.Dv) +
     ";  // head dims");
   c("constexpr int DP = " + std::to_string(pad16(f.spec.D)) + ", DVP = " + std::to_string(pad16(f.spec.Dv)) +
@@ -326,6 +332,7 @@ void emit_signature(Code& c, const Forward& f, const std::string& name, const st
   } else {
     c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;");
   }
+  if (f.decode) c("const int row_warp = warp % ROW_WARPS, key_warp = warp / ROW_WARPS;  // rows row_warp * 16.., keys key_warp * BN.. of a tile");
   if (f.wgmma) {
     c("// Owns rows 64 * warpgroup.. of the block (warp: 16 of them); read through a shuffle so that the");
     c("// compiler knows it is warp-uniform and keeps the descriptors built from it in uniform registers.");
@@ -487,8 +494,9 @@ void emit_q_tile(Code& c, const Forward& f) {
   c("unsigned q_frag[DP / 16][4];");
   if (f.ops.split) c("unsigned q_frag_lo[DP / 16][4];");
   c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt) {");
-  c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
-  if (f.ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(warp * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+  const std::string rows = f.decode ? "row_warp" : "warp";  // decode: the warps of a row group share its q rows
+  c("  ladle_ldmatrix_x4(q_frag[kt], &q_tile[(" + rows + " * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
+  if (f.ops.split) c("  ladle_ldmatrix_x4(q_frag_lo[kt], &q_tile_lo[(" + rows + " * 16 + lane % 16) * KLD + kt * 16 + (lane / 16) * 8]);");
   c("}");
   c("__syncthreads();  // the stages reuse the q tile's memory");
   c("");
@@ -544,7 +552,7 @@ std::vector<std::string> emit_decode_row_state(Code& c, const Forward& f, const 
   std::vector<std::string> prelude{"const int h = row_head[r / 2];", "(void)h;"};
   c("// Per row of this thread (packed rows gid and gid + 8 of the warp's 16): whether it exists, its token");
   c("// and query head, its running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DVP / 8][4].");
-  c("const int row0 = m0 + warp * 16 + gid;");
+  c("const int row0 = m0 + row_warp * 16 + gid;");
   c("bool row_live[2];");
   c("int row_token[2], row_head[2];");
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
@@ -674,11 +682,12 @@ void emit_key_loop(Code& c, const Forward& f, const AttentionParts& parts) {
   c("// 2. K and V tiles into shared memory, stage by stage.");
   c("const auto stage_tile = [&](int tile, int stage) {");
   c.in();
-  c("const int j0 = tile * BN;");
+  const std::string width = f.decode ? "BN_TILE" : "BN";  // the keys a tile stages
+  c("const int j0 = tile * " + width + ";");
   emit_stage_rows(c, f, {"k_seq", id[1], "(k_tile + stage * STAGE_ELEMENTS)", "(k_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len",
-                         "BN", "D", "DP", "KLD", f.ops.qk_f16});
+                         width, "D", "DP", "KLD", f.ops.qk_f16});
   emit_stage_rows(c, f, {"v_seq", id[2], "(v_tile + stage * STAGE_ELEMENTS)", "(v_tile_lo + stage * STAGE_ELEMENTS)", "j0", "k_len",
-                         "BN", "DV", "DVP", "VLD", f.ops.pv_f16});
+                         width, "DV", "DVP", "VLD", f.ops.pv_f16});
   if (f.ops.async) c("ladle_cp_async_commit();");
   c.out();
   c("};");
@@ -715,12 +724,14 @@ void emit_key_loop(Code& c, const Forward& f, const AttentionParts& parts) {
   }
   if (f.wgmma) c("ladle_fence_proxy_async();  // this thread's shared-memory writes, visible to wgmma's async proxy");
   c("__syncthreads();");
-  c("const int j0 = tile * BN;");
-  c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS;");
-  c("const unsigned short* const v_s = v_tile + stage * STAGE_ELEMENTS;");
+  // decode: this warp's BN keys of the tile.
+  const std::string k_off = f.decode ? " + key_warp * BN * KLD" : "", v_off = f.decode ? " + key_warp * BN * VLD" : "";
+  c(f.decode ? "const int j0 = tile * BN_TILE + key_warp * BN;" : "const int j0 = tile * BN;");
+  c("const unsigned short* const k_s = k_tile + stage * STAGE_ELEMENTS" + k_off + ";");
+  c("const unsigned short* const v_s = v_tile + stage * STAGE_ELEMENTS" + v_off + ";");
   if (f.ops.split) {
-    c("const unsigned short* const k_s_lo = k_tile_lo + stage * STAGE_ELEMENTS;");
-    c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS;");
+    c("const unsigned short* const k_s_lo = k_tile_lo + stage * STAGE_ELEMENTS" + k_off + ";");
+    c("const unsigned short* const v_s_lo = v_tile_lo + stage * STAGE_ELEMENTS" + v_off + ";");
   }
   c("");
   if (f.wgmma) emit_wgmma_scores(c, parts);
@@ -769,7 +780,7 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   kernel.name = "ladle_attention_" + hex(fnv1a(key, ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(f.threads);
   kernel.block_m = tile.block_m;
-  kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);
+  kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);  // decode: the key warps' merge too
   if (decode) kernel.merge_name = kernel.name + "_merge";
   const std::vector<std::string> declarations = declare_params(f, kernel);
   const Logit logit = render_logit(f);
@@ -796,7 +807,7 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   }
   if (ws) emit_ws_consumer_loop(c, parts);
   else emit_key_loop(c, f, parts);
-  if (decode) emit_decode_partials(c);
+  if (decode) emit_decode_key_merge(c), emit_decode_partials(c);
   else emit_epilogue(c, parts);
   kernel.source = c.text();
   if (decode) kernel.source += decode_merge_kernel(variant, spec, kernel.merge_name, kernel.merge_params);

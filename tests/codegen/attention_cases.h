@@ -226,16 +226,18 @@ inline std::vector<Case> decode() {
     Case c = make("one token, GQA 8:2, causal, D=64, bf16, 2 splits, a ring of 4 stages that wraps", variant("causal"));
     c.H = 8, c.H_kv = 2, c.Tq = 1, c.Tk = 300;
     add(c, {16, 32, 1, 4, kind}, 2);
+    c.name = "one token, GQA 8:2, causal, four key warps (16 keys each), one split, a ring of 3 that wraps";
+    add(c, {16, 64, 4, 3, kind}, 1);
   }
   {
     Case c = make("5 tokens, GQA 4:1 (20 rows, two warps), window (40, 0) + soft cap + sinks (2), D=Dv=128, f16", variant("window,softcap,sinks"));
     c.type = DType::f16, c.H = 4, c.H_kv = 1, c.D = c.Dv = 128, c.Tq = 5, c.Tk = 260, c.window_left = 40, c.window_right = 0, c.sinks = 2;
-    add(c, {32, 64, 2, 2, kind}, 3);
+    add(c, {32, 64, 4, 2, kind}, 3);  // two row warps, two key warps each
   }
   {
     Case c = make("user ALiBi (a slope per head) and keep predicate, GQA 4:2, 3 tokens, two batch rows, f16", user_alibi());
     c.type = DType::f16, c.B = 2, c.H = 4, c.H_kv = 2, c.Tq = 3, c.Tk = 200, c.user_alibi = true;
-    add(c, {16, 32, 1, 1, kind}, 5);
+    add(c, {16, 32, 2, 1, kind}, 5);  // two key warps, one stage
   }
   {
     Case c = make("varlen (an empty sequence, queries with no keys), bias, mask, segment ids, causal, GQA 2:1",
@@ -243,7 +245,7 @@ inline std::vector<Case> decode() {
     c.H = 2, c.H_kv = 1;
     c.cu_seqlens_q = {0, 1, 1, 5, 7}, c.cu_seqlens_k = {0, 50, 50, 180, 180};
     c.Tq = 7, c.Tk = 180;
-    add(c, {16, 32, 1, 2, kind}, 3);
+    add(c, {16, 64, 2, 3, kind}, 3);
   }
   {
     Case c = make("f32 inputs (split operands), causal, GQA 3:1, 2 tokens, D=32", variant("causal,softcap"));

@@ -460,7 +460,9 @@ TEST_CASE("attention: decode kernels and their merge compile for sm_90a and sm_8
   items.push_back({"causal", DType::f16, 64, 64, {32, 128, 2, 2, decode}});
   items.push_back({"causal,softcap", DType::bf16, 128, 128, {16, 32, 1, 4, decode}});
   items.push_back({"causal", DType::bf16, 128, 128, {16, 64, 1, 3, decode}});
-  items.push_back({"causal", DType::f32, 64, 64, {32, 32, 2, 2, decode}});
+  items.push_back({"causal,sinks", DType::bf16, 128, 128, {16, 64, 4, 2, decode}});
+  items.push_back({"window,softcap", DType::bf16, 128, 128, {16, 128, 8, 2, decode}});
+  items.push_back({"causal", DType::bf16, 64, 64, {32, 64, 4, 2, decode}});
   for (const SweepItem& item : items) {
     REQUIRE(cuda::validate_attention_tile(item.tile, item.D, item.Dv, 227 * 1024, item.type == DType::f32, "sm_90a").empty());
     const auto result = compile_sm90a(item);
@@ -481,5 +483,8 @@ TEST_CASE("attention: decode kernels and their merge compile for sm_90a and sm_8
   CHECK_THROWS_WITH(cuda::generate_attention(attention_variant(parse_attention_features("causal,dropout")), spec),
                     Catch::Contains("decode form, which draws no dropout"));
   CHECK(cuda::parse_attention_tile("16,64,1,2,decode") == cuda::AttentionTile{16, 64, 1, 2, decode});
-  CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 2, decode}, 128, 128).front(), Catch::Contains("expected 1, 2 or 4 (mma=decode)"));
+  CHECK_THAT(cuda::validate_attention_tile({128, 64, 8, 2, decode}, 128, 128).front(), Catch::Contains("expected 16, 32 or 64 (mma=decode)"));
+  CHECK_THAT(cuda::validate_attention_tile({16, 32, 4, 2, decode}, 128, 128).front(), Catch::Contains("16 keys or a multiple of 16 a warp"));
+  CHECK_THAT(cuda::validate_attention_tile({32, 64, 1, 2, decode}, 128, 128).front(), Catch::Contains("a multiple of block_m / 16 warps"));
+  CHECK(cuda::validate_attention_tile({16, 64, 4, 2, decode}, 128, 128).empty());
 }

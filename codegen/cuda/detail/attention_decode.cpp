@@ -67,9 +67,51 @@ void emit_decode_range(Code& c, const ir::AttentionVariant& variant, bool varlen
   c("const long long split_begin = static_cast<long long>(blockIdx.x) * split_len;");
   c("if (key_begin < split_begin) key_begin = split_begin;");
   c("if (key_end > split_begin + split_len) key_end = split_begin + split_len;");
-  c("const int tile_begin = static_cast<int>(key_begin / BN);");
-  c("const int tile_end = key_end > key_begin ? static_cast<int>((key_end + BN - 1) / BN) : tile_begin;");
+  c("const int tile_begin = static_cast<int>(key_begin / BN_TILE);");
+  c("const int tile_end = key_end > key_begin ? static_cast<int>((key_end + BN_TILE - 1) / BN_TILE) : tile_begin;");
   c("");
+}
+
+void emit_decode_key_merge(Code& c) {
+  c("// 6b. The key warps of a row group each hold their keys' running maximum, sum and o: key warps > 0");
+  c("//     leave theirs in shared memory (the ring is free), key warp 0 takes them in and stores the block's.");
+  c("if (KEY_WARPS > 1) {");
+  c.in();
+  c("__syncthreads();");
+  c("float* const merge_o = reinterpret_cast<float*>(smem);  // [WARPS][16][DVP]");
+  c("float* const merge_stats = merge_o + WARPS * 16 * DVP;     // [WARPS][16]: maximum, sum");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("const int r = warp * 16 + gid + 8 * half;");
+  c("const float total = ladle_quad_sum(row_sum[half]);");
+  c("if (key_warp > 0) {");
+  c("  LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
+  c("    merge_o[r * DVP + nt * 8 + tig * 2] = o_acc[nt][2 * half], merge_o[r * DVP + nt * 8 + tig * 2 + 1] = o_acc[nt][2 * half + 1];");
+  c("  if (tig == 0) merge_stats[2 * r] = row_max[half], merge_stats[2 * r + 1] = total;");
+  c("}");
+  c.out();
+  c("}");
+  c("__syncthreads();");
+  c("if (key_warp > 0) return;");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("float top = row_max[half];");
+  c("for (int k = 1; k < KEY_WARPS; ++k) top = fmaxf(top, merge_stats[2 * ((k * ROW_WARPS + row_warp) * 16 + gid + 8 * half)]);");
+  c("const float own = row_max[half] == ladle_neg_inf() ? 0.0f : ladle_exp2(row_max[half] - top);  // top -inf: every part is");
+  c("row_sum[half] *= own;");
+  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][2 * half] *= own, o_acc[nt][2 * half + 1] *= own;");
+  c("for (int k = 1; k < KEY_WARPS; ++k) {");
+  c("  const int r = (k * ROW_WARPS + row_warp) * 16 + gid + 8 * half;");
+  c("  const float m = merge_stats[2 * r], w = m == ladle_neg_inf() ? 0.0f : ladle_exp2(m - top);");
+  c("  if (tig == 0) row_sum[half] += w * merge_stats[2 * r + 1];  // a quad's sum, added once (the epilogue sums the quad)");
+  c("  LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
+  c("    o_acc[nt][2 * half] += w * merge_o[r * DVP + nt * 8 + tig * 2], o_acc[nt][2 * half + 1] += w * merge_o[r * DVP + nt * 8 + tig * 2 + 1];");
+  c("}");
+  c("row_max[half] = top;");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
 }
 
 void emit_decode_partials(Code& c) {

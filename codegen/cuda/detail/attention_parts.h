@@ -64,6 +64,9 @@ void emit_epilogue(Code& c, const AttentionParts& parts);
 void declare_decode_params(const AttentionParamFn& param);
 // The block's (sequence, key/value head), packed rows, tokens and the key tiles of its split.
 void emit_decode_range(Code& c, const ir::AttentionVariant& variant, bool varlen, const std::string& k_heads);
+// Step 6b: the key warps of a row group merge their running maxima, sums and o into key warp 0's
+// (the others return).
+void emit_decode_key_merge(Code& c);
 // Step 7 of the split kernel: each row's partial o and lse (log2 units); closes the kernel.
 void emit_decode_partials(Code& c);
 // The merge kernel `name` (its parameters into params): the splits combined by lse, the sinks in

@@ -25,6 +25,13 @@ int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_
     return 1024 + tile.block_m * d64 * 2 + tile.stages * tile.block_n * (d64 + dv64) * 2 + 8 * (4 * tile.stages + 1);
   }
   D = pad16(D), Dv = pad16(Dv);
+  if (tile.mma == AttentionMma::decode) {  // the sync layout, and room for the key warps' merge after the loop
+    AttentionTile sync = tile;
+    sync.mma = AttentionMma::sync;
+    const int merge = tile.warps > tile.block_m / 16 ? tile.warps * 16 * (Dv + 2) * 4 : 0;
+    const int stages = attention_shared_bytes(sync, D, Dv, split_f32);
+    return stages > merge ? stages : merge;
+  }
   if (tile.mma == AttentionMma::wgmma)  // core-matrix tiles, no padding: q [BM][D] beside the K/V stages
     return align128(tile.block_m * D * 2) + tile.stages * (align128(tile.block_n * D * 2) + align128(tile.block_n * Dv * 2));
   const int halves = split_f32 ? 2 : 1;  // split fp32: a hi and a lo copy of every operand
@@ -70,17 +77,23 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
   const auto say = [&](const std::string& what) { problems.push_back(what); };
   const bool decode = tile.mma == AttentionMma::decode;
   bool block_m_ok = false;
-  if (decode) {  // a group's packed rows: 16 to 64
-    if (tile.warps != 1 && tile.warps != 2 && tile.warps != 4) say("warps = " + std::to_string(tile.warps) + ", expected 1, 2 or 4 (mma=decode)");
-    block_m_ok = tile.block_m == 16 || tile.block_m == 32 || tile.block_m == 64;
-    if (!block_m_ok)
+  if (decode) {  // a group's packed rows: 16 to 64, 16 a warp; the warps of a row group split each key tile
+    if (tile.warps != 1 && tile.warps != 2 && tile.warps != 4 && tile.warps != 8)
+      say("warps = " + std::to_string(tile.warps) + ", expected 1, 2, 4 or 8 (mma=decode)");
+    if (tile.block_m != 16 && tile.block_m != 32 && tile.block_m != 64)
       say("block_m = " + std::to_string(tile.block_m) + ", expected 16, 32 or 64 (mma=decode)");
+    else if (tile.warps % (tile.block_m / 16) != 0)
+      say("block_m = " + std::to_string(tile.block_m) + " with " + std::to_string(tile.warps) +
+          " warps, expected a multiple of block_m / 16 warps (each row group of 16 takes the same number of key warps)");
+    else if (tile.block_n % (16 * (tile.warps / (tile.block_m / 16))) != 0)
+      say("block_n = " + std::to_string(tile.block_n) + " over " + std::to_string(tile.warps / (tile.block_m / 16)) +
+          " key warps, expected 16 keys or a multiple of 16 a warp");
   } else {
     if (tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 4 or 8");
     block_m_ok = tile.block_m == 64 || tile.block_m == 128;
     if (!block_m_ok) say("block_m = " + std::to_string(tile.block_m) + ", expected 64 or 128");
   }
-  if (block_m_ok && tile.block_m != 16 * tile.warps)
+  if (block_m_ok && !decode && tile.block_m != 16 * tile.warps)
     say("block_m = " + std::to_string(tile.block_m) + " with " + std::to_string(tile.warps) +
         " warps, expected block_m = 16 * warps (each warp owns 16 query rows)");
   if (tile.block_n != 32 && tile.block_n != 64 && tile.block_n != 128)
