@@ -56,9 +56,12 @@ AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, cons
   const std::int64_t rows = args.longest_q(), groups = args.N * args.H_kv;
   const std::int64_t row_blocks = std::max<std::int64_t>(1, (rows * (args.H / std::max<std::int64_t>(1, args.H_kv)) + tile.block_m - 1) / tile.block_m);
   const std::int64_t tiles = std::max<std::int64_t>(1, (args.longest_k() + tile.block_n - 1) / tile.block_n);
-  // About eight blocks an SM over the call (a decode block is one to four warps), at least four key
+  // About eight waves of the blocks an SM holds at once (by shared memory, at most 12 warps an SM at
+  // the kernels' ~168 registers), so that the last wave's idle SMs cost little; at least four key
   // tiles a split so that each split's staging pipeline runs; at most 1024 splits.
-  const std::int64_t want = (8LL * std::max(sms, 1) + groups * row_blocks - 1) / (groups * row_blocks);
+  const int shared = std::max(1, cuda::attention_shared_bytes(tile, static_cast<int>(args.D), static_cast<int>(args.Dv), false));
+  const std::int64_t resident = std::max<std::int64_t>(1, std::min<std::int64_t>(227 * 1024 / shared, 12 / std::max(1, tile.warps)));
+  const std::int64_t want = (8LL * resident * std::max(sms, 1) + groups * row_blocks - 1) / (groups * row_blocks);
   const std::int64_t splits = std::clamp<std::int64_t>(std::min(want, (tiles + 3) / 4), 1, 1024);
   const std::int64_t per_split = (tiles + splits - 1) / splits;
   split.splits = static_cast<int>((tiles + per_split - 1) / per_split);  // none empty
@@ -88,14 +91,17 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   // within the launch bound's 168 registers: 128-key tiles of those spill, 64-key ones do not;
   // bench/RESULTS.md, "Evidence behind the heuristics", H1).
   // A few query tokens against many keys: the decode form (a GQA group's heads as rows, the keys
-  // split over blocks), one to four warps for the group's rows, 64 keys a tile.
+  // split over blocks): four warps, one to four row groups of 16 (the group's rows), the others
+  // splitting each 64-key tile (bench/RESULTS.md, "Evidence behind the heuristics", H18).
   if (attention_decode_shaped(args)) {
     const std::int64_t group = args.H / std::max<std::int64_t>(1, args.H_kv);
-    const int warps = static_cast<int>(std::min<std::int64_t>(4, (args.longest_q() * group + 15) / 16));
-    for (const int block_n : {64, 32}) {
-      const cuda::AttentionTile decode{16 * warps, block_n, warps, 2, cuda::AttentionMma::decode};
-      if (fits(decode)) return decode;
-    }
+    const std::int64_t row_groups = std::min<std::int64_t>(4, (args.longest_q() * group + 15) / 16);
+    const int block_m = static_cast<int>(16 * (row_groups == 3 ? 4 : row_groups));
+    for (const int block_n : {64, 32})
+      for (const int warps : {4, block_m / 16}) {
+        const cuda::AttentionTile decode{block_m, block_n, warps, 2, cuda::AttentionMma::decode};
+        if (fits(decode)) return decode;
+      }
   }
   const DType qt = args.tensors.size() >= 3 ? args.tensors[0].type : DType::f32;
   const bool tma = cuda::has_wgmma(arch) && (qt == DType::f16 || qt == DType::bf16) &&
