@@ -71,6 +71,27 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("ladle-dump --op attention --tk --hkv shows the decode kernel and its merge for a decode-shaped call") {
+  test::TempDir cache;
+  const test::ScopedEnv env("LADLE_CACHE_DIR", cache.path().c_str());
+  AttentionFeatures causal;
+  causal.causal = true;
+  const ir::AttentionVariant& variant = attention_variant(causal);
+  CallShape shape;
+  shape.batch = 64, shape.tokens = 1, shape.key_tokens = 8192, shape.heads = 32, shape.kv_heads = 8;
+  shape.key_dim = shape.value_dim = 128;
+  for (const std::string arch : {"sm_90a", "sm_80"}) {
+    const auto planned = generated_kernels(variant, shape, {}, arch);
+    REQUIRE(planned.size() == 1);
+    REQUIRE(planned[0].tile.find("mma=decode") != std::string::npos);
+    const std::string output = run_tool("--op attention --mask causal -B 64 -T 1 --tk 8192 -H 32 --hkv 8 -D 128 --arch " + arch);
+    INFO(output);
+    REQUIRE(shown_kernels(output) == names_of(planned));
+    REQUIRE(output.find("tile " + planned[0].tile) != std::string::npos);
+    REQUIRE(output.find(planned[0].name + "_merge") != std::string::npos);  // the merge kernel, in the same source
+  }
+}
+
 TEST_CASE(
     "ladle-dump --op gla shows the launcher's recurrent and chunked kernels, the segmented form "
     "without a fold on ws tiles") {

@@ -10,7 +10,8 @@
 //                              ladle_bwd_update or the chunked WY form's three, chain), and its helpers;
 //                              with --op attention: prep and main, sm_90a)
 //   ladle-dump --op attention [--mask causal,window,segments,mask,sinks,dropout] [--mods bias,softcap]
-//              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma|ws]] [--varlen] [--lse] [-B -T -H]
+//              [-D 128 --dv 128] [--dtype bf16] [--tile 128,64,8,2[,wgmma|ws|decode]] [--varlen] [--lse] [-B -T -H]
+//              [--tk 8192 --hkv 8] (keys and key/value heads: a few queries against many keys take the decode form)
 //              (with --op attention, -D is the head dim; with a .cu file a preprocessor definition)
 // An op's kernels are the ones its launcher launches for a call of that shape on --arch: chosen by
 // ladle::generated_kernels (ops/generated_kernels.h), through the launcher's own heuristics, never a
@@ -90,13 +91,15 @@ void print_resources(const ladle::CompiledProgram& program, int dynamic_shared_b
                                "for resource usage)\n", k.name);
       continue;
     }
+    // An attention decode program's merge kernel (<name>_merge) launches with none.
+    const bool merge = k.name.size() > 6 && k.name.compare(k.name.size() - 6, 6, "_merge") == 0;
     std::cout << fmt::format("{:<40} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}\n", k.name, k.registers, k.stack_frame_bytes,
-                             k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, dynamic, k.constant_bytes);
+                             k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, merge ? std::string("0") : dynamic, k.constant_bytes);
   }
 }
 
 // The flags that apply to one kind of dump only: refused elsewhere, naming the flag and what was chosen.
-const std::vector<std::string> attention_flags = {"--mask", "--mods", "--dv", "--lse"};
+const std::vector<std::string> attention_flags = {"--mask", "--mods", "--dv", "--lse", "--tk", "--hkv"};
 const std::vector<std::string> recurrent_flags = {"--gates", "-K", "-V", "--algo", "--reverse", "--states", "--segmented"};
 const std::vector<std::string> op_flags = {"--dtype", "--tile", "--varlen", "--backward", "-B", "-T", "-H"};
 
@@ -154,10 +157,14 @@ int main(int argc, char** argv) {
                "it runs, then the serial form over segments of T/4 tokens)");
   std::string masks, mods;
   int value_head_dim = 0;
+  std::int64_t key_tokens = 0, kv_heads = 0;
   bool lse = false;
   app.add_option("--mask", masks, "attention: comma-separated among causal,window,segments,mask,sinks,dropout");
   app.add_option("--mods", mods, "attention: comma-separated score modifiers among bias,softcap");
   app.add_option("--dv", value_head_dim, "attention: the value head dim (default: D)")->check(CLI::PositiveNumber);
+  app.add_option("--tk", key_tokens, "attention: keys per sequence (default: -T, the queries); a few queries against many keys "
+                 "take the decode form")->check(CLI::PositiveNumber);
+  app.add_option("--hkv", kv_heads, "attention: key/value heads (GQA; default: -H, which it must divide)")->check(CLI::PositiveNumber);
   app.add_flag("--lse", lse, "attention: also write the log-sum-exp");
   app.add_option("--arch", arch,
                  "target, e.g. sm_90a or compute_80 (default: this GPU, else sm_80)");
@@ -278,15 +285,17 @@ int main(int argc, char** argv) {
         std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}\n", ladle::ir::hash_hex(variant), head_dim, dv,
                                  dtype, bspec.arch);
       } else {
-        shape.key_dim = head_dim, shape.value_dim = dv;
+        shape.key_dim = head_dim, shape.value_dim = dv, shape.key_tokens = key_tokens, shape.kv_heads = kv_heads;
         ladle::AttentionRunOptions options;
         options.return_lse = lse;
         if (variant.dropout) options.dropout_p = 0.1f;  // as a call with dropout: the launcher plans by it
         std::optional<ladle::cuda::AttentionTile> tile;
         if (!tile_text.empty()) tile = ladle::cuda::parse_attention_tile(tile_text);
         const auto kernels = planned([&] { return ladle::generated_kernels(variant, shape, options, target, tile); });
-        std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}, B={} T={} H={}, {}\n", ladle::ir::hash_hex(variant),
-                                 kernels.front().tile, head_dim, dv, dtype, batch, tokens, heads, target.empty() ? ladle::Device::get().properties().arch() : target);
+        std::cout << fmt::format("op attention (variant {}), tile {}, D={} Dv={} {}, B={} T={}{} H={}{}, {}\n", ladle::ir::hash_hex(variant),
+                                 kernels.front().tile, head_dim, dv, dtype, batch, tokens, key_tokens ? fmt::format(" Tk={}", key_tokens) : "",
+                                 heads, kv_heads ? fmt::format(" H_kv={}", kv_heads) : "",
+                                 target.empty() ? ladle::Device::get().properties().arch() : target);
         show(kernels);
       }
     } else if (!op.empty()) {
