@@ -56,13 +56,20 @@ AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, cons
   const std::int64_t rows = args.longest_q(), groups = args.N * args.H_kv;
   const std::int64_t row_blocks = std::max<std::int64_t>(1, (rows * (args.H / std::max<std::int64_t>(1, args.H_kv)) + tile.block_m - 1) / tile.block_m);
   const std::int64_t tiles = std::max<std::int64_t>(1, (args.longest_k() + tile.block_n - 1) / tile.block_n);
-  // About eight waves of the blocks an SM holds at once (by shared memory, at most 12 warps an SM at
-  // the kernels' ~168 registers), so that the last wave's idle SMs cost little; at least four key
-  // tiles a split so that each split's staging pipeline runs; at most 1024 splits.
+  // The blocks an SM holds at once (by shared memory; at most 12 warps an SM at the kernels' ~168
+  // registers). Each split count s (up to attention_merge_splits, at least eight key tiles a split)
+  // costs about waves x (tiles a split + 2): the blocks run in ceil(s blocks / slots) waves, each as
+  // long as one block's tiles plus its start and partial store (about two tiles). The cheapest wins,
+  // the fewer splits on a tie.
   const int shared = std::max(1, cuda::attention_shared_bytes(tile, static_cast<int>(args.D), static_cast<int>(args.Dv), false));
   const std::int64_t resident = std::max<std::int64_t>(1, std::min<std::int64_t>(227 * 1024 / shared, 12 / std::max(1, tile.warps)));
-  const std::int64_t want = (8LL * resident * std::max(sms, 1) + groups * row_blocks - 1) / (groups * row_blocks);
-  const std::int64_t splits = std::clamp<std::int64_t>(std::min(want, (tiles + 3) / 4), 1, 1024);
+  const std::int64_t slots = resident * std::max(sms, 1), blocks = groups * row_blocks;
+  const std::int64_t most = std::clamp<std::int64_t>(tiles / 8, 1, cuda::attention_merge_splits);
+  std::int64_t splits = 1, best = -1;
+  for (std::int64_t s = 1; s <= most; ++s) {
+    const std::int64_t per = (tiles + s - 1) / s, waves = (s * blocks + slots - 1) / slots, cost = waves * (per + 2);
+    if (best < 0 || cost < best) best = cost, splits = s;
+  }
   const std::int64_t per_split = (tiles + splits - 1) / splits;
   split.splits = static_cast<int>((tiles + per_split - 1) / per_split);  // none empty
   split.split_len = static_cast<int>(per_split * tile.block_n);

@@ -59,8 +59,9 @@ struct AttentionDecodeSplit {
   const void* o_part = nullptr;
   const void* lse_part = nullptr;
 };
-// Splits for a decode tile at these arguments on `sms` SMs: enough blocks of (sequence, key/value
-// head, row block, split) to fill the SMs several times over, each split at least four key tiles.
+// Splits for a decode tile at these arguments on `sms` SMs: the count whose blocks of (sequence,
+// key/value head, row block, split) finish soonest by waves x (key tiles a split + 2), each split at
+// least eight key tiles, at most cuda::attention_merge_splits.
 AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms);
 // Whether a call is decode-shaped: a few query tokens (up to 16) against many more keys (at least
 // 128, and 8 per query token), no dropout. heuristic_attention_tile then picks a decode tile where

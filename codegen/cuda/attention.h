@@ -44,7 +44,7 @@
 // of the same source, <name>_merge (AttentionKernel::merge_params), merges the splits by lse per
 // (sequence, head, token), adds the sinks to the denominator and stores o and lse as the forward
 // does. Grid attention_decode_grid(splits, ceil(rows G / block_m), N H_kv); the merge kernel's
-// attention_merge_blocks(N H rows), 128 threads (a warp a row).
+// attention_merge_blocks(N H rows), 128 threads (a block a row).
 //
 // Launch: grid attention_grid(N * H, ceil(Tq / block_m)), block (AttentionKernel::threads: 32 * warps, plus a
 // producer warpgroup of 128 for ws), dynamic shared memory AttentionKernel::shared_bytes. The
@@ -219,11 +219,13 @@ struct AttentionGrid {
 AttentionGrid attention_grid(std::int64_t heads, std::int64_t blocks);
 
 // decode: the grid of the split kernel (x the splits, y the row blocks of a group's packed rows,
-// z the (sequence, key/value head) pairs) and the merge kernel's blocks of 128 threads for `rows`
-// (sequence, head, token) rows. Throw InvalidArgument past the grid's limits, naming the counts.
+// z the (sequence, key/value head) pairs) and the merge kernel's blocks of 128 threads, one per
+// (sequence, head, token) row. Throw InvalidArgument past the grid's limits, naming the counts. A
+// call takes at most attention_merge_splits splits (the merge keeps their weights in shared memory).
 AttentionGrid attention_decode_grid(std::int64_t splits, std::int64_t row_blocks, std::int64_t groups);
 unsigned attention_merge_blocks(std::int64_t rows);
 constexpr unsigned attention_merge_threads = 128;
+constexpr int attention_merge_splits = 1024;
 
 // Dynamic shared memory a block needs: the K/V stages (sync: the q tile borrows them at the
 // start; wgmma: the q tile stays beside them, read by every score product).

@@ -495,7 +495,8 @@ TEST_CASE("packed sequences attend within themselves, including empty and one-to
 TEST_CASE("decode-shaped calls (a few query tokens against many keys) match the reference for every mask and modifier", "[ops][attention][decode]") {
   // On the GPU these take the decode form (a GQA group's heads as rows, the keys split over
   // blocks, the merge kernel by lse): each mask and modifier at 1 and 4 query tokens against 300
-  // keys, GQA 8:2, bf16; sinks in the merge; 16 tokens x 8:1 (128 rows, two row blocks) in f32;
+  // keys, GQA 8:2, bf16; sinks in the merge; 16 tokens x 8:1 (128 rows, two row blocks, several key
+  // splits) in f32;
   // packed sequences with an empty one, queries with no keys and keys past every split.
   for (int Tq : {1, 4})
     for (Mask mask : all_masks)
@@ -513,7 +514,7 @@ TEST_CASE("decode-shaped calls (a few query tokens against many keys) match the 
   sinks.sinks_shape = {4, 3}, sinks.causal = true, sinks.soft_cap = 1.5f;
   check_case(sinks);
   Case wide;
-  wide.B = 1, wide.Tq = 16, wide.Tk = 1000, wide.H = 8, wide.H_kv = 1, wide.D = wide.Dv = 16, wide.causal = true;
+  wide.B = 1, wide.Tq = 16, wide.Tk = 4000, wide.H = 8, wide.H_kv = 1, wide.D = wide.Dv = 16, wide.causal = true;  // 7 splits on a GPU
   check_case(wide);
   Case packed;
   packed.cu_seqlens_q = {0, 1, 1, 4, 6}, packed.cu_seqlens_k = {0, 260, 260, 900, 900};

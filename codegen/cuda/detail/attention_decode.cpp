@@ -21,11 +21,9 @@ AttentionGrid attention_decode_grid(std::int64_t splits, std::int64_t row_blocks
 }
 
 unsigned attention_merge_blocks(std::int64_t rows) {
-  const std::int64_t warps = attention_merge_threads / 32;
-  const std::int64_t blocks = (rows + warps - 1) / warps;
-  if (rows < 1 || blocks > 0x7fffffff)
-    throw InvalidArgument("attention_merge_blocks: " + std::to_string(rows) + " rows, expected 1 to " + std::to_string(0x7fffffffLL * warps));
-  return static_cast<unsigned>(blocks);
+  if (rows < 1 || rows > 0x7fffffff)
+    throw InvalidArgument("attention_merge_blocks: " + std::to_string(rows) + " rows, expected 1 to " + std::to_string(0x7fffffffLL));
+  return static_cast<unsigned>(rows);
 }
 
 namespace detail {
@@ -168,20 +166,24 @@ std::string decode_merge_kernel(const ir::AttentionVariant& variant, const Atten
 
   Code c;
   c("");
-  c("// The splits' merge: a warp per (sequence, head, token) row, a lane per column and every 32nd after it.");
-  c("// o = sum_s 2^(lse_s - top) o_s / (sum_s 2^(lse_s - top)" + std::string(variant.sinks ? " + the sinks' 2^(log2 e aux - top)" : "") + "), lse as");
-  c("// the forward writes it; a row with nothing attended gets o = 0.");
+  c("// The splits' merge: a block per (sequence, head, token) row. Its threads spread over the splits for");
+  c("// the top lse and the weights w_s = 2^(lse_s - top), then over the columns, each summing w_s o_s over");
+  c("// every split (independent loads, several in flight). o = that / (sum_s w_s" +
+    std::string(variant.sinks ? " + the sinks' 2^(log2 e aux - top)" : "") + "); lse as the forward");
+  c("// writes it; a row with nothing attended gets o = 0.");
   c("extern \"C\" __global__ void __launch_bounds__(" + std::to_string(attention_merge_threads) + ") " + name + "(");
   c.in(), c.in();
   for (std::size_t p = 0; p < declarations.size(); ++p) c(declarations[p] + (p + 1 < declarations.size() ? "," : ") {"));
   c.out();
-  c("constexpr int DV = " + std::to_string(spec.Dv) + ", COLS = (DV + 31) / 32;");
+  c("constexpr int DV = " + std::to_string(spec.Dv) + ", THREADS = " + std::to_string(attention_merge_threads) +
+    ", MOST = " + std::to_string(attention_merge_splits) + ";");
   c("constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;");
   c("(void)LOG2E; (void)LN2;");
-  c("const long long row = static_cast<long long>(blockIdx.x) * " + std::to_string(attention_merge_threads / 32) + " + threadIdx.x / 32;");
-  c("const int lane = threadIdx.x % 32;");
+  c("__shared__ float weights[MOST];");
+  c("__shared__ float reduce[THREADS / 32];");
+  c("const long long row = blockIdx.x;");
+  c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;");
   c("const long long between = static_cast<long long>(sequences) * H * partial_rows;  // one split's rows");
-  c("if (row >= between) return;");
   c("const int token = static_cast<int>(row % partial_rows), h = static_cast<int>(row / partial_rows % H);");
   c("const int n = static_cast<int>(row / partial_rows / H);");
   if (spec.varlen) {
@@ -191,34 +193,44 @@ std::string decode_merge_kernel(const ir::AttentionVariant& variant, const Atten
     c("const long long q_bos = 0;");
     c("const int q_len = Tq, b = n;");
   }
-  c("if (token >= q_len) return;");
+  c("if (token >= q_len) return;  // the whole block: no barrier is skipped by part of it");
+  c("// The top: over the splits (and the sinks), a block's maximum.");
   c("float top = ladle_neg_inf();");
-  c("for (int s = 0; s < kv_splits; ++s) top = fmaxf(top, lse_part[s * between + row]);");
+  c("for (int s = threadIdx.x; s < kv_splits; s += THREADS) top = fmaxf(top, lse_part[s * between + row]);");
   if (variant.sinks)
-    c("for (int s = 0; s < sinks; ++s) top = fmaxf(top, LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s));");
-  c("float sum = 0.0f, acc[COLS];");
-  c("LADLE_UNROLL for (int k = 0; k < COLS; ++k) acc[k] = 0.0f;");
-  c("if (top != ladle_neg_inf()) {");
-  c.in();
-  c("for (int s = 0; s < kv_splits; ++s) {");
+    c("for (int s = threadIdx.x; s < sinks; s += THREADS) top = fmaxf(top, LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s));");
+  c("for (int off = 16; off > 0; off >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));");
+  c("if (lane == 0) reduce[warp] = top;");
+  c("__syncthreads();");
+  c("top = reduce[0];");
+  c("for (int w = 1; w < THREADS / 32; ++w) top = fmaxf(top, reduce[w]);");
+  c("__syncthreads();  // reduce is the sum's next");
+  c("// The weights (0 for a split that attended nothing) and their sum.");
+  c("float sum = 0.0f;");
+  c("for (int s = threadIdx.x; s < kv_splits; s += THREADS) {");
   c("  const float l = lse_part[s * between + row];");
-  c("  if (l == ladle_neg_inf()) continue;");
-  c("  const float w = ladle_exp2(l - top);");
+  c("  const float w = l == ladle_neg_inf() ? 0.0f : ladle_exp2(l - top);");
+  c("  weights[s] = w;");
   c("  sum += w;");
-  c("  const float* const part = o_part + (s * between + row) * DV;");
-  c("  LADLE_UNROLL for (int k = 0; k < COLS; ++k)");
-  c("    if (lane + 32 * k < DV) acc[k] += w * part[lane + 32 * k];");
   c("}");
   if (variant.sinks)
-    c("for (int s = 0; s < sinks; ++s) sum += ladle_exp2(LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s) - top);");
-  c.out();
-  c("}");
+    c("for (int s = threadIdx.x; s < sinks && top != ladle_neg_inf(); s += THREADS) sum += ladle_exp2(LOG2E * ladle_load(softmax_aux + h * softmax_aux_stride_h + s * softmax_aux_stride_s) - top);");
+  c("for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);");
+  c("if (lane == 0) reduce[warp] = sum;");
+  c("__syncthreads();");
+  c("sum = 0.0f;");
+  c("for (int w = 0; w < THREADS / 32; ++w) sum += reduce[w];");
   c("const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;");
   c(std::string(storage_type(spec.output_type)) + "* const o_row = o + b * o_stride_b + (q_bos + token) * o_stride_t + h * o_stride_h;");
-  c("LADLE_UNROLL for (int k = 0; k < COLS; ++k)");
-  c("  if (lane + 32 * k < DV) ladle_store(o_row + (lane + 32 * k) * o_stride_d, acc[k] * inv);");
+  c("for (int col = threadIdx.x; col < DV; col += THREADS) {");
+  c.in();
+  c("float acc = 0.0f;");
+  c("LADLE_UNROLL_8 for (int s = 0; s < kv_splits; ++s) acc += weights[s] * o_part[(s * between + row) * DV + col];");
+  c("ladle_store(o_row + col * o_stride_d, acc * inv);");
+  c.out();
+  c("}");
   if (spec.lse)
-    c("if (lane == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + token] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");
+    c("if (threadIdx.x == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + token] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");
   c.out();
   c("}");
   return c.text();
