@@ -13,22 +13,7 @@ GB/s counts K and V read once plus q and o.
 import argparse
 import json
 
-
-def bench(fn, reps=50):
-    import torch
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+from attention_bench import bench  # medians of CUDA-event timings after warm-up runs
 
 
 def emit(impl, shape, nbytes, ms=None, error=None, note=None):
@@ -56,7 +41,7 @@ def run(shapes, H, H_kv, D):
         nbytes = 2.0 * (k.numel() + v.numel() + 2 * q.numel())
         scale = D ** -0.5
         try:
-            emit("read-floor", shape, nbytes, bench(lambda: (k.sum(), v.sum())), note="torch.sum over K and V")
+            emit("read-floor", shape, nbytes, bench(lambda: (k.sum(), v.sum()), reps=50), note="torch.sum over K and V")
         except Exception as e:
             emit("read-floor", shape, nbytes, error=repr(e)[:300])
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
@@ -65,7 +50,7 @@ def run(shapes, H, H_kv, D):
                 def fn():
                     with sdpa_kernel(backend):
                         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-                emit(name, shape, nbytes, bench(fn), note="enable_gqa")
+                emit(name, shape, nbytes, bench(fn, reps=50), note="enable_gqa")
             except Exception as e:
                 try:  # the backend without GQA: k and v repeated to H heads (reads H/H_kv times the bytes)
                     kr, vr = k.repeat_interleave(H // H_kv, 1), v.repeat_interleave(H // H_kv, 1)
@@ -73,7 +58,7 @@ def run(shapes, H, H_kv, D):
                     def fn():
                         with sdpa_kernel(backend):
                             return F.scaled_dot_product_attention(q, kr, vr, scale=scale)
-                    emit(name, shape, nbytes, bench(fn), note=f"k, v repeated to {H} heads (no enable_gqa: {repr(e)[:80]})")
+                    emit(name, shape, nbytes, bench(fn, reps=50), note=f"k, v repeated to {H} heads (no enable_gqa: {repr(e)[:80]})")
                     del kr, vr
                 except Exception as e2:
                     emit(name, shape, nbytes, error=repr(e2)[:300])
@@ -82,14 +67,14 @@ def run(shapes, H, H_kv, D):
             flex = torch.compile(flex_attention, dynamic=False)
             fn = lambda: flex(q, k, v, scale=scale, enable_gqa=True)
             fn()
-            emit("flex", shape, nbytes, bench(fn))
+            emit("flex", shape, nbytes, bench(fn, reps=50))
         except Exception as e:
             emit("flex", shape, nbytes, error=repr(e)[:300])
         try:
             from flash_attn import flash_attn_with_kvcache
             qf, kf, vf = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
             fn = lambda: flash_attn_with_kvcache(qf, kf, vf, softmax_scale=scale)
-            emit("fa2-kvcache", shape, nbytes, bench(fn), note="flash_attn_with_kvcache (split-KV)")
+            emit("fa2-kvcache", shape, nbytes, bench(fn, reps=50), note="flash_attn_with_kvcache (split-KV)")
             del qf, kf, vf
         except Exception as e:
             emit("fa2-kvcache", shape, nbytes, error=repr(e)[:300])

@@ -165,22 +165,9 @@ std::vector<std::string> declare_params(const Forward& f, AttentionKernel& kerne
       declarations.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
       kernel.params.push_back({name, "ladle_tensor_map", Type::tensor_map, Role::tensor_map, index, rows});
     }
-  if (f.decode) {  // partial results; the merge kernel takes o, lse and the sinks
-    declare_decode_params([&](const std::string& c_type, const std::string& name, Type type, Role role) { param(c_type, name, type, role); });
-  } else {
-    param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
-    param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
-    param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
-    param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
-    param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
-    if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
-  }
-  if (f.variant.sinks && !f.decode) {
-    param("const " + storage(spec.sinks_type) + "*", "softmax_aux", Type::pointer, Role::softmax_aux);
-    param("long long", "softmax_aux_stride_h", Type::i64, Role::softmax_aux_stride_h);
-    param("long long", "softmax_aux_stride_s", Type::i64, Role::softmax_aux_stride_s);
-    param("int", "sinks", Type::i32, Role::sinks);
-  }
+  const auto add = [&](const std::string& c_type, const std::string& name, Type type, Role role) { param(c_type, name, type, role); };
+  if (f.decode) declare_decode_params(add);  // partial results; the merge kernel takes o, lse and the sinks
+  else declare_output_params(add, f.variant, spec);
   declare_mask_params(param, f.variant, spec.q_segment_ids_type, spec.kv_segment_ids_type, spec.varlen);
   param("int", "B", Type::i32, Role::batch);
   param("int", "Tq", Type::i32, Role::q_tokens);
@@ -354,16 +341,7 @@ void emit_block_range(Code& c, const Forward& f) {
   c("const unsigned head = blockIdx.z * gridDim.x + blockIdx.x;");
   c("const int n = head / H, h = head % H;");
   c("");
-  c("// The sequence: its first query and key, their counts, the batch row.");
-  if (f.spec.varlen) {
-    c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
-    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
-    c("const int b = 0;");
-  } else {
-    c("const long long q_bos = 0, k_bos = 0;");
-    c("const int q_len = Tq, k_len = Tk, b = n;");
-  }
-  c("(void)B;");
+  emit_attention_sequence(c, f.spec.varlen);
   c("if (m0 >= q_len) return;");
   c("const int hk = h / (H / " + f.id[1] + "_heads);");
   c("");

@@ -44,16 +44,7 @@ void emit_decode_range(Code& c, const ir::AttentionVariant& variant, bool varlen
   c("const int HK = " + k_heads + ", G = H / HK;");
   c("const int n = blockIdx.z / HK, hk = blockIdx.z % HK;");
   c("");
-  c("// The sequence: its first query and key, their counts, the batch row.");
-  if (varlen) {
-    c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
-    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
-    c("const int b = 0;");
-  } else {
-    c("const long long q_bos = 0, k_bos = 0;");
-    c("const int q_len = Tq, k_len = Tk, b = n;");
-  }
-  c("(void)B;");
+  emit_attention_sequence(c, varlen);
   c("const int rows = q_len * G;");
   c("if (m0 >= rows) return;");
   c("");
@@ -148,18 +139,7 @@ std::string decode_merge_kernel(const ir::AttentionVariant& variant, const Atten
   param("int", "partial_rows", Type::i32, Role::partial_rows);
   param("int", "kv_splits", Type::i32, Role::kv_splits);
   param("int", "sequences", Type::i32, Role::sequences);
-  param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
-  param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
-  param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
-  param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
-  param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
-  if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
-  if (variant.sinks) {
-    param("const " + std::string(storage_type(spec.sinks_type)) + "*", "softmax_aux", Type::pointer, Role::softmax_aux);
-    param("long long", "softmax_aux_stride_h", Type::i64, Role::softmax_aux_stride_h);
-    param("long long", "softmax_aux_stride_s", Type::i64, Role::softmax_aux_stride_s);
-    param("int", "sinks", Type::i32, Role::sinks);
-  }
+  declare_output_params(param, variant, spec);
   if (spec.varlen) param("const long long*", "cu_seqlens_q", Type::pointer, Role::cu_seqlens_q);
   param("int", "Tq", Type::i32, Role::q_tokens);
   param("int", "H", Type::i32, Role::heads);

@@ -47,6 +47,36 @@ void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVaria
   }
 }
 
+void declare_output_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, const AttentionKernelSpec& spec) {
+  using Role = AttentionParam::Role;
+  using Type = AttentionParam::Type;
+  param(std::string(storage_type(spec.output_type)) + "*", "o", Type::pointer, Role::output);
+  param("long long", "o_stride_b", Type::i64, Role::output_stride_b);
+  param("long long", "o_stride_t", Type::i64, Role::output_stride_t);
+  param("long long", "o_stride_h", Type::i64, Role::output_stride_h);
+  param("long long", "o_stride_d", Type::i64, Role::output_stride_d);
+  if (spec.lse) param("float*", "lse", Type::pointer, Role::lse);
+  if (variant.sinks) {
+    param("const " + std::string(storage_type(spec.sinks_type)) + "*", "softmax_aux", Type::pointer, Role::softmax_aux);
+    param("long long", "softmax_aux_stride_h", Type::i64, Role::softmax_aux_stride_h);
+    param("long long", "softmax_aux_stride_s", Type::i64, Role::softmax_aux_stride_s);
+    param("int", "sinks", Type::i32, Role::sinks);
+  }
+}
+
+void emit_attention_sequence(Code& c, bool varlen) {
+  c("// The sequence: its first query and key, their counts, the batch row.");
+  if (varlen) {
+    c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
+    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
+    c("const int b = 0;");
+  } else {
+    c("const long long q_bos = 0, k_bos = 0;");
+    c("const int q_len = Tq, k_len = Tk, b = n;");
+  }
+  c("(void)B;");
+}
+
 void emit_key_range(Code& c, const ir::AttentionVariant& variant, const std::string& first, const std::string& last,
                     const std::string& begin, const std::string& end) {
   if (variant.causal) c("if (" + last + " + diagonal + 1 < " + end + ") " + end + " = " + last + " + diagonal + 1;");

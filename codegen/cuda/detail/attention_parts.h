@@ -39,6 +39,11 @@ using AttentionParamFn = std::function<void(const std::string&, const std::strin
 // edges, dropout's probability and seed.
 void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, DType q_segment_ids_type,
                          DType kv_segment_ids_type, bool varlen);
+// The output's parameters (o and its strides, lse when the spec asks for it) and the sinks' (when
+// the variant has them): the forward's and the decode form's merge kernel's, in one order.
+void declare_output_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
+// The block's sequence n: q_bos, k_bos, q_len, k_len and the batch row b (cu_seqlens when varlen).
+void emit_attention_sequence(Code& c, bool varlen);
 // The keys that rows first..last may attend, as [begin, end) narrowed in place (the caller declares
 // both, 64-bit under a window, from 0 and the sequence's k_len): the causal and window edges
 // around the diagonal j = i + (k_len - q_len).
