@@ -51,7 +51,7 @@ bool attention_decode_shaped(const ops::AttentionArgs& args) {
   return args.dropout_p <= 0 && q >= 1 && q <= 16 && k >= 128 && k >= 8 * q;
 }
 
-AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms) {
+AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms, int shared_per_sm) {
   AttentionDecodeSplit split;
   const std::int64_t rows = args.longest_q(), groups = args.N * args.H_kv;
   const std::int64_t row_blocks = std::max<std::int64_t>(1, (rows * (args.H / std::max<std::int64_t>(1, args.H_kv)) + tile.block_m - 1) / tile.block_m);
@@ -62,7 +62,8 @@ AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, cons
   // long as one block's tiles plus its start and partial store (about two tiles). The cheapest wins,
   // the fewer splits on a tie.
   const int shared = std::max(1, cuda::attention_shared_bytes(tile, static_cast<int>(args.D), static_cast<int>(args.Dv), false));
-  const std::int64_t resident = std::max<std::int64_t>(1, std::min<std::int64_t>(227 * 1024 / shared, 12 / std::max(1, tile.warps)));
+  const std::int64_t room = shared_per_sm > 0 ? shared_per_sm : 227 * 1024;
+  const std::int64_t resident = std::max<std::int64_t>(1, std::min<std::int64_t>(room / shared, 12 / std::max(1, tile.warps)));
   const std::int64_t slots = resident * std::max(sms, 1), blocks = groups * row_blocks;
   const std::int64_t most = std::clamp<std::int64_t>(tiles / 8, 1, cuda::attention_merge_splits);
   std::int64_t splits = 1, best = -1;
@@ -296,7 +297,8 @@ void launch_decode(const ir::AttentionVariant& variant, const ops::AttentionArgs
                    const void* cu_k) {
   const cuda::AttentionKernel& kernel = loaded.kernel;
   if (!loaded.merge) throw Error(op_name(variant) + ": the decode kernel " + kernel.name + " has no merge kernel");
-  AttentionDecodeSplit split = attention_decode_split(args, tile, Device::get().properties().sm_count);
+  const DeviceProperties& device = Device::get().properties();
+  AttentionDecodeSplit split = attention_decode_split(args, tile, device.sm_count, device.max_shared_per_sm);
   const std::int64_t rows = args.N * args.H * split.partial_rows, group = args.H / args.H_kv;
   const DeviceBuffer o_part = DeviceBuffer::on_stream(static_cast<std::size_t>(split.splits * rows * args.Dv) * sizeof(float), launch.stream);
   const DeviceBuffer lse_part = DeviceBuffer::on_stream(static_cast<std::size_t>(split.splits * rows) * sizeof(float), launch.stream);

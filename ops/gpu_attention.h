@@ -62,7 +62,9 @@ struct AttentionDecodeSplit {
 // Splits for a decode tile at these arguments on `sms` SMs: the count whose blocks of (sequence,
 // key/value head, row block, split) finish soonest by waves x (key tiles a split + 2), each split at
 // least eight key tiles, at most cuda::attention_merge_splits.
-AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms);
+// shared_per_sm: the SM's shared memory (0: an H100's 227 KB), which bounds the blocks an SM holds.
+AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms,
+                                            int shared_per_sm = 0);
 // Whether a call is decode-shaped: a few query tokens (up to 16) against many more keys (at least
 // 128, and 8 per query token), no dropout. heuristic_attention_tile then picks a decode tile where
 // one fits the head dims.
