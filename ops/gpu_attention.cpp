@@ -48,7 +48,8 @@ std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionK
 // multiples of 8), else mma.sync, and the first tile that fits where that does not.
 bool attention_decode_shaped(const ops::AttentionArgs& args) {
   const std::int64_t q = args.longest_q(), k = args.longest_k();
-  return args.dropout_p <= 0 && q >= 1 && q <= 16 && k >= 128 && k >= 8 * q;
+  // (and a grid of (sequence, key/value head) pairs the decode grid takes)
+  return args.dropout_p <= 0 && q >= 1 && q <= 16 && k >= 128 && k >= 8 * q && args.N * args.H_kv <= 65535;
 }
 
 AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms, int shared_per_sm) {

@@ -66,8 +66,8 @@ struct AttentionDecodeSplit {
 AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms,
                                             int shared_per_sm = 0);
 // Whether a call is decode-shaped: a few query tokens (up to 16) against many more keys (at least
-// 128, and 8 per query token), no dropout. heuristic_attention_tile then picks a decode tile where
-// one fits the head dims.
+// 128, and 8 per query token), no dropout, at most 65535 (sequence, key/value head) pairs.
+// heuristic_attention_tile then picks a decode tile where one fits the head dims.
 bool attention_decode_shaped(const ops::AttentionArgs& args);
 
 // The argument array of an attention kernel, by parameter role, from bound arguments whose

@@ -524,6 +524,7 @@ TEST_CASE("a few query tokens against many keys take the decode form, its splits
   dropout.dropout = true;
   CHECK(pick(Call(64, 1, 32, 128, dropout, DType::bf16, 8, 0, 8192), h100()).mma != AttentionMma::decode);
   CHECK(pick(Call(8, 1, 32, 256, plain, DType::bf16, 8, 0, 8192), h100()).mma != AttentionMma::decode);
+  CHECK(pick(Call(8192, 1, 64, 64, plain, DType::bf16, 16, 0, 256), h100()).mma != AttentionMma::decode);  // 131072 pairs: past the grid
 }
 
 // ---- The backward's tiles
