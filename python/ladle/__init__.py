@@ -119,12 +119,13 @@ def run_variant(variant: Variant, q, k, v, inputs: Optional[Mapping] = None, *, 
 
 def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d_output, *, d_final_state=None,
                          scale: Optional[float] = None, initial_state=None, cu_seqlens=None, reverse: bool = False,
-                         backend: str = "auto", group: Optional[Communicator] = None):
+                         backend: str = "auto", update_backward: str = "auto", group: Optional[Communicator] = None):
     """The gradients of sum(o * d_output) [+ sum(final_state * d_final_state)] through run_variant with
     the same arguments, on numpy arrays (or any DLPack tensors), without autograd: a dict of fp32
     arrays, "q", "k", "v", every tensor input by its name, and "initial_state" when one was given.
     group: as run_variant's; the per-token gradients are this slice's, the per-head inputs' and
-    initial_state's the whole call's (summed over the ranks)."""
+    initial_state's the whole call's (summed over the ranks). update_backward: the update forms' backward
+    on the GPU, "auto", "recurrent" or "chunked" (ladle.torch.run_variant says what each is)."""
     import numpy as np
 
     tensors, scalars = _prepare(variant, q, inputs, scale, q=q, k=k, v=v)
@@ -139,7 +140,7 @@ def run_variant_backward(variant: Variant, q, k, v, inputs: Optional[Mapping], d
                     capsule(d_output, "d_output"), None if d_final_state is None else capsule(d_final_state, "d_final_state"),
                     capsule(grads["q"], "dq"), capsule(grads["k"], "dk"), capsule(grads["v"], "dv"),
                     {name: capsule(t, "d" + name) for name, t in d_tensors.items()},
-                    None if d_h0 is None else capsule(d_h0, "d_initial_state"), group)
+                    None if d_h0 is None else capsule(d_h0, "d_initial_state"), update_backward, group)
     grads.update(d_tensors)
     if d_h0 is not None:
         grads["initial_state"] = d_h0

@@ -113,13 +113,14 @@ def _run(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor
 def _recurrent(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
                names: str, scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor],
                cu_seqlens: Optional[torch.Tensor], reverse: bool, output_final_state: bool,
-               algorithm: str) -> tuple[torch.Tensor, torch.Tensor]:
+               algorithm: str, update_backward: str) -> tuple[torch.Tensor, torch.Tensor]:
     return _run(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
                 output_final_state, algorithm)
 
 
 @_recurrent.register_fake
-def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, output_final_state, algorithm):
+def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, output_final_state, algorithm,
+      update_backward):
     o_shape, state_shape = output_shapes(q, v, cu_seqlens)
     return (q.new_empty(o_shape), q.new_empty(state_shape if output_final_state else (0,), dtype=torch.float32))
 
@@ -127,7 +128,7 @@ def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu
 def _run_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor], names: str,
                   scalars: list[float], scalar_names: str, initial_state: Optional[torch.Tensor],
                   cu_seqlens: Optional[torch.Tensor], reverse: bool, d_o: torch.Tensor,
-                  d_final_state: Optional[torch.Tensor], group=None) -> list[torch.Tensor]:
+                  d_final_state: Optional[torch.Tensor], update_backward: str = "auto", group=None) -> list[torch.Tensor]:
     """The backward itself (fp32 gradients): the body of ladle::recurrent_backward, and what an eager
     backward runs directly."""
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -139,7 +140,7 @@ def _run_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                     dict(zip(_names(scalar_names), scalars)), _opt(initial_state), _opt(cu_seqlens), reverse, backend, stream,
                     has_stream, False, _cap(d_o.contiguous()), _opt(d_final_state), _cap(dq), _cap(dk), _cap(dv),
                     {n: _cap(t) for n, t in zip(_names(names), d_tensors)}, _cap(d_h0) if initial_state is not None else None,
-                    group)
+                    update_backward, group)
     return [dq, dk, dv, *d_tensors, d_h0]
 
 
@@ -147,13 +148,14 @@ def _run_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def _recurrent_backward(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: list[torch.Tensor],
                         names: str, scalars: list[float], scalar_names: str,
                         initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], reverse: bool,
-                        d_o: torch.Tensor, d_final_state: Optional[torch.Tensor]) -> list[torch.Tensor]:
+                        d_o: torch.Tensor, d_final_state: Optional[torch.Tensor], update_backward: str) -> list[torch.Tensor]:
     return _run_backward(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, d_o,
-                         d_final_state)
+                         d_final_state, update_backward)
 
 
 @_recurrent_backward.register_fake
-def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, d_o, d_final_state):
+def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, d_o, d_final_state,
+      update_backward):
     f32 = dict(dtype=torch.float32)
     return [q.new_empty(q.shape, **f32), k.new_empty(k.shape, **f32), v.new_empty(v.shape, **f32),
             *[t.new_empty(t.shape, **f32) for t in tensors],
@@ -161,21 +163,21 @@ def _(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu
 
 
 def _setup_context(ctx, inputs, output):
-    (variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, _, _) = inputs
+    (variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse, _, _, update_backward) = inputs
     ctx.save_for_backward(q, k, v, initial_state, cu_seqlens, *tensors)
-    ctx.args = (variant, names, scalars, scalar_names, reverse)
+    ctx.args = (variant, names, scalars, scalar_names, reverse, update_backward)
 
 
 def _gradients(backward, ctx, d_o, d_final):
     """dq, dk, dv, the tensor inputs' (a list) and d initial_state, each in its input's dtype."""
     q, k, v, initial_state, cu_seqlens, *tensors = ctx.saved_tensors
-    variant, names, scalars, scalar_names, reverse = ctx.args
+    variant, names, scalars, scalar_names, reverse, update_backward = ctx.args
     if d_o is None:
         d_o = torch.zeros(output_shapes(q, v, cu_seqlens)[0], dtype=q.dtype, device=q.device)
     if d_final is not None and d_final.numel() == 0:
         d_final = None
     dq, dk, dv, *rest = backward(variant, q, k, v, tensors, names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
-                                 d_o, d_final)
+                                 d_o, d_final, update_backward)
     d_tensors, d_h0 = rest[:-1], rest[-1]
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), [g.to(t.dtype) for g, t in zip(d_tensors, tensors)],
             None if initial_state is None else d_h0.to(initial_state.dtype))
@@ -183,7 +185,7 @@ def _gradients(backward, ctx, d_o, d_final):
 
 def _backward(ctx, d_o, d_final):
     dq, dk, dv, d_tensors, d_h0 = _gradients(_recurrent_backward, ctx, d_o, d_final)
-    return (None, dq, dk, dv, d_tensors, None, None, None, d_h0, None, None, None, None)
+    return (None, dq, dk, dv, d_tensors, None, None, None, d_h0, None, None, None, None, None)
 
 
 _recurrent.register_autograd(_backward, setup_context=_setup_context)
@@ -195,18 +197,18 @@ class _Recurrent(torch.autograd.Function):
     torch.compile sees the custom op instead."""
 
     @staticmethod
-    def forward(ctx, variant, names, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens, initial_state,
-                q, k, v, *tensors):
+    def forward(ctx, variant, names, scalars, scalar_names, reverse, output_final_state, algorithm, update_backward, cu_seqlens,
+                initial_state, q, k, v, *tensors):
         o, final = _run(variant, q, k, v, list(tensors), names, scalars, scalar_names, initial_state, cu_seqlens, reverse,
                         output_final_state, algorithm)
         ctx.save_for_backward(q, k, v, initial_state, cu_seqlens, *tensors)
-        ctx.args = (variant, names, scalars, scalar_names, reverse)
+        ctx.args = (variant, names, scalars, scalar_names, reverse, update_backward)
         return o, final
 
     @staticmethod
     def backward(ctx, d_o, d_final):
         dq, dk, dv, d_tensors, d_h0 = _gradients(_run_backward, ctx, d_o, d_final)
-        return (None, None, None, None, None, None, None, None, d_h0, dq, dk, dv, *d_tensors)
+        return (None, None, None, None, None, None, None, None, None, d_h0, dq, dk, dv, *d_tensors)
 
 
 class _ContextParallel(torch.autograd.Function):
@@ -215,12 +217,12 @@ class _ContextParallel(torch.autograd.Function):
     could take)."""
 
     @staticmethod
-    def forward(ctx, group, variant, names, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens, initial_state,
-                q, k, v, *tensors):
+    def forward(ctx, group, variant, names, scalars, scalar_names, reverse, output_final_state, algorithm, update_backward, cu_seqlens,
+                initial_state, q, k, v, *tensors):
         o, final = _forward(_variant(variant), q, k, v, dict(zip(_names(names), tensors)), dict(zip(_names(scalar_names), scalars)),
                             initial_state, cu_seqlens, reverse, algorithm, output_final_state, final_placeholder=True, group=group)
         ctx.save_for_backward(q, k, v, initial_state, cu_seqlens, *tensors)
-        ctx.args = (variant, names, scalars, scalar_names, reverse)
+        ctx.args = (variant, names, scalars, scalar_names, reverse, update_backward)
         ctx.group = group
         return o, final
 
@@ -230,7 +232,7 @@ class _ContextParallel(torch.autograd.Function):
             return _run_backward(*args, group=ctx.group)
 
         dq, dk, dv, d_tensors, d_h0 = _gradients(over_group, ctx, d_o, d_final)
-        return (None, None, None, None, None, None, None, None, None, d_h0, dq, dk, dv, *d_tensors)
+        return (None, None, None, None, None, None, None, None, None, None, d_h0, dq, dk, dv, *d_tensors)
 
 
 def _check_tensor(x, name: str) -> torch.Tensor:
@@ -241,8 +243,15 @@ def _check_tensor(x, name: str) -> torch.Tensor:
 
 def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Optional[Mapping] = None, *,
                 scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
-                cu_seqlens: Optional[torch.Tensor] = None, reverse: bool = False, algorithm: str = "auto", group=None):
+                cu_seqlens: Optional[torch.Tensor] = None, reverse: bool = False, algorithm: str = "auto",
+                update_backward: str = "auto", group=None):
     """Runs a variant (ladle.dsl.lower, ladle.named_variant) with autograd: returns (o, final_state or None).
+
+    update_backward: the backward's form for the update forms (the delta rule, gated delta rule, KDA,
+    RWKV6 and DSL variants of those forms) on the GPU: "auto" (the chunked WY form for 16-bit inputs
+    past one chunk, else the fp32 recurrence), "recurrent" (the fp32 recurrence: about twice as
+    precise, slower) or "chunked" (the chunked form wherever it runs). Other variants and the CPU
+    ignore it.
 
     inputs: the variant's other inputs by name (tensors, or floats for its scalars). A scalar named
     "scale" defaults to 1/sqrt(K). Shapes follow fla: q [B,T,H,K], k [B,T,H_kv,K], v [B,T,H_kv,V] or
@@ -255,6 +264,8 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     final state's gradient must be the same on every rank. Eager only (not under torch.compile)."""
     if not isinstance(variant, Variant):
         raise TypeError(f"variant: expected a ladle.Variant (ladle.dsl.lower or ladle.named_variant), got {type(variant).__name__}")
+    if update_backward not in ("auto", "recurrent", "chunked"):
+        raise ValueError(f"update_backward is {update_backward!r}, expected 'auto', 'recurrent' or 'chunked'")
     key = variant.hash
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(x, name)
@@ -287,15 +298,15 @@ def run_variant(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     tensors, joined, scalars, scalar_names = [tensor_inputs[n] for n in names], ",".join(names), list(scalar_inputs.values()), \
         ",".join(scalar_inputs)
     if group is not None:
-        o, final = _ContextParallel.apply(group, key, joined, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens,
-                                          initial_state, q, k, v, *tensors)
+        o, final = _ContextParallel.apply(group, key, joined, scalars, scalar_names, reverse, output_final_state, algorithm,
+                                          update_backward, cu_seqlens, initial_state, q, k, v, *tensors)
     elif compiling:
         # The custom op, which the compiler traces (its fake kernel) and differentiates (its autograd).
         o, final = _recurrent(key, q, k, v, tensors, joined, scalars, scalar_names, initial_state, cu_seqlens, reverse,
-                              output_final_state, algorithm)
+                              output_final_state, algorithm, update_backward)
     else:
-        o, final = _Recurrent.apply(key, joined, scalars, scalar_names, reverse, output_final_state, algorithm, cu_seqlens,
-                                    initial_state, q, k, v, *tensors)
+        o, final = _Recurrent.apply(key, joined, scalars, scalar_names, reverse, output_final_state, algorithm, update_backward,
+                                    cu_seqlens, initial_state, q, k, v, *tensors)
     return o, (final if output_final_state else None)
 
 
@@ -361,12 +372,12 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
-                     cu_seqlens=None, **kwargs):
-    """fla.ops.delta_rule.chunk_delta_rule: beta [B,T,H]."""
+                     cu_seqlens=None, update_backward="auto", **kwargs):
+    """fla.ops.delta_rule.chunk_delta_rule: beta [B,T,H]. update_backward: as run_variant's (ladle's own)."""
     _refuse("chunk_delta_rule", kwargs)
     return run_variant(_DELTA[bool(use_qk_l2norm_in_kernel)], q, k, v,
                        {"beta": beta}, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                       cu_seqlens=cu_seqlens)
+                       cu_seqlens=cu_seqlens, update_backward=update_backward)
 
 
 def _gated_delta_variant(beta_sigmoid: bool, l2: bool) -> Variant:
@@ -381,13 +392,14 @@ _GATED_DELTA = {(sig, l2): _gated_delta_variant(sig, l2) for sig in (False, True
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                           state_v_first=False, cu_seqlens=None, **kwargs):
-    """fla.ops.gated_delta_rule.chunk_gated_delta_rule: g [B,T,H] the log decay, beta [B,T,H]."""
+                           state_v_first=False, cu_seqlens=None, update_backward="auto", **kwargs):
+    """fla.ops.gated_delta_rule.chunk_gated_delta_rule: g [B,T,H] the log decay, beta [B,T,H]. update_backward: as
+    run_variant's (ladle's own)."""
     _refuse("chunk_gated_delta_rule", {k_: v_ for k_, v_ in kwargs.items() if k_ != "cp_context" or v_ is not None},
             allow_neg_eigval=(allow_neg_eigval, False), state_v_first=(state_v_first, False))
     return run_variant(_GATED_DELTA[(bool(use_beta_sigmoid_in_kernel), bool(use_qk_l2norm_in_kernel))], q, k, v,
                        {"g": g, "beta": beta}, scale=scale, initial_state=initial_state,
-                       output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, update_backward=update_backward)
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, **kwargs):
@@ -400,15 +412,16 @@ def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_stat
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
               use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
               lower_bound=None, disable_recompute=False, return_intermediate_states=False, state_v_first=False,
-              cu_seqlens=None, A_log=None, dt_bias=None, **kwargs):
+              cu_seqlens=None, A_log=None, dt_bias=None, update_backward="auto", **kwargs):
     """fla.ops.kda.chunk_kda: g [B,T,H,K] (the log decay, or with use_gate_in_kernel the raw gate: the decay is
-    -exp(A_log) softplus(g + dt_bias), A_log [H], dt_bias [H*K] or [H,K]), beta [B,T,H]."""
+    -exp(A_log) softplus(g + dt_bias), A_log [H], dt_bias [H*K] or [H,K]), beta [B,T,H]. update_backward: as
+    run_variant's (ladle's own)."""
     _refuse("chunk_kda", {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("cp_context", "use_graph", "max_num_seqs")
                           or (k_ == "cp_context" and v_ is not None)},
             allow_neg_eigval=(allow_neg_eigval, False), safe_gate=(safe_gate, False), lower_bound=(lower_bound, None),
             return_intermediate_states=(return_intermediate_states, False), state_v_first=(state_v_first, False))
     return _kda("chunk_kda", "auto", q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                use_gate_in_kernel, use_beta_sigmoid_in_kernel, cu_seqlens, A_log, dt_bias)
+                use_gate_in_kernel, use_beta_sigmoid_in_kernel, cu_seqlens, A_log, dt_bias, update_backward)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None, output_final_state=False,
@@ -421,7 +434,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
                 use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, cu_seqlens, A_log, dt_bias)
 
 
-def _kda(op, algorithm, q, k, v, g, beta, scale, initial_state, output_final_state, l2, gate, sigmoid, cu_seqlens, A_log, dt_bias):
+def _kda(op, algorithm, q, k, v, g, beta, scale, initial_state, output_final_state, l2, gate, sigmoid, cu_seqlens, A_log, dt_bias,
+         update_backward="auto"):
     gates = []
     inputs = {"g": g, "beta": beta}
     if l2:
@@ -441,7 +455,8 @@ def _kda(op, algorithm, q, k, v, g, beta, scale, initial_state, output_final_sta
     if sigmoid:
         gates.append("sigmoid")
     return run_variant(_KDA[",".join(gates)], q, k, v, inputs, scale=scale, initial_state=initial_state,
-                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, algorithm=algorithm)
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, algorithm=algorithm,
+                       update_backward=update_backward)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,

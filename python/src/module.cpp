@@ -142,6 +142,14 @@ ladle::Backend backend_of(const std::string& name) {
   throw ladle::InvalidArgument("backend is '" + name + "', expected 'auto', 'cpu' or 'cuda'");
 }
 
+// The update forms' backward (RunOptions::update_backward) by its Python name.
+ladle::UpdateBackward update_backward_of(const std::string& name) {
+  if (name == "auto") return ladle::UpdateBackward::automatic;
+  if (name == "recurrent") return ladle::UpdateBackward::recurrent;
+  if (name == "chunked") return ladle::UpdateBackward::chunked;
+  throw ladle::InvalidArgument("update_backward is '" + name + "', expected 'auto', 'recurrent' or 'chunked'");
+}
+
 ladle::Algorithm algorithm_of(const std::string& name) {
   if (name == "auto" || name == "automatic") return ladle::Algorithm::automatic;
   if (name == "chunked" || name == "chunk") return ladle::Algorithm::chunked;
@@ -378,11 +386,13 @@ NB_MODULE(_ladle, m) {
       [](const ladle::ir::Variant& variant, nb::handle q, nb::handle k, nb::handle v, const nb::dict& tensors,
          const std::map<std::string, float>& scalars, nb::handle initial_state, nb::handle cu_seqlens, bool reverse,
          const std::string& backend, std::uintptr_t stream, bool has_stream, bool upload, nb::handle d_output, nb::handle d_final_state,
-         nb::handle dq, nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state, ladle::Communicator* group) {
+         nb::handle dq, nb::handle dk, nb::handle dv, const nb::dict& d_tensors, nb::handle d_initial_state,
+         const std::string& update_backward, ladle::Communicator* group) {
         Capsules held;
         const auto [qv, kv, vv, inputs] = held.take_arguments(q, k, v, tensors, scalars);
         const std::optional<ladle::Stream> s = stream_of(stream, has_stream);
-        const ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, "auto", s ? &*s : nullptr, upload);
+        ladle::RunOptions options = run_options(held, initial_state, cu_seqlens, reverse, backend, "auto", s ? &*s : nullptr, upload);
+        options.update_backward = update_backward_of(update_backward);
         const ladle::TensorView d_o = held.take(d_output, "d_output");
         const std::optional<ladle::TensorView> d_final = held.take_optional(d_final_state, "d_final_state");
         ladle::RecurrentGradientViews grads{held.take(dq, "dq"), held.take(dk, "dk"), held.take(dv, "dv"),
@@ -393,7 +403,7 @@ NB_MODULE(_ladle, m) {
       },
       "variant"_a, "q"_a, "k"_a, "v"_a, "tensors"_a, "scalars"_a, "initial_state"_a.none(), "cu_seqlens"_a.none(), "reverse"_a,
       "backend"_a, "stream"_a, "has_stream"_a, "upload"_a, "d_output"_a, "d_final_state"_a.none(), "dq"_a, "dk"_a, "dv"_a, "d_tensors"_a,
-      "d_initial_state"_a.none(), "group"_a.none() = nb::none());
+      "d_initial_state"_a.none(), "update_backward"_a = "auto", "group"_a.none() = nb::none());
 
   // Context parallelism (ops/context_parallel.h): the ranks, and run / backward over them.
   nb::class_<ladle::Communicator>(m, "Communicator")

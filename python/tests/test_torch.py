@@ -158,7 +158,28 @@ def test_custom_op_registration_passes_opcheck():
     q, k, v, g = r(B, T, H, K).requires_grad_(), r(B, T, H, K).requires_grad_(), r(B, T, H, V).requires_grad_(), \
         (-torch.rand(B, T, H, K)).requires_grad_()
     torch.library.opcheck(torch.ops.ladle.recurrent.default, (key, q, k, v, [g], "g", [K ** -0.5], "scale", None, None, False,
-                                                               True, "auto"))
+                                                               True, "auto", "auto"))
+
+
+def test_update_backward_chooses_the_form_and_refuses_unknown_ones():
+    # The update forms' backward form (the GPU's chunked WY form or the fp32 recurrence) is a choice
+    # of the backward only: every choice gives the same gradients on the CPU path, through run_variant
+    # and the fla-named ops, and an unknown one is refused by name before any work.
+    r, (B, T, H, K, V) = shapes("cpu", torch.float32, T=20, seed=5)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+    beta = torch.rand(B, T, H)
+    grads = {}
+    for form in ("auto", "recurrent", "chunked"):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, beta)]
+        o, _ = lt.chunk_delta_rule(*leaves, use_qk_l2norm_in_kernel=True, update_backward=form)
+        o.sum().backward()
+        grads[form] = [x.grad for x in leaves]
+    for form in ("recurrent", "chunked"):
+        for got, want in zip(grads[form], grads["auto"]):
+            assert torch.allclose(got, want)
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads["auto"])
+    with pytest.raises(ValueError, match="update_backward"):
+        lt.run_variant(ladle.named_variant("delta_rule"), q, k, v, {"beta": beta}, update_backward="fast")
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
