@@ -254,13 +254,7 @@ void emit_prep(Code& c, const AttentionBackwardParts& parts, const std::string& 
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;");
   c("const int n = blockIdx.y / H, h = blockIdx.y % H, i = blockIdx.x * 8 + warp;");
-  if (spec.varlen) {
-    c("const long long q_bos = cu_seqlens_q[n];");
-    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), b = 0;");
-  } else {
-    c("const long long q_bos = 0;");
-    c("const int q_len = Tq, b = n;");
-  }
+  emit_query_sequence(c, spec.varlen);
   c("const bool live = i < q_len;");
   c("float delta = 0.0f;");
   c("if (live) {");

@@ -166,13 +166,7 @@ std::string decode_merge_kernel(const ir::AttentionVariant& variant, const Atten
   c("const long long between = static_cast<long long>(sequences) * H * partial_rows;  // one split's rows");
   c("const int token = static_cast<int>(row % partial_rows), h = static_cast<int>(row / partial_rows % H);");
   c("const int n = static_cast<int>(row / partial_rows / H);");
-  if (spec.varlen) {
-    c("const long long q_bos = cu_seqlens_q[n];");
-    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), b = 0;");
-  } else {
-    c("const long long q_bos = 0;");
-    c("const int q_len = Tq, b = n;");
-  }
+  emit_query_sequence(c, spec.varlen);
   c("if (token >= q_len) return;  // the whole block: no barrier is skipped by part of it");
   c("// The top: over the splits (and the sinks), a block's maximum.");
   c("float top = ladle_neg_inf();");

@@ -77,6 +77,16 @@ void emit_attention_sequence(Code& c, bool varlen) {
   c("(void)B;");
 }
 
+void emit_query_sequence(Code& c, bool varlen) {
+  if (varlen) {
+    c("const long long q_bos = cu_seqlens_q[n];");
+    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), b = 0;");
+  } else {
+    c("const long long q_bos = 0;");
+    c("const int q_len = Tq, b = n;");
+  }
+}
+
 void emit_key_range(Code& c, const ir::AttentionVariant& variant, const std::string& first, const std::string& last,
                     const std::string& begin, const std::string& end) {
   if (variant.causal) c("if (" + last + " + diagonal + 1 < " + end + ") " + end + " = " + last + " + diagonal + 1;");

@@ -44,6 +44,8 @@ void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVaria
 void declare_output_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
 // The block's sequence n: q_bos, k_bos, q_len, k_len and the batch row b (cu_seqlens when varlen).
 void emit_attention_sequence(Code& c, bool varlen);
+// Its query side alone: q_bos, q_len and b (the backward's prep kernel, the decode form's merge).
+void emit_query_sequence(Code& c, bool varlen);
 // The keys that rows first..last may attend, as [begin, end) narrowed in place (the caller declares
 // both, 64-bit under a window, from 0 and the sequence's k_len): the causal and window edges
 // around the diagonal j = i + (k_len - q_len).
