@@ -42,10 +42,6 @@ std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionK
 
 }  // namespace
 
-// 128-row tiles (8 warps) keep K/V reuse high; when the shape gives fewer such blocks than
-// the GPU has SMs (short or few sequences), 64-row tiles double the blocks. On sm_90a the ws
-// pipeline where its copies can run (16-bit q, k, v of one type in aligned rows, D and Dv
-// multiples of 8), else mma.sync, and the first tile that fits where that does not.
 bool attention_decode_shaped(const ops::AttentionArgs& args) {
   const std::int64_t q = args.longest_q(), k = args.longest_k();
   // (and a grid of (sequence, key/value head) pairs the decode grid takes)
@@ -79,6 +75,10 @@ AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, cons
   return split;
 }
 
+// 128-row tiles (8 warps) keep K/V reuse high; when the shape gives fewer such blocks than
+// the GPU has SMs (short or few sequences), 64-row tiles double the blocks. On sm_90a the ws
+// pipeline where its copies can run (16-bit q, k, v of one type in aligned rows, D and Dv
+// multiples of 8), else mma.sync, and the first tile that fits where that does not.
 cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int sms, const std::string& arch,
                                              int max_shared_bytes) {
   const int D = static_cast<int>(args.D), Dv = static_cast<int>(args.Dv);
@@ -356,12 +356,12 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
   } else {
     KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, cu_q, cu_k);
     cuda::AttentionGrid grid;
-  try {
-    grid = cuda::attention_grid(args.N * args.H, (rows + loaded.kernel.block_m - 1) / loaded.kernel.block_m);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("{}: {} sequences x {} heads, {} query rows in blocks of {}: {}", op_name(variant), args.N, args.H,
-                                      rows, loaded.kernel.block_m, e.what()));
-  }
+    try {
+      grid = cuda::attention_grid(args.N * args.H, (rows + loaded.kernel.block_m - 1) / loaded.kernel.block_m);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("{}: {} sequences x {} heads, {} query rows in blocks of {}: {}", op_name(variant), args.N,
+                                        args.H, rows, loaded.kernel.block_m, e.what()));
+    }
     loaded.function->launch({grid.x, grid.y, grid.z}, {loaded.kernel.threads, 1, 1}, packed,
                             static_cast<unsigned>(loaded.kernel.shared_bytes), launch.stream);
   }
