@@ -320,14 +320,7 @@ void emit_main_opening(Code& c, const AttentionBackwardParts& parts, const std::
   c("// The grid (attention_grid): x a group's kv heads, y the key blocks (under a causal mask the first is the");
   c("// heaviest: it starts first), z the groups.");
   c("const int head = static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x), n = head / H_kv, hk = head % H_kv, group = H / H_kv;");
-  if (spec.varlen) {
-    c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
-    c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
-    c("const int b = 0;");
-  } else {
-    c("const long long q_bos = 0, k_bos = 0;");
-    c("const int q_len = Tq, k_len = Tk, b = n;");
-  }
+  emit_attention_bounds(c, spec.varlen);
   c("(void)Tk;");
   c("const int j_block = blockIdx.y * BN;");
   c("if (j_block >= k_len) return;");

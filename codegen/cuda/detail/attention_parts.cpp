@@ -64,8 +64,7 @@ void declare_output_params(const AttentionParamFn& param, const ir::AttentionVar
   }
 }
 
-void emit_attention_sequence(Code& c, bool varlen) {
-  c("// The sequence: its first query and key, their counts, the batch row.");
+void emit_attention_bounds(Code& c, bool varlen) {
   if (varlen) {
     c("const long long q_bos = cu_seqlens_q[n], k_bos = cu_seqlens_k[n];");
     c("const int q_len = static_cast<int>(cu_seqlens_q[n + 1] - q_bos), k_len = static_cast<int>(cu_seqlens_k[n + 1] - k_bos);");
@@ -74,6 +73,11 @@ void emit_attention_sequence(Code& c, bool varlen) {
     c("const long long q_bos = 0, k_bos = 0;");
     c("const int q_len = Tq, k_len = Tk, b = n;");
   }
+}
+
+void emit_attention_sequence(Code& c, bool varlen) {
+  c("// The sequence: its first query and key, their counts, the batch row.");
+  emit_attention_bounds(c, varlen);
   c("(void)B;");
 }
 

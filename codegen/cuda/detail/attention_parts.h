@@ -42,7 +42,9 @@ void declare_mask_params(const AttentionParamFn& param, const ir::AttentionVaria
 // The output's parameters (o and its strides, lse when the spec asks for it) and the sinks' (when
 // the variant has them): the forward's and the decode form's merge kernel's, in one order.
 void declare_output_params(const AttentionParamFn& param, const ir::AttentionVariant& variant, const AttentionKernelSpec& spec);
-// The block's sequence n: q_bos, k_bos, q_len, k_len and the batch row b (cu_seqlens when varlen).
+// The block's sequence n: q_bos, k_bos, q_len, k_len and the batch row b (cu_seqlens when varlen);
+// emit_attention_sequence adds the forward's comment and reads B.
+void emit_attention_bounds(Code& c, bool varlen);
 void emit_attention_sequence(Code& c, bool varlen);
 // Its query side alone: q_bos, q_len and b (the backward's prep kernel, the decode form's merge).
 void emit_query_sequence(Code& c, bool varlen);
