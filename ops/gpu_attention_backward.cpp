@@ -67,6 +67,8 @@ cuda::AttentionBackwardSpec attention_backward_spec(const ir::AttentionVariant& 
   spec.input_gradients.assign(variant.inputs.size(), false);
   for (std::size_t k = 0; k < variant.inputs.size() && k < grads.d_tensors.size(); ++k) spec.input_gradients[k] = grads.d_tensors[k].has_value();
   spec.arch = arch.empty() ? cuda::Target::hopper : arch;
+  spec.form = cuda::attention_backward_form(spec.input_types, spec.D, spec.Dv, spec.arch);
+  if (spec.form == cuda::AttentionBackwardForm::sync) spec = cuda::with_sync_tile(spec);  // d_output read in place, dq by atomics
   return spec;
 }
 
@@ -168,15 +170,19 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernels index tokens with 32-bit ints", op, args.Tq, args.Tk));
 
   const std::string arch = Device::get().properties().arch();
-  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, cuda::Target::hopper);
+  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, arch);
+  // The sync form has no tile to choose (with_sync_tile decided it from the target).
   const cuda::AttentionBackwardTile chosen =
-      tile ? *tile : tuned_attention_backward_tile(variant, args, grads, heuristic_attention_backward_tile(base));
+      tile ? *tile
+           : base.form == cuda::AttentionBackwardForm::sync ? heuristic_attention_backward_tile(base)
+                                                           : tuned_attention_backward_tile(variant, args, grads, heuristic_attention_backward_tile(base));
   const cuda::AttentionBackwardSpec spec = cuda::with_tile(base, chosen);
   if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
     throw InvalidArgument(fmt::format("{}: backward tile {}: {}", op, cuda::to_string(chosen), problems.front()));
   std::string key = fmt::format("attention-backward|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv);
   for (DType t : spec.input_types) key += dtype_name(t);
   for (bool g : spec.input_gradients) key += g ? "g" : "-";
+  key += fmt::format("|{}{}x{}", cuda::to_string(spec.form), spec.sync_rows, spec.sync_columns);
   key += fmt::format("|s{}{}|{}{}{}{}{}{}{}{}", spec.stages, spec.dq_tma ? "qb" : "", spec.varlen, spec.copy_d_output, spec.sinks_gradient, dtype_name(spec.output_type),
                      dtype_name(spec.d_output_type), dtype_name(spec.q_segment_ids_type),
                      dtype_name(spec.kv_segment_ids_type), dtype_name(spec.sinks_type));
@@ -210,7 +216,7 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(fmt::format("{}: {} sequences x {} heads; the GPU backward takes at most 65535 (grid.y)", op, args.N, args.H));
   cuda::AttentionGrid grid;
   try {
-    grid = cuda::attention_grid(args.N * args.H_kv, (rows_k + loaded.kernel.block_n - 1) / loaded.kernel.block_n);
+    grid = cuda::attention_grid(args.N * args.H_kv, (rows_k + loaded.kernel.block_n - 1) / loaded.kernel.block_n * loaded.kernel.column_parts);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("{}: {} sequences x {} kv heads, {} keys in blocks of {}: {}", op, args.N, args.H_kv, rows_k,
                                       loaded.kernel.block_n, e.what()));

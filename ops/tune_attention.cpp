@@ -424,7 +424,7 @@ TuneJob attention_backward_tune_job(const ir::AttentionVariant& variant, const o
                                     const cpu::AttentionGrads& grads, const cuda::AttentionBackwardTile& heuristic) {
   if (const auto problems = gpu_attention_backward_unsupported(variant, args); !problems.empty())
     throw InvalidArgument((variant.name.empty() ? std::string("attention") : variant.name) + " on the GPU: " + problems.front());
-  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, cuda::Target::hopper);
+  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, Device::get().properties().arch());
   const DeviceLimits device = DeviceLimits::from(Device::get().properties());
   TunedKey key = attention_backward_tune_key(variant, base, AttentionTuneShape::of(variant, args), device);
   CandidateFactory factory = [&variant, &args, &grads, base] {

@@ -1,5 +1,6 @@
 #include "attention_backward.h"
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 
@@ -23,12 +24,24 @@ int pad16(int x) { return (x + 15) / 16 * 16; }
 
 bool sixteen_bit(DType t) { return t == DType::f16 || t == DType::bf16; }
 
+// The dynamic shared memory a sync block may have on the target (unknown: sm_90's).
+int sync_shared_limit(const std::string& arch) {
+  const Target t = target(arch);
+  return t.max_shared_bytes > 0 ? t.max_shared_bytes : attention_backward_max_shared_bytes;
+}
+
 
 }  // namespace
 
-// A 1024-byte alignment pad, K and V of the block's 128 keys, the q / d_output ring, dS^T twice, dQ's
-// stages (dq_tma), the row statistics of two steps, the mbarriers.
+// ws: a 1024-byte alignment pad, K and V of the block's 128 keys, the q / d_output ring, dS^T
+// twice, dQ's stages (dq_tma), the row statistics of two steps, the mbarriers. sync: K and V of the
+// block's 64 keys, q and do of a step, dS^T (rows padded by 8 elements), each twice when split, and
+// the row statistics of a step.
 int attention_backward_shared_bytes(const AttentionBackwardSpec& spec) {
+  if (spec.form == AttentionBackwardForm::sync) {
+    const int ld = pad16(spec.D) + 8, vld = pad16(spec.Dv) + 8, rows = spec.sync_rows, halves = attention_backward_split(spec) ? 2 : 1;
+    return halves * 2 * ((64 + rows) * (ld + vld) + 64 * (rows + 8)) + rows * 8;
+  }
   constexpr int BM = 64, BN = 128;
   const int DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
   const int q_bytes = BM * DPB * 2, do_bytes = BM * DVPB * 2, k_bytes = BN * DPB * 2, v_bytes = BN * DVPB * 2, ds_bytes = BN * 128;
@@ -36,11 +49,44 @@ int attention_backward_shared_bytes(const AttentionBackwardSpec& spec) {
          8 * (1 + 2 * spec.stages);
 }
 
+const char* to_string(AttentionBackwardForm form) { return form == AttentionBackwardForm::sync ? "sync" : "ws"; }
+
+bool attention_backward_split(const AttentionBackwardSpec& spec) {
+  if (spec.input_types.size() < 3) return false;
+  const DType q = spec.input_types[0];
+  return !sixteen_bit(q) || spec.input_types[1] != q || spec.input_types[2] != q;
+}
+
+AttentionBackwardForm attention_backward_form(const std::vector<DType>& input_types, int D, int Dv, const std::string& arch) {
+  const bool one_16_bit = input_types.size() >= 3 && sixteen_bit(input_types[0]) && input_types[1] == input_types[0] &&
+                          input_types[2] == input_types[0];
+  return one_16_bit && D <= 128 && Dv <= 128 && has_wgmma(arch) ? AttentionBackwardForm::ws : AttentionBackwardForm::sync;
+}
+
+AttentionBackwardSpec with_sync_tile(AttentionBackwardSpec spec) {
+  spec.form = AttentionBackwardForm::sync;
+  spec.dq_tma = false;
+  spec.copy_d_output = false;
+  // Registers: 4 warps of 16 keys hold dK and dV (columns / 2 floats a thread each), S^T and dP^T (rows / 2 each)
+  // and P's and dS's fragments (rows / 4 each, twice when split). Split: 64 columns and 64 rows (244 registers
+  // at D = 64, no spills); 16-bit: 128 columns and 32 rows past D = 64 (64 rows spill at D = 256).
+  const bool split = attention_backward_split(spec);
+  spec.sync_columns = split || std::max(spec.D, spec.Dv) <= 64 ? 64 : 128;
+  const int limit = sync_shared_limit(spec.arch);
+  for (const int rows : {64, 32, 16}) {
+    spec.sync_rows = rows;
+    if (rows == 64 && spec.sync_columns == 128) continue;
+    if (attention_backward_shared_bytes(spec) <= limit) break;
+  }
+  return spec;
+}
+
 std::string to_string(const AttentionBackwardTile& tile) {
   return "stages=" + std::to_string(tile.stages) + (tile.dq_tma ? " dq=tma" : " dq=red");
 }
 
 AttentionBackwardSpec with_tile(AttentionBackwardSpec spec, const AttentionBackwardTile& tile) {
+  if (spec.form == AttentionBackwardForm::sync) return spec;  // its tile is with_sync_tile's
   spec.stages = tile.stages;
   spec.dq_tma = spec.dq_tma && tile.dq_tma && attention_backward_shared_bytes(spec) <= attention_backward_max_shared_bytes;
   return spec;
@@ -54,6 +100,27 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
     return problems;
   }
   const DType q = spec.input_types[0];
+  if (spec.form == AttentionBackwardForm::sync) {
+    for (int k = 0; k < 3; ++k)
+      if (spec.input_types[k] != DType::f32 && !sixteen_bit(spec.input_types[k]))
+        problems.push_back(std::string("q, k, v are ") + dtype_name(spec.input_types[0]) + ", " + dtype_name(spec.input_types[1]) + ", " +
+                           dtype_name(spec.input_types[2]) + ": the GPU backward takes f32, f16 or bf16");
+    for (const auto& [name, dim] : {std::pair{"D", spec.D}, std::pair{"Dv", spec.Dv}})
+      if (dim < 8 || dim > 256 || dim % 8 != 0)
+        problems.push_back(std::string(name) + " = " + std::to_string(dim) + ": the GPU backward takes head dims of 8 to 256, multiples of 8");
+    const Target t = target(spec.arch);
+    if (!t.arch.empty() && t.version > 0 && !t.mma_sync)
+      problems.push_back("the GPU backward runs on mma.sync: it needs sm_80 or later, the target is " + spec.arch);
+    if (spec.sync_rows != 16 && spec.sync_rows != 32 && spec.sync_rows != 64)
+      problems.push_back("sync_rows = " + std::to_string(spec.sync_rows) + ", expected 16, 32 or 64");
+    if (spec.sync_columns != 64 && spec.sync_columns != 128)
+      problems.push_back("sync_columns = " + std::to_string(spec.sync_columns) + ", expected 64 or 128");
+    else if (const int bytes = attention_backward_shared_bytes(spec); bytes > sync_shared_limit(spec.arch))
+      problems.push_back("D = " + std::to_string(spec.D) + ", Dv = " + std::to_string(spec.Dv) + " with " + std::to_string(spec.sync_rows) +
+                         " query rows a step needs " + std::to_string(bytes) + " bytes of shared memory, more than a block's " +
+                         std::to_string(sync_shared_limit(spec.arch)) + " on " + (spec.arch.empty() ? std::string("this target") : spec.arch));
+    if (spec.dq_tma || spec.copy_d_output) problems.push_back("the sync form takes neither dq_tma nor copy_d_output");
+  } else {
   if (!sixteen_bit(q) || spec.input_types[1] != q || spec.input_types[2] != q)
     problems.push_back(std::string("q, k, v are ") + dtype_name(spec.input_types[0]) + ", " + dtype_name(spec.input_types[1]) +
                        ", " + dtype_name(spec.input_types[2]) + ": the GPU backward takes q, k, v of one 16-bit type (f16 or bf16)");
@@ -68,6 +135,7 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
     problems.push_back("stages = " + std::to_string(spec.stages) + " at D = " + std::to_string(spec.D) + ", Dv = " + std::to_string(spec.Dv) +
                        " needs " + std::to_string(bytes) + " bytes of shared memory, more than a block's " +
                        std::to_string(attention_backward_max_shared_bytes));
+  }
   if (!spec.input_gradients.empty() && spec.input_gradients.size() != variant.inputs.size())
     problems.push_back("input_gradients has " + std::to_string(spec.input_gradients.size()) + " entries, expected one per variant input");
   return problems;
@@ -153,8 +221,23 @@ std::vector<std::string> declare_main_params(const AttentionBackwardParts& parts
     }
   }
   param("int", "H_kv", Type::i32, Role::input_heads, 1);
+  if (spec.form == AttentionBackwardForm::sync) {  // q, k, v and d_output read in place, any strides
+    for (int k = 0; k < 3; ++k) {
+      param("const " + storage(spec.input_types[k]) + "*", id[k], Type::pointer, Role::input, k);
+      param("long long", id[k] + "_stride_b", Type::i64, Role::input_stride_b, k);
+      param("long long", id[k] + "_stride_t", Type::i64, Role::input_stride_t, k);
+      param("long long", id[k] + "_stride_h", Type::i64, Role::input_stride_h, k);
+      param("long long", id[k] + "_stride_d", Type::i64, Role::input_stride_d, k);
+    }
+    param("const " + storage(spec.d_output_type) + "*", "d_output", Type::pointer, Role::d_output);
+    param("long long", "d_output_stride_b", Type::i64, Role::d_output_stride_b);
+    param("long long", "d_output_stride_t", Type::i64, Role::d_output_stride_t);
+    param("long long", "d_output_stride_h", Type::i64, Role::d_output_stride_h);
+    param("long long", "d_output_stride_d", Type::i64, Role::d_output_stride_d);
+  }
   for (const auto& [name, role, index, rows] : {std::tuple{"q_map", Role::tensor_map, 0, BM}, std::tuple{"k_map", Role::tensor_map, 1, BN},
                                                 std::tuple{"v_map", Role::tensor_map, 2, BN}, std::tuple{"do_map", Role::d_output_map, -1, BM}}) {
+    if (spec.form == AttentionBackwardForm::sync) break;
     decl.push_back(std::string("const __grid_constant__ ladle_tensor_map ") + name);
     kernel.main_params.push_back({name, "ladle_tensor_map", Type::tensor_map, role, index, rows});
   }
@@ -199,6 +282,20 @@ std::string header_text(const AttentionBackwardParts& parts, const AttentionBack
   for (std::size_t k = 3; k < inputs.size(); ++k)
     if (!parts.dinput_expression[k].empty())
       header += "d logit/d" + inputs[k].name + " = " + ir::to_string(inputs, ir::derivative(variant.score, static_cast<std::int32_t>(k))) + "\n";
+  if (parts.sync) {
+    const std::string operands = parts.split ? "bf16 hi + lo (q, k, v " + std::string(dtype_name(spec.input_types[0])) + ", " +
+                                                   dtype_name(spec.input_types[1]) + ", " + dtype_name(spec.input_types[2]) + " split)"
+                                             : t16;
+    header += "D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ", q, k, v " + operands + ", form sync (" + spec.arch + ")\n";
+    header += "prep: grid (ceil(Tq / 8), N * H), block 256: delta = do . o, lse in log2 units" +
+              std::string(spec.sinks_gradient ? ", the sinks' gradient" : "") + "\n";
+    header += "main: grid attention_grid(N * H_kv, ceil(Tk / 64) * " + std::to_string(kernel.column_parts) + "), block 128 (4 warps of 16 keys; " +
+              std::to_string(kernel.column_parts) + " column part" + (kernel.column_parts > 1 ? "s" : "") + " of " +
+              std::to_string(spec.sync_columns) + "),\ndynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes; " +
+              std::to_string(spec.sync_rows) + " queries a step, every query head of the key/value head's group\n"
+              "S^T = K q^T, dP^T = V do^T, dV += P^T do, dK += dS^T q, dQ += dS K: mma.sync m16n8k16, fp32 accumulation\n";
+    return header;
+  }
   header += "D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ", q, k, v " + t16 + ", stages " + std::to_string(spec.stages) + "\n";
   header += "prep: grid (ceil(Tq / 8), N * H), block 256: delta = do . o, lse in log2 units" +
             std::string(spec.sinks_gradient ? ", the sinks' gradient" : "") + (spec.copy_d_output ? ", d_output copied to " + t16 : "") + "\n";
@@ -237,6 +334,32 @@ __device__ __forceinline__ void ladle_bulk_commit() { asm volatile("cp.async.bul
 __device__ __forceinline__ void ladle_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 __device__ __forceinline__ void ladle_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 __device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd(p, a); }
+#endif)");
+  c("");
+}
+
+// The sync form's device helpers: the tensor-core and attention helpers, atomics for dq and the
+// score inputs' gradients, the lo half of a split pair.
+void emit_sync_helpers(Code& c, const std::string& header) {
+  c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + attention_helpers);
+  c(R"(#ifndef LADLE_ATTENTION_BACKWARD_SYNC_HELPERS
+#define LADLE_ATTENTION_BACKWARD_SYNC_HELPERS
+#ifndef LADLE_ATTENTION_BACKWARD_HELPERS
+__device__ __forceinline__ void ladle_red_add_f32(float* p, float a) { atomicAdd(p, a); }
+#endif
+// Two adjacent floats added into global memory: one red.global.add.v2.f32 on sm_90, else two atomics.
+__device__ __forceinline__ void ladle_red_add_pair(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  ladle_red_add_f32(p, a);
+  ladle_red_add_f32(p + 1, b);
+#endif
+}
+// The lo halves of a split pair: x - bf16(x) for each, rounded to bf16 (hi is ladle_pack_bf16's).
+__device__ __forceinline__ unsigned ladle_pack_lo_bf16(float lo, float hi) {
+  return ladle_pack_bf16(lo - ladle_bf16_float(ladle_bf16_bits(lo)), hi - ladle_bf16_float(ladle_bf16_bits(hi)));
+}
 #endif)");
   c("");
 }
@@ -323,6 +446,14 @@ void emit_main_opening(Code& c, const AttentionBackwardParts& parts, const std::
   emit_attention_bounds(c, spec.varlen);
   c("(void)Tk;");
   c("const int j_block = blockIdx.y * BN;");
+  emit_block_query_tiles(c, variant);
+}
+
+}  // namespace
+
+namespace detail {
+
+void emit_block_query_tiles(Code& c, const ir::AttentionVariant& variant) {
   c("if (j_block >= k_len) return;");
   c("const int diagonal = k_len - q_len, j_last = (j_block + BN < k_len ? j_block + BN : k_len) - 1;");
   c("(void)j_last;");
@@ -338,6 +469,29 @@ void emit_main_opening(Code& c, const AttentionBackwardParts& parts, const std::
   c("const int tiles = tile_end - tile_begin, steps = group * tiles;  // a step: one query head's tile");
   c("");
 }
+
+void emit_key_row_values(Code& c, const AttentionBackwardParts& parts) {
+  const ir::AttentionVariant& variant = parts.variant;
+  c("const int key_row[2] = {j_block + warp * 16 + gid, j_block + warp * 16 + gid + 8};");
+  if (variant.segment_ids)
+    c("const long long kv_segment[2] = {key_row[0] < k_len ? static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + key_row[0]) * kv_segment_stride_t]) : 0,\n"
+      "                                 key_row[1] < k_len ? static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + key_row[1]) * kv_segment_stride_t]) : 0};");
+  if (variant.dropout) c("const float keep_scale = 1.0f / (1.0f - dropout_p);");
+  const auto& inputs = variant.inputs;
+  for (std::size_t k = 3; k < inputs.size(); ++k)
+    if (parts.gradient[k] && inputs[k].kind == ir::InputKind::head)
+      c("float acc_" + parts.id[k] + " = 0.0f;  // this thread's part of d " + inputs[k].name);
+  c("// The row statistics (lse in log2 units, delta) of a step's BM queries, one per thread of the first BM;");
+  c("// past the sequence lse is +inf (p = 0).");
+  c("const auto load_stats = [&](int step) {");
+  c("  const int h = hk * group + step / tiles, i = (tile_begin + step % tiles) * BM + static_cast<int>(threadIdx.x);");
+  c("  return i < q_len ? row_stats[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] : make_float2(-ladle_neg_inf(), 0.0f);");
+  c("};");
+}
+
+}  // namespace detail
+
+namespace {
 
 // main's shared memory: K, V, the q / d_output ring, dS^T, dQ's stages, the row statistics.
 void emit_main_shared(Code& c, const AttentionBackwardSpec& spec) {
@@ -364,16 +518,9 @@ void emit_main_shared(Code& c, const AttentionBackwardSpec& spec) {
 
 // Step 2: this thread's keys, their accumulators, the wgmma descriptors, the first step's statistics.
 void emit_key_rows(Code& c, const AttentionBackwardParts& parts) {
-  const ir::AttentionVariant& variant = parts.variant;
-  const auto& inputs = variant.inputs;
-  const std::vector<std::string>& id = parts.id;
   c("// 2. This thread's keys: rows gid and gid + 8 of its warp's 16 (S^T's accumulator rows).");
   c("const int warpgroup = ladle_warp_uniform(warp / 4);");
-  c("const int key_row[2] = {j_block + warp * 16 + gid, j_block + warp * 16 + gid + 8};");
-  if (variant.segment_ids)
-    c("const long long kv_segment[2] = {key_row[0] < k_len ? static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + key_row[0]) * kv_segment_stride_t]) : 0,\n"
-      "                                 key_row[1] < k_len ? static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + key_row[1]) * kv_segment_stride_t]) : 0};");
-  if (variant.dropout) c("const float keep_scale = 1.0f / (1.0f - dropout_p);");
+  emit_key_row_values(c, parts);
   c("float dk_acc[DP / 8][4], dv_acc[DVP / 8][4];");
   c("LADLE_UNROLL for (int nt = 0; nt < DP / 8; ++nt) dk_acc[nt][0] = dk_acc[nt][1] = dk_acc[nt][2] = dk_acc[nt][3] = 0.0f;");
   c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) dv_acc[nt][0] = dv_acc[nt][1] = dv_acc[nt][2] = dv_acc[nt][3] = 0.0f;");
@@ -389,14 +536,6 @@ void emit_key_rows(Code& c, const AttentionBackwardParts& parts) {
   c("const unsigned long long don_desc = ladle_wgmma_desc_sw128(do_ring, BM * 128, 1024);");
   c("const unsigned long long ds_desc = ladle_wgmma_desc_sw128(ds_tile, BN * 128, 1024);");
   c("const unsigned long long kn_desc = ladle_wgmma_desc_sw128(k_tile + warpgroup * BN * 64, BN * 128, 1024);");
-  for (std::size_t k = 3; k < inputs.size(); ++k)
-    if (parts.gradient[k] && inputs[k].kind == ir::InputKind::head) c("float acc_" + id[k] + " = 0.0f;  // this thread's part of d " + inputs[k].name);
-  c("// The row statistics (lse in log2 units, delta) of a step's 64 queries, one per thread of the first 64;");
-  c("// past the sequence lse is +inf (p = 0). Loaded a step ahead, stored into stats_s at the step's barrier.");
-  c("const auto load_stats = [&](int step) {");
-  c("  const int h = hk * group + step / tiles, i = (tile_begin + step % tiles) * BM + static_cast<int>(threadIdx.x);");
-  c("  return i < q_len ? row_stats[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] : make_float2(-ladle_neg_inf(), 0.0f);");
-  c("};");
   c("if (threadIdx.x < BM && steps > 0) stats_s[threadIdx.x] = load_stats(0);");
   c("__syncthreads();");
   c("kv_latch.wait();");
@@ -449,7 +588,9 @@ AttentionBackwardParts::AttentionBackwardParts(const ir::AttentionVariant& varia
                                                const std::vector<std::string>& id_)
     : variant(variant_), spec(spec_), id(id_) {
   const auto& inputs = variant.inputs;
-  f16 = spec.input_types[0] == DType::f16;
+  sync = spec.form == AttentionBackwardForm::sync;
+  split = sync && attention_backward_split(spec);
+  f16 = !split && spec.input_types[0] == DType::f16;
   DP = pad16(spec.D), DVP = pad16(spec.Dv), DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
   used.assign(inputs.size(), false);
   for (const ir::Expr* e : {&variant.score, &variant.keep})
@@ -467,7 +608,8 @@ AttentionBackwardParts::AttentionBackwardParts(const ir::AttentionVariant& varia
   const auto hoisted_load = [&](const ir::Input& in, std::int32_t k) -> std::string {
     return static_cast<std::size_t>(k) >= hoisted.first_hoisted ? in.name : load(in, k);
   };
-  logit_expression = ir::render_c(hoisted.inputs, hoisted.expr, hoisted_load, leaf, ir::RenderFunctions{"ladle_tanh_approx"});
+  // Split f32 inputs: the exact tanh, as the forward's split path forms the logit.
+  logit_expression = ir::render_c(hoisted.inputs, hoisted.expr, hoisted_load, leaf, ir::RenderFunctions{split ? "ladle_tanh" : "ladle_tanh_approx"});
   keep_expression = variant.keep.empty() ? "" : ir::render_c(inputs, variant.keep, load, leaf, ir::RenderFunctions{"ladle_tanh"});
   dscore_expression = ir::render_c(inputs, ir::derivative(variant.score, ir::Op::score), load, leaf, ir::RenderFunctions{"ladle_tanh"});
   dinput_expression.assign(inputs.size(), "");
@@ -490,6 +632,7 @@ AttentionBackwardKernel generate_named(const AttentionBackwardParts& parts) {
   std::string key = std::to_string(spec.D) + "," + std::to_string(spec.Dv) + (spec.varlen ? " L" : "") +
                     (spec.copy_d_output ? " C" : "") + (spec.sinks_gradient ? " S" : "") + (spec.dq_tma ? " QB" : "") + " s" +
                     std::to_string(spec.stages) +
+                    (parts.sync ? " sync" + std::to_string(spec.sync_rows) + "x" + std::to_string(spec.sync_columns) + " " + spec.arch : "") +
                     dtype_name(spec.output_type) + dtype_name(spec.d_output_type) +
                     dtype_name(spec.q_segment_ids_type) + dtype_name(spec.kv_segment_ids_type) +
                     dtype_name(spec.sinks_type);
@@ -503,6 +646,16 @@ AttentionBackwardKernel generate_named(const AttentionBackwardParts& parts) {
   const std::vector<std::string> decl = declare_main_params(parts, kernel);
 
   Code c;
+  if (parts.sync) {
+    kernel.main_threads = 128;
+    kernel.block_n = 64;
+    kernel.column_parts = (std::max(parts.DP, parts.DVP) + spec.sync_columns - 1) / spec.sync_columns;
+    emit_sync_helpers(c, header_text(parts, kernel));
+    emit_prep(c, parts, kernel.prep_name, prep_decl);
+    emit_sync_main(c, parts, kernel.name, decl);
+    kernel.source = c.text();
+    return kernel;
+  }
   emit_helpers(c, parts, header_text(parts, kernel));
   emit_prep(c, parts, kernel.prep_name, prep_decl);
   emit_main_opening(c, parts, kernel.name, decl);

@@ -31,6 +31,19 @@
 //    input's (a slope) per warp.
 // Launch: prep grid (ceil(Tq / 8), N * H), 256 threads; main grid attention_grid(N * H_kv, ceil(Tk / 128)),
 // 256 threads, dynamic shared memory AttentionBackwardKernel::shared_bytes (dq zeroed first).
+//
+// The `sync` form (AttentionBackwardForm::sync, sm_80 and later) takes what the ws form refuses:
+// f32 inputs (and q, k, v of mixed types), head dims up to 256, targets without wgmma. Its main
+// kernel is mma.sync m16n8k16 with fp32 accumulation, 4 warps a block of 64 keys (a warp 16 of
+// them), the keys' dK and dV columns cut into column parts of `sync_columns` (a part a block,
+// parts along grid.y: S^T and dP^T are formed again per part, dQ's columns are the part's):
+//   stage q and do (a step's `sync_rows` queries, any strides and floating types, converted to
+//   16 bits; f32: split into bf16 halves hi + lo, products as hi*hi + hi*lo + lo*hi, about 16
+//   bits of mantissa, as the forward's mma.sync path), then per warp S^T = K q^T, dP^T = V do^T,
+//   the same element-wise P, dS and input gradients as the ws form, dV += P^T do, dK += dS^T q
+//   from registers, dS^T through shared memory, dQ = dS K added into dq with atomics. No TMA, no
+//   d_output copy (main reads d_output in place). Grid attention_grid(N * H_kv, ceil(Tk / 64) *
+//   column_parts), 128 threads.
 #pragma once
 
 #include <string>
@@ -39,6 +52,11 @@
 #include "attention.h"
 
 namespace ladle::cuda {
+
+// The main kernel's form: warp-specialised on wgmma + TMA (sm_90a, q, k, v of one 16-bit type,
+// head dims to 128), or mma.sync (sm_80 on, any floating q, k, v, head dims to 256).
+enum class AttentionBackwardForm { ws, sync };
+const char* to_string(AttentionBackwardForm form);
 
 struct AttentionBackwardSpec {
   std::vector<DType> input_types;  // one per variant input, as AttentionKernelSpec's
@@ -56,8 +74,22 @@ struct AttentionBackwardSpec {
                                       // main stages dQ's rows in shared memory and adds them by bulk reductions
                                       // (cp.reduce.async.bulk.tensor through an fp32 tensor map of dq);
                                       // else red.global.add.v2.f32 from registers
-  std::string arch = "sm_90a";        // main needs sm_90a
+  std::string arch = "sm_90a";        // ws needs sm_90a; sync sm_80 or later
+  AttentionBackwardForm form = AttentionBackwardForm::ws;
+  // sync: the queries of a step (64, 32 or 16) and the dK / dV columns of a block (64 or 128).
+  int sync_rows = 64, sync_columns = 128;
 };
+
+// The form a call takes: ws where it runs (sm_90a, q, k, v of one 16-bit type, D and Dv <= 128),
+// else sync.
+AttentionBackwardForm attention_backward_form(const std::vector<DType>& input_types, int D, int Dv, const std::string& arch);
+// A sync spec's tile for its target: 128 columns a part for 16-bit inputs, 64 for split f32 ones
+// (their fragments come in pairs); the most query rows (64, 32, 16) whose shared memory the
+// target has (an unknown target: sm_90's 227 KiB).
+AttentionBackwardSpec with_sync_tile(AttentionBackwardSpec spec);
+// Whether a sync spec's q, k, v go through the tensor cores as split bf16 pairs (any of them f32,
+// or of mixed types).
+bool attention_backward_split(const AttentionBackwardSpec& spec);
 
 // What the autotuner chooses for a call (ops/tune_attention.h): the q / d_output ring's depth and
 // whether dQ goes through TMA reductions, where the call's dq allows them (AttentionBackwardSpec::
@@ -75,18 +107,21 @@ struct AttentionBackwardKernel {
   std::vector<AttentionParam> prep_params, main_params;
   unsigned prep_threads = 256, main_threads = 256;
   int prep_rows = 8;       // prep grid.x = ceil(longest q sequence / prep_rows)
-  int block_n = 128;       // main grid: attention_grid(N * H_kv, ceil(longest k sequence / block_n))
+  int block_n = 128;       // main grid: attention_grid(N * H_kv, ceil(longest k sequence / block_n) * column_parts)
+  int column_parts = 1;    // sync: the dK / dV column parts (ws: 1)
   int shared_bytes = 0;    // main's dynamic shared memory
 };
 
-// What keeps a call off the GPU backward (empty: it runs): head dims past 128 or not multiples of
-// 8, q, k, v not of one 16-bit type, a target other than sm_90a.
+// What keeps a call off the GPU backward (empty: it runs). ws: head dims past 128 or not multiples
+// of 8, q, k, v not of one 16-bit type, a target other than sm_90a. sync: head dims past 256 or not
+// multiples of 8, q, k, v not floating, a target without mma.sync, more shared memory than the
+// target's.
 std::vector<std::string> attention_backward_unsupported(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec);
 
 // The most dynamic shared memory a block of main may have (sm_90's opt-in limit, 227 KiB).
 inline constexpr int attention_backward_max_shared_bytes = 232448;
 // The main kernel's dynamic shared memory for a spec (attention_backward_unsupported refuses more
-// than attention_backward_max_shared_bytes).
+// than attention_backward_max_shared_bytes, or the sync form's target's limit).
 int attention_backward_shared_bytes(const AttentionBackwardSpec& spec);
 // A call's spec with a tile applied: its stages; dQ by TMA where the tile asks, the call's dq allows
 // (spec.dq_tma) and shared memory has room at those stages, else by red.global.

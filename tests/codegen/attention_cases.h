@@ -50,6 +50,8 @@ struct Case {
   bool d_output_f32 = false;  // backward: d_output in fp32 (prep copies it to the case's type)
   int stages = 2;             // backward: the q / d_output ring
   bool dq_pairs = false;      // backward: dq added by red.global.add.v2 (the launcher's form for a dq not 16-byte aligned)
+  std::string backward_arch = "sm_90a";  // backward: the target (the form follows: ws where it runs, else sync)
+  int sync_rows = 0;                      // backward, sync form: the rows a step (0: with_sync_tile's)
   int splits = 0;             // decode tiles: the key splits the test asks for (0: the launcher's attention_decode_split)
 
   ladle::cuda::AttentionKernelSpec spec() const {
@@ -425,6 +427,36 @@ inline std::vector<Case> backward() {
     c.Tq = 171, c.Tk = 210;
     add(c);
   }
+  // The sync form (mma.sync): what the ws form refuses.
+  {
+    Case c = make("backward sync: f32 (split), varlen with an empty sequence, causal, GQA 4:2, D=Dv=64", variant("causal"));
+    c.type = DType::f32, c.H = 4, c.H_kv = 2;
+    c.cu_seqlens_q = {0, 40, 40, 100}, c.cu_seqlens_k = {0, 50, 50, 130};
+    c.Tq = 100, c.Tk = 130;
+    add(c);
+  }
+  {
+    Case c = make("backward sync: bf16 D=256 Dv=192 (two column parts), soft cap + window (40, 8) + sinks (2), f32 d_output",
+                  variant("softcap,window,sinks"));
+    c.Tq = c.Tk = 150, c.D = 256, c.Dv = 192, c.window_left = 40, c.window_right = 8, c.sinks = 2, c.d_output_f32 = true;
+    add(c);
+  }
+  {
+    Case c = make("backward sync: f32 D=Dv=256 (32 rows a step, four column parts), bias + dropout 0.1, causal, Tq > Tk", variant("bias,causal,dropout"));
+    c.type = DType::f32, c.B = 2, c.Tq = 70, c.Tk = 50, c.D = c.Dv = 256, c.dropout_p = 0.1f;
+    add(c);
+  }
+  {
+    Case c = make("backward sync: sm_80, f16, user ALiBi and keep predicate (d slope), D=Dv=96, 16 rows a step", user_alibi());
+    c.type = DType::f16, c.B = 2, c.Tq = 66, c.Tk = 140, c.D = c.Dv = 96, c.user_alibi = true, c.backward_arch = "sm_80", c.sync_rows = 16;
+    add(c);
+  }
+  {
+    Case c = make("backward sync: sm_86, bf16 D=256 Dv=224 (16 rows a step), attention_mask (u8), segment ids, causal",
+                  variant("mask,segments,causal"));
+    c.D = 256, c.Dv = 224, c.backward_arch = "sm_86", c.Tq = c.Tk = 130;
+    add(c);
+  }
   return cases;
 }
 
@@ -446,10 +478,16 @@ inline ladle::cuda::AttentionBackwardSpec backward_spec(const Case& c) {
     s.input_gradients.push_back((in.kind == ladle::ir::InputKind::pair || in.kind == ladle::ir::InputKind::head) &&
                                 s.input_types[k] != DType::u8);
   }
+  s.arch = c.backward_arch;
+  s.form = ladle::cuda::attention_backward_form(s.input_types, s.D, s.Dv, s.arch);
+  if (s.form == ladle::cuda::AttentionBackwardForm::sync) {
+    s = ladle::cuda::with_sync_tile(s);
+    if (c.sync_rows) s.sync_rows = c.sync_rows;
+    return s;
+  }
   s.stages = c.stages;
   s.dq_tma = !c.dq_pairs;
   s = ladle::cuda::with_tile(s, {c.stages, s.dq_tma});  // as the launcher: red.global where dQ's stage does not fit
-  s.arch = "sm_90a";
   return s;
 }
 

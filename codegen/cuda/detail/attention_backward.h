@@ -24,7 +24,9 @@ struct AttentionBackwardParts {
   const ir::AttentionVariant& variant;
   const AttentionBackwardSpec& spec;
   std::vector<std::string> id;  // the inputs' C names
-  bool f16 = false;             // q, k, v f16 (else bf16)
+  bool sync = false;            // the mma.sync form (AttentionBackwardForm::sync)
+  bool split = false;           // sync with f32 (or mixed) q, k, v: bf16 hi + lo pairs
+  bool f16 = false;             // q, k, v f16 (else bf16; split: bf16)
   int DP = 0, DVP = 0;          // head dims rounded up to the tensor-core step
   int DPB = 0, DVPB = 0;        // and to whole TMA boxes of 64 columns
   std::vector<bool> used;       // per input: the score or keep expression reads it
@@ -55,10 +57,29 @@ void emit_stage_ring_acquire(Code& c);
 // This warp is done with the step's q and d_output: the stage is released.
 void emit_stage_ring_release(Code& c);
 
+// ---- main's opening (attention_backward.cpp), both forms
+
+// From j_block (the block's first key): the block returns past the sequence; diagonal, j_last, the
+// query tiles its keys may be attended by (tile_begin, tile_end, tiles) and steps = group * tiles.
+void emit_block_query_tiles(Code& c, const ir::AttentionVariant& variant);
+// This thread's keys key_row[2] (rows gid and gid + 8 of warp's 16 from j_block), their segment ids,
+// dropout's keep scale, the head inputs' gradient sums, load_stats(step) (a step's BM row statistics).
+void emit_key_row_values(Code& c, const AttentionBackwardParts& parts);
+
 // ---- main's steps (attention_backward_step.cpp)
 
 // The loop over steps (one query head's tile of 64 queries each): S^T and dP^T, the element-wise
 // gradients, dV, dK and dQ, and the head inputs' gradients.
 void emit_attention_backward_steps(Code& c, const AttentionBackwardParts& parts);
+// The parts both forms' steps share: what a step reads of the score's inputs (after h), step 4's
+// element-wise P, dS and input gradients into p_frag / ds_frag (split: also p_lo / ds_lo), and the
+// head inputs' gradients after a head's last step.
+void emit_step_values(Code& c, const AttentionBackwardParts& parts);
+void emit_elements(Code& c, const AttentionBackwardParts& parts);
+void emit_head_input_gradients(Code& c, const AttentionBackwardParts& parts);
+
+// ---- the sync form's main kernel (attention_backward_sync.cpp): mma.sync, sm_80 on
+
+void emit_sync_main(Code& c, const AttentionBackwardParts& parts, const std::string& name, const std::vector<std::string>& decl);
 
 }  // namespace ladle::cuda::detail

@@ -14,13 +14,19 @@ std::string pack(const AttentionBackwardParts& parts) { return parts.f16 ? "ladl
 
 // The step's query head and tile, its row statistics, what the logit reads of the inputs there.
 void emit_step_inputs(Code& c, const AttentionBackwardParts& parts) {
-  const auto& inputs = parts.variant.inputs;
-  const std::vector<std::string>& id = parts.id;
   c("const int h = hk * group + step / tiles, m0 = (tile_begin + step % tiles) * BM, stage = step % STAGES;");
   c("(void)h;");
   c("const float2* const stats = stats_s + (step & 1) * BM;  // this step's, stored at the last step's barrier");
   c("float2 next_stats = make_float2(0.0f, 0.0f);");
   c("if (threadIdx.x < BM && step + 1 < steps) next_stats = load_stats(step + 1);  // in flight through the step");
+  emit_step_values(c, parts);
+}
+
+}  // namespace
+
+void emit_step_values(Code& c, const AttentionBackwardParts& parts) {
+  const auto& inputs = parts.variant.inputs;
+  const std::vector<std::string>& id = parts.id;
   for (std::size_t k = 3; k < inputs.size(); ++k) {
     if (!parts.used[k] && !parts.gradient[k]) continue;
     if (inputs[k].kind == ir::InputKind::head)
@@ -40,6 +46,8 @@ void emit_step_inputs(Code& c, const AttentionBackwardParts& parts) {
         ";");
   }
 }
+
+namespace {
 
 // Step 3: S^T and dP^T, the keys as rows.
 void emit_transposed_scores(Code& c, const AttentionBackwardParts& parts) {
@@ -105,17 +113,29 @@ void emit_element_gradients(Code& c, const AttentionBackwardParts& parts, bool t
   c("  ds[x][r] = attend ? dl * (" + parts.dscore_expression + ") : 0.0f;");
   for (std::size_t k = 3; k < inputs.size(); ++k) {
     if (parts.dinput_expression[k].empty()) continue;
+    const std::string live = parts.sync ? "input_part && dl != 0.0f" : "dl != 0.0f";  // sync: the first column part adds them
     if (inputs[k].kind == ir::InputKind::pair)
-      c("  if (dl != 0.0f) ladle_red_add_f32(d_" + id[k] + "_bh + (q_bos + i) * d_" + id[k] + "_stride_t + (k_bos + j) * d_" + id[k] +
+      c("  if (" + live + ") ladle_red_add_f32(d_" + id[k] + "_bh + (q_bos + i) * d_" + id[k] + "_stride_t + (k_bos + j) * d_" + id[k] +
         "_stride_d, dl * (" + parts.dinput_expression[k] + "));");
     else
-      c("  if (dl != 0.0f) acc_" + id[k] + " += dl * (" + parts.dinput_expression[k] + ");");
+      c("  if (" + live + ") acc_" + id[k] + " += dl * (" + parts.dinput_expression[k] + ");");
   }
   c.out();
   c("  }");
   c.out();
   c("  }");
   const std::string pk = pack(parts);
+  if (parts.split) {
+    c("// Split: the bf16 halves hi (p_frag, ds_frag) and lo = x - hi (p_lo, ds_lo).");
+    c("p_lo[kk][0] = ladle_pack_lo_bf16(pd[0][0], pd[0][1]);");
+    c("p_lo[kk][1] = ladle_pack_lo_bf16(pd[0][2], pd[0][3]);");
+    c("p_lo[kk][2] = ladle_pack_lo_bf16(pd[1][0], pd[1][1]);");
+    c("p_lo[kk][3] = ladle_pack_lo_bf16(pd[1][2], pd[1][3]);");
+    c("ds_lo[kk][0] = ladle_pack_lo_bf16(ds[0][0], ds[0][1]);");
+    c("ds_lo[kk][1] = ladle_pack_lo_bf16(ds[0][2], ds[0][3]);");
+    c("ds_lo[kk][2] = ladle_pack_lo_bf16(ds[1][0], ds[1][1]);");
+    c("ds_lo[kk][3] = ladle_pack_lo_bf16(ds[1][2], ds[1][3]);");
+  }
   c("p_frag[kk][0] = " + pk + "(pd[0][0], pd[0][1]);");
   c("p_frag[kk][1] = " + pk + "(pd[0][2], pd[0][3]);");
   c("p_frag[kk][2] = " + pk + "(pd[1][0], pd[1][1]);");
@@ -127,6 +147,8 @@ void emit_element_gradients(Code& c, const AttentionBackwardParts& parts, bool t
   c.out();
   c("}");
 }
+
+}  // namespace
 
 // Step 4: P and dS packed as the A fragments of dV and dK, the inputs' gradients added. Interior
 // steps (every (query, key) of the warpgroup's part inside both sequences and the structured masks,
@@ -142,6 +164,7 @@ void emit_elements(Code& c, const AttentionBackwardParts& parts) {
   c("// 4. P = 2^(logit - lse), dlogit = P (dP - delta), dS = dlogit * d logit / d score, per element; masked: 0.");
   c("//    P (times the dropout keep) and dS packed in 16-bit pairs are the A operands of dV and dK.");
   c("unsigned p_frag[BM / 16][4], ds_frag[BM / 16][4];");
+  if (parts.split) c("unsigned p_lo[BM / 16][4], ds_lo[BM / 16][4];");
   if (plain_interior) {
     c("if (" + interior + ") {");
     c.in();
@@ -156,6 +179,8 @@ void emit_elements(Code& c, const AttentionBackwardParts& parts) {
     emit_element_gradients(c, parts, true);
   }
 }
+
+namespace {
 
 void emit_ds_transposed_store(Code& c) {
   c("// dS^T into shared memory for dQ: row = key (128 bytes: the tile's 64 queries), 16-byte piece p of row r at");
@@ -247,6 +272,8 @@ void emit_dq_store(Code& c, const AttentionBackwardParts& parts) {
   }
 }
 
+}  // namespace
+
 // The gradients of head inputs: each warp's sum added once per head, after its last step.
 void emit_head_input_gradients(Code& c, const AttentionBackwardParts& parts) {
   const auto& inputs = parts.variant.inputs;
@@ -262,8 +289,6 @@ void emit_head_input_gradients(Code& c, const AttentionBackwardParts& parts) {
       c("}");
     }
 }
-
-}  // namespace
 
 void emit_attention_backward_steps(Code& c, const AttentionBackwardParts& parts) {
   c("for (int step = 0; step < steps; ++step) {");
