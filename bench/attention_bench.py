@@ -176,6 +176,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=1, help="time each SDPA backend this many times back to back")
     parser.add_argument("--backward", action="store_true",
                         help="time forward + backward (ops suffixed _fwd_bwd, TFLOPs at 3.5x the forward's FLOPs)")
+    parser.add_argument("--dim", type=int, default=128, help="head dim (D = Dv)")
+    parser.add_argument("--heads", type=int, default=16)
     args = parser.parse_args()
     global REPEAT
     REPEAT = max(1, args.repeat)
@@ -190,7 +192,7 @@ def main():
         print(json.dumps({"error": f"torch with CUDA unavailable: {e!r}"}), flush=True)
         return
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    run(args.cases.split(","), shapes, backward=args.backward)
+    run(args.cases.split(","), shapes, H=args.heads, D=args.dim, backward=args.backward)
 
 
 if __name__ == "__main__":

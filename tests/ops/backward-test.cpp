@@ -20,6 +20,7 @@
 #include <cstring>
 #include <tuple>
 #include <functional>
+#include <iostream>
 #include <random>
 
 #include <ladle/ops/update_forms.h>
@@ -1117,10 +1118,128 @@ TEST_CASE("the attention backward refuses bad input by name", "[backward][attent
   k.set(0, 2.0f);
   CHECK_THROWS_WITH(ladle::run_attention_backward(forward.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
   CHECK_THROWS_WITH(ladle::run_attention_backward(ladle::AttentionSaved{}, good.view()), Catch::Contains("run_attention_for_backward"));
-  // fp32 q, k, v: the GPU backward takes 16-bit ones (without a GPU: no driver), named either way.
+  // D = 4: the GPU backward takes head dims of 8 to 256 (without a GPU: no driver), named either way.
   options.backend = ladle::Backend::gpu;
   CHECK_THROWS_WITH(ladle::attention_for_backward(q.view(), k.view(), v.view(), options),
-                    Catch::Contains("one 16-bit type") || Catch::Contains("driver") || Catch::Contains("CUDA"));
+                    Catch::Contains("D = 4") || Catch::Contains("driver") || Catch::Contains("CUDA"));
+}
+
+namespace {
+
+// The gradients of causal (or full) softmax attention in fp64, from the inputs as stored (16-bit ones
+// widened exactly): P = softmax(scale q k^T), dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o)),
+// dQ = scale dS K, dK = scale dS^T q; GQA by head groups. [B,T,H,D] layouts; dk, dv summed per kv head.
+struct Fp64Gradients {
+  std::vector<double> dq, dk, dv;
+};
+
+// A tensor's values, widened to fp64.
+struct Wide {
+  std::vector<double> x;
+  explicit Wide(const Tensor& t) : x(static_cast<std::size_t>(t.numel())) {
+    for (std::int64_t e = 0; e < t.numel(); ++e) x[static_cast<std::size_t>(e)] = t.get(e);
+  }
+  double get(std::int64_t e) const { return x[static_cast<std::size_t>(e)]; }
+};
+
+Fp64Gradients attention_gradients_fp64(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& d_o_t, double scale, bool causal) {
+  const Tensor& q = q_t;
+  const Wide qv(q_t), k(k_t), v(v_t), d_o(d_o_t);
+  const std::int64_t B = q.shape()[0], Tq = q.shape()[1], H = q.shape()[2], D = q.shape()[3];
+  const std::int64_t Tk = k_t.shape()[1], H_kv = k_t.shape()[2], Dv = v_t.shape()[3], G = H / H_kv;
+  Fp64Gradients g{std::vector<double>(q_t.numel()), std::vector<double>(k_t.numel()), std::vector<double>(v_t.numel())};
+  const auto at = [](std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d, std::int64_t T, std::int64_t X, std::int64_t W) {
+    return ((b * T + t) * X + h) * W + d;
+  };
+  std::vector<double> p(static_cast<std::size_t>(Tk)), dp(static_cast<std::size_t>(Tk));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t hk = h / G;
+      for (std::int64_t i = 0; i < Tq; ++i) {
+        const std::int64_t last = causal ? std::min(Tk - 1, i + Tk - Tq) : Tk - 1;
+        double m = -INFINITY, sum = 0.0;
+        for (std::int64_t j = 0; j <= last; ++j) {
+          double s = 0.0;
+          for (std::int64_t d = 0; d < D; ++d) s += qv.get(at(b, i, h, d, Tq, H, D)) * k.get(at(b, j, hk, d, Tk, H_kv, D));
+          p[j] = scale * s, m = std::max(m, p[j]);
+        }
+        for (std::int64_t j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - m));
+        double delta = 0.0;
+        for (std::int64_t j = 0; j <= last; ++j) {
+          p[j] /= sum;
+          double x = 0.0;
+          for (std::int64_t d = 0; d < Dv; ++d) x += d_o.get(at(b, i, h, d, Tq, H, Dv)) * v.get(at(b, j, hk, d, Tk, H_kv, Dv));
+          dp[j] = x, delta += p[j] * x;
+        }
+        for (std::int64_t j = 0; j <= last; ++j) {
+          const double ds = p[j] * (dp[j] - delta) * scale;
+          for (std::int64_t d = 0; d < Dv; ++d) g.dv[at(b, j, hk, d, Tk, H_kv, Dv)] += p[j] * d_o.get(at(b, i, h, d, Tq, H, Dv));
+          for (std::int64_t d = 0; d < D; ++d) {
+            g.dq[at(b, i, h, d, Tq, H, D)] += ds * k.get(at(b, j, hk, d, Tk, H_kv, D));
+            g.dk[at(b, j, hk, d, Tk, H_kv, D)] += ds * qv.get(at(b, i, h, d, Tq, H, D));
+          }
+        }
+      }
+    }
+  return g;
+}
+
+double relative_error_fp64(const Tensor& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (std::int64_t e = 0; e < got.numel(); ++e) {
+    const double x = got.get(e), y = want[static_cast<std::size_t>(e)];
+    if (!std::isfinite(x)) return INFINITY;
+    diff += (x - y) * (x - y), norm += y * y;
+  }
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+}  // namespace
+
+// The sync form on the GPU against fp64 gradients of the same stored inputs: f32 inputs (split into bf16
+// pairs: about 16 bits of mantissa) and 16-bit ones at head dims past 128. Beside it, the CPU backward's
+// error on the same inputs: the GPU's f32 error stays within 1e-4, its 16-bit one within bf16's rounding of
+// P and dS.
+TEST_CASE("the attention backward on the GPU: f32 and head dims to 256 against fp64", "[backward][attention][gpu]") {
+  if (test::backends().size() < 2) return;  // backends() warned: no GPU here
+  struct Fp64Case {
+    const char* name;
+    DType type;
+    int B, Tq, Tk, H, H_kv, D, Dv;
+    bool causal;
+    double bound;
+  };
+  const std::vector<Fp64Case> cases = {
+      {"f32, causal, GQA 4:2, D = 128", DType::f32, 2, 200, 200, 4, 2, 128, 128, true, 1e-4},
+      {"f32, D = Dv = 256, Tq < Tk", DType::f32, 1, 90, 170, 2, 2, 256, 256, true, 1e-4},
+      {"bf16, causal, D = Dv = 256", DType::bf16, 1, 260, 260, 2, 2, 256, 256, true, 1.5e-2},
+      {"f16, D = 192, Dv = 128, GQA 2:1, Tq < Tk", DType::f16, 1, 100, 230, 2, 1, 192, 128, false, 1e-2},
+  };
+  for (const Fp64Case& c : cases) {
+    INFO(c.name);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(std::hash<std::string>{}(c.name)));
+    const Tensor q = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.D}).tensor, k = test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.D}).tensor,
+                 v = test::normal(rng, c.type, {c.B, c.Tk, c.H_kv, c.Dv}).tensor, d_o = test::normal(rng, c.type, {c.B, c.Tq, c.H, c.Dv}).tensor;
+    const double scale = 1.0 / std::sqrt(double(c.D));
+    ladle::AttentionOptions options;
+    options.scale = float(scale);
+    options.causal = c.causal;
+    const Fp64Gradients want = attention_gradients_fp64(q, k, v, d_o, double(float(scale)), c.causal);
+    const auto gradients = [&](ladle::Backend backend) {
+      options.backend = backend;
+      const ladle::AttentionForward forward = ladle::attention_for_backward(q.view(), k.view(), v.view(), options);
+      return ladle::run_attention_backward(forward.saved, d_o.view());
+    };
+    const ladle::AttentionGradients gpu = gradients(ladle::Backend::gpu), cpu = gradients(ladle::Backend::cpu);
+    for (const auto& [name, got, base, ref] : {std::tuple{"dq", &gpu.dq, &cpu.dq, &want.dq}, std::tuple{"dk", &gpu.dk, &cpu.dk, &want.dk},
+                                               std::tuple{"dv", &gpu.dv, &cpu.dv, &want.dv}}) {
+      const double error = relative_error_fp64(*got, *ref), cpu_error = relative_error_fp64(*base, *ref);
+      std::cout << "attention backward, GPU against fp64: " << c.name << ": " << name << " " << error << " (CPU backward " << cpu_error << ")\n";
+      INFO(name << ": GPU relative error " << error << ", CPU backward " << cpu_error);
+      CHECK(error < c.bound);
+      CHECK(cpu_error < 1e-4);
+    }
+  }
 }
 
 // The GPU backward (sm_90a; where there is a GPU) against the CPU backward on the same 16-bit inputs, for
@@ -1141,6 +1260,10 @@ TEST_CASE("the attention backward on the GPU matches the CPU backward", "[backwa
       {"bias [Tq,Tk] broadcast + dropout, causal", "bias,dropout,causal", DType::bf16, 2, 140, 140, 2, 1, 64, 64, true},
       {"mask + segments", "mask,segments", DType::bf16, 1, 200, 200, 2, 2, 64, 64},
       {"packed with an empty sequence, causal", "causal", DType::bf16, 1, 260, 260, 2, 2, 64, 64, false, true},
+      // The sync form (what the ws form refuses): f32 inputs, head dims past 128.
+      {"f32, window + soft cap + sinks, D = 96 (sync)", "window,softcap,sinks", DType::f32, 2, 190, 190, 2, 1, 96, 96},
+      {"bias [Tq,Tk] broadcast + dropout, causal, bf16, D = 256 Dv = 192 (sync)", "bias,dropout,causal", DType::bf16, 1, 150, 150, 2, 2, 256, 192, true},
+      {"mask + segments, f16, D = 160 (sync)", "mask,segments", DType::f16, 1, 170, 170, 2, 2, 160, 160},
   };
   for (const GpuCase& c : cases) {
     INFO(c.name);
