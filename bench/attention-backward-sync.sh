@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 38's sync form of the attention backward (mma.sync: f32 inputs, head dims to 256) on the lent
+# Issue 38: the attention backward past D = 128 (ws, the warpgroups splitting the columns) and for f32
+# inputs (the sync form, mma.sync) on the lent
 # GPU, in one call: its gradients against fp64 and against the CPU backward, the NVRTC resource
 # check, compute-sanitizer memcheck over the fp64 test, and ladle's causal forward + backward at
 # D = 256 beside PyTorch's (SDPA flash / cuDNN / efficient, FlexAttention). From the repository

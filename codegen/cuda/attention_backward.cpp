@@ -42,11 +42,16 @@ int attention_backward_shared_bytes(const AttentionBackwardSpec& spec) {
     const int ld = pad16(spec.D) + 8, vld = pad16(spec.Dv) + 8, rows = spec.sync_rows, halves = attention_backward_split(spec) ? 2 : 1;
     return halves * 2 * ((64 + rows) * (ld + vld) + 64 * (rows + 8)) + rows * 8;
   }
-  constexpr int BM = 64, BN = 128;
+  constexpr int BM = 64;
+  const int BN = attention_backward_column_split(spec) ? 64 : 128;
   const int DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
   const int q_bytes = BM * DPB * 2, do_bytes = BM * DVPB * 2, k_bytes = BN * DPB * 2, v_bytes = BN * DVPB * 2, ds_bytes = BN * 128;
   return 1024 + k_bytes + v_bytes + spec.stages * (q_bytes + do_bytes) + 2 * ds_bytes + (spec.dq_tma ? 2 * 2 * BM * 128 : 0) + 2 * BM * 8 +
          8 * (1 + 2 * spec.stages);
+}
+
+bool attention_backward_column_split(const AttentionBackwardSpec& spec) {
+  return spec.form == AttentionBackwardForm::ws && std::max(spec.D, spec.Dv) > 128;
 }
 
 const char* to_string(AttentionBackwardForm form) { return form == AttentionBackwardForm::sync ? "sync" : "ws"; }
@@ -60,7 +65,7 @@ bool attention_backward_split(const AttentionBackwardSpec& spec) {
 AttentionBackwardForm attention_backward_form(const std::vector<DType>& input_types, int D, int Dv, const std::string& arch) {
   const bool one_16_bit = input_types.size() >= 3 && sixteen_bit(input_types[0]) && input_types[1] == input_types[0] &&
                           input_types[2] == input_types[0];
-  return one_16_bit && D <= 128 && Dv <= 128 && has_wgmma(arch) ? AttentionBackwardForm::ws : AttentionBackwardForm::sync;
+  return one_16_bit && D <= 256 && Dv <= 256 && has_wgmma(arch) ? AttentionBackwardForm::ws : AttentionBackwardForm::sync;
 }
 
 AttentionBackwardSpec with_sync_tile(AttentionBackwardSpec spec) {
@@ -69,13 +74,16 @@ AttentionBackwardSpec with_sync_tile(AttentionBackwardSpec spec) {
   spec.copy_d_output = false;
   // Registers: 4 warps of 16 keys hold dK and dV (columns / 2 floats a thread each), S^T and dP^T (rows / 2 each)
   // and P's and dS's fragments (rows / 4 each, twice when split). Split: 64 columns and 64 rows (244 registers
-  // at D = 64, no spills); 16-bit: 128 columns and 32 rows past D = 64 (64 rows spill at D = 256).
+  // at D = 64, no spills); 16-bit: 128 columns and 32 rows past D = 64 (64 rows spill at D = 256), 16 past
+  // D = 192 (32 spill 8 bytes at D = 256 on sm_80).
   const bool split = attention_backward_split(spec);
   spec.sync_columns = split || std::max(spec.D, spec.Dv) <= 64 ? 64 : 128;
   const int limit = sync_shared_limit(spec.arch);
+  const bool wide = std::max(pad16(spec.D), pad16(spec.Dv)) > 192;  // 16-bit past 192: 32 rows spill on sm_80
   for (const int rows : {64, 32, 16}) {
     spec.sync_rows = rows;
     if (rows == 64 && spec.sync_columns == 128) continue;
+    if (rows == 32 && spec.sync_columns == 128 && wide) continue;
     if (attention_backward_shared_bytes(spec) <= limit) break;
   }
   return spec;
@@ -88,7 +96,8 @@ std::string to_string(const AttentionBackwardTile& tile) {
 AttentionBackwardSpec with_tile(AttentionBackwardSpec spec, const AttentionBackwardTile& tile) {
   if (spec.form == AttentionBackwardForm::sync) return spec;  // its tile is with_sync_tile's
   spec.stages = tile.stages;
-  spec.dq_tma = spec.dq_tma && tile.dq_tma && attention_backward_shared_bytes(spec) <= attention_backward_max_shared_bytes;
+  spec.dq_tma = spec.dq_tma && tile.dq_tma && !attention_backward_column_split(spec) &&
+                attention_backward_shared_bytes(spec) <= attention_backward_max_shared_bytes;
   return spec;
 }
 
@@ -125,8 +134,9 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
     problems.push_back(std::string("q, k, v are ") + dtype_name(spec.input_types[0]) + ", " + dtype_name(spec.input_types[1]) +
                        ", " + dtype_name(spec.input_types[2]) + ": the GPU backward takes q, k, v of one 16-bit type (f16 or bf16)");
   for (const auto& [name, dim] : {std::pair{"D", spec.D}, std::pair{"Dv", spec.Dv}})
-    if (dim < 8 || dim > 128 || dim % 8 != 0)
-      problems.push_back(std::string(name) + " = " + std::to_string(dim) + ": the GPU backward takes head dims of 8 to 128, multiples of 8");
+    if (dim < 8 || dim > 256 || dim % 8 != 0)
+      problems.push_back(std::string(name) + " = " + std::to_string(dim) + ": the GPU backward takes head dims of 8 to 256, multiples of 8");
+  if (attention_backward_column_split(spec) && spec.dq_tma) problems.push_back("dq_tma: head dims past 128 add dQ by red.global");
   if (!has_wgmma(spec.arch))
     problems.push_back("the GPU backward runs on wgmma and TMA: it needs the target sm_90a, the target is " +
                        (spec.arch.empty() ? std::string("unknown") : spec.arch));
@@ -144,7 +154,7 @@ std::vector<std::string> attention_backward_unsupported(const ir::AttentionVaria
 namespace {
 
 // The main kernel's block: a step's tile of queries, the block's keys (two warpgroups of 64).
-constexpr int query_tile = 64, key_block = 128;
+constexpr int query_tile = 64;
 
 std::string storage(DType t) { return t == DType::u8 ? "unsigned char" : storage_type(t); }
 
@@ -194,7 +204,7 @@ std::vector<std::string> declare_main_params(const AttentionBackwardParts& parts
   const ir::AttentionVariant& variant = parts.variant;
   const auto& inputs = variant.inputs;
   const std::vector<std::string>& id = parts.id;
-  constexpr int BM = query_tile, BN = key_block;
+  const int BM = query_tile, BN = parts.key_block;
   std::vector<std::string> decl;
   const auto param = [&](const std::string& c_type, const std::string& name, Type type, Role role, int input = -1) {
     decl.push_back(c_type + (type == Type::pointer ? " __restrict__ " : " ") + name);
@@ -299,7 +309,9 @@ std::string header_text(const AttentionBackwardParts& parts, const AttentionBack
   header += "D=" + std::to_string(spec.D) + " Dv=" + std::to_string(spec.Dv) + ", q, k, v " + t16 + ", stages " + std::to_string(spec.stages) + "\n";
   header += "prep: grid (ceil(Tq / 8), N * H), block 256: delta = do . o, lse in log2 units" +
             std::string(spec.sinks_gradient ? ", the sinks' gradient" : "") + (spec.copy_d_output ? ", d_output copied to " + t16 : "") + "\n";
-  header += "main: grid attention_grid(N * H_kv, ceil(Tk / 128)), block 256 (two warpgroups of 64 keys; thread 0 issues the TMA copies),\n"
+  header += "main: grid attention_grid(N * H_kv, ceil(Tk / " + std::to_string(kernel.block_n) + ")), block 256 (" +
+            (parts.column_split ? "two warpgroups of the block's 64 keys, each its own columns of dK and dV"
+                                : "two warpgroups of 64 keys") + "; thread 0 issues the TMA copies),\n"
             "dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes; every query head of the key/value head's group\n"
             "S^T = K q^T, dP^T = V do^T, dV += P^T do, dK += dS^T q, dQ += dS K: wgmma.mma_async, fp32 accumulation\n";
   return header;
@@ -310,6 +322,9 @@ void emit_helpers(Code& c, const AttentionBackwardParts& parts, const std::strin
   const bool f16 = parts.f16;
   c(comment_block(header) + "\n" + storage_helpers + tensor_core_helpers + attention_helpers +
     wgmma_helpers(query_tile, parts.DVP, f16, f16) + wgmma_product(true, parts.DP, f16) + ws_helpers());
+  if (parts.column_split)  // each warpgroup's dK and dV columns: up to 128 for warpgroup 0, the rest for warpgroup 1
+    for (const int n : {parts.CDP, parts.CDVP, parts.DP - 128, parts.DVP - 128})
+      if (n > 0) c(wgmma_product(true, n, f16));
   if (f16)
     c("#ifndef LADLE_WGMMA_TRANSPOSED_F16\n#define LADLE_WGMMA_TRANSPOSED_F16\n"
       "template <int N> __device__ void ladle_wgmma_ss_f16_tab(float (&d)[N / 8][4], unsigned long long a, unsigned long long b, int accumulate = 1);\n"
@@ -425,7 +440,7 @@ void emit_prep(Code& c, const AttentionBackwardParts& parts, const std::string& 
 void emit_main_opening(Code& c, const AttentionBackwardParts& parts, const std::string& name, const std::vector<std::string>& decl) {
   const AttentionBackwardSpec& spec = parts.spec;
   const ir::AttentionVariant& variant = parts.variant;
-  constexpr int BM = query_tile, BN = key_block;
+  const int BM = query_tile, BN = parts.key_block;
   c("// ---- main: the gradients of q, k, v" + std::string(spec.sinks_gradient || !decl.empty() ? " and the score's inputs" : ""));
   c("extern \"C\" __global__ void __launch_bounds__(256, 1) " + name + "(");
   c.in(), c.in();
@@ -438,7 +453,11 @@ void emit_main_opening(Code& c, const AttentionBackwardParts& parts, const std::
   c("                   DS_BYTES = BN * 128;");
   c("constexpr float LOG2E = 1.4426950408889634f;");
   c("(void)LOG2E;");
-  c("// Warp w = 0..7 (warpgroup w / 4) owns keys 16 w.. of the block; thread 0 also issues the copies.");
+  if (parts.column_split)
+    c("// Warp w = 0..7 owns keys 16 (w % 4).. of the block's 64; warpgroup w / 4 owns dK's and dV's columns 128 (w / 4)..;\n"
+      "// thread 0 also issues the copies.");
+  else
+    c("// Warp w = 0..7 (warpgroup w / 4) owns keys 16 w.. of the block; thread 0 also issues the copies.");
   c("const int lane = threadIdx.x % 32, warp = static_cast<int>(threadIdx.x / 32), gid = lane / 4, tig = lane % 4;");
   c("// The grid (attention_grid): x a group's kv heads, y the key blocks (under a causal mask the first is the");
   c("// heaviest: it starts first), z the groups.");
@@ -472,7 +491,8 @@ void emit_block_query_tiles(Code& c, const ir::AttentionVariant& variant) {
 
 void emit_key_row_values(Code& c, const AttentionBackwardParts& parts) {
   const ir::AttentionVariant& variant = parts.variant;
-  c("const int key_row[2] = {j_block + warp * 16 + gid, j_block + warp * 16 + gid + 8};");
+  const std::string w = parts.key_warp;
+  c("const int key_row[2] = {j_block + " + w + " * 16 + gid, j_block + " + w + " * 16 + gid + 8};");
   if (variant.segment_ids)
     c("const long long kv_segment[2] = {key_row[0] < k_len ? static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + key_row[0]) * kv_segment_stride_t]) : 0,\n"
       "                                 key_row[1] < k_len ? static_cast<long long>(kv_segment_ids[b * kv_segment_stride_b + (k_bos + key_row[1]) * kv_segment_stride_t]) : 0};");
@@ -521,28 +541,36 @@ void emit_key_rows(Code& c, const AttentionBackwardParts& parts) {
   c("// 2. This thread's keys: rows gid and gid + 8 of its warp's 16 (S^T's accumulator rows).");
   c("const int warpgroup = ladle_warp_uniform(warp / 4);");
   emit_key_row_values(c, parts);
-  c("float dk_acc[DP / 8][4], dv_acc[DVP / 8][4];");
-  c("LADLE_UNROLL for (int nt = 0; nt < DP / 8; ++nt) dk_acc[nt][0] = dk_acc[nt][1] = dk_acc[nt][2] = dk_acc[nt][3] = 0.0f;");
-  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) dv_acc[nt][0] = dv_acc[nt][1] = dv_acc[nt][2] = dv_acc[nt][3] = 0.0f;");
+  const std::string dk_n = parts.column_split ? "CDP" : "DP", dv_n = parts.column_split ? "CDVP" : "DVP";
+  if (parts.column_split)
+    c("constexpr int CDP = " + std::to_string(parts.CDP) + ", CDVP = " + std::to_string(parts.CDVP) +
+      ";  // the accumulators' columns: a warpgroup's part of dK and dV");
+  c("float dk_acc[" + dk_n + " / 8][4], dv_acc[" + dv_n + " / 8][4];");
+  c("LADLE_UNROLL for (int nt = 0; nt < " + dk_n + " / 8; ++nt) dk_acc[nt][0] = dk_acc[nt][1] = dk_acc[nt][2] = dk_acc[nt][3] = 0.0f;");
+  c("LADLE_UNROLL for (int nt = 0; nt < " + dv_n + " / 8; ++nt) dv_acc[nt][0] = dv_acc[nt][1] = dv_acc[nt][2] = dv_acc[nt][3] = 0.0f;");
   c("// Descriptors formed once (a product adds its byte offset / 16): K and V of this warpgroup's keys as the");
   c("// K-major A of S^T and dP^T; q and do K-major (B of S^T, dP^T: SBO 1024, the next 16 of D 32 bytes on) and");
   c("// N-major (B of dK, dV: LBO one box, the next 16 queries 2048 bytes on); dS^T MN-major (A of dQ) and K");
   c("// N-major (B of dQ), the next 16 keys 2048 bytes on.");
-  c("const unsigned long long k_desc = ladle_wgmma_desc_sw128(k_tile + warpgroup * 64 * 64, 16, 1024);");
-  c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile + warpgroup * 64 * 64, 16, 1024);");
+  const std::string key_offset = parts.column_split ? "" : " + warpgroup * 64 * 64";  // split: both warpgroups read every key
+  c("const unsigned long long k_desc = ladle_wgmma_desc_sw128(k_tile" + key_offset + ", 16, 1024);");
+  c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile" + key_offset + ", 16, 1024);");
   c("const unsigned long long q_desc = ladle_wgmma_desc_sw128(q_ring, 16, 1024);");
   c("const unsigned long long do_desc = ladle_wgmma_desc_sw128(do_ring, 16, 1024);");
   c("const unsigned long long qn_desc = ladle_wgmma_desc_sw128(q_ring, BM * 128, 1024);");
   c("const unsigned long long don_desc = ladle_wgmma_desc_sw128(do_ring, BM * 128, 1024);");
   c("const unsigned long long ds_desc = ladle_wgmma_desc_sw128(ds_tile, BN * 128, 1024);");
-  c("const unsigned long long kn_desc = ladle_wgmma_desc_sw128(k_tile + warpgroup * BN * 64, BN * 128, 1024);");
+  // K's columns of this warpgroup's dQ: box w (64 columns); split: boxes 2 w and 2 w + 1.
+  c("const unsigned long long kn_desc = ladle_wgmma_desc_sw128(k_tile + warpgroup * " + std::string(parts.column_split ? "2 * " : "") +
+    "BN * 64, BN * 128, 1024);");
   c("if (threadIdx.x < BM && steps > 0) stats_s[threadIdx.x] = load_stats(0);");
   c("__syncthreads();");
   c("kv_latch.wait();");
 }
 
 // Step 7: dK and dV of this thread's keys.
-void emit_key_gradients(Code& c, const AttentionBackwardSpec& spec) {
+void emit_key_gradients(Code& c, const AttentionBackwardParts& parts) {
+  const AttentionBackwardSpec& spec = parts.spec;
   if (spec.dq_tma) c("if (threadIdx.x % 128 == 0) ladle_bulk_wait();  // dQ's last reductions done before the block ends");
   c("// 7. dK and dV of this thread's keys, stored once (fp32; zero where no query attended them).");
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
@@ -551,14 +579,16 @@ void emit_key_gradients(Code& c, const AttentionBackwardSpec& spec) {
   c("if (j >= k_len) continue;");
   c("float* const dk_row = dk + b * dk_stride_b + (k_bos + j) * dk_stride_t + hk * dk_stride_h;");
   c("float* const dv_row = dv + b * dv_stride_b + (k_bos + j) * dv_stride_t + hk * dv_stride_h;");
-  c("LADLE_UNROLL for (int nt = 0; nt < DP / 8; ++nt)");
+  const std::string dk_n = parts.column_split ? "CDP" : "DP", dv_n = parts.column_split ? "CDVP" : "DVP";
+  const std::string col0 = parts.column_split ? "warpgroup * 128 + " : "";
+  c("LADLE_UNROLL for (int nt = 0; nt < " + dk_n + " / 8; ++nt)");
   c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
-  c("    const int col = nt * 8 + tig * 2 + e;");
+  c("    const int col = " + col0 + "nt * 8 + tig * 2 + e;");
   c("    if (col < D) dk_row[col * dk_stride_d] = dk_acc[nt][2 * half + e];");
   c("  }");
-  c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
+  c("LADLE_UNROLL for (int nt = 0; nt < " + dv_n + " / 8; ++nt)");
   c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
-  c("    const int col = nt * 8 + tig * 2 + e;");
+  c("    const int col = " + col0 + "nt * 8 + tig * 2 + e;");
   c("    if (col < DV) dv_row[col * dv_stride_d] = dv_acc[nt][2 * half + e];");
   c("  }");
   c.out();
@@ -591,7 +621,13 @@ AttentionBackwardParts::AttentionBackwardParts(const ir::AttentionVariant& varia
   sync = spec.form == AttentionBackwardForm::sync;
   split = sync && attention_backward_split(spec);
   f16 = !split && spec.input_types[0] == DType::f16;
+  column_split = attention_backward_column_split(spec);
+  key_block = sync ? 64 : column_split ? 64 : 128;
+  key_warp = column_split ? "(warp % 4)" : "warp";
+  key_base = column_split ? "j_block" : "j_block + warpgroup * 64";
+  input_guard = sync ? "input_part" : column_split ? "warpgroup == 0" : "";
   DP = pad16(spec.D), DVP = pad16(spec.Dv), DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
+  CDP = std::min(DP, 128), CDVP = std::min(DVP, 128);
   used.assign(inputs.size(), false);
   for (const ir::Expr* e : {&variant.score, &variant.keep})
     for (const ir::Node& node : e->nodes)
@@ -656,6 +692,7 @@ AttentionBackwardKernel generate_named(const AttentionBackwardParts& parts) {
     kernel.source = c.text();
     return kernel;
   }
+  kernel.block_n = parts.key_block;
   emit_helpers(c, parts, header_text(parts, kernel));
   emit_prep(c, parts, kernel.prep_name, prep_decl);
   emit_main_opening(c, parts, kernel.name, decl);
@@ -663,7 +700,7 @@ AttentionBackwardKernel generate_named(const AttentionBackwardParts& parts) {
   emit_stage_ring(c);
   emit_key_rows(c, parts);
   emit_attention_backward_steps(c, parts);
-  emit_key_gradients(c, spec);
+  emit_key_gradients(c, parts);
   c.out();
   c("}");
   kernel.source = c.text();

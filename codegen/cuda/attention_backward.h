@@ -87,6 +87,9 @@ AttentionBackwardForm attention_backward_form(const std::vector<DType>& input_ty
 // (their fragments come in pairs); the most query rows (64, 32, 16) whose shared memory the
 // target has (an unknown target: sm_90's 227 KiB).
 AttentionBackwardSpec with_sync_tile(AttentionBackwardSpec spec);
+// Whether a ws spec cuts dK's and dV's columns between its warpgroups (a head dim past 128): blocks
+// of 64 keys, every warpgroup forming S^T and dP^T for all of them, dQ by red.global.
+bool attention_backward_column_split(const AttentionBackwardSpec& spec);
 // Whether a sync spec's q, k, v go through the tensor cores as split bf16 pairs (any of them f32,
 // or of mixed types).
 bool attention_backward_split(const AttentionBackwardSpec& spec);

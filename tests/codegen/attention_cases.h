@@ -427,6 +427,11 @@ inline std::vector<Case> backward() {
     c.Tq = 171, c.Tk = 210;
     add(c);
   }
+  {
+    Case c = make("backward: f16 D=192 Dv=128 (warpgroup 1 has no dV columns), causal, GQA 2:1, Tq < Tk", variant("causal"));
+    c.type = DType::f16, c.H = 2, c.H_kv = 1, c.D = 192, c.Dv = 128, c.Tq = 90, c.Tk = 170;
+    add(c);
+  }
   // The sync form (mma.sync): what the ws form refuses.
   {
     Case c = make("backward sync: f32 (split), varlen with an empty sequence, causal, GQA 4:2, D=Dv=64", variant("causal"));
@@ -436,7 +441,7 @@ inline std::vector<Case> backward() {
     add(c);
   }
   {
-    Case c = make("backward sync: bf16 D=256 Dv=192 (two column parts), soft cap + window (40, 8) + sinks (2), f32 d_output",
+    Case c = make("backward: bf16 D=256 Dv=192 (the warpgroups split the columns), soft cap + window (40, 8) + sinks (2), f32 d_output",
                   variant("softcap,window,sinks"));
     c.Tq = c.Tk = 150, c.D = 256, c.Dv = 192, c.window_left = 40, c.window_right = 8, c.sinks = 2, c.d_output_f32 = true;
     add(c);

@@ -1196,8 +1196,9 @@ double relative_error_fp64(const Tensor& got, const std::vector<double>& want) {
 
 }  // namespace
 
-// The sync form on the GPU against fp64 gradients of the same stored inputs: f32 inputs (split into bf16
-// pairs: about 16 bits of mantissa) and 16-bit ones at head dims past 128. Beside it, the CPU backward's
+// The GPU backward against fp64 gradients of the same stored inputs: f32 inputs (the sync form, split into
+// bf16 pairs: about 16 bits of mantissa) and 16-bit ones at head dims past 128 (the ws form, its warpgroups
+// splitting dK's and dV's columns). Beside it, the CPU backward's
 // error on the same inputs: the GPU's f32 error stays within 1e-4, its 16-bit one within bf16's rounding of
 // P and dS.
 TEST_CASE("the attention backward on the GPU: f32 and head dims to 256 against fp64", "[backward][attention][gpu]") {
@@ -1261,10 +1262,10 @@ TEST_CASE("the attention backward on the GPU matches the CPU backward", "[backwa
       {"bias [Tq,Tk] broadcast + dropout, causal", "bias,dropout,causal", DType::bf16, 2, 140, 140, 2, 1, 64, 64, true},
       {"mask + segments", "mask,segments", DType::bf16, 1, 200, 200, 2, 2, 64, 64},
       {"packed with an empty sequence, causal", "causal", DType::bf16, 1, 260, 260, 2, 2, 64, 64, false, true},
-      // The sync form (what the ws form refuses): f32 inputs, head dims past 128.
+      // f32 inputs (the sync form) and head dims past 128 (ws, the warpgroups splitting dK's and dV's columns).
       {"f32, window + soft cap + sinks, D = 96 (sync)", "window,softcap,sinks", DType::f32, 2, 190, 190, 2, 1, 96, 96},
-      {"bias [Tq,Tk] broadcast + dropout, causal, bf16, D = 256 Dv = 192 (sync)", "bias,dropout,causal", DType::bf16, 1, 150, 150, 2, 2, 256, 192, true},
-      {"mask + segments, f16, D = 160 (sync)", "mask,segments", DType::f16, 1, 170, 170, 2, 2, 160, 160},
+      {"bias [Tq,Tk] broadcast + dropout, causal, bf16, D = 256 Dv = 192", "bias,dropout,causal", DType::bf16, 1, 150, 150, 2, 2, 256, 192, true},
+      {"mask + segments, f16, D = 160", "mask,segments", DType::f16, 1, 170, 170, 2, 2, 160, 160},
   };
   for (const GpuCase& c : cases) {
     INFO(c.name);

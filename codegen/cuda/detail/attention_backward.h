@@ -29,6 +29,15 @@ struct AttentionBackwardParts {
   bool f16 = false;             // q, k, v f16 (else bf16; split: bf16)
   int DP = 0, DVP = 0;          // head dims rounded up to the tensor-core step
   int DPB = 0, DVPB = 0;        // and to whole TMA boxes of 64 columns
+  // ws with a head dim past 128 (column_split): a block of 64 keys, each warpgroup every key and its
+  // own columns of dK and dV (CDP, CDVP: warpgroup 0's, at most 128; warpgroup 1 the rest), both
+  // forming S^T and dP^T; warpgroup 0 stores dS^T and adds the score inputs' gradients.
+  bool column_split = false;
+  int CDP = 0, CDVP = 0;
+  int key_block = 128;                // keys a block
+  std::string key_warp = "warp";      // the warp's 16 keys of the block start at key_warp * 16
+  std::string key_base = "j_block + warpgroup * 64";  // the first key of the warp's warpgroup
+  std::string input_guard;            // what must hold for a thread to add the score inputs' gradients
   std::vector<bool> used;       // per input: the score or keep expression reads it
   std::vector<bool> gradient;   // per input: main writes its gradient (pair and head inputs)
   // The logit as the forward's ws tiles form it (log2 units, invariant factors hoisted, tanh.approx),

@@ -113,7 +113,8 @@ void emit_element_gradients(Code& c, const AttentionBackwardParts& parts, bool t
   c("  ds[x][r] = attend ? dl * (" + parts.dscore_expression + ") : 0.0f;");
   for (std::size_t k = 3; k < inputs.size(); ++k) {
     if (parts.dinput_expression[k].empty()) continue;
-    const std::string live = parts.sync ? "input_part && dl != 0.0f" : "dl != 0.0f";  // sync: the first column part adds them
+    // sync: the first column part adds them; split ws: warpgroup 0.
+    const std::string live = parts.input_guard.empty() ? "dl != 0.0f" : parts.input_guard + " && dl != 0.0f";
     if (inputs[k].kind == ir::InputKind::pair)
       c("  if (" + live + ") ladle_red_add_f32(d_" + id[k] + "_bh + (q_bos + i) * d_" + id[k] + "_stride_t + (k_bos + j) * d_" + id[k] +
         "_stride_d, dl * (" + parts.dinput_expression[k] + "));");
@@ -156,11 +157,12 @@ void emit_element_gradients(Code& c, const AttentionBackwardParts& parts, bool t
 void emit_elements(Code& c, const AttentionBackwardParts& parts) {
   const ir::AttentionVariant& variant = parts.variant;
   const bool plain_interior = !variant.segment_ids && parts.keep_expression.empty();
-  std::string interior = "m0 + BM <= q_len && j_block + warpgroup * 64 + 64 <= k_len";
-  if (variant.causal) interior += " && j_block + warpgroup * 64 + 63 <= m0 + diagonal";
+  const std::string& key0 = parts.key_base;  // the first of the warpgroup's 64 keys
+  std::string interior = "m0 + BM <= q_len && " + key0 + " + 64 <= k_len";
+  if (variant.causal) interior += " && " + key0 + " + 63 <= m0 + diagonal";
   if (variant.window)
-    interior += " && (window_left < 0 || j_block + warpgroup * 64 >= m0 + BM - 1 + diagonal - window_left) && "
-                "(window_right < 0 || j_block + warpgroup * 64 + 63 <= m0 + diagonal + window_right)";
+    interior += " && (window_left < 0 || " + key0 + " >= m0 + BM - 1 + diagonal - window_left) && "
+                "(window_right < 0 || " + key0 + " + 63 <= m0 + diagonal + window_right)";
   c("// 4. P = 2^(logit - lse), dlogit = P (dP - delta), dS = dlogit * d logit / d score, per element; masked: 0.");
   c("//    P (times the dropout keep) and dS packed in 16-bit pairs are the A operands of dV and dK.");
   c("unsigned p_frag[BM / 16][4], ds_frag[BM / 16][4];");
@@ -182,18 +184,26 @@ void emit_elements(Code& c, const AttentionBackwardParts& parts) {
 
 namespace {
 
-void emit_ds_transposed_store(Code& c) {
+void emit_ds_transposed_store(Code& c, const AttentionBackwardParts& parts) {
   c("// dS^T into shared memory for dQ: row = key (128 bytes: the tile's 64 queries), 16-byte piece p of row r at");
   c("// p ^ r % 8 (TMA's 128-byte swizzle, which the descriptor names). Buffers alternate by step: the other");
   c("// warpgroup may still read the last step's.");
   c("{");
   c.in();
   c("unsigned char* const ds_base = ds_tile + (step & 1) * DS_BYTES;");
+  if (parts.column_split) {
+    c("if (warpgroup == 0) {  // both warpgroups formed the same dS^T");
+    c.in();
+  }
   c("LADLE_UNROLL for (int nt = 0; nt < BM / 8; ++nt)");
   c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c("    const int kr = warp * 16 + gid + 8 * half;");
   c("    *reinterpret_cast<unsigned*>(ds_base + kr * 128 + ((nt ^ (kr % 8)) * 16) + tig * 4) = ds_frag[nt / 2][(nt % 2) * 2 + half];");
   c("  }");
+  if (parts.column_split) {
+    c.out();
+    c("}");
+  }
   c.out();
   c("}");
 }
@@ -234,6 +244,71 @@ void emit_gradient_products(Code& c, const AttentionBackwardParts& parts) {
   c("ladle_wgmma_fence_operand<DVP>(dv_acc);");
   c("ladle_wgmma_fence_operand<DP>(dk_acc);");
   c("ladle_wgmma_fence_operand<64>(dq_acc);");
+}
+
+// Split ws (head dims past 128), steps 5 and 6: each warpgroup's columns of dV and dK from registers
+// (warpgroup 0 the first 128, warpgroup 1 the rest), then the barrier after dS^T's store.
+void emit_split_key_products(Code& c, const AttentionBackwardParts& parts) {
+  const std::string rs = parts.f16 ? "ladle_wgmma_rs_f16" : "ladle_wgmma_rs_bf16";
+  c("// 5. dV += P^T do and dK += dS^T q over this warpgroup's columns (A from registers, 16 queries per product).");
+  c("ladle_wgmma_fence_operand<CDVP>(dv_acc);");
+  c("ladle_wgmma_fence_operand<CDP>(dk_acc);");
+  c("ladle_wgmma_fence();");
+  c("if (warpgroup == 0) {");
+  c.in();
+  c("LADLE_UNROLL for (int kk = 0; kk < BM / 16; ++kk)");
+  c("  " + rs + "<CDVP>(dv_acc, p_frag[kk], don_desc + (stage * DO_BYTES + kk * 2048) / 16);");
+  c("LADLE_UNROLL for (int kk = 0; kk < BM / 16; ++kk)");
+  c("  " + rs + "<CDP>(dk_acc, ds_frag[kk], qn_desc + (stage * Q_BYTES + kk * 2048) / 16);");
+  c.out();
+  c("} else {  // columns 128.. (q's and do's boxes 2..)");
+  c.in();
+  if (parts.DVP > 128) {
+    const std::string n = std::to_string(parts.DVP - 128);
+    c("LADLE_UNROLL for (int kk = 0; kk < BM / 16; ++kk)");
+    c("  " + rs + "<" + n + ">(reinterpret_cast<float (&)[" + n + " / 8][4]>(dv_acc), p_frag[kk], don_desc + (stage * DO_BYTES + 2 * BM * 128 + kk * 2048) / 16);");
+  }
+  if (parts.DP > 128) {
+    const std::string n = std::to_string(parts.DP - 128);
+    c("LADLE_UNROLL for (int kk = 0; kk < BM / 16; ++kk)");
+    c("  " + rs + "<" + n + ">(reinterpret_cast<float (&)[" + n + " / 8][4]>(dk_acc), ds_frag[kk], qn_desc + (stage * Q_BYTES + 2 * BM * 128 + kk * 2048) / 16);");
+  }
+  c.out();
+  c("}");
+  c("ladle_wgmma_commit();");
+  c("ladle_fence_proxy_async();  // dS^T's stores, visible to wgmma");
+  c("if (threadIdx.x < BM && step + 1 < steps) stats_s[((step + 1) & 1) * BM + threadIdx.x] = next_stats;");
+  c("ladle_named_barrier_sync(1, 256);  // dS^T stored, the next step's statistics too");
+  c("ladle_wgmma_wait<0>();");
+  c("ladle_wgmma_fence_operand<CDVP>(dv_acc);");
+  c("ladle_wgmma_fence_operand<CDP>(dk_acc);");
+}
+
+// Split ws: dQ = dS K over the block's 64 keys, warpgroup w D's columns 128 w.., 64 at a time, added
+// into dq by red.global (after the stage's release: dQ reads dS^T and K only).
+void emit_split_dq(Code& c, const AttentionBackwardParts& parts) {
+  const std::string tab = std::string(parts.f16 ? "ladle_wgmma_ss_f16_tab" : "ladle_wgmma_ss_bf16_tab") + "<64>";
+  c("// 6. dQ = dS K over the block's 64 keys: warpgroup w takes D's columns 128 w.., 64 at a time.");
+  c("float* const dq_head = dq + b * dq_stride_b + h * dq_stride_h;");
+  c("LADLE_UNROLL for (int chunk = 0; chunk < 2; ++chunk) {");
+  c.in();
+  c("const int col0 = warpgroup * 128 + chunk * 64;");
+  c("if (col0 >= DP) break;");
+  c("float dq_acc[8][4];");
+  c("ladle_wgmma_fence_operand<64>(dq_acc);");
+  c("ladle_wgmma_fence();");
+  c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk)");
+  c("  " + tab + "(dq_acc, ds_desc + ((step & 1) * DS_BYTES + kk * 2048) / 16, kn_desc + (chunk * BN * 128 + kk * 2048) / 16, kk > 0);");
+  c("ladle_wgmma_commit();");
+  c("ladle_wgmma_wait<0>();");
+  c("ladle_wgmma_fence_operand<64>(dq_acc);");
+  c("LADLE_UNROLL for (int nt = 0; nt < 8; ++nt)");
+  c("  LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c("    const int i = m0 + (warp % 4) * 16 + gid + 8 * half, col = col0 + nt * 8 + tig * 2;");
+  c("    if (i < q_len && col < D) ladle_red_add_f32x2(dq_head + (q_bos + i) * dq_stride_t + col, dq_acc[nt][2 * half], dq_acc[nt][2 * half + 1]);");
+  c("  }");
+  c.out();
+  c("}");
 }
 
 // dQ of the step added into dq: staged and reduced by TMA (dq_tma), else red.global from registers.
@@ -297,10 +372,16 @@ void emit_attention_backward_steps(Code& c, const AttentionBackwardParts& parts)
   emit_stage_ring_acquire(c);
   emit_transposed_scores(c, parts);
   emit_elements(c, parts);
-  emit_ds_transposed_store(c);
-  emit_gradient_products(c, parts);
-  emit_stage_ring_release(c);
-  emit_dq_store(c, parts);
+  emit_ds_transposed_store(c, parts);
+  if (parts.column_split) {
+    emit_split_key_products(c, parts);
+    emit_stage_ring_release(c);
+    emit_split_dq(c, parts);
+  } else {
+    emit_gradient_products(c, parts);
+    emit_stage_ring_release(c);
+    emit_dq_store(c, parts);
+  }
   emit_head_input_gradients(c, parts);
   c.out();
   c("}");
