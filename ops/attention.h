@@ -131,8 +131,8 @@ struct AttentionGradients {
 };
 
 // The forward of run_attention, keeping what its backward needs, and the backward. Backend gpu (or
-// automatic with a GPU or a device tensor) runs both on the GPU (gpu_attention_backward.h: sm_90a,
-// q, k, v of one 16-bit type, head dims up to 128; backend gpu refuses anything else by name,
+// automatic with a GPU or a device tensor) runs both on the GPU (gpu_attention_backward.h:
+// head dims 8 to 256, q, k, v of f16, bf16 or f32, sm_80 on; backend gpu refuses anything else by name,
 // automatic falls back to the CPU, and then refuses a device tensor by name); backend cpu runs both
 // on the CPU. Host and device tensors are taken as run_attention takes them (options.gpu): on the
 // GPU, device tensors are read in place on options.gpu.stream and host ones uploaded, or refused by
