@@ -425,6 +425,10 @@ TuneJob attention_backward_tune_job(const ir::AttentionVariant& variant, const o
   if (const auto problems = gpu_attention_backward_unsupported(variant, args); !problems.empty())
     throw InvalidArgument((variant.name.empty() ? std::string("attention") : variant.name) + " on the GPU: " + problems.front());
   const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, Device::get().properties().arch());
+  if (base.form == cuda::AttentionBackwardForm::sync)
+    throw InvalidArgument((variant.name.empty() ? std::string("attention") : variant.name) +
+                          " backward: this call runs the mma.sync form (f32 or mixed q, k, v, or no wgmma), whose tile is decided "
+                          "from the target, not tuned");
   const DeviceLimits device = DeviceLimits::from(Device::get().properties());
   TunedKey key = attention_backward_tune_key(variant, base, AttentionTuneShape::of(variant, args), device);
   CandidateFactory factory = [&variant, &args, &grads, base] {

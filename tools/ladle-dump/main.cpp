@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
                "recurrent ops: the backward's generated kernels (slots, totals, chain; the update forms: slots, ladle_bwd_update "
                "or the chunked WY form's three, "
                "chain; 16-bit slots with --algo chunked) "
-               "and its helpers, as a call of these types runs them; attention: the backward's prep and main kernels (sm_90a)");
+               "and its helpers, as a call of these types runs them; attention: the backward's prep and main kernels (ws on sm_90a "
+               "for 16-bit inputs, else the mma.sync form)");
   app.add_flag("--states", states, "initial and final states");
   app.add_flag("--segmented", segmented,
                "chunked: the segmented form's kernels as the launcher runs them (each segment's own state, the fold where "
@@ -268,7 +269,7 @@ int main(int argc, char** argv) {
       const std::string list = masks + (!masks.empty() && !mods.empty() ? "," : "") + mods;
       const ladle::ir::AttentionVariant& variant = ladle::attention_variant(ladle::parse_attention_features(list));
       const auto type = dtype_of(dtype);
-      if (backward) {  // the backward's two kernels (prep, main: sm_90a), every gradient wanted, d_output of q's type
+      if (backward) {  // the backward's two kernels (prep, main), every gradient wanted, d_output of q's type
         ladle::cuda::AttentionBackwardSpec bspec;
         for (const auto& input : variant.inputs)
           bspec.input_types.push_back(input.role != ladle::ir::Role::other ? type
@@ -280,10 +281,14 @@ int main(int argc, char** argv) {
         for (std::size_t k = 0; k < variant.inputs.size(); ++k)
           bspec.input_gradients.push_back(bspec.input_types[k] == ladle::DType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
         bspec.arch = arch.empty() ? "sm_90a" : arch;
-        bspec.dq_tma = true;  // an aligned dq, as the launcher's default tile takes it (dQ by TMA reductions)
+        // The launcher's form for these types, head dims and target: ws (dQ by TMA reductions for an aligned dq, by
+        // red.global past D = 128), or the mma.sync form (f32 or mixed inputs, targets without wgmma).
+        bspec.form = ladle::cuda::attention_backward_form(bspec.input_types, bspec.D, bspec.Dv, bspec.arch);
+        if (bspec.form == ladle::cuda::AttentionBackwardForm::sync) bspec = ladle::cuda::with_sync_tile(bspec);
+        else bspec.dq_tma = true, bspec = ladle::cuda::with_tile(bspec, {2, true});
         programs.push_back({ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch).program, -1});
-        std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}\n", ladle::ir::hash_hex(variant), head_dim, dv,
-                                 dtype, bspec.arch);
+        std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}, form {}\n", ladle::ir::hash_hex(variant), head_dim,
+                                 dv, dtype, bspec.arch, ladle::cuda::to_string(bspec.form));
       } else {
         shape.key_dim = head_dim, shape.value_dim = dv, shape.key_tokens = key_tokens, shape.kv_heads = kv_heads;
         ladle::AttentionRunOptions options;
