@@ -211,6 +211,7 @@ DeviceBuffer::~DeviceBuffer() { release(); }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : ptr_(std::exchange(other.ptr_, 0)),
       bytes_(std::exchange(other.bytes_, 0)),
+      ordinal_(std::exchange(other.ordinal_, 0)),
       stream_ordered_(std::exchange(other.stream_ordered_, false)),
       stream_(std::exchange(other.stream_, nullptr)) {}
 

@@ -46,6 +46,16 @@ Tensor::Tensor(DType type, std::vector<std::int64_t> shape, float fill) : type_(
   }
 }
 
+namespace {
+
+// A tensor's device memory: stream-ordered on the default stream (the legacy stream, which orders
+// itself with every blocking stream, and which outlives every tensor), else plain cuMemAlloc.
+DeviceBuffer device_memory(std::size_t bytes, const Stream* stream) {
+  return stream == nullptr || stream->handle() == nullptr ? DeviceBuffer::on_stream(bytes, nullptr) : DeviceBuffer(bytes);
+}
+
+}  // namespace
+
 Tensor::Tensor(DType type, std::vector<std::int64_t> shape, Location location, const Stream* stream)
     : type_(type), shape_(std::move(shape)), location_(location) {
   if (location_.is_host()) {
@@ -53,7 +63,7 @@ Tensor::Tensor(DType type, std::vector<std::int64_t> shape, Location location, c
     return;
   }
   Device::get(location_.ordinal);
-  device_ = DeviceBuffer(static_cast<std::size_t>(count(shape_)) * dtype_size(type_));
+  device_ = device_memory(static_cast<std::size_t>(count(shape_)) * dtype_size(type_), stream);
   device_.fill_bytes(0xff, stream);
 }
 
@@ -103,7 +113,7 @@ Tensor Tensor::copy_of(const TensorView& source, Location location, const Stream
     out.host_.resize(static_cast<std::size_t>(source.numel()) * dtype_size(source.type));
   } else {
     Device::get(location.ordinal);
-    out.device_ = DeviceBuffer(static_cast<std::size_t>(source.numel()) * dtype_size(source.type));
+    out.device_ = device_memory(static_cast<std::size_t>(source.numel()) * dtype_size(source.type), stream);
   }
   copy(source, out.view(), stream);
   return out;

@@ -26,6 +26,10 @@ class Tensor {
   Tensor(DType type, std::vector<std::int64_t> shape, float fill = std::numeric_limits<float>::quiet_NaN());
   // Memory at `location`: on the host as above; on a device every byte 0xff (NaN in every float
   // type), set on `stream` (nullptr: the default stream). Throws NoCudaDriver without a GPU.
+  // Device memory for the default stream (stream nullptr) is stream-ordered on it (cuMemAllocAsync,
+  // and cuMemFreeAsync when the tensor dies), so that neither its allocation nor its release waits
+  // for the device; a tensor made for another stream keeps cuMemAlloc / cuMemFree (its release
+  // waits), since ladle cannot know that stream outlives the tensor.
   Tensor(DType type, std::vector<std::int64_t> shape, Location location, const Stream* stream = nullptr);
 
   // A copy is deep, in the same location (a device copy is ordered on the default stream).
