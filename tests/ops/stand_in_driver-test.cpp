@@ -6,8 +6,11 @@
 // computes them); the GPU tests do that.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -31,6 +34,43 @@ namespace {
 Tensor device(DType type, std::vector<std::int64_t> shape) { return Tensor(type, std::move(shape), ladle::Location::device(0)); }
 
 }  // namespace
+
+// The stand-in's count of calls to a driver entry (cuda.h's name: cuMemAlloc is cuMemAlloc_v2).
+unsigned long driver_calls(const char* entry) {
+  const char* path = std::getenv("LADLE_CUDA_DRIVER_LIBRARY");
+  REQUIRE(path != nullptr);
+  void* library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(library != nullptr);
+  const auto calls = reinterpret_cast<unsigned long (*)(const char*)>(dlsym(library, "ladle_fake_cuda_calls"));
+  REQUIRE(calls != nullptr);
+  const unsigned long n = calls(entry);
+  dlclose(library);
+  return n;
+}
+
+// Device tensors for the default stream take stream-ordered memory (neither end waits for the
+// device); a tensor made for another stream keeps cuMemAlloc / cuMemFree (runtime/tensor.h).
+TEST_CASE("device tensors for the default stream are stream-ordered, others not", "[stand-in]") {
+  REQUIRE(ladle::driver_available());
+  // The stand-in's stream-ordered entries call its plain ones: plain = all - ordered.
+  const auto allocs = [] { return std::pair{driver_calls("cuMemAllocAsync"), driver_calls("cuMemAlloc_v2") - driver_calls("cuMemAllocAsync")}; };
+  const auto frees = [] { return std::pair{driver_calls("cuMemFreeAsync"), driver_calls("cuMemFree_v2") - driver_calls("cuMemFreeAsync")}; };
+  const auto [async0, plain0] = allocs();
+  const auto [free_async0, free0] = frees();
+  {
+    const Tensor t = device(DType::f32, {4, 8});
+    CHECK(allocs() == std::pair{async0 + 1, plain0});
+    const Tensor copy = t.to(ladle::Location::device(0));
+    CHECK(allocs() == std::pair{async0 + 2, plain0});
+  }
+  CHECK(frees() == std::pair{free_async0 + 2, free0});
+  {
+    const ladle::Stream stream;
+    const Tensor t(DType::f32, {4, 8}, ladle::Location::device(0), &stream);
+    CHECK(allocs() == std::pair{async0 + 2, plain0 + 1});
+  }
+  CHECK(frees() == std::pair{free_async0 + 2, free0 + 1});
+}
 
 TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]") {
   REQUIRE(ladle::driver_available());
