@@ -4,6 +4,7 @@
 // heuristic_chunked_tile, chunked_launch_specs ...), and those are the forms the heuristics
 // document.
 #include <ladle/codegen/cuda/attention.h>
+#include <ladle/codegen/cuda/attention_backward.h>
 #include <ladle/ops/attention.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>
@@ -202,4 +203,37 @@ TEST_CASE("ladle-dump --backward shows the update forms' kernels: slots, ladle_b
   CHECK(gla.find("ladle_bwd_totals_") != std::string::npos);
   CHECK(gla.find("ladle: the update forms' recurrent backward") == std::string::npos);  // ladle_bwd_update's source
   CHECK(gla.find("kernel ladle_bwd_wy_") == std::string::npos);
+}
+
+// The attention backward's form follows the types, head dims and target as the launcher's
+// (cuda::attention_backward_form): ws on sm_90a for 16-bit inputs to D = 256, the mma.sync form for
+// f32 or on sm_80; the main kernel's dynamic shared memory is the launcher's, prep's none.
+TEST_CASE("ladle-dump --op attention --backward shows the launcher's form and its dynamic shared memory") {
+  struct Row {
+    const char* arguments;
+    const char* form;
+    int shared_bytes;
+  };
+  cuda::AttentionBackwardSpec wide;  // the ws form at D = 256: blocks of 64 keys, the warpgroups splitting the columns
+  wide.D = wide.Dv = 256, wide.stages = 2, wide.dq_tma = false;
+  const int ws_bytes = cuda::attention_backward_shared_bytes(wide);
+  cuda::AttentionBackwardSpec split;  // f32 on sm_90a: the sync form's tile
+  split.input_types = {DType::f32, DType::f32, DType::f32, DType::f32};
+  split.D = split.Dv = 128, split.arch = "sm_90a", split.form = cuda::AttentionBackwardForm::sync;
+  const int sync_bytes = cuda::attention_backward_shared_bytes(cuda::with_sync_tile(split));
+  for (const Row& row : {Row{"--op attention --backward --mask causal -D 256 --arch sm_90a", "form ws", ws_bytes},
+                         Row{"--op attention --backward --mask causal -D 128 --dtype f32 --arch sm_90a", "form sync", sync_bytes},
+                         Row{"--op attention --backward --mask causal -D 64 --arch sm_80", "form sync", -1}}) {
+    const std::string output = run_tool(row.arguments);
+    INFO(row.arguments << "\n" << output);
+    CHECK(output.find(row.form) != std::string::npos);
+    const std::vector<std::string> kernels = shown_kernels(output);
+    REQUIRE(kernels.size() == 2);
+    const std::regex main_row("\n" + kernels[0] + R"( +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +([0-9]+) )");
+    std::smatch m;
+    REQUIRE(std::regex_search(output, m, main_row));
+    if (row.shared_bytes >= 0) CHECK(std::stoi(m[1]) == row.shared_bytes);
+    CHECK(std::stoi(m[1]) > 0);
+    CHECK(std::regex_search(output, std::regex("\n" + kernels[1] + R"( +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +0 )")));
+  }
 }

@@ -91,8 +91,9 @@ void print_resources(const ladle::CompiledProgram& program, int dynamic_shared_b
                                "for resource usage)\n", k.name);
       continue;
     }
-    // An attention decode program's merge kernel (<name>_merge) launches with none.
-    const bool merge = k.name.size() > 6 && k.name.compare(k.name.size() - 6, 6, "_merge") == 0;
+    // An attention decode program's merge kernel (<name>_merge) and the attention backward's prep kernel launch with none.
+    const bool merge = (k.name.size() > 6 && k.name.compare(k.name.size() - 6, 6, "_merge") == 0) ||
+                       k.name.rfind("ladle_attention_bwd_prep_", 0) == 0;
     std::cout << fmt::format("{:<40} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}\n", k.name, k.registers, k.stack_frame_bytes,
                              k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, merge ? std::string("0") : dynamic, k.constant_bytes);
   }
@@ -286,7 +287,8 @@ int main(int argc, char** argv) {
         bspec.form = ladle::cuda::attention_backward_form(bspec.input_types, bspec.D, bspec.Dv, bspec.arch);
         if (bspec.form == ladle::cuda::AttentionBackwardForm::sync) bspec = ladle::cuda::with_sync_tile(bspec);
         else bspec.dq_tma = true, bspec = ladle::cuda::with_tile(bspec, {2, true});
-        programs.push_back({ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch).program, -1});
+        const auto compiled = ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch);
+        programs.push_back({compiled.program, compiled.kernel.shared_bytes});  // main's; prep launches with none
         std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}, form {}\n", ladle::ir::hash_hex(variant), head_dim,
                                  dv, dtype, bspec.arch, ladle::cuda::to_string(bspec.form));
       } else {
