@@ -17,7 +17,8 @@ if ! python3 -m pip install --no-index --no-build-isolation -q \
 fi
 echo "pip install .: $(( $(date +%s) - start )) s"
 export LADLE_CACHE_DIR=$(mktemp -d) LADLE_AUTOTUNE=${LADLE_AUTOTUNE:-heuristic}
-bench() { (cd /tmp && timeout 300 python3 "$repo/bench/sustained.py" "$@" 2>> "$out/sustained.err" | tee -a "$out/sustained.jsonl"); }
+# SUSTAINED_ARGS: more arguments for every row (e.g. "--heat 3 --rounds 5").
+bench() { (cd /tmp && timeout 300 python3 "$repo/bench/sustained.py" "$@" ${SUSTAINED_ARGS:-} 2>> "$out/sustained.err" | tee -a "$out/sustained.jsonl"); }
 for row in ${*:-causal window sinks backward decode d64 d256}; do
   case $row in
   causal) bench --cases causal --shapes 8x4096,2x16384 ;;
