@@ -9,16 +9,8 @@ shift || true
 wants() { [ "$what" = all ] || [[ "+$what+" == *"+$1+"* ]]; }  # e.g. tests+overhead
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
-repo=$PWD
 python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())"
-python3 -m pip install -q --no-index --find-links .whl/py nanobind scikit-build-core pytest > "$out/pip-tools.log" 2>&1 ||
-  { tail -5 "$out/pip-tools.log"; echo "PIP (tools) FAILED"; exit 1; }
-start=$(date +%s)
-if ! python3 -m pip install --no-index --no-build-isolation -q \
-     -C cmake.define.CMAKE_PREFIX_PATH="$repo/.deps/root/usr" -C build-dir=/tmp/ladle-wheel . > "$out/pip-install.log" 2>&1; then
-  tail -30 "$out/pip-install.log"; echo "PIP INSTALL FAILED"; exit 1
-fi
-echo "pip install .: $(( $(date +%s) - start )) s"
+. bench/python-install.sh nanobind scikit-build-core pytest
 export LADLE_CACHE_DIR=$(mktemp -d)
 if wants tests; then
   (cd /tmp && timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -rs "$repo/python/tests" > "$out/pytest.txt" 2>&1)

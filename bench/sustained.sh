@@ -7,15 +7,7 @@
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
-repo=$PWD
-python3 -m pip install -q --no-index --find-links .whl/py nanobind scikit-build-core > "$out/pip-tools.log" 2>&1 ||
-  { tail -5 "$out/pip-tools.log"; echo "PIP (tools) FAILED"; exit 1; }
-start=$(date +%s)
-if ! python3 -m pip install --no-index --no-build-isolation -q \
-     -C cmake.define.CMAKE_PREFIX_PATH="$repo/.deps/root/usr" -C build-dir=/tmp/ladle-wheel . > "$out/pip-install.log" 2>&1; then
-  tail -30 "$out/pip-install.log"; echo "PIP INSTALL FAILED"; exit 1
-fi
-echo "pip install .: $(( $(date +%s) - start )) s"
+. bench/python-install.sh nanobind scikit-build-core
 export LADLE_CACHE_DIR=$(mktemp -d) LADLE_AUTOTUNE=${LADLE_AUTOTUNE:-heuristic}
 # SUSTAINED_ARGS: more arguments for every row (e.g. "--heat 3 --rounds 5").
 bench() { (cd /tmp && timeout 300 python3 "$repo/bench/sustained.py" "$@" ${SUSTAINED_ARGS:-} 2>> "$out/sustained.err" | tee -a "$out/sustained.jsonl"); }

@@ -509,6 +509,35 @@ void emit_key_row_values(Code& c, const AttentionBackwardParts& parts) {
   c("};");
 }
 
+
+void emit_key_gradients(Code& c, const AttentionBackwardParts& parts) {
+  const AttentionBackwardSpec& spec = parts.spec;
+  if (spec.dq_tma) c("if (threadIdx.x % 128 == 0) ladle_bulk_wait();  // dQ's last reductions done before the block ends");
+  c("// 7. dK and dV of this thread's keys" + std::string(parts.sync ? ", the part's columns," : "") +
+    " stored once (fp32; zero where no query attended them).");
+  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
+  c.in();
+  c("const int j = key_row[half];");
+  c("if (j >= k_len) continue;");
+  c("float* const dk_row = dk + b * dk_stride_b + (k_bos + j) * dk_stride_t + hk * dk_stride_h;");
+  c("float* const dv_row = dv + b * dv_stride_b + (k_bos + j) * dv_stride_t + hk * dv_stride_h;");
+  // The accumulators' columns and where they start: every column (ws), a warpgroup's (split ws), a part's (sync).
+  const std::string dk_n = parts.sync ? "CW" : parts.column_split ? "CDP" : "DP", dv_n = parts.sync ? "CW" : parts.column_split ? "CDVP" : "DVP";
+  const std::string col0 = parts.sync ? "c0 + " : parts.column_split ? "warpgroup * 128 + " : "";
+  c("LADLE_UNROLL for (int nt = 0; nt < " + dk_n + " / 8; ++nt)");
+  c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+  c("    const int col = " + col0 + "nt * 8 + tig * 2 + e;");
+  c("    if (col < D) dk_row[col * dk_stride_d] = dk_acc[nt][2 * half + e];");
+  c("  }");
+  c("LADLE_UNROLL for (int nt = 0; nt < " + dv_n + " / 8; ++nt)");
+  c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
+  c("    const int col = " + col0 + "nt * 8 + tig * 2 + e;");
+  c("    if (col < DV) dv_row[col * dv_stride_d] = dv_acc[nt][2 * half + e];");
+  c("  }");
+  c.out();
+  c("}");
+}
+
 }  // namespace detail
 
 namespace {
@@ -568,32 +597,6 @@ void emit_key_rows(Code& c, const AttentionBackwardParts& parts) {
   c("kv_latch.wait();");
 }
 
-// Step 7: dK and dV of this thread's keys.
-void emit_key_gradients(Code& c, const AttentionBackwardParts& parts) {
-  const AttentionBackwardSpec& spec = parts.spec;
-  if (spec.dq_tma) c("if (threadIdx.x % 128 == 0) ladle_bulk_wait();  // dQ's last reductions done before the block ends");
-  c("// 7. dK and dV of this thread's keys, stored once (fp32; zero where no query attended them).");
-  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c.in();
-  c("const int j = key_row[half];");
-  c("if (j >= k_len) continue;");
-  c("float* const dk_row = dk + b * dk_stride_b + (k_bos + j) * dk_stride_t + hk * dk_stride_h;");
-  c("float* const dv_row = dv + b * dv_stride_b + (k_bos + j) * dv_stride_t + hk * dv_stride_h;");
-  const std::string dk_n = parts.column_split ? "CDP" : "DP", dv_n = parts.column_split ? "CDVP" : "DVP";
-  const std::string col0 = parts.column_split ? "warpgroup * 128 + " : "";
-  c("LADLE_UNROLL for (int nt = 0; nt < " + dk_n + " / 8; ++nt)");
-  c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
-  c("    const int col = " + col0 + "nt * 8 + tig * 2 + e;");
-  c("    if (col < D) dk_row[col * dk_stride_d] = dk_acc[nt][2 * half + e];");
-  c("  }");
-  c("LADLE_UNROLL for (int nt = 0; nt < " + dv_n + " / 8; ++nt)");
-  c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
-  c("    const int col = " + col0 + "nt * 8 + tig * 2 + e;");
-  c("    if (col < DV) dv_row[col * dv_stride_d] = dv_acc[nt][2 * half + e];");
-  c("  }");
-  c.out();
-  c("}");
-}
 
 }  // namespace
 

@@ -74,6 +74,8 @@ void emit_block_query_tiles(Code& c, const ir::AttentionVariant& variant);
 // This thread's keys key_row[2] (rows gid and gid + 8 of warp's 16 from j_block), their segment ids,
 // dropout's keep scale, the head inputs' gradient sums, load_stats(step) (a step's BM row statistics).
 void emit_key_row_values(Code& c, const AttentionBackwardParts& parts);
+// Step 7: dK and dV of this thread's keys, stored once (every column, the warpgroup's or the part's).
+void emit_key_gradients(Code& c, const AttentionBackwardParts& parts);
 
 // ---- main's steps (attention_backward_step.cpp)
 

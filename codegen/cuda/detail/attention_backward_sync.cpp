@@ -259,21 +259,7 @@ void emit_sync_main(Code& c, const AttentionBackwardParts& parts, const std::str
   c.out();
   c("}");
   c("");
-  c("// 7. dK and dV of this thread's keys, the part's columns, stored once (fp32; zero where no query attended them).");
-  c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
-  c.in();
-  c("const int j = key_row[half];");
-  c("if (j >= k_len) continue;");
-  c("float* const dk_row = dk + b * dk_stride_b + (k_bos + j) * dk_stride_t + hk * dk_stride_h;");
-  c("float* const dv_row = dv + b * dv_stride_b + (k_bos + j) * dv_stride_t + hk * dv_stride_h;");
-  c("LADLE_UNROLL for (int nt = 0; nt < CW / 8; ++nt)");
-  c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
-  c("    const int col = c0 + nt * 8 + tig * 2 + e;");
-  c("    if (col < D) dk_row[col * dk_stride_d] = dk_acc[nt][2 * half + e];");
-  c("    if (col < DV) dv_row[col * dv_stride_d] = dv_acc[nt][2 * half + e];");
-  c("  }");
-  c.out();
-  c("}");
+  emit_key_gradients(c, parts);
   c.out();
   c("}");
 }
