@@ -651,7 +651,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optio
     cu_seqlens_q and cu_seqlens_k; dropout_p with a seed. Returns o, or (o, lse) with return_lse.
 
     With autograd: dq, dk, dv, d bias and d sinks (on the GPU: sm_80 on, q, k, v of f16, bf16 or f32, head
-    dims up to 256; else the CPU path, host tensors only). Under torch.compile it is the custom op
+    dims up to 256, f32 up to 144; else the CPU path, host tensors only). Under torch.compile it is the custom op
     ladle::attention, whose backward runs the forward again (the eager path keeps the forward's saved
     value instead)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
