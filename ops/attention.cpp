@@ -144,6 +144,12 @@ std::uint64_t fingerprint(const TensorView& q, const TensorView& k, const Tensor
                                   inputs.tensors, inputs.scalars, options.gpu.stream);
 }
 
+// The fingerprint a saved value keeps: none where the caller guards its tensors itself.
+std::uint64_t saved_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
+                                const AttentionRunOptions& options) {
+  return options.check_saved ? fingerprint(q, k, v, inputs, options) : 0;
+}
+
 // A gradient's view shaped as `canonical` (the bound input's view): leading axes added and each
 // broadcast axis (size 1 in the gradient, more in the canonical view) at stride 0.
 TensorView broadcast_like(const TensorView& grad, const TensorView& canonical) {
@@ -160,6 +166,7 @@ TensorView broadcast_like(const TensorView& grad, const TensorView& canonical) {
 // has checked every address with the driver, so a mislabelled pointer is refused by name before
 // the fingerprint's kernel reads it.
 void check_fingerprint(const std::string& op, const AttentionSaved& saved) {
+  if (!saved.options.check_saved) return;  // the caller guards the tensors (AttentionRunOptions::check_saved)
   if (fingerprint(saved.q, saved.k, saved.v, saved.inputs, saved.options) != saved.fingerprint)
     throw InvalidArgument(op + ": saved: its tensors no longer hold what its forward read (changed since, or the value belongs to "
                                "another call)");
@@ -188,7 +195,7 @@ AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant,
       // kernels are not ordered with.
       const auto copied = [&](const Tensor& t) { return t.to(t.location(), options.gpu.stream); };
       AttentionForward out{{copied(result.o), std::nullopt},
-                           {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
+                           {variant, q, k, v, inputs, run, saved_fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
       if (options.return_lse) out.result.lse = copied(*result.lse);
       out.saved.o = std::make_shared<const Tensor>(std::move(result.o));
       out.saved.lse = std::make_shared<const Tensor>(std::move(*result.lse));
@@ -200,7 +207,7 @@ AttentionForward run_attention_for_backward(const ir::AttentionVariant& variant,
                                         "), and the CPU path that backend = automatic falls back to reads every tensor on the host");
   }
   run.backend = Backend::cpu;
-  AttentionForward out{run_attention(variant, q, k, v, inputs, run), {variant, q, k, v, inputs, run, fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
+  AttentionForward out{run_attention(variant, q, k, v, inputs, run), {variant, q, k, v, inputs, run, saved_fingerprint(q, k, v, inputs, run), true, nullptr, nullptr}};
   return out;
 }
 
@@ -368,6 +375,7 @@ void named_arguments(const TensorView& q, const AttentionOptions& options, Varia
   run.threads = options.threads;
   run.backend = options.backend;
   run.gpu = options.gpu;
+  run.check_saved = options.check_saved;
 }
 
 }  // namespace

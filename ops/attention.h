@@ -57,6 +57,11 @@ struct AttentionRunOptions {
   int threads = 0;                           // CPU threads; 0: one per hardware thread
   Backend backend = Backend::automatic;
   GpuOptions gpu;                            // stream, and whether host tensors may be uploaded
+  // run_attention_for_backward: keep a fingerprint of the saved tensors' contents and refuse a
+  // backward whose tensors changed since (device tensors hashed on the device: a few kernels and one
+  // wait for the stream at the forward and again at the backward). Off where the caller guards them
+  // itself, as PyTorch's autograd does with its version counters (the Python entry turns it off).
+  bool check_saved = true;
 };
 
 // Outputs live where q lives: device memory when q is device memory, else the host.
@@ -97,13 +102,14 @@ struct AttentionOptions {
   int threads = 0;
   Backend backend = Backend::automatic;
   GpuOptions gpu;
+  bool check_saved = true;  // attention_for_backward: as AttentionRunOptions::check_saved
 };
 
 // What the backward of an attention call needs, held by the caller: the call's arguments (views,
 // host or device memory as they were given: the caller keeps those tensors alive and unchanged until
-// the backward; a fingerprint of their contents is checked, for device tensors by copying their bytes
-// to the host on options.gpu.stream at the forward and again at the backward:
-// ops/detail/fingerprint.h). The CPU backward forms the logits and the softmax again from them.
+// the backward; unless options.check_saved is off, a fingerprint of their contents is checked, for
+// device tensors by a hash on the device read back on options.gpu.stream at the forward and again at
+// the backward: ops/detail/fingerprint.h). The CPU backward forms the logits and the softmax again from them.
 struct AttentionSaved {
   ir::AttentionVariant variant;
   TensorView q, k, v;

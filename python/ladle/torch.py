@@ -516,6 +516,9 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, names, q, k, v, sinks, *tensors):
         o, lse, saved = call(q, k, v, sinks, tensors, True)
+        # ladle's saved value reads these tensors again at the backward; autograd's version counters
+        # refuse a backward after an in-place change to any of them (ladle keeps no fingerprint here).
+        ctx.save_for_backward(q, k, v, sinks, *tensors)
         ctx.saved, ctx.names = saved, names
         ctx.dtypes = [None if x is None else x.dtype for x in (q, k, v, sinks, *tensors)]
         o = _dlpack.from_dlpack(o)
@@ -525,6 +528,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o, d_lse):
+        ctx.saved_tensors  # autograd's check: none of them was changed in place since the forward
         _, stream, has_stream = _where(d_o)
         grads = _ladle.attention_backward(ctx.saved, _cap(d_o.contiguous()), stream, has_stream)
         ctx.saved = None  # one backward: the saved forward's memory goes now

@@ -452,6 +452,9 @@ NB_MODULE(_ladle, m) {
         options.return_lse = return_lse;
         options.backend = backend_of(backend);
         options.gpu.upload_host_tensors = false;
+        // The saved tensors are torch's, which autograd guards by their version counters
+        // (ladle.torch's _Attention saves them): no content fingerprint, no waits for it.
+        options.check_saved = false;
         const ladle::Stream s = ladle::Stream::borrowed(reinterpret_cast<void*>(stream));
         options.gpu.stream = has_stream ? &s : nullptr;
         return finish_attention(
@@ -489,6 +492,9 @@ NB_MODULE(_ladle, m) {
         options.dropout_p = dropout_p, options.seed = seed, options.return_lse = return_lse;
         options.backend = backend_of(backend);
         options.gpu.upload_host_tensors = false;
+        // The saved tensors are torch's, which autograd guards by their version counters
+        // (ladle.torch's _Attention saves them): no content fingerprint, no waits for it.
+        options.check_saved = false;
         const ladle::Stream s = ladle::Stream::borrowed(reinterpret_cast<void*>(stream));
         options.gpu.stream = has_stream ? &s : nullptr;
         return finish_attention(

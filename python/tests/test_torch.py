@@ -286,6 +286,21 @@ def test_attention_with_masks_sinks_and_gqa_on_the_cpu():
         lt.attention(q, k, v, window=(1, 2, 3))
 
 
+def test_attention_backward_after_an_in_place_change_is_refused_by_autograd():
+    # ladle keeps no fingerprint of the tensors a backward reads again (check_saved is off from Python):
+    # autograd's version counters refuse the backward instead, and an untouched call still trains.
+    r, _ = shapes("cpu", torch.float32, seed=17)
+    q, k, v = (leaf(r(1, 12, 2, 8)) for _ in range(3))
+    o = lt.attention(q, k, v, causal=True)
+    with torch.no_grad():
+        k.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        o.sum().backward()
+    o = lt.attention(q, k, v, causal=True)
+    o.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 def test_a_dsl_attention_variant_with_its_gradients_on_the_cpu():
     # ALiBi with a learned slope per head, a soft cap and a banded mask, written in the DSL.
     slope = dsl.head_param("slope")

@@ -1117,6 +1117,14 @@ TEST_CASE("the attention backward refuses bad input by name", "[backward][attent
   CHECK_NOTHROW(ladle::run_attention_backward(forward.saved, good.view()));
   k.set(0, 2.0f);
   CHECK_THROWS_WITH(ladle::run_attention_backward(forward.saved, good.view()), Catch::Contains("saved") && Catch::Contains("forward read"));
+  {  // check_saved off: no fingerprint kept, the same change goes unseen (the caller guards its tensors)
+    ladle::AttentionOptions unchecked = options;
+    unchecked.check_saved = false;
+    const ladle::AttentionForward f = ladle::attention_for_backward(q.view(), k.view(), v.view(), unchecked);
+    CHECK(f.saved.fingerprint == 0);
+    k.set(0, 3.0f);
+    CHECK_NOTHROW(ladle::run_attention_backward(f.saved, good.view()));
+  }
   CHECK_THROWS_WITH(ladle::run_attention_backward(ladle::AttentionSaved{}, good.view()), Catch::Contains("run_attention_for_backward"));
   // D = 4: the GPU backward takes head dims of 8 to 256 (without a GPU: no driver), named either way.
   options.backend = ladle::Backend::gpu;
