@@ -12,6 +12,7 @@
 #include "bind.h"
 #include "detail/loaded_kernel.h"
 #include "gpu_attention.h"
+#include "gpu_attention_backward.h"
 #include "chunked_plan.h"
 #include "gpu_recurrent.h"
 
@@ -186,6 +187,52 @@ std::vector<GeneratedKernel> generated_kernels(const ir::AttentionVariant& varia
   std::vector<GeneratedKernel> out;
   out.push_back({kernel.name, std::move(kernel.source), "attention", cuda::to_string(spec.tile),
                  kernel.threads, kernel.shared_bytes});
+  return out;
+}
+
+std::vector<GeneratedKernel> generated_backward_kernels(const ir::AttentionVariant& variant, const CallShape& shape,
+                                                        const AttentionRunOptions& options, const std::string& arch) {
+  const std::string op = (variant.name.empty() ? std::string("attention") : variant.name) + " backward";
+  const std::int64_t B = shape.batch, Tq = shape.tokens, Tk = shape.key_tokens > 0 ? shape.key_tokens : shape.tokens;
+  const std::int64_t H = shape.heads, Hkv = shape.kv_heads > 0 ? shape.kv_heads : shape.heads;
+  const TensorView q = view_of(shape.type, {B, Tq, H, shape.key_dim}), k = view_of(shape.type, {B, Tk, Hkv, shape.key_dim}),
+                   v = view_of(shape.type, {B, Tk, Hkv, shape.value_dim});
+  VariantInputs inputs;
+  for (const ir::Input& input : variant.inputs) {
+    if (input.role != ir::Role::other) continue;
+    const DType type = input_type(shape, input.name, input.name == "attention_mask" ? DType::u8 : DType::f32);
+    if (input.kind == ir::InputKind::scalar) inputs.scalars.emplace(input.name, scalar_of(shape, input.name));
+    else if (input.kind == ir::InputKind::pair) inputs.tensors.emplace(input.name, view_of(type, {B, H, Tq, Tk}));
+    else inputs.tensors.emplace(input.name, view_of(type, {H}));
+  }
+  AttentionRunOptions call = options;
+  call.q_segment_ids.reset(), call.kv_segment_ids.reset(), call.softmax_aux.reset(), call.cu_seqlens_q.reset(), call.cu_seqlens_k.reset();
+  if (variant.segment_ids) call.q_segment_ids = view_of(DType::i32, {B, Tq}), call.kv_segment_ids = view_of(DType::i32, {B, Tk});
+  if (variant.sinks) call.softmax_aux = view_of(DType::f32, {H, 1});
+  const Tensor offsets = offsets_of(shape);
+  if (!shape.sequence_lengths.empty()) call.cu_seqlens_q = call.cu_seqlens_k = offsets.view();
+  call.return_lse = true;  // the forward that keeps what the backward needs
+  ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, call);
+  const std::vector<std::int64_t> lse_shape = args.packed ? std::vector<std::int64_t>{H, Tq} : std::vector<std::int64_t>{B, H, Tq};
+  ops::bind_attention_outputs(op, call, {view_of(shape.type, args.output_shape()), view_of(DType::f32, lse_shape)}, args);
+  cpu::AttentionGrads grads;  // as run_attention_backward allocates them
+  grads.d_output = view_of(shape.type, args.output_shape());
+  grads.dq = view_of(DType::f32, args.q.shape), grads.dk = view_of(DType::f32, args.k.shape), grads.dv = view_of(DType::f32, args.v.shape);
+  grads.d_tensors.resize(variant.inputs.size());
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i)
+    if (variant.inputs[i].role == ir::Role::other && variant.inputs[i].kind != ir::InputKind::scalar && args.tensors[i].type != DType::u8)
+      grads.d_tensors[i] = view_of(DType::f32, args.tensors[i].shape);
+  if (args.softmax_aux) grads.d_softmax_aux = view_of(DType::f32, args.softmax_aux->shape);
+  const std::string target = plan_target(arch).arch;
+  const cuda::AttentionBackwardSpec base = gpu::attention_backward_spec(variant, args, grads, target);
+  const cuda::AttentionBackwardSpec spec = cuda::with_tile(base, gpu::heuristic_attention_backward_tile(base));  // as the launcher
+  if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
+    throw InvalidArgument(op + " on " + target + ": " + problems.front());
+  cuda::AttentionBackwardKernel kernel = cuda::generate_attention_backward(variant, spec);
+  std::vector<GeneratedKernel> out;
+  out.push_back({kernel.name, std::move(kernel.source), "attention backward",
+                 spec.form == cuda::AttentionBackwardForm::sync ? "sync" : cuda::to_string(cuda::AttentionBackwardTile{spec.stages, spec.dq_tma}),
+                 kernel.main_threads, kernel.shared_bytes});
   return out;
 }
 

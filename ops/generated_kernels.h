@@ -78,6 +78,14 @@ std::vector<GeneratedKernel> generated_kernels(
     const AttentionRunOptions& options = {}, const std::string& arch = "",
     const std::optional<cuda::AttentionTile>& tile = std::nullopt);
 
+// The backward's kernels of a softmax-attention call of this shape on the GPU (one program: its
+// prep and main kernels, named by main's), as gpu::run_attention_backward_into plans them after a
+// GPU forward: every floating tensor input's gradient and the sinks' wanted, d_output contiguous
+// in q's dtype, the heuristic's tile (`ladle-cache prebuild --backward` compiles these). Throws
+// InvalidArgument where the GPU backward does not take the call.
+std::vector<GeneratedKernel> generated_backward_kernels(const ir::AttentionVariant& variant, const CallShape& shape,
+                                                        const AttentionRunOptions& options = {}, const std::string& arch = "");
+
 // Compiles one through the cache, as the launcher does (arch "": this GPU, else the default
 // target).
 CompiledProgram compile_generated(const GeneratedKernel& kernel, const std::string& arch = "");

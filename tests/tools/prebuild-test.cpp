@@ -92,3 +92,55 @@ TEST_CASE("ladle-cache prebuild names a bad shape, dtype or flag") {
   CHECK(s4 != 0);
   CHECK_THAT(op, Catch::Contains("glaa"));
 }
+
+// --backward: a call that trains (its forward returns lse) and the attention backward's program, in
+// the form the launcher takes on the arch (ws at D = 256 on sm_90a, the mma.sync form for f32 on
+// sm_80), found read only with both of its kernels.
+TEST_CASE("ladle-cache prebuild --backward holds the attention backward's kernels; read only, nothing compiles") {
+  test::TempDir dir;
+  struct Row {
+    const char* dtype;
+    const char* arch;
+    DType type;
+    std::int64_t dim;
+    const char* form;
+  };
+  for (const Row& row : {Row{"bf16", "sm_90a", DType::bf16, 256, "stages=2 dq=red"}, Row{"f32", "sm_80", DType::f32, 64, "sync"}}) {
+    const std::string shape_text = "2x256x4x" + std::to_string(row.dim) + "x" + std::to_string(row.dim);
+    const auto [out, status] = run_tool(std::string("prebuild --op attention --mask causal --backward --dtype ") + row.dtype + " --arch " +
+                                            row.arch + " --shape " + shape_text,
+                                        dir.path());
+    INFO(out);
+    REQUIRE(status == 0);
+    CHECK_THAT(out, Catch::Contains("attention backward") && Catch::Contains(" 0 failed"));
+  }
+  const auto [wrong, refused] = run_tool("prebuild --op gla --backward", dir.path());
+  CHECK(refused != 0);
+  CHECK_THAT(wrong, Catch::Contains("--backward applies to --op attention, not to --op gla"));
+
+  // The kernels the library plans for those calls are the ones the tool compiled, and a second run finds
+  // every one of them (this process's global cache belongs to the test case above, so a fresh process looks).
+  for (const Row& row : {Row{"bf16", "sm_90a", DType::bf16, 256, "stages=2 dq=red"}, Row{"f32", "sm_80", DType::f32, 64, "sync"}}) {
+    CallShape shape = small_shape();
+    shape.type = row.type, shape.key_dim = shape.value_dim = row.dim;
+    AttentionRunOptions options;
+    options.return_lse = true;
+    const auto& causal = attention_variant(parse_attention_features("causal"));
+    const std::vector<GeneratedKernel> kernels = generated_backward_kernels(causal, shape, options, row.arch);
+    REQUIRE(kernels.size() == 1);
+    INFO(row.arch << " " << kernels[0].name << " " << kernels[0].tile);
+    CHECK(kernels[0].role == "attention backward");
+    CHECK(kernels[0].tile == row.form);
+    CHECK(kernels[0].source.find("ladle_attention_bwd_prep_") != std::string::npos);
+    const std::string shape_text = "2x256x4x" + std::to_string(row.dim) + "x" + std::to_string(row.dim);
+    const auto [again, status] = run_tool(std::string("prebuild --op attention --mask causal --backward --dtype ") + row.dtype + " --arch " +
+                                              row.arch + " --shape " + shape_text,
+                                          dir.path());
+    INFO(again);
+    CHECK(status == 0);
+    CHECK_THAT(again, Catch::Contains(kernels[0].name + "  already cached"));
+    const std::vector<GeneratedKernel> forward = generated_kernels(causal, shape, options, row.arch);
+    REQUIRE(!forward.empty());
+    CHECK_THAT(again, Catch::Contains(forward[0].name + "  already cached") && Catch::Contains("(0 compiled"));
+  }
+}

@@ -2,7 +2,7 @@
 // tuned-config cache beside it, and fills it ahead of time for a deployment.
 //   ladle-cache list | size | path | tuned [-v] | clear [--compiled | --tuned]
 //   ladle-cache prebuild --op gla [--op attention ...] --arch sm_90a [--shape 8x4096x16x128x128 ...]
-//                        [--dtype bf16] [--gates ...] [--mask ... --mods ...] [--algo ...] [--states]
+//                        [--dtype bf16] [--gates ...] [--mask ... --mods ...] [--algo ...] [--states] [--backward]
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -103,6 +103,7 @@ struct PrebuildRequest {
   std::vector<std::string> ops, shapes{"8x1024x16x128x128"};
   std::string arch = "sm_90a", dtype = "bf16", gates, masks, mods, algo = "automatic";
   bool states = false;
+  bool backward = false;  // attention: also the backward's kernels
 };
 
 // Plans every kernel the requested calls launch on the arch (the launcher's own plan), compiles
@@ -116,6 +117,8 @@ int prebuild(const PrebuildRequest& request, ladle::DiskCache& cache) {
   const bool recurrent = std::count(request.ops.begin(), request.ops.end(), "attention") < static_cast<long>(request.ops.size());
   if (!attention && (!request.masks.empty() || !request.mods.empty()))
     throw ladle::InvalidArgument(fmt::format("--mask and --mods apply to --op attention, not to --op {}", fmt::join(request.ops, ", --op ")));
+  if (request.backward && recurrent)
+    throw ladle::InvalidArgument(fmt::format("--backward applies to --op attention, not to --op {}", fmt::join(request.ops, ", --op ")));
   if (!recurrent && (!request.gates.empty() || request.algo != "automatic" || request.states))
     throw ladle::InvalidArgument("--gates, --algo and --states apply to the recurrent ops, not to --op attention");
   std::vector<std::pair<std::string, ladle::GeneratedKernel>> planned;  // (call, kernel)
@@ -131,6 +134,11 @@ int prebuild(const PrebuildRequest& request, ladle::DiskCache& cache) {
         ladle::AttentionRunOptions options;
         if (variant.dropout) options.dropout_p = 0.1f;
         kernels = ladle::generated_kernels(variant, shape, options, request.arch);
+        if (request.backward) {  // a call that trains: its forward returns lse (another kernel), then the backward's
+          options.return_lse = true;
+          for (auto& kernel : ladle::generated_kernels(variant, shape, options, request.arch)) kernels.push_back(std::move(kernel));
+          for (auto& kernel : ladle::generated_backward_kernels(variant, shape, options, request.arch)) kernels.push_back(std::move(kernel));
+        }
       } else {
         const ladle::ir::Variant& variant = ladle::named_variant(op, request.gates);
         ladle::RunOptions options;
@@ -207,6 +215,8 @@ int main(int argc, char** argv) {
   prebuild_command->add_option("--mods", request.mods, "attention: bias,softcap");
   prebuild_command->add_option("--algo", request.algo, "recurrent ops: automatic (the op's choice), recurrent or chunked");
   prebuild_command->add_flag("--states", request.states, "recurrent ops: calls with an initial state and the final state returned");
+  prebuild_command->add_flag("--backward", request.backward,
+                             "attention: also the backward's kernels (and the forward that returns lse, as a call that trains runs it)");
   CLI11_PARSE(app, argc, argv);
 
   try {
