@@ -2,7 +2,7 @@
 // launcher would compile for named ops at given shapes on an arch; a process that then loads that
 // directory read-only (LADLE_CACHE_READONLY=1) finds every one of them, so a deployment compiles
 // nothing. The GPU half (a call on an H100 running on a cache prebuilt here, zero compiles) is
-// bench/prebuild.sh.
+// bench/start-fast.sh (its "first" step, with .prebuilt carried).
 #include <ladle/ops/attention.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/recurrent.h>
