@@ -32,6 +32,12 @@
 // Launch: prep grid (ceil(Tq / 8), N * H), 256 threads; main grid attention_grid(N * H_kv, ceil(Tk / 128)),
 // 256 threads, dynamic shared memory AttentionBackwardKernel::shared_bytes (dq zeroed first).
 //
+// Past a head dim of 128 (to 256) the ws kernel splits columns instead of keys between its
+// warpgroups (attention_backward_column_split): a block owns 64 keys (grid ceil(Tk / 64)); both
+// warpgroups form S^T and dP^T for all of them, warpgroup w keeps dK's and dV's columns 128 w.. in
+// registers, warpgroup 0 stores dS^T and adds the score inputs' gradients, and dQ is added by
+// red.global in 64-column chunks (no room for dQ's TMA stage beside full-width K, V and the ring).
+//
 // The `sync` form (AttentionBackwardForm::sync, sm_80 and later) takes what the ws form refuses:
 // f32 inputs (and q, k, v of mixed types), head dims up to 256, targets without wgmma. Its main
 // kernel is mma.sync m16n8k16 with fp32 accumulation, 4 warps a block of 64 keys (a warp 16 of
@@ -115,8 +121,8 @@ struct AttentionBackwardKernel {
   int shared_bytes = 0;    // main's dynamic shared memory
 };
 
-// What keeps a call off the GPU backward (empty: it runs). ws: head dims past 128 or not multiples
-// of 8, q, k, v not of one 16-bit type, a target other than sm_90a. sync: head dims past 256 or not
+// What keeps a call off the GPU backward (empty: it runs). ws: head dims past 256 or not multiples
+// of 8, q, k, v not of one 16-bit type, a target other than sm_90a, dq_tma past D = 128. sync: head dims past 256 or not
 // multiples of 8, q, k, v not floating, a target without mma.sync, more shared memory than the
 // target's.
 std::vector<std::string> attention_backward_unsupported(const ir::AttentionVariant& variant, const AttentionBackwardSpec& spec);
