@@ -95,8 +95,8 @@ TEST_CASE("ladle-cache prebuild names a bad shape, dtype or flag") {
 
 // --backward: a call that trains (its forward returns lse) and the attention backward's program, in
 // the form the launcher takes on the arch (ws at D = 256 on sm_90a, the mma.sync form for f32 on
-// sm_80), found read only with both of its kernels.
-TEST_CASE("ladle-cache prebuild --backward holds the attention backward's kernels; read only, nothing compiles") {
+// sm_80): the kernels the library plans, compiled by the tool and found cached by a second run.
+TEST_CASE("ladle-cache prebuild --backward compiles the attention backward's kernels; a second run compiles nothing") {
   test::TempDir dir;
   struct Row {
     const char* dtype;
@@ -105,11 +105,15 @@ TEST_CASE("ladle-cache prebuild --backward holds the attention backward's kernel
     std::int64_t dim;
     const char* form;
   };
-  for (const Row& row : {Row{"bf16", "sm_90a", DType::bf16, 256, "stages=2 dq=red"}, Row{"f32", "sm_80", DType::f32, 64, "sync"}}) {
-    const std::string shape_text = "2x256x4x" + std::to_string(row.dim) + "x" + std::to_string(row.dim);
-    const auto [out, status] = run_tool(std::string("prebuild --op attention --mask causal --backward --dtype ") + row.dtype + " --arch " +
-                                            row.arch + " --shape " + shape_text,
-                                        dir.path());
+  const Row rows[] = {{"bf16", "sm_90a", DType::bf16, 256, "stages=2 dq=red"}, {"f32", "sm_80", DType::f32, 64, "sync"}};
+  const auto prebuild = [&](const Row& row) {
+    const std::string dims = std::to_string(row.dim) + "x" + std::to_string(row.dim);
+    return run_tool(std::string("prebuild --op attention --mask causal --backward --dtype ") + row.dtype + " --arch " + row.arch +
+                        " --shape 2x256x4x" + dims,
+                    dir.path());
+  };
+  for (const Row& row : rows) {
+    const auto [out, status] = prebuild(row);
     INFO(out);
     REQUIRE(status == 0);
     CHECK_THAT(out, Catch::Contains("attention backward") && Catch::Contains(" 0 failed"));
@@ -120,7 +124,7 @@ TEST_CASE("ladle-cache prebuild --backward holds the attention backward's kernel
 
   // The kernels the library plans for those calls are the ones the tool compiled, and a second run finds
   // every one of them (this process's global cache belongs to the test case above, so a fresh process looks).
-  for (const Row& row : {Row{"bf16", "sm_90a", DType::bf16, 256, "stages=2 dq=red"}, Row{"f32", "sm_80", DType::f32, 64, "sync"}}) {
+  for (const Row& row : rows) {
     CallShape shape = small_shape();
     shape.type = row.type, shape.key_dim = shape.value_dim = row.dim;
     AttentionRunOptions options;
@@ -132,10 +136,7 @@ TEST_CASE("ladle-cache prebuild --backward holds the attention backward's kernel
     CHECK(kernels[0].role == "attention backward");
     CHECK(kernels[0].tile == row.form);
     CHECK(kernels[0].source.find("ladle_attention_bwd_prep_") != std::string::npos);
-    const std::string shape_text = "2x256x4x" + std::to_string(row.dim) + "x" + std::to_string(row.dim);
-    const auto [again, status] = run_tool(std::string("prebuild --op attention --mask causal --backward --dtype ") + row.dtype + " --arch " +
-                                              row.arch + " --shape " + shape_text,
-                                          dir.path());
+    const auto [again, status] = prebuild(row);
     INFO(again);
     CHECK(status == 0);
     CHECK_THAT(again, Catch::Contains(kernels[0].name + "  already cached"));
