@@ -522,7 +522,7 @@ void emit_key_gradients(Code& c, const AttentionBackwardParts& parts) {
   c("float* const dk_row = dk + b * dk_stride_b + (k_bos + j) * dk_stride_t + hk * dk_stride_h;");
   c("float* const dv_row = dv + b * dv_stride_b + (k_bos + j) * dv_stride_t + hk * dv_stride_h;");
   // The accumulators' columns and where they start: every column (ws), a warpgroup's (split ws), a part's (sync).
-  const std::string dk_n = parts.sync ? "CW" : parts.column_split ? "CDP" : "DP", dv_n = parts.sync ? "CW" : parts.column_split ? "CDVP" : "DVP";
+  const std::string& dk_n = parts.dk_columns, & dv_n = parts.dv_columns;
   const std::string col0 = parts.sync ? "c0 + " : parts.column_split ? "warpgroup * 128 + " : "";
   c("LADLE_UNROLL for (int nt = 0; nt < " + dk_n + " / 8; ++nt)");
   c("  LADLE_UNROLL for (int e = 0; e < 2; ++e) {");
@@ -570,7 +570,7 @@ void emit_key_rows(Code& c, const AttentionBackwardParts& parts) {
   c("// 2. This thread's keys: rows gid and gid + 8 of its warp's 16 (S^T's accumulator rows).");
   c("const int warpgroup = ladle_warp_uniform(warp / 4);");
   emit_key_row_values(c, parts);
-  const std::string dk_n = parts.column_split ? "CDP" : "DP", dv_n = parts.column_split ? "CDVP" : "DVP";
+  const std::string& dk_n = parts.dk_columns, & dv_n = parts.dv_columns;
   if (parts.column_split)
     c("constexpr int CDP = " + std::to_string(parts.CDP) + ", CDVP = " + std::to_string(parts.CDVP) +
       ";  // the accumulators' columns: a warpgroup's part of dK and dV");
@@ -629,6 +629,8 @@ AttentionBackwardParts::AttentionBackwardParts(const ir::AttentionVariant& varia
   key_warp = column_split ? "(warp % 4)" : "warp";
   key_base = column_split ? "j_block" : "j_block + warpgroup * 64";
   input_guard = sync ? "input_part" : column_split ? "warpgroup == 0" : "";
+  dk_columns = sync ? "CW" : column_split ? "CDP" : "DP";
+  dv_columns = sync ? "CW" : column_split ? "CDVP" : "DVP";
   DP = pad16(spec.D), DVP = pad16(spec.Dv), DPB = (spec.D + 63) / 64 * 64, DVPB = (spec.Dv + 63) / 64 * 64;
   CDP = std::min(DP, 128), CDVP = std::min(DVP, 128);
   used.assign(inputs.size(), false);

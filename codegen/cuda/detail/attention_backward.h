@@ -38,6 +38,9 @@ struct AttentionBackwardParts {
   std::string key_warp = "warp";      // the warp's 16 keys of the block start at key_warp * 16
   std::string key_base = "j_block + warpgroup * 64";  // the first key of the warp's warpgroup
   std::string input_guard;            // what must hold for a thread to add the score inputs' gradients
+  // The constants naming dK's and dV's accumulator columns: every one (DP, DVP), a warpgroup's (CDP,
+  // CDVP), a column part's (sync: CW).
+  std::string dk_columns = "DP", dv_columns = "DVP";
   std::vector<bool> used;       // per input: the score or keep expression reads it
   std::vector<bool> gradient;   // per input: main writes its gradient (pair and head inputs)
   // The logit as the forward's ws tiles form it (log2 units, invariant factors hoisted, tanh.approx),
