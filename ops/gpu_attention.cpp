@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <vector>
 
@@ -34,13 +35,25 @@ bool rows_aligned(const TensorView& view) {
 std::string spec_key(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec) {
   std::string key = ir::hash_hex(variant) + "|" + cuda::to_string(spec.tile);
   for (DType t : spec.input_types) key += dtype_name(t);
-  key += fmt::format("|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", dtype_name(spec.output_type), spec.D, spec.Dv, spec.varlen,
+  key += fmt::format("|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", dtype_name(spec.output_type), spec.D, spec.Dv, spec.varlen,
                      spec.lse, spec.async_copy, spec.positive_logit_factor, dtype_name(spec.q_segment_ids_type),
-                     dtype_name(spec.kv_segment_ids_type), dtype_name(spec.sinks_type));
+                     dtype_name(spec.kv_segment_ids_type), dtype_name(spec.sinks_type), spec.persistent);
   return key;
 }
 
 }  // namespace
+
+AttentionWork attention_work(const ops::AttentionArgs& args, int block_m) {
+  if (block_m < 1) throw InvalidArgument("attention_work: block_m = " + std::to_string(block_m) + ", expected positive");
+  AttentionWork work;
+  work.row_blocks = (args.longest_q() + block_m - 1) / block_m;
+  return work;
+}
+
+bool attention_persistent_enabled() {
+  const char* value = std::getenv("LADLE_ATTENTION_PERSISTENT");
+  return value == nullptr || std::string(value) != "0";
+}
 
 bool attention_decode_shaped(const ops::AttentionArgs& args) {
   const std::int64_t q = args.longest_q(), k = args.longest_k();
@@ -171,6 +184,7 @@ cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& vari
       factor && std::isfinite(*factor) && *factor > 0.0)
     spec.positive_logit_factor = true;
   spec.tile = tile ? *tile : heuristic_attention_tile(args, target.sms > 0 ? target.sms : 132, target.arch, target.max_shared_bytes);
+  spec.persistent = spec.tile.mma == cuda::AttentionMma::ws && attention_persistent_enabled();
   spec.arch = target.arch;
   const int max_shared = target.max_shared_bytes;
   const bool split = cuda::attention_split_f32(variant, spec);
@@ -217,31 +231,41 @@ TensorMapDescription attention_tensor_map(const TensorView& view, int box_rows) 
 
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
                                     const void* cu_seqlens_q, const void* cu_seqlens_k,
-                                    TensorMap (*encode)(const TensorMapDescription&), const AttentionDecodeSplit* decode) {
+                                    TensorMap (*encode)(const TensorMapDescription&), const AttentionDecodeSplit* decode,
+                                    const AttentionWork* work) {
   KernelArgs packed;
-  for (const cuda::AttentionParam& p : params) pack_attention_argument(packed, p, args, cu_seqlens_q, cu_seqlens_k, encode, decode);
+  for (const cuda::AttentionParam& p : params)
+    pack_attention_argument(packed, p, args, cu_seqlens_q, cu_seqlens_k, encode, decode, work);
   return packed;
 }
 
 void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& p, const ops::AttentionArgs& args,
                              const void* cu_seqlens_q, const void* cu_seqlens_k, TensorMap (*encode)(const TensorMapDescription&),
-                             const AttentionDecodeSplit* decode) {
+                             const AttentionDecodeSplit* decode, const AttentionWork* work) {
   const auto i64 = [&](std::int64_t value) { packed.add(static_cast<long long>(value)); };
   const auto i32 = [&](std::int64_t value) { packed.add(static_cast<int>(value)); };
+  switch (p.role) {  // the persistent form's own
+    case Role::work_counter:
+    case Role::row_blocks:
+      if (!work || !work->counter) throw InvalidArgument("attention: parameter " + p.name + " is the persistent form's: its work is not given");
+      if (p.role == Role::work_counter) packed.add(address(work->counter));
+      else i32(work->row_blocks);
+      return;
+    case Role::sequences: i32(args.N); return;
+    default: break;
+  }
   switch (p.role) {  // the decode form's own
     case Role::partial_o:
     case Role::partial_lse:
     case Role::partial_rows:
     case Role::split_len:
     case Role::kv_splits:
-    case Role::sequences:
       if (!decode) throw InvalidArgument("attention: parameter " + p.name + " is the decode form's: its splits are not given");
       if (p.role == Role::partial_o) packed.add(address(decode->o_part));
       if (p.role == Role::partial_lse) packed.add(address(decode->lse_part));
       if (p.role == Role::partial_rows) i32(decode->partial_rows);
       if (p.role == Role::split_len) i32(decode->split_len);
       if (p.role == Role::kv_splits) i32(decode->splits);
-      if (p.role == Role::sequences) i32(args.N);
       return;
     default: break;
   }
@@ -353,6 +377,16 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
   const void* cu_k = reinterpret_cast<const void*>(offsets_k.device_ptr());
   if (spec.tile.mma == cuda::AttentionMma::decode) {
     launch_decode(variant, args, launch, loaded, spec.tile, cu_q, cu_k);
+  } else if (loaded.kernel.persistent) {
+    // A block an SM walking the work items; the counter that hands them out starts at 0.
+    AttentionWork work = attention_work(args, loaded.kernel.block_m);
+    DeviceBuffer counter = DeviceBuffer::on_stream(sizeof(unsigned), launch.stream);
+    counter.fill_bytes(0, launch.stream);
+    work.counter = reinterpret_cast<void*>(counter.device_ptr());
+    KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, cu_q, cu_k, encode_tensor_map, nullptr, &work);
+    const unsigned blocks = cuda::attention_persistent_blocks(work.items(args), Device::get().properties().sm_count);
+    loaded.function->launch({blocks, 1, 1}, {loaded.kernel.threads, 1, 1}, packed, static_cast<unsigned>(loaded.kernel.shared_bytes),
+                            launch.stream);
   } else {
     KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, cu_q, cu_k);
     cuda::AttentionGrid grid;

@@ -65,6 +65,19 @@ struct AttentionDecodeSplit {
 // shared_per_sm: the SM's shared memory (0: an H100's 227 KB), which bounds the blocks an SM holds.
 AttentionDecodeSplit attention_decode_split(const ops::AttentionArgs& args, const cuda::AttentionTile& tile, int sms,
                                             int shared_per_sm = 0);
+// The persistent forward's work (cuda::AttentionKernelSpec::persistent): its row blocks per
+// (sequence, head), ceil(longest query sequence / block_m), so N * H * row_blocks items, and its
+// counter (an unsigned the launcher zeroes before the launch: device memory on a GPU, host memory
+// on the emulation).
+struct AttentionWork {
+  std::int64_t row_blocks = 0;
+  void* counter = nullptr;
+  std::int64_t items(const ops::AttentionArgs& args) const { return args.N * args.H * row_blocks; }
+};
+AttentionWork attention_work(const ops::AttentionArgs& args, int block_m);
+// Whether ws kernels are made persistent: yes, unless LADLE_ATTENTION_PERSISTENT=0 (a measurement
+// switch: the same kernel on attention_grid's blocks, for a benchmark's before and after).
+bool attention_persistent_enabled();
 // Whether a call is decode-shaped: a few query tokens (up to 16) against many more keys (at least
 // 128, and 8 per query token), no dropout, at most 65535 (sequence, key/value head) pairs.
 // heuristic_attention_tile then picks a decode tile where one fits the head dims.
@@ -76,16 +89,17 @@ bool attention_decode_shaped(const ops::AttentionArgs& args);
 // Tensor maps (the ws tiles) are encoded by `encode`: the driver's encoding for a GPU,
 // describe_tensor_map for the host emulation.
 // `decode`: the splits of a decode kernel or its merge kernel (their partial_* and split roles).
+// `work`: a persistent kernel's (work_counter, row_blocks).
 KernelArgs pack_attention_arguments(const std::vector<cuda::AttentionParam>& params, const ops::AttentionArgs& args,
                                     const void* cu_seqlens_q, const void* cu_seqlens_k,
                                     TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map,
-                                    const AttentionDecodeSplit* decode = nullptr);
+                                    const AttentionDecodeSplit* decode = nullptr, const AttentionWork* work = nullptr);
 // One parameter of the forward's roles appended to `packed` (what pack_attention_arguments does for each;
 // the backward's launcher packs its own roles and hands the rest here). Throws for a backward role.
 void pack_attention_argument(KernelArgs& packed, const cuda::AttentionParam& param, const ops::AttentionArgs& args,
                              const void* cu_seqlens_q, const void* cu_seqlens_k,
                              TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map,
-                             const AttentionDecodeSplit* decode = nullptr);
+                             const AttentionDecodeSplit* decode = nullptr, const AttentionWork* work = nullptr);
 // The TMA map of a [B,T,X,D] view (q, k, v: 16-bit elements; the backward's dq: fp32): dims
 // (D, T, X, B) innermost first, boxes of 128 bytes of head-dim elements (64, or 32 fp32) by
 // box_rows tokens.

@@ -67,6 +67,13 @@ AttentionGrid attention_grid(std::int64_t heads, std::int64_t blocks) {
   return {static_cast<unsigned>(group), static_cast<unsigned>(blocks), static_cast<unsigned>(heads / group)};
 }
 
+unsigned attention_persistent_blocks(std::int64_t items, int sms) {
+  if (items < 1 || sms < 1 || items > INT32_MAX)
+    throw InvalidArgument("attention_persistent_blocks: items = " + std::to_string(items) + ", sms = " + std::to_string(sms) +
+                          ", expected 1 to 2^31 - 1 items and a positive SM count");
+  return static_cast<unsigned>(items < sms ? items : sms);
+}
+
 namespace {
 
 // What every part of the kernel's text reads.
@@ -118,6 +125,8 @@ Operands checked_operands(const ir::AttentionVariant& variant, const AttentionKe
          problems.front());
   if (spec.tile.mma == AttentionMma::decode && variant.dropout)
     fail("tile " + to_string(spec.tile) + " is the decode form, which draws no dropout (an inference path): use an mma=sync tile");
+  if (spec.persistent && spec.tile.mma != AttentionMma::ws)
+    fail("persistent is set with tile " + to_string(spec.tile) + ": only the ws pipeline has a persistent form");
   if (spec.tile.mma == AttentionMma::ws && !ops.async)
     fail("tile " + to_string(spec.tile) + " copies q, k, v with TMA: they must be of one 16-bit type with 16-byte aligned rows "
          "and a unit stride over the head dim (async_copy), here they are not");
@@ -173,6 +182,11 @@ std::vector<std::string> declare_params(const Forward& f, AttentionKernel& kerne
   param("int", "Tq", Type::i32, Role::q_tokens);
   param("int", "Tk", Type::i32, Role::k_tokens);
   param("int", "H", Type::i32, Role::heads);
+  if (spec.persistent) {
+    param("unsigned*", "work_counter", Type::pointer, Role::work_counter);
+    param("int", "row_blocks", Type::i32, Role::row_blocks);
+    param("int", "sequences", Type::i32, Role::sequences);
+  }
   return declarations;
 }
 
@@ -254,6 +268,11 @@ std::string header_text(const Forward& f, const AttentionKernel& kernel) {
               kernel.merge_name + ": grid attention_merge_blocks(N * H * Tq), block (" + std::to_string(attention_merge_threads) + ")\n" +
               "decode: the query heads of a GQA group are the rows (row = token * G + g, G = H / H_kv), so K and V are read\n"
               "once per group; the keys are split over gridDim.x, split_len keys each; the merge weighs the splits by lse.\n";
+  else if (spec.persistent)
+    header += "launch: grid attention_persistent_blocks(N * H * row_blocks, SMs), row_blocks = ceil(Tq / " + std::to_string(tile.block_m) +
+              "), work_counter zeroed, block (" + std::to_string(f.threads) + "), dynamic shared memory " +
+              std::to_string(kernel.shared_bytes) + " bytes\npersistent: a block walks work items (a row block of one (sequence, head)) "
+              "handed out by work_counter, the next item's copies under this one's end\n";
   else
     header += "launch: grid attention_grid(N * H, ceil(Tq / " + std::to_string(tile.block_m) + "))" + ", block (" + std::to_string(f.threads) +
               "), dynamic shared memory " + std::to_string(kernel.shared_bytes) + " bytes\n";
@@ -329,20 +348,26 @@ void emit_signature(Code& c, const Forward& f, const std::string& name, const st
 
 // The block's rows, head and sequence, and the key tiles its rows may attend.
 void emit_block_range(Code& c, const Forward& f) {
-  // The grid (attention_grid): x a group's heads, y the row blocks, z the groups. (Unsigned, as the
-  // signed forms cost the mma.sync kernel a spill.)
-  if (f.variant.causal && !f.spec.varlen) {
-    // Under a causal mask the last row blocks see the most keys: a group's start first, so that
-    // the light ones fill the tail of the grid instead of the heavy ones.
-    c("const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;");
+  // Under a causal mask the last row blocks see the most keys: a group's start first, so that the
+  // light ones fill the tail of the grid instead of the heavy ones.
+  const bool longest_first = f.variant.causal && !f.spec.varlen;
+  if (f.spec.persistent) {
+    c("// Work item `item` in the order attention_grid's blocks run: a group's heads (4, 2 or 1, what divides");
+    c("// N * H), then the row blocks, then the groups.");
+    c("const int group = (sequences * H) % 4 == 0 ? 4 : (sequences * H) % 2 == 0 ? 2 : 1;");
+    c("const int row_block = item / group % row_blocks;");
+    c(longest_first ? "const int m0 = (row_blocks - 1 - row_block) * BM;" : "const int m0 = row_block * BM;");
+    c("const unsigned head = item / (group * row_blocks) * group + item % group;");
   } else {
-    c("const int m0 = blockIdx.y * BM;");
+    // The grid (attention_grid): x a group's heads, y the row blocks, z the groups. (Unsigned, as the
+    // signed forms cost the mma.sync kernel a spill.)
+    c(longest_first ? "const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;" : "const int m0 = blockIdx.y * BM;");
+    c("const unsigned head = blockIdx.z * gridDim.x + blockIdx.x;");
   }
-  c("const unsigned head = blockIdx.z * gridDim.x + blockIdx.x;");
   c("const int n = head / H, h = head % H;");
   c("");
   emit_attention_sequence(c, f.spec.varlen);
-  c("if (m0 >= q_len) return;");
+  if (!f.spec.persistent) c("if (m0 >= q_len) return;");  // persistent: the caller skips the item
   c("const int hk = h / (H / " + f.id[1] + "_heads);");
   c("");
   c("// The keys any row of this block may attend: the causal / window range of rows m0..row_last");
@@ -753,9 +778,10 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   std::string key = to_string(tile) + "|" + std::to_string(spec.D) + "," + std::to_string(spec.Dv) +
                     (spec.varlen ? " L" : "") + (spec.lse ? " E" : "") + (ops.async ? " A" : "") +
                     dtype_name(spec.output_type) + dtype_name(spec.q_segment_ids_type) +
-                    dtype_name(spec.kv_segment_ids_type) + dtype_name(spec.sinks_type);
+                    dtype_name(spec.kv_segment_ids_type) + dtype_name(spec.sinks_type) + (spec.persistent ? " P" : "");
   for (DType t : spec.input_types) key += dtype_name(t);
   kernel.name = "ladle_attention_" + hex(fnv1a(key, ir::hash(variant)));
+  kernel.persistent = spec.persistent;
   kernel.threads = static_cast<unsigned>(f.threads);
   kernel.block_m = tile.block_m;
   kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);  // decode: the key warps' merge too
@@ -768,6 +794,11 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   Code c;
   c(comment_block(header_text(f, kernel)) + "\n" + device_helpers(f));
   emit_signature(c, f, kernel.name, declarations);
+  if (spec.persistent) {
+    emit_ws_persistent(c, parts, {[&] { emit_block_range(c, f); }, [&] { emit_row_state(c, f, logit); }, [&] { emit_epilogue(c, parts); }});
+    kernel.source = c.text();
+    return kernel;
+  }
   if (decode) emit_decode_range(c, variant, spec.varlen, id[1] + "_heads");
   else emit_block_range(c, f);
   if (ws) {
@@ -785,8 +816,13 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   }
   if (ws) emit_ws_consumer_loop(c, parts);
   else emit_key_loop(c, f, parts);
-  if (decode) emit_decode_key_merge(c), emit_decode_partials(c);
-  else emit_epilogue(c, parts);
+  if (decode) {
+    emit_decode_key_merge(c), emit_decode_partials(c);
+  } else {
+    emit_epilogue(c, parts);
+    c.out();
+    c("}");
+  }
   kernel.source = c.text();
   if (decode) kernel.source += decode_merge_kernel(variant, spec, kernel.merge_name, kernel.merge_params);
   return kernel;

@@ -100,6 +100,13 @@ struct AttentionKernelSpec {
   // element (mma.sync tiles form the whole logit either way).
   bool positive_logit_factor = false;
   AttentionTile tile;
+  // ws tiles only: the block is persistent. The launcher starts attention_persistent_blocks(items,
+  // SMs) blocks, each walking work items (a row block of one (sequence, head), in the order the
+  // grid would run them: a group's heads, the row blocks longest first under a causal mask, the
+  // groups) handed out by a counter in global memory (work_counter, zeroed before the launch), so
+  // that the producer copies the next item's q, K and V while the consumers finish this one's last
+  // product and store its o, and a block that drew short items draws more.
+  bool persistent = false;
   // The target the kernel is compiled for ("sm_90a", "compute_80", ...; empty: unknown). A wgmma
   // tile needs sm_90a / compute_90a; mma.sync kernels do not depend on it.
   std::string arch;
@@ -181,7 +188,10 @@ struct AttentionParam {
     partial_rows,     // the longest query sequence
     split_len,        // keys per split, a multiple of block_n
     kv_splits,        // the number of splits (the merge kernel's)
-    sequences,        // N (the merge kernel's)
+    sequences,        // N (the merge kernel's; the persistent forward's)
+    // The persistent forward's (AttentionKernelSpec::persistent): its work.
+    work_counter,     // unsigned, 0 at the launch: items handed out past the first gridDim.x
+    row_blocks,       // ceil(longest query sequence / block_m): items = N * H * row_blocks
   };
   std::string name;
   std::string c_type;
@@ -197,6 +207,7 @@ struct AttentionKernel {
   std::vector<AttentionParam> params;
   unsigned threads = 0;  // block size
   int block_m = 0;       // grid: attention_grid(N * H, ceil(Tq / block_m)) (varlen: of the longest sequence)
+  bool persistent = false;  // grid: attention_persistent_blocks(N * H * ceil(Tq / block_m), SMs), a zeroed work_counter
   int shared_bytes = 0;  // dynamic shared memory per block
   // decode: the merge kernel in the same source (empty name: none) and its parameters.
   std::string merge_name;
@@ -217,6 +228,10 @@ struct AttentionGrid {
   unsigned x = 1, y = 1, z = 1;
 };
 AttentionGrid attention_grid(std::int64_t heads, std::int64_t blocks);
+// The persistent forward's grid (AttentionKernelSpec::persistent): one block per SM (its shared
+// memory holds one), no more than there are items; x alone. Throws InvalidArgument for items or
+// sms below 1, or items past what a 32-bit int counts.
+unsigned attention_persistent_blocks(std::int64_t items, int sms);
 
 // decode: the grid of the split kernel (x the splits, y the row blocks of a group's packed rows,
 // z the (sequence, key/value head) pairs) and the merge kernel's blocks of 128 threads, one per

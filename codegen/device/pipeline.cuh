@@ -91,10 +91,19 @@ struct ladle_stage_ring {
   // The producer, before round `round`'s copies: waits until its slot is free, announces `bytes`
   // and returns the barrier the copies complete.
   __device__ __forceinline__ unsigned long long* acquire(int round, unsigned bytes) const {
-    const int s = round % STAGES;
-    if (round >= STAGES) ladle_mbarrier_wait(&empty[s], (round / STAGES - 1) & 1);
-    ladle_mbarrier_arrive_expect_tx(&full[s], bytes);
-    return &full[s];
+    wait_free(round);
+    return announce(round, bytes);
+  }
+  // acquire's two halves, for a producer that writes something of its own into the slot between
+  // them (the persistent attention forward's work item): the wait for the slot's release, then the
+  // arrive_expect_tx (release semantics: what the thread wrote before it is visible to a consumer
+  // whose wait returns). 0 bytes completes the phase at once: a round with no copies.
+  __device__ __forceinline__ void wait_free(int round) const {
+    if (round >= STAGES) ladle_mbarrier_wait(&empty[round % STAGES], (round / STAGES - 1) & 1);
+  }
+  __device__ __forceinline__ unsigned long long* announce(int round, unsigned bytes) const {
+    ladle_mbarrier_arrive_expect_tx(&full[round % STAGES], bytes);
+    return &full[round % STAGES];
   }
   // A consumer: returns once round `round`'s copies have landed.
   __device__ __forceinline__ void wait(int round) const { ladle_mbarrier_wait(&full[round % STAGES], (round / STAGES) & 1); }

@@ -72,13 +72,26 @@ void run_decode(std::size_t index, const cuda::AttentionKernel& kernel, const op
 }
 
 void run_emulated(std::size_t index, const cuda::AttentionKernel& kernel, const ops::AttentionArgs& args) {
-  KernelArgs packed = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
-                                                    describe_tensor_map);
   std::int64_t rows = args.Tq;
   if (!args.cu_seqlens_q.empty()) {
     rows = 0;
     for (std::size_t n = 0; n + 1 < args.cu_seqlens_q.size(); ++n) rows = std::max(rows, args.cu_seqlens_q[n + 1] - args.cu_seqlens_q[n]);
   }
+  if (kernel.persistent) {
+    // Three blocks walk every item (the emulation runs blocks one after the other: the first draws
+    // all but the second's and the third's first), so a block meets many items, empty ones included.
+    gpu::AttentionWork work = gpu::attention_work(args, kernel.block_m);
+    unsigned counter = 0;
+    work.counter = &counter;
+    KernelArgs persistent = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
+                                                          describe_tensor_map, nullptr, &work);
+    cuda_emulation::launch(cuda::attention_persistent_blocks(work.items(args), 3), 1, 1, kernel.threads,
+                           [&] { emulated_kernels[index].launch(persistent.data()); });
+    CHECK(counter == static_cast<unsigned>(work.items(args)));  // a draw per item: the last of each block's past the end
+    return;
+  }
+  KernelArgs packed = gpu::pack_attention_arguments(kernel.params, args, args.cu_seqlens_q.data(), args.cu_seqlens_k.data(),
+                                                    describe_tensor_map);
   const cuda::AttentionGrid grid = cuda::attention_grid(args.N * args.H, (rows + kernel.block_m - 1) / kernel.block_m);
   cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads,
                          [&] { emulated_kernels[index].launch(packed.data()); });
@@ -306,18 +319,21 @@ struct SweepItem {
   DType type;
   int D, Dv;
   cuda::AttentionTile tile;
+  bool grid_form = false;  // ws: a block per row block instead of the launcher's persistent form
 };
 
 static gpu::CompiledAttention compile_sm90a(const SweepItem& item) {
     const ir::AttentionVariant& variant = attention_variant(parse_attention_features(item.features));
     auto spec = spec_for(variant, item.type, item.D, item.Dv);
     spec.tile = item.tile;
+    spec.persistent = item.tile.mma == cuda::AttentionMma::ws && !item.grid_form;  // as the launcher makes them
     spec.lse = true;
     const auto result = gpu::compile_attention(variant, spec, "sm_90a");
     const auto* r = result.program.resources(result.kernel.name);
     REQUIRE(r != nullptr);
     const std::string line = std::string(item.features) + " " + dtype_name(item.type) + " D=" + std::to_string(item.D) +
-                             " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) + ": " +
+                             " Dv=" + std::to_string(item.Dv) + " " + cuda::to_string(item.tile) +
+                             (spec.persistent ? " persistent" : "") + ": " +
                              std::to_string(r->registers) + " registers, " + std::to_string(r->spill_store_bytes) +
                              " bytes spilled, " + std::to_string(result.kernel.shared_bytes) + " bytes of shared memory";
     std::cout << "sm_90a " << line << "\n";
@@ -406,6 +422,9 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
   for (int block_m : {64, 128})
     for (int block_n : {32, 64, 128})
       for (int stages : {2, 3, 4}) items.push_back({"causal", DType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
+  // The form of a block per row block too, at the heuristic's tiles.
+  items.push_back({"causal", DType::bf16, 128, 128, {128, 128, 8, 2}, true});
+  items.push_back({"window,softcap", DType::bf16, 128, 128, {128, 128, 8, 2}, true});
   int compiled = 0;
   for (SweepItem& item : items) item.tile.mma = cuda::AttentionMma::ws;
   for (const SweepItem& item : items) {
@@ -425,6 +444,9 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
     CHECK((ptx.find("setmaxnreg.inc.sync.aligned.u32 240") != std::string::npos) == (item.tile.warps == 8));
     CHECK(ptx.find("mma.sync") == std::string::npos);
     CHECK(result.kernel.threads == 32u * item.tile.warps + 128u);
+    // The persistent form draws its items from the counter (one atomic add a drawn item).
+    CHECK(result.kernel.persistent == !item.grid_form);
+    CHECK((ptx.find("atom.global.add.u32") != std::string::npos) == !item.grid_form);
     // ptxas keeps the products asynchronous: no wgmma serialized (C7514) and no fence it had to
     // add (C7519) because a register was touched between a fence and its wgmma.
     INFO(result.program.log);

@@ -409,6 +409,7 @@ inline unsigned atomicMax(unsigned* address, unsigned value) {
   }
   return seen;
 }
+inline unsigned atomicAdd(unsigned* address, unsigned value) { return std::atomic_ref<unsigned>(*address).fetch_add(value); }
 inline unsigned atomicOr(unsigned* address, unsigned value) {
   return std::atomic_ref<unsigned>(*address).fetch_or(value);
 }

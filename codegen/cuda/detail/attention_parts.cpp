@@ -281,8 +281,6 @@ void emit_epilogue(Code& c, const AttentionParts& parts) {
     c("(void)top; (void)LN2;");
   c.out();
   c("}");
-  c.out();
-  c("}");
 }
 
 }  // namespace ladle::cuda::detail

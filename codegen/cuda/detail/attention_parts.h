@@ -63,7 +63,7 @@ void emit_logits(Code& c, const AttentionParts& parts);
 void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescale = false);
 // o_acc *= o_rescale per row half, skipped where no row of the warp moved its maximum.
 void emit_o_rescale(Code& c);
-// Step 7: o = o_acc / row_sum (sinks in the denominator), lse.
+// Step 7: o = o_acc / row_sum (sinks in the denominator), lse (the caller closes the kernel).
 void emit_epilogue(Code& c, const AttentionParts& parts);
 
 // ---- decode (attention_decode.cpp): a GQA group's query heads as rows, the keys split over blocks
@@ -121,5 +121,13 @@ void emit_ws_shared(Code& c, const AttentionParts& parts);
 void emit_ws_producer(Code& c, const AttentionParts& parts);
 // The consumer warpgroups' key loop (steps 3 to 6, overlapped), after the per-row state is declared.
 void emit_ws_consumer_loop(Code& c, const AttentionParts& parts);
+// The persistent ws kernel (AttentionKernelSpec::persistent) after its signature: the shared
+// layout, then both roles each walking the work items, with the generator's own parts for what an
+// item is (its rows, head, sequence and key tiles, from `item`), the consumers' per-row state and
+// the epilogue.
+struct WsItemParts {
+  std::function<void()> item_range, row_state, epilogue;
+};
+void emit_ws_persistent(Code& c, const AttentionParts& parts, const WsItemParts& item);
 
 }  // namespace ladle::cuda::detail

@@ -20,9 +20,10 @@ int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_
   if (tile.mma == AttentionMma::ws) {
     // 1024 bytes to align the tiles to the 128-byte swizzle's 1024-byte pattern; q [BM][D], K and V
     // [BN][D] per stage, each as boxes of 64 head-dim columns (128-byte rows); then the mbarriers:
-    // full and empty per stage for K and for V, and one for q.
+    // full and empty per stage for K and for V, full and empty for q, and the persistent form's
+    // work item.
     const int d64 = (D + 63) / 64 * 64, dv64 = (Dv + 63) / 64 * 64;
-    return 1024 + tile.block_m * d64 * 2 + tile.stages * tile.block_n * (d64 + dv64) * 2 + 8 * (4 * tile.stages + 1);
+    return 1024 + tile.block_m * d64 * 2 + tile.stages * tile.block_n * (d64 + dv64) * 2 + 8 * (4 * tile.stages + 3);
   }
   D = pad16(D), Dv = pad16(Dv);
   if (tile.mma == AttentionMma::decode) {  // the sync layout, and room for the key warps' merge after the loop

@@ -23,11 +23,12 @@ std::string ws_helpers() {
 }
 
 void emit_ws_shared(Code& c, const AttentionParts& parts) {
-  (void)parts;
+  const bool persistent = parts.spec.persistent;
   c("// Shared memory from a 1024-byte aligned base: q [DPB / 64][BM][64], per stage K [DPB / 64][BN][64] and");
   c("// V [DVPB / 64][BN][64] (boxes of 64 head-dim columns as TMA writes them, 128-byte swizzle), then the");
   c("// mbarriers: full (the copy landed) and empty (every consumer warp is done) per stage for K and for V,");
-  c("// and one for q.");
+  c(persistent ? "// full and empty for q (a ring of one stage, a round per work item), and the item the producer drew."
+               : "// and one for q.");
   c("constexpr int DPB = (D + 63) / 64 * 64, DVPB = (DV + 63) / 64 * 64;  // head dims in whole boxes");
   c("constexpr unsigned Q_BYTES = BM * DPB * 2, K_BYTES = BN * DPB * 2, V_BYTES = BN * DVPB * 2;");
   c("LADLE_DYNAMIC_SHARED(smem);");
@@ -40,34 +41,35 @@ void emit_ws_shared(Code& c, const AttentionParts& parts) {
   c("unsigned long long* const empty_k = full_k + 2 * STAGES;");
   c("unsigned long long* const empty_v = full_k + 3 * STAGES;");
   c("unsigned long long* const q_full = full_k + 4 * STAGES;");
-  c("// Tile t's K and V in stage t % STAGES of their rings (codegen/device/pipeline.cuh), q behind a latch.");
-  c("const ladle_stage_ring<STAGES> k_ring{full_k, empty_k}, v_ring{full_v, empty_v};");
-  c("const ladle_copy_latch q_latch{q_full};");
+  if (persistent) {
+    c("unsigned long long* const q_empty = full_k + 4 * STAGES + 1;");
+    c("volatile int* const item_slot = reinterpret_cast<volatile int*>(full_k + 4 * STAGES + 2);");
+    c("// Round r of the K and V rings (every item's key tiles, one after the other) in stage r % STAGES");
+    c("// (codegen/device/pipeline.cuh); the block's item_round-th item's q in that round of a ring of one.");
+    c("const ladle_stage_ring<STAGES> k_ring{full_k, empty_k}, v_ring{full_v, empty_v};");
+    c("const ladle_stage_ring<1> q_ring{q_full, q_empty};");
+  } else {
+    c("// Tile t's K and V in stage t % STAGES of their rings (codegen/device/pipeline.cuh), q behind a latch.");
+    c("const ladle_stage_ring<STAGES> k_ring{full_k, empty_k}, v_ring{full_v, empty_v};");
+    c("const ladle_copy_latch q_latch{q_full};");
+  }
   c("if (threadIdx.x == 0) {");
   c("  k_ring.init(WARPS);  // a stage is free again once every consumer warp released it");
   c("  v_ring.init(WARPS);");
-  c("  q_latch.init();");
+  c(persistent ? "  q_ring.init(WARPS);" : "  q_latch.init();");
   c("  ladle_fence_barrier_init();");
   c("}");
   c("__syncthreads();  // the only block-wide barrier: the producer leaves after its copies");
   c("");
 }
 
-void emit_ws_producer(Code& c, const AttentionParts& parts) {
-  c("// 1. The producer warpgroup: one thread issues every copy, in the order the consumers use them. A");
-  c("//    stage is refilled once every consumer warp has released it (empty), one phase per round.");
-  const bool split = parts.consumer_registers > 0;  // the producer's registers go to the consumers
-  c("if (ladle_producer_warpgroup<" + std::to_string(split ? parts.producer_registers : 0) + ", " +
-    std::to_string(split ? parts.consumer_registers : 0) + ">()) {");
-  c.in();
-  c("if (threadIdx.x == 0) {");
-  c.in();
-  c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
-  c("q_latch.expect(Q_BYTES);");
-  c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
+namespace {
+
+// One item's K and V copies, rounds `round`.. of the rings (the producer's thread).
+void emit_ws_kv_copies(Code& c, const std::string& round) {
   c("for (int tile = tile_begin; tile < tile_end; ++tile) {");
   c.in();
-  c("const int it = tile - tile_begin, stage = it % STAGES;");
+  c("const int it = " + round + "tile - tile_begin, stage = it % STAGES;");
   c("k_ring.acquire(it, K_BYTES);");
   c("for (int cb = 0; cb < DPB / 64; ++cb)");
   c("  ladle_tma_load_4d(k_tile + stage * (K_BYTES / 2) + cb * BN * 64, &k_map, cb * 64, k_row + tile * BN, hk, b, &full_k[stage]);");
@@ -76,6 +78,27 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
   c("  ladle_tma_load_4d(v_tile + stage * (V_BYTES / 2) + cb * BN * 64, &v_map, cb * 64, k_row + tile * BN, hk, b, &full_v[stage]);");
   c.out();
   c("}");
+}
+
+std::string producer_roles(const AttentionParts& parts) {
+  const bool split = parts.consumer_registers > 0;  // the producer's registers go to the consumers
+  return "if (ladle_producer_warpgroup<" + std::to_string(split ? parts.producer_registers : 0) + ", " +
+         std::to_string(split ? parts.consumer_registers : 0) + ">()) {";
+}
+
+}  // namespace
+
+void emit_ws_producer(Code& c, const AttentionParts& parts) {
+  c("// 1. The producer warpgroup: one thread issues every copy, in the order the consumers use them. A");
+  c("//    stage is refilled once every consumer warp has released it (empty), one phase per round.");
+  c(producer_roles(parts));
+  c.in();
+  c("if (threadIdx.x == 0) {");
+  c.in();
+  c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
+  c("q_latch.expect(Q_BYTES);");
+  c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
+  emit_ws_kv_copies(c, "");
   c.out();
   c("}");
   c("return;");
@@ -84,7 +107,27 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
   c("");
 }
 
-void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
+namespace {
+
+// The consumers' values that outlive a key loop: the descriptors, P's fragments, the scores and the
+// ping-pong turns.
+void emit_ws_consumer_setup(Code& c, const AttentionParts& parts) {
+  c("// The descriptors of this warpgroup's q rows and of the first K and V stages, formed once: a");
+  c("// product's own adds its byte offset / 16 to the start address (bits 0-13; shared memory ends");
+  c("// below 256 KiB, so the sum never carries out of them).");
+  c("const unsigned long long q_desc = ladle_wgmma_desc_sw128(q_tile + warpgroup * 64 * 64, 16, 1024);");
+  c("const unsigned long long k_desc = ladle_wgmma_desc_sw128(k_tile, 16, 1024);");
+  c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile, BN * 128, 1024);");
+  c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
+  c("float score[BN / 8][4];");
+  if (parts.spec.tile.warps == 8) c("const ladle_pingpong turns{warpgroup};");
+}
+
+// Steps 3 to 6 over one block's (one item's) key tiles. Persistent: the rings' rounds continue
+// from `round`, and q goes back to the producer (round item_round of its ring) once the last q k^T is done.
+void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
+  const bool persistent = parts.spec.persistent;
+  const std::string base = persistent ? "round + " : "";
   const std::string ss = parts.qk_f16 ? "ladle_wgmma_ss_f16<BN>" : "ladle_wgmma_ss_bf16<BN>";
   const std::string rs = parts.pv_f16 ? "ladle_wgmma_rs_f16<DVP>" : "ladle_wgmma_rs_bf16<DVP>";
   // The text of one tile's scores: issue q k^T into score (its first product overwrites it), and
@@ -141,27 +184,18 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
     emit_pack_p(c, parts);
   };
 
-  c("// 2. The key loop. The first tile's scores alone; then iteration t issues tile t's q k^T and tile");
-  c("//    t-1's P V together, reads the scores as soon as the first is done (the second still running)");
-  c("//    and forms tile t's P while P V finishes; the last P V after the loop. A stage goes back to");
-  c("//    the producer (empty) as soon as its product has read it.");
-  c("// The descriptors of this warpgroup's q rows and of the first K and V stages, formed once: a");
-  c("// product's own adds its byte offset / 16 to the start address (bits 0-13; shared memory ends");
-  c("// below 256 KiB, so the sum never carries out of them).");
-  c("const unsigned long long q_desc = ladle_wgmma_desc_sw128(q_tile + warpgroup * 64 * 64, 16, 1024);");
-  c("const unsigned long long k_desc = ladle_wgmma_desc_sw128(k_tile, 16, 1024);");
-  c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile, BN * 128, 1024);");
-  c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
-  c("float score[BN / 8][4];");
-  if (pingpong) c("const ladle_pingpong turns{warpgroup};");
-  c("q_latch.wait();");
   c("if (tile_begin < tile_end) {");
   c.in();
   if (pingpong) c("turns.start();");
   c("{");
   c.in();
-  c("const int tile = tile_begin, it = 0, stage = 0;");
-  issue_scores("0", "0", "");
+  if (persistent) {
+    c("const int tile = tile_begin, it = round, stage = it % STAGES;");
+    issue_scores("stage", "it", "");
+  } else {
+    c("const int tile = tile_begin, it = 0, stage = 0;");
+    issue_scores("0", "0", "");
+  }
   pass_turn(false);
   c("ladle_wgmma_wait<0>();");
   consume_scores(false);
@@ -169,7 +203,7 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c("}");
   c("for (int tile = tile_begin + 1; tile < tile_end; ++tile) {");
   c.in();
-  c("const int it = tile - tile_begin, stage = it % STAGES, prev = (it + STAGES - 1) % STAGES;");
+  c("const int it = " + base + "tile - tile_begin, stage = it % STAGES, prev = (it + STAGES - 1) % STAGES;");
   issue_scores("stage", "it", "v_ring.wait(it - 1);");
   issue_pv("prev");
   pass_turn(false);
@@ -177,9 +211,10 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   consume_scores(true);
   c.out();
   c("}");
+  if (persistent) c("q_ring.release(item_round, lane);  // the item's last q k^T is done: the producer may copy the next q");
   c("{  // the last tile's P V");
   c.in();
-  c("const int last = tile_end - 1 - tile_begin, prev = last % STAGES;");
+  c("const int last = " + base + "tile_end - 1 - tile_begin, prev = last % STAGES;");
   c("v_ring.wait(last);");
   take_turn();
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
@@ -192,8 +227,90 @@ void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
   c.out();
   c("}");
   c.out();
+  c(persistent ? "} else {" : "}");
+  if (persistent) {
+    c("  q_ring.release(item_round, lane);  // no key tiles: q was not read");
+    c("}");
+  }
+  c("");
+}
+
+}  // namespace
+
+void emit_ws_consumer_loop(Code& c, const AttentionParts& parts) {
+  c("// 2. The key loop. The first tile's scores alone; then iteration t issues tile t's q k^T and tile");
+  c("//    t-1's P V together, reads the scores as soon as the first is done (the second still running)");
+  c("//    and forms tile t's P while P V finishes; the last P V after the loop. A stage goes back to");
+  c("//    the producer (empty) as soon as its product has read it.");
+  emit_ws_consumer_setup(c, parts);
+  c("q_latch.wait();");
+  emit_ws_key_loop(c, parts);
+}
+
+void emit_ws_persistent(Code& c, const AttentionParts& parts, const WsItemParts& item) {
+  emit_ws_shared(c, parts);
+  c("const int items = sequences * H * row_blocks;");
+  c("// 1. The producer warpgroup: one thread draws the work items (the first blockIdx.x, then from");
+  c("//    work_counter) and, per item, publishes it with q's copy (round item_round of q's ring: the consumers");
+  c("//    released the previous q), then the item's K and V tiles into their rings; an item past the");
+  c("//    last is published without copies and ends both roles.");
+  c(producer_roles(parts));
+  c.in();
+  c("if (threadIdx.x == 0) {");
+  c.in();
+  c("int round = 0;  // K / V rounds issued");
+  c("for (int item_round = 0, item = blockIdx.x;; ++item_round) {");
+  c.in();
+  c("q_ring.wait_free(item_round);");
+  c("*item_slot = item;  // before announce's arrive, whose release semantics publish it");
+  c("if (item >= items) {");
+  c("  q_ring.announce(item_round, 0);");
+  c("  break;");
+  c("}");
+  c("// The next item, drawn now: the atomic's latency passes under this item's copies.");
+  c("const int next = static_cast<int>(gridDim.x + atomicAdd(work_counter, 1u));");
+  item.item_range();
+  c("if (m0 < q_len) {");
+  c.in();
+  c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
+  c("q_ring.announce(item_round, Q_BYTES);");
+  c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
+  emit_ws_kv_copies(c, "round + ");
+  c("round += tile_end - tile_begin;");
+  c.out();
+  c("} else {");
+  c("  q_ring.announce(item_round, 0);  // rows past this sequence's end: nothing to copy or compute");
+  c("}");
+  c("item = next;");
+  c.out();
+  c("}");
+  c.out();
+  c("}");
+  c("return;");
+  c.out();
   c("}");
   c("");
+  c("// 2. The consumers: per item, its rows' state, the key loop and the store; rounds continue across items.");
+  emit_ws_consumer_setup(c, parts);
+  c("int round = 0;  // K / V rounds consumed");
+  c("for (int item_round = 0;; ++item_round) {");
+  c.in();
+  c("q_ring.wait(item_round);");
+  c("const int item = *item_slot;");
+  c("if (item >= items) break;");
+  item.item_range();
+  c("if (m0 >= q_len) {");
+  c("  q_ring.release(item_round, lane);");
+  c("  continue;");
+  c("}");
+  item.row_state();
+  emit_ws_key_loop(c, parts);
+  c("round += tile_end - tile_begin;");
+  item.epilogue();
+  c.out();
+  c("}");
+  c.out();
+  c("}");
 }
 
 }  // namespace ladle::cuda::detail
