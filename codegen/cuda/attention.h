@@ -245,6 +245,9 @@ constexpr int attention_merge_splits = 1024;
 // Dynamic shared memory a block needs: the K/V stages (sync: the q tile borrows them at the
 // start; wgmma: the q tile stays beside them, read by every score product).
 int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_f32);
+// ws: the q tiles the layout holds, 2 where a second fits within 227 KB (the persistent form
+// copies the next item's q into it while this item's is read), else 1.
+int attention_ws_q_stages(const AttentionTile& tile, int D, int Dv);
 // A reasonable tile for these head dims (128 x 64, 8 warps, 2 stages; narrower past D = 128).
 AttentionTile default_attention_tile(int D, int Dv);
 // What is wrong with a tile for these head dims (empty: usable). max_shared_bytes: the

@@ -152,5 +152,11 @@ struct ladle_pingpong {
   __device__ __forceinline__ void pass_last_turn() const {
     if (warpgroup == 0) ladle_named_barrier_arrive(2, 256);
   }
+  // A persistent kernel keeps the turns going from one work item to the next (start() once, every
+  // issue passes the turn): after the last item, warpgroup 0 takes the hand-over warpgroup 1's
+  // last issue left pending, so that no arrival outlives the block.
+  __device__ __forceinline__ void finish() const {
+    if (warpgroup == 0) ladle_named_barrier_sync(1, 256);
+  }
 };
 #endif  // LADLE_STAGE_RING

@@ -27,27 +27,31 @@ void emit_ws_shared(Code& c, const AttentionParts& parts) {
   c("// Shared memory from a 1024-byte aligned base: q [DPB / 64][BM][64], per stage K [DPB / 64][BN][64] and");
   c("// V [DVPB / 64][BN][64] (boxes of 64 head-dim columns as TMA writes them, 128-byte swizzle), then the");
   c("// mbarriers: full (the copy landed) and empty (every consumer warp is done) per stage for K and for V,");
-  c(persistent ? "// full and empty for q (a ring of one stage, a round per work item), and the item the producer drew."
+  c(persistent ? "// full and empty per q tile (a ring of Q_TILES, a round per work item), and the items the producer drew."
                : "// and one for q.");
   c("constexpr int DPB = (D + 63) / 64 * 64, DVPB = (DV + 63) / 64 * 64;  // head dims in whole boxes");
   c("constexpr unsigned Q_BYTES = BM * DPB * 2, K_BYTES = BN * DPB * 2, V_BYTES = BN * DVPB * 2;");
+  const int q_tiles = attention_ws_q_stages(parts.spec.tile, parts.spec.D, parts.spec.Dv);
+  c("constexpr int Q_TILES = " + std::to_string(q_tiles) + ";  // q tiles the layout holds (" +
+    (persistent ? "a ring of them: the next item's q lands while this one's is read)" : "this form reads the first)"));
   c("LADLE_DYNAMIC_SHARED(smem);");
   c("unsigned char* const aligned_smem = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
   c("unsigned short* const q_tile = reinterpret_cast<unsigned short*>(aligned_smem);");
-  c("unsigned short* const k_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_BYTES);");
-  c("unsigned short* const v_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_BYTES + STAGES * K_BYTES);");
-  c("unsigned long long* const full_k = reinterpret_cast<unsigned long long*>(aligned_smem + Q_BYTES + STAGES * (K_BYTES + V_BYTES));");
+  c("unsigned short* const k_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_TILES * Q_BYTES);");
+  c("unsigned short* const v_tile = reinterpret_cast<unsigned short*>(aligned_smem + Q_TILES * Q_BYTES + STAGES * K_BYTES);");
+  c("unsigned long long* const full_k = reinterpret_cast<unsigned long long*>(aligned_smem + Q_TILES * Q_BYTES + STAGES * (K_BYTES + V_BYTES));");
   c("unsigned long long* const full_v = full_k + STAGES;");
   c("unsigned long long* const empty_k = full_k + 2 * STAGES;");
   c("unsigned long long* const empty_v = full_k + 3 * STAGES;");
   c("unsigned long long* const q_full = full_k + 4 * STAGES;");
   if (persistent) {
-    c("unsigned long long* const q_empty = full_k + 4 * STAGES + 1;");
-    c("volatile int* const item_slot = reinterpret_cast<volatile int*>(full_k + 4 * STAGES + 2);");
+    c("unsigned long long* const q_empty = full_k + 4 * STAGES + 2;");
+    c("// The item of q round r at item_slot[2 (r % Q_TILES)] (8 bytes a slot).");
+    c("volatile int* const item_slot = reinterpret_cast<volatile int*>(full_k + 4 * STAGES + 4);");
     c("// Round r of the K and V rings (every item's key tiles, one after the other) in stage r % STAGES");
-    c("// (codegen/device/pipeline.cuh); the block's item_round-th item's q in that round of a ring of one.");
+    c("// (codegen/device/pipeline.cuh); the block's item_round-th item's q in that round of a ring of Q_TILES.");
     c("const ladle_stage_ring<STAGES> k_ring{full_k, empty_k}, v_ring{full_v, empty_v};");
-    c("const ladle_stage_ring<1> q_ring{q_full, q_empty};");
+    c("const ladle_stage_ring<Q_TILES> q_ring{q_full, q_empty};");
   } else {
     c("// Tile t's K and V in stage t % STAGES of their rings (codegen/device/pipeline.cuh), q behind a latch.");
     c("const ladle_stage_ring<STAGES> k_ring{full_k, empty_k}, v_ring{full_v, empty_v};");
@@ -156,7 +160,7 @@ void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
     c("//    rows; the next 16 of D 32 bytes on within the 128-byte row, the next 64 in the next box). The");
     c("//    first product overwrites score (scale-d = 0): no zeroing.");
     c("LADLE_UNROLL for (int kt = 0; kt < DP / 16; ++kt)");
-    c("  " + ss + "(score, q_desc + ((kt / 4) * BM * 64 + (kt % 4) * 16) * 2 / 16,");
+    c("  " + ss + "(score, " + std::string(persistent ? "q_item_desc" : "q_desc") + " + ((kt / 4) * BM * 64 + (kt % 4) * 16) * 2 / 16,");
     c("      k_desc + (" + stage + " * K_BYTES + ((kt / 4) * BN * 64 + (kt % 4) * 16) * 2) / 16, kt > 0);");
     c("ladle_wgmma_commit();");
   };
@@ -186,7 +190,7 @@ void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
 
   c("if (tile_begin < tile_end) {");
   c.in();
-  if (pingpong) c("turns.start();");
+  if (pingpong && !persistent) c("turns.start();");  // persistent: once before the items
   c("{");
   c.in();
   if (persistent) {
@@ -220,7 +224,7 @@ void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
   c("ladle_wgmma_fence();");
   issue_pv("prev");
-  pass_turn(true);
+  pass_turn(!persistent);  // persistent: the turns go on into the next item
   c("ladle_wgmma_wait<0>();");
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
   c("v_ring.release(last, lane);");
@@ -262,7 +266,7 @@ void emit_ws_persistent(Code& c, const AttentionParts& parts, const WsItemParts&
   c("for (int item_round = 0, item = blockIdx.x;; ++item_round) {");
   c.in();
   c("q_ring.wait_free(item_round);");
-  c("*item_slot = item;  // before announce's arrive, whose release semantics publish it");
+  c("item_slot[2 * (item_round % Q_TILES)] = item;  // before announce's arrive, whose release semantics publish it");
   c("if (item >= items) {");
   c("  q_ring.announce(item_round, 0);");
   c("  break;");
@@ -274,7 +278,9 @@ void emit_ws_persistent(Code& c, const AttentionParts& parts, const WsItemParts&
   c.in();
   c("const int q_row = static_cast<int>(q_bos) + m0, k_row = static_cast<int>(k_bos);");
   c("q_ring.announce(item_round, Q_BYTES);");
-  c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
+  c("for (int cb = 0; cb < DPB / 64; ++cb)");
+  c("  ladle_tma_load_4d(q_tile + (item_round % Q_TILES) * (Q_BYTES / 2) + cb * BM * 64, &q_map, cb * 64, q_row, h, b,");
+  c("                    &q_full[item_round % Q_TILES]);");
   emit_ws_kv_copies(c, "round + ");
   c("round += tile_end - tile_begin;");
   c.out();
@@ -290,13 +296,17 @@ void emit_ws_persistent(Code& c, const AttentionParts& parts, const WsItemParts&
   c.out();
   c("}");
   c("");
-  c("// 2. The consumers: per item, its rows' state, the key loop and the store; rounds continue across items.");
+  c("// 2. The consumers: per item, its rows' state, the key loop and the store; rounds continue across items,");
+  c("//    and so do the warpgroups' turns: warpgroup 0 may issue the next item's first q k^T while warpgroup 1");
+  c("//    finishes this one.");
   emit_ws_consumer_setup(c, parts);
+  const bool pingpong = parts.spec.tile.warps == 8;
+  if (pingpong) c("turns.start();");
   c("int round = 0;  // K / V rounds consumed");
   c("for (int item_round = 0;; ++item_round) {");
   c.in();
   c("q_ring.wait(item_round);");
-  c("const int item = *item_slot;");
+  c("const int item = item_slot[2 * (item_round % Q_TILES)];");
   c("if (item >= items) break;");
   item.item_range();
   c("if (m0 >= q_len) {");
@@ -304,11 +314,14 @@ void emit_ws_persistent(Code& c, const AttentionParts& parts, const WsItemParts&
   c("  continue;");
   c("}");
   item.row_state();
+  c("// This item's q tile: the ring's slot item_round % Q_TILES.");
+  c("const unsigned long long q_item_desc = q_desc + static_cast<unsigned long long>(item_round % Q_TILES) * (Q_BYTES / 16);");
   emit_ws_key_loop(c, parts);
   c("round += tile_end - tile_begin;");
   item.epilogue();
   c.out();
   c("}");
+  if (pingpong) c("turns.finish();");
   c.out();
   c("}");
 }
