@@ -250,6 +250,13 @@ void emit_epilogue(Code& c, const AttentionParts& parts) {
   c("// 7. Normalise and store: the row sum over the quad" + std::string(variant.sinks ? ", the sink logits join the denominator" : "") +
     "; a row with nothing");
   c("//    attended gets o = 0" + std::string(spec.lse ? " and lse = -inf." : "."));
+  const bool pairs = spec.Dv % 2 == 0;  // col < DV then implies col + 1 < DV
+  if (pairs) {
+    c("// Both columns of a thread's pair in one store where o's rows allow it: unit stride over Dv, even");
+    c("// strides, a base aligned to the pair.");
+    c("const bool o_pairs = o_stride_d == 1 && ((o_stride_b | o_stride_t | o_stride_h) & 1) == 0 &&");
+    c("                     (reinterpret_cast<unsigned long long>(o) & (2 * sizeof(*o) - 1)) == 0;");
+  }
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c.in();
   c(std::string("float sum = ladle_quad_sum(row_sum[half]), top = row_max[half]") + (parts.folded ? " * ladle_logit_factor" : "") +
@@ -270,11 +277,22 @@ void emit_epilogue(Code& c, const AttentionParts& parts) {
   c("if (!row_live[half]) continue;");
   c("const float inv = sum > 0.0f ? scale_o / sum : 0.0f;");
   c(std::string(storage_type(spec.output_type)) + "* const o_row = o + b * o_stride_b + (q_bos + i) * o_stride_t + h * o_stride_h;");
+  if (pairs) {
+    c("if (o_pairs) {");
+    c("  LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
+    c("    if (nt * 8 + tig * 2 < DV) ladle_store_pair(o_row + nt * 8 + tig * 2, o_acc[nt][2 * half] * inv, o_acc[nt][2 * half + 1] * inv);");
+    c("} else {");
+    c.in();
+  }
   c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) {");
   c("  const int col = nt * 8 + tig * 2;");
   c("  if (col < DV) ladle_store(o_row + col * o_stride_d, o_acc[nt][2 * half] * inv);");
   c("  if (col + 1 < DV) ladle_store(o_row + (col + 1) * o_stride_d, o_acc[nt][2 * half + 1] * inv);");
   c("}");
+  if (pairs) {
+    c.out();
+    c("}");
+  }
   if (spec.lse)
     c("if (tig == 0) lse[(static_cast<long long>(b) * H + h) * Tq + q_bos + i] = sum > 0.0f ? (top + log2f(sum)) * LN2 : ladle_neg_inf();");
   else
