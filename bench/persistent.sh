@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 38: the persistent ws forward against the same kernel on attention_grid's blocks
-# (LADLE_ATTENTION_PERSISTENT=0), on the lent GPU, in one call (carry .deps):
+# Issue 38: the persistent ws forward (LADLE_ATTENTION_PERSISTENT=1) against the default, a block per
+# row block (LADLE_ATTENTION_PERSISTENT=0), on the lent GPU, in one call (carry .deps):
 #   bash bench/persistent.sh [tests] [ab] [ncu]
 # tests: ops-attention on the GPU (the library's tiles, 3 parallel parts, LADLE_TEST_TIMEOUT s).
 # ab:    ladle-bench-attention, the two forms alternating process by process (LADLE_AB_ROUNDS rounds),

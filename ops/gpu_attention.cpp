@@ -52,7 +52,7 @@ AttentionWork attention_work(const ops::AttentionArgs& args, int block_m) {
 
 bool attention_persistent_enabled() {
   const char* value = std::getenv("LADLE_ATTENTION_PERSISTENT");
-  return value == nullptr || std::string(value) != "0";
+  return value != nullptr && std::string(value) == "1";
 }
 
 bool attention_decode_shaped(const ops::AttentionArgs& args) {

@@ -75,8 +75,10 @@ struct AttentionWork {
   std::int64_t items(const ops::AttentionArgs& args) const { return args.N * args.H * row_blocks; }
 };
 AttentionWork attention_work(const ops::AttentionArgs& args, int block_m);
-// Whether ws kernels are made persistent: yes, unless LADLE_ATTENTION_PERSISTENT=0 (a measurement
-// switch: the same kernel on attention_grid's blocks, for a benchmark's before and after).
+// Whether ws kernels are made persistent: only under LADLE_ATTENTION_PERSISTENT=1. Measured on an
+// H200 (bench/RESULTS.md, issue 38, stop 54) it gained nothing for causal attention, 2 % for a
+// window, and cost a call ~30 us of counter allocation and zeroing (B1 T4096: 0.141 -> 0.174 ms),
+// so the grid form stays the default.
 bool attention_persistent_enabled();
 // Whether a call is decode-shaped: a few query tokens (up to 16) against many more keys (at least
 // 128, and 8 per query token), no dropout, at most 65535 (sequence, key/value head) pairs.

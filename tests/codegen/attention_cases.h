@@ -53,7 +53,7 @@ struct Case {
   std::string backward_arch = "sm_90a";  // backward: the target (the form follows: ws where it runs, else sync)
   int sync_rows = 0;                      // backward, sync form: the rows a step (0: with_sync_tile's)
   int splits = 0;             // decode tiles: the key splits the test asks for (0: the launcher's attention_decode_split)
-  bool persistent = true;     // ws tiles: the persistent form (the launcher's), else one block per row block
+  bool persistent = false;    // ws tiles: the persistent form (LADLE_ATTENTION_PERSISTENT=1), else a block per row block
 
   ladle::cuda::AttentionKernelSpec spec() const {
     ladle::cuda::AttentionKernelSpec s;
@@ -112,6 +112,11 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
     c.name = (ws ? "ws: " : "wgmma: ") + c.name;
     c.tile = ws ? for_ws : for_wgmma;
     c.tile.mma = kind;
+    if (ws) {  // each ws case in both forms: a block per row block (the launcher's default), and persistent
+      Case persistent = c;
+      persistent.name += " (persistent)", persistent.persistent = true;
+      cases.push_back(std::move(persistent));
+    }
     cases.push_back(std::move(c));
   };
   const Tile small{64, 32, 4, 2};
@@ -203,14 +208,9 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
     Case boxes = make("head dims D=136 Dv=72 (a box and a part), window", variant("window"));
     boxes.D = 136, boxes.Dv = 72, boxes.Tq = boxes.Tk = 90, boxes.window_left = 30, boxes.window_right = 0;
     add(boxes, small, {64, 64, 4, 3});
-    // The form of a block per row block (LADLE_ATTENTION_PERSISTENT=0), both consumer counts.
-    Case grid = make("causal, two batch rows, a block per row block (not persistent)", variant("causal"));
-    grid.B = 2, grid.Tq = grid.Tk = 150, grid.persistent = false;
-    add(grid, small, {128, 64, 8, 2});
-    Case varlen = make("varlen with an empty sequence, window, a block per row block (not persistent)", variant("window"));
-    varlen.cu_seqlens_q = {0, 30, 30, 100}, varlen.cu_seqlens_k = {0, 45, 45, 115}, varlen.Tq = 100, varlen.Tk = 115;
-    varlen.window_left = 20, varlen.window_right = 0, varlen.persistent = false;
-    add(varlen, small, small);
+    Case two = make("causal, two batch rows, two consumer warpgroups, 64-key tiles", variant("causal"));
+    two.B = 2, two.Tq = two.Tk = 150;
+    add(two, small, {128, 64, 8, 2});
   }
   return cases;
 }

@@ -319,14 +319,14 @@ struct SweepItem {
   DType type;
   int D, Dv;
   cuda::AttentionTile tile;
-  bool grid_form = false;  // ws: a block per row block instead of the launcher's persistent form
+  bool persistent = false;  // ws: the persistent form (LADLE_ATTENTION_PERSISTENT=1)
 };
 
 static gpu::CompiledAttention compile_sm90a(const SweepItem& item) {
     const ir::AttentionVariant& variant = attention_variant(parse_attention_features(item.features));
     auto spec = spec_for(variant, item.type, item.D, item.Dv);
     spec.tile = item.tile;
-    spec.persistent = item.tile.mma == cuda::AttentionMma::ws && !item.grid_form;  // as the launcher makes them
+    spec.persistent = item.persistent;
     spec.lse = true;
     const auto result = gpu::compile_attention(variant, spec, "sm_90a");
     const auto* r = result.program.resources(result.kernel.name);
@@ -422,9 +422,11 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
   for (int block_m : {64, 128})
     for (int block_n : {32, 64, 128})
       for (int stages : {2, 3, 4}) items.push_back({"causal", DType::bf16, 128, 128, {block_m, block_n, block_m / 16, stages}});
-  // The form of a block per row block too, at the heuristic's tiles.
-  items.push_back({"causal", DType::bf16, 128, 128, {128, 128, 8, 2}, true});
-  items.push_back({"window,softcap", DType::bf16, 128, 128, {128, 128, 8, 2}, true});
+  // The persistent form too, at the heuristic's tiles and the widest head dims.
+  for (const char* f : {"causal", "window,softcap", "causal,sinks"}) items.push_back({f, DType::bf16, 128, 128, {128, 128, 8, 2}, true});
+  items.push_back({"bias,mask,segments,dropout", DType::bf16, 128, 128, {128, 64, 8, 2}, true});
+  items.push_back({"causal", DType::bf16, 256, 256, {128, 64, 8, 2}, true});
+  items.push_back({"causal", DType::bf16, 128, 128, {64, 128, 4, 2}, true});
   int compiled = 0;
   for (SweepItem& item : items) item.tile.mma = cuda::AttentionMma::ws;
   for (const SweepItem& item : items) {
@@ -445,8 +447,8 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
     CHECK(ptx.find("mma.sync") == std::string::npos);
     CHECK(result.kernel.threads == 32u * item.tile.warps + 128u);
     // The persistent form draws its items from the counter (one atomic add a drawn item).
-    CHECK(result.kernel.persistent == !item.grid_form);
-    CHECK((ptx.find("atom.global.add.u32") != std::string::npos) == !item.grid_form);
+    CHECK(result.kernel.persistent == item.persistent);
+    CHECK((ptx.find("atom.global.add.u32") != std::string::npos) == item.persistent);
     // ptxas keeps the products asynchronous: no wgmma serialized (C7514) and no fence it had to
     // add (C7519) because a register was touched between a fence and its wgmma.
     INFO(result.program.log);
