@@ -108,10 +108,11 @@ AttentionResult run_attention(const ir::AttentionVariant& variant, const TensorV
   std::deque<Tensor> keep;
   const ops::AttentionArgs args = ops::bind_attention(op, variant, q, k, v, inputs, with_host_seqlens(options, keep));
   const Location where = on_gpu && q.on_device() ? q.location : Location::host();
-  AttentionResult result{Tensor(args.type, args.output_shape(), where, options.gpu.stream), std::nullopt};
+  // Every row of o and lse is written (o = 0, lse = -inf where nothing was attended).
+  AttentionResult result{Tensor::for_output(args.type, args.output_shape(), where, options.gpu.stream), std::nullopt};
   AttentionOutputs outputs{result.o.view(), std::nullopt};
   if (options.return_lse) {
-    result.lse.emplace(DType::f32, args.lse_shape(), where, options.gpu.stream);
+    result.lse = Tensor::for_output(DType::f32, args.lse_shape(), where, options.gpu.stream);
     outputs.lse = result.lse->view();
   }
   run_attention_into(variant, q, k, v, inputs, options, outputs);
@@ -218,7 +219,7 @@ namespace {
 // into them); the GPU backward overwrites every gradient.
 AttentionGradients allocate_gradients(const AttentionSaved& saved, Location where, const Stream* stream) {
   const auto gradient = [&](const std::vector<std::int64_t>& shape) {
-    return where.is_device() ? Tensor(DType::f32, shape, where, stream) : Tensor(DType::f32, shape, 0.0f);
+    return where.is_device() ? Tensor::for_output(DType::f32, shape, where, stream) : Tensor(DType::f32, shape, 0.0f);
   };
   AttentionGradients out{gradient(saved.q.shape), gradient(saved.k.shape), gradient(saved.v.shape), {}, std::nullopt};
   for (const ir::Input& in : saved.variant.inputs) {

@@ -156,9 +156,10 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(op + ": dq must have unit stride over D and even strides elsewhere (8-byte aligned pairs)");
   const std::int64_t rows_q = args.longest_q(), rows_k = args.longest_k();
   const Stream* stream = launch.stream;
-  // Every gradient is overwritten: the atomically added ones start from zero.
+  // Every gradient is overwritten: the atomically added ones start from zero, and so do dk and dv
+  // where a key's block may not run (packed sequences; no query rows at all).
   fill_device_bytes(address(grads.dq.data), span_bytes(grads.dq), 0, stream);
-  if (!args.cu_seqlens_k.empty()) {
+  if (!args.cu_seqlens_k.empty() || rows_q == 0 || args.N * args.H == 0) {
     fill_device_bytes(address(grads.dk.data), span_bytes(grads.dk), 0, stream);
     fill_device_bytes(address(grads.dv.data), span_bytes(grads.dv), 0, stream);
   }

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include <ladle/ops/attention.h>
@@ -70,6 +72,28 @@ TEST_CASE("device tensors for the default stream are stream-ordered, others not"
     CHECK(allocs() == std::pair{async0 + 2, plain0 + 1});
   }
   CHECK(frees() == std::pair{free_async0 + 2, free0 + 1});
+}
+
+// Tensor::for_output: the constructor's memory without its 0xff fill, unless LADLE_POISON_OUTPUTS=1
+// (the test main's default; ctest also runs this case with 0, as a user's process runs).
+TEST_CASE("output tensors skip the poison fill unless LADLE_POISON_OUTPUTS=1", "[stand-in]") {
+  REQUIRE(ladle::driver_available());
+  const char* setting = std::getenv("LADLE_POISON_OUTPUTS");
+  const bool poison = setting != nullptr && std::string(setting) == "1";
+  INFO("LADLE_POISON_OUTPUTS=" << (setting ? setting : "(unset)"));
+  const unsigned long fills = driver_calls("cuMemsetD8Async"), allocs = driver_calls("cuMemAllocAsync");
+  {
+    const Tensor filled = device(DType::f32, {4, 8});
+    CHECK(driver_calls("cuMemsetD8Async") == fills + 1);
+    const Tensor out = Tensor::for_output(DType::bf16, {4, 8}, ladle::Location::device(0));
+    CHECK(driver_calls("cuMemsetD8Async") == fills + 1 + (poison ? 1 : 0));
+    CHECK(driver_calls("cuMemAllocAsync") == allocs + 2);  // stream-ordered like the constructor's
+    CHECK(out.view().numel() == 32);
+    CHECK(out.location().is_device());
+  }
+  // On the host it is the constructor's: NaN in every element.
+  const Tensor host = Tensor::for_output(DType::f32, {3}, ladle::Location::host());
+  CHECK(std::isnan(host.get(0)));
 }
 
 TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]") {
