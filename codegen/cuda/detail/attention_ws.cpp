@@ -103,11 +103,7 @@ void emit_ws_producer(Code& c, const AttentionParts& parts) {
   c("q_latch.expect(Q_BYTES);");
   c("for (int cb = 0; cb < DPB / 64; ++cb) ladle_tma_load_4d(q_tile + cb * BM * 64, &q_map, cb * 64, q_row, h, b, q_full);");
   emit_ws_kv_copies(c, "");
-  c.out();
-  c("}");
-  c("return;");
-  c.out();
-  c("}");
+  emit_producer_exit(c);
   c("");
 }
 
@@ -290,11 +286,7 @@ void emit_ws_persistent(Code& c, const AttentionParts& parts, const WsItemParts&
   c("item = next;");
   c.out();
   c("}");
-  c.out();
-  c("}");
-  c("return;");
-  c.out();
-  c("}");
+  emit_producer_exit(c);
   c("");
   c("// 2. The consumers: per item, its rows' state, the key loop and the store; rounds continue across items,");
   c("//    and so do the warpgroups' turns: warpgroup 0 may issue the next item's first q k^T while warpgroup 1");

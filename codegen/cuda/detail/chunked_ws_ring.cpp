@@ -34,11 +34,7 @@ void WsEmitter::producer() const {
   producer_copies();
   c.out();
   c("}");
-  c.out();
-  c("}");
-  c("return;");
-  c.out();
-  c("}");
+  emit_producer_exit(c);
 }
 
 // The chunk loop's opening: its stage, the box's first row and the chunk's tokens in the sequence.

@@ -137,6 +137,14 @@ std::uint64_t fnv1a(const std::string& bytes, std::uint64_t h) {
   return h;
 }
 
+void emit_producer_exit(Code& c) {
+  c.out();
+  c("}");
+  c("return;");
+  c.out();
+  c("}");
+}
+
 std::string hex(std::uint64_t value) {
   static const char digits[] = "0123456789abcdef";
   std::string out(16, '0');

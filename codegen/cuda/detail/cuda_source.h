@@ -114,4 +114,8 @@ class Code {
   int indent_ = 0;
 };
 
+// The end of a warp-specialised kernel's producer role: closes its copying thread's block,
+// returns, and closes the role's block (opened by ladle_producer_warpgroup's test).
+void emit_producer_exit(Code& c);
+
 }  // namespace ladle::cuda::detail
