@@ -784,7 +784,8 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   kernel.persistent = spec.persistent;
   kernel.threads = static_cast<unsigned>(f.threads);
   kernel.block_m = tile.block_m;
-  kernel.shared_bytes = attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);  // decode: the key warps' merge too
+  kernel.shared_bytes = ws ? attention_ws_shared_bytes(tile, spec.D, spec.Dv, spec.persistent ? attention_ws_q_stages(tile, spec.D, spec.Dv) : 1)
+                           : attention_shared_bytes(tile, spec.D, spec.Dv, ops.split);  // decode: the key warps' merge too
   if (decode) kernel.merge_name = kernel.name + "_merge";
   const std::vector<std::string> declarations = declare_params(f, kernel);
   const Logit logit = render_logit(f);

@@ -245,9 +245,11 @@ constexpr int attention_merge_splits = 1024;
 // Dynamic shared memory a block needs: the K/V stages (sync: the q tile borrows them at the
 // start; wgmma: the q tile stays beside them, read by every score product).
 int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_f32);
-// ws: the q tiles the layout holds, 2 where a second fits within 227 KB (the persistent form
-// copies the next item's q into it while this item's is read), else 1.
+// ws: the q tiles the persistent form's layout holds, 2 where a second fits within 227 KB (the next
+// item's q lands in it while this item's is read), else 1; and a ws kernel's dynamic shared memory
+// with q_tiles of them (the grid form holds one; attention_shared_bytes is the larger, for checks).
 int attention_ws_q_stages(const AttentionTile& tile, int D, int Dv);
+int attention_ws_shared_bytes(const AttentionTile& tile, int D, int Dv, int q_tiles);
 // A reasonable tile for these head dims (128 x 64, 8 warps, 2 stages; narrower past D = 128).
 AttentionTile default_attention_tile(int D, int Dv);
 // What is wrong with a tile for these head dims (empty: usable). max_shared_bytes: the

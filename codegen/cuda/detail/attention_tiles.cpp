@@ -16,20 +16,16 @@ int align128(int bytes) { return (bytes + 127) / 128 * 128; }
 int pad16(int dim) { return (dim + 15) / 16 * 16; }  // head dims round up to the tensor-core step
 }  // namespace
 
-namespace {
-
-// The ws layout with q_stages q tiles: the alignment slack, q, the K and V rings, then the
-// mbarriers (full and empty per stage for K and for V; full and empty per q stage) and a work
-// item per q stage.
-int attention_ws_bytes(const AttentionTile& tile, int D, int Dv, int q_stages) {
+// The ws layout with q_tiles q tiles: the alignment slack, q, the K and V rings, then the
+// mbarriers (full and empty per stage for K and for V; full and empty for up to two q tiles) and
+// a work item per q tile.
+int attention_ws_shared_bytes(const AttentionTile& tile, int D, int Dv, int q_tiles) {
   const int d64 = (D + 63) / 64 * 64, dv64 = (Dv + 63) / 64 * 64;
-  return 1024 + q_stages * tile.block_m * d64 * 2 + tile.stages * tile.block_n * (d64 + dv64) * 2 + 8 * (4 * tile.stages + 6);
+  return 1024 + q_tiles * tile.block_m * d64 * 2 + tile.stages * tile.block_n * (d64 + dv64) * 2 + 8 * (4 * tile.stages + 6);
 }
 
-}  // namespace
-
 int attention_ws_q_stages(const AttentionTile& tile, int D, int Dv) {
-  return attention_ws_bytes(tile, D, Dv, 2) <= 227 * 1024 ? 2 : 1;
+  return attention_ws_shared_bytes(tile, D, Dv, 2) <= 227 * 1024 ? 2 : 1;
 }
 
 int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_f32) {
@@ -38,7 +34,7 @@ int attention_shared_bytes(const AttentionTile& tile, int D, int Dv, bool split_
     // [BN][D] per stage, each as boxes of 64 head-dim columns (128-byte rows); the mbarriers.
     // A second q tile where it fits in 227 KB (attention_ws_q_stages: the persistent form copies the
     // next item's q while this one's is read).
-    return attention_ws_bytes(tile, D, Dv, attention_ws_q_stages(tile, D, Dv));
+    return attention_ws_shared_bytes(tile, D, Dv, attention_ws_q_stages(tile, D, Dv));
   }
   D = pad16(D), Dv = pad16(Dv);
   if (tile.mma == AttentionMma::decode) {  // the sync layout, and room for the key warps' merge after the loop

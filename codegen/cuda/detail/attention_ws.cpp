@@ -31,9 +31,9 @@ void emit_ws_shared(Code& c, const AttentionParts& parts) {
                : "// and one for q.");
   c("constexpr int DPB = (D + 63) / 64 * 64, DVPB = (DV + 63) / 64 * 64;  // head dims in whole boxes");
   c("constexpr unsigned Q_BYTES = BM * DPB * 2, K_BYTES = BN * DPB * 2, V_BYTES = BN * DVPB * 2;");
-  const int q_tiles = attention_ws_q_stages(parts.spec.tile, parts.spec.D, parts.spec.Dv);
-  c("constexpr int Q_TILES = " + std::to_string(q_tiles) + ";  // q tiles the layout holds (" +
-    (persistent ? "a ring of them: the next item's q lands while this one's is read)" : "this form reads the first)"));
+  const int q_tiles = persistent ? attention_ws_q_stages(parts.spec.tile, parts.spec.D, parts.spec.Dv) : 1;
+  c("constexpr int Q_TILES = " + std::to_string(q_tiles) + ";  // q tiles the layout holds" +
+    (persistent ? " (a ring: the next item's q lands while this one's is read)" : ""));
   c("LADLE_DYNAMIC_SHARED(smem);");
   c("unsigned char* const aligned_smem = smem + (1024 - ladle_shared_address(smem) % 1024) % 1024;");
   c("unsigned short* const q_tile = reinterpret_cast<unsigned short*>(aligned_smem);");
