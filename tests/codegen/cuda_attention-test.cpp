@@ -125,6 +125,46 @@ TEST_CASE("attention: the source opens with the variant, its expressions, config
   CHECK(cuda::generate_attention(c.variant, c.spec()).source == kernel.source);
 }
 
+TEST_CASE("attention: the persistent ws form's launch, work, layout and refusals", "[codegen][attention]") {
+  // A block an SM, never more blocks than items.
+  CHECK(cuda::attention_persistent_blocks(4096, 132) == 132u);
+  CHECK(cuda::attention_persistent_blocks(5, 132) == 5u);
+  CHECK_THROWS_WITH(cuda::attention_persistent_blocks(0, 132), Catch::Contains("items = 0"));
+  CHECK_THROWS_WITH(cuda::attention_persistent_blocks(10, 0), Catch::Contains("sms = 0"));
+  CHECK_THROWS_WITH(cuda::attention_persistent_blocks(std::int64_t{1} << 31, 132), Catch::Contains("2^31 - 1 items"));
+  // The work: ceil(longest query sequence / block_m) row blocks per (sequence, head).
+  Case c = attention_cases::make("causal", attention_variant(parse_attention_features("causal")));
+  c.B = 3, c.Tq = 300, c.Tk = 300, c.H = 4, c.H_kv = 4;
+  const Bound bound = bind(c, 17);
+  const gpu::AttentionWork work = gpu::attention_work(bound.args, 128);
+  CHECK(work.row_blocks == 3);
+  CHECK(work.items(bound.args) == 3 * 4 * 3);
+  CHECK_THROWS_WITH(gpu::attention_work(bound.args, 0), Catch::Contains("block_m = 0"));
+  // Its parameters are refused without the work, by name.
+  c.tile = {128, 64, 8, 2, cuda::AttentionMma::ws}, c.persistent = true, c.D = c.Dv = 64;
+  const cuda::AttentionKernel kernel = cuda::generate_attention(c.variant, c.spec());
+  CHECK(kernel.persistent);
+  CHECK_THROWS_WITH(gpu::pack_attention_arguments(kernel.params, bound.args, nullptr, nullptr, describe_tensor_map),
+                    Catch::Contains("work_counter is the persistent form's"));
+  // Two q tiles where they fit: the grid form's layout holds one.
+  const cuda::AttentionTile wide{128, 128, 8, 2, cuda::AttentionMma::ws};
+  CHECK(cuda::attention_ws_q_stages(wide, 128, 128) == 2);
+  CHECK(cuda::attention_ws_q_stages(wide, 256, 256) == 1);
+  CHECK(kernel.shared_bytes == cuda::attention_ws_shared_bytes(c.tile, 64, 64, 2));
+  Case grid = c;
+  grid.persistent = false;
+  const cuda::AttentionKernel grid_kernel = cuda::generate_attention(grid.variant, grid.spec());
+  CHECK(grid_kernel.shared_bytes == cuda::attention_ws_shared_bytes(c.tile, 64, 64, 1));
+  CHECK(grid_kernel.name != kernel.name);
+  CHECK_FALSE(grid_kernel.persistent);
+  // Only the ws pipeline has the form.
+  Case sync = c;
+  sync.tile = {64, 32, 4, 2};
+  cuda::AttentionKernelSpec refused = sync.spec();
+  refused.persistent = true;
+  CHECK_THROWS_WITH(cuda::generate_attention(sync.variant, refused), Catch::Contains("only the ws pipeline has a persistent form"));
+}
+
 TEST_CASE("attention: the grid covers every (head, block) once, a group's heads side by side", "[codegen][attention]") {
   for (const auto& [heads, blocks, group] : {std::tuple{128, 32, 4u}, std::tuple{6, 5, 2u}, std::tuple{7, 3, 1u}, std::tuple{1, 1, 1u},
                                              std::tuple{262140, 65535, 4u}}) {
