@@ -24,6 +24,9 @@ struct Bound {
   ops::AttentionArgs args;
   reference::Attention ref;
   Tensor o, lse;
+  TensorView o_view;  // what the kernel writes: o's view, or (o_wide_rows) a view into a wider tensor
+  // o as written, dense.
+  Tensor dense_o() const { return Tensor::copy_of(o_view, Location::host()); }
 };
 
 inline Tensor integers(DType type, std::vector<std::int64_t> shape, const std::vector<std::int64_t>& values) {
@@ -108,7 +111,16 @@ inline Bound bind(const Case& c, std::uint64_t seed) {
   options.return_lse = c.lse;
   bound.args = ops::bind_attention(c.name, c.variant, q, k, v, inputs, options);
   bound.o = Tensor(c.type, bound.args.output_shape());  // NaN: a skipped element stands out
-  AttentionOutputs outputs{bound.o.view(), std::nullopt};
+  bound.o_view = bound.o.view();
+  if (c.o_wide_rows) {  // rows Dv + 1 elements apart: o's column pairs are not aligned, the kernel stores elements
+    const std::vector<std::int64_t> shape = bound.args.output_shape();
+    const std::int64_t wide = shape.back() + 1;
+    std::vector<std::int64_t> padded = shape;
+    padded.back() = wide;
+    bound.o_view = bound.store.emplace_back(c.type, padded).view();
+    bound.o_view.shape = shape;
+  }
+  AttentionOutputs outputs{bound.o_view, std::nullopt};
   if (c.lse) {
     bound.lse = Tensor(DType::f32, bound.args.lse_shape());
     outputs.lse = bound.lse.view();

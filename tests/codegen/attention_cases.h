@@ -54,6 +54,7 @@ struct Case {
   int sync_rows = 0;                      // backward, sync form: the rows a step (0: with_sync_tile's)
   int splits = 0;             // decode tiles: the key splits the test asks for (0: the launcher's attention_decode_split)
   bool persistent = false;    // ws tiles: the persistent form (LADLE_ATTENTION_PERSISTENT=1), else a block per row block
+  bool o_wide_rows = false;   // o a view into rows of Dv + 1 elements (odd strides: the epilogue's element stores)
 
   ladle::cuda::AttentionKernelSpec spec() const {
     ladle::cuda::AttentionKernelSpec s;
@@ -188,6 +189,11 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
     c.cu_seqlens_q = {0, 30, 30, 100, 101}, c.cu_seqlens_k = {0, 45, 45, 115, 140};
     c.Tq = 101, c.Tk = 140;
     add(c, {64, 64, 4, 2}, small);
+  }
+  {
+    Case c = make("o's rows Dv + 1 elements apart (element stores), causal, two batch rows", variant("causal"));
+    c.B = 2, c.Tq = c.Tk = 70, c.o_wide_rows = true;
+    add(c, small, small);
   }
   {
     Case c = make("head dims D=40 Dv=24, padded inside, causal", variant("causal"));
