@@ -272,7 +272,10 @@ class BackwardCall {
     need_s_t_ = d_final_state && (decays_k_ || decays_v_);
     // 16-bit slots: the recurrences run on the tensor cores, and the carries come from boundary states.
     boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_) &&
-                       options.gate_gradients == GateGradients::boundary_states;
+                       options.gate_gradients != GateGradients::block_sums;
+    // u and dk a block at a time from the boundary states (ladle_bwd_block_bf16) instead of their recurrences.
+    block_kernel_ = boundary_states_ && options.gate_gradients == GateGradients::boundary_states && !decays_v_ &&
+                    plan_.slot_type == DType::bf16 && K_ <= cuda::backward_block_features && V_ <= cuda::backward_block_features;
     if (plan_.update_form) {  // the update forms' kernel: its limits, before any GPU work
       update_spec_ = update_backward_spec(variant, bound_, d_final_state.has_value(), options.update_backward);
       if (N_ * H_ > 65535)
@@ -346,7 +349,9 @@ class BackwardCall {
     for (std::size_t i = 0; i < variant_.inputs.size(); ++i) {
       if (!grad_of_[i]) continue;
       const ir::Role role = variant_.inputs[i].role;
-      if ((role == ir::Role::query && plan_.direct_q) || (role == ir::Role::key && plan_.direct_k) ||
+      // ladle_bwd_block_bf16 writes u and dk at the sequences' tokens only: the others' are zeroed here.
+      const bool whole = !(block_kernel_ && !a_.cu_seqlens.empty());
+      if ((role == ir::Role::query && plan_.direct_q && whole) || (role == ir::Role::key && plan_.direct_k && whole) ||
           (role == ir::Role::value && plan_.direct_v))
         continue;
       fill_device_bytes(ptr(grad_of_[i]->data), static_cast<std::size_t>(grad_of_[i]->numel()) * 4, 0, stream);
@@ -503,6 +508,15 @@ class BackwardCall {
             head_decay_ ? (next ? &log_h_next_ : &log_h_) : nullptr};
   }
 
+  // The recurrences this call runs (block_kernel_: u's only for its final state S_T, dk's not at all).
+  std::vector<Recurrence> recurrences_run() const {
+    const std::array<Recurrence, 3> all = the_recurrences();
+    std::vector<Recurrence> out;
+    for (std::size_t r = 0; r < all.size(); ++r)
+      if (!block_kernel_ || r == 1 || (r == 0 && need_s_t_)) out.push_back(all[r]);
+    return out;
+  }
+
   std::array<Recurrence, 3> the_recurrences() const {
     const Decays now = decays(false), next = decays(true);
     const Scratch *la = now.a, *lb = now.b, *lh = now.h, *la_next = next.a, *lb_next = next.b, *lh_next = next.h;
@@ -549,7 +563,7 @@ class BackwardCall {
     std::vector<std::future<void>> compiling;
     const std::string& arch = arch_;
     try {
-      for (const Recurrence& r : the_recurrences()) {
+      for (const Recurrence& r : recurrences_run()) {
         const RecurrenceCall call = recurrence_call(r);
         if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) continue;  // the call reads them on the host: not here
         ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options);
@@ -607,7 +621,7 @@ class BackwardCall {
     if (a_.initial_state) ds0_ = scratch(DType::f32, {N_, H_, K_, VS_}, stream);
     if (variant_.normalize) normalized_read();
     compile_ahead();
-    for (const Recurrence& r : the_recurrences()) run_recurrence(r);
+    for (const Recurrence& r : recurrences_run()) run_recurrence(r);
     if (decays_v_) {
       o_f_ = scratch(DType::f32, value_shape_, stream);
       run_recurrence({qs_, kf_, vf_, {key_decay_ ? &log_a_ : nullptr, &log_b_, head_decay_ ? &log_h_ : nullptr}, a_.reverse,
@@ -733,6 +747,42 @@ class BackwardCall {
     packed.add(static_cast<int>(N_)).add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_));
     packed.add(static_cast<int>(C_)).add(a_.reverse ? 1 : 0);
     loaded.function->launch({static_cast<unsigned>(C_), static_cast<unsigned>(N_ * H_), 1}, {256, 1, 1}, packed, 0, stream);
+    if (block_kernel_) block_gradients(s_states, s_first, d_states, first);
+  }
+
+  // u (into u_out_) and dk (into dk_out_) a block at a time from the same boundary states, in fp32 from
+  // one set of products (ladle_bwd_block_bf16, codegen/device/plain_backward.cuh).
+  void block_gradients(const Scratch& s_states, const DeviceBuffer& s_first, const Scratch& d_states, const DeviceBuffer& first) const {
+    struct BlockKernel {
+      std::string name;
+      int shared_bytes = 0;
+    };
+    const auto& loaded = detail::loaded_kernel<BlockKernel>("backward helper|ladle_bwd_block_bf16", arch_, [&](const std::string& target) {
+      struct {
+        BlockKernel kernel;
+        CompiledProgram program;
+      } out{{"ladle_bwd_block_bf16", cuda::backward_block_shared}, compile_backward_helpers(target)};
+      return out;
+    });
+    const auto type_code = [](DType t) { return t == DType::bf16 ? 1 : t == DType::f16 ? 2 : 0; };
+    KernelArgs packed;
+    const auto view = [&](const TensorView& x) {
+      packed.add(ptr(x.data));
+      for (int d = 0; d < 4; ++d) packed.add(static_cast<long long>(x.strides[static_cast<std::size_t>(d)]));
+    };
+    view(qs_.view), view(kf_.view), view(vf_.view), view(dos_.view);
+    if (key_decay_) view(log_a_.view);
+    else view(TensorView::contiguous(nullptr, DType::f32, {B_, T_, H_, K_}));
+    packed.add(type_code(key_decay_ ? log_a_.view.type : DType::f32));
+    packed.add(log_h_.buffer.device_ptr()).add(log_a_next_.buffer.device_ptr()).add(type_code(plan_.log_a_next_type));
+    packed.add(log_h_next_.buffer.device_ptr());
+    packed.add(s_states.buffer.device_ptr()).add(s_first.device_ptr()).add(h0_.buffer.device_ptr());
+    packed.add(d_states.buffer.device_ptr()).add(first.device_ptr()).add(d_final_.buffer.device_ptr()).add(scale_);
+    view(u_out_), view(dk_out_);
+    packed.add(offsets_.device_ptr());
+    packed.add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_)).add(a_.reverse ? 1 : 0);
+    loaded.function->launch({static_cast<unsigned>(C_), static_cast<unsigned>(N_ * H_), 1}, {256, 1, 1}, packed,
+                            static_cast<unsigned>(cuda::backward_block_shared), launch_.stream);
   }
 
   // 5. The chain rule into every input's gradient.
@@ -905,6 +955,7 @@ class BackwardCall {
   cuda::UpdateBackwardSpec update_spec_;  // the update forms'
   float scale_ = 1.0f;
   bool key_decay_ = false, head_decay_ = false, decays_k_ = false, decays_v_ = false, need_s_t_ = false, boundary_states_ = false;
+  bool block_kernel_ = false;  // u and dk from ladle_bwd_block_bf16: recurrence 0 runs only for S_T, recurrence 2 not at all
   std::vector<long long> first_rows_;  // boundary_carry: each sequence's first row of the boundary tables
   std::string arch_;
   DeviceBuffer offsets_;

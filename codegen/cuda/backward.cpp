@@ -858,6 +858,11 @@ LADLE_BWD_NORMALIZED(ladle_bwd_normalized_f16, ladle_f16)
 LADLE_BWD_CONVERT(ladle_bwd_convert_f32, float)
 LADLE_BWD_CONVERT(ladle_bwd_convert_bf16, ladle_bf16)
 LADLE_BWD_CONVERT(ladle_bwd_convert_f16, ladle_f16)
+
+// ladle_bwd_block_bf16: the plain form's u and dk a block at a time, from the boundary states.
+#include <ladle/codegen/device/tensor_core.cuh>
+#include <ladle/codegen/device/block_mma.cuh>
+#include <ladle/codegen/device/plain_backward.cuh>
 )";
   return s;
 }

@@ -389,3 +389,167 @@ TEST_CASE("the backward's helper kernels, run on the host emulation, compute wha
     }
   }
 }
+
+// ladle_bwd_block_bf16 against the plain form's recurrence token by token in fp64: the states it
+// reads at the blocks' boundaries are that recurrence's (rounded to fp32), as the backward's state
+// passes give them; u and dk must be the recurrence's scale S_t do_t and dS_t v_t. The decays'
+// gradients are sums of qs . u - kf . dk whose terms cancel inside a block: those sums must hold fp32
+// precision (1e-4 of the terms' magnitude; the recurrences' bf16-rounded outputs, which this kernel
+// replaces, were about 2e-3 off).
+TEST_CASE("ladle_bwd_block_bf16, on the host emulation: u and dk of the plain form from the boundary states, block sums at fp32 precision",
+          "[codegen][backward][emulation]") {
+  STATIC_REQUIRE(LADLE_BLOCK_SHARED == cuda::backward_block_shared);
+  STATIC_REQUIRE(LADLE_BLOCK_FEATURES == cuda::backward_block_features);
+  STATIC_REQUIRE(LADLE_BLOCK_STEPS == cuda::backward_chunk);
+  struct Case {
+    const char* name;
+    int B, T, H, K, V;
+    std::vector<long long> cu;  // empty: B sequences of T
+    bool key, head, reverse, h0, d_final;
+    int a_type;  // log_a's and log_a_next's: 0 f32, 1 bf16
+  };
+  const std::vector<Case> cases{
+      {"packed (150, 0, 20 tokens, 5 outside), a bf16 key decay, h0 and d_final, K 40 V 24", 1, 175, 2, 40, 24, {0, 150, 150, 170}, true,
+       false, false, true, true, 1},
+      {"the same reversed, key and head decay together, f32", 1, 175, 2, 40, 24, {0, 150, 150, 170}, true, true, true, true, true, 0},
+      {"a head decay alone, K = V = 128, B 2 T 130, no initial state", 2, 130, 1, 128, 128, {}, false, true, false, false, false, 0},
+      {"a key decay with strong steps, K 128 V 72, reversed, d_final only", 1, 64, 2, 128, 72, {}, true, false, true, false, true, 0},
+  };
+  for (const Case& cs : cases) {
+    INFO(cs.name);
+    std::mt19937_64 rng(4300 + cs.K + cs.T);
+    std::uniform_real_distribution<float> sym(-1.0f, 1.0f), decay(0.0f, 0.6f);
+    const int B = cs.B, T = cs.T, H = cs.H, K = cs.K, V = cs.V, VP = V + 3;  // do strided: rows VP apart
+    const int N = cs.cu.empty() ? B : static_cast<int>(cs.cu.size()) - 1;
+    const long long rows = static_cast<long long>(B) * T * H;
+    const float scale = 0.7f;
+    const auto bf16s = [&](std::size_t count) {
+      std::vector<ladle_bf16> x(count);
+      for (auto& e : x) ladle_store(&e, sym(rng));
+      return x;
+    };
+    const std::vector<ladle_bf16> q = bf16s(rows * K), k = bf16s(rows * K), v = bf16s(rows * V), d_out = bf16s(rows * VP);
+    std::vector<float> log_a32(rows * K), log_h(rows);
+    std::vector<ladle_bf16> log_a16(rows * K);
+    for (long long e = 0; e < rows * K; ++e) {
+      float x = -decay(rng);
+      if (!cs.cu.empty() || cs.T == 64) x = e % 97 == 0 ? -40.0f : x;  // strong steps: factors that underflow
+      ladle_store(&log_a16[e], x);
+      log_a32[e] = cs.a_type == 1 ? ladle_load(&log_a16[e]) : x;
+    }
+    for (float& x : log_h) x = -0.5f * decay(rng);
+    const auto la = [&](long long r, int i) { return (cs.key ? double(log_a32[r * K + i]) : 0.0) + (cs.head ? double(log_h[r]) : 0.0); };
+    std::vector<float> h0(N * H * K * V), d_final(N * H * K * V);
+    for (float& x : h0) x = sym(rng);
+    for (float& x : d_final) x = sym(rng);
+
+    // The sequences, their chunks and the tables' first rows (as ops/gpu_backward.cpp lays them out).
+    std::vector<long long> bos(N), len(N), s_first(N), first(N);
+    long long s_rows = 0, d_rows = 0;
+    for (int n = 0; n < N; ++n) {
+      bos[n] = cs.cu.empty() ? 0 : cs.cu[n], len[n] = cs.cu.empty() ? T : cs.cu[n + 1] - cs.cu[n];
+      const long long chunks = (len[n] + 63) / 64;
+      s_first[n] = s_rows + 1, first[n] = d_rows;
+      s_rows += chunks, d_rows += chunks > 0 ? chunks - 1 : 0;
+    }
+    const long long area = static_cast<long long>(K) * V;
+    std::vector<float> s_states(std::max(1LL, s_rows) * H * area, -7.0f), d_states(std::max(1LL, d_rows) * H * area, -7.0f);
+    std::vector<float> log_a_next32(rows * K, 0.0f), log_h_next(rows, 0.0f);
+    std::vector<ladle_bf16> log_a_next16(rows * K);
+    std::vector<double> u_want(rows * K, -7.0), dk_want(rows * K, -7.0);
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < H; ++h) {
+        const int b = cs.cu.empty() ? n : 0, p = n * H + h;
+        const auto row = [&](long long s) {
+          return (static_cast<long long>(b) * T + (cs.reverse ? bos[n] + len[n] - 1 - s : bos[n] + s)) * H + h;
+        };
+        std::vector<double> S(area, 0.0);
+        if (cs.h0)
+          for (long long e = 0; e < area; ++e) S[e] = h0[p * area + e];
+        for (long long s = 0; s < len[n]; ++s) {
+          const long long r = row(s);
+          if (s % 64 == 0)
+            for (long long e = 0; e < area; ++e) s_states[((s_first[n] - 1 + s / 64) * H + h) * area + e] = static_cast<float>(S[e]);
+          for (int i = 0; i < K; ++i)
+            for (int j = 0; j < V; ++j)
+              S[i * V + j] = std::exp(la(r, i)) * S[i * V + j] + double(ladle_load(&k[r * K + i])) * ladle_load(&v[r * V + j]);
+          for (int i = 0; i < K; ++i) {
+            double acc = 0.0;
+            for (int j = 0; j < V; ++j) acc += S[i * V + j] * ladle_load(&d_out[r * VP + j]);
+            u_want[r * K + i] = scale * acc;
+          }
+          const bool last = s + 1 == len[n];
+          for (int i = 0; i < K; ++i) {
+            const double next = last ? 0.0 : (cs.key ? double(log_a32[row(s + 1) * K + i]) : 0.0);
+            ladle_store(&log_a_next16[r * K + i], static_cast<float>(next));
+            log_a_next32[r * K + i] = static_cast<float>(next);
+          }
+          log_h_next[r] = last ? 0.0f : log_h[row(s + 1)];
+        }
+        std::vector<double> R(area, 0.0);
+        if (cs.d_final)
+          for (long long e = 0; e < area; ++e) R[e] = d_final[p * area + e];
+        const long long chunks = (len[n] + 63) / 64;
+        for (long long s = len[n] - 1; s >= 0; --s) {
+          const long long r = row(s), c = s / 64;
+          if ((s % 64 == 63 || s + 1 == len[n]) && c < chunks - 1)
+            for (long long e = 0; e < area; ++e) d_states[((first[n] + chunks - 2 - c) * H + h) * area + e] = static_cast<float>(R[e]);
+          const bool last = s + 1 == len[n];
+          for (int i = 0; i < K; ++i)
+            for (int j = 0; j < V; ++j) {
+              const double next = last ? 0.0 : la(row(s + 1), i);
+              R[i * V + j] = std::exp(next) * R[i * V + j] + double(ladle_load(&q[r * K + i])) * ladle_load(&d_out[r * VP + j]);
+            }
+          for (int i = 0; i < K; ++i) {
+            double acc = 0.0;
+            for (int j = 0; j < V; ++j) acc += R[i * V + j] * ladle_load(&v[r * V + j]);
+            dk_want[r * K + i] = scale * acc;
+          }
+        }
+      }
+
+    std::vector<float> u(rows * K, -7.0f), dk(rows * K, -7.0f);
+    const long long kst = static_cast<long long>(H) * K, vst = static_cast<long long>(H) * V, ost = static_cast<long long>(H) * VP;
+    const void* log_a = cs.key ? (cs.a_type == 1 ? static_cast<const void*>(log_a16.data()) : log_a32.data()) : nullptr;
+    const void* log_a_next = cs.key ? (cs.a_type == 1 ? static_cast<const void*>(log_a_next16.data()) : log_a_next32.data()) : nullptr;
+    const int C = static_cast<int>((*std::max_element(len.begin(), len.end()) + 63) / 64);
+    cuda_emulation::launch(C, N * H, 256, [&] {
+      ladle_bwd_block_bf16(q.data(), T * kst, kst, K, 1, k.data(), T * kst, kst, K, 1, v.data(), T * vst, vst, V, 1, d_out.data(), T * ost, ost,
+                           VP, 1, log_a, T * kst, kst, K, 1, cs.a_type, cs.head ? log_h.data() : nullptr, log_a_next, cs.a_type,
+                           cs.head ? log_h_next.data() : nullptr, s_states.data(), s_first.data(), cs.h0 ? h0.data() : nullptr,
+                           d_states.data(), first.data(), cs.d_final ? d_final.data() : nullptr, scale, u.data(), T * kst, kst, K, 1,
+                           dk.data(), T * kst, kst, K, 1, cs.cu.empty() ? nullptr : cs.cu.data(), T, H, K, V, cs.reverse ? 1 : 0);
+    });
+    double worst_u = 0.0, worst_dk = 0.0, worst_sum = 0.0;
+    for (long long e = 0; e < rows * K; ++e) {
+      if (u_want[e] == -7.0) {  // a token outside every sequence: untouched
+        CHECK(u[e] == -7.0f);
+        CHECK(dk[e] == -7.0f);
+        continue;
+      }
+      worst_u = std::max(worst_u, std::abs(u[e] - u_want[e]) / (1.0 + std::abs(u_want[e])));
+      worst_dk = std::max(worst_dk, std::abs(dk[e] - dk_want[e]) / (1.0 + std::abs(dk_want[e])));
+    }
+    // The decays' block sums: sum over a block's tokens of q u - k dk per feature, against the terms' size.
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < H; ++h)
+        for (long long c = 0; c * 64 < len[n]; ++c)
+          for (int i = 0; i < K; ++i) {
+            double got = 0.0, want = 0.0, size = 0.0;
+            for (long long s = c * 64; s < std::min(len[n], c * 64 + 64); ++s) {
+              const int b = cs.cu.empty() ? n : 0;
+              const long long r = (static_cast<long long>(b) * T + (cs.reverse ? bos[n] + len[n] - 1 - s : bos[n] + s)) * H + h;
+              const double qi = ladle_load(&q[r * K + i]), ki = ladle_load(&k[r * K + i]);
+              got += qi * u[r * K + i] - ki * dk[r * K + i];
+              want += qi * u_want[r * K + i] - ki * dk_want[r * K + i];
+              size += std::abs(qi * u_want[r * K + i]) + std::abs(ki * dk_want[r * K + i]);
+            }
+            worst_sum = std::max(worst_sum, std::abs(got - want) / std::max(1e-30, size));
+          }
+    INFO("worst u " << worst_u << ", dk " << worst_dk << ", block sums " << worst_sum << " of their terms' size");
+    CHECK(worst_u < 1e-4);
+    CHECK(worst_dk < 1e-4);
+    CHECK(worst_sum < 1e-4);
+    WARN(cs.name << ": worst u " << worst_u << ", dk " << worst_dk << ", block sums " << worst_sum);
+  }
+}

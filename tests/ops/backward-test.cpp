@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 #include <functional>
@@ -609,6 +610,7 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       ladle::GateGradients gates;
     };
     for (const Mode mode : {Mode{ladle::Algorithm::automatic, ladle::GateGradients::boundary_states},
+                            Mode{ladle::Algorithm::automatic, ladle::GateGradients::boundary_recurrences},
                             Mode{ladle::Algorithm::automatic, ladle::GateGradients::block_sums},
                             Mode{ladle::Algorithm::recurrent, ladle::GateGradients::boundary_states}}) {
       options.algorithm = mode.algorithm;
@@ -618,7 +620,10 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       const bool exact = mode.algorithm == ladle::Algorithm::recurrent;
       const bool sums = mode.gates == ladle::GateGradients::block_sums;
       INFO(ir::to_string(variant) << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "") << (c.gqa ? " GQA" : "")
-                                  << (exact ? " fp32 slots" : sums ? " 16-bit slots, block sums" : " 16-bit slots, boundary states"));
+                                  << (exact                                                          ? " fp32 slots"
+                                      : sums                                                         ? " 16-bit slots, block sums"
+                                      : mode.gates == ladle::GateGradients::boundary_recurrences ? " 16-bit slots, boundary states, recurrences"
+                                                                                                     : " 16-bit slots, boundary states"));
       if (!ladle::driver_available()) {
         WARN("no GPU: " << ladle::driver_unavailable_reason());
         CHECK_THROWS_AS(ladle::run_variant_backward_composed(forward.saved, d_o.view(), d_s.view(), ladle::Backend::gpu), ladle::NoCudaDriver);
@@ -637,6 +642,9 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
         INFO("d" << name << ": relative error " << error);
         CHECK(got.shape() == want.shape());
         CHECK(error < (exact ? 1e-3 : rounded));
+        if (std::getenv("LADLE_TEST_PRINT_ERRORS"))  // the measured errors, for the bounds' record
+          WARN(ir::to_string(variant) << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "") << " mode " << int(mode.gates)
+                                      << (exact ? " fp32" : "") << ": d" << name << " " << error);
       };
       compare("q", gpu.dq, cpu.dq, 2e-2);
       compare("k", gpu.dk, cpu.dk, 2e-2);

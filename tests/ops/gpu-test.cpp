@@ -106,8 +106,28 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
   options.headers = ladle::device::headers_for(ladle::cuda::backward_helpers_source());
   const auto helpers = ladle::compile(ladle::cuda::backward_helpers_source(), options);
   for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
-                           "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})
+                           "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16", "ladle_bwd_block_bf16"})
     CHECK(helpers.ptx.find(std::string(".entry ") + name) != std::string::npos);
+}
+
+// The plain form's block kernel (codegen/device/plain_backward.cuh) runs one block of 256 threads an SM
+// with backward_block_shared bytes of dynamic shared memory: it must build without spills for both
+// targets, and its shared memory must fit an SM's opt-in limit (227 KB on sm_80 and sm_90).
+TEST_CASE("NVRTC compiles ladle_bwd_block_bf16 for sm_80 and sm_90a without spills, its shared memory under 227 KB",
+          "[gpu][nvrtc][backward]") {
+  CHECK(ladle::cuda::backward_block_shared <= 227 * 1024);
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    INFO(arch);
+    const ladle::CompiledProgram program = ladle::gpu::compile_backward_helpers(arch);
+    const auto* r = program.resources("ladle_bwd_block_bf16");
+    REQUIRE(r != nullptr);
+    INFO(r->registers << " registers, " << r->spill_store_bytes << " bytes spilled, " << r->shared_bytes << " static shared");
+    CHECK(r->registers > 0);
+    CHECK(r->registers <= 255);
+    CHECK(r->spill_store_bytes == 0);
+    CHECK(r->shared_bytes + ladle::cuda::backward_block_shared <= 227 * 1024);
+    WARN(arch << ": ladle_bwd_block_bf16 " << r->registers << " registers, " << r->spill_store_bytes << " bytes spilled");
+  }
 }
 
 // The kernel that hashes a device tensor for the backward's fingerprint (ops/detail/fingerprint.h):
