@@ -189,7 +189,8 @@ def main():
         ladle = {g: rel_err(t["ladle_" + g], r) if "ladle_" + g in t else None for g, r in ref.items()}
         for g, r in ref.items():
             fla_err = rel_err(fla[g], r) if fla is not None and fla[g] is not None else None
-            row = {"op": op, "shape": shape, "grad": g, "ladle": ladle[g], "fla": fla_err,
+            label = op + (f" ({meta['gate_gradients']})" if meta.get("gate_gradients") else "")
+            row = {"op": label, "shape": shape, "grad": g, "ladle": ladle[g], "fla": fla_err,
                    "ladle_over_fla": ratio(ladle[g], fla_err), "ladle_over_ladle_dq": ratio(ladle[g], ladle["dq"])}
             rows.append(row)
             print(json.dumps(row), flush=True)

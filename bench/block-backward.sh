@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The plain form's block kernel (ladle_bwd_block_bf16, issue 36) on the GPU machine, in one call:
+#   test:      ops-backward's tensor-core case against the CPU backward, every gate mode, the errors printed;
+#   time:      forward + backward at B8 T4096 H16 K=V=128 bf16, the block kernel (boundary_states) and the
+#              recurrences it replaces (boundary_recurrences) interleaved, per op (OPS);
+#   precision: ladle's gradients against the fp64 oracle at B1 T1000 H4 K=V=128 in both modes (no fla;
+#              bench/grad-precision.sh has fla beside it on the same inputs);
+#   ncu:       Nsight Compute on the block kernel (one launch) and the backward's kernels' times.
+# Needs .deps carried.
+#   bash bench/block-backward.sh [test+time+precision+ncu]
+set -u
+what=${1:-test+time+precision+ncu}
+wants() { [[ "+$what+" == *"+$1+"* ]]; }
+export LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-/tmp/ladle-cache}
+. bench/build.sh /tmp/block-backward-build.log ladle-bench-recurrent ladle-bench-precision ops-backward ops-gpu
+if wants test; then
+  "$build/tests/ops-gpu" "NVRTC compiles ladle_bwd_block_bf16*" 2>&1 | grep -E "registers|passed|failed"
+  LADLE_TEST_PRINT_ERRORS=1 timeout 300 "$build/tests/ops-backward" "the GPU backward on the tensor cores agrees with the CPU backward" 2>&1 |
+    grep -E "mode [0-9]|passed|failed|FAILED|CHECK|with expansion|relative error" | sed 's/^ *//' | grep -v "^$" | head -150
+fi
+if wants time; then
+  for op in ${OPS:-gla simple_gla user}; do
+    for mode in boundary_states boundary_recurrences boundary_states boundary_recurrences; do
+      timeout 120 "$bench" --backward --algo chunked --op "$op" -B ${B:-8} -T ${T:-4096} -H ${H:-16} -K 128 -V 128 --reps ${REPS:-10} \
+        --gate-gradients "$mode" 2>&1 | grep -o '"op".*' | sed "s/^/$mode: /"
+    done
+  done
+fi
+if wants precision; then
+  dirs=()
+  for op in gla simple_gla g_gamma user; do
+    for mode in boundary_states boundary_recurrences; do
+      dir=/tmp/precision/$op-$mode
+      timeout 120 "$build/tools/ladle-bench/ladle-bench-precision" --op "$op" -B 1 -T 1000 -H 4 -K 128 -V 128 --gate-gradients "$mode" \
+        --out "$dir" > /dev/null && dirs+=("$dir")
+    done
+  done
+  timeout 200 python3 bench/grad_precision.py --fla-ops "" "${dirs[@]}"
+fi
+if wants ncu; then
+  ncu --section SpeedOfLight --section Occupancy --section WarpStateStats -k regex:ladle_bwd_block --launch-count 1 \
+    "$bench" --backward --algo chunked --op gla -B 8 -T 4096 -H 16 -K 128 -V 128 --reps 1 2>&1 | grep -vE "^==PROF==|^ *$" | tail -60
+  ncu --metrics gpu__time_duration.sum -k regex:ladle_ "$bench" --backward --algo chunked --op gla -B 8 -T 4096 -H 16 -K 128 -V 128 \
+    --reps 1 2>&1 | grep -E "ladle_|gpu__time" | paste - - | awk '{print $1, $(NF)}' | sort | uniq -c | tail -40
+fi
