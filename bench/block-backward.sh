@@ -2,7 +2,7 @@
 # The plain form's block kernel (ladle_bwd_block_bf16, issue 36) on the GPU machine, in one call:
 #   test:      ops-backward's tensor-core case against the CPU backward, every gate mode, the errors printed;
 #   time:      forward + backward at B8 T4096 H16 K=V=128 bf16, the block kernel (boundary_states) and the
-#              recurrences it replaces (boundary_recurrences) interleaved, per op (OPS);
+#              recurrences it replaces (boundary_blocks) interleaved, per op (OPS);
 #   precision: ladle's gradients against the fp64 oracle at B1 T1000 H4 K=V=128 in both modes (no fla;
 #              bench/grad-precision.sh has fla beside it on the same inputs);
 #   ncu:       Nsight Compute on the block kernel (one launch) and the backward's kernels' times.
@@ -20,7 +20,7 @@ if wants test; then
 fi
 if wants time; then
   for op in ${OPS:-gla simple_gla user}; do
-    for mode in boundary_states boundary_recurrences boundary_states boundary_recurrences; do
+    for mode in boundary_states boundary_blocks boundary_states boundary_blocks; do
       timeout 120 "$bench" --backward --algo chunked --op "$op" -B ${B:-8} -T ${T:-4096} -H ${H:-16} -K 128 -V 128 --reps ${REPS:-10} \
         --gate-gradients "$mode" 2>&1 | grep -o '"op".*' | sed "s/^/$mode: /"
     done
@@ -29,7 +29,7 @@ fi
 if wants precision; then
   dirs=()
   for op in gla simple_gla g_gamma user; do
-    for mode in boundary_states boundary_recurrences; do
+    for mode in boundary_states boundary_blocks; do
       dir=/tmp/precision/$op-$mode
       timeout 120 "$build/tools/ladle-bench/ladle-bench-precision" --op "$op" -B 1 -T 1000 -H 4 -K 128 -V 128 --gate-gradients "$mode" \
         --out "$dir" > /dev/null && dirs+=("$dir")

@@ -274,7 +274,7 @@ class BackwardCall {
     boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_) &&
                        options.gate_gradients != GateGradients::block_sums;
     // u and dk a block at a time from the boundary states (ladle_bwd_block_bf16) instead of their recurrences.
-    block_kernel_ = boundary_states_ && options.gate_gradients == GateGradients::boundary_states && !decays_v_ &&
+    block_kernel_ = boundary_states_ && options.gate_gradients == GateGradients::boundary_blocks && !decays_v_ &&
                     plan_.slot_type == DType::bf16 && K_ <= cuda::backward_block_features && V_ <= cuda::backward_block_features;
     if (plan_.update_form) {  // the update forms' kernel: its limits, before any GPU work
       update_spec_ = update_backward_spec(variant, bound_, d_final_state.has_value(), options.update_backward);

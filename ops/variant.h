@@ -60,16 +60,16 @@ inline constexpr std::int64_t chunked_min_tokens = 64;
 //     in fp32 (the segmented form's state pass and fold in both directions): precise at any length
 //     (GLA's dg 5.6e-3 at T 1000, fla 0.6's 1.6e-3), slower (GLA's backward 5.15 ms at B8 T4096 H16
 //     K=V=128 on an H100);
-//     Inside a block the terms q . dq - k . dk cancel too: where the recurrences' decays are a key-side
-//     or a head decay alone (GLA, simple GLA, a user's key gate), with bf16 slots and K, V up to 128,
-//     dq and dk come from one kernel per block (ladle_bwd_block_bf16) in fp32 from the same
-//     boundary states instead of two recurrences, each rounded to bf16 on its own;
-//   boundary_recurrences: the same carries, dq and dk always from the recurrences (the form before
-//     that kernel; for comparison);
+//   boundary_blocks: the same carries; and where the recurrences' decays are a key-side or a head decay
+//     alone (GLA, simple GLA, a user's key gate), with bf16 slots and K, V up to 128, dq and dk come
+//     from one kernel per 64-step block (ladle_bwd_block_bf16) in fp32 from the same boundary states
+//     instead of two recurrences each rounded to bf16 on its own, so that the terms q . dq - k . dk,
+//     which cancel inside a block, keep fp32 precision (GLA's dg 1.8e-3 at T 1000, dq and dk 6e-4);
+//     opt-in while that kernel is slower than the two recurrences it replaces;
 //   block_sums: the later blocks' sums of q . dq - k . dk, whose bf16 rounding adds up along the
 //     sequence (GLA's dg 2.9e-2 at T 1000), faster (2.06 ms there).
-// bench/RESULTS.md, "Issue 36: gate gradients from the boundary states" and "... one kernel per block".
-enum class GateGradients { boundary_states, boundary_recurrences, block_sums };
+// bench/RESULTS.md, "Issue 36: gate gradients from the boundary states" and "... dq and dk a block at a time".
+enum class GateGradients { boundary_states, boundary_blocks, block_sums };
 
 // The GPU backward's form for the update forms (the delta rule, gated delta rule, KDA, RWKV6):
 //   automatic: the chunked WY form on the tensor cores where it runs (the delta rule with a head decay

@@ -610,7 +610,7 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       ladle::GateGradients gates;
     };
     for (const Mode mode : {Mode{ladle::Algorithm::automatic, ladle::GateGradients::boundary_states},
-                            Mode{ladle::Algorithm::automatic, ladle::GateGradients::boundary_recurrences},
+                            Mode{ladle::Algorithm::automatic, ladle::GateGradients::boundary_blocks},
                             Mode{ladle::Algorithm::automatic, ladle::GateGradients::block_sums},
                             Mode{ladle::Algorithm::recurrent, ladle::GateGradients::boundary_states}}) {
       options.algorithm = mode.algorithm;
@@ -622,7 +622,7 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       INFO(ir::to_string(variant) << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "") << (c.gqa ? " GQA" : "")
                                   << (exact                                                          ? " fp32 slots"
                                       : sums                                                         ? " 16-bit slots, block sums"
-                                      : mode.gates == ladle::GateGradients::boundary_recurrences ? " 16-bit slots, boundary states, recurrences"
+                                      : mode.gates == ladle::GateGradients::boundary_blocks ? " 16-bit slots, boundary states, block kernel"
                                                                                                      : " 16-bit slots, boundary states"));
       if (!ladle::driver_available()) {
         WARN("no GPU: " << ladle::driver_unavailable_reason());

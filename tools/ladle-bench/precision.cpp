@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed);
   std::string gate_gradients = "boundary_states";
   app.add_option("--gate-gradients", gate_gradients, "RunOptions::gate_gradients (ops/variant.h)")
-      ->check(CLI::IsMember({"boundary_states", "boundary_recurrences", "block_sums"}));
+      ->check(CLI::IsMember({"boundary_states", "boundary_blocks", "block_sums"}));
   app.add_option("--out", out_dir, "directory for meta.json and the tensors")->required();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(K));
     const ladle::GateGradients mode =
         gate_gradients == "block_sums"             ? ladle::GateGradients::block_sums
-          : gate_gradients == "boundary_recurrences" ? ladle::GateGradients::boundary_recurrences
+          : gate_gradients == "boundary_blocks" ? ladle::GateGradients::boundary_blocks
                                                      : ladle::GateGradients::boundary_states;
 
     ladle::RecurrentForward forward;

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
                "with events; the loss sum(o * d_output)");
   std::string gate_gradients = "boundary_states";
   app.add_option("--gate-gradients", gate_gradients, "--backward: RunOptions::gate_gradients (ops/variant.h)")
-      ->check(CLI::IsMember({"boundary_states", "boundary_recurrences", "block_sums"}));
+      ->check(CLI::IsMember({"boundary_states", "boundary_blocks", "block_sums"}));
   CLI11_PARSE(app, argc, argv);
   if (HV == 0) HV = H;
   if (HV < H || HV % H != 0) {
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
       options.algorithm = algo == "chunked" ? ladle::Algorithm::chunked : ladle::Algorithm::recurrent;
       options.gate_gradients =
           gate_gradients == "block_sums"             ? ladle::GateGradients::block_sums
-          : gate_gradients == "boundary_recurrences" ? ladle::GateGradients::boundary_recurrences
+          : gate_gradients == "boundary_blocks" ? ladle::GateGradients::boundary_blocks
                                                      : ladle::GateGradients::boundary_states;
       ladle::gpu::LaunchOptions launch{&stream};
       const auto forward = [&] { ladle::gpu::run_variant_into(variant, qv, kv, vv, inputs, options, {ov, std::nullopt}, launch); };
