@@ -25,7 +25,8 @@ inline constexpr int backward_chunk = 64;  // steps per block of the elementwise
 // ladle_bwd_block_bf16's limits and shared memory (plain_backward.cuh's LADLE_BLOCK_FEATURES and
 // LADLE_BLOCK_SHARED; codegen-cuda_backward holds them equal).
 inline constexpr int backward_block_features = 128;
-inline constexpr int backward_block_shared = 224768;
+inline constexpr int backward_block_shared = 108288;
+inline constexpr int backward_block_keys = 64;  // key features a block (grid z: ceil(K / 64))
 // The block size: one thread per feature of the wider side, whole warps. Throws InvalidArgument
 // past 1024 features.
 unsigned backward_threads(std::int64_t key_dim, std::int64_t value_dim);
@@ -103,8 +104,8 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
 //     the plain form with a key-side or head decay, a block of backward_chunk steps at a time, from the
 //     states at the blocks' boundaries (the tables ladle_bwd_carry_states reads), in fp32 from one set
 //     of products, so that the decays' gradients (sums of qs . u - kf . dk, whose terms inside a block
-//     cancel) keep fp32 precision; bf16 slots, K and V up to backward_block_features; grid (C, N H),
-//     256 threads, backward_block_shared bytes of dynamic shared memory;
+//     cancel) keep fp32 precision; bf16 slots, K and V up to backward_block_features; grid (C, N H,
+//     ceil(K / backward_block_keys)), 256 threads, backward_block_shared bytes of dynamic shared memory;
 //   ladle_bwd_initial: d initial_state = factor exp(log_a_0) dS_0 exp(log_b_0) (first_decay);
 //   ladle_bwd_convert_<f32|bf16|f16>: a strided [N,H,R,C] state times a factor to fp32 [N,H,R,C] and
 //     [N,H,C,R].

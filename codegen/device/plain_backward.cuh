@@ -14,34 +14,38 @@
 // with dA = do v^T (s <= t), G_t the block's log decays summed to step t (per key feature; a head's decay
 // broadcast) and G_L = G_(L-1) plus the decay of the step after the block. The products over the
 // values (dA, S_0 do^T, R v^T) run on the tensor cores: dA from the 16-bit slots exactly, the states
-// split into a bf16 high and low part (two products, about 16 bits of mantissa). The sums over steps
-// run in fp32 on the CUDA cores, between 16-step sub-blocks through references at the sub-blocks'
-// edges (every factor at most 1: strong decays and hard resets stay exact), inside a sub-block
-// element by element.
+// split into a bf16 high and low part in registers (two products, about 16 bits of mantissa). The sums
+// over steps between 16-step sub-blocks run on the tensor cores too, through references at the
+// sub-blocks' edges (every factor at most 1: strong decays and hard resets stay exact), both operands
+// split into high and low parts (three products); inside a sub-block they run element by element in
+// fp32, a thread per (sub-block, feature) forming u's and dk's terms from one exponential each.
 //
-// Entry point ladle_bwd_block_bf16: grid (C, N H), 256 threads, LADLE_BLOCK_SHARED bytes of dynamic
-// shared memory; K and V up to 128, bf16 slots. Needs storage.cuh, tensor_core.cuh and block_mma.cuh first.
+// Entry point ladle_bwd_block_bf16: grid (C, N H, ceil(K / 64)): a block takes 64 key features of a
+// 64-step block; 256 threads, two blocks an SM, LADLE_BLOCK_SHARED bytes of dynamic shared memory;
+// K and V up to 128, bf16 slots. Needs storage.cuh, tensor_core.cuh and block_mma.cuh first.
 #ifndef LADLE_PLAIN_BACKWARD
 #define LADLE_PLAIN_BACKWARD
 
 #define LADLE_BLOCK_STEPS 64
-#define LADLE_BLOCK_FEATURES 128
-#define LADLE_BLOCK_LD 136  // 16-bit rows: 128 features and 8 of padding (ldmatrix without bank conflicts)
-#define LADLE_BLOCK_LG 132  // fp32 rows of G and of the scaled key / query rows
-#define LADLE_BLOCK_LA 68   // fp32 rows of dA
+#define LADLE_BLOCK_FEATURES 128     // K and V at most
+#define LADLE_BLOCK_KEYS 64          // key features a block
+#define LADLE_BLOCK_LQ 72            // 16-bit rows of q, k ([64 steps][64 features]) and of the scaled rows ([64 features][64 steps])
+#define LADLE_BLOCK_LV 136           // 16-bit rows of v, do ([64][128]; 8 of padding: ldmatrix without bank conflicts)
+#define LADLE_BLOCK_LG 68            // fp32 rows of G and dA
 #define LADLE_BLOCK_LOG_FLOOR (-110.0f)  // a log decay below counts as this one (its exp is 0 in fp32; -inf included)
 
-// The dynamic shared memory (bytes): q, k, v, do (16-bit, [64][LD]); the state's high and low parts
-// ([128][LD] each); G ([64][LG], log2 units); the scaled rows ([64][LG]); dA ([64][LA]); G_L ([128]).
+// The dynamic shared memory (bytes): q, k ([64][LQ], 16-bit); v, do ([64][LV]); the scaled rows' high and
+// low parts ([64][LQ] each); G ([64][LG], log2 units); dA ([64][LG]); E ([6][64]); G_L ([64]).
+#define LADLE_BLOCK_SHARED \
+  (2 * (4 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
+   4 * (2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + 7 * LADLE_BLOCK_KEYS))
+
 // A value of a tensor whose type is named by `type` (0 f32, 1 bf16, 2 f16).
 __device__ __forceinline__ float ladle_block_load(const void* p, int type, long long at) {
   if (type == 1) return ladle_load(static_cast<const ladle_bf16*>(p) + at);
   if (type == 2) return ladle_load(static_cast<const ladle_f16*>(p) + at);
   return static_cast<const float*>(p)[at];
 }
-
-#define LADLE_BLOCK_SHARED (2 * (4 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LD + 2 * LADLE_BLOCK_FEATURES * LADLE_BLOCK_LD) + \
-                            4 * (2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + LADLE_BLOCK_STEPS * LADLE_BLOCK_LA + LADLE_BLOCK_FEATURES))
 
 // A [B,T,H,D] tensor by its strides (B = 1 with cu_seqlens: t is the packed token).
 struct LadleBlockView {
@@ -72,22 +76,31 @@ struct LadleBlockArgs {
   int T, H, K, V, reverse;
 };
 
+// x as its bf16 high part and the bf16 of what remains (a pair packed for an mma fragment register).
+__device__ __forceinline__ void ladle_block_split(float x0, float x1, unsigned& hi, unsigned& lo) {
+  hi = ladle_pack_bf16(x0, x1);
+  lo = ladle_pack_bf16(x0 - ladle_bf16_float(static_cast<unsigned short>(hi & 0xffffu)),
+                       x1 - ladle_bf16_float(static_cast<unsigned short>(hi >> 16)));
+}
+
 struct LadleBlockBackward {
-  static constexpr int C = LADLE_BLOCK_STEPS, F = LADLE_BLOCK_FEATURES, LD = LADLE_BLOCK_LD, LG = LADLE_BLOCK_LG,
-                       LA = LADLE_BLOCK_LA;
+  static constexpr int C = LADLE_BLOCK_STEPS, F = LADLE_BLOCK_KEYS, VP = LADLE_BLOCK_FEATURES, LQ = LADLE_BLOCK_LQ,
+                       LV = LADLE_BLOCK_LV, LG = LADLE_BLOCK_LG;
   static constexpr float log2e = 1.4426950408889634f;
 
   const LadleBlockArgs& p;
-  unsigned short *q, *k, *v, *dO, *hi, *lo;
-  float *g, *w, *dA, *gl;
-  int n, h, b, L, chunks, c;
+  unsigned short *q, *k, *v, *dO, *whi, *wlo;
+  float *g, *dA, *e, *gl;
+  int n, h, b, L, chunks, c, f0, lane, warp;
   long long bos, eos, s0;
 
   __device__ LadleBlockBackward(const LadleBlockArgs& args, unsigned char* smem) : p(args) {
     q = reinterpret_cast<unsigned short*>(smem);
-    k = q + C * LD, v = k + C * LD, dO = v + C * LD, hi = dO + C * LD, lo = hi + F * LD;
-    g = reinterpret_cast<float*>(lo + F * LD), w = g + C * LG, dA = w + C * LG, gl = dA + C * LA;
+    k = q + C * LQ, whi = k + C * LQ, wlo = whi + C * LQ, v = wlo + C * LQ, dO = v + C * LV;
+    g = reinterpret_cast<float*>(dO + C * LV), dA = g + C * LG, e = dA + C * LG, gl = e + 6 * F;
     n = static_cast<int>(blockIdx.y) / p.H, h = static_cast<int>(blockIdx.y) % p.H, c = static_cast<int>(blockIdx.x);
+    f0 = static_cast<int>(blockIdx.z) * F;
+    lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
     if (p.cu_seqlens) b = 0, bos = p.cu_seqlens[n], eos = p.cu_seqlens[n + 1];
     else b = n, bos = 0, eos = p.T;
     chunks = static_cast<int>((eos - bos + C - 1) / C);
@@ -101,46 +114,191 @@ struct LadleBlockBackward {
   __device__ unsigned short bits(const LadleBlockView& x, int t, int f) const {
     return static_cast<const ladle_bf16*>(x.data)[at(x, t, f)].bits;
   }
+  __device__ float log_decay(int t, int f) const {  // step t's at key feature f (this block's f0 + f), floored, log2 units
+    const float la = (p.log_a.data ? ladle_block_load(p.log_a.data, p.a_type, at(p.log_a, t, f0 + f)) : 0.0f) + (p.log_h ? p.log_h[row(t)] : 0.0f);
+    return (la > LADLE_BLOCK_LOG_FLOOR ? la : LADLE_BLOCK_LOG_FLOOR) * log2e;
+  }
 
-  // The slots into shared memory (0 past the block's steps and the features), G in log2 units (past
-  // the block's last step: its value there, so that every factor stays at most 1) and G_L.
+  // 1. The slots into shared memory (0 past the block's steps and the features), then G: each feature's
+  //    log decays summed along the block (past its last step: its value there, so that every factor
+  //    stays at most 1), and G_L.
   __device__ void stage() {
     for (int x = threadIdx.x; x < C * F; x += blockDim.x) {
       const int t = x / F, f = x % F;
-      const bool key = t < L && f < p.K, value = t < L && f < p.V;
-      q[t * LD + f] = key ? bits(p.qs, t, f) : 0;
-      k[t * LD + f] = key ? bits(p.kf, t, f) : 0;
-      v[t * LD + f] = value ? bits(p.vf, t, f) : 0;
-      dO[t * LD + f] = value ? bits(p.dos, t, f) : 0;
+      const bool key = t < L && f0 + f < p.K;
+      q[t * LQ + f] = key ? bits(p.qs, t, f0 + f) : 0;
+      k[t * LQ + f] = key ? bits(p.kf, t, f0 + f) : 0;
+      g[t * LG + f] = key ? log_decay(t, f) : 0.0f;
     }
-    for (int f = threadIdx.x; f < F; f += blockDim.x) {
+    for (int x = threadIdx.x; x < C * VP; x += blockDim.x) {
+      const int t = x / VP, j = x % VP;
+      const bool value = t < L && j < p.V;
+      v[t * LV + j] = value ? bits(p.vf, t, j) : 0;
+      dO[t * LV + j] = value ? bits(p.dos, t, j) : 0;
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < F) {
+      const int f = threadIdx.x;
       float run = 0.0f;
-      for (int t = 0; t < C; ++t) {
-        if (t < L && f < p.K) {
-          float la = (p.log_a.data ? ladle_block_load(p.log_a.data, p.a_type, at(p.log_a, t, f)) : 0.0f) + (p.log_h ? p.log_h[row(t)] : 0.0f);
-          run += (la > LADLE_BLOCK_LOG_FLOOR ? la : LADLE_BLOCK_LOG_FLOOR) * log2e;
-        }
-        g[t * LG + f] = run;
-      }
+      for (int t = 0; t < C; ++t) g[t * LG + f] = run += g[t * LG + f];
       float next = 0.0f;
-      if (L > 0 && f < p.K) {
+      if (f0 + f < p.K) {
         const long long r = row(L - 1);
-        next = (p.log_a_next ? ladle_block_load(p.log_a_next, p.an_type, r * p.K + f) : 0.0f) + (p.log_h_next ? p.log_h_next[r] : 0.0f);
+        next = (p.log_a_next ? ladle_block_load(p.log_a_next, p.an_type, r * p.K + f0 + f) : 0.0f) + (p.log_h_next ? p.log_h_next[r] : 0.0f);
         next = next > LADLE_BLOCK_LOG_FLOOR ? next : LADLE_BLOCK_LOG_FLOOR;
       }
       gl[f] = run + next * log2e;
     }
   }
 
-  // A [K][V] fp32 state (null: 0) as its bf16 high and low parts, [i][j] (the products' B as [n][k]).
-  __device__ void stage_state(const float* state) {
-    for (int x = threadIdx.x; x < F * F; x += blockDim.x) {
-      const int i = x / F, j = x % F;
-      const float s = state && i < p.K && j < p.V ? state[static_cast<long long>(i) * p.V + j] : 0.0f;
-      const unsigned short top = ladle_bf16_bits(s);
-      hi[i * LD + j] = top;
-      lo[i * LD + j] = ladle_bf16_bits(s - ladle_bf16_float(top));
+  // 2. dA = do v^T on and below the diagonal (8 warps, one 16 x 32 tile each); E[bt, bs] = e^(G_p - G_r) between
+  //    the step before sub-block bt (p) and the last of sub-block bs (r), bs < bt, at index bt (bt - 1) / 2 + bs.
+  __device__ void scores() {
+    const int m0 = (warp >> 1) * 16, n0 = (warp & 1) * 32;
+    LadleTileAcc acc;
+    ladle_tile_zero(acc);
+    ladle_tile_mma<false, false>(acc, dO, LV, v, LV, m0, n0, VP);
+    ladle_tile_each(acc, m0, n0, [&](int t, int s, float x) { dA[t * LG + s] = s <= t ? x : 0.0f; });
+    for (int x = threadIdx.x; x < 6 * F; x += blockDim.x) {
+      const int pair = x / F, f = x % F, bt = pair < 1 ? 1 : pair < 3 ? 2 : 3, bs = pair - bt * (bt - 1) / 2;
+      e[x] = ladle_exp2(g[(16 * bt - 1) * LG + f] - g[(16 * bs + 15) * LG + f]);
     }
+  }
+
+  // 3. Inside each 16-step sub-block, a thread per (sub-block, feature): for s <= t, x = dA_ts e^(G_t - G_s)
+  //    adds x k_s into u's t and x q_t into dk's s, both written to u and dk as partial sums (the
+  //    epilogues add the rest). One exponential a pair serves both.
+  __device__ void diagonal() {
+    const int sb = threadIdx.x / F, f = threadIdx.x % F, base = 16 * sb;
+    float gv[16], qv[16], kv[16], ud[16], kd[16];
+    LADLE_UNROLL
+    for (int t = 0; t < 16; ++t) {
+      gv[t] = g[(base + t) * LG + f];
+      qv[t] = ladle_bf16_float(q[(base + t) * LQ + f]);
+      kv[t] = ladle_bf16_float(k[(base + t) * LQ + f]);
+      ud[t] = kd[t] = 0.0f;
+    }
+    LADLE_UNROLL
+    for (int t = 0; t < 16; ++t)
+      LADLE_UNROLL
+      for (int s = 0; s <= t; ++s) {
+        const float x = dA[(base + t) * LG + base + s] * ladle_exp2(gv[t] - gv[s]);
+        ud[t] += x * kv[s];
+        kd[s] += x * qv[t];
+      }
+    if (f0 + f < p.K)
+      for (int t = 0; t < 16 && base + t < L; ++t) {
+        p.u[at({nullptr, p.u_sb, p.u_st, p.u_sh, p.u_sd}, base + t, f0 + f)] = ud[t];
+        p.dk[at({nullptr, p.dk_sb, p.dk_st, p.dk_sh, p.dk_sd}, base + t, f0 + f)] = kd[t];
+      }
+  }
+
+  // The scaled rows, transposed ([feature][step]) as bf16 high and low parts: keys (k_s e^(G_r - G_s), r the
+  // last step of s's sub-block) or queries (q_t e^(G_t - G_p), p the step before t's sub-block; 0 in the first).
+  __device__ void scaled(bool keys) {
+    for (int x = threadIdx.x; x < C * F; x += blockDim.x) {
+      const int t = x % C, f = x / C;
+      const int ref = keys ? (t | 15) : (t & ~15) - 1;
+      float value = 0.0f;
+      if (ref >= 0) {
+        const float base = ladle_bf16_float(keys ? k[t * LQ + f] : q[t * LQ + f]);
+        value = base * ladle_exp2(keys ? g[ref * LG + f] - g[t * LG + f] : g[t * LG + f] - g[ref * LG + f]);
+      }
+      const unsigned short top = ladle_bf16_bits(value);
+      whi[f * LQ + t] = top;
+      wlo[f * LQ + t] = ladle_bf16_bits(value - ladle_bf16_float(top));
+    }
+  }
+
+  // An A fragment (16 x 16 at (m0, k0)) of dA (transposed: dA^T) split into high and low parts.
+  __device__ void da_fragment(bool transposed, int m0, int k0, unsigned (&hi)[4], unsigned (&lo)[4]) const {
+    const int r = lane >> 2, c2 = 2 * (lane & 3);
+    LADLE_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const int m = m0 + r + 8 * (i & 1), kk = k0 + c2 + 8 * (i >> 1);
+      const float x0 = transposed ? dA[kk * LG + m] : dA[m * LG + kk], x1 = transposed ? dA[(kk + 1) * LG + m] : dA[m * LG + kk + 1];
+      ladle_block_split(x0, x1, hi[i], lo[i]);
+    }
+  }
+
+  // 4. out[t][f] for the warp's eight features (f0 + 8 warp ...) and every step: U (u): A = do, the state S_0,
+  //    the earlier sub-blocks through dA and the scaled keys; else (dk): A = v, the gradient R, the later
+  //    sub-blocks through dA^T and the scaled queries. Then scale (decay A state^T + references + the
+  //    partial sums the diagonal wrote).
+  template <bool U>
+  __device__ void finish(const float* state, float* out, long long sb, long long st, long long sh, long long sd) {
+    const int r = lane >> 2, c2 = 2 * (lane & 3), fw = 8 * warp;
+    const int fs = f0 + fw + r;  // the state's row this lane's B fragments read
+    const unsigned short* A = U ? dO : v;
+    float acc[4][4], ref[4][4];
+    LADLE_UNROLL
+    for (int m = 0; m < 4; ++m)
+      LADLE_UNROLL
+      for (int x = 0; x < 4; ++x) acc[m][x] = ref[m][x] = 0.0f;
+    const int row8 = lane & 7, second = (lane >> 3) & 1, upper = lane >> 4;
+    // The state's B fragments (k = value column j, n = feature), half the depth's loads in flight at a time.
+    const bool live_row = state && fs < p.K;
+    LADLE_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      float sv[4][4];
+      LADLE_UNROLL
+      for (int k0 = 0; k0 < 4; ++k0)
+        LADLE_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          const int j = 16 * (4 * half + k0) + c2 + (i & 1) + 8 * (i >> 1);
+          sv[k0][i] = live_row && j < p.V ? state[static_cast<long long>(fs) * p.V + j] : 0.0f;
+        }
+      LADLE_UNROLL
+      for (int k0 = 0; k0 < 4; ++k0) {
+        unsigned bhi[2], blo[2];
+        ladle_block_split(sv[k0][0], sv[k0][1], bhi[0], blo[0]);
+        ladle_block_split(sv[k0][2], sv[k0][3], bhi[1], blo[1]);
+        LADLE_UNROLL
+        for (int m = 0; m < 4; ++m) {
+          unsigned a[4];
+          ladle_ldmatrix_x4(a, A + (16 * m + row8 + second * 8) * LV + 16 * (4 * half + k0) + upper * 8);
+          ladle_mma_bf16(acc[m], a, bhi[0], bhi[1]);
+          ladle_mma_bf16(acc[m], a, blo[0], blo[1]);
+        }
+      }
+    }
+    // The other sub-blocks: for U, row block m (m >= 1) from each earlier one (depth 16); else row block m
+    // (m <= 2) from each later one. Each pair's product scaled by E per feature before it adds.
+    LADLE_UNROLL
+    for (int m = 0; m < 4; ++m)
+      LADLE_UNROLL
+      for (int o = 0; o < 4; ++o) {
+        if (U ? o >= m : o <= m) continue;
+        const int bt = U ? m : o, bs = U ? o : m, pair = bt * (bt - 1) / 2 + bs;
+        unsigned ahi[4], alo[4], bhi[2], blo[2];
+        da_fragment(!U, 16 * m, 16 * o, ahi, alo);
+        LADLE_UNROLL
+        for (int i = 0; i < 2; ++i) {  // B (k = step of sub-block o, n = feature): the scaled rows, [feature][step]
+          const int at_ = (fw + r) * LQ + 16 * o + c2 + 8 * i;
+          bhi[i] = static_cast<unsigned>(whi[at_]) | (static_cast<unsigned>(whi[at_ + 1]) << 16);
+          blo[i] = static_cast<unsigned>(wlo[at_]) | (static_cast<unsigned>(wlo[at_ + 1]) << 16);
+        }
+        float prod[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        ladle_mma_bf16(prod, ahi, bhi[0], bhi[1]);
+        ladle_mma_bf16(prod, ahi, blo[0], blo[1]);
+        ladle_mma_bf16(prod, alo, bhi[0], bhi[1]);
+        LADLE_UNROLL
+        for (int x = 0; x < 4; ++x) ref[m][x] += e[pair * F + fw + c2 + (x & 1)] * prod[x];
+      }
+    LADLE_UNROLL
+    for (int m = 0; m < 4; ++m)
+      LADLE_UNROLL
+      for (int x = 0; x < 4; ++x) {
+        const int t = 16 * m + r + 8 * (x >> 1), f = fw + c2 + (x & 1);
+        if (t >= L || f0 + f >= p.K) continue;
+        const float gt = g[t * LG + f];
+        const float decay = U ? ladle_exp2(gt) : ladle_exp2(gl[f] - gt);
+        float value = decay * acc[m][x];
+        if (U && m > 0) value += ladle_exp2(gt - g[(16 * m - 1) * LG + f]) * ref[m][x];
+        if (!U && m < 3) value += ladle_exp2(g[(16 * m + 15) * LG + f] - gt) * ref[m][x];
+        float* const to = out + b * sb + token(t) * st + h * sh + (f0 + f) * sd;
+        *to = p.scale * (value + *to);
+      }
   }
 
   __device__ const float* entry_state() const {
@@ -154,107 +312,24 @@ struct LadleBlockBackward {
     return p.d_states + ((p.first[n] + chunks - 2 - c) * p.H + h) * area;
   }
 
-  // dA = do v^T on and below the diagonal (8 warps, one 16 x 32 tile each).
-  __device__ void scores() {
-    const int warp = threadIdx.x >> 5, m0 = (warp >> 1) * 16, n0 = (warp & 1) * 32;
-    LadleTileAcc acc;
-    ladle_tile_zero(acc);
-    ladle_tile_mma<false, false>(acc, dO, LD, v, LD, m0, n0, F);
-    ladle_tile_each(acc, m0, n0, [&](int t, int s, float x) { dA[t * LA + s] = s <= t ? x : 0.0f; });
-  }
-
-  // w[s] = k_s e^(G_r - G_s), r the last step of s's sub-block (keys = true), or w[t] = q_t e^(G_t - G_p),
-  // p the step before t's sub-block (t >= 16).
-  __device__ void scaled(bool keys) {
-    for (int x = threadIdx.x; x < C * F; x += blockDim.x) {
-      const int t = x / F, f = x % F;
-      const int ref = keys ? (t | 15) : (t & ~15) - 1;
-      float value = 0.0f;
-      if (ref >= 0) {
-        const float base = ladle_bf16_float(keys ? k[t * LD + f] : q[t * LD + f]);
-        value = base * ladle_exp2(keys ? g[ref * LG + f] - g[t * LG + f] : g[t * LG + f] - g[ref * LG + f]);
-      }
-      w[t * LG + f] = value;
-    }
-  }
-
-  // sum_(s <= t) dA_ts e^(G_t - G_s) k_s at feature f: the earlier sub-blocks through w (the keys
-  // scaled to their sub-block's last step) and e^(G_p - G_r) between references, then t's own.
-  __device__ float intra_u(int t, int f) const {
-    const int bt = t >> 4;
-    float total = 0.0f;
-    if (bt > 0) {
-      const float gp = g[(16 * bt - 1) * LG + f];
-      for (int bs = 0; bs < bt; ++bs) {
-        float sum = 0.0f;
-        LADLE_UNROLL
-        for (int s = 16 * bs; s < 16 * bs + 16; ++s) sum += dA[t * LA + s] * w[s * LG + f];
-        total += ladle_exp2(gp - g[(16 * bs + 15) * LG + f]) * sum;
-      }
-      total *= ladle_exp2(g[t * LG + f] - gp);
-    }
-    const float gt = g[t * LG + f];
-    for (int s = 16 * bt; s <= t; ++s) total += dA[t * LA + s] * ladle_exp2(gt - g[s * LG + f]) * ladle_bf16_float(k[s * LD + f]);
-    return total;
-  }
-
-  // sum_(t >= s) dA_ts e^(G_t - G_s) q_t at feature f: the later sub-blocks through w (the queries
-  // scaled to the step before their sub-block), then s's own.
-  __device__ float intra_dk(int s, int f) const {
-    const int bs = s >> 4;
-    float total = 0.0f;
-    if (bs < 3) {
-      const float gr = g[(16 * bs + 15) * LG + f];
-      for (int bt = bs + 1; bt < 4; ++bt) {
-        float sum = 0.0f;
-        LADLE_UNROLL
-        for (int t = 16 * bt; t < 16 * bt + 16; ++t) sum += dA[t * LA + s] * w[t * LG + f];
-        total += ladle_exp2(g[(16 * bt - 1) * LG + f] - gr) * sum;
-      }
-      total *= ladle_exp2(gr - g[s * LG + f]);
-    }
-    const float gs = g[s * LG + f];
-    for (int t = s; t < 16 * bs + 16; ++t) total += dA[t * LA + s] * ladle_exp2(g[t * LG + f] - gs) * ladle_bf16_float(q[t * LD + f]);
-    return total;
-  }
-
-  // out[t][f] = scale (e^(factor) (A state^T)[t][f] + intra(t, f)) for t < L, f < K: A (do or v) times
-  // the staged state's two parts, each warp two 16 x 32 tiles of the [64][128] result.
-  template <bool U>
-  __device__ void finish(float* out, long long sb, long long st, long long sh, long long sd) {
-    const unsigned short* A = U ? dO : v;
-    ladle_tiles(C, F, [&](int m0, int n0) {
-      LadleTileAcc acc;
-      ladle_tile_zero(acc);
-      ladle_tile_mma<false, false>(acc, A, LD, hi, LD, m0, n0, F);
-      ladle_tile_mma<false, false>(acc, A, LD, lo, LD, m0, n0, F);
-      ladle_tile_each(acc, m0, n0, [&](int t, int f, float x) {
-        if (t >= L || f >= p.K) return;
-        const float decay = U ? ladle_exp2(g[t * LG + f]) : ladle_exp2(gl[f] - g[t * LG + f]);
-        const float value = p.scale * (decay * x + (U ? intra_u(t, f) : intra_dk(t, f)));
-        out[b * sb + token(t) * st + h * sh + f * sd] = value;
-      });
-    });
-  }
-
   __device__ void run() {
     if (L <= 0) return;
     stage();
-    stage_state(entry_state());
     __syncthreads();
     scores();
+    __syncthreads();
+    diagonal();
     scaled(true);
     __syncthreads();
-    finish<true>(p.u, p.u_sb, p.u_st, p.u_sh, p.u_sd);
+    finish<true>(entry_state(), p.u, p.u_sb, p.u_st, p.u_sh, p.u_sd);
     __syncthreads();
-    stage_state(exit_gradient());
     scaled(false);
     __syncthreads();
-    finish<false>(p.dk, p.dk_sb, p.dk_st, p.dk_sh, p.dk_sd);
+    finish<false>(exit_gradient(), p.dk, p.dk_sb, p.dk_st, p.dk_sh, p.dk_sd);
   }
 };
 
-extern "C" __global__ void __launch_bounds__(256) ladle_bwd_block_bf16(
+extern "C" __global__ void __launch_bounds__(256, 2) ladle_bwd_block_bf16(
     const void* qs, long long q_sb, long long q_st, long long q_sh, long long q_sd, const void* kf, long long k_sb, long long k_st,
     long long k_sh, long long k_sd, const void* vf, long long v_sb, long long v_st, long long v_sh, long long v_sd, const void* dos,
     long long o_sb, long long o_st, long long o_sh, long long o_sd, const void* log_a, long long a_sb, long long a_st, long long a_sh,
