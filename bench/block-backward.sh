@@ -38,8 +38,15 @@ if wants precision; then
   timeout 200 python3 bench/grad_precision.py --fla-ops "" "${dirs[@]}" | grep "^|"
 fi
 if wants ncu; then
-  ncu --section SpeedOfLight --section Occupancy --section WarpStateStats -k regex:ladle_bwd_block --launch-count 1 \
-    "$bench" --backward --algo chunked --op gla -B 8 -T 4096 -H 16 -K 128 -V 128 --reps 1 2>&1 | grep -vE "^==PROF==|^ *$" | tail -60
-  ncu --metrics gpu__time_duration.sum -k regex:ladle_ "$bench" --backward --algo chunked --op gla -B 8 -T 4096 -H 16 -K 128 -V 128 \
-    --reps 1 2>&1 | grep -E "ladle_|gpu__time" | paste - - | awk '{print $1, $(NF)}' | sort | uniq -c | tail -40
+  out=${OUT:-$PWD/gpu-out}; mkdir -p "$out"
+  args=(--backward --algo chunked --op gla -B 8 -T 4096 -H 16 -K 128 -V 128 --reps 1 --gate-gradients boundary_blocks)
+  timeout 240 ncu --section SourceCounters --section SpeedOfLight --section Occupancy --section WarpStateStats -k regex:ladle_bwd_block \
+    --launch-count 1 -o "$out/sass-block" "$bench" "${args[@]}" > "$out/ncu-block.txt" 2>&1
+  ncu --import "$out/sass-block.ncu-rep" --page source --csv --print-source sass > "$out/sass-block.csv" 2>&1
+  python3 bench/sass_phases.py "$out/sass-block.csv" > "$out/phases-block.txt" 2>&1
+  gzip -f "$out/sass-block.csv"; rm -f "$out/sass-block.ncu-rep"
+  grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|DRAM Throughput|Compute \(SM\)" "$out/ncu-block.txt"
+  head -${LINES_SHOWN:-60} "$out/phases-block.txt"
+  ncu --metrics gpu__time_duration.sum -k regex:ladle_ "$bench" "${args[@]}" 2>&1 | grep -E "^  ladle_|gpu__time" | paste - - |
+    awk '{print $1, $(NF)}' | sort | uniq -c | tail -20
 fi

@@ -125,8 +125,10 @@ TEST_CASE("NVRTC compiles ladle_bwd_block_bf16 for sm_80 and sm_90a without spil
     CHECK(r->registers > 0);
     CHECK(r->registers <= 255);
     CHECK(r->spill_store_bytes == 0);
+    CHECK(r->stack_frame_bytes == 0);  // no array left in local memory
     CHECK(r->shared_bytes + ladle::cuda::backward_block_shared <= 227 * 1024);
-    WARN(arch << ": ladle_bwd_block_bf16 " << r->registers << " registers, " << r->spill_store_bytes << " bytes spilled");
+    WARN(arch << ": ladle_bwd_block_bf16 " << r->registers << " registers, " << r->spill_store_bytes << " bytes spilled, "
+              << r->stack_frame_bytes << " bytes of stack");
   }
 }
 
