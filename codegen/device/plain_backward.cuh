@@ -76,6 +76,10 @@ struct LadleBlockArgs {
   int T, H, K, V, reverse;
 };
 
+struct alignas(8) LadleBlockPair {
+  float x, y;
+};
+
 // x as its bf16 high part and the bf16 of what remains (a pair packed for an mma fragment register).
 __device__ __forceinline__ void ladle_block_split(float x0, float x1, unsigned& hi, unsigned& lo) {
   hi = ladle_pack_bf16(x0, x1);
@@ -111,30 +115,61 @@ struct LadleBlockBackward {
   __device__ long long token(int t) const { return p.reverse ? eos - 1 - (s0 + t) : bos + s0 + t; }
   __device__ long long row(int t) const { return (static_cast<long long>(b) * p.T + token(t)) * p.H + h; }
   __device__ long long at(const LadleBlockView& x, int t, int f) const { return b * x.sb + token(t) * x.st + h * x.sh + f * x.sd; }
-  __device__ unsigned short bits(const LadleBlockView& x, int t, int f) const {
-    return static_cast<const ladle_bf16*>(x.data)[at(x, t, f)].bits;
-  }
-  __device__ float log_decay(int t, int f) const {  // step t's at key feature f (this block's f0 + f), floored, log2 units
-    const float la = (p.log_a.data ? ladle_block_load(p.log_a.data, p.a_type, at(p.log_a, t, f0 + f)) : 0.0f) + (p.log_h ? p.log_h[row(t)] : 0.0f);
-    return (la > LADLE_BLOCK_LOG_FLOOR ? la : LADLE_BLOCK_LOG_FLOOR) * log2e;
+
+  // Eight 16-bit values of step t's row of x (features f ... f + 7, 0 from count on, and 0 past the block's
+  //    steps) into shared memory at dst (16-byte aligned): one 16-byte load where the row is contiguous
+  //    and aligned there, else one load a value.
+  __device__ void stage8(unsigned short* dst, const LadleBlockView& x, int t, int f, int count) const {
+    ladle_u4 w{0u, 0u, 0u, 0u};
+    if (t < L && f < count) {
+      const ladle_bf16* src = static_cast<const ladle_bf16*>(x.data) + at(x, t, f);
+      if (x.sd == 1 && f + 8 <= count && (reinterpret_cast<unsigned long long>(src) & 15ull) == 0) {
+        w = ladle_ld16(src);
+      } else {
+        unsigned bits[8];
+        LADLE_UNROLL
+        for (int u = 0; u < 8; ++u) bits[u] = f + u < count ? src[u * x.sd].bits : 0u;
+        w = ladle_u4{bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16), bits[4] | (bits[5] << 16), bits[6] | (bits[7] << 16)};
+      }
+    }
+    ladle_st16(dst, w);
   }
 
-  // 1. The slots into shared memory (0 past the block's steps and the features), then G: each feature's
-  //    log decays summed along the block (past its last step: its value there, so that every factor
-  //    stays at most 1), and G_L.
+  // 1. The slots into shared memory (0 past the block's steps and the features), 16 bytes a thread at a
+  //    time; then G: each feature's log decays (floored, log2 units) summed along the block (past its
+  //    last step: its value there, so that every factor stays at most 1), and G_L.
   __device__ void stage() {
-    for (int x = threadIdx.x; x < C * F; x += blockDim.x) {
-      const int t = x / F, f = x % F;
-      const bool key = t < L && f0 + f < p.K;
-      q[t * LQ + f] = key ? bits(p.qs, t, f0 + f) : 0;
-      k[t * LQ + f] = key ? bits(p.kf, t, f0 + f) : 0;
-      g[t * LG + f] = key ? log_decay(t, f) : 0.0f;
+    for (int x = threadIdx.x; x < C * (F / 8); x += blockDim.x) {
+      const int t = x / (F / 8), f = 8 * (x % (F / 8));
+      stage8(q + t * LQ + f, p.qs, t, f0 + f, p.K);
+      stage8(k + t * LQ + f, p.kf, t, f0 + f, p.K);
+      float la[8];
+      const bool live = t < L && f0 + f < p.K;
+      const float head = live && p.log_h ? p.log_h[row(t)] : 0.0f;
+      if (live && p.log_a.data) {
+        const long long a0 = at(p.log_a, t, f0 + f);
+        const bool whole = p.log_a.sd == 1 && f0 + f + 8 <= p.K;
+        if (whole && p.a_type == 0 && ((reinterpret_cast<unsigned long long>(static_cast<const float*>(p.log_a.data) + a0) & 15ull) == 0)) {
+          const ladle_f4 lo4 = ladle_ld4(static_cast<const float*>(p.log_a.data) + a0), hi4 = ladle_ld4(static_cast<const float*>(p.log_a.data) + a0 + 4);
+          la[0] = lo4.x, la[1] = lo4.y, la[2] = lo4.z, la[3] = lo4.w, la[4] = hi4.x, la[5] = hi4.y, la[6] = hi4.z, la[7] = hi4.w;
+        } else {
+          LADLE_UNROLL
+          for (int u = 0; u < 8; ++u) la[u] = f0 + f + u < p.K ? ladle_block_load(p.log_a.data, p.a_type, a0 + u * p.log_a.sd) : 0.0f;
+        }
+      } else {
+        LADLE_UNROLL
+        for (int u = 0; u < 8; ++u) la[u] = 0.0f;
+      }
+      LADLE_UNROLL
+      for (int u = 0; u < 8; ++u) {
+        const float x_ = la[u] + head;
+        g[t * LG + f + u] = live && f0 + f + u < p.K ? (x_ > LADLE_BLOCK_LOG_FLOOR ? x_ : LADLE_BLOCK_LOG_FLOOR) * log2e : 0.0f;
+      }
     }
-    for (int x = threadIdx.x; x < C * VP; x += blockDim.x) {
-      const int t = x / VP, j = x % VP;
-      const bool value = t < L && j < p.V;
-      v[t * LV + j] = value ? bits(p.vf, t, j) : 0;
-      dO[t * LV + j] = value ? bits(p.dos, t, j) : 0;
+    for (int x = threadIdx.x; x < C * (VP / 8); x += blockDim.x) {
+      const int t = x / (VP / 8), j = 8 * (x % (VP / 8));
+      stage8(v + t * LV + j, p.vf, t, j, p.V);
+      stage8(dO + t * LV + j, p.dos, t, j, p.V);
     }
     __syncthreads();
     if (static_cast<int>(threadIdx.x) < F) {
@@ -244,9 +279,16 @@ struct LadleBlockBackward {
       LADLE_UNROLL
       for (int k0 = 0; k0 < 4; ++k0)
         LADLE_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          const int j = 16 * (4 * half + k0) + c2 + (i & 1) + 8 * (i >> 1);
-          sv[k0][i] = live_row && j < p.V ? state[static_cast<long long>(fs) * p.V + j] : 0.0f;
+        for (int i = 0; i < 4; i += 2) {  // columns j and j + 1 (j even): one 8-byte load where V is even
+          const int j = 16 * (4 * half + k0) + c2 + 8 * (i >> 1);
+          const float* const at_ = state + static_cast<long long>(fs) * p.V + j;
+          if (live_row && j + 1 < p.V && (p.V & 1) == 0) {
+            const LadleBlockPair pair = *reinterpret_cast<const LadleBlockPair*>(at_);
+            sv[k0][i] = pair.x, sv[k0][i + 1] = pair.y;
+          } else {
+            sv[k0][i] = live_row && j < p.V ? at_[0] : 0.0f;
+            sv[k0][i + 1] = live_row && j + 1 < p.V ? at_[1] : 0.0f;
+          }
         }
       LADLE_UNROLL
       for (int k0 = 0; k0 < 4; ++k0) {
@@ -285,6 +327,15 @@ struct LadleBlockBackward {
         LADLE_UNROLL
         for (int x = 0; x < 4; ++x) ref[m][x] += e[pair * F + fw + c2 + (x & 1)] * prod[x];
       }
+    // The diagonal's partial sums, every load in flight before the first store.
+    float part[4][4];
+    LADLE_UNROLL
+    for (int m = 0; m < 4; ++m)
+      LADLE_UNROLL
+      for (int x = 0; x < 4; ++x) {
+        const int t = 16 * m + r + 8 * (x >> 1), f = fw + c2 + (x & 1);
+        part[m][x] = t < L && f0 + f < p.K ? out[b * sb + token(t) * st + h * sh + (f0 + f) * sd] : 0.0f;
+      }
     LADLE_UNROLL
     for (int m = 0; m < 4; ++m)
       LADLE_UNROLL
@@ -293,11 +344,10 @@ struct LadleBlockBackward {
         if (t >= L || f0 + f >= p.K) continue;
         const float gt = g[t * LG + f];
         const float decay = U ? ladle_exp2(gt) : ladle_exp2(gl[f] - gt);
-        float value = decay * acc[m][x];
+        float value = decay * acc[m][x] + part[m][x];
         if (U && m > 0) value += ladle_exp2(gt - g[(16 * m - 1) * LG + f]) * ref[m][x];
         if (!U && m < 3) value += ladle_exp2(g[(16 * m + 15) * LG + f] - gt) * ref[m][x];
-        float* const to = out + b * sb + token(t) * st + h * sh + (f0 + f) * sd;
-        *to = p.scale * (value + *to);
+        out[b * sb + token(t) * st + h * sh + (f0 + f) * sd] = p.scale * value;
       }
   }
 
