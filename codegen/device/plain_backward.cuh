@@ -29,15 +29,16 @@
 #define LADLE_BLOCK_STEPS 64
 #define LADLE_BLOCK_FEATURES 128     // K and V at most
 #define LADLE_BLOCK_KEYS 64          // key features a block
-#define LADLE_BLOCK_LQ 72            // 16-bit rows of q, k ([64 steps][64 features]) and of the scaled rows ([64 features][64 steps])
+#define LADLE_BLOCK_LQ 72            // 16-bit rows of q, k ([64 steps][64 features])
+#define LADLE_BLOCK_LW 66            // 16-bit rows of the scaled rows ([64 features][64 steps]; 33 words: no bank conflicts)
 #define LADLE_BLOCK_LV 136           // 16-bit rows of v, do ([64][128]; 8 of padding: ldmatrix without bank conflicts)
 #define LADLE_BLOCK_LG 68            // fp32 rows of G and dA
 #define LADLE_BLOCK_LOG_FLOOR (-110.0f)  // a log decay below counts as this one (its exp is 0 in fp32; -inf included)
 
 // The dynamic shared memory (bytes): q, k ([64][LQ], 16-bit); v, do ([64][LV]); the scaled rows' high and
-// low parts ([64][LQ] each); G ([64][LG], log2 units); dA ([64][LG]); E ([6][64]); G_L ([64]).
+// low parts ([64][LW] each); G ([64][LG], log2 units); dA ([64][LG]); E ([6][64]); G_L ([64]).
 #define LADLE_BLOCK_SHARED \
-  (2 * (4 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
+  (2 * (2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_KEYS * LADLE_BLOCK_LW + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
    4 * (2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + 7 * LADLE_BLOCK_KEYS))
 
 // A value of a tensor whose type is named by `type` (0 f32, 1 bf16, 2 f16).
@@ -89,7 +90,7 @@ __device__ __forceinline__ void ladle_block_split(float x0, float x1, unsigned& 
 
 struct LadleBlockBackward {
   static constexpr int C = LADLE_BLOCK_STEPS, F = LADLE_BLOCK_KEYS, VP = LADLE_BLOCK_FEATURES, LQ = LADLE_BLOCK_LQ,
-                       LV = LADLE_BLOCK_LV, LG = LADLE_BLOCK_LG;
+                       LW = LADLE_BLOCK_LW, LV = LADLE_BLOCK_LV, LG = LADLE_BLOCK_LG;
   static constexpr float log2e = 1.4426950408889634f;
 
   const LadleBlockArgs& p;
@@ -100,8 +101,8 @@ struct LadleBlockBackward {
 
   __device__ LadleBlockBackward(const LadleBlockArgs& args, unsigned char* smem) : p(args) {
     q = reinterpret_cast<unsigned short*>(smem);
-    k = q + C * LQ, whi = k + C * LQ, wlo = whi + C * LQ, v = wlo + C * LQ, dO = v + C * LV;
-    g = reinterpret_cast<float*>(dO + C * LV), dA = g + C * LG, e = dA + C * LG, gl = e + 6 * F;
+    k = q + C * LQ, v = k + C * LQ, dO = v + C * LV, whi = dO + C * LV, wlo = whi + F * LW;
+    g = reinterpret_cast<float*>(wlo + F * LW), dA = g + C * LG, e = dA + C * LG, gl = e + 6 * F;
     n = static_cast<int>(blockIdx.y) / p.H, h = static_cast<int>(blockIdx.y) % p.H, c = static_cast<int>(blockIdx.x);
     f0 = static_cast<int>(blockIdx.z) * F;
     lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -117,60 +118,78 @@ struct LadleBlockBackward {
   __device__ long long at(const LadleBlockView& x, int t, int f) const { return b * x.sb + token(t) * x.st + h * x.sh + f * x.sd; }
 
   // Eight 16-bit values of step t's row of x (features f ... f + 7, 0 from count on, and 0 past the block's
-  //    steps) into shared memory at dst (16-byte aligned): one 16-byte load where the row is contiguous
-  //    and aligned there, else one load a value.
+  //    steps) into shared memory at dst (16-byte aligned): one 16-byte cp.async where the row is contiguous
+  //    and aligned there (complete at the caller's wait), else one load a value.
   __device__ void stage8(unsigned short* dst, const LadleBlockView& x, int t, int f, int count) const {
     ladle_u4 w{0u, 0u, 0u, 0u};
     if (t < L && f < count) {
       const ladle_bf16* src = static_cast<const ladle_bf16*>(x.data) + at(x, t, f);
       if (x.sd == 1 && f + 8 <= count && (reinterpret_cast<unsigned long long>(src) & 15ull) == 0) {
-        w = ladle_ld16(src);
-      } else {
-        unsigned bits[8];
-        LADLE_UNROLL
-        for (int u = 0; u < 8; ++u) bits[u] = f + u < count ? src[u * x.sd].bits : 0u;
-        w = ladle_u4{bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16), bits[4] | (bits[5] << 16), bits[6] | (bits[7] << 16)};
+        ladle_cp_async_16(dst, src);
+        return;
       }
+      unsigned bits[8];
+      LADLE_UNROLL
+      for (int u = 0; u < 8; ++u) bits[u] = f + u < count ? src[u * x.sd].bits : 0u;
+      w = ladle_u4{bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16), bits[4] | (bits[5] << 16), bits[6] | (bits[7] << 16)};
     }
     ladle_st16(dst, w);
+  }
+
+  // Eight log decays of step t (features f0 + f ...), as stored (0 past K): 16-byte loads where the row is
+  // contiguous and aligned, for f32, bf16 and f16, else one load a value.
+  __device__ void decays8(float (&la)[8], int t, int f) const {
+    const long long a0 = at(p.log_a, t, f0 + f);
+    const bool whole = p.log_a.sd == 1 && f0 + f + 8 <= p.K;
+    const float* const f32 = static_cast<const float*>(p.log_a.data) + a0;
+    const unsigned short* const h16 = static_cast<const unsigned short*>(p.log_a.data) + a0;
+    if (whole && p.a_type == 0 && (reinterpret_cast<unsigned long long>(f32) & 15ull) == 0) {
+      const ladle_f4 lo4 = ladle_ld4(f32), hi4 = ladle_ld4(f32 + 4);
+      la[0] = lo4.x, la[1] = lo4.y, la[2] = lo4.z, la[3] = lo4.w, la[4] = hi4.x, la[5] = hi4.y, la[6] = hi4.z, la[7] = hi4.w;
+    } else if (whole && p.a_type == 1 && (reinterpret_cast<unsigned long long>(h16) & 15ull) == 0) {
+      ladle_unpack8_bf16(la, ladle_ld16(h16));
+    } else if (whole && p.a_type == 2 && (reinterpret_cast<unsigned long long>(h16) & 15ull) == 0) {
+      ladle_unpack8_f16(la, ladle_ld16(h16));
+    } else {
+      LADLE_UNROLL
+      for (int u = 0; u < 8; ++u) la[u] = f0 + f + u < p.K ? ladle_block_load(p.log_a.data, p.a_type, a0 + u * p.log_a.sd) : 0.0f;
+    }
   }
 
   // 1. The slots into shared memory (0 past the block's steps and the features), 16 bytes a thread at a
   //    time; then G: each feature's log decays (floored, log2 units) summed along the block (past its
   //    last step: its value there, so that every factor stays at most 1), and G_L.
   __device__ void stage() {
-    for (int x = threadIdx.x; x < C * (F / 8); x += blockDim.x) {
-      const int t = x / (F / 8), f = 8 * (x % (F / 8));
+    LADLE_UNROLL
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {  // 2 tasks a thread (256 threads)
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
       stage8(q + t * LQ + f, p.qs, t, f0 + f, p.K);
       stage8(k + t * LQ + f, p.kf, t, f0 + f, p.K);
+    }
+    LADLE_UNROLL_1
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
       float la[8];
       const bool live = t < L && f0 + f < p.K;
       const float head = live && p.log_h ? p.log_h[row(t)] : 0.0f;
-      if (live && p.log_a.data) {
-        const long long a0 = at(p.log_a, t, f0 + f);
-        const bool whole = p.log_a.sd == 1 && f0 + f + 8 <= p.K;
-        if (whole && p.a_type == 0 && ((reinterpret_cast<unsigned long long>(static_cast<const float*>(p.log_a.data) + a0) & 15ull) == 0)) {
-          const ladle_f4 lo4 = ladle_ld4(static_cast<const float*>(p.log_a.data) + a0), hi4 = ladle_ld4(static_cast<const float*>(p.log_a.data) + a0 + 4);
-          la[0] = lo4.x, la[1] = lo4.y, la[2] = lo4.z, la[3] = lo4.w, la[4] = hi4.x, la[5] = hi4.y, la[6] = hi4.z, la[7] = hi4.w;
-        } else {
-          LADLE_UNROLL
-          for (int u = 0; u < 8; ++u) la[u] = f0 + f + u < p.K ? ladle_block_load(p.log_a.data, p.a_type, a0 + u * p.log_a.sd) : 0.0f;
-        }
-      } else {
+      if (live && p.log_a.data) decays8(la, t, f);
+      else
         LADLE_UNROLL
         for (int u = 0; u < 8; ++u) la[u] = 0.0f;
-      }
       LADLE_UNROLL
       for (int u = 0; u < 8; ++u) {
         const float x_ = la[u] + head;
         g[t * LG + f + u] = live && f0 + f + u < p.K ? (x_ > LADLE_BLOCK_LOG_FLOOR ? x_ : LADLE_BLOCK_LOG_FLOOR) * log2e : 0.0f;
       }
     }
-    for (int x = threadIdx.x; x < C * (VP / 8); x += blockDim.x) {
-      const int t = x / (VP / 8), j = 8 * (x % (VP / 8));
+    LADLE_UNROLL
+    for (int i = 0; i < C * (VP / 8) / 256; ++i) {  // 4 tasks a thread
+      const int x = threadIdx.x + 256 * i, t = x / (VP / 8), j = 8 * (x % (VP / 8));
       stage8(v + t * LV + j, p.vf, t, j, p.V);
       stage8(dO + t * LV + j, p.dos, t, j, p.V);
     }
+    ladle_cp_async_commit();
+    ladle_cp_async_wait<0>();
     __syncthreads();
     if (static_cast<int>(threadIdx.x) < F) {
       const int f = threadIdx.x;
@@ -221,27 +240,37 @@ struct LadleBlockBackward {
         ud[t] += x * kv[s];
         kd[s] += x * qv[t];
       }
-    if (f0 + f < p.K)
-      for (int t = 0; t < 16 && base + t < L; ++t) {
-        p.u[at({nullptr, p.u_sb, p.u_st, p.u_sh, p.u_sd}, base + t, f0 + f)] = ud[t];
-        p.dk[at({nullptr, p.dk_sb, p.dk_st, p.dk_sh, p.dk_sd}, base + t, f0 + f)] = kd[t];
+    if (f0 + f < p.K && base < L) {  // a step's row is the previous one's plus or minus a token stride
+      float* pu = p.u + b * p.u_sb + token(base) * p.u_st + h * p.u_sh + (f0 + f) * p.u_sd;
+      float* pk = p.dk + b * p.dk_sb + token(base) * p.dk_st + h * p.dk_sh + (f0 + f) * p.dk_sd;
+      const long long su = p.reverse ? -p.u_st : p.u_st, sk = p.reverse ? -p.dk_st : p.dk_st;
+      LADLE_UNROLL
+      for (int t = 0; t < 16; ++t) {
+        if (base + t < L) *pu = ud[t], *pk = kd[t];
+        pu += su, pk += sk;
       }
+    }
   }
 
-  // The scaled rows, transposed ([feature][step]) as bf16 high and low parts: keys (k_s e^(G_r - G_s), r the
-  // last step of s's sub-block) or queries (q_t e^(G_t - G_p), p the step before t's sub-block; 0 in the first).
+  // The scaled rows, transposed ([feature][step], rows LW apart) as bf16 high and low parts: keys (k_s e^(G_r - G_s),
+  // r the last step of s's sub-block) or queries (q_t e^(G_t - G_p), p the step before t's sub-block; 0 in the
+  // first). A thread two steps of a feature: one 4-byte store of each part.
   __device__ void scaled(bool keys) {
-    for (int x = threadIdx.x; x < C * F; x += blockDim.x) {
-      const int t = x % C, f = x / C;
-      const int ref = keys ? (t | 15) : (t & ~15) - 1;
-      float value = 0.0f;
-      if (ref >= 0) {
-        const float base = ladle_bf16_float(keys ? k[t * LQ + f] : q[t * LQ + f]);
-        value = base * ladle_exp2(keys ? g[ref * LG + f] - g[t * LG + f] : g[t * LG + f] - g[ref * LG + f]);
+    LADLE_UNROLL_2
+    for (int i = 0; i < C * F / 2 / 256; ++i) {  // 8 tasks a thread
+      const int x = threadIdx.x + 256 * i, f = x % F, t = 2 * (x / F);
+      float value[2];
+      LADLE_UNROLL
+      for (int u = 0; u < 2; ++u) {
+        const int ref = keys ? ((t + u) | 15) : ((t + u) & ~15) - 1;
+        const float base = ladle_bf16_float(keys ? k[(t + u) * LQ + f] : q[(t + u) * LQ + f]);
+        const float d = keys ? g[ref * LG + f] - g[(t + u) * LG + f] : g[(t + u) * LG + f] - g[(ref < 0 ? 0 : ref) * LG + f];
+        value[u] = ref >= 0 ? base * ladle_exp2(d) : 0.0f;
       }
-      const unsigned short top = ladle_bf16_bits(value);
-      whi[f * LQ + t] = top;
-      wlo[f * LQ + t] = ladle_bf16_bits(value - ladle_bf16_float(top));
+      unsigned hi, lo;
+      ladle_block_split(value[0], value[1], hi, lo);
+      *reinterpret_cast<unsigned*>(whi + f * LW + t) = hi;
+      *reinterpret_cast<unsigned*>(wlo + f * LW + t) = lo;
     }
   }
 
@@ -316,9 +345,9 @@ struct LadleBlockBackward {
         da_fragment(!U, 16 * m, 16 * o, ahi, alo);
         LADLE_UNROLL
         for (int i = 0; i < 2; ++i) {  // B (k = step of sub-block o, n = feature): the scaled rows, [feature][step]
-          const int at_ = (fw + r) * LQ + 16 * o + c2 + 8 * i;
-          bhi[i] = static_cast<unsigned>(whi[at_]) | (static_cast<unsigned>(whi[at_ + 1]) << 16);
-          blo[i] = static_cast<unsigned>(wlo[at_]) | (static_cast<unsigned>(wlo[at_ + 1]) << 16);
+          const int at_ = (fw + r) * LW + 16 * o + c2 + 8 * i;
+          bhi[i] = *reinterpret_cast<const unsigned*>(whi + at_);
+          blo[i] = *reinterpret_cast<const unsigned*>(wlo + at_);
         }
         float prod[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         ladle_mma_bf16(prod, ahi, bhi[0], bhi[1]);
