@@ -5,9 +5,11 @@
 #              recurrences it replaces (boundary_blocks) interleaved, per op (OPS);
 #   precision: ladle's gradients against the fp64 oracle at B1 T1000 H4 K=V=128 in both modes (no fla;
 #              bench/grad-precision.sh has fla beside it on the same inputs);
-#   ncu:       Nsight Compute on the block kernel (one launch) and the backward's kernels' times.
+#   fla:       GLA's gradients in both modes beside fla 0.6 on the same inputs (fla's wheels carried in .whl;
+#              its first backward autotunes for minutes);
+#   ncu:       Nsight Compute's SASS phases of the block kernel (one launch) and the backward's kernels' times.
 # Needs .deps carried.
-#   bash bench/block-backward.sh [test+time+precision+ncu]
+#   bash bench/block-backward.sh [test+time+precision+fla+ncu]
 set -u
 what=${1:-test+time+precision+ncu}
 wants() { [[ "+$what+" == *"+$1+"* ]]; }
@@ -15,8 +17,21 @@ export LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-/tmp/ladle-ca
 . bench/build.sh /tmp/block-backward-build.log ladle-bench-recurrent ladle-bench-precision ops-backward ops-gpu
 if wants test; then
   "$build/tests/ops-gpu" "NVRTC compiles ladle_bwd_block_bf16*" 2>&1 | grep -E "registers|passed|failed"
-  LADLE_TEST_PRINT_ERRORS=1 timeout 300 "$build/tests/ops-backward" "the GPU backward on the tensor cores agrees with the CPU backward" 2>&1 |
-    grep -E "mode [0-9]|passed|failed|FAILED|CHECK|relative error" | sed 's/^ *//' | grep -v "^$" | head -100
+  LADLE_TEST_PRINT_ERRORS=1 timeout 300 "$build/tests/ops-backward" "the GPU backward on the tensor cores agrees with the CPU backward" \
+    > /tmp/block-test.log 2>&1
+  grep -E " mode 1: d" /tmp/block-test.log | sed "s/^ *//" | head -${ERRORS_SHOWN:-40}  # the block kernel's errors against the CPU backward
+  grep -E "FAILED|CHECK\(|relative error" /tmp/block-test.log | head -20
+  tail -3 /tmp/block-test.log
+fi
+if wants fla; then  # GLA's gradients in both modes beside fla 0.6 on the same inputs (carry fla's wheels in .whl)
+  dirs=()
+  for mode in boundary_states boundary_blocks; do
+    dir=/tmp/precision/gla-fla-$mode
+    timeout 120 "$build/tools/ladle-bench/ladle-bench-precision" --op gla -B 1 -T 1000 -H 4 -K 128 -V 128 --gate-gradients "$mode" \
+      --out "$dir" > /dev/null && dirs+=("$dir")
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /tmp/fla-install.log 2>&1
+  PYTHONPATH=/tmp/site timeout ${FLA_TIMEOUT:-450} python3 bench/grad_precision.py --fla-ops gla "${dirs[@]}" 2>&1 | grep -E "^\||fla "
 fi
 if wants time; then
   for op in ${OPS:-gla simple_gla user}; do
