@@ -25,7 +25,7 @@ inline constexpr int backward_chunk = 64;  // steps per block of the elementwise
 // ladle_bwd_block_bf16's limits and shared memory (plain_backward.cuh's LADLE_BLOCK_FEATURES and
 // LADLE_BLOCK_SHARED; codegen-cuda_backward holds them equal).
 inline constexpr int backward_block_features = 128;
-inline constexpr int backward_block_shared = 106752;
+inline constexpr int backward_block_shared = 112128;
 inline constexpr int backward_block_keys = 64;  // key features a block (grid z: ceil(K / 64))
 // The block size: one thread per feature of the wider side, whole warps. Throws InvalidArgument
 // past 1024 features.

@@ -29,17 +29,18 @@
 #define LADLE_BLOCK_STEPS 64
 #define LADLE_BLOCK_FEATURES 128     // K and V at most
 #define LADLE_BLOCK_KEYS 64          // key features a block
-#define LADLE_BLOCK_LQ 72            // 16-bit rows of q, k ([64 steps][64 features])
+#define LADLE_BLOCK_LQ 72            // 16-bit rows of q, k ([64 steps][64 features]) and of dA's parts ([64][64])
 #define LADLE_BLOCK_LW 66            // 16-bit rows of the scaled rows ([64 features][64 steps]; 33 words: no bank conflicts)
 #define LADLE_BLOCK_LV 136           // 16-bit rows of v, do ([64][128]; 8 of padding: ldmatrix without bank conflicts)
-#define LADLE_BLOCK_LG 68            // fp32 rows of G and dA
+#define LADLE_BLOCK_LG 68            // fp32 rows of G
 #define LADLE_BLOCK_LOG_FLOOR (-110.0f)  // a log decay below counts as this one (its exp is 0 in fp32; -inf included)
 
-// The dynamic shared memory (bytes): q, k ([64][LQ], 16-bit); v, do ([64][LV]); the scaled rows' high and
-// low parts ([64][LW] each); G ([64][LG], log2 units); dA ([64][LG]); E ([6][64]); G_L ([64]).
+// The dynamic shared memory (bytes): q, k and dA's bf16 high and low parts ([64][LQ], 16-bit); v, do
+// ([64][LV]); the scaled rows' high and low parts ([64][LW] each); G ([64][LG], fp32, log2 units); dA's
+// diagonal 16 x 16 blocks ([4][16][17], fp32); E ([6][64]); G_L ([64]).
 #define LADLE_BLOCK_SHARED \
-  (2 * (2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_KEYS * LADLE_BLOCK_LW + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
-   4 * (2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + 7 * LADLE_BLOCK_KEYS))
+  (2 * (4 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_KEYS * LADLE_BLOCK_LW + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
+   4 * (LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + 4 * 16 * 17 + 7 * LADLE_BLOCK_KEYS))
 
 // A value of a tensor whose type is named by `type` (0 f32, 1 bf16, 2 f16).
 __device__ __forceinline__ float ladle_block_load(const void* p, int type, long long at) {
@@ -94,15 +95,15 @@ struct LadleBlockBackward {
   static constexpr float log2e = 1.4426950408889634f;
 
   const LadleBlockArgs& p;
-  unsigned short *q, *k, *v, *dO, *whi, *wlo;
-  float *g, *dA, *e, *gl;
+  unsigned short *q, *k, *ahi, *alo, *v, *dO, *whi, *wlo;
+  float *g, *dd, *e, *gl;
   int n, h, b, L, chunks, c, f0, lane, warp;
   long long bos, eos, s0;
 
   __device__ LadleBlockBackward(const LadleBlockArgs& args, unsigned char* smem) : p(args) {
     q = reinterpret_cast<unsigned short*>(smem);
-    k = q + C * LQ, v = k + C * LQ, dO = v + C * LV, whi = dO + C * LV, wlo = whi + F * LW;
-    g = reinterpret_cast<float*>(wlo + F * LW), dA = g + C * LG, e = dA + C * LG, gl = e + 6 * F;
+    k = q + C * LQ, ahi = k + C * LQ, alo = ahi + C * LQ, v = alo + C * LQ, dO = v + C * LV, whi = dO + C * LV, wlo = whi + F * LW;
+    g = reinterpret_cast<float*>(wlo + F * LW), dd = g + C * LG, e = dd + 4 * 16 * 17, gl = e + 6 * F;
     n = static_cast<int>(blockIdx.y) / p.H, h = static_cast<int>(blockIdx.y) % p.H, c = static_cast<int>(blockIdx.x);
     f0 = static_cast<int>(blockIdx.z) * F;
     lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -205,14 +206,25 @@ struct LadleBlockBackward {
     }
   }
 
-  // 2. dA = do v^T on and below the diagonal (8 warps, one 16 x 32 tile each); E[bt, bs] = e^(G_p - G_r) between
+  // 2. dA = do v^T on and below the diagonal (8 warps, one 16 x 32 tile each) as bf16 high and low parts, its
+  //    diagonal blocks in fp32 too; E[bt, bs] = e^(G_p - G_r) between
   //    the step before sub-block bt (p) and the last of sub-block bs (r), bs < bt, at index bt (bt - 1) / 2 + bs.
   __device__ void scores() {
     const int m0 = (warp >> 1) * 16, n0 = (warp & 1) * 32;
     LadleTileAcc acc;
     ladle_tile_zero(acc);
     ladle_tile_mma<false, false>(acc, dO, LV, v, LV, m0, n0, VP);
-    ladle_tile_each(acc, m0, n0, [&](int t, int s, float x) { dA[t * LG + s] = s <= t ? x : 0.0f; });
+    ladle_tile_each_pair(acc, m0, n0, [&](int t, int s, float x0, float x1) {
+      x0 = s <= t ? x0 : 0.0f, x1 = s + 1 <= t ? x1 : 0.0f;
+      unsigned hi, lo;
+      ladle_block_split(x0, x1, hi, lo);
+      *reinterpret_cast<unsigned*>(ahi + t * LQ + s) = hi;
+      *reinterpret_cast<unsigned*>(alo + t * LQ + s) = lo;
+      if ((t >> 4) == (s >> 4)) {
+        float* const block = dd + (t >> 4) * 16 * 17 + (t & 15) * 17 + (s & 15);
+        block[0] = x0, block[1] = x1;
+      }
+    });
     for (int x = threadIdx.x; x < 6 * F; x += blockDim.x) {
       const int pair = x / F, f = x % F, bt = pair < 1 ? 1 : pair < 3 ? 2 : 3, bs = pair - bt * (bt - 1) / 2;
       e[x] = ladle_exp2(g[(16 * bt - 1) * LG + f] - g[(16 * bs + 15) * LG + f]);
@@ -236,7 +248,7 @@ struct LadleBlockBackward {
     for (int t = 0; t < 16; ++t)
       LADLE_UNROLL
       for (int s = 0; s <= t; ++s) {
-        const float x = dA[(base + t) * LG + base + s] * ladle_exp2(gv[t] - gv[s]);
+        const float x = dd[sb * 16 * 17 + t * 17 + s] * ladle_exp2(gv[t] - gv[s]);
         ud[t] += x * kv[s];
         kd[s] += x * qv[t];
       }
@@ -271,17 +283,6 @@ struct LadleBlockBackward {
       ladle_block_split(value[0], value[1], hi, lo);
       *reinterpret_cast<unsigned*>(whi + f * LW + t) = hi;
       *reinterpret_cast<unsigned*>(wlo + f * LW + t) = lo;
-    }
-  }
-
-  // An A fragment (16 x 16 at (m0, k0)) of dA (transposed: dA^T) split into high and low parts.
-  __device__ void da_fragment(bool transposed, int m0, int k0, unsigned (&hi)[4], unsigned (&lo)[4]) const {
-    const int r = lane >> 2, c2 = 2 * (lane & 3);
-    LADLE_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const int m = m0 + r + 8 * (i & 1), kk = k0 + c2 + 8 * (i >> 1);
-      const float x0 = transposed ? dA[kk * LG + m] : dA[m * LG + kk], x1 = transposed ? dA[(kk + 1) * LG + m] : dA[m * LG + kk + 1];
-      ladle_block_split(x0, x1, hi[i], lo[i]);
     }
   }
 
@@ -341,8 +342,16 @@ struct LadleBlockBackward {
       for (int o = 0; o < 4; ++o) {
         if (U ? o >= m : o <= m) continue;
         const int bt = U ? m : o, bs = U ? o : m, pair = bt * (bt - 1) / 2 + bs;
-        unsigned ahi[4], alo[4], bhi[2], blo[2];
-        da_fragment(!U, 16 * m, 16 * o, ahi, alo);
+        unsigned ah[4], al[4], bhi[2], blo[2];
+        if (U) {  // A = dA [t][s], rows of sub-block m, columns of o
+          const int at_ = (16 * m + row8 + second * 8) * LQ + 16 * o + upper * 8;
+          ladle_ldmatrix_x4(ah, ahi + at_);
+          ladle_ldmatrix_x4(al, alo + at_);
+        } else {  // A = dA^T: stored [k = t][m = s]
+          const int at_ = (16 * o + row8 + upper * 8) * LQ + 16 * m + second * 8;
+          ladle_ldmatrix_x4_trans(ah, ahi + at_);
+          ladle_ldmatrix_x4_trans(al, alo + at_);
+        }
         LADLE_UNROLL
         for (int i = 0; i < 2; ++i) {  // B (k = step of sub-block o, n = feature): the scaled rows, [feature][step]
           const int at_ = (fw + r) * LW + 16 * o + c2 + 8 * i;
@@ -350,20 +359,26 @@ struct LadleBlockBackward {
           blo[i] = *reinterpret_cast<const unsigned*>(wlo + at_);
         }
         float prod[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        ladle_mma_bf16(prod, ahi, bhi[0], bhi[1]);
-        ladle_mma_bf16(prod, ahi, blo[0], blo[1]);
-        ladle_mma_bf16(prod, alo, bhi[0], bhi[1]);
+        ladle_mma_bf16(prod, ah, bhi[0], bhi[1]);
+        ladle_mma_bf16(prod, ah, blo[0], blo[1]);
+        ladle_mma_bf16(prod, al, bhi[0], bhi[1]);
         LADLE_UNROLL
         for (int x = 0; x < 4; ++x) ref[m][x] += e[pair * F + fw + c2 + (x & 1)] * prod[x];
       }
-    // The diagonal's partial sums, every load in flight before the first store.
+    // The diagonal's partial sums, every load in flight before the first store. A lane's rows: 16 m + r and
+    // 16 m + r + 8; its columns f0 + fw + c2 and the next (sd apart).
+    float* rows[4][2];
+    LADLE_UNROLL
+    for (int m = 0; m < 4; ++m)
+      LADLE_UNROLL
+      for (int hh = 0; hh < 2; ++hh) rows[m][hh] = out + b * sb + token(16 * m + r + 8 * hh) * st + h * sh + (f0 + fw + c2) * sd;
     float part[4][4];
     LADLE_UNROLL
     for (int m = 0; m < 4; ++m)
       LADLE_UNROLL
       for (int x = 0; x < 4; ++x) {
         const int t = 16 * m + r + 8 * (x >> 1), f = fw + c2 + (x & 1);
-        part[m][x] = t < L && f0 + f < p.K ? out[b * sb + token(t) * st + h * sh + (f0 + f) * sd] : 0.0f;
+        part[m][x] = t < L && f0 + f < p.K ? rows[m][x >> 1][(x & 1) * sd] : 0.0f;
       }
     LADLE_UNROLL
     for (int m = 0; m < 4; ++m)
@@ -376,7 +391,7 @@ struct LadleBlockBackward {
         float value = decay * acc[m][x] + part[m][x];
         if (U && m > 0) value += ladle_exp2(gt - g[(16 * m - 1) * LG + f]) * ref[m][x];
         if (!U && m < 3) value += ladle_exp2(g[(16 * m + 15) * LG + f] - gt) * ref[m][x];
-        out[b * sb + token(t) * st + h * sh + (f0 + f) * sd] = p.scale * value;
+        rows[m][x >> 1][(x & 1) * sd] = p.scale * value;
       }
   }
 
