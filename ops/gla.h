@@ -21,7 +21,7 @@ struct GlaOptions {
   GpuOptions gpu;                           // stream, and whether host tensors may be uploaded
   Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
   std::optional<cuda::ChunkedTile> chunked_tile;  // the chunked family's tile on the GPU; empty: tuned/heuristic
-  GateGradients gate_gradients = GateGradients::boundary_states;  // the GPU backward's (variant.h)
+  GateGradients gate_gradients = GateGradients::boundary_blocks;  // the GPU backward's (variant.h)
 };
 
 RecurrentResult gla(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,

@@ -32,7 +32,7 @@ struct RecurrentOptions {
   GpuOptions gpu;                           // stream, and whether host tensors may be uploaded
   Algorithm algorithm = Algorithm::automatic;  // GPU family: chunked by shape and dtype, or forced
   std::optional<cuda::ChunkedTile> chunked_tile;  // the chunked family's tile on the GPU (serial or split form); empty: tuned/heuristic
-  GateGradients gate_gradients = GateGradients::boundary_states;  // the GPU backward's (variant.h)
+  GateGradients gate_gradients = GateGradients::boundary_blocks;  // the GPU backward's (variant.h)
   // The chunked serial form cut into segments of at most this many tokens (> 0), run in parallel
   // and joined through their states; 0: never; empty: where few long sequences leave SMs idle.
   std::optional<std::int64_t> chunked_segment_tokens;

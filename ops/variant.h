@@ -54,21 +54,21 @@ enum class Algorithm { automatic, recurrent, chunked };
 inline constexpr std::int64_t chunked_min_tokens = 64;
 
 // How the GPU backward forms the decays' gradients where its recurrences run on the tensor cores
-// (16-bit slots). Each 64-step block sums its own steps' terms backwards from a carry, the gradient
-// the later steps leave; the carry comes from
-//   boundary_states: the forward's state and the gradient dS at the block's end, their product summed
-//     in fp32 (the segmented form's state pass and fold in both directions): precise at any length
-//     (GLA's dg 5.6e-3 at T 1000, fla 0.6's 1.6e-3), slower (GLA's backward 5.15 ms at B8 T4096 H16
-//     K=V=128 on an H100);
-//   boundary_blocks: the same carries; and where the recurrences' decays are a key-side or a head decay
-//     alone (GLA, simple GLA, a user's key gate), with bf16 slots and K, V up to 128, dq and dk come
-//     from one kernel per 64-step block (ladle_bwd_block_bf16) in fp32 from the same boundary states
-//     instead of two recurrences each rounded to bf16 on its own, so that the terms q . dq - k . dk,
-//     which cancel inside a block, keep fp32 precision (GLA's dg 1.8e-3 at T 1000, dq and dk 6e-4);
-//     opt-in while that kernel is slower than the two recurrences it replaces;
+// (16-bit slots). Each 64-step block sums its own steps' terms q . dq - k . dk backwards from a carry,
+// the gradient the later steps leave; the carry comes from
+//   boundary_blocks (the default): the forward's state and the gradient dS at the block's end, their
+//     product summed in fp32 (the state passes in both directions); and where the recurrences' decays
+//     are a key-side or a head decay alone (GLA, simple GLA, a user's key gate), with bf16 slots and K, V
+//     up to 128, dq and dk come from one kernel per 64-step block (ladle_bwd_block_bf16) in fp32 from
+//     the same states instead of two recurrences each rounded to bf16 on its own, so that the block's
+//     terms, which cancel, keep fp32 precision: GLA's dg 1.8e-3 at T 1000 (fla 0.6: 1.6e-3), dq and dk
+//     6e-4 (fla: 1.9e-3 and 2.0e-3); GLA's backward 4.78 ms at B8 T4096 H16 K=V=128 on an H200;
+//   boundary_states: the same carries, dq and dk always from the recurrences: faster (3.69 ms there),
+//     GLA's dg 5.6e-3;
 //   block_sums: the later blocks' sums of q . dq - k . dk, whose bf16 rounding adds up along the
-//     sequence (GLA's dg 2.9e-2 at T 1000), faster (2.06 ms there).
-// bench/RESULTS.md, "Issue 36: gate gradients from the boundary states" and "... dq and dk a block at a time".
+//     sequence (GLA's dg 2.9e-2 at T 1000), fastest (2.06 ms on an H100).
+// bench/RESULTS.md, "Issue 36: gate gradients from the boundary states" and "Issue 36: dq and dk a
+// block at a time (stop 55)".
 enum class GateGradients { boundary_states, boundary_blocks, block_sums };
 
 // The GPU backward's form for the update forms (the delta rule, gated delta rule, KDA, RWKV6):
@@ -98,7 +98,7 @@ struct RunOptions {
   // cover the GPU: chunked_segment_tokens).
   std::optional<std::int64_t> chunked_segment_tokens;
   // The GPU backward's gate gradients (above); the CPU backward is exact in either.
-  GateGradients gate_gradients = GateGradients::boundary_states;
+  GateGradients gate_gradients = GateGradients::boundary_blocks;
   // The GPU backward's form for the update forms (above).
   UpdateBackward update_backward = UpdateBackward::automatic;
 };

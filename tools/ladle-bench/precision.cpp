@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   app.add_option("-K", K)->check(CLI::PositiveNumber);
   app.add_option("-V", V)->check(CLI::PositiveNumber);
   app.add_option("--seed", seed);
-  std::string gate_gradients = "boundary_states";
+  std::string gate_gradients = "boundary_blocks";
   app.add_option("--gate-gradients", gate_gradients, "RunOptions::gate_gradients (ops/variant.h)")
       ->check(CLI::IsMember({"boundary_states", "boundary_blocks", "block_sums"}));
   app.add_option("--out", out_dir, "directory for meta.json and the tensors")->required();

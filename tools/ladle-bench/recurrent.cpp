@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   app.add_flag("--backward", backward,
                "time the forward and the backward (gpu::run_variant_backward_into, device tensors, d_output random) "
                "with events; the loss sum(o * d_output)");
-  std::string gate_gradients = "boundary_states";
+  std::string gate_gradients = "boundary_blocks";
   app.add_option("--gate-gradients", gate_gradients, "--backward: RunOptions::gate_gradients (ops/variant.h)")
       ->check(CLI::IsMember({"boundary_states", "boundary_blocks", "block_sums"}));
   CLI11_PARSE(app, argc, argv);
