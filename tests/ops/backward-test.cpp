@@ -646,12 +646,18 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
           WARN(ir::to_string(variant) << (c.reverse ? " reverse" : "") << (c.packed ? " packed" : "") << " mode " << int(mode.gates)
                                       << (exact ? " fp32" : "") << ": d" << name << " " << error);
       };
-      compare("q", gpu.dq, cpu.dq, 2e-2);
-      compare("k", gpu.dk, cpu.dk, 2e-2);
+      // The block kernel (boundary_blocks, where the decays are a key-side or head decay alone): dq and dk,
+      // and through them the gates' gradients, in fp32 from one set of products. Measured on the H200: dq
+      // and dk 5e-4 - 1.8e-3, a gate input's 1.6e-3 - 3.7e-3, tau's 2.2e-3 (bench/RESULTS.md, "Issue 36: dq
+      // and dk a block at a time"); the recurrences' form 2.4e-3 - 3.3e-3 and 5.8e-3 - 2.1e-2.
+      const bool block = mode.gates == ladle::GateGradients::boundary_blocks && !variant.has(ir::Slot::log_decay_v) && !variant.normalize &&
+                         (variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head));
+      compare("q", gpu.dq, cpu.dq, block ? 4e-3 : 2e-2);
+      compare("k", gpu.dk, cpu.dk, block ? 4e-3 : 2e-2);
       compare("v", gpu.dv, cpu.dv, 2e-2);
       for (const auto& [name, want] : cpu.inputs) {
         const bool per_head = variant.inputs[static_cast<std::size_t>(variant.find_input(name))].kind == ir::InputKind::head;
-        compare(name, gpu.inputs.at(name), want, per_head ? (sums ? 3e-1 : 1.5e-1) : (sums ? 5e-2 : 3e-2));
+        compare(name, gpu.inputs.at(name), want, block ? 1e-2 : per_head ? (sums ? 3e-1 : 1.5e-1) : (sums ? 5e-2 : 3e-2));
       }
       if (c.initial_state) compare("h0", *gpu.d_initial_state, *cpu.d_initial_state, 2e-2);
     }
