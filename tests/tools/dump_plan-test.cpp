@@ -5,6 +5,7 @@
 // document.
 #include <ladle/codegen/cuda/attention.h>
 #include <ladle/codegen/cuda/attention_backward.h>
+#include <ladle/codegen/cuda/backward.h>
 #include <ladle/ops/attention.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>
@@ -197,10 +198,19 @@ TEST_CASE("ladle-dump --backward shows the update forms' kernels: slots, ladle_b
     }
     CHECK(output.find("ladle_bwd_totals_") == std::string::npos);  // the diagonal form's alone
   }
-  // The diagonal form's: slots, totals, chain.
+  // The diagonal form's: slots, totals, chain where the slots are fp32 (the fused-recurrent kernels: 64
+  // steps choose them); on the tensor cores (--algo chunked, bf16 slots) the carries come from the
+  // boundary states: no totals; the helpers' block kernel with its dynamic shared memory.
   const std::string gla = run_tool("--op gla --backward --arch sm_90a");
   CHECK(gla.find("ladle_bwd_slots_") != std::string::npos);
   CHECK(gla.find("ladle_bwd_totals_") != std::string::npos);
+  const std::string chunked = run_tool("--op gla --backward --algo chunked --arch sm_90a");
+  INFO(chunked.substr(0, 400));
+  CHECK(chunked.find("ladle_bwd_slots_") != std::string::npos);
+  CHECK(chunked.find("ladle_bwd_chain_") != std::string::npos);
+  CHECK(chunked.find("ladle_bwd_totals_") == std::string::npos);
+  CHECK(std::regex_search(chunked, std::regex(R"(\nladle_bwd_block_bf16 +[0-9]+ +0 +0 +0 +[0-9]+ +)" +
+                                              std::to_string(cuda::backward_block_shared) + " ")));
   CHECK(gla.find("ladle: the update forms' recurrent backward") == std::string::npos);  // ladle_bwd_update's source
   CHECK(gla.find("kernel ladle_bwd_wy_") == std::string::npos);
 }

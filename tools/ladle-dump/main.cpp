@@ -94,8 +94,10 @@ void print_resources(const ladle::CompiledProgram& program, int dynamic_shared_b
     // An attention decode program's merge kernel (<name>_merge) and the attention backward's prep kernel launch with none.
     const bool merge = (k.name.size() > 6 && k.name.compare(k.name.size() - 6, 6, "_merge") == 0) ||
                        k.name.rfind("ladle_attention_bwd_prep_", 0) == 0;
+    // The backward helpers' program: its block kernel alone launches with dynamic shared memory.
+    const std::string own = k.name == "ladle_bwd_block_bf16" ? std::to_string(ladle::cuda::backward_block_shared) : dynamic;
     std::cout << fmt::format("{:<40} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}\n", k.name, k.registers, k.stack_frame_bytes,
-                             k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, merge ? std::string("0") : dynamic, k.constant_bytes);
+                             k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, merge ? std::string("0") : own, k.constant_bytes);
   }
 }
 
@@ -361,15 +363,19 @@ int main(int argc, char** argv) {
         const ladle::ops::BoundInputs bound =
             planned([&] { return ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options); });
         try {
-          // The diagonal form: slots, totals, chain. The update forms: slots, their recurrence
+          // The diagonal form: slots, totals (fp32 slots alone: 16-bit ones take the carries from the
+          // boundary states, options' default), chain. The update forms: slots, their recurrence
           // (ladle_bwd_update or the chunked WY form's three, with d_final_state where --states), chain.
           using Phase = ladle::cuda::BackwardPhase;
           const auto phase_program = [&](Phase phase) -> Shown {
             return {ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), target).program, 0};
           };
           programs.push_back(phase_program(Phase::slots));
-          if (variant.plain_form()) programs.push_back(phase_program(Phase::totals));
-          else programs.push_back({ladle::gpu::compile_update_backward(ladle::gpu::update_backward_spec(variant, bound, states), target), 0});
+          const bool fp32_slots = ladle::gpu::backward_kernel_spec(variant, bound, options, Phase::slots, type).slot_type == ladle::DType::f32;
+          if (!variant.plain_form())
+            programs.push_back({ladle::gpu::compile_update_backward(ladle::gpu::update_backward_spec(variant, bound, states), target), 0});
+          else if (fp32_slots)
+            programs.push_back(phase_program(Phase::totals));
           programs.push_back(phase_program(Phase::chain));
         } catch (const ladle::InvalidArgument& e) {
           throw ladle::InvalidArgument(fmt::format("--backward: --op {} has no generated backward: {}", op, e.what()));
