@@ -80,7 +80,10 @@ HoistedExpression check_values(const ir::AttentionVariant& variant, double facto
       hoisted.inputs[h.inputs[h.first_hoisted + k].name] = evaluate(variant.inputs, h.invariants[k], at);
     const double got = evaluate(h.inputs, h.expr, hoisted, tanh_factor);
     INFO("trial " << trial << ": score " << at.score << " i " << at.i << " j " << at.j);
-    CHECK(got == Approx(expected).epsilon(1e-6).margin(1e-9));
+    // The rewrite folds the factors into fp32 constants (2^-24 relative each) of terms up to about 50,
+    // whose sum may cancel to near 0 (CI once met 0.00504516 against 0.00504515): an absolute margin
+    // of 1e-5 over those terms' size, far under what a wrong rewrite moves on random leaves.
+    CHECK(got == Approx(expected).epsilon(1e-6).margin(1e-5));
   }
   return h;
 }
