@@ -34,15 +34,16 @@ std::uint64_t ptr(const void* p) { return static_cast<std::uint64_t>(reinterpret
 // The helper kernels' module source does not depend on the call: one entry per kernel name.
 struct HelperKernel {
   std::string name;
+  int shared_bytes = 0;  // dynamic, at launch (past 48 KB: the function's limit raised once, as loaded)
 };
 
-const detail::LoadedKernel<HelperKernel>& helper(const std::string& name) {
+const detail::LoadedKernel<HelperKernel>& helper(const std::string& name, int shared_bytes = 0) {
   const std::string arch = Device::get().properties().arch();
   return detail::loaded_kernel<HelperKernel>("backward helper|" + name, arch, [&](const std::string& target) {
     struct {
       HelperKernel kernel;
       CompiledProgram program;
-    } out{{name}, compile_backward_helpers(target)};
+    } out{{name, shared_bytes}, compile_backward_helpers(target)};
     return out;
   });
 }
@@ -753,17 +754,7 @@ class BackwardCall {
   // u (into u_out_) and dk (into dk_out_) a block at a time from the same boundary states, in fp32 from
   // one set of products (ladle_bwd_block_bf16, codegen/device/plain_backward.cuh).
   void block_gradients(const Scratch& s_states, const DeviceBuffer& s_first, const Scratch& d_states, const DeviceBuffer& first) const {
-    struct BlockKernel {
-      std::string name;
-      int shared_bytes = 0;
-    };
-    const auto& loaded = detail::loaded_kernel<BlockKernel>("backward helper|ladle_bwd_block_bf16", arch_, [&](const std::string& target) {
-      struct {
-        BlockKernel kernel;
-        CompiledProgram program;
-      } out{{"ladle_bwd_block_bf16", cuda::backward_block_shared}, compile_backward_helpers(target)};
-      return out;
-    });
+    const auto& loaded = helper("ladle_bwd_block_bf16", cuda::backward_block_shared);
     const auto type_code = [](DType t) { return t == DType::bf16 ? 1 : t == DType::f16 ? 2 : 0; };
     KernelArgs packed;
     const auto view = [&](const TensorView& x) {

@@ -89,7 +89,9 @@ __device__ __forceinline__ void ladle_block_split(float x0, float x1, unsigned& 
                        x1 - ladle_bf16_float(static_cast<unsigned short>(hi >> 16)));
 }
 
-struct LadleBlockBackward {
+// A block's tiles: where its steps and features are, the slots and G in shared memory, and the boundary
+// states it reads.
+struct LadleBlockTiles {
   static constexpr int C = LADLE_BLOCK_STEPS, F = LADLE_BLOCK_KEYS, VP = LADLE_BLOCK_FEATURES, LQ = LADLE_BLOCK_LQ,
                        LW = LADLE_BLOCK_LW, LV = LADLE_BLOCK_LV, LG = LADLE_BLOCK_LG;
   static constexpr float log2e = 1.4426950408889634f;
@@ -100,7 +102,7 @@ struct LadleBlockBackward {
   int n, h, b, L, chunks, c, f0, lane, warp;
   long long bos, eos, s0;
 
-  __device__ LadleBlockBackward(const LadleBlockArgs& args, unsigned char* smem) : p(args) {
+  __device__ LadleBlockTiles(const LadleBlockArgs& args, unsigned char* smem) : p(args) {
     q = reinterpret_cast<unsigned short*>(smem);
     k = q + C * LQ, ahi = k + C * LQ, alo = ahi + C * LQ, v = alo + C * LQ, dO = v + C * LV, whi = dO + C * LV, wlo = whi + F * LW;
     g = reinterpret_cast<float*>(wlo + F * LW), dd = g + C * LG, e = dd + 4 * 16 * 17, gl = e + 6 * F;
@@ -205,6 +207,23 @@ struct LadleBlockBackward {
       gl[f] = run + next * log2e;
     }
   }
+
+  __device__ const float* entry_state() const {
+    const long long area = static_cast<long long>(p.K) * p.V;
+    if (c == 0) return p.h0 ? p.h0 + blockIdx.y * area : nullptr;
+    return p.s_states + ((p.s_first[n] - 1 + c) * p.H + h) * area;
+  }
+  __device__ const float* exit_gradient() const {
+    const long long area = static_cast<long long>(p.K) * p.V;
+    if (c == chunks - 1) return p.d_final ? p.d_final + blockIdx.y * area : nullptr;
+    return p.d_states + ((p.first[n] + chunks - 2 - c) * p.H + h) * area;
+  }
+
+};
+
+// The products: dA, the diagonal sub-blocks, the scaled rows and the two outputs (the steps of run()).
+struct LadleBlockBackward : LadleBlockTiles {
+  using LadleBlockTiles::LadleBlockTiles;
 
   // 2. dA = do v^T on and below the diagonal (8 warps, one 16 x 32 tile each) as bf16 high and low parts, its
   //    diagonal blocks in fp32 too; E[bt, bs] = e^(G_p - G_r) between
@@ -393,17 +412,6 @@ struct LadleBlockBackward {
         if (!U && m < 3) value += ladle_exp2(g[(16 * m + 15) * LG + f] - gt) * ref[m][x];
         rows[m][x >> 1][(x & 1) * sd] = p.scale * value;
       }
-  }
-
-  __device__ const float* entry_state() const {
-    const long long area = static_cast<long long>(p.K) * p.V;
-    if (c == 0) return p.h0 ? p.h0 + blockIdx.y * area : nullptr;
-    return p.s_states + ((p.s_first[n] - 1 + c) * p.H + h) * area;
-  }
-  __device__ const float* exit_gradient() const {
-    const long long area = static_cast<long long>(p.K) * p.V;
-    if (c == chunks - 1) return p.d_final ? p.d_final + blockIdx.y * area : nullptr;
-    return p.d_states + ((p.first[n] + chunks - 2 - c) * p.H + h) * area;
   }
 
   __device__ void run() {
