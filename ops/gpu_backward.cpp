@@ -31,7 +31,8 @@ std::string op_name(const ir::Variant& variant) { return (variant.name.empty() ?
 
 std::uint64_t ptr(const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
 
-// The helper kernels' module source does not depend on the call: one entry per kernel name.
+// The helper kernels' module sources do not depend on the call: one entry per kernel name (the block
+// kernel's program is its own; every other name is in the helpers' program).
 struct HelperKernel {
   std::string name;
   int shared_bytes = 0;  // dynamic, at launch (past 48 KB: the function's limit raised once, as loaded)
@@ -43,7 +44,7 @@ const detail::LoadedKernel<HelperKernel>& helper(const std::string& name, int sh
     struct {
       HelperKernel kernel;
       CompiledProgram program;
-    } out{{name, shared_bytes}, compile_backward_helpers(target)};
+    } out{{name, shared_bytes}, name == "ladle_bwd_block_bf16" ? compile_backward_block(target) : compile_backward_helpers(target)};
     return out;
   });
 }
@@ -192,6 +193,18 @@ CompiledProgram compile_backward_helpers(const std::string& arch) {
   return detail::compile_named(cuda::backward_helpers_source(), "ladle_bwd_helpers", arch, 0);
 }
 
+CompiledProgram compile_backward_block(const std::string& arch) {
+  return detail::compile_named(cuda::backward_block_source(), "ladle_bwd_block", arch, cuda::backward_block_shared);
+}
+
+bool backward_block_kernel(const ir::Variant& variant, const cuda::BackwardKernelSpec& slots, const RunOptions& options,
+                           std::int64_t key_dim, std::int64_t value_dim) {
+  const bool decays = variant.has(ir::Slot::log_decay_k) || variant.has(ir::Slot::log_decay_head);
+  return variant.plain_form() && decays && !variant.has(ir::Slot::log_decay_v) && !variant.normalize &&
+         slots.slot_type == DType::bf16 && options.gate_gradients == GateGradients::boundary_blocks &&
+         key_dim <= cuda::backward_block_features && value_dim <= cuda::backward_block_features;
+}
+
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch) {
   CompiledBackward out;
   out.kernel = cuda::generate_backward(variant, spec);
@@ -275,8 +288,7 @@ class BackwardCall {
     boundary_states_ = plan_.slot_type != DType::f32 && VS_ == V_ && (decays_k_ || decays_v_) &&
                        options.gate_gradients != GateGradients::block_sums;
     // u and dk a block at a time from the boundary states (ladle_bwd_block_bf16) instead of their recurrences.
-    block_kernel_ = boundary_states_ && options.gate_gradients == GateGradients::boundary_blocks && !decays_v_ &&
-                    plan_.slot_type == DType::bf16 && K_ <= cuda::backward_block_features && V_ <= cuda::backward_block_features;
+    block_kernel_ = backward_block_kernel(variant, plan_, options, K_, V_);
     if (plan_.update_form) {  // the update forms' kernel: its limits, before any GPU work
       update_spec_ = update_backward_spec(variant, bound_, d_final_state.has_value(), options.update_backward);
       if (N_ * H_ > 65535)
@@ -596,6 +608,7 @@ class BackwardCall {
         compiling.push_back(std::async(std::launch::async, [this, spec, &arch] { compile_backward(variant_, spec, arch); }));
       }
       compiling.push_back(std::async(std::launch::async, [&arch] { compile_backward_helpers(arch); }));
+      if (block_kernel_) compiling.push_back(std::async(std::launch::async, [&arch] { compile_backward_block(arch); }));
     } catch (const std::exception&) {
       // Planning is only a head start: the calls below plan, compile and report for themselves.
     }

@@ -56,6 +56,9 @@ struct CompiledBackward {
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch = "");
 // The helper kernels (cuda::backward_helpers_source), compiled through the cache.
 CompiledProgram compile_backward_helpers(const std::string& arch = "");
+// The plain form's block kernel ladle_bwd_block_bf16 (cuda::backward_block_source), compiled through
+// the cache: a program of its own, so that a cold call compiles it beside the helpers.
+CompiledProgram compile_backward_block(const std::string& arch = "");
 // The update forms' kernels (ladle_bwd_update, or the chunked WY form's; codegen/cuda/update_backward.h)
 // of a call: their spec (d_final: the call passes d_final_state; form: options.update_backward,
 // which LADLE_UPDATE_BWD_FORM = recurrent or chunked overrides) and their program, compiled through
@@ -66,5 +69,11 @@ CompiledProgram compile_update_backward(const cuda::UpdateBackwardSpec& spec, co
 // The spec of a call's kernel of `phase` (the slots' dtype: q's when the recurrences run chunked).
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                                               cuda::BackwardPhase phase, DType d_output_type);
+// Whether a call's backward takes u and dk from ladle_bwd_block_bf16 instead of their recurrences: the
+// plain form with a key-side or head decay and no value-side one, no normalised read, bf16 slots (`slots`:
+// the call's backward_kernel_spec for the slots phase), K and V at most cuda::backward_block_features,
+// and options.gate_gradients boundary_blocks (the default).
+bool backward_block_kernel(const ir::Variant& variant, const cuda::BackwardKernelSpec& slots, const RunOptions& options,
+                           std::int64_t key_dim, std::int64_t value_dim);
 
 }  // namespace ladle::gpu

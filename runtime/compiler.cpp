@@ -1,11 +1,14 @@
 #include "compiler.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
 #include <regex>
+#include <sstream>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -254,6 +257,16 @@ CompiledProgram compile(const std::string& source, const CompileOptions& options
   if (is_real_arch(arch)) flags.push_back("-Xptxas=-v");
   for (auto& f : toolkit_include_flags()) flags.push_back(std::move(f));
   for (const auto& f : options.flags) flags.push_back(f);
+  // LADLE_NVRTC_FLAGS: options for every compile of the process (part of the key), e.g. -lineinfo for
+  // Nsight Compute's source view. Words split at white space; each must be an option.
+  if (const char* extra = std::getenv("LADLE_NVRTC_FLAGS"); extra && *extra) {
+    std::istringstream words(extra);
+    for (std::string word; words >> word;) {
+      if (word.front() != '-')
+        throw InvalidArgument("LADLE_NVRTC_FLAGS: '" + word + "' is not an NVRTC option (expected words such as -lineinfo)");
+      flags.push_back(word);
+    }
+  }
 
   // The key covers in-memory headers too: they are part of what gets compiled.
   std::string keyed_source = source;

@@ -632,12 +632,6 @@ std::string backward_helpers_source() {
   std::string s = "// ladle: the recurrent backward's helper kernels (codegen/cuda/backward.cpp; do not edit).\n";
   s += storage_helpers;
   s += R"(
-// ladle_bwd_block_bf16: the plain form's u and dk a block at a time, from the boundary states (and
-// ladle_block_load, a value of a tensor by its type code, which the carries use too).
-#include <ladle/codegen/device/tensor_core.cuh>
-#include <ladle/codegen/device/block_mma.cuh>
-#include <ladle/codegen/device/plain_backward.cuh>
-
 #define LADLE_BWD_CHUNK )" + std::to_string(backward_chunk) + R"(
 
 // The sequence of (sequence n): its batch row and tokens [bos, eos).
@@ -751,7 +745,7 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
   const long long e = static_cast<long long>(c) * LADLE_BWD_CHUNK + LADLE_BWD_CHUNK - 1;
   const long long r = (static_cast<long long>(b) * T + (reverse ? eos - 1 - e : bos + e)) * H + h;  // step e's slot row
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
-    float la = log_a_next ? ladle_block_load(log_a_next, a_type, r * K + i) : 0.0f;
+    float la = log_a_next ? ladle_load_typed(log_a_next, a_type, r * K + i) : 0.0f;
     if (log_h_next) la += log_h_next[r];
     decay_a[i] = expf(la);
     rows[i] = 0.0f;
@@ -770,7 +764,7 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
     float decay_b[4], column[4];
     for (int m = 0; m < 4; ++m) {
       const int j = j0 + lane + 32 * m;
-      decay_b[m] = j < V ? (log_b_next ? expf(ladle_block_load(log_b_next, b_type, r * V + j)) : 1.0f) : 0.0f;
+      decay_b[m] = j < V ? (log_b_next ? expf(ladle_load_typed(log_b_next, b_type, r * V + j)) : 1.0f) : 0.0f;
       column[m] = 0.0f;
     }
     LADLE_BWD_UNROLL_4 for (int i = warp; i < K; i += warps) {
@@ -860,6 +854,15 @@ LADLE_BWD_CONVERT(ladle_bwd_convert_bf16, ladle_bf16)
 LADLE_BWD_CONVERT(ladle_bwd_convert_f16, ladle_f16)
 
 )";
+  return s;
+}
+
+std::string backward_block_source() {
+  std::string s = "// ladle: the recurrent backward's block kernel (codegen/cuda/backward.cpp; do not edit).\n";
+  s += storage_helpers;
+  s += "#include <ladle/codegen/device/tensor_core.cuh>\n"
+       "#include <ladle/codegen/device/block_mma.cuh>\n"
+       "#include <ladle/codegen/device/plain_backward.cuh>\n";
   return s;
 }
 

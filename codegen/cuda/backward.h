@@ -100,16 +100,20 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
 //     forward's state after the block and dS_(e+1) the gradient that reaches it, from tables of the
 //     segmented form's entry states (gpu::run_entry_states), with only fp32 rounding: no sum over
 //     later blocks, whose bf16-rounded terms cancel;
+//   ladle_bwd_initial: d initial_state = factor exp(log_a_0) dS_0 exp(log_b_0) (first_decay);
+//   ladle_bwd_convert_<f32|bf16|f16>: a strided [N,H,R,C] state times a factor to fp32 [N,H,R,C] and
+//     [N,H,C,R].
+// Their parameters are listed in the source.
+std::string backward_helpers_source();
+
+// The plain form's block kernel, in a source of its own (a compile of about a second, which a cold call
+// runs beside the helpers' instead of after them):
 //   ladle_bwd_block_bf16 (codegen/device/plain_backward.cuh): u = scale S_t do_t and dk = dS_t v_t of
 //     the plain form with a key-side or head decay, a block of backward_chunk steps at a time, from the
 //     states at the blocks' boundaries (the tables ladle_bwd_carry_states reads), in fp32 from one set
 //     of products, so that the decays' gradients (sums of qs . u - kf . dk, whose terms inside a block
 //     cancel) keep fp32 precision; bf16 slots, K and V up to backward_block_features; grid (C, N H,
 //     ceil(K / backward_block_keys)), 256 threads, backward_block_shared bytes of dynamic shared memory;
-//   ladle_bwd_initial: d initial_state = factor exp(log_a_0) dS_0 exp(log_b_0) (first_decay);
-//   ladle_bwd_convert_<f32|bf16|f16>: a strided [N,H,R,C] state times a factor to fp32 [N,H,R,C] and
-//     [N,H,C,R].
-// Their parameters are listed in the source.
-std::string backward_helpers_source();
+std::string backward_block_source();
 
 }  // namespace ladle::cuda

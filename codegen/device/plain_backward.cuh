@@ -42,13 +42,6 @@
   (2 * (4 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_KEYS * LADLE_BLOCK_LW + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
    4 * (LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + 4 * 16 * 17 + 7 * LADLE_BLOCK_KEYS))
 
-// A value of a tensor whose type is named by `type` (0 f32, 1 bf16, 2 f16).
-__device__ __forceinline__ float ladle_block_load(const void* p, int type, long long at) {
-  if (type == 1) return ladle_load(static_cast<const ladle_bf16*>(p) + at);
-  if (type == 2) return ladle_load(static_cast<const ladle_f16*>(p) + at);
-  return static_cast<const float*>(p)[at];
-}
-
 // A [B,T,H,D] tensor by its strides (B = 1 with cu_seqlens: t is the packed token).
 struct LadleBlockView {
   const void* data;
@@ -155,7 +148,7 @@ struct LadleBlockTiles {
       ladle_unpack8_f16(la, ladle_ld16(h16));
     } else {
       LADLE_UNROLL
-      for (int u = 0; u < 8; ++u) la[u] = f0 + f + u < p.K ? ladle_block_load(p.log_a.data, p.a_type, a0 + u * p.log_a.sd) : 0.0f;
+      for (int u = 0; u < 8; ++u) la[u] = f0 + f + u < p.K ? ladle_load_typed(p.log_a.data, p.a_type, a0 + u * p.log_a.sd) : 0.0f;
     }
   }
 
@@ -201,7 +194,7 @@ struct LadleBlockTiles {
       float next = 0.0f;
       if (f0 + f < p.K) {
         const long long r = row(L - 1);
-        next = (p.log_a_next ? ladle_block_load(p.log_a_next, p.an_type, r * p.K + f0 + f) : 0.0f) + (p.log_h_next ? p.log_h_next[r] : 0.0f);
+        next = (p.log_a_next ? ladle_load_typed(p.log_a_next, p.an_type, r * p.K + f0 + f) : 0.0f) + (p.log_h_next ? p.log_h_next[r] : 0.0f);
         next = next > LADLE_BLOCK_LOG_FLOOR ? next : LADLE_BLOCK_LOG_FLOOR;
       }
       gl[f] = run + next * log2e;

@@ -52,3 +52,12 @@ __device__ __forceinline__ void ladle_store(ladle_bf16* p, float value) {
                                               : static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 #endif  // LADLE_RECURRENT_HELPERS
+#ifndef LADLE_LOAD_TYPED
+#define LADLE_LOAD_TYPED
+// A value of a tensor whose type is named at run time by `type` (0 f32, 1 bf16, 2 f16).
+__device__ __forceinline__ float ladle_load_typed(const void* p, int type, long long at) {
+  if (type == 1) return ladle_load(static_cast<const ladle_bf16*>(p) + at);
+  if (type == 2) return ladle_load(static_cast<const ladle_f16*>(p) + at);
+  return static_cast<const float*>(p)[at];
+}
+#endif

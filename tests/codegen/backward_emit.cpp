@@ -27,5 +27,6 @@ int main(int argc, char** argv) {
     }
   out << "static const EmulatedKernel emulated_backward_kernels[] = {\n" << table << "};\n\n";
   out << ladle::cuda::backward_helpers_source();  // called by name: their names are fixed
+  out << ladle::cuda::backward_block_source();
   return out ? 0 : 1;
 }

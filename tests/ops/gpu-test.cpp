@@ -106,8 +106,14 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
   options.headers = ladle::device::headers_for(ladle::cuda::backward_helpers_source());
   const auto helpers = ladle::compile(ladle::cuda::backward_helpers_source(), options);
   for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
-                           "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16", "ladle_bwd_block_bf16"})
+                           "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})
     CHECK(helpers.ptx.find(std::string(".entry ") + name) != std::string::npos);
+  // The block kernel in a program of its own (compiled beside the helpers on a cold call), and only there.
+  CHECK(helpers.ptx.find(".entry ladle_bwd_block_bf16") == std::string::npos);
+  options.headers = ladle::device::headers_for(ladle::cuda::backward_block_source());
+  const auto block = ladle::compile(ladle::cuda::backward_block_source(), options);
+  CHECK(block.ptx.find(".entry ladle_bwd_block_bf16") != std::string::npos);
+  CHECK(block.ptx.find(".entry ladle_bwd_carry") == std::string::npos);
 }
 
 // The plain form's block kernel (codegen/device/plain_backward.cuh) runs one block of 256 threads an SM
@@ -118,7 +124,7 @@ TEST_CASE("NVRTC compiles ladle_bwd_block_bf16 for sm_80 and sm_90a without spil
   CHECK(ladle::cuda::backward_block_shared <= 227 * 1024);
   for (const char* arch : {"sm_80", "sm_90a"}) {
     INFO(arch);
-    const ladle::CompiledProgram program = ladle::gpu::compile_backward_helpers(arch);
+    const ladle::CompiledProgram program = ladle::gpu::compile_backward_block(arch);
     const auto* r = program.resources("ladle_bwd_block_bf16");
     REQUIRE(r != nullptr);
     INFO(r->registers << " registers, " << r->spill_store_bytes << " bytes spilled, " << r->shared_bytes << " static shared");

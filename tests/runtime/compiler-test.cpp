@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include <ladle/runtime/error.h>
 
 #include "kernels.h"
+#include "scoped_env.h"
 #include "temp_dir.h"
 
 using namespace ladle;
@@ -86,6 +88,25 @@ TEST_CASE("in-memory headers are compiled and change the key") {
   auto b = compile(source, options, cache);
   REQUIRE(a.key != b.key);
   REQUIRE(a.ptx != b.ptx);
+}
+
+TEST_CASE("LADLE_NVRTC_FLAGS adds options to every compile and to the key; a word that is no option is refused") {
+  DiskCache cache(DiskCache::Settings::off());
+  CompileOptions options;
+  options.arch = "compute_80";
+  const auto plain = compile(test::vector_add_source, options, cache);
+  CHECK(plain.ptx.find(".loc") == std::string::npos);
+  {
+    test::ScopedEnv flags("LADLE_NVRTC_FLAGS", " -lineinfo  -DLADLE_UNUSED=1 ");
+    const auto traced = compile(test::vector_add_source, options, cache);
+    CHECK(traced.key != plain.key);
+    CHECK(std::count(traced.options.begin(), traced.options.end(), "-lineinfo") == 1);
+    CHECK(std::count(traced.options.begin(), traced.options.end(), "-DLADLE_UNUSED=1") == 1);
+    CHECK(traced.ptx.find(".loc") != std::string::npos);  // the line table -lineinfo asks for
+  }
+  test::ScopedEnv flags("LADLE_NVRTC_FLAGS", "-lineinfo fast");
+  REQUIRE_THROWS_AS(compile(test::vector_add_source, options, cache), InvalidArgument);
+  REQUIRE_THROWS_WITH(compile(test::vector_add_source, options, cache), Catch::Contains("LADLE_NVRTC_FLAGS") && Catch::Contains("'fast'"));
 }
 
 TEST_CASE("ptxas' verbose report is parsed per kernel") {

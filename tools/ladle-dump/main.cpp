@@ -94,10 +94,8 @@ void print_resources(const ladle::CompiledProgram& program, int dynamic_shared_b
     // An attention decode program's merge kernel (<name>_merge) and the attention backward's prep kernel launch with none.
     const bool merge = (k.name.size() > 6 && k.name.compare(k.name.size() - 6, 6, "_merge") == 0) ||
                        k.name.rfind("ladle_attention_bwd_prep_", 0) == 0;
-    // The backward helpers' program: its block kernel alone launches with dynamic shared memory.
-    const std::string own = k.name == "ladle_bwd_block_bf16" ? std::to_string(ladle::cuda::backward_block_shared) : dynamic;
     std::cout << fmt::format("{:<40} {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6}\n", k.name, k.registers, k.stack_frame_bytes,
-                             k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, merge ? std::string("0") : own, k.constant_bytes);
+                             k.spill_store_bytes, k.spill_load_bytes, k.shared_bytes, merge ? std::string("0") : dynamic, k.constant_bytes);
   }
 }
 
@@ -362,6 +360,7 @@ int main(int argc, char** argv) {
         const auto q = tensor(type, {1, T, 1, key_dim}), k = tensor(type, {1, T, 1, key_dim}), v = tensor(type, {1, T, 1, value_dim});
         const ladle::ops::BoundInputs bound =
             planned([&] { return ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options); });
+        bool block = false;  // the plain form's u and dk a block at a time: ladle_bwd_block_bf16's own program, after the helpers'
         try {
           // The diagonal form: slots, totals (fp32 slots alone: 16-bit ones take the carries from the
           // boundary states, options' default), chain. The update forms: slots, their recurrence
@@ -377,10 +376,13 @@ int main(int argc, char** argv) {
           else if (fp32_slots)
             programs.push_back(phase_program(Phase::totals));
           programs.push_back(phase_program(Phase::chain));
+          block = ladle::gpu::backward_block_kernel(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, Phase::slots, type),
+                                                    options, key_dim, value_dim);
         } catch (const ladle::InvalidArgument& e) {
           throw ladle::InvalidArgument(fmt::format("--backward: --op {} has no generated backward: {}", op, e.what()));
         }
         programs.push_back({ladle::gpu::compile_backward_helpers(target), 0});
+        if (block) programs.push_back({ladle::gpu::compile_backward_block(target), ladle::cuda::backward_block_shared});
         std::cout << fmt::format("op {} ({} variant {}), {} tile (backward: one thread per feature, blocks of {} steps), K={} V={} {}\n",
                                  op, variant.name, ladle::ir::hash_hex(variant), algo, ladle::cuda::backward_chunk, key_dim, value_dim, dtype);
       } else {
