@@ -298,54 +298,59 @@ struct LadleBlockBackward : LadleBlockTiles {
     }
   }
 
-  // 4. out[t][f] for the warp's eight features (f0 + 8 warp ...) and every step: U (u): A = do, the state S_0,
-  //    the earlier sub-blocks through dA and the scaled keys; else (dk): A = v, the gradient R, the later
-  //    sub-blocks through dA^T and the scaled queries. Then scale (decay A state^T + references + the
-  //    partial sums the diagonal wrote).
+  // The state's B fragments of this lane (k = value column j, n = feature: the state's row f0 + 8 warp +
+  //    lane / 4), every load issued here, before scaled(): finish() finds them arrived.
+  __device__ void load_state(const float* state, float (&sv)[8][4]) const {
+    const int fs = f0 + 8 * warp + (lane >> 2), c2 = 2 * (lane & 3);
+    const bool live_row = state && fs < p.K;
+    LADLE_UNROLL
+    for (int k0 = 0; k0 < 8; ++k0)
+      LADLE_UNROLL
+      for (int i = 0; i < 4; i += 2) {  // columns j and j + 1 (j even): one 8-byte load where V is even
+        const int j = 16 * k0 + c2 + 8 * (i >> 1);
+        const float* const at_ = state + static_cast<long long>(fs) * p.V + j;
+        if (live_row && j + 1 < p.V && (p.V & 1) == 0) {
+          const LadleBlockPair pair = *reinterpret_cast<const LadleBlockPair*>(at_);
+          sv[k0][i] = pair.x, sv[k0][i + 1] = pair.y;
+        } else {
+          sv[k0][i] = live_row && j < p.V ? at_[0] : 0.0f;
+          sv[k0][i + 1] = live_row && j + 1 < p.V ? at_[1] : 0.0f;
+        }
+      }
+  }
+
+  // 4. out[t][f] for the warp's eight features (f0 + 8 warp ...) and every step: U (u): A = do, the state S_0
+  //    (sv, from load_state), the earlier sub-blocks through dA and the scaled keys; else (dk): A = v, the
+  //    gradient R, the later sub-blocks through dA^T and the scaled queries. Then scale (decay A state^T +
+  //    references + the partial sums the diagonal wrote).
   template <bool U>
-  __device__ void finish(const float* state, float* out, long long sb, long long st, long long sh, long long sd) {
+  __device__ void finish(const float (&sv)[8][4], float* out, long long sb, long long st, long long sh, long long sd) {
     const int r = lane >> 2, c2 = 2 * (lane & 3), fw = 8 * warp;
-    const int fs = f0 + fw + r;  // the state's row this lane's B fragments read
     const unsigned short* A = U ? dO : v;
-    float acc[4][4], ref[4][4];
+    float acc[4][4];
     LADLE_UNROLL
     for (int m = 0; m < 4; ++m)
       LADLE_UNROLL
-      for (int x = 0; x < 4; ++x) acc[m][x] = ref[m][x] = 0.0f;
+      for (int x = 0; x < 4; ++x) acc[m][x] = 0.0f;
     const int row8 = lane & 7, second = (lane >> 3) & 1, upper = lane >> 4;
-    // The state's B fragments (k = value column j, n = feature), half the depth's loads in flight at a time.
-    const bool live_row = state && fs < p.K;
     LADLE_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      float sv[4][4];
+    for (int k0 = 0; k0 < 8; ++k0) {
+      unsigned bhi[2], blo[2];
+      ladle_block_split(sv[k0][0], sv[k0][1], bhi[0], blo[0]);
+      ladle_block_split(sv[k0][2], sv[k0][3], bhi[1], blo[1]);
       LADLE_UNROLL
-      for (int k0 = 0; k0 < 4; ++k0)
-        LADLE_UNROLL
-        for (int i = 0; i < 4; i += 2) {  // columns j and j + 1 (j even): one 8-byte load where V is even
-          const int j = 16 * (4 * half + k0) + c2 + 8 * (i >> 1);
-          const float* const at_ = state + static_cast<long long>(fs) * p.V + j;
-          if (live_row && j + 1 < p.V && (p.V & 1) == 0) {
-            const LadleBlockPair pair = *reinterpret_cast<const LadleBlockPair*>(at_);
-            sv[k0][i] = pair.x, sv[k0][i + 1] = pair.y;
-          } else {
-            sv[k0][i] = live_row && j < p.V ? at_[0] : 0.0f;
-            sv[k0][i + 1] = live_row && j + 1 < p.V ? at_[1] : 0.0f;
-          }
-        }
-      LADLE_UNROLL
-      for (int k0 = 0; k0 < 4; ++k0) {
-        unsigned bhi[2], blo[2];
-        ladle_block_split(sv[k0][0], sv[k0][1], bhi[0], blo[0]);
-        ladle_block_split(sv[k0][2], sv[k0][3], bhi[1], blo[1]);
-        LADLE_UNROLL
-        for (int m = 0; m < 4; ++m) {
-          unsigned a[4];
-          ladle_ldmatrix_x4(a, A + (16 * m + row8 + second * 8) * LV + 16 * (4 * half + k0) + upper * 8);
-          ladle_mma_bf16(acc[m], a, bhi[0], bhi[1]);
-          ladle_mma_bf16(acc[m], a, blo[0], blo[1]);
-        }
+      for (int m = 0; m < 4; ++m) {
+        unsigned a[4];
+        ladle_ldmatrix_x4(a, A + (16 * m + row8 + second * 8) * LV + 16 * k0 + upper * 8);
+        ladle_mma_bf16(acc[m], a, bhi[0], bhi[1]);
+        ladle_mma_bf16(acc[m], a, blo[0], blo[1]);
       }
     }
+    float ref[4][4];
+    LADLE_UNROLL
+    for (int m = 0; m < 4; ++m)
+      LADLE_UNROLL
+      for (int x = 0; x < 4; ++x) ref[m][x] = 0.0f;
     // The other sub-blocks: for U, row block m (m >= 1) from each earlier one (depth 16); else row block m
     // (m <= 2) from each later one. Each pair's product scaled by E per feature before it adds.
     LADLE_UNROLL
@@ -377,20 +382,18 @@ struct LadleBlockBackward : LadleBlockTiles {
         LADLE_UNROLL
         for (int x = 0; x < 4; ++x) ref[m][x] += e[pair * F + fw + c2 + (x & 1)] * prod[x];
       }
-    // The diagonal's partial sums, every load in flight before the first store. A lane's rows: 16 m + r and
+    // The diagonal's partial sums, loaded before the sub-blocks' products: in flight during them. A lane's rows: 16 m + r and
     // 16 m + r + 8; its columns f0 + fw + c2 and the next (sd apart).
-    float* rows[4][2];
-    LADLE_UNROLL
-    for (int m = 0; m < 4; ++m)
-      LADLE_UNROLL
-      for (int hh = 0; hh < 2; ++hh) rows[m][hh] = out + b * sb + token(16 * m + r + 8 * hh) * st + h * sh + (f0 + fw + c2) * sd;
+    // Step t's row is step r's plus (t - r) token strides (minus, reversed).
+    float* const row_r = out + b * sb + token(r) * st + h * sh + (f0 + fw + c2) * sd;
+    const long long step = p.reverse ? -st : st;
     float part[4][4];
     LADLE_UNROLL
     for (int m = 0; m < 4; ++m)
       LADLE_UNROLL
       for (int x = 0; x < 4; ++x) {
         const int t = 16 * m + r + 8 * (x >> 1), f = fw + c2 + (x & 1);
-        part[m][x] = t < L && f0 + f < p.K ? rows[m][x >> 1][(x & 1) * sd] : 0.0f;
+        part[m][x] = t < L && f0 + f < p.K ? row_r[(t - r) * step + (x & 1) * sd] : 0.0f;
       }
     LADLE_UNROLL
     for (int m = 0; m < 4; ++m)
@@ -403,7 +406,7 @@ struct LadleBlockBackward : LadleBlockTiles {
         float value = decay * acc[m][x] + part[m][x];
         if (U && m > 0) value += ladle_exp2(gt - g[(16 * m - 1) * LG + f]) * ref[m][x];
         if (!U && m < 3) value += ladle_exp2(g[(16 * m + 15) * LG + f] - gt) * ref[m][x];
-        rows[m][x >> 1][(x & 1) * sd] = p.scale * value;
+        row_r[(t - r) * step + (x & 1) * sd] = p.scale * value;
       }
   }
 
@@ -414,13 +417,21 @@ struct LadleBlockBackward : LadleBlockTiles {
     scores();
     __syncthreads();
     diagonal();
-    scaled(true);
+    {
+      float sv[8][4];  // the states' loads in flight while the rows are scaled
+      load_state(entry_state(), sv);
+      scaled(true);
+      __syncthreads();
+      finish<true>(sv, p.u, p.u_sb, p.u_st, p.u_sh, p.u_sd);
+    }
     __syncthreads();
-    finish<true>(entry_state(), p.u, p.u_sb, p.u_st, p.u_sh, p.u_sd);
-    __syncthreads();
-    scaled(false);
-    __syncthreads();
-    finish<false>(exit_gradient(), p.dk, p.dk_sb, p.dk_st, p.dk_sh, p.dk_sd);
+    {
+      float sv[8][4];
+      load_state(exit_gradient(), sv);
+      scaled(false);
+      __syncthreads();
+      finish<false>(sv, p.dk, p.dk_sb, p.dk_st, p.dk_sh, p.dk_sd);
+    }
   }
 };
 
