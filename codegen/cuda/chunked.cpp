@@ -455,6 +455,9 @@ ChunkedKernel generate_chunked(const ir::Variant& variant, const ChunkedKernelSp
     fail("the segmented state pass starts from zero and writes segment_states (initial_state = final_state = false)");
 
   if (spec.suffix_states && spec.tile.ws) fail("suffix_states with a ws tile: the ws form's state pass is its own");
+  if (spec.chunk_states_out && !(spec.tile.ws && phase == ChunkedPhase::serial))
+    fail("chunk_states_out: only the ws form's serial kernel writes its chunks' entry states (tile " + to_string(spec.tile) + ", phase " +
+         to_string(phase) + ")");
   if (spec.tile.ws && (phase == ChunkedPhase::serial || phase == ChunkedPhase::states)) return generate_ws_chunked(variant, spec);
   if (spec.suffix_states) return generate_suffix_states(variant, spec);  // refuses what it cannot run
   if (spec.tile.ws && phase != ChunkedPhase::fold) fail(std::string("the ws form has no ") + to_string(phase) + " phase");

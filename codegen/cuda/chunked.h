@@ -119,6 +119,11 @@ struct ChunkedKernelSpec : KernelTypes {
   // where chunked_suffix_states_unsupported is empty); false: the split form's state pass with the
   // tile's state_* fields. generate_chunked refuses a spec that asks for it where it cannot run.
   bool suffix_states = false;
+  // The serial ws form (tile.ws, not segmented, a key-side gate or a head decay: S is the true state at
+  // every chunk's start) also writes the state entering each of its chunks, fp32, to chunk_states
+  // [chunks][H][K][V] at row first chunk + c (n * ceil(T / 64), or chunk_offsets[n] packed): the
+  // recurrent backward's boundary states (ops/gpu_backward.cpp) without a state pass of their own.
+  bool chunk_states_out = false;
   // The target the kernel is compiled for (gpu::compile_chunked fills it in): a wgmma tile needs
   // sm_90a or compute_90a.
   std::string arch;

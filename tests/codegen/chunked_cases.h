@@ -185,6 +185,26 @@ inline ladle::cuda::ChunkedTile ws_tile(int K, int block_v) {
   return tile;
 }
 
+inline std::vector<Case> ws();
+
+// The ws cases whose serial kernel can also write its chunks' entry states (chunk_states_out: a
+// key-side gate or a head decay, no read before the update), with that flag set in spec_of().
+inline bool writes_chunk_states(const Case& c) {
+  const ladle::ir::Variant& v = c.c.variant;
+  return !v.has(ladle::ir::Slot::log_decay_v) && !v.read_before_update;
+}
+inline ladle::cuda::ChunkedKernelSpec chunk_states_spec(const Case& c) {
+  ladle::cuda::ChunkedKernelSpec spec = c.spec();
+  spec.chunk_states_out = true;
+  return spec;
+}
+inline std::vector<Case> ws_chunk_states() {
+  std::vector<Case> out;
+  for (const Case& c : ws())
+    if (writes_chunk_states(c)) out.push_back(c);
+  return out;
+}
+
 inline std::vector<Case> ws() {
   namespace dsl = ladle::dsl;
   using E = ladle::DType;

@@ -43,6 +43,13 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < ws.size(); ++i)
     ws_table += "    " + emit(ladle::cuda::generate_chunked(ws[i].c.variant, ws[i].spec()), "launch_ws_" + std::to_string(i)) + ",\n";
   out << "static const EmulatedKernel emulated_ws_kernels[] = {\n" << ws_table << "};\n\n";
+  // The same serial kernels writing their chunks' entry states (the recurrent backward's tables).
+  const auto ws_states = chunked_cases::ws_chunk_states();
+  std::string ws_states_table;
+  for (std::size_t i = 0; i < ws_states.size(); ++i)
+    ws_states_table += "    " + emit(ladle::cuda::generate_chunked(ws_states[i].c.variant, chunked_cases::chunk_states_spec(ws_states[i])),
+                                     "launch_ws_states_" + std::to_string(i)) + ",\n";
+  out << "static const EmulatedKernel emulated_ws_chunk_states_kernels[] = {\n" << ws_states_table << "};\n\n";
 
   // The split form: a state pass and an output pass per case.
   const auto split = chunked_cases::split();

@@ -269,6 +269,70 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a: TMA producer, wgmma consu
   }
 }
 
+// chunk_states_out: the ws serial kernel also writes the state entering each of its 64-token chunks (the
+// recurrent backward's boundary states). Against the CPU path's checkpoints (the state entering every
+// 64-token chunk in the recurrence's direction, fp32): forward and reverse, packed with an empty
+// sequence, h0, GQA, key gates and head decays; o and the final state as without the flag.
+TEST_CASE("chunked: the ws serial kernel's chunk entry states (chunk_states_out), on the host emulation, equal the CPU "
+          "path's state before each chunk", "[codegen][chunked][emulation][ws]") {
+  const auto cases = chunked_cases::ws_chunk_states();
+  REQUIRE(std::size(emulated_ws_chunk_states_kernels) == cases.size());
+  REQUIRE(cases.size() >= 6);
+  int reversed = 0, packed = 0, key_gated = 0, many_chunks = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const cuda_cases::Case& c = cases[i].c;
+    const cuda::ChunkedKernel kernel = cuda::generate_chunked(c.variant, chunked_cases::chunk_states_spec(cases[i]));
+    INFO(c.name << " (" << kernel.name << ", " << cuda::to_string(cases[i].tile) << ")");
+    REQUIRE(kernel.name == emulated_ws_chunk_states_kernels[i].name);
+    CHECK(kernel.name != cuda::generate_chunked(c.variant, cases[i].spec()).name);
+    CHECK_THAT(kernel.source, Catch::Contains("the state entering this chunk"));
+    reversed += c.spec.reverse ? 1 : 0, packed += c.spec.varlen ? 1 : 0;
+    key_gated += c.variant.has(ir::Slot::log_decay_k) ? 1 : 0;
+    for (const auto& [run, seed] : runs(cases[i], 9000 + i)) {
+      INFO(run.c.name);
+      check_against_cpu(run, seed, [&](const ops::BoundInputs& gpu_run, const Bound& bound) {
+        // The CPU path's checkpoints: the reference, and the chunks' numbering.
+        cpu::RecurrentCheckpoints checkpoints;
+        cpu::RecurrentArgs reference = gpu_run.args;
+        Tensor scratch_o(DType::f32, {run.c.B, run.c.T, run.c.H, run.c.V}, 0.0f);
+        reference.output = scratch_o.view();
+        reference.final_state.reset();
+        checkpoints.allocate(reference.batch, reference.tokens, reference.cu_seqlens, reference.heads, reference.key_dim, reference.value_dim);
+        reference.checkpoints = &checkpoints;
+        cpu::run_recurrent(c.variant, reference);
+        REQUIRE(checkpoints.interval == 64);
+        const std::int64_t chunks = checkpoints.first_chunk.back();
+        many_chunks += chunks >= 2 * bound.sequences ? 1 : 0;
+        const std::size_t area = static_cast<std::size_t>(c.K * c.V);
+        std::vector<float> table(static_cast<std::size_t>(chunks * c.H) * area, std::numeric_limits<float>::quiet_NaN());
+        SplitArguments split{table.data(), checkpoints.first_chunk.data(), bound.sequences};
+        Arguments arguments(kernel.params, c, gpu_run.args, split);
+        const cuda::ChunkedGrid grid = cuda::chunked_grid(kernel, bound.sequences, c.H, c.K, c.V, 0);
+        cuda_emulation::launch(grid.x, grid.y, grid.z, kernel.threads, [&] { emulated_ws_chunk_states_kernels[i].launch(arguments.data()); });
+        // Every row written; each (chunk, head) within bf16 operands' error of the CPU path's state.
+        double worst = 0;
+        for (std::int64_t row = 0; row < chunks * c.H; ++row) {
+          const float* got = table.data() + static_cast<std::size_t>(row) * area;
+          const float* want = checkpoints.values.data() + static_cast<std::size_t>(row) * (area + static_cast<std::size_t>(c.K));
+          double diff = 0, norm = 0;
+          for (std::size_t e = 0; e < area; ++e) {
+            REQUIRE(!std::isnan(got[e]));
+            diff += (got[e] - want[e]) * double(got[e] - want[e]), norm += want[e] * double(want[e]);
+          }
+          worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
+          if (norm == 0) CHECK(diff == 0);  // a zero state (no h0, the first chunk) written as zero
+        }
+        INFO("worst relative error of a chunk's state " << worst);
+        CHECK(worst < 1e-2);
+      });
+    }
+  }
+  CHECK(reversed >= 1);
+  CHECK(packed >= 1);
+  CHECK(key_gated >= 2);
+  CHECK(many_chunks >= 1);
+}
+
 TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses", "[codegen][chunked][ws]") {
   const ir::Variant simple_gla = recurrent_variant(false, false, false, true);
   const ir::Variant gla = recurrent_variant(true, false, false, false);

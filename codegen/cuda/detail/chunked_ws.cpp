@@ -194,6 +194,9 @@ void check_ws_spec(const ir::Variant& variant, const ChunkedKernelSpec& spec) {
   if (spec.phase != ChunkedPhase::serial && !states) fail("the ws form has a serial kernel and a segmented state pass only");
   if (states && (!spec.segmented || spec.initial_state || spec.final_state))
     fail("the ws state pass is the segmented form's (segmented, from zero: initial_state = final_state = false)");
+  if (spec.chunk_states_out && (states || spec.segmented || variant.has(ir::Slot::log_decay_v) || variant.read_before_update))
+    fail("chunk_states_out: the serial ws form of whole sequences writes its chunks' entry states, for a key-side gate or a head "
+         "decay (with a value-side gate, S's columns carry a pending factor at a chunk's start)");
   if (!has_wgmma(spec.arch))
     fail("tile " + to_string(tile) + ": ws needs the target sm_90a (TMA, wgmma.mma_async), the target is " +
          (spec.arch.empty() ? std::string("not given") : spec.arch));
@@ -254,7 +257,8 @@ ChunkedKernel ws_kernel(const WsContext& x, std::vector<std::string>& declaratio
   const std::vector<int>& gate_boxes = x.gate_boxes;
   ChunkedKernel kernel;
   kernel.name = "ladle_chunked_ws" + std::string(states ? "_states" : "") + std::string(segmented ? "_segmented" : "") + "_" +
-                hex(fnv1a(to_string(tile) + types_key(spec) + (segmented ? "|segmented" : "") + (states ? "|states" : ""),
+                hex(fnv1a(to_string(tile) + types_key(spec) + (segmented ? "|segmented" : "") + (states ? "|states" : "") +
+                              (spec.chunk_states_out ? "|chunk_states" : ""),
                           ir::hash(variant)));
   kernel.threads = static_cast<unsigned>(THREADS);
   kernel.block_v = BV;
@@ -274,6 +278,14 @@ ChunkedKernel ws_kernel(const WsContext& x, std::vector<std::string>& declaratio
       param("const long long*", "segments", Role::segments);
       param(states ? "float*" : "const float*", "segment_states", Role::segment_states);
       param(states ? "float*" : "const float*", "segment_decay", Role::segment_decay);
+    }
+    if (spec.chunk_states_out) {
+      declarations.push_back("float* __restrict__ chunk_states");
+      kernel.params.push_back({"chunk_states", "float*", Type::pointer, Role::chunk_states, -1});
+      if (spec.varlen) {
+        declarations.push_back("const long long* __restrict__ chunk_offsets");
+        kernel.params.push_back({"chunk_offsets", "const long long*", Type::pointer, Role::chunk_offsets, -1});
+      }
     }
     std::vector<std::pair<std::string, int>> maps = {{"q_map", qi}, {"k_map", ki}, {"v_map", vi}};
     if (states) maps.erase(maps.begin());  // the state pass reads no q
@@ -335,6 +347,9 @@ std::string ws_header(const WsContext& x, const ChunkedKernel& kernel) {
   else if (segmented)
     header += "Segmented: one segment (segments[n]) from the state its earlier segments leave: h0, then each earlier\n"
               "segment's own state folded in, S = 2^D_j S + L_j (no fold kernel: segment_states as the state pass wrote it).\n";
+  if (spec.chunk_states_out)
+    header += std::string("Also writes the state entering each chunk, fp32, to chunk_states[first chunk + c][h] ([chunks][H][K][V];\n"
+                          "first chunk: ") + (spec.varlen ? "chunk_offsets[n]" : "n ceil(T / 64)") + "), for the recurrent backward's boundary states.\n";
   header += "\n";  // not "\n" + ir::to_string(...): GCC 12 (-O3) sees an overlapping copy there (-Wrestrict)
   header += ir::to_string(variant);
   header += "\nconfig: " + to_string(tile) + " (" + std::to_string(THREADS) + " threads: producer, " + std::to_string(CONSUMERS) +

@@ -36,6 +36,7 @@ void WsEmitter::decay_gate_scan() const {
     load_next_gates("0");
     c("");
     chunk_loop_head();
+    store_chunk_state();
     c("// 2a. The cumulative log2 decay G of this chunk's steps (step = token order in the recurrence's");
     c("//     direction), per warp: steps 2 lane and 2 lane + 1, a scan over the lanes.");
     c("float g[2];");
@@ -51,6 +52,7 @@ void WsEmitter::decay_gate_scan() const {
   } else {
     c("");
     chunk_loop_head();
+    store_chunk_state();
     c("float g[2] = {0.0f, 0.0f};  // no decay");
   }
   c("float prefix = g[0] + g[1], total = prefix;  // inclusive scan of the lanes' pair sums");

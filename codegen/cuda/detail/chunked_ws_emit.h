@@ -65,6 +65,7 @@ class WsEmitter : private WsContext {
   void ring_init() const;
   void producer() const;
   void chunk_loop_head() const;
+  void store_chunk_state() const;
   void stage_wait() const;
   void stage_release(bool with_comment) const;
 

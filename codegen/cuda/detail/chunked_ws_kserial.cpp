@@ -9,6 +9,7 @@ void WsEmitter::kserial_chunks() const {
   kserial_setup();
   c("");
   chunk_loop_head();
+  store_chunk_state();
   stage_wait();
   c("const unsigned stage_offset = stage * STAGE_BYTES;");
   c("");

@@ -46,6 +46,26 @@ void WsEmitter::chunk_loop_head() const {
   c("const int valid = static_cast<int>(length - static_cast<long long>(c) * C < C ? length - static_cast<long long>(c) * C : C);");
 }
 
+// With chunk_states_out: S as the chunk starts (the true state: the last chunk's factors applied), to
+// chunk_states[first chunk + c][h], column pairs in 8-byte stores.
+void WsEmitter::store_chunk_state() const {
+  if (!spec.chunk_states_out) return;
+  c("{  // the state entering this chunk, for the backward");
+  c.in();
+  c(std::string("const long long first_chunk = ") + (spec.varlen ? "chunk_offsets[n]" : "static_cast<long long>(n) * ((T + C - 1) / C)") + ";");
+  c("float* const cs = chunk_states + ((first_chunk + c) * H + h) * static_cast<long long>(K) * V;");
+  c("LADLE_UNROLL for (int mt = 0; mt < KB; ++mt)");
+  c("  LADLE_UNROLL for (int nb = 0; nb < 8; ++nb)");
+  c("    LADLE_UNROLL for (int r = 0; r < 4; r += 2) {");
+  c.in(), c.in(), c.in();
+  c("const int feat = 64 * mt + 16 * warp + gid + 8 * (r / 2), col = cv0 + 8 * nb + 2 * tig;");
+  c("if (feat < K && col < V) ladle_store2(cs + static_cast<long long>(feat) * V + col, S[mt][nb][r], S[mt][nb][r + 1], col + 1 < V);");
+  c.out(), c.out(), c.out();
+  c("    }");
+  c.out();
+  c("}");
+}
+
 void WsEmitter::stage_wait() const { c("stage_ring.wait(c);"); }
 
 void WsEmitter::stage_release(bool with_comment) const {
