@@ -86,6 +86,12 @@ ChunkedPlan plan_entry_states(const ir::Variant& variant, const ops::BoundInputs
 // least 1024 tokens a segment. A split tile runs whole sequences.
 std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options);
 std::int64_t chunked_segment_tokens(const ops::BoundInputs& bound, const RunOptions& options, const GpuTarget& target);
+
+// The plan gpu::run_variant_with_chunk_states runs for a bound call (its tile in options, else the
+// heuristic's): the serial ws form with chunk_states_out set, or nullopt where the call takes another
+// form (defined in gpu_recurrent.cpp).
+std::optional<ChunkedPlan> chunk_states_plan(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                                             const GpuTarget& target);
 // The sequences a tile is chosen for: the segments where the call runs segmented, else 0 (the call's N).
 std::int64_t chunked_tile_sequences(const ops::BoundInputs& bound, const RunOptions& options, const GpuTarget& target);
 

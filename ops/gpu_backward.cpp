@@ -575,18 +575,47 @@ class BackwardCall {
     std::vector<GeneratedKernel> planned;
     std::vector<std::future<void>> compiling;
     const std::string& arch = arch_;
+    const auto add = [&](GeneratedKernel kernel) {
+      if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
+        planned.push_back(std::move(kernel));
+    };
     try {
-      for (const Recurrence& r : recurrences_run()) {
+      // The block kernel's tables from the recurrences' own ws kernels where they run them (boundary_tables()):
+      // their kernels with chunk_states_out (heuristic tiles), in place of the recurrence and its state pass.
+      std::array<bool, 2> from_recurrence{false, false};  // S (the forward's recurrence), dS (dv's)
+      if (block_kernel_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
+        const std::array<EntryStates, 2> entries = entry_state_calls();
+        const std::array<Recurrence, 3> recurrences = the_recurrences();
+        const std::array<const Recurrence*, 2> tables{&entries[0].recurrence, &recurrences[1]};
+        for (std::size_t t = 0; t < 2; ++t) {
+          if (t == 1 && !blocks_aligned()) continue;
+          const RecurrenceCall call = recurrence_call(*tables[t]);
+          RunOptions chunked = call.options;
+          chunked.algorithm = Algorithm::chunked;
+          ops::BoundInputs b = ops::bind_inputs(op_, call.plain, tables[t]->rq.view, tables[t]->rk.view, tables[t]->rv.view, call.inputs, chunked);
+          ops::bind_outputs(op_, call.options, call.outputs, b);
+          if (const std::optional<ChunkedPlan> plan = chunk_states_plan(call.plain, b, chunked, device_target())) {
+            cuda::ChunkedKernel kernel = cuda::generate_chunked(call.plain, plan->launches[0].spec);
+            add({kernel.name, std::move(kernel.source), "boundary states", cuda::to_string(plan->spec.tile), kernel.threads, kernel.shared_bytes});
+            from_recurrence[t] = true;
+          }
+        }
+      }
+      const std::vector<Recurrence> run = recurrences_run();
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        const Recurrence& r = run[i];
+        if (block_kernel_ && &r.rv == &dos_ && from_recurrence[1]) continue;  // dv's: its chunk-states kernel above
         const RecurrenceCall call = recurrence_call(r);
         if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) continue;  // the call reads them on the host: not here
         ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options);
         ops::bind_outputs(op_, call.options, call.outputs, b);
-        for (GeneratedKernel& kernel : generated_kernels(call.plain, b, call.options, arch))
-          if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
-            planned.push_back(std::move(kernel));
+        for (GeneratedKernel& kernel : generated_kernels(call.plain, b, call.options, arch)) add(std::move(kernel));
       }
-      if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device()))
-        for (const EntryStates& each : entry_state_calls()) {
+      if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
+        const std::array<EntryStates, 2> entries = entry_state_calls();
+        for (std::size_t t = 0; t < 2; ++t) {
+          if (from_recurrence[t]) continue;
+          const EntryStates& each = entries[t];
           const RecurrenceCall call = recurrence_call(each.recurrence);
           RunOptions chunked = call.options;
           chunked.algorithm = Algorithm::chunked;
@@ -594,11 +623,10 @@ class BackwardCall {
           const ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, chunked);
           for (const ChunkedLaunch& launch : plan_entry_states(call.plain, b, chunked, each.segments, device_target()).launches) {
             cuda::ChunkedKernel kernel = cuda::generate_chunked(call.plain, launch.spec);
-            if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
-              planned.push_back({kernel.name, std::move(kernel.source), "entry states", cuda::to_string(launch.spec.tile), kernel.threads,
-                                 kernel.shared_bytes});
+            add({kernel.name, std::move(kernel.source), "entry states", cuda::to_string(launch.spec.tile), kernel.threads, kernel.shared_bytes});
           }
         }
+      }
       for (const GeneratedKernel& kernel : planned)
         compiling.push_back(std::async(std::launch::async, [&kernel, &arch] { compile_generated(kernel, arch); }));
       for (const auto phase : {cuda::BackwardPhase::totals, cuda::BackwardPhase::chain}) {
@@ -635,7 +663,11 @@ class BackwardCall {
     if (a_.initial_state) ds0_ = scratch(DType::f32, {N_, H_, K_, VS_}, stream);
     if (variant_.normalize) normalized_read();
     compile_ahead();
-    for (const Recurrence& r : recurrences_run()) run_recurrence(r);
+    if (block_kernel_) {
+      boundary_tables();
+    } else {
+      for (const Recurrence& r : recurrences_run()) run_recurrence(r);
+    }
     if (decays_v_) {
       o_f_ = scratch(DType::f32, value_shape_, stream);
       run_recurrence({qs_, kf_, vf_, {key_decay_ ? &log_a_ : nullptr, &log_b_, head_decay_ ? &log_h_ : nullptr}, a_.reverse,
@@ -665,6 +697,45 @@ class BackwardCall {
     packed.add(static_cast<int>(N_)).add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_));
     packed.add(static_cast<int>(VS_)).add(static_cast<int>(C_));
     loaded.function->launch({blocks_of(N_ * H_ * (K_ + V_), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
+  }
+
+  // The block kernel's recurrences and, where the serial ws form runs them, its boundary states from
+  // the same kernels (gpu::run_variant_with_chunk_states): S entering each block from the forward's
+  // recurrence (qs, kf, vf; its output, u_out_, the block kernel rewrites), dS / scale entering each
+  // block from dv's where every sequence's length is a multiple of the block (its chunks, which start at
+  // the sequence's other end, then meet the blocks). boundary_carry() forms what is left the old way.
+  std::int64_t sequence_length(std::int64_t n) const {
+    return a_.cu_seqlens.empty() ? T_ : a_.cu_seqlens[static_cast<std::size_t>(n) + 1] - a_.cu_seqlens[static_cast<std::size_t>(n)];
+  }
+  // Every sequence a whole number of blocks: dv's chunks, from the other end, meet the blocks.
+  bool blocks_aligned() const {
+    for (std::int64_t n = 0; n < N_; ++n)
+      if (sequence_length(n) % cuda::backward_chunk != 0) return false;
+    return true;
+  }
+  void boundary_tables() {
+    const Stream* stream = launch_.stream;
+    chunk_rows_.assign(static_cast<std::size_t>(N_), 0);
+    long long chunks = 0;
+    for (std::int64_t n = 0; n < N_; ++n) {
+      chunk_rows_[static_cast<std::size_t>(n)] = chunks + 1;
+      chunks += (sequence_length(n) + cuda::backward_chunk - 1) / cuda::backward_chunk;
+    }
+    const bool aligned = blocks_aligned();
+    const auto with_table = [&](const Recurrence& r, Scratch& table) {
+      table = scratch(DType::f32, {std::max<long long>(chunks, 1), H_, K_, V_}, stream);
+      const RecurrenceCall call = recurrence_call(r);
+      if (run_variant_with_chunk_states(call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options, call.outputs,
+                                        table.buffer.device_ptr(), launch_))
+        return true;
+      table = Scratch{};
+      return false;
+    };
+    const std::array<Recurrence, 3> all = the_recurrences();
+    if (need_s_t_) run_recurrence(all[0]);  // u's, for S_T alone
+    d_table_ready_ = aligned && chunks > 0 && with_table(all[1], d_table_);
+    if (!d_table_ready_) run_recurrence(all[1]);
+    s_table_ready_ = chunks > 0 && with_table(entry_state_calls()[0].recurrence, s_table_);
   }
 
   // The same segments in the other direction: each sequence's rows in reverse order.
@@ -717,6 +788,8 @@ class BackwardCall {
     const std::int64_t rows = blocks.earlier_segments();
     std::array<Scratch, 2> states;
     DeviceBuffer first, s_first;
+    const Scratch* s_table = &states[0];
+    const Scratch* d_table = &states[1];
     if (rows > 0) {
       // S_e: the forward's recurrence runs in its own direction, so its blocks are the split form's
       // chunks: the state entering every chunk in one pass per state tile (gpu::run_chunk_states),
@@ -730,9 +803,12 @@ class BackwardCall {
         chunk_rows[static_cast<std::size_t>(n)] = total_chunks + 1;
         total_chunks += (length + cuda::backward_chunk - 1) / cuda::backward_chunk;
       }
-      states[0] = scratch(DType::f32, {total_chunks, H_, K_, V_}, stream);
-      states[1] = scratch(DType::f32, {rows, H_, K_, V_}, stream);
+      if (s_table_ready_) s_table = &s_table_;
+      else states[0] = scratch(DType::f32, {total_chunks, H_, K_, V_}, stream);
+      if (d_table_ready_) d_table = &d_table_;
+      else states[1] = scratch(DType::f32, {rows, H_, K_, V_}, stream);
       for (std::size_t c = 0; c < 2; ++c) {
+        if (c == 0 ? s_table_ready_ : d_table_ready_) continue;  // boundary_tables() has it
         const Recurrence& r = calls[c].recurrence;
         const RecurrenceCall call = recurrence_call(r);
         if (c == 0)
@@ -743,13 +819,16 @@ class BackwardCall {
                            states[c].buffer.device_ptr(), launch_);
       }
       first_rows_.assign(static_cast<std::size_t>(N_), 0);
-      for (std::size_t r = 0; r < blocks.all.size(); r += 8) first_rows_[static_cast<std::size_t>(blocks.all[r + 3])] = blocks.all[r + 5];
+      if (d_table_ready_)  // dv's chunk j of sequence n (j >= 1: dS after block chunks - 1 - j) at row chunk_rows_[n] - 1 + j
+        first_rows_ = chunk_rows_;
+      else
+        for (std::size_t r = 0; r < blocks.all.size(); r += 8) first_rows_[static_cast<std::size_t>(blocks.all[r + 3])] = blocks.all[r + 5];
       first = DeviceBuffer::on_stream(first_rows_.size() * sizeof(long long), stream);
       first.copy_from_host(first_rows_.data(), first.bytes(), 0, stream);
       s_first = DeviceBuffer::on_stream(chunk_rows.size() * sizeof(long long), stream);
       s_first.copy_from_host(chunk_rows.data(), s_first.bytes(), 0, stream);
     }
-    const Scratch &s_states = states[0], &d_states = states[1];
+    const Scratch &s_states = *s_table, &d_states = *d_table;
     const auto type_code = [](DType t) { return t == DType::bf16 ? 1 : t == DType::f16 ? 2 : 0; };
     const auto& loaded = helper("ladle_bwd_carry_states");
     KernelArgs packed;
@@ -960,6 +1039,9 @@ class BackwardCall {
   cuda::UpdateBackwardSpec update_spec_;  // the update forms'
   float scale_ = 1.0f;
   bool key_decay_ = false, head_decay_ = false, decays_k_ = false, decays_v_ = false, need_s_t_ = false, boundary_states_ = false;
+  Scratch s_table_, d_table_;        // boundary_tables(): S and dS / scale entering every block, where the ws form wrote them
+  bool s_table_ready_ = false, d_table_ready_ = false;
+  std::vector<long long> chunk_rows_;  // each sequence's first block row + 1 in those tables
   bool block_kernel_ = false;  // u and dk from ladle_bwd_block_bf16: recurrence 0 runs only for S_T, recurrence 2 not at all
   std::vector<long long> first_rows_;  // boundary_carry: each sequence's first row of the boundary tables
   std::string arch_;

@@ -44,7 +44,8 @@ template <class Spec>
 std::string spec_key(const ir::Variant& variant, const Spec& spec, const std::string& arch) {
   std::string key = ir::hash_hex(variant) + "|" + arch + "|" + cuda::to_string(spec.tile);
   if constexpr (requires { spec.phase; })
-    key += std::string("|") + cuda::to_string(spec.phase) + (spec.segmented ? "|segmented" : "") + (spec.suffix_states ? "|suffix" : "");
+    key += std::string("|") + cuda::to_string(spec.phase) + (spec.segmented ? "|segmented" : "") + (spec.suffix_states ? "|suffix" : "") +
+           (spec.chunk_states_out ? "|chunk_states" : "");
   for (DType t : spec.input_types) key += dtype_name(t);
   key += fmt::format("|{}{}{}{}{}{}{}", dtype_name(spec.output_type), spec.reverse,
                      spec.varlen, dtype_name(spec.cu_seqlens_type), spec.initial_state,
@@ -415,6 +416,17 @@ void run_chunked_plan(const ChunkedPlan& plan, const ir::Variant& variant, const
       device_offsets.copy_from_host(chunk_offsets.data(), device_offsets.bytes(), 0, stream);
       split.chunk_offsets = device_offsets.device_ptr();
     }
+  } else if (plan.spec.chunk_states_out) {
+    // The serial ws kernel writing the state entering each of its chunks into the caller's table
+    // (run_variant_with_chunk_states), packed sequences' rows from their first chunks.
+    split.chunk_states = entry_states;
+    split.sequences = N;
+    if (!args.cu_seqlens.empty()) {
+      const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, plan.spec.tile.chunk);
+      device_offsets = DeviceBuffer::on_stream(chunk_offsets.size() * sizeof(std::int64_t), stream);
+      device_offsets.copy_from_host(chunk_offsets.data(), device_offsets.bytes(), 0, stream);
+      split.chunk_offsets = device_offsets.device_ptr();
+    }
   } else if (plan.form == ChunkedPlan::Form::segmented) {
     // The tables from the cache of earlier calls' (segment_rows), else copied for this call; each
     // earlier segment's own final state and total decay.
@@ -653,6 +665,43 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     if (launch.stream) launch.stream->synchronize();
     else Device::get().synchronize();
   }
+}
+
+std::optional<ChunkedPlan> chunk_states_plan(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                                             const GpuTarget& target) {
+  if (variant.update == ir::Update::delta || variant.has(ir::Slot::log_decay_v) || variant.read_before_update) return std::nullopt;
+  ChunkedPlan plan = plan_chunked(variant, bound, options, target, chunked_plan_knobs());
+  if (plan.form != ChunkedPlan::Form::serial || !plan.spec.tile.ws || plan.spec.tile.chunk != 64 || plan.launches.size() != 1) return std::nullopt;
+  plan.spec.chunk_states_out = plan.launches[0].spec.chunk_states_out = true;
+  return plan;
+}
+
+bool run_variant_with_chunk_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
+                                   std::uint64_t chunk_states, const LaunchOptions& launch) {
+  const std::string op = op_name(variant);
+  if (!chunk_states) throw InvalidArgument(op + ": chunk_states: a device table [chunks][H][K][V] f32 expected, got null");
+  const ops::BoundInputs bound =
+      bind_device_run(op, "ladle::gpu::run_variant_with_chunk_states takes device tensors", variant, q, k, v, inputs, options, outputs, launch);
+  const auto& args = bound.args;
+  if (variant.update == ir::Update::delta || variant.has(ir::Slot::log_decay_v) || variant.read_before_update) return false;
+  if (choose_algorithm(variant, bound, options) != Algorithm::chunked) return false;
+  const GpuTarget target = device_target();
+  const std::optional<ChunkedPlan> chosen = chunk_states_plan(variant, bound, with_chunked_tile(variant, bound, options, target), target);
+  if (!chosen) return false;
+  if (bound.dims.N * args.heads * args.value_dim == 0) return true;
+  const ChunkedPlan& plan = *chosen;
+  DeviceBuffer offsets;
+  if (!args.cu_seqlens.empty()) {
+    offsets = DeviceBuffer(args.cu_seqlens.size() * sizeof(std::int64_t));
+    offsets.copy_from_host(args.cu_seqlens.data(), offsets.bytes(), 0, launch.stream);
+  }
+  run_chunked_plan(plan, variant, bound, offsets.device_ptr(), launch, chunk_states);
+  if (!args.cu_seqlens.empty()) {  // the offsets buffers are freed on return
+    if (launch.stream) launch.stream->synchronize();
+    else Device::get().synchronize();
+  }
+  return true;
 }
 
 bool run_variant_with_summaries(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,

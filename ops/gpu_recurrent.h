@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include <ladle/codegen/cuda/chunked_delta.h>
@@ -85,6 +86,16 @@ CompiledChunked compile_chunked(const ir::Variant& variant, const cuda::ChunkedK
 void run_variant_into(const ir::Variant& variant, const TensorView& q, const TensorView& k,
                       const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
                       const RecurrentOutputs& outputs, const LaunchOptions& launch = {});
+
+// run_variant_into, where it runs the serial ws form (sm_90a, whole sequences, a key-side gate or a
+// head decay: the plan the call takes anyway), also writing the state entering each 64-token chunk of
+// every sequence in the recurrence's direction, fp32, to the device table chunk_states [chunks][H][K][V]
+// at row first chunk of n + c (chunks: the sum over sequences of ceil(length / 64)). Returns false,
+// running nothing, where the call takes another form (the caller then runs it and forms the states
+// otherwise). The recurrent backward's boundary states (ops/gpu_backward.cpp) come from here.
+bool run_variant_with_chunk_states(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const VariantInputs& inputs, const RunOptions& options, const RecurrentOutputs& outputs,
+                                   std::uint64_t chunk_states, const LaunchOptions& launch = {});
 
 // The state entering every segment but each sequence's first, for a call of the chunked family cut
 // by the caller's `segments` (cuda::ChunkedSegments, one piece per segment; the tokens of each

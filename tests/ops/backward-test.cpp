@@ -10,6 +10,7 @@
 #include <ladle/dsl/dsl.h>
 #include <ladle/ops/gla.h>
 #include <ladle/ops/bind.h>
+#include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/runtime/driver.h>
@@ -550,6 +551,9 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
   struct Case {
     const ir::Variant* variant;
     bool reverse, packed, initial_state, gqa, gva = false;  // gva: q and k with 2 heads, v with 4
+    // Many sequences of whole 64-step blocks (B 8, H 16, T 192 or 128): on sm_90a the recurrences run the
+    // serial ws form, whose kernels also write the block kernel's boundary states (chunk_states_out).
+    bool ws_tables = false;
   };
   const ir::Variant normalized = dsl::lower(
       dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")), dsl::q, dsl::scalar("scale")).normalized(1e-6f), "normalized");
@@ -558,12 +562,15 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
                                 {&ladle::recurrent_variant(true, false, true, true), true, true, true, false},
                                 {&user, false, true, false, true},
                                 {&ladle::recurrent_variant(false, false, false, false), true, false, false, false},
-                                {&ladle::gla_variant(false), false, true, true, false, true}};
+                                {&ladle::gla_variant(false), false, true, true, false, true},
+                                {&ladle::gla_variant(false), false, false, true, false, false, true},
+                                {&user, true, false, false, true, false, true}};
   int seed = 0;
   for (const Case& c : cases) {
     const ir::Variant& variant = *c.variant;
     std::mt19937_64 rng(static_cast<std::uint64_t>(700 + seed++));
-    const std::int64_t T = 300, H = 4, H_kv = c.gqa ? 2 : 4, K = 64, V = 64, B = c.packed ? 1 : 2, Hqk = c.gva ? 2 : H;
+    const std::int64_t T = c.ws_tables ? (c.reverse ? 128 : 192) : 300, H = c.ws_tables ? 16 : 4, H_kv = c.gqa ? H / 2 : H, K = 64, V = 64;
+    const std::int64_t B = c.packed ? 1 : c.ws_tables ? 8 : 2, Hqk = c.gva ? 2 : H;
     const std::vector<std::int64_t> cu{0, 100, 100, 300};
     const std::int64_t N = c.packed ? 3 : B;
     std::vector<test::Filled> keep;
@@ -602,6 +609,14 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
     options.return_state = true;
     const Tensor& d_o = add(test::normal(rng, DType::bf16, {B, T, H, V}));
     const Tensor& d_s = add(test::normal(rng, DType::f32, {N, H, K, V}, 0.1));
+    if (c.ws_tables && ladle::driver_available() && ladle::Device::get().properties().arch() == "sm_90a") {
+      // The shape takes the serial ws form, so these cases run the tables' new source.
+      ladle::RunOptions chunked;
+      chunked.algorithm = ladle::Algorithm::chunked;
+      chunked.reverse = c.reverse;
+      const ladle::ops::BoundInputs bound = ladle::ops::bind_inputs(variant.name, variant, q.view(), k.view(), v.view(), inputs, chunked);
+      CHECK(ladle::gpu::chunk_states_plan(variant, bound, chunked, ladle::gpu::device_target()).has_value());
+    }
     // algorithm recurrent: the GPU backward keeps its slots in fp32 (the fused-recurrent kernels), so it
     // must match the CPU backward to fp32 rounding; automatic: 16-bit slots on the chunked kernels, the
     // gate gradients from the boundary states (the default) and from the later blocks' sums.
