@@ -580,10 +580,10 @@ class BackwardCall {
         planned.push_back(std::move(kernel));
     };
     try {
-      // The block kernel's tables from the recurrences' own ws kernels where they run them (boundary_tables()):
+      // The boundary states from the recurrences' own ws kernels where they run them (boundary_tables()):
       // their kernels with chunk_states_out (heuristic tiles), in place of the recurrence and its state pass.
       std::array<bool, 2> from_recurrence{false, false};  // S (the forward's recurrence), dS (dv's)
-      if (block_kernel_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
+      if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
         const std::array<EntryStates, 2> entries = entry_state_calls();
         const std::array<Recurrence, 3> recurrences = the_recurrences();
         const std::array<const Recurrence*, 2> tables{&entries[0].recurrence, &recurrences[1]};
@@ -604,7 +604,7 @@ class BackwardCall {
       const std::vector<Recurrence> run = recurrences_run();
       for (std::size_t i = 0; i < run.size(); ++i) {
         const Recurrence& r = run[i];
-        if (block_kernel_ && &r.rv == &dos_ && from_recurrence[1]) continue;  // dv's: its chunk-states kernel above
+        if (&r.rv == &dos_ && from_recurrence[1]) continue;  // dv's: its chunk-states kernel above
         const RecurrenceCall call = recurrence_call(r);
         if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) continue;  // the call reads them on the host: not here
         ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options);
@@ -663,7 +663,7 @@ class BackwardCall {
     if (a_.initial_state) ds0_ = scratch(DType::f32, {N_, H_, K_, VS_}, stream);
     if (variant_.normalize) normalized_read();
     compile_ahead();
-    if (block_kernel_) {
+    if (boundary_states_) {
       boundary_tables();
     } else {
       for (const Recurrence& r : recurrences_run()) run_recurrence(r);
@@ -699,11 +699,12 @@ class BackwardCall {
     loaded.function->launch({blocks_of(N_ * H_ * (K_ + V_), 256), 1, 1}, {256, 1, 1}, packed, 0, stream);
   }
 
-  // The block kernel's recurrences and, where the serial ws form runs them, its boundary states from
-  // the same kernels (gpu::run_variant_with_chunk_states): S entering each block from the forward's
-  // recurrence (qs, kf, vf; its output, u_out_, the block kernel rewrites), dS / scale entering each
-  // block from dv's where every sequence's length is a multiple of the block (its chunks, which start at
-  // the sequence's other end, then meet the blocks). boundary_carry() forms what is left the old way.
+  // The recurrences and, where the serial ws form runs them, the boundary states from the same kernels
+  // (gpu::run_variant_with_chunk_states): S entering each block from the forward's recurrence (qs, kf,
+  // vf; run for this alone, its output into u_out_, which the block kernel or u's recurrence rewrites
+  // after), dS / scale entering each block from dv's where every sequence's length is a multiple of the
+  // block (its chunks, which start at the sequence's other end, then meet the blocks). boundary_carry()
+  // forms what is left the old way.
   std::int64_t sequence_length(std::int64_t n) const {
     return a_.cu_seqlens.empty() ? T_ : a_.cu_seqlens[static_cast<std::size_t>(n) + 1] - a_.cu_seqlens[static_cast<std::size_t>(n)];
   }
@@ -731,11 +732,15 @@ class BackwardCall {
       table = Scratch{};
       return false;
     };
-    const std::array<Recurrence, 3> all = the_recurrences();
-    if (need_s_t_) run_recurrence(all[0]);  // u's, for S_T alone
-    d_table_ready_ = aligned && chunks > 0 && with_table(all[1], d_table_);
-    if (!d_table_ready_) run_recurrence(all[1]);
+    // First: its output goes to u_out_, which u's recurrence (below) or the block kernel (later) writes.
     s_table_ready_ = chunks > 0 && with_table(entry_state_calls()[0].recurrence, s_table_);
+    for (const Recurrence& r : recurrences_run()) {
+      if (&r.rv == &dos_) {  // dv's
+        d_table_ready_ = aligned && chunks > 0 && with_table(r, d_table_);
+        if (d_table_ready_) continue;
+      }
+      run_recurrence(r);
+    }
   }
 
   // The same segments in the other direction: each sequence's rows in reverse order.
