@@ -132,29 +132,27 @@ struct LadleBlockTiles {
     ladle_st16(dst, w);
   }
 
-  // Eight log decays of step t (features f0 + f ...), as stored (0 past K): 16-byte loads where the row is
-  // contiguous and aligned, for f32, bf16 and f16, else one load a value.
-  __device__ void decays8(float (&la)[8], int t, int f) const {
+  // Eight log decays of step t (features f0 + f ...) of a live row: where the row is contiguous and aligned,
+  //    copied as stored by cp.async into raw (32 bytes a task: f32, or 16-bit in the first 16; complete at
+  //    the caller's wait) and true returned; else read one value at a time into la (false).
+  __device__ bool decays8(unsigned char* raw, float (&la)[8], int t, int f) const {
     const long long a0 = at(p.log_a, t, f0 + f);
     const bool whole = p.log_a.sd == 1 && f0 + f + 8 <= p.K;
-    const float* const f32 = static_cast<const float*>(p.log_a.data) + a0;
-    const unsigned short* const h16 = static_cast<const unsigned short*>(p.log_a.data) + a0;
-    if (whole && p.a_type == 0 && (reinterpret_cast<unsigned long long>(f32) & 15ull) == 0) {
-      const ladle_f4 lo4 = ladle_ld4(f32), hi4 = ladle_ld4(f32 + 4);
-      la[0] = lo4.x, la[1] = lo4.y, la[2] = lo4.z, la[3] = lo4.w, la[4] = hi4.x, la[5] = hi4.y, la[6] = hi4.z, la[7] = hi4.w;
-    } else if (whole && p.a_type == 1 && (reinterpret_cast<unsigned long long>(h16) & 15ull) == 0) {
-      ladle_unpack8_bf16(la, ladle_ld16(h16));
-    } else if (whole && p.a_type == 2 && (reinterpret_cast<unsigned long long>(h16) & 15ull) == 0) {
-      ladle_unpack8_f16(la, ladle_ld16(h16));
-    } else {
-      LADLE_UNROLL
-      for (int u = 0; u < 8; ++u) la[u] = f0 + f + u < p.K ? ladle_load_typed(p.log_a.data, p.a_type, a0 + u * p.log_a.sd) : 0.0f;
+    const unsigned char* const src = static_cast<const unsigned char*>(p.log_a.data) + a0 * (p.a_type == 0 ? 4 : 2);
+    if (whole && (reinterpret_cast<unsigned long long>(src) & 15ull) == 0) {
+      ladle_cp_async_16(raw, src);
+      if (p.a_type == 0) ladle_cp_async_16(raw + 16, src + 16);
+      return true;
     }
+    LADLE_UNROLL
+    for (int u = 0; u < 8; ++u) la[u] = f0 + f + u < p.K ? ladle_load_typed(p.log_a.data, p.a_type, a0 + u * p.log_a.sd) : 0.0f;
+    return false;
   }
 
   // 1. The slots into shared memory (0 past the block's steps and the features), 16 bytes a thread at a
-  //    time; then G: each feature's log decays (floored, log2 units) summed along the block (past its
-  //    last step: its value there, so that every factor stays at most 1), and G_L.
+  //    time, and the log decays as stored (into the scaled rows' space, free until scaled()), all in
+  //    flight at once; then G: each feature's log decays (floored, log2 units) summed along the block
+  //    (past its last step: its value there, so that every factor stays at most 1), and G_L.
   __device__ void stage() {
     LADLE_UNROLL
     for (int i = 0; i < C * (F / 8) / 256; ++i) {  // 2 tasks a thread (256 threads)
@@ -162,21 +160,16 @@ struct LadleBlockTiles {
       stage8(q + t * LQ + f, p.qs, t, f0 + f, p.K);
       stage8(k + t * LQ + f, p.kf, t, f0 + f, p.K);
     }
-    LADLE_UNROLL_1
+    unsigned char* const raw = reinterpret_cast<unsigned char*>(whi);  // [64 steps][64 features] x 4 bytes <= 2 F LW x 2
+    bool copied[C * (F / 8) / 256];
+    float la[C * (F / 8) / 256][8];
+    LADLE_UNROLL
     for (int i = 0; i < C * (F / 8) / 256; ++i) {
       const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
-      float la[8];
-      const bool live = t < L && f0 + f < p.K;
-      const float head = live && p.log_h ? p.log_h[row(t)] : 0.0f;
-      if (live && p.log_a.data) decays8(la, t, f);
-      else
-        LADLE_UNROLL
-        for (int u = 0; u < 8; ++u) la[u] = 0.0f;
+      copied[i] = false;
       LADLE_UNROLL
-      for (int u = 0; u < 8; ++u) {
-        const float x_ = la[u] + head;
-        g[t * LG + f + u] = live && f0 + f + u < p.K ? (x_ > LADLE_BLOCK_LOG_FLOOR ? x_ : LADLE_BLOCK_LOG_FLOOR) * log2e : 0.0f;
-      }
+      for (int u = 0; u < 8; ++u) la[i][u] = 0.0f;
+      if (t < L && f0 + f < p.K && p.log_a.data) copied[i] = decays8(raw + 4 * (t * F + f), la[i], t, f);
     }
     LADLE_UNROLL
     for (int i = 0; i < C * (VP / 8) / 256; ++i) {  // 4 tasks a thread
@@ -185,12 +178,54 @@ struct LadleBlockTiles {
       stage8(dO + t * LV + j, p.dos, t, j, p.V);
     }
     ladle_cp_async_commit();
-    ladle_cp_async_wait<0>();
+    float head[C * (F / 8) / 256];
+    LADLE_UNROLL
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
+      head[i] = t < L && f0 + f < p.K && p.log_h ? p.log_h[row(t)] : 0.0f;
+    }
+    ladle_cp_async_wait<0>();  // each thread converts the decays it copied itself: no barrier before
+    LADLE_UNROLL
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
+      const unsigned char* const at_ = raw + 4 * (t * F + f);
+      if (copied[i]) {
+        if (p.a_type == 0) {
+          const ladle_f4 lo4 = ladle_ld4(reinterpret_cast<const float*>(at_)), hi4 = ladle_ld4(reinterpret_cast<const float*>(at_) + 4);
+          la[i][0] = lo4.x, la[i][1] = lo4.y, la[i][2] = lo4.z, la[i][3] = lo4.w, la[i][4] = hi4.x, la[i][5] = hi4.y, la[i][6] = hi4.z,
+          la[i][7] = hi4.w;
+        } else if (p.a_type == 1) {
+          ladle_unpack8_bf16(la[i], ladle_ld16(reinterpret_cast<const unsigned short*>(at_)));
+        } else {
+          ladle_unpack8_f16(la[i], ladle_ld16(reinterpret_cast<const unsigned short*>(at_)));
+        }
+      }
+      const bool live = t < L && f0 + f < p.K;
+      LADLE_UNROLL
+      for (int u = 0; u < 8; ++u) {
+        const float x_ = la[i][u] + head[i];
+        g[t * LG + f + u] = live && f0 + f + u < p.K ? (x_ > LADLE_BLOCK_LOG_FLOOR ? x_ : LADLE_BLOCK_LOG_FLOOR) * log2e : 0.0f;
+      }
+    }
     __syncthreads();
+    // G: four threads a feature, each summing 16 steps, then the parts before each added.
+    {
+      const int f = threadIdx.x % F, part = threadIdx.x / F;
+      float run = 0.0f;
+      LADLE_UNROLL
+      for (int t = 16 * part; t < 16 * part + 16; ++t) g[t * LG + f] = run += g[t * LG + f];
+      dd[threadIdx.x] = run;  // dd is free until scores()
+      __syncthreads();
+      float before = 0.0f;
+      for (int q_ = 0; q_ < part; ++q_) before += dd[q_ * F + f];
+      if (part > 0)
+        LADLE_UNROLL
+        for (int t = 16 * part; t < 16 * part + 16; ++t) g[t * LG + f] += before;
+      __syncthreads();
+    }
     if (static_cast<int>(threadIdx.x) < F) {
       const int f = threadIdx.x;
-      float run = 0.0f;
-      for (int t = 0; t < C; ++t) g[t * LG + f] = run += g[t * LG + f];
+      const float run = g[(C - 1) * LG + f];
       float next = 0.0f;
       if (f0 + f < p.K) {
         const long long r = row(L - 1);
