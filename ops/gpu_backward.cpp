@@ -870,7 +870,7 @@ class BackwardCall {
     packed.add(offsets_.device_ptr());
     packed.add(static_cast<int>(T_)).add(static_cast<int>(H_)).add(static_cast<int>(K_)).add(static_cast<int>(V_)).add(a_.reverse ? 1 : 0);
     const auto halves = static_cast<unsigned>((K_ + cuda::backward_block_keys - 1) / cuda::backward_block_keys);
-    loaded.function->launch({static_cast<unsigned>(C_), static_cast<unsigned>(N_ * H_), halves}, {cuda::backward_block_threads, 1, 1}, packed,
+    loaded.function->launch({static_cast<unsigned>(C_), static_cast<unsigned>(N_ * H_), halves}, {256, 1, 1}, packed,
                             static_cast<unsigned>(cuda::backward_block_shared), launch_.stream);
   }
 

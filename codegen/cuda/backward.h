@@ -25,9 +25,8 @@ inline constexpr int backward_chunk = 64;  // steps per block of the elementwise
 // ladle_bwd_block_bf16's limits and shared memory (plain_backward.cuh's LADLE_BLOCK_FEATURES and
 // LADLE_BLOCK_SHARED; codegen-cuda_backward holds them equal).
 inline constexpr int backward_block_features = 128;
-inline constexpr int backward_block_shared = 231168;
-inline constexpr int backward_block_keys = 128;    // key features a block (grid z: ceil(K / 128), so 1)
-inline constexpr int backward_block_threads = 512;
+inline constexpr int backward_block_shared = 112128;
+inline constexpr int backward_block_keys = 64;  // key features a block (grid z: ceil(K / 64))
 // The block size: one thread per feature of the wider side, whole warps. Throws InvalidArgument
 // past 1024 features.
 unsigned backward_threads(std::int64_t key_dim, std::int64_t value_dim);
@@ -114,8 +113,7 @@ std::string backward_helpers_source();
 //     states at the blocks' boundaries (the tables ladle_bwd_carry_states reads), in fp32 from one set
 //     of products, so that the decays' gradients (sums of qs . u - kf . dk, whose terms inside a block
 //     cancel) keep fp32 precision; bf16 slots, K and V up to backward_block_features; grid (C, N H,
-//     ceil(K / backward_block_keys)), backward_block_threads threads, backward_block_shared bytes of dynamic shared
-//     memory;
+//     ceil(K / backward_block_keys)), 256 threads, backward_block_shared bytes of dynamic shared memory;
 std::string backward_block_source();
 
 }  // namespace ladle::cuda

@@ -20,33 +20,27 @@
 // split into high and low parts (three products); inside a sub-block they run element by element in
 // fp32, a thread per (sub-block, feature) forming u's and dk's terms from one exponential each.
 //
-// Entry point ladle_bwd_block_bf16: grid (C, N H, 1): a block takes every key feature of a 64-step block
-// (dA, v and do staged and multiplied once); 512 threads, one block an SM, LADLE_BLOCK_SHARED bytes of
-// dynamic shared memory (the diagonal's partial sums stay there); K and V up to 128, bf16 slots. Needs
-// storage.cuh, tensor_core.cuh and block_mma.cuh first.
+// Entry point ladle_bwd_block_bf16: grid (C, N H, ceil(K / 64)): a block takes 64 key features of a
+// 64-step block; 256 threads, two blocks an SM, LADLE_BLOCK_SHARED bytes of dynamic shared memory;
+// K and V up to 128, bf16 slots. Needs storage.cuh, tensor_core.cuh and block_mma.cuh first.
 #ifndef LADLE_PLAIN_BACKWARD
 #define LADLE_PLAIN_BACKWARD
 
 #define LADLE_BLOCK_STEPS 64
 #define LADLE_BLOCK_FEATURES 128     // K and V at most
-#define LADLE_BLOCK_KEYS 128         // key features a block: all of them
-#define LADLE_BLOCK_THREADS 512      // 16 warps; in the products a warp takes 8 features
-#define LADLE_BLOCK_LQ 136           // 16-bit rows of q, k ([64 steps][128 features])
-#define LADLE_BLOCK_LA 72            // 16-bit rows of dA's parts ([64][64])
-#define LADLE_BLOCK_LW 66            // 16-bit rows of the scaled rows ([128 features][64 steps]; 33 words: no bank conflicts)
+#define LADLE_BLOCK_KEYS 64          // key features a block
+#define LADLE_BLOCK_LQ 72            // 16-bit rows of q, k ([64 steps][64 features]) and of dA's parts ([64][64])
+#define LADLE_BLOCK_LW 66            // 16-bit rows of the scaled rows ([64 features][64 steps]; 33 words: no bank conflicts)
 #define LADLE_BLOCK_LV 136           // 16-bit rows of v, do ([64][128]; 8 of padding: ldmatrix without bank conflicts)
-#define LADLE_BLOCK_LG 132           // fp32 rows of G ([64][128])
-#define LADLE_BLOCK_LP 132           // fp32 rows of the diagonal's partial sums of u and dk ([64][128] each)
+#define LADLE_BLOCK_LG 68            // fp32 rows of G
 #define LADLE_BLOCK_LOG_FLOOR (-110.0f)  // a log decay below counts as this one (its exp is 0 in fp32; -inf included)
 
-// The dynamic shared memory (bytes): q, k ([64][LQ], 16-bit); dA's bf16 high and low parts ([64][LA]); v,
-// do ([64][LV]); the scaled rows' high and low parts ([128][LW] each); G ([64][LG], fp32, log2 units);
-// dA's diagonal 16 x 16 blocks ([4][16][17], fp32); E ([6][128]); G_L ([128]); the diagonal's partial sums
-// of u and dk ([64][LP] each, fp32). 231,168 bytes: within an SM's 227 KB.
+// The dynamic shared memory (bytes): q, k and dA's bf16 high and low parts ([64][LQ], 16-bit); v, do
+// ([64][LV]); the scaled rows' high and low parts ([64][LW] each); G ([64][LG], fp32, log2 units); dA's
+// diagonal 16 x 16 blocks ([4][16][17], fp32); E ([6][64]); G_L ([64]).
 #define LADLE_BLOCK_SHARED \
-  (2 * (2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LA + 2 * LADLE_BLOCK_KEYS * LADLE_BLOCK_LW + \
-        2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
-   4 * (LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + 4 * 16 * 17 + 7 * LADLE_BLOCK_KEYS + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LP))
+  (2 * (4 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LQ + 2 * LADLE_BLOCK_KEYS * LADLE_BLOCK_LW + 2 * LADLE_BLOCK_STEPS * LADLE_BLOCK_LV) + \
+   4 * (LADLE_BLOCK_STEPS * LADLE_BLOCK_LG + 4 * 16 * 17 + 7 * LADLE_BLOCK_KEYS))
 
 // A [B,T,H,D] tensor by its strides (B = 1 with cu_seqlens: t is the packed token).
 struct LadleBlockView {
@@ -92,20 +86,19 @@ __device__ __forceinline__ void ladle_block_split(float x0, float x1, unsigned& 
 // states it reads.
 struct LadleBlockTiles {
   static constexpr int C = LADLE_BLOCK_STEPS, F = LADLE_BLOCK_KEYS, VP = LADLE_BLOCK_FEATURES, LQ = LADLE_BLOCK_LQ,
-                       LA = LADLE_BLOCK_LA, LW = LADLE_BLOCK_LW, LV = LADLE_BLOCK_LV, LG = LADLE_BLOCK_LG, LP = LADLE_BLOCK_LP,
-                       NT = LADLE_BLOCK_THREADS;
+                       LW = LADLE_BLOCK_LW, LV = LADLE_BLOCK_LV, LG = LADLE_BLOCK_LG;
   static constexpr float log2e = 1.4426950408889634f;
 
   const LadleBlockArgs& p;
   unsigned short *q, *k, *ahi, *alo, *v, *dO, *whi, *wlo;
-  float *g, *dd, *e, *gl, *pu, *pk;
+  float *g, *dd, *e, *gl;
   int n, h, b, L, chunks, c, f0, lane, warp;
   long long bos, eos, s0;
 
   __device__ LadleBlockTiles(const LadleBlockArgs& args, unsigned char* smem) : p(args) {
     q = reinterpret_cast<unsigned short*>(smem);
-    k = q + C * LQ, ahi = k + C * LQ, alo = ahi + C * LA, v = alo + C * LA, dO = v + C * LV, whi = dO + C * LV, wlo = whi + F * LW;
-    g = reinterpret_cast<float*>(wlo + F * LW), dd = g + C * LG, e = dd + 4 * 16 * 17, gl = e + 6 * F, pu = gl + F, pk = pu + C * LP;
+    k = q + C * LQ, ahi = k + C * LQ, alo = ahi + C * LQ, v = alo + C * LQ, dO = v + C * LV, whi = dO + C * LV, wlo = whi + F * LW;
+    g = reinterpret_cast<float*>(wlo + F * LW), dd = g + C * LG, e = dd + 4 * 16 * 17, gl = e + 6 * F;
     n = static_cast<int>(blockIdx.y) / p.H, h = static_cast<int>(blockIdx.y) % p.H, c = static_cast<int>(blockIdx.x);
     f0 = static_cast<int>(blockIdx.z) * F;
     lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -162,39 +155,39 @@ struct LadleBlockTiles {
   //    (past its last step: its value there, so that every factor stays at most 1), and G_L.
   __device__ void stage() {
     LADLE_UNROLL
-    for (int i = 0; i < C * (F / 8) / NT; ++i) {  // 2 tasks a thread
-      const int x = threadIdx.x + NT * i, t = x / (F / 8), f = 8 * (x % (F / 8));
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {  // 2 tasks a thread (256 threads)
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
       stage8(q + t * LQ + f, p.qs, t, f0 + f, p.K);
       stage8(k + t * LQ + f, p.kf, t, f0 + f, p.K);
     }
-    unsigned char* const raw = reinterpret_cast<unsigned char*>(whi);  // [64 steps][128 features] x 4 bytes <= 2 F LW x 2
-    bool copied[C * (F / 8) / NT];
-    float la[C * (F / 8) / NT][8];
+    unsigned char* const raw = reinterpret_cast<unsigned char*>(whi);  // [64 steps][64 features] x 4 bytes <= 2 F LW x 2
+    bool copied[C * (F / 8) / 256];
+    float la[C * (F / 8) / 256][8];
     LADLE_UNROLL
-    for (int i = 0; i < C * (F / 8) / NT; ++i) {
-      const int x = threadIdx.x + NT * i, t = x / (F / 8), f = 8 * (x % (F / 8));
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
       copied[i] = false;
       LADLE_UNROLL
       for (int u = 0; u < 8; ++u) la[i][u] = 0.0f;
       if (t < L && f0 + f < p.K && p.log_a.data) copied[i] = decays8(raw + 4 * (t * F + f), la[i], t, f);
     }
     LADLE_UNROLL
-    for (int i = 0; i < C * (VP / 8) / NT; ++i) {  // 2 tasks a thread
-      const int x = threadIdx.x + NT * i, t = x / (VP / 8), j = 8 * (x % (VP / 8));
+    for (int i = 0; i < C * (VP / 8) / 256; ++i) {  // 4 tasks a thread
+      const int x = threadIdx.x + 256 * i, t = x / (VP / 8), j = 8 * (x % (VP / 8));
       stage8(v + t * LV + j, p.vf, t, j, p.V);
       stage8(dO + t * LV + j, p.dos, t, j, p.V);
     }
     ladle_cp_async_commit();
-    float head[C * (F / 8) / NT];
+    float head[C * (F / 8) / 256];
     LADLE_UNROLL
-    for (int i = 0; i < C * (F / 8) / NT; ++i) {
-      const int x = threadIdx.x + NT * i, t = x / (F / 8), f = 8 * (x % (F / 8));
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
       head[i] = t < L && f0 + f < p.K && p.log_h ? p.log_h[row(t)] : 0.0f;
     }
     ladle_cp_async_wait<0>();  // each thread converts the decays it copied itself: no barrier before
     LADLE_UNROLL
-    for (int i = 0; i < C * (F / 8) / NT; ++i) {
-      const int x = threadIdx.x + NT * i, t = x / (F / 8), f = 8 * (x % (F / 8));
+    for (int i = 0; i < C * (F / 8) / 256; ++i) {
+      const int x = threadIdx.x + 256 * i, t = x / (F / 8), f = 8 * (x % (F / 8));
       const unsigned char* const at_ = raw + 4 * (t * F + f);
       if (copied[i]) {
         if (p.a_type == 0) {
@@ -215,7 +208,7 @@ struct LadleBlockTiles {
       }
     }
     __syncthreads();
-    // G: four threads a feature (NT = 4 F), each summing 16 steps, then the parts before each added.
+    // G: four threads a feature, each summing 16 steps, then the parts before each added.
     {
       const int f = threadIdx.x % F, part = threadIdx.x / F;
       float run = 0.0f;
@@ -264,23 +257,21 @@ struct LadleBlockBackward : LadleBlockTiles {
   //    diagonal blocks in fp32 too; E[bt, bs] = e^(G_p - G_r) between
   //    the step before sub-block bt (p) and the last of sub-block bs (r), bs < bt, at index bt (bt - 1) / 2 + bs.
   __device__ void scores() {
-    if (warp < 8) {  // dA: eight 16 x 32 tiles
-      const int m0 = (warp >> 1) * 16, n0 = (warp & 1) * 32;
-      LadleTileAcc acc;
-      ladle_tile_zero(acc);
-      ladle_tile_mma<false, false>(acc, dO, LV, v, LV, m0, n0, VP);
-      ladle_tile_each_pair(acc, m0, n0, [&](int t, int s, float x0, float x1) {
-        x0 = s <= t ? x0 : 0.0f, x1 = s + 1 <= t ? x1 : 0.0f;
-        unsigned hi, lo;
-        ladle_block_split(x0, x1, hi, lo);
-        *reinterpret_cast<unsigned*>(ahi + t * LA + s) = hi;
-        *reinterpret_cast<unsigned*>(alo + t * LA + s) = lo;
-        if ((t >> 4) == (s >> 4)) {
-          float* const block = dd + (t >> 4) * 16 * 17 + (t & 15) * 17 + (s & 15);
-          block[0] = x0, block[1] = x1;
-        }
-      });
-    }
+    const int m0 = (warp >> 1) * 16, n0 = (warp & 1) * 32;
+    LadleTileAcc acc;
+    ladle_tile_zero(acc);
+    ladle_tile_mma<false, false>(acc, dO, LV, v, LV, m0, n0, VP);
+    ladle_tile_each_pair(acc, m0, n0, [&](int t, int s, float x0, float x1) {
+      x0 = s <= t ? x0 : 0.0f, x1 = s + 1 <= t ? x1 : 0.0f;
+      unsigned hi, lo;
+      ladle_block_split(x0, x1, hi, lo);
+      *reinterpret_cast<unsigned*>(ahi + t * LQ + s) = hi;
+      *reinterpret_cast<unsigned*>(alo + t * LQ + s) = lo;
+      if ((t >> 4) == (s >> 4)) {
+        float* const block = dd + (t >> 4) * 16 * 17 + (t & 15) * 17 + (s & 15);
+        block[0] = x0, block[1] = x1;
+      }
+    });
     for (int x = threadIdx.x; x < 6 * F; x += blockDim.x) {
       const int pair = x / F, f = x % F, bt = pair < 1 ? 1 : pair < 3 ? 2 : 3, bs = pair - bt * (bt - 1) / 2;
       e[x] = ladle_exp2(g[(16 * bt - 1) * LG + f] - g[(16 * bs + 15) * LG + f]);
@@ -288,8 +279,8 @@ struct LadleBlockBackward : LadleBlockTiles {
   }
 
   // 3. Inside each 16-step sub-block, a thread per (sub-block, feature): for s <= t, x = dA_ts e^(G_t - G_s)
-  //    adds x k_s into u's t and x q_t into dk's s, both kept as partial sums in shared memory (pu, pk:
-  //    the epilogues add them). One exponential a pair serves both.
+  //    adds x k_s into u's t and x q_t into dk's s, both written to u and dk as partial sums (the
+  //    epilogues add the rest). One exponential a pair serves both.
   __device__ void diagonal() {
     const int sb = threadIdx.x / F, f = threadIdx.x % F, base = 16 * sb;
     float gv[16], qv[16], kv[16], ud[16], kd[16];
@@ -308,8 +299,16 @@ struct LadleBlockBackward : LadleBlockTiles {
         ud[t] += x * kv[s];
         kd[s] += x * qv[t];
       }
-    LADLE_UNROLL
-    for (int t = 0; t < 16; ++t) pu[(base + t) * LP + f] = ud[t], pk[(base + t) * LP + f] = kd[t];
+    if (f0 + f < p.K && base < L) {  // a step's row is the previous one's plus or minus a token stride
+      float* pu = p.u + b * p.u_sb + token(base) * p.u_st + h * p.u_sh + (f0 + f) * p.u_sd;
+      float* pk = p.dk + b * p.dk_sb + token(base) * p.dk_st + h * p.dk_sh + (f0 + f) * p.dk_sd;
+      const long long su = p.reverse ? -p.u_st : p.u_st, sk = p.reverse ? -p.dk_st : p.dk_st;
+      LADLE_UNROLL
+      for (int t = 0; t < 16; ++t) {
+        if (base + t < L) *pu = ud[t], *pk = kd[t];
+        pu += su, pk += sk;
+      }
+    }
   }
 
   // The scaled rows, transposed ([feature][step], rows LW apart) as bf16 high and low parts: keys (k_s e^(G_r - G_s),
@@ -317,8 +316,8 @@ struct LadleBlockBackward : LadleBlockTiles {
   // first). A thread two steps of a feature: one 4-byte store of each part.
   __device__ void scaled(bool keys) {
     LADLE_UNROLL_2
-    for (int i = 0; i < C * F / 2 / NT; ++i) {  // 8 tasks a thread
-      const int x = threadIdx.x + NT * i, f = x % F, t = 2 * (x / F);
+    for (int i = 0; i < C * F / 2 / 256; ++i) {  // 8 tasks a thread
+      const int x = threadIdx.x + 256 * i, f = x % F, t = 2 * (x / F);
       float value[2];
       LADLE_UNROLL
       for (int u = 0; u < 2; ++u) {
@@ -397,11 +396,11 @@ struct LadleBlockBackward : LadleBlockTiles {
         const int bt = U ? m : o, bs = U ? o : m, pair = bt * (bt - 1) / 2 + bs;
         unsigned ah[4], al[4], bhi[2], blo[2];
         if (U) {  // A = dA [t][s], rows of sub-block m, columns of o
-          const int at_ = (16 * m + row8 + second * 8) * LA + 16 * o + upper * 8;
+          const int at_ = (16 * m + row8 + second * 8) * LQ + 16 * o + upper * 8;
           ladle_ldmatrix_x4(ah, ahi + at_);
           ladle_ldmatrix_x4(al, alo + at_);
         } else {  // A = dA^T: stored [k = t][m = s]
-          const int at_ = (16 * o + row8 + upper * 8) * LA + 16 * m + second * 8;
+          const int at_ = (16 * o + row8 + upper * 8) * LQ + 16 * m + second * 8;
           ladle_ldmatrix_x4_trans(ah, ahi + at_);
           ladle_ldmatrix_x4_trans(al, alo + at_);
         }
@@ -418,8 +417,8 @@ struct LadleBlockBackward : LadleBlockTiles {
         LADLE_UNROLL
         for (int x = 0; x < 4; ++x) ref[m][x] += e[pair * F + fw + c2 + (x & 1)] * prod[x];
       }
-    // The diagonal's partial sums (shared memory). A lane's rows: 16 m + r and 16 m + r + 8; its columns
-    // f0 + fw + c2 and the next (sd apart in out).
+    // The diagonal's partial sums, loaded before the sub-blocks' products: in flight during them. A lane's rows: 16 m + r and
+    // 16 m + r + 8; its columns f0 + fw + c2 and the next (sd apart).
     // Step t's row is step r's plus (t - r) token strides (minus, reversed).
     float* const row_r = out + b * sb + token(r) * st + h * sh + (f0 + fw + c2) * sd;
     const long long step = p.reverse ? -st : st;
@@ -429,7 +428,7 @@ struct LadleBlockBackward : LadleBlockTiles {
       LADLE_UNROLL
       for (int x = 0; x < 4; ++x) {
         const int t = 16 * m + r + 8 * (x >> 1), f = fw + c2 + (x & 1);
-        part[m][x] = (U ? pu : pk)[t * LP + f];
+        part[m][x] = t < L && f0 + f < p.K ? row_r[(t - r) * step + (x & 1) * sd] : 0.0f;
       }
     LADLE_UNROLL
     for (int m = 0; m < 4; ++m)
@@ -471,7 +470,7 @@ struct LadleBlockBackward : LadleBlockTiles {
   }
 };
 
-extern "C" __global__ void __launch_bounds__(LADLE_BLOCK_THREADS, 1) ladle_bwd_block_bf16(
+extern "C" __global__ void __launch_bounds__(256, 2) ladle_bwd_block_bf16(
     const void* qs, long long q_sb, long long q_st, long long q_sh, long long q_sd, const void* kf, long long k_sb, long long k_st,
     long long k_sh, long long k_sd, const void* vf, long long v_sb, long long v_st, long long v_sh, long long v_sd, const void* dos,
     long long o_sb, long long o_st, long long o_sh, long long o_sd, const void* log_a, long long a_sb, long long a_st, long long a_sh,

@@ -402,7 +402,6 @@ TEST_CASE("ladle_bwd_block_bf16, on the host emulation: u and dk of the plain fo
   STATIC_REQUIRE(LADLE_BLOCK_FEATURES == cuda::backward_block_features);
   STATIC_REQUIRE(LADLE_BLOCK_STEPS == cuda::backward_chunk);
   STATIC_REQUIRE(LADLE_BLOCK_KEYS == cuda::backward_block_keys);
-  STATIC_REQUIRE(LADLE_BLOCK_THREADS == cuda::backward_block_threads);
   struct Case {
     const char* name;
     int B, T, H, K, V;
@@ -515,7 +514,7 @@ TEST_CASE("ladle_bwd_block_bf16, on the host emulation: u and dk of the plain fo
     const void* log_a = cs.key ? (cs.a_type == 1 ? static_cast<const void*>(log_a16.data()) : log_a32.data()) : nullptr;
     const void* log_a_next = cs.key ? (cs.a_type == 1 ? static_cast<const void*>(log_a_next16.data()) : log_a_next32.data()) : nullptr;
     const int C = static_cast<int>((*std::max_element(len.begin(), len.end()) + 63) / 64);
-    cuda_emulation::launch(C, N * H, (K + cuda::backward_block_keys - 1) / cuda::backward_block_keys, cuda::backward_block_threads, [&] {
+    cuda_emulation::launch(C, N * H, (K + cuda::backward_block_keys - 1) / cuda::backward_block_keys, 256, [&] {
       ladle_bwd_block_bf16(q.data(), T * kst, kst, K, 1, k.data(), T * kst, kst, K, 1, v.data(), T * vst, vst, V, 1, d_out.data(), T * ost, ost,
                            VP, 1, log_a, T * kst, kst, K, 1, cs.a_type, cs.head ? log_h.data() : nullptr, log_a_next, cs.a_type,
                            cs.head ? log_h_next.data() : nullptr, s_states.data(), s_first.data(), cs.h0 ? h0.data() : nullptr,
