@@ -14,6 +14,7 @@
 #include <ladle/ops/variant.h>
 #include <ladle/runtime/dlpack.h>
 #include <ladle/ops/gla.h>
+#include <ladle/ops/gpu_backward.h>
 #include <ladle/runtime/tensor.h>
 
 namespace {
@@ -89,6 +90,22 @@ int main(int argc, char** argv) {
           },
           calls);
       std::printf("extension-like gla   %-24s %8.2f us a call\n", s.name, us);
+    }
+    if (only.empty() || only == "backward") {
+      // GLA's GPU backward (the default gate gradients): slots, the recurrences (with the boundary states
+      // where they take the ws form), the carries, the block kernel and the chain, planned every call.
+      const ladle::ir::Variant& variant = ladle::gla_variant(false);
+      const ladle::Tensor d_o = device(DType::bf16, {s.B, s.T, s.H, s.V});
+      const ladle::Tensor dq = device(DType::f32, {s.B, s.T, s.H, s.K}), dk = device(DType::f32, {s.B, s.T, s.H, s.K});
+      const ladle::Tensor dv = device(DType::f32, {s.B, s.T, s.H, s.V}), dg = device(DType::f32, {s.B, s.T, s.H, s.K});
+      ladle::VariantInputs inputs;
+      inputs.tensors.emplace("g", g.view());
+      inputs.scalars.emplace("scale", 0.125f);
+      const ladle::RecurrentGradientViews grads{dq.view(), dk.view(), dv.view(), {{"g", dg.view()}}, std::nullopt};
+      const double us = us_per_call(
+          [&] { ladle::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, {}, d_o.view(), std::nullopt, grads); },
+          calls / 20 + 1);
+      std::printf("gla backward      %-24s %8.2f us a call\n", s.name, us);
     }
     if (only.empty() || only == "attention") {
       ladle::AttentionOptions options;
