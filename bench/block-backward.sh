@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The plain form's block kernel (ladle_bwd_block_bf16, issue 36) on the GPU machine, in one call:
 #   test:      ops-backward's tensor-core case against the CPU backward, every gate mode, the errors printed;
-#   time:      forward + backward at B8 T4096 H16 K=V=128 bf16, the block kernel (boundary_states) and the
-#              recurrences it replaces (boundary_blocks) interleaved, per op (OPS);
+#   time:      forward + backward at B8 T4096 H16 K=V=128 bf16, the block kernel (boundary_blocks) and the
+#              recurrences it replaces (boundary_states) interleaved, per op (OPS);
 #   precision: ladle's gradients against the fp64 oracle at B1 T1000 H4 K=V=128 in both modes (no fla;
 #              bench/grad-precision.sh has fla beside it on the same inputs);
 #   fla:       GLA's gradients in both modes beside fla 0.6 on the same inputs (fla's wheels carried in .whl;
