@@ -10,6 +10,7 @@
 
 #include "attention_bind.h"
 #include "bind.h"
+#include "gpu_backward.h"
 #include "detail/loaded_kernel.h"
 #include "gpu_attention.h"
 #include "gpu_attention_backward.h"
@@ -66,8 +67,17 @@ float scalar_of(const CallShape& shape, const std::string& name) {
 
 }  // namespace
 
-std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const CallShape& shape,
-                                               const RunOptions& options, const std::string& arch) {
+namespace {
+
+// A recurrent call of this shape as views without memory: q, k, v, the variant's inputs and the
+// options with the packed sequences' offsets (kept here) and the initial state.
+struct ShapedCall {
+  TensorView q, k, v;
+  VariantInputs inputs;
+  Tensor offsets;
+  RunOptions call;
+};
+ShapedCall shaped_call(const ir::Variant& variant, const CallShape& shape, const RunOptions& options) {
   const std::int64_t B = shape.batch, T = shape.tokens, H = shape.heads,
                      Hkv = shape.kv_heads > 0 ? shape.kv_heads : shape.heads;
   const std::int64_t K = shape.key_dim, V = shape.value_dim;
@@ -102,7 +112,7 @@ std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const
             input.name));
     }
   }
-  const Tensor offsets = offsets_of(shape);
+  Tensor offsets = offsets_of(shape);
   RunOptions call = options;
   call.cu_seqlens.reset();
   call.initial_state.reset();
@@ -110,8 +120,31 @@ std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const
   const std::int64_t N =
       shape.sequence_lengths.empty() ? B : static_cast<std::int64_t>(shape.sequence_lengths.size());
   if (shape.initial_state) call.initial_state = view_of(DType::f32, {N, H, K, V});
-  const ops::BoundInputs bound = ops::bind_inputs(name_of(variant), variant, q, k, v, inputs, call);
-  return generated_kernels(variant, bound, call, arch);
+  return {q, k, v, std::move(inputs), std::move(offsets), std::move(call)};
+}
+
+}  // namespace
+
+std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const CallShape& shape,
+                                               const RunOptions& options, const std::string& arch) {
+  const ShapedCall c = shaped_call(variant, shape, options);
+  const ops::BoundInputs bound = ops::bind_inputs(name_of(variant), variant, c.q, c.k, c.v, c.inputs, c.call);
+  return generated_kernels(variant, bound, c.call, arch);
+}
+
+std::vector<GeneratedKernel> generated_backward_kernels(const ir::Variant& variant, const CallShape& shape, const RunOptions& options,
+                                                        const std::string& arch) {
+  const ShapedCall c = shaped_call(variant, shape, options);
+  const TensorView d_output = view_of(shape.type, {shape.batch, shape.tokens, shape.heads, shape.value_dim});
+  std::optional<TensorView> d_final_state;
+  if (options.return_state) {
+    const std::int64_t N = shape.sequence_lengths.empty() ? shape.batch : static_cast<std::int64_t>(shape.sequence_lengths.size());
+    d_final_state = view_of(DType::f32, {N, shape.heads, shape.key_dim, shape.value_dim});
+  }
+  RunOptions call = c.call;
+  call.return_state = false;  // the backward takes d_final_state instead
+  return gpu::backward_planned_kernels(variant, c.q, c.k, c.v, c.inputs, call, d_output, d_final_state,
+                                       arch.empty() ? default_ptx_arch() : arch);
 }
 
 std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const ops::BoundInputs& bound,

@@ -86,6 +86,14 @@ std::vector<GeneratedKernel> generated_kernels(
 std::vector<GeneratedKernel> generated_backward_kernels(const ir::AttentionVariant& variant, const CallShape& shape,
                                                         const AttentionRunOptions& options = {}, const std::string& arch = "");
 
+// The programs the GPU backward of a recurrent call of this shape compiles (gpu::backward_planned_kernels:
+// the recurrences' chunked kernels, the state passes, the slots, totals and chain kernels, the helpers'
+// and the block kernel's programs, an update form's), d_output contiguous in the shape's dtype and, where
+// options.return_state, a d_final_state; the heuristic's tiles. `ladle-cache prebuild --backward` compiles
+// these. arch "": the default target.
+std::vector<GeneratedKernel> generated_backward_kernels(const ir::Variant& variant, const CallShape& shape, const RunOptions& options = {},
+                                                        const std::string& arch = "");
+
 // Compiles one through the cache, as the launcher does (arch "": this GPU, else the default
 // target).
 CompiledProgram compile_generated(const GeneratedKernel& kernel, const std::string& arch = "");

@@ -53,6 +53,13 @@ const char* type_suffix(DType t) { return t == DType::bf16 ? "bf16" : t == DType
 
 using Extra = std::variant<std::uint64_t, long long, int>;
 
+// Planning without memory (backward_planned_kernels): a contiguous view at a placeholder address, which
+// nothing reads (the checks only ask for an address).
+TensorView planned_view(DType type, const std::vector<std::int64_t>& shape) {
+  static const unsigned char placeholder[16] = {};
+  return TensorView::contiguous(const_cast<unsigned char*>(placeholder), type, shape);
+}
+
 // A scratch tensor on the call's stream and its contiguous view.
 struct Scratch {
   DeviceBuffer buffer;
@@ -267,10 +274,11 @@ class BackwardCall {
  public:
   BackwardCall(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v, const VariantInputs& inputs,
                const RunOptions& options, const TensorView& d_output, const std::optional<TensorView>& d_final_state,
-               const RecurrentGradientViews& gradients, const LaunchOptions& launch, bool initial_only = false)
+               const RecurrentGradientViews& gradients, const LaunchOptions& launch, bool initial_only = false,
+               bool plan_only = false)
       : variant_(variant), options_(options), d_output_(d_output), d_final_state_(d_final_state), gradients_(gradients),
         launch_(launch), op_(op_name(variant)), check_(op_), bound_(ops::bind_inputs(op_, variant, q, k, v, inputs, options)),
-        a_(bound_.args), initial_only_(initial_only) {
+        a_(bound_.args), initial_only_(initial_only), plan_only_(plan_only) {
     ops::bind_backward(op_, bound_, d_output, d_final_state);
     B_ = a_.batch, T_ = a_.tokens, H_ = a_.heads, K_ = a_.key_dim, V_ = a_.value_dim, N_ = bound_.dims.N;
     threads_ = cuda::backward_threads(K_, V_);
@@ -328,7 +336,7 @@ class BackwardCall {
                   ops::detail::shape_text(input.shape));
     if (given->strides != TensorView::contiguous(nullptr, DType::f32, given->shape).strides)
       check_.fail("gradients." + name + " must be contiguous");
-    check_.data(("gradients." + name).c_str(), *given);
+    if (!plan_only_) check_.data(("gradients." + name).c_str(), *given);
     return *given;
   }
 
@@ -375,11 +383,7 @@ class BackwardCall {
         fill_device_bytes(ptr(g->data), static_cast<std::size_t>(g->numel()) * 4, 0, stream);
       return false;
     }
-    std::int64_t longest = 0;
-    for (std::int64_t n = 0; n < N_; ++n)
-      longest = std::max(longest, a_.cu_seqlens.empty() ? T_
-                                                        : a_.cu_seqlens[static_cast<std::size_t>(n) + 1] - a_.cu_seqlens[static_cast<std::size_t>(n)]);
-    C_ = (longest + cuda::backward_chunk - 1) / cuda::backward_chunk;
+    C_ = longest_blocks();
     if (!a_.cu_seqlens.empty()) {
       offsets_ = DeviceBuffer::on_stream(a_.cu_seqlens.size() * sizeof(std::int64_t), stream);
       offsets_.copy_from_host(a_.cu_seqlens.data(), offsets_.bytes(), 0, stream);
@@ -413,6 +417,10 @@ class BackwardCall {
     return a_.tensors[static_cast<std::size_t>(plain_input(variant_, a_, slot, kind))];
   }
   static Scratch wrap(const TensorView& view) { return Scratch{DeviceBuffer(), view}; }
+  // A scratch tensor on the call's stream; planning only, its view without memory.
+  Scratch make(DType type, const std::vector<std::int64_t>& shape) const {
+    return plan_only_ ? wrap(planned_view(type, shape)) : scratch(type, shape, launch_.stream);
+  }
 
   // d_output and its strides, as the generated kernels take them.
   void d_output_extras() {
@@ -426,25 +434,24 @@ class BackwardCall {
 
   // 1. The slots: scratch tensors for those that are not one of the call's tensors as they stand.
   void write_slots() {
-    const Stream* stream = launch_.stream;
     const DType E = plan_.slot_type;
     key_shape_ = {B_, T_, H_, K_}, value_shape_ = {B_, T_, H_, VS_};
     const std::vector<std::int64_t> head_shape{B_, T_, H_};
-    qs_ = plan_.write_q ? scratch(E, key_shape_, stream) : wrap(input_view(ir::Slot::q_feature, ir::InputKind::token_key));
-    kf_ = plan_.write_k ? scratch(E, key_shape_, stream) : wrap(input_view(ir::Slot::k_feature, ir::InputKind::token_key));
-    vf_ = plan_.write_v ? scratch(E, value_shape_, stream) : wrap(input_view(ir::Slot::v, ir::InputKind::token_value));
-    dos_ = plan_.write_do || variant_.normalize ? scratch(E, value_shape_, stream) : wrap(ops::detail::lead_with_ones(d_output_, 4));
+    qs_ = plan_.write_q ? make(E, key_shape_) : wrap(input_view(ir::Slot::q_feature, ir::InputKind::token_key));
+    kf_ = plan_.write_k ? make(E, key_shape_) : wrap(input_view(ir::Slot::k_feature, ir::InputKind::token_key));
+    vf_ = plan_.write_v ? make(E, value_shape_) : wrap(input_view(ir::Slot::v, ir::InputKind::token_value));
+    dos_ = plan_.write_do || variant_.normalize ? make(E, value_shape_) : wrap(ops::detail::lead_with_ones(d_output_, 4));
     if (key_decay_) {
-      log_a_ = plan_.write_log_a ? scratch(DType::f32, key_shape_, stream) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
-      log_a_next_ = scratch(plan_.log_a_next_type, key_shape_, stream);
+      log_a_ = plan_.write_log_a ? make(DType::f32, key_shape_) : wrap(input_view(ir::Slot::log_decay_k, ir::InputKind::token_key));
+      log_a_next_ = make(plan_.log_a_next_type, key_shape_);
     }
-    if (head_decay_) log_h_ = scratch(DType::f32, head_shape, stream), log_h_next_ = scratch(DType::f32, head_shape, stream);
+    if (head_decay_) log_h_ = make(DType::f32, head_shape), log_h_next_ = make(DType::f32, head_shape);
     if (decays_v_) {
-      log_b_ = plan_.write_log_b ? scratch(DType::f32, value_shape_, stream)
+      log_b_ = plan_.write_log_b ? make(DType::f32, value_shape_)
                                  : wrap(input_view(ir::Slot::log_decay_v, ir::InputKind::token_value));
-      log_b_next_ = scratch(plan_.log_b_next_type, value_shape_, stream);
+      log_b_next_ = make(plan_.log_b_next_type, value_shape_);
     }
-    if (plan_.write_first) first_decay_ = scratch(DType::f32, {N_, H_, K_ + V_}, stream);
+    if (plan_.write_first) first_decay_ = make(DType::f32, {N_, H_, K_ + V_});
     extras_ = {{"B", static_cast<int>(B_)}, {"T", static_cast<int>(T_)}, {"H", static_cast<int>(H_)},
                {"K", static_cast<int>(K_)}, {"V", static_cast<int>(V_)}, {"VS", static_cast<int>(VS_)},
                {"C", static_cast<int>(C_)},
@@ -455,14 +462,15 @@ class BackwardCall {
                {"log_b_next", ptr(log_b_next_.view.data)}, {"log_h", ptr(log_h_.view.data)},
                {"log_h_next", ptr(log_h_next_.view.data)}, {"first_decay", ptr(first_decay_.view.data)}};
     d_output_extras();
-    if (C_ > 0) launch_generated(cuda::BackwardPhase::slots);
+    if (C_ > 0 && !plan_only_) launch_generated(cuda::BackwardPhase::slots);
   }
 
   // A state in fp32, as given (out) and transposed (out_t), times factor.
   void convert(const TensorView& state, float factor, Scratch* out, Scratch* out_t) const {
     const Stream* stream = launch_.stream;
-    if (out) *out = scratch(DType::f32, {N_, H_, K_, VS_}, stream);
-    if (out_t) *out_t = scratch(DType::f32, {N_, H_, VS_, K_}, stream);
+    if (out) *out = make(DType::f32, {N_, H_, K_, VS_});
+    if (out_t) *out_t = make(DType::f32, {N_, H_, VS_, K_});
+    if (plan_only_) return;
     for (Scratch* padded : {out, out_t})  // the normaliser's column starts at 0 (and d final_state has none)
       if (padded && VS_ != V_) fill_device_bytes(padded->buffer.device_ptr(), padded->buffer.bytes(), 0, stream);
     const auto& loaded = helper(std::string("ladle_bwd_convert_") + type_suffix(state.type));
@@ -570,76 +578,112 @@ class BackwardCall {
   // The kernels still to come (the recurrences', the decays' totals and the chain's, the helpers),
   // compiled side by side now: a first call would otherwise compile them one after another. Not
   // without a cache to keep them in (each would be compiled twice).
-  void compile_ahead() const {
-    if (!DiskCache::global().enabled() || !first_of_its_kind()) return;
+  // The GPU this call plans for: this one, or (planning only) a GPU of arch_ (named_target).
+  GpuTarget target() const { return plan_only_ ? named_target(arch_) : device_target(); }
+
+  // The blocks of the longest sequence.
+  std::int64_t longest_blocks() const {
+    std::int64_t longest = 0;
+    for (std::int64_t n = 0; n < N_; ++n)
+      longest = std::max(longest, a_.cu_seqlens.empty() ? T_
+                                                        : a_.cu_seqlens[static_cast<std::size_t>(n) + 1] - a_.cu_seqlens[static_cast<std::size_t>(n)]);
+    return (longest + cuda::backward_chunk - 1) / cuda::backward_chunk;
+  }
+
+  // The backward's generated kernel of `phase` as a program to compile; the helpers' program.
+  GeneratedKernel own_kernel(cuda::BackwardPhase phase) const {
+    cuda::BackwardKernelSpec spec = plan_;
+    spec.phase = phase;
+    cuda::BackwardKernel kernel = cuda::generate_backward(variant_, spec);
+    return {kernel.name, std::move(kernel.source), std::string("backward ") + cuda::to_string(phase), "", threads_, 0};
+  }
+  static GeneratedKernel helpers_program() { return {"ladle_bwd_helpers", cuda::backward_helpers_source(), "backward helpers", "", 256, 0}; }
+
+  // What the plain form's call compiles, as it plans it: the recurrences' chunked kernels (with their
+  // chunk-states forms where they write the boundary states), the state passes left, the slots, totals
+  // and chain kernels, the helpers' program and the block kernel's. Needs the slots' views (write_slots,
+  // convert_states, recurrence_outputs); compile_ahead compiles the list, backward_planned_kernels returns it.
+  std::vector<GeneratedKernel> plain_kernels() const {
     std::vector<GeneratedKernel> planned;
-    std::vector<std::future<void>> compiling;
     const std::string& arch = arch_;
     const auto add = [&](GeneratedKernel kernel) {
       if (std::none_of(planned.begin(), planned.end(), [&](const GeneratedKernel& p) { return p.name == kernel.name; }))
         planned.push_back(std::move(kernel));
     };
-    try {
-      // The boundary states from the recurrences' own ws kernels where they run them (boundary_tables()):
-      // their kernels with chunk_states_out (heuristic tiles), in place of the recurrence and its state pass.
-      std::array<bool, 2> from_recurrence{false, false};  // S (the forward's recurrence), dS (dv's)
-      if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
-        const std::array<EntryStates, 2> entries = entry_state_calls();
-        const std::array<Recurrence, 3> recurrences = the_recurrences();
-        const std::array<const Recurrence*, 2> tables{&entries[0].recurrence, &recurrences[1]};
-        for (std::size_t t = 0; t < 2; ++t) {
-          if (t == 1 && !blocks_aligned()) continue;
-          const RecurrenceCall call = recurrence_call(*tables[t]);
-          RunOptions chunked = call.options;
-          chunked.algorithm = Algorithm::chunked;
-          ops::BoundInputs b = ops::bind_inputs(op_, call.plain, tables[t]->rq.view, tables[t]->rk.view, tables[t]->rv.view, call.inputs, chunked);
-          ops::bind_outputs(op_, call.options, call.outputs, b);
-          if (const std::optional<ChunkedPlan> plan = chunk_states_plan(call.plain, b, chunked, device_target())) {
-            cuda::ChunkedKernel kernel = cuda::generate_chunked(call.plain, plan->launches[0].spec);
-            add({kernel.name, std::move(kernel.source), "boundary states", cuda::to_string(plan->spec.tile), kernel.threads, kernel.shared_bytes});
-            from_recurrence[t] = true;
-          }
-        }
-      }
-      const std::vector<Recurrence> run = recurrences_run();
-      for (std::size_t i = 0; i < run.size(); ++i) {
-        const Recurrence& r = run[i];
-        if (&r.rv == &dos_ && from_recurrence[1]) continue;  // dv's: its chunk-states kernel above
-        const RecurrenceCall call = recurrence_call(r);
-        if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) continue;  // the call reads them on the host: not here
-        ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options);
+    // The boundary states from the recurrences' own ws kernels where they run them (boundary_tables()):
+    // their kernels with chunk_states_out (heuristic tiles), in place of the recurrence and its state pass.
+    std::array<bool, 2> from_recurrence{false, false};  // S (the forward's recurrence), dS (dv's)
+    if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
+      const std::array<EntryStates, 2> entries = entry_state_calls();
+      const std::array<Recurrence, 3> recurrences = the_recurrences();
+      const std::array<const Recurrence*, 2> tables{&entries[0].recurrence, &recurrences[1]};
+      for (std::size_t t = 0; t < 2; ++t) {
+        if (t == 1 && !blocks_aligned()) continue;
+        const RecurrenceCall call = recurrence_call(*tables[t]);
+        RunOptions chunked = call.options;
+        chunked.algorithm = Algorithm::chunked;
+        ops::BoundInputs b = ops::bind_inputs(op_, call.plain, tables[t]->rq.view, tables[t]->rk.view, tables[t]->rv.view, call.inputs, chunked);
         ops::bind_outputs(op_, call.options, call.outputs, b);
-        for (GeneratedKernel& kernel : generated_kernels(call.plain, b, call.options, arch)) add(std::move(kernel));
-      }
-      if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
-        const std::array<EntryStates, 2> entries = entry_state_calls();
-        for (std::size_t t = 0; t < 2; ++t) {
-          if (from_recurrence[t]) continue;
-          const EntryStates& each = entries[t];
-          const RecurrenceCall call = recurrence_call(each.recurrence);
-          RunOptions chunked = call.options;
-          chunked.algorithm = Algorithm::chunked;
-          const Recurrence& r = each.recurrence;
-          const ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, chunked);
-          for (const ChunkedLaunch& launch : plan_entry_states(call.plain, b, chunked, each.segments, device_target()).launches) {
-            cuda::ChunkedKernel kernel = cuda::generate_chunked(call.plain, launch.spec);
-            add({kernel.name, std::move(kernel.source), "entry states", cuda::to_string(launch.spec.tile), kernel.threads, kernel.shared_bytes});
-          }
+        if (const std::optional<ChunkedPlan> plan = chunk_states_plan(call.plain, b, chunked, target())) {
+          cuda::ChunkedKernel kernel = cuda::generate_chunked(call.plain, plan->launches[0].spec);
+          add({kernel.name, std::move(kernel.source), "boundary states", cuda::to_string(plan->spec.tile), kernel.threads, kernel.shared_bytes});
+          from_recurrence[t] = true;
         }
       }
-      for (const GeneratedKernel& kernel : planned)
-        compiling.push_back(std::async(std::launch::async, [&kernel, &arch] { compile_generated(kernel, arch); }));
-      for (const auto phase : {cuda::BackwardPhase::totals, cuda::BackwardPhase::chain}) {
-        if (phase == cuda::BackwardPhase::totals && (!(decays_k_ || decays_v_) || boundary_states_)) continue;
-        cuda::BackwardKernelSpec spec = plan_;
-        spec.phase = phase;
-        compiling.push_back(std::async(std::launch::async, [this, spec, &arch] { compile_backward(variant_, spec, arch); }));
-      }
-      compiling.push_back(std::async(std::launch::async, [&arch] { compile_backward_helpers(arch); }));
-      if (block_kernel_) compiling.push_back(std::async(std::launch::async, [&arch] { compile_backward_block(arch); }));
-    } catch (const std::exception&) {
-      // Planning is only a head start: the calls below plan, compile and report for themselves.
     }
+    const std::vector<Recurrence> run = recurrences_run();
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      const Recurrence& r = run[i];
+      if (&r.rv == &dos_ && from_recurrence[1]) continue;  // dv's: its chunk-states kernel above
+      const RecurrenceCall call = recurrence_call(r);
+      if (call.options.cu_seqlens && call.options.cu_seqlens->on_device()) continue;  // the call reads them on the host: not here
+      ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, call.options);
+      ops::bind_outputs(op_, call.options, call.outputs, b);
+      for (GeneratedKernel& kernel : generated_kernels(call.plain, b, call.options, arch)) add(std::move(kernel));
+    }
+    if (boundary_states_ && !(options_.cu_seqlens && options_.cu_seqlens->on_device())) {
+      const std::array<EntryStates, 2> entries = entry_state_calls();
+      for (std::size_t t = 0; t < 2; ++t) {
+        if (from_recurrence[t]) continue;
+        const EntryStates& each = entries[t];
+        const RecurrenceCall call = recurrence_call(each.recurrence);
+        RunOptions chunked = call.options;
+        chunked.algorithm = Algorithm::chunked;
+        const Recurrence& r = each.recurrence;
+        const ops::BoundInputs b = ops::bind_inputs(op_, call.plain, r.rq.view, r.rk.view, r.rv.view, call.inputs, chunked);
+        for (const ChunkedLaunch& launch : plan_entry_states(call.plain, b, chunked, each.segments, target()).launches) {
+          cuda::ChunkedKernel kernel = cuda::generate_chunked(call.plain, launch.spec);
+          add({kernel.name, std::move(kernel.source), "entry states", cuda::to_string(launch.spec.tile), kernel.threads, kernel.shared_bytes});
+        }
+      }
+    }
+    std::vector<cuda::BackwardPhase> phases{cuda::BackwardPhase::slots};
+    if ((decays_k_ || decays_v_) && !boundary_states_) phases.push_back(cuda::BackwardPhase::totals);
+    phases.push_back(cuda::BackwardPhase::chain);
+    for (const cuda::BackwardPhase phase : phases) add(own_kernel(phase));
+    add(helpers_program());
+    if (block_kernel_) add({"ladle_bwd_block", cuda::backward_block_source(), "backward block", "", 256, cuda::backward_block_shared});
+    return planned;
+  }
+
+  // The plain form's programs (plain_kernels) compiled side by side into the cache before the
+  // recurrences run, once per process and call signature: a cold first call would otherwise compile
+  // them one after another. Planning is a head start only: what fails here fails where it launches.
+  void compile_ahead() const {
+    if (!DiskCache::global().enabled() || !first_of_its_kind()) return;
+    std::vector<GeneratedKernel> planned;
+    try {
+      planned = plain_kernels();
+    } catch (const std::exception&) {
+      return;
+    }
+    compile_all(planned);
+  }
+
+  void compile_all(const std::vector<GeneratedKernel>& kernels) const {
+    std::vector<std::future<void>> compiling;
+    for (const GeneratedKernel& kernel : kernels)
+      compiling.push_back(std::async(std::launch::async, [&kernel, this] { compile_generated(kernel, arch_); }));
     for (auto& job : compiling) {
       try {
         job.get();
@@ -649,18 +693,21 @@ class BackwardCall {
     }
   }
 
-  // 3. The recurrences of the plain form, outputs in fp32 (into the gradients themselves where a slot is
-  //    exactly q, k or v); the forward's output again (unnormalised, fp32) for a value-side decay's gradient.
-  void recurrences() {
-    const Stream* stream = launch_.stream;
-    if (!plan_.direct_q) u_ = scratch(DType::f32, key_shape_, stream);
-    if (!plan_.direct_k) dks_ = scratch(DType::f32, key_shape_, stream);
-    if (!plan_.direct_v) dvs_ = scratch(DType::f32, value_shape_, stream);
+  // The recurrences' outputs: the gradients where they are written directly, else scratch.
+  void recurrence_outputs() {
+    if (!plan_.direct_q) u_ = make(DType::f32, key_shape_);
+    if (!plan_.direct_k) dks_ = make(DType::f32, key_shape_);
+    if (!plan_.direct_v) dvs_ = make(DType::f32, value_shape_);
     u_out_ = plan_.direct_q ? grad_view(ir::Role::query, u_.view) : u_.view;
     dk_out_ = plan_.direct_k ? grad_view(ir::Role::key, dks_.view) : dks_.view;
     dv_out_ = plan_.direct_v ? grad_view(ir::Role::value, dvs_.view) : dvs_.view;
-    if (need_s_t_) s_t_ = scratch(DType::f32, {N_, H_, VS_, K_}, stream);
-    if (a_.initial_state) ds0_ = scratch(DType::f32, {N_, H_, K_, VS_}, stream);
+    if (need_s_t_) s_t_ = make(DType::f32, {N_, H_, VS_, K_});
+    if (a_.initial_state) ds0_ = make(DType::f32, {N_, H_, K_, VS_});
+  }
+
+  void recurrences() {
+    const Stream* stream = launch_.stream;
+    recurrence_outputs();
     if (variant_.normalize) normalized_read();
     compile_ahead();
     if (boundary_states_) {
@@ -901,23 +948,39 @@ class BackwardCall {
   // call would otherwise compile them one after another.
   void compile_update_ahead() const {
     if (!DiskCache::global().enabled() || !first_of_its_kind()) return;
-    std::vector<std::future<void>> compiling;
-    for (const auto phase : {cuda::BackwardPhase::slots, cuda::BackwardPhase::chain}) {
-      if (phase == cuda::BackwardPhase::chain && initial_only_) continue;
-      cuda::BackwardKernelSpec spec = plan_;
-      spec.phase = phase;
-      compiling.push_back(std::async(std::launch::async, [this, spec] { compile_backward(variant_, spec, arch_); }));
+    std::vector<GeneratedKernel> planned;
+    try {
+      planned = update_kernels();
+    } catch (const std::exception&) {
+      return;  // a head start only: a kernel that fails to compile fails where it is launched, with its message
     }
-    compiling.push_back(std::async(std::launch::async, [this] { compile_update_backward(update_spec_, arch_); }));
-    compiling.push_back(std::async(std::launch::async, [this] { compile_backward_helpers(arch_); }));
-    for (auto& job : compiling) {
-      try {
-        job.get();
-      } catch (const std::exception&) {
-        // A head start only: a kernel that fails to compile fails where it is launched, with its message.
-      }
-    }
+    compile_all(planned);
   }
+
+  // What an update form's call compiles: slots, the form's program, chain, helpers.
+  std::vector<GeneratedKernel> update_kernels() const {
+    std::vector<GeneratedKernel> planned{own_kernel(cuda::BackwardPhase::slots)};
+    planned.push_back({cuda::update_backward_name(update_spec_), cuda::update_backward_source(update_spec_), "backward update form", "", 0, 0});
+    if (!initial_only_) planned.push_back(own_kernel(cuda::BackwardPhase::chain));
+    planned.push_back(helpers_program());
+    return planned;
+  }
+
+ public:
+  // backward_planned_kernels: the programs this call compiles, planned for `arch` with nothing allocated
+  // or launched (the call was made with plan_only).
+  std::vector<GeneratedKernel> planned(const std::string& arch) {
+    arch_ = arch;
+    if (plan_.update_form) return update_kernels();
+    C_ = longest_blocks();
+    if (N_ * H_ * K_ * V_ == 0) return {};
+    write_slots();
+    convert_states();
+    recurrence_outputs();
+    return plain_kernels();
+  }
+
+ private:
 
   // The update forms (cuda::UpdateBackwardSpec): their slots in fp32, their form's kernels (ladle_bwd_update's
   // recurrence, then ladle_bwd_update_finish; or the chunked WY form's three), then the chain.
@@ -1037,6 +1100,7 @@ class BackwardCall {
   const ops::BoundInputs bound_;
   const cpu::RecurrentArgs& a_;
   const bool initial_only_;  // run_initial_state_gradient: dL/d initial_state alone
+  const bool plan_only_;     // planned(): views without memory, nothing launched (backward_planned_kernels)
   std::int64_t B_ = 0, T_ = 0, H_ = 0, K_ = 0, V_ = 0, N_ = 0, VS_ = 0, C_ = 0;
   unsigned threads_ = 0;
   std::vector<const TensorView*> grad_of_;
@@ -1066,6 +1130,21 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
                                const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
                                const LaunchOptions& launch) {
   BackwardCall(variant, q, k, v, inputs, options, d_output, d_final_state, gradients, launch).run();
+}
+
+std::vector<GeneratedKernel> backward_planned_kernels(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                                                      const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                                                      const TensorView& d_output, const std::optional<TensorView>& d_final_state,
+                                                      const std::string& arch) {
+  if (arch.empty()) throw InvalidArgument(op_name(variant) + ": backward_planned_kernels: arch is empty, expected a target such as sm_90a");
+  // The gradients as the call would take them, without memory: fp32, each its input's shape.
+  const auto like = [](const TensorView& x) { return planned_view(DType::f32, x.shape); };
+  RecurrentGradientViews gradients{like(q), like(k), like(v), {}, std::nullopt};
+  for (const ir::Input& in : variant.inputs)
+    if (in.kind != ir::InputKind::scalar && in.role == ir::Role::other)
+      if (const auto found = inputs.tensors.find(in.name); found != inputs.tensors.end()) gradients.inputs.emplace(in.name, like(found->second));
+  if (options.initial_state) gradients.d_initial_state = like(*options.initial_state);
+  return BackwardCall(variant, q, k, v, inputs, options, d_output, d_final_state, gradients, {}, false, true).planned(arch);
 }
 
 void run_initial_state_gradient(const ir::Variant& variant, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -22,6 +22,7 @@
 #include <ladle/codegen/cuda/backward.h>
 #include <ladle/codegen/cuda/update_backward.h>
 
+#include "generated_kernels.h"
 #include "gpu_recurrent.h"
 
 namespace ladle::gpu {
@@ -69,6 +70,16 @@ CompiledProgram compile_update_backward(const cuda::UpdateBackwardSpec& spec, co
 // The spec of a call's kernel of `phase` (the slots' dtype: q's when the recurrences run chunked).
 cuda::BackwardKernelSpec backward_kernel_spec(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
                                               cuda::BackwardPhase phase, DType d_output_type);
+// The programs a call of the GPU backward compiles for `arch` (sm_90a, sm_80, ...), planned as the
+// launcher plans them with the heuristic's tiles but with nothing allocated or launched and no GPU: the
+// recurrences' chunked kernels (their chunk-states forms where they write the boundary states), the
+// state passes left, the slots, totals and chain kernels, the update form's program, the helpers' and
+// the block kernel's programs. The tensors need shapes and types only (data may be null). For
+// ladle-cache prebuild --backward and ladle-dump; compile each with compile_generated.
+std::vector<GeneratedKernel> backward_planned_kernels(const ir::Variant& variant, const TensorView& q, const TensorView& k,
+                                                      const TensorView& v, const VariantInputs& inputs, const RunOptions& options,
+                                                      const TensorView& d_output, const std::optional<TensorView>& d_final_state,
+                                                      const std::string& arch);
 // Whether a call's backward takes u and dk from ladle_bwd_block_bf16 instead of their recurrences: the
 // plain form with a key-side or head decay and no value-side one, no normalised read, bf16 slots (`slots`:
 // the call's backward_kernel_spec for the slots phase), K and V at most cuda::backward_block_features,

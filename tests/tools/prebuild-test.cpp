@@ -118,9 +118,6 @@ TEST_CASE("ladle-cache prebuild --backward compiles the attention backward's ker
     REQUIRE(status == 0);
     CHECK_THAT(out, Catch::Contains("attention backward") && Catch::Contains(" 0 failed"));
   }
-  const auto [wrong, refused] = run_tool("prebuild --op gla --backward", dir.path());
-  CHECK(refused != 0);
-  CHECK_THAT(wrong, Catch::Contains("--backward applies to --op attention, not to --op gla"));
 
   // The kernels the library plans for those calls are the ones the tool compiled, and a second run finds
   // every one of them (this process's global cache belongs to the test case above, so a fresh process looks).
@@ -144,4 +141,53 @@ TEST_CASE("ladle-cache prebuild --backward compiles the attention backward's ker
     REQUIRE(!forward.empty());
     CHECK_THAT(again, Catch::Contains(forward[0].name + "  already cached") && Catch::Contains("(0 compiled"));
   }
+}
+
+// A recurrent op that trains: its GPU backward's programs, planned without a GPU as the launcher plans
+// them (gpu::backward_planned_kernels). GLA at B8 T4096 H16 K=V=128 bf16 on sm_90a: the recurrences run
+// the serial ws form, which also writes the boundary states (two chunk-states kernels, no state pass),
+// then the slots, chain, helpers' and block kernel's programs; at T 1000 (not whole blocks) dv's
+// recurrence keeps its own kernel and the dS table its state pass. The same names the launcher compiled
+// on the H200 (bench/RESULTS.md, stop 56).
+TEST_CASE("ladle-cache prebuild --backward compiles a recurrent op's backward programs; a second run compiles nothing") {
+  test::TempDir dir;
+  CallShape shape;
+  shape.batch = 8, shape.tokens = 4096, shape.heads = 16, shape.key_dim = 128, shape.value_dim = 128;
+  const std::vector<GeneratedKernel> planned = generated_backward_kernels(named_variant("gla"), shape, {}, "sm_90a");
+  std::multiset<std::string> roles;
+  for (const GeneratedKernel& kernel : planned) roles.insert(kernel.role);
+  CHECK(roles.count("boundary states") == 2);
+  CHECK(roles.count("entry states") == 0);
+  CHECK(roles.count("backward slots") == 1);
+  CHECK(roles.count("backward chain") == 1);
+  CHECK(roles.count("backward totals") == 0);  // 16-bit slots: the carries come from the boundary states
+  CHECK(roles.count("backward helpers") == 1);
+  CHECK(roles.count("backward block") == 1);
+  for (const GeneratedKernel& kernel : planned)
+    if (kernel.role == "boundary states") CHECK_THAT(kernel.source, Catch::Contains("the state entering this chunk"));
+
+  const std::string call = "prebuild --op gla --backward --shape 8x4096x16x128x128 --arch sm_90a";
+  const auto [first, status] = run_tool(call, dir.path());
+  INFO(first);
+  REQUIRE(status == 0);
+  for (const GeneratedKernel& kernel : planned) CHECK_THAT(first, Catch::Contains(kernel.name + "  compiled"));
+  std::smatch counts;
+  REQUIRE(std::regex_search(first, counts, std::regex(R"(([0-9]+) kernels for sm_90a \(([0-9]+) compiled, 0 already cached, 0 failed\))")));
+  CHECK(std::stoul(counts[1]) == planned.size() + 1);  // and the forward's ws kernel
+  const auto [second, again] = run_tool(call, dir.path());
+  CHECK(again == 0);
+  CHECK_THAT(second, Catch::Contains("(0 compiled, " + std::string(counts[1]) + " already cached, 0 failed)"));
+
+  // Not whole blocks: dv's recurrence runs as it is and the dS table takes the segmented pass and fold.
+  shape.tokens = 1000;
+  std::multiset<std::string> ragged;
+  for (const GeneratedKernel& kernel : generated_backward_kernels(named_variant("gla"), shape, {}, "sm_90a")) ragged.insert(kernel.role);
+  CHECK(ragged.count("boundary states") == 1);
+  CHECK(ragged.count("entry states") >= 1);
+  // An update form (the gated delta rule): slots, its form's program, chain, helpers; and misuse named.
+  const std::vector<GeneratedKernel> delta = generated_backward_kernels(named_variant("gated_delta_rule"), shape, {}, "sm_90a");
+  std::multiset<std::string> delta_roles;
+  for (const GeneratedKernel& kernel : delta) delta_roles.insert(kernel.role);
+  CHECK(delta_roles.count("backward update form") == 1);
+  CHECK(delta_roles.count("backward block") == 0);
 }

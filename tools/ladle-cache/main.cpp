@@ -103,7 +103,7 @@ struct PrebuildRequest {
   std::vector<std::string> ops, shapes{"8x1024x16x128x128"};
   std::string arch = "sm_90a", dtype = "bf16", gates, masks, mods, algo = "automatic";
   bool states = false;
-  bool backward = false;  // attention: also the backward's kernels
+  bool backward = false;  // also the backward's kernels (as a call that trains compiles them)
 };
 
 // Plans every kernel the requested calls launch on the arch (the launcher's own plan), compiles
@@ -117,8 +117,6 @@ int prebuild(const PrebuildRequest& request, ladle::DiskCache& cache) {
   const bool recurrent = std::count(request.ops.begin(), request.ops.end(), "attention") < static_cast<long>(request.ops.size());
   if (!attention && (!request.masks.empty() || !request.mods.empty()))
     throw ladle::InvalidArgument(fmt::format("--mask and --mods apply to --op attention, not to --op {}", fmt::join(request.ops, ", --op ")));
-  if (request.backward && recurrent)
-    throw ladle::InvalidArgument(fmt::format("--backward applies to --op attention, not to --op {}", fmt::join(request.ops, ", --op ")));
   if (!recurrent && (!request.gates.empty() || request.algo != "automatic" || request.states))
     throw ladle::InvalidArgument("--gates, --algo and --states apply to the recurrent ops, not to --op attention");
   std::vector<std::pair<std::string, ladle::GeneratedKernel>> planned;  // (call, kernel)
@@ -149,6 +147,8 @@ int prebuild(const PrebuildRequest& request, ladle::DiskCache& cache) {
         options.return_state = request.states;
         shape.initial_state = request.states;
         kernels = ladle::generated_kernels(variant, shape, options, request.arch);
+        if (request.backward)  // the GPU backward's programs: its recurrences, state passes, own kernels and helpers
+          for (auto& kernel : ladle::generated_backward_kernels(variant, shape, options, request.arch)) kernels.push_back(std::move(kernel));
       }
       for (auto& kernel : kernels) {  // a kernel two calls share (its name hashes its source) is compiled once
         const auto same = [&](const auto& p) { return p.second.name == kernel.name; };
@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
   prebuild_command->add_option("--algo", request.algo, "recurrent ops: automatic (the op's choice), recurrent or chunked");
   prebuild_command->add_flag("--states", request.states, "recurrent ops: calls with an initial state and the final state returned");
   prebuild_command->add_flag("--backward", request.backward,
-                             "attention: also the backward's kernels (and the forward that returns lse, as a call that trains runs it)");
+                             "also the backward's kernels: attention's (and the forward that returns lse, as a call that trains runs "
+                             "it); a recurrent op's recurrences, state passes, slots, chain and helpers");
   CLI11_PARSE(app, argc, argv);
 
   try {
