@@ -595,9 +595,9 @@ class BackwardCall {
     cuda::BackwardKernelSpec spec = plan_;
     spec.phase = phase;
     cuda::BackwardKernel kernel = cuda::generate_backward(variant_, spec);
-    return {kernel.name, std::move(kernel.source), std::string("backward ") + cuda::to_string(phase), "", threads_, 0};
+    return {kernel.name, std::move(kernel.source), std::string("backward ") + cuda::to_string(phase), "-", threads_, 0};
   }
-  static GeneratedKernel helpers_program() { return {"ladle_bwd_helpers", cuda::backward_helpers_source(), "backward helpers", "", 256, 0}; }
+  static GeneratedKernel helpers_program() { return {"ladle_bwd_helpers", cuda::backward_helpers_source(), "backward helpers", "-", 256, 0}; }
 
   // What the plain form's call compiles, as it plans it: the recurrences' chunked kernels (with their
   // chunk-states forms where they write the boundary states), the state passes left, the slots, totals
@@ -662,7 +662,7 @@ class BackwardCall {
     phases.push_back(cuda::BackwardPhase::chain);
     for (const cuda::BackwardPhase phase : phases) add(own_kernel(phase));
     add(helpers_program());
-    if (block_kernel_) add({"ladle_bwd_block", cuda::backward_block_source(), "backward block", "", 256, cuda::backward_block_shared});
+    if (block_kernel_) add({"ladle_bwd_block", cuda::backward_block_source(), "backward block", "-", 256, cuda::backward_block_shared});
     return planned;
   }
 
@@ -960,7 +960,7 @@ class BackwardCall {
   // What an update form's call compiles: slots, the form's program, chain, helpers.
   std::vector<GeneratedKernel> update_kernels() const {
     std::vector<GeneratedKernel> planned{own_kernel(cuda::BackwardPhase::slots)};
-    planned.push_back({cuda::update_backward_name(update_spec_), cuda::update_backward_source(update_spec_), "backward update form", "", 0, 0});
+    planned.push_back({cuda::update_backward_name(update_spec_), cuda::update_backward_source(update_spec_), "backward update form", "-", 0, 0});
     if (!initial_only_) planned.push_back(own_kernel(cuda::BackwardPhase::chain));
     planned.push_back(helpers_program());
     return planned;

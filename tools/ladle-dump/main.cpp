@@ -360,31 +360,24 @@ int main(int argc, char** argv) {
         const auto q = tensor(type, {1, T, 1, key_dim}), k = tensor(type, {1, T, 1, key_dim}), v = tensor(type, {1, T, 1, value_dim});
         const ladle::ops::BoundInputs bound =
             planned([&] { return ladle::ops::bind_inputs(op, variant, q, k, v, inputs, options); });
-        bool block = false;  // the plain form's u and dk a block at a time: ladle_bwd_block_bf16's own program, after the helpers'
+        // The programs the launcher compiles for this call, in its order (gpu::backward_planned_kernels: the
+        // recurrences' chunked kernels and state passes on the tensor cores, the slots, totals (fp32 slots
+        // alone) and chain kernels, an update form's program, the helpers' and the block kernel's).
+        std::vector<ladle::GeneratedKernel> kernels;
         try {
-          // The diagonal form: slots, totals (fp32 slots alone: 16-bit ones take the carries from the
-          // boundary states, options' default), chain. The update forms: slots, their recurrence
-          // (ladle_bwd_update or the chunked WY form's three, with d_final_state where --states), chain.
-          using Phase = ladle::cuda::BackwardPhase;
-          const auto phase_program = [&](Phase phase) -> Shown {
-            return {ladle::gpu::compile_backward(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, phase, type), target).program, 0};
-          };
-          programs.push_back(phase_program(Phase::slots));
-          const bool fp32_slots = ladle::gpu::backward_kernel_spec(variant, bound, options, Phase::slots, type).slot_type == ladle::DType::f32;
-          if (!variant.plain_form())
-            programs.push_back({ladle::gpu::compile_update_backward(ladle::gpu::update_backward_spec(variant, bound, states), target), 0});
-          else if (fp32_slots)
-            programs.push_back(phase_program(Phase::totals));
-          programs.push_back(phase_program(Phase::chain));
-          block = ladle::gpu::backward_block_kernel(variant, ladle::gpu::backward_kernel_spec(variant, bound, options, Phase::slots, type),
-                                                    options, key_dim, value_dim);
+          const auto d_output = tensor(type, {1, T, 1, value_dim});
+          const std::optional<ladle::TensorView> d_final =
+              states ? std::optional<ladle::TensorView>(tensor(ladle::DType::f32, {1, 1, key_dim, value_dim})) : std::nullopt;
+          ladle::RunOptions call = options;
+          call.return_state = false;  // the backward takes d_final_state instead
+          const std::string planned_arch = target.empty() ? ladle::Device::get().properties().arch() : target;
+          kernels = ladle::gpu::backward_planned_kernels(variant, q, k, v, inputs, call, d_output, d_final, planned_arch);
         } catch (const ladle::InvalidArgument& e) {
           throw ladle::InvalidArgument(fmt::format("--backward: --op {} has no generated backward: {}", op, e.what()));
         }
-        programs.push_back({ladle::gpu::compile_backward_helpers(target), 0});
-        if (block) programs.push_back({ladle::gpu::compile_backward_block(target), ladle::cuda::backward_block_shared});
         std::cout << fmt::format("op {} ({} variant {}), {} tile (backward: one thread per feature, blocks of {} steps), K={} V={} {}\n",
                                  op, variant.name, ladle::ir::hash_hex(variant), algo, ladle::cuda::backward_chunk, key_dim, value_dim, dtype);
+        show(kernels);
       } else {
         const auto kernels = planned([&] { return ladle::generated_kernels(variant, shape, options, target); });
         std::cout << fmt::format("op {} ({} variant {}), {} tile {}, K={} V={} {}, B={} T={} H={}, {}\n", op, variant.name,
