@@ -387,4 +387,31 @@ ChunkedPlan plan_entry_states(const ir::Variant& variant, const ops::BoundInputs
   return plan;
 }
 
+ChunkedDeltaPlan plan_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options) {
+  const auto& args = bound.args;
+  const cuda::KernelTypes types = kernel_types(variant, bound, options);
+  cuda::ChunkedDeltaSpec prepare = cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::prepare);
+  // 16-byte loads of q, k and v where each row of 8 features is 16 contiguous, aligned bytes.
+  bool vector_loads = args.key_dim % 8 == 0 && args.value_dim % 8 == 0;
+  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
+    if (variant.inputs[i].role == ir::Role::other) continue;
+    const TensorView& x = args.tensors[i];
+    const bool sixteen = x.type == DType::bf16 || x.type == DType::f16;
+    const bool aligned = reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.strides[3] == 1 &&
+                         (x.shape[0] == 1 || x.strides[0] % 8 == 0) && x.strides[1] % 8 == 0 && x.strides[2] % 8 == 0;
+    vector_loads = vector_loads && sixteen && aligned;
+  }
+  prepare.vector_loads = vector_loads;
+  cuda::ChunkedDeltaSpec states = prepare, outputs = prepare;
+  states.phase = cuda::ChunkedDeltaPhase::states;
+  outputs.phase = cuda::ChunkedDeltaPhase::outputs;
+  ChunkedDeltaPlan plan;
+  plan.launches = {{prepare, ChunkedDeltaLaunch::Over::chunks}, {states, ChunkedDeltaLaunch::Over::sequences},
+                  {outputs, ChunkedDeltaLaunch::Over::chunks}};
+  return plan;
+}
+
+
+const char* to_string(ChunkedDeltaLaunch::Over over) { return over == ChunkedDeltaLaunch::Over::chunks ? "chunks" : "sequences"; }
+
 }  // namespace ladle::gpu

@@ -95,6 +95,27 @@ std::optional<ChunkedPlan> chunk_states_plan(const ir::Variant& variant, const o
 // The sequences a tile is chosen for: the segments where the call runs segmented, else 0 (the call's N).
 std::int64_t chunked_tile_sequences(const ops::BoundInputs& bound, const RunOptions& options, const GpuTarget& target);
 
+// The delta rule's chunked form (codegen/cuda/chunked_delta.h), decided once in the same way: three
+// kernels on the call's stream, prepare over every chunk (W, U, k and gamma into work arrays), the
+// states pass over each sequence (h and E, chunk after chunk), outputs over every chunk. The
+// launcher (gpu::run_variant_into), ladle-dump and `ladle-cache prebuild` read this plan.
+struct ChunkedDeltaLaunch {
+  // chunks: every chunk of every sequence x head (the outputs also x value blocks of the kernel's
+  // block_v); sequences: value blocks of 64 x (sequence, head), a sequence with no chunks passing its
+  // initial state to its final state.
+  enum class Over { chunks, sequences };
+  cuda::ChunkedDeltaSpec spec;
+  Over over = Over::chunks;
+};
+struct ChunkedDeltaPlan {
+  std::vector<ChunkedDeltaLaunch> launches;  // prepare, states, outputs
+};
+// The plan of a bound call that choose_algorithm sends to the delta rule's chunked form: the
+// specs' types, 16-byte loads where every 16-bit row of q, k, v and the token inputs is 16 aligned,
+// contiguous bytes.
+ChunkedDeltaPlan plan_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options);
+const char* to_string(ChunkedDeltaLaunch::Over over);
+
 // Why TMA cannot copy this call's q, k and v as the chunked ws form reads them (empty: it can):
 // bf16 [B,T,X,D] views with contiguous features, a 16-byte aligned start and strides of whole 16 bytes.
 std::string ws_copyable(const ir::Variant& variant, const ops::BoundInputs& bound);

@@ -153,11 +153,11 @@ std::vector<GeneratedKernel> generated_kernels(const ir::Variant& variant, const
   std::vector<GeneratedKernel> out;
   const Algorithm algorithm = gpu::choose_algorithm(variant, bound, call);
   if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {
-    const char* roles[] = {"delta prepare", "delta states", "delta outputs"};
-    int i = 0;
-    for (const cuda::ChunkedDeltaSpec& spec : gpu::chunked_delta_specs(variant, bound, call)) {
+    for (const gpu::ChunkedDeltaLaunch& each : gpu::plan_chunked_delta(variant, bound, call).launches) {
+      const cuda::ChunkedDeltaSpec& spec = each.spec;
       cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(variant, spec);
-      out.push_back({kernel.name, std::move(kernel.source), roles[i++],
+      const char* phase = spec.phase == cuda::ChunkedDeltaPhase::prepare ? "prepare" : spec.phase == cuda::ChunkedDeltaPhase::states ? "states" : "outputs";
+      out.push_back({kernel.name, std::move(kernel.source), std::string("delta ") + phase,
                      fmt::format("chunk {} block_k={} value_pad={}", cuda::chunked_delta_chunk,
                                  spec.block_k, spec.value_pad),
                      kernel.threads, kernel.shared_bytes});
@@ -214,12 +214,12 @@ std::vector<GeneratedKernel> generated_kernels(const ir::AttentionVariant& varia
   if (!shape.sequence_lengths.empty()) call.cu_seqlens_q = call.cu_seqlens_k = offsets.view();
   const ops::AttentionArgs args = ops::bind_attention(
       variant.name.empty() ? "attention" : variant.name, variant, q, k, v, inputs, call);
-  const cuda::AttentionKernelSpec spec =
-      gpu::attention_kernel_spec(variant, args, tile, plan_target(arch));
-  cuda::AttentionKernel kernel = cuda::generate_attention(variant, spec);
+  // The launcher's plan: one program (a decode plan's merge kernel is in the same source).
+  const gpu::AttentionPlan plan = gpu::plan_attention(variant, args, tile, plan_target(arch));
+  cuda::AttentionKernel kernel = cuda::generate_attention(variant, plan.spec);
   std::vector<GeneratedKernel> out;
-  out.push_back({kernel.name, std::move(kernel.source), "attention", cuda::to_string(spec.tile),
-                 kernel.threads, kernel.shared_bytes});
+  out.push_back({kernel.name, std::move(kernel.source), plan.form == gpu::AttentionPlan::Form::tiles ? std::string("attention") : std::string("attention ") + gpu::to_string(plan.form),
+                 cuda::to_string(plan.spec.tile), kernel.threads, kernel.shared_bytes});
   return out;
 }
 
@@ -257,15 +257,10 @@ std::vector<GeneratedKernel> generated_backward_kernels(const ir::AttentionVaria
       grads.d_tensors[i] = view_of(DType::f32, args.tensors[i].shape);
   if (args.softmax_aux) grads.d_softmax_aux = view_of(DType::f32, args.softmax_aux->shape);
   const std::string target = plan_target(arch).arch;
-  const cuda::AttentionBackwardSpec base = gpu::attention_backward_spec(variant, args, grads, target);
-  const cuda::AttentionBackwardSpec spec = cuda::with_tile(base, gpu::heuristic_attention_backward_tile(base));  // as the launcher
-  if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
-    throw InvalidArgument(op + " on " + target + ": " + problems.front());
-  cuda::AttentionBackwardKernel kernel = cuda::generate_attention_backward(variant, spec);
+  const gpu::AttentionBackwardPlan plan = gpu::plan_attention_backward(variant, args, grads, std::nullopt, target);  // as the launcher
+  cuda::AttentionBackwardKernel kernel = cuda::generate_attention_backward(variant, plan.spec);
   std::vector<GeneratedKernel> out;
-  out.push_back({kernel.name, std::move(kernel.source), "attention backward",
-                 spec.form == cuda::AttentionBackwardForm::sync ? "sync" : cuda::to_string(cuda::AttentionBackwardTile{spec.stages, spec.dq_tma}),
-                 kernel.main_threads, kernel.shared_bytes});
+  out.push_back({kernel.name, std::move(kernel.source), "attention backward", gpu::to_string(plan), kernel.main_threads, kernel.shared_bytes});
   return out;
 }
 

@@ -197,6 +197,64 @@ cuda::AttentionKernelSpec attention_kernel_spec(const ir::AttentionVariant& vari
   return spec;
 }
 
+const char* to_string(AttentionLaunch::Kernel kernel) {
+  switch (kernel) {
+    case AttentionLaunch::Kernel::main: return "main";
+    case AttentionLaunch::Kernel::merge: return "merge";
+    case AttentionLaunch::Kernel::prep: return "prep";
+  }
+  return "?";
+}
+
+const char* to_string(AttentionLaunch::Over over) {
+  switch (over) {
+    case AttentionLaunch::Over::row_blocks: return "row_blocks";
+    case AttentionLaunch::Over::work_items: return "work_items";
+    case AttentionLaunch::Over::key_splits: return "key_splits";
+    case AttentionLaunch::Over::merged_rows: return "merged_rows";
+    case AttentionLaunch::Over::query_rows: return "query_rows";
+    case AttentionLaunch::Over::key_blocks: return "key_blocks";
+  }
+  return "?";
+}
+
+const char* to_string(AttentionPlan::Form form) {
+  switch (form) {
+    case AttentionPlan::Form::tiles: return "tiles";
+    case AttentionPlan::Form::persistent: return "persistent";
+    case AttentionPlan::Form::decode: return "decode";
+  }
+  return "?";
+}
+
+std::string to_string(const AttentionPlan& plan) {
+  std::string out = fmt::format("{}: {}", to_string(plan.form), cuda::to_string(plan.spec.tile));
+  if (plan.form == AttentionPlan::Form::decode)
+    out += fmt::format(", {} key splits of {} keys", plan.split.splits, plan.split.split_len);
+  else
+    out += fmt::format(", {} row blocks", plan.row_blocks);
+  for (std::size_t i = 0; i < plan.launches.size(); ++i)
+    out += fmt::format("{} {} over {}", i == 0 ? ";" : ",", to_string(plan.launches[i].kernel), to_string(plan.launches[i].over));
+  return out;
+}
+
+AttentionPlan plan_attention(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                             const std::optional<cuda::AttentionTile>& tile, const GpuTarget& target) {
+  AttentionPlan plan;
+  plan.spec = attention_kernel_spec(variant, args, tile, target);
+  using Launch = AttentionLaunch;
+  if (plan.spec.tile.mma == cuda::AttentionMma::decode) {
+    plan.form = AttentionPlan::Form::decode;
+    plan.split = attention_decode_split(args, plan.spec.tile, target.sms > 0 ? target.sms : 132, target.shared_per_sm);
+    plan.launches = {{Launch::Kernel::main, Launch::Over::key_splits}, {Launch::Kernel::merge, Launch::Over::merged_rows}};
+    return plan;
+  }
+  plan.row_blocks = attention_work(args, plan.spec.tile.block_m).row_blocks;
+  plan.form = plan.spec.persistent ? AttentionPlan::Form::persistent : AttentionPlan::Form::tiles;
+  plan.launches = {{Launch::Kernel::main, plan.spec.persistent ? Launch::Over::work_items : Launch::Over::row_blocks}};
+  return plan;
+}
+
 CompiledAttention compile_attention(const ir::AttentionVariant& variant, const cuda::AttentionKernelSpec& spec,
                                     const std::string& arch) {
   CompiledAttention out;
@@ -318,12 +376,11 @@ namespace {
 
 // The decode form: the split kernel into fp32 partials on the call's stream, then the merge.
 void launch_decode(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const LaunchOptions& launch,
-                   const detail::LoadedKernel<cuda::AttentionKernel>& loaded, const cuda::AttentionTile& tile, const void* cu_q,
+                   const detail::LoadedKernel<cuda::AttentionKernel>& loaded, const AttentionPlan& plan, const void* cu_q,
                    const void* cu_k) {
   const cuda::AttentionKernel& kernel = loaded.kernel;
   if (!loaded.merge) throw Error(op_name(variant) + ": the decode kernel " + kernel.name + " has no merge kernel");
-  const DeviceProperties& device = Device::get().properties();
-  AttentionDecodeSplit split = attention_decode_split(args, tile, device.sm_count, device.max_shared_per_sm);
+  AttentionDecodeSplit split = plan.split;
   const std::int64_t rows = args.N * args.H * split.partial_rows, group = args.H / args.H_kv;
   const DeviceBuffer o_part = DeviceBuffer::on_stream(static_cast<std::size_t>(split.splits * rows * args.Dv) * sizeof(float), launch.stream);
   const DeviceBuffer lse_part = DeviceBuffer::on_stream(static_cast<std::size_t>(split.splits * rows) * sizeof(float), launch.stream);
@@ -360,8 +417,9 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
 
   // No tile named: the tuned one (LADLE_AUTOTUNE; heuristic: the heuristic tile, nothing built; a
   // decode tile untuned).
-  const cuda::AttentionKernelSpec spec =
-      attention_kernel_spec(variant, args, tile ? *tile : tuned_attention_tile(variant, args, heuristic_attention_tile(args)));
+  const AttentionPlan plan =
+      plan_attention(variant, args, tile ? *tile : tuned_attention_tile(variant, args, heuristic_attention_tile(args)), device_target());
+  const cuda::AttentionKernelSpec& spec = plan.spec;
   const std::string arch = Device::get().properties().arch();
   const auto& loaded = detail::loaded_kernel<cuda::AttentionKernel>(
       spec_key(variant, spec), arch, [&](const std::string& target) { return compile_attention(variant, spec, target); });
@@ -375,11 +433,12 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
   }
   const void* cu_q = reinterpret_cast<const void*>(offsets_q.device_ptr());
   const void* cu_k = reinterpret_cast<const void*>(offsets_k.device_ptr());
-  if (spec.tile.mma == cuda::AttentionMma::decode) {
-    launch_decode(variant, args, launch, loaded, spec.tile, cu_q, cu_k);
-  } else if (loaded.kernel.persistent) {
+  if (plan.form == AttentionPlan::Form::decode) {
+    launch_decode(variant, args, launch, loaded, plan, cu_q, cu_k);
+  } else if (plan.form == AttentionPlan::Form::persistent) {
     // A block an SM walking the work items; the counter that hands them out starts at 0.
-    AttentionWork work = attention_work(args, loaded.kernel.block_m);
+    AttentionWork work;
+    work.row_blocks = plan.row_blocks;
     DeviceBuffer counter = DeviceBuffer::on_stream(sizeof(unsigned), launch.stream);
     counter.fill_bytes(0, launch.stream);
     work.counter = reinterpret_cast<void*>(counter.device_ptr());
@@ -391,7 +450,7 @@ void launch_attention(const ir::AttentionVariant& variant, const ops::AttentionA
     KernelArgs packed = pack_attention_arguments(loaded.kernel.params, args, cu_q, cu_k);
     cuda::AttentionGrid grid;
     try {
-      grid = cuda::attention_grid(args.N * args.H, (rows + loaded.kernel.block_m - 1) / loaded.kernel.block_m);
+      grid = cuda::attention_grid(args.N * args.H, plan.row_blocks);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(fmt::format("{}: {} sequences x {} heads, {} query rows in blocks of {}: {}", op_name(variant), args.N,
                                         args.H, rows, loaded.kernel.block_m, e.what()));

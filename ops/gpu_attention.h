@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <cstdint>
 
@@ -84,6 +85,48 @@ bool attention_persistent_enabled();
 // 128, and 8 per query token), no dropout, at most 65535 (sequence, key/value head) pairs.
 // heuristic_attention_tile then picks a decode tile where one fits the head dims.
 bool attention_decode_shaped(const ops::AttentionArgs& args);
+
+// How a softmax-attention call runs, decided once (as ops/chunked_plan.h does for the chunked
+// family): the form, the kernel spec with its tile (validated against the call and the target), the
+// decode form's key splits or the row blocks, and the kernels launched in order with what each grid
+// walks. The launcher (run_attention_into), the tuner and ladle-dump (ladle::generated_kernels) read
+// the same plan; codegen emits the spec and decides nothing again.
+struct AttentionLaunch {
+  enum class Kernel { main, merge, prep };
+  // row_blocks: (sequence, head) x row blocks (cuda::attention_grid); work_items: a block an SM,
+  // drawing (sequence, head, row block) items from a counter (cuda::attention_persistent_blocks);
+  // key_splits: (split, row block of the packed GQA rows, sequence x key/value head)
+  // (cuda::attention_decode_grid); merged_rows: a block a row of the splits' partial results
+  // (cuda::attention_merge_blocks); query_rows: the backward's prep, row groups x (sequence, head);
+  // key_blocks: the backward's main kernel, (sequence, key/value head) x key blocks x column parts.
+  enum class Over { row_blocks, work_items, key_splits, merged_rows, query_rows, key_blocks };
+  Kernel kernel = Kernel::main;
+  Over over = Over::row_blocks;
+};
+const char* to_string(AttentionLaunch::Kernel kernel);
+const char* to_string(AttentionLaunch::Over over);
+
+struct AttentionPlan {
+  // tiles: a block per (sequence, head, row block); persistent: a block an SM walking those
+  // (LADLE_ATTENTION_PERSISTENT=1); decode: a few query tokens against many keys, the keys split
+  // over blocks and the splits merged by lse.
+  enum class Form { tiles, persistent, decode };
+  Form form = Form::tiles;
+  cuda::AttentionKernelSpec spec;
+  AttentionDecodeSplit split;            // decode: splits, keys a split, partial rows (not where they live)
+  std::int64_t row_blocks = 0;           // tiles, persistent: ceil(longest query sequence / block_m)
+  std::vector<AttentionLaunch> launches;  // in launch order
+};
+const char* to_string(AttentionPlan::Form form);
+// "decode: 4 key splits of 2048 keys; main over key_splits, merge over merged_rows"
+std::string to_string(const AttentionPlan& plan);
+
+// The plan of a bound call on a target: `tile` where given (the caller's or the tuner's), else
+// heuristic_attention_tile for that target; the decode form's splits by attention_decode_split on
+// the target's SMs (132 where unknown) and shared memory. Throws InvalidArgument for a tile that
+// does not fit.
+AttentionPlan plan_attention(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                             const std::optional<cuda::AttentionTile>& tile, const GpuTarget& target);
 
 // The argument array of an attention kernel, by parameter role, from bound arguments whose
 // pointers the kernel can read (device pointers on a GPU; host pointers on the host

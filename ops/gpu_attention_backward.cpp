@@ -143,6 +143,26 @@ std::vector<std::string> gpu_attention_backward_unsupported(const ir::AttentionV
 
 cuda::AttentionBackwardTile heuristic_attention_backward_tile(const cuda::AttentionBackwardSpec& spec) { return {2, spec.dq_tma}; }
 
+AttentionBackwardPlan plan_attention_backward(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                              const cpu::AttentionGrads& grads, const std::optional<cuda::AttentionBackwardTile>& tile,
+                                              const std::string& arch) {
+  AttentionBackwardPlan plan;
+  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, arch);
+  plan.tile = tile ? *tile : heuristic_attention_backward_tile(base);
+  plan.spec = cuda::with_tile(base, plan.tile);
+  if (const auto problems = cuda::attention_backward_unsupported(variant, plan.spec); !problems.empty())
+    throw InvalidArgument(fmt::format("{}: backward tile {}: {}", op_name(variant), cuda::to_string(plan.tile), problems.front()));
+  plan.launches = {{AttentionLaunch::Kernel::prep, AttentionLaunch::Over::query_rows},
+                   {AttentionLaunch::Kernel::main, AttentionLaunch::Over::key_blocks}};
+  return plan;
+}
+
+std::string to_string(const AttentionBackwardPlan& plan) {
+  if (plan.spec.form == cuda::AttentionBackwardForm::sync)
+    return fmt::format("form sync, {} rows x {} columns", plan.spec.sync_rows, plan.spec.sync_columns);
+  return fmt::format("form ws, {}", cuda::to_string(cuda::AttentionBackwardTile{plan.spec.stages, plan.spec.dq_tma}));  // as with_tile made it
+}
+
 void run_attention_backward_into(const ir::AttentionVariant& variant, const ops::AttentionArgs& args, const cpu::AttentionGrads& grads,
                                  const LaunchOptions& launch, const std::optional<cuda::AttentionBackwardTile>& tile) {
   const std::string op = op_name(variant);
@@ -171,15 +191,11 @@ void run_attention_backward_into(const ir::AttentionVariant& variant, const ops:
     throw InvalidArgument(fmt::format("{}: Tq = {}, Tk = {}: the GPU kernels index tokens with 32-bit ints", op, args.Tq, args.Tk));
 
   const std::string arch = Device::get().properties().arch();
-  const cuda::AttentionBackwardSpec base = attention_backward_spec(variant, args, grads, arch);
-  // The sync form has no tile to choose (with_sync_tile decided it from the target).
-  const cuda::AttentionBackwardTile chosen =
-      tile ? *tile
-           : base.form == cuda::AttentionBackwardForm::sync ? heuristic_attention_backward_tile(base)
-                                                           : tuned_attention_backward_tile(variant, args, grads, heuristic_attention_backward_tile(base));
-  const cuda::AttentionBackwardSpec spec = cuda::with_tile(base, chosen);
-  if (const auto problems = cuda::attention_backward_unsupported(variant, spec); !problems.empty())
-    throw InvalidArgument(fmt::format("{}: backward tile {}: {}", op, cuda::to_string(chosen), problems.front()));
+  AttentionBackwardPlan plan = plan_attention_backward(variant, args, grads, tile, arch);
+  // No tile named: the tuned one (the sync form has none to choose: with_sync_tile decided it).
+  if (!tile && plan.spec.form != cuda::AttentionBackwardForm::sync)
+    plan = plan_attention_backward(variant, args, grads, tuned_attention_backward_tile(variant, args, grads, plan.tile), arch);
+  const cuda::AttentionBackwardSpec& spec = plan.spec;
   std::string key = fmt::format("attention-backward|{}|{}|{}|", ir::hash(variant), spec.D, spec.Dv);
   for (DType t : spec.input_types) key += dtype_name(t);
   for (bool g : spec.input_gradients) key += g ? "g" : "-";

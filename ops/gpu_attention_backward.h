@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <ladle/codegen/cpu/attention.h>
 #include <ladle/codegen/cuda/attention_backward.h>
@@ -15,6 +16,7 @@
 #include <ladle/runtime/tensor_map.h>
 
 #include "attention_bind.h"
+#include "gpu_attention.h"  // AttentionLaunch
 #include "gpu_recurrent.h"  // LaunchOptions
 
 namespace ladle::gpu {
@@ -45,6 +47,23 @@ AttentionBackwardArguments pack_attention_backward_arguments(const cuda::Attenti
                                                              const cpu::AttentionGrads& grads, void* row_stats, void* d_output_copy,
                                                              const void* cu_seqlens_q, const void* cu_seqlens_k,
                                                              TensorMap (*encode)(const TensorMapDescription&) = encode_tensor_map);
+
+// The backward's plan (as gpu::AttentionPlan for the forward): the spec with its tile (the caller's
+// or the tuner's; none: heuristic_attention_backward_tile; the sync form's tile is with_sync_tile's),
+// checked (InvalidArgument naming the tile), and its two launches: prep over the query rows, then the
+// main kernel over the key blocks. The launcher, ladle-dump and `ladle-cache prebuild --backward`
+// (ladle::generated_backward_kernels) read it.
+struct AttentionBackwardPlan {
+  cuda::AttentionBackwardSpec spec;
+  cuda::AttentionBackwardTile tile;       // what the ws form was given (the sync form ignores it; with_tile takes dQ's
+                                          // TMA stage off where it does not fit: spec.dq_tma says what runs)
+  std::vector<AttentionLaunch> launches;  // prep over query_rows, main over key_blocks
+};
+AttentionBackwardPlan plan_attention_backward(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
+                                              const cpu::AttentionGrads& grads, const std::optional<cuda::AttentionBackwardTile>& tile,
+                                              const std::string& arch);
+// "form ws, stages=2 dq=tma" (the spec's, as with_tile made it) or "form sync, 32 rows x 128 columns"
+std::string to_string(const AttentionBackwardPlan& plan);
 
 // What keeps a call off the GPU backward, in words (empty: it runs): the head dims and dtypes
 // attention_backward_unsupported names, a GPU other than sm_90.

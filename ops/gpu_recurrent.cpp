@@ -188,7 +188,7 @@ cuda::KernelTypes kernel_types(const ir::Variant& variant, const ops::BoundInput
 GpuTarget device_target() {
   if (!driver_available()) return {};
   const DeviceProperties& device = Device::get().properties();
-  return {device.arch(), device.sm_count, device.max_shared_per_block_optin};
+  return {device.arch(), device.sm_count, device.max_shared_per_block_optin, device.max_shared_per_sm};
 }
 
 GpuTarget named_target(const std::string& arch) {
@@ -303,29 +303,6 @@ std::string delta_spec_key(const ir::Variant& variant, const cuda::ChunkedDeltaS
 
 }  // namespace
 
-std::vector<cuda::ChunkedDeltaSpec> chunked_delta_specs(const ir::Variant& variant, const ops::BoundInputs& bound,
-                                                        const RunOptions& options) {
-  const auto& args = bound.args;
-  const cuda::KernelTypes types = kernel_types(variant, bound, options);
-  cuda::ChunkedDeltaSpec prepare = cuda::chunked_delta_spec(types, args.key_dim, args.value_dim, cuda::ChunkedDeltaPhase::prepare);
-  // 16-byte loads of q, k and v where each row of 8 features is 16 contiguous, aligned bytes.
-  bool vector_loads = args.key_dim % 8 == 0 && args.value_dim % 8 == 0;
-  for (std::size_t i = 0; i < variant.inputs.size(); ++i) {
-    if (variant.inputs[i].role == ir::Role::other) continue;
-    const TensorView& x = args.tensors[i];
-    const bool sixteen = x.type == DType::bf16 || x.type == DType::f16;
-    const bool aligned = reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.strides[3] == 1 &&
-                         (x.shape[0] == 1 || x.strides[0] % 8 == 0) && x.strides[1] % 8 == 0 && x.strides[2] % 8 == 0;
-    vector_loads = vector_loads && sixteen && aligned;
-  }
-  prepare.vector_loads = vector_loads;
-  cuda::ChunkedDeltaSpec states = prepare, outputs = prepare;
-  states.phase = cuda::ChunkedDeltaPhase::states;
-  outputs.phase = cuda::ChunkedDeltaPhase::outputs;
-  return {prepare, states, outputs};
-}
-
-
 namespace {
 
 // The delta rule's chunked form (codegen/cuda/chunked_delta.h), three kernels on the call's stream:
@@ -337,8 +314,8 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   const std::int64_t N = bound.dims.N, C = cuda::chunked_delta_chunk;
   const std::vector<std::int64_t> chunk_offsets = first_chunks(args, N, C);
   const std::int64_t chunks = chunk_offsets.back();
-  const std::vector<cuda::ChunkedDeltaSpec> specs = chunked_delta_specs(variant, bound, options);
-  const cuda::ChunkedDeltaSpec &prepare = specs[0], &states = specs[1], &outputs = specs[2];
+  const ChunkedDeltaPlan plan = plan_chunked_delta(variant, bound, options);
+  const cuda::ChunkedDeltaSpec& prepare = plan.launches.front().spec;  // the work arrays' sizes
   const std::string arch = Device::get().properties().arch();
   const auto loaded = [&](const cuda::ChunkedDeltaSpec& spec) -> const auto& {
     return detail::loaded_kernel<cuda::ChunkedDeltaKernel>(delta_spec_key(variant, spec, arch), arch, [&](const std::string& target) {
@@ -369,11 +346,15 @@ void run_chunked_delta(const ir::Variant& variant, const ops::BoundInputs& bound
     kernel.function->launch({x, y, z}, {kernel.kernel.threads, 1, 1}, packed, static_cast<unsigned>(kernel.kernel.shared_bytes), launch.stream);
   };
   const unsigned value_blocks = static_cast<unsigned>((args.value_dim + 63) / 64);
-  if (chunks > 0) run(prepare, static_cast<unsigned>(chunks), static_cast<unsigned>(H), 1);
-  // Sequences with no chunks still pass their initial state to their final state.
-  run(states, value_blocks, static_cast<unsigned>(N * H), 1);
-  const auto output_blocks = static_cast<unsigned>((args.value_dim + loaded(outputs).kernel.block_v - 1) / loaded(outputs).kernel.block_v);
-  if (chunks > 0) run(outputs, static_cast<unsigned>(chunks), static_cast<unsigned>(H), output_blocks);
+  for (const ChunkedDeltaLaunch& each : plan.launches) {
+    if (each.over == ChunkedDeltaLaunch::Over::sequences) {
+      run(each.spec, value_blocks, static_cast<unsigned>(N * H), 1);  // a sequence with no chunks passes h0 to its final state
+    } else if (chunks > 0) {
+      const int block_v = loaded(each.spec).kernel.block_v;  // the outputs' value blocks; prepare takes the whole width
+      const auto blocks = each.spec.phase == cuda::ChunkedDeltaPhase::outputs ? static_cast<unsigned>((args.value_dim + block_v - 1) / block_v) : 1u;
+      run(each.spec, static_cast<unsigned>(chunks), static_cast<unsigned>(H), blocks);
+    }
+  }
   if (!args.cu_seqlens.empty()) {
     if (launch.stream) launch.stream->synchronize();  // the chunk offsets are freed on return
     else Device::get().synchronize();

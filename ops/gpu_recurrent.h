@@ -36,6 +36,7 @@ struct GpuTarget {
   std::string arch;          // "sm_90a", "sm_80"; "": not known (no device)
   int sms = 0;               // streaming multiprocessors; 0: not known
   int max_shared_bytes = 0;  // opt-in shared memory per block; 0: not checked
+  int shared_per_sm = 0;     // shared memory per SM (what bounds the blocks an SM holds); 0: an H100's
 };
 // This GPU's figures; without a driver, {"", 0, 0}.
 GpuTarget device_target();
@@ -72,9 +73,6 @@ CompiledRecurrent compile_recurrent(const ir::Variant& variant, const cuda::Recu
 // InvalidArgument when chunked is forced on a variant or dtype it cannot run.
 Algorithm choose_algorithm(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options);
 
-// The delta rule's chunked form: its prepare, states and outputs specs for a call.
-std::vector<cuda::ChunkedDeltaSpec> chunked_delta_specs(const ir::Variant& variant, const ops::BoundInputs& bound,
-                                                        const RunOptions& options);
 struct CompiledChunked {
   cuda::ChunkedKernel kernel;
   CompiledProgram program;

@@ -284,7 +284,7 @@ std::string attention_bucket(const ir::AttentionVariant& variant, const Attentio
 TuneJob attention_tune_job(const ir::AttentionVariant& variant, const ops::AttentionArgs& args,
                            const cuda::AttentionTile& heuristic) {
   // The launcher's spec, checks and errors (a heuristic that does not fit throws here).
-  const cuda::AttentionKernelSpec spec = attention_kernel_spec(variant, args, heuristic);
+  const cuda::AttentionKernelSpec spec = plan_attention(variant, args, heuristic, device_target()).spec;
   const DeviceLimits device = DeviceLimits::from(Device::get().properties());
   const AttentionTuneShape shape = AttentionTuneShape::of(variant, args);
   const bool split = cuda::attention_split_f32(variant, spec);

@@ -3,6 +3,7 @@
 // codegen emits what each launch's spec says without deciding again. Runs without a GPU: the plans
 // are made for a named target (an H100's figures) from views that are never read.
 #include <ladle/codegen/cuda/chunked.h>
+#include <ladle/codegen/cuda/chunked_delta.h>
 #include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/gla.h>
@@ -38,6 +39,7 @@ struct Call {
       if (input.kind == ir::InputKind::token_key) inputs.tensors.emplace(input.name, view({B, T, H, K}));
       else if (input.kind == ir::InputKind::token_value) inputs.tensors.emplace(input.name, view({B, T, H, V}));
       else if (input.kind == ir::InputKind::head) inputs.tensors.emplace(input.name, view({H}));
+      else if (input.kind == ir::InputKind::token_head) inputs.tensors.emplace(input.name, view({B, T, H}));
     }
     bound = ops::bind_inputs(variant.name, variant, view({B, T, H, K}), view({B, T, H, K}), view({B, T, H, V}), inputs, options);
   }
@@ -265,4 +267,33 @@ TEST_CASE("the entry states' plan is the segmented state pass and fold over the 
   const Call call(gla(), 1, 100, 1, 64, 64);
   CHECK_THROWS_AS(gpu::plan_entry_states(gla(), call.bound, call.options, cuda::ChunkedSegments{}, gpu::named_target("sm_90a")),
                   InvalidArgument);
+}
+
+TEST_CASE("the delta rule's plan: prepare over the chunks, the states pass over the sequences, the outputs over the chunks", "[plan]") {
+  using DeltaOver = gpu::ChunkedDeltaLaunch::Over;
+  RunOptions chunked;
+  chunked.algorithm = Algorithm::chunked;
+  for (const char* op : {"delta_rule", "gated_delta_rule"})
+    for (const std::int64_t K : {128, 60}) {
+      const ir::Variant& variant = named_variant(op);
+      INFO(op << " K = " << K);
+      const Call call(variant, 2, 1000, 4, K, 128, chunked);
+      const gpu::ChunkedDeltaPlan plan = gpu::plan_chunked_delta(variant, call.bound, call.options);
+      REQUIRE(plan.launches.size() == 3);
+      CHECK((plan.launches[0].spec.phase == cuda::ChunkedDeltaPhase::prepare && plan.launches[0].over == DeltaOver::chunks));
+      CHECK((plan.launches[1].spec.phase == cuda::ChunkedDeltaPhase::states && plan.launches[1].over == DeltaOver::sequences));
+      CHECK((plan.launches[2].spec.phase == cuda::ChunkedDeltaPhase::outputs && plan.launches[2].over == DeltaOver::chunks));
+      for (const auto& launch : plan.launches) {
+        CHECK(launch.spec.vector_loads == (K % 8 == 0));  // 16-byte rows where the features come in whole 16 bytes
+        CHECK(launch.spec.block_k == plan.launches[0].spec.block_k);
+      }
+      // ladle-dump shows the plan's kernels, in its order.
+      const std::vector<GeneratedKernel> shown = generated_kernels(variant, call.bound, chunked, "sm_90a");
+      REQUIRE(shown.size() == 3);
+      const char* roles[] = {"delta prepare", "delta states", "delta outputs"};
+      for (std::size_t i = 0; i < 3; ++i) {
+        CHECK(shown[i].name == cuda::generate_chunked_delta(variant, plan.launches[i].spec).name);
+        CHECK(shown[i].role == roles[i]);
+      }
+    }
 }

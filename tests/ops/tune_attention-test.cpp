@@ -19,6 +19,7 @@
 #include <cmath>
 #include <set>
 
+#include "runtime/scoped_env.h"
 #include "runtime/tune_fixtures.h"
 
 using namespace ladle;
@@ -641,4 +642,91 @@ TEST_CASE("policy heuristic returns the heuristic backward tile without a device
   const TuneResult result = tuner.tune(key, fake, tuning.options);
   tuning.check_second_wins(result, fake, key, fastest, second, 5);
   REQUIRE(result.space_size == 6);
+}
+
+// ---- The plans: the form, the tile, the splits or row blocks and the launches, decided once
+
+TEST_CASE("an attention plan names its form, its splits or row blocks and its launches in order") {
+  using Launch = gpu::AttentionLaunch;
+  const gpu::GpuTarget hopper = gpu::named_target("sm_90a");
+  AttentionFeatures plain;
+  // Decode-shaped (B64 Tq1 Tk8192 H32:8): the split kernel over the key splits, then the merge over the rows.
+  Call decode(64, 1, 32, 128, plain, DType::bf16, 8, 0, 8192);
+  const gpu::AttentionPlan small = gpu::plan_attention(decode.variant(), decode.args, std::nullopt, hopper);
+  CHECK(small.form == gpu::AttentionPlan::Form::decode);
+  CHECK(small.spec.tile.mma == cuda::AttentionMma::decode);
+  const gpu::AttentionDecodeSplit split = gpu::attention_decode_split(decode.args, small.spec.tile, hopper.sms);
+  CHECK(small.split.splits == split.splits);
+  CHECK(small.split.split_len == split.split_len);
+  REQUIRE(small.launches.size() == 2);
+  CHECK((small.launches[0].kernel == Launch::Kernel::main && small.launches[0].over == Launch::Over::key_splits));
+  CHECK((small.launches[1].kernel == Launch::Kernel::merge && small.launches[1].over == Launch::Over::merged_rows));
+  CHECK_THAT(gpu::to_string(small), Catch::StartsWith("decode: ") && Catch::Contains("merge over merged_rows"));
+  // Fewer SMs: the splits follow the target's count, as the launcher's on that GPU.
+  gpu::GpuTarget few = hopper;
+  few.sms = 16;
+  CHECK(gpu::plan_attention(decode.variant(), decode.args, std::nullopt, few).split.splits ==
+        gpu::attention_decode_split(decode.args, small.spec.tile, 16).splits);
+
+  // A long causal call: a block per (sequence, head, row block), the row blocks of the tile's block_m.
+  Call causal(2, 1000, 16, 128);
+  {
+    const test::ScopedEnv persistent("LADLE_ATTENTION_PERSISTENT", nullptr);
+    const gpu::AttentionPlan plan = gpu::plan_attention(causal.variant(), causal.args, std::nullopt, hopper);
+    CHECK(plan.form == gpu::AttentionPlan::Form::tiles);
+    CHECK(plan.row_blocks == (1000 + plan.spec.tile.block_m - 1) / plan.spec.tile.block_m);
+    REQUIRE(plan.launches.size() == 1);
+    CHECK((plan.launches[0].kernel == Launch::Kernel::main && plan.launches[0].over == Launch::Over::row_blocks));
+    // The tile named is the tile planned; one that does not fit is refused, naming it.
+    const cuda::AttentionTile named{64, 32, 4, 1};
+    CHECK(gpu::plan_attention(causal.variant(), causal.args, named, hopper).spec.tile == named);
+    CHECK(gpu::plan_attention(causal.variant(), causal.args, named, hopper).row_blocks == 16);
+    CHECK_THROWS_WITH(gpu::plan_attention(causal.variant(), causal.args, cuda::AttentionTile{128, 64, 4, 2}, hopper),
+                      Catch::Contains("tile (block_m=128 block_n=64 warps=4"));
+  }
+  {
+    // The persistent form only where asked, and only for a ws tile.
+    const test::ScopedEnv persistent("LADLE_ATTENTION_PERSISTENT", "1");
+    cuda::AttentionTile ws{128, 128, 8, 2, cuda::AttentionMma::ws};
+    const gpu::AttentionPlan plan = gpu::plan_attention(causal.variant(), causal.args, ws, hopper);
+    CHECK(plan.form == gpu::AttentionPlan::Form::persistent);
+    REQUIRE(plan.launches.size() == 1);
+    CHECK(plan.launches[0].over == Launch::Over::work_items);
+    CHECK(gpu::plan_attention(causal.variant(), causal.args, cuda::AttentionTile{64, 32, 4, 1}, hopper).form ==
+          gpu::AttentionPlan::Form::tiles);
+  }
+}
+
+TEST_CASE("the attention backward's plan: prep then main, the ws tile given or the heuristic's, the sync form for f32") {
+  using Launch = gpu::AttentionLaunch;
+  Call call(8, 4096, 16, 128);
+  const cpu::AttentionGrads grads = grads_of(call);
+  const gpu::AttentionBackwardPlan plan = gpu::plan_attention_backward(call.variant(), call.args, grads, std::nullopt, "sm_90a");
+  CHECK(plan.spec.form == cuda::AttentionBackwardForm::ws);
+  const cuda::AttentionBackwardTile heuristic = gpu::heuristic_attention_backward_tile(plan.spec);
+  CHECK((plan.tile.stages == heuristic.stages && plan.tile.dq_tma == heuristic.dq_tma));
+  CHECK(plan.spec.stages == plan.tile.stages);
+  REQUIRE(plan.launches.size() == 2);
+  CHECK((plan.launches[0].kernel == Launch::Kernel::prep && plan.launches[0].over == Launch::Over::query_rows));
+  CHECK((plan.launches[1].kernel == Launch::Kernel::main && plan.launches[1].over == Launch::Over::key_blocks));
+  CHECK(gpu::to_string(plan) == "form ws, " + cuda::to_string(plan.tile));  // D = 128: dQ's TMA stage fits, as given
+  const gpu::AttentionBackwardPlan three =
+      gpu::plan_attention_backward(call.variant(), call.args, grads, cuda::AttentionBackwardTile{3, false}, "sm_90a");
+  CHECK((three.spec.stages == 3 && !three.spec.dq_tma));
+  // D = 256: with_tile takes dQ's TMA stage off (no room); the plan says what runs, not what was asked.
+  Call wide(2, 1024, 4, 256);
+  const cpu::AttentionGrads wide_grads = grads_of(wide);
+  const gpu::AttentionBackwardPlan red = gpu::plan_attention_backward(wide.variant(), wide.args, wide_grads, std::nullopt, "sm_90a");
+  CHECK(red.tile.dq_tma);
+  CHECK_FALSE(red.spec.dq_tma);
+  CHECK(gpu::to_string(red) == "form ws, stages=2 dq=red");
+  CHECK_THROWS_WITH(gpu::plan_attention_backward(call.variant(), call.args, grads, cuda::AttentionBackwardTile{5, false}, "sm_90a"),
+                    Catch::Contains("backward tile stages=5") && Catch::Contains("expected 2 to 4"));
+  // f32 inputs, or a target without wgmma: the sync form, whatever tile is given.
+  Call f32(2, 512, 4, 64, Call::causal(), DType::f32);
+  const cpu::AttentionGrads f32_grads = grads_of(f32);
+  const gpu::AttentionBackwardPlan sync = gpu::plan_attention_backward(f32.variant(), f32.args, f32_grads, std::nullopt, "sm_90a");
+  CHECK(sync.spec.form == cuda::AttentionBackwardForm::sync);
+  CHECK_THAT(gpu::to_string(sync), Catch::StartsWith("form sync, "));
+  CHECK(gpu::plan_attention_backward(call.variant(), call.args, grads, std::nullopt, "sm_80").spec.form == cuda::AttentionBackwardForm::sync);
 }

@@ -269,28 +269,15 @@ int main(int argc, char** argv) {
       const int dv = value_head_dim > 0 ? value_head_dim : head_dim;
       const std::string list = masks + (!masks.empty() && !mods.empty() ? "," : "") + mods;
       const ladle::ir::AttentionVariant& variant = ladle::attention_variant(ladle::parse_attention_features(list));
-      const auto type = dtype_of(dtype);
-      if (backward) {  // the backward's two kernels (prep, main), every gradient wanted, d_output of q's type
-        ladle::cuda::AttentionBackwardSpec bspec;
-        for (const auto& input : variant.inputs)
-          bspec.input_types.push_back(input.role != ladle::ir::Role::other ? type
-                                      : input.name == "attention_mask"     ? ladle::DType::u8
-                                                                           : ladle::DType::f32);
-        bspec.D = head_dim, bspec.Dv = dv, bspec.varlen = varlen;
-        bspec.output_type = bspec.d_output_type = type;
-        bspec.sinks_gradient = variant.sinks;
-        for (std::size_t k = 0; k < variant.inputs.size(); ++k)
-          bspec.input_gradients.push_back(bspec.input_types[k] == ladle::DType::f32 && variant.inputs[k].kind != ladle::ir::InputKind::scalar);
-        bspec.arch = arch.empty() ? "sm_90a" : arch;
-        // The launcher's form for these types, head dims and target: ws (dQ by TMA reductions for an aligned dq, by
-        // red.global past D = 128), or the mma.sync form (f32 or mixed inputs, targets without wgmma).
-        bspec.form = ladle::cuda::attention_backward_form(bspec.input_types, bspec.D, bspec.Dv, bspec.arch);
-        if (bspec.form == ladle::cuda::AttentionBackwardForm::sync) bspec = ladle::cuda::with_sync_tile(bspec);
-        else bspec.dq_tma = true, bspec = ladle::cuda::with_tile(bspec, {2, true});
-        const auto compiled = ladle::gpu::compile_attention_backward(variant, bspec, bspec.arch);
-        programs.push_back({compiled.program, compiled.kernel.shared_bytes});  // main's; prep launches with none
-        std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}, form {}\n", ladle::ir::hash_hex(variant), head_dim,
-                                 dv, dtype, bspec.arch, ladle::cuda::to_string(bspec.form));
+      if (backward) {
+        // The launcher's plan (gpu::plan_attention_backward): a call that trains, every gradient wanted, d_output of q's
+        // type; the ws form (dQ by TMA reductions for an aligned dq, by red.global past D = 128) or the mma.sync form (f32
+        // or mixed inputs, targets without wgmma). Its program holds the prep and main kernels.
+        shape.key_dim = head_dim, shape.value_dim = dv, shape.key_tokens = key_tokens, shape.kv_heads = kv_heads;
+        const auto kernels = planned([&] { return ladle::generated_backward_kernels(variant, shape, {}, target); });
+        std::cout << fmt::format("op attention backward (variant {}), D={} Dv={} {}, {}, {}\n", ladle::ir::hash_hex(variant), head_dim, dv,
+                                 dtype, target.empty() ? ladle::Device::get().properties().arch() : target, kernels.front().tile);
+        show(kernels);
       } else {
         shape.key_dim = head_dim, shape.value_dim = dv, shape.key_tokens = key_tokens, shape.kv_heads = kv_heads;
         ladle::AttentionRunOptions options;
