@@ -2,7 +2,7 @@
 # a cache prebuilt on a machine without a GPU loaded read only (zero compiles?), and the cold first
 # call and tuning times per op. Needs .deps and .prebuilt carried (.prebuilt: `ladle-cache prebuild`
 # run here, see bench/RESULTS.md). Writes $OUT/ctest.log, $OUT/first-calls.txt.
-#   bash bench/start-fast.sh [tests] [first]
+#   bash bench/start-fast.sh [tests] [first] [prebuilt]
 # LADLE_TARGETS (default all) names what to build, LADLE_TESTS a ctest -R regex (default every test).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -48,5 +48,16 @@ if [[ $what == *first* ]]; then
       LADLE_CACHE_DIR=$tuned/$run "$build/tools/ladle-cache/ladle-cache" tuned
     done
   } | tee "$out/first-calls.txt"
+fi
+if [[ $what == *prebuilt* ]]; then
+  # Only the prebuilt cache's rows (made here without a GPU: the forward for both shapes and GLA's
+  # backward, `ladle-cache prebuild --backward`): zero compiles of the op's kernels expected.
+  bench=$build/tools/ladle-bench/ladle-bench-recurrent
+  shape="-B 8 -T 4096 -H 16 -K 128 -V 128"
+  for args in "--op gla --algo chunked $shape --reps 5" "--op gla --algo chunked -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 5" \
+              "--op gla --algo chunked $shape --reps 5 --backward"; do
+    line=$(LADLE_AUTOTUNE=heuristic LADLE_CACHE_DIR=$PWD/.prebuilt LADLE_CACHE_READONLY=1 LADLE_LOG=debug $bench $args 2> "$out/stderr.txt" | tail -1)
+    echo "prebuilt read-only: $args | $(echo "$line" | grep -oE '"first_call_ms":[0-9.]+') | compiled: $(grep -oE "compiled [a-z_]+[0-9a-f_]*" "$out/stderr.txt" | tr '\n' ' ')"
+  done | tee "$out/prebuilt.txt"
 fi
 echo "all done: $SECONDS s"
