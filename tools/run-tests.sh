@@ -6,8 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
 build=${LADLE_BUILD_DIR:-build}
-# The same flags as tools/run-main.sh (whose build this reuses), with the tests turned back on.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLADLE_WERROR=ON -DLADLE_BUILD_TESTS=ON
+# The same flags as tools/run-main.sh (whose build this reuses), with the tests turned back on; the
+# options named, since `pip install .` below configures this directory with its own (pyproject.toml).
+configure() {
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLADLE_WERROR=ON -DLADLE_BUILD_TESTS=ON \
+    -DLADLE_BUILD_TOOLS=ON -DLADLE_BUILD_EXAMPLES=ON -DLADLE_BUILD_PYTHON=OFF "$@"
+}
+configure
 cmake --build "$build" -j"$(nproc)"
 export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-$PWD/$build/test-cache}
 # The default set; the full emulation sweep (label `full`) runs with `ctest --test-dir build -L full`.
@@ -34,8 +39,12 @@ if [ "${LADLE_TEST_TORCH:-1}" = 1 ] && [ "$free_kb" -gt 12000000 ]; then
 else
   echo "torch not installed (LADLE_TEST_TORCH=${LADLE_TEST_TORCH:-1}, $((free_kb / 1000000)) GB free): the torch tests are reported as skipped below"
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation -C build-dir="$PWD/$build/python-wheel" \
+# Built in this build directory: the library's objects compile with the same lines in both
+# configurations (CMakeLists.txt), so only the extension compiles here (a separate build directory
+# compiled the library again: about 5 minutes on 2 cores).
+"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation -C build-dir="$(cd "$build" && pwd)" \
   -C cmake.define.LADLE_WERROR=ON .
+configure > /dev/null  # back to this command's configuration (pip's has no tests, tools or examples)
 (cd "$build" && "$venv/bin/python" -m pytest -q -rs "$OLDPWD/python/tests")
 
 echo "== install, then build an application against the installed package"
