@@ -138,9 +138,10 @@ void tune_attention(const std::string& masks, const std::string& mods, const Att
     }
   if (features.sinks) grads.d_softmax_aux = view(ladle::DType::f32, {s.H, 4});
   device.synchronize();
-  const ladle::cuda::AttentionBackwardSpec spec = ladle::gpu::attention_backward_spec(variant, args, grads, device.properties().arch());
-  measure_and_store(ladle::gpu::attention_backward_tune_job(variant, args, grads, ladle::gpu::heuristic_attention_backward_tile(spec)),
-                    budget_s);
+  // The launcher's plan for this call: its heuristic tile is where the tuning starts.
+  const ladle::gpu::AttentionBackwardPlan plan =
+      ladle::gpu::plan_attention_backward(variant, args, grads, std::nullopt, device.properties().arch());
+  measure_and_store(ladle::gpu::attention_backward_tune_job(variant, args, grads, plan.tile), budget_s);
 }
 
 }  // namespace
