@@ -274,7 +274,7 @@ TEST_CASE("chunked: the warp-specialised form (sm_90a: TMA producer, wgmma consu
 // 64-token chunk in the recurrence's direction, fp32): forward and reverse, packed with an empty
 // sequence, h0, GQA, key gates and head decays; o and the final state as without the flag.
 TEST_CASE("chunked: the ws serial kernel's chunk entry states (chunk_states_out), on the host emulation, equal the CPU "
-          "path's state before each chunk", "[codegen][chunked][emulation][ws]") {
+          "path's state before each chunk", "[codegen][chunked][emulation][ws][ws-states]") {
   const auto cases = chunked_cases::ws_chunk_states();
   REQUIRE(std::size(emulated_ws_chunk_states_kernels) == cases.size());
   REQUIRE(cases.size() >= 6);
@@ -456,7 +456,7 @@ TEST_CASE("chunked: the ws form's source, tile rules and the variants it refuses
 }
 
 TEST_CASE("chunked: the segmented form with a ws serial kernel computes what the CPU path computes",
-          "[codegen][chunked][emulation][ws]") {
+          "[codegen][chunked][emulation][ws][ws-segmented]") {
   const auto cases = chunked_cases::ws_segmented();
   REQUIRE(std::size(emulated_ws_segmented_kernels) == cases.size());
   REQUIRE(!cases.empty());

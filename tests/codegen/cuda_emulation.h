@@ -90,12 +90,14 @@ struct Fiber {
 // ladle_emulation_switch(&from->sp, to->sp): saves the callee-saved registers, the SSE and x87
 // control words on the current stack, stores its pointer, and resumes the other stack the same
 // way. A new fiber's stack is laid out as if it had switched away at the top of
-// ladle_emulation_start, which calls fiber_main(r12 = the fiber).
+// ladle_emulation_start, which calls fiber_main(r12 = the fiber). Both are weak symbols: every
+// translation unit that includes this header defines them (a test's kernels may be compiled in
+// several), and the linker keeps one.
 extern "C" void ladle_emulation_switch(void** save, void* load);
 extern "C" void ladle_emulation_start();
 asm(R"(
   .text
-  .globl ladle_emulation_switch
+  .weak ladle_emulation_switch
   .type ladle_emulation_switch, @function
 ladle_emulation_switch:
   pushq %rbp
@@ -120,7 +122,7 @@ ladle_emulation_switch:
   popq %rbp
   ret
   .size ladle_emulation_switch, .-ladle_emulation_switch
-  .globl ladle_emulation_start
+  .weak ladle_emulation_start
   .type ladle_emulation_start, @function
 ladle_emulation_start:
   movq %r12, %rdi
