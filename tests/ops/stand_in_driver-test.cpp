@@ -172,6 +172,13 @@ TEST_CASE("the GPU path's host side runs through a stand-in driver", "[stand-in]
     ladle::AttentionOptions options;
     options.causal = true;
     CHECK_NOTHROW(ladle::attention_into(q.view(), k.view(), v.view(), options, {o.view(), std::nullopt}));
+    // Decode-shaped (2 query tokens against 1024 keys, GQA 4:1): the plan's split kernel and its merge,
+    // each launched once (the stand-in counts launches).
+    const Tensor few = device(DType::bf16, {1, 2, 8, 64}), keys = device(DType::bf16, {1, 1024, 2, 64});
+    const Tensor values = device(DType::bf16, {1, 1024, 2, 64}), out = device(DType::bf16, {1, 2, 8, 64});
+    const unsigned long launches = driver_calls("cuLaunchKernel");
+    CHECK_NOTHROW(ladle::attention_into(few.view(), keys.view(), values.view(), {}, {out.view(), std::nullopt}));
+    CHECK(driver_calls("cuLaunchKernel") - launches == 2);
   }
 
   SECTION("run_variant_backward_into runs the GPU backward's launches into caller-owned gradients") {

