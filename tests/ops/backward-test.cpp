@@ -899,7 +899,8 @@ TEST_CASE("run_variant_backward_into takes the forward's arguments and writes th
   no_state.initial_state.reset();
   CHECK_THROWS_WITH(ladle::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, no_state, d_o.view(), std::nullopt, grads),
                     Catch::Contains("d_initial_state is given but options.initial_state is not"));
-  // The update forms' GPU backward is not built: refused by name when the call would run on the GPU.
+  // Another variant's inputs on the GPU: the gated delta rule reads g and beta, which this call
+  // does not give. Without a driver the GPU call is refused first (naming the missing driver).
   const ir::Variant& gdn = ladle::delta_rule_variant(true, false);
   ladle::RunOptions gpu = options;
   gpu.backend = ladle::Backend::gpu;
@@ -908,7 +909,7 @@ TEST_CASE("run_variant_backward_into takes the forward's arguments and writes th
                     ladle::Error);
   else
     CHECK_THROWS_WITH(ladle::run_variant_backward_into(gdn, q.view(), k.view(), v.view(), inputs, gpu, d_o.view(), std::nullopt, grads),
-                      Catch::Contains("GPU backward of the gated delta rule is not built yet"));
+                      Catch::Contains("gated_delta_rule backward: the variant reads g [B,T,H], which was not given"));
 }
 
 TEST_CASE("the recurrent backward refuses bad input by name", "[backward][recurrent]") {

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/scoped_env.h"
@@ -237,8 +238,12 @@ TEST_CASE("ladle-dump --op attention --backward shows the launcher's form and it
     const std::string output = run_tool(row.arguments);
     INFO(row.arguments << "\n" << output);
     CHECK(output.find(row.form) != std::string::npos);
-    const std::vector<std::string> kernels = shown_kernels(output);
+    std::vector<std::string> kernels = shown_kernels(output);
     REQUIRE(kernels.size() == 2);
+    // The table lists a program's kernels in the order the compiled module gives them, which differs
+    // between a machine with a driver and one without: main first, prep second, by name.
+    if (kernels[0].rfind("ladle_attention_bwd_prep_", 0) == 0) std::swap(kernels[0], kernels[1]);
+    REQUIRE(kernels[1].rfind("ladle_attention_bwd_prep_", 0) == 0);
     const std::regex main_row("\n" + kernels[0] + R"( +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +([0-9]+) )");
     std::smatch m;
     REQUIRE(std::regex_search(output, m, main_row));
