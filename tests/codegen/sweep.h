@@ -15,13 +15,11 @@
 #include <vector>
 
 #include "cuda_cases.h"
+#include "support/full_sweep.h"
 
 namespace sweep {
 
-inline bool full() {
-  const char* value = std::getenv("LADLE_TEST_SWEEP");
-  return value && std::string_view(value) == "full";
-}
+inline bool full() { return test::full_sweep(); }
 
 // The runs of `c` (a case whose recurrence case is `inner(c)`): {c, seed} alone, and under the full
 // sweep also c at the lengths above, each with its own seed.

@@ -14,6 +14,7 @@
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 
+#include "support/full_sweep.h"
 #include "support/tensors.h"
 
 using ladle::DType;
@@ -44,12 +45,17 @@ ladle::cuda::RecurrentKernelSpec spec_for(const ladle::ir::Variant& variant, DTy
 
 }  // namespace
 
+// By default each gate combination once, its dtype and mode turning with it (16 = 3 x 4 + 4: every
+// dtype with every mode); the whole product under the full sweep.
 TEST_CASE("NVRTC compiles the fused-recurrent kernel of every gate combination, dtype and mode", "[gpu][nvrtc]") {
   int compiled = 0;
-  for (DType type : {DType::f32, DType::f16, DType::bf16}) {
+  const DType types[] = {DType::f32, DType::f16, DType::bf16};
+  for (int t = 0; t < 3; ++t) {
+    const DType type = types[t];
     for (unsigned gates = 0; gates < 16; ++gates) {
       const auto& variant = ladle::recurrent_variant(gates & 1, gates & 2, gates & 4, gates & 8);
       for (int mode = 0; mode < 4; ++mode) {
+        if (!test::full_sweep() && (t != static_cast<int>(gates % 3) || mode != static_cast<int>(gates % 4))) continue;
         auto spec = spec_for(variant, type, 64, 48);
         spec.reverse = mode & 1;
         spec.varlen = spec.initial_state = mode & 2;
@@ -61,7 +67,7 @@ TEST_CASE("NVRTC compiles the fused-recurrent kernel of every gate combination, 
       }
     }
   }
-  CHECK(compiled == 3 * 16 * 4);
+  CHECK(compiled == (test::full_sweep() ? 3 * 16 * 4 : 16));
 }
 
 TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combination, user gates and modes",
@@ -75,10 +81,13 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
                                 "user_gate"));
   variants.push_back(dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::token_key("g")), dsl::q, dsl::scalar("scale")).normalized(),
                                 "normalized"));
+  // By default each variant in one mode (turning with it: every mode four or five times), every phase.
   int compiled = 0;
-  for (const auto& variant : variants)
+  for (std::size_t i = 0; i < variants.size(); ++i)
     for (int mode = 0; mode < 4; ++mode)
       for (auto phase : {ladle::cuda::BackwardPhase::slots, ladle::cuda::BackwardPhase::totals, ladle::cuda::BackwardPhase::chain}) {
+        if (!test::full_sweep() && mode != static_cast<int>(i % 4)) continue;
+        const ladle::ir::Variant& variant = variants[i];
         ladle::cuda::BackwardKernelSpec spec;
         const DType type = mode & 1 ? DType::bf16 : DType::f32;
         for (const auto& input : variant.inputs) spec.input_types.push_back(input.kind == ladle::ir::InputKind::scalar ? DType::f32 : type);
@@ -99,7 +108,7 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
         REQUIRE(result.program.ptx.find(".entry " + result.kernel.name) != std::string::npos);
         ++compiled;
       }
-  CHECK(compiled == 19 * 4 * 3);
+  CHECK(compiled == (test::full_sweep() ? 19 * 4 * 3 : 19 * 3));
   // The helpers (the state conversion once per dtype).
   ladle::CompileOptions options;
   options.arch = "compute_80";
@@ -237,11 +246,13 @@ TEST_CASE("at K = V = 128 the shape-chosen GPU tile agrees with the CPU path", "
 }
 
 TEST_CASE("NVRTC compiles the chunked kernel of every gate combination, 16-bit dtype and mode", "[gpu][nvrtc][chunked]") {
-  int compiled = 0;
+  int compiled = 0;  // by default each gate combination once, dtype and mode turning with it
   for (DType type : {DType::f16, DType::bf16})
     for (unsigned gates = 0; gates < 16; ++gates) {
       const auto& variant = ladle::recurrent_variant(gates & 1, gates & 2, gates & 4, gates & 8);
       for (int mode = 0; mode < 2; ++mode) {
+        if (!test::full_sweep() && ((type == DType::bf16) != static_cast<bool>(gates & 1) || mode != static_cast<int>((gates >> 1) & 1)))
+          continue;
         auto spec = chunked_spec_for(variant, type, 64, 64);
         spec.reverse = spec.varlen = spec.initial_state = spec.final_state = mode == 1;
         INFO(ladle::ir::to_string(variant) << " " << ladle::dtype_name(type) << " mode " << mode);
@@ -251,7 +262,7 @@ TEST_CASE("NVRTC compiles the chunked kernel of every gate combination, 16-bit d
         ++compiled;
       }
     }
-  CHECK(compiled == 2 * 16 * 2);
+  CHECK(compiled == (test::full_sweep() ? 2 * 16 * 2 : 16));
 }
 
 // A user's key-side and value-side gates written in the DSL, for the chunked family's NVRTC sweeps.
@@ -274,9 +285,15 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
     int D;
     ladle::cuda::ChunkedTile tile;
   };
+  // By default each head dim with one variant (each variant with one head dim), the tile sweep's
+  // fields each value at least once; the products under the full sweep.
+  const bool full = test::full_sweep();
   std::vector<Item> items;
-  for (int D : {64, 128, 256})
-    for (const ladle::ir::Variant* v : {&gla, &simple, &user}) items.push_back({v, D, ladle::cuda::default_chunked_tile(D, D)});
+  const ladle::ir::Variant* const variants[] = {&gla, &simple, &user};
+  const int dims[] = {64, 128, 256};
+  for (int d = 0; d < 3; ++d)
+    for (int i = 0; i < 3; ++i)
+      if (full || d == i) items.push_back({variants[i], dims[d], ladle::cuda::default_chunked_tile(dims[d], dims[d])});
   // The heuristic's tile where the (sequence, head) pairs fill the GPU (B8 T4096 H16 K=V=128).
   for (const ladle::ir::Variant* v : {&gla, &simple, &user}) items.push_back({v, 128, ladle::cuda::ChunkedTile{128, 32, 128, 8}});
   // A per-head decay takes 64-token chunks on sm_90a (its wgmma twin below).
@@ -284,17 +301,20 @@ TEST_CASE("the chunked family's sm_90a cubins over a sweep of tiles, and K = V =
   for (int chunk : {32, 64})
     for (int block_v : {32, 64, 128})
       for (int warps : {4, 8}) {
+        if (!full && block_v != (32 << ((chunk / 64 * 2 + warps / 8) % 3))) continue;
         const ladle::cuda::ChunkedTile tile{128, chunk, block_v, warps};
         if (ladle::cuda::validate_chunked_tile(tile, gla, 128, 128, 227 * 1024).empty()) items.push_back({&gla, 128, tile});
       }
-  CHECK(items.size() >= 15);
+  WARN(items.size() << " tiles before the wgmma twins");
+  CHECK(items.size() >= (full ? 15u : 8u));
   // Each tile again with its state update on wgmma, where its warps allow (sm_90a).
   for (std::size_t i = 0, n = items.size(); i < n; ++i) {
     Item twin = items[i];
     twin.tile.wgmma = true;
     if (ladle::cuda::validate_chunked_tile(twin.tile, *twin.variant, twin.D, twin.D, 227 * 1024, "sm_90a").empty()) items.push_back(twin);
   }
-  CHECK(std::count_if(items.begin(), items.end(), [](const Item& i) { return i.tile.wgmma; }) >= 10);
+  WARN(std::count_if(items.begin(), items.end(), [](const Item& i) { return i.tile.wgmma; }) << " wgmma twins");
+  CHECK(std::count_if(items.begin(), items.end(), [](const Item& i) { return i.tile.wgmma; }) >= (full ? 10 : 4));
   for (const Item& item : items) {
     auto spec = chunked_spec_for(*item.variant, DType::bf16, item.D, item.D);
     spec.tile = item.tile;
@@ -315,9 +335,13 @@ TEST_CASE("the chunked family's split and segmented forms and its sm_80 tile com
   const auto& gla = ladle::gla_variant(false);
   const auto& simple = ladle::recurrent_variant(false, false, false, true);
   const ladle::ir::Variant& user = user_gk_gv();
-  // The split form: both kernels (state pass, output pass) of every variant and head dim.
+  // The split form: both kernels (state pass, output pass) of every variant and head dim (by
+  // default each variant at one head dim, each head dim with one variant).
+  const bool full = test::full_sweep();
+  const ladle::ir::Variant* const variants[] = {&gla, &simple, &user};
   for (int D : {64, 128, 256})
-    for (const ladle::ir::Variant* v : {&gla, &simple, &user}) {
+    for (const ladle::ir::Variant* v : variants) {
+      if (!full && v != variants[D / 64 - (D == 256 ? 2 : 1)]) continue;
       auto spec = chunked_spec_for(*v, DType::bf16, D, D);
       spec.tile = ladle::gpu::split_chunked_tile(ladle::cuda::default_chunked_tile(D, D), D);
       spec.initial_state = spec.final_state = true;
@@ -334,8 +358,9 @@ TEST_CASE("the chunked family's split and segmented forms and its sm_80 tile com
     }
   // The segmented form's two kernels with h0 and the final state (the fold of the earlier segments
   // at the serial kernel's start), at the heuristic's tile for B8 T4096 H16 and its wgmma twin.
-  for (const ladle::ir::Variant* v : {&gla, &simple, &user})
+  for (const ladle::ir::Variant* v : variants)
     for (const bool wgmma : {false, true}) {
+      if (!full && wgmma != (v == &simple)) continue;  // by default: mma.sync for GLA and the user's, wgmma for simple GLA
       auto spec = chunked_spec_for(*v, DType::bf16, 128, 128);
       spec.tile = ladle::cuda::ChunkedTile{128, 32, 128, 8};
       spec.tile.wgmma = wgmma;
@@ -358,6 +383,9 @@ TEST_CASE("the chunked family's split and segmented forms and its sm_80 tile com
   CHECK(result.program.resources(result.kernel.name)->spill_store_bytes == 0);
 }
 
+// How many kernels check_ws_serial_modes compiles: 2 head dims x 3 modes, or each mode once.
+static int ws_modes() { return test::full_sweep() ? 6 : 3; }
+
 // The ws serial kernel of a variant (a gate reading per-token inputs of `gate_kind`: those copied by
 // TMA in bf16), at D = 64 and 128 in every mode (plain; h0, final state, reverse and varlen;
 // segmented, then `segmented` is called with its spec): compiled for sm_90a without spills, in 227
@@ -367,6 +395,9 @@ static int check_ws_serial_modes(const ladle::ir::Variant& v, std::optional<ladl
   int compiled = 0;
   for (int D : {64, 128})
     for (int mode = 0; mode < 3; ++mode) {
+      // By default each mode at one head dim (D = 64 plain, 128 with h0 and reversed, the segmented
+      // one at the dim that turns with the variant's name), both dims in the full sweep.
+      if (!test::full_sweep() && D != (mode == 0 ? 64 : mode == 1 ? 128 : (v.name.size() % 2 ? 64 : 128))) continue;
       auto serial = chunked_spec_for(v, DType::bf16, D, D);
       for (std::size_t k = 0; k < v.inputs.size(); ++k)
         if (gate_kind && v.inputs[k].kind == *gate_kind) serial.input_types[k] = DType::bf16;
@@ -410,7 +441,7 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
             CHECK(f->spill_store_bytes == 0);
             CHECK(f->registers <= 128);
             CHECK(2 * first.kernel.shared_bytes <= 227 * 1024);
-          }) == 6);
+          }) == ws_modes());
   // A key-side gate alone (GLA, a user's logsigmoid(x) / tau) with 16-bit gate inputs: the segmented
   // form's state pass in the ws form (LADLE_WS_KEY_STATES=1; the library keeps the suffix pass).
   const auto user_gk = dsl::lower(dsl::read(dsl::scan(dsl::k, dsl::v).decay_k(dsl::logsigmoid(dsl::token_key("x")) / dsl::head_param("tau")),
@@ -446,7 +477,7 @@ TEST_CASE("the chunked ws form's sm_90a cubins (TMA, wgmma) fit without spills i
         f32_gates.input_types[k] = DType::f32;
     CHECK_THAT(ladle::cuda::chunked_ws_unsupported(*v, f32_gates), Catch::Contains("16 bits"));
     // The serial kernel in the ws form (q~ and k~ against a reference per key feature) in every mode.
-    CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_key) == 6);
+    CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_key) == ws_modes());
   }
 }
 
@@ -456,7 +487,7 @@ TEST_CASE("the chunked ws form of a value-side gate: sm_90a cubins fit without s
                                             dsl::q, dsl::scalar("scale")),
                                   "user_gv");
   for (const ladle::ir::Variant* v : {&ladle::recurrent_variant(false, false, true, false), &user_gv}) {
-    CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_value) == 6);
+    CHECK(check_ws_serial_modes(*v, ladle::ir::InputKind::token_value) == ws_modes());
     // Segmented, the state pass is not the ws form's (it takes no value-side gate).
     auto spec = chunked_spec_for(*v, DType::bf16, 128, 128);
     spec.tile = ladle::cuda::ChunkedTile{128, 64, 128, 12};
