@@ -61,10 +61,15 @@ struct TensorReduction {  // a TMA add reduction a thread has issued and not yet
 struct WarpExchange;
 struct WarpgroupExchange;
 
-inline thread_local Index thread_index, block_index, grid_dim, block_dim;
-inline thread_local WarpExchange* warp_exchange = nullptr;
-inline thread_local WarpgroupExchange* warpgroup_exchange = nullptr;
-inline thread_local std::vector<TensorReduction> pending_reductions;
+struct Fiber;
+// The per-thread state every emulated instruction reads, constinit so that reading it is a plain TLS
+// access (a thread_local with a dynamic initialiser is read through its init check on every access:
+// 9 % of an emulation test's time went there).
+inline constinit thread_local Index thread_index, block_index, grid_dim, block_dim;
+inline constinit thread_local WarpExchange* warp_exchange = nullptr;
+inline constinit thread_local WarpgroupExchange* warpgroup_exchange = nullptr;
+inline constinit thread_local Fiber* current_fiber = nullptr;  // the CUDA thread running, null outside a kernel
+inline constinit thread_local void* scheduler_sp = nullptr;     // x86-64: the scheduler's saved stack while a fiber runs
 
 [[noreturn]] inline void scheduler_fault(const char* what) {
   std::fprintf(stderr, "emulated CUDA threads: %s\n", what);
@@ -80,16 +85,18 @@ struct Fiber {
   Index thread;
   WarpExchange* warp = nullptr;
   WarpgroupExchange* group = nullptr;
-  std::vector<TensorReduction> reductions;
+  std::vector<TensorReduction> reductions;  // its TMA add reductions not yet waited for
   const std::function<void()>* kernel = nullptr;
   bool done = false, stalled = false;
   std::exception_ptr error;
 };
 
 #if defined(__x86_64__)
-// ladle_emulation_switch(&from->sp, to->sp): saves the callee-saved registers, the SSE and x87
-// control words on the current stack, stores its pointer, and resumes the other stack the same
-// way. A new fiber's stack is laid out as if it had switched away at the top of
+// ladle_emulation_switch(&from->sp, to->sp): saves the callee-saved registers on the current stack
+// (and an 8-byte pad that keeps the frame 16-byte aligned), stores its pointer, and resumes the
+// other stack the same way. The SSE and x87 control words are not switched: every fiber runs with
+// the launching thread's (no emulated kernel changes a rounding mode), and their loads serialise
+// the core (the switch was a third of an emulation test's time with them). A new fiber's stack is laid out as if it had switched away at the top of
 // ladle_emulation_start, which calls fiber_main(r12 = the fiber). Both are weak symbols: every
 // translation unit that includes this header defines them (a test's kernels may be compiled in
 // several), and the linker keeps one.
@@ -107,12 +114,8 @@ ladle_emulation_switch:
   pushq %r14
   pushq %r15
   subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
   addq $8, %rsp
   popq %r15
   popq %r14
@@ -137,8 +140,6 @@ ladle_emulation_start:
 struct Scheduler {
   static constexpr std::size_t stack_bytes = 512 * 1024, guard_bytes = 4096;
   std::vector<std::unique_ptr<Fiber>> fibers;  // grown as blocks need, stacks kept
-  Fiber* current = nullptr;
-  void* main_sp = nullptr;
 #if !defined(__x86_64__)
   ucontext_t main_context;
 #endif
@@ -159,12 +160,11 @@ struct Scheduler {
     f.error = nullptr;
     f.reductions.clear();
 #if defined(__x86_64__)
-    // The frame ladle_emulation_switch pops: control words, r15, r14, r13 (the entry), r12 (the
-    // fiber), rbx, rbp, and the return address; 16-byte aligned once it has returned.
+    // The frame ladle_emulation_switch pops: the pad, r15, r14, r13 (the entry), r12 (the fiber),
+    // rbx, rbp, and the return address; 16-byte aligned once it has returned.
     auto* top = reinterpret_cast<std::uint64_t*>(f.stack + stack_bytes);
     std::uint64_t* sp = top - 8;
-    const std::uint32_t words[2] = {0x1F80u, 0x037Fu};  // the default MXCSR and x87 control word
-    std::memcpy(&sp[0], words, 8);
+    sp[0] = 0;                                                         // the pad
     sp[1] = 0, sp[2] = 0;                                              // r15, r14
     sp[3] = reinterpret_cast<std::uint64_t>(&Scheduler::fiber_main);  // r13
     sp[4] = reinterpret_cast<std::uint64_t>(&f);                      // r12
@@ -183,24 +183,22 @@ struct Scheduler {
   static void context_entry();
 #endif
   void resume(Fiber& f) {
-    current = &f;
+    current_fiber = &f;
     thread_index = f.thread;
     warp_exchange = f.warp;
     warpgroup_exchange = f.group;
-    std::swap(pending_reductions, f.reductions);
 #if defined(__x86_64__)
-    ladle_emulation_switch(&main_sp, f.sp);
+    ladle_emulation_switch(&scheduler_sp, f.sp);
 #else
     swapcontext(&main_context, &f.context);
 #endif
-    std::swap(pending_reductions, f.reductions);
-    current = nullptr;
+    current_fiber = nullptr;
   }
   // Back to the scheduler from the running fiber.
   void suspend() {
-    Fiber& f = *current;
+    Fiber& f = *current_fiber;
 #if defined(__x86_64__)
-    ladle_emulation_switch(&f.sp, main_sp);
+    ladle_emulation_switch(&f.sp, scheduler_sp);
 #else
     swapcontext(&f.context, &main_context);
 #endif
@@ -230,6 +228,15 @@ struct Scheduler {
   }
 };
 inline thread_local Scheduler scheduler;
+// Back to the scheduler from the running fiber, without reaching `scheduler` (a dynamic thread_local)
+// on x86-64.
+inline void suspend_fiber() {
+#if defined(__x86_64__)
+  ladle_emulation_switch(&current_fiber->sp, scheduler_sp);
+#else
+  scheduler.suspend();
+#endif
+}
 inline void Scheduler::fiber_main(Fiber* f) {
   try {
     (*f->kernel)();
@@ -237,29 +244,29 @@ inline void Scheduler::fiber_main(Fiber* f) {
     f->error = std::current_exception();
   }
   f->done = true;
-  scheduler.suspend();
+  suspend_fiber();
   scheduler_fault("a finished thread was resumed");
 }
 #if !defined(__x86_64__)
-inline void Scheduler::context_entry() { fiber_main(scheduler.current); }
+inline void Scheduler::context_entry() { fiber_main(current_fiber); }
 #endif
 
 // Gives the other threads a turn: where a thread waits, or dawdles.
 inline void yield() {
-  if (!scheduler.current) scheduler_fault("a wait outside an emulated kernel");
-  scheduler.current->stalled = false;
-  scheduler.suspend();
+  if (!current_fiber) scheduler_fault("a wait outside an emulated kernel");
+  current_fiber->stalled = false;
+  suspend_fiber();
 }
 // Returns once `ready()` holds, letting the other threads run meanwhile.
 template <class Ready>
 inline void wait_until(const Ready& ready) {
   if (ready()) return;
-  if (!scheduler.current) scheduler_fault("a wait outside an emulated kernel");
-  scheduler.current->stalled = false;  // it got here: progress
+  if (!current_fiber) scheduler_fault("a wait outside an emulated kernel");
+  current_fiber->stalled = false;  // it got here: progress
   for (;;) {
-    scheduler.suspend();
+    suspend_fiber();
     if (ready()) return;
-    scheduler.current->stalled = true;  // resumed and still waiting
+    current_fiber->stalled = true;  // resumed and still waiting
   }
 }
 
@@ -280,7 +287,7 @@ class Barrier {
   unsigned expected_, arrived_ = 0;
   unsigned long long generation_ = 0;
 };
-inline thread_local Barrier* barrier = nullptr;
+inline constinit thread_local Barrier* barrier = nullptr;
 
 // What the lanes of one warp post for a warp-wide operation.
 struct WarpExchange {
@@ -289,12 +296,16 @@ struct WarpExchange {
   unsigned a[32][4] = {};
   unsigned b[32][2] = {};
   float value[32] = {};
+  float fa[16][16] = {}, fb[8][16] = {};  // an mma's A [16][16] and B [8 columns][16], decoded once by lane 0
 };
 // What the threads of one warpgroup (4 warps) post for a wgmma.
 struct WarpgroupExchange {
   Barrier barrier{128};
   unsigned a[128][4] = {};
   unsigned long long a_desc[128] = {}, b_desc[128] = {};
+  // The wgmma's operands as floats, decoded once by the warpgroup's thread 0: A [64][16], B [N][16].
+  float fa[64][16] = {};
+  float fb[256][16] = {};
 };
 // The block's named barriers (bar.sync / bar.arrive id, count; 0 is __syncthreads'): barrier id
 // completes a generation once `count` threads have arrived, releasing those that sync on it.
@@ -302,7 +313,7 @@ struct NamedBarriers {
   unsigned arrived[16] = {}, count[16] = {};
   unsigned long long generation[16] = {};
 };
-inline thread_local NamedBarriers* named_barriers = nullptr;
+inline constinit thread_local NamedBarriers* named_barriers = nullptr;
 [[noreturn]] inline void named_barrier_fault(const char* what) {
   std::fprintf(stderr, "emulated named barrier: %s\n", what);
   std::abort();
@@ -322,13 +333,13 @@ inline void named_barrier(unsigned id, unsigned count, bool wait) {
   }
   if (wait) wait_until([&] { return b.generation[id] != mine; });
 }
-inline thread_local unsigned char* shared_buffer = nullptr;
+inline constinit thread_local unsigned char* shared_buffer = nullptr;
 inline constexpr std::size_t dynamic_shared_bytes = 256 * 1024;
 
 // Runs every block of a (grid_x, grid_y, grid_z) grid of `threads`-thread blocks, block by block,
 // each block's threads as fibers on the calling thread.
 inline void launch(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads, const std::function<void()>& kernel) {
-  if (scheduler.current) scheduler_fault("a launch from inside an emulated kernel");
+  if (current_fiber) scheduler_fault("a launch from inside an emulated kernel");
   for (unsigned bz = 0; bz < grid_z; ++bz)
   for (unsigned by = 0; by < grid_y; ++by)
     for (unsigned bx = 0; bx < grid_x; ++bx) {
@@ -450,17 +461,24 @@ inline void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
   for (int i = 0; i < 4; ++i) x.a[l][i] = a[i];
   x.b[l][0] = b0, x.b[l][1] = b1;
   x.barrier.arrive_and_wait();
+  // Every lane has posted: lane 0 decodes A and B once (each lane decoding what it reads took 128
+  // conversions a lane, ten times the operands). The next warp operation's posts come after the
+  // second barrier, and the next mma's decode after every lane has passed its first: two barriers
+  // keep what is read whole.
+  if (l == 0) {
+    for (unsigned row = 0; row < 16; ++row)
+      for (unsigned k = 0; k < 16; ++k)
+        x.fa[row][k] = half_of(x.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16);
+    for (unsigned col = 0; col < 8; ++col)
+      for (unsigned k = 0; k < 16; ++k) x.fb[col][k] = half_of(x.b[col * 4 + (k % 8) / 2][k >= 8 ? 1 : 0], k, f16);
+  }
+  x.barrier.arrive_and_wait();
   for (unsigned e = 0; e < 4; ++e) {
     const unsigned row = l / 4 + (e >= 2 ? 8 : 0), col = 2 * (l % 4) + e % 2;
     float sum = d[e];
-    for (unsigned k = 0; k < 16; ++k) {
-      const float av = half_of(x.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16);
-      const float bv = half_of(x.b[col * 4 + (k % 8) / 2][k >= 8 ? 1 : 0], k, f16);
-      sum += av * bv;
-    }
+    for (unsigned k = 0; k < 16; ++k) sum += x.fa[row][k] * x.fb[col][k];
     d[e] = sum;
   }
-  x.barrier.arrive_and_wait();
 }
 // __shfl_xor_sync over the full warp: lane l reads the value lane l ^ lane_mask posted.
 inline float shfl_xor(float value, int lane_mask) {
@@ -606,22 +624,31 @@ inline void wgmma(float (&d)[N / 8][4], const unsigned* a_regs, unsigned long lo
     for (int r = 0; r < 4; ++r) x.a[t][r] = a_regs[r];
   x.a_desc[t] = a_desc, x.b_desc[t] = b_desc;
   x.barrier.arrive_and_wait();
-  for (unsigned u = 0; u < 128; ++u)
-    if (x.b_desc[u] != b_desc || (!a_regs && x.a_desc[u] != a_desc)) wgmma_fault("the threads of a warpgroup gave different descriptors");
-  const MatrixDescriptor da = decode_descriptor(a_desc), db = decode_descriptor(b_desc);
+  // Every thread has posted: thread 0 checks the descriptors and decodes A and B once (each element
+  // was decoded by every thread that reads it: 16 N decodes a thread, 64 times the operands' size).
+  // The next wgmma's posts come after the second barrier, and its decode after every thread has
+  // passed its first, so two barriers keep x's contents whole while they are read.
+  if (t == 0) {
+    for (unsigned u = 0; u < 128; ++u)
+      if (x.b_desc[u] != b_desc || (!a_regs && x.a_desc[u] != a_desc)) wgmma_fault("the threads of a warpgroup gave different descriptors");
+    const MatrixDescriptor da = decode_descriptor(a_desc), db = decode_descriptor(b_desc);
+    for (unsigned row = 0; row < 64; ++row)
+      for (unsigned k = 0; k < 16; ++k)
+        x.fa[row][k] = a_regs ? half_of(x.a[32 * (row / 16) + 4 * (row % 8) + (k % 8) / 2][(row % 16 >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16)
+                              : operand_value(descriptor_element(da, row, k, trans_a), f16);
+    for (unsigned col = 0; col < N; ++col)
+      for (unsigned k = 0; k < 16; ++k) x.fb[col][k] = operand_value(descriptor_element(db, col, k, trans_b), f16);
+  }
+  x.barrier.arrive_and_wait();
   const unsigned warp = t / 32, l = t % 32;
   for (unsigned i = 0; i < N / 2; ++i) {
     const unsigned row = 16 * warp + l / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
     float sum = accumulate ? d[i / 4][i % 4] : 0.0f;
-    for (unsigned k = 0; k < 16; ++k) {
-      const float a = a_regs ? half_of(x.a[32 * (row / 16) + 4 * (row % 8) + (k % 8) / 2][(row % 16 >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k, f16)
-                             : operand_value(descriptor_element(da, row, k, trans_a), f16);
-      const float b = operand_value(descriptor_element(db, col, k, trans_b), f16);
-      sum += a * b;
-    }
+    const float* a = x.fa[row];
+    const float* b = x.fb[col];
+    for (unsigned k = 0; k < 16; ++k) sum += a[k] * b[k];
     d[i / 4][i % 4] = sum;
   }
-  x.barrier.arrive_and_wait();
 }
 }  // namespace cuda_emulation
 inline unsigned ladle_shared_address(const void* p) {
@@ -782,7 +809,8 @@ inline void tma_load(void* dst, const ladle_tensor_map* map, const int (&c)[Rank
 // the source again before waiting, or ends without waiting (the thread's list dies with it),
 // gets wrong sums.
 inline void run_pending_reductions() {
-  for (const TensorReduction& r : pending_reductions) {
+  if (!current_fiber) pipeline_fault("a bulk wait outside an emulated kernel");
+  for (const TensorReduction& r : current_fiber->reductions) {
     std::size_t elements = 1;
     for (unsigned d = 0; d < r.map.rank; ++d) elements *= r.map.box[d];
     for (std::size_t e = 0; e < elements; ++e) {
@@ -804,7 +832,7 @@ inline void run_pending_reductions() {
       std::atomic_ref<float>(*dst).fetch_add(value);
     }
   }
-  pending_reductions.clear();
+  current_fiber->reductions.clear();
 }
 template <unsigned Rank>
 inline void tma_reduce_add(const ladle_tensor_map* map, const void* src, const int (&c)[Rank]) {
@@ -818,7 +846,8 @@ inline void tma_reduce_add(const ladle_tensor_map* map, const void* src, const i
   std::size_t elements = 1;
   for (unsigned d = 0; d < Rank; ++d) elements *= r.map.box[d], r.c[d] = c[d];
   if (r.base >= dynamic_shared_bytes || 4 * elements > dynamic_shared_bytes - r.base) pipeline_fault("a reduction's box runs past the end of dynamic shared memory");
-  pending_reductions.push_back(r);
+  if (!current_fiber) pipeline_fault("a reduction outside an emulated kernel");
+  current_fiber->reductions.push_back(r);
 }
 }  // namespace cuda_emulation
 inline void ladle_tma_reduce_add_4d(const ladle_tensor_map* map, const void* src, int c0, int c1, int c2, int c3) {
