@@ -302,11 +302,19 @@ std::string header_text(const Forward& f, const AttentionKernel& kernel) {
   return header;
 }
 
+// ws at value head dims to 64 without dropout sums each row's p on the tensor cores
+// (AttentionParts::tensor_sums): there the softmax's instructions, not the products, bound the key
+// loop, and one FADD a score less took causal B8 T4096 D = 64 from 0.785-0.825 to 0.749-0.763 ms on
+// the H200; at D = 128 it gained nothing (causal) or cost 3-5 % (window + soft cap), so it stays off
+// there (bench/RESULTS.md, "Issue 38: ... (stop 58)"). Dropout's denominator keeps the p its product
+// with V drops, so it sums them one by one.
+bool tensor_sums(const Forward& f) { return f.ws && !f.variant.dropout && f.spec.Dv <= 64; }
+
 // The device helpers the kernel calls (each guarded, so that a host emulation may define its own).
 std::string device_helpers(const Forward& f) {
   return storage_helpers + std::string(tensor_core_helpers) + attention_helpers +
          (f.wgmma ? wgmma_helpers(f.tile.block_n, pad16(f.spec.Dv), f.ops.qk_f16, f.ops.pv_f16) : std::string()) +
-         (f.ws ? ws_helpers() : std::string());
+         (tensor_sums(f) ? wgmma_product(true, 8, f.ops.pv_f16, false, false) : std::string()) + (f.ws ? ws_helpers() : std::string());
 }
 
 // The signature, the tile's constants and this thread's place in its warp and warpgroup.
@@ -513,7 +521,12 @@ void emit_row_state(Code& c, const Forward& f, const Logit& logit) {
   c("// running maximum and sum of 2^(logit - max), and its o accumulator o_acc[DVP / 8][4].");
   c("const int row0 = m0 + warp * 16 + gid;");
   c("const bool row_live[2] = {row0 < q_len, row0 + 8 < q_len};");
-  c("float row_max[2] = {ladle_neg_inf(), ladle_neg_inf()}, row_sum[2] = {0.0f, 0.0f};");
+  if (tensor_sums(f)) {
+    c("float row_max[2] = {ladle_neg_inf(), ladle_neg_inf()};");
+    c("float sum_acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};  // the rows' sums of p, from the tensor cores (P times ones)");
+  } else {
+    c("float row_max[2] = {ladle_neg_inf(), ladle_neg_inf()}, row_sum[2] = {0.0f, 0.0f};");
+  }
   c("float o_acc[DVP / 8][4];");
   c("LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt) o_acc[nt][0] = o_acc[nt][1] = o_acc[nt][2] = o_acc[nt][3] = 0.0f;");
   for (std::size_t k = 0; k < inputs.size(); ++k) {
@@ -790,7 +803,8 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
   const std::vector<std::string> declarations = declare_params(f, kernel);
   const Logit logit = render_logit(f);
   AttentionParts parts{variant, spec, logit.expression, logit.keep, logit.folded, ops.qk_f16, ops.pv_f16,
-                       f.producer_registers, f.consumer_registers, "row0 + (r >= 2 ? 8 : 0)", "row0 + 8 * half", "m0", "row_last", {}};
+                       f.producer_registers, f.consumer_registers, "row0 + (r >= 2 ? 8 : 0)", "row0 + 8 * half", "m0", "row_last", {},
+                       tensor_sums(f)};
 
   Code c;
   c(comment_block(header_text(f, kernel)) + "\n" + device_helpers(f));

@@ -511,6 +511,9 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
     CHECK((ptx.find("bar.arrive") != std::string::npos) == (item.tile.warps == 8));
     CHECK((ptx.find("setmaxnreg.inc.sync.aligned.u32 240") != std::string::npos) == (item.tile.warps == 8));
     CHECK(ptx.find("mma.sync") == std::string::npos);
+    // Value head dims to 64 without dropout sum each row's p on the tensor cores (P times ones, m64n8k16).
+    const bool tensor_sums = item.Dv <= 64 && std::string(item.features).find("dropout") == std::string::npos;
+    CHECK((ptx.find("wgmma.mma_async.sync.aligned.m64n8k16") != std::string::npos) == tensor_sums);
     CHECK(result.kernel.threads == 32u * item.tile.warps + 128u);
     // The persistent form draws its items from the counter (one atomic add a drawn item).
     CHECK(result.kernel.persistent == item.persistent);

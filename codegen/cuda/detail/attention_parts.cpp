@@ -209,7 +209,7 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
     c("  o_rescale[half] = ladle_exp2(row_max[half] - tile_top);");
   }
   c("  row_max[half] = tile_top;");
-  c("  row_sum[half] *= o_rescale[half];");
+  if (!parts.tensor_sums) c("  row_sum[half] *= o_rescale[half];");
   c("}");
   if (parts.folded)
     c("const float neg_base = row_max[half] == ladle_neg_inf() ? 0.0f : -row_max[half] * ladle_logit_factor;  // p = 0, no NaN");
@@ -224,7 +224,7 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
   c("  LADLE_UNROLL for (int r = 2 * half; r < 2 * half + 2; ++r) {");
   c(parts.folded ? "    p[nt][r] = ladle_exp2(fmaf(logit[nt][r], ladle_logit_factor, neg_base));"
                  : "    p[nt][r] = ladle_exp2(logit[nt][r] - base);");
-  c("    part[nt % 4] += p[nt][r];");
+  if (!parts.tensor_sums) c("    part[nt % 4] += p[nt][r];");
   if (variant.dropout) {
     c("    // dropout: the denominator keeps p, the product with V sees the kept values, rescaled");
     c("    const int i = row0 + (r >= 2 ? 8 : 0), j = j0 + nt * 8 + tig * 2 + (r & 1);");
@@ -232,16 +232,19 @@ void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescal
     c("    p[nt][r] = u >= dropout_p ? p[nt][r] * keep_scale : 0.0f;");
   }
   c("  }");
-  c("row_sum[half] += (part[0] + part[1]) + (part[2] + part[3]);");
+  if (!parts.tensor_sums) c("row_sum[half] += (part[0] + part[1]) + (part[2] + part[3]);");
   c.out();
   c("}");
   c("");
 }
 
-void emit_o_rescale(Code& c) {
-  c("if (ladle_warp_any(o_rescale[0] != 1.0f || o_rescale[1] != 1.0f))  // a row's maximum moved");
+void emit_o_rescale(Code& c, const AttentionParts& parts) {
+  c("if (ladle_warp_any(o_rescale[0] != 1.0f || o_rescale[1] != 1.0f)) {  // a row's maximum moved");
   c("  LADLE_UNROLL for (int nt = 0; nt < DVP / 8; ++nt)");
   c("    o_acc[nt][0] *= o_rescale[0], o_acc[nt][1] *= o_rescale[0], o_acc[nt][2] *= o_rescale[1], o_acc[nt][3] *= o_rescale[1];");
+  if (parts.tensor_sums)
+    c("  sum_acc[0][0] *= o_rescale[0], sum_acc[0][1] *= o_rescale[0], sum_acc[0][2] *= o_rescale[1], sum_acc[0][3] *= o_rescale[1];");
+  c("}");
 }
 
 void emit_epilogue(Code& c, const AttentionParts& parts) {
@@ -259,8 +262,9 @@ void emit_epilogue(Code& c, const AttentionParts& parts) {
   }
   c("LADLE_UNROLL for (int half = 0; half < 2; ++half) {");
   c.in();
-  c(std::string("float sum = ladle_quad_sum(row_sum[half]), top = row_max[half]") + (parts.folded ? " * ladle_logit_factor" : "") +
-    ", scale_o = 1.0f;  // top in log2 units");
+  c(std::string(parts.tensor_sums ? "float sum = sum_acc[0][2 * half]" : "float sum = ladle_quad_sum(row_sum[half])") +
+    ", top = row_max[half]" + (parts.folded ? " * ladle_logit_factor" : "") + ", scale_o = 1.0f;  // top in log2 units" +
+    (parts.tensor_sums ? " (the sum: P times ones, all of the row's keys)" : ""));
   if (variant.sinks) {
     c("{");
     c.in();

@@ -30,6 +30,9 @@ struct AttentionParts {
   std::string row_token = "row0 + (r >= 2 ? 8 : 0)", half_token = "row0 + 8 * half";
   std::string first_token = "m0", last_token = "row_last";
   std::vector<std::string> element_prelude;
+  // ws without dropout: each row's sum of p on the tensor cores, beside P V (P times a tile of ones
+  // in shared memory: sum_acc[1][4], every column the row's sum), not by one FADD a score.
+  bool tensor_sums = false;
 };
 
 // Declares one kernel parameter (C type, name, type, role), as each generator's own list does.
@@ -62,7 +65,7 @@ void emit_logits(Code& c, const AttentionParts& parts);
 // (defer_rescale: o_acc untouched, its factor per row half left in o_rescale[2]).
 void emit_online_softmax(Code& c, const AttentionParts& parts, bool defer_rescale = false);
 // o_acc *= o_rescale per row half, skipped where no row of the warp moved its maximum.
-void emit_o_rescale(Code& c);
+void emit_o_rescale(Code& c, const AttentionParts& parts);
 // Step 7: o = o_acc / row_sum (sinks in the denominator), lse (the caller closes the kernel).
 void emit_epilogue(Code& c, const AttentionParts& parts);
 

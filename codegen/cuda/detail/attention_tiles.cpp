@@ -18,10 +18,11 @@ int pad16(int dim) { return (dim + 15) / 16 * 16; }  // head dims round up to th
 
 // The ws layout with q_tiles q tiles: the alignment slack, q, the K and V rings, then the
 // mbarriers (full and empty per stage for K and for V; full and empty for up to two q tiles) and
-// a work item per q tile.
+// a work item per q tile, then (128-byte aligned) 1 KB of ones, the row sums' B operand.
 int attention_ws_shared_bytes(const AttentionTile& tile, int D, int Dv, int q_tiles) {
   const int d64 = (D + 63) / 64 * 64, dv64 = (Dv + 63) / 64 * 64;
-  return 1024 + q_tiles * tile.block_m * d64 * 2 + tile.stages * tile.block_n * (d64 + dv64) * 2 + 8 * (4 * tile.stages + 6);
+  const int barriers_end = q_tiles * tile.block_m * d64 * 2 + tile.stages * tile.block_n * (d64 + dv64) * 2 + 8 * (4 * tile.stages + 6);
+  return 1024 + (barriers_end + 127) / 128 * 128 + 1024;
 }
 
 int attention_ws_q_stages(const AttentionTile& tile, int D, int Dv) {

@@ -44,6 +44,13 @@ void emit_ws_shared(Code& c, const AttentionParts& parts) {
   c("unsigned long long* const empty_k = full_k + 2 * STAGES;");
   c("unsigned long long* const empty_v = full_k + 3 * STAGES;");
   c("unsigned long long* const q_full = full_k + 4 * STAGES;");
+  if (parts.tensor_sums) {
+    c("// The B operand of the row sums (P times ones): 1 KB of 16-bit ones after the mbarriers, 128-byte aligned;");
+    c("// every element the sums' descriptor reaches (8 columns x 16 keys, LBO 128, SBO 256 bytes) is a one.");
+    c("unsigned short* const ones_tile = reinterpret_cast<unsigned short*>(aligned_smem + (Q_TILES * Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 8 * (4 * STAGES + 6) + 127) / 128 * 128);");
+    c("for (int i = threadIdx.x; i < 512; i += blockDim.x) ones_tile[i] = " + std::string(parts.pv_f16 ? "0x3C00" : "0x3F80") + ";  // 1.0");
+    c("ladle_fence_proxy_async();  // the ones, written by threads, are read by the tensor cores");
+  }
   if (persistent) {
     c("unsigned long long* const q_empty = full_k + 4 * STAGES + 2;");
     c("// The item of q round r at item_slot[2 (r % Q_TILES)] (8 bytes a slot).");
@@ -119,6 +126,7 @@ void emit_ws_consumer_setup(Code& c, const AttentionParts& parts) {
   c("const unsigned long long k_desc = ladle_wgmma_desc_sw128(k_tile, 16, 1024);");
   c("const unsigned long long v_desc = ladle_wgmma_desc_sw128(v_tile, BN * 128, 1024);");
   c("unsigned p_frag[BN / 16][4];  // P of the previous tile: the register A operand of its P V");
+  if (parts.tensor_sums) c("const unsigned long long ones_desc = ladle_wgmma_desc(ones_tile, 128, 256);");
   c("float score[BN / 8][4];");
   if (parts.spec.tile.warps == 8) c("const ladle_pingpong turns{warpgroup};");
 }
@@ -151,6 +159,7 @@ void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
     take_turn();
     c("ladle_wgmma_fence_operand<BN>(score);");
     c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+    if (parts.tensor_sums) c("ladle_wgmma_fence_operand<8>(sum_acc);");
     c("ladle_wgmma_fence();");
     c("// 3. score = q k^T: one m64nBNk16 per 16 of D, both K-major and swizzled (SBO 1024: the next 8");
     c("//    rows; the next 16 of D 32 bytes on within the 128-byte row, the next 64 in the next box). The");
@@ -165,6 +174,11 @@ void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
     c("//    1024: the next 8 keys; LBO BN * 128: the next 64 of Dv, in the next box).");
     c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk)");
     c("  " + rs + "(o_acc, p_frag[kk], v_desc + (" + stage + " * V_BYTES + kk * 16 * 64 * 2) / 16);");
+    if (parts.tensor_sums) {
+      c("//    The rows' sums of P beside it: P times ones, one m64n8k16 per 16 keys (sum_acc: every column the sum).");
+      c("LADLE_UNROLL for (int kk = 0; kk < BN / 16; ++kk) " + std::string(parts.pv_f16 ? "ladle_wgmma_rs_f16<8>" : "ladle_wgmma_rs_bf16<8>") +
+        "(sum_acc, p_frag[kk], ones_desc);");
+    }
     c("ladle_wgmma_commit();");
   };
   // Logits, softmax, then (after P V completes, where one is in flight) o_acc's rescale and P packed.
@@ -178,9 +192,10 @@ void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
     if (pv_in_flight) {
       c("ladle_wgmma_wait<0>();  // P V of the tile before done: o_acc and p_frag are free, its V stage too");
       c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+      if (parts.tensor_sums) c("ladle_wgmma_fence_operand<8>(sum_acc);");
       c("v_ring.release(it - 1, lane);");
     }
-    emit_o_rescale(c);
+    emit_o_rescale(c, parts);
     emit_pack_p(c, parts);
   };
 
@@ -218,11 +233,13 @@ void emit_ws_key_loop(Code& c, const AttentionParts& parts) {
   c("v_ring.wait(last);");
   take_turn();
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+  if (parts.tensor_sums) c("ladle_wgmma_fence_operand<8>(sum_acc);");
   c("ladle_wgmma_fence();");
   issue_pv("prev");
   pass_turn(!persistent);  // persistent: the turns go on into the next item
   c("ladle_wgmma_wait<0>();");
   c("ladle_wgmma_fence_operand<DVP>(o_acc);");
+  if (parts.tensor_sums) c("ladle_wgmma_fence_operand<8>(sum_acc);");
   c("v_ring.release(last, lane);");
   c.out();
   c("}");
