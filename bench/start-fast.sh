@@ -2,7 +2,9 @@
 # a cache prebuilt on a machine without a GPU loaded read only (zero compiles?), and the cold first
 # call and tuning times per op. Needs .deps and .prebuilt carried (.prebuilt: `ladle-cache prebuild`
 # run here, see bench/RESULTS.md). Writes $OUT/ctest.log, $OUT/first-calls.txt.
-#   bash bench/start-fast.sh [tests] [first] [prebuilt]
+#   bash bench/start-fast.sh [tests] [first] [prebuilt] [interim]
+# interim: cold first calls as a user makes them (--algo auto): the fused recurrent kernel runs the
+# call while the chunked kernels compile behind it; beside each, LADLE_BACKGROUND_COMPILE=0 (waits).
 # LADLE_TARGETS (default all) names what to build, LADLE_TESTS a ctest -R regex (default every test).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -48,6 +50,30 @@ if [[ $what == *first* ]]; then
       LADLE_CACHE_DIR=$tuned/$run "$build/tools/ladle-cache/ladle-cache" tuned
     done
   } | tee "$out/first-calls.txt"
+fi
+if [[ $what == *interim* ]]; then
+  bench=$build/tools/ladle-bench/ladle-bench-recurrent
+  shape="-B 8 -T 4096 -H 16 -K 128 -V 128"
+  row() {  # label, env..., -- args
+    local label=$1; shift
+    local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    local cache=$(mktemp -d)
+    local line=$(env LADLE_CACHE_DIR=$cache LADLE_AUTOTUNE=heuristic LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
+    local compiles=$(grep -c "compiled .* in .* ms" "$out/stderr.txt")
+    echo "$label | $(echo "$line" | grep -oE '"(first_call_ms|interim|background_ms|ms|total_ms)":[a-z0-9.]+' | tr '\n' ' ')| $compiles NVRTC compiles"
+  }
+  {
+    for rep in 1 2; do
+      for op in gla simple_gla rwkv6 gated_delta_rule delta_rule kda; do
+        row "cold, auto, $op fwd B8 T4096 ($rep)" -- --op $op --algo auto $shape --reps 20
+        row "cold, auto, waits, $op fwd B8 T4096 ($rep)" LADLE_BACKGROUND_COMPILE=0 -- --op $op --algo auto $shape --reps 20
+      done
+      row "cold, auto, gla fwd B2 T16384 ($rep)" -- --op gla --algo auto -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 20
+      row "cold, auto, waits, gla fwd B2 T16384 ($rep)" LADLE_BACKGROUND_COMPILE=0 -- --op gla --algo auto -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 20
+      row "cold, auto, gla fwd+bwd B8 T4096 ($rep)" -- --op gla --algo auto $shape --reps 5 --backward
+      row "cold, auto, waits, gla fwd+bwd B8 T4096 ($rep)" LADLE_BACKGROUND_COMPILE=0 -- --op gla --algo auto $shape --reps 5 --backward
+    done
+  } | tee "$out/interim.txt"
 fi
 if [[ $what == *prebuilt* ]]; then
   # Only the prebuilt cache's rows (made here without a GPU: the forward for both shapes and GLA's

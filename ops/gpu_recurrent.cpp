@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <future>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -18,6 +19,9 @@
 #include <mutex>
 
 #include <fmt/format.h>
+#include <ladle/runtime/background.h>
+#include <ladle/runtime/cache.h>
+#include <ladle/runtime/log.h>
 
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
@@ -556,6 +560,89 @@ ops::detail::CallMemo<std::shared_ptr<const ChosenRun>>& chosen_runs() {
 
 namespace {
 
+// A program of a call's chunked form, generated as its launcher generates it: what a background
+// compile takes.
+struct PlannedProgram {
+  std::string source, name;
+  int shared_bytes = -1;
+};
+
+// Whether this call runs the fused recurrent kernel in the interim while the chunked form's programs
+// compile behind it (runtime/background.h; docs/caches.md, "A first call"): the fused recurrent
+// kernel compiles in about a quarter of the chunked ws kernel's NVRTC time. Only where the caller
+// left the form to ladle (no algorithm, no chunked tile named), LADLE_BACKGROUND_COMPILE is on and the
+// compile cache keeps what the job compiles. `job` names the programs (their launchers' keys);
+// `programs` generates them, called only where the job is new. A job that has ended (compiled, or
+// failed: the foreground compile then reports it) means the chunked form runs; one found compiled
+// already is recorded as ended.
+bool interim(const RunOptions& options, const std::string& job, const std::string& arch,
+              const std::function<std::vector<PlannedProgram>()>& programs) {
+  if (options.algorithm != Algorithm::automatic || options.chunked_tile || !background_compile_enabled() ||
+      !DiskCache::global().enabled())
+    return false;
+  BackgroundCompiles& jobs = BackgroundCompiles::global();
+  switch (jobs.state(job)) {
+    case BackgroundState::done:
+      return false;
+    case BackgroundState::running:
+      return true;
+    case BackgroundState::none:
+      break;
+  }
+  std::vector<PlannedProgram> planned = programs();
+  const bool compiled = std::all_of(planned.begin(), planned.end(), [&](const PlannedProgram& p) {
+    return is_compiled(p.source, detail::named_options(p.source, p.name, arch));
+  });
+  if (compiled) {
+    jobs.mark_done(job);
+    return false;
+  }
+  log::debug(fmt::format("{} program(s) of a chunked call compile in the background; the fused recurrent kernel runs the call meanwhile", planned.size()));
+  jobs.start(job, [planned = std::move(planned), arch] {
+    std::vector<std::future<void>> compiling;  // a plan's programs side by side
+    for (const PlannedProgram& p : planned)
+      compiling.push_back(std::async(std::launch::async, [&p, &arch] { detail::compile_named(p.source, p.name, arch, p.shared_bytes); }));
+    for (auto& each : compiling) each.get();
+  });
+  return true;
+}
+
+bool interim_for_chunked(const ir::Variant& variant, const ChunkedPlan& plan, const RunOptions& options) {
+  const std::string arch = Device::get().properties().arch();
+  std::string job = "chunked";
+  for (const ChunkedLaunch& each : plan.launches) job.append(1, '\n').append(spec_key(variant, each.spec, arch));
+  return interim(options, job, arch, [&] {
+    std::vector<PlannedProgram> out;
+    for (const ChunkedLaunch& each : plan.launches) {
+      cuda::ChunkedKernelSpec target = each.spec;  // as compile_chunked generates it
+      if (target.arch.empty()) target.arch = arch;
+      cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, target);
+      out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
+    }
+    return out;
+  });
+}
+
+bool interim_for_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options) {
+  if (options.algorithm != Algorithm::automatic || !background_compile_enabled()) return false;  // before planning
+  const std::string arch = Device::get().properties().arch();
+  const ChunkedDeltaPlan plan = plan_chunked_delta(variant, bound, options);
+  std::string job = "delta";
+  for (const ChunkedDeltaLaunch& each : plan.launches) job.append(1, '\n').append(delta_spec_key(variant, each.spec, arch));
+  return interim(options, job, arch, [&] {
+    std::vector<PlannedProgram> out;
+    for (const ChunkedDeltaLaunch& each : plan.launches) {
+      cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(variant, each.spec);  // as compile_delta
+      out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
+    }
+    return out;
+  });
+}
+
+}  // namespace
+
+namespace {
+
 // A forward on device tensors, checked and bound: every view on the device (`why` says so where one is
 // not), the outputs against the inputs, contiguous states. variant_validated: as bind_inputs takes it.
 ops::BoundInputs bind_device_run(const std::string& op, const char* why, const ir::Variant& variant, const TensorView& q,
@@ -618,14 +705,38 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     offsets.copy_from_host(args.cu_seqlens.data(), offsets.bytes(), 0, launch.stream);
   }
   const unsigned grid_y = static_cast<unsigned>(bound.dims.N * args.heads);
+  const auto run_recurrent = [&](const detail::LoadedKernel<cuda::RecurrentKernel>& loaded) {
+    KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
+    const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
+    loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed, 0, launch.stream);
+  };
+  // A chunked call whose kernels are not compiled yet: the fused recurrent kernel (the heuristic's
+  // tile, no tuning) runs it while they compile behind it; nothing is remembered, so that a later
+  // call of this signature looks again (interim_for_chunked).
+  const auto run_interim = [&] {
+    RunOptions tiled = options;
+    if (!tiled.tile) tiled.tile = heuristic_tile(bound);
+    run_recurrent(loaded_kernel(variant, kernel_spec(variant, bound, tiled), compile_recurrent));
+  };
+  bool interim_ran = false;
   if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {
-    run_chunked_delta(variant, bound, options, offsets.device_ptr(), launch);
+    if (!known && interim_for_delta(variant, bound, options)) {
+      interim_ran = true;
+      run_interim();
+    } else {
+      run_chunked_delta(variant, bound, options, offsets.device_ptr(), launch);
+    }
   } else if (algorithm == Algorithm::chunked && known) {
     run_chunked_plan(*known->chunked, variant, bound, offsets.device_ptr(), launch, 0, &known->chunked_kernels);
   } else if (algorithm == Algorithm::chunked) {
     const GpuTarget target = device_target();
     chosen.chunked = plan_chunked(variant, bound, with_chunked_tile(variant, bound, options, target), target, knobs);
-    run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, nullptr, &chosen.chunked_kernels);
+    if (interim_for_chunked(variant, *chosen.chunked, options)) {
+      interim_ran = true;
+      run_interim();
+    } else {
+      run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, nullptr, &chosen.chunked_kernels);
+    }
   } else {
     // No tile named: the autotuner's choice (LADLE_AUTOTUNE; heuristic means heuristic_tile).
     if (known) {
@@ -635,12 +746,9 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
       if (!tiled.tile) tiled.tile = tuned_tile(variant, bound, options, heuristic_tile(bound));
       chosen.recurrent_kernel = &loaded_kernel(variant, kernel_spec(variant, bound, tiled), compile_recurrent);
     }
-    const auto& loaded = *chosen.recurrent_kernel;
-    KernelArgs packed = pack_arguments(loaded.kernel.params, variant, args, offsets.device_ptr());
-    const unsigned grid_x = static_cast<unsigned>((args.value_dim + loaded.kernel.block_v - 1) / loaded.kernel.block_v);
-    loaded.function->launch({grid_x, grid_y, 1}, {loaded.kernel.threads, 1, 1}, packed, 0, launch.stream);
+    run_recurrent(*chosen.recurrent_kernel);
   }
-  if (signature && !known) chosen_runs().remember(*signature, std::make_shared<const ChosenRun>(std::move(chosen)));
+  if (signature && !known && !interim_ran) chosen_runs().remember(*signature, std::make_shared<const ChosenRun>(std::move(chosen)));
   if (!args.cu_seqlens.empty()) {
     // The offsets buffer is freed on return: wait until the kernel has read it.
     if (launch.stream) launch.stream->synchronize();

@@ -248,12 +248,21 @@ CompiledProgram compile(const std::string& source, const CompileOptions& options
   return compile(source, options, DiskCache::global());
 }
 
-CompiledProgram compile(const std::string& source, const CompileOptions& options,
-                        DiskCache& cache) {
+namespace {
+
+// The NVRTC options and the cache key compile() uses for (source, options): arch, flags and key.
+struct Keyed {
+  std::string arch;
+  std::vector<std::string> flags;
+  std::string key;
+};
+Keyed keyed(const std::string& source, const CompileOptions& options, DiskCache& cache) {
   if (source.empty()) throw InvalidArgument("compile: source is empty");
-  const auto start = Clock::now();
-  const std::string arch = resolve_arch(options);
-  std::vector<std::string> flags = {"-arch=" + arch, "-std=c++17", "-default-device"};
+  Keyed out;
+  out.arch = resolve_arch(options);
+  const std::string& arch = out.arch;
+  std::vector<std::string>& flags = out.flags;
+  flags = {"-arch=" + arch, "-std=c++17", "-default-device"};
   if (is_real_arch(arch)) flags.push_back("-Xptxas=-v");
   for (auto& f : toolkit_include_flags()) flags.push_back(std::move(f));
   for (const auto& f : options.flags) flags.push_back(f);
@@ -267,12 +276,30 @@ CompiledProgram compile(const std::string& source, const CompileOptions& options
       flags.push_back(word);
     }
   }
-
   // The key covers in-memory headers too: they are part of what gets compiled.
   std::string keyed_source = source;
   for (const auto& [name, text] : options.headers)
     keyed_source += "\n//@header " + name + "\n" + text;
-  const std::string key = DiskCache::make_key(keyed_source, flags, arch, nvrtc_version_for_key(cache));
+  out.key = DiskCache::make_key(keyed_source, flags, arch, nvrtc_version_for_key(cache));
+  return out;
+}
+
+}  // namespace
+
+bool is_compiled(const std::string& source, const CompileOptions& options) {
+  return is_compiled(source, options, DiskCache::global());
+}
+
+bool is_compiled(const std::string& source, const CompileOptions& options, DiskCache& cache) {
+  if (source.empty()) throw InvalidArgument("is_compiled: source is empty");
+  if (!options.use_cache || !cache.enabled()) return false;
+  return cache.lookup(keyed(source, options, cache).key).has_value();
+}
+
+CompiledProgram compile(const std::string& source, const CompileOptions& options,
+                        DiskCache& cache) {
+  const auto start = Clock::now();
+  const auto [arch, flags, key] = keyed(source, options, cache);
 
   if (options.use_cache) {
     if (auto hit = cache.lookup(key)) {

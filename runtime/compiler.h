@@ -56,6 +56,12 @@ struct CompiledProgram {
 // LibraryUnavailable when libnvrtc cannot be opened, InvalidArgument for a malformed arch.
 CompiledProgram compile(const std::string& source, const CompileOptions& options = {});
 CompiledProgram compile(const std::string& source, const CompileOptions& options, DiskCache& cache);
+// Whether compile() would find this program in the cache (memory or disk) instead of running NVRTC:
+// what a call checks before it decides to compile its kernels in the background (background.h).
+// False where options.use_cache is off or the cache is disabled. Throws as compile() does for a
+// malformed arch or an empty source.
+bool is_compiled(const std::string& source, const CompileOptions& options = {});
+bool is_compiled(const std::string& source, const CompileOptions& options, DiskCache& cache);
 
 // "12.8", "13.0": the NVRTC that ladle opened (throws LibraryUnavailable if none).
 std::string nvrtc_version();

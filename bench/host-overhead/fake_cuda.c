@@ -153,7 +153,24 @@ CUresult cuModuleLoadDataEx(CUmodule* m, const void* image, unsigned int n, CUji
   return CUDA_SUCCESS;
 }
 CUresult cuModuleUnload(CUmodule m) { COUNT; (void)m; return CUDA_SUCCESS; }
-CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) { COUNT; (void)m; (void)name; *f = (CUfunction)0x6; return CUDA_SUCCESS; }
+/* Functions by name: a handle is 0x1000 + its index, so that a launch can say which kernel it ran. */
+#define MAX_FUNCTIONS 1024
+static char* function_names[MAX_FUNCTIONS];
+static int n_functions;
+static char last_launch[256];
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) { COUNT;
+  (void)m;
+  int i = 0;
+  while (i < n_functions && strcmp(function_names[i], name) != 0) ++i;
+  if (i == n_functions && n_functions < MAX_FUNCTIONS) function_names[n_functions++] = strdup(name);
+  *f = (CUfunction)(uintptr_t)(0x1000 + (i < MAX_FUNCTIONS ? i : 0));
+  return CUDA_SUCCESS;
+}
+/* The name of the kernel launched last ("" before any). */
+#ifdef __cplusplus
+extern "C"
+#endif
+const char* ladle_fake_cuda_last_launch(void) { return last_launch; }
 CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { COUNT; (void)f; (void)a; (void)v; return CUDA_SUCCESS; }
 CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) { COUNT;
   (void)f;
@@ -166,7 +183,14 @@ CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) { COUN
 }
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem,
                         CUstream s, void** params, void** extra) { COUNT;
-  (void)f; (void)smem; (void)s; (void)params; (void)extra;
+  (void)smem; (void)s; (void)params; (void)extra;
+  {
+    const uintptr_t index = (uintptr_t)f - 0x1000;
+    if (index < (uintptr_t)n_functions) {
+      strncpy(last_launch, function_names[index], sizeof(last_launch) - 1);
+      last_launch[sizeof(last_launch) - 1] = 0;
+    }
+  }
   /* The real driver's limits on a launch's shape (an H100's): refused as it refuses them. */
   if (gx == 0 || gy == 0 || gz == 0 || gx > 2147483647u || gy > 65535u || gz > 65535u) return CUDA_ERROR_INVALID_VALUE;
   if (bx == 0 || by == 0 || bz == 0 || (unsigned long long)bx * by * bz > 1024u || bz > 64u) return CUDA_ERROR_INVALID_VALUE;

@@ -19,12 +19,17 @@ namespace ladle::gpu::detail {
 // A generated kernel's source compiled through the cache for `arch` (empty: this GPU, else the
 // default target), named `name`.cu in NVRTC's log and the cache's manifest; dynamic_shared_bytes
 // (what the launcher passes, -1: not known) goes into LADLE_DUMP's resources (compile dumps without it).
-inline CompiledProgram compile_named(const std::string& source, const std::string& name, const std::string& arch,
-                                     int dynamic_shared_bytes = -1) {
+inline CompileOptions named_options(const std::string& source, const std::string& name, const std::string& arch) {
   CompileOptions options;
   options.arch = arch;
   options.program_name = name + ".cu";
   options.headers = device::headers_for(source);
+  return options;
+}
+
+inline CompiledProgram compile_named(const std::string& source, const std::string& name, const std::string& arch,
+                                     int dynamic_shared_bytes = -1) {
+  const CompileOptions options = named_options(source, name, arch);
   CompiledProgram program = compile(source, options);
   if (dynamic_shared_bytes >= 0) dump_program(program, options.program_name, dynamic_shared_bytes);
   return program;

@@ -16,12 +16,12 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from . import _ladle
-from ._ladle import driver_available, Communicator, NcclCommunicator, ThreadGroup, nccl_unique_id
+from ._ladle import driver_available, finish_background_compiles, Communicator, NcclCommunicator, ThreadGroup, nccl_unique_id
 from ._variant import AttentionVariant, Variant, named_variant
 from . import dsl  # noqa: E402 (after Variant: dsl.lower makes one)
 
 __version__ = _ladle.version
-__all__ = ["Variant", "AttentionVariant", "dsl", "named_variant", "run_variant", "run_variant_backward", "generated_kernels", "driver_available",
+__all__ = ["Variant", "AttentionVariant", "dsl", "named_variant", "run_variant", "run_variant_backward", "generated_kernels", "driver_available", "finish_background_compiles",
            "output_shapes", "Communicator", "ThreadGroup", "NcclCommunicator", "nccl_unique_id"]
 
 

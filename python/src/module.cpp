@@ -28,6 +28,7 @@
 #include <ladle/ops/generated_kernels.h>
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/variant.h>
+#include <ladle/runtime/background.h>
 #include <ladle/runtime/communicator.h>
 #include <ladle/runtime/dlpack.h>
 #include <ladle/runtime/driver.h>
@@ -570,4 +571,11 @@ NB_MODULE(_ladle, m) {
       "variant"_a, "batch"_a, "tokens"_a, "heads"_a, "key_dim"_a, "value_dim"_a, "dtype"_a, "arch"_a, "algorithm"_a, "compile"_a);
 
   m.def("driver_available", [] { return ladle::driver_available(); }, "whether libcuda could be opened");
+  m.def(
+      "finish_background_compiles", [] {
+        nb::gil_scoped_release released;
+        ladle::finish_background_compiles();
+      },
+      "wait until every kernel compile a cold call started in the background has ended (time after it: "
+      "a cold chunked call runs the fused recurrent kernel meanwhile)");
 }

@@ -13,9 +13,11 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 
+#include <ladle/dsl/dsl.h>
 #include <ladle/ops/attention.h>
 #include <ladle/ops/context_parallel.h>
 #include <ladle/ops/gpu_backward.h>
@@ -25,8 +27,11 @@
 #include <ladle/ops/recurrent.h>
 #include <ladle/ops/update_forms.h>
 #include <ladle/ops/variant.h>
+#include <ladle/runtime/background.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
+
+#include "runtime/scoped_env.h"
 
 using ladle::DType;
 using ladle::Tensor;
@@ -291,4 +296,111 @@ TEST_CASE("context parallelism's GPU path plans, compiles and packs its launches
   for (auto& t : ranks) t.join();
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
+}
+
+// The stand-in's name of the kernel it launched last.
+std::string last_launch() {
+  void* library = dlopen(std::getenv("LADLE_CUDA_DRIVER_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(library != nullptr);
+  const auto last = reinterpret_cast<const char* (*)()>(dlsym(library, "ladle_fake_cuda_last_launch"));
+  REQUIRE(last != nullptr);
+  std::string name = last();
+  dlclose(library);
+  return name;
+}
+
+// A cold call (runtime/background.h): its chunked kernels compile behind it while the fused recurrent
+// kernel runs it; once they are compiled, the chunked kernels run.
+TEST_CASE("a cold chunked call runs the fused recurrent kernel while its chunked kernels compile behind it", "[stand-in][background]") {
+  REQUIRE(ladle::driver_available());
+  // Variants no other case compiles, new to every run (the constant is in the source), so that neither
+  // this process nor the test's disk cache holds their kernels.
+  std::random_device seed;
+  const auto fresh_variant = [&](const char* name) {
+    const float c = 0.5f + static_cast<float>(seed() % 1000000) / 4e6f;
+    const auto x = ladle::dsl::token_key("x");
+    return ladle::dsl::lower(ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v).decay_k(ladle::dsl::logsigmoid(x) * c),
+                                              ladle::dsl::q, ladle::dsl::scalar("scale")),
+                             name);
+  };
+  const std::int64_t T = 128, H = 2, D = 64;
+  const Tensor q = device(DType::bf16, {1, T, H, D}), k = device(DType::bf16, {1, T, H, D});
+  const Tensor v = device(DType::bf16, {1, T, H, D}), x = device(DType::bf16, {1, T, H, D});
+  const Tensor o = device(DType::bf16, {1, T, H, D});
+  const ladle::VariantInputs inputs{{{"x", x.view()}}, {{"scale", 0.125f}}};
+  ladle::CallShape shape;
+  shape.batch = 1, shape.tokens = T, shape.heads = H, shape.key_dim = D, shape.value_dim = D;
+  const auto kernel_names = [&](const ladle::ir::Variant& variant, ladle::Algorithm algorithm) {
+    ladle::RunOptions options;
+    options.algorithm = algorithm;
+    std::vector<std::string> names;
+    for (const ladle::GeneratedKernel& kernel : ladle::generated_kernels(variant, shape, options, "sm_90a")) names.push_back(kernel.name);
+    return names;
+  };
+  ladle::BackgroundCompiles& jobs = ladle::BackgroundCompiles::global();
+  const auto run = [&](const ladle::ir::Variant& variant, const ladle::RunOptions& options) {
+    ladle::gpu::run_variant_into(variant, q.view(), k.view(), v.view(), inputs, options, {o.view(), std::nullopt});
+  };
+
+  SECTION("the first call starts one background job and launches the recurrent kernel; after it the chunked one runs") {
+    const ladle::ir::Variant variant = fresh_variant("interim_gate");
+    const std::vector<std::string> chunked = kernel_names(variant, ladle::Algorithm::chunked);
+    const std::vector<std::string> recurrent = kernel_names(variant, ladle::Algorithm::recurrent);
+    REQUIRE(chunked.size() == 1);
+    REQUIRE(recurrent.size() == 1);
+    REQUIRE(chunked != recurrent);
+    const int started = jobs.started();
+    run(variant, {});
+    CHECK(jobs.started() == started + 1);
+    CHECK(last_launch() == recurrent.front());
+    ladle::finish_background_compiles();
+    run(variant, {});
+    CHECK(last_launch() == chunked.front());
+    run(variant, {});  // remembered now: the same kernel, no new job
+    CHECK(last_launch() == chunked.front());
+    CHECK(jobs.started() == started + 1);
+  }
+
+  SECTION("no interim kernel where the caller names the chunked form, or with LADLE_BACKGROUND_COMPILE=0") {
+    const int started = jobs.started();
+    const ladle::ir::Variant named = fresh_variant("named_chunked");
+    ladle::RunOptions chunked;
+    chunked.algorithm = ladle::Algorithm::chunked;
+    run(named, chunked);
+    CHECK(last_launch() == kernel_names(named, ladle::Algorithm::chunked).front());
+    {
+      ladle::test::ScopedEnv off("LADLE_BACKGROUND_COMPILE", "0");
+      const ladle::ir::Variant waited = fresh_variant("waited");
+      run(waited, {});
+      CHECK(last_launch() == kernel_names(waited, ladle::Algorithm::chunked).front());
+    }
+    CHECK(jobs.started() == started);
+    ladle::test::ScopedEnv bad("LADLE_BACKGROUND_COMPILE", "yes");
+    CHECK_THROWS_WITH(run(fresh_variant("bad_switch"), {}), Catch::Contains("LADLE_BACKGROUND_COMPILE='yes'") && Catch::Contains("expected 1"));
+  }
+
+  SECTION("the gated delta rule's chunked kernels take the same path") {
+    const Tensor beta = device(DType::bf16, {1, T, H}), gh = device(DType::f32, {1, T, H});
+    // A gated delta rule no other case compiles: its gate scaled by a fresh constant.
+    const float c = 0.5f + static_cast<float>(seed() % 1000000) / 4e6f;
+    const auto g = ladle::dsl::token_head("g");
+    const auto b = ladle::dsl::token_head("beta");
+    const ladle::ir::Variant variant = ladle::dsl::lower(
+        ladle::dsl::read(ladle::dsl::scan(ladle::dsl::k, ladle::dsl::v).decay_head(g * c).delta(b), ladle::dsl::q, ladle::dsl::scalar("scale")),
+        "interim_delta");
+    const ladle::VariantInputs delta_inputs{{{"g", gh.view()}, {"beta", beta.view()}}, {{"scale", 0.125f}}};
+    shape.input_types = {{"g", DType::f32}};
+    const std::vector<std::string> chunked = kernel_names(variant, ladle::Algorithm::chunked);
+    const std::vector<std::string> recurrent = kernel_names(variant, ladle::Algorithm::recurrent);
+    const int started = jobs.started();
+    const auto call = [&] {
+      ladle::gpu::run_variant_into(variant, q.view(), k.view(), v.view(), delta_inputs, {}, {o.view(), std::nullopt});
+    };
+    call();
+    CHECK(jobs.started() == started + 1);
+    CHECK(last_launch() == recurrent.front());
+    ladle::finish_background_compiles();
+    call();
+    CHECK(last_launch() == chunked.back());
+  }
 }
