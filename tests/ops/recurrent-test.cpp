@@ -7,12 +7,16 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <sstream>
 
 #include "reference/recurrent_reference.h"
 #include "support/tensors.h"
 #include "support/backends.h"
+#include <ladle/runtime/background.h>
 #include <ladle/runtime/driver.h>
+
+#include "runtime/scoped_env.h"
 
 using ladle::DType;
 using ladle::Tensor;
@@ -774,6 +778,47 @@ TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither
   c.g = c.gv = true;
   c.gate_level = -2.5;
   check_case(c);
+}
+
+// A cold call (runtime/background.h): the fused recurrent kernel runs it while the chunked kernels
+// compile behind it; the calls after those compiles run the chunked kernels. Both results against the
+// reference. A fresh -D in LADLE_NVRTC_FLAGS (part of every cache key) makes every compile cold, so
+// that the test cache of an earlier run cannot hide the path.
+TEST_CASE("a cold chunked call: the interim recurrent kernel's result and the chunked kernels' after it match the reference",
+          "[ops][chunked][background]") {
+  if (!ladle::driver_available()) {
+    WARN("no GPU: the interim path's host side is checked on the stand-in driver (ops-stand_in_driver [background])");
+    return;
+  }
+  std::random_device seed;
+  const std::string fresh = "-DLADLE_TEST_FRESH=" + std::to_string(seed());
+  ladle::test::ScopedEnv flags("LADLE_NVRTC_FLAGS", fresh.c_str());
+  ladle::test::ScopedEnv on("LADLE_BACKGROUND_COMPILE", "1");
+  std::mt19937_64 rng(seed());
+  const int B = 2, T = 333, H = 4, K = 64, V = 64;
+  test::Filled q = test::normal(rng, DType::bf16, {B, T, H, K}), k = test::normal(rng, DType::bf16, {B, T, H, K});
+  test::Filled v = test::normal(rng, DType::bf16, {B, T, H, V}), g = test::log_gate(rng, DType::bf16, {B, T, H, K});
+  reference::Recurrent ref;
+  ref.B = B, ref.T = T, ref.H = H, ref.H_kv = H, ref.K = K, ref.V = V;
+  ref.q = q.values, ref.k = k.values, ref.v = v.values, ref.gk = g.values;
+  ref.scale = 1.0 / std::sqrt(static_cast<double>(K));
+  const reference::RecurrentOutput expected = reference::recurrent(ref);
+  ladle::RecurrentOptions options;
+  options.gk = g.tensor.view();
+  options.return_state = true;
+  options.backend = ladle::Backend::gpu;
+  ladle::BackgroundCompiles& jobs = ladle::BackgroundCompiles::global();
+  const int started = jobs.started();
+  for (int call = 0; call < 2; ++call) {
+    INFO("call " << call);
+    Tensor o(DType::bf16, {B, T, H, V}, std::numeric_limits<float>::quiet_NaN());
+    Tensor final_state(DType::f32, {B, H, K, V}, std::numeric_limits<float>::quiet_NaN());
+    ladle::recurrent_into(q.tensor.view(), k.tensor.view(), v.tensor.view(), options, {o.view(), final_state.view()});
+    CHECK(jobs.started() == started + 1);  // the first call started the chunked kernels' compile; the second none
+    CHECK(test::relative_error(o, expected.o) < test::tolerance(DType::bf16));
+    CHECK(test::relative_error(final_state, expected.final_state) < test::tolerance(DType::bf16));
+    ladle::finish_background_compiles();  // before the flags go: the job reads them
+  }
 }
 
 TEST_CASE("chunked: bad requests are refused by name", "[ops][chunked]") {
