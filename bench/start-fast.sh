@@ -58,7 +58,9 @@ if [[ $what == *interim* ]]; then
     local label=$1; shift
     local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
     local cache=$(mktemp -d)
-    local line=$(env LADLE_CACHE_DIR=$cache LADLE_AUTOTUNE=heuristic LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
+    # NVRTC keeps a cache of its own across processes (CUDA 12.9+): a fresh one per row, so that a cold
+    # row is cold.
+    local line=$(env LADLE_CACHE_DIR=$cache CUDA_CACHE_PATH=$(mktemp -d) LADLE_AUTOTUNE=heuristic LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
     local compiles=$(grep -c "compiled .* in .* ms" "$out/stderr.txt")
     echo "$label | $(echo "$line" | grep -oE '"(first_call_ms|interim|background_ms|ms|total_ms)":[a-z0-9.]+' | tr '\n' ' ')| $compiles NVRTC compiles"
   }

@@ -576,19 +576,21 @@ struct PlannedProgram {
 // failed: the foreground compile then reports it) means the chunked form runs; one found compiled
 // already is recorded as ended.
 bool interim(const RunOptions& options, const std::string& job, const std::string& arch,
-              const std::function<std::vector<PlannedProgram>()>& programs) {
+              const std::function<std::vector<PlannedProgram>()>& programs, const LaunchOptions& launch) {
   if (options.algorithm != Algorithm::automatic || options.chunked_tile || !background_compile_enabled() ||
       !DiskCache::global().enabled())
     return false;
   BackgroundCompiles& jobs = BackgroundCompiles::global();
-  switch (jobs.state(job)) {
-    case BackgroundState::done:
-      return false;
-    case BackgroundState::running:
-      return true;
-    case BackgroundState::none:
-      break;
+  const BackgroundState state = jobs.state(job);
+  if (state == BackgroundState::done) return false;
+  // Inside a CUDA graph's capture the kernel launched is the one every replay runs: the chunked
+  // kernels then, compiled in the foreground (or by the job, waited for).
+  const bool capturing = launch.stream ? launch.stream->capturing() : Stream::borrowed(nullptr).capturing();
+  if (capturing) {
+    if (state == BackgroundState::running) jobs.wait_all();
+    return false;
   }
+  if (state == BackgroundState::running) return true;
   std::vector<PlannedProgram> planned = programs();
   const bool compiled = std::all_of(planned.begin(), planned.end(), [&](const PlannedProgram& p) {
     return is_compiled(p.source, detail::named_options(p.source, p.name, arch));
@@ -607,7 +609,7 @@ bool interim(const RunOptions& options, const std::string& job, const std::strin
   return true;
 }
 
-bool interim_for_chunked(const ir::Variant& variant, const ChunkedPlan& plan, const RunOptions& options) {
+bool interim_for_chunked(const ir::Variant& variant, const ChunkedPlan& plan, const RunOptions& options, const LaunchOptions& launch) {
   const std::string arch = Device::get().properties().arch();
   std::string job = "chunked";
   for (const ChunkedLaunch& each : plan.launches) job.append(1, '\n').append(spec_key(variant, each.spec, arch));
@@ -620,10 +622,10 @@ bool interim_for_chunked(const ir::Variant& variant, const ChunkedPlan& plan, co
       out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
     }
     return out;
-  });
+  }, launch);
 }
 
-bool interim_for_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options) {
+bool interim_for_delta(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options, const LaunchOptions& launch) {
   if (options.algorithm != Algorithm::automatic || !background_compile_enabled()) return false;  // before planning
   const std::string arch = Device::get().properties().arch();
   const ChunkedDeltaPlan plan = plan_chunked_delta(variant, bound, options);
@@ -636,7 +638,7 @@ bool interim_for_delta(const ir::Variant& variant, const ops::BoundInputs& bound
       out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
     }
     return out;
-  });
+  }, launch);
 }
 
 }  // namespace
@@ -720,7 +722,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   };
   bool interim_ran = false;
   if (algorithm == Algorithm::chunked && variant.update == ir::Update::delta) {
-    if (!known && interim_for_delta(variant, bound, options)) {
+    if (!known && interim_for_delta(variant, bound, options, launch)) {
       interim_ran = true;
       run_interim();
     } else {
@@ -731,7 +733,7 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
   } else if (algorithm == Algorithm::chunked) {
     const GpuTarget target = device_target();
     chosen.chunked = plan_chunked(variant, bound, with_chunked_tile(variant, bound, options, target), target, knobs);
-    if (interim_for_chunked(variant, *chosen.chunked, options)) {
+    if (interim_for_chunked(variant, *chosen.chunked, options, launch)) {
       interim_ran = true;
       run_interim();
     } else {

@@ -140,6 +140,12 @@ Stream::~Stream() {
 
 void Stream::synchronize() const { LADLE_CU(api().cuStreamSynchronize(static_cast<CUstream>(stream_))); }
 
+bool Stream::capturing() const {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  LADLE_CU(api().cuStreamIsCapturing(static_cast<CUstream>(stream_), &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 Event::Event() {
   Device::get();
   CUevent event = nullptr;

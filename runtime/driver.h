@@ -72,6 +72,9 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   void synchronize() const;
+  // Whether work queued on this stream is being captured into a CUDA graph (cuStreamIsCapturing):
+  // what is launched then is replayed by every launch of the graph.
+  bool capturing() const;
   void* handle() const { return stream_; }
 
  private:

@@ -1,5 +1,5 @@
 /* A stand-in libcuda for measuring ladle's host-side cost a call without a GPU (bench/host-overhead.sh).
- * It answers the 37 driver calls ladle makes (runtime/detail/api.h) as an H100 would describe itself,
+ * It answers the 38 driver calls ladle makes (runtime/detail/api.h) as an H100 would describe itself,
  * keeps "device" memory in host memory (so copies and memsets work), remembers those ranges for
  * cuPointerGetAttributes, and launches nothing: cuLaunchKernel returns at once. Loaded through
  * LADLE_CUDA_DRIVER_LIBRARY; never part of the library. The test ops-stand_in_driver runs the GPU path's
@@ -110,6 +110,13 @@ CUresult cuCtxSynchronize(void) { COUNT; return CUDA_SUCCESS; }
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) { COUNT; (void)flags; *s = (CUstream)0x2; return CUDA_SUCCESS; }
 CUresult cuStreamDestroy(CUstream s) { COUNT; (void)s; return CUDA_SUCCESS; }
 CUresult cuStreamSynchronize(CUstream s) { COUNT; (void)s; return CUDA_SUCCESS; }
+/* LADLE_FAKE_CUDA_CAPTURING=1: every stream reports an active capture (as inside a CUDA graph's capture). */
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) { COUNT;
+  (void)s;
+  const char* capturing = getenv("LADLE_FAKE_CUDA_CAPTURING");
+  *status = capturing && strcmp(capturing, "1") == 0 ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
 CUresult cuEventCreate(CUevent* e, unsigned int flags) { COUNT; (void)flags; *e = (CUevent)0x3; return CUDA_SUCCESS; }
 CUresult cuEventDestroy(CUevent e) { COUNT; (void)e; return CUDA_SUCCESS; }
 CUresult cuEventRecord(CUevent e, CUstream s) { COUNT; (void)e; (void)s; return CUDA_SUCCESS; }

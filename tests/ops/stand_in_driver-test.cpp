@@ -361,7 +361,7 @@ TEST_CASE("a cold chunked call runs the fused recurrent kernel while its chunked
     CHECK(jobs.started() == started + 1);
   }
 
-  SECTION("no interim kernel where the caller names the chunked form, or with LADLE_BACKGROUND_COMPILE=0") {
+  SECTION("no interim kernel where the caller names the chunked form, with LADLE_BACKGROUND_COMPILE=0, or in a graph capture") {
     const int started = jobs.started();
     const ladle::ir::Variant named = fresh_variant("named_chunked");
     ladle::RunOptions chunked;
@@ -373,6 +373,13 @@ TEST_CASE("a cold chunked call runs the fused recurrent kernel while its chunked
       const ladle::ir::Variant waited = fresh_variant("waited");
       run(waited, {});
       CHECK(last_launch() == kernel_names(waited, ladle::Algorithm::chunked).front());
+    }
+    {
+      // Inside a CUDA graph's capture the launched kernel is what every replay runs: the chunked one.
+      ladle::test::ScopedEnv capturing("LADLE_FAKE_CUDA_CAPTURING", "1");
+      const ladle::ir::Variant captured = fresh_variant("captured");
+      run(captured, {});
+      CHECK(last_launch() == kernel_names(captured, ladle::Algorithm::chunked).front());
     }
     CHECK(jobs.started() == started);
     ladle::test::ScopedEnv bad("LADLE_BACKGROUND_COMPILE", "yes");
