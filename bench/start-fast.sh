@@ -62,7 +62,7 @@ if [[ $what == *interim* ]]; then
     # row is cold.
     local line=$(env LADLE_CACHE_DIR=$cache CUDA_CACHE_PATH=$(mktemp -d) LADLE_AUTOTUNE=heuristic LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
     local compiles=$(grep -c "compiled .* in .* ms" "$out/stderr.txt")
-    echo "$label | $(echo "$line" | grep -oE '"(first_call_ms|interim|background_ms|ms|total_ms)":[a-z0-9.]+' | tr '\n' ' ')| $compiles NVRTC compiles"
+    echo "$label | $(echo "$line" | grep -oE '"(first_call_ms|interim|background_ms|second_call_ms|ms|total_ms)":[a-z0-9.]+' | tr '\n' ' ')| $compiles NVRTC compiles"
   }
   {
     for rep in 1 2; do
@@ -72,6 +72,12 @@ if [[ $what == *interim* ]]; then
       done
       row "cold, auto, gla fwd B2 T16384 ($rep)" -- --op gla --algo auto -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 20
       row "cold, auto, waits, gla fwd B2 T16384 ($rep)" LADLE_BACKGROUND_COMPILE=0 -- --op gla --algo auto -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 20
+      # The default policy (cached) on a shape not tuned yet: the candidates compile behind the first
+      # call; the second call times them (second_call_ms). Waiting: the first call compiles and times.
+      row "tuning, cached policy, gla fwd B8 T4096 ($rep)" LADLE_AUTOTUNE=cached -- --op gla --algo auto $shape --reps 20
+      row "tuning, cached policy, waits, gla fwd B8 T4096 ($rep)" LADLE_AUTOTUNE=cached LADLE_BACKGROUND_COMPILE=0 -- --op gla --algo auto $shape --reps 20
+      row "tuning, cached policy, gla fwd B2 T16384 ($rep)" LADLE_AUTOTUNE=cached -- --op gla --algo auto -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 20
+      row "tuning, cached policy, waits, gla fwd B2 T16384 ($rep)" LADLE_AUTOTUNE=cached LADLE_BACKGROUND_COMPILE=0 -- --op gla --algo auto -B 2 -T 16384 -H 16 -K 128 -V 128 --reps 20
       row "cold, auto, gla fwd+bwd B8 T4096 ($rep)" -- --op gla --algo auto $shape --reps 5 --backward
       row "cold, auto, waits, gla fwd+bwd B8 T4096 ($rep)" LADLE_BACKGROUND_COMPILE=0 -- --op gla --algo auto $shape --reps 5 --backward
     done

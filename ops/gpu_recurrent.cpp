@@ -22,6 +22,7 @@
 #include <ladle/runtime/background.h>
 #include <ladle/runtime/cache.h>
 #include <ladle/runtime/log.h>
+#include <ladle/runtime/tuned_cache.h>
 
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
@@ -641,6 +642,51 @@ bool interim_for_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   }, launch);
 }
 
+// The chunked tiles a first call tunes among (with_chunked_tile): the cost model's best 8.
+constexpr std::size_t chunked_tune_candidates = 8;
+
+// Under LADLE_AUTOTUNE=cached a shape without a tuned tile tunes on its first call: it compiles every
+// candidate's kernels, then times them. Here the compiles run behind the call instead (one job for all
+// the candidates' programs, the heuristic's among them) while the fused recurrent kernel runs it; the
+// first call after they end times the candidates (no compile left) and stores the choice as before.
+bool interim_for_tuning(const ir::Variant& variant, const ops::BoundInputs& bound, const RunOptions& options,
+                        const GpuTarget& target, const ChunkedPlanKnobs& knobs, const LaunchOptions& launch) {
+  if (options.algorithm != Algorithm::automatic || options.chunked_tile || policy_from_env() != Policy::cached ||
+      !background_compile_enabled() || !DiskCache::global().enabled())
+    return false;
+  const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
+  const TuneJob tuning = chunked_tune_job(variant, bound, options, heuristic);
+  const std::string job = "tune\n" + tuning.key.hash();
+  const BackgroundState state = BackgroundCompiles::global().state(job);
+  if (state == BackgroundState::done) return false;
+  if (state == BackgroundState::none && TunedCache::global().lookup(tuning.key)) {  // tuned before: its tile's kernels
+    BackgroundCompiles::global().mark_done(job);
+    return false;
+  }
+  const std::string arch = Device::get().properties().arch();
+  return interim(options, job, arch, [&] {
+    std::vector<PlannedProgram> out;
+    for (const Config& config : tuning.tuner.plan(chunked_tune_candidates).configs) {
+      RunOptions candidate = options;
+      candidate.algorithm = Algorithm::chunked;
+      candidate.chunked_tile = to_chunked_tile(config);
+      std::vector<ChunkedLaunch> launches;
+      try {
+        launches = plan_chunked(variant, bound, candidate, target, knobs).launches;
+      } catch (const std::exception&) {
+        continue;  // the tuner records such a candidate as invalid when it meets it
+      }
+      for (const ChunkedLaunch& each : launches) {
+        cuda::ChunkedKernelSpec spec = each.spec;  // as compile_chunked generates it
+        if (spec.arch.empty()) spec.arch = arch;
+        cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, spec);
+        out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
+      }
+    }
+    return out;
+  }, launch);
+}
+
 }  // namespace
 
 namespace {
@@ -673,7 +719,7 @@ RunOptions with_chunked_tile(const ir::Variant& variant, const ops::BoundInputs&
   RunOptions tiled = options;
   if (tiled.chunked_tile) return tiled;
   TuneOptions tune_options;
-  tune_options.max_candidates = 8;
+  tune_options.max_candidates = chunked_tune_candidates;
   const cuda::ChunkedTile heuristic = heuristic_chunked_tile(variant, bound, chunked_tile_sequences(bound, options, target), target);
   tiled.chunked_tile = tuned_chunked_tile(variant, bound, options, heuristic, tune_options);
   return tiled;
@@ -732,9 +778,13 @@ void run_variant_into(const ir::Variant& variant, const TensorView& q, const Ten
     run_chunked_plan(*known->chunked, variant, bound, offsets.device_ptr(), launch, 0, &known->chunked_kernels);
   } else if (algorithm == Algorithm::chunked) {
     const GpuTarget target = device_target();
-    chosen.chunked = plan_chunked(variant, bound, with_chunked_tile(variant, bound, options, target), target, knobs);
-    if (interim_for_chunked(variant, *chosen.chunked, options, launch)) {
-      interim_ran = true;
+    // The tuner's candidates compiling behind the call (interim_for_tuning), else the plan's kernels.
+    interim_ran = interim_for_tuning(variant, bound, options, target, knobs, launch);
+    if (!interim_ran) {
+      chosen.chunked = plan_chunked(variant, bound, with_chunked_tile(variant, bound, options, target), target, knobs);
+      interim_ran = interim_for_chunked(variant, *chosen.chunked, options, launch);
+    }
+    if (interim_ran) {
       run_interim();
     } else {
       run_chunked_plan(*chosen.chunked, variant, bound, offsets.device_ptr(), launch, 0, nullptr, &chosen.chunked_kernels);

@@ -386,6 +386,22 @@ TEST_CASE("a cold chunked call runs the fused recurrent kernel while its chunked
     CHECK_THROWS_WITH(run(fresh_variant("bad_switch"), {}), Catch::Contains("LADLE_BACKGROUND_COMPILE='yes'") && Catch::Contains("expected 1"));
   }
 
+  SECTION("under LADLE_AUTOTUNE=cached a shape not tuned yet compiles the tuner's candidates behind the call") {
+    const ladle::ir::Variant variant = fresh_variant("interim_tuning");
+    const int started = jobs.started();
+    {
+      ladle::test::ScopedEnv cached("LADLE_AUTOTUNE", "cached");
+      run(variant, {});
+      CHECK(jobs.started() == started + 1);
+      CHECK(last_launch() == kernel_names(variant, ladle::Algorithm::recurrent).front());
+      ladle::finish_background_compiles();
+    }
+    // The heuristic's tile was among the candidates: its kernel is compiled, so no second job, no interim.
+    run(variant, {});
+    CHECK(last_launch() == kernel_names(variant, ladle::Algorithm::chunked).front());
+    CHECK(jobs.started() == started + 1);
+  }
+
   SECTION("the gated delta rule's chunked kernels take the same path") {
     const Tensor beta = device(DType::bf16, {1, T, H}), gh = device(DType::f32, {1, T, H});
     // A gated delta rule no other case compiles: its gate scaled by a fresh constant.
