@@ -114,16 +114,18 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
   // bench/RESULTS.md, "Evidence behind the heuristics", H1).
   // A few query tokens against many keys: the decode form (a GQA group's heads as rows, the keys
   // split over blocks): four warps, one to four row groups of 16 (the group's rows), the others
-  // splitting each 64-key tile (bench/RESULTS.md, "Evidence behind the heuristics", H18).
+  // splitting each 64-key tile; three K/V tiles in flight where one row group's warps all split the
+  // keys, else two (bench/RESULTS.md, "Evidence behind the heuristics", H18).
   if (attention_decode_shaped(args)) {
     const std::int64_t group = args.H / std::max<std::int64_t>(1, args.H_kv);
     const std::int64_t row_groups = std::min<std::int64_t>(4, (args.longest_q() * group + 15) / 16);
     const int block_m = static_cast<int>(16 * (row_groups == 3 ? 4 : row_groups));
     for (const int block_n : {64, 32})
-      for (const int warps : {4, block_m / 16}) {
-        const cuda::AttentionTile decode{block_m, block_n, warps, 2, cuda::AttentionMma::decode};
-        if (fits(decode)) return decode;
-      }
+      for (const int warps : {4, block_m / 16})
+        for (const int stages : {block_m == 16 ? 3 : 2, 2}) {
+          const cuda::AttentionTile decode{block_m, block_n, warps, stages, cuda::AttentionMma::decode};
+          if (fits(decode)) return decode;
+        }
   }
   const DType qt = args.tensors.size() >= 3 ? args.tensors[0].type : DType::f32;
   const bool tma = cuda::has_wgmma(arch) && (qt == DType::f16 || qt == DType::bf16) &&
