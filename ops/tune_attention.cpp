@@ -34,9 +34,9 @@ struct TileField {
 
 const std::vector<TileField>& tile_fields() {
   static const std::vector<TileField> fields{
-      {"block_m", {64, 128}, [](const Tile& t) { return t.block_m; }, [](Tile& t, int v) { t.block_m = v; }},
+      {"block_m", {64, 128, 192}, [](const Tile& t) { return t.block_m; }, [](Tile& t, int v) { t.block_m = v; }},
       {"block_n", {32, 64, 128}, [](const Tile& t) { return t.block_n; }, [](Tile& t, int v) { t.block_n = v; }},
-      {"warps", {4, 8}, [](const Tile& t) { return t.warps; }, [](Tile& t, int v) { t.warps = v; }},
+      {"warps", {4, 8, 12}, [](const Tile& t) { return t.warps; }, [](Tile& t, int v) { t.warps = v; }},  // 12: ws only
       {"stages", {1, 2, 3, 4}, [](const Tile& t) { return t.stages; }, [](Tile& t, int v) { t.stages = v; }},
       {"mma", {0, 1, 2}, [](const Tile& t) { return static_cast<int>(t.mma); },
        [](Tile& t, int v) { t.mma = v == 2 ? cuda::AttentionMma::ws : v ? cuda::AttentionMma::wgmma : cuda::AttentionMma::sync; }},

@@ -771,9 +771,10 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
                                const std::vector<std::string>& id) {
   const AttentionTile& tile = spec.tile;
   const bool ws = tile.mma == AttentionMma::ws, decode = tile.mma == AttentionMma::decode;
-  // ws: a producer warpgroup beside the consumers' warps; with two consumer warpgroups the
-  // producer gives its registers to them (setmaxnreg: 128 x 24 + 256 x 240 = the 64K register file).
-  const bool two_consumers = ws && tile.warps == 8;
+  // ws: a producer warpgroup beside the consumers' warps; with two or three consumer warpgroups the
+  // producer gives its registers to them (setmaxnreg: 128 x 24 + 256 x 240, or 128 x 24 + 384 x 160,
+  // within the 64K register file).
+  const bool two_consumers = ws && tile.warps == 8, three_consumers = ws && tile.warps == 12;
   const Forward f{variant,
                   spec,
                   tile,
@@ -782,8 +783,8 @@ AttentionKernel generate_named(const ir::AttentionVariant& variant, const Attent
                   tile.mma == AttentionMma::wgmma || ws,
                   decode,
                   32 * tile.warps + (ws ? 128 : 0),
-                  two_consumers ? 24 : 0,
-                  two_consumers ? 240 : 0,
+                  two_consumers || three_consumers ? 24 : 0,
+                  two_consumers ? 240 : three_consumers ? 160 : 0,
                   id,
                   inputs_read(variant)};
 

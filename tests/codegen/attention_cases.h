@@ -217,6 +217,11 @@ inline std::vector<Case> hopper(ladle::cuda::AttentionMma kind) {
     Case two = make("causal, two batch rows, two consumer warpgroups, 64-key tiles", variant("causal"));
     two.B = 2, two.Tq = two.Tk = 150;
     add(two, small, {128, 64, 8, 2});
+    // Three consumer warpgroups (192 rows a block, 160 registers each): D = 64's tile. 400 rows: two
+    // whole row blocks and a part; 128-key tiles in three stages.
+    Case three = make("causal, D=64, three consumer warpgroups, 128-key tiles, 3 stages", variant("causal"));
+    three.Tq = three.Tk = 400;
+    add(three, small, {192, 128, 12, 3});
   }
   return cases;
 }

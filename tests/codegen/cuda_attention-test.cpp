@@ -536,6 +536,14 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
              Catch::Contains("expected 2 to 4"));
   CHECK_THAT(cuda::validate_attention_tile({128, 128, 8, 4, cuda::AttentionMma::ws}, 128, 128, 227 * 1024, false, "sm_90a").front(),
              Catch::Contains("shared memory"));
+  // Three consumer warpgroups (192 rows, 12 warps) are ws's alone, with their fragments in 128 registers.
+  CHECK(cuda::validate_attention_tile({192, 128, 12, 3, cuda::AttentionMma::ws}, 64, 64, 227 * 1024, false, "sm_90a").empty());
+  CHECK_THAT(cuda::validate_attention_tile({192, 128, 12, 2, cuda::AttentionMma::ws}, 128, 128, 227 * 1024, false, "sm_90a").front(),
+             Catch::Contains("at most 128"));
+  CHECK_THAT(cuda::validate_attention_tile({192, 64, 12, 2, cuda::AttentionMma::wgmma}, 64, 64, 0, false, "sm_90a").front(),
+             Catch::Contains("expected 4 or 8"));
+  CHECK_THAT(cuda::validate_attention_tile({192, 64, 8, 2, cuda::AttentionMma::ws}, 64, 64, 0, false, "sm_90a").front(),
+             Catch::Contains("block_m = 16 * warps"));
   CHECK(cuda::parse_attention_tile("128,128,8,3,ws") == cuda::AttentionTile{128, 128, 8, 3, cuda::AttentionMma::ws});
   CHECK(cuda::to_string(cuda::AttentionTile{128, 128, 8, 3, cuda::AttentionMma::ws}) == "block_m=128 block_n=128 warps=8 stages=3 mma=ws");
   const ir::AttentionVariant& causal = attention_variant(parse_attention_features("causal"));

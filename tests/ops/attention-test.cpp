@@ -396,6 +396,21 @@ TEST_CASE("a soft cap of 30 with logits at the cap: the kernels' fast tanh stays
   }
 }
 
+TEST_CASE("head dims to 64 on shapes that fill the GPU: three consumer warpgroups on sm_90a", "[ops][attention]") {
+  // 2 x 34 heads x 3 row blocks of 192 = 204 blocks, more than an H100's or H200's 132 SMs: the
+  // heuristic's 192-row ws tile (three consumer warpgroups) there; causal, a sliding window with a
+  // soft cap, and sinks with GQA; bf16.
+  for (int variant = 0; variant < 3; ++variant) {
+    Case c;
+    c.type = DType::bf16;
+    c.B = 2, c.Tq = c.Tk = 400, c.H = 34, c.H_kv = variant == 2 ? 17 : 34, c.D = c.Dv = 64;
+    if (variant == 0) c.causal = true;
+    if (variant == 1) c.window = std::pair<std::int64_t, std::int64_t>{100, 0}, c.soft_cap = 30.0f;
+    if (variant == 2) c.causal = true, c.sinks_shape = {34, 2};
+    check_case(c);
+  }
+}
+
 TEST_CASE("masks and biases broadcast over B and H, with leading axes left out; masks may be float", "[ops][attention]") {
   Case base;
   base.Tq = 5, base.Tk = 8;

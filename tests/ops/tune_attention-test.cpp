@@ -122,23 +122,25 @@ TEST_CASE("attention configs name block_m, block_n, warps, stages and mma, and c
 TEST_CASE("the attention space is block_m x block_n x warps x stages x mma, warps agreeing with block_m") {
   const Call call(8, 4096, 16, 128);
   const SearchSpace space = call.space();
-  REQUIRE(space.size() == 2 * 3 * 2 * 4 * 3);
+  REQUIRE(space.size() == 3 * 3 * 3 * 4 * 3);
   REQUIRE(space.has_cost_model());
   for (const Config& c : space.all()) {
-    REQUIRE(std::set<int>{64, 128}.count(c["block_m"]));
+    REQUIRE(std::set<int>{64, 128, 192}.count(c["block_m"]));
     REQUIRE(std::set<int>{32, 64, 128}.count(c["block_n"]));
-    REQUIRE(std::set<int>{4, 8}.count(c["warps"]));
+    REQUIRE(std::set<int>{4, 8, 12}.count(c["warps"]));
     REQUIRE(std::set<int>{1, 2, 3, 4}.count(c["stages"]));
     REQUIRE(std::set<int>{0, 1, 2}.count(c["mma"]));
   }
-  // Half the combinations put 16 rows on other than one warp; stages 3 and 4 are ws's only and
-  // ws needs rows TMA can copy. At D=128 on an H100: 12 sync and 12 wgmma; with aligned rows
-  // also the 16 ws tiles whose ring fits 227 KiB and whose fragments fit 192 registers; an A100
-  // has neither wgmma nor ws: 12.
+  // Most combinations put 16 rows on other than one warp; stages 3 and 4 are ws's only, so are 192
+  // rows (three consumer warpgroups), and ws needs rows TMA can copy. At D=128 on an H100: 12 sync
+  // and 12 wgmma; with aligned rows also the 16 ws tiles of one or two consumer warpgroups whose ring
+  // fits 227 KiB and whose fragments fit 192 registers, and the 6 of three (32 or 64 keys, whose
+  // fragments fit their 128); an A100 has neither wgmma nor ws: 12.
   const auto valid = space.enumerate(h100());
   REQUIRE(valid.size() == 24);
   const auto aligned = call.space(true).enumerate(h100());
-  REQUIRE(aligned.size() == 40);
+  REQUIRE(aligned.size() == 46);
+  REQUIRE(std::count_if(aligned.begin(), aligned.end(), [](const Config& c) { return c["warps"] == 12; }) == 6);
   for (const Config& c : aligned) REQUIRE((c["stages"] <= 2 || c["mma"] == 2));
   REQUIRE_THAT(*space.why_invalid(tile(128, 128, 8, 2, cuda::AttentionMma::ws), h100()), Catch::Contains("TMA"));
   REQUIRE_THAT(*call.space(true).why_invalid(tile(128, 128, 8, 4, cuda::AttentionMma::ws), h100()), Catch::Contains("shared memory"));
@@ -282,7 +284,7 @@ TEST_CASE("the cost model ranks the heuristic first at the benchmark shapes and 
     const Call call(8, 4096, 16, 128);
     const Config heuristic = to_config(call.heuristic());
     const TunePlan plan = call.space().plan(h100(), heuristic, 4);
-    REQUIRE(plan.space_size == 144);
+    REQUIRE(plan.space_size == 324);
     REQUIRE(plan.valid == 24);
     REQUIRE(plan.configs.size() == 4);
     REQUIRE(plan.pruned == 24 - 4);
@@ -408,7 +410,7 @@ TEST_CASE("tuning the attention space picks the fastest valid candidate and reje
   const TuneResult result = tuner.tune(key, fake, tuning.options);
   tuning.check_second_wins(result, fake, key, fastest, second, valid.size());
   REQUIRE(result.heuristic == heuristic);
-  REQUIRE(result.space_size == 144);
+  REQUIRE(result.space_size == 324);
   for (const Config& timed : fake.timed) REQUIRE_FALSE(call.space().why_invalid(timed, h100()));
   REQUIRE(tuning.cache.list().size() == 1);
   for (std::string_view family : {gpu::recurrent_family, gpu::chunked_family})

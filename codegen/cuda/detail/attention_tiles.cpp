@@ -101,6 +101,10 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
     else if (tile.block_n % (16 * (tile.warps / (tile.block_m / 16))) != 0)
       say("block_n = " + std::to_string(tile.block_n) + " over " + std::to_string(tile.warps / (tile.block_m / 16)) +
           " key warps, expected 16 keys or a multiple of 16 a warp");
+  } else if (tile.mma == AttentionMma::ws) {  // one to three consumer warpgroups of 64 rows each
+    if (tile.warps != 4 && tile.warps != 8 && tile.warps != 12) say("warps = " + std::to_string(tile.warps) + ", expected 4, 8 or 12 (mma=ws)");
+    block_m_ok = tile.block_m == 64 || tile.block_m == 128 || tile.block_m == 192;
+    if (!block_m_ok) say("block_m = " + std::to_string(tile.block_m) + ", expected 64, 128 or 192 (mma=ws)");
   } else {
     if (tile.warps != 4 && tile.warps != 8) say("warps = " + std::to_string(tile.warps) + ", expected 4 or 8");
     block_m_ok = tile.block_m == 64 || tile.block_m == 128;
@@ -129,11 +133,12 @@ std::vector<std::string> validate_attention_tile(const AttentionTile& tile, int 
   if (!problems.empty()) return problems;
   // Registers per thread. sync: q fragments D/4 (x2 split), scores block_n/2, o_acc Dv/2.
   // wgmma: q stays in shared memory; scores block_n/2, P packed block_n/4, o_acc Dv/2.
-  // ws: the same as wgmma; its consumers get 240 registers (setmaxnreg), so up to 192 of them.
+  // ws: the same as wgmma; two consumer warpgroups get 240 registers each (setmaxnreg), so up to 192
+  // of them; three get 160, so up to 128.
   const bool wgmma = tile.mma == AttentionMma::wgmma || ws;
   const int registers = wgmma ? tile.block_n / 2 + tile.block_n / 4 + pad16(Dv) / 2
                               : pad16(D) / 4 * (split_f32 ? 2 : 1) + tile.block_n / 2 + pad16(Dv) / 2;
-  const int most = ws ? 192 : 160;
+  const int most = ws ? (tile.warps == 12 ? 128 : 192) : 160;
   if (registers > most)
     say("each thread would hold " + std::to_string(registers) + " fragment values in registers (" +
         (wgmma ? "3 block_n/4 + Dv/2" : "D/4 + block_n/2 + Dv/2") + "), expected at most " + std::to_string(most));
