@@ -138,13 +138,16 @@ cuda::AttentionTile heuristic_attention_tile(const ops::AttentionArgs& args, int
     bool light = args.dropout_p <= 0 && !args.q_segment_ids;
     for (std::size_t i = 3; i < args.tensors.size(); ++i) light = light && (!args.tensors[i].data || args.tensors[i].rank() != 4);
     ws.mma = cuda::AttentionMma::ws, ws.stages = 2, ws.block_n = D <= 128 && Dv <= 128 && light ? 128 : 64;
-    // Head dims to 64 with 128-key tiles: three consumer warpgroups (192 rows a block, three K/V
-    // stages) where the shape still gives every SM a block: more warps to hide the softmax's latency
-    // behind the products (D = 64 causal on the H200: 0.708-0.735 ms against 0.752-0.764;
-    // "Evidence behind the heuristics", H19).
+    // Head dims to 64 with 128-key tiles, no sliding window: three consumer warpgroups (192 rows a
+    // block, three K/V stages) where the shape still gives every SM a block: more warps to hide the
+    // softmax's latency behind the products (H200, B8 T4096 D64: causal 0.715-0.721 ms against
+    // 0.744-0.750, sinks + GQA 0.722-0.737 against 0.786-0.803; a window + soft cap 7 % slower, so
+    // not there: "Evidence behind the heuristics", H19).
     cuda::AttentionTile three = ws;
     three.block_m = 192, three.warps = 12, three.stages = 3;
-    if (D <= 64 && Dv <= 64 && ws.block_n == 128 && args.N * args.H * ((rows + 191) / 192) >= sms && fits(three)) return three;
+    const bool window = args.window_left >= 0 || args.window_right >= 0;
+    if (D <= 64 && Dv <= 64 && ws.block_n == 128 && !window && args.N * args.H * ((rows + 191) / 192) >= sms && fits(three))
+      return three;
     if (fits(ws)) return ws;
     ws.block_n = 64;
     if (fits(ws)) return ws;

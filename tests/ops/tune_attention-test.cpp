@@ -481,6 +481,20 @@ TEST_CASE("on sm_90a the heuristic takes the ws pipeline where TMA can copy the 
     REQUIRE(tile.block_n == block_n);
     REQUIRE(cuda::validate_attention_tile(tile, D, D, h100().max_shared_per_block, false, "sm_90a").empty());
   }
+  // Head dims to 64 take three consumer warpgroups where the shape fills the GPU, but not with a
+  // window (bench/RESULTS.md, H19), nor on a shape of fewer 192-row blocks than SMs.
+  Call causal64(8, 4096, 16, 64);
+  aligned(causal64);
+  REQUIRE(pick(causal64, h100()) == cuda::AttentionTile{192, 128, 12, 3, AttentionMma::ws});
+  Call sinks64(8, 4096, 16, 64, sinks, DType::bf16, 2);
+  aligned(sinks64);
+  REQUIRE(pick(sinks64, h100()).warps == 12);
+  Call window64(8, 4096, 16, 64, window);
+  aligned(window64);
+  REQUIRE(pick(window64, h100()) == cuda::AttentionTile{128, 128, 8, 2, AttentionMma::ws});
+  Call short64(1, 1024, 16, 64);  // 16 x 6 = 96 row blocks of 192
+  aligned(short64);
+  REQUIRE(pick(short64, h100()).warps != 12);
   // fp32 inputs and head dims TMA cannot copy keep the other families.
   Call f32(8, 4096, 16, 64, Call::causal(), DType::f32);
   aligned(f32);
