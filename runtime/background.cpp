@@ -6,7 +6,9 @@
 #include <string_view>
 
 #include "cache.h"
+#include "compiler.h"
 #include "detail/api.h"
+#include "dump.h"
 #include "error.h"
 #include "log.h"
 
@@ -17,19 +19,23 @@ struct BackgroundCompiles::Job {
 };
 
 BackgroundCompiles& BackgroundCompiles::global() {
-  // What a job touches is made first, so that the wait at exit (registered after them) runs before
-  // their destructors: the cache, NVRTC's entry points, the log's level.
+  // The process's jobs are never destroyed: start() registers the wait at exit. What a job touches
+  // is made here, before any such registration, so that the wait runs before their destructors
+  // (static objects are destroyed in the reverse order of their making, atexit's functions taking
+  // their places in it): the cache, NVRTC's entry points and version, the ptxas report's patterns,
+  // the log's level, the dump directory.
   static BackgroundCompiles* const jobs = [] {
     DiskCache::global();
     try {
       detail::nvrtc();
+      nvrtc_version();
     } catch (const std::exception&) {
       // No NVRTC: a job fails where it compiles, and its caller's foreground compile says why.
     }
+    parse_ptxas_info("");
     log::enabled(log::Level::debug);
-    auto* made = new BackgroundCompiles();
-    std::atexit([] { global().wait_all(); });
-    return made;
+    dump_directory();  // LADLE_DUMP's directory, read by a job's compile
+    return new BackgroundCompiles();
   }();
   return *jobs;
 }
@@ -42,6 +48,8 @@ bool BackgroundCompiles::start(const std::string& key, std::function<void()> job
   if (slot) return false;
   slot = std::make_shared<Job>();
   ++started_;
+  // The wait at exit, registered anew with each job: after whatever the caller made before it.
+  if (this == &global()) std::atexit([] { global().wait_all(); });
   threads_.emplace_back([state = slot, key, job = std::move(job)] {
     try {
       job();
