@@ -13,6 +13,17 @@ what=${*:-tests first}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 . bench/build.sh "$out/build.log" ${LADLE_TARGETS:-all}
 echo "build done: $SECONDS s"
+bench=$build/tools/ladle-bench/ladle-bench-recurrent
+# One ladle-bench-recurrent process with empty caches, ladle's and NVRTC's own (CUDA 12.9+ keeps one
+# across processes in CUDA_CACHE_PATH): label, env..., -- its arguments. Prints the first call, the
+# compile behind it, the call after it, the steady time, and the NVRTC compiles in the log.
+cold_row() {
+  local label=$1; shift
+  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  local line=$(env LADLE_CACHE_DIR=$(mktemp -d) CUDA_CACHE_PATH=$(mktemp -d) LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
+  local compiles=$(grep -c "compiled .* in .* ms" "$out/stderr.txt")
+  echo "$label | $(echo "$line" | grep -oE '"(first_call_ms|interim|background_ms|second_call_ms|ms|total_ms)":[a-z0-9.]+' | tr '\n' ' ')| $compiles NVRTC compiles"
+}
 if [[ $what == *tests* ]]; then
   # Each program alone on the GPU (-j1 for the GPU programs' own times; the emulation and NVRTC
   # programs, which need no GPU, beside them would only slow them).
@@ -23,16 +34,8 @@ if [[ $what == *tests* ]]; then
   echo "tests done: $SECONDS s"
 fi
 if [[ $what == *first* ]]; then
-  bench=$build/tools/ladle-bench/ladle-bench-recurrent
   shape="-B 8 -T 4096 -H 16 -K 128 -V 128"
-  first() {  # label, env..., -- args
-    local label=$1; shift
-    local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-    local cache=$(mktemp -d)
-    local line=$(env LADLE_CACHE_DIR=$cache LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
-    local compiles=$(grep -c "compiled .* in .* ms" "$out/stderr.txt")
-    echo "$label | $(echo "$line" | grep -oE '"first_call_ms":[0-9.]+' | cut -d: -f2) ms first call | $compiles NVRTC compiles | $(echo "$line" | grep -oE '"(ms|total_ms)":[0-9.]+')"
-  }
+  first() { cold_row "$@"; }
   {
     for op in gla simple_gla rwkv6 gated_delta_rule; do
       first "cold, heuristic, $op fwd B8 T4096" LADLE_AUTOTUNE=heuristic -- --op $op --algo chunked $shape --reps 5
@@ -52,18 +55,8 @@ if [[ $what == *first* ]]; then
   } | tee "$out/first-calls.txt"
 fi
 if [[ $what == *interim* ]]; then
-  bench=$build/tools/ladle-bench/ladle-bench-recurrent
   shape="-B 8 -T 4096 -H 16 -K 128 -V 128"
-  row() {  # label, env..., -- args
-    local label=$1; shift
-    local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-    local cache=$(mktemp -d)
-    # NVRTC keeps a cache of its own across processes (CUDA 12.9+): a fresh one per row, so that a cold
-    # row is cold.
-    local line=$(env LADLE_CACHE_DIR=$cache CUDA_CACHE_PATH=$(mktemp -d) LADLE_AUTOTUNE=heuristic LADLE_LOG=debug "${envs[@]}" "$bench" "$@" 2> "$out/stderr.txt" | tail -1)
-    local compiles=$(grep -c "compiled .* in .* ms" "$out/stderr.txt")
-    echo "$label | $(echo "$line" | grep -oE '"(first_call_ms|interim|background_ms|second_call_ms|ms|total_ms)":[a-z0-9.]+' | tr '\n' ' ')| $compiles NVRTC compiles"
-  }
+  row() { cold_row "$1" LADLE_AUTOTUNE=heuristic "${@:2}"; }  # the heuristic unless the row names a policy
   {
     for rep in 1 2; do
       for op in gla simple_gla rwkv6 gated_delta_rule delta_rule kda; do

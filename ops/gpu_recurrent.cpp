@@ -610,18 +610,24 @@ bool interim(const RunOptions& options, const std::string& job, const std::strin
   return true;
 }
 
+// The programs of a chunked plan's launches, generated as compile_chunked generates them, onto `out`.
+void add_chunked_programs(const ir::Variant& variant, const std::vector<ChunkedLaunch>& launches, const std::string& arch,
+                          std::vector<PlannedProgram>& out) {
+  for (const ChunkedLaunch& each : launches) {
+    cuda::ChunkedKernelSpec target = each.spec;
+    if (target.arch.empty()) target.arch = arch;
+    cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, target);
+    out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
+  }
+}
+
 bool interim_for_chunked(const ir::Variant& variant, const ChunkedPlan& plan, const RunOptions& options, const LaunchOptions& launch) {
   const std::string arch = Device::get().properties().arch();
   std::string job = "chunked";
   for (const ChunkedLaunch& each : plan.launches) job.append(1, '\n').append(spec_key(variant, each.spec, arch));
   return interim(options, job, arch, [&] {
     std::vector<PlannedProgram> out;
-    for (const ChunkedLaunch& each : plan.launches) {
-      cuda::ChunkedKernelSpec target = each.spec;  // as compile_chunked generates it
-      if (target.arch.empty()) target.arch = arch;
-      cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, target);
-      out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
-    }
+    add_chunked_programs(variant, plan.launches, arch, out);
     return out;
   }, launch);
 }
@@ -676,12 +682,7 @@ bool interim_for_tuning(const ir::Variant& variant, const ops::BoundInputs& boun
       } catch (const std::exception&) {
         continue;  // the tuner records such a candidate as invalid when it meets it
       }
-      for (const ChunkedLaunch& each : launches) {
-        cuda::ChunkedKernelSpec spec = each.spec;  // as compile_chunked generates it
-        if (spec.arch.empty()) spec.arch = arch;
-        cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, spec);
-        out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
-      }
+      add_chunked_programs(variant, launches, arch, out);
     }
     return out;
   }, launch);
