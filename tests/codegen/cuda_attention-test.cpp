@@ -482,6 +482,9 @@ TEST_CASE("attention: ws kernels compile for sm_90a without spills, with TMA cop
   items.push_back({"causal", DType::bf16, 256, 256, {128, 64, 8, 2}});
   items.push_back({"causal", DType::bf16, 192, 128, {128, 64, 8, 2}});
   items.push_back({"causal", DType::bf16, 128, 64, {128, 128, 8, 3}});
+  // Three consumer warpgroups, the heuristic's tile at head dims to 64 (160 registers each).
+  items.push_back({"causal", DType::bf16, 64, 64, {192, 128, 12, 3}});
+  items.push_back({"causal,sinks", DType::bf16, 64, 64, {192, 128, 12, 3}});
   for (int block_m : {64, 128})
     for (int block_n : {32, 64, 128})
       for (int stages : {2, 3, 4})
