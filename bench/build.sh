@@ -7,7 +7,7 @@ ladle_build_log=$1
 shift
 build=${LADLE_GPU_BUILD:-/tmp/build-gpu}
 ladle_prefix=""
-[ -d .deps/root/usr ] && ladle_prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr"
+[ -d .deps/root/usr ] && ladle_prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr -DLADLE_FMT_HEADER_ONLY=ON"  # no libfmt9 installed there
 if ! { cmake -S . -B "$build" -G Ninja $ladle_prefix -DCMAKE_BUILD_TYPE=Release >> "$ladle_build_log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" --target "$@" >> "$ladle_build_log" 2>&1; }; then
   tail -40 "$ladle_build_log"; echo "BUILD FAILED"; exit 1

@@ -19,7 +19,7 @@ step() { echo "== $*" | tee -a "$log"; }
 step "configure + build"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >> "$log" 2>&1
 prefix=""
-[ -d .deps/root/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr"
+[ -d .deps/root/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/root/usr -DLADLE_FMT_HEADER_ONLY=ON"  # no libfmt9 installed there
 if ! { cmake -S . -B build-gpu -G Ninja $prefix -DCMAKE_BUILD_TYPE=Release >> "$log" 2>&1 &&
        cmake --build build-gpu -j"$(nproc)" >> "$log" 2>&1; }; then
   tail -40 "$log"; echo "BUILD FAILED"; exit 1

@@ -6,6 +6,7 @@
 #include <ladle/runtime/error.h>
 
 #include <cstddef>
+#include <future>
 #include <numeric>
 
 #include "attention_bind.h"
@@ -266,6 +267,23 @@ std::vector<GeneratedKernel> generated_backward_kernels(const ir::AttentionVaria
 
 CompiledProgram compile_generated(const GeneratedKernel& kernel, const std::string& arch) {
   return gpu::detail::compile_named(kernel.source, kernel.name, arch, kernel.dynamic_shared_bytes);
+}
+
+bool is_compiled(const GeneratedKernel& kernel, const std::string& arch) {
+  return is_compiled(kernel.source, gpu::detail::named_options(kernel.source, kernel.name, arch));
+}
+
+void compile_side_by_side(const std::vector<GeneratedKernel>& kernels, const std::string& arch) {
+  std::vector<std::future<void>> compiling;
+  for (const GeneratedKernel& kernel : kernels)
+    compiling.push_back(std::async(std::launch::async, [&kernel, &arch] { compile_generated(kernel, arch); }));
+  for (auto& job : compiling) {
+    try {
+      job.get();
+    } catch (const std::exception&) {
+      // Reported where the kernel is launched.
+    }
+  }
 }
 
 }  // namespace ladle

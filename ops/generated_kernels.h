@@ -97,5 +97,10 @@ std::vector<GeneratedKernel> generated_backward_kernels(const ir::Variant& varia
 // Compiles one through the cache, as the launcher does (arch "": this GPU, else the default
 // target).
 CompiledProgram compile_generated(const GeneratedKernel& kernel, const std::string& arch = "");
+// Whether compile_generated would find it in the compile cache (runtime/compiler.h, is_compiled).
+bool is_compiled(const GeneratedKernel& kernel, const std::string& arch = "");
+// Compiles them through the cache side by side, a thread each, and returns when all have ended. A
+// head start only: a kernel that fails to compile fails again where it is launched, with its message.
+void compile_side_by_side(const std::vector<GeneratedKernel>& kernels, const std::string& arch = "");
 
 }  // namespace ladle

@@ -1,6 +1,5 @@
 #include "gpu_backward.h"
 
-#include <future>
 #include <mutex>
 #include <set>
 #include <algorithm>
@@ -677,20 +676,7 @@ class BackwardCall {
     } catch (const std::exception&) {
       return;
     }
-    compile_all(planned);
-  }
-
-  void compile_all(const std::vector<GeneratedKernel>& kernels) const {
-    std::vector<std::future<void>> compiling;
-    for (const GeneratedKernel& kernel : kernels)
-      compiling.push_back(std::async(std::launch::async, [&kernel, this] { compile_generated(kernel, arch_); }));
-    for (auto& job : compiling) {
-      try {
-        job.get();
-      } catch (const std::exception&) {
-        // As above: a kernel that fails to compile fails where it is launched, with its message.
-      }
-    }
+    compile_side_by_side(planned, arch_);
   }
 
   // The recurrences' outputs: the gradients where they are written directly, else scratch.
@@ -954,7 +940,7 @@ class BackwardCall {
     } catch (const std::exception&) {
       return;  // a head start only: a kernel that fails to compile fails where it is launched, with its message
     }
-    compile_all(planned);
+    compile_side_by_side(planned, arch_);
   }
 
   // What an update form's call compiles: slots, the form's program, chain, helpers.

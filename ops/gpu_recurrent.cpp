@@ -6,12 +6,12 @@
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
 #include "chunked_plan.h"
+#include "generated_kernels.h"
 #include "gpu_attention.h"
 #include "tune_recurrent.h"
 
 #include <algorithm>
 #include <functional>
-#include <future>
 #include <iterator>
 #include <cstdlib>
 #include <cstring>
@@ -562,13 +562,6 @@ ops::detail::CallMemo<std::shared_ptr<const ChosenRun>>& chosen_runs() {
 
 namespace {
 
-// A program of a call's chunked form, generated as its launcher generates it: what a background
-// compile takes.
-struct PlannedProgram {
-  std::string source, name;
-  int shared_bytes = -1;
-};
-
 // Whether this call runs the fused recurrent kernel in the interim while the chunked form's programs
 // compile behind it (runtime/background.h; docs/caches.md, "A first call"): the fused recurrent
 // kernel compiles in a fifth to a tenth of the chunked ws kernel's NVRTC time. Only where the caller
@@ -578,7 +571,7 @@ struct PlannedProgram {
 // failed: the foreground compile then reports it) means the chunked form runs; one found compiled
 // already is recorded as ended.
 bool interim(const RunOptions& options, const std::string& job, const std::string& arch,
-              const std::function<std::vector<PlannedProgram>()>& programs, const LaunchOptions& launch) {
+              const std::function<std::vector<GeneratedKernel>()>& programs, const LaunchOptions& launch) {
   if (options.algorithm != Algorithm::automatic || options.chunked_tile || !background_compile_enabled() ||
       !DiskCache::global().enabled())
     return false;
@@ -593,32 +586,26 @@ bool interim(const RunOptions& options, const std::string& job, const std::strin
     return false;
   }
   if (state == BackgroundState::running) return true;
-  std::vector<PlannedProgram> planned = programs();
-  const bool compiled = std::all_of(planned.begin(), planned.end(), [&](const PlannedProgram& p) {
-    return is_compiled(p.source, detail::named_options(p.source, p.name, arch));
-  });
+  std::vector<GeneratedKernel> planned = programs();
+  const bool compiled = std::all_of(planned.begin(), planned.end(), [&](const GeneratedKernel& k) { return is_compiled(k, arch); });
   if (compiled) {
     jobs.mark_done(job);
     return false;
   }
   log::debug(fmt::format("{} program(s) of a chunked call compile in the background; the fused recurrent kernel runs the call meanwhile", planned.size()));
-  jobs.start(job, [planned = std::move(planned), arch] {
-    std::vector<std::future<void>> compiling;  // a plan's programs side by side
-    for (const PlannedProgram& p : planned)
-      compiling.push_back(std::async(std::launch::async, [&p, &arch] { detail::compile_named(p.source, p.name, arch, p.shared_bytes); }));
-    for (auto& each : compiling) each.get();
-  });
+  jobs.start(job, [planned = std::move(planned), arch] { compile_side_by_side(planned, arch); });
   return true;
 }
 
 // The programs of a chunked plan's launches, generated as compile_chunked generates them, onto `out`.
 void add_chunked_programs(const ir::Variant& variant, const std::vector<ChunkedLaunch>& launches, const std::string& arch,
-                          std::vector<PlannedProgram>& out) {
+                          std::vector<GeneratedKernel>& out) {
   for (const ChunkedLaunch& each : launches) {
     cuda::ChunkedKernelSpec target = each.spec;
     if (target.arch.empty()) target.arch = arch;
     cuda::ChunkedKernel kernel = cuda::generate_chunked(variant, target);
-    out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
+    out.push_back({kernel.name, std::move(kernel.source), std::string(each.spec.segmented ? "segmented " : "chunked ") + cuda::to_string(each.spec.phase), cuda::to_string(each.spec.tile),
+                   kernel.threads, kernel.shared_bytes});
   }
 }
 
@@ -627,7 +614,7 @@ bool interim_for_chunked(const ir::Variant& variant, const ChunkedPlan& plan, co
   std::string job = "chunked";
   for (const ChunkedLaunch& each : plan.launches) job.append(1, '\n').append(spec_key(variant, each.spec, arch));
   return interim(options, job, arch, [&] {
-    std::vector<PlannedProgram> out;
+    std::vector<GeneratedKernel> out;
     add_chunked_programs(variant, plan.launches, arch, out);
     return out;
   }, launch);
@@ -640,10 +627,10 @@ bool interim_for_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   std::string job = "delta";
   for (const ChunkedDeltaLaunch& each : plan.launches) job.append(1, '\n').append(delta_spec_key(variant, each.spec, arch));
   return interim(options, job, arch, [&] {
-    std::vector<PlannedProgram> out;
+    std::vector<GeneratedKernel> out;
     for (const ChunkedDeltaLaunch& each : plan.launches) {
       cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(variant, each.spec);  // as compile_delta
-      out.push_back({std::move(kernel.source), kernel.name, kernel.shared_bytes});
+      out.push_back({kernel.name, std::move(kernel.source), "delta", "", kernel.threads, kernel.shared_bytes});
     }
     return out;
   }, launch);
@@ -672,12 +659,12 @@ bool interim_for_tuning(const ir::Variant& variant, const ops::BoundInputs& boun
   }
   const std::string arch = Device::get().properties().arch();
   return interim(options, job, arch, [&] {
-    std::vector<PlannedProgram> out;
+    std::vector<GeneratedKernel> out;
     for (const Config& config : tuning.tuner.plan(chunked_tune_candidates).configs) {
       RunOptions candidate = options;
       candidate.algorithm = Algorithm::chunked;
       candidate.chunked_tile = to_chunked_tile(config);
-      std::vector<PlannedProgram> programs;
+      std::vector<GeneratedKernel> programs;
       try {
         add_chunked_programs(variant, plan_chunked(variant, bound, candidate, target, knobs).launches, arch, programs);
       } catch (const std::exception&) {

@@ -35,7 +35,7 @@ step "installing missing build dependencies with apt-get" "seconds when present,
 tools/setup-deps.sh || fail "tools/setup-deps.sh"
 step "configuring $build (Release, warnings as errors, no tests)" "seconds"
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLADLE_WERROR=ON \
-  -DLADLE_BUILD_TESTS=OFF -DLADLE_BUILD_TOOLS=ON -DLADLE_BUILD_EXAMPLES=ON -DLADLE_BUILD_PYTHON=OFF > /dev/null; then
+  -DLADLE_BUILD_TESTS=OFF -DLADLE_BUILD_TOOLS=ON -DLADLE_BUILD_EXAMPLES=ON -DLADLE_BUILD_PYTHON=OFF -DLADLE_FMT_HEADER_ONLY=OFF > /dev/null; then
   fail "cmake configure"
   verdict "nothing built"
 fi
