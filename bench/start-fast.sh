@@ -2,9 +2,10 @@
 # a cache prebuilt on a machine without a GPU loaded read only (zero compiles?), and the cold first
 # call and tuning times per op. Needs .deps and .prebuilt carried (.prebuilt: `ladle-cache prebuild`
 # run here, see bench/RESULTS.md). Writes $OUT/ctest.log, $OUT/first-calls.txt.
-#   bash bench/start-fast.sh [tests] [first] [prebuilt] [interim]
+#   bash bench/start-fast.sh [tests] [first] [prebuilt] [interim] [backward]
 # interim: cold first calls as a user makes them (--algo auto): the fused recurrent kernel runs the
 # call while the chunked kernels compile behind it; beside each, LADLE_BACKGROUND_COMPILE=0 (waits).
+# backward: the same for forward + backward (the fused-recurrent backward as the backward's interim form).
 # LADLE_TARGETS (default all) names what to build, LADLE_TESTS a ctest -R regex (default every test).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -75,6 +76,20 @@ if [[ $what == *interim* ]]; then
       row "cold, auto, waits, gla fwd+bwd B8 T4096 ($rep)" LADLE_BACKGROUND_COMPILE=0 -- --op gla --algo auto $shape --reps 5 --backward
     done
   } | tee "$out/interim.txt"
+fi
+if [[ $what == *backward* ]]; then
+  # Forward + backward, cold, as a user makes the calls (--algo auto): the fused-recurrent forward and
+  # backward run while the chunked forms' programs compile behind them; beside each, waiting.
+  shape="-B 8 -T 4096 -H 16 -K 128 -V 128"
+  row() { cold_row "$1" LADLE_AUTOTUNE=heuristic "${@:2}"; }
+  {
+    for rep in 1 2; do
+      for op in gla simple_gla rwkv6 gated_delta_rule delta_rule kda; do
+        row "cold, auto, $op fwd+bwd B8 T4096 ($rep)" -- --op $op --algo auto $shape --reps 5 --backward
+        row "cold, auto, waits, $op fwd+bwd B8 T4096 ($rep)" LADLE_BACKGROUND_COMPILE=0 -- --op $op --algo auto $shape --reps 5 --backward
+      done
+    done
+  } | tee "$out/interim-backward.txt"
 fi
 if [[ $what == *prebuilt* ]]; then
   # Only the prebuilt cache's rows (made here without a GPU: the forward for both shapes and GLA's

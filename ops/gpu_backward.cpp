@@ -17,6 +17,7 @@
 #include <ladle/dsl/dsl.h>
 
 #include "detail/checks.h"
+#include "detail/interim.h"
 #include "detail/loaded_kernel.h"
 #include "chunked_plan.h"
 #include "generated_kernels.h"
@@ -567,12 +568,27 @@ class BackwardCall {
   bool first_of_its_kind() const {
     static std::mutex mutex;
     static std::set<std::string> seen;
-    const std::string key = fmt::format("{}|{}|{} {} {} {} {} {}|{}{}{}{}", ir::hash_hex(variant_), cuda::backward_spec_key(plan_), B_,
-                                        T_, H_, K_, V_, N_, a_.cu_seqlens.empty(), a_.reverse, a_.initial_state.has_value(),
-                                        d_final_state_.has_value());
+    const std::string key = signature();
     const std::lock_guard lock(mutex);
     return seen.insert(key).second;
   }
+
+ public:
+  // What chooses this call's programs: the variant, the slots' spec, the shape and the call's options.
+  std::string signature() const {
+    return fmt::format("{}|{}|{} {} {} {} {} {}|{}{}{}{}|{}", ir::hash_hex(variant_), cuda::backward_spec_key(plan_), B_, T_, H_, K_,
+                       V_, N_, a_.cu_seqlens.empty(), a_.reverse, a_.initial_state.has_value(), d_final_state_.has_value(),
+                       plan_.update_form ? cuda::update_backward_name(update_spec_) : std::string("plain"));
+  }
+
+  // Whether the call runs the chunked forms ladle chose (the recurrences on the tensor cores, or the
+  // update forms' chunked WY form): those whose programs take seconds of NVRTC, with an interim form.
+  bool chunked() const {
+    if (plan_.update_form) return update_spec_.chunked && options_.update_backward == UpdateBackward::automatic;
+    return choose_algorithm(variant_, bound_, options_) == Algorithm::chunked;
+  }
+
+ private:
 
   // The kernels still to come (the recurrences', the decays' totals and the chain's, the helpers),
   // compiled side by side now: a first call would otherwise compile them one after another. Not
@@ -1115,7 +1131,24 @@ void run_variant_backward_into(const ir::Variant& variant, const TensorView& q, 
                                const VariantInputs& inputs, const RunOptions& options, const TensorView& d_output,
                                const std::optional<TensorView>& d_final_state, const RecurrentGradientViews& gradients,
                                const LaunchOptions& launch) {
-  BackwardCall(variant, q, k, v, inputs, options, d_output, d_final_state, gradients, launch).run();
+  BackwardCall call(variant, q, k, v, inputs, options, d_output, d_final_state, gradients, launch);
+  // A cold call of the chunked forms (their programs in neither cache) starts their compile behind it
+  // and runs the fused-recurrent backward meanwhile (detail/interim.h): its programs compile in about a
+  // third of the time. The same gradients, computed with fp32 slots.
+  if (options.algorithm == Algorithm::automatic && !options.chunked_tile && call.chunked()) {
+    const std::string arch = Device::get().properties().arch();
+    const auto programs = [&] {
+      return backward_planned_kernels(variant, q, k, v, inputs, options, d_output, d_final_state, arch);
+    };
+    if (detail::interim(options, "backward\n" + call.signature(), arch, programs, launch, "the fused-recurrent backward")) {
+      RunOptions recurrent = options;
+      recurrent.algorithm = Algorithm::recurrent;
+      if (recurrent.update_backward == UpdateBackward::automatic) recurrent.update_backward = UpdateBackward::recurrent;
+      BackwardCall(variant, q, k, v, inputs, recurrent, d_output, d_final_state, gradients, launch).run();
+      return;
+    }
+  }
+  call.run();
 }
 
 std::vector<GeneratedKernel> backward_planned_kernels(const ir::Variant& variant, const TensorView& q, const TensorView& k,

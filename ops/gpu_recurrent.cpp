@@ -3,6 +3,7 @@
 #include <ladle/codegen/cuda/chunked_delta.h>
 
 #include "detail/call_signature.h"
+#include "detail/interim.h"
 #include "detail/loaded_kernel.h"
 #include "detail/pack_input.h"
 #include "chunked_plan.h"
@@ -562,41 +563,6 @@ ops::detail::CallMemo<std::shared_ptr<const ChosenRun>>& chosen_runs() {
 
 namespace {
 
-// Whether this call runs the fused recurrent kernel in the interim while the chunked form's programs
-// compile behind it (runtime/background.h; docs/caches.md, "A first call"): the fused recurrent
-// kernel compiles in a fifth to a tenth of the chunked ws kernel's NVRTC time. Only where the caller
-// left the form to ladle (no algorithm, no chunked tile named), LADLE_BACKGROUND_COMPILE is on and the
-// compile cache keeps what the job compiles. `job` names the programs (their launchers' keys);
-// `programs` generates them, called only where the job is new. A job that has ended (compiled, or
-// failed: the foreground compile then reports it) means the chunked form runs; one found compiled
-// already is recorded as ended.
-bool interim(const RunOptions& options, const std::string& job, const std::string& arch,
-              const std::function<std::vector<GeneratedKernel>()>& programs, const LaunchOptions& launch) {
-  if (options.algorithm != Algorithm::automatic || options.chunked_tile || !background_compile_enabled() ||
-      !DiskCache::global().enabled())
-    return false;
-  BackgroundCompiles& jobs = BackgroundCompiles::global();
-  const BackgroundState state = jobs.state(job);
-  if (state == BackgroundState::done) return false;
-  // Inside a CUDA graph's capture the kernel launched is the one every replay runs: the chunked
-  // kernels then, compiled in the foreground (or by the job, waited for).
-  const bool capturing = launch.stream ? launch.stream->capturing() : Stream::borrowed(nullptr).capturing();
-  if (capturing) {
-    if (state == BackgroundState::running) jobs.wait_all();
-    return false;
-  }
-  if (state == BackgroundState::running) return true;
-  std::vector<GeneratedKernel> planned = programs();
-  const bool compiled = std::all_of(planned.begin(), planned.end(), [&](const GeneratedKernel& k) { return is_compiled(k, arch); });
-  if (compiled) {
-    jobs.mark_done(job);
-    return false;
-  }
-  log::debug(fmt::format("{} program(s) of a chunked call compile in the background; the fused recurrent kernel runs the call meanwhile", planned.size()));
-  jobs.start(job, [planned = std::move(planned), arch] { compile_side_by_side(planned, arch); });
-  return true;
-}
-
 // The programs of a chunked plan's launches, generated as compile_chunked generates them, onto `out`.
 void add_chunked_programs(const ir::Variant& variant, const std::vector<ChunkedLaunch>& launches, const std::string& arch,
                           std::vector<GeneratedKernel>& out) {
@@ -613,7 +579,7 @@ bool interim_for_chunked(const ir::Variant& variant, const ChunkedPlan& plan, co
   const std::string arch = Device::get().properties().arch();
   std::string job = "chunked";
   for (const ChunkedLaunch& each : plan.launches) job.append(1, '\n').append(spec_key(variant, each.spec, arch));
-  return interim(options, job, arch, [&] {
+  return detail::interim(options, job, arch, [&] {
     std::vector<GeneratedKernel> out;
     add_chunked_programs(variant, plan.launches, arch, out);
     return out;
@@ -626,7 +592,7 @@ bool interim_for_delta(const ir::Variant& variant, const ops::BoundInputs& bound
   const ChunkedDeltaPlan plan = plan_chunked_delta(variant, bound, options);
   std::string job = "delta";
   for (const ChunkedDeltaLaunch& each : plan.launches) job.append(1, '\n').append(delta_spec_key(variant, each.spec, arch));
-  return interim(options, job, arch, [&] {
+  return detail::interim(options, job, arch, [&] {
     std::vector<GeneratedKernel> out;
     for (const ChunkedDeltaLaunch& each : plan.launches) {
       cuda::ChunkedDeltaKernel kernel = cuda::generate_chunked_delta(variant, each.spec);  // as compile_delta
@@ -658,7 +624,7 @@ bool interim_for_tuning(const ir::Variant& variant, const ops::BoundInputs& boun
     return false;
   }
   const std::string arch = Device::get().properties().arch();
-  return interim(options, job, arch, [&] {
+  return detail::interim(options, job, arch, [&] {
     std::vector<GeneratedKernel> out;
     for (const Config& config : tuning.tuner.plan(chunked_tune_candidates).configs) {
       RunOptions candidate = options;

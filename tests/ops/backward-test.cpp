@@ -13,6 +13,7 @@
 #include <ladle/ops/chunked_plan.h>
 #include <ladle/ops/gpu_backward.h>
 #include <ladle/ops/recurrent.h>
+#include <ladle/runtime/background.h>
 #include <ladle/runtime/driver.h>
 #include <ladle/runtime/error.h>
 
@@ -29,6 +30,7 @@
 
 #include "reference/recurrent_reference.h"
 #include "reference/update_forms_reference.h"
+#include "runtime/scoped_env.h"
 #include "support/tensors.h"
 
 using ladle::DType;
@@ -677,6 +679,57 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
       }
       if (c.initial_state) compare("h0", *gpu.d_initial_state, *cpu.d_initial_state, 2e-2);
     }
+  }
+}
+
+// A cold backward (ops/detail/interim.h): the fused-recurrent backward (fp32 slots) runs it while the
+// chunked backward's programs compile behind it; the call after them runs the chunked backward. Both
+// against the CPU backward: the interim to fp32 rounding, the chunked one to its 16-bit slots' bounds
+// (as above). A fresh -D in LADLE_NVRTC_FLAGS makes every compile cold.
+TEST_CASE("a cold backward: the interim fused-recurrent backward and the chunked one after it agree with the CPU backward",
+          "[backward][recurrent][gpu][background]") {
+  if (!ladle::driver_available()) {
+    WARN("no GPU: the interim path's host side is checked on the stand-in driver (ops-stand_in_driver [background])");
+    return;
+  }
+  std::random_device seed;
+  const std::string fresh = "-DLADLE_TEST_FRESH=" + std::to_string(seed());
+  ladle::test::ScopedEnv flags("LADLE_NVRTC_FLAGS", fresh.c_str());
+  ladle::test::ScopedEnv on("LADLE_BACKGROUND_COMPILE", "1");
+  std::mt19937_64 rng(seed());
+  const ir::Variant& variant = ladle::gla_variant(false);
+  const std::int64_t B = 2, T = 333, H = 4, K = 64, V = 64;
+  const test::Filled q = test::normal(rng, DType::bf16, {B, T, H, K}), k = test::normal(rng, DType::bf16, {B, T, H, K}, 0.25);
+  const test::Filled v = test::normal(rng, DType::bf16, {B, T, H, V}), g = test::log_gate(rng, DType::bf16, {B, T, H, K});
+  const test::Filled d_o = test::normal(rng, DType::bf16, {B, T, H, V}), d_s = test::normal(rng, DType::f32, {B, H, K, V}, 0.1);
+  ladle::VariantInputs inputs;
+  inputs.scalars.emplace("scale", 0.125f);
+  for (const ir::Input& in : variant.inputs)
+    if (in.kind != ir::InputKind::scalar && in.role == ir::Role::other) inputs.tensors.emplace(in.name, g.tensor.view());
+  REQUIRE(inputs.tensors.size() == 1);
+  ladle::RunOptions options;
+  options.backend = ladle::Backend::cpu;
+  options.return_state = true;
+  const ladle::RecurrentForward forward = ladle::run_variant_for_backward(variant, q.tensor.view(), k.tensor.view(), v.tensor.view(), inputs, options);
+  const ladle::RecurrentGradients cpu = ladle::run_variant_backward(forward.saved, d_o.tensor.view(), d_s.tensor.view());
+  ladle::BackgroundCompiles& jobs = ladle::BackgroundCompiles::global();
+  const int started = jobs.started();
+  for (int call = 0; call < 2; ++call) {
+    const bool interim = call == 0;
+    INFO((interim ? "first call: the interim fused-recurrent backward" : "second call: the chunked backward"));
+    const ladle::RecurrentGradients gpu =
+        ladle::run_variant_backward_composed(forward.saved, d_o.tensor.view(), d_s.tensor.view(), ladle::Backend::gpu);
+    CHECK(jobs.started() == started + 1);  // the first call started the chunked programs' compile; the second none
+    const auto compare = [&](const std::string& name, const Tensor& got, const Tensor& want, double rounded) {
+      const double error = test::relative_error(got, test::values_of(want));
+      INFO("d" << name << ": relative error " << error);
+      CHECK(error < (interim ? 1e-3 : rounded));
+    };
+    compare("q", gpu.dq, cpu.dq, 2e-2);
+    compare("k", gpu.dk, cpu.dk, 2e-2);
+    compare("v", gpu.dv, cpu.dv, 2e-2);
+    for (const auto& [name, want] : cpu.inputs) compare(name, gpu.inputs.at(name), want, 3e-2);
+    ladle::finish_background_compiles();  // before the flags go: the job reads them
   }
 }
 

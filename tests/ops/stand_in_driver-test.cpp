@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -313,6 +314,7 @@ std::string last_launch() {
 // kernel runs it; once they are compiled, the chunked kernels run.
 TEST_CASE("a cold chunked call runs the fused recurrent kernel while its chunked kernels compile behind it", "[stand-in][background]") {
   REQUIRE(ladle::driver_available());
+  ladle::test::ScopedEnv on("LADLE_BACKGROUND_COMPILE", "1");  // tests/main.cpp turns it off for the others
   // Variants no other case compiles, new to every run (the constant is in the source), so that neither
   // this process nor the test's disk cache holds their kernels.
   std::random_device seed;
@@ -358,6 +360,46 @@ TEST_CASE("a cold chunked call runs the fused recurrent kernel while its chunked
     CHECK(last_launch() == chunked.front());
     run(variant, {});  // remembered now: the same kernel, no new job
     CHECK(last_launch() == chunked.front());
+    CHECK(jobs.started() == started + 1);
+  }
+
+  SECTION("a cold backward runs the fused-recurrent backward while the chunked backward's programs compile behind it") {
+    const ladle::ir::Variant variant = fresh_variant("interim_backward");
+    const Tensor d_o = device(DType::bf16, {1, T, H, D});
+    const Tensor dq = device(DType::f32, {1, T, H, D}), dk = device(DType::f32, {1, T, H, D});
+    const Tensor dv = device(DType::f32, {1, T, H, D}), dx = device(DType::f32, {1, T, H, D});
+    const ladle::RecurrentGradientViews gradients{dq.view(), dk.view(), dv.view(), {{"x", dx.view()}}, std::nullopt};
+    shape.input_types = {{"x", DType::bf16}};
+    const auto programs = [&](ladle::Algorithm algorithm) {
+      ladle::RunOptions options;
+      options.algorithm = algorithm;
+      std::set<std::string> names;
+      for (const ladle::GeneratedKernel& kernel : ladle::generated_backward_kernels(variant, shape, options, "sm_90a")) names.insert(kernel.name);
+      return names;
+    };
+    const std::set<std::string> chunked = programs(ladle::Algorithm::chunked), recurrent = programs(ladle::Algorithm::recurrent);
+    const auto backward = [&](const ladle::RunOptions& options) {
+      ladle::gpu::run_variant_backward_into(variant, q.view(), k.view(), v.view(), inputs, options, d_o.view(), std::nullopt, gradients);
+    };
+    const int started = jobs.started();
+    backward({});
+    CHECK(jobs.started() == started + 1);
+    // The last launch is the chain kernel: the fused-recurrent backward's (fp32 slots), not the chunked one's.
+    CHECK(recurrent.count(last_launch()) == 1);
+    CHECK(chunked.count(last_launch()) == 0);
+    ladle::finish_background_compiles();
+    backward({});
+    CHECK(chunked.count(last_launch()) == 1);
+    CHECK(recurrent.count(last_launch()) == 0);
+    CHECK(jobs.started() == started + 1);
+    // A form the caller names is the one that runs, cold or not.
+    ladle::RunOptions named;
+    named.algorithm = ladle::Algorithm::chunked;
+    const ladle::ir::Variant other = fresh_variant("named_backward");
+    std::set<std::string> other_chunked;
+    for (const ladle::GeneratedKernel& kernel : ladle::generated_backward_kernels(other, shape, named, "sm_90a")) other_chunked.insert(kernel.name);
+    ladle::gpu::run_variant_backward_into(other, q.view(), k.view(), v.view(), inputs, named, d_o.view(), std::nullopt, gradients);
+    CHECK(other_chunked.count(last_launch()) == 1);
     CHECK(jobs.started() == started + 1);
   }
 
