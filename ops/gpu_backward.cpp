@@ -44,7 +44,7 @@ const detail::LoadedKernel<HelperKernel>& helper(const std::string& name, int sh
     struct {
       HelperKernel kernel;
       CompiledProgram program;
-    } out{{name, shared_bytes}, name == "ladle_bwd_block_bf16" ? compile_backward_block(target) : compile_backward_helpers(target)};
+    } out{{name, shared_bytes}, name == "ladle_bwd_block_bf16" ? compile_backward_block(target) : compile_backward_helper(name, target)};
     return out;
   });
 }
@@ -196,8 +196,8 @@ CompiledProgram compile_update_backward(const cuda::UpdateBackwardSpec& spec, co
   return detail::compile_named(cuda::update_backward_source(spec), cuda::update_backward_name(spec), arch, 0);
 }
 
-CompiledProgram compile_backward_helpers(const std::string& arch) {
-  return detail::compile_named(cuda::backward_helpers_source(), "ladle_bwd_helpers", arch, 0);
+CompiledProgram compile_backward_helper(const std::string& name, const std::string& arch) {
+  return detail::compile_named(cuda::backward_helper_source(name), name, arch, 0);
 }
 
 CompiledProgram compile_backward_block(const std::string& arch) {
@@ -612,7 +612,27 @@ class BackwardCall {
     cuda::BackwardKernel kernel = cuda::generate_backward(variant_, spec);
     return {kernel.name, std::move(kernel.source), std::string("backward ") + cuda::to_string(phase), "-", threads_, 0};
   }
-  static GeneratedKernel helpers_program() { return {"ladle_bwd_helpers", cuda::backward_helpers_source(), "backward helpers", "-", 256, 0}; }
+  static GeneratedKernel helper_program(const std::string& name) {
+    return {name, cuda::backward_helper_source(name), "backward helper", "-", 256, 0};
+  }
+
+  // The helper kernels a call launches (each its own program): the states' conversions, a normalised
+  // read's, the decays' carries, d initial_state; an update form's finish.
+  std::vector<std::string> helpers_launched() const {
+    std::vector<std::string> names;
+    if (a_.initial_state) names.push_back(std::string("ladle_bwd_convert_") + type_suffix(a_.initial_state->type));
+    if (d_final_state_) names.push_back(std::string("ladle_bwd_convert_") + type_suffix(d_final_state_->type));
+    if (plan_.update_form) {
+      names.push_back("ladle_bwd_update_finish");
+    } else {
+      if (variant_.normalize) names.push_back(std::string("ladle_bwd_normalized_") + type_suffix(d_output_.type));
+      if (decays_k_ || decays_v_) names.push_back(boundary_states_ ? "ladle_bwd_carry_states" : "ladle_bwd_carry");
+      if (a_.initial_state) names.push_back("ladle_bwd_initial");
+    }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    return names;
+  }
 
   // What the plain form's call compiles, as it plans it: the recurrences' chunked kernels (with their
   // chunk-states forms where they write the boundary states), the state passes left, the slots, totals
@@ -676,7 +696,7 @@ class BackwardCall {
     if ((decays_k_ || decays_v_) && !boundary_states_) phases.push_back(cuda::BackwardPhase::totals);
     phases.push_back(cuda::BackwardPhase::chain);
     for (const cuda::BackwardPhase phase : phases) add(own_kernel(phase));
-    add(helpers_program());
+    for (const std::string& name : helpers_launched()) add(helper_program(name));
     if (block_kernel_) add({"ladle_bwd_block", cuda::backward_block_source(), "backward block", "-", 256, cuda::backward_block_shared});
     return planned;
   }
@@ -964,7 +984,7 @@ class BackwardCall {
     std::vector<GeneratedKernel> planned{own_kernel(cuda::BackwardPhase::slots)};
     planned.push_back({cuda::update_backward_name(update_spec_), cuda::update_backward_source(update_spec_), "backward update form", "-", 0, 0});
     if (!initial_only_) planned.push_back(own_kernel(cuda::BackwardPhase::chain));
-    planned.push_back(helpers_program());
+    for (const std::string& name : helpers_launched()) planned.push_back(helper_program(name));
     return planned;
   }
 

@@ -55,8 +55,8 @@ struct CompiledBackward {
   CompiledProgram program;
 };
 CompiledBackward compile_backward(const ir::Variant& variant, const cuda::BackwardKernelSpec& spec, const std::string& arch = "");
-// The helper kernels (cuda::backward_helpers_source), compiled through the cache.
-CompiledProgram compile_backward_helpers(const std::string& arch = "");
+// One helper kernel (cuda::backward_helper_source: a program of its own), compiled through the cache.
+CompiledProgram compile_backward_helper(const std::string& name, const std::string& arch = "");
 // The plain form's block kernel ladle_bwd_block_bf16 (cuda::backward_block_source), compiled through
 // the cache: a program of its own, so that a cold call compiles it beside the helpers.
 CompiledProgram compile_backward_block(const std::string& arch = "");

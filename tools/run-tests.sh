@@ -16,8 +16,8 @@ configure() {
     -DLADLE_BUILD_TOOLS=ON -DLADLE_BUILD_EXAMPLES=ON -DLADLE_BUILD_PYTHON=OFF -DLADLE_FMT_HEADER_ONLY=OFF "$@"
 }
 # The Python stage's virtual environment is set up in the background while the C++ build and ctest run
-# (mostly a download: torch from PyPI is about 5.4 GB with its CUDA libraries), at low priority; the
-# Python stage waits for it. torch is installed when the disk has room, so that its tests run here on
+# (mostly a download: torch from PyPI is about 5.4 GB with its CUDA libraries); the Python stage waits
+# for it. At nice 15 the build starved it: it ended a minute after ctest. torch is installed when the disk has room, so that its tests run here on
 # the CPU path; without it they are reported as skipped, each with its reason (-rs). The tests that
 # need a GPU run on the GPU machine (bench/python-check.sh). LADLE_TEST_TORCH=0 skips it.
 venv="$PWD/$build/python-venv"
@@ -40,7 +40,7 @@ python_setup() {
   fi
 }
 python_log="$build/python-setup.log"
-nice -n 15 bash -c "set -euo pipefail; $(declare -f python_setup); venv='$venv' build='$build' python_setup" > "$python_log" 2>&1 &
+bash -c "set -euo pipefail; $(declare -f python_setup); venv='$venv' build='$build' python_setup" > "$python_log" 2>&1 &
 python_setup_pid=$!
 trap 'kill "$python_setup_pid" 2> /dev/null || true' EXIT  # a stage that fails ends it too
 

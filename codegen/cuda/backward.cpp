@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <utility>
 
+#include <fmt/format.h>
 #include <ladle/runtime/error.h>
 
 #include "detail/cuda_source.h"
@@ -628,18 +630,20 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
       variant.inputs, [&](const std::vector<std::string>& id) { return BackwardEmitter(variant, spec, id).generate(); });
 }
 
-std::string backward_helpers_source() {
-  std::string s = "// ladle: the recurrent backward's helper kernels (codegen/cuda/backward.cpp; do not edit).\n";
-  s += storage_helpers;
-  s += R"(
-#define LADLE_BWD_CHUNK )" + std::to_string(backward_chunk) + R"(
+namespace {
 
-// The sequence of (sequence n): its batch row and tokens [bos, eos).
+// The helpers' source in pieces (backward_helpers_source, backward_helper_source): what each needs,
+// then each kernel's text; the convert and normalized kernels are one macro each, instantiated per type.
+std::string helper_prelude() {
+  return "\n#define LADLE_BWD_CHUNK " + std::to_string(backward_chunk) + "\n" + R"(// The sequence of (sequence n): its batch row and tokens [bos, eos).
 __device__ __forceinline__ void ladle_bwd_bounds(const long long* cu_seqlens, int n, int T, int& b, long long& bos, long long& eos) {
   if (cu_seqlens) b = 0, bos = cu_seqlens[n], eos = cu_seqlens[n + 1];
   else b = n, bos = 0, eos = T;
 }
 
+)";
+}
+constexpr const char* carry_helper = R"(
 // One thread per (n, h, f < K + V): carry[(n H + h) C + c][f] = init + the totals of the blocks after c,
 // init = factor sum_j d_final[i][j] S[i][j] (f = i < K) or sum_i (f = K + j), d_final [N,H,K,VS] and S read from
 // s_t [N,H,VS,K] (VS = V, or V + 1 with the normaliser's column).
@@ -667,7 +671,8 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry(
     acc += totals[(p * C + c) * KV + f];
   }
 }
-
+)";
+constexpr const char* update_finish_helper = R"(
 // The update forms (update_backward.h), one warp per token row r < rows: gq holds dL/d qhat and
 // becomes dL/d q_feature (qhat = scale q rn_q, rn = (sum x^2 + eps)^(-1/2) where l2, else 1: dq = scale
 // (rn dqhat - q rn^3 (dqhat . q))), gk likewise without the scale; gscale[r] = rn_q q . dqhat (null:
@@ -703,8 +708,8 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_update_finish(
     gk[r * K + f] = krn * gk[r * K + f] - (l2 ? k * krn * krn * krn * dotk : 0.0f);
   }
 }
-
-
+)";
+constexpr const char* carry_states_helper = R"(
 // The carries from the states at the blocks' boundaries: block (c, n H + h) of LADLE_BWD_CHUNK steps,
 // e its last step, has carry[f] = factor sum over the state's elements of S_e . A_(e+1) D_(e+1) . B_(e+1)
 // (f = i < K: over row i; f = K + j: over column j), S_e the forward's state after step e (s_states
@@ -791,7 +796,8 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_carry_states(
   }
   for (int i = threadIdx.x; i < K; i += blockDim.x) out[i] = factor * rows[i];
 }
-
+)";
+constexpr const char* initial_helper = R"(
 // One thread per (n, h, i, j): d_h0 = factor exp(log_a_0[i]) dS_0 exp(log_b_0[j]), the total log decays at the sequence's
 // first step from first_decay [N,H,K+V] (null: no decay); dS_0 alone for an empty sequence.
 extern "C" __global__ void __launch_bounds__(256) ladle_bwd_initial(
@@ -807,7 +813,8 @@ extern "C" __global__ void __launch_bounds__(256) ladle_bwd_initial(
   if (eos > bos && first_decay) x *= expf(first_decay[p * (K + V) + i] + first_decay[p * (K + V) + K + j]);
   d_h0[index] = x;
 }
-
+)";
+constexpr const char* convert_helper = R"(
 // One thread per element of a strided [N,H,R,C] tensor, times factor: out [N,H,R,CP] and out_t [N,H,CP,R], fp32 (either
 // may be null; CP >= C, the padding left as it was).
 #define LADLE_BWD_CONVERT(NAME, E)                                                                            \
@@ -822,6 +829,8 @@ extern "C" __global__ void __launch_bounds__(256) NAME(                         
   if (out) out[(p * R + r) * CP + c] = x;                                                                     \
   if (out_t) out_t[(p * CP + c) * R + r] = x;                                                                 \
 }
+)";
+constexpr const char* normalized_helper = R"(
 // A normalised read o = num / den, den = (scale q)^T n + eps, from num' [rows][V + 1] (the read of the state with the
 // normaliser's column: num, then den - eps): do' [rows][V + 1] = do / den, then d den = -sum_j do_j num_j / den^2.
 // One warp per row r = (b T + t) H + h; block (256).
@@ -845,15 +854,64 @@ extern "C" __global__ void __launch_bounds__(256) NAME(                         
   for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);             \
   if (lane == 0) d_num[r * (V + 1) + V] = -dot / (den * den);                                                  \
 }
-LADLE_BWD_NORMALIZED(ladle_bwd_normalized_f32, float)
-LADLE_BWD_NORMALIZED(ladle_bwd_normalized_bf16, ladle_bf16)
-LADLE_BWD_NORMALIZED(ladle_bwd_normalized_f16, ladle_f16)
-
-LADLE_BWD_CONVERT(ladle_bwd_convert_f32, float)
-LADLE_BWD_CONVERT(ladle_bwd_convert_bf16, ladle_bf16)
-LADLE_BWD_CONVERT(ladle_bwd_convert_f16, ladle_f16)
-
 )";
+
+// Each named kernel: its text, or (convert, normalized) its macro and the element type it takes.
+struct HelperText {
+  const char* text;
+  const char* macro;  // null: text is the kernel
+  const char* type;
+};
+
+std::optional<HelperText> helper_text(const std::string& name) {
+  if (name == "ladle_bwd_carry") return HelperText{carry_helper, nullptr, nullptr};
+  if (name == "ladle_bwd_update_finish") return HelperText{update_finish_helper, nullptr, nullptr};
+  if (name == "ladle_bwd_carry_states") return HelperText{carry_states_helper, nullptr, nullptr};
+  if (name == "ladle_bwd_initial") return HelperText{initial_helper, nullptr, nullptr};
+  for (const auto& [suffix, type] : {std::pair{"f32", "float"}, std::pair{"bf16", "ladle_bf16"}, std::pair{"f16", "ladle_f16"}}) {
+    if (name == std::string("ladle_bwd_convert_") + suffix) return HelperText{convert_helper, "LADLE_BWD_CONVERT", type};
+    if (name == std::string("ladle_bwd_normalized_") + suffix) return HelperText{normalized_helper, "LADLE_BWD_NORMALIZED", type};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const std::vector<std::string>& backward_helper_names() {
+  static const std::vector<std::string> names{"ladle_bwd_carry", "ladle_bwd_update_finish", "ladle_bwd_carry_states", "ladle_bwd_initial",
+                                              "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16", "ladle_bwd_normalized_f16",
+                                              "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"};
+  return names;
+}
+
+std::string backward_helpers_source() {
+  std::string s = "// ladle: the recurrent backward's helper kernels (codegen/cuda/backward.cpp; do not edit).\n";
+  s += storage_helpers;
+  s += helper_prelude();
+  for (const char* text : {carry_helper, update_finish_helper, carry_states_helper, initial_helper, convert_helper, normalized_helper}) {
+    s += text;
+    s += "\n";
+  }
+  for (const char* suffix : {"f32", "bf16", "f16"}) {
+    const HelperText t = *helper_text(std::string("ladle_bwd_normalized_") + suffix);
+    s += fmt::format("{}(ladle_bwd_normalized_{}, {})\n", t.macro, suffix, t.type);
+  }
+  for (const char* suffix : {"f32", "bf16", "f16"}) {
+    const HelperText t = *helper_text(std::string("ladle_bwd_convert_") + suffix);
+    s += fmt::format("{}(ladle_bwd_convert_{}, {})\n", t.macro, suffix, t.type);
+  }
+  return s;
+}
+
+std::string backward_helper_source(const std::string& name) {
+  const std::optional<HelperText> t = helper_text(name);
+  if (!t) throw InvalidArgument("backward_helper_source: '" + name + "' is not a helper kernel (backward_helper_names lists them)");
+  std::string s = "// ladle: the recurrent backward's helper kernel " + name + " (codegen/cuda/backward.cpp; do not edit).\n";
+  s += storage_helpers;
+  s += helper_prelude();
+  s += t->text;
+  s += "\n";
+  if (t->macro) s += fmt::format("{}({}, {})\n", t->macro, name, t->type);
   return s;
 }
 

@@ -105,6 +105,11 @@ BackwardKernel generate_backward(const ir::Variant& variant, const BackwardKerne
 //     [N,H,C,R].
 // Their parameters are listed in the source.
 std::string backward_helpers_source();
+// One of them alone, in a program of its own (named as the kernel): what the launcher compiles, so that
+// a call compiles only the helpers it launches, each in about a tenth of all of them's NVRTC time.
+// Throws InvalidArgument for a name not in backward_helper_names().
+std::string backward_helper_source(const std::string& name);
+const std::vector<std::string>& backward_helper_names();
 
 // The plain form's block kernel, in a source of its own (a compile of about a second, which a cold call
 // runs beside the helpers' instead of after them):

@@ -117,6 +117,19 @@ TEST_CASE("NVRTC compiles the recurrent backward's kernels for every gate combin
   for (const char* name : {"ladle_bwd_carry", "ladle_bwd_initial", "ladle_bwd_normalized_f32", "ladle_bwd_normalized_bf16",
                            "ladle_bwd_convert_f32", "ladle_bwd_convert_bf16", "ladle_bwd_convert_f16"})
     CHECK(helpers.ptx.find(std::string(".entry ") + name) != std::string::npos);
+  // What the launcher compiles: each helper alone, in a program of its own (backward_helper_source), with
+  // its own kernel and no other; an unknown name refused by name.
+  for (const std::string& name : ladle::cuda::backward_helper_names()) {
+    INFO(name);
+    const std::string source = ladle::cuda::backward_helper_source(name);
+    options.headers = ladle::device::headers_for(source);
+    const auto one = ladle::compile(source, options);
+    CHECK(one.ptx.find(".entry " + name + "(") != std::string::npos);
+    for (const std::string& other : ladle::cuda::backward_helper_names())
+      if (other != name) CHECK(one.ptx.find(".entry " + other + "(") == std::string::npos);
+  }
+  CHECK_THROWS_WITH(ladle::cuda::backward_helper_source("ladle_bwd_nothing"),
+                    Catch::Contains("'ladle_bwd_nothing' is not a helper kernel"));
   // The block kernel in a program of its own (compiled beside the helpers on a cold call), and only there.
   CHECK(helpers.ptx.find(".entry ladle_bwd_block_bf16") == std::string::npos);
   options.headers = ladle::device::headers_for(ladle::cuda::backward_block_source());

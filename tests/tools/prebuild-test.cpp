@@ -161,8 +161,10 @@ TEST_CASE("ladle-cache prebuild --backward compiles a recurrent op's backward pr
   CHECK(roles.count("backward slots") == 1);
   CHECK(roles.count("backward chain") == 1);
   CHECK(roles.count("backward totals") == 0);  // 16-bit slots: the carries come from the boundary states
-  CHECK(roles.count("backward helpers") == 1);
+  CHECK(roles.count("backward helper") == 1);  // each helper its own program: the carries from the boundary states
   CHECK(roles.count("backward block") == 1);
+  for (const GeneratedKernel& kernel : planned)
+    if (kernel.role == "backward helper") CHECK(kernel.name == "ladle_bwd_carry_states");
   for (const GeneratedKernel& kernel : planned)
     if (kernel.role == "boundary states") CHECK_THAT(kernel.source, Catch::Contains("the state entering this chunk"));
 
