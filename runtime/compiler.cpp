@@ -1,9 +1,12 @@
 #include "compiler.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -296,25 +299,73 @@ bool is_compiled(const std::string& source, const CompileOptions& options, DiskC
   return cache.lookup(keyed(source, options, cache).key).has_value();
 }
 
+namespace {
+
+// The cached compiles in flight, by key: a caller that asks for a program another thread is compiling
+// (a cold call's interim programs beside its background job, which share the update forms' slots and
+// chain; side-by-side compiles of one plan) waits for that compile instead of running NVRTC again.
+struct InFlight {
+  std::mutex mutex;
+  std::map<std::string, std::shared_future<CompiledProgram>> running;
+};
+
+InFlight& in_flight() {
+  static auto* const state = new InFlight();  // never destroyed: background compiles may outlive statics
+  return *state;
+}
+
+}  // namespace
+
 CompiledProgram compile(const std::string& source, const CompileOptions& options,
                         DiskCache& cache) {
   const auto start = Clock::now();
   const auto [arch, flags, key] = keyed(source, options, cache);
 
-  if (options.use_cache) {
-    if (auto hit = cache.lookup(key)) {
-      hit->from_cache = true;
-      hit->compile_ms = ms_since(start);
-      dump_program(*hit, options.program_name);
-      return *std::move(hit);
-    }
+  if (!options.use_cache) {
+    CompiledProgram program = run_nvrtc(source, options, arch, flags, key, cache);
+    log::debug(fmt::format("compiled {} for {} in {:.1f} ms", options.program_name, arch, program.compile_ms));
+    dump_program(program, options.program_name);
+    return program;
   }
-  CompiledProgram program = run_nvrtc(source, options, arch, flags, key, cache);
-  log::debug(fmt::format("compiled {} for {} in {:.1f} ms", options.program_name, arch,
-                         program.compile_ms));
-  if (options.use_cache) program.entry_path = cache.store(program);
-  dump_program(program, options.program_name);
-  return program;
+  if (auto hit = cache.lookup(key)) {
+    hit->from_cache = true;
+    hit->compile_ms = ms_since(start);
+    dump_program(*hit, options.program_name);
+    return *std::move(hit);
+  }
+  InFlight& flights = in_flight();
+  std::promise<CompiledProgram> promise;
+  // Per cache: a program compiled for another cache would not be stored in this one.
+  const std::string flight = key + "@" + std::to_string(reinterpret_cast<std::uintptr_t>(&cache));
+  {
+    std::unique_lock lock(flights.mutex);
+    if (const auto found = flights.running.find(flight); found != flights.running.end()) {
+      const std::shared_future<CompiledProgram> other = found->second;
+      lock.unlock();
+      CompiledProgram program = other.get();  // its error, if it failed: the same source's
+      program.from_cache = true;              // compiled once, by the other caller
+      program.compile_ms = ms_since(start);
+      return program;
+    }
+    flights.running.emplace(flight, promise.get_future().share());
+  }
+  const auto landed = [&] {
+    const std::lock_guard lock(flights.mutex);
+    flights.running.erase(flight);
+  };
+  try {
+    CompiledProgram program = run_nvrtc(source, options, arch, flags, key, cache);
+    log::debug(fmt::format("compiled {} for {} in {:.1f} ms", options.program_name, arch, program.compile_ms));
+    program.entry_path = cache.store(program);
+    dump_program(program, options.program_name);
+    promise.set_value(program);
+    landed();
+    return program;
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    landed();
+    throw;
+  }
 }
 
 }  // namespace ladle

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include <ladle/runtime/cache.h>
 #include <ladle/runtime/compiler.h>
@@ -45,6 +47,37 @@ TEST_CASE("a real arch yields PTX, a cubin and the resource usage of each kernel
   CHECK(r->shared_bytes == 64 * 4);
   CHECK(r->spill_store_bytes == 0);
   if (!program.log.empty()) CHECK(r->barriers >= 1);  // barriers come only from ptxas' report
+}
+
+// Two threads asking for one program at once (a cold call's interim compiles beside its background
+// job's): NVRTC runs once, the other caller waits for that compile. Either way exactly one of them
+// compiled it: the other waited (in flight) or found it in the cache (after).
+TEST_CASE("a program compiled by two threads at once is compiled once") {
+  test::TempDir dir;
+  DiskCache cache(DiskCache::Settings::at(dir.path()));
+  CompileOptions options;
+  options.arch = "sm_90a";
+  std::vector<CompiledProgram> programs(4);
+  std::vector<std::thread> threads;
+  for (CompiledProgram& program : programs) threads.emplace_back([&] { program = compile(test::block_sum_source, options, cache); });
+  for (std::thread& thread : threads) thread.join();
+  const auto compiled = std::count_if(programs.begin(), programs.end(), [](const CompiledProgram& p) { return !p.from_cache; });
+  CHECK(compiled == 1);
+  for (const CompiledProgram& program : programs) CHECK(program.cubin == programs.front().cubin);
+  // A failed compile: every caller gets its error.
+  const std::string broken = "extern \"C\" __global__ void broken_twice(float* x) { x[0] = undeclared_twice; }";
+  std::vector<int> errors(2, 0);
+  threads.clear();
+  for (int& error : errors)
+    threads.emplace_back([&] {
+      try {
+        compile(broken, options, cache);
+      } catch (const CompileError& e) {
+        error = std::string(e.log()).find("undeclared_twice") != std::string::npos ? 1 : 2;
+      }
+    });
+  for (std::thread& thread : threads) thread.join();
+  CHECK(errors == std::vector<int>{1, 1});
 }
 
 TEST_CASE("a syntax error raises CompileError carrying the log and the written source") {
