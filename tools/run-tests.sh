@@ -16,8 +16,10 @@ configure() {
     -DLADLE_BUILD_TOOLS=ON -DLADLE_BUILD_EXAMPLES=ON -DLADLE_BUILD_PYTHON=OFF -DLADLE_FMT_HEADER_ONLY=OFF "$@"
 }
 # The Python stage's virtual environment is set up in the background while the C++ build and ctest run
-# (mostly a download: torch from PyPI is about 5.4 GB with its CUDA libraries); the Python stage waits
-# for it. At nice 15 the build starved it: it ended a minute after ctest. torch is installed when the disk has room, so that its tests run here on
+# (torch from PyPI is about 5.4 GB with its CUDA libraries), at low priority and without byte-compiling
+# what it installs (Python compiles what it imports); the Python stage waits for it. Measured on 2 cores
+# (stop 60): at normal priority it finished in 3 minutes and lengthened the build by 2.4 (9:51 against
+# 7:28); at nice 15, byte-compiling, it ended a minute after ctest. torch is installed when the disk has room, so that its tests run here on
 # the CPU path; without it they are reported as skipped, each with its reason (-rs). The tests that
 # need a GPU run on the GPU machine (bench/python-check.sh). LADLE_TEST_TORCH=0 skips it.
 venv="$PWD/$build/python-venv"
@@ -30,17 +32,17 @@ python_setup() {
       python3 -m venv "$venv"
     }
   fi
-  "$venv/bin/pip" install -q --disable-pip-version-check nanobind scikit-build-core pytest numpy
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-compile nanobind scikit-build-core pytest numpy
   free_kb=$(df --output=avail -k "$build" | tail -1)
   if [ "${LADLE_TEST_TORCH:-1}" = 1 ] && [ "$free_kb" -gt 12000000 ]; then
-    "$venv/bin/pip" install -q --disable-pip-version-check torch ||
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-compile torch ||
       echo "torch could not be installed from PyPI: the torch tests are reported as skipped below"
   else
     echo "torch not installed (LADLE_TEST_TORCH=${LADLE_TEST_TORCH:-1}, $((free_kb / 1000000)) GB free): the torch tests are reported as skipped below"
   fi
 }
 python_log="$build/python-setup.log"
-bash -c "set -euo pipefail; $(declare -f python_setup); venv='$venv' build='$build' python_setup" > "$python_log" 2>&1 &
+nice -n 15 bash -c "set -euo pipefail; $(declare -f python_setup); venv='$venv' build='$build' python_setup" > "$python_log" 2>&1 &
 python_setup_pid=$!
 trap 'kill "$python_setup_pid" 2> /dev/null || true' EXIT  # a stage that fails ends it too
 
