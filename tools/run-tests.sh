@@ -46,13 +46,13 @@ nice -n 15 bash -c "set -euo pipefail; $(declare -f python_setup); venv='$venv' 
 python_setup_pid=$!
 trap 'kill "$python_setup_pid" 2> /dev/null || true' EXIT  # a stage that fails ends it too
 
-stage "configure and build: the library, tools, examples and test programs (about 9 minutes on 2 cores)"
+stage "configure and build: the library, tools, examples and test programs (7.5-10 minutes on 2 cores)"
 configure
 cmake --build "$build" -j"$(nproc)"
 export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-$PWD/$build/test-cache}
 # The default set; the full emulation sweep (label `full`) runs with `ctest --test-dir build -L full`.
 # --timeout: no test may run past 240 s (the suite's programs take at most about 140 s here).
-stage "ctest: the default set (about 5 minutes on 2 cores)"
+stage "ctest: the default set (about 6 minutes on 2 cores)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE full --timeout 240
 
 stage "the Python package: pip install . into a venv (scikit-build-core, nanobind), then its tests"
