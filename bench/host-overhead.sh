@@ -11,8 +11,11 @@ out=/tmp/ladle-host
 mkdir -p "$out"
 cuda=${CUDA_HOME:-/usr/local/cuda}
 cc -O2 -shared -fPIC -I"$cuda/include" bench/host-overhead/fake_cuda.c -o "$out/libcuda.so.1"
+# The library links Debian's libfmt unless the build took fmt header-only (LADLE_FMT_HEADER_ONLY).
+fmt_lib=-lfmt
+grep -q "^LADLE_FMT_HEADER_ONLY:BOOL=ON" "$build/CMakeCache.txt" 2> /dev/null && fmt_lib=""
 c++ -O2 -g -std=c++20 -DFMT_HEADER_ONLY=1 -I"$build/include" -I"$cuda/include" bench/host-overhead/host_overhead.cpp \
-  "$build/libladle.a" -ldl -lpthread -o "$out/host-overhead"
+  "$build/libladle.a" $fmt_lib -ldl -lpthread -o "$out/host-overhead"
 export LADLE_CUDA_DRIVER_LIBRARY="$out/libcuda.so.1" LADLE_AUTOTUNE=heuristic
 export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-$out/cache}
 "$out/host-overhead" "${2:-2000}" "${3:-}"
