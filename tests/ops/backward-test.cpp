@@ -30,7 +30,7 @@
 
 #include "reference/recurrent_reference.h"
 #include "reference/update_forms_reference.h"
-#include "runtime/scoped_env.h"
+#include "support/cold_compiles.h"
 #include "support/tensors.h"
 
 using ladle::DType;
@@ -688,15 +688,9 @@ TEST_CASE("the GPU backward on the tensor cores agrees with the CPU backward", "
 // (as above). A fresh -D in LADLE_NVRTC_FLAGS makes every compile cold.
 TEST_CASE("a cold backward: the interim fused-recurrent backward and the chunked one after it agree with the CPU backward",
           "[backward][recurrent][gpu][background]") {
-  if (!ladle::driver_available()) {
-    WARN("no GPU: the interim path's host side is checked on the stand-in driver (ops-stand_in_driver [background])");
-    return;
-  }
-  std::random_device seed;
-  const std::string fresh = "-DLADLE_TEST_FRESH=" + std::to_string(seed());
-  ladle::test::ScopedEnv flags("LADLE_NVRTC_FLAGS", fresh.c_str());
-  ladle::test::ScopedEnv on("LADLE_BACKGROUND_COMPILE", "1");
-  std::mt19937_64 rng(seed());
+  if (!ladle::test::background_gpu()) return;
+  const ladle::test::ColdCompiles cold;
+  std::mt19937_64 rng(std::random_device{}());
   const ir::Variant& variant = ladle::gla_variant(false);
   const std::int64_t B = 2, T = 333, H = 4, K = 64, V = 64;
   const test::Filled q = test::normal(rng, DType::bf16, {B, T, H, K}), k = test::normal(rng, DType::bf16, {B, T, H, K}, 0.25);

@@ -11,12 +11,12 @@
 #include <sstream>
 
 #include "reference/recurrent_reference.h"
+#include "support/cold_compiles.h"
 #include "support/tensors.h"
 #include "support/backends.h"
 #include <ladle/runtime/background.h>
 #include <ladle/runtime/driver.h>
 
-#include "runtime/scoped_env.h"
 
 using ladle::DType;
 using ladle::Tensor;
@@ -786,15 +786,9 @@ TEST_CASE("chunked: strong decay (gates near -10 per token) at T = 65536 neither
 // that the test cache of an earlier run cannot hide the path.
 TEST_CASE("a cold chunked call: the interim recurrent kernel's result and the chunked kernels' after it match the reference",
           "[ops][chunked][background]") {
-  if (!ladle::driver_available()) {
-    WARN("no GPU: the interim path's host side is checked on the stand-in driver (ops-stand_in_driver [background])");
-    return;
-  }
-  std::random_device seed;
-  const std::string fresh = "-DLADLE_TEST_FRESH=" + std::to_string(seed());
-  ladle::test::ScopedEnv flags("LADLE_NVRTC_FLAGS", fresh.c_str());
-  ladle::test::ScopedEnv on("LADLE_BACKGROUND_COMPILE", "1");
-  std::mt19937_64 rng(seed());
+  if (!ladle::test::background_gpu()) return;
+  const ladle::test::ColdCompiles cold;
+  std::mt19937_64 rng(std::random_device{}());
   const int B = 2, T = 333, H = 4, K = 64, V = 64;
   test::Filled q = test::normal(rng, DType::bf16, {B, T, H, K}), k = test::normal(rng, DType::bf16, {B, T, H, K});
   test::Filled v = test::normal(rng, DType::bf16, {B, T, H, V}), g = test::log_gate(rng, DType::bf16, {B, T, H, K});
