@@ -575,10 +575,13 @@ class BackwardCall {
 
  public:
   // What chooses this call's programs: the variant, the slots' spec, the shape and the call's options.
-  std::string signature() const {
-    return fmt::format("{}|{}|{} {} {} {} {} {}|{}{}{}{}|{}", ir::hash_hex(variant_), cuda::backward_spec_key(plan_), B_, T_, H_, K_,
+  // Made once a call (the interim check and the compile-ahead both ask; it hashes the variant).
+  const std::string& signature() const {
+    if (signature_.empty())
+      signature_ = fmt::format("{}|{}|{} {} {} {} {} {}|{}{}{}{}|{}", ir::hash_hex(variant_), cuda::backward_spec_key(plan_), B_, T_, H_, K_,
                        V_, N_, a_.cu_seqlens.empty(), a_.reverse, a_.initial_state.has_value(), d_final_state_.has_value(),
                        plan_.update_form ? cuda::update_backward_name(update_spec_) : std::string("plain"));
+    return signature_;
   }
 
   // Whether the call runs the chunked forms ladle chose (the recurrences on the tensor cores, or the
@@ -1143,6 +1146,7 @@ class BackwardCall {
   Scratch u_, dks_, dvs_, s_t_, ds0_, o_f_, totals_, carry_;
   TensorView u_out_, dk_out_, dv_out_;
   std::map<std::string, Extra> extras_;
+  mutable std::string signature_;  // signature(), once made
 };
 
 }  // namespace
